@@ -1,0 +1,127 @@
+"""What callers ask the engine for, and what they get back.
+
+These dataclasses are the boundary between the network side and the model side: the server builds
+requests from protocol frames, the engine validates them against the loaded checkpoint and answers
+with results. They carry numpy arrays and plain values only, never tensors.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Literal
+
+import numpy as np
+
+ActionMode = Literal["policy", "inverse_dynamics", "forward_dynamics"]
+ACTION_MODES: tuple[str, ...] = ("policy", "inverse_dynamics", "forward_dynamics")
+
+
+@dataclass
+class ActionRequest:
+    """One observation to turn into a chunk of actions (``policy`` or ``inverse_dynamics``).
+
+    ``image`` is one H×W×3 uint8 frame (policy); ``video`` is a T×H×W×3 uint8 clip (inverse dynamics,
+    or policy, which then uses only its first frame). ``None`` fields take the engine's defaults for the
+    loaded variant: steps and guidance from the checkpoint, horizon and view point from the domain's
+    profile, tier from the variant.
+
+    ``prefix_actions`` are raw actions (K×D, K < horizon) that the new chunk must start with: the actions
+    the robot will still execute while this request is being answered (real-time chunking). They are
+    conditioned as clean action frames, the mechanism diffusers uses for forward dynamics.
+    """
+
+    domain_name: str
+    action_mode: ActionMode = "policy"
+    image: np.ndarray | None = None
+    video: np.ndarray | None = None
+    prompt: str = ""
+    action_horizon: int | None = None
+    resolution_tier: int | None = None
+    view_point: str | None = None
+    seed: int | None = None
+    num_steps: int | None = None
+    guidance_scale: float | None = None
+    guidance_interval: tuple[float, float] | None = None
+    fps: float = 24.0
+    prefix_actions: np.ndarray | None = None
+
+
+@dataclass
+class VideoRequest:
+    """A ``forward_dynamics`` rollout: a first frame plus raw actions in, predicted frames out."""
+
+    domain_name: str
+    image: np.ndarray
+    actions: np.ndarray
+    prompt: str = ""
+    resolution_tier: int | None = None
+    view_point: str | None = None
+    seed: int | None = None
+    num_steps: int | None = None
+    guidance_scale: float | None = None
+    guidance_interval: tuple[float, float] | None = None
+    fps: float = 24.0
+
+
+@dataclass
+class Timing:
+    """Where the time of one engine call went, in milliseconds."""
+
+    preprocess_ms: float = 0.0
+    encode_ms: float = 0.0
+    denoise_ms: float = 0.0
+    decode_ms: float = 0.0
+    postprocess_ms: float = 0.0
+
+    @property
+    def model_ms(self) -> float:
+        """Time spent in the networks (VAE encode, transformer loop, VAE decode)."""
+        return self.encode_ms + self.denoise_ms + self.decode_ms
+
+    @property
+    def total_ms(self) -> float:
+        return self.preprocess_ms + self.model_ms + self.postprocess_ms
+
+    def as_dict(self) -> dict[str, float]:
+        return {
+            "preprocess_ms": self.preprocess_ms,
+            "encode_ms": self.encode_ms,
+            "denoise_ms": self.denoise_ms,
+            "decode_ms": self.decode_ms,
+            "postprocess_ms": self.postprocess_ms,
+            "model_ms": self.model_ms,
+            "total_ms": self.total_ms,
+        }
+
+
+@dataclass
+class ActionChunk:
+    """A chunk of continuous actions: float32, shape (action_horizon, raw_action_dim), in raw units."""
+
+    actions: np.ndarray
+    action_mode: str
+    domain_name: str
+    domain_id: int
+    raw_action_dim: int
+    num_steps: int
+    transformer_forwards: int
+    seed: int
+    timing: Timing = field(default_factory=Timing)
+
+    @property
+    def action_horizon(self) -> int:
+        return int(self.actions.shape[0])
+
+
+@dataclass
+class VideoResult:
+    """Frames predicted by ``forward_dynamics``: uint8, shape (T, H, W, 3)."""
+
+    frames: np.ndarray
+    fps: float
+    domain_name: str
+    domain_id: int
+    num_steps: int
+    transformer_forwards: int
+    seed: int
+    timing: Timing = field(default_factory=Timing)
