@@ -1,0 +1,115 @@
+"""Command-line entry points of the runtime: ``cosmos3-tiny``, ``cosmos3-inspect``, ``cosmos3-demo``."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+from .errors import CheckpointError
+
+
+def tiny_main(argv: list[str] | None = None) -> int:
+    """Build a tiny random Cosmos3 checkpoint in the real diffusers layout, offline."""
+    from .tiny import VARIANTS, build_tiny_checkpoint
+
+    parser = argparse.ArgumentParser(prog="cosmos3-tiny", description=tiny_main.__doc__)
+    parser.add_argument("out", type=Path, help="folder to write (replaced if it exists)")
+    parser.add_argument("--variant", choices=VARIANTS, default="distilled")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--legacy-class-name", action="store_true",
+                        help="write the older Cosmos3OmniDiffusersPipeline _class_name")
+    parser.add_argument("--no-action-head", action="store_true", help="a video-only transformer")
+    args = parser.parse_args(argv)
+    started = time.perf_counter()
+    path = build_tiny_checkpoint(args.out, args.variant, seed=args.seed, legacy_class_name=args.legacy_class_name,
+                                 with_action_head=not args.no_action_head)
+    size = sum(f.stat().st_size for f in path.rglob("*") if f.is_file())
+    print(f"built tiny {args.variant} checkpoint at {path} in {time.perf_counter() - started:.2f} s, "
+          f"{size / 1e6:.2f} MB")
+    return 0
+
+
+def inspect_main(argv: list[str] | None = None) -> int:
+    """Print what a Cosmos3 checkpoint is: variant, action head, domains, schedule, size."""
+    from .checkpoint_source import CheckpointSource
+    from .inspection import inspect_checkpoint
+    from .profiles import load_profiles
+
+    parser = argparse.ArgumentParser(prog="cosmos3-inspect", description=inspect_main.__doc__)
+    parser.add_argument("checkpoint", help="local folder, Hub id (namespace/repo[/subfolder][@revision])")
+    parser.add_argument("--revision", default=None)
+    parser.add_argument("--profiles", default=None, help="an operator profile file to merge")
+    parser.add_argument("--json", action="store_true", help="machine-readable output")
+    args = parser.parse_args(argv)
+    try:
+        local = CheckpointSource.parse(args.checkpoint, revision=args.revision).resolve(config_only=True)
+        info = inspect_checkpoint(local)
+        profiles = (
+            load_profiles(local, action_dim=info.action_dim, num_domains=info.num_embodiment_domains,
+                          override_file=args.profiles)
+            if info.has_action_head
+            else {}
+        )
+    except CheckpointError as exc:
+        print(f"cosmos3-inspect: {exc}", file=sys.stderr)
+        return 2
+    summary = info.summary()
+    summary["domains"] = {name: p.describe() for name, p in sorted(profiles.items())}
+    if args.json:
+        print(json.dumps(summary, indent=2))
+        return 0
+    print(f"checkpoint        {args.checkpoint}")
+    print(f"pipeline class    {info.pipeline_class}")
+    print(f"variant           {info.variant} (edge: {info.is_edge}, distilled: {info.is_distilled})")
+    print(f"scheduler         {info.scheduler_class}"
+          + (f" (keys it does not accept, ignored: {', '.join(info.ignored_scheduler_keys)})"
+             if info.ignored_scheduler_keys else ""))
+    print(f"distilled sigmas  {info.distilled_sigmas if info.distilled_sigmas else '-'}")
+    print(f"action head       {'yes, action_dim ' + str(info.action_dim) if info.has_action_head else 'no'}")
+    print(f"embodiment slots  {info.num_embodiment_domains}")
+    print(f"resolution tiers  {', '.join(map(str, info.resolution_tiers))}")
+    for name, w in info.weights.items():
+        print(f"{name:<17} {w.parameters:,} parameters, {w.bytes / 1e6:,.2f} MB in {w.files} file(s)")
+    print(f"total             {info.parameters:,} parameters, {info.parameter_bytes / 1e6:,.2f} MB")
+    if profiles:
+        print(f"domains ({len(profiles)}):")
+        for name, p in sorted(profiles.items()):
+            d = p.describe()
+            print(f"  {name:<26} id {d['domain_id']:>2}  width {d['raw_action_dim']:>2}  horizon "
+                  f"{d['default_horizon']:>2}  {d['view_point']:<18} stats: {d['normalization'] or '-'}")
+    return 0
+
+
+def demo_main(argv: list[str] | None = None) -> int:
+    """Build a tiny distilled checkpoint, load it and print one predicted action chunk with its timing."""
+    import numpy as np
+
+    from .engine import Cosmos3Engine
+    from .requests import ActionRequest
+    from .tiny import build_tiny_checkpoint
+
+    parser = argparse.ArgumentParser(prog="cosmos3-demo", description=demo_main.__doc__)
+    parser.add_argument("--workdir", type=Path, default=Path(os.environ.get("COSMOS3_DEMO_DIR", "demo-output")))
+    args = parser.parse_args(argv)
+    started = time.perf_counter()
+    path = build_tiny_checkpoint(args.workdir / "tiny-distilled", "distilled")
+    print(f"tiny distilled checkpoint: {path} ({time.perf_counter() - started:.2f} s)")
+    engine = Cosmos3Engine.load(path)
+    engine.warmup()
+    domain = engine.default_domain()
+    image = np.random.default_rng(0).integers(0, 256, (224, 224, 3), dtype=np.uint8)
+    chunk = engine.predict_actions(ActionRequest(domain_name=domain, image=image, prompt="pick up the red cube",
+                                                 seed=0))
+    np.set_printoptions(precision=3, suppress=True, linewidth=120)
+    print(f"variant {engine.info.variant}, domain {domain} (id {chunk.domain_id}), "
+          f"{chunk.num_steps} steps, {chunk.transformer_forwards} transformer forwards")
+    print(f"action chunk {chunk.actions.shape[0]} x {chunk.actions.shape[1]} float32:")
+    print(chunk.actions)
+    t = chunk.timing
+    print(f"timing: preprocess {t.preprocess_ms:.1f} ms, encode {t.encode_ms:.1f} ms, denoise {t.denoise_ms:.1f} ms, "
+          f"postprocess {t.postprocess_ms:.1f} ms, total {t.total_ms:.1f} ms")
+    return 0

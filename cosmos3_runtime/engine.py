@@ -1,0 +1,205 @@
+"""The engine: one loaded Cosmos3 checkpoint, answering action and video requests.
+
+Synchronous by design: the server calls it from one worker thread that owns it. The variant, the
+policy profiles and the defaults are resolved once at load from the checkpoint's own files; nothing
+is re-read per request.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from pathlib import Path
+
+import numpy as np
+
+from .checkpoint_source import CheckpointSource
+from .errors import EngineError, RuntimeErrorBase
+from .inspection import CheckpointInfo, inspect_checkpoint
+from .loading import load_pipeline, resolve_device_and_dtype
+from .profiles import VIEW_POINTS, load_profiles
+from .requests import ActionChunk, ActionRequest, Timing, VideoRequest, VideoResult
+from .sampling import Cosmos3Sampler, DenoiseJob, DenoiseOutput
+from .validation import EngineLimits, EngineSpec, job_for_actions, job_for_video
+
+logger = logging.getLogger(__name__)
+
+# Defaults where the checkpoint does not decide: diffusers' own pipeline defaults for base sampling;
+# the lowest tier for the latency-oriented variants (distilled, Edge).
+BASE_DEFAULT_STEPS = 35
+BASE_DEFAULT_GUIDANCE = 6.0
+
+
+class Cosmos3Engine:
+    """A loaded Cosmos3 checkpoint. Build with :meth:`load`."""
+
+    def __init__(self, source: str, info: CheckpointInfo, pipe, device, dtype, spec: EngineSpec):
+        self.source = source
+        self.info = info
+        self.pipe = pipe
+        self.device = device
+        self.dtype = dtype
+        self.spec = spec
+        self.sampler = Cosmos3Sampler(pipe, device)
+        self.warmed_up = False
+
+    @classmethod
+    def load(
+        cls,
+        source: str | Path,
+        *,
+        device: str | None = None,
+        dtype: str | None = None,
+        profiles_path: str | Path | None = None,
+        revision: str | None = None,
+        limits: EngineLimits | None = None,
+    ) -> "Cosmos3Engine":
+        """Resolve ``source`` (folder or Hub id), inspect it once, and load it onto ``device``."""
+        local = CheckpointSource.parse(source, revision=revision).resolve()
+        info = inspect_checkpoint(local)
+        torch_device, torch_dtype = resolve_device_and_dtype(device, dtype)
+        started = time.perf_counter()
+        pipe = load_pipeline(info, torch_device, torch_dtype)
+        profiles = (
+            load_profiles(local, action_dim=info.action_dim, num_domains=info.num_embodiment_domains,
+                          override_file=profiles_path)
+            if info.has_action_head
+            else {}
+        )
+        latency_first = info.is_distilled or info.is_edge
+        spec = EngineSpec(
+            info=info,
+            profiles=profiles,
+            horizon_multiple=int(pipe.vae_scale_factor_temporal),
+            default_steps=len(info.distilled_sigmas) if info.is_distilled else BASE_DEFAULT_STEPS,
+            default_guidance=1.0 if info.is_distilled else BASE_DEFAULT_GUIDANCE,
+            default_tier=min(info.resolution_tiers) if latency_first else 480,
+            limits=limits or EngineLimits(),
+        )
+        logger.info("loaded %s (%s) on %s/%s in %.2f s", source, info.variant, torch_device, torch_dtype,
+                    time.perf_counter() - started)
+        return cls(str(source), info, pipe, torch_device, torch_dtype, spec)
+
+    # ------------------------------------------------------------------ requests
+
+    def predict_actions(self, request: ActionRequest) -> ActionChunk:
+        """Answer a ``policy`` or ``inverse_dynamics`` request with a chunk of raw actions."""
+        started = time.perf_counter()
+        job, profile = job_for_actions(request, self.spec)
+        output, timing = self._run(job, started)
+        post = time.perf_counter()
+        actions = output.actions
+        if profile.normalization is not None:
+            actions = profile.normalization.denormalize(actions)
+        actions = np.ascontiguousarray(actions, dtype=np.float32)
+        if not np.isfinite(actions).all():
+            raise EngineError("the model produced non-finite actions")
+        timing.postprocess_ms = (time.perf_counter() - post) * 1000.0
+        return ActionChunk(
+            actions=actions,
+            action_mode=job.mode,
+            domain_name=profile.domain_name,
+            domain_id=profile.domain_id,
+            raw_action_dim=profile.raw_action_dim,
+            num_steps=output.num_steps,
+            transformer_forwards=output.transformer_forwards,
+            seed=job.seed,
+            timing=timing,
+        )
+
+    def rollout_video(self, request: VideoRequest) -> VideoResult:
+        """Answer a ``forward_dynamics`` request: a first frame plus raw actions in, frames out."""
+        started = time.perf_counter()
+        job, profile = job_for_video(request, self.spec)
+        output, timing = self._run(job, started)
+        return VideoResult(
+            frames=output.video,
+            fps=job.fps,
+            domain_name=profile.domain_name,
+            domain_id=profile.domain_id,
+            num_steps=output.num_steps,
+            transformer_forwards=output.transformer_forwards,
+            seed=job.seed,
+            timing=timing,
+        )
+
+    def _run(self, job: DenoiseJob, started: float) -> tuple[DenoiseOutput, Timing]:
+        preprocess_done = time.perf_counter()
+        try:
+            output = self.sampler.run(job, time.perf_counter)
+        except RuntimeErrorBase:
+            raise
+        except Exception as exc:  # a failure inside torch/diffusers on a request that validated
+            logger.exception("engine failure on a %s request", job.mode)
+            raise EngineError(f"the model failed on this request ({type(exc).__name__})") from exc
+        timing = Timing(
+            preprocess_ms=(preprocess_done - started + output.preprocess_s) * 1000.0,
+            encode_ms=output.encode_s * 1000.0,
+            denoise_ms=output.denoise_s * 1000.0,
+            decode_ms=output.decode_s * 1000.0,
+        )
+        return output, timing
+
+    # ------------------------------------------------------------------ lifecycle
+
+    def warmup(self, action_horizon: int | None = None) -> None:
+        """Run one request per servable mode so first real requests pay no one-time costs."""
+        if not self.info.has_action_head:
+            self.warmed_up = True
+            return
+        domain = self.default_domain()
+        profile = self.spec.profiles[domain]
+        horizon = action_horizon or profile.default_horizon
+        image = np.zeros((224, 224, 3), dtype=np.uint8)
+        self.predict_actions(ActionRequest(domain_name=domain, image=image, action_horizon=horizon, seed=0))
+        clip = np.zeros((horizon + 1, 224, 224, 3), dtype=np.uint8)
+        self.predict_actions(ActionRequest(domain_name=domain, action_mode="inverse_dynamics", video=clip, seed=0))
+        self.warmed_up = True
+
+    def default_domain(self) -> str:
+        """A domain to use when none is given: the first one the checkpoint ships a profile for."""
+        with_stats = [n for n, p in self.spec.profiles.items() if p.normalization is not None]
+        return (with_stats or sorted(self.spec.profiles))[0]
+
+    def describe(self) -> dict:
+        """What this engine offers, read from the loaded checkpoint (JSON-able)."""
+        spec, info, lim = self.spec, self.info, self.spec.limits
+        return {
+            "model": self.source,
+            "variant": info.variant,
+            "is_distilled": info.is_distilled,
+            "is_edge": info.is_edge,
+            "modes": spec.modes,
+            "action_modes": [m for m in spec.modes if m != "forward_dynamics"],
+            "video_modes": [m for m in spec.modes if m == "forward_dynamics"],
+            "resolution_tiers": list(info.resolution_tiers),
+            "distilled_sigmas": info.distilled_sigmas,
+            "defaults": {
+                "num_steps": spec.default_steps,
+                "guidance_scale": spec.default_guidance,
+                "resolution_tier": spec.default_tier,
+                "action_horizon": spec.profiles[self.default_domain()].default_horizon if spec.profiles else None,
+                "view_point": "ego_view",
+                "domain_name": self.default_domain() if spec.profiles else None,
+            },
+            "action_horizon": {
+                "min": lim.min_action_horizon,
+                "max": lim.max_action_horizon,
+                "multiple_of": spec.horizon_multiple,
+            },
+            "domains": {name: p.describe() for name, p in sorted(spec.profiles.items())},
+            "view_points": list(VIEW_POINTS),
+            "limits": {
+                "min_image_side": lim.min_image_side,
+                "max_image_side": lim.max_image_side,
+                "max_clip_frames": lim.max_clip_frames,
+                "max_steps": lim.max_steps,
+                "max_prompt_chars": lim.max_prompt_chars,
+            },
+            "device": str(self.device),
+            "dtype": str(self.dtype).replace("torch.", ""),
+            "parameters": info.parameters,
+            "parameter_bytes": info.parameter_bytes,
+            "action_dim": info.action_dim,
+            "num_embodiment_domains": info.num_embodiment_domains,
+        }

@@ -1,0 +1,219 @@
+"""Tiny, randomly initialised Cosmos3 checkpoints in the real diffusers layout, built offline.
+
+No weights can be downloaded where this project is developed and tested, so tests, the demo and the
+CPU benchmarks run on checkpoints built here. They are written exactly the way a published checkpoint
+is laid out (``model_index.json``, ``transformer/``, ``vae/``, ``text_tokenizer/``, ``scheduler/``) and
+are read back through the same loading path as a 30 GB one; only the sizes differ.
+
+The four variants differ the way the real ones do, in their own config files:
+
+- ``base``: a UniPC flow-matching scheduler; multi-step sampling with classifier-free guidance.
+- ``edge``: the Edge backbone (``hidden_act: "relu2"``, Nemotron RMS norms).
+- ``distilled``: a stochastic ``FlowMatchEulerDiscreteScheduler`` whose config carries the fixed
+  sigma list in ``fixed_step_sampler_config.t_list`` (a key diffusers does not read; it also carries a
+  ``shift`` that must *not* be applied on top of the list, as real distilled configs do).
+- ``edge-distilled``: both.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+VARIANTS = ("base", "edge", "distilled", "edge-distilled")
+
+# The fixed schedule of the tiny distilled checkpoints: four sigmas, one transformer forward each.
+TINY_DISTILLED_SIGMAS = [0.9997, 0.9, 0.75, 0.5]
+
+# Sentences the byte-level BPE tokenizer is trained on: enough to give it merges for the chat template,
+# the action JSON caption and typical robot prompts. Any text still tokenizes (byte fallback).
+_TOKENIZER_CORPUS = [
+    "You are a helpful assistant who will generate videos from a give prompt.",
+    "You are a helpful assistant who will generate images from a give prompt.",
+    "pick up the red cube and place it in the bowl",
+    "open the drawer, then push the green block to the left",
+    "This video is captured from a first-person perspective looking at the scene.",
+    "This video is captured from a wrist-mounted camera.",
+    '{"cinematography": {"framing": "ego"}, "actions": [{"time": "0:00-0:01", "description": "move"}], '
+    '"duration": "1s", "fps": 24.0, "resolution": {"H": 256, "W": 256}, "aspect_ratio": "1,1"}',
+    "user assistant system",
+]
+_SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<|vision_start|>", "<|vision_end|>"]
+# A Qwen-style chat template: the pipeline calls apply_chat_template(..., add_vision_id=False).
+_CHAT_TEMPLATE = (
+    "{% for message in messages %}<|im_start|>{{ message['role'] }}\n{{ message['content'] }}<|im_end|>\n"
+    "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+
+_TINY_TRANSFORMER = dict(
+    head_dim=16,
+    hidden_size=64,
+    intermediate_size=128,
+    latent_channel=8,
+    num_attention_heads=4,
+    num_hidden_layers=2,
+    num_key_value_heads=2,
+    patch_latent_dim=8 * 2 * 2,  # latent_channel * latent_patch_size**2
+    latent_patch_size=2,
+    rope_axes_dim=[4, 2, 2],  # sums to head_dim // 2
+    action_dim=64,
+    action_gen=True,
+    num_embodiment_domains=32,
+    vocab_size=512,
+)
+
+# Per-embodiment profiles the tiny checkpoint ships, to exercise "read from the checkpoint":
+# inline quantile stats for one domain, a mean/std stats file nested under "global" for another.
+_TINY_PROFILES = {
+    "domains": {
+        "bridge_orig_lerobot": {
+            "default_horizon": 16,
+            "view_point": "third_person_view",
+            "normalization": {
+                "q01": [-0.05, -0.05, -0.05, -0.2, -0.2, -0.2, -0.2, -0.2, -0.2, 0.0],
+                "q99": [0.05, 0.05, 0.05, 0.2, 0.2, 0.2, 0.2, 0.2, 0.2, 1.0],
+            },
+        },
+        "droid_lerobot": {
+            "default_horizon": 16,
+            "view_point": "ego_view",
+            "normalization_file": "stats/droid_lerobot.json",
+        },
+    }
+}
+_TINY_DROID_STATS = {
+    "global": {
+        "mean": [0.0, 0.1, 0.2, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.5],
+        "std": [0.1, 0.1, 0.1, 0.3, 0.3, 0.3, 0.3, 0.3, 0.3, 0.5],
+    }
+}
+
+
+def build_tiny_checkpoint(
+    out_dir: str | Path,
+    variant: str = "distilled",
+    *,
+    seed: int = 0,
+    legacy_class_name: bool = False,
+    with_action_head: bool = True,
+    overwrite: bool = True,
+) -> Path:
+    """Write a tiny random Cosmos3 checkpoint of ``variant`` to ``out_dir`` and return its path.
+
+    Deterministic for a given ``seed``. ``legacy_class_name`` writes the older
+    ``Cosmos3OmniDiffusersPipeline`` spelling into ``model_index.json``; ``with_action_head=False``
+    builds a video-only transformer (no action modes).
+    """
+    import torch
+    from diffusers import (
+        AutoencoderKLWan,
+        Cosmos3OmniTransformer,
+        FlowMatchEulerDiscreteScheduler,
+        UniPCMultistepScheduler,
+    )
+
+    if variant not in VARIANTS:
+        raise ValueError(f"unknown tiny variant {variant!r}; expected one of {', '.join(VARIANTS)}")
+    out = Path(out_dir)
+    if out.exists():
+        if not overwrite:
+            raise FileExistsError(f"{out} already exists")
+        shutil.rmtree(out)
+    out.mkdir(parents=True)
+    is_edge = variant.startswith("edge")
+    is_distilled = variant.endswith("distilled")
+
+    tokenizer = _build_tokenizer()
+    tokenizer.save_pretrained(out / "text_tokenizer")
+
+    transformer_config = dict(_TINY_TRANSFORMER, hidden_act="relu2" if is_edge else "silu")
+    if not with_action_head:
+        transformer_config.update(action_gen=False, action_dim=None)
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        transformer = Cosmos3OmniTransformer(**transformer_config)
+        # The action embedding starts at zero in a fresh model; give it values so the action
+        # pathway is exercised the way a trained one is.
+        if with_action_head:
+            torch.nn.init.normal_(transformer.action_modality_embed, std=0.02)
+        vae = AutoencoderKLWan(
+            base_dim=8,
+            z_dim=_TINY_TRANSFORMER["latent_channel"],
+            dim_mult=[1, 2, 2, 2],
+            num_res_blocks=1,
+            is_residual=True,
+            patch_size=2,
+            in_channels=12,
+            out_channels=12,
+            scale_factor_spatial=16,
+            scale_factor_temporal=4,
+            latents_mean=[0.0] * _TINY_TRANSFORMER["latent_channel"],
+            latents_std=[1.0] * _TINY_TRANSFORMER["latent_channel"],
+        )
+    transformer.save_pretrained(out / "transformer")
+    vae.save_pretrained(out / "vae")
+
+    if is_distilled:
+        scheduler = FlowMatchEulerDiscreteScheduler(shift=5.0, stochastic_sampling=True)
+        scheduler.save_pretrained(out / "scheduler")
+        # Real distilled checkpoints carry their schedule in keys the scheduler class does not accept.
+        config_path = out / "scheduler" / "scheduler_config.json"
+        config = json.loads(config_path.read_text())
+        config["fixed_step_sampler_config"] = {"t_list": list(TINY_DISTILLED_SIGMAS)}
+        config_path.write_text(json.dumps(config, indent=2, sort_keys=True))
+        scheduler_class = "FlowMatchEulerDiscreteScheduler"
+    else:
+        scheduler = UniPCMultistepScheduler(
+            prediction_type="flow_prediction", use_flow_sigmas=True, flow_shift=3.0
+        )
+        scheduler.save_pretrained(out / "scheduler")
+        scheduler_class = "UniPCMultistepScheduler"
+
+    import diffusers
+
+    model_index = {
+        "_class_name": "Cosmos3OmniDiffusersPipeline" if legacy_class_name else "Cosmos3OmniPipeline",
+        "_diffusers_version": diffusers.__version__,
+        "enable_safety_checker": False,
+        "safety_checker": [None, None],
+        "sound_tokenizer": [None, None],
+        "scheduler": ["diffusers", scheduler_class],
+        "text_tokenizer": ["transformers", "PreTrainedTokenizerFast"],
+        "transformer": ["diffusers", "Cosmos3OmniTransformer"],
+        "vae": ["diffusers", "AutoencoderKLWan"],
+    }
+    (out / "model_index.json").write_text(json.dumps(model_index, indent=2, sort_keys=True))
+
+    if with_action_head:
+        (out / "stats").mkdir()
+        (out / "stats" / "droid_lerobot.json").write_text(json.dumps(_TINY_DROID_STATS, indent=2))
+        (out / "policy_profiles.json").write_text(json.dumps(_TINY_PROFILES, indent=2))
+    return out
+
+
+def _build_tokenizer():
+    """A byte-level BPE tokenizer with the special tokens and chat template the pipeline uses."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    tokenizer = Tokenizer(models.BPE())
+    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tokenizer.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=400,
+        special_tokens=_SPECIAL_TOKENS,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    tokenizer.train_from_iterator(_TOKENIZER_CORPUS, trainer)
+    fast = PreTrainedTokenizerFast(
+        tokenizer_object=tokenizer,
+        eos_token="<|im_end|>",
+        pad_token="<|endoftext|>",
+        additional_special_tokens=["<|im_start|>", "<|vision_start|>", "<|vision_end|>"],
+    )
+    fast.chat_template = _CHAT_TEMPLATE
+    if len(fast) > _TINY_TRANSFORMER["vocab_size"]:
+        raise RuntimeError("tiny tokenizer outgrew the tiny transformer's vocabulary")
+    return fast

@@ -1,0 +1,285 @@
+"""Checks every request against what the loaded checkpoint can do, before any tensor is made.
+
+Each failure is a typed error from :mod:`cosmos3_runtime.errors` that names the offending field, so
+the server can tell a robot exactly what to fix. Defaults come from :class:`EngineSpec`, which the
+engine builds once at load from the checkpoint's own files.
+"""
+
+from __future__ import annotations
+
+import math
+import secrets
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from .errors import InvalidRequestError, UnknownDomainError, UnsupportedModeError, UnsupportedTierError
+from .inspection import CheckpointInfo
+from .profiles import VIEW_POINTS, PolicyProfile
+from .requests import ACTION_MODES, ActionRequest, VideoRequest
+from .sampling import DenoiseJob
+
+
+@dataclass(frozen=True)
+class EngineLimits:
+    """Bounds on what one request may ask for (documented in docs/runtime.md)."""
+
+    min_image_side: int = 32
+    max_image_side: int = 4096
+    min_action_horizon: int = 4
+    max_action_horizon: int = 64
+    max_steps: int = 200
+    max_prompt_chars: int = 2000
+
+    @property
+    def max_clip_frames(self) -> int:
+        return self.max_action_horizon + 1
+
+
+@dataclass(frozen=True)
+class EngineSpec:
+    """The loaded checkpoint's capabilities and the defaults that follow from its variant."""
+
+    info: CheckpointInfo
+    profiles: dict[str, PolicyProfile]
+    horizon_multiple: int  # the VAE's temporal compression: a chunk spans horizon + 1 frames
+    default_steps: int
+    default_guidance: float
+    default_tier: int
+    limits: EngineLimits = field(default_factory=EngineLimits)
+
+    @property
+    def modes(self) -> list[str]:
+        return list(ACTION_MODES) if self.info.has_action_head else []
+
+
+def job_for_actions(request: ActionRequest, spec: EngineSpec) -> tuple[DenoiseJob, PolicyProfile]:
+    """Validate a ``policy`` / ``inverse_dynamics`` request and resolve its defaults."""
+    mode = request.action_mode
+    if mode == "forward_dynamics":
+        raise UnsupportedModeError(
+            "forward_dynamics produces video, not actions: submit it as a video rollout", "action_mode"
+        )
+    _check_mode(mode, spec)
+    profile = _profile(request.domain_name, spec)
+    if request.image is not None and request.video is not None:
+        raise InvalidRequestError("give either image or video, not both", "video")
+    if mode == "inverse_dynamics":
+        if request.video is None:
+            raise InvalidRequestError("inverse_dynamics needs a video clip (T x H x W x 3 uint8)", "video")
+        frames = _clip(request.video, "video", spec)
+        horizon = request.action_horizon if request.action_horizon is not None else frames.shape[0] - 1
+        horizon = _horizon(horizon, spec)
+        if frames.shape[0] != horizon + 1:
+            raise InvalidRequestError(
+                f"inverse_dynamics needs action_horizon + 1 = {horizon + 1} frames, got {frames.shape[0]}", "video"
+            )
+    else:
+        if request.image is not None:
+            frames = _image(request.image, "image", spec)[None]
+        elif request.video is not None:
+            frames = _clip(request.video, "video", spec)[:1]
+        else:
+            raise InvalidRequestError("policy needs an image (H x W x 3 uint8)", "image")
+        horizon = _horizon(
+            request.action_horizon if request.action_horizon is not None else profile.default_horizon, spec
+        )
+
+    clean = None
+    if request.prefix_actions is not None:
+        if mode != "policy":
+            raise InvalidRequestError("prefix_actions (real-time chunking) apply to policy requests only",
+                                      "prefix_actions")
+        prefix = _actions(request.prefix_actions, profile, "prefix_actions")
+        if prefix.shape[0] >= horizon:
+            raise InvalidRequestError(
+                f"prefix_actions must be shorter than the horizon ({horizon}), got {prefix.shape[0]}", "prefix_actions"
+            )
+        clean = _normalize(prefix, profile)
+
+    job = _job(request, spec, profile, mode, frames, horizon, clean, decode_video=False)
+    return job, profile
+
+
+def job_for_video(request: VideoRequest, spec: EngineSpec) -> tuple[DenoiseJob, PolicyProfile]:
+    """Validate a ``forward_dynamics`` rollout and resolve its defaults."""
+    _check_mode("forward_dynamics", spec)
+    profile = _profile(request.domain_name, spec)
+    frames = _image(request.image, "image", spec)[None]
+    actions = _actions(request.actions, profile, "actions")
+    horizon = _horizon(actions.shape[0], spec, field_name="actions")
+    job = _job(request, spec, profile, "forward_dynamics", frames, horizon, _normalize(actions, profile),
+               decode_video=True)
+    return job, profile
+
+
+def _job(request, spec, profile, mode, frames, horizon, clean, decode_video) -> DenoiseJob:
+    info = spec.info
+    tier = request.resolution_tier if request.resolution_tier is not None else spec.default_tier
+    if isinstance(tier, bool) or not isinstance(tier, (int, np.integer)) or int(tier) not in info.resolution_tiers:
+        raise UnsupportedTierError(
+            f"resolution tier {tier!r} is not supported by this {info.variant} checkpoint; "
+            f"supported: {', '.join(map(str, info.resolution_tiers))}",
+            "resolution_tier",
+        )
+    view_point = request.view_point or profile.view_point
+    if view_point not in VIEW_POINTS:
+        raise InvalidRequestError(f"unknown view_point {view_point!r}; expected one of {', '.join(VIEW_POINTS)}",
+                                  "view_point")
+    if not isinstance(request.prompt, str) or len(request.prompt) > spec.limits.max_prompt_chars:
+        raise InvalidRequestError(f"prompt must be a string of at most {spec.limits.max_prompt_chars} characters",
+                                  "prompt")
+    if not isinstance(request.fps, (int, float)) or not 1.0 <= float(request.fps) <= 240.0:
+        raise InvalidRequestError("fps must be a number in [1, 240]", "fps")
+
+    steps, guidance, interval = _sampling(request, spec)
+    seed = request.seed
+    if seed is None:
+        seed = secrets.randbits(63)
+    elif isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or not 0 <= int(seed) < 2**63:
+        raise InvalidRequestError("seed must be an integer in [0, 2**63)", "seed")
+    return DenoiseJob(
+        mode=mode,
+        frames=frames,
+        horizon=horizon,
+        domain_id=profile.domain_id,
+        raw_action_dim=profile.raw_action_dim,
+        prompt=request.prompt,
+        view_point=view_point,
+        resolution_tier=int(tier),
+        fps=float(request.fps),
+        sigmas=info.distilled_sigmas,
+        num_steps=steps,
+        guidance_scale=guidance,
+        guidance_interval=interval,
+        seed=int(seed),
+        clean_actions=clean,
+        decode_video=decode_video,
+    )
+
+
+def _sampling(request, spec: EngineSpec):
+    """Steps, guidance and interval: the distilled schedule is fixed; base takes request values."""
+    steps, guidance, interval = request.num_steps, request.guidance_scale, request.guidance_interval
+    if spec.info.is_distilled:
+        fixed = len(spec.info.distilled_sigmas)
+        if steps is not None and steps != fixed:
+            raise InvalidRequestError(
+                f"this distilled checkpoint runs its fixed {fixed}-step schedule; num_steps must be {fixed} or unset",
+                "num_steps",
+            )
+        if guidance is not None and guidance != 1.0:
+            raise InvalidRequestError(
+                "guidance is distilled into this checkpoint's weights; guidance_scale must be 1.0 or unset",
+                "guidance_scale",
+            )
+        if interval is not None:
+            raise InvalidRequestError("a distilled checkpoint runs without guidance; guidance_interval must be unset",
+                                      "guidance_interval")
+        return fixed, 1.0, None
+    steps = spec.default_steps if steps is None else steps
+    if isinstance(steps, bool) or not isinstance(steps, (int, np.integer)) or not 1 <= steps <= spec.limits.max_steps:
+        raise InvalidRequestError(f"num_steps must be an integer in [1, {spec.limits.max_steps}]", "num_steps")
+    guidance = spec.default_guidance if guidance is None else guidance
+    if isinstance(guidance, bool) or not isinstance(guidance, (int, float)) or not math.isfinite(guidance) \
+            or not 0.0 <= guidance <= 30.0:
+        raise InvalidRequestError("guidance_scale must be a number in [0, 30]", "guidance_scale")
+    if interval is not None:
+        try:
+            lo, hi = (float(v) for v in interval)
+        except (TypeError, ValueError):
+            raise InvalidRequestError("guidance_interval must be two sigmas [low, high]", "guidance_interval") from None
+        if not 0.0 <= lo <= hi <= 1.0:
+            raise InvalidRequestError("guidance_interval must satisfy 0 <= low <= high <= 1", "guidance_interval")
+        interval = (lo, hi)
+    return int(steps), float(guidance), interval
+
+
+def _check_mode(mode: str, spec: EngineSpec) -> None:
+    if mode not in ACTION_MODES:
+        raise UnsupportedModeError(f"unknown action_mode {mode!r}; expected one of {', '.join(ACTION_MODES)}",
+                                   "action_mode")
+    if not spec.info.has_action_head:
+        raise UnsupportedModeError(
+            f"this checkpoint has no action head (transformer action_gen is false): it cannot serve {mode}",
+            "action_mode",
+        )
+
+
+def _profile(domain_name, spec: EngineSpec) -> PolicyProfile:
+    profile = spec.profiles.get(domain_name) if isinstance(domain_name, str) else None
+    if profile is None:
+        known = ", ".join(sorted(spec.profiles))
+        raise UnknownDomainError(f"unknown domain_name {domain_name!r}; this model knows: {known}", "domain_name")
+    return profile
+
+
+def _horizon(value, spec: EngineSpec, field_name: str = "action_horizon") -> int:
+    lim, multiple = spec.limits, spec.horizon_multiple
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
+        raise InvalidRequestError(f"{field_name} must be an integer", field_name)
+    value = int(value)
+    if not lim.min_action_horizon <= value <= lim.max_action_horizon or value % multiple:
+        raise InvalidRequestError(
+            f"action horizon {value} is not one this model can take: it must be a multiple of {multiple} "
+            f"(the chunk spans horizon + 1 video frames and the VAE compresses time {multiple}x) "
+            f"in [{lim.min_action_horizon}, {lim.max_action_horizon}]",
+            field_name,
+        )
+    return value
+
+
+def _image(image, field_name: str, spec: EngineSpec) -> np.ndarray:
+    if not isinstance(image, np.ndarray):
+        raise InvalidRequestError(f"{field_name} must be an array (H x W x 3 uint8)", field_name)
+    if image.dtype != np.uint8:
+        raise InvalidRequestError(f"{field_name} must be uint8 RGB, got dtype {image.dtype}", field_name)
+    if image.ndim != 3 or image.shape[2] != 3:
+        raise InvalidRequestError(f"{field_name} must have shape H x W x 3, got {list(image.shape)}", field_name)
+    _check_size(image.shape[0], image.shape[1], field_name, spec)
+    return image
+
+
+def _clip(video, field_name: str, spec: EngineSpec) -> np.ndarray:
+    if not isinstance(video, np.ndarray):
+        raise InvalidRequestError(f"{field_name} must be an array (T x H x W x 3 uint8)", field_name)
+    if video.dtype != np.uint8:
+        raise InvalidRequestError(f"{field_name} must be uint8 RGB, got dtype {video.dtype}", field_name)
+    if video.ndim != 4 or video.shape[3] != 3:
+        raise InvalidRequestError(f"{field_name} must have shape T x H x W x 3, got {list(video.shape)}", field_name)
+    if not 1 <= video.shape[0] <= spec.limits.max_clip_frames:
+        raise InvalidRequestError(
+            f"{field_name} must have 1 to {spec.limits.max_clip_frames} frames, got {video.shape[0]}", field_name
+        )
+    _check_size(video.shape[1], video.shape[2], field_name, spec)
+    return video
+
+
+def _check_size(height: int, width: int, field_name: str, spec: EngineSpec) -> None:
+    lim = spec.limits
+    if min(height, width) < lim.min_image_side or max(height, width) > lim.max_image_side:
+        raise InvalidRequestError(
+            f"{field_name} is {height}x{width}; each side must be in [{lim.min_image_side}, {lim.max_image_side}]",
+            field_name,
+        )
+
+
+def _actions(actions, profile: PolicyProfile, field_name: str) -> np.ndarray:
+    if not isinstance(actions, np.ndarray) or actions.dtype.kind not in "fiu":
+        raise InvalidRequestError(f"{field_name} must be a numeric array (T x {profile.raw_action_dim})", field_name)
+    if actions.ndim != 2 or actions.shape[0] < 1:
+        raise InvalidRequestError(f"{field_name} must have shape T x D, got {list(actions.shape)}", field_name)
+    if actions.shape[1] != profile.raw_action_dim:
+        raise InvalidRequestError(
+            f"{field_name} has width {actions.shape[1]} but domain {profile.domain_name!r} has "
+            f"{profile.raw_action_dim} action dimensions",
+            field_name,
+        )
+    actions = actions.astype(np.float32)
+    if not np.isfinite(actions).all():
+        raise InvalidRequestError(f"{field_name} contains NaN or infinity", field_name)
+    return actions
+
+
+def _normalize(actions: np.ndarray, profile: PolicyProfile) -> np.ndarray:
+    return profile.normalization.normalize(actions) if profile.normalization else actions
