@@ -1,0 +1,49 @@
+"""Shared fixtures: tiny Cosmos3 checkpoints built once per test session, and engines loaded from them.
+
+Every test that touches the model goes through the real diffusers pipeline on these checkpoints; they
+take a couple of seconds to build and load, so they are shared.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+
+@pytest.fixture(scope="session")
+def tiny_checkpoint(tmp_path_factory):
+    """``tiny_checkpoint(variant, **options) -> Path``: build (once) and return a tiny checkpoint."""
+    from cosmos3_runtime.tiny import build_tiny_checkpoint
+
+    built = {}
+
+    def get(variant: str = "distilled", **options):
+        key = (variant, tuple(sorted(options.items())))
+        if key not in built:
+            name = "-".join([variant] + [f"{k}={v}" for k, v in sorted(options.items())])
+            built[key] = build_tiny_checkpoint(tmp_path_factory.mktemp("ckpt") / name, variant, **options)
+        return built[key]
+
+    return get
+
+
+@pytest.fixture(scope="session")
+def tiny_engine(tiny_checkpoint):
+    """``tiny_engine(variant) -> Cosmos3Engine``: one loaded engine per variant for the session."""
+    from cosmos3_runtime.engine import Cosmos3Engine
+
+    engines = {}
+
+    def get(variant: str = "distilled"):
+        if variant not in engines:
+            engines[variant] = Cosmos3Engine.load(tiny_checkpoint(variant))
+        return engines[variant]
+
+    return get
+
+
+@pytest.fixture
+def camera_image():
+    """A 224x224 RGB camera frame with structure (not constant), uint8."""
+    rng = np.random.default_rng(1234)
+    return rng.integers(0, 256, (224, 224, 3), dtype=np.uint8)

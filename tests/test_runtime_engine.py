@@ -1,0 +1,248 @@
+"""The engine through the real diffusers pipeline on tiny checkpoints: what runs, how often, and what comes out."""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+import pytest
+import torch
+from diffusers.pipelines.cosmos.pipeline_cosmos3_omni import CosmosActionCondition
+
+from cosmos3_runtime.requests import ActionRequest, VideoRequest
+from cosmos3_runtime.tiny import TINY_DISTILLED_SIGMAS
+from cosmos3_runtime.validation import job_for_actions
+
+
+class ForwardRecorder:
+    """Counts transformer forwards and records the timestep each one was called at."""
+
+    def __init__(self, module):
+        self.calls = []
+        self._handle = module.register_forward_pre_hook(self._record, with_kwargs=True)
+
+    def _record(self, module, args, kwargs):
+        self.calls.append(float(kwargs["vision_timesteps"][0]))
+
+    def close(self):
+        self._handle.remove()
+
+
+@pytest.fixture
+def record_forwards():
+    recorders = []
+
+    def start(engine):
+        recorder = ForwardRecorder(engine.pipe.transformer)
+        recorders.append(recorder)
+        return recorder
+
+    yield start
+    for r in recorders:
+        r.close()
+
+
+@pytest.fixture
+def count_vae(monkeypatch):
+    """Counts VAE decoder and encoder module calls of an engine."""
+
+    def start(engine):
+        counts = {"decode": 0, "encode": 0}
+        hooks = [
+            engine.pipe.vae.decoder.register_forward_pre_hook(lambda *a: counts.__setitem__("decode", counts["decode"] + 1)),
+            engine.pipe.vae.encoder.register_forward_pre_hook(lambda *a: counts.__setitem__("encode", counts["encode"] + 1)),
+        ]
+        return counts, hooks
+
+    return start
+
+
+def test_policy_chunk_shape_dtype_and_metadata(tiny_engine, camera_image):
+    engine = tiny_engine("distilled")
+    chunk = engine.predict_actions(ActionRequest(domain_name="bridge_orig_lerobot", image=camera_image, seed=1))
+    assert chunk.actions.shape == (16, 10) and chunk.actions.dtype == np.float32
+    assert np.isfinite(chunk.actions).all()
+    assert (chunk.domain_id, chunk.raw_action_dim, chunk.action_mode) == (7, 10, "policy")
+    assert chunk.num_steps == len(TINY_DISTILLED_SIGMAS)
+    t = chunk.timing
+    assert t.encode_ms > 0 and t.denoise_ms > 0 and t.decode_ms == 0
+    assert t.total_ms == pytest.approx(t.preprocess_ms + t.encode_ms + t.denoise_ms + t.postprocess_ms)
+
+
+def test_inverse_dynamics_chunk(tiny_engine, camera_image):
+    engine = tiny_engine("distilled")
+    clip = np.stack([np.roll(camera_image, 4 * i, axis=1) for i in range(9)])
+    chunk = engine.predict_actions(ActionRequest(domain_name="droid_lerobot", action_mode="inverse_dynamics",
+                                                 video=clip, seed=2))
+    assert chunk.actions.shape == (8, 10) and np.isfinite(chunk.actions).all()
+    assert chunk.action_mode == "inverse_dynamics"
+
+
+def test_seed_reproduces_a_chunk_and_another_seed_changes_it(tiny_engine, camera_image):
+    engine = tiny_engine("distilled")
+    request = dict(domain_name="fractal", image=camera_image)
+    a = engine.predict_actions(ActionRequest(seed=11, **request)).actions
+    b = engine.predict_actions(ActionRequest(seed=11, **request)).actions
+    c = engine.predict_actions(ActionRequest(seed=12, **request)).actions
+    np.testing.assert_array_equal(a, b)
+    assert np.abs(a - c).max() > 1e-3
+
+
+def test_unseeded_requests_report_the_seed_that_reproduces_them(tiny_engine, camera_image):
+    engine = tiny_engine("distilled")
+    first = engine.predict_actions(ActionRequest(domain_name="fractal", image=camera_image))
+    again = engine.predict_actions(ActionRequest(domain_name="fractal", image=camera_image, seed=first.seed))
+    np.testing.assert_array_equal(first.actions, again.actions)
+
+
+def test_distilled_runs_the_fixed_sigma_list_one_forward_per_step(tiny_engine, camera_image, record_forwards):
+    engine = tiny_engine("distilled")
+    recorder = record_forwards(engine)
+    chunk = engine.predict_actions(ActionRequest(domain_name="fractal", image=camera_image, seed=0))
+    assert chunk.transformer_forwards == len(recorder.calls) == len(TINY_DISTILLED_SIGMAS)
+    # The checkpoint's scheduler config carries shift=5.0; the fixed list must be used unshifted.
+    sigmas = [t / 1000.0 for t in recorder.calls]
+    np.testing.assert_allclose(sigmas, TINY_DISTILLED_SIGMAS, atol=1e-5)
+
+
+def test_distilled_refuses_other_steps_or_guidance(tiny_engine, camera_image):
+    from cosmos3_runtime.errors import InvalidRequestError
+
+    engine = tiny_engine("distilled")
+    with pytest.raises(InvalidRequestError) as err:
+        engine.predict_actions(ActionRequest(domain_name="fractal", image=camera_image, num_steps=8))
+    assert err.value.field == "num_steps"
+    with pytest.raises(InvalidRequestError) as err:
+        engine.predict_actions(ActionRequest(domain_name="fractal", image=camera_image, guidance_scale=3.0))
+    assert err.value.field == "guidance_scale"
+
+
+def test_base_with_guidance_runs_two_forwards_per_step(tiny_engine, camera_image, record_forwards):
+    engine = tiny_engine("base")
+    recorder = record_forwards(engine)
+    chunk = engine.predict_actions(ActionRequest(domain_name="fractal", image=camera_image, num_steps=5,
+                                                 guidance_scale=4.0, seed=0))
+    assert chunk.num_steps == 5 and chunk.transformer_forwards == len(recorder.calls) == 10
+    recorder.calls.clear()
+    chunk = engine.predict_actions(ActionRequest(domain_name="fractal", image=camera_image, num_steps=5,
+                                                 guidance_scale=1.0, seed=0))
+    assert chunk.transformer_forwards == len(recorder.calls) == 5
+
+
+def test_guidance_interval_applies_cfg_only_inside_it(tiny_engine, camera_image, record_forwards):
+    engine = tiny_engine("base")
+    recorder = record_forwards(engine)
+    chunk = engine.predict_actions(ActionRequest(domain_name="fractal", image=camera_image, num_steps=6,
+                                                 guidance_scale=4.0, guidance_interval=(0.5, 1.0), seed=0))
+    sigmas = [t / 1000.0 for t in recorder.calls]
+    distinct = sorted(set(sigmas), reverse=True)
+    doubled = [s for s in distinct if sigmas.count(s) == 2]
+    assert doubled and all(0.5 <= s <= 1.0 for s in doubled)
+    assert all(sigmas.count(s) == 1 for s in distinct if not 0.5 <= s <= 1.0)
+    assert chunk.transformer_forwards == len(recorder.calls) == 6 + len(doubled) < 12
+
+
+def test_action_modes_never_call_the_vae_decoder(tiny_engine, camera_image, count_vae):
+    engine = tiny_engine("distilled")
+    counts, hooks = count_vae(engine)
+    try:
+        engine.predict_actions(ActionRequest(domain_name="fractal", image=camera_image, seed=0))
+        engine.predict_actions(ActionRequest(domain_name="fractal", action_mode="inverse_dynamics",
+                                             video=np.stack([camera_image] * 5), seed=0))
+        assert counts["decode"] == 0 and counts["encode"] > 0
+        engine.rollout_video(VideoRequest(domain_name="fractal", image=camera_image,
+                                          actions=np.zeros((4, 10), np.float32), seed=0))
+        assert counts["decode"] > 0
+    finally:
+        for h in hooks:
+            h.remove()
+
+
+def test_first_frame_encode_equals_the_full_clip_encode(tiny_engine, camera_image):
+    """The Wan VAE is causal in time: latent frame 0 of the padded (horizon+1)-frame clip is frame 0's encoding."""
+    engine = tiny_engine("distilled")
+    sampler = engine.sampler
+    horizon = 16
+    clip, size, _, _ = sampler.preprocess(camera_image[None], 256, horizon + 1)  # diffusers' padded clip
+    assert clip.shape[2] == horizon + 1
+    full = sampler.encode(clip, size)
+    single, size1, _, _ = sampler.preprocess(camera_image[None], 256, 1)
+    first = sampler.encode(single, size1)
+    assert full.shape[2] == horizon // 4 + 1 and first.shape[2] == 1
+    torch.testing.assert_close(first[:, :, 0], full[:, :, 0], atol=1e-5, rtol=0)
+
+
+@pytest.mark.parametrize("mode", ["policy", "inverse_dynamics"])
+def test_actions_equal_diffusers_own_pipeline(tiny_engine, mode):
+    """Our step-by-step lowering reproduces Cosmos3OmniPipeline.__call__ (base, CFG) for the same seed."""
+    engine = tiny_engine("base")
+    rng = np.random.default_rng(5)
+    image = rng.integers(0, 256, (200, 240, 3), dtype=np.uint8)
+    ours = dict(image=image) if mode == "policy" else dict(video=np.stack([image] * 9))
+    chunk = engine.predict_actions(ActionRequest(domain_name="fractal", action_mode=mode, action_horizon=8,
+                                                 resolution_tier=256, seed=7, num_steps=5, guidance_scale=3.0,
+                                                 prompt="pick the cube", **ours))
+    theirs = {k: v.astype(np.float32) / 255.0 for k, v in ours.items()}
+    reference = engine.pipe(
+        prompt="pick the cube",
+        action=CosmosActionCondition(mode=mode, chunk_size=8, domain_name="fractal", resolution_tier=256, **theirs),
+        num_inference_steps=5, guidance_scale=3.0, generator=torch.Generator().manual_seed(7),
+        output_type="latent", enable_safety_check=False,
+    ).action[0].numpy()
+    np.testing.assert_allclose(chunk.actions, reference, atol=1e-4)
+
+
+def test_normalization_stats_denormalize_the_chunk(tiny_engine, camera_image):
+    engine = tiny_engine("distilled")
+    stats = engine.spec.profiles["bridge_orig_lerobot"].normalization
+    assert stats.kind == "quantile"
+    chunk = engine.predict_actions(ActionRequest(domain_name="bridge_orig_lerobot", image=camera_image, seed=3))
+    model_space = stats.normalize(chunk.actions)
+    np.testing.assert_allclose(stats.denormalize(model_space), chunk.actions, atol=1e-5)
+    # The engine's output is exactly the model-space chunk mapped through the profile's stats.
+    job, _ = job_for_actions(ActionRequest(domain_name="bridge_orig_lerobot", image=camera_image, seed=3),
+                             engine.spec)
+    raw_model = engine.sampler.run(job, time.perf_counter).actions
+    np.testing.assert_allclose(chunk.actions, raw_model * stats.scale + stats.offset, atol=1e-5)
+
+
+def test_real_time_chunking_prefix_is_kept(tiny_engine, camera_image):
+    engine = tiny_engine("distilled")
+    prefix = np.linspace(-0.04, 0.04, 30, dtype=np.float32).reshape(3, 10)
+    chunk = engine.predict_actions(ActionRequest(domain_name="bridge_orig_lerobot", image=camera_image, seed=4,
+                                                 prefix_actions=prefix))
+    assert chunk.actions.shape == (16, 10)
+    np.testing.assert_allclose(chunk.actions[:3], prefix, atol=1e-5)
+
+
+def test_forward_dynamics_rollout_returns_frames(tiny_engine, camera_image):
+    engine = tiny_engine("distilled")
+    result = engine.rollout_video(VideoRequest(domain_name="bridge_orig_lerobot", image=camera_image,
+                                               actions=np.zeros((8, 10), np.float32), seed=0))
+    assert result.frames.dtype == np.uint8 and result.frames.shape == (9, 224, 224, 3)
+    assert result.transformer_forwards == len(TINY_DISTILLED_SIGMAS) and result.timing.decode_ms > 0
+
+
+def test_edge_defaults_to_its_lowest_tier_and_explicit_values_win(tiny_engine, camera_image):
+    edge = tiny_engine("edge")
+    assert edge.describe()["defaults"]["resolution_tier"] == 256
+    chunk = edge.predict_actions(ActionRequest(domain_name="fractal", image=camera_image, resolution_tier=480,
+                                               num_steps=3, guidance_scale=1.0, seed=0))
+    assert chunk.num_steps == 3 and chunk.transformer_forwards == 3
+
+
+def test_describe_reports_what_the_checkpoint_offers(tiny_engine):
+    d = tiny_engine("distilled").describe()
+    assert d["variant"] == "distilled" and d["modes"] == ["policy", "inverse_dynamics", "forward_dynamics"]
+    assert d["defaults"]["num_steps"] == 4 and d["defaults"]["guidance_scale"] == 1.0
+    assert d["domains"]["bridge_orig_lerobot"] == {"domain_id": 7, "raw_action_dim": 10, "default_horizon": 16,
+                                                   "view_point": "third_person_view", "normalization": "quantile"}
+    assert d["action_horizon"] == {"min": 4, "max": 64, "multiple_of": 4}
+    assert d["device"] == "cpu" and d["dtype"] == "float32" and d["parameters"] > 0
+
+
+def test_warmup_marks_the_engine_ready(tiny_engine):
+    engine = tiny_engine("edge-distilled")
+    assert not engine.warmed_up
+    engine.warmup()
+    assert engine.warmed_up
