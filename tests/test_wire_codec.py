@@ -1,0 +1,108 @@
+"""The shared wire codec: openpi-compatible arrays, no pickle, and refusals that name their cause."""
+
+from __future__ import annotations
+
+import msgpack
+import numpy as np
+import pytest
+
+from robot_clients.wire_codec import WireFormatError, packb, unpackb
+
+
+@pytest.mark.parametrize("dtype", ["<f4", "<f8", "<f2", "|u1", "<i2", "<i4", "<i8", "<u4", "|b1", ">f4"])
+def test_arrays_round_trip_with_dtype_and_shape(dtype):
+    array = (np.arange(24) % 7).astype(dtype).reshape(2, 3, 4)
+    out = unpackb(packb({"a": array}))["a"]
+    assert out.dtype == np.dtype(dtype)
+    assert out.shape == (2, 3, 4)
+    np.testing.assert_array_equal(out, array)
+
+
+def test_non_contiguous_and_empty_arrays_round_trip():
+    array = np.arange(20, dtype=np.float32).reshape(4, 5)[:, ::2]
+    np.testing.assert_array_equal(unpackb(packb(array)), array)
+    empty = np.zeros((0, 7), dtype=np.float32)
+    assert unpackb(packb(empty)).shape == (0, 7)
+
+
+def test_array_layout_is_openpis():
+    """The bytes on the wire are openpi's map: openpi clients and servers read ours and we read theirs."""
+    raw = msgpack.unpackb(packb(np.ones((2, 2), dtype=np.float32)))
+    assert raw == {"__ndarray__": True, "data": np.ones((2, 2), np.float32).tobytes(), "dtype": "<f4", "shape": [2, 2]}
+
+
+def test_keys_may_arrive_as_bytes():
+    """Older packers write map keys as raw bytes; the decoder reads both spellings."""
+    frame = msgpack.packb(
+        {b"__ndarray__": True, b"data": np.arange(3, dtype="<i4").tobytes(), b"dtype": b"<i4", b"shape": [3]},
+        use_bin_type=True,
+    )
+    np.testing.assert_array_equal(unpackb(frame), [0, 1, 2])
+
+
+def test_numpy_scalars_round_trip():
+    out = unpackb(packb({"x": np.float32(1.5), "n": np.int64(-3), "b": np.bool_(True)}))
+    assert out["x"] == np.float32(1.5) and out["x"].dtype == np.float32
+    assert out["n"] == -3 and out["n"].dtype == np.int64
+    assert out["b"] == np.True_
+
+
+def test_decoded_arrays_are_read_only_views():
+    out = unpackb(packb(np.zeros(4, dtype=np.uint8)))
+    assert not out.flags.writeable
+
+
+def test_plain_values_round_trip():
+    frame = {"type": "observation", "seq": 3, "prompt": "pick", "deadline_ms": 50.5, "blob": b"\x00\x01", "l": [1, None]}
+    assert unpackb(packb(frame)) == frame
+
+
+@pytest.mark.parametrize(
+    "value", [np.array([object()], dtype=object), np.zeros(2, dtype=np.complex64), np.zeros(2, dtype="V4"),
+              np.zeros(2, dtype=[("a", "<f4")]), np.array(["ab"])],
+)
+def test_encoder_refuses_disallowed_dtypes(value):
+    with pytest.raises(WireFormatError, match="only bool, integer and float"):
+        packb({"x": value})
+
+
+def test_encoder_refuses_arbitrary_objects():
+    with pytest.raises(WireFormatError, match="cannot encode"):
+        packb({"x": object()})
+
+
+def _array_map(dtype: str, shape: list[int], data: bytes) -> bytes:
+    return msgpack.packb({"__ndarray__": True, "data": data, "dtype": dtype, "shape": shape}, use_bin_type=True)
+
+
+@pytest.mark.parametrize("dtype", ["|O", "<c8", "|V8", "<U4", "<M8[s]", "not-a-dtype"])
+def test_decoder_refuses_disallowed_dtypes(dtype):
+    with pytest.raises(WireFormatError) as info:
+        unpackb(_array_map(dtype, [1], b"\x00" * 8))
+    assert info.value.field == "dtype"
+
+
+def test_decoder_refuses_shape_that_does_not_match_data():
+    with pytest.raises(WireFormatError, match="needs 16") as info:
+        unpackb(_array_map("<f4", [2, 2], b"\x00" * 12))
+    assert info.value.field == "shape"
+
+
+@pytest.mark.parametrize("shape", [[-1], [1.5], "3", [True]])
+def test_decoder_refuses_malformed_shapes(shape):
+    with pytest.raises(WireFormatError):
+        unpackb(_array_map("<f4", shape, b"\x00" * 4))
+
+
+def test_decoder_refuses_non_msgpack_and_trailing_bytes():
+    with pytest.raises(WireFormatError, match="not valid msgpack"):
+        unpackb(b"\xc1")  # 0xc1 is never used in msgpack
+    with pytest.raises(WireFormatError, match="trailing"):
+        unpackb(packb({"a": 1}) + b"\x00")
+
+
+def test_decoder_never_unpickles_extension_types():
+    """msgpack extension types (how some codecs smuggle pickles) are refused outright."""
+    frame = msgpack.packb({"x": msgpack.ExtType(1, b"cos\nsystem\n")}, use_bin_type=True)
+    with pytest.raises(WireFormatError, match="extension type 1"):
+        unpackb(frame)
