@@ -1,0 +1,103 @@
+"""Runtime latency on tiny checkpoints, measured side by side in one run.
+
+Prints, as medians over interleaved repetitions (this machine is noisy; compare ratios, not absolutes):
+
+1. tiny checkpoint build time and size;
+2. ``predict_actions`` for a distilled versus a base tiny checkpoint at the same horizon and tier;
+3. the conditioning encode of a policy request: first frame only (what the runtime does) versus the
+   (horizon + 1)-frame padded clip diffusers' pipeline encodes, and the resulting per-chunk saving.
+
+Run: ``.venv/bin/python benchmarks/runtime_latency.py [--repeats 15] [--horizon 16] [--tier 256]``
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+
+def _median_ms(samples: list[float]) -> float:
+    return statistics.median(samples) * 1000.0
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--repeats", type=int, default=15)
+    parser.add_argument("--horizon", type=int, default=16)
+    parser.add_argument("--tier", type=int, default=256)
+    parser.add_argument("--base-steps", type=int, default=35)
+    parser.add_argument("--base-guidance", type=float, default=6.0)
+    args = parser.parse_args()
+
+    import torch
+
+    from cosmos3_runtime.engine import Cosmos3Engine
+    from cosmos3_runtime.requests import ActionRequest
+    from cosmos3_runtime.tiny import build_tiny_checkpoint
+
+    workdir = Path(tempfile.mkdtemp(prefix="cosmos3-bench-"))
+    build_s, sizes = [], []
+    for i in range(3):
+        started = time.perf_counter()
+        path = build_tiny_checkpoint(workdir / f"build-{i}", "distilled")
+        build_s.append(time.perf_counter() - started)
+        sizes.append(sum(f.stat().st_size for f in path.rglob("*") if f.is_file()))
+    print(f"torch {torch.__version__}, {torch.get_num_threads()} threads")
+    print(f"tiny checkpoint build: median {_median_ms(build_s):.0f} ms (first, with imports: {build_s[0]:.2f} s), "
+          f"size {sizes[0] / 1e6:.2f} MB")
+
+    distilled = Cosmos3Engine.load(build_tiny_checkpoint(workdir / "distilled", "distilled"))
+    base = Cosmos3Engine.load(build_tiny_checkpoint(workdir / "base", "base"))
+    image = np.random.default_rng(0).integers(0, 256, (224, 224, 3), dtype=np.uint8)
+    common = dict(domain_name="bridge_orig_lerobot", image=image, action_horizon=args.horizon,
+                  resolution_tier=args.tier, prompt="pick up the red cube")
+    requests = {
+        "distilled": (distilled, ActionRequest(seed=0, **common)),
+        "base": (base, ActionRequest(seed=0, num_steps=args.base_steps, guidance_scale=args.base_guidance,
+                                     **common)),
+    }
+    for engine, request in requests.values():  # warm-up
+        engine.predict_actions(request)
+
+    samples = {name: [] for name in requests}
+    forwards = {}
+    for _ in range(args.repeats):
+        for name, (engine, request) in requests.items():
+            started = time.perf_counter()
+            chunk = engine.predict_actions(request)
+            samples[name].append(time.perf_counter() - started)
+            forwards[name] = (chunk.num_steps, chunk.transformer_forwards)
+
+    print(f"\npredict_actions, policy, horizon {args.horizon}, tier {args.tier}, 224x224 image, "
+          f"{args.repeats} interleaved runs")
+    print(f"{'checkpoint':<12}{'steps':>6}{'forwards':>10}{'median ms':>12}{'p90 ms':>10}")
+    for name, values in samples.items():
+        steps, fwd = forwards[name]
+        p90 = np.percentile(values, 90) * 1000.0
+        print(f"{name:<12}{steps:>6}{fwd:>10}{_median_ms(values):>12.1f}{p90:>10.1f}")
+    print(f"ratio base / distilled: {_median_ms(samples['base']) / _median_ms(samples['distilled']):.2f}x")
+
+    sampler = distilled.sampler
+    full_clip, full_size, _, _ = sampler.preprocess(image[None], args.tier, args.horizon + 1)
+    one_frame, one_size, _, _ = sampler.preprocess(image[None], args.tier, 1)
+    encode = {"first frame only": [], f"full {args.horizon + 1}-frame clip": []}
+    with torch.no_grad():
+        for _ in range(max(5, args.repeats // 2)):
+            for name, (clip, size) in zip(encode, [(one_frame, one_size), (full_clip, full_size)]):
+                started = time.perf_counter()
+                sampler.encode(clip, size)
+                encode[name].append(time.perf_counter() - started)
+    (one_name, one_vals), (full_name, full_vals) = encode.items()
+    print(f"\nconditioning encode at tier {args.tier}: {one_name} {_median_ms(one_vals):.1f} ms, "
+          f"{full_name} {_median_ms(full_vals):.1f} ms, ratio {_median_ms(full_vals) / _median_ms(one_vals):.1f}x; "
+          f"saving per distilled chunk {_median_ms(full_vals) - _median_ms(one_vals):.1f} ms "
+          f"(chunk median {_median_ms(samples['distilled']):.1f} ms with the saving)")
+
+
+if __name__ == "__main__":
+    main()
