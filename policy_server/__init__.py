@@ -1,0 +1,10 @@
+"""Realtime WebSocket policy server for Cosmos3.
+
+Importing this package sets ``OMP_WAIT_POLICY=PASSIVE`` (unless the environment already says otherwise)
+before anything imports torch: the engine worker shares the machine's cores with the event loop, and
+spinning OpenMP threads make both slow. See :mod:`policy_server.cpu_threads`.
+"""
+
+from .cpu_threads import apply_passive_wait_policy
+
+apply_passive_wait_policy()

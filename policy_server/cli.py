@@ -1,0 +1,129 @@
+"""``cosmos3-serve``: load a Cosmos3 checkpoint and serve it to robots over WebSocket.
+
+Examples::
+
+    cosmos3-serve --model nvidia/Cosmos3-...           # a Hub id, or a local folder
+    cosmos3-serve --tiny distilled --port 8000         # a tiny random checkpoint, built on the spot
+
+The port opens first (``GET /healthz`` answers while the model loads); robots can connect to
+``ws://HOST:PORT/v1/actions/realtime`` once ``/healthz`` says ``"status": "ready"``. SIGINT or SIGTERM
+stops the server gracefully and the process exits 0.
+"""
+
+from __future__ import annotations
+
+# policy_server's package import sets OMP_WAIT_POLICY=PASSIVE; it must happen before torch loads.
+import policy_server  # noqa: F401  (imported for that side effect, first)
+
+import argparse
+import asyncio
+import logging
+import signal
+import sys
+import tempfile
+from pathlib import Path
+
+from .server import DEFAULT_MAX_MESSAGE_BYTES, PolicyServer, ServerSettings
+
+logger = logging.getLogger("policy_server")
+
+TINY_VARIANTS = ("base", "edge", "distilled", "edge-distilled")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="cosmos3-serve", description="Serve a Cosmos3 policy to robots over WebSocket (native protocol v1)."
+    )
+    source = parser.add_mutually_exclusive_group(required=True)
+    source.add_argument("--model", help="checkpoint: a local folder or a Hub id (namespace/repo[/subfolder])")
+    source.add_argument(
+        "--tiny", choices=TINY_VARIANTS, metavar="VARIANT",
+        help=f"build and serve a tiny random checkpoint of this variant ({', '.join(TINY_VARIANTS)})",
+    )
+    parser.add_argument("--host", default="0.0.0.0", help="interface to listen on (default: all, 0.0.0.0)")
+    parser.add_argument("--port", type=int, default=8000, help="WebSocket port; 0 picks a free one (default 8000)")
+    parser.add_argument(
+        "--http-port", type=int, default=8001,
+        help="port of the HTTP sidecar (video jobs, metrics); reserved, not served by this version (default 8001)",
+    )
+    parser.add_argument("--device", default=None, help="torch device, e.g. cpu, cuda, cuda:1 (default: best available)")
+    parser.add_argument("--dtype", default=None, help="float32, bfloat16 or float16 (default: the device's best)")
+    parser.add_argument("--profiles", default=None, help="a policy profile file overriding the checkpoint's")
+    parser.add_argument("--no-warmup", dest="warmup", action="store_false", help="skip the warm-up requests")
+    parser.add_argument(
+        "--torch-threads", type=int, default=None,
+        help="torch intra-op threads of the engine worker (default: every core this process may use)",
+    )
+    parser.add_argument(
+        "--max-message-mib", type=float, default=DEFAULT_MAX_MESSAGE_BYTES / 2**20,
+        help="largest frame accepted, in MiB; a bigger one closes the connection with 1009 (default 32)",
+    )
+    parser.add_argument("--shutdown-grace", type=float, default=30.0, help="seconds to let a running inference finish")
+    parser.add_argument("--log-level", default="info", choices=("debug", "info", "warning", "error"))
+    return parser
+
+
+def _engine_loader(args: argparse.Namespace, workdir: Path):
+    """The function the engine worker calls, on its own thread, to build the engine."""
+
+    def load():
+        from cosmos3_runtime.engine import Cosmos3Engine
+
+        source = args.model
+        if args.tiny:
+            from cosmos3_runtime.tiny import build_tiny_checkpoint
+
+            source = build_tiny_checkpoint(workdir / f"tiny-{args.tiny}", variant=args.tiny)
+            logger.info("built a tiny %s checkpoint at %s", args.tiny, source)
+        return Cosmos3Engine.load(source, device=args.device, dtype=args.dtype, profiles_path=args.profiles)
+
+    return load
+
+
+async def serve_until_stopped(args: argparse.Namespace) -> int:
+    with tempfile.TemporaryDirectory(prefix="cosmos3-serve-") as workdir:
+        settings = ServerSettings(
+            host=args.host,
+            port=args.port,
+            max_message_bytes=int(args.max_message_mib * 2**20),
+            torch_threads=args.torch_threads,
+            warmup=args.warmup,
+            shutdown_grace_s=args.shutdown_grace,
+        )
+        server = PolicyServer(_engine_loader(args, Path(workdir)), settings)
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(sig, stop.set)
+
+        await server.start()
+        if args.http_port:
+            logger.info("HTTP sidecar (port %d) is not part of this version; only the WebSocket port serves", args.http_port)
+        ready = asyncio.ensure_future(server.wait_ready())
+        stopped = asyncio.ensure_future(stop.wait())
+        await asyncio.wait({ready, stopped}, return_when=asyncio.FIRST_COMPLETED)
+        exit_code = 0
+        if ready.done() and ready.exception() is not None:
+            logger.error("could not load the model: %s", ready.exception())
+            exit_code = 1
+        elif not stopped.done():
+            await stopped
+        else:
+            ready.cancel()
+        logger.info("stopping")
+        await server.shutdown()
+        return exit_code
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(
+        level=args.log_level.upper(),
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+        stream=sys.stderr,
+    )
+    return asyncio.run(serve_until_stopped(args))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

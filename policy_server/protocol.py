@@ -1,0 +1,316 @@
+"""Native realtime protocol, version 1: the frames, their fields, and the error codes.
+
+This module is pure data: it turns decoded client frames into typed dataclasses (raising
+:class:`ProtocolError` with a stable code and the offending field when a frame is wrong) and builds the
+server's frames. It knows nothing about sockets, queues or models. ``docs/protocol.md`` is the
+user-facing description of everything here; keep the two in step.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any, Mapping
+
+import numpy as np
+
+PROTOCOL_VERSION = 1
+
+# Client -> server frame types.
+CONFIGURE = "configure"
+OBSERVATION = "observation"
+CANCEL = "cancel"
+RESET = "reset"
+CLIENT_FRAME_TYPES = (CONFIGURE, OBSERVATION, CANCEL, RESET)
+
+# Server -> client frame types.
+METADATA = "metadata"
+SESSION = "session"
+ACTION_CHUNK = "action_chunk"
+DROPPED = "dropped"
+ERROR = "error"
+RESET_DONE = "reset_done"
+
+
+class ErrorCode:
+    """Stable error codes. Clients branch on these; never rename one, only add."""
+
+    BAD_FRAME = "bad_frame"  # not binary msgpack, not a map, or a malformed array
+    UNKNOWN_TYPE = "unknown_type"  # `type` is missing or not a frame this protocol knows
+    MISSING_FIELD = "missing_field"  # a required field is absent
+    INVALID_FIELD = "invalid_field"  # a field has the wrong type or an out-of-range value
+    INVALID_IMAGE = "invalid_image"  # image/video with the wrong dtype, rank, channel count or size
+    NOT_CONFIGURED = "not_configured"  # an observation arrived before any `configure`
+    UNKNOWN_DOMAIN = "unknown_domain"  # the embodiment is not one the loaded model knows
+    UNSUPPORTED_MODE = "unsupported_mode"  # the model (or this endpoint) cannot serve that action_mode
+    UNSUPPORTED_TIER = "unsupported_tier"  # the resolution tier is not one the variant supports
+    INVALID_REQUEST = "invalid_request"  # the engine refused a value the server could not check up front
+    ENGINE_ERROR = "engine_error"  # the model failed on a valid request; details are in the server log
+
+
+class DropReason:
+    """Why an observation was not answered with actions. Each seq gets exactly one terminal reply."""
+
+    SUPERSEDED = "superseded"  # a newer observation of the same session replaced it while it waited
+    DEADLINE = "deadline"  # its deadline_ms passed before it reached the engine
+    CANCELLED = "cancelled"  # the client sent `cancel` (or `reset`) for it
+    SHUTDOWN = "shutdown"  # the server is stopping and will not start it
+
+
+class ProtocolError(Exception):
+    """A client frame is wrong. Answered with an ``error`` frame; the session continues."""
+
+    def __init__(self, code: str, message: str, field: str | None = None, seq: int | None = None) -> None:
+        super().__init__(message)
+        self.code = code
+        self.message = message
+        self.field = field
+        self.seq = seq
+
+
+# ---------------------------------------------------------------------------------------------------
+# Typed client frames
+# ---------------------------------------------------------------------------------------------------
+
+# Configure fields a client may set, with the Python types each accepts.
+CONFIGURE_FIELDS: dict[str, tuple[type, ...]] = {
+    "action_mode": (str,),
+    "domain_name": (str,),
+    "action_horizon": (int,),
+    "prompt": (str,),
+    "resolution_tier": (int,),
+    "view_point": (str,),
+    "seed": (int,),
+    "num_steps": (int,),
+    "guidance_scale": (float, int),
+    "fps": (float, int),
+}
+
+# Fields an observation may override for itself only (per-frame overrides).
+OBSERVATION_OVERRIDES = ("prompt", "seed", "num_steps", "guidance_scale")
+
+
+@dataclass
+class ConfigureFrame:
+    """Session settings to merge over the current ones; only the keys the client sent are present."""
+
+    settings: dict[str, Any]
+
+
+@dataclass
+class ObservationFrame:
+    seq: int
+    image: np.ndarray | None = None
+    video: np.ndarray | None = None
+    prefix_actions: np.ndarray | None = None
+    deadline_ms: float | None = None
+    overrides: dict[str, Any] = field(default_factory=dict)
+    client_timestamp: float | None = None
+
+
+@dataclass
+class CancelFrame:
+    seq: int | None  # None: every observation of this session that is waiting or running
+
+
+@dataclass
+class ResetFrame:
+    pass
+
+
+ClientFrame = ConfigureFrame | ObservationFrame | CancelFrame | ResetFrame
+
+
+@dataclass(frozen=True)
+class FrameLimits:
+    """What the server accepts in one observation (from the engine's ``describe()["limits"]``)."""
+
+    min_image_side: int
+    max_image_side: int
+    max_clip_frames: int
+
+
+def _type_name(types: tuple[type, ...]) -> str:
+    names = {int: "an integer", float: "a number", str: "a string", bool: "a boolean"}
+    return " or ".join(dict.fromkeys(names.get(t, t.__name__) for t in types))
+
+
+def _check_type(frame: Mapping[str, Any], name: str, types: tuple[type, ...], seq: int | None = None) -> Any:
+    value = frame[name]
+    # bool is an int subclass in Python; a `true` is never a valid count, seed or tier.
+    ok = isinstance(value, types) and not (isinstance(value, bool) and bool not in types)
+    if isinstance(value, (np.integer, np.floating)) and (int in types or float in types):
+        value = value.item()  # numpy scalars from openpi-style senders are accepted as numbers
+        ok = isinstance(value, types)
+    if not ok:
+        raise ProtocolError(
+            ErrorCode.INVALID_FIELD,
+            f"`{name}` must be {_type_name(types)}, got {type(value).__name__}",
+            name,
+            seq,
+        )
+    if isinstance(value, float) and not math.isfinite(value):
+        raise ProtocolError(ErrorCode.INVALID_FIELD, f"`{name}` must be finite, got {value}", name, seq)
+    return value
+
+
+def _check_frames(array: Any, name: str, rank: int, limits: FrameLimits, seq: int) -> np.ndarray:
+    """Validate an image (rank 3: H×W×3) or a video (rank 4: T×H×W×3) of uint8."""
+    shape_text = "H×W×3" if rank == 3 else "T×H×W×3"
+    if not isinstance(array, np.ndarray):
+        raise ProtocolError(
+            ErrorCode.INVALID_IMAGE,
+            f"`{name}` must be a numpy array ({shape_text} uint8), got {type(array).__name__}",
+            name,
+            seq,
+        )
+    if array.dtype != np.uint8:
+        raise ProtocolError(
+            ErrorCode.INVALID_IMAGE, f"`{name}` must have dtype uint8, got {array.dtype}", name, seq
+        )
+    if array.ndim != rank or array.shape[-1] != 3:
+        raise ProtocolError(
+            ErrorCode.INVALID_IMAGE,
+            f"`{name}` must have shape {shape_text} (RGB), got {list(array.shape)}",
+            name,
+            seq,
+        )
+    height, width = array.shape[-3], array.shape[-2]
+    if min(height, width) < limits.min_image_side or max(height, width) > limits.max_image_side:
+        raise ProtocolError(
+            ErrorCode.INVALID_IMAGE,
+            f"`{name}` is {height}×{width} pixels; each side must be between {limits.min_image_side} "
+            f"and {limits.max_image_side}",
+            name,
+            seq,
+        )
+    if rank == 4 and not 1 <= array.shape[0] <= limits.max_clip_frames:
+        raise ProtocolError(
+            ErrorCode.INVALID_IMAGE,
+            f"`{name}` has {array.shape[0]} frames; between 1 and {limits.max_clip_frames} are allowed",
+            name,
+            seq,
+        )
+    return array
+
+
+def _parse_configure(frame: Mapping[str, Any]) -> ConfigureFrame:
+    settings: dict[str, Any] = {}
+    for name, types in CONFIGURE_FIELDS.items():
+        if name in frame and frame[name] is not None:
+            value = _check_type(frame, name, types)
+            settings[name] = float(value) if float in types else value
+    unknown = sorted(set(frame) - set(CONFIGURE_FIELDS) - {"type"})
+    if unknown:
+        raise ProtocolError(
+            ErrorCode.INVALID_FIELD,
+            f"`configure` has unknown field `{unknown[0]}`; known fields: {', '.join(CONFIGURE_FIELDS)}",
+            unknown[0],
+        )
+    return ConfigureFrame(settings)
+
+
+def _parse_observation(frame: Mapping[str, Any], limits: FrameLimits) -> ObservationFrame:
+    if "seq" not in frame:
+        raise ProtocolError(ErrorCode.MISSING_FIELD, "`observation` needs an integer `seq`", "seq")
+    seq = _check_type(frame, "seq", (int,))
+    if seq < 0:
+        raise ProtocolError(ErrorCode.INVALID_FIELD, f"`seq` must be >= 0, got {seq}", "seq")
+    obs = ObservationFrame(seq=seq)
+
+    if "images" in frame:
+        raise ProtocolError(
+            ErrorCode.INVALID_FIELD,
+            "named multi-camera `images` are not supported yet; send one composed `image` (H×W×3 uint8)",
+            "images",
+            seq,
+        )
+    if frame.get("image") is not None:
+        obs.image = _check_frames(frame["image"], "image", 3, limits, seq)
+    if frame.get("video") is not None:
+        obs.video = _check_frames(frame["video"], "video", 4, limits, seq)
+    if obs.image is None and obs.video is None:
+        raise ProtocolError(
+            ErrorCode.MISSING_FIELD,
+            "`observation` needs an `image` (H×W×3 uint8) or a `video` (T×H×W×3 uint8)",
+            "image",
+            seq,
+        )
+    if obs.image is not None and obs.video is not None:
+        raise ProtocolError(
+            ErrorCode.INVALID_FIELD, "send either `image` or `video` in one observation, not both", "video", seq
+        )
+
+    if frame.get("prefix_actions") is not None:
+        prefix = frame["prefix_actions"]
+        if not isinstance(prefix, np.ndarray) or prefix.ndim != 2 or prefix.dtype.kind != "f":
+            raise ProtocolError(
+                ErrorCode.INVALID_FIELD,
+                "`prefix_actions` must be a K×D float array (the actions still to execute)",
+                "prefix_actions",
+                seq,
+            )
+        obs.prefix_actions = prefix.astype(np.float32, copy=False)
+
+    if frame.get("deadline_ms") is not None:
+        deadline = _check_type(frame, "deadline_ms", (float, int), seq)
+        if deadline <= 0:
+            raise ProtocolError(
+                ErrorCode.INVALID_FIELD, f"`deadline_ms` must be > 0, got {deadline}", "deadline_ms", seq
+            )
+        obs.deadline_ms = float(deadline)
+
+    if frame.get("timestamp") is not None:
+        obs.client_timestamp = float(_check_type(frame, "timestamp", (float, int), seq))
+
+    for name in OBSERVATION_OVERRIDES:
+        if frame.get(name) is not None:
+            types = CONFIGURE_FIELDS[name]
+            value = _check_type(frame, name, types, seq)
+            obs.overrides[name] = float(value) if float in types else value
+    return obs
+
+
+def _parse_cancel(frame: Mapping[str, Any]) -> CancelFrame:
+    if frame.get("seq") is None:
+        return CancelFrame(seq=None)
+    return CancelFrame(seq=_check_type(frame, "seq", (int,)))
+
+
+def parse_client_frame(message: Any, limits: FrameLimits) -> ClientFrame:
+    """Turn one decoded client frame into a typed frame, or raise :class:`ProtocolError`."""
+    if not isinstance(message, dict):
+        raise ProtocolError(
+            ErrorCode.BAD_FRAME, f"a frame must be a msgpack map, got {type(message).__name__}", None
+        )
+    frame_type = message.get("type")
+    if frame_type is None:
+        raise ProtocolError(
+            ErrorCode.UNKNOWN_TYPE, f"frame has no `type`; expected one of {', '.join(CLIENT_FRAME_TYPES)}", "type"
+        )
+    if frame_type == OBSERVATION:
+        return _parse_observation(message, limits)
+    if frame_type == CONFIGURE:
+        return _parse_configure(message)
+    if frame_type == CANCEL:
+        return _parse_cancel(message)
+    if frame_type == RESET:
+        return ResetFrame()
+    raise ProtocolError(
+        ErrorCode.UNKNOWN_TYPE,
+        f"unknown frame type {frame_type!r}; expected one of {', '.join(CLIENT_FRAME_TYPES)}",
+        "type",
+    )
+
+
+# ---------------------------------------------------------------------------------------------------
+# Server frames
+# ---------------------------------------------------------------------------------------------------
+
+
+def error_frame(code: str, message: str, field: str | None = None, seq: int | None = None) -> dict[str, Any]:
+    return {"type": ERROR, "seq": seq, "code": code, "message": message, "field": field}
+
+
+def dropped_frame(seq: int, reason: str, message: str) -> dict[str, Any]:
+    return {"type": DROPPED, "seq": seq, "reason": reason, "message": message}

@@ -1,0 +1,253 @@
+"""One robot's connection to ``/v1/actions/realtime``: where a request enters and where actions leave.
+
+A :class:`RealtimeSession` lives as long as its WebSocket. It sends ``metadata``, then reads frames in a
+loop: each is decoded with the shared wire codec, parsed by :mod:`policy_server.protocol`, and either
+answered at once (``configure``, ``cancel``, ``reset``, errors) or turned into a
+:class:`~policy_server.request_queue.PendingObservation` and put in the server's request queue. The
+engine worker calls back (on the event loop) with ``on_result`` / ``on_dropped``; replies go through an
+outbox that one sender task drains, so the reader never waits for a slow client's socket and replies
+leave in the order they were made.
+
+Every observation ``seq`` gets exactly one terminal reply: ``action_chunk``, ``dropped`` or ``error``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+import uuid
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+from websockets.asyncio.server import ServerConnection
+from websockets.exceptions import ConnectionClosed
+
+from robot_clients.wire_codec import WireFormatError, packb, unpackb
+
+from . import protocol
+from .engine_worker import EngineOutcome
+from .protocol import DropReason, ErrorCode, ProtocolError
+from .request_queue import PendingObservation, QueueClosed
+from .session_config import SessionConfig, merge_session_config
+
+if TYPE_CHECKING:
+    from .server import PolicyServer
+
+logger = logging.getLogger(__name__)
+
+_DROP_MESSAGES = {
+    DropReason.SUPERSEDED: "a newer observation of this session replaced it before the engine reached it",
+    DropReason.DEADLINE: "its deadline_ms passed before the engine reached it",
+    DropReason.CANCELLED: "cancelled by the client",
+    DropReason.SHUTDOWN: "the server is shutting down",
+}
+
+
+class RealtimeSession:
+    """Protocol state of one connection: its configuration, its seqs in flight, its outbox."""
+
+    def __init__(self, connection: ServerConnection, server: "PolicyServer") -> None:
+        self.id = uuid.uuid4().hex[:12]
+        self.connection = connection
+        self.server = server
+        self.config: SessionConfig | None = None
+        self.last_seq: int | None = None
+        # Observations of this session that are waiting in the queue or running in the engine, by seq.
+        self.in_flight: dict[int, PendingObservation] = {}
+        self.closed = False
+        self._outbox: asyncio.Queue[tuple[dict[str, Any], float | None] | None] = asyncio.Queue()
+        self.answered = 0
+        self.dropped = 0
+
+    # -- the connection's life ---------------------------------------------------------------------
+
+    async def run(self) -> None:
+        sender = asyncio.create_task(self._send_loop(), name=f"session-{self.id}-sender")
+        try:
+            self._send(self.server.metadata_frame(self.id))
+            async for message in self.connection:
+                self._handle(message)
+        except ConnectionClosed:
+            pass  # the client went away (or sent an oversized frame: websockets closed with 1009)
+        finally:
+            self._close()
+            await self._outbox.put(None)
+            try:
+                await asyncio.wait_for(sender, timeout=1.0)
+            except (asyncio.TimeoutError, ConnectionClosed):
+                sender.cancel()
+
+    def _close(self) -> None:
+        self.closed = True
+        # A waiting observation is simply forgotten; a running one finishes and is discarded (the
+        # worker never blocks on a session), so a vanished client costs at most one inference.
+        self.server.queue.cancel(self.id)
+        self.in_flight.clear()
+
+    async def drain(self, timeout: float) -> None:
+        """Wait until the outbox is empty (used at shutdown, before closing with 1001)."""
+        deadline = time.monotonic() + timeout
+        while not self._outbox.empty() and time.monotonic() < deadline and not self.closed:
+            await asyncio.sleep(0.005)
+
+    def _send(self, frame: dict[str, Any], received_at: float | None = None) -> None:
+        if not self.closed:
+            self._outbox.put_nowait((frame, received_at))
+
+    async def _send_loop(self) -> None:
+        while True:
+            entry = await self._outbox.get()
+            if entry is None:
+                return
+            frame, received_at = entry
+            if received_at is not None:
+                frame["timing"]["observation_age_ms"] = (time.monotonic() - received_at) * 1e3
+            try:
+                await self.connection.send(packb(frame))
+            except ConnectionClosed:
+                return
+
+    # -- frames from the client ----------------------------------------------------------------------
+
+    def _handle(self, message: bytes | str) -> None:
+        received_at = time.monotonic()
+        seq = None
+        try:
+            if isinstance(message, str):
+                raise ProtocolError(
+                    ErrorCode.BAD_FRAME, "text frames are not part of the protocol; send binary msgpack frames"
+                )
+            try:
+                decoded = unpackb(message)
+            except WireFormatError as exc:
+                raise ProtocolError(ErrorCode.BAD_FRAME, exc.message, exc.field) from None
+            if isinstance(decoded, dict) and isinstance(decoded.get("seq"), int):
+                seq = decoded["seq"]  # so that even an early error names the observation it is about
+            frame = protocol.parse_client_frame(decoded, self.server.frame_limits)
+            if isinstance(frame, protocol.ObservationFrame):
+                self._on_observation(frame, received_at)
+            elif isinstance(frame, protocol.ConfigureFrame):
+                self._on_configure(frame)
+            elif isinstance(frame, protocol.CancelFrame):
+                self._on_cancel(frame.seq)
+            elif isinstance(frame, protocol.ResetFrame):
+                self._on_reset()
+        except ProtocolError as exc:
+            self._send(protocol.error_frame(exc.code, exc.message, exc.field, exc.seq if exc.seq is not None else seq))
+        except Exception:  # noqa: BLE001 - a bug of ours must not end the session, nor reach the client
+            reference = uuid.uuid4().hex[:12]
+            logger.exception("session %s: failed to handle a frame (ref %s)", self.id, reference)
+            self._send(
+                protocol.error_frame(
+                    ErrorCode.ENGINE_ERROR, f"the server failed on this frame; the log has details (ref {reference})",
+                    None, seq,
+                )
+            )
+
+    def _on_configure(self, frame: protocol.ConfigureFrame) -> None:
+        self.config = merge_session_config(self.config, frame.settings, self.server.description)
+        self._send(
+            {"type": protocol.SESSION, "session_id": self.id, "config": self.config.resolved(self.server.description)}
+        )
+
+    def _on_observation(self, obs: protocol.ObservationFrame, received_at: float) -> None:
+        if self.config is None:
+            raise ProtocolError(
+                ErrorCode.NOT_CONFIGURED,
+                "send `configure` (with at least `domain_name`) before the first observation",
+                None,
+                obs.seq,
+            )
+        if self.last_seq is not None and obs.seq <= self.last_seq:
+            raise ProtocolError(
+                ErrorCode.INVALID_FIELD,
+                f"`seq` must increase within a session: got {obs.seq} after {self.last_seq} (send `reset` to restart)",
+                "seq",
+                obs.seq,
+            )
+        self.last_seq = obs.seq
+        item = PendingObservation(
+            session_id=self.id,
+            seq=obs.seq,
+            request=self.config.action_request(obs),
+            owner=self,
+            received_at=received_at,
+            decode_ms=(time.monotonic() - received_at) * 1e3,
+            deadline_at=received_at + obs.deadline_ms / 1e3 if obs.deadline_ms is not None else None,
+            client_timestamp=obs.client_timestamp,
+        )
+        try:
+            replaced = self.server.queue.put(item)
+        except QueueClosed:
+            self._send(protocol.dropped_frame(obs.seq, DropReason.SHUTDOWN, _DROP_MESSAGES[DropReason.SHUTDOWN]))
+            return
+        self.in_flight[obs.seq] = item
+        if replaced is not None:
+            self._report_dropped(replaced, DropReason.SUPERSEDED)
+
+    def _on_cancel(self, seq: int | None) -> None:
+        targets = [item for s, item in self.in_flight.items() if seq is None or s == seq]
+        for item in targets:
+            # Waiting: take it out of the queue. Running: it cannot be stopped mid-forward, so mark it;
+            # its result will be discarded. Either way the client hears `dropped` now, not later.
+            self.server.queue.cancel(self.id, item.seq)
+            item.cancelled = True
+            self._report_dropped(item, DropReason.CANCELLED)
+
+    def _on_reset(self) -> None:
+        self._on_cancel(None)
+        self.last_seq = None
+        self._send({"type": protocol.RESET_DONE, "session_id": self.id})
+
+    def _report_dropped(self, item: PendingObservation, reason: str) -> None:
+        self.in_flight.pop(item.seq, None)
+        self.dropped += 1
+        self._send(protocol.dropped_frame(item.seq, reason, _DROP_MESSAGES[reason]))
+
+    # -- outcomes from the engine worker (called on the event loop) ----------------------------------
+
+    def on_dropped(self, item: PendingObservation, reason: str) -> None:
+        if self.closed or item.cancelled or self.in_flight.get(item.seq) is not item:
+            return
+        self._report_dropped(item, reason)
+
+    def on_result(self, item: PendingObservation, outcome: EngineOutcome) -> None:
+        if self.closed or item.cancelled or self.in_flight.get(item.seq) is not item:
+            return  # the client left, cancelled or reset: nobody wants these actions any more
+        del self.in_flight[item.seq]
+        if outcome.chunk is None:
+            self._send(protocol.error_frame(outcome.error_code, outcome.error_message, outcome.error_field, item.seq))
+            return
+        self.answered += 1
+        self._send(self._chunk_frame(item, outcome), received_at=item.received_at)
+
+    def _chunk_frame(self, item: PendingObservation, outcome: EngineOutcome) -> dict[str, Any]:
+        chunk = outcome.chunk
+        engine_timing = chunk.timing
+        queue_ms = ((item.taken_at or item.enqueued_at) - item.enqueued_at) * 1e3
+        frame: dict[str, Any] = {
+            "type": protocol.ACTION_CHUNK,
+            "seq": item.seq,
+            "actions": np.ascontiguousarray(chunk.actions, dtype=np.float32),
+            "action_mode": chunk.action_mode,
+            "domain_name": chunk.domain_name,
+            "domain_id": chunk.domain_id,
+            "raw_action_dim": chunk.raw_action_dim,
+            "action_horizon": chunk.action_horizon,
+            "num_steps": chunk.num_steps,
+            "seed": chunk.seed,
+            "timing": {
+                "decode_ms": item.decode_ms,
+                "queue_ms": queue_ms,
+                "preprocess_ms": engine_timing.preprocess_ms,
+                "model_ms": engine_timing.model_ms,
+                "postprocess_ms": engine_timing.postprocess_ms,
+                "engine_ms": outcome.engine_ms,
+                "total_ms": (time.monotonic() - item.received_at) * 1e3,
+                "observation_age_ms": None,  # filled in by the sender, just before the frame leaves
+            },
+        }
+        if item.client_timestamp is not None:
+            frame["timestamp"] = item.client_timestamp
+        return frame

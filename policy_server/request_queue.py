@@ -1,0 +1,129 @@
+"""Where observations wait for the engine: one slot per session, sessions served in turn.
+
+The queue sits between the event loop (which puts) and the engine worker thread (which takes), so it is
+guarded by one lock; every operation is O(1) or O(sessions) and never blocks the event loop for longer
+than a dict update.
+
+Two rules make it a realtime queue rather than a FIFO:
+
+* **Latest observation wins.** Each session has at most one waiting observation. A newer one replaces
+  it and :meth:`RequestQueue.put` hands the replaced one back so the caller can report it ``dropped``
+  (``superseded``). A robot streaming at 50 Hz against a 200 ms model therefore always gets actions for
+  the freshest frame, never for a backlog.
+* **Sessions are served in turn.** Sessions with a waiting observation form a ring. The worker takes the
+  session at the front; when that session submits again it joins at the back. Replacing a waiting
+  observation keeps the session's place, so a robot that sends faster gains nothing over one that sends
+  slower: with N busy sessions each gets every N-th engine slot.
+
+Deadlines are the worker's business (it is the one that knows when a request reaches the engine).
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Any, Hashable
+
+from cosmos3_runtime.requests import ActionRequest
+
+
+@dataclass(eq=False)
+class PendingObservation:
+    """One observation on its way to the engine, with the clocks needed for its timing breakdown.
+
+    All times are ``time.monotonic()`` seconds. ``owner`` is the session that will receive the outcome;
+    the queue only uses ``session_id``.
+    """
+
+    session_id: Hashable
+    seq: int
+    request: ActionRequest
+    owner: Any
+    received_at: float
+    decode_ms: float = 0.0
+    deadline_at: float | None = None
+    client_timestamp: float | None = None
+    enqueued_at: float = field(default_factory=time.monotonic)
+    taken_at: float | None = None
+    # Set on the event loop when the client cancels while the engine runs it: the result is discarded.
+    cancelled: bool = False
+
+    def expired(self, now: float) -> bool:
+        return self.deadline_at is not None and now > self.deadline_at
+
+
+class QueueClosed(Exception):
+    """The queue was closed (server shutting down); nothing more is accepted."""
+
+
+class RequestQueue:
+    """Thread-safe, per-session single-slot, round-robin queue of :class:`PendingObservation`."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._ready = threading.Condition(self._lock)
+        self._slots: dict[Hashable, PendingObservation] = {}
+        self._ring: deque[Hashable] = deque()  # sessions with a waiting observation, in serving order
+        self._closed = False
+
+    def put(self, item: PendingObservation) -> PendingObservation | None:
+        """Queue ``item``; return the observation of the same session it replaced, if any."""
+        with self._lock:
+            if self._closed:
+                raise QueueClosed("the server is shutting down")
+            replaced = self._slots.get(item.session_id)
+            self._slots[item.session_id] = item
+            if replaced is None:
+                self._ring.append(item.session_id)
+                self._ready.notify()
+            return replaced
+
+    def take(self, timeout: float | None = None) -> PendingObservation | None:
+        """Block until an observation is waiting and return it; ``None`` on timeout or once closed.
+
+        The wait loops: a wake-up can find the ring empty again (the observation that caused it was
+        cancelled in between), and that must not look like "closed" to the worker.
+        """
+        deadline = None if timeout is None else time.monotonic() + timeout
+        with self._lock:
+            while not self._ring and not self._closed:
+                remaining = None if deadline is None else deadline - time.monotonic()
+                if remaining is not None and remaining <= 0:
+                    return None
+                self._ready.wait(remaining)
+            if self._closed:
+                return None
+            session_id = self._ring.popleft()
+            item = self._slots.pop(session_id)
+            item.taken_at = time.monotonic()
+            return item
+
+    def cancel(self, session_id: Hashable, seq: int | None = None) -> PendingObservation | None:
+        """Remove the session's waiting observation (only if it is ``seq``, when given) and return it."""
+        with self._lock:
+            item = self._slots.get(session_id)
+            if item is None or (seq is not None and item.seq != seq):
+                return None
+            del self._slots[session_id]
+            self._ring.remove(session_id)
+            return item
+
+    def close(self) -> list[PendingObservation]:
+        """Stop accepting and wake the worker; return what was still waiting, for the caller to report."""
+        with self._lock:
+            self._closed = True
+            left = [self._slots[s] for s in self._ring]
+            self._slots.clear()
+            self._ring.clear()
+            self._ready.notify_all()
+            return left
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    def __len__(self) -> int:
+        with self._lock:
+            return len(self._ring)

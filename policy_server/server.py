@@ -1,0 +1,249 @@
+"""The WebSocket server: routes, ``/healthz``, the engine worker's lifecycle, and graceful shutdown.
+
+:class:`PolicyServer` listens first and loads the model second (on the engine worker thread), so
+``GET /healthz`` answers from the first millisecond, with ``"status": "loading"`` until the model is
+warm. WebSocket handshakes to ``/v1/actions/realtime`` are refused with HTTP 503 until then; clients
+retry.
+
+Shutdown (:meth:`PolicyServer.shutdown`, wired to SIGINT/SIGTERM by the CLI): stop listening, stop the
+queue (waiting observations are answered ``dropped``/``shutdown``), let the running inference finish
+and its chunk leave, then close every session with 1001 (going away).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import time
+from dataclasses import dataclass
+from http import HTTPStatus
+from typing import Any, Callable
+
+from websockets.asyncio.server import Server, ServerConnection, serve
+from websockets.http11 import Request, Response
+
+from . import protocol
+from .engine_worker import ActionEngine, EngineWorker, WorkerState
+from .protocol import DropReason, FrameLimits
+from .realtime_session import RealtimeSession
+from .request_queue import RequestQueue
+
+logger = logging.getLogger(__name__)
+
+REALTIME_PATH = "/v1/actions/realtime"
+HEALTH_PATH = "/healthz"
+
+SERVER_NAME = "cosmos3-policy-server"
+
+# A 720p RGB frame is 2.8 MB; a 65-frame 256x256 clip 12.8 MB. 32 MiB fits any observation a robot
+# should send at control rates and keeps one client from making the server buffer arbitrary amounts.
+DEFAULT_MAX_MESSAGE_BYTES = 32 * 1024 * 1024
+
+
+@dataclass
+class ServerSettings:
+    host: str = "127.0.0.1"
+    port: int = 8000
+    max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES
+    torch_threads: int | None = None
+    warmup: bool = True
+    # Keepalive pings run on the event loop, which never runs model code, so they flow during
+    # inference; the timeout only has to cover the network, not the model.
+    ping_interval: float | None = 20.0
+    ping_timeout: float | None = 20.0
+    # How long shutdown waits for the running inference to finish before closing anyway.
+    shutdown_grace_s: float = 30.0
+
+
+class PolicyServer:
+    """Serves one engine to many WebSocket sessions. Use as ``async with PolicyServer(...) as s:``."""
+
+    def __init__(self, load_engine: Callable[[], ActionEngine], settings: ServerSettings | None = None) -> None:
+        self.settings = settings or ServerSettings()
+        self._load_engine = load_engine
+        self.queue = RequestQueue()
+        self.sessions: dict[str, RealtimeSession] = {}
+        self.description: dict[str, Any] = {}
+        self.frame_limits = FrameLimits(min_image_side=1, max_image_side=4096, max_clip_frames=65)
+        self.worker: EngineWorker | None = None
+        self.stopping = False
+        self.started_at = time.monotonic()
+        self._ws_server: Server | None = None
+        self._stopped = asyncio.Event()
+
+    # -- lifecycle ------------------------------------------------------------------------------------
+
+    async def start(self) -> None:
+        """Listen, then start loading the model in the background. Returns as soon as the port is open."""
+        loop = asyncio.get_running_loop()
+        self.worker = EngineWorker(
+            self._load_engine,
+            self.queue,
+            loop,
+            torch_threads=self.settings.torch_threads,
+            warmup=self.settings.warmup,
+        )
+        self._ws_server = await serve(
+            self._handle_connection,
+            self.settings.host,
+            self.settings.port,
+            process_request=self._process_request,
+            max_size=self.settings.max_message_bytes,
+            # Compression costs 30-40 ms per camera frame and buys nothing on incompressible pixels.
+            compression=None,
+            ping_interval=self.settings.ping_interval,
+            ping_timeout=self.settings.ping_timeout,
+            server_header=SERVER_NAME,
+        )
+        self.worker.start()
+        logger.info("listening on ws://%s:%d%s", self.settings.host, self.port, REALTIME_PATH)
+
+    async def wait_ready(self) -> dict[str, Any]:
+        """Wait for the model to be loaded and warm; raise if it failed to load."""
+        assert self.worker is not None, "start() first"
+        description = await self.worker.wait_ready()
+        self.description = description
+        limits = description.get("limits", {})
+        self.frame_limits = FrameLimits(
+            min_image_side=int(limits.get("min_image_side", 1)),
+            max_image_side=int(limits.get("max_image_side", 4096)),
+            max_clip_frames=int(limits.get("max_clip_frames", 65)),
+        )
+        logger.info("ready: serving %s (%s)", description.get("model"), description.get("variant"))
+        return description
+
+    @property
+    def port(self) -> int:
+        assert self._ws_server is not None, "start() first"
+        return self._ws_server.sockets[0].getsockname()[1]
+
+    @property
+    def ready(self) -> bool:
+        return self.worker is not None and self.worker.state is WorkerState.READY and bool(self.description)
+
+    async def shutdown(self) -> None:
+        """Stop accepting, finish what is running, close every session with 1001. Idempotent."""
+        if self.stopping:
+            await self._stopped.wait()
+            return
+        self.stopping = True
+        logger.info("shutting down: %d session(s), %d waiting", len(self.sessions), len(self.queue))
+        if self._ws_server is not None:
+            self._ws_server.server.close()  # stop listening; open sessions carry on for now
+        for item in self.queue.close():
+            item.owner.on_dropped(item, DropReason.SHUTDOWN)
+        if self.worker is not None:
+            finished = await asyncio.to_thread(self.worker.stop, self.settings.shutdown_grace_s)
+            if not finished:
+                logger.warning("the running inference did not finish within %.0f s", self.settings.shutdown_grace_s)
+        await asyncio.sleep(0)  # let the worker's last call_soon_threadsafe callbacks run
+        await asyncio.gather(*(s.drain(timeout=2.0) for s in list(self.sessions.values())))
+        if self._ws_server is not None:
+            self._ws_server.close(close_connections=True, code=1001, reason="server shutting down")
+            await self._ws_server.wait_closed()
+        self._stopped.set()
+        logger.info("shut down")
+
+    async def __aenter__(self) -> "PolicyServer":
+        await self.start()
+        await self.wait_ready()
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.shutdown()
+
+    # -- HTTP on the WebSocket port --------------------------------------------------------------------
+
+    def health(self) -> dict[str, Any]:
+        worker = self.worker
+        if self.stopping:
+            status = "stopping"
+        elif worker is None:
+            status = "starting"
+        else:
+            status = worker.state.value
+        return {
+            "status": status,
+            "model": self.description.get("model"),
+            "variant": self.description.get("variant"),
+            "protocol_version": protocol.PROTOCOL_VERSION,
+            "sessions": len(self.sessions),
+            "queue_depth": len(self.queue),
+            "busy": bool(worker and worker.busy),
+            "completed": worker.completed if worker else 0,
+            "uptime_s": round(time.monotonic() - self.started_at, 3),
+            "worker": worker.thread_settings if worker else {},
+        }
+
+    def _process_request(self, connection: ServerConnection, request: Request) -> Response | None:
+        path = request.path.split("?", 1)[0]
+        if path == HEALTH_PATH:
+            health = self.health()
+            ok = health["status"] not in ("failed", "stopping")
+            return _json_response(connection, HTTPStatus.OK if ok else HTTPStatus.SERVICE_UNAVAILABLE, health)
+        if path != REALTIME_PATH:
+            return connection.respond(HTTPStatus.NOT_FOUND, f"no endpoint at {path}; the policy endpoint is {REALTIME_PATH}\n")
+        if self.stopping:
+            return connection.respond(HTTPStatus.SERVICE_UNAVAILABLE, "server is shutting down\n")
+        if not self.ready:
+            response = connection.respond(HTTPStatus.SERVICE_UNAVAILABLE, "model is loading; retry shortly\n")
+            response.headers["Retry-After"] = "1"
+            return response
+        return None
+
+    # -- WebSocket sessions ----------------------------------------------------------------------------
+
+    async def _handle_connection(self, connection: ServerConnection) -> None:
+        session = RealtimeSession(connection, self)
+        self.sessions[session.id] = session
+        logger.info("session %s opened from %s", session.id, connection.remote_address)
+        try:
+            await session.run()
+        finally:
+            self.sessions.pop(session.id, None)
+            logger.info(
+                "session %s closed (code %s): %d answered, %d dropped",
+                session.id, connection.close_code, session.answered, session.dropped,
+            )
+
+    def metadata_frame(self, session_id: str) -> dict[str, Any]:
+        d = self.description
+        limits = dict(d.get("limits", {}))
+        limits["max_message_bytes"] = self.settings.max_message_bytes
+        return {
+            "type": protocol.METADATA,
+            "protocol_version": protocol.PROTOCOL_VERSION,
+            "server": SERVER_NAME,
+            "session_id": session_id,
+            "model": d.get("model"),
+            "variant": d.get("variant"),
+            "modes": [m for m in d.get("modes", []) if m in ("policy", "inverse_dynamics")],
+            "capabilities": {
+                "streaming": True,
+                "latest_observation_wins": True,
+                "max_waiting_per_session": 1,
+                "cancel": True,
+                "reset": True,
+                "deadlines": True,
+                "prefix_actions": True,
+            },
+            "defaults": d.get("defaults", {}),
+            "action_horizon": d.get("action_horizon", {}),
+            "resolution_tiers": d.get("resolution_tiers", []),
+            "view_points": d.get("view_points", []),
+            "domains": {
+                name: {key: info.get(key) for key in ("domain_id", "raw_action_dim", "default_horizon", "view_point")}
+                for name, info in d.get("domains", {}).items()
+            },
+            "limits": limits,
+            "device": d.get("device"),
+            "dtype": d.get("dtype"),
+        }
+
+
+def _json_response(connection: ServerConnection, status: HTTPStatus, body: dict[str, Any]) -> Response:
+    response = connection.respond(status, json.dumps(body) + "\n")
+    del response.headers["Content-Type"]
+    response.headers["Content-Type"] = "application/json"
+    return response

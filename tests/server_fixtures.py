@@ -1,0 +1,248 @@
+"""Helpers for the server and client tests: a real tiny checkpoint, a real server, real sockets.
+
+Nothing here is a mock. ``ServerThread`` runs :class:`policy_server.server.PolicyServer` on its own
+event loop in a background thread (so tests can use blocking and asyncio clients alike) on
+127.0.0.1 with an ephemeral port; ``ServerProcess`` runs the ``cosmos3-serve`` command line in a
+subprocess (for signals and exit codes). ``DelayedEngine`` makes a real engine slower by a known amount
+for the scheduling tests.
+
+Import what you need from this module in a test file (``from server_fixtures import ...``); it is not
+a conftest so that it stays out of the way of other test suites in this repository.
+"""
+
+from __future__ import annotations
+
+import policy_server  # noqa: F401  (first: sets OMP_WAIT_POLICY=PASSIVE before torch loads)
+
+import asyncio
+import atexit
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+from typing import Any, Callable
+
+import numpy as np
+
+from policy_server.server import PolicyServer, ServerSettings
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+DOMAIN = "bridge_orig_lerobot"
+
+_checkpoints: dict[str, Path] = {}
+_checkpoint_lock = threading.Lock()
+_workdir: Path | None = None
+
+
+def tiny_checkpoint(variant: str = "distilled") -> Path:
+    """A tiny random checkpoint of ``variant``, built once per test process (a few seconds)."""
+    global _workdir
+    with _checkpoint_lock:
+        if variant not in _checkpoints:
+            from cosmos3_runtime.tiny import build_tiny_checkpoint
+
+            if _workdir is None:
+                _workdir = Path(tempfile.mkdtemp(prefix="policy-server-tests-"))
+                atexit.register(shutil.rmtree, _workdir, True)
+            _checkpoints[variant] = Path(build_tiny_checkpoint(_workdir / variant, variant=variant))
+        return _checkpoints[variant]
+
+
+class DelayedEngine:
+    """A real Cosmos3 engine that sleeps ``delay_s`` before every ``predict_actions`` call.
+
+    Used to make inference reliably slower than the rate observations arrive at, so that latest-wins,
+    fairness and "answered while busy" can be checked without depending on how fast this machine is.
+    The actions still come from the real model; only the added delay is artificial, and it is known.
+    """
+
+    def __init__(self, engine: Any, delay_s: float) -> None:
+        self.engine = engine
+        self.delay_s = delay_s
+        self.calls = 0
+
+    def predict_actions(self, request):
+        self.calls += 1
+        time.sleep(self.delay_s)
+        return self.engine.predict_actions(request)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.engine, name)
+
+
+def tiny_engine_loader(variant: str = "distilled", delay_s: float = 0.0) -> Callable[[], Any]:
+    """A loader for :class:`PolicyServer`: the real tiny engine, optionally wrapped in DelayedEngine."""
+    path = tiny_checkpoint(variant)
+
+    def load():
+        from cosmos3_runtime.engine import Cosmos3Engine
+
+        engine = Cosmos3Engine.load(path, device="cpu", dtype="float32")
+        return DelayedEngine(engine, delay_s) if delay_s else engine
+
+    return load
+
+
+class ServerThread:
+    """A :class:`PolicyServer` on its own event loop and thread. ``with ServerThread(loader) as s:``."""
+
+    def __init__(self, load_engine: Callable[[], Any], port: int = 0, **settings: Any) -> None:
+        self.settings = ServerSettings(host="127.0.0.1", port=port, **settings)
+        self.server = PolicyServer(load_engine, self.settings)
+        self.loop = asyncio.new_event_loop()
+        self._ready = threading.Event()
+        self._error: BaseException | None = None
+        self._stop: asyncio.Event | None = None
+        self._thread = threading.Thread(target=self._run, name="test-server", daemon=True)
+        self.port: int | None = None
+
+    @property
+    def url(self) -> str:
+        return f"ws://127.0.0.1:{self.port}/v1/actions/realtime"
+
+    @property
+    def health_url(self) -> str:
+        return f"http://127.0.0.1:{self.port}/healthz"
+
+    def _run(self) -> None:
+        asyncio.set_event_loop(self.loop)
+        self.loop.run_until_complete(self._main())
+
+    async def _main(self) -> None:
+        self._stop = asyncio.Event()
+        try:
+            await self.server.start()
+            self.port = self.server.port
+            await self.server.wait_ready()
+        except BaseException as exc:  # noqa: BLE001 - reported to the test thread
+            self._error = exc
+            self._ready.set()
+            return
+        self._ready.set()
+        await self._stop.wait()
+        await self.server.shutdown()
+
+    def start(self, timeout: float = 120.0) -> "ServerThread":
+        self._thread.start()
+        if not self._ready.wait(timeout):
+            raise TimeoutError("the test server did not become ready")
+        if self._error is not None:
+            raise self._error
+        return self
+
+    def stop(self, timeout: float = 60.0) -> None:
+        if self._thread.is_alive() and self._stop is not None:
+            self.loop.call_soon_threadsafe(self._stop.set)
+        self._thread.join(timeout)
+
+    def run(self, fn: Callable[[], Any]) -> Any:
+        """Run ``fn`` on the server's event loop and return its result (to read server state safely)."""
+
+        async def call():
+            return fn()
+
+        return asyncio.run_coroutine_threadsafe(call(), self.loop).result(10)
+
+    def __enter__(self) -> "ServerThread":
+        return self.start()
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.stop()
+
+
+_LISTENING = re.compile(r"listening on ws://[^:]+:(\d+)/")
+
+
+class ServerProcess:
+    """``python -m policy_server.cli`` in a subprocess, its stderr collected; the port parsed from it."""
+
+    def __init__(self, *args: str, env: dict[str, str] | None = None) -> None:
+        self.args = [sys.executable, "-m", "policy_server.cli", "--host", "127.0.0.1", "--port", "0", *args]
+        self.env = {**os.environ, **(env or {})}
+        self.proc: subprocess.Popen | None = None
+        self.lines: list[str] = []
+        self.port: int | None = None
+        self._port_known = threading.Event()
+
+    def start(self, timeout: float = 60.0) -> "ServerProcess":
+        self.proc = subprocess.Popen(
+            self.args, cwd=REPO_ROOT, env=self.env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True
+        )
+        threading.Thread(target=self._read_stderr, daemon=True).start()
+        if not self._port_known.wait(timeout):
+            self.kill()
+            raise TimeoutError("server process did not start listening:\n" + self.log)
+        return self
+
+    def _read_stderr(self) -> None:
+        assert self.proc is not None and self.proc.stderr is not None
+        for line in self.proc.stderr:
+            self.lines.append(line)
+            match = _LISTENING.search(line)
+            if match and self.port is None:
+                self.port = int(match.group(1))
+                self._port_known.set()
+
+    @property
+    def log(self) -> str:
+        return "".join(self.lines)
+
+    @property
+    def url(self) -> str:
+        return f"ws://127.0.0.1:{self.port}/v1/actions/realtime"
+
+    @property
+    def health_url(self) -> str:
+        return f"http://127.0.0.1:{self.port}/healthz"
+
+    def wait_for_log(self, text: str, timeout: float = 60.0) -> None:
+        deadline = time.monotonic() + timeout
+        while text not in self.log:
+            if time.monotonic() > deadline or (self.proc is not None and self.proc.poll() is not None):
+                raise TimeoutError(f"{text!r} never appeared in the server log:\n{self.log}")
+            time.sleep(0.05)
+
+    def signal(self, sig: int = signal.SIGTERM) -> None:
+        assert self.proc is not None
+        self.proc.send_signal(sig)
+
+    def wait(self, timeout: float = 60.0) -> int:
+        assert self.proc is not None
+        return self.proc.wait(timeout)
+
+    def kill(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait(10)
+
+
+def rgb_image(size: int = 224, seed: int = 0) -> np.ndarray:
+    """A random H×W×3 uint8 camera frame."""
+    return np.random.default_rng(seed).integers(0, 256, (size, size, 3), dtype=np.uint8)
+
+
+def http_get(url: str, timeout: float = 5.0) -> tuple[int, dict[str, Any], float]:
+    """GET ``url``; return (status, JSON body, seconds taken). Uses only the standard library."""
+    import json
+    import urllib.error
+    import urllib.request
+
+    started = time.monotonic()
+    try:
+        opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))  # loopback: no proxy
+        with opener.open(url, timeout=timeout) as response:
+            status, body = response.status, response.read()
+    except urllib.error.HTTPError as exc:
+        status, body = exc.code, exc.read()
+    elapsed = time.monotonic() - started
+    try:
+        data = json.loads(body)
+    except ValueError:
+        data = {"text": body.decode(errors="replace")}
+    return status, data, elapsed
