@@ -1,0 +1,94 @@
+"""The request queue on its own: latest wins per session, sessions in turn, cancel, close."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+
+from cosmos3_runtime.requests import ActionRequest
+from policy_server.request_queue import PendingObservation, QueueClosed, RequestQueue
+
+
+def item(session: str, seq: int) -> PendingObservation:
+    return PendingObservation(
+        session_id=session, seq=seq, request=ActionRequest(domain_name="d"), owner=None, received_at=time.monotonic()
+    )
+
+
+def test_a_newer_observation_replaces_the_waiting_one():
+    queue = RequestQueue()
+    first = item("a", 0)
+    assert queue.put(first) is None
+    assert queue.put(item("a", 1)) is first  # handed back so the caller reports it superseded
+    assert len(queue) == 1
+    assert queue.take().seq == 1
+
+
+def test_sessions_are_served_in_turn_however_fast_one_sends():
+    """Session a sends 100 observations for every one of b and c; each still gets every third slot."""
+    queue = RequestQueue()
+    served = []
+    seqs = {"a": 0, "b": 0, "c": 0}
+
+    def submit(session):
+        queue.put(item(session, seqs[session]))
+        seqs[session] += 1
+
+    for session in "abc":
+        submit(session)
+    for _ in range(9):
+        for _ in range(100):
+            submit("a")
+        taken = queue.take()
+        served.append(taken.session_id)
+        if taken.session_id != "a":
+            submit(taken.session_id)  # b and c send again only after being served
+    assert served == list("abcabcabc")
+
+
+def test_replacing_keeps_the_sessions_place_in_line():
+    queue = RequestQueue()
+    queue.put(item("a", 0))
+    queue.put(item("b", 0))
+    queue.put(item("a", 1))
+    assert [queue.take().session_id for _ in range(2)] == ["a", "b"]
+
+
+def test_cancel_removes_only_the_matching_seq():
+    queue = RequestQueue()
+    queue.put(item("a", 3))
+    assert queue.cancel("a", seq=2) is None
+    assert queue.cancel("a", seq=3).seq == 3
+    assert len(queue) == 0
+    assert queue.cancel("a") is None
+
+
+def test_a_cancelled_wakeup_does_not_look_like_close():
+    """put() wakes the worker; if the observation is cancelled before the worker runs, take() must keep
+    waiting (returning None would stop the worker for good)."""
+    queue = RequestQueue()
+    queue.put(item("a", 0))
+    queue.cancel("a")
+    assert queue.take(timeout=0.05) is None and not queue.closed
+    result = []
+    worker = threading.Thread(target=lambda: result.append(queue.take()))
+    worker.start()
+    time.sleep(0.05)
+    queue.put(item("b", 7))
+    worker.join(2)
+    assert result[0].seq == 7
+
+
+def test_close_returns_what_waited_and_wakes_the_worker():
+    queue = RequestQueue()
+    waiter_result = []
+    worker = threading.Thread(target=lambda: waiter_result.append(queue.take()))
+    worker.start()
+    time.sleep(0.05)
+    assert queue.close() == []
+    worker.join(2)
+    assert waiter_result == [None]
+    with pytest.raises(QueueClosed):
+        queue.put(item("a", 0))
