@@ -24,12 +24,15 @@ from __future__ import annotations
 
 import copy
 import inspect
+from functools import cached_property
 from collections import OrderedDict
 from dataclasses import dataclass
 
 import numpy as np
 import torch
 from diffusers.utils.torch_utils import randn_tensor
+
+from .prefix_cache import PrefixEntry, PrefixMode, TextPrefixCache, generation_only, install_prefix_processors
 
 _TOKEN_CACHE_SIZE = 64
 
@@ -70,13 +73,33 @@ class DenoiseOutput:
     decode_s: float
 
 
-class Cosmos3Sampler:
-    """Runs :class:`DenoiseJob` s on a loaded ``Cosmos3OmniPipeline``. One thread at a time."""
+@dataclass
+class _Pass:
+    """One of the (at most two) transformer passes per step: cond, and uncond under guidance."""
 
-    def __init__(self, pipe, device: torch.device):
+    name: str
+    key: tuple[int, ...]
+    full: dict  # the whole joint sequence
+    entry: PrefixEntry | None = None  # the text keys/values, once known
+
+    @cached_property
+    def generation_only(self) -> dict:
+        return generation_only(self.full)
+
+
+class Cosmos3Sampler:
+    """Runs :class:`DenoiseJob` s on a loaded ``Cosmos3OmniPipeline``. One thread at a time.
+
+    With ``prefix_cache_bytes > 0`` the text tokens' per-layer keys and values are computed once per
+    token sequence and reused (see :mod:`cosmos3_runtime.prefix_cache`).
+    """
+
+    def __init__(self, pipe, device: torch.device, prefix_cache_bytes: int = 0):
         self.pipe = pipe
         self.device = device
         self.transformer = pipe.transformer
+        self.prefix_cache = TextPrefixCache(prefix_cache_bytes) if prefix_cache_bytes > 0 else None
+        self._prefix_state = install_prefix_processors(self.transformer) if self.prefix_cache is not None else None
         self._token_cache: OrderedDict[tuple, tuple[list[int], list[int]]] = OrderedDict()
         self._step_takes_generator = "generator" in inspect.signature(pipe.scheduler.step).parameters
 
@@ -169,9 +192,9 @@ class Cosmos3Sampler:
         action_latents[:, job.raw_action_dim :] = 0
         domain_id = torch.tensor([job.domain_id], dtype=torch.long, device=device)
 
-        cond_pack = self._pack(cond_ids, latents, action_latents, vision_condition_frames, clean_frames, job.fps)
-        uncond_pack = (
-            self._pack(uncond_ids, latents, action_latents, vision_condition_frames, clean_frames, job.fps)
+        cond = self._pass("cond", cond_ids, latents, action_latents, vision_condition_frames, clean_frames, job.fps)
+        uncond = (
+            self._pass("uncond", uncond_ids, latents, action_latents, vision_condition_frames, clean_frames, job.fps)
             if use_cfg
             else None
         )
@@ -191,11 +214,11 @@ class Cosmos3Sampler:
         has_noisy_action = len(clean_frames) < job.horizon
         for i, t in enumerate(scheduler.timesteps):
             sigma = float(scheduler.sigmas[i])
-            v_vision, v_action = self._velocity(cond_pack, "cond", latents, action_latents, domain_id, t, i, sigma,
+            v_vision, v_action = self._velocity(cond, latents, action_latents, domain_id, t, i, sigma,
                                                 vision_mask, action_mask, job.raw_action_dim, len(scheduler.timesteps))
             forwards += 1
             if use_cfg and _inside(sigma, job.guidance_interval):
-                u_vision, u_action = self._velocity(uncond_pack, "uncond", latents, action_latents, domain_id, t, i,
+                u_vision, u_action = self._velocity(uncond, latents, action_latents, domain_id, t, i,
                                                     sigma, vision_mask, action_mask, job.raw_action_dim,
                                                     len(scheduler.timesteps))
                 forwards += 1
@@ -221,6 +244,12 @@ class Cosmos3Sampler:
         if job.mode != "forward_dynamics":
             actions = action_latents[:, : job.raw_action_dim].float().cpu().numpy()
         return DenoiseOutput(actions, video, forwards, len(scheduler.timesteps), preprocess_s, encode_s, denoise_s, decode_s)
+
+    def _pass(self, name, input_ids, latents, action_latents, vision_frames, clean_action_frames, fps) -> _Pass:
+        full = self._pack(input_ids, latents, action_latents, vision_frames, clean_action_frames, fps)
+        key = tuple(input_ids)
+        entry = self.prefix_cache.get(key) if self.prefix_cache is not None else None
+        return _Pass(name, key, full, entry)
 
     def _pack(self, input_ids, latents, action_latents, vision_frames, clean_action_frames, fps):
         """The step-invariant part of the joint sequence, built by the pipeline's own segment helpers."""
@@ -251,9 +280,37 @@ class Cosmos3Sampler:
             "sequence_length": text["und_len"] + vision["num_vision_tokens"] + action["action_len"],
         }
 
-    def _velocity(self, pack, name, latents, action_latents, domain_id, t, step, sigma, vision_mask, action_mask,
+    def _velocity(self, p: _Pass, latents, action_latents, domain_id, t, step, sigma, vision_mask, action_mask,
                   raw_action_dim, num_steps):
         """One transformer forward; returns float32 velocities with conditioned positions zeroed."""
+        pack, recording = p.full, None
+        if self.prefix_cache is not None:
+            if p.entry is not None:
+                self._prefix_state.mode, self._prefix_state.entry = PrefixMode.REPLAY, p.entry
+                pack = p.generation_only
+            else:
+                recording = PrefixEntry()
+                self._prefix_state.mode, self._prefix_state.entry = PrefixMode.RECORD, recording
+        try:
+            preds_vision, preds_action = self._forward(pack, p.name, latents, action_latents, domain_id, t, step,
+                                                       sigma, num_steps)
+        finally:
+            if self._prefix_state is not None:
+                self._prefix_state.mode, self._prefix_state.entry = PrefixMode.OFF, None
+        if recording is not None:
+            p.entry = recording
+            self.prefix_cache.put(p.key, recording)
+        v_vision, _, v_action = self.pipe._mask_velocity_predictions(
+            preds_vision,
+            None,
+            vision_condition_mask=[vision_mask],
+            preds_action=preds_action,
+            action_condition_mask=[action_mask],
+            raw_action_dim=raw_action_dim,
+        )
+        return v_vision.float(), v_action.float()
+
+    def _forward(self, pack, name, latents, action_latents, domain_id, t, step, sigma, num_steps):
         dtype = self.transformer.dtype
         timestep = t.item()
         with self.transformer.cache_context(name, step_index=step, sigma=sigma, num_inference_steps=num_steps):
@@ -278,15 +335,7 @@ class Cosmos3Sampler:
                 action_domain_ids=[domain_id],
                 return_dict=False,
             )
-        v_vision, _, v_action = self.pipe._mask_velocity_predictions(
-            preds_vision,
-            None,
-            vision_condition_mask=[vision_mask],
-            preds_action=preds_action,
-            action_condition_mask=[action_mask],
-            raw_action_dim=raw_action_dim,
-        )
-        return v_vision.float(), v_action.float()
+        return preds_vision, preds_action
 
     def _decode(self, latents: torch.Tensor) -> np.ndarray:
         """Denormalize and VAE-decode vision latents to uint8 frames (T, H, W, 3)."""

@@ -9,6 +9,7 @@ import pytest
 import torch
 from diffusers.pipelines.cosmos.pipeline_cosmos3_omni import CosmosActionCondition
 
+from cosmos3_runtime.engine import Cosmos3Engine
 from cosmos3_runtime.requests import ActionRequest, VideoRequest
 from cosmos3_runtime.tiny import TINY_DISTILLED_SIGMAS
 from cosmos3_runtime.validation import job_for_actions
@@ -173,9 +174,11 @@ def test_first_frame_encode_equals_the_full_clip_encode(tiny_engine, camera_imag
 
 
 @pytest.mark.parametrize("mode", ["policy", "inverse_dynamics"])
-def test_actions_equal_diffusers_own_pipeline(tiny_engine, mode):
-    """Our step-by-step lowering reproduces Cosmos3OmniPipeline.__call__ (base, CFG) for the same seed."""
+def test_actions_equal_diffusers_own_pipeline(tiny_engine, tiny_checkpoint, mode):
+    """Our step-by-step lowering (with the prefix cache) reproduces Cosmos3OmniPipeline.__call__ with diffusers'
+    stock attention processors (base, CFG) for the same seed."""
     engine = tiny_engine("base")
+    stock = Cosmos3Engine.load(tiny_checkpoint("base"), prefix_cache_mb=0).pipe
     rng = np.random.default_rng(5)
     image = rng.integers(0, 256, (200, 240, 3), dtype=np.uint8)
     ours = dict(image=image) if mode == "policy" else dict(video=np.stack([image] * 9))
@@ -183,7 +186,7 @@ def test_actions_equal_diffusers_own_pipeline(tiny_engine, mode):
                                                  resolution_tier=256, seed=7, num_steps=5, guidance_scale=3.0,
                                                  prompt="pick the cube", **ours))
     theirs = {k: v.astype(np.float32) / 255.0 for k, v in ours.items()}
-    reference = engine.pipe(
+    reference = stock(
         prompt="pick the cube",
         action=CosmosActionCondition(mode=mode, chunk_size=8, domain_name="fractal", resolution_tier=256, **theirs),
         num_inference_steps=5, guidance_scale=3.0, generator=torch.Generator().manual_seed(7),
