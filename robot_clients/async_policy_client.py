@@ -1,0 +1,392 @@
+"""``AsyncPolicyClient``: the asyncio client of the native realtime protocol (version 1).
+
+One round trip::
+
+    async with AsyncPolicyClient("ws://robot-server:8000") as client:
+        await client.configure(domain_name="droid_lerobot")
+        chunk = await client.infer({"image": rgb}, timeout=0.5)
+
+Streaming (send without waiting; each chunk comes back as soon as it is ready)::
+
+    seq = await client.submit({"image": rgb})
+    chunk = await client.receive(timeout=0.5)
+
+Guarantees:
+
+* A chunk for an older ``seq`` than the latest one already handed to the robot is never handed over
+  (it is counted in ``stats.stale``). Late actions are wrong actions.
+* If the connection drops, the client reconnects in the background with exponential backoff, reads the
+  new metadata and re-sends its configuration. Calls waiting on the lost connection fail with
+  :class:`ConnectionLost`; the next call waits for the new connection (within its timeout).
+
+Imports only numpy, msgpack (through the wire codec) and websockets: it runs on the robot.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import random
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Any, Mapping
+from urllib.parse import urlsplit, urlunsplit
+
+import numpy as np
+from websockets.asyncio.client import ClientConnection, connect
+from websockets.exceptions import ConnectionClosed, InvalidStatus, InvalidURI
+
+from .results import ActionChunk, ConnectionLost, ObservationDropped, ServerError
+from .wire_codec import packb, unpackb
+
+logger = logging.getLogger(__name__)
+
+REALTIME_PATH = "/v1/actions/realtime"
+SUPPORTED_PROTOCOL_VERSION = 1
+
+
+@dataclass
+class ClientStats:
+    """Counters of what happened to this client's observations (across reconnects)."""
+
+    sent: int = 0
+    answered: int = 0
+    errors: int = 0
+    stale: int = 0  # chunks discarded because a newer seq had already been delivered
+    reconnects: int = 0
+    dropped: Counter = field(default_factory=Counter)  # by reason
+
+
+def _realtime_url(url: str) -> str:
+    """Accept ``ws://host:port`` as well as the full endpoint URL."""
+    parts = urlsplit(url)
+    if parts.scheme not in ("ws", "wss"):
+        raise ValueError(f"policy server URL must start with ws:// or wss://, got {url!r}")
+    if parts.path in ("", "/"):
+        parts = parts._replace(path=REALTIME_PATH)
+    return urlunsplit(parts)
+
+
+def _observation_frame(seq: int, obs: Mapping[str, Any] | np.ndarray) -> dict[str, Any]:
+    if isinstance(obs, np.ndarray):
+        obs = {"image": obs}
+    frame = {key: value for key, value in obs.items() if key not in ("type", "seq")}
+    frame["type"] = "observation"
+    frame["seq"] = seq
+    # Opaque to the server, which echoes it in the chunk: this is how the client measures round trips.
+    frame.setdefault("timestamp", time.monotonic())
+    return frame
+
+
+class AsyncPolicyClient:
+    """Client of ``/v1/actions/realtime``. Not thread-safe: use it from one event loop.
+
+    Args:
+        url: ``ws://host:port`` or ``wss://host:port`` (the endpoint path is added), or a full URL.
+        headers: extra HTTP headers for the handshake (for example an ``Authorization`` token).
+        ssl: an ``ssl.SSLContext`` for ``wss://`` with a private CA; ``None`` uses the system's.
+        connect_timeout: how long :meth:`connect` keeps retrying (a loading server answers 503).
+        reconnect: reconnect in the background when the connection drops.
+        backoff_initial, backoff_max: reconnect delays, doubling from the first to the cap (with jitter).
+        proxy: websockets' proxy setting; ``None`` (the default) connects directly, ignoring the
+            environment's proxy variables, which is what a robot on a LAN wants.
+    """
+
+    def __init__(
+        self,
+        url: str = "ws://127.0.0.1:8000",
+        *,
+        headers: Mapping[str, str] | None = None,
+        ssl: Any = None,
+        connect_timeout: float = 30.0,
+        reconnect: bool = True,
+        backoff_initial: float = 0.1,
+        backoff_max: float = 5.0,
+        ping_interval: float | None = 20.0,
+        ping_timeout: float | None = 20.0,
+        max_message_bytes: int = 64 * 2**20,
+        proxy: str | bool | None = None,
+    ) -> None:
+        self.url = _realtime_url(url)
+        self._connect_kwargs: dict[str, Any] = dict(
+            additional_headers=dict(headers or {}),
+            # Compression costs 30-40 ms per camera frame and gains nothing on pixels.
+            compression=None,
+            proxy=proxy,
+            ping_interval=ping_interval,
+            ping_timeout=ping_timeout,
+            max_size=max_message_bytes,
+            open_timeout=min(10.0, connect_timeout),
+        )
+        if ssl is not None:
+            self._connect_kwargs["ssl"] = ssl
+        self.connect_timeout = connect_timeout
+        self.reconnect = reconnect
+        self.backoff_initial = backoff_initial
+        self.backoff_max = backoff_max
+
+        self.metadata: dict[str, Any] = {}
+        self.session: dict[str, Any] = {}  # the server's resolved configuration (`session` frame)
+        self.stats = ClientStats()
+        self._settings: dict[str, Any] = {}  # everything sent in `configure`, re-sent after a reconnect
+        self._ws: ClientConnection | None = None
+        self._connected = asyncio.Event()
+        self._reader: asyncio.Task | None = None
+        self._closing = False
+        self._next_seq = 0
+        self._latest_delivered = -1
+        self._waiters: dict[int, asyncio.Future] = {}  # infer() calls waiting for their seq
+        self._control_lock = asyncio.Lock()  # one configure/reset at a time: their replies carry no seq
+        self._control_reply: asyncio.Future | None = None
+        self._stream: asyncio.Queue[ActionChunk | ServerError] = asyncio.Queue()
+
+    # -- connection ------------------------------------------------------------------------------------
+
+    async def connect(self) -> dict[str, Any]:
+        """Open the connection (retrying while the server is loading) and return its metadata."""
+        self._closing = False
+        await self._open(deadline=time.monotonic() + self.connect_timeout)
+        self._reader = asyncio.create_task(self._read_loop(), name="policy-client-reader")
+        return self.metadata
+
+    async def _open(self, deadline: float | None) -> None:
+        """Connect with backoff until ``deadline`` (None: forever), read metadata, re-send the config."""
+        attempt = 0
+        while True:
+            try:
+                ws = await connect(self.url, **self._connect_kwargs)
+                frame = unpackb(await ws.recv())
+                if frame.get("type") != "metadata":
+                    raise ConnectionError(f"expected a metadata frame first, got {frame.get('type')!r}")
+                if frame.get("protocol_version") != SUPPORTED_PROTOCOL_VERSION:
+                    await ws.close()
+                    raise ServerError(
+                        "protocol_version",
+                        f"server speaks protocol {frame.get('protocol_version')}, this client {SUPPORTED_PROTOCOL_VERSION}",
+                    )
+                self.metadata = frame
+                if self._settings:
+                    await ws.send(packb({"type": "configure", **self._settings}))
+                    reply = unpackb(await ws.recv())
+                    if reply.get("type") == "session":
+                        self.session = reply.get("config", {})
+                    else:
+                        logger.warning("the server refused the configuration on reconnect: %s", reply.get("message"))
+                self._ws = ws
+                self._connected.set()
+                return
+            except InvalidStatus as exc:
+                status = exc.response.status_code
+                if status not in (502, 503, 504):
+                    raise ConnectionError(f"{self.url}: the server answered HTTP {status}") from None
+                error: Exception = exc
+            except (OSError, asyncio.TimeoutError, ConnectionClosed, ConnectionError) as exc:
+                error = exc
+            except InvalidURI:
+                raise
+            delay = min(self.backoff_max, self.backoff_initial * 2**attempt) * random.uniform(0.8, 1.2)
+            attempt += 1
+            if self._closing or (deadline is not None and time.monotonic() + delay > deadline):
+                raise ConnectionError(f"could not connect to {self.url}: {error}") from None
+            logger.debug("connect attempt %d failed (%s); retrying in %.2f s", attempt, error, delay)
+            await asyncio.sleep(delay)
+
+    async def close(self) -> None:
+        """Close the connection and stop reconnecting."""
+        self._closing = True
+        self._connected.clear()
+        if self._ws is not None:
+            await self._ws.close()
+        if self._reader is not None:
+            try:
+                await asyncio.wait_for(self._reader, timeout=5.0)
+            except (asyncio.TimeoutError, asyncio.CancelledError):
+                self._reader.cancel()
+        self._fail_waiters(ConnectionLost("the client was closed"))
+
+    async def __aenter__(self) -> "AsyncPolicyClient":
+        await self.connect()
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.close()
+
+    @property
+    def connected(self) -> bool:
+        return self._connected.is_set()
+
+    async def _read_loop(self) -> None:
+        while True:
+            ws = self._ws
+            try:
+                async for message in ws:
+                    self._dispatch(unpackb(message))
+            except ConnectionClosed:
+                pass
+            self._connected.clear()
+            self._fail_waiters(ConnectionLost(f"connection closed (code {ws.close_code}: {ws.close_reason or 'no reason'})"))
+            if self._closing or not self.reconnect:
+                return
+            logger.info("connection lost (code %s); reconnecting", ws.close_code)
+            try:
+                await self._open(deadline=None)
+            except Exception as exc:  # noqa: BLE001 - give up only on errors retrying cannot fix
+                logger.error("reconnecting failed for good: %s", exc)
+                return
+            self.stats.reconnects += 1
+
+    def _fail_waiters(self, exc: Exception) -> None:
+        for future in list(self._waiters.values()):
+            if not future.done():
+                future.set_exception(exc)
+        self._waiters.clear()
+        if self._control_reply is not None and not self._control_reply.done():
+            self._control_reply.set_exception(exc)
+
+    # -- frames from the server ------------------------------------------------------------------------
+
+    def _dispatch(self, frame: dict[str, Any]) -> None:
+        kind = frame.get("type")
+        seq = frame.get("seq")
+        if kind == "action_chunk":
+            sent_at = frame.get("timestamp")
+            round_trip = (time.monotonic() - sent_at) * 1e3 if isinstance(sent_at, float) else None
+            chunk = ActionChunk.from_frame(frame, round_trip)
+            waiter = self._waiters.pop(seq, None)
+            if seq <= self._latest_delivered:
+                self.stats.stale += 1  # a newer chunk already reached the robot: this one is wrong now
+                if waiter is not None and not waiter.done():
+                    waiter.set_exception(ObservationDropped(seq, "stale", "a newer chunk was already delivered"))
+                return
+            self.stats.answered += 1
+            if waiter is not None:
+                self._latest_delivered = seq
+                if not waiter.done():
+                    waiter.set_result(chunk)
+            else:
+                self._stream.put_nowait(chunk)
+        elif kind == "dropped":
+            self.stats.dropped[frame.get("reason")] += 1
+            waiter = self._waiters.pop(seq, None)
+            if waiter is not None and not waiter.done():
+                waiter.set_exception(ObservationDropped(seq, frame.get("reason", ""), frame.get("message", "")))
+        elif kind == "error":
+            self.stats.errors += 1
+            error = ServerError(frame.get("code", ""), frame.get("message", ""), frame.get("field"), seq)
+            waiter = self._waiters.pop(seq, None) if seq is not None else None
+            if waiter is not None:
+                if not waiter.done():
+                    waiter.set_exception(error)
+            elif seq is None and self._control_reply is not None and not self._control_reply.done():
+                self._control_reply.set_exception(error)
+            elif seq is not None:
+                self._stream.put_nowait(error)
+            else:
+                logger.warning("server error: %s", error)
+        elif kind in ("session", "reset_done"):
+            if self._control_reply is not None and not self._control_reply.done():
+                self._control_reply.set_result(frame)
+        else:
+            logger.debug("ignoring a %r frame", kind)
+
+    # -- requests --------------------------------------------------------------------------------------
+
+    async def _wait_connected(self, timeout: float | None) -> ClientConnection:
+        if not self._connected.is_set():
+            if self._closing or self._reader is None or self._reader.done():
+                raise ConnectionLost("not connected (call connect() first)")
+            try:
+                await asyncio.wait_for(self._connected.wait(), timeout)
+            except asyncio.TimeoutError:
+                raise TimeoutError("not connected to the policy server (reconnecting)") from None
+        assert self._ws is not None
+        return self._ws
+
+    async def _send(self, frame: dict[str, Any], timeout: float | None = None) -> None:
+        ws = await self._wait_connected(timeout)
+        try:
+            await ws.send(packb(frame))
+        except ConnectionClosed:
+            raise ConnectionLost("the connection closed while sending") from None
+
+    async def _control(self, frame: dict[str, Any], timeout: float | None) -> dict[str, Any]:
+        async with self._control_lock:
+            self._control_reply = asyncio.get_running_loop().create_future()
+            try:
+                await self._send(frame, timeout)
+                return await asyncio.wait_for(self._control_reply, timeout)
+            finally:
+                self._control_reply = None
+
+    async def configure(self, timeout: float | None = 10.0, **settings: Any) -> dict[str, Any]:
+        """Set session settings (``domain_name``, ``action_mode``, ``action_horizon``, ``prompt``, ...).
+
+        Settings accumulate across calls and are re-sent after a reconnect. Returns the server's resolved
+        configuration; raises :class:`ServerError` if the server refuses it (nothing is kept then).
+        """
+        reply = await self._control({"type": "configure", **settings}, timeout)
+        self._settings.update(settings)
+        self.session = reply.get("config", {})
+        return self.session
+
+    async def reset(self, timeout: float | None = 10.0) -> None:
+        """Drop everything this session has waiting or running; the configuration is kept."""
+        await self._control({"type": "reset"}, timeout)
+        for seq in list(self._waiters):
+            self._waiters.pop(seq).set_exception(ObservationDropped(seq, "cancelled", "reset"))
+
+    async def cancel(self, seq: int | None = None) -> None:
+        """Ask the server not to answer ``seq`` (or any outstanding observation when ``None``)."""
+        await self._send({"type": "cancel", "seq": seq})
+
+    async def submit(self, obs: Mapping[str, Any] | np.ndarray, timeout: float | None = None) -> int:
+        """Send an observation without waiting for its chunk; return its ``seq``. See :meth:`receive`."""
+        seq = self._next_seq
+        self._next_seq += 1
+        await self._send(_observation_frame(seq, obs), timeout)
+        self.stats.sent += 1
+        return seq
+
+    async def receive(self, timeout: float | None = None) -> ActionChunk:
+        """The next streamed chunk newer than any already delivered. Raises :class:`ServerError` when the
+        server refused a streamed observation, :class:`TimeoutError` when nothing came in time."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while True:
+            remaining = None if deadline is None else max(0.0, deadline - time.monotonic())
+            try:
+                item = await asyncio.wait_for(self._stream.get(), remaining)
+            except asyncio.TimeoutError:
+                raise TimeoutError("no action chunk arrived in time") from None
+            if isinstance(item, ServerError):
+                raise item
+            if item.seq <= self._latest_delivered:
+                self.stats.stale += 1
+                continue
+            self._latest_delivered = item.seq
+            return item
+
+    async def infer(self, obs: Mapping[str, Any] | np.ndarray, timeout: float | None = 10.0) -> ActionChunk:
+        """Send one observation and wait for its chunk (one round trip).
+
+        ``obs`` is a map of observation fields (``image``, ``video``, ``deadline_ms``, ``prefix_actions``,
+        per-frame overrides) or just an H×W×3 uint8 image. Raises :class:`TimeoutError` (and cancels the
+        observation), :class:`ObservationDropped`, :class:`ServerError` or :class:`ConnectionLost`.
+        """
+        deadline = None if timeout is None else time.monotonic() + timeout
+        future = asyncio.get_running_loop().create_future()
+        seq = self._next_seq
+        self._waiters[seq] = future
+        try:
+            await self.submit(obs, timeout)
+            remaining = None if deadline is None else max(0.0, deadline - time.monotonic())
+            return await asyncio.wait_for(future, remaining)
+        except asyncio.TimeoutError:
+            if self._connected.is_set():
+                try:
+                    await self.cancel(seq)
+                except ConnectionLost:
+                    pass
+            raise TimeoutError(f"no answer to observation {seq} within {timeout} s") from None
+        finally:
+            self._waiters.pop(seq, None)

@@ -1,0 +1,78 @@
+"""What a policy client hands to the robot: action chunks, and the errors a call can end with."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+
+@dataclass
+class ActionChunk:
+    """A chunk of actions answering observation ``seq``: ``actions`` is float32, horizon × action width.
+
+    ``timing`` is the server's breakdown in milliseconds (``queue_ms``, ``preprocess_ms``, ``model_ms``,
+    ``postprocess_ms``, ``total_ms``, ``observation_age_ms``, ...); ``round_trip_ms`` is what this client
+    measured from sending the observation to decoding the chunk.
+    """
+
+    seq: int
+    actions: np.ndarray
+    action_mode: str
+    domain_name: str
+    domain_id: int
+    raw_action_dim: int
+    num_steps: int | None = None
+    seed: int | None = None
+    timing: dict[str, float] = field(default_factory=dict)
+    round_trip_ms: float | None = None
+
+    @property
+    def action_horizon(self) -> int:
+        return int(self.actions.shape[0])
+
+    @classmethod
+    def from_frame(cls, frame: dict[str, Any], round_trip_ms: float | None) -> "ActionChunk":
+        return cls(
+            seq=frame["seq"],
+            # The wire codec gives a read-only view on the received bytes; a robot may want to edit it.
+            actions=np.array(frame["actions"], dtype=np.float32, copy=True),
+            action_mode=frame.get("action_mode", ""),
+            domain_name=frame.get("domain_name", ""),
+            domain_id=frame.get("domain_id", -1),
+            raw_action_dim=frame.get("raw_action_dim", -1),
+            num_steps=frame.get("num_steps"),
+            seed=frame.get("seed"),
+            timing=dict(frame.get("timing") or {}),
+            round_trip_ms=round_trip_ms,
+        )
+
+
+class PolicyClientError(Exception):
+    """Base of the errors a policy client raises."""
+
+
+class ServerError(PolicyClientError):
+    """The server answered with an ``error`` frame: ``code`` is stable, ``field`` names the culprit."""
+
+    def __init__(self, code: str, message: str, field: str | None = None, seq: int | None = None) -> None:
+        super().__init__(f"{code}: {message}" + (f" (field: {field})" if field else ""))
+        self.code = code
+        self.message = message
+        self.field = field
+        self.seq = seq
+
+
+class ObservationDropped(PolicyClientError):
+    """The server will not answer this observation (``reason``: superseded, deadline, cancelled,
+    shutdown), or the client discarded its answer because a newer one was already delivered (stale)."""
+
+    def __init__(self, seq: int, reason: str, message: str = "") -> None:
+        super().__init__(f"observation {seq} dropped: {reason}" + (f" ({message})" if message else ""))
+        self.seq = seq
+        self.reason = reason
+
+
+class ConnectionLost(PolicyClientError):
+    """The connection closed before the answer came. The client reconnects in the background."""
