@@ -46,6 +46,8 @@ def build_parser() -> argparse.ArgumentParser:
         "--http-port", type=int, default=8001,
         help="port of the HTTP sidecar (video jobs, metrics); reserved, not served by this version (default 8001)",
     )
+    parser.add_argument("--certfile", default=None, help="TLS certificate (PEM) to serve wss:// instead of ws://")
+    parser.add_argument("--keyfile", default=None, help="TLS private key (PEM), if not inside --certfile")
     parser.add_argument("--device", default=None, help="torch device, e.g. cpu, cuda, cuda:1 (default: best available)")
     parser.add_argument("--dtype", default=None, help="float32, bfloat16 or float16 (default: the device's best)")
     parser.add_argument("--profiles", default=None, help="a policy profile file overriding the checkpoint's")
@@ -80,6 +82,16 @@ def _engine_loader(args: argparse.Namespace, workdir: Path):
     return load
 
 
+def _ssl_context(args: argparse.Namespace):
+    if not args.certfile:
+        return None
+    import ssl
+
+    context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    context.load_cert_chain(args.certfile, args.keyfile)
+    return context
+
+
 async def serve_until_stopped(args: argparse.Namespace) -> int:
     with tempfile.TemporaryDirectory(prefix="cosmos3-serve-") as workdir:
         settings = ServerSettings(
@@ -89,6 +101,7 @@ async def serve_until_stopped(args: argparse.Namespace) -> int:
             torch_threads=args.torch_threads,
             warmup=args.warmup,
             shutdown_grace_s=args.shutdown_grace,
+            ssl_context=_ssl_context(args),
         )
         server = PolicyServer(_engine_loader(args, Path(workdir)), settings)
         stop = asyncio.Event()
@@ -122,6 +135,9 @@ def main(argv: list[str] | None = None) -> int:
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
         stream=sys.stderr,
     )
+    if args.log_level != "debug":
+        # websockets logs every HTTP response (each /healthz probe) at INFO; sessions are logged by us.
+        logging.getLogger("websockets").setLevel(logging.WARNING)
     return asyncio.run(serve_until_stopped(args))
 
 

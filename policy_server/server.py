@@ -52,6 +52,8 @@ class ServerSettings:
     # inference; the timeout only has to cover the network, not the model.
     ping_interval: float | None = 20.0
     ping_timeout: float | None = 20.0
+    # An ssl.SSLContext to serve wss:// (None: plain ws://).
+    ssl_context: Any = None
     # How long shutdown waits for the running inference to finish before closing anyway.
     shutdown_grace_s: float = 30.0
 
@@ -95,9 +97,11 @@ class PolicyServer:
             ping_interval=self.settings.ping_interval,
             ping_timeout=self.settings.ping_timeout,
             server_header=SERVER_NAME,
+            ssl=self.settings.ssl_context,
         )
         self.worker.start()
-        logger.info("listening on ws://%s:%d%s", self.settings.host, self.port, REALTIME_PATH)
+        scheme = "wss" if self.settings.ssl_context is not None else "ws"
+        logger.info("listening on %s://%s:%d%s", scheme, self.settings.host, self.port, REALTIME_PATH)
 
     async def wait_ready(self) -> dict[str, Any]:
         """Wait for the model to be loaded and warm; raise if it failed to load."""

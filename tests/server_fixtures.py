@@ -156,7 +156,7 @@ class ServerThread:
         self.stop()
 
 
-_LISTENING = re.compile(r"listening on ws://[^:]+:(\d+)/")
+_LISTENING = re.compile(r"listening on wss?://[^:]+:(\d+)/")
 
 
 class ServerProcess:
