@@ -17,7 +17,7 @@ from .checkpoint_source import CheckpointSource
 from .errors import EngineError, RuntimeErrorBase
 from .inspection import CheckpointInfo, inspect_checkpoint
 from .loading import load_pipeline, resolve_device_and_dtype
-from .profiles import VIEW_POINTS, load_profiles
+from .profiles import VIEW_POINTS, PolicyProfile, load_profiles
 from .requests import ActionChunk, ActionRequest, Timing, VideoRequest, VideoResult
 from .sampling import Cosmos3Sampler, DenoiseJob, DenoiseOutput
 from .validation import EngineLimits, EngineSpec, job_for_actions, job_for_video
@@ -92,9 +92,44 @@ class Cosmos3Engine:
 
     def predict_actions(self, request: ActionRequest) -> ActionChunk:
         """Answer a ``policy`` or ``inverse_dynamics`` request with a chunk of raw actions."""
+        result = self.predict_actions_batch([request])[0]
+        if isinstance(result, Exception):
+            raise result
+        return result
+
+    def predict_actions_batch(self, requests: list[ActionRequest]) -> list[ActionChunk | RuntimeErrorBase]:
+        """Answer several requests, sharing transformer calls among those on the same schedule.
+
+        Returns one entry per request, in order: its chunk, or the typed error it failed with (one bad
+        request does not fail the others). Each chunk equals what :meth:`predict_actions` would return
+        for it alone, up to float rounding.
+        """
         started = time.perf_counter()
-        job, profile = job_for_actions(request, self.spec)
-        output, timing = self._run(job, started)
+        results: list[ActionChunk | RuntimeErrorBase | None] = [None] * len(requests)
+        groups: dict[tuple, list[tuple[int, DenoiseJob, PolicyProfile]]] = {}
+        for index, request in enumerate(requests):
+            try:
+                job, profile = job_for_actions(request, self.spec)
+            except RuntimeErrorBase as exc:
+                results[index] = exc
+                continue
+            groups.setdefault(job.schedule_key, []).append((index, job, profile))
+        validated = time.perf_counter()
+        for members in groups.values():
+            try:
+                outputs = self._run([job for _, job, _ in members])
+            except RuntimeErrorBase as exc:
+                for index, _, _ in members:
+                    results[index] = exc
+                continue
+            for (index, job, profile), output in zip(members, outputs):
+                try:
+                    results[index] = self._chunk(job, profile, output, validated - started)
+                except RuntimeErrorBase as exc:
+                    results[index] = exc
+        return results
+
+    def _chunk(self, job: DenoiseJob, profile: PolicyProfile, output: DenoiseOutput, validate_s: float) -> ActionChunk:
         post = time.perf_counter()
         actions = output.actions
         if profile.normalization is not None:
@@ -102,6 +137,7 @@ class Cosmos3Engine:
         actions = np.ascontiguousarray(actions, dtype=np.float32)
         if not np.isfinite(actions).all():
             raise EngineError("the model produced non-finite actions")
+        timing = self._timing(output, validate_s)
         timing.postprocess_ms = (time.perf_counter() - post) * 1000.0
         return ActionChunk(
             actions=actions,
@@ -113,13 +149,15 @@ class Cosmos3Engine:
             transformer_forwards=output.transformer_forwards,
             seed=job.seed,
             timing=timing,
+            batch_size=output.batch_size,
         )
 
     def rollout_video(self, request: VideoRequest) -> VideoResult:
         """Answer a ``forward_dynamics`` request: a first frame plus raw actions in, frames out."""
         started = time.perf_counter()
         job, profile = job_for_video(request, self.spec)
-        output, timing = self._run(job, started)
+        validate_s = time.perf_counter() - started
+        (output,) = self._run([job])
         return VideoResult(
             frames=output.video,
             fps=job.fps,
@@ -128,25 +166,26 @@ class Cosmos3Engine:
             num_steps=output.num_steps,
             transformer_forwards=output.transformer_forwards,
             seed=job.seed,
-            timing=timing,
+            timing=self._timing(output, validate_s),
         )
 
-    def _run(self, job: DenoiseJob, started: float) -> tuple[DenoiseOutput, Timing]:
-        preprocess_done = time.perf_counter()
+    def _run(self, jobs: list[DenoiseJob]) -> list[DenoiseOutput]:
         try:
-            output = self.sampler.run(job, time.perf_counter)
+            return self.sampler.run_batch(jobs, time.perf_counter)
         except RuntimeErrorBase:
             raise
-        except Exception as exc:  # a failure inside torch/diffusers on a request that validated
-            logger.exception("engine failure on a %s request", job.mode)
+        except Exception as exc:  # a failure inside torch/diffusers on requests that validated
+            logger.exception("engine failure on %d %s request(s)", len(jobs), jobs[0].mode)
             raise EngineError(f"the model failed on this request ({type(exc).__name__})") from exc
-        timing = Timing(
-            preprocess_ms=(preprocess_done - started + output.preprocess_s) * 1000.0,
+
+    @staticmethod
+    def _timing(output: DenoiseOutput, validate_s: float) -> Timing:
+        return Timing(
+            preprocess_ms=(validate_s + output.preprocess_s) * 1000.0,
             encode_ms=output.encode_s * 1000.0,
             denoise_ms=output.denoise_s * 1000.0,
             decode_ms=output.decode_s * 1000.0,
         )
-        return output, timing
 
     # ------------------------------------------------------------------ lifecycle
 

@@ -107,6 +107,7 @@ class ActionChunk:
     transformer_forwards: int
     seed: int
     timing: Timing = field(default_factory=Timing)
+    batch_size: int = 1  # how many requests shared this chunk's transformer calls
 
     @property
     def action_horizon(self) -> int:

@@ -18,23 +18,32 @@ serving runtime changes, and why:
   interval; one forward elsewhere.
 - **No decode for action modes.** Action chunks come from the action stream; the VAE decoder is only
   called for ``forward_dynamics`` video.
+- **Batching.** Several jobs on the same schedule share each transformer call: their sequences are
+  packed into one joint sequence (diffusers' transformer takes per-item lists) and attention is kept
+  per item (:mod:`cosmos3_runtime.packed_attention`). Each job keeps its own noise, scheduler and
+  generator, so a batched chunk equals the unbatched one up to float rounding.
+- **Text prefix cache.** A job whose text keys/values are cached runs its generation tokens only
+  (:mod:`cosmos3_runtime.prefix_cache`).
 """
 
 from __future__ import annotations
 
 import copy
 import inspect
-from functools import cached_property
 from collections import OrderedDict
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 import torch
 from diffusers.utils.torch_utils import randn_tensor
 
-from .prefix_cache import PrefixEntry, PrefixMode, TextPrefixCache, generation_only, install_prefix_processors
+from .packed_attention import PackedItem, PrefixMode, install_packed_attention
+from .prefix_cache import PrefixEntry, TextPrefixCache
 
 _TOKEN_CACHE_SIZE = 64
+# Pack fields holding positions in the joint sequence; they move when items are packed together.
+_SEQUENCE_INDEX_FIELDS = ("vision_sequence_indexes", "vision_mse_loss_indexes", "action_sequence_indexes",
+                          "action_mse_loss_indexes")
 
 
 @dataclass
@@ -60,6 +69,12 @@ class DenoiseJob:
     clean_actions: np.ndarray | None = None
     decode_video: bool = False
 
+    @property
+    def schedule_key(self) -> tuple:
+        """Jobs with equal keys step through the same timesteps and passes, so they can share forwards."""
+        sigmas = tuple(self.sigmas) if self.sigmas is not None else None
+        return (sigmas, self.num_steps, self.guidance_scale, self.guidance_interval)
+
 
 @dataclass
 class DenoiseOutput:
@@ -71,20 +86,54 @@ class DenoiseOutput:
     encode_s: float
     denoise_s: float
     decode_s: float
+    batch_size: int = 1
 
 
 @dataclass
 class _Pass:
-    """One of the (at most two) transformer passes per step: cond, and uncond under guidance."""
+    """One transformer pass of one job (cond, or uncond under guidance) and its text prefix."""
 
-    name: str
     key: tuple[int, ...]
-    full: dict  # the whole joint sequence
+    full: dict  # the job's whole joint sequence, as the pipeline's segment helpers build it
     entry: PrefixEntry | None = None  # the text keys/values, once known
+    _generation_only: dict | None = None
 
-    @cached_property
+    @property
     def generation_only(self) -> dict:
-        return generation_only(self.full)
+        """The same inputs with the text segment removed (its keys/values come from the cache)."""
+        if self._generation_only is None:
+            und_len = self.full["und_len"]
+            shifted = {k: self.full[k] - und_len for k in _SEQUENCE_INDEX_FIELDS}
+            self._generation_only = {
+                **self.full, **shifted, "input_ids": self.full["input_ids"][:0],
+                "text_indexes": self.full["text_indexes"][:0], "und_len": 0,
+                "position_ids": self.full["position_ids"][:, und_len:],
+                "sequence_length": self.full["sequence_length"] - und_len,
+            }
+        return self._generation_only
+
+
+@dataclass
+class _Item:
+    """The evolving state of one job inside a (possibly batched) run."""
+
+    job: DenoiseJob
+    x0_vision: torch.Tensor
+    vision_mask: torch.Tensor
+    latents: torch.Tensor
+    x0_action: torch.Tensor
+    action_mask: torch.Tensor
+    action_latents: torch.Tensor
+    domain_id: torch.Tensor
+    generator: torch.Generator
+    scheduler: object
+    action_scheduler: object
+    passes: dict[str, _Pass]
+    has_noisy_action: bool
+    preprocess_s: float
+    encode_s: float
+    forwards: int = 0
+    velocities: dict[str, tuple[torch.Tensor, torch.Tensor]] = field(default_factory=dict)
 
 
 class Cosmos3Sampler:
@@ -99,7 +148,7 @@ class Cosmos3Sampler:
         self.device = device
         self.transformer = pipe.transformer
         self.prefix_cache = TextPrefixCache(prefix_cache_bytes) if prefix_cache_bytes > 0 else None
-        self._prefix_state = install_prefix_processors(self.transformer) if self.prefix_cache is not None else None
+        self._attention = install_packed_attention(self.transformer)
         self._token_cache: OrderedDict[tuple, tuple[list[int], list[int]]] = OrderedDict()
         self._step_takes_generator = "generator" in inspect.signature(pipe.scheduler.step).parameters
 
@@ -124,14 +173,8 @@ class Cosmos3Sampler:
         ids = self._token_cache.get(key)
         if ids is None:
             ids = self.pipe.tokenize_prompt(
-                prompt,
-                None,
-                num_frames=horizon + 1,
-                height=canvas_h,
-                width=canvas_w,
-                fps=fps,
-                action_mode=mode,
-                action_view_point=view_point,
+                prompt, None, num_frames=horizon + 1, height=canvas_h, width=canvas_w, fps=fps,
+                action_mode=mode, action_view_point=view_point,
             )
             self._token_cache[key] = ids
             if len(self._token_cache) > _TOKEN_CACHE_SIZE:
@@ -142,13 +185,66 @@ class Cosmos3Sampler:
 
     # ------------------------------------------------------------------ the loop
 
-    @torch.no_grad()
     def run(self, job: DenoiseJob, clock) -> DenoiseOutput:
         """Condition, denoise and (for video) decode one job. ``clock()`` returns seconds."""
+        return self.run_batch([job], clock)[0]
+
+    @torch.no_grad()
+    def run_batch(self, jobs: list[DenoiseJob], clock) -> list[DenoiseOutput]:
+        """Run jobs that share a schedule (equal :attr:`DenoiseJob.schedule_key`) through shared forwards."""
+        if len({job.schedule_key for job in jobs}) != 1:
+            raise ValueError("a batch needs jobs with the same schedule (sigmas, steps, guidance, interval)")
+        items = [self._prepare(job, clock) for job in jobs]
+        first = items[0]
+        timesteps, sigmas = first.scheduler.timesteps, first.scheduler.sigmas
+        use_cfg = first.job.guidance_scale != 1.0
+        step_kwargs_for = (lambda item: {"generator": item.generator}) if self._step_takes_generator else (
+            lambda item: {})
+
+        t0 = clock()
+        for i, t in enumerate(timesteps):
+            sigma = float(sigmas[i])
+            names = ["cond"] + (["uncond"] if use_cfg and _inside(sigma, first.job.guidance_interval) else [])
+            for name in names:
+                self._forward(items, name, t, i, sigma, len(timesteps))
+            for item in items:
+                job = item.job
+                v_vision, v_action = item.velocities["cond"]
+                if "uncond" in names:
+                    u_vision, u_action = item.velocities["uncond"]
+                    v_vision = u_vision + job.guidance_scale * (v_vision - u_vision)
+                    v_action = u_action + job.guidance_scale * (v_action - u_action)
+                kwargs = step_kwargs_for(item)
+                latents = item.scheduler.step(v_vision.unsqueeze(0), t, item.latents.unsqueeze(0), return_dict=False,
+                                              **kwargs)[0].squeeze(0)
+                item.latents = item.vision_mask * item.x0_vision + (1.0 - item.vision_mask) * latents
+                if item.has_noisy_action:
+                    actions = item.action_scheduler.step(v_action.unsqueeze(0), t, item.action_latents.unsqueeze(0),
+                                                         return_dict=False, **kwargs)[0].squeeze(0)
+                    actions = item.action_mask * item.x0_action + (1.0 - item.action_mask) * actions
+                    actions[:, job.raw_action_dim :] = 0
+                    item.action_latents = actions
+        denoise_s = clock() - t0
+
+        outputs = []
+        for item in items:
+            video, decode_s = None, 0.0
+            if item.job.decode_video:
+                t0 = clock()
+                video = self._decode(item.latents)
+                decode_s = clock() - t0
+            actions = None
+            if item.job.mode != "forward_dynamics":
+                actions = item.action_latents[:, : item.job.raw_action_dim].float().cpu().numpy()
+            outputs.append(DenoiseOutput(actions, video, item.forwards, len(timesteps), item.preprocess_s,
+                                         item.encode_s, denoise_s, decode_s, batch_size=len(items)))
+        return outputs
+
+    def _prepare(self, job: DenoiseJob, clock) -> _Item:
+        """Conditioning latents, initial noise, packed sequences and schedulers of one job."""
         pipe, device = self.pipe, self.device
         num_frames = job.horizon + 1
-        temporal = pipe.vae_scale_factor_temporal
-        latent_t = (num_frames - 1) // temporal + 1
+        latent_t = (num_frames - 1) // pipe.vae_scale_factor_temporal + 1
 
         t0 = clock()
         if job.mode == "inverse_dynamics":
@@ -166,13 +262,8 @@ class Cosmos3Sampler:
             vision_condition_frames = [0]
         encode_s = clock() - t0
 
-        t0 = clock()
+        # Noise is drawn in the pipeline's order (vision, then action) from the job's own generator.
         generator = torch.Generator(device=device).manual_seed(job.seed)
-        cond_ids, uncond_ids = self.tokenize(
-            job.prompt, job.horizon, canvas_h, canvas_w, job.fps, job.mode, job.view_point
-        )
-        use_cfg = job.guidance_scale != 1.0
-
         vision_mask = torch.zeros((latent_t, 1, 1), device=device)
         vision_mask[vision_condition_frames] = 1.0
         noise = randn_tensor(tuple(x0_vision.shape), generator=generator, device=device, dtype=torch.float32)
@@ -190,14 +281,13 @@ class Cosmos3Sampler:
         action_noise = randn_tensor((job.horizon, action_dim), generator=generator, device=device, dtype=torch.float32)
         action_latents = action_mask * x0_action + (1.0 - action_mask) * action_noise
         action_latents[:, job.raw_action_dim :] = 0
-        domain_id = torch.tensor([job.domain_id], dtype=torch.long, device=device)
 
-        cond = self._pass("cond", cond_ids, latents, action_latents, vision_condition_frames, clean_frames, job.fps)
-        uncond = (
-            self._pass("uncond", uncond_ids, latents, action_latents, vision_condition_frames, clean_frames, job.fps)
-            if use_cfg
-            else None
-        )
+        cond_ids, uncond_ids = self.tokenize(job.prompt, job.horizon, canvas_h, canvas_w, job.fps, job.mode,
+                                             job.view_point)
+        passes = {"cond": self._pass(cond_ids, latents, action_latents, vision_condition_frames, clean_frames, job.fps)}
+        if job.guidance_scale != 1.0:
+            passes["uncond"] = self._pass(uncond_ids, latents, action_latents, vision_condition_frames, clean_frames,
+                                          job.fps)
 
         scheduler = copy.deepcopy(pipe.scheduler)
         if job.sigmas is not None:
@@ -207,52 +297,22 @@ class Cosmos3Sampler:
             scheduler.set_timesteps(job.num_steps, device=device, sigmas=sigmas)
         else:
             scheduler.set_timesteps(job.num_steps, device=device)
-        action_scheduler = copy.deepcopy(scheduler)
-        step_kwargs = {"generator": generator} if self._step_takes_generator else {}
+        return _Item(
+            job=job, x0_vision=x0_vision, vision_mask=vision_mask, latents=latents, x0_action=x0_action,
+            action_mask=action_mask, action_latents=action_latents,
+            domain_id=torch.tensor([job.domain_id], dtype=torch.long, device=device), generator=generator,
+            scheduler=scheduler, action_scheduler=copy.deepcopy(scheduler), passes=passes,
+            has_noisy_action=len(clean_frames) < job.horizon, preprocess_s=preprocess_s, encode_s=encode_s,
+        )
 
-        forwards = 0
-        has_noisy_action = len(clean_frames) < job.horizon
-        for i, t in enumerate(scheduler.timesteps):
-            sigma = float(scheduler.sigmas[i])
-            v_vision, v_action = self._velocity(cond, latents, action_latents, domain_id, t, i, sigma,
-                                                vision_mask, action_mask, job.raw_action_dim, len(scheduler.timesteps))
-            forwards += 1
-            if use_cfg and _inside(sigma, job.guidance_interval):
-                u_vision, u_action = self._velocity(uncond, latents, action_latents, domain_id, t, i,
-                                                    sigma, vision_mask, action_mask, job.raw_action_dim,
-                                                    len(scheduler.timesteps))
-                forwards += 1
-                v_vision = u_vision + job.guidance_scale * (v_vision - u_vision)
-                v_action = u_action + job.guidance_scale * (v_action - u_action)
-
-            latents = scheduler.step(v_vision.unsqueeze(0), t, latents.unsqueeze(0), return_dict=False,
-                                     **step_kwargs)[0].squeeze(0)
-            latents = vision_mask * x0_vision + (1.0 - vision_mask) * latents
-            if has_noisy_action:
-                action_latents = action_scheduler.step(v_action.unsqueeze(0), t, action_latents.unsqueeze(0),
-                                                       return_dict=False, **step_kwargs)[0].squeeze(0)
-                action_latents = action_mask * x0_action + (1.0 - action_mask) * action_latents
-                action_latents[:, job.raw_action_dim :] = 0
-        denoise_s = clock() - t0
-
-        video, decode_s = None, 0.0
-        if job.decode_video:
-            t0 = clock()
-            video = self._decode(latents)
-            decode_s = clock() - t0
-        actions = None
-        if job.mode != "forward_dynamics":
-            actions = action_latents[:, : job.raw_action_dim].float().cpu().numpy()
-        return DenoiseOutput(actions, video, forwards, len(scheduler.timesteps), preprocess_s, encode_s, denoise_s, decode_s)
-
-    def _pass(self, name, input_ids, latents, action_latents, vision_frames, clean_action_frames, fps) -> _Pass:
+    def _pass(self, input_ids, latents, action_latents, vision_frames, clean_action_frames, fps) -> _Pass:
         full = self._pack(input_ids, latents, action_latents, vision_frames, clean_action_frames, fps)
         key = tuple(input_ids)
         entry = self.prefix_cache.get(key) if self.prefix_cache is not None else None
-        return _Pass(name, key, full, entry)
+        return _Pass(key, full, entry)
 
     def _pack(self, input_ids, latents, action_latents, vision_frames, clean_action_frames, fps):
-        """The step-invariant part of the joint sequence, built by the pipeline's own segment helpers."""
+        """The step-invariant part of one job's joint sequence, built by the pipeline's own segment helpers."""
         pipe = self.pipe
         text = pipe._prepare_text_segment(input_ids, device=self.device)
         vision = pipe._prepare_vision_segment(
@@ -280,62 +340,83 @@ class Cosmos3Sampler:
             "sequence_length": text["und_len"] + vision["num_vision_tokens"] + action["action_len"],
         }
 
-    def _velocity(self, p: _Pass, latents, action_latents, domain_id, t, step, sigma, vision_mask, action_mask,
-                  raw_action_dim, num_steps):
-        """One transformer forward; returns float32 velocities with conditioned positions zeroed."""
-        pack, recording = p.full, None
-        if self.prefix_cache is not None:
-            if p.entry is not None:
-                self._prefix_state.mode, self._prefix_state.entry = PrefixMode.REPLAY, p.entry
-                pack = p.generation_only
-            else:
-                recording = PrefixEntry()
-                self._prefix_state.mode, self._prefix_state.entry = PrefixMode.RECORD, recording
-        try:
-            preds_vision, preds_action = self._forward(pack, p.name, latents, action_latents, domain_id, t, step,
-                                                       sigma, num_steps)
-        finally:
-            if self._prefix_state is not None:
-                self._prefix_state.mode, self._prefix_state.entry = PrefixMode.OFF, None
-        if recording is not None:
-            p.entry = recording
-            self.prefix_cache.put(p.key, recording)
-        v_vision, _, v_action = self.pipe._mask_velocity_predictions(
-            preds_vision,
-            None,
-            vision_condition_mask=[vision_mask],
-            preds_action=preds_action,
-            action_condition_mask=[action_mask],
-            raw_action_dim=raw_action_dim,
-        )
-        return v_vision.float(), v_action.float()
+    def _forward(self, items: list[_Item], name: str, t, step: int, sigma: float, num_steps: int) -> None:
+        """One transformer call for pass ``name`` of every item; stores each item's masked velocities.
 
-    def _forward(self, pack, name, latents, action_latents, domain_id, t, step, sigma, num_steps):
+        The joint sequence is [text of items that need it] + [generation tokens of every item]: text the
+        prefix cache holds is not sent at all, text it does not hold yet is recorded on the way.
+        """
+        packs, layout, recording = [], [], []
+        und_total = sum(0 if it.passes[name].entry is not None else it.passes[name].full["und_len"] for it in items)
+        und_at, gen_at = 0, 0
+        for it in items:
+            p = it.passes[name]
+            if p.entry is not None:
+                pack, mode, entry = p.generation_only, PrefixMode.REPLAY, p.entry
+            elif self.prefix_cache is not None:
+                pack, mode, entry = p.full, PrefixMode.RECORD, PrefixEntry()
+                recording.append((p, entry))
+            else:
+                pack, mode, entry = p.full, PrefixMode.OFF, None
+            und_len = pack["und_len"]
+            gen_len = pack["sequence_length"] - und_len
+            layout.append(PackedItem(und_at, und_len, gen_at, gen_len, mode, entry))
+            packs.append((pack, und_len, und_total + gen_at))
+            und_at += und_len
+            gen_at += gen_len
+
+        def cat(key):
+            return torch.cat([pack[key] for pack, _, _ in packs])
+
+        def moved(key):  # an item's sequence positions, moved to where its tokens sit in the joint sequence
+            return torch.cat([pack[key] - und_len + gen_start for pack, und_len, gen_start in packs])
+
+        def per_item(key):
+            return [x for pack, _, _ in packs for x in pack[key]]
+
         dtype = self.transformer.dtype
         timestep = t.item()
-        with self.transformer.cache_context(name, step_index=step, sigma=sigma, num_inference_steps=num_steps):
-            preds_vision, _, preds_action = self.transformer(
-                input_ids=pack["input_ids"],
-                text_indexes=pack["text_indexes"],
-                position_ids=pack["position_ids"],
-                und_len=pack["und_len"],
-                sequence_length=pack["sequence_length"],
-                vision_tokens=[latents.to(dtype)],
-                vision_token_shapes=pack["vision_token_shapes"],
-                vision_sequence_indexes=pack["vision_sequence_indexes"],
-                vision_mse_loss_indexes=pack["vision_mse_loss_indexes"],
-                vision_timesteps=torch.full((pack["num_noisy_vision_tokens"],), timestep, device=self.device),
-                vision_noisy_frame_indexes=pack["vision_noisy_frame_indexes"],
-                action_tokens=[action_latents.to(dtype)],
-                action_token_shapes=pack["action_token_shapes"],
-                action_sequence_indexes=pack["action_sequence_indexes"],
-                action_mse_loss_indexes=pack["action_mse_loss_indexes"],
-                action_timesteps=torch.full((pack["num_noisy_action_tokens"],), timestep, device=self.device),
-                action_noisy_frame_indexes=pack["action_noisy_frame_indexes"],
-                action_domain_ids=[domain_id],
-                return_dict=False,
+        position_ids = torch.cat(
+            [pack["position_ids"][:, :und_len] for pack, und_len, _ in packs]
+            + [pack["position_ids"][:, und_len:] for pack, und_len, _ in packs], dim=1)
+        self._attention.items = layout
+        try:
+            with self.transformer.cache_context(name, step_index=step, sigma=sigma, num_inference_steps=num_steps):
+                preds_vision, _, preds_action = self.transformer(
+                    input_ids=cat("input_ids"),
+                    text_indexes=torch.arange(und_total, dtype=torch.long, device=self.device),
+                    position_ids=position_ids,
+                    und_len=und_total,
+                    sequence_length=und_total + gen_at,
+                    vision_tokens=[it.latents.to(dtype) for it in items],
+                    vision_token_shapes=per_item("vision_token_shapes"),
+                    vision_sequence_indexes=moved("vision_sequence_indexes"),
+                    vision_mse_loss_indexes=moved("vision_mse_loss_indexes"),
+                    vision_timesteps=torch.full((sum(pack["num_noisy_vision_tokens"] for pack, _, _ in packs),),
+                                                timestep, device=self.device),
+                    vision_noisy_frame_indexes=per_item("vision_noisy_frame_indexes"),
+                    action_tokens=[it.action_latents.to(dtype) for it in items],
+                    action_token_shapes=per_item("action_token_shapes"),
+                    action_sequence_indexes=moved("action_sequence_indexes"),
+                    action_mse_loss_indexes=moved("action_mse_loss_indexes"),
+                    action_timesteps=torch.full((sum(pack["num_noisy_action_tokens"] for pack, _, _ in packs),),
+                                                timestep, device=self.device),
+                    action_noisy_frame_indexes=per_item("action_noisy_frame_indexes"),
+                    action_domain_ids=[it.domain_id for it in items],
+                    return_dict=False,
+                )
+        finally:
+            self._attention.items = None
+        for p, entry in recording:
+            p.entry = entry
+            self.prefix_cache.put(p.key, entry)
+        for it, pred_vision, pred_action in zip(items, preds_vision, preds_action):
+            v_vision, _, v_action = self.pipe._mask_velocity_predictions(
+                [pred_vision], None, vision_condition_mask=[it.vision_mask], preds_action=[pred_action],
+                action_condition_mask=[it.action_mask], raw_action_dim=it.job.raw_action_dim,
             )
-        return preds_vision, preds_action
+            it.velocities[name] = (v_vision.float(), v_action.float())
+            it.forwards += 1
 
     def _decode(self, latents: torch.Tensor) -> np.ndarray:
         """Denormalize and VAE-decode vision latents to uint8 frames (T, H, W, 3)."""

@@ -7,6 +7,7 @@ import time
 import numpy as np
 import pytest
 import torch
+from diffusers.models.transformers.transformer_cosmos3 import Cosmos3AttnProcessor
 from diffusers.pipelines.cosmos.pipeline_cosmos3_omni import CosmosActionCondition
 
 from cosmos3_runtime.engine import Cosmos3Engine
@@ -179,6 +180,7 @@ def test_actions_equal_diffusers_own_pipeline(tiny_engine, tiny_checkpoint, mode
     stock attention processors (base, CFG) for the same seed."""
     engine = tiny_engine("base")
     stock = Cosmos3Engine.load(tiny_checkpoint("base"), prefix_cache_mb=0).pipe
+    stock.transformer.set_attn_processor(Cosmos3AttnProcessor())
     rng = np.random.default_rng(5)
     image = rng.integers(0, 256, (200, 240, 3), dtype=np.uint8)
     ours = dict(image=image) if mode == "policy" else dict(video=np.stack([image] * 9))

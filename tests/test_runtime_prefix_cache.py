@@ -7,20 +7,24 @@ import pytest
 from diffusers.models.transformers.transformer_cosmos3 import Cosmos3AttnProcessor
 
 from cosmos3_runtime.engine import Cosmos3Engine
+from cosmos3_runtime.packed_attention import PackedAttnProcessor
 from cosmos3_runtime.prefix_cache import PrefixEntry, TextPrefixCache
 from cosmos3_runtime.requests import ActionRequest
 
 
 @pytest.fixture(scope="module")
 def engines(tiny_checkpoint):
-    """The same base checkpoint loaded twice: stock attention processors, and the prefix-caching ones."""
+    """The same base checkpoint loaded twice: diffusers' stock attention processors, and the cached engine."""
     path = tiny_checkpoint("base")
-    return Cosmos3Engine.load(path, prefix_cache_mb=0), Cosmos3Engine.load(path, prefix_cache_mb=64)
+    uncached = Cosmos3Engine.load(path, prefix_cache_mb=0)
+    uncached.pipe.transformer.set_attn_processor(Cosmos3AttnProcessor())
+    return uncached, Cosmos3Engine.load(path, prefix_cache_mb=64)
 
 
-def test_uncached_engine_keeps_diffusers_stock_processors(engines):
+def test_engines_use_packed_attention_through_diffusers_processor_mechanism(engines):
     uncached, cached = engines
-    assert all(type(p) is Cosmos3AttnProcessor for p in uncached.pipe.transformer.attn_processors.values())
+    processors = cached.pipe.transformer.attn_processors
+    assert processors and all(isinstance(p, PackedAttnProcessor) for p in processors.values())
     assert uncached.describe()["prefix_cache"] is None
     assert cached.describe()["prefix_cache"]["budget_bytes"] == 64 * 2**20
 
