@@ -93,7 +93,7 @@ class ChunkerConfig:
     control_hz: float = 20.0
     execute_horizon: int | None = None
     request_threshold: int | None = None
-    latency_margin_steps: int = 1
+    latency_margin_steps: int = 2
     blend_steps: int | None = None
     latency_window: int = 16
     latency_quantile: float = 0.9

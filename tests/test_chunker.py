@@ -100,11 +100,12 @@ def test_real_time_chunking_sends_the_leftover_actions_and_keeps_them():
         stats = chunker.stats
     assert stats.stalls == 0 and stats.prefix_overruns == 0 and len(records) >= 6
     # Every request after the first carried the actions still to run: as many as the latency in steps
-    # plus the margin (50 ms at 50 Hz: 3 steps, +1), and exactly the ones the robot went on to execute.
+    # plus the margin (50 ms at 50 Hz: 3 steps, +2), and exactly the ones the robot went on to execute.
     for record in records[1:]:
-        assert 3 <= record.prefix_length <= 6
+        assert 5 <= record.prefix_length <= 7
         assert record.prefix_error == 0.0
-        s, k = record.requested_at_step, record.prefix_length
+        s = record.requested_at_step
+        k = min(record.prefix_length, len(executed) - s)  # the run may end inside the last prefix
         np.testing.assert_array_equal(executed[s:s + k], record.actions[:k])
     # So the commanded trajectory never jumps at a switch: it keeps the clock's one-step ramp.
     assert max(switch_jumps(executed, records)) < 1e-5
