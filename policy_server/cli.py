@@ -54,7 +54,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--no-warmup", dest="warmup", action="store_false", help="skip the warm-up requests")
     parser.add_argument(
         "--torch-threads", type=int, default=None,
-        help="torch intra-op threads of the engine worker (default: every core this process may use)",
+        help="torch intra-op threads of the engine worker (default: every available core but one, at least 1)",
     )
     parser.add_argument(
         "--max-message-mib", type=float, default=DEFAULT_MAX_MESSAGE_BYTES / 2**20,

@@ -12,12 +12,28 @@ So the policy is:
   it once, when it loads). :func:`apply_passive_wait_policy` does this; ``policy_server/__init__.py``
   calls it so that importing the server package is enough, and it only sets a default (an explicit
   ``OMP_WAIT_POLICY`` in the environment wins).
-* the worker uses all the cores available to the process for torch's intra-op pool (the event loop is
-  idle most of the time and, with passive waiting, takes a core only when it has work), and one inter-op
-  thread (the worker runs one request at a time; a second pool would only compete).
+* the worker's torch intra-op pool gets every core but one (at least one): the event loop, the OS and
+  whatever else runs beside the server (often the robot stack itself) keep a core, so neither side
+  waits on the other for a time slice. One inter-op thread: the worker runs one request at a time.
 
-``benchmarks/worker_threads.py`` measures the alternatives (1 or all threads, active or passive) on
-this machine, and ``tests/test_server_threads.py`` checks that a served process runs with this policy.
+Measured on this 2-core machine (``benchmarks/worker_threads.py``, tiny distilled model, 224×224,
+closed loop; model time p50 / p99 in ms):
+
+==========  ===============  ===============  ===============  ===============
+scenario    2 thr PASSIVE    1 thr PASSIVE    2 thr ACTIVE     1 thr ACTIVE
+==========  ===============  ===============  ===============  ===============
+alone       118 / 317        117 / 159        427 / 1783       149 / 183
+busy core   204 / 371        220 / 327        1946 / 6570      299 / 387
+streaming   116 / 202        102 / 119        708 / 3666       111 / 134
+==========  ===============  ===============  ===============  ===============
+
+(``streaming``: a second robot sends frames at 30 Hz while ``/healthz`` is probed; /healthz answered
+in 2.0 ms p50 / 6.5 ms p99 with 1 passive thread, 5.7 / 32 ms with 2 active ones.) ACTIVE with two
+threads is the pathology from the field notes: 4-16x slower. With PASSIVE, one thread matches two at
+the median and has the better tail here; on machines with more cores the worker gets them all but one.
+
+Rerun ``benchmarks/worker_threads.py`` on a new machine (30 requests per cell: p99 is the slowest few);
+``tests/test_server_lifecycle.py`` checks that a served process runs with this policy.
 """
 
 from __future__ import annotations
@@ -52,6 +68,11 @@ def available_cores() -> int:
         return os.cpu_count() or 1
 
 
+def default_worker_threads() -> int:
+    """Every core but one for torch, leaving one to the event loop and the rest of the machine."""
+    return max(1, available_cores() - 1)
+
+
 def configure_worker_threads(num_threads: int | None) -> dict[str, object]:
     """Set torch's thread pools for the calling thread (the engine worker) and return what was set.
 
@@ -59,7 +80,7 @@ def configure_worker_threads(num_threads: int | None) -> dict[str, object]:
     """
     import torch  # imported here, in the worker, so the event loop never pays for it
 
-    threads = num_threads or available_cores()
+    threads = num_threads or default_worker_threads()
     torch.set_num_threads(threads)
     try:
         torch.set_num_interop_threads(1)
