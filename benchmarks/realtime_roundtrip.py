@@ -1,0 +1,177 @@
+"""Client-observed round trip of the realtime endpoint, against the server's own model time.
+
+Starts ``cosmos3-serve`` (a tiny distilled checkpoint unless ``--model`` or ``--url`` says otherwise)
+in a subprocess on 127.0.0.1, connects a blocking :class:`robot_clients.PolicyClient`, and sends one
+224×224 RGB observation at a time, waiting for each chunk (a closed control loop). It prints p50/p99
+of:
+
+* ``round trip``: what the robot sees, from ``infer()`` called to the chunk in hand;
+* ``model``: the engine's own model time (VAE encode + denoising), from the chunk's ``timing``;
+* ``engine``: the whole ``predict_actions`` call (model + its pre/post-processing);
+* ``overhead``: round trip minus model time, per request: the cost of serving (codec, socket, queue,
+  thread hand-offs, request building), which is what this server is responsible for.
+
+Run it::
+
+    .venv/bin/python benchmarks/realtime_roundtrip.py                  # tiny distilled, 200 requests
+    .venv/bin/python benchmarks/realtime_roundtrip.py --requests 500 --size 224
+    .venv/bin/python benchmarks/realtime_roundtrip.py --url ws://host:8000 --domain droid_lerobot
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import subprocess
+import sys
+import threading
+import time
+import urllib.request
+from pathlib import Path
+
+import numpy as np
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO_ROOT))
+
+from robot_clients import PolicyClient  # noqa: E402
+
+
+def percentile(values, q: float) -> float:
+    return float(np.percentile(np.asarray(values, dtype=np.float64), q))
+
+
+def summarize(name: str, values) -> str:
+    return f"{name:<22} p50 {percentile(values, 50):8.2f} ms   p99 {percentile(values, 99):8.2f} ms   mean {np.mean(values):8.2f} ms"
+
+
+class ServerProcess:
+    """``python -m policy_server.cli`` on an ephemeral port; stops it with SIGTERM on exit."""
+
+    def __init__(self, args: list[str], env: dict[str, str] | None = None) -> None:
+        command = [sys.executable, "-m", "policy_server.cli", "--host", "127.0.0.1", "--port", "0", *args]
+        self.proc = subprocess.Popen(
+            command, cwd=REPO_ROOT, env={**os.environ, **(env or {})},
+            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+        )
+        self.port: int | None = None
+        self.log: list[str] = []
+        self._port_known = threading.Event()
+        threading.Thread(target=self._read, daemon=True).start()
+
+    def _read(self) -> None:
+        for line in self.proc.stderr:
+            self.log.append(line)
+            match = re.search(r"listening on wss?://[^:]+:(\d+)/", line)
+            if match and self.port is None:
+                self.port = int(match.group(1))
+                self._port_known.set()
+
+    def wait_ready(self, timeout: float = 180.0) -> dict:
+        if not self._port_known.wait(timeout):
+            raise RuntimeError("server did not start:\n" + "".join(self.log))
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            health = get_health(f"http://127.0.0.1:{self.port}/healthz")
+            if health.get("status") == "ready":
+                return health
+            if self.proc.poll() is not None:
+                break
+            time.sleep(0.2)
+        raise RuntimeError("server never became ready:\n" + "".join(self.log))
+
+    def stop(self) -> int:
+        self.proc.terminate()
+        return self.proc.wait(60)
+
+
+def get_health(url: str) -> dict:
+    opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+    try:
+        with opener.open(url, timeout=5) as response:
+            return json.loads(response.read())
+    except OSError:
+        return {}
+
+
+def run_round_trips(url: str, domain: str | None, size: int, requests: int, warmup: int) -> dict:
+    """Closed loop: one observation, wait for its chunk, repeat. Returns per-request measurements."""
+    rng = np.random.default_rng(0)
+    images = [rng.integers(0, 256, (size, size, 3), dtype=np.uint8) for _ in range(8)]
+    with PolicyClient(url) as client:
+        domain = domain or client.metadata["defaults"].get("domain_name") or sorted(client.metadata["domains"])[0]
+        client.configure(domain_name=domain)
+        for i in range(warmup):
+            client.infer({"image": images[i % len(images)]}, timeout=60)
+        round_trip, model, engine, server_total = [], [], [], []
+        for i in range(requests):
+            started = time.perf_counter()
+            chunk = client.infer({"image": images[i % len(images)]}, timeout=60)
+            round_trip.append((time.perf_counter() - started) * 1e3)
+            model.append(chunk.timing["model_ms"])
+            engine.append(chunk.timing["engine_ms"])
+            server_total.append(chunk.timing["observation_age_ms"])
+        return {
+            "domain": domain,
+            "metadata": client.metadata,
+            "round_trip_ms": round_trip,
+            "model_ms": model,
+            "engine_ms": engine,
+            "server_ms": server_total,
+            "overhead_ms": [r - m for r, m in zip(round_trip, model)],
+            "outside_engine_ms": [r - e for r, e in zip(round_trip, engine)],
+        }
+
+
+def report(result: dict, size: int) -> None:
+    meta = result["metadata"]
+    print(f"model {meta.get('model')} ({meta.get('variant')}), domain {result['domain']}, "
+          f"{size}x{size} RGB, {len(result['round_trip_ms'])} sequential requests")
+    print(summarize("round trip (client)", result["round_trip_ms"]))
+    print(summarize("model (server)", result["model_ms"]))
+    print(summarize("engine call (server)", result["engine_ms"]))
+    print(summarize("obs age at send", result["server_ms"]))
+    print(summarize("overhead = rt - model", result["overhead_ms"]))
+    print(summarize("rt - engine call", result["outside_engine_ms"]))
+    p50_rt, p50_model = percentile(result["round_trip_ms"], 50), percentile(result["model_ms"], 50)
+    print(f"serving overhead at p50: {p50_rt - p50_model:.2f} ms ({(p50_rt / p50_model - 1) * 100:.1f}% on top of the model)")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--url", help="benchmark a running server instead of starting one")
+    parser.add_argument("--model", help="checkpoint for the started server (default: --tiny distilled)")
+    parser.add_argument("--tiny", default="distilled", help="tiny variant when no --model (default distilled)")
+    parser.add_argument("--domain", default=None, help="embodiment (default: the model's default domain)")
+    parser.add_argument("--size", type=int, default=224, help="image side in pixels (default 224)")
+    parser.add_argument("--requests", type=int, default=200)
+    parser.add_argument("--warmup", type=int, default=10)
+    parser.add_argument("--torch-threads", type=int, default=None)
+    parser.add_argument("--json", help="also write the raw measurements to this file")
+    args = parser.parse_args(argv)
+
+    server = None
+    url = args.url
+    if url is None:
+        server_args = ["--model", args.model] if args.model else ["--tiny", args.tiny]
+        if args.torch_threads:
+            server_args += ["--torch-threads", str(args.torch_threads)]
+        server = ServerProcess(server_args)
+        health = server.wait_ready()
+        print(f"server ready: worker {health.get('worker')}")
+        url = f"ws://127.0.0.1:{server.port}"
+    try:
+        result = run_round_trips(url, args.domain, args.size, args.requests, args.warmup)
+    finally:
+        if server is not None:
+            server.stop()
+    report(result, args.size)
+    if args.json:
+        Path(args.json).write_text(json.dumps({k: v for k, v in result.items() if k != "metadata"}))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
