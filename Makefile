@@ -5,8 +5,14 @@ PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
+# openpi-client 0.1.2 pins numpy<2 (this project uses numpy 2): the compatibility tests run the real
+# package from its own virtual environment, in a subprocess.
+OPENPI_VENV := .venv-openpi
+OPENPI_STAMP := $(OPENPI_VENV)/.installed
+# Headless OpenGL for MuJoCo's offscreen rendering: EGL on Mesa's software rasterizer (no GPU, no display).
+GL_PACKAGES := libegl1 libegl-mesa0 libgl1 libgl1-mesa-dri
 
-.PHONY: demo test test-slow install clean
+.PHONY: demo test test-slow install clean system-deps
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -15,16 +21,31 @@ $(STAMP): pyproject.toml
 	$(PY) -m pip install --quiet -e '.[server,sim,dev]'
 	touch $(STAMP)
 
-install: $(STAMP)
+$(OPENPI_STAMP):
+	test -x $(OPENPI_VENV)/bin/python || $(PYTHON) -m venv $(OPENPI_VENV)
+	$(OPENPI_VENV)/bin/python -m pip install --quiet openpi-client==0.1.2 typing_extensions
+	touch $(OPENPI_STAMP)
 
-demo: $(STAMP)
-	$(VENV)/bin/cosmos3-demo
+# Installs the GL packages only when one is missing (apt needs root; elsewhere it says what to install).
+system-deps:
+	@if command -v dpkg >/dev/null 2>&1 && ! dpkg -s $(GL_PACKAGES) >/dev/null 2>&1; then \
+		if [ "$$(id -u)" = 0 ]; then \
+			apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends $(GL_PACKAGES); \
+		else \
+			echo "MuJoCo's offscreen rendering needs: sudo apt-get install $(GL_PACKAGES)" >&2; exit 1; \
+		fi; \
+	fi
 
-test: $(STAMP)
+install: $(STAMP) system-deps
+
+demo: $(STAMP) system-deps
+	$(VENV)/bin/cosmos3-demo-mujoco
+
+test: $(STAMP) $(OPENPI_STAMP) system-deps
 	$(PY) -m pytest -q
 
 test-slow: $(STAMP)
 	$(PY) -m pytest -q -m slow
 
 clean:
-	rm -rf $(VENV) build *.egg-info
+	rm -rf $(VENV) $(OPENPI_VENV) build *.egg-info
