@@ -168,3 +168,14 @@ async def test_wss_with_a_private_certificate(tmp_path):
             await client.configure(domain_name=DOMAIN)
             chunk = await client.infer(IMAGE, timeout=30)
             assert chunk.actions.ndim == 2
+
+
+def test_robot_clients_import_nothing_of_the_server_side():
+    """The client runs on the robot: importing it must not pull in torch, the runtime or the server."""
+    code = (
+        "import sys, robot_clients, robot_clients.wire_codec, robot_clients.policy_client\n"
+        "heavy = [m for m in ('torch', 'diffusers', 'cosmos3_runtime', 'policy_server') if m in sys.modules]\n"
+        "print(','.join(heavy))"
+    )
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert result.stdout.strip() == ""

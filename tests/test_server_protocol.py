@@ -43,6 +43,14 @@ class Conn:
         return await self.recv()
 
 
+async def wait_until_busy(server: ServerThread, timeout: float = 10.0) -> None:
+    """Until the engine worker is running a request (so the next observation has to wait)."""
+    deadline = asyncio.get_running_loop().time() + timeout
+    while not server.run(lambda: server.server.worker.busy):
+        assert asyncio.get_running_loop().time() < deadline, "the worker never started the request"
+        await asyncio.sleep(0.002)
+
+
 async def open_conn(server: ServerThread) -> tuple[Conn, dict]:
     ws = await connect(server.url, compression=None, proxy=None, max_size=None)
     conn = Conn(ws)
@@ -181,6 +189,7 @@ async def test_deadline_that_passes_in_the_queue_is_dropped_not_run(server):
     async with conn.ws:
         await conn.configure()
         await conn.send({"type": "observation", "seq": 0, "image": rgb_image()})
+        await wait_until_busy(server)
         # Waits behind seq 0 (tens of ms at least): a 1 ms budget has passed when it reaches the engine.
         await conn.send({"type": "observation", "seq": 1, "image": rgb_image(), "deadline_ms": 1})
         first, second = await conn.recv(), await conn.recv()

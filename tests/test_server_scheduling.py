@@ -58,9 +58,10 @@ async def test_latest_observation_wins_under_a_slow_engine(server):
         answered = sorted(s for s, f in replies.items() if f["type"] == "action_chunk")
         superseded = [s for s, f in replies.items() if f["type"] == "dropped" and f["reason"] == "superseded"]
         assert len(answered) + len(superseded) == sent, replies
-        # 0.8 s of sending against >= 0.4 s per inference: a handful answered, the rest superseded.
-        assert 2 <= len(answered) <= 5, answered
-        assert len(superseded) >= sent - 5
+        # >= 0.8 s of sending against >= 0.4 s per inference: a handful answered, the rest superseded
+        # (the bound leaves room for a slow CI machine stretching the sending loop).
+        assert 2 <= len(answered) <= sent // 4, answered
+        assert len(superseded) >= sent - sent // 4
         assert answered[-1] == sent - 1  # the newest observation is always answered
         for frame in (replies[s] for s in answered):
             # At most one observation waits, so none waited longer than about one inference.
