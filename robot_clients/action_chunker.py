@@ -313,8 +313,8 @@ class ActionChunker:
         Blocks only on the first call of an episode, for the first chunk.
         """
         t = self._step
-        if self._plan is None and self._in_flight is None and self._queued is None:
-            self._start(observation, t)
+        if self._plan is None and self._queued is None:
+            self._wait_first_chunk(observation, t)
         self._collect(t)
         if self._queued is not None and t >= self._window_end:
             self._apply(self._queued, t, arrived_at=self._queued_arrival)
@@ -338,6 +338,12 @@ class ActionChunker:
         self.stats.steps += 1
         return np.array(action, copy=True)
 
+    def prime(self, observation: Mapping[str, Any]) -> None:
+        """Send the episode's first observation without waiting: the next :meth:`next_action` waits for
+        its chunk. Lets several robots stepped in lockstep (a vectorized simulator) start in parallel."""
+        if self._plan is None and self._queued is None and self._in_flight is None:
+            self._request(observation, self._step)
+
     def reset(self, clear_stats: bool = False) -> None:
         """Start a new episode: forget the plan; a chunk still in flight is discarded when it comes.
 
@@ -360,10 +366,12 @@ class ActionChunker:
 
     # -- requests and arrivals ---------------------------------------------------------------------------
 
-    def _start(self, observation: Mapping[str, Any], t: int) -> None:
-        started = time.monotonic()
-        self._request(observation, t)
-        deadline = started + self.config.startup_timeout_s
+    def _wait_first_chunk(self, observation: Mapping[str, Any], t: int) -> None:
+        if self._in_flight is None:
+            self._request(observation, t)
+        assert self._in_flight is not None
+        started = self._in_flight.sent_at
+        deadline = time.monotonic() + self.config.startup_timeout_s
         while True:
             outcome = self._worker.wait(max(0.0, deadline - time.monotonic()))
             if outcome is None:
