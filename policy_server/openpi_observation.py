@@ -1,0 +1,283 @@
+"""openpi observations: which cameras feed the model, and how several become one frame.
+
+openpi clients send a flat (or, for ALOHA, nested) dict per observation, with key names set by their
+benchmark's convention, and never say which camera is which view. This module knows the conventions in
+use and turns one such dict into what the Cosmos3 engine takes: one H×W×3 uint8 frame (or a T×H×W×3
+clip for inverse dynamics), the prompt, and optional real-time-chunking prefix actions.
+
+Conventions (keys as the clients send them)::
+
+    LIBERO  observation/image, observation/wrist_image (H×W×3), observation/state, prompt
+    DROID   observation/exterior_image_1_left, observation/wrist_image_left (H×W×3),
+            observation/joint_position, observation/gripper_position, prompt
+    ALOHA   images/{cam_high, cam_low, cam_left_wrist, cam_right_wrist} (nested, 3×H×W), state, prompt
+
+State entries are accepted and not used: the Cosmos3 policy conditions on the camera and the prompt.
+
+Which cameras are used comes from a :class:`CameraMapping`: for each view point, a list of alternatives
+tried in order; an alternative is one camera key, or a list of keys composed side by side (left to
+right, each resized to the first one's height). The first alternative whose cameras are all present
+wins, so one mapping serves every convention. The session's view point (the ``--openpi-view-point``
+flag, else the domain's profile) picks the list. An operator overrides entries with a JSON file or
+string, for example ``{"third_person_view": ["images/cam_low"], "concat_view": [["images/cam_high",
+"images/cam_left_wrist"]]}``. A key is looked up as written first (openpi's flat keys contain ``/``),
+then as a path into nested dicts.
+
+Images may arrive H×W×3 or 3×H×W (channel-first, ALOHA's layout), as uint8, or as floats in [0, 1].
+Pure data: no sockets, no model.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Mapping
+
+import numpy as np
+
+from .protocol import ErrorCode, FrameLimits, ProtocolError
+
+VIEW_POINTS = ("ego_view", "third_person_view", "wrist_view", "concat_view")
+
+Alternative = tuple[str, ...]  # camera keys, composed side by side when more than one
+
+# The conventions in use, for detection (logs, metadata) and for the docs; the mapping does the work.
+CONVENTIONS: dict[str, dict[str, tuple[str, ...]]] = {
+    "libero": {
+        "cameras": ("observation/image", "observation/wrist_image"),
+        "state": ("observation/state",),
+    },
+    "droid": {
+        "cameras": ("observation/exterior_image_1_left", "observation/wrist_image_left"),
+        "state": ("observation/joint_position", "observation/gripper_position"),
+    },
+    "aloha": {
+        "cameras": ("images/cam_high", "images/cam_low", "images/cam_left_wrist", "images/cam_right_wrist"),
+        "state": ("state",),
+    },
+}
+
+DEFAULT_VIEWS: dict[str, tuple[Alternative, ...]] = {
+    "third_person_view": (
+        ("observation/image",), ("observation/exterior_image_1_left",), ("images/cam_high",), ("image",),
+    ),
+    "ego_view": (
+        ("images/cam_high",), ("observation/image",), ("observation/exterior_image_1_left",), ("image",),
+    ),
+    "wrist_view": (
+        ("observation/wrist_image",), ("observation/wrist_image_left",), ("images/cam_left_wrist",),
+        ("images/cam_right_wrist",),
+    ),
+    "concat_view": (
+        ("observation/image", "observation/wrist_image"),
+        ("observation/exterior_image_1_left", "observation/wrist_image_left"),
+        ("images/cam_high", "images/cam_left_wrist", "images/cam_right_wrist"),
+        ("observation/image",), ("observation/exterior_image_1_left",), ("images/cam_high",), ("image",),
+    ),
+}
+
+
+class CameraMappingError(ValueError):
+    """A camera mapping file or string is malformed; the message says where."""
+
+
+@dataclass(frozen=True)
+class CameraMapping:
+    """For each view point, the camera alternatives tried in order (see the module docstring)."""
+
+    views: dict[str, tuple[Alternative, ...]] = field(default_factory=lambda: dict(DEFAULT_VIEWS))
+
+    @classmethod
+    def load(cls, source: str | Path | None) -> "CameraMapping":
+        """The default mapping with ``source``'s entries replacing whole view points.
+
+        ``source`` is a path to a JSON file, or the JSON text itself (it starts with ``{``).
+        """
+        if source is None:
+            return cls()
+        text = str(source)
+        where = "the camera mapping"
+        if not text.lstrip().startswith("{"):
+            path = Path(text)
+            where = str(path)
+            try:
+                text = path.read_text()
+            except OSError as exc:
+                raise CameraMappingError(f"cannot read the camera mapping {path}: {exc.strerror}") from None
+        try:
+            data = json.loads(text)
+        except json.JSONDecodeError as exc:
+            raise CameraMappingError(f"{where} is not valid JSON: {exc}") from None
+        if not isinstance(data, dict):
+            raise CameraMappingError(f"{where} must be a JSON object of view point -> camera keys")
+        views = dict(DEFAULT_VIEWS)
+        for view_point, entry in data.items():
+            if view_point not in VIEW_POINTS:
+                raise CameraMappingError(
+                    f"{where}: unknown view point {view_point!r}; expected one of {', '.join(VIEW_POINTS)}"
+                )
+            views[view_point] = _alternatives(entry, f"{where}: {view_point}")
+        return cls(views)
+
+    def alternatives(self, view_point: str) -> tuple[Alternative, ...]:
+        return self.views.get(view_point, ())
+
+    def describe(self) -> dict[str, list[list[str]]]:
+        return {view: [list(alt) for alt in alts] for view, alts in self.views.items()}
+
+
+def _alternatives(entry: Any, where: str) -> tuple[Alternative, ...]:
+    if isinstance(entry, str):
+        entry = [entry]
+    if not isinstance(entry, list) or not entry:
+        raise CameraMappingError(f"{where} must be a camera key or a non-empty list of alternatives")
+    alternatives = []
+    for alternative in entry:
+        keys = [alternative] if isinstance(alternative, str) else alternative
+        if not isinstance(keys, list) or not keys or not all(isinstance(k, str) and k for k in keys):
+            raise CameraMappingError(
+                f"{where}: each alternative must be a camera key or a list of camera keys, got {alternative!r}"
+            )
+        alternatives.append(tuple(keys))
+    return tuple(alternatives)
+
+
+@dataclass
+class OpenpiObservation:
+    """What the engine takes from one openpi observation."""
+
+    image: np.ndarray | None = None
+    video: np.ndarray | None = None
+    prompt: str | None = None
+    prefix_actions: np.ndarray | None = None
+    cameras: Alternative = ()  # the keys whose images were used, left to right
+
+
+def lookup(obs: Mapping[str, Any], key: str) -> Any:
+    """``obs[key]`` if present as written, else the nested path ``key.split("/")``; None if absent."""
+    if key in obs:
+        return obs[key]
+    node: Any = obs
+    for part in key.split("/"):
+        if not isinstance(node, Mapping) or part not in node:
+            return None
+        node = node[part]
+    return node
+
+
+def detect_convention(obs: Mapping[str, Any]) -> str | None:
+    """``libero``, ``droid`` or ``aloha`` when the observation has that convention's first camera."""
+    for name, convention in CONVENTIONS.items():
+        if lookup(obs, convention["cameras"][0]) is not None:
+            return name
+    return None
+
+
+def parse_openpi_observation(
+    obs: Any, mapping: CameraMapping, view_point: str, limits: FrameLimits, *, video: bool = False
+) -> OpenpiObservation:
+    """Pick and compose the cameras for ``view_point``; raise :class:`ProtocolError` naming the key.
+
+    ``video``: the session serves inverse dynamics, so cameras carry T×H×W×3 clips, composed frame by
+    frame.
+    """
+    if not isinstance(obs, Mapping):
+        raise ProtocolError(ErrorCode.BAD_FRAME, f"an observation must be a msgpack map, got {type(obs).__name__}")
+    alternatives = mapping.alternatives(view_point)
+    chosen = next((alt for alt in alternatives if all(lookup(obs, key) is not None for key in alt)), None)
+    if chosen is None:
+        wanted = " or ".join("+".join(alt) for alt in alternatives) or "(none configured)"
+        raise ProtocolError(
+            ErrorCode.MISSING_FIELD,
+            f"no camera for the {view_point} view: expected {wanted}; got keys {', '.join(_keys(obs))}",
+            alternatives[0][0] if alternatives else None,
+        )
+    frames = [_frames(lookup(obs, key), key, video, limits) for key in chosen]
+    composed = _side_by_side(frames) if len(frames) > 1 else frames[0]
+    result = OpenpiObservation(cameras=chosen)
+    if video:
+        result.video = composed
+    else:
+        result.image = composed
+    _check_size(composed, "+".join(chosen), limits)
+
+    prompt = obs.get("prompt")
+    if isinstance(prompt, bytes):
+        prompt = prompt.decode("utf-8", errors="replace")
+    if prompt is not None and not isinstance(prompt, str):
+        raise ProtocolError(ErrorCode.INVALID_FIELD, f"`prompt` must be a string, got {type(prompt).__name__}",
+                            "prompt")
+    result.prompt = prompt
+
+    prefix = obs.get("prefix_actions")
+    if prefix is not None:
+        if not isinstance(prefix, np.ndarray) or prefix.ndim != 2 or prefix.dtype.kind not in "fiu":
+            raise ProtocolError(ErrorCode.INVALID_FIELD,
+                                "`prefix_actions` must be a K×D numeric array (the actions still to execute)",
+                                "prefix_actions")
+        result.prefix_actions = prefix.astype(np.float32)
+    return result
+
+
+def _keys(obs: Mapping[str, Any], prefix: str = "") -> list[str]:
+    keys = []
+    for key, value in obs.items():
+        name = f"{prefix}{key}"
+        keys.extend(_keys(value, name + "/") if isinstance(value, Mapping) else [name])
+    return keys
+
+
+def _frames(array: Any, key: str, video: bool, limits: FrameLimits) -> np.ndarray:
+    """One camera's image as H×W×3 uint8 (or clip as T×H×W×3), from HWC or CHW, uint8 or [0, 1] floats."""
+    rank = 4 if video else 3
+    layout = "T×H×W×3 (or T×3×H×W)" if video else "H×W×3 (or 3×H×W)"
+    if not isinstance(array, np.ndarray):
+        raise ProtocolError(ErrorCode.INVALID_IMAGE, f"`{key}` must be an array ({layout}), got {type(array).__name__}",
+                            key)
+    if array.ndim != rank:
+        raise ProtocolError(ErrorCode.INVALID_IMAGE, f"`{key}` must be {layout}, got shape {list(array.shape)}", key)
+    if array.shape[-1] != 3:
+        if array.shape[-3] != 3:
+            raise ProtocolError(ErrorCode.INVALID_IMAGE,
+                                f"`{key}` must be {layout} RGB, got shape {list(array.shape)}", key)
+        array = np.moveaxis(array, -3, -1)  # channel-first (ALOHA) to channel-last
+    if array.dtype == np.uint8:
+        return np.ascontiguousarray(array)
+    if array.dtype.kind == "f":
+        if not np.isfinite(array).all() or array.min() < 0.0 or array.max() > 1.0:
+            raise ProtocolError(ErrorCode.INVALID_IMAGE,
+                                f"`{key}` is a float image: its values must be in [0, 1] (or send uint8)", key)
+        return np.ascontiguousarray(np.round(array * 255.0).astype(np.uint8))
+    raise ProtocolError(ErrorCode.INVALID_IMAGE, f"`{key}` must be uint8 (or float in [0, 1]), got {array.dtype}",
+                        key)
+
+
+def _side_by_side(frames: list[np.ndarray]) -> np.ndarray:
+    """Concatenate along width, each resized (nearest neighbour) to the first one's height."""
+    height = frames[0].shape[-3]
+    resized = []
+    for frame in frames:
+        h, w = frame.shape[-3], frame.shape[-2]
+        if h != height:
+            width = max(1, round(w * height / h))
+            rows = (np.arange(height) * h // height).clip(0, h - 1)
+            cols = (np.arange(width) * w // width).clip(0, w - 1)
+            frame = frame[..., rows, :, :][..., :, cols, :]
+        resized.append(frame)
+    if resized[0].ndim == 4:
+        frames_per_clip = {f.shape[0] for f in resized}
+        if len(frames_per_clip) != 1:
+            raise ProtocolError(ErrorCode.INVALID_IMAGE, "composed camera clips must have the same number of frames")
+    return np.ascontiguousarray(np.concatenate(resized, axis=-2))
+
+
+def _check_size(frames: np.ndarray, key: str, limits: FrameLimits) -> None:
+    height, width = frames.shape[-3], frames.shape[-2]
+    if min(height, width) < limits.min_image_side or max(height, width) > limits.max_image_side:
+        raise ProtocolError(
+            ErrorCode.INVALID_IMAGE,
+            f"`{key}` is {height}×{width} pixels; each side must be between {limits.min_image_side} and "
+            f"{limits.max_image_side}",
+            key,
+        )

@@ -1,0 +1,106 @@
+"""openpi observations to engine inputs: conventions, camera choice per view point, composition, errors."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from policy_server.openpi_observation import (
+    CameraMapping,
+    CameraMappingError,
+    detect_convention,
+    parse_openpi_observation,
+)
+from policy_server.protocol import ErrorCode, FrameLimits, ProtocolError
+
+LIMITS = FrameLimits(min_image_side=32, max_image_side=4096, max_clip_frames=65)
+MAPPING = CameraMapping()
+
+
+def image(h: int, w: int, value: int) -> np.ndarray:
+    return np.full((h, w, 3), value, dtype=np.uint8)
+
+
+LIBERO = {"observation/image": image(224, 224, 10), "observation/wrist_image": image(224, 224, 20),
+          "observation/state": np.zeros(8, np.float32), "prompt": "put the bowl on the plate"}
+DROID = {"observation/exterior_image_1_left": image(180, 320, 30), "observation/wrist_image_left": image(90, 160, 40),
+         "observation/joint_position": np.zeros(7), "observation/gripper_position": np.zeros(1), "prompt": "pick"}
+ALOHA = {"images": {name: np.full((3, 224, 224), v, np.uint8) for name, v in
+                    (("cam_high", 50), ("cam_low", 60), ("cam_left_wrist", 70), ("cam_right_wrist", 80))},
+         "state": np.zeros(14, np.float32), "prompt": "fold"}
+
+
+@pytest.mark.parametrize("obs,convention,view,camera,value", [
+    (LIBERO, "libero", "third_person_view", "observation/image", 10),
+    (LIBERO, "libero", "wrist_view", "observation/wrist_image", 20),
+    (DROID, "droid", "ego_view", "observation/exterior_image_1_left", 30),
+    (DROID, "droid", "wrist_view", "observation/wrist_image_left", 40),
+    (ALOHA, "aloha", "ego_view", "images/cam_high", 50),
+    (ALOHA, "aloha", "wrist_view", "images/cam_left_wrist", 70),
+])
+def test_each_convention_feeds_the_camera_of_the_view_point(obs, convention, view, camera, value):
+    assert detect_convention(obs) == convention
+    parsed = parse_openpi_observation(obs, MAPPING, view, LIMITS)
+    assert parsed.cameras == (camera,)
+    assert parsed.image.shape[-1] == 3 and parsed.image.dtype == np.uint8 and parsed.image.flags.c_contiguous
+    assert np.all(parsed.image == value)  # ALOHA's channel-first frames arrive channel-last
+    assert parsed.prompt == obs["prompt"] and parsed.video is None
+
+
+def test_concat_view_composes_cameras_side_by_side_at_one_height():
+    droid = parse_openpi_observation(DROID, MAPPING, "concat_view", LIMITS)
+    assert droid.cameras == ("observation/exterior_image_1_left", "observation/wrist_image_left")
+    assert droid.image.shape == (180, 320 + 320, 3)  # the 90x160 wrist frame is scaled to 180x320
+    assert np.all(droid.image[:, :320] == 30) and np.all(droid.image[:, 320:] == 40)
+
+    aloha = parse_openpi_observation(ALOHA, MAPPING, "concat_view", LIMITS)
+    assert aloha.image.shape == (224, 3 * 224, 3)
+    assert [int(aloha.image[0, i * 224, 0]) for i in range(3)] == [50, 70, 80]
+
+
+def test_operator_mapping_overrides_a_view_point(tmp_path):
+    path = tmp_path / "cameras.json"
+    path.write_text(json.dumps({"ego_view": ["images/cam_low"],
+                                "concat_view": [["images/cam_low", "images/cam_high"]]}))
+    mapping = CameraMapping.load(str(path))
+    assert parse_openpi_observation(ALOHA, mapping, "ego_view", LIMITS).cameras == ("images/cam_low",)
+    both = parse_openpi_observation(ALOHA, mapping, "concat_view", LIMITS)
+    assert int(both.image[0, 0, 0]) == 60 and int(both.image[0, 224, 0]) == 50
+    # untouched view points keep the defaults; inline JSON works as well as a file
+    assert mapping.alternatives("wrist_view") == MAPPING.alternatives("wrist_view")
+    assert CameraMapping.load('{"wrist_view": "observation/wrist_image"}').alternatives("wrist_view") == (
+        ("observation/wrist_image",),)
+
+    with pytest.raises(CameraMappingError, match="unknown view point 'side_view'"):
+        CameraMapping.load('{"side_view": ["image"]}')
+    with pytest.raises(CameraMappingError, match="cannot read the camera mapping"):
+        CameraMapping.load(str(tmp_path / "missing.json"))
+
+
+def test_float_images_in_unit_range_are_accepted_and_bad_ones_are_named():
+    obs = dict(LIBERO, **{"observation/image": np.full((64, 64, 3), 0.5, np.float32)})
+    assert int(parse_openpi_observation(obs, MAPPING, "third_person_view", LIMITS).image[0, 0, 0]) == 128
+
+    cases = [
+        ({"observation/image": np.full((64, 64, 3), 7.5, np.float32)}, ErrorCode.INVALID_IMAGE, "observation/image"),
+        ({"observation/image": np.zeros((64, 64), np.uint8)}, ErrorCode.INVALID_IMAGE, "observation/image"),
+        ({"observation/image": np.zeros((8, 8, 3), np.uint8)}, ErrorCode.INVALID_IMAGE, "observation/image"),
+        ({"observation/state": np.zeros(8)}, ErrorCode.MISSING_FIELD, "observation/image"),
+        ({"observation/image": image(64, 64, 1), "prompt": 3}, ErrorCode.INVALID_FIELD, "prompt"),
+    ]
+    for obs, code, field in cases:
+        with pytest.raises(ProtocolError) as info:
+            parse_openpi_observation(obs, MAPPING, "third_person_view", LIMITS)
+        assert (info.value.code, info.value.field) == (code, field), info.value.message
+    with pytest.raises(ProtocolError, match="got keys observation/state"):
+        parse_openpi_observation({"observation/state": np.zeros(8)}, MAPPING, "third_person_view", LIMITS)
+
+
+def test_clips_for_inverse_dynamics_and_prefix_actions():
+    clip = np.zeros((9, 3, 64, 64), np.uint8)  # T x C x H x W
+    parsed = parse_openpi_observation({"observation/image": clip, "prefix_actions": np.ones((3, 10))},
+                                      MAPPING, "third_person_view", LIMITS, video=True)
+    assert parsed.video.shape == (9, 64, 64, 3) and parsed.image is None
+    assert parsed.prefix_actions.dtype == np.float32 and parsed.prefix_actions.shape == (3, 10)
