@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -31,6 +32,18 @@ BASE_DEFAULT_GUIDANCE = 6.0
 # Text keys/values of one prompt on a ~4B model in bf16: ~130 tokens x 8 KV heads x 128 x 2 x 36 layers
 # x 2 bytes, about 19 MB. 256 MB holds a dozen distinct prompts (cond and uncond).
 DEFAULT_PREFIX_CACHE_MB = 256
+
+
+@dataclass(frozen=True)
+class WarmupShape:
+    """A request shape to run once at warm-up: mode, horizon, image size, tier (None: the default)."""
+
+    action_mode: str = "policy"
+    action_horizon: int = 16
+    height: int = 224
+    width: int = 224
+    resolution_tier: int | None = None
+    domain_name: str | None = None
 
 
 class Cosmos3Engine:
@@ -58,16 +71,21 @@ class Cosmos3Engine:
         revision: str | None = None,
         limits: EngineLimits | None = None,
         prefix_cache_mb: float = DEFAULT_PREFIX_CACHE_MB,
+        compile: bool = False,
     ) -> "Cosmos3Engine":
         """Resolve ``source`` (folder or Hub id), inspect it once, and load it onto ``device``.
 
-        ``prefix_cache_mb`` bounds the text prefix cache (0 turns it off).
+        ``prefix_cache_mb`` bounds the text prefix cache (0 turns it off). ``compile`` compiles the
+        transformer's repeated decoder layers with ``torch.compile`` (regional compilation, dynamic
+        shapes); follow it with :meth:`warmup` on the shapes you will serve so no robot waits for it.
         """
         local = CheckpointSource.parse(source, revision=revision).resolve()
         info = inspect_checkpoint(local)
         torch_device, torch_dtype = resolve_device_and_dtype(device, dtype)
         started = time.perf_counter()
         pipe = load_pipeline(info, torch_device, torch_dtype)
+        if compile:
+            pipe.transformer.compile_repeated_blocks(dynamic=True)
         profiles = (
             load_profiles(local, action_dim=info.action_dim, num_domains=info.num_embodiment_domains,
                           override_file=profiles_path)
@@ -189,18 +207,26 @@ class Cosmos3Engine:
 
     # ------------------------------------------------------------------ lifecycle
 
-    def warmup(self, action_horizon: int | None = None) -> None:
-        """Run one request per servable mode so first real requests pay no one-time costs."""
+    def warmup(self, shapes: list[WarmupShape] | None = None) -> None:
+        """Run the request shapes the server will see once, so the first robot pays no one-time costs.
+
+        One-time costs are allocator growth, kernel selection and, with ``compile=True``, compilation
+        (per shape). By default: a 224x224 policy request and its inverse-dynamics clip at the default
+        domain's horizon and the variant's default tier.
+        """
         if not self.info.has_action_head:
             self.warmed_up = True
             return
-        domain = self.default_domain()
-        profile = self.spec.profiles[domain]
-        horizon = action_horizon or profile.default_horizon
-        image = np.zeros((224, 224, 3), dtype=np.uint8)
-        self.predict_actions(ActionRequest(domain_name=domain, image=image, action_horizon=horizon, seed=0))
-        clip = np.zeros((horizon + 1, 224, 224, 3), dtype=np.uint8)
-        self.predict_actions(ActionRequest(domain_name=domain, action_mode="inverse_dynamics", video=clip, seed=0))
+        if shapes is None:
+            horizon = self.spec.profiles[self.default_domain()].default_horizon
+            shapes = [WarmupShape("policy", horizon), WarmupShape("inverse_dynamics", horizon)]
+        for shape in shapes:
+            domain = shape.domain_name or self.default_domain()
+            frames = np.zeros((shape.action_horizon + 1, shape.height, shape.width, 3), dtype=np.uint8)
+            media = dict(video=frames) if shape.action_mode == "inverse_dynamics" else dict(image=frames[0])
+            self.predict_actions(ActionRequest(domain_name=domain, action_mode=shape.action_mode,
+                                               action_horizon=shape.action_horizon,
+                                               resolution_tier=shape.resolution_tier, seed=0, **media))
         self.warmed_up = True
 
     def default_domain(self) -> str:

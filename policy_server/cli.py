@@ -60,6 +60,18 @@ def build_parser() -> argparse.ArgumentParser:
         "--max-message-mib", type=float, default=DEFAULT_MAX_MESSAGE_BYTES / 2**20,
         help="largest frame accepted, in MiB; a bigger one closes the connection with 1009 (default 32)",
     )
+    parser.add_argument(
+        "--max-batch", type=int, default=4,
+        help="most observations of different sessions run through shared transformer calls (1: no batching)",
+    )
+    parser.add_argument(
+        "--batch-wait-ms", type=float, default=0.0,
+        help="longest an observation may wait for others to batch with (default 0: batch only what is waiting)",
+    )
+    parser.add_argument("--prefix-cache-mb", type=float, default=256.0,
+                        help="memory for the text prefix cache (0: off)")
+    parser.add_argument("--compile", action="store_true",
+                        help="torch.compile the transformer's decoder layers (warm-up then compiles each shape)")
     parser.add_argument("--shutdown-grace", type=float, default=30.0, help="seconds to let a running inference finish")
     parser.add_argument("--log-level", default="info", choices=("debug", "info", "warning", "error"))
     return parser
@@ -77,7 +89,8 @@ def _engine_loader(args: argparse.Namespace, workdir: Path):
 
             source = build_tiny_checkpoint(workdir / f"tiny-{args.tiny}", variant=args.tiny)
             logger.info("built a tiny %s checkpoint at %s", args.tiny, source)
-        return Cosmos3Engine.load(source, device=args.device, dtype=args.dtype, profiles_path=args.profiles)
+        return Cosmos3Engine.load(source, device=args.device, dtype=args.dtype, profiles_path=args.profiles,
+                                  prefix_cache_mb=args.prefix_cache_mb, compile=args.compile)
 
     return load
 
@@ -100,6 +113,8 @@ async def serve_until_stopped(args: argparse.Namespace) -> int:
             max_message_bytes=int(args.max_message_mib * 2**20),
             torch_threads=args.torch_threads,
             warmup=args.warmup,
+            max_batch=max(1, args.max_batch),
+            max_batch_wait_ms=max(0.0, args.batch_wait_ms),
             shutdown_grace_s=args.shutdown_grace,
             ssl_context=_ssl_context(args),
         )

@@ -1,8 +1,10 @@
 """The one thread that owns the engine: it loads the model, warms it up, and runs requests one by one.
 
 The asyncio event loop never runs model code. It puts observations in the :class:`RequestQueue`; this
-thread takes them in the queue's fair order, drops those whose deadline has passed, runs the rest
-through ``engine.predict_actions`` and hands every outcome back to the event loop with
+thread takes them in the queue's fair order (several sessions at once when their requests can share
+transformer calls: see :class:`BatchPolicy`), drops those whose deadline has passed, runs the rest
+through ``engine.predict_actions`` (``predict_actions_batch`` for a batch) and hands every outcome back
+to the event loop with
 ``loop.call_soon_threadsafe``: the session that owns the observation (``PendingObservation.owner``)
 gets ``on_result(item, outcome)`` or ``on_dropped(item, reason)`` on the loop's thread, where it is safe
 to touch sockets. A session that has gone away simply ignores the outcome: a client vanishing
@@ -35,9 +37,31 @@ class ActionEngine(Protocol):
 
     def predict_actions(self, request: ActionRequest) -> ActionChunk: ...
 
+    def predict_actions_batch(self, requests: list[ActionRequest]) -> list[ActionChunk | Exception]: ...
+
     def warmup(self) -> None: ...
 
     def describe(self) -> dict[str, Any]: ...
+
+
+@dataclass(frozen=True)
+class BatchPolicy:
+    """How the worker groups waiting observations of different sessions into one engine call.
+
+    ``max_batch`` 1 turns batching off. ``max_wait_ms`` is the longest an observation may be held so
+    others can join it; the default 0 only batches what is already waiting, so batching never adds
+    latency, it only shares forwards when several robots wait at once.
+    """
+
+    max_batch: int = 4
+    max_wait_ms: float = 0.0
+
+    @staticmethod
+    def compatible(a: "PendingObservation", b: "PendingObservation") -> bool:
+        """Same schedule (steps, guidance, interval): the engine can run them through shared forwards."""
+        ra, rb = a.request, b.request
+        return (ra.num_steps, ra.guidance_scale, ra.guidance_interval) == (rb.num_steps, rb.guidance_scale,
+                                                                         rb.guidance_interval)
 
 
 class WorkerState(str, enum.Enum):
@@ -76,18 +100,22 @@ class EngineWorker:
         *,
         torch_threads: int | None = None,
         warmup: bool = True,
+        batching: BatchPolicy | None = None,
     ) -> None:
         self._load_engine = load_engine
         self._queue = queue
         self._loop = loop
         self._torch_threads = torch_threads
         self._warmup = warmup
+        self.batching = batching or BatchPolicy()
         self._ready = loop.create_future()
         self._thread = threading.Thread(target=self._run, name="engine-worker", daemon=True)
         self.state = WorkerState.STARTING
         self.description: dict[str, Any] | None = None
         self.thread_settings: dict[str, object] = {}
-        self.current: PendingObservation | None = None
+        self.current: list[PendingObservation] = []
+        self.batches = 0
+        self.batched_items = 0
         self.completed = 0
         self.failed = 0
         self.dropped_deadline = 0
@@ -111,7 +139,7 @@ class EngineWorker:
 
     @property
     def busy(self) -> bool:
-        return self.current is not None
+        return bool(self.current)
 
     # -- the worker thread -------------------------------------------------------------------------
 
@@ -148,49 +176,72 @@ class EngineWorker:
             self.state = WorkerState.STOPPED
 
     def _serve(self, engine: ActionEngine) -> None:
+        policy = self.batching
         while True:
-            item = self._queue.take()
-            if item is None:  # queue closed: the server is stopping
+            taken = self._queue.take_batch(policy.max_batch, policy.max_wait_ms / 1e3, policy.compatible)
+            if not taken:  # queue closed: the server is stopping
                 return
-            if item.expired(time.monotonic()):
-                self.dropped_deadline += 1
-                self._post(item.owner.on_dropped, item, DropReason.DEADLINE)
+            now = time.monotonic()
+            batch = []
+            for item in taken:
+                if item.expired(now):
+                    self.dropped_deadline += 1
+                    self._post(item.owner.on_dropped, item, DropReason.DEADLINE)
+                else:
+                    batch.append(item)
+            if not batch:
                 continue
-            self.current = item
+            self.current = batch
             try:
-                outcome = self._predict(engine, item)
+                outcomes = self._predict(engine, batch)
             finally:
-                self.current = None
-            self._post(item.owner.on_result, item, outcome)
+                self.current = []
+            for item, outcome in zip(batch, outcomes):
+                self._post(item.owner.on_result, item, outcome)
 
-    def _predict(self, engine: ActionEngine, item: PendingObservation) -> EngineOutcome:
+    def _predict(self, engine: ActionEngine, batch: list[PendingObservation]) -> list[EngineOutcome]:
         t0 = time.monotonic()
         try:
-            chunk = engine.predict_actions(item.request)
-        except RuntimeErrorBase as exc:
+            if len(batch) == 1:
+                results: list[Any] = [_call(engine.predict_actions, batch[0].request)]
+            else:
+                results = engine.predict_actions_batch([item.request for item in batch])
+                self.batches += 1
+                self.batched_items += len(batch)
+        except Exception as exc:  # noqa: BLE001 - the whole call failed: every item gets the error
+            results = [exc] * len(batch)
+        done = time.monotonic()
+        return [self._outcome(item, result, (done - t0) * 1e3, done) for item, result in zip(batch, results)]
+
+    def _outcome(self, item: PendingObservation, result: Any, engine_ms: float, done: float) -> EngineOutcome:
+        if isinstance(result, RuntimeErrorBase):
             # The engine's typed errors are the client's to see: a stable code, a message, a field.
             self.failed += 1
-            code = exc.code if exc.code != "checkpoint_error" else ErrorCode.ENGINE_ERROR
-            return EngineOutcome(
-                error_code=code,
-                error_message=exc.message,
-                error_field=exc.field,
-                engine_ms=(time.monotonic() - t0) * 1e3,
-                done_at=time.monotonic(),
-            )
-        except Exception:  # noqa: BLE001 - an internal failure: log the traceback, tell the client little
+            code = result.code if result.code != "checkpoint_error" else ErrorCode.ENGINE_ERROR
+            return EngineOutcome(error_code=code, error_message=result.message, error_field=result.field,
+                                 engine_ms=engine_ms, done_at=done)
+        if isinstance(result, BaseException):
+            # An internal failure: the traceback goes to the log, the client gets a reference to it.
             self.failed += 1
             reference = uuid.uuid4().hex[:12]
-            logger.exception("engine failed on seq %s of session %s (ref %s)", item.seq, item.session_id, reference)
+            logger.error("engine failed on seq %s of session %s (ref %s)", item.seq, item.session_id, reference,
+                         exc_info=result)
             return EngineOutcome(
                 error_code=ErrorCode.ENGINE_ERROR,
                 error_message=f"the model failed on this observation; the server log has details (ref {reference})",
-                engine_ms=(time.monotonic() - t0) * 1e3,
-                done_at=time.monotonic(),
+                engine_ms=engine_ms,
+                done_at=done,
             )
         self.completed += 1
-        done = time.monotonic()
-        return EngineOutcome(chunk=chunk, engine_ms=(done - t0) * 1e3, done_at=done)
+        return EngineOutcome(chunk=result, engine_ms=engine_ms, done_at=done)
+
+
+def _call(fn: Callable[[Any], Any], arg: Any) -> Any:
+    """``fn(arg)``, or the exception it raised, so single and batched calls report the same way."""
+    try:
+        return fn(arg)
+    except Exception as exc:  # noqa: BLE001 - turned into an outcome by the caller
+        return exc
 
 
 def _set_result(future: asyncio.Future, value: Any) -> None:

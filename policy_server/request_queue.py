@@ -16,6 +16,12 @@ Two rules make it a realtime queue rather than a FIFO:
   slower: with N busy sessions each gets every N-th engine slot.
 
 Deadlines are the worker's business (it is the one that knows when a request reaches the engine).
+
+**Batching.** :meth:`RequestQueue.take_batch` hands the worker the session at the front plus further
+waiting sessions whose requests can share its transformer calls (same schedule), in ring order, up to a
+batch size; it may wait for more only until the first observation has waited ``max_wait`` in total, so
+batching never holds a request back longer than that. Sessions taken together rejoin the ring at the
+back together: fairness is unchanged.
 """
 
 from __future__ import annotations
@@ -24,7 +30,7 @@ import threading
 import time
 from collections import deque
 from dataclasses import dataclass, field
-from typing import Any, Hashable
+from typing import Any, Callable, Hashable
 
 from cosmos3_runtime.requests import ActionRequest
 
@@ -99,6 +105,42 @@ class RequestQueue:
             item = self._slots.pop(session_id)
             item.taken_at = time.monotonic()
             return item
+
+    def take_batch(
+        self,
+        max_items: int,
+        max_wait: float = 0.0,
+        compatible: Callable[[PendingObservation, PendingObservation], bool] = lambda a, b: True,
+        timeout: float | None = None,
+    ) -> list[PendingObservation]:
+        """Like :meth:`take`, plus up to ``max_items - 1`` compatible observations of other sessions.
+
+        Waits for the first observation like :meth:`take` (empty list on timeout or once closed). Then
+        collects, in serving order, waiting observations ``compatible(first, other)`` accepts; while the
+        batch is short it waits for more, but only until the first observation's total wait reaches
+        ``max_wait`` seconds (0: take only what is already waiting, never hold anything back).
+        """
+        first = self.take(timeout)
+        if first is None:
+            return []
+        batch = [first]
+        hold_until = first.enqueued_at + max_wait
+        with self._lock:
+            while len(batch) < max_items and not self._closed:
+                for session_id in list(self._ring):
+                    if len(batch) == max_items:
+                        break
+                    item = self._slots[session_id]
+                    if compatible(first, item):
+                        self._ring.remove(session_id)
+                        del self._slots[session_id]
+                        item.taken_at = time.monotonic()
+                        batch.append(item)
+                remaining = hold_until - time.monotonic()
+                if len(batch) == max_items or remaining <= 0:
+                    break
+                self._ready.wait(remaining)
+        return batch
 
     def cancel(self, session_id: Hashable, seq: int | None = None) -> PendingObservation | None:
         """Remove the session's waiting observation (only if it is ``seq``, when given) and return it."""

@@ -16,7 +16,7 @@ import asyncio
 import json
 import logging
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from http import HTTPStatus
 from typing import Any, Callable
 
@@ -24,7 +24,8 @@ from websockets.asyncio.server import Server, ServerConnection, serve
 from websockets.http11 import Request, Response
 
 from . import protocol
-from .engine_worker import ActionEngine, EngineWorker, WorkerState
+from .engine_worker import ActionEngine, BatchPolicy, EngineWorker, WorkerState
+from .openpi_session import OPENPI_PATHS, OpenpiSession, OpenpiSettings
 from .protocol import DropReason, FrameLimits
 from .realtime_session import RealtimeSession
 from .request_queue import RequestQueue
@@ -48,6 +49,9 @@ class ServerSettings:
     max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES
     torch_threads: int | None = None
     warmup: bool = True
+    # Requests of different sessions that can share transformer calls run as one batch (1: off).
+    max_batch: int = 4
+    max_batch_wait_ms: float = 0.0
     # Keepalive pings run on the event loop, which never runs model code, so they flow during
     # inference; the timeout only has to cover the network, not the model.
     ping_interval: float | None = 20.0
@@ -56,6 +60,8 @@ class ServerSettings:
     ssl_context: Any = None
     # How long shutdown waits for the running inference to finish before closing anyway.
     shutdown_grace_s: float = 30.0
+    # openpi's protocol on `/` and `/openpi` (domain, horizon, mode, cameras); None turns it off.
+    openpi: OpenpiSettings | None = field(default_factory=OpenpiSettings)
 
 
 class PolicyServer:
@@ -65,7 +71,7 @@ class PolicyServer:
         self.settings = settings or ServerSettings()
         self._load_engine = load_engine
         self.queue = RequestQueue()
-        self.sessions: dict[str, RealtimeSession] = {}
+        self.sessions: dict[str, RealtimeSession | OpenpiSession] = {}
         self.description: dict[str, Any] = {}
         self.frame_limits = FrameLimits(min_image_side=1, max_image_side=4096, max_clip_frames=65)
         self.worker: EngineWorker | None = None
@@ -85,6 +91,7 @@ class PolicyServer:
             loop,
             torch_threads=self.settings.torch_threads,
             warmup=self.settings.warmup,
+            batching=BatchPolicy(self.settings.max_batch, self.settings.max_batch_wait_ms),
         )
         self._ws_server = await serve(
             self._handle_connection,
@@ -115,6 +122,11 @@ class PolicyServer:
             max_clip_frames=int(limits.get("max_clip_frames", 65)),
         )
         logger.info("ready: serving %s (%s)", description.get("model"), description.get("variant"))
+        if self.settings.openpi is not None:
+            try:  # the operator's --openpi-* flags, checked against the model once, loudly
+                self.settings.openpi.session_config(description)
+            except protocol.ProtocolError as exc:
+                logger.error("openpi endpoint misconfigured (%s); openpi clients will be told so", exc.message)
         return description
 
     @property
@@ -186,7 +198,8 @@ class PolicyServer:
             health = self.health()
             ok = health["status"] not in ("failed", "stopping")
             return _json_response(connection, HTTPStatus.OK if ok else HTTPStatus.SERVICE_UNAVAILABLE, health)
-        if path != REALTIME_PATH:
+        openpi = self.settings.openpi is not None and path in OPENPI_PATHS
+        if path != REALTIME_PATH and not openpi:
             return connection.respond(HTTPStatus.NOT_FOUND, f"no endpoint at {path}; the policy endpoint is {REALTIME_PATH}\n")
         if self.stopping:
             return connection.respond(HTTPStatus.SERVICE_UNAVAILABLE, "server is shutting down\n")
@@ -199,7 +212,11 @@ class PolicyServer:
     # -- WebSocket sessions ----------------------------------------------------------------------------
 
     async def _handle_connection(self, connection: ServerConnection) -> None:
-        session = RealtimeSession(connection, self)
+        path = connection.request.path.split("?", 1)[0] if connection.request is not None else REALTIME_PATH
+        if path in OPENPI_PATHS and self.settings.openpi is not None:
+            session: RealtimeSession | OpenpiSession = OpenpiSession(connection, self, self.settings.openpi)
+        else:
+            session = RealtimeSession(connection, self)
         self.sessions[session.id] = session
         logger.info("session %s opened from %s", session.id, connection.remote_address)
         try:

@@ -55,7 +55,7 @@ def tiny_checkpoint(variant: str = "distilled") -> Path:
 
 
 class DelayedEngine:
-    """A real Cosmos3 engine that sleeps ``delay_s`` before every ``predict_actions`` call.
+    """A real Cosmos3 engine that sleeps ``delay_s`` before every engine call (single or batched).
 
     Used to make inference reliably slower than the rate observations arrive at, so that latest-wins,
     fairness and "answered while busy" can be checked without depending on how fast this machine is.
@@ -71,6 +71,11 @@ class DelayedEngine:
         self.calls += 1
         time.sleep(self.delay_s)
         return self.engine.predict_actions(request)
+
+    def predict_actions_batch(self, requests):
+        self.calls += 1
+        time.sleep(self.delay_s)
+        return self.engine.predict_actions_batch(requests)
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self.engine, name)

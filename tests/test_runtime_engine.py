@@ -24,7 +24,7 @@ class ForwardRecorder:
         self._handle = module.register_forward_pre_hook(self._record, with_kwargs=True)
 
     def _record(self, module, args, kwargs):
-        self.calls.append(float(kwargs["vision_timesteps"][0]))
+        self.calls.append(float(kwargs["action_timesteps"][0]))
 
     def close(self):
         self._handle.remove()
@@ -251,3 +251,23 @@ def test_warmup_marks_the_engine_ready(tiny_engine):
     assert not engine.warmed_up
     engine.warmup()
     assert engine.warmed_up
+
+
+def test_warmup_runs_the_given_shapes(tiny_engine, record_forwards):
+    from cosmos3_runtime.engine import WarmupShape
+
+    engine = tiny_engine("distilled")
+    recorder = record_forwards(engine)
+    engine.warmup([WarmupShape("policy", 8, 120, 160), WarmupShape("inverse_dynamics", 4, 96, 96, 480)])
+    assert len(recorder.calls) == 2 * len(TINY_DISTILLED_SIGMAS) and engine.warmed_up
+
+
+@pytest.mark.slow
+def test_compiled_transformer_gives_the_same_chunk(tiny_checkpoint, camera_image):
+    """torch.compile (regional, dynamic shapes) is opt-in; its chunks match the eager ones."""
+    eager = Cosmos3Engine.load(tiny_checkpoint("distilled"))
+    compiled = Cosmos3Engine.load(tiny_checkpoint("distilled"), compile=True)
+    compiled.warmup()
+    request = ActionRequest(domain_name="fractal", image=camera_image, seed=3)
+    np.testing.assert_allclose(compiled.predict_actions(request).actions, eager.predict_actions(request).actions,
+                               atol=1e-4)

@@ -92,3 +92,35 @@ def test_close_returns_what_waited_and_wakes_the_worker():
     assert waiter_result == [None]
     with pytest.raises(QueueClosed):
         queue.put(item("a", 0))
+
+
+def _obs(session, seq, **request):
+    from cosmos3_runtime.requests import ActionRequest
+
+    return PendingObservation(session_id=session, seq=seq, owner=None, received_at=time.monotonic(),
+                              request=ActionRequest(domain_name="fractal", **request))
+
+
+def test_take_batch_groups_compatible_sessions_in_ring_order():
+    from policy_server.engine_worker import BatchPolicy
+
+    queue = RequestQueue()
+    for session, steps in [("a", None), ("b", 8), ("c", None), ("d", None)]:
+        queue.put(_obs(session, 1, num_steps=steps))
+    batch = queue.take_batch(3, compatible=BatchPolicy.compatible)
+    assert [item.session_id for item in batch] == ["a", "c", "d"]  # b runs another schedule
+    assert [item.session_id for item in queue.take_batch(3, compatible=BatchPolicy.compatible)] == ["b"]
+    assert queue.take_batch(3, timeout=0.01) == []
+
+
+def test_take_batch_waits_for_company_only_up_to_max_wait():
+    queue = RequestQueue()
+    queue.put(_obs("a", 1))
+    joiner = threading.Timer(0.05, lambda: queue.put(_obs("b", 1)))
+    joiner.start()
+    batch = queue.take_batch(2, max_wait=2.0)
+    assert [item.session_id for item in batch] == ["a", "b"]
+    queue.put(_obs("c", 1))
+    started = time.monotonic()
+    assert [item.session_id for item in queue.take_batch(4, max_wait=0.1)] == ["c"]
+    assert time.monotonic() - started < 1.0  # held for max_wait, not forever

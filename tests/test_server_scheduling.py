@@ -164,3 +164,36 @@ async def test_a_client_vanishing_mid_inference_costs_only_that_inference(server
     while server.run(lambda: len(server.server.sessions)) != 0:
         assert time.monotonic() < deadline, "the vanished session was never cleaned up"
         await asyncio.sleep(0.05)
+
+
+async def test_waiting_sessions_share_engine_calls(server):
+    """Three robots that each have an observation waiting while the engine is busy are answered by one
+    batched engine call, and each gets its own chunk (same as it would get alone, at the runtime level:
+    tests/test_runtime_batching.py)."""
+    worker = server.server.worker
+    batches_before = server.run(lambda: worker.batches)
+    sessions = [await open_session(server, seed=7) for _ in range(3)]
+    try:
+        # Occupy the engine, then queue one observation per robot behind it.
+        busy_ws = sessions[0][0]
+        await busy_ws.send(packb({"type": "observation", "seq": 0, "image": IMAGE}))
+        deadline = time.monotonic() + 5
+        while not server.run(lambda: worker.busy):
+            assert time.monotonic() < deadline
+            await asyncio.sleep(0.005)
+        for index, (ws, _) in enumerate(sessions):
+            await ws.send(packb({"type": "observation", "seq": 1, "image": rgb_image(64, seed=index)}))
+        chunks = {}
+        for index, (ws, _) in enumerate(sessions):
+            while True:
+                frame = await recv(ws)
+                if frame["seq"] == 1:
+                    assert frame["type"] == "action_chunk", frame
+                    chunks[index] = frame
+                    break
+    finally:
+        for ws, _ in sessions:
+            await ws.close()
+    assert server.run(lambda: worker.batches) >= batches_before + 1
+    shapes = {tuple(frame["actions"].shape) for frame in chunks.values()}
+    assert len(chunks) == 3 and len(shapes) == 1
