@@ -23,6 +23,8 @@ import sys
 import tempfile
 from pathlib import Path
 
+from .openpi_observation import CameraMapping, CameraMappingError
+from .openpi_session import OpenpiSettings
 from .server import DEFAULT_MAX_MESSAGE_BYTES, PolicyServer, ServerSettings
 
 logger = logging.getLogger("policy_server")
@@ -73,8 +75,29 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--compile", action="store_true",
                         help="torch.compile the transformer's decoder layers (warm-up then compiles each shape)")
     parser.add_argument("--shutdown-grace", type=float, default=30.0, help="seconds to let a running inference finish")
+    openpi = parser.add_argument_group(
+        "openpi endpoint", "openpi clients connect to ws://HOST:PORT/ or /openpi and cannot choose these themselves")
+    openpi.add_argument("--no-openpi", dest="openpi", action="store_false", help="do not serve / and /openpi")
+    openpi.add_argument("--openpi-domain", default=None, help="embodiment (default: the model's default domain)")
+    openpi.add_argument("--openpi-horizon", type=int, default=None, help="actions per chunk (default: the domain's)")
+    openpi.add_argument("--openpi-mode", default="policy", choices=("policy", "inverse_dynamics"),
+                        help="action mode (default policy; inverse_dynamics takes T x H x W x 3 clips)")
+    openpi.add_argument("--openpi-view-point", default=None,
+                        help="which camera view feeds the model (default: the domain's profile)")
+    openpi.add_argument("--openpi-prompt", default="", help="prompt for observations that carry none")
+    openpi.add_argument("--openpi-cameras", default=None, metavar="FILE_OR_JSON",
+                        help="camera mapping overriding the defaults per view point (see docs/openpi.md)")
     parser.add_argument("--log-level", default="info", choices=("debug", "info", "warning", "error"))
     return parser
+
+
+def _openpi_settings(args: argparse.Namespace) -> OpenpiSettings | None:
+    if not args.openpi:
+        return None
+    return OpenpiSettings(
+        domain_name=args.openpi_domain, action_horizon=args.openpi_horizon, action_mode=args.openpi_mode,
+        view_point=args.openpi_view_point, prompt=args.openpi_prompt, cameras=CameraMapping.load(args.openpi_cameras),
+    )
 
 
 def _engine_loader(args: argparse.Namespace, workdir: Path):
@@ -116,6 +139,7 @@ async def serve_until_stopped(args: argparse.Namespace) -> int:
             max_batch=max(1, args.max_batch),
             max_batch_wait_ms=max(0.0, args.batch_wait_ms),
             shutdown_grace_s=args.shutdown_grace,
+            openpi=_openpi_settings(args),
             ssl_context=_ssl_context(args),
         )
         server = PolicyServer(_engine_loader(args, Path(workdir)), settings)
@@ -144,7 +168,12 @@ async def serve_until_stopped(args: argparse.Namespace) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        CameraMapping.load(args.openpi_cameras)  # a bad mapping is a usage error, before anything starts
+    except CameraMappingError as exc:
+        parser.error(str(exc))
     logging.basicConfig(
         level=args.log_level.upper(),
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",

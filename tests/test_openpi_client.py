@@ -1,0 +1,70 @@
+"""openpi compatibility with the real ``openpi-client`` from PyPI, for the LIBERO, DROID and ALOHA key sets.
+
+openpi-client pins numpy<2, so it lives in its own virtualenv (``make test`` builds ``.venv-openpi``)
+and runs as a subprocess (tests/openpi_client_script.py) against a real server with the real tiny
+model. Nothing of openpi is re-implemented here.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from server_fixtures import REPO_ROOT, ServerThread, tiny_engine_loader
+from policy_server.openpi_session import OpenpiSettings
+
+OPENPI_PYTHON = Path(os.environ.get("OPENPI_CLIENT_PYTHON", REPO_ROOT / ".venv-openpi" / "bin" / "python"))
+SCRIPT = Path(__file__).with_name("openpi_client_script.py")
+HORIZON = 8
+DOMAIN = "droid_lerobot"
+
+if not OPENPI_PYTHON.exists():
+    # `make test` builds it; in CI a missing one is a broken set-up, not a reason to skip.
+    if os.environ.get("CI"):
+        raise RuntimeError(f"{OPENPI_PYTHON} is missing: `make test` should have built openpi-client's virtualenv")
+    pytest.skip(f"openpi-client's virtualenv is missing ({OPENPI_PYTHON}); `make test` builds it",
+                allow_module_level=True)
+
+
+@pytest.fixture(scope="module")
+def server():
+    settings = OpenpiSettings(domain_name=DOMAIN, action_horizon=HORIZON)
+    with ServerThread(tiny_engine_loader("distilled"), openpi=settings) as running:
+        yield running
+
+
+def run_openpi_client(uri: str, convention: str) -> dict:
+    result = subprocess.run(
+        [str(OPENPI_PYTHON), str(SCRIPT), "--uri", uri, "--convention", convention, "--horizon", str(HORIZON)],
+        capture_output=True, text=True, timeout=120, env={**os.environ, "NO_PROXY": "*"},
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    return json.loads(result.stdout)
+
+
+@pytest.mark.parametrize("convention,path", [("libero", "/openpi"), ("droid", ""), ("aloha", "/openpi")])
+def test_openpi_client_round_trips(server, convention, path):
+    out = run_openpi_client(f"ws://127.0.0.1:{server.port}{path}", convention)
+    assert out["numpy"].startswith("1.")  # really openpi's own environment
+
+    metadata = out["metadata"]
+    assert metadata["protocol"] == "openpi" and metadata["domain_name"] == DOMAIN
+    assert metadata["action_horizon"] == HORIZON and metadata["action_dim"] == 10
+
+    infer = out["infer"]
+    assert infer["type"] == "ndarray" and infer["shape"] == [HORIZON, 10] and infer["dtype"] == "float32"
+    assert infer["finite"] and "actions" in infer["keys"] and "server_timing" in infer["keys"]
+    assert "infer_ms" in infer["server_timing"]
+
+    # The bad observation came back as openpi's text error naming the camera; the connection survived.
+    assert out["error"] is not None and "Error in inference server" in out["error"]
+    assert "invalid_image" in out["error"] and "[0, 1]" in out["error"]
+
+    # openpi's ActionChunkBroker stepped through chunks: one action per call, one round trip per chunk.
+    broker = out["broker"]
+    assert broker["step_shapes"] == [[10]] * (HORIZON + 2)
+    assert broker["inner_calls"] == 2
