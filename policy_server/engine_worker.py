@@ -9,6 +9,9 @@ to the event loop with
 gets ``on_result(item, outcome)`` or ``on_dropped(item, reason)`` on the loop's thread, where it is safe
 to touch sockets. A session that has gone away simply ignores the outcome: a client vanishing
 mid-inference costs that one inference and nothing else.
+
+Background tasks (the HTTP sidecar's video rollouts, :class:`~policy_server.request_queue.BackgroundTask`)
+run only when no observation waits; once started, one runs to its end.
 """
 
 from __future__ import annotations
@@ -27,7 +30,7 @@ from cosmos3_runtime.requests import ActionChunk, ActionRequest
 
 from .cpu_threads import configure_worker_threads
 from .protocol import DropReason, ErrorCode
-from .request_queue import PendingObservation, RequestQueue
+from .request_queue import BackgroundTask, PendingObservation, RequestQueue
 
 logger = logging.getLogger(__name__)
 
@@ -114,6 +117,13 @@ class EngineWorker:
         self.description: dict[str, Any] | None = None
         self.thread_settings: dict[str, object] = {}
         self.current: list[PendingObservation] = []
+        self.current_task: BackgroundTask | None = None
+        # Seconds spent running the engine (observations and background tasks), for the busy fraction;
+        # busy_since is when the running call started (None when idle).
+        self.busy_s = 0.0
+        self.busy_since: float | None = None
+        # Called on this thread after every batch, for metrics; it must be quick and must not raise.
+        self.on_batch_done: Callable[[list[PendingObservation], list[EngineOutcome]], None] | None = None
         self.batches = 0
         self.batched_items = 0
         self.completed = 0
@@ -139,7 +149,7 @@ class EngineWorker:
 
     @property
     def busy(self) -> bool:
-        return bool(self.current)
+        return bool(self.current) or self.current_task is not None
 
     # -- the worker thread -------------------------------------------------------------------------
 
@@ -178,9 +188,15 @@ class EngineWorker:
     def _serve(self, engine: ActionEngine) -> None:
         policy = self.batching
         while True:
+            task = self._queue.take_background()  # only when no observation waits
+            if task is not None:
+                self._run_background(engine, task)
+                continue
             taken = self._queue.take_batch(policy.max_batch, policy.max_wait_ms / 1e3, policy.compatible)
-            if not taken:  # queue closed: the server is stopping
-                return
+            if not taken:
+                if self._queue.closed:  # the server is stopping
+                    return
+                continue  # woken for background work while no observation waits
             now = time.monotonic()
             batch = []
             for item in taken:
@@ -192,12 +208,31 @@ class EngineWorker:
             if not batch:
                 continue
             self.current = batch
+            self.busy_since = time.monotonic()
             try:
                 outcomes = self._predict(engine, batch)
             finally:
                 self.current = []
+                self.busy_s += time.monotonic() - self.busy_since
+                self.busy_since = None
             for item, outcome in zip(batch, outcomes):
                 self._post(item.owner.on_result, item, outcome)
+            if self.on_batch_done is not None:
+                try:
+                    self.on_batch_done(batch, outcomes)
+                except Exception:  # noqa: BLE001 - metrics must never stop the worker
+                    logger.exception("on_batch_done failed")
+
+    def _run_background(self, engine: ActionEngine, task: BackgroundTask) -> None:
+        self.current_task = task
+        self.busy_since = time.monotonic()
+        try:
+            result = task.run(engine)
+        finally:
+            self.current_task = None
+            self.busy_s += time.monotonic() - self.busy_since
+            self.busy_since = None
+        self._post(task.owner.on_result, task, result)
 
     def _predict(self, engine: ActionEngine, batch: list[PendingObservation]) -> list[EngineOutcome]:
         t0 = time.monotonic()

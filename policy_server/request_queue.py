@@ -22,6 +22,11 @@ waiting sessions whose requests can share its transformer calls (same schedule),
 batch size; it may wait for more only until the first observation has waited ``max_wait`` in total, so
 batching never holds a request back longer than that. Sessions taken together rejoin the ring at the
 back together: fairness is unchanged.
+
+**Background work** (video rollouts of the HTTP sidecar) waits in a separate FIFO lane at a lower
+priority: :meth:`RequestQueue.take_background` hands one over only while no observation is waiting, so
+a robot's observation always goes before the next background task. A task that is already running is
+not interrupted: the engine runs it to the end (see :class:`BackgroundTask`).
 """
 
 from __future__ import annotations
@@ -30,7 +35,7 @@ import threading
 import time
 from collections import deque
 from dataclasses import dataclass, field
-from typing import Any, Callable, Hashable
+from typing import Any, Callable, Hashable, Protocol
 
 from cosmos3_runtime.requests import ActionRequest
 
@@ -60,6 +65,19 @@ class PendingObservation:
         return self.deadline_at is not None and now > self.deadline_at
 
 
+class BackgroundTask(Protocol):
+    """Work that runs on the engine only when no observation waits (a ``forward_dynamics`` video job).
+
+    The worker calls ``run(engine)`` on its thread (it must not raise: failures are part of its
+    result) and then ``owner.on_result(task, result)`` on the event loop. If the queue closes first,
+    ``owner.on_dropped(task, reason)`` is called instead, like for an observation.
+    """
+
+    owner: Any
+
+    def run(self, engine: Any) -> Any: ...
+
+
 class QueueClosed(Exception):
     """The queue was closed (server shutting down); nothing more is accepted."""
 
@@ -72,6 +90,7 @@ class RequestQueue:
         self._ready = threading.Condition(self._lock)
         self._slots: dict[Hashable, PendingObservation] = {}
         self._ring: deque[Hashable] = deque()  # sessions with a waiting observation, in serving order
+        self._background: deque[BackgroundTask] = deque()  # lower priority than every observation
         self._closed = False
 
     def put(self, item: PendingObservation) -> PendingObservation | None:
@@ -86,20 +105,38 @@ class RequestQueue:
                 self._ready.notify()
             return replaced
 
+    def put_background(self, task: BackgroundTask) -> None:
+        """Queue a background task behind every observation (and behind earlier background tasks)."""
+        with self._lock:
+            if self._closed:
+                raise QueueClosed("the server is shutting down")
+            self._background.append(task)
+            self._ready.notify()
+
+    def take_background(self) -> BackgroundTask | None:
+        """The oldest background task, but only if no observation is waiting (never blocks)."""
+        with self._lock:
+            if self._ring or not self._background or self._closed:
+                return None
+            return self._background.popleft()
+
     def take(self, timeout: float | None = None) -> PendingObservation | None:
         """Block until an observation is waiting and return it; ``None`` on timeout or once closed.
+
+        Also returns ``None`` (at once) while background work waits and no observation does, so the
+        worker can run it: check :attr:`closed` to tell that apart from closing.
 
         The wait loops: a wake-up can find the ring empty again (the observation that caused it was
         cancelled in between), and that must not look like "closed" to the worker.
         """
         deadline = None if timeout is None else time.monotonic() + timeout
         with self._lock:
-            while not self._ring and not self._closed:
+            while not self._ring and not self._background and not self._closed:
                 remaining = None if deadline is None else deadline - time.monotonic()
                 if remaining is not None and remaining <= 0:
                     return None
                 self._ready.wait(remaining)
-            if self._closed:
+            if self._closed or not self._ring:
                 return None
             session_id = self._ring.popleft()
             item = self._slots.pop(session_id)
@@ -152,19 +189,27 @@ class RequestQueue:
             self._ring.remove(session_id)
             return item
 
-    def close(self) -> list[PendingObservation]:
+    def close(self) -> list[PendingObservation | BackgroundTask]:
         """Stop accepting and wake the worker; return what was still waiting, for the caller to report."""
         with self._lock:
             self._closed = True
-            left = [self._slots[s] for s in self._ring]
+            left: list[PendingObservation | BackgroundTask] = [self._slots[s] for s in self._ring]
+            left.extend(self._background)
             self._slots.clear()
             self._ring.clear()
+            self._background.clear()
             self._ready.notify_all()
             return left
 
     @property
     def closed(self) -> bool:
         return self._closed
+
+    @property
+    def background_waiting(self) -> int:
+        """Background tasks waiting (not counted by ``len()``, which counts observations)."""
+        with self._lock:
+            return len(self._background)
 
     def __len__(self) -> int:
         with self._lock:
