@@ -230,29 +230,28 @@ def _horizon(value, spec: EngineSpec, field_name: str = "action_horizon") -> int
 
 
 def _image(image, field_name: str, spec: EngineSpec) -> np.ndarray:
-    if not isinstance(image, np.ndarray):
-        raise InvalidRequestError(f"{field_name} must be an array (H x W x 3 uint8)", field_name)
-    if image.dtype != np.uint8:
-        raise InvalidRequestError(f"{field_name} must be uint8 RGB, got dtype {image.dtype}", field_name)
-    if image.ndim != 3 or image.shape[2] != 3:
-        raise InvalidRequestError(f"{field_name} must have shape H x W x 3, got {list(image.shape)}", field_name)
-    _check_size(image.shape[0], image.shape[1], field_name, spec)
-    return image
+    return _rgb(image, field_name, spec, layout="H x W x 3")
 
 
 def _clip(video, field_name: str, spec: EngineSpec) -> np.ndarray:
-    if not isinstance(video, np.ndarray):
-        raise InvalidRequestError(f"{field_name} must be an array (T x H x W x 3 uint8)", field_name)
-    if video.dtype != np.uint8:
-        raise InvalidRequestError(f"{field_name} must be uint8 RGB, got dtype {video.dtype}", field_name)
-    if video.ndim != 4 or video.shape[3] != 3:
-        raise InvalidRequestError(f"{field_name} must have shape T x H x W x 3, got {list(video.shape)}", field_name)
+    video = _rgb(video, field_name, spec, layout="T x H x W x 3")
     if not 1 <= video.shape[0] <= spec.limits.max_clip_frames:
         raise InvalidRequestError(
             f"{field_name} must have 1 to {spec.limits.max_clip_frames} frames, got {video.shape[0]}", field_name
         )
-    _check_size(video.shape[1], video.shape[2], field_name, spec)
     return video
+
+
+def _rgb(array, field_name: str, spec: EngineSpec, layout: str) -> np.ndarray:
+    """A uint8 RGB image (``H x W x 3``) or clip (``T x H x W x 3``) of an acceptable size."""
+    if not isinstance(array, np.ndarray):
+        raise InvalidRequestError(f"{field_name} must be an array ({layout} uint8)", field_name)
+    if array.dtype != np.uint8:
+        raise InvalidRequestError(f"{field_name} must be uint8 RGB, got dtype {array.dtype}", field_name)
+    if array.ndim != layout.count("x") + 1 or array.shape[-1] != 3:
+        raise InvalidRequestError(f"{field_name} must have shape {layout}, got {list(array.shape)}", field_name)
+    _check_size(array.shape[-3], array.shape[-2], field_name, spec)
+    return array
 
 
 def _check_size(height: int, width: int, field_name: str, spec: EngineSpec) -> None:
