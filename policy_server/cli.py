@@ -18,6 +18,7 @@ import policy_server  # noqa: F401  (imported for that side effect, first)
 import argparse
 import asyncio
 import logging
+import os
 import signal
 import sys
 import tempfile
@@ -25,7 +26,9 @@ from pathlib import Path
 
 from .openpi_observation import CameraMapping, CameraMappingError
 from .openpi_session import OpenpiSettings
+from .http_sidecar import DEFAULT_MAX_BODY_BYTES, SidecarSettings
 from .server import DEFAULT_MAX_MESSAGE_BYTES, PolicyServer, ServerSettings
+from .video_jobs import RetentionPolicy
 
 logger = logging.getLogger("policy_server")
 
@@ -44,10 +47,22 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--host", default="0.0.0.0", help="interface to listen on (default: all, 0.0.0.0)")
     parser.add_argument("--port", type=int, default=8000, help="WebSocket port; 0 picks a free one (default 8000)")
-    parser.add_argument(
-        "--http-port", type=int, default=8001,
-        help="port of the HTTP sidecar (video jobs, metrics); reserved, not served by this version (default 8001)",
-    )
+    http = parser.add_argument_group(
+        "HTTP sidecar", "video jobs (/v1/videos), one-shot actions, metadata, /healthz, /readyz, /metrics; "
+        "see docs/http_api.md")
+    http.add_argument("--http-port", type=int, default=8001,
+                      help="port of the HTTP sidecar; 0 picks a free one (default 8001)")
+    http.add_argument("--no-http", dest="http", action="store_false", help="serve the WebSocket port only")
+    http.add_argument("--data-dir", type=Path, default=_default_data_dir(),
+                      help="where video jobs and their results are kept across restarts (default: %(default)s)")
+    http.add_argument("--video-retention-hours", type=float, default=24.0,
+                      help="finished video jobs are deleted this long after they finish (default 24)")
+    http.add_argument("--video-storage-mib", type=float, default=2048.0,
+                      help="finished videos may take this much disk; the oldest go first beyond it (default 2048)")
+    http.add_argument("--max-queued-videos", type=int, default=100,
+                      help="video jobs that may wait; more are refused with 429 (default 100)")
+    http.add_argument("--max-body-mib", type=float, default=DEFAULT_MAX_BODY_BYTES / 2**20,
+                      help="largest HTTP request body, uploads included, in MiB (default 64)")
     parser.add_argument("--certfile", default=None, help="TLS certificate (PEM) to serve wss:// instead of ws://")
     parser.add_argument("--keyfile", default=None, help="TLS private key (PEM), if not inside --certfile")
     parser.add_argument("--device", default=None, help="torch device, e.g. cpu, cuda, cuda:1 (default: best available)")
@@ -100,6 +115,28 @@ def _openpi_settings(args: argparse.Namespace) -> OpenpiSettings | None:
     )
 
 
+def _default_data_dir() -> Path:
+    """``$XDG_DATA_HOME/cosmos3-policy-server`` (``~/.local/share/...``): jobs outlive the process."""
+    base = os.environ.get("XDG_DATA_HOME") or Path.home() / ".local" / "share"
+    return Path(base) / "cosmos3-policy-server"
+
+
+def _sidecar_settings(args: argparse.Namespace) -> SidecarSettings | None:
+    if not args.http:
+        return None
+    return SidecarSettings(
+        data_dir=args.data_dir,
+        host=args.host,
+        port=args.http_port,
+        retention=RetentionPolicy(
+            max_age_s=args.video_retention_hours * 3600.0,
+            max_bytes=int(args.video_storage_mib * 2**20),
+            max_queued=max(1, args.max_queued_videos),
+        ),
+        max_body_bytes=int(args.max_body_mib * 2**20),
+    )
+
+
 def _engine_loader(args: argparse.Namespace, workdir: Path):
     """The function the engine worker calls, on its own thread, to build the engine."""
 
@@ -140,6 +177,7 @@ async def serve_until_stopped(args: argparse.Namespace) -> int:
             max_batch_wait_ms=max(0.0, args.batch_wait_ms),
             shutdown_grace_s=args.shutdown_grace,
             openpi=_openpi_settings(args),
+            http=_sidecar_settings(args),
             ssl_context=_ssl_context(args),
         )
         server = PolicyServer(_engine_loader(args, Path(workdir)), settings)
@@ -149,8 +187,6 @@ async def serve_until_stopped(args: argparse.Namespace) -> int:
             loop.add_signal_handler(sig, stop.set)
 
         await server.start()
-        if args.http_port:
-            logger.info("HTTP sidecar (port %d) is not part of this version; only the WebSocket port serves", args.http_port)
         ready = asyncio.ensure_future(server.wait_ready())
         stopped = asyncio.ensure_future(stop.wait())
         await asyncio.wait({ready, stopped}, return_when=asyncio.FIRST_COMPLETED)

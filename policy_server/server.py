@@ -18,7 +18,7 @@ import logging
 import time
 from dataclasses import dataclass, field
 from http import HTTPStatus
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 from websockets.asyncio.server import Server, ServerConnection, serve
 from websockets.http11 import Request, Response
@@ -29,6 +29,9 @@ from .openpi_session import OPENPI_PATHS, OpenpiSession, OpenpiSettings
 from .protocol import DropReason, FrameLimits
 from .realtime_session import RealtimeSession
 from .request_queue import RequestQueue
+
+if TYPE_CHECKING:
+    from .http_sidecar import HttpSidecar, SidecarSettings
 
 logger = logging.getLogger(__name__)
 
@@ -62,6 +65,8 @@ class ServerSettings:
     shutdown_grace_s: float = 30.0
     # openpi's protocol on `/` and `/openpi` (domain, horizon, mode, cameras); None turns it off.
     openpi: OpenpiSettings | None = field(default_factory=OpenpiSettings)
+    # The HTTP sidecar (video jobs, one-shot actions, metrics) on its own port; None: WebSocket only.
+    http: SidecarSettings | None = None
 
 
 class PolicyServer:
@@ -75,7 +80,9 @@ class PolicyServer:
         self.description: dict[str, Any] = {}
         self.frame_limits = FrameLimits(min_image_side=1, max_image_side=4096, max_clip_frames=65)
         self.worker: EngineWorker | None = None
+        self.sidecar: HttpSidecar | None = None
         self.stopping = False
+        self._closed_sessions_dropped = 0
         self.started_at = time.monotonic()
         self._ws_server: Server | None = None
         self._stopped = asyncio.Event()
@@ -106,6 +113,13 @@ class PolicyServer:
             server_header=SERVER_NAME,
             ssl=self.settings.ssl_context,
         )
+        if self.settings.http is not None:
+            # Imported here so a WebSocket-only server never loads FastAPI. Started before the worker so
+            # that a taken HTTP port fails the start before any model loading begins.
+            from .http_sidecar import HttpSidecar
+
+            self.sidecar = HttpSidecar(self, self.settings.http)
+            await self.sidecar.start(self.worker.wait_ready())
         self.worker.start()
         scheme = "wss" if self.settings.ssl_context is not None else "ws"
         logger.info("listening on %s://%s:%d%s", scheme, self.settings.host, self.port, REALTIME_PATH)
@@ -135,6 +149,11 @@ class PolicyServer:
         return self._ws_server.sockets[0].getsockname()[1]
 
     @property
+    def dropped_observations(self) -> int:
+        """Observations answered ``dropped`` since the start, by open and closed sessions."""
+        return self._closed_sessions_dropped + sum(s.dropped for s in list(self.sessions.values()))
+
+    @property
     def ready(self) -> bool:
         return self.worker is not None and self.worker.state is WorkerState.READY and bool(self.description)
 
@@ -154,6 +173,8 @@ class PolicyServer:
             if not finished:
                 logger.warning("the running inference did not finish within %.0f s", self.settings.shutdown_grace_s)
         await asyncio.sleep(0)  # let the worker's last call_soon_threadsafe callbacks run
+        if self.sidecar is not None:  # after the worker: the video job it just finished gets recorded
+            await self.sidecar.shutdown(self.settings.shutdown_grace_s)
         await asyncio.gather(*(s.drain(timeout=2.0) for s in list(self.sessions.values())))
         if self._ws_server is not None:
             self._ws_server.close(close_connections=True, code=1001, reason="server shutting down")
@@ -223,6 +244,7 @@ class PolicyServer:
             await session.run()
         finally:
             self.sessions.pop(session.id, None)
+            self._closed_sessions_dropped += session.dropped
             logger.info(
                 "session %s closed (code %s): %d answered, %d dropped",
                 session.id, connection.close_code, session.answered, session.dropped,

@@ -162,17 +162,25 @@ class ServerThread:
 
 
 _LISTENING = re.compile(r"listening on wss?://[^:]+:(\d+)/")
+_HTTP_LISTENING = re.compile(r"HTTP sidecar listening on http://[^ ]+:(\d+) ")
 
 
 class ServerProcess:
     """``python -m policy_server.cli`` in a subprocess, its stderr collected; the port parsed from it."""
 
     def __init__(self, *args: str, env: dict[str, str] | None = None) -> None:
-        self.args = [sys.executable, "-m", "policy_server.cli", "--host", "127.0.0.1", "--port", "0", *args]
+        # The HTTP sidecar gets a free port and, unless the test names one, a data directory of its own,
+        # so that test processes never share port 8001 or a job store.
+        sidecar = [] if "--http-port" in args or "--no-http" in args else ["--http-port", "0"]
+        if "--data-dir" not in args and "--no-http" not in args:
+            self._data_dir = tempfile.TemporaryDirectory(prefix="policy-server-data-")
+            sidecar += ["--data-dir", self._data_dir.name]
+        self.args = [sys.executable, "-m", "policy_server.cli", "--host", "127.0.0.1", "--port", "0", *sidecar, *args]
         self.env = {**os.environ, **(env or {})}
         self.proc: subprocess.Popen | None = None
         self.lines: list[str] = []
         self.port: int | None = None
+        self.http_port: int | None = None  # the sidecar's, once its log line appears (it precedes `port`)
         self._port_known = threading.Event()
 
     def start(self, timeout: float = 60.0) -> "ServerProcess":
@@ -189,6 +197,9 @@ class ServerProcess:
         assert self.proc is not None and self.proc.stderr is not None
         for line in self.proc.stderr:
             self.lines.append(line)
+            http_match = _HTTP_LISTENING.search(line)
+            if http_match and self.http_port is None:
+                self.http_port = int(http_match.group(1))
             match = _LISTENING.search(line)
             if match and self.port is None:
                 self.port = int(match.group(1))

@@ -1,0 +1,83 @@
+"""The HTTP sidecar's typed errors: one exception type, one JSON shape, stable codes.
+
+Every error the sidecar answers has the same body, whatever went wrong::
+
+    {"error": {"code": "unknown_domain", "message": "unknown domain 'x'; ...", "field": "domain_name"}}
+
+``code`` is stable (clients branch on it; never rename one, only add), ``message`` says what to fix,
+``field`` names the offending request field when there is one. The codes of the realtime protocol
+(:class:`policy_server.protocol.ErrorCode`) keep their meaning here; :class:`HttpErrorCode` adds the
+ones only HTTP has. Internals (tracebacks, paths, exception names) never reach the client: an
+unexpected failure is logged with a reference the client gets instead.
+"""
+
+from __future__ import annotations
+
+from http import HTTPStatus
+from typing import Any
+
+from .protocol import ErrorCode
+
+
+class HttpErrorCode:
+    """Error codes of the HTTP API beyond the realtime protocol's :class:`ErrorCode`."""
+
+    BAD_BODY = "bad_body"  # the body is not valid JSON / msgpack / multipart, or not an object
+    UNSUPPORTED_MEDIA_TYPE = "unsupported_media_type"  # Content-Type (of the body or of an upload) refused
+    PAYLOAD_TOO_LARGE = "payload_too_large"  # the body is bigger than the sidecar accepts
+    NOT_FOUND = "not_found"  # no such route, or no such video job
+    METHOD_NOT_ALLOWED = "method_not_allowed"
+    NOT_ACCEPTABLE = "not_acceptable"  # Accept names no format this endpoint can answer in
+    NOT_READY = "not_ready"  # the model is still loading (retry after Retry-After seconds)
+    SHUTTING_DOWN = "shutting_down"
+    QUEUE_FULL = "queue_full"  # too many video jobs are waiting; retry later
+    VIDEO_NOT_READY = "video_not_ready"  # content asked for before the job completed
+    VIDEO_FAILED = "video_failed"  # content asked for a job that failed
+    TIMEOUT = "timeout"  # a one-shot request waited longer than the server allows
+    INTERNAL_ERROR = "internal_error"  # a bug of ours; the server log has details under the reference
+
+
+# The HTTP status each code is answered with. Codes not listed are client errors (400).
+_STATUS: dict[str, int] = {
+    HttpErrorCode.UNSUPPORTED_MEDIA_TYPE: HTTPStatus.UNSUPPORTED_MEDIA_TYPE,
+    HttpErrorCode.PAYLOAD_TOO_LARGE: HTTPStatus.REQUEST_ENTITY_TOO_LARGE,
+    HttpErrorCode.NOT_FOUND: HTTPStatus.NOT_FOUND,
+    HttpErrorCode.METHOD_NOT_ALLOWED: HTTPStatus.METHOD_NOT_ALLOWED,
+    HttpErrorCode.NOT_ACCEPTABLE: HTTPStatus.NOT_ACCEPTABLE,
+    HttpErrorCode.NOT_READY: HTTPStatus.SERVICE_UNAVAILABLE,
+    HttpErrorCode.SHUTTING_DOWN: HTTPStatus.SERVICE_UNAVAILABLE,
+    HttpErrorCode.QUEUE_FULL: HTTPStatus.TOO_MANY_REQUESTS,
+    HttpErrorCode.VIDEO_NOT_READY: HTTPStatus.CONFLICT,
+    HttpErrorCode.VIDEO_FAILED: HTTPStatus.CONFLICT,
+    HttpErrorCode.TIMEOUT: HTTPStatus.GATEWAY_TIMEOUT,
+    HttpErrorCode.INTERNAL_ERROR: HTTPStatus.INTERNAL_SERVER_ERROR,
+    ErrorCode.ENGINE_ERROR: HTTPStatus.INTERNAL_SERVER_ERROR,
+}
+
+
+def status_for(code: str) -> int:
+    """The HTTP status a code is answered with (400 for every client-side mistake)."""
+    return int(_STATUS.get(code, HTTPStatus.BAD_REQUEST))
+
+
+class ApiError(Exception):
+    """An error to answer the client with. Raise it anywhere in a request's handling."""
+
+    def __init__(
+        self,
+        code: str,
+        message: str,
+        field: str | None = None,
+        *,
+        status: int | None = None,
+        headers: dict[str, str] | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.code = code
+        self.message = message
+        self.field = field
+        self.status = status if status is not None else status_for(code)
+        self.headers = headers or {}
+
+    def body(self) -> dict[str, Any]:
+        return {"error": {"code": self.code, "message": self.message, "field": self.field}}

@@ -1,0 +1,219 @@
+"""Decoded HTTP fields to engine requests, checked against what the loaded model offers.
+
+The sidecar answers a wrong request at once, with the field to fix, instead of accepting a video job
+that would fail minutes later: every check that depends on the model (domain, action width, horizon,
+tier, view point, the distilled schedule) is made here against the engine's ``describe()``. The engine
+checks again when it runs a request (it is the authority); these are the early, cheap answers.
+
+Action generations reuse the realtime session's settings rules (:func:`merge_session_config`), so a
+request the WebSocket would refuse is refused here with the same code.
+"""
+
+from __future__ import annotations
+
+import secrets
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+from pydantic import BaseModel, ValidationError
+
+from cosmos3_runtime.requests import ActionRequest
+
+from .http_codecs import MediaLimits, to_actions, to_image, to_video
+from .http_errors import ApiError
+from .http_schemas import SEED_LIMIT, ActionGenerationParams, VideoCreateParams
+from .protocol import ErrorCode, ObservationFrame, ProtocolError
+from .session_config import merge_session_config
+from .video_jobs import VideoJobInputs
+
+VIDEOS_PATH = "/v1/videos"
+ACTION_GENERATIONS_PATH = "/v1/actions/generations"
+ACTION_MODES = ("policy", "inverse_dynamics")
+VIDEO_MODE = "forward_dynamics"
+
+
+@dataclass
+class VideoSubmission:
+    """A checked ``POST /v1/videos``: the params to store (defaults resolved) and the input arrays."""
+
+    params: dict[str, Any]
+    inputs: VideoJobInputs
+
+
+def _validate(model: type[BaseModel], fields: dict[str, Any]) -> BaseModel:
+    try:
+        return model.model_validate(fields)
+    except ValidationError as exc:
+        error = exc.errors()[0]
+        field = ".".join(str(part) for part in error.get("loc", ())) or None
+        if error.get("type") == "missing":
+            raise ApiError(ErrorCode.MISSING_FIELD, f"`{field}` is required", field) from None
+        if error.get("type") == "extra_forbidden":
+            known = ", ".join(model.model_fields)
+            raise ApiError(ErrorCode.INVALID_FIELD, f"unknown field `{field}`; known fields: {known}", field) from None
+        raise ApiError(ErrorCode.INVALID_FIELD, f"`{field}`: {error.get('msg', 'invalid value')}", field) from None
+
+
+def _check_model(name: str | None, description: dict[str, Any]) -> None:
+    served = description.get("model")
+    if name is not None and name != served:
+        raise ApiError(ErrorCode.INVALID_FIELD, f"this server serves {served!r}, not {name!r}", "model")
+
+
+def _domain(name: str | None, description: dict[str, Any]) -> tuple[str, dict[str, Any]]:
+    domains = description.get("domains", {})
+    name = name or description.get("defaults", {}).get("domain_name")
+    if name not in domains:
+        raise ApiError(
+            ErrorCode.UNKNOWN_DOMAIN,
+            f"unknown domain {name!r}; this model knows: {', '.join(sorted(domains)) or 'none'}",
+            "domain_name",
+        )
+    return name, domains[name]
+
+
+def _schedule(num_steps: int | None, guidance: float | None, description: dict[str, Any]) -> None:
+    """The distilled schedule is fixed; base models bound steps by the engine's limit."""
+    defaults = description.get("defaults", {})
+    if description.get("is_distilled"):
+        fixed = defaults.get("num_steps")
+        if num_steps is not None and num_steps != fixed:
+            raise ApiError(ErrorCode.INVALID_FIELD,
+                           f"this distilled model runs its fixed {fixed}-step schedule; num_steps must be {fixed} "
+                           "or unset", "num_steps")
+        if guidance is not None and guidance != 1.0:
+            raise ApiError(ErrorCode.INVALID_FIELD,
+                           "guidance is distilled into this model's weights; guidance_scale must be 1.0 or unset",
+                           "guidance_scale")
+    max_steps = description.get("limits", {}).get("max_steps")
+    if num_steps is not None and max_steps is not None and num_steps > max_steps:
+        raise ApiError(ErrorCode.INVALID_FIELD, f"num_steps must be at most {max_steps}", "num_steps")
+
+
+def _tier_and_view(tier: int | None, view_point: str | None, description: dict[str, Any]) -> None:
+    tiers = description.get("resolution_tiers") or []
+    if tier is not None and tier not in tiers:
+        raise ApiError(ErrorCode.UNSUPPORTED_TIER,
+                       f"resolution_tier {tier} is not supported by this {description.get('variant', '')} model; "
+                       f"choose one of {tiers}", "resolution_tier")
+    view_points = description.get("view_points") or []
+    if view_point is not None and view_points and view_point not in view_points:
+        raise ApiError(ErrorCode.INVALID_FIELD, f"unknown view_point {view_point!r}; choose one of {view_points}",
+                       "view_point")
+
+
+def _prompt(prompt: str, description: dict[str, Any]) -> None:
+    limit = description.get("limits", {}).get("max_prompt_chars")
+    if limit is not None and len(prompt) > limit:
+        raise ApiError(ErrorCode.INVALID_FIELD, f"prompt must be at most {limit} characters", "prompt")
+
+
+def _route_mode(fields: dict[str, Any], endpoint: str) -> None:
+    """A mode served by the other endpoint is a 400 that names that endpoint."""
+    mode = fields.get("action_mode")
+    if endpoint == VIDEOS_PATH and mode in ACTION_MODES:
+        raise ApiError(ErrorCode.UNSUPPORTED_MODE,
+                       f"{mode} produces actions, not video: POST it to {ACTION_GENERATIONS_PATH}", "action_mode")
+    if endpoint == ACTION_GENERATIONS_PATH and mode == VIDEO_MODE:
+        raise ApiError(ErrorCode.UNSUPPORTED_MODE,
+                       f"forward_dynamics produces video, not actions: POST it to {VIDEOS_PATH} "
+                       "(an asynchronous job)", "action_mode")
+
+
+def video_submission(fields: dict[str, Any], description: dict[str, Any]) -> VideoSubmission:
+    """Check a ``POST /v1/videos`` body and resolve what the job will run with."""
+    _route_mode(fields, VIDEOS_PATH)
+    if VIDEO_MODE not in description.get("modes", []):
+        raise ApiError(ErrorCode.UNSUPPORTED_MODE, "the loaded model cannot serve forward_dynamics", "action_mode")
+    params: VideoCreateParams = _validate(VideoCreateParams, fields)  # type: ignore[assignment]
+    _check_model(params.model, description)
+    domain_name, domain = _domain(params.domain_name, description)
+    _schedule(params.num_steps, params.guidance_scale, description)
+    _tier_and_view(params.resolution_tier, params.view_point, description)
+    _prompt(params.prompt, description)
+
+    action = to_actions(params.action, "action")
+    width = domain.get("raw_action_dim")
+    if width is not None and action.shape[1] != width:
+        raise ApiError(ErrorCode.INVALID_FIELD,
+                       f"`action` rows must have {width} values (raw_action_dim of {domain_name}), got "
+                       f"{action.shape[1]}", "action")
+    horizon = description.get("action_horizon", {})
+    low, high, multiple = horizon.get("min", 1), horizon.get("max"), horizon.get("multiple_of") or 1
+    steps = action.shape[0]
+    if steps < low or (high is not None and steps > high) or steps % multiple:
+        raise ApiError(ErrorCode.INVALID_FIELD,
+                       f"`action` has {steps} rows; this model rolls out between {low} and {high} actions, a "
+                       f"multiple of {multiple}", "action")
+    image = to_image(params.input_reference, "input_reference", MediaLimits.from_description(description))
+
+    defaults = description.get("defaults", {})
+    resolved = {
+        "model": description.get("model"),
+        "domain_name": domain_name,
+        "prompt": params.prompt,
+        "fps": float(params.fps),
+        # A seed is drawn now and stored, so a job re-run after a restart gives the same video.
+        "seed": params.seed if params.seed is not None else secrets.randbelow(SEED_LIMIT),
+        "num_steps": params.num_steps,
+        "guidance_scale": params.guidance_scale,
+        "resolution_tier": params.resolution_tier,
+        "view_point": params.view_point,
+        "action_shape": list(action.shape),
+        "resolved": {  # what the engine's defaults make of the unset values, for the job object
+            "num_steps": params.num_steps if params.num_steps is not None else defaults.get("num_steps"),
+            "guidance_scale": params.guidance_scale if params.guidance_scale is not None else defaults.get(
+                "guidance_scale"),
+            "resolution_tier": params.resolution_tier if params.resolution_tier is not None else defaults.get(
+                "resolution_tier"),
+        },
+    }
+    return VideoSubmission(resolved, VideoJobInputs(image=image, action=action))
+
+
+def action_request(fields: dict[str, Any], description: dict[str, Any]) -> ActionRequest:
+    """Check a ``POST /v1/actions/generations`` body and build its engine request."""
+    _route_mode(fields, ACTION_GENERATIONS_PATH)
+    params: ActionGenerationParams = _validate(ActionGenerationParams, fields)  # type: ignore[assignment]
+    _check_model(params.model, description)
+    domain_name, domain = _domain(params.domain_name, description)
+    _schedule(params.num_steps, params.guidance_scale, description)
+    _prompt(params.prompt, description)
+    settings = {
+        name: getattr(params, name)
+        for name in ("action_mode", "action_horizon", "prompt", "resolution_tier", "view_point", "seed",
+                     "num_steps", "guidance_scale", "fps")
+        if getattr(params, name) is not None
+    }
+    settings["domain_name"] = domain_name
+    try:
+        config = merge_session_config(None, settings, description)
+    except ProtocolError as exc:
+        raise ApiError(exc.code, exc.message, exc.field) from None
+
+    limits = MediaLimits.from_description(description)
+    image = video = prefix = None
+    if params.image is not None and params.video is not None:
+        raise ApiError(ErrorCode.INVALID_FIELD, "send either `image` or `video`, not both", "video")
+    if params.image is not None:
+        image = to_image(params.image, "image", limits)
+    elif params.video is not None:
+        video = to_video(params.video, "video", limits)
+    elif config.action_mode == "inverse_dynamics":
+        raise ApiError(ErrorCode.MISSING_FIELD, "inverse_dynamics needs a `video` (T×H×W×3)", "video")
+    else:
+        raise ApiError(ErrorCode.MISSING_FIELD, "policy needs an `image` (H×W×3) or a `video`", "image")
+    if params.prefix_actions is not None:
+        prefix = to_actions(params.prefix_actions, "prefix_actions")
+        width = domain.get("raw_action_dim")
+        if width is not None and prefix.shape[1] != width:
+            raise ApiError(ErrorCode.INVALID_FIELD,
+                           f"`prefix_actions` rows must have {width} values, got {prefix.shape[1]}", "prefix_actions")
+    return config.action_request(ObservationFrame(seq=0, image=image, video=video, prefix_actions=prefix))
+
+
+def actions_payload(actions: np.ndarray, as_msgpack: bool) -> Any:
+    """The ``values`` of an action array: a float32 array for msgpack, nested lists for JSON."""
+    actions = np.ascontiguousarray(actions, dtype=np.float32)
+    return actions if as_msgpack else actions.tolist()

@@ -1,0 +1,610 @@
+"""The HTTP sidecar: FastAPI on uvicorn, on its own port, in the WebSocket server's process and event loop.
+
+Routes (``docs/http_api.md`` is the user-facing description; ``/openapi.json`` the schema):
+
+* ``/v1/videos`` - ``forward_dynamics`` rollouts as persistent asynchronous jobs
+  (:mod:`policy_server.video_jobs`, run by :mod:`policy_server.video_job_runner`);
+* ``POST /v1/actions/generations`` - one chunk of actions per request, for clients without a WebSocket;
+* ``GET /v1/actions/metadata`` - what the loaded checkpoint offers, from the engine's ``describe()``;
+* ``/healthz`` (alive), ``/readyz`` (model loaded and warm), ``/metrics`` (Prometheus).
+
+Both kinds of work enter the server's one request queue: action generations as observations (same
+turns as robots), video jobs in the background lane that the engine worker serves only while no
+observation waits. The sidecar never runs model code on the event loop; request decoding, SQLite and
+MP4 encoding run on helper threads (``asyncio.to_thread``).
+
+:class:`HttpSidecar` owns the uvicorn server (started with our own bound socket, so port 0 works and no
+signal handlers are installed: the CLI owns SIGINT/SIGTERM), the job store, the runner and the metrics.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import socket
+import time
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Awaitable, Callable
+
+from fastapi import FastAPI, Path as PathParam, Query, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import FileResponse, JSONResponse, Response
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from robot_clients.wire_codec import packb
+
+from . import http_codecs, http_requests
+from .http_codecs import Upload
+from .http_errors import ApiError, HttpErrorCode
+from .http_schemas import (
+    ActionArray,
+    ActionGeneration,
+    ActionGenerationItem,
+    ActionGenerationParams,
+    ActionMetadata,
+    ActionUsage,
+    ErrorDetail,
+    ErrorResponse,
+    Health,
+    Readiness,
+    VideoCreateParams,
+    VideoDeleted,
+    VideoJobList,
+    VideoJobObject,
+)
+from .metrics import PROMETHEUS_CONTENT_TYPE, ServerMetrics, ServerStateReaders
+from .protocol import DropReason, ErrorCode
+from .request_queue import PendingObservation, QueueClosed
+from .video_encoding import MP4_MEDIA_TYPE
+from .video_job_runner import VideoJobRunner
+from .video_jobs import JobNotFound, RetentionPolicy, VideoJob, VideoJobStatus, VideoJobStore
+
+if TYPE_CHECKING:
+    from .server import PolicyServer
+
+logger = logging.getLogger(__name__)
+
+# A 65-frame 256x256 clip as JSON nested lists is ~40 MB; as msgpack or an MP4 upload far less. 64 MiB
+# bounds what one request can make the server buffer.
+DEFAULT_MAX_BODY_BYTES = 64 * 2**20
+DEFAULT_ACTION_TIMEOUT_S = 120.0
+_UNMATCHED = "(unmatched)"
+_ERROR_RESPONSES = {
+    400: {"model": ErrorResponse, "description": "invalid request (see `error.code` and `error.field`)"},
+    503: {"model": ErrorResponse, "description": "the model is loading or the server is stopping"},
+}
+
+
+@dataclass
+class SidecarSettings:
+    """Where the sidecar listens, where jobs live, and its limits."""
+
+    data_dir: Path
+    host: str = "127.0.0.1"
+    port: int = 8001
+    retention: RetentionPolicy = field(default_factory=RetentionPolicy)
+    max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
+    action_timeout_s: float = DEFAULT_ACTION_TIMEOUT_S
+
+
+class OneShotActionWaiter:
+    """The owner of an action generation's observation: resolves a future instead of sending a frame."""
+
+    metrics_kind = "action_generation"
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self.future: asyncio.Future = loop.create_future()
+
+    def on_result(self, item: PendingObservation, outcome: Any) -> None:
+        if not self.future.done():
+            self.future.set_result(outcome)
+
+    def on_dropped(self, item: PendingObservation, reason: str) -> None:
+        if not self.future.done():
+            self.future.set_result(reason)
+
+
+class SidecarMiddleware:
+    """Pure ASGI: bounds request bodies, times every request for the metrics, and turns a bug of ours
+    into a typed 500 (with a log reference) instead of a traceback."""
+
+    def __init__(self, app: Callable, *, metrics: ServerMetrics, max_body_bytes: int) -> None:
+        self.app = app
+        self.metrics = metrics
+        self.max_body_bytes = max_body_bytes
+
+    async def __call__(self, scope: dict, receive: Callable, send: Callable) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        started = time.monotonic()
+        state = {"status": 500, "sent": False}
+        limit = self.max_body_bytes
+
+        async def send_wrapper(message: dict) -> None:
+            if message["type"] == "http.response.start":
+                state["status"], state["sent"] = message["status"], True
+            await send(message)
+
+        received = 0
+
+        async def receive_wrapper() -> dict:
+            nonlocal received
+            message = await receive()
+            if message["type"] == "http.request":
+                received += len(message.get("body", b""))
+                if received > limit:
+                    raise ApiError(HttpErrorCode.PAYLOAD_TOO_LARGE, f"the body is larger than {limit} bytes")
+            return message
+
+        try:
+            declared = _content_length(scope)
+            if declared is not None and declared > limit:
+                error = ApiError(HttpErrorCode.PAYLOAD_TOO_LARGE,
+                                 f"the body is {declared} bytes; this server accepts at most {limit}")
+                self.metrics.observe_http_error(_endpoint(scope), error.code)
+                await _error_response(error)(scope, receive, send_wrapper)
+            else:
+                await self.app(scope, receive_wrapper, send_wrapper)
+        except Exception:  # noqa: BLE001 - a bug of ours: log it, answer with a reference only
+            reference = uuid.uuid4().hex[:12]
+            logger.exception("HTTP %s %s failed (ref %s)", scope.get("method"), scope.get("path"), reference)
+            if not state["sent"]:
+                error = ApiError(HttpErrorCode.INTERNAL_ERROR,
+                                 f"the server failed on this request; the log has details (ref {reference})")
+                self.metrics.observe_http_error(_endpoint(scope), error.code)
+                await _error_response(error)(scope, receive, send_wrapper)
+        finally:
+            self.metrics.observe_http(_endpoint(scope), scope.get("method", ""), state["status"],
+                                      time.monotonic() - started)
+
+
+def _content_length(scope: dict) -> int | None:
+    for name, value in scope.get("headers", []):
+        if name == b"content-length":
+            try:
+                return int(value)
+            except ValueError:
+                return None
+    return None
+
+
+def _endpoint(scope: dict) -> str:
+    """The route template (``/v1/videos/{video_id}``), never the raw path: bounded label cardinality."""
+    route = scope.get("route")
+    return getattr(route, "path", None) or _UNMATCHED
+
+
+def _error_response(error: ApiError) -> JSONResponse:
+    return JSONResponse(error.body(), status_code=error.status, headers=error.headers)
+
+
+class HttpSidecar:
+    """The sidecar of one :class:`~policy_server.server.PolicyServer`: start, then shut down after the worker."""
+
+    def __init__(self, server: "PolicyServer", settings: SidecarSettings) -> None:
+        self.server = server
+        self.settings = settings
+        self.store: VideoJobStore | None = None
+        self.runner: VideoJobRunner | None = None
+        self.metrics = ServerMetrics(ServerStateReaders(
+            queue_depth=lambda: len(server.queue),
+            background_depth=self._background_depth,
+            sessions_open=lambda: len(server.sessions),
+            dropped_observations=lambda: server.dropped_observations,
+            engine_busy_seconds=self._engine_busy_seconds,
+            video_jobs_by_status=lambda: self.store.count_by_status() if self.store else {},
+            ready=lambda: server.ready,
+        ))
+        self.app = build_app(self)
+        self._uvicorn: Any = None
+        self._socket: socket.socket | None = None
+        self._main_loop: asyncio.Task | None = None
+
+    def _background_depth(self) -> int:
+        # Jobs waiting in SQLite plus the one handed to the worker but not started yet.
+        queued = self.store.count_by_status().get(VideoJobStatus.QUEUED.value, 0) if self.store else 0
+        return queued + self.server.queue.background_waiting
+
+    def _engine_busy_seconds(self) -> float:
+        worker = self.server.worker
+        if worker is None:
+            return 0.0
+        since = worker.busy_since
+        return worker.busy_s + (time.monotonic() - since if since is not None else 0.0)
+
+    @property
+    def port(self) -> int:
+        assert self._socket is not None, "start() first"
+        return self._socket.getsockname()[1]
+
+    async def start(self, engine_ready: Awaitable[Any]) -> None:
+        """Open the job store (re-queueing interrupted jobs), listen, and start the job runner."""
+        import uvicorn
+
+        self.store = await asyncio.to_thread(VideoJobStore, self.settings.data_dir, self.settings.retention)
+        await asyncio.to_thread(self.store.recover)
+        if self.server.worker is not None:
+            self.server.worker.on_batch_done = self.metrics.observe_batch
+        self.runner = VideoJobRunner(self.store, self.server.queue, self.metrics)
+        self.runner.start(engine_ready)
+
+        sock = socket.socket(socket.AF_INET6 if ":" in self.settings.host else socket.AF_INET, socket.SOCK_STREAM)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind((self.settings.host, self.settings.port))
+        sock.listen(128)
+        sock.setblocking(False)
+        self._socket = sock
+        config = uvicorn.Config(
+            self.app, lifespan="off", log_level="warning", access_log=False, server_header=False,
+            timeout_graceful_shutdown=5,
+        )
+        config.load()
+        self._uvicorn = uvicorn.Server(config)
+        self._uvicorn.lifespan = config.lifespan_class(config)
+        # startup()/main_loop() rather than serve(): serve() would install its own signal handlers.
+        await self._uvicorn.startup(sockets=[sock])
+        self._main_loop = asyncio.create_task(self._uvicorn.main_loop(), name="http-sidecar")
+        logger.info("HTTP sidecar listening on http://%s:%d (video jobs in %s)", self.settings.host, self.port,
+                    self.settings.data_dir)
+
+    async def shutdown(self, grace_s: float = 30.0) -> None:
+        """Record the video job in hand (the worker has finished it), then stop serving HTTP."""
+        if self.runner is not None:
+            await self.runner.stop(grace_s)
+        if self._uvicorn is not None:
+            self._uvicorn.should_exit = True
+            if self._main_loop is not None:
+                await self._main_loop
+            await self._uvicorn.shutdown(sockets=[self._socket] if self._socket else None)
+        if self.store is not None:
+            await asyncio.to_thread(self.store.close)
+
+    # -- helpers for the routes ----------------------------------------------------------------------
+
+    def require_ready(self) -> dict[str, Any]:
+        if self.server.stopping:
+            raise ApiError(HttpErrorCode.SHUTTING_DOWN, "the server is shutting down")
+        if not self.server.ready:
+            raise ApiError(HttpErrorCode.NOT_READY, "the model is loading; retry shortly", headers={"Retry-After": "1"})
+        return self.server.description
+
+    def job_object(self, job: VideoJob) -> VideoJobObject:
+        params = job.params
+        resolved = params.get("resolved", {})
+        expires = self.store.expires_at(job) if self.store else None
+        return VideoJobObject(
+            id=job.id,
+            status=job.status.value,
+            progress=job.progress,
+            created_at=int(job.created_at),
+            started_at=int(job.started_at) if job.started_at else None,
+            completed_at=int(job.completed_at) if job.completed_at else None,
+            expires_at=int(expires) if expires else None,
+            model=params.get("model"),
+            prompt=params.get("prompt", ""),
+            domain_name=params["domain_name"],
+            action_shape=params["action_shape"],
+            fps=params["fps"],
+            seed=params["seed"],
+            num_steps=resolved.get("num_steps"),
+            guidance_scale=resolved.get("guidance_scale"),
+            resolution_tier=resolved.get("resolution_tier"),
+            size=f"{job.width}x{job.height}" if job.width else None,
+            frames=job.result_frames or None,
+            seconds=round(job.result_frames / params["fps"], 3) if job.result_frames else None,
+            bytes=job.result_bytes or None,
+            attempts=job.attempts,
+            error=ErrorDetail(code=job.error_code, message=job.error_message or "", field=job.error_field)
+            if job.error_code else None,
+        )
+
+    async def get_job(self, video_id: str) -> VideoJob:
+        try:
+            return await asyncio.to_thread(self.store.get, video_id)
+        except JobNotFound:
+            raise ApiError(HttpErrorCode.NOT_FOUND, f"no video job {video_id!r}", "video_id") from None
+
+
+async def _read_fields(request: Request, file_fields: dict[str, tuple[str, ...]]) -> tuple[dict[str, Any], str]:
+    """The request's fields, whatever its format; also returns the body's media type."""
+    kind = http_codecs.media_type(request.headers.get("content-type"))
+    if kind == http_codecs.JSON_TYPE:
+        return await asyncio.to_thread(http_codecs.decode_json_body, await request.body()), kind
+    if kind in http_codecs.MSGPACK_TYPES:
+        return await asyncio.to_thread(http_codecs.decode_msgpack_body, await request.body()), kind
+    if kind == http_codecs.MULTIPART_TYPE:
+        form = await request.form(max_files=http_codecs.MAX_MULTIPART_FILES, max_fields=http_codecs.MAX_MULTIPART_FIELDS,
+                                  max_part_size=http_codecs.MAX_MULTIPART_TEXT_BYTES)
+        try:
+            items: list[tuple[str, Any]] = []
+            for name, value in form.multi_items():
+                if isinstance(value, str):
+                    items.append((name, value))
+                else:  # an UploadFile: keep the bytes and the declared type, drop the client's file name
+                    items.append((name, Upload(await value.read(), value.content_type or "")))
+        finally:
+            await form.close()
+        return http_codecs.decode_multipart_fields(items, file_fields), kind
+    raise ApiError(
+        HttpErrorCode.UNSUPPORTED_MEDIA_TYPE,
+        f"Content-Type {kind or '(none)'!r} is not accepted; send application/json, application/msgpack or "
+        "multipart/form-data",
+    )
+
+
+def _body_schema(model: type, files: dict[str, str]) -> dict[str, Any]:
+    """OpenAPI requestBody for an endpoint that takes JSON, msgpack and multipart with file uploads."""
+    schema = model.model_json_schema()
+    multipart = {
+        "type": "object",
+        "properties": {
+            **{name: {"type": "string", "description": f"{prop.get('description', '')} (as text)"}
+               for name, prop in schema["properties"].items()},
+            **{name: {"type": "string", "format": "binary", "description": description}
+               for name, description in files.items()},
+        },
+        "required": schema.get("required", []),
+    }
+    return {
+        "requestBody": {
+            "required": True,
+            "content": {
+                http_codecs.JSON_TYPE: {"schema": schema},
+                http_codecs.MSGPACK_TYPE: {"schema": schema},
+                http_codecs.MULTIPART_TYPE: {"schema": multipart},
+            },
+        }
+    }
+
+
+def build_app(sidecar: HttpSidecar) -> FastAPI:
+    """The FastAPI application of ``sidecar`` (routes, error handlers, middleware)."""
+    app = FastAPI(
+        title="Cosmos3 policy server: HTTP sidecar",
+        version="1",
+        description="forward_dynamics video jobs, one-shot action generations, metadata, health and metrics. "
+                    "Realtime control uses the WebSocket on the other port (/v1/actions/realtime).",
+    )
+    metrics = sidecar.metrics
+
+    # -- errors: one JSON shape for all of them ----------------------------------------------------------
+
+    @app.exception_handler(ApiError)
+    async def api_error(request: Request, exc: ApiError) -> JSONResponse:
+        metrics.observe_http_error(_endpoint(request.scope), exc.code)
+        return _error_response(exc)
+
+    @app.exception_handler(RequestValidationError)
+    async def validation_error(request: Request, exc: RequestValidationError) -> JSONResponse:
+        first = exc.errors()[0] if exc.errors() else {}
+        loc = [str(part) for part in first.get("loc", ()) if part not in ("query", "path", "body")]
+        field_name = ".".join(loc) or None
+        return await api_error(request, ApiError(ErrorCode.INVALID_FIELD,
+                                                 f"`{field_name}`: {first.get('msg', 'invalid value')}", field_name))
+
+    @app.exception_handler(StarletteHTTPException)
+    async def http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
+        code = {
+            404: HttpErrorCode.NOT_FOUND,
+            405: HttpErrorCode.METHOD_NOT_ALLOWED,
+            413: HttpErrorCode.PAYLOAD_TOO_LARGE,
+        }.get(exc.status_code, HttpErrorCode.BAD_BODY)
+        message = {
+            HttpErrorCode.NOT_FOUND: f"no endpoint at {request.url.path}; see /docs or /openapi.json",
+            HttpErrorCode.METHOD_NOT_ALLOWED: f"{request.method} is not allowed on {request.url.path}",
+        }.get(code, str(exc.detail))
+        return await api_error(request, ApiError(code, message, status=exc.status_code, headers=exc.headers))
+
+    # -- videos ------------------------------------------------------------------------------------------
+
+    @app.post(
+        "/v1/videos", response_model=VideoJobObject, status_code=200, tags=["videos"],
+        summary="Submit a forward_dynamics rollout (asynchronous job)",
+        responses={**_ERROR_RESPONSES, 429: {"model": ErrorResponse, "description": "too many queued jobs"}},
+        openapi_extra=_body_schema(VideoCreateParams, {"input_reference": "first frame: PNG, JPEG or WebP"}),
+    )
+    async def create_video(request: Request) -> VideoJobObject:
+        description = sidecar.require_ready()
+        fields, _ = await _read_fields(request, {"input_reference": http_codecs.IMAGE_UPLOAD_TYPES})
+        submission = await asyncio.to_thread(http_requests.video_submission, fields, description)
+        store = sidecar.store
+        if await asyncio.to_thread(store.queued_count) >= store.retention.max_queued:
+            raise ApiError(HttpErrorCode.QUEUE_FULL,
+                           f"{store.retention.max_queued} video jobs are already queued; retry later",
+                           headers={"Retry-After": "10"})
+        job = await asyncio.to_thread(store.create, submission.params, submission.inputs)
+        sidecar.runner.notify()
+        return sidecar.job_object(job)
+
+    @app.get("/v1/videos", response_model=VideoJobList, tags=["videos"], summary="List video jobs")
+    async def list_videos(
+        limit: int = Query(20, ge=1, le=100, description="how many jobs to return"),
+        after: str | None = Query(None, description="continue after this job id (from `last_id`)"),
+        order: str = Query("desc", pattern="^(asc|desc)$", description="by creation time"),
+    ) -> VideoJobList:
+        try:
+            jobs = await asyncio.to_thread(sidecar.store.list, limit=limit + 1, after=after,
+                                           newest_first=order == "desc")
+        except JobNotFound:
+            raise ApiError(ErrorCode.INVALID_FIELD, f"`after`: no video job {after!r}", "after") from None
+        page = jobs[:limit]
+        return VideoJobList(
+            data=[sidecar.job_object(job) for job in page],
+            first_id=page[0].id if page else None,
+            last_id=page[-1].id if page else None,
+            has_more=len(jobs) > limit,
+        )
+
+    video_id_param = PathParam(description="the job's id, as returned by POST /v1/videos")
+
+    @app.get("/v1/videos/{video_id}", response_model=VideoJobObject, tags=["videos"], summary="One video job",
+             responses={404: {"model": ErrorResponse}})
+    async def get_video(video_id: str = video_id_param) -> VideoJobObject:
+        return sidecar.job_object(await sidecar.get_job(video_id))
+
+    @app.get(
+        "/v1/videos/{video_id}/content", tags=["videos"], summary="The finished video (MP4, H.264)",
+        response_class=FileResponse,
+        responses={200: {"content": {MP4_MEDIA_TYPE: {}}, "description": "the MP4"},
+                   404: {"model": ErrorResponse}, 409: {"model": ErrorResponse, "description": "not completed"}},
+    )
+    async def video_content(video_id: str = video_id_param) -> FileResponse:
+        job = await sidecar.get_job(video_id)
+        if job.status is VideoJobStatus.FAILED:
+            raise ApiError(HttpErrorCode.VIDEO_FAILED,
+                           f"video job {video_id} failed ({job.error_code}): {job.error_message}", "video_id")
+        path = sidecar.store.video_path(video_id)
+        if job.status is not VideoJobStatus.COMPLETED or not path.is_file():
+            raise ApiError(HttpErrorCode.VIDEO_NOT_READY,
+                           f"video job {video_id} is {job.status.value} ({job.progress}%); poll GET /v1/videos/{video_id}",
+                           "video_id", headers={"Retry-After": "2"})
+        return FileResponse(path, media_type=MP4_MEDIA_TYPE, filename=f"{video_id}.mp4")
+
+    @app.delete("/v1/videos/{video_id}", response_model=VideoDeleted, tags=["videos"],
+                summary="Delete a job and its files (a running job's result is discarded)",
+                responses={404: {"model": ErrorResponse}})
+    async def delete_video(video_id: str = video_id_param) -> VideoDeleted:
+        try:
+            deleted = await asyncio.to_thread(sidecar.store.delete, video_id)
+        except JobNotFound:
+            deleted = False
+        if not deleted:
+            raise ApiError(HttpErrorCode.NOT_FOUND, f"no video job {video_id!r}", "video_id")
+        return VideoDeleted(id=video_id)
+
+    # -- actions -----------------------------------------------------------------------------------------
+
+    @app.post(
+        "/v1/actions/generations", response_model=ActionGeneration, tags=["actions"],
+        summary="One chunk of actions for one observation (policy or inverse_dynamics)",
+        responses={**_ERROR_RESPONSES, 200: {"content": {http_codecs.MSGPACK_TYPE: {}},
+                                             "description": "JSON, or msgpack when Accept asks for it"}},
+        openapi_extra=_body_schema(ActionGenerationParams, {"image": "PNG, JPEG or WebP", "video": "MP4/WebM clip"}),
+    )
+    async def generate_actions(request: Request) -> Any:
+        received = time.monotonic()
+        description = sidecar.require_ready()
+        fields, kind = await _read_fields(
+            request, {"image": http_codecs.IMAGE_UPLOAD_TYPES, "video": http_codecs.VIDEO_UPLOAD_TYPES})
+        as_msgpack = http_codecs.wants_msgpack(request.headers.get("accept"), kind)
+        action_request = await asyncio.to_thread(http_requests.action_request, fields, description)
+        waiter = OneShotActionWaiter(asyncio.get_running_loop())
+        item = PendingObservation(
+            session_id=f"http-{uuid.uuid4().hex[:12]}", seq=0, request=action_request, owner=waiter,
+            received_at=received, decode_ms=(time.monotonic() - received) * 1e3,
+        )
+        try:
+            sidecar.server.queue.put(item)
+        except QueueClosed:
+            raise ApiError(HttpErrorCode.SHUTTING_DOWN, "the server is shutting down") from None
+        try:
+            outcome = await asyncio.wait_for(asyncio.shield(waiter.future), sidecar.settings.action_timeout_s)
+        except asyncio.TimeoutError:
+            sidecar.server.queue.cancel(item.session_id)
+            item.cancelled = True
+            raise ApiError(HttpErrorCode.TIMEOUT,
+                           f"no engine slot within {sidecar.settings.action_timeout_s:.0f} s; retry later") from None
+        if isinstance(outcome, str):  # dropped
+            code = HttpErrorCode.SHUTTING_DOWN if outcome == DropReason.SHUTDOWN else HttpErrorCode.TIMEOUT
+            raise ApiError(code, f"the request was dropped ({outcome})")
+        if outcome.chunk is None:
+            raise ApiError(outcome.error_code or ErrorCode.ENGINE_ERROR, outcome.error_message or "the model failed",
+                           outcome.error_field)
+        chunk = outcome.chunk
+        generation = ActionGeneration(
+            id=f"actgen_{uuid.uuid4().hex}",
+            created=int(time.time()),
+            model=description.get("model"),
+            data=[ActionGenerationItem(index=0, action=ActionArray(
+                shape=list(chunk.actions.shape),
+                values=http_requests.actions_payload(chunk.actions, as_msgpack),
+                action_mode=chunk.action_mode,
+                domain_name=chunk.domain_name,
+                domain_id=chunk.domain_id,
+                raw_action_dim=chunk.raw_action_dim,
+            ))],
+            usage=ActionUsage(
+                num_steps=chunk.num_steps,
+                seed=chunk.seed,
+                batch_size=chunk.batch_size,
+                queue_ms=((item.taken_at or item.enqueued_at) - item.enqueued_at) * 1e3,
+                model_ms=outcome.engine_ms,
+                total_ms=(time.monotonic() - received) * 1e3,
+            ),
+        )
+        if as_msgpack:
+            body = generation.model_dump()
+            body["data"][0]["action"]["values"] = generation.data[0].action.values  # keep the ndarray
+            return Response(packb(body), media_type=http_codecs.MSGPACK_TYPE)
+        return generation
+
+    @app.get("/v1/actions/metadata", response_model=ActionMetadata, tags=["actions"],
+             summary="What the loaded checkpoint offers", responses={503: {"model": ErrorResponse}})
+    async def action_metadata() -> ActionMetadata:
+        d = sidecar.require_ready()
+        settings = sidecar.server.settings
+        limits = dict(d.get("limits", {}))
+        limits.update(max_body_bytes=sidecar.settings.max_body_bytes,
+                      max_websocket_message_bytes=settings.max_message_bytes,
+                      max_queued_video_jobs=sidecar.settings.retention.max_queued)
+        action_modes, video_modes = d.get("action_modes", []), d.get("video_modes", [])
+        endpoints = {mode: "POST /v1/actions/generations" for mode in action_modes}
+        endpoints.update({mode: "POST /v1/videos" for mode in video_modes})
+        endpoints["realtime"] = f"ws://<host>:{sidecar.server.port}/v1/actions/realtime"
+        return ActionMetadata(
+            model=d.get("model"), variant=d.get("variant"),
+            is_distilled=bool(d.get("is_distilled")), is_edge=bool(d.get("is_edge")),
+            modes=d.get("modes", []), action_modes=action_modes, video_modes=video_modes, endpoints=endpoints,
+            domains=d.get("domains", {}), action_horizon=d.get("action_horizon", {}),
+            resolution_tiers=d.get("resolution_tiers", []), view_points=d.get("view_points", []),
+            defaults=d.get("defaults", {}), distilled_sigmas=d.get("distilled_sigmas"), limits=limits,
+            capabilities={
+                "realtime_websocket": True,
+                "openpi_websocket": getattr(settings, "openpi", None) is not None,
+                "action_generations": bool(action_modes),
+                "video_jobs": bool(video_modes),
+                "prefix_actions": "policy" in action_modes,
+                "batching": getattr(settings, "max_batch", 1) > 1,
+                "request_formats": [http_codecs.JSON_TYPE, http_codecs.MSGPACK_TYPE, http_codecs.MULTIPART_TYPE],
+                "response_formats": [http_codecs.JSON_TYPE, http_codecs.MSGPACK_TYPE],
+                "video_container": MP4_MEDIA_TYPE,
+                "video_retention": {"max_age_s": sidecar.settings.retention.max_age_s,
+                                    "max_bytes": sidecar.settings.retention.max_bytes},
+            },
+            device=d.get("device"), dtype=d.get("dtype"),
+        )
+
+    # -- operations --------------------------------------------------------------------------------------
+
+    @app.get("/healthz", response_model=Health, tags=["operations"], summary="Alive (answers while loading)",
+             responses={503: {"model": Health, "description": "the engine failed to load"}})
+    async def healthz() -> Any:
+        worker = sidecar.server.worker
+        engine = "stopping" if sidecar.server.stopping else (worker.state.value if worker else "starting")
+        body = Health(status="ok" if engine != "failed" else "failed", engine=engine,
+                      uptime_s=round(time.monotonic() - sidecar.server.started_at, 3))
+        return JSONResponse(body.model_dump(), status_code=200 if engine != "failed" else 503)
+
+    @app.get("/readyz", response_model=Readiness, tags=["operations"], summary="Model loaded and warmed up",
+             responses={503: {"model": Readiness, "description": "not ready (yet)"}})
+    async def readyz() -> Any:
+        server = sidecar.server
+        ready = server.ready and not server.stopping
+        worker = server.worker
+        status = "ready" if ready else ("stopping" if server.stopping else (worker.state.value if worker else "starting"))
+        if status == "ready" and not ready:
+            status = "warming_up"
+        body = Readiness(ready=ready, status=status, model=server.description.get("model"),
+                         variant=server.description.get("variant"))
+        return JSONResponse(body.model_dump(), status_code=200 if ready else 503)
+
+    @app.get("/metrics", tags=["operations"], summary="Prometheus metrics",
+             response_class=Response, responses={200: {"content": {PROMETHEUS_CONTENT_TYPE: {}}}})
+    async def prometheus_metrics() -> Response:
+        return Response(await asyncio.to_thread(metrics.render), media_type=PROMETHEUS_CONTENT_TYPE)
+
+    app.add_middleware(SidecarMiddleware, metrics=metrics, max_body_bytes=sidecar.settings.max_body_bytes)
+    return app

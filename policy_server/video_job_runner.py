@@ -1,0 +1,270 @@
+"""Runs stored video jobs through the engine worker, one at a time, behind every robot's observation.
+
+:class:`VideoJobRunner` is a task on the event loop. It claims the oldest queued job in the
+:class:`~policy_server.video_jobs.VideoJobStore`, hands it to the engine worker as a
+:class:`VideoRolloutTask` in the request queue's background lane (which the worker serves only while no
+observation waits), and when the frames come back encodes the MP4 on a helper thread (never on the
+engine worker, which goes straight back to robots) and records the outcome. Only one job is in the
+queue at a time; the rest wait in SQLite, so a backlog of jobs costs no memory and survives restarts.
+
+Progress is coarse until the runtime reports denoising steps: 0 while queued, 10 once the engine starts
+the rollout, 90 while the MP4 is encoded, 100 when the file is in place.
+
+On a graceful stop the running rollout finishes (the worker never abandons one) and is recorded; a job
+that never reached the engine is put back in the queue without counting an attempt. A job cut short by
+a crash stays ``in_progress`` in the store until :meth:`VideoJobStore.recover` re-queues it at the next
+start.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+import uuid
+from dataclasses import dataclass, field
+from typing import Any, Awaitable, Callable
+
+import numpy as np
+
+from cosmos3_runtime.errors import RuntimeErrorBase
+from cosmos3_runtime.requests import VideoRequest
+
+from .metrics import ServerMetrics
+from .protocol import ErrorCode
+from .request_queue import QueueClosed, RequestQueue
+from .video_encoding import VideoEncodingError, encode_mp4
+from .video_jobs import JobNotFound, VideoJob, VideoJobStore
+
+logger = logging.getLogger(__name__)
+
+KIND = "video"
+PROGRESS_STARTED = 10
+PROGRESS_ENCODING = 90
+# How often finished jobs are checked against the retention policy while the runner is idle.
+SWEEP_INTERVAL_S = 60.0
+
+
+@dataclass
+class VideoRolloutResult:
+    """What the engine made of one job: frames, or a typed error."""
+
+    frames: np.ndarray | None = None
+    fps: float = 0.0
+    seed: int | None = None
+    timing: dict[str, float] = field(default_factory=dict)
+    error_code: str | None = None
+    error_message: str | None = None
+    error_field: str | None = None
+    engine_s: float = 0.0
+
+
+def video_request(params: dict[str, Any], image: np.ndarray, action: np.ndarray) -> VideoRequest:
+    """The engine request of a stored job (params as resolved and stored at submission)."""
+    return VideoRequest(
+        domain_name=params["domain_name"],
+        image=image,
+        actions=action,
+        prompt=params.get("prompt", ""),
+        resolution_tier=params.get("resolution_tier"),
+        view_point=params.get("view_point"),
+        seed=params.get("seed"),
+        num_steps=params.get("num_steps"),
+        guidance_scale=params.get("guidance_scale"),
+        fps=float(params.get("fps", 24.0)),
+    )
+
+
+class VideoRolloutTask:
+    """One job's rollout, as a background task of the request queue (runs on the engine worker)."""
+
+    def __init__(self, job_id: str, request: VideoRequest, loop: asyncio.AbstractEventLoop,
+                 on_started: Callable[[str], None]) -> None:
+        self.job_id = job_id
+        self.request = request
+        self.owner = self  # the queue reports back to the task's owner, like to a session
+        self.enqueued_at = time.monotonic()
+        self.started_at: float | None = None
+        self._loop = loop
+        self._on_started = on_started
+        self.done: asyncio.Future[VideoRolloutResult | None] = loop.create_future()
+
+    def run(self, engine: Any) -> VideoRolloutResult:
+        """Called on the worker thread; never raises (a failure is the result)."""
+        self.started_at = time.monotonic()
+        try:
+            self._loop.call_soon_threadsafe(self._on_started, self.job_id)
+        except RuntimeError:
+            pass  # the loop is gone; nobody will read the progress
+        t0 = time.monotonic()
+        try:
+            result = engine.rollout_video(self.request)
+        except RuntimeErrorBase as exc:
+            code = exc.code if exc.code != "checkpoint_error" else ErrorCode.ENGINE_ERROR
+            return VideoRolloutResult(error_code=code, error_message=exc.message, error_field=exc.field,
+                                      engine_s=time.monotonic() - t0)
+        except Exception:  # noqa: BLE001 - internal: the log gets the traceback, the client a reference
+            reference = uuid.uuid4().hex[:12]
+            logger.exception("video job %s failed in the engine (ref %s)", self.job_id, reference)
+            return VideoRolloutResult(
+                error_code=ErrorCode.ENGINE_ERROR,
+                error_message=f"the model failed on this job; the server log has details (ref {reference})",
+                engine_s=time.monotonic() - t0,
+            )
+        return VideoRolloutResult(frames=result.frames, fps=result.fps, seed=result.seed,
+                                  timing=result.timing.as_dict(), engine_s=time.monotonic() - t0)
+
+    # The queue's owner interface, called on the event loop.
+    def on_result(self, task: "VideoRolloutTask", result: VideoRolloutResult) -> None:
+        if not self.done.done():
+            self.done.set_result(result)
+
+    def on_dropped(self, task: "VideoRolloutTask", reason: str) -> None:
+        if not self.done.done():
+            self.done.set_result(None)  # never ran (the queue closed): the job goes back to queued
+
+
+class VideoJobRunner:
+    """Feeds the store's queued jobs to the engine worker, one at a time, and records their outcomes."""
+
+    def __init__(self, store: VideoJobStore, queue: RequestQueue, metrics: ServerMetrics | None = None,
+                 sweep_interval_s: float = SWEEP_INTERVAL_S) -> None:
+        self.store = store
+        self.queue = queue
+        self.metrics = metrics
+        self.sweep_interval_s = sweep_interval_s
+        self.current: VideoRolloutTask | None = None
+        self.completed = 0
+        self.failed = 0
+        self._wake = asyncio.Event()
+        self._stopping = False
+        self._task: asyncio.Task | None = None
+        self._next_sweep = 0.0
+
+    def start(self, engine_ready: Awaitable[Any]) -> None:
+        """Start working once ``engine_ready`` resolves (the worker has loaded the model)."""
+        self._task = asyncio.create_task(self._main(engine_ready), name="video-job-runner")
+
+    def notify(self) -> None:
+        """A job was submitted: look at the store now rather than at the next sweep."""
+        self._wake.set()
+
+    async def stop(self, timeout: float) -> None:
+        """Claim nothing more; wait up to ``timeout`` for the job in hand to be recorded."""
+        self._stopping = True
+        self._wake.set()
+        if self._task is None:
+            return
+        try:
+            await asyncio.wait_for(asyncio.shield(self._task), timeout)
+        except asyncio.TimeoutError:
+            logger.warning("video job %s did not finish before shutdown; it will run again at the next start",
+                           self.current.job_id if self.current else "?")
+            self._task.cancel()
+        except Exception:  # noqa: BLE001 - already logged by _main
+            pass
+
+    async def _main(self, engine_ready: Awaitable[Any]) -> None:
+        try:
+            await engine_ready
+        except Exception:  # noqa: BLE001 - the model failed to load; jobs stay queued for the next start
+            return
+        while not self._stopping:
+            try:
+                await self._maybe_sweep()
+                job = await asyncio.to_thread(self.store.claim_next)
+                if job is None:
+                    self._wake.clear()
+                    try:
+                        await asyncio.wait_for(self._wake.wait(), self.sweep_interval_s)
+                    except asyncio.TimeoutError:
+                        pass
+                    continue
+                await self._run(job)
+            except asyncio.CancelledError:
+                raise
+            except Exception:  # noqa: BLE001 - a bug of ours must not stop every later job
+                logger.exception("video job runner failed; continuing")
+                await asyncio.sleep(1.0)
+
+    async def _maybe_sweep(self) -> None:
+        now = time.monotonic()
+        if now >= self._next_sweep:
+            self._next_sweep = now + self.sweep_interval_s
+            await asyncio.to_thread(self.store.sweep)
+
+    def _started(self, job_id: str) -> None:
+        asyncio.ensure_future(asyncio.to_thread(self.store.set_progress, job_id, PROGRESS_STARTED))
+
+    async def _run(self, job: VideoJob) -> None:
+        try:
+            inputs = await asyncio.to_thread(self.store.load_inputs, job.id)
+        except (OSError, ValueError, JobNotFound):
+            if await self._exists(job.id):
+                await asyncio.to_thread(self.store.fail, job.id, "inputs_lost",
+                                        "this job's input files could not be read from the data directory")
+                self.failed += 1
+            return
+        request = video_request(job.params, inputs.image, inputs.action)
+        task = VideoRolloutTask(job.id, request, asyncio.get_running_loop(), self._started)
+        self.current = task
+        try:
+            try:
+                self.queue.put_background(task)
+            except QueueClosed:
+                await asyncio.to_thread(self.store.release, job.id)
+                return
+            result = await task.done
+            if result is None:  # dropped before it ran: the server is stopping
+                await asyncio.to_thread(self.store.release, job.id)
+                return
+            await self._record(job, task, result)
+        finally:
+            self.current = None
+
+    async def _exists(self, job_id: str) -> bool:
+        try:
+            await asyncio.to_thread(self.store.get, job_id)
+            return True
+        except JobNotFound:
+            return False
+
+    async def _record(self, job: VideoJob, task: VideoRolloutTask, result: VideoRolloutResult) -> None:
+        queue_s = (task.started_at or task.enqueued_at) - task.enqueued_at
+        if result.frames is None:
+            self.failed += 1
+            await asyncio.to_thread(self.store.fail, job.id, result.error_code or ErrorCode.ENGINE_ERROR,
+                                    result.error_message or "the model failed on this job", result.error_field)
+            self._observe(job, queue_s, result, result.error_code)
+            return
+        await asyncio.to_thread(self.store.set_progress, job.id, PROGRESS_ENCODING)
+        try:
+            encode_started = time.monotonic()
+            encoded = await asyncio.to_thread(encode_mp4, result.frames, result.fps, self.store.video_path(job.id))
+            timing = dict(result.timing, encode_mp4_ms=(time.monotonic() - encode_started) * 1e3,
+                          queue_ms=queue_s * 1e3)
+        except (VideoEncodingError, OSError) as exc:
+            if not await self._exists(job.id):
+                return  # deleted while it ran: its folder is gone, nothing to record
+            reference = uuid.uuid4().hex[:12]
+            logger.error("video job %s: encoding failed (ref %s): %s", job.id, reference, exc)
+            self.failed += 1
+            await asyncio.to_thread(self.store.fail, job.id, ErrorCode.ENGINE_ERROR,
+                                    f"the video could not be encoded; the server log has details (ref {reference})")
+            self._observe(job, queue_s, result, ErrorCode.ENGINE_ERROR)
+            return
+        recorded = await asyncio.to_thread(
+            self.store.complete, job.id, result_bytes=encoded.num_bytes, frames=encoded.frames,
+            width=encoded.width, height=encoded.height, timing=timing,
+        )
+        if not recorded:  # deleted while it was being encoded: drop the file the delete missed
+            await asyncio.to_thread(self.store.delete, job.id)
+            return
+        self.completed += 1
+        self._observe(job, queue_s, result, None)
+        await asyncio.to_thread(self.store.sweep)  # a new result may push the store over its size limit
+
+    def _observe(self, job: VideoJob, queue_s: float, result: VideoRolloutResult, error_code: str | None) -> None:
+        if self.metrics is not None:
+            total_s = time.time() - job.created_at  # from submission, restarts included
+            self.metrics.observe_request(KIND, queue_s, result.engine_s, total_s, error_code)
