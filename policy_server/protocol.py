@@ -30,6 +30,9 @@ ACTION_CHUNK = "action_chunk"
 DROPPED = "dropped"
 ERROR = "error"
 RESET_DONE = "reset_done"
+# Sent when an operator acts on the session (docs/protocol.md, "Operator controls").
+SESSION_STATE = "session_state"
+SESSION_UPDATED = "session_updated"
 
 
 class ErrorCode:
@@ -55,6 +58,8 @@ class DropReason:
     DEADLINE = "deadline"  # its deadline_ms passed before it reached the engine
     CANCELLED = "cancelled"  # the client sent `cancel` (or `reset`) for it
     SHUTDOWN = "shutdown"  # the server is stopping and will not start it
+    PAUSED = "paused"  # an operator paused the session: it was (or would have been) waiting when that happened
+    STOPPED = "stopped"  # an operator stopped the session
 
 
 class ProtocolError(Exception):
@@ -84,6 +89,7 @@ CONFIGURE_FIELDS: dict[str, tuple[type, ...]] = {
     "num_steps": (int,),
     "guidance_scale": (float, int),
     "fps": (float, int),
+    "control_hz": (float, int),
 }
 
 # Fields an observation may override for itself only (per-frame overrides).

@@ -9,11 +9,16 @@ outbox that one sender task drains, so the reader never waits for a slow client'
 leave in the order they were made.
 
 Every observation ``seq`` gets exactly one terminal reply: ``action_chunk``, ``dropped`` or ``error``.
+
+Operators act on a session through the observer channel (:meth:`RealtimeSession.apply_control`): a
+paused session answers observations ``dropped`` (``paused``), a stopped one is closed. What the session
+did is recorded in its :class:`~policy_server.session_telemetry.SessionTelemetry` for observers.
 """
 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import time
 import uuid
@@ -30,6 +35,11 @@ from .engine_worker import EngineOutcome
 from .protocol import DropReason, ErrorCode, ProtocolError
 from .request_queue import PendingObservation, QueueClosed
 from .session_config import SessionConfig, merge_session_config
+from .session_controls import (
+    ControlAction, ControlError, ControlErrorCode, OperatorControl, SessionState, session_state_frame,
+    session_updated_frame,
+)
+from .session_telemetry import SessionTelemetry
 
 if TYPE_CHECKING:
     from .server import PolicyServer
@@ -41,7 +51,13 @@ _DROP_MESSAGES = {
     DropReason.DEADLINE: "its deadline_ms passed before the engine reached it",
     DropReason.CANCELLED: "cancelled by the client",
     DropReason.SHUTDOWN: "the server is shutting down",
+    DropReason.PAUSED: "an operator paused this session; hold until it is resumed",
+    DropReason.STOPPED: "an operator stopped this session",
 }
+
+# Close code and reason when an operator stops a session (the client does not reconnect after it).
+STOPPED_CLOSE_CODE = 1000
+STOPPED_CLOSE_REASON = "session stopped by an operator"
 
 
 class RealtimeSession:
@@ -59,6 +75,12 @@ class RealtimeSession:
         self._outbox: asyncio.Queue[tuple[dict[str, Any], float | None] | None] = asyncio.Queue()
         self.answered = 0
         self.dropped = 0
+        self.telemetry = SessionTelemetry()
+        self.state = SessionState.RUNNING
+        self.state_reason = ""
+        # True while the prompt is the operator's: per-observation prompt overrides are then ignored,
+        # until the robot's own `configure` sets a prompt again.
+        self.operator_prompt = False
 
     # -- the connection's life ---------------------------------------------------------------------
 
@@ -134,6 +156,7 @@ class RealtimeSession:
             elif isinstance(frame, protocol.ResetFrame):
                 self._on_reset()
         except ProtocolError as exc:
+            self.telemetry.record_error()
             self._send(protocol.error_frame(exc.code, exc.message, exc.field, exc.seq if exc.seq is not None else seq))
         except Exception:  # noqa: BLE001 - a bug of ours must not end the session, nor reach the client
             reference = uuid.uuid4().hex[:12]
@@ -147,8 +170,11 @@ class RealtimeSession:
 
     def _on_configure(self, frame: protocol.ConfigureFrame) -> None:
         self.config = merge_session_config(self.config, frame.settings, self.server.description)
+        if "prompt" in frame.settings:
+            self.operator_prompt = False
         self._send(
-            {"type": protocol.SESSION, "session_id": self.id, "config": self.config.resolved(self.server.description)}
+            {"type": protocol.SESSION, "session_id": self.id, "config": self.config.resolved(self.server.description),
+             "state": self.state.value}
         )
 
     def _on_observation(self, obs: protocol.ObservationFrame, received_at: float) -> None:
@@ -167,6 +193,15 @@ class RealtimeSession:
                 obs.seq,
             )
         self.last_seq = obs.seq
+        self.telemetry.record_observation(obs.seq, obs.image, obs.video)
+        if self.state is not SessionState.RUNNING:
+            reason = DropReason.PAUSED if self.state is SessionState.PAUSED else DropReason.STOPPED
+            self.dropped += 1
+            self.telemetry.record_drop(obs.seq, reason)
+            self._send(protocol.dropped_frame(obs.seq, reason, _DROP_MESSAGES[reason]))
+            return
+        if self.operator_prompt:
+            obs.overrides.pop("prompt", None)
         item = PendingObservation(
             session_id=self.id,
             seq=obs.seq,
@@ -186,14 +221,14 @@ class RealtimeSession:
         if replaced is not None:
             self._report_dropped(replaced, DropReason.SUPERSEDED)
 
-    def _on_cancel(self, seq: int | None) -> None:
+    def _on_cancel(self, seq: int | None, reason: str = DropReason.CANCELLED) -> None:
         targets = [item for s, item in self.in_flight.items() if seq is None or s == seq]
         for item in targets:
             # Waiting: take it out of the queue. Running: it cannot be stopped mid-forward, so mark it;
             # its result will be discarded. Either way the client hears `dropped` now, not later.
             self.server.queue.cancel(self.id, item.seq)
             item.cancelled = True
-            self._report_dropped(item, DropReason.CANCELLED)
+            self._report_dropped(item, reason)
 
     def _on_reset(self) -> None:
         self._on_cancel(None)
@@ -203,7 +238,52 @@ class RealtimeSession:
     def _report_dropped(self, item: PendingObservation, reason: str) -> None:
         self.in_flight.pop(item.seq, None)
         self.dropped += 1
+        self.telemetry.record_drop(item.seq, reason)
         self._send(protocol.dropped_frame(item.seq, reason, _DROP_MESSAGES[reason]))
+
+    # -- operator controls (from the observer channel, on the event loop) ---------------------------
+
+    def apply_control(self, control: OperatorControl) -> SessionState:
+        """Pause, resume, stop or re-prompt this session and tell the robot; return the new state.
+
+        Raises :class:`~policy_server.session_controls.ControlError` when the control makes no sense in
+        the current state. Pausing or stopping drops what is waiting or running (``paused`` /
+        ``stopped``): a chunk computed before the pause must not move a robot that was told to hold.
+        """
+        if self.state is SessionState.STOPPED:
+            raise ControlError(ControlErrorCode.INVALID_STATE, "the session is stopped", "session_id")
+        action = control.action
+        if action is ControlAction.SET_PROMPT:
+            self._set_operator_prompt(control)
+        elif action is ControlAction.RESUME:
+            self._change_state(SessionState.RUNNING, control.reason)
+        else:
+            state = SessionState.PAUSED if action is ControlAction.PAUSE else SessionState.STOPPED
+            self._change_state(state, control.reason)
+            self._on_cancel(None, DropReason.PAUSED if state is SessionState.PAUSED else DropReason.STOPPED)
+            if state is SessionState.STOPPED:
+                asyncio.get_running_loop().create_task(self._close_when_sent(), name=f"session-{self.id}-stop")
+        return self.state
+
+    def _change_state(self, state: SessionState, reason: str) -> None:
+        if state is self.state:
+            return  # idempotent: a second "pause" changes nothing and tells the robot nothing
+        self.state, self.state_reason = state, reason
+        self._send(session_state_frame(self.id, state, reason))
+
+    def _set_operator_prompt(self, control: OperatorControl) -> None:
+        if self.config is None:
+            raise ControlError(ControlErrorCode.INVALID_STATE,
+                               "the robot has not configured its session yet; there is no prompt to change", "prompt")
+        self.config = dataclasses.replace(self.config, prompt=control.prompt or "")
+        self.operator_prompt = True
+        self._send(session_updated_frame(self.id, self.config.resolved(self.server.description), ["prompt"],
+                                         control.reason))
+
+    async def _close_when_sent(self) -> None:
+        """Close with 1000 once the ``session_state: stopped`` frame (and the drops before it) left."""
+        await self.drain(timeout=2.0)
+        await self.connection.close(STOPPED_CLOSE_CODE, STOPPED_CLOSE_REASON)
 
     # -- outcomes from the engine worker (called on the event loop) ----------------------------------
 
@@ -217,10 +297,13 @@ class RealtimeSession:
             return  # the client left, cancelled or reset: nobody wants these actions any more
         del self.in_flight[item.seq]
         if outcome.chunk is None:
+            self.telemetry.record_error()
             self._send(protocol.error_frame(outcome.error_code, outcome.error_message, outcome.error_field, item.seq))
             return
         self.answered += 1
-        self._send(self._chunk_frame(item, outcome), received_at=item.received_at)
+        frame = self._chunk_frame(item, outcome)
+        self.telemetry.record_chunk(item.seq, frame["actions"], frame["timing"])
+        self._send(frame, received_at=item.received_at)
 
     def _chunk_frame(self, item: PendingObservation, outcome: EngineOutcome) -> dict[str, Any]:
         chunk = outcome.chunk

@@ -21,6 +21,7 @@ from http import HTTPStatus
 from typing import TYPE_CHECKING, Any, Callable
 
 from websockets.asyncio.server import Server, ServerConnection, serve
+from websockets.datastructures import Headers
 from websockets.http11 import Request, Response
 
 from . import protocol
@@ -29,6 +30,8 @@ from .openpi_session import OPENPI_PATHS, OpenpiSession, OpenpiSettings
 from .protocol import DropReason, FrameLimits
 from .realtime_session import RealtimeSession
 from .request_queue import RequestQueue
+from .dashboard_assets import CONFIG_NAME, DASHBOARD_PATH, dashboard_asset, dashboard_config
+from .session_observer import OBSERVE_PATH, ObserverSession, authorize
 
 if TYPE_CHECKING:
     from .http_sidecar import HttpSidecar, SidecarSettings
@@ -219,6 +222,13 @@ class PolicyServer:
             health = self.health()
             ok = health["status"] not in ("failed", "stopping")
             return _json_response(connection, HTTPStatus.OK if ok else HTTPStatus.SERVICE_UNAVAILABLE, health)
+        if path == DASHBOARD_PATH or path.startswith(DASHBOARD_PATH + "/"):
+            return self._dashboard_response(connection, path)
+        if path == OBSERVE_PATH:
+            if self.stopping:
+                return connection.respond(HTTPStatus.SERVICE_UNAVAILABLE, "server is shutting down\n")
+            refusal = authorize(request)  # the observer channel's one access check
+            return connection.respond(refusal[0], refusal[1] + "\n") if refusal is not None else None
         openpi = self.settings.openpi is not None and path in OPENPI_PATHS
         if path != REALTIME_PATH and not openpi:
             return connection.respond(HTTPStatus.NOT_FOUND, f"no endpoint at {path}; the policy endpoint is {REALTIME_PATH}\n")
@@ -232,8 +242,27 @@ class PolicyServer:
 
     # -- WebSocket sessions ----------------------------------------------------------------------------
 
+    def _dashboard_response(self, connection: ServerConnection, path: str) -> Response:
+        """The dashboard's static files, served on this port too (same origin as the observer channel)."""
+        if path == DASHBOARD_PATH:  # relative asset URLs need the trailing slash
+            response = connection.respond(HTTPStatus.MOVED_PERMANENTLY, "see /dashboard/\n")
+            response.headers["Location"] = DASHBOARD_PATH + "/"
+            return response
+        name = path[len(DASHBOARD_PATH) + 1:]
+        if name == CONFIG_NAME:
+            return _json_response(connection, HTTPStatus.OK, dashboard_config(self.port))
+        asset = dashboard_asset(name)
+        if asset is None:
+            return connection.respond(HTTPStatus.NOT_FOUND, f"no dashboard file {name!r}\n")
+        headers = Headers([("Content-Type", asset.content_type), ("Content-Length", str(len(asset.body))),
+                           ("Cache-Control", "no-cache"), ("Server", SERVER_NAME)])
+        return Response(HTTPStatus.OK.value, "OK", headers, asset.body)
+
     async def _handle_connection(self, connection: ServerConnection) -> None:
         path = connection.request.path.split("?", 1)[0] if connection.request is not None else REALTIME_PATH
+        if path == OBSERVE_PATH:  # an operator's dashboard: watches and steers, never a session itself
+            await ObserverSession(connection, self).run()
+            return
         if path in OPENPI_PATHS and self.settings.openpi is not None:
             session: RealtimeSession | OpenpiSession = OpenpiSession(connection, self, self.settings.openpi)
         else:
@@ -270,6 +299,7 @@ class PolicyServer:
                 "reset": True,
                 "deadlines": True,
                 "prefix_actions": True,
+                "session_controls": True,
             },
             "defaults": d.get("defaults", {}),
             "action_horizon": d.get("action_horizon", {}),

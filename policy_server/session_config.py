@@ -33,6 +33,8 @@ class SessionConfig:
     num_steps: int | None = None
     guidance_scale: float | None = None
     fps: float = 24.0
+    # The robot's control rate, as the robot declares it: shown to operators, never used by the model.
+    control_hz: float | None = None
 
     def resolved(self, description: dict[str, Any]) -> dict[str, Any]:
         """The values the engine will use, defaults filled in: what the ``session`` reply shows."""
@@ -139,5 +141,7 @@ def merge_session_config(
         )
     if config.fps <= 0:
         raise _reject(ErrorCode.INVALID_FIELD, f"fps must be > 0, got {config.fps}", "fps")
+    if config.control_hz is not None and config.control_hz <= 0:
+        raise _reject(ErrorCode.INVALID_FIELD, f"control_hz must be > 0, got {config.control_hz}", "control_hz")
     return config
 

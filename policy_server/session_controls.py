@@ -1,0 +1,112 @@
+"""Operator controls of a native session: pause, resume, stop, and a new prompt.
+
+An operator (the dashboard, through the observer channel) acts on a robot's session; the server tells
+the robot with a ``session_state`` or ``session_updated`` frame, and the robot's client honours it
+(``robot_clients`` holds position while paused). This module is pure data: the session states, the
+typed control an operator sends, its parsing (raising :class:`ControlError` with a stable code), and the
+frames the robot receives. :class:`~policy_server.realtime_session.RealtimeSession` applies controls;
+``docs/protocol.md`` ("Operator controls") is the user-facing description.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+from typing import Any, Mapping
+
+from . import protocol
+
+# Prompts from an operator are held to the same bound the model states for any prompt.
+DEFAULT_MAX_PROMPT_CHARS = 2000
+MAX_REASON_CHARS = 200
+
+
+class SessionState(str, enum.Enum):
+    """Whether a session's observations reach the model.
+
+    ``running``: as usual. ``paused``: observations are answered ``dropped`` (``paused``) and the robot
+    holds; an operator can resume. ``stopped``: the session is over; the server closes the connection
+    (1000) and the client does not reconnect.
+    """
+
+    RUNNING = "running"
+    PAUSED = "paused"
+    STOPPED = "stopped"
+
+
+class ControlAction(str, enum.Enum):
+    PAUSE = "pause"
+    RESUME = "resume"
+    STOP = "stop"
+    SET_PROMPT = "set_prompt"
+
+
+class ControlErrorCode:
+    """Stable codes of refused controls (observer channel). Never rename one, only add."""
+
+    BAD_CONTROL = "bad_control"  # malformed: missing or wrong-typed fields, unknown action
+    UNKNOWN_SESSION = "unknown_session"  # no live session with that id
+    NOT_CONTROLLABLE = "not_controllable"  # the session's protocol cannot carry controls (openpi)
+    INVALID_STATE = "invalid_state"  # e.g. resuming a stopped session, a prompt before `configure`
+
+
+class ControlError(Exception):
+    """An operator control was refused; the observer is told ``code`` and ``message``."""
+
+    def __init__(self, code: str, message: str, field: str | None = None) -> None:
+        super().__init__(message)
+        self.code = code
+        self.message = message
+        self.field = field
+
+
+@dataclass(frozen=True)
+class OperatorControl:
+    """One control, as an operator sent it. ``prompt`` is set for ``set_prompt`` only."""
+
+    session_id: str
+    action: ControlAction
+    reason: str = ""
+    prompt: str | None = None
+
+
+def parse_control(message: Mapping[str, Any], max_prompt_chars: int = DEFAULT_MAX_PROMPT_CHARS) -> OperatorControl:
+    """Turn an observer's ``control`` frame into an :class:`OperatorControl`, or raise :class:`ControlError`."""
+    session_id = message.get("session_id")
+    if not isinstance(session_id, str) or not session_id:
+        raise ControlError(ControlErrorCode.BAD_CONTROL, "`control` needs a `session_id` (a string)", "session_id")
+    try:
+        action = ControlAction(message.get("action"))
+    except ValueError:
+        known = ", ".join(a.value for a in ControlAction)
+        raise ControlError(
+            ControlErrorCode.BAD_CONTROL, f"unknown action {message.get('action')!r}; expected one of {known}", "action"
+        ) from None
+    reason = message.get("reason") or ""
+    if not isinstance(reason, str):
+        raise ControlError(ControlErrorCode.BAD_CONTROL, "`reason` must be a string", "reason")
+    prompt = None
+    if action is ControlAction.SET_PROMPT:
+        prompt = message.get("prompt")
+        if not isinstance(prompt, str):
+            raise ControlError(ControlErrorCode.BAD_CONTROL, "`set_prompt` needs a `prompt` (a string)", "prompt")
+        if len(prompt) > max_prompt_chars:
+            raise ControlError(
+                ControlErrorCode.BAD_CONTROL, f"the prompt has {len(prompt)} characters; at most {max_prompt_chars}",
+                "prompt",
+            )
+    return OperatorControl(session_id, action, reason[:MAX_REASON_CHARS], prompt)
+
+
+def session_state_frame(session_id: str, state: SessionState, reason: str, source: str = "operator") -> dict[str, Any]:
+    """Server -> robot: the session is now ``state`` (``reason`` is for people, may be empty)."""
+    return {"type": protocol.SESSION_STATE, "session_id": session_id, "state": state.value, "reason": reason,
+            "source": source}
+
+
+def session_updated_frame(
+    session_id: str, config: dict[str, Any], changed: list[str], reason: str, source: str = "operator"
+) -> dict[str, Any]:
+    """Server -> robot: someone other than the robot changed settings ``changed``; ``config`` is the result."""
+    return {"type": protocol.SESSION_UPDATED, "session_id": session_id, "config": config, "changed": changed,
+            "reason": reason, "source": source}
