@@ -7,7 +7,9 @@
 
 from .async_policy_client import AsyncPolicyClient, ClientStats
 from .policy_client import PolicyClient
-from .results import ActionChunk, ConnectionLost, ObservationDropped, PolicyClientError, ServerError
+from .results import (
+    ActionChunk, ConnectionLost, ObservationDropped, PolicyClientError, ServerError, SessionPaused, SessionStopped,
+)
 
 __all__ = [
     "ActionChunk",
@@ -18,4 +20,6 @@ __all__ = [
     "PolicyClient",
     "PolicyClientError",
     "ServerError",
+    "SessionPaused",
+    "SessionStopped",
 ]

@@ -35,6 +35,13 @@ When no planned action is left for a tick (inference slower than the executed ho
 request), the chunker repeats the last action, which holds a position-controlled robot in place, and
 counts a stall. Observations the server drops or refuses are counted and asked again at the next tick.
 
+An operator can pause the robot's session on the server (the teleop dashboard). When the policy has a
+``session_state`` that is not ``"running"`` (:class:`~robot_clients.chunk_policy.RemoteChunkPolicy`
+reads it from the client), the chunker **holds**: it repeats the last action without asking for
+chunks and forgets the plan, whose actions were planned for a moment that has passed. On resume it asks
+for a fresh chunk at once and holds (counted as a stall) until it comes. Held ticks are counted in
+``stats.held_steps``; a stopped session holds for good (the control loop ends its episode).
+
 Imports only numpy and the standard library: it runs on the robot.
 """
 
@@ -146,6 +153,8 @@ class ChunkerStats:
     errors: int = 0  # observations the server refused, or a failed connection
     stale_chunks: int = 0  # chunks that arrived after every action in them was due
     prefix_overruns: int = 0  # rtc: chunks that arrived after their prefix had been executed
+    held_steps: int = 0  # ticks that held the last action because an operator paused (or stopped) the session
+    holds: int = 0  # pauses: runs of consecutive held steps
     startup_s: float | None = None
     latencies_s: list[float] = field(default_factory=list)
 
@@ -168,6 +177,8 @@ class ChunkerStats:
             "errors": self.errors,
             "stale_chunks": self.stale_chunks,
             "prefix_overruns": self.prefix_overruns,
+            "held_steps": self.held_steps,
+            "holds": self.holds,
             "startup_s": self.startup_s,
         }
 
@@ -284,6 +295,7 @@ class ActionChunker:
         self._in_flight: _Request | None = None
         self._last_action: np.ndarray | None = None
         self._stalling = False
+        self._holding = False
 
     # -- the control thread's interface -----------------------------------------------------------------
 
@@ -313,7 +325,12 @@ class ActionChunker:
         Blocks only on the first call of an episode, for the first chunk.
         """
         t = self._step
-        if self._plan is None and self._queued is None:
+        if self.session_state != "running":
+            return self._hold(observation, t)
+        if self._holding:
+            self._holding = False
+            self._window_end = t  # the plan was dropped at the pause: ask for a fresh chunk now
+        if self._plan is None and self._queued is None and self._last_action is None:
             self._wait_first_chunk(observation, t)
         self._collect(t)
         if self._queued is not None and t >= self._window_end:
@@ -337,6 +354,37 @@ class ActionChunker:
         self._step += 1
         self.stats.steps += 1
         return np.array(action, copy=True)
+
+    @property
+    def session_state(self) -> str:
+        """The policy's session state (``"running"`` for a policy without one); see the module docstring."""
+        return getattr(self.policy, "session_state", "running")
+
+    def _hold(self, observation: Mapping[str, Any], t: int) -> np.ndarray:
+        """This tick's action while the session is paused or stopped: the last one, unchanged."""
+        if not self._holding:
+            self._holding = True
+            self.stats.holds += 1
+            # Whatever is planned or in flight was meant for a moment that will have passed on resume.
+            self._generation += 1
+            self._plan, self._queued, self._in_flight = None, None, None
+        if self._last_action is None:
+            self._wait_until_running()  # paused before the first action: there is nothing to hold yet
+            return self.next_action(observation)
+        self.stats.held_steps += 1
+        self._step += 1
+        self.stats.steps += 1
+        return np.array(self._last_action, copy=True)
+
+    def _wait_until_running(self) -> None:
+        deadline = time.monotonic() + self.config.startup_timeout_s
+        while self.session_state == "paused":
+            if time.monotonic() > deadline:
+                raise ChunkerError(f"the session stayed paused for {self.config.startup_timeout_s} s before "
+                                   "the first action")
+            time.sleep(0.01)
+        if self.session_state == "stopped":
+            raise ChunkerError("the session was stopped by an operator before the first action")
 
     def prime(self, observation: Mapping[str, Any]) -> None:
         """Send the episode's first observation without waiting: the next :meth:`next_action` waits for

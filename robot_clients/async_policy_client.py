@@ -18,6 +18,11 @@ Guarantees:
 * If the connection drops, the client reconnects in the background with exponential backoff, reads the
   new metadata and re-sends its configuration. Calls waiting on the lost connection fail with
   :class:`ConnectionLost`; the next call waits for the new connection (within its timeout).
+* Operator controls are honoured: while an operator has the session paused (``session_state``
+  ``"paused"``), :meth:`infer` and :meth:`submit` raise :class:`SessionPaused` without sending and the
+  robot should hold (:meth:`wait_until_running` waits for the resume); once stopped, calls raise
+  :class:`SessionStopped` and the client does not reconnect. A prompt set by an operator replaces the
+  client's own, also after a reconnect.
 
 Imports only numpy, msgpack (through the wire codec) and websockets: it runs on the robot.
 """
@@ -37,13 +42,17 @@ import numpy as np
 from websockets.asyncio.client import ClientConnection, connect
 from websockets.exceptions import ConnectionClosed, InvalidStatus, InvalidURI
 
-from .results import ActionChunk, ConnectionLost, ObservationDropped, ServerError
+from .results import (
+    ActionChunk, ConnectionLost, ObservationDropped, PolicyClientError, ServerError, SessionPaused, SessionStopped,
+)
 from .wire_codec import packb, unpackb
 
 logger = logging.getLogger(__name__)
 
 REALTIME_PATH = "/v1/actions/realtime"
 SUPPORTED_PROTOCOL_VERSION = 1
+# Session states an operator can set (server frame `session_state`).
+RUNNING, PAUSED, STOPPED = "running", "paused", "stopped"
 
 
 @dataclass
@@ -128,6 +137,10 @@ class AsyncPolicyClient:
 
         self.metadata: dict[str, Any] = {}
         self.session: dict[str, Any] = {}  # the server's resolved configuration (`session` frame)
+        self.session_state = RUNNING  # set by the server's `session_state` frames (an operator's controls)
+        self.state_reason = ""
+        self._running = asyncio.Event()
+        self._running.set()
         self.stats = ClientStats()
         self._settings: dict[str, Any] = {}  # everything sent in `configure`, re-sent after a reconnect
         self._ws: ClientConnection | None = None
@@ -174,6 +187,7 @@ class AsyncPolicyClient:
                     else:
                         logger.warning("the server refused the configuration on reconnect: %s", reply.get("message"))
                 self._ws = ws
+                self._set_state(RUNNING, "")  # a new connection is a new session: it starts running
                 self._connected.set()
                 return
             except InvalidStatus as exc:
@@ -225,6 +239,9 @@ class AsyncPolicyClient:
             except ConnectionClosed:
                 pass
             self._connected.clear()
+            if self.session_state == STOPPED:  # an operator ended the session: reconnecting would undo that
+                self._fail_waiters(SessionStopped(f"the session was stopped by an operator ({self.state_reason})"))
+                return
             self._fail_waiters(ConnectionLost(f"connection closed (code {ws.close_code}: {ws.close_reason or 'no reason'})"))
             if self._closing or not self.reconnect:
                 return
@@ -267,10 +284,16 @@ class AsyncPolicyClient:
             else:
                 self._stream.put_nowait(chunk)
         elif kind == "dropped":
-            self.stats.dropped[frame.get("reason")] += 1
+            reason = frame.get("reason", "")
+            self.stats.dropped[reason] += 1
             waiter = self._waiters.pop(seq, None)
             if waiter is not None and not waiter.done():
-                waiter.set_exception(ObservationDropped(seq, frame.get("reason", ""), frame.get("message", "")))
+                if reason == PAUSED:
+                    waiter.set_exception(SessionPaused(seq, self.state_reason))
+                elif reason == STOPPED:
+                    waiter.set_exception(SessionStopped(frame.get("message", "")))
+                else:
+                    waiter.set_exception(ObservationDropped(seq, reason, frame.get("message", "")))
         elif kind == "error":
             self.stats.errors += 1
             error = ServerError(frame.get("code", ""), frame.get("message", ""), frame.get("field"), seq)
@@ -287,8 +310,46 @@ class AsyncPolicyClient:
         elif kind in ("session", "reset_done"):
             if self._control_reply is not None and not self._control_reply.done():
                 self._control_reply.set_result(frame)
+        elif kind == "session_state":
+            state, reason = frame.get("state", RUNNING), frame.get("reason") or ""
+            logger.info("the session is now %s%s", state, f" ({reason})" if reason else "")
+            self._set_state(state, reason)
+        elif kind == "session_updated":
+            self.session = dict(frame.get("config") or {})
+            if "prompt" in (frame.get("changed") or ()):
+                # The operator's prompt is the session's now: keep it across reconnects too.
+                self._settings["prompt"] = self.session.get("prompt", "")
+            logger.info("an operator changed %s", ", ".join(frame.get("changed") or ()))
         else:
             logger.debug("ignoring a %r frame", kind)
+
+    def _set_state(self, state: str, reason: str) -> None:
+        self.session_state, self.state_reason = state, reason
+        if state == RUNNING:
+            self._running.set()
+        else:
+            self._running.clear()
+
+    @property
+    def paused(self) -> bool:
+        """True while an operator has this session paused: hold the robot, send nothing."""
+        return self.session_state == PAUSED
+
+    def _check_running(self) -> None:
+        if self.session_state == PAUSED:
+            raise SessionPaused(None, self.state_reason)
+        if self.session_state == STOPPED:
+            raise SessionStopped(f"the session was stopped by an operator ({self.state_reason})")
+
+    async def wait_until_running(self, timeout: float | None = None) -> None:
+        """Return once the session is running (at once if it is). Raises :class:`SessionStopped` if an
+        operator stops it, :class:`TimeoutError` if it is still paused after ``timeout`` seconds."""
+        try:
+            await asyncio.wait_for(self._running.wait(), timeout)
+        except asyncio.TimeoutError:
+            if self.session_state == STOPPED:
+                self._check_running()
+            raise TimeoutError(f"the session is still {self.session_state} after {timeout} s") from None
 
     # -- requests --------------------------------------------------------------------------------------
 
@@ -341,7 +402,11 @@ class AsyncPolicyClient:
         await self._send({"type": "cancel", "seq": seq})
 
     async def submit(self, obs: Mapping[str, Any] | np.ndarray, timeout: float | None = None) -> int:
-        """Send an observation without waiting for its chunk; return its ``seq``. See :meth:`receive`."""
+        """Send an observation without waiting for its chunk; return its ``seq``. See :meth:`receive`.
+
+        Raises :class:`SessionPaused` (nothing is sent) while an operator has the session paused.
+        """
+        self._check_running()
         seq = self._next_seq
         self._next_seq += 1
         await self._send(_observation_frame(seq, obs), timeout)
@@ -354,11 +419,13 @@ class AsyncPolicyClient:
         deadline = None if timeout is None else time.monotonic() + timeout
         while True:
             remaining = None if deadline is None else max(0.0, deadline - time.monotonic())
+            if self._stream.empty():
+                self._check_running()  # nothing will come while paused: say so instead of timing out
             try:
                 item = await asyncio.wait_for(self._stream.get(), remaining)
             except asyncio.TimeoutError:
                 raise TimeoutError("no action chunk arrived in time") from None
-            if isinstance(item, ServerError):
+            if isinstance(item, PolicyClientError):
                 raise item
             if item.seq <= self._latest_delivered:
                 self.stats.stale += 1
@@ -371,7 +438,8 @@ class AsyncPolicyClient:
 
         ``obs`` is a map of observation fields (``image``, ``video``, ``deadline_ms``, ``prefix_actions``,
         per-frame overrides) or just an H×W×3 uint8 image. Raises :class:`TimeoutError` (and cancels the
-        observation), :class:`ObservationDropped`, :class:`ServerError` or :class:`ConnectionLost`.
+        observation), :class:`ObservationDropped` (:class:`SessionPaused` while an operator has the session
+        paused), :class:`SessionStopped`, :class:`ServerError` or :class:`ConnectionLost`.
         """
         deadline = None if timeout is None else time.monotonic() + timeout
         future = asyncio.get_running_loop().create_future()

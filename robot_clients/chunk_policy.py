@@ -36,6 +36,9 @@ class ChunkPolicy(Protocol):
         """
         ...
 
+    # Optional: a policy may also have a ``session_state`` attribute (``"running"``, ``"paused"``,
+    # ``"stopped"``); the chunker holds the robot whenever it is not ``"running"``.
+
 
 class RemoteChunkPolicy:
     """Chunks from the policy server over ``/v1/actions/realtime``, through a blocking :class:`PolicyClient`.
@@ -57,3 +60,8 @@ class RemoteChunkPolicy:
         if prefix_actions is not None and len(prefix_actions):
             frame["prefix_actions"] = np.ascontiguousarray(prefix_actions, dtype=np.float32)
         return self.client.infer(frame, timeout=self.timeout).actions
+
+    @property
+    def session_state(self) -> str:
+        """What an operator set on the server: the chunker holds the robot unless ``"running"``."""
+        return self.client.session_state

@@ -11,6 +11,9 @@ real-time controller needs:
 * every episode returns an :class:`EpisodeReport`: the control rate achieved, per-step timing, and, for
   a :class:`ChunkingAgent`, chunk latency, boundary stalls and dropped observations.
 
+An operator's pause (teleop dashboard) holds the robot inside the :class:`ChunkingAgent`'s chunker, tick
+after tick at the same rate; an operator's stop ends the episode (``stopped_by_operator`` in the report).
+
 The first step of an episode waits for the first chunk (model warm-up, connection); it is reported as
 ``startup_s`` and left out of the rate and step-time figures.
 """
@@ -115,6 +118,7 @@ class EpisodeReport:
     overruns: int  # ticks that took longer than one period
     missed_ticks: int  # ticks skipped because a tick overran
     chunker: dict[str, Any] | None = None
+    stopped_by_operator: bool = False  # an operator stopped the policy session (the robot held, then ended)
     records: list[StepRecord] = field(default_factory=list, repr=False)
 
     def summary(self) -> dict[str, Any]:
@@ -198,6 +202,8 @@ class ControlLoop:
             step += 1
             if env.is_episode_complete() or (self.max_episode_steps and step >= self.max_episode_steps):
                 break
+            if isinstance(agent, ChunkingAgent) and agent.chunker.session_state == "stopped":
+                break  # an operator ended the session: no more chunks will come
             if self.max_episode_s and ended - episode_start - startup_s >= self.max_episode_s:
                 break
 
@@ -213,7 +219,10 @@ class ControlLoop:
 
         for subscriber in self.subscribers:
             subscriber.on_episode_end()
-        return self._report(records, step, startup_s, overruns, missed)
+        report = self._report(records, step, startup_s, overruns, missed)
+        if isinstance(agent, ChunkingAgent):
+            report.stopped_by_operator = agent.chunker.session_state == "stopped"
+        return report
 
     def _report(self, records: list[StepRecord], steps: int, startup_s: float, overruns: int,
                 missed: int) -> EpisodeReport:

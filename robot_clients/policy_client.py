@@ -74,6 +74,10 @@ class PolicyClient:
     def reset(self, timeout: float | None = 10.0) -> None:
         self._call(self._client.reset(timeout=timeout))
 
+    def wait_until_running(self, timeout: float | None = None) -> None:
+        """Block until an operator resumes the session (at once if running); see ``AsyncPolicyClient``."""
+        self._call(self._client.wait_until_running(timeout=timeout))
+
     def close(self) -> None:
         """Close the connection and stop the client's thread. Idempotent."""
         if not self._thread.is_alive():
@@ -92,6 +96,19 @@ class PolicyClient:
     @property
     def session(self) -> dict[str, Any]:
         return self._client.session
+
+    @property
+    def session_state(self) -> str:
+        """``running``, ``paused`` or ``stopped``: what an operator last set (read from any thread)."""
+        return self._client.session_state
+
+    @property
+    def state_reason(self) -> str:
+        return self._client.state_reason
+
+    @property
+    def paused(self) -> bool:
+        return self._client.paused
 
     @property
     def stats(self) -> ClientStats:

@@ -76,3 +76,24 @@ class ObservationDropped(PolicyClientError):
 
 class ConnectionLost(PolicyClientError):
     """The connection closed before the answer came. The client reconnects in the background."""
+
+
+class SessionPaused(ObservationDropped):
+    """An operator paused the session: observations are not answered until it is resumed. Hold the robot.
+
+    Raised for observations the server dropped because of the pause, and at once, without sending, for
+    observations submitted while the client knows the session is paused.
+    """
+
+    def __init__(self, seq: int | None, message: str = "") -> None:
+        PolicyClientError.__init__(
+            self, "the session is paused by an operator" + (f" ({message})" if message else "") + "; hold"
+        )
+        self.seq = seq  # None: refused before it was sent
+        self.reason = "paused"
+
+
+class SessionStopped(PolicyClientError):
+    """An operator stopped the session. The server closed the connection; the client does not reconnect."""
+
+    reason = "stopped"
