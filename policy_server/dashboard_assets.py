@@ -3,14 +3,15 @@
 The dashboard is plain HTML, CSS and JavaScript shipped as package data: no build step, nothing fetched
 from elsewhere. Its live data comes from the observer channel on the WebSocket port
 (:mod:`policy_server.session_observer`); ``config.json`` tells the page where that is, so the same files
-work when the HTTP sidecar serves them on its own port and when the WebSocket port does.
+work when the HTTP sidecar serves them on its own port (:func:`mount_dashboard`) and when the WebSocket
+port does (``PolicyServer``, so a server started with ``--no-http`` still has its dashboard).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 from .session_observer import OBSERVE_PATH
 
@@ -52,3 +53,27 @@ def dashboard_asset(name: str) -> DashboardAsset | None:
 def dashboard_config(observer_port: int) -> dict[str, Any]:
     """What ``/dashboard/config.json`` says: where the observer channel is (same host as the page)."""
     return {"observer_path": OBSERVE_PATH, "observer_port": observer_port}
+
+
+def mount_dashboard(app: Any, observer_port: Callable[[], int]) -> None:
+    """Serve the dashboard on a FastAPI ``app`` (the HTTP sidecar) at ``/dashboard/``.
+
+    ``observer_port`` gives the WebSocket port (where ``/v1/observe`` is) at request time. The routes are
+    left out of the OpenAPI schema: they are a web page, not part of the HTTP API.
+    """
+    from fastapi import HTTPException  # only the sidecar loads FastAPI
+    from fastapi.responses import JSONResponse, RedirectResponse, Response
+
+    @app.get(DASHBOARD_PATH, include_in_schema=False)
+    async def dashboard_root() -> Response:
+        return RedirectResponse(DASHBOARD_PATH + "/", status_code=301)  # relative asset URLs need the slash
+
+    @app.get(DASHBOARD_PATH + "/{name}", include_in_schema=False)
+    @app.get(DASHBOARD_PATH + "/", include_in_schema=False)
+    async def dashboard_file(name: str = "") -> Response:
+        if name == CONFIG_NAME:
+            return JSONResponse(dashboard_config(observer_port()))
+        asset = dashboard_asset(name)
+        if asset is None:
+            raise HTTPException(status_code=404)  # the sidecar's handler answers in its usual error shape
+        return Response(asset.body, media_type=asset.content_type, headers={"Cache-Control": "no-cache"})

@@ -37,6 +37,7 @@ from robot_clients.wire_codec import packb
 
 from . import http_codecs, http_requests
 from .http_codecs import Upload
+from .dashboard_assets import mount_dashboard
 from .http_errors import ApiError, HttpErrorCode
 from .http_schemas import (
     ActionArray,
@@ -605,6 +606,9 @@ def build_app(sidecar: HttpSidecar) -> FastAPI:
              response_class=Response, responses={200: {"content": {PROMETHEUS_CONTENT_TYPE: {}}}})
     async def prometheus_metrics() -> Response:
         return Response(await asyncio.to_thread(metrics.render), media_type=PROMETHEUS_CONTENT_TYPE)
+
+    # The teleop dashboard's static files; its live data comes from /v1/observe on the WebSocket port.
+    mount_dashboard(app, lambda: sidecar.server.port)
 
     app.add_middleware(SidecarMiddleware, metrics=metrics, max_body_bytes=sidecar.settings.max_body_bytes)
     return app
