@@ -95,7 +95,7 @@ def main() -> None:
         # Warm the video path: the first rollout pays one-time costs.
         for _ in range(2):
             job_id = http.post("/v1/videos", json=video_body).json()["id"]
-            while (job := http.get(f"/v1/videos/{job_id}").json())["status"] not in ("completed", "failed"):
+            while http.get(f"/v1/videos/{job_id}").json()["status"] not in ("completed", "failed"):
                 time.sleep(0.02)
         alone = robot_loop(server.url, args.seconds, image)
 
