@@ -48,7 +48,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--host", default="0.0.0.0", help="interface to listen on (default: all, 0.0.0.0)")
     parser.add_argument("--port", type=int, default=8000, help="WebSocket port; 0 picks a free one (default 8000)")
     http = parser.add_argument_group(
-        "HTTP sidecar", "video jobs (/v1/videos), one-shot actions, metadata, /healthz, /readyz, /metrics; "
+        "HTTP sidecar", "video jobs (/v1/videos), one-shot actions, metadata, /healthz, /readyz, /metrics, "
+        "the teleop /dashboard; "
         "see docs/http_api.md")
     http.add_argument("--http-port", type=int, default=8001,
                       help="port of the HTTP sidecar; 0 picks a free one (default 8001)")
@@ -187,6 +188,8 @@ async def serve_until_stopped(args: argparse.Namespace) -> int:
             loop.add_signal_handler(sig, stop.set)
 
         await server.start()
+        dashboard_port = server.sidecar.port if server.sidecar is not None else server.port
+        logger.info("teleop dashboard: http://%s:%d/dashboard/", args.host, dashboard_port)
         ready = asyncio.ensure_future(server.wait_ready())
         stopped = asyncio.ensure_future(stop.wait())
         await asyncio.wait({ready, stopped}, return_when=asyncio.FIRST_COMPLETED)
