@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -44,6 +45,18 @@ class WarmupShape:
     width: int = 224
     resolution_tier: int | None = None
     domain_name: str | None = None
+
+
+@contextmanager
+def _engine_failures(jobs: list[DenoiseJob]):
+    """Typed errors pass; any other failure inside torch/diffusers becomes an :class:`EngineError`."""
+    try:
+        yield
+    except RuntimeErrorBase:
+        raise
+    except Exception as exc:  # a failure on requests that validated
+        logger.exception("engine failure on %d %s request(s)", len(jobs), jobs[0].mode)
+        raise EngineError(f"the model failed on this request ({type(exc).__name__})") from exc
 
 
 class Cosmos3Engine:
@@ -172,29 +185,21 @@ class Cosmos3Engine:
 
     def rollout_video(self, request: VideoRequest) -> VideoResult:
         """Answer a ``forward_dynamics`` request: a first frame plus raw actions in, frames out."""
+        return self.start_video(request).run()
+
+    def start_video(self, request: VideoRequest) -> "VideoRollout":
+        """Validate a ``forward_dynamics`` request and return it as a rollout to advance step by step.
+
+        Between two :meth:`VideoRollout.step` calls the caller may run other requests on this engine
+        (from the same thread): a server uses that to let robots go first after every denoising step.
+        """
         started = time.perf_counter()
         job, profile = job_for_video(request, self.spec)
-        validate_s = time.perf_counter() - started
-        (output,) = self._run([job])
-        return VideoResult(
-            frames=output.video,
-            fps=job.fps,
-            domain_name=profile.domain_name,
-            domain_id=profile.domain_id,
-            num_steps=output.num_steps,
-            transformer_forwards=output.transformer_forwards,
-            seed=job.seed,
-            timing=self._timing(output, validate_s),
-        )
+        return VideoRollout(self, job, profile, time.perf_counter() - started)
 
     def _run(self, jobs: list[DenoiseJob]) -> list[DenoiseOutput]:
-        try:
+        with _engine_failures(jobs):
             return self.sampler.run_batch(jobs, time.perf_counter)
-        except RuntimeErrorBase:
-            raise
-        except Exception as exc:  # a failure inside torch/diffusers on requests that validated
-            logger.exception("engine failure on %d %s request(s)", len(jobs), jobs[0].mode)
-            raise EngineError(f"the model failed on this request ({type(exc).__name__})") from exc
 
     @staticmethod
     def _timing(output: DenoiseOutput, validate_s: float) -> Timing:
@@ -277,3 +282,60 @@ class Cosmos3Engine:
             "num_embodiment_domains": info.num_embodiment_domains,
             "prefix_cache": self.sampler.prefix_cache.stats() if self.sampler.prefix_cache is not None else None,
         }
+
+
+class VideoRollout:
+    """A ``forward_dynamics`` rollout in progress: :meth:`step` advances it by one denoising step.
+
+    The last :meth:`step` also decodes the video. ``progress`` goes from 0 to 1. Use from the
+    engine's thread only.
+    """
+
+    def __init__(self, engine: Cosmos3Engine, job: DenoiseJob, profile: PolicyProfile, validate_s: float):
+        self._engine = engine
+        self._job = job
+        self._profile = profile
+        self._validate_s = validate_s
+        self._steps = engine.sampler.iterate_batch([job], time.perf_counter)
+        self.num_steps = len(job.sigmas) if job.sigmas is not None else job.num_steps
+        self.steps_done = 0
+        self._output: DenoiseOutput | None = None
+
+    @property
+    def done(self) -> bool:
+        return self._output is not None
+
+    @property
+    def progress(self) -> float:
+        return 1.0 if self.done else self.steps_done / (self.num_steps + 1)  # + 1: the decode
+
+    def step(self) -> bool:
+        """Run the next denoising step (after the last one: the decode). True once the video is done."""
+        if self._output is None:
+            with _engine_failures([self._job]):
+                try:
+                    self.steps_done = next(self._steps)
+                except StopIteration as finished:
+                    (self._output,) = finished.value
+        return self.done
+
+    def run(self) -> VideoResult:
+        """Run to the end and return the result."""
+        while not self.step():
+            pass
+        return self.result()
+
+    def result(self) -> VideoResult:
+        if self._output is None:
+            raise RuntimeError("the rollout is not finished: call step() until it returns True")
+        output, job, profile = self._output, self._job, self._profile
+        return VideoResult(
+            frames=output.video,
+            fps=job.fps,
+            domain_name=profile.domain_name,
+            domain_id=profile.domain_id,
+            num_steps=output.num_steps,
+            transformer_forwards=output.transformer_forwards,
+            seed=job.seed,
+            timing=Cosmos3Engine._timing(output, self._validate_s),
+        )

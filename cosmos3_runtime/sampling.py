@@ -189,43 +189,70 @@ class Cosmos3Sampler:
         """Condition, denoise and (for video) decode one job. ``clock()`` returns seconds."""
         return self.run_batch([job], clock)[0]
 
-    @torch.no_grad()
     def run_batch(self, jobs: list[DenoiseJob], clock) -> list[DenoiseOutput]:
         """Run jobs that share a schedule (equal :attr:`DenoiseJob.schedule_key`) through shared forwards."""
+        steps = self.iterate_batch(jobs, clock)
+        while True:
+            try:
+                next(steps)
+            except StopIteration as finished:
+                return finished.value
+
+    def iterate_batch(self, jobs: list[DenoiseJob], clock):
+        """:meth:`run_batch` as a generator that pauses after every denoising step.
+
+        Yields the number of steps done; returns the outputs (``StopIteration.value``). Between steps
+        the caller may run other jobs on this sampler: a job's state lives in its own items and
+        schedulers, and the attention layout is set only for the duration of one forward. That is what
+        lets a long video rollout give way to a robot after each step.
+        """
+        with torch.no_grad():
+            items = self._start(jobs, clock)
+        timesteps = items[0].scheduler.timesteps
+        t0, denoise_s = clock(), 0.0
+        for i in range(len(timesteps)):
+            with torch.no_grad():
+                self._step(items, i)
+            denoise_s += clock() - t0
+            yield i + 1
+            t0 = clock()
+        with torch.no_grad():
+            return self._finish(items, denoise_s, clock)
+
+    def _start(self, jobs: list[DenoiseJob], clock) -> list[_Item]:
         if len({job.schedule_key for job in jobs}) != 1:
             raise ValueError("a batch needs jobs with the same schedule (sigmas, steps, guidance, interval)")
-        items = [self._prepare(job, clock) for job in jobs]
+        return [self._prepare(job, clock) for job in jobs]
+
+    def _step(self, items: list[_Item], i: int) -> None:
+        """Denoising step ``i`` of every item: shared forwards, then each item's own scheduler step."""
         first = items[0]
         timesteps, sigmas = first.scheduler.timesteps, first.scheduler.sigmas
+        t, sigma = timesteps[i], float(sigmas[i])
         use_cfg = first.job.guidance_scale != 1.0
-        step_kwargs_for = (lambda item: {"generator": item.generator}) if self._step_takes_generator else (
-            lambda item: {})
+        names = ["cond"] + (["uncond"] if use_cfg and _inside(sigma, first.job.guidance_interval) else [])
+        for name in names:
+            self._forward(items, name, t, i, sigma, len(timesteps))
+        for item in items:
+            job = item.job
+            v_vision, v_action = item.velocities["cond"]
+            if "uncond" in names:
+                u_vision, u_action = item.velocities["uncond"]
+                v_vision = u_vision + job.guidance_scale * (v_vision - u_vision)
+                v_action = u_action + job.guidance_scale * (v_action - u_action)
+            kwargs = {"generator": item.generator} if self._step_takes_generator else {}
+            latents = item.scheduler.step(v_vision.unsqueeze(0), t, item.latents.unsqueeze(0), return_dict=False,
+                                          **kwargs)[0].squeeze(0)
+            item.latents = item.vision_mask * item.x0_vision + (1.0 - item.vision_mask) * latents
+            if item.has_noisy_action:
+                actions = item.action_scheduler.step(v_action.unsqueeze(0), t, item.action_latents.unsqueeze(0),
+                                                     return_dict=False, **kwargs)[0].squeeze(0)
+                actions = item.action_mask * item.x0_action + (1.0 - item.action_mask) * actions
+                actions[:, job.raw_action_dim :] = 0
+                item.action_latents = actions
 
-        t0 = clock()
-        for i, t in enumerate(timesteps):
-            sigma = float(sigmas[i])
-            names = ["cond"] + (["uncond"] if use_cfg and _inside(sigma, first.job.guidance_interval) else [])
-            for name in names:
-                self._forward(items, name, t, i, sigma, len(timesteps))
-            for item in items:
-                job = item.job
-                v_vision, v_action = item.velocities["cond"]
-                if "uncond" in names:
-                    u_vision, u_action = item.velocities["uncond"]
-                    v_vision = u_vision + job.guidance_scale * (v_vision - u_vision)
-                    v_action = u_action + job.guidance_scale * (v_action - u_action)
-                kwargs = step_kwargs_for(item)
-                latents = item.scheduler.step(v_vision.unsqueeze(0), t, item.latents.unsqueeze(0), return_dict=False,
-                                              **kwargs)[0].squeeze(0)
-                item.latents = item.vision_mask * item.x0_vision + (1.0 - item.vision_mask) * latents
-                if item.has_noisy_action:
-                    actions = item.action_scheduler.step(v_action.unsqueeze(0), t, item.action_latents.unsqueeze(0),
-                                                         return_dict=False, **kwargs)[0].squeeze(0)
-                    actions = item.action_mask * item.x0_action + (1.0 - item.action_mask) * actions
-                    actions[:, job.raw_action_dim :] = 0
-                    item.action_latents = actions
-        denoise_s = clock() - t0
-
+    def _finish(self, items: list[_Item], denoise_s: float, clock) -> list[DenoiseOutput]:
+        timesteps = items[0].scheduler.timesteps
         outputs = []
         for item in items:
             video, decode_s = None, 0.0

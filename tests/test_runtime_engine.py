@@ -271,3 +271,21 @@ def test_compiled_transformer_gives_the_same_chunk(tiny_checkpoint, camera_image
     request = ActionRequest(domain_name="fractal", image=camera_image, seed=3)
     np.testing.assert_allclose(compiled.predict_actions(request).actions, eager.predict_actions(request).actions,
                                atol=1e-4)
+
+
+def test_video_rollout_advances_step_by_step_and_lets_other_requests_run_between(tiny_engine, camera_image):
+    engine = tiny_engine("distilled")
+    request = VideoRequest(domain_name="bridge_orig_lerobot", image=camera_image,
+                           actions=np.zeros((8, 10), np.float32), seed=5)
+    whole = engine.rollout_video(request)
+    rollout = engine.start_video(request)
+    policy = ActionRequest(domain_name="fractal", image=camera_image, seed=1)
+    alone = engine.predict_actions(policy).actions
+    progress = [rollout.progress]
+    while not rollout.step():
+        progress.append(rollout.progress)
+        # A robot's request in the middle of the rollout: answered normally, rollout unaffected.
+        np.testing.assert_array_equal(engine.predict_actions(policy).actions, alone)
+    assert progress == sorted(progress) and progress[0] == 0.0 and rollout.progress == 1.0
+    assert rollout.steps_done == len(TINY_DISTILLED_SIGMAS)
+    np.testing.assert_array_equal(rollout.result().frames, whole.frames)
