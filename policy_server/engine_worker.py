@@ -197,37 +197,54 @@ class EngineWorker:
                 if self._queue.closed:  # the server is stopping
                     return
                 continue  # woken for background work while no observation waits
-            now = time.monotonic()
-            batch = []
-            for item in taken:
-                if item.expired(now):
-                    self.dropped_deadline += 1
-                    self._post(item.owner.on_dropped, item, DropReason.DEADLINE)
-                else:
-                    batch.append(item)
-            if not batch:
-                continue
-            self.current = batch
+            self._serve_batch(engine, taken)
+
+    def _serve_waiting(self, engine: ActionEngine) -> None:
+        """Serve the observations waiting right now, without blocking: a background task calls this
+        between its steps, so a robot waits for at most one step of a video, not the whole video."""
+        policy = self.batching
+        while not self._queue.closed:
+            taken = self._queue.take_batch(policy.max_batch, 0.0, policy.compatible, timeout=0)
+            if not taken:
+                return
+            self._serve_batch(engine, taken)
+
+    def _serve_batch(self, engine: ActionEngine, taken: list[PendingObservation]) -> None:
+        now = time.monotonic()
+        batch = []
+        for item in taken:
+            if item.expired(now):
+                self.dropped_deadline += 1
+                self._post(item.owner.on_dropped, item, DropReason.DEADLINE)
+            else:
+                batch.append(item)
+        if not batch:
+            return
+        self.current = batch
+        # Inside a background task the clock is already running (busy_since is set): no double count.
+        started = self.busy_since is None
+        if started:
             self.busy_since = time.monotonic()
-            try:
-                outcomes = self._predict(engine, batch)
-            finally:
-                self.current = []
+        try:
+            outcomes = self._predict(engine, batch)
+        finally:
+            self.current = []
+            if started:
                 self.busy_s += time.monotonic() - self.busy_since
                 self.busy_since = None
-            for item, outcome in zip(batch, outcomes):
-                self._post(item.owner.on_result, item, outcome)
-            if self.on_batch_done is not None:
-                try:
-                    self.on_batch_done(batch, outcomes)
-                except Exception:  # noqa: BLE001 - metrics must never stop the worker
-                    logger.exception("on_batch_done failed")
+        for item, outcome in zip(batch, outcomes):
+            self._post(item.owner.on_result, item, outcome)
+        if self.on_batch_done is not None:
+            try:
+                self.on_batch_done(batch, outcomes)
+            except Exception:  # noqa: BLE001 - metrics must never stop the worker
+                logger.exception("on_batch_done failed")
 
     def _run_background(self, engine: ActionEngine, task: BackgroundTask) -> None:
         self.current_task = task
         self.busy_since = time.monotonic()
         try:
-            result = task.run(engine)
+            result = task.run(engine, lambda: self._serve_waiting(engine))
         finally:
             self.current_task = None
             self.busy_s += time.monotonic() - self.busy_since

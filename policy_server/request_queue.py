@@ -68,14 +68,16 @@ class PendingObservation:
 class BackgroundTask(Protocol):
     """Work that runs on the engine only when no observation waits (a ``forward_dynamics`` video job).
 
-    The worker calls ``run(engine)`` on its thread (it must not raise: failures are part of its
-    result) and then ``owner.on_result(task, result)`` on the event loop. If the queue closes first,
-    ``owner.on_dropped(task, reason)`` is called instead, like for an observation.
+    The worker calls ``run(engine, between_steps)`` on its thread (it must not raise: failures are
+    part of its result) and then ``owner.on_result(task, result)`` on the event loop. A task that
+    works in steps calls ``between_steps()`` after each: the worker then serves the observations
+    waiting at that moment, so a robot waits for one step of the task, not all of it. If the queue
+    closes first, ``owner.on_dropped(task, reason)`` is called instead, like for an observation.
     """
 
     owner: Any
 
-    def run(self, engine: Any) -> Any: ...
+    def run(self, engine: Any, between_steps: Callable[[], None]) -> Any: ...
 
 
 class QueueClosed(Exception):

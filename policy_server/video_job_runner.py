@@ -89,8 +89,12 @@ class VideoRolloutTask:
         self._on_started = on_started
         self.done: asyncio.Future[VideoRolloutResult | None] = loop.create_future()
 
-    def run(self, engine: Any) -> VideoRolloutResult:
-        """Called on the worker thread; never raises (a failure is the result)."""
+    def run(self, engine: Any, between_steps: Callable[[], None] = lambda: None) -> VideoRolloutResult:
+        """Called on the worker thread; never raises (a failure is the result).
+
+        The rollout advances one denoising step at a time and calls ``between_steps`` after each, where
+        the worker serves any robot that is waiting.
+        """
         self.started_at = time.monotonic()
         try:
             self._loop.call_soon_threadsafe(self._on_started, self.job_id)
@@ -98,7 +102,10 @@ class VideoRolloutTask:
             pass  # the loop is gone; nobody will read the progress
         t0 = time.monotonic()
         try:
-            result = engine.rollout_video(self.request)
+            rollout = engine.start_video(self.request)
+            while not rollout.step():
+                between_steps()
+            result = rollout.result()
         except RuntimeErrorBase as exc:
             code = exc.code if exc.code != "checkpoint_error" else ErrorCode.ENGINE_ERROR
             return VideoRolloutResult(error_code=code, error_message=exc.message, error_field=exc.field,

@@ -16,7 +16,7 @@ class _Task:
         self.name = name
         self.owner = self
 
-    def run(self, engine):
+    def run(self, engine, between_steps=lambda: None):
         return self.name
 
 
@@ -75,3 +75,46 @@ def test_close_hands_back_waiting_background_tasks():
         pass
     else:
         raise AssertionError("put_background accepted work after close()")
+
+
+async def test_a_robot_is_served_between_the_steps_of_a_running_video(tiny_engine):
+    """A video rollout running on the worker gives way after each denoising step: an observation that
+    arrives mid-video is answered before the video finishes, not after it."""
+    import asyncio
+
+    from cosmos3_runtime.requests import VideoRequest
+    from policy_server.engine_worker import EngineWorker
+    from policy_server.video_job_runner import VideoRolloutTask
+
+    loop = asyncio.get_running_loop()
+    engine = tiny_engine("base")
+    queue = RequestQueue()
+    worker = EngineWorker(lambda: engine, queue, loop, warmup=False)
+    worker.start()
+    await worker.wait_ready()
+    finished = []
+
+    class Robot:
+        def on_result(self, item, outcome):
+            finished.append(("robot", outcome))
+
+        def on_dropped(self, item, reason):
+            finished.append(("robot-dropped", reason))
+
+    image = np.random.default_rng(0).integers(0, 256, (64, 64, 3), dtype=np.uint8)
+    video = VideoRolloutTask("video_1", VideoRequest(domain_name="fractal", image=image, num_steps=30,
+                                                     guidance_scale=3.0, actions=np.zeros((8, 10), np.float32)),
+                             loop, on_started=lambda job_id: None)
+    queue.put_background(video)
+    while worker.current_task is None:
+        await asyncio.sleep(0.005)
+    queue.put(PendingObservation(session_id="robot", seq=0, owner=Robot(), received_at=time.monotonic(),
+                                 request=ActionRequest(domain_name="fractal", image=image, num_steps=2,
+                                                       guidance_scale=1.0)))
+    result = await asyncio.wait_for(video.done, 120)
+    queue.close()
+    await asyncio.to_thread(worker.stop, 10)
+    assert result.error_code is None and result.frames.shape[0] == 9
+    assert [kind for kind, _ in finished] == ["robot"]
+    robot_done = finished[0][1].done_at
+    assert robot_done < video.started_at + result.engine_s  # answered while the video was still running
