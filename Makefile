@@ -11,8 +11,10 @@ OPENPI_VENV := .venv-openpi
 OPENPI_STAMP := $(OPENPI_VENV)/.installed
 # Headless OpenGL for MuJoCo's offscreen rendering: EGL on Mesa's software rasterizer (no GPU, no display).
 GL_PACKAGES := libegl1 libegl-mesa0 libgl1 libgl1-mesa-dri
+# The dashboard test drives Debian's Chromium (never a browser a tool downloads itself).
+BROWSER_PACKAGES := chromium
 
-.PHONY: demo test test-slow install clean system-deps
+.PHONY: demo test test-slow install clean system-deps test-system-deps
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -26,22 +28,29 @@ $(OPENPI_STAMP):
 	$(OPENPI_VENV)/bin/python -m pip install --quiet openpi-client==0.1.2 typing_extensions
 	touch $(OPENPI_STAMP)
 
-# Installs the GL packages only when one is missing (apt needs root; elsewhere it says what to install).
-system-deps:
-	@if command -v dpkg >/dev/null 2>&1 && ! dpkg -s $(GL_PACKAGES) >/dev/null 2>&1; then \
+# Installs Debian packages only when one is missing (apt needs root; elsewhere it says what to install).
+define apt_ensure
+	@if command -v dpkg >/dev/null 2>&1 && ! dpkg -s $(1) >/dev/null 2>&1; then \
 		if [ "$$(id -u)" = 0 ]; then \
-			apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends $(GL_PACKAGES); \
+			apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends $(1); \
 		else \
-			echo "MuJoCo's offscreen rendering needs: sudo apt-get install $(GL_PACKAGES)" >&2; exit 1; \
+			echo "please install: sudo apt-get install $(1)" >&2; exit 1; \
 		fi; \
 	fi
+endef
+
+system-deps:
+	$(call apt_ensure,$(GL_PACKAGES))
+
+test-system-deps:
+	$(call apt_ensure,$(GL_PACKAGES) $(BROWSER_PACKAGES))
 
 install: $(STAMP) system-deps
 
 demo: $(STAMP) system-deps
 	$(VENV)/bin/cosmos3-demo-mujoco
 
-test: $(STAMP) $(OPENPI_STAMP) system-deps
+test: $(STAMP) $(OPENPI_STAMP) test-system-deps
 	$(PY) -m pytest -q
 
 test-slow: $(STAMP)
