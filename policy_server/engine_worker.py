@@ -151,6 +151,11 @@ class EngineWorker:
     def busy(self) -> bool:
         return bool(self.current) or self.current_task is not None
 
+    def topology(self) -> dict[str, Any]:
+        """One engine, in this process (the Ray backend reports its replicas the same way)."""
+        return {"backend": "local", "replicas": [{"replica": 0, "state": self.state.value, "completed": self.completed,
+                                                  "failed": self.failed, "busy_s": self.busy_s}]}
+
     # -- the worker thread -------------------------------------------------------------------------
 
     def _post(self, callback: Callable[..., Any], *args: Any) -> None:

@@ -25,6 +25,7 @@ from websockets.datastructures import Headers
 from websockets.http11 import Request, Response
 
 from . import protocol
+from .engine_backend import BackendFactory, EngineBackend
 from .engine_worker import ActionEngine, BatchPolicy, EngineWorker, WorkerState
 from .openpi_session import OPENPI_PATHS, OpenpiSession, OpenpiSettings
 from .protocol import DropReason, FrameLimits
@@ -73,16 +74,23 @@ class ServerSettings:
 
 
 class PolicyServer:
-    """Serves one engine to many WebSocket sessions. Use as ``async with PolicyServer(...) as s:``."""
+    """Serves one engine to many WebSocket sessions. Use as ``async with PolicyServer(...) as s:``.
 
-    def __init__(self, load_engine: Callable[[], ActionEngine], settings: ServerSettings | None = None) -> None:
+    The engine runs on the local worker thread (``load_engine`` is called there), or, given ``backend``
+    (a :class:`~policy_server.engine_backend.BackendFactory`, e.g. the Ray backend's), wherever that
+    backend runs it; the backend then also supplies the queue.
+    """
+
+    def __init__(self, load_engine: Callable[[], ActionEngine] | None, settings: ServerSettings | None = None,
+                 backend: BackendFactory | None = None) -> None:
         self.settings = settings or ServerSettings()
         self._load_engine = load_engine
-        self.queue = RequestQueue()
+        self._backend = backend
+        self.queue = backend.make_queue() if backend is not None else RequestQueue()
         self.sessions: dict[str, RealtimeSession | OpenpiSession] = {}
         self.description: dict[str, Any] = {}
         self.frame_limits = FrameLimits(min_image_side=1, max_image_side=4096, max_clip_frames=65)
-        self.worker: EngineWorker | None = None
+        self.worker: EngineBackend | None = None
         self.sidecar: HttpSidecar | None = None
         self.stopping = False
         self._closed_sessions_dropped = 0
@@ -95,14 +103,18 @@ class PolicyServer:
     async def start(self) -> None:
         """Listen, then start loading the model in the background. Returns as soon as the port is open."""
         loop = asyncio.get_running_loop()
-        self.worker = EngineWorker(
-            self._load_engine,
-            self.queue,
-            loop,
-            torch_threads=self.settings.torch_threads,
-            warmup=self.settings.warmup,
-            batching=BatchPolicy(self.settings.max_batch, self.settings.max_batch_wait_ms),
-        )
+        if self._backend is not None:
+            self.worker = self._backend.make_backend(self, self.queue, loop)
+        else:
+            assert self._load_engine is not None, "a load_engine function or a backend"
+            self.worker = EngineWorker(
+                self._load_engine,
+                self.queue,
+                loop,
+                torch_threads=self.settings.torch_threads,
+                warmup=self.settings.warmup,
+                batching=BatchPolicy(self.settings.max_batch, self.settings.max_batch_wait_ms),
+            )
         self._ws_server = await serve(
             self._handle_connection,
             self.settings.host,

@@ -1,0 +1,90 @@
+"""What the server needs of whatever runs the engine: the local worker thread, or replicas elsewhere.
+
+:class:`~policy_server.server.PolicyServer` talks to its engine through two things only: a request
+queue (sessions put observations in it, the HTTP sidecar puts video jobs in its background lane) and an
+:class:`EngineBackend` that takes work from that queue and runs it. Two implementations exist:
+
+* :class:`~policy_server.engine_worker.EngineWorker`: one thread in this process owning one engine
+  (the default, ``cosmos3-serve --backend local``);
+* :class:`~policy_server.ray_backend.RayBackend`: engine replicas deployed on Ray Serve, one per GPU,
+  with sessions pinned to a replica (``--backend ray``). Ray is imported only by that module, so the
+  local path never pays for it.
+
+A backend other than the local worker comes with its own queue (the Ray backend's routes each session
+to the queue of its replica), so the server asks a :class:`BackendFactory` for both.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import TYPE_CHECKING, Any, Callable, Protocol
+
+if TYPE_CHECKING:
+    from .engine_worker import EngineOutcome, WorkerState
+    from .request_queue import PendingObservation, RequestQueue
+    from .server import PolicyServer
+
+
+class EngineBackend(Protocol):
+    """The engine as the server, the HTTP sidecar and the metrics see it.
+
+    Lifecycle: :meth:`start` (returns at once; loading happens in the background), ``await``
+    :meth:`wait_ready`, then work flows through the queue; at shutdown the server closes the queue and
+    calls :meth:`stop`. Counters are totals since the start, over every engine the backend runs.
+    """
+
+    state: "WorkerState"
+    description: dict[str, Any] | None
+    thread_settings: dict[str, object]
+    # Seconds spent running the engine; busy_since is when the running call started (None when idle).
+    busy_s: float
+    busy_since: float | None
+    completed: int
+    failed: int
+    dropped_deadline: int
+    batches: int
+    batched_items: int
+    # Set by the HTTP sidecar before start(); called on a backend thread after every batch.
+    on_batch_done: Callable[[list["PendingObservation"], list["EngineOutcome"]], None] | None
+
+    def start(self) -> None: ...
+
+    async def wait_ready(self) -> dict[str, Any]: ...
+
+    def stop(self, timeout: float | None = None) -> bool: ...
+
+    @property
+    def busy(self) -> bool: ...
+
+    def topology(self) -> dict[str, Any]:
+        """Where the engine runs: ``{"backend": ..., "replicas": [{"replica": ..., "state": ...}, ...]}``."""
+        ...
+
+
+class QueueLike(Protocol):
+    """The request queue's interface as sessions and the sidecar use it (RequestQueue provides it)."""
+
+    def put(self, item: "PendingObservation") -> "PendingObservation | None": ...
+
+    def put_background(self, task: Any) -> None: ...
+
+    def cancel(self, session_id: Any, seq: int | None = None) -> "PendingObservation | None": ...
+
+    def close(self) -> list[Any]: ...
+
+    @property
+    def closed(self) -> bool: ...
+
+    @property
+    def background_waiting(self) -> int: ...
+
+    def __len__(self) -> int: ...
+
+
+class BackendFactory(Protocol):
+    """Makes a non-local backend and the queue it serves (see :class:`~policy_server.ray_backend.RayBackendFactory`)."""
+
+    def make_queue(self) -> QueueLike: ...
+
+    def make_backend(self, server: "PolicyServer", queue: QueueLike,
+                     loop: asyncio.AbstractEventLoop) -> EngineBackend: ...
