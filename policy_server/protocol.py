@@ -33,6 +33,8 @@ RESET_DONE = "reset_done"
 # Sent when an operator acts on the session (docs/protocol.md, "Operator controls").
 SESSION_STATE = "session_state"
 SESSION_UPDATED = "session_updated"
+# Something happened to the session on the server side (e.g. "replica_moved": its engine replica was lost).
+SESSION_EVENT = "session_event"
 
 
 class ErrorCode:
@@ -49,6 +51,8 @@ class ErrorCode:
     UNSUPPORTED_TIER = "unsupported_tier"  # the resolution tier is not one the variant supports
     INVALID_REQUEST = "invalid_request"  # the engine refused a value the server could not check up front
     ENGINE_ERROR = "engine_error"  # the model failed on a valid request; details are in the server log
+    RATE_LIMITED = "rate_limited"  # more observations per second than the server allows a session; not queued
+    ENGINE_TIMEOUT = "engine_timeout"  # the engine call ran past --engine-timeout-s; the engine is being restarted
 
 
 class DropReason:

@@ -81,6 +81,7 @@ class RealtimeSession:
         # True while the prompt is the operator's: per-observation prompt overrides are then ignored,
         # until the robot's own `configure` sets a prompt again.
         self.operator_prompt = False
+        self.rate = server.settings.observation_rate.bucket()
 
     # -- the connection's life ---------------------------------------------------------------------
 
@@ -178,6 +179,8 @@ class RealtimeSession:
         )
 
     def _on_observation(self, obs: protocol.ObservationFrame, received_at: float) -> None:
+        if not self.rate.take(received_at):
+            raise ProtocolError(ErrorCode.RATE_LIMITED, self.rate.message(), None, obs.seq)
         if self.config is None:
             raise ProtocolError(
                 ErrorCode.NOT_CONFIGURED,
@@ -240,6 +243,10 @@ class RealtimeSession:
         self.dropped += 1
         self.telemetry.record_drop(item.seq, reason)
         self._send(protocol.dropped_frame(item.seq, reason, _DROP_MESSAGES[reason]))
+
+    def send_session_event(self, event: str, details: dict[str, Any]) -> None:
+        """Tell the robot something happened to its session on the server's side (e.g. ``replica_moved``)."""
+        self._send({"type": protocol.SESSION_EVENT, "session_id": self.id, "event": event, **details})
 
     # -- operator controls (from the observer channel, on the event loop) ---------------------------
 

@@ -1,0 +1,141 @@
+"""The Ray Serve backend for real: a local Ray instance, two CPU replicas of the tiny model, a real
+WebSocket client, a replica killed with ``ray.kill`` mid-session.
+
+Ray's start-up costs seconds on this machine, so one Ray instance serves the module and one server with
+two replicas serves both tests. Skipped when the ``ray`` extra is not installed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import numpy as np
+import pytest
+
+pytest.importorskip("ray.serve", reason="the `ray` extra is not installed")
+
+from websockets.asyncio.client import connect  # noqa: E402
+
+from policy_server.server import PolicyServer  # noqa: E402
+from robot_clients.wire_codec import packb, unpackb  # noqa: E402
+from server_fixtures import DOMAIN, ServerThread, rgb_image, tiny_checkpoint, tiny_engine_loader  # noqa: E402
+
+SEED = 7
+
+
+@pytest.fixture(scope="module")
+def ray_instance():
+    import ray
+    from ray import serve
+
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    serve.start(proxy_location="Disabled")
+    yield ray
+    serve.shutdown()
+    ray.shutdown()
+
+
+class RayServerThread(ServerThread):
+    """A test server whose engine runs on Ray Serve replicas instead of the local worker thread."""
+
+    def __init__(self, replicas: int, **settings) -> None:
+        from policy_server.ray_backend import EngineSpec, RayBackendFactory, RayBackendSettings
+
+        super().__init__(None, **settings)
+        spec = EngineSpec(source=str(tiny_checkpoint("distilled")), device="cpu", dtype="float32", torch_threads=1,
+                          warmup=False)
+        # num_cpus 0: two replicas plus Serve's controller fit a 2-core Ray instance.
+        factory = RayBackendFactory(RayBackendSettings(replicas=replicas, num_cpus=0), spec)
+        self.server = PolicyServer(None, self.settings, backend=factory)
+
+
+@pytest.fixture(scope="module")
+def ray_server(ray_instance):
+    with RayServerThread(replicas=2) as running:
+        yield running
+
+
+async def open_session(url: str):
+    ws = await connect(url, compression=None, proxy=None, max_size=None)
+    metadata = unpackb(await ws.recv())
+    await ws.send(packb({"type": "configure", "domain_name": DOMAIN, "seed": SEED}))
+    session = unpackb(await ws.recv())
+    return ws, metadata, session
+
+
+async def round_trip(ws, seq: int, image: np.ndarray, timeout: float = 60.0) -> list[dict]:
+    """Send one observation; return every frame up to and including its terminal reply."""
+    await ws.send(packb({"type": "observation", "seq": seq, "image": image}))
+    frames = []
+    while True:
+        frame = unpackb(await asyncio.wait_for(ws.recv(), timeout))
+        frames.append(frame)
+        if frame.get("seq") == seq and frame["type"] in ("action_chunk", "dropped", "error"):
+            return frames
+
+
+async def local_actions(image: np.ndarray) -> np.ndarray:
+    """The same observation through the local backend (same checkpoint, same seed)."""
+    server = await asyncio.to_thread(ServerThread(tiny_engine_loader("distilled")).start)
+    try:
+        ws, _, _ = await open_session(server.url)
+        async with ws:
+            return (await round_trip(ws, 0, image))[-1]["actions"]
+    finally:
+        await asyncio.to_thread(server.stop)
+
+
+async def test_sessions_spread_over_replicas_and_match_the_local_backend(ray_server):
+    image = rgb_image(seed=1)
+    expected = await local_actions(image)
+    ws_a, metadata, _ = await open_session(ray_server.url)
+    ws_b, _, _ = await open_session(ray_server.url)
+    async with ws_a, ws_b:
+        chunk_a = (await round_trip(ws_a, 0, image))[-1]
+        chunk_b = (await round_trip(ws_b, 0, image))[-1]
+        assert chunk_a["type"] == chunk_b["type"] == "action_chunk"
+        np.testing.assert_array_equal(chunk_a["actions"], expected)
+        np.testing.assert_array_equal(chunk_b["actions"], expected)
+        topology = ray_server.run(lambda: ray_server.server.worker.topology())
+        assert topology["backend"] == "ray"
+        assert [r["sessions"] for r in topology["replicas"]] == [1, 1]
+        assert len({r["actor_name"] for r in topology["replicas"]}) == 2
+        assert all(r["completed"] >= 1 for r in topology["replicas"])
+    assert metadata["model"]
+
+
+async def test_killed_replica_moves_its_session_which_carries_on(ray_server, ray_instance):
+    image = rgb_image(seed=2)
+    ws, _, session = await open_session(ray_server.url)
+    async with ws:
+        first = (await round_trip(ws, 0, image))[-1]
+        assert first["type"] == "action_chunk"
+        router = ray_server.server.queue
+        before = ray_server.run(lambda: router.replica_of(session["session_id"]))
+        topology = ray_server.run(lambda: ray_server.server.worker.topology())
+        actor_name = topology["replicas"][before]["actor_name"]
+
+        # Kill the session's replica while its next observation is on the way (in flight or waiting).
+        await ws.send(packb({"type": "observation", "seq": 1, "image": image}))
+        ray_instance.kill(ray_instance.get_actor(actor_name, namespace="serve"), no_restart=True)
+        frames = []
+        while not (frames and frames[-1].get("seq") == 1 and frames[-1]["type"] != "session_event"):
+            frames.append(unpackb(await asyncio.wait_for(ws.recv(), 60.0)))
+        events = [f for f in frames if f["type"] == "session_event"]
+        assert [e["event"] for e in events] == ["replica_moved"]
+        assert events[0]["from_replica"] == before and events[0]["to_replica"] != before
+        # The observation that was on its way is served by the other replica, not answered with an error.
+        assert frames[-1]["type"] == "action_chunk", frames[-1]
+        np.testing.assert_array_equal(frames[-1]["actions"], first["actions"])
+        after = ray_server.run(lambda: router.replica_of(session["session_id"]))
+        assert after == events[0]["to_replica"]
+        # And the session carries on there.
+        assert (await round_trip(ws, 2, image))[-1]["type"] == "action_chunk"
+        assert ray_server.run(lambda: ray_server.server.worker.failovers) == 1
+
+    # Serve replaces the dead replica; it comes back into service for new sessions.
+    deadline = time.monotonic() + 90
+    while ray_server.run(lambda: ray_server.server.worker.topology()["replicas"][before]["state"]) != "live":
+        assert time.monotonic() < deadline, "the lost replica was never replaced"
+        await asyncio.sleep(0.5)
