@@ -20,7 +20,7 @@ $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
 	$(PY) -m pip install --quiet torch==2.13.0
-	$(PY) -m pip install --quiet -e '.[server,sim,dev]'
+	$(PY) -m pip install --quiet -e '.[server,sim,dev,ray]'
 	touch $(STAMP)
 
 $(OPENPI_STAMP):

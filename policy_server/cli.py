@@ -24,7 +24,10 @@ import sys
 import tempfile
 from pathlib import Path
 
+from .auth import TokenConfigError, TokenSet
 from .openpi_observation import CameraMapping, CameraMappingError
+from .rate_limits import DEFAULT_BURST, DEFAULT_MAX_OBSERVATION_HZ, RateLimit
+from .watchdog import DEFAULT_ENGINE_TIMEOUT_S
 from .openpi_session import OpenpiSettings
 from .http_sidecar import DEFAULT_MAX_BODY_BYTES, SidecarSettings
 from .server import DEFAULT_MAX_MESSAGE_BYTES, PolicyServer, ServerSettings
@@ -64,8 +67,26 @@ def build_parser() -> argparse.ArgumentParser:
                       help="video jobs that may wait; more are refused with 429 (default 100)")
     http.add_argument("--max-body-mib", type=float, default=DEFAULT_MAX_BODY_BYTES / 2**20,
                       help="largest HTTP request body, uploads included, in MiB (default 64)")
-    parser.add_argument("--certfile", default=None, help="TLS certificate (PEM) to serve wss:// instead of ws://")
-    parser.add_argument("--keyfile", default=None, help="TLS private key (PEM), if not inside --certfile")
+    security = parser.add_argument_group("security and limits", "see docs/security.md")
+    security.add_argument("--tls-cert", "--certfile", dest="tls_cert", default=None,
+                          help="TLS certificate chain (PEM): serve wss:// and the sidecar over https://")
+    security.add_argument("--tls-key", "--keyfile", dest="tls_key", default=None,
+                          help="TLS private key (PEM), if not inside --tls-cert")
+    security.add_argument("--auth-token", default=os.environ.get("COSMOS3_AUTH_TOKEN") or None,
+                          help="bearer token required on every endpoint but /healthz and the dashboard's static "
+                               "files (default: $COSMOS3_AUTH_TOKEN; unset: no authentication)")
+    security.add_argument("--auth-token-file", default=None,
+                          help="file of accepted tokens, one per line (# comments); combines with --auth-token")
+    security.add_argument("--max-sessions", type=int, default=64,
+                          help="robot sessions open at once; more are refused with HTTP 503 (default 64)")
+    security.add_argument("--max-observation-hz", type=float, default=DEFAULT_MAX_OBSERVATION_HZ,
+                          help="observations per second per session, beyond which they are answered "
+                               "`rate_limited` (default %(default)g; 0: no limit)")
+    security.add_argument("--observation-burst", type=int, default=DEFAULT_BURST,
+                          help="observations a session may send at once above that rate (default %(default)d)")
+    security.add_argument("--engine-timeout-s", type=float, default=DEFAULT_ENGINE_TIMEOUT_S,
+                          help="an engine call (one inference, one video step) running longer than this fails its "
+                               "requests with `engine_timeout` and the engine is reloaded (default %(default)g; 0: off)")
     parser.add_argument("--device", default=None, help="torch device, e.g. cpu, cuda, cuda:1 (default: best available)")
     parser.add_argument("--dtype", default=None, help="float32, bfloat16 or float16 (default: the device's best)")
     parser.add_argument("--profiles", default=None, help="a policy profile file overriding the checkpoint's")
@@ -90,6 +111,16 @@ def build_parser() -> argparse.ArgumentParser:
                         help="memory for the text prefix cache (0: off)")
     parser.add_argument("--compile", action="store_true",
                         help="torch.compile the transformer's decoder layers (warm-up then compiles each shape)")
+    scale = parser.add_argument_group(
+        "engine backend", "where the engine runs; see docs/deployment.md (the ray backend needs the `ray` extra)")
+    scale.add_argument("--backend", choices=("local", "ray"), default="local",
+                       help="local: one engine worker in this process (default); ray: replicas on Ray Serve")
+    scale.add_argument("--replicas", type=int, default=1, help="engine replicas with --backend ray (default 1)")
+    scale.add_argument("--ray-address", default=None,
+                       help="join this Ray cluster (e.g. auto, or HEAD:6379) instead of starting a local instance")
+    scale.add_argument("--replica-gpus", type=float, default=None,
+                       help="GPUs per replica (default: 1 if the cluster has GPUs, else 0 = CPU replicas)")
+    scale.add_argument("--replica-cpus", type=float, default=1.0, help="CPUs reserved per replica (default 1)")
     parser.add_argument("--shutdown-grace", type=float, default=30.0, help="seconds to let a running inference finish")
     openpi = parser.add_argument_group(
         "openpi endpoint", "openpi clients connect to ws://HOST:PORT/ or /openpi and cannot choose these themselves")
@@ -156,13 +187,32 @@ def _engine_loader(args: argparse.Namespace, workdir: Path):
     return load
 
 
+def _ray_backend(args: argparse.Namespace, workdir: Path):
+    """The Ray backend's factory (imports Ray, so only for --backend ray). A --tiny checkpoint is built
+    here, once, and its path handed to the replicas: fine for a local instance, not for remote nodes."""
+    from .ray_backend import EngineSpec, RayBackendFactory, RayBackendSettings
+
+    source = args.model
+    if args.tiny:
+        from cosmos3_runtime.tiny import build_tiny_checkpoint
+
+        source = str(build_tiny_checkpoint(workdir / f"tiny-{args.tiny}", variant=args.tiny))
+    spec = EngineSpec(source=source, device=args.device, dtype=args.dtype, profiles_path=args.profiles,
+                      prefix_cache_mb=args.prefix_cache_mb, compile=args.compile, torch_threads=args.torch_threads,
+                      warmup=args.warmup)
+    settings = RayBackendSettings(replicas=max(1, args.replicas), address=args.ray_address,
+                                  num_gpus=args.replica_gpus, num_cpus=args.replica_cpus)
+    return RayBackendFactory(settings, spec)
+
+
 def _ssl_context(args: argparse.Namespace):
-    if not args.certfile:
+    if not args.tls_cert:
         return None
     import ssl
 
     context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
-    context.load_cert_chain(args.certfile, args.keyfile)
+    context.minimum_version = ssl.TLSVersion.TLSv1_2
+    context.load_cert_chain(args.tls_cert, args.tls_key)
     return context
 
 
@@ -180,8 +230,15 @@ async def serve_until_stopped(args: argparse.Namespace) -> int:
             openpi=_openpi_settings(args),
             http=_sidecar_settings(args),
             ssl_context=_ssl_context(args),
+            auth_tokens=TokenSet.load(args.auth_token, args.auth_token_file),
+            max_sessions=max(1, args.max_sessions),
+            observation_rate=RateLimit(max(0.0, args.max_observation_hz), max(1, args.observation_burst)),
+            engine_timeout_s=max(0.0, args.engine_timeout_s),
         )
-        server = PolicyServer(_engine_loader(args, Path(workdir)), settings)
+        if args.backend == "ray":
+            server = PolicyServer(None, settings, backend=_ray_backend(args, Path(workdir)))
+        else:
+            server = PolicyServer(_engine_loader(args, Path(workdir)), settings)
         stop = asyncio.Event()
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGINT, signal.SIGTERM):
@@ -212,6 +269,12 @@ def main(argv: list[str] | None = None) -> int:
     try:
         CameraMapping.load(args.openpi_cameras)  # a bad mapping is a usage error, before anything starts
     except CameraMappingError as exc:
+        parser.error(str(exc))
+    if args.tls_key and not args.tls_cert:
+        parser.error("--tls-key needs --tls-cert")
+    try:  # an unreadable token file is a usage error, before anything starts
+        TokenSet.load(args.auth_token, args.auth_token_file)
+    except TokenConfigError as exc:
         parser.error(str(exc))
     logging.basicConfig(
         level=args.log_level.upper(),
