@@ -234,3 +234,5 @@ class ActionMetadata(BaseModel):
     capabilities: dict[str, Any]
     device: str | None = None
     dtype: str | None = None
+    topology: dict[str, Any] = Field(default_factory=dict,
+                                     description="where the engine runs: backend (local, ray) and its replicas")

@@ -198,6 +198,7 @@ class HttpSidecar:
             engine_busy_seconds=self._engine_busy_seconds,
             video_jobs_by_status=lambda: self.store.count_by_status() if self.store else {},
             ready=lambda: server.ready,
+            replicas=lambda: server.worker.topology().get("replicas", []) if server.worker is not None else [],
         ))
         self.app = build_app(self)
         self._uvicorn: Any = None
@@ -576,6 +577,7 @@ def build_app(sidecar: HttpSidecar) -> FastAPI:
                                     "max_bytes": sidecar.settings.retention.max_bytes},
             },
             device=d.get("device"), dtype=d.get("dtype"),
+            topology=sidecar.server.worker.topology() if sidecar.server.worker is not None else {},
         )
 
     # -- operations --------------------------------------------------------------------------------------

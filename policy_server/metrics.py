@@ -57,6 +57,8 @@ class ServerStateReaders:
     engine_busy_seconds: Callable[[], float]
     video_jobs_by_status: Callable[[], dict[str, int]]
     ready: Callable[[], bool]
+    # Per engine replica (the backend's topology()["replicas"]): one entry for the local worker.
+    replicas: Callable[[], list[dict[str, Any]]] = lambda: []
 
 
 class BusyFraction:
@@ -114,10 +116,30 @@ class _StateCollector(Collector):
             f"fraction of the last {BUSY_WINDOW_S:.0f} s the engine worker spent running requests",
             value=self._busy.read(),
         )
+        yield from _replica_metrics(r.replicas())
         jobs = GaugeMetricFamily(f"{NAMESPACE}_video_jobs", "video jobs in the store, by status", labels=["status"])
         for status, count in sorted(r.video_jobs_by_status().items()):
             jobs.add_metric([status], count)
         yield jobs
+
+
+def _replica_metrics(replicas: list[dict[str, Any]]) -> Iterable[Any]:
+    """Per-replica series, labelled ``replica`` (its index): up, pinned sessions, work done, failovers."""
+    up = GaugeMetricFamily(f"{NAMESPACE}_replica_up", "1 while the engine replica is in service", labels=["replica"])
+    sessions = GaugeMetricFamily(f"{NAMESPACE}_replica_sessions", "sessions pinned to the replica", labels=["replica"])
+    completed = CounterMetricFamily(f"{NAMESPACE}_replica_completed", "requests the replica answered", labels=["replica"])
+    busy = CounterMetricFamily(f"{NAMESPACE}_replica_busy_seconds", "seconds the replica spent running requests",
+                               labels=["replica"])
+    failovers = CounterMetricFamily(f"{NAMESPACE}_replica_failovers", "times the replica was lost and its sessions moved",
+                                    labels=["replica"])
+    for replica in replicas:
+        label = [str(replica.get("replica", 0))]
+        up.add_metric(label, int(replica.get("state") in ("live", "ready")))
+        sessions.add_metric(label, replica.get("sessions", 0))
+        completed.add_metric(label, replica.get("completed", 0))
+        busy.add_metric(label, replica.get("busy_s", 0.0))
+        failovers.add_metric(label, replica.get("failovers", 0))
+    yield from (up, sessions, completed, busy, failovers)
 
 
 class ServerMetrics:
