@@ -12,6 +12,13 @@ mid-inference costs that one inference and nothing else.
 
 Background tasks (the HTTP sidecar's video rollouts, :class:`~policy_server.request_queue.BackgroundTask`)
 run only when no observation waits; once started, one runs to its end.
+
+A hung engine call (:mod:`policy_server.watchdog` notices it from ``call_started_at``) is handled by
+:meth:`EngineWorker.abandon_hung_call`: the requests of that call are failed with ``engine_timeout``,
+the worker reports ``restarting`` and a new thread loads a fresh engine. Python cannot kill a thread:
+the stuck one is abandoned (it keeps its engine's memory until its call returns, if ever) and
+everything it does afterwards is discarded, because only the current thread may post outcomes, touch
+the worker's state or take from the queue.
 """
 
 from __future__ import annotations
@@ -72,6 +79,7 @@ class WorkerState(str, enum.Enum):
     LOADING = "loading"
     WARMING_UP = "warming_up"
     READY = "ready"
+    RESTARTING = "restarting"  # the watchdog abandoned a hung engine call; a fresh engine is loading
     FAILED = "failed"
     STOPPED = "stopped"
 
@@ -129,6 +137,10 @@ class EngineWorker:
         self.completed = 0
         self.failed = 0
         self.dropped_deadline = 0
+        # When the engine call now running started (a video job: its current step); None when idle.
+        # The watchdog compares it with --engine-timeout-s.
+        self.call_started_at: float | None = None
+        self.restarts = 0
 
     # -- control, from the event loop ------------------------------------------------------------
 
@@ -158,7 +170,45 @@ class EngineWorker:
 
     # -- the worker thread -------------------------------------------------------------------------
 
+    def _is_current(self) -> bool:
+        """False on a thread the watchdog abandoned: it must not post, take work or touch the state."""
+        return threading.current_thread() is self._thread
+
+    def abandon_hung_call(self, timeout_s: float) -> None:
+        """On the event loop: fail the hung call's requests with ``engine_timeout`` and reload the engine.
+
+        The stuck thread cannot be stopped; it is left behind and whatever it produces is discarded.
+        """
+        items, task = list(self.current), self.current_task
+        stuck_for = time.monotonic() - self.call_started_at if self.call_started_at is not None else 0.0
+        self.current, self.current_task, self.call_started_at = [], None, None
+        if self.busy_since is not None:
+            self.busy_s += time.monotonic() - self.busy_since
+            self.busy_since = None
+        self.restarts += 1
+        self.failed += len(items) + (task is not None)
+        self.state = WorkerState.RESTARTING
+        reference = uuid.uuid4().hex[:12]
+        logger.error("engine call stuck for %.1f s (limit %g s, ref %s): failing %d request(s)%s, abandoning thread %s "
+                     "and loading a fresh engine", stuck_for, timeout_s, reference, len(items),
+                     " and a background task" if task is not None else "", self._thread.name)
+        message = (f"the engine did not finish within {timeout_s:g} s; the server is restarting it (ref {reference}). "
+                   "Retry once it is ready")
+        for item in items:
+            item.owner.on_result(item, EngineOutcome(error_code=ErrorCode.ENGINE_TIMEOUT, error_message=message,
+                                                     engine_ms=stuck_for * 1e3, done_at=time.monotonic()))
+        if task is not None:
+            on_timeout = getattr(task.owner, "on_timeout", None)
+            if on_timeout is not None:
+                on_timeout(task, ErrorCode.ENGINE_TIMEOUT, message)
+            else:
+                task.owner.on_dropped(task, ErrorCode.ENGINE_TIMEOUT)
+        self._thread = threading.Thread(target=self._run, name=f"engine-worker-{self.restarts}", daemon=True)
+        self._thread.start()
+
     def _post(self, callback: Callable[..., Any], *args: Any) -> None:
+        if not self._is_current():
+            return  # an abandoned thread's late outcome: its requests were already answered
         try:
             self._loop.call_soon_threadsafe(callback, *args)
         except RuntimeError:
@@ -180,19 +230,24 @@ class EngineWorker:
                 logger.info("model warmed up in %.1f s", time.monotonic() - t0)
         except BaseException as exc:  # noqa: BLE001 - any failure here means "not ready", reported once
             logger.exception("the engine failed to load")
+            if not self._is_current():
+                return
             self.state = WorkerState.FAILED
             self._post(_set_exception, self._ready, exc)
+            return
+        if not self._is_current():
             return
         self.state = WorkerState.READY
         self._post(_set_result, self._ready, self.description)
         try:
             self._serve(engine)
         finally:
-            self.state = WorkerState.STOPPED
+            if self._is_current():
+                self.state = WorkerState.STOPPED
 
     def _serve(self, engine: ActionEngine) -> None:
         policy = self.batching
-        while True:
+        while self._is_current():
             task = self._queue.take_background()  # only when no observation waits
             if task is not None:
                 self._run_background(engine, task)
@@ -208,7 +263,7 @@ class EngineWorker:
         """Serve the observations waiting right now, without blocking: a background task calls this
         between its steps, so a robot waits for at most one step of a video, not the whole video."""
         policy = self.batching
-        while not self._queue.closed:
+        while not self._queue.closed and self._is_current():
             taken = self._queue.take_batch(policy.max_batch, 0.0, policy.compatible, timeout=0)
             if not taken:
                 return
@@ -233,10 +288,13 @@ class EngineWorker:
         try:
             outcomes = self._predict(engine, batch)
         finally:
-            self.current = []
-            if started:
-                self.busy_s += time.monotonic() - self.busy_since
-                self.busy_since = None
+            if self._is_current():
+                self.current = []
+                if started:
+                    self.busy_s += time.monotonic() - self.busy_since
+                    self.busy_since = None
+        if not self._is_current():
+            return  # abandoned while it ran: the watchdog has answered these requests
         for item, outcome in zip(batch, outcomes):
             self._post(item.owner.on_result, item, outcome)
         if self.on_batch_done is not None:
@@ -247,26 +305,42 @@ class EngineWorker:
 
     def _run_background(self, engine: ActionEngine, task: BackgroundTask) -> None:
         self.current_task = task
-        self.busy_since = time.monotonic()
+        self.busy_since = self.call_started_at = time.monotonic()
+
+        def between_steps() -> None:
+            self._serve_waiting(engine)
+            if self._is_current():
+                self.call_started_at = time.monotonic()  # the next step starts now
+
         try:
-            result = task.run(engine, lambda: self._serve_waiting(engine))
+            result = task.run(engine, between_steps)
         finally:
-            self.current_task = None
-            self.busy_s += time.monotonic() - self.busy_since
-            self.busy_since = None
+            if self._is_current():
+                self.current_task = None
+                self.call_started_at = None
+                self.busy_s += time.monotonic() - self.busy_since
+                self.busy_since = None
         self._post(task.owner.on_result, task, result)
 
     def _predict(self, engine: ActionEngine, batch: list[PendingObservation]) -> list[EngineOutcome]:
         t0 = time.monotonic()
+        outer_call = self.call_started_at  # set inside a video step: the step's clock resumes afterwards
+        self.call_started_at = t0
         try:
             if len(batch) == 1:
                 results: list[Any] = [_call(engine.predict_actions, batch[0].request)]
             else:
-                results = engine.predict_actions_batch([item.request for item in batch])
-                self.batches += 1
-                self.batched_items += len(batch)
-        except Exception as exc:  # noqa: BLE001 - the whole call failed: every item gets the error
-            results = [exc] * len(batch)
+                try:
+                    results = engine.predict_actions_batch([item.request for item in batch])
+                    self.batches += 1
+                    self.batched_items += len(batch)
+                except Exception:  # noqa: BLE001 - one bad request must not fail its batch mates:
+                    # run each alone, so only the request that fails gets the error.
+                    logger.warning("a batch of %d failed in the engine; running its requests one by one", len(batch))
+                    results = [_call(engine.predict_actions, item.request) for item in batch]
+        finally:
+            if self._is_current():
+                self.call_started_at = time.monotonic() if outer_call is not None else None
         done = time.monotonic()
         return [self._outcome(item, result, (done - t0) * 1e3, done) for item, result in zip(batch, results)]
 

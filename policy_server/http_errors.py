@@ -35,6 +35,8 @@ class HttpErrorCode:
     VIDEO_FAILED = "video_failed"  # content asked for a job that failed
     TIMEOUT = "timeout"  # a one-shot request waited longer than the server allows
     INTERNAL_ERROR = "internal_error"  # a bug of ours; the server log has details under the reference
+    UNAUTHORIZED = "unauthorized"  # no valid bearer token (only with --auth-token/--auth-token-file)
+    STORAGE_FULL = "storage_full"  # the data directory's disk is full: the job or its result was not stored
 
 
 # The HTTP status each code is answered with. Codes not listed are client errors (400).
@@ -52,6 +54,9 @@ _STATUS: dict[str, int] = {
     HttpErrorCode.TIMEOUT: HTTPStatus.GATEWAY_TIMEOUT,
     HttpErrorCode.INTERNAL_ERROR: HTTPStatus.INTERNAL_SERVER_ERROR,
     ErrorCode.ENGINE_ERROR: HTTPStatus.INTERNAL_SERVER_ERROR,
+    ErrorCode.ENGINE_TIMEOUT: HTTPStatus.GATEWAY_TIMEOUT,
+    HttpErrorCode.UNAUTHORIZED: HTTPStatus.UNAUTHORIZED,
+    HttpErrorCode.STORAGE_FULL: HTTPStatus.INSUFFICIENT_STORAGE,
 }
 
 

@@ -36,6 +36,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from robot_clients.wire_codec import packb
 
 from . import http_codecs, http_requests
+from .auth import UNAUTHORIZED_CODE, BearerAuthMiddleware
 from .http_codecs import Upload
 from .dashboard_assets import mount_dashboard
 from .http_errors import ApiError, HttpErrorCode
@@ -162,6 +163,13 @@ class SidecarMiddleware:
                                       time.monotonic() - started)
 
 
+def is_storage_full(exc: OSError) -> bool:
+    """ENOSPC (no space left) or EDQUOT (quota exceeded): the disk, not the request, is the problem."""
+    import errno
+
+    return exc.errno in (errno.ENOSPC, errno.EDQUOT)
+
+
 def _content_length(scope: dict) -> int | None:
     for name, value in scope.get("headers", []):
         if name == b"content-length":
@@ -244,13 +252,16 @@ class HttpSidecar:
             timeout_graceful_shutdown=5,
         )
         config.load()
+        tls = self.server.settings.ssl_context
+        if tls is not None:  # https with the WebSocket port's certificate (uvicorn reads config.ssl at startup)
+            config.ssl = tls
         self._uvicorn = uvicorn.Server(config)
         self._uvicorn.lifespan = config.lifespan_class(config)
         # startup()/main_loop() rather than serve(): serve() would install its own signal handlers.
         await self._uvicorn.startup(sockets=[sock])
         self._main_loop = asyncio.create_task(self._uvicorn.main_loop(), name="http-sidecar")
-        logger.info("HTTP sidecar listening on http://%s:%d (video jobs in %s)", self.settings.host, self.port,
-                    self.settings.data_dir)
+        logger.info("HTTP sidecar listening on %s://%s:%d (video jobs in %s)", "https" if tls is not None else "http",
+                    self.settings.host, self.port, self.settings.data_dir)
 
     async def shutdown(self, grace_s: float = 30.0) -> None:
         """Record the video job in hand (the worker has finished it), then stop serving HTTP."""
@@ -417,7 +428,14 @@ def build_app(sidecar: HttpSidecar) -> FastAPI:
             raise ApiError(HttpErrorCode.QUEUE_FULL,
                            f"{store.retention.max_queued} video jobs are already queued; retry later",
                            headers={"Retry-After": "10"})
-        job = await asyncio.to_thread(store.create, submission.params, submission.inputs)
+        try:
+            job = await asyncio.to_thread(store.create, submission.params, submission.inputs)
+        except OSError as exc:
+            if not is_storage_full(exc):
+                raise
+            # store.create removed its half-written files; nothing was recorded.
+            raise ApiError(HttpErrorCode.STORAGE_FULL, "the server's video storage is full; the job was not "
+                           "stored. Retry after finished jobs expire or are deleted", headers={"Retry-After": "60"}) from None
         sidecar.runner.notify()
         return sidecar.job_object(job)
 
@@ -555,7 +573,8 @@ def build_app(sidecar: HttpSidecar) -> FastAPI:
         action_modes, video_modes = d.get("action_modes", []), d.get("video_modes", [])
         endpoints = {mode: "POST /v1/actions/generations" for mode in action_modes}
         endpoints.update({mode: "POST /v1/videos" for mode in video_modes})
-        endpoints["realtime"] = f"ws://<host>:{sidecar.server.port}/v1/actions/realtime"
+        scheme = "wss" if settings.ssl_context is not None else "ws"
+        endpoints["realtime"] = f"{scheme}://<host>:{sidecar.server.port}/v1/actions/realtime"
         return ActionMetadata(
             model=d.get("model"), variant=d.get("variant"),
             is_distilled=bool(d.get("is_distilled")), is_edge=bool(d.get("is_edge")),
@@ -613,4 +632,8 @@ def build_app(sidecar: HttpSidecar) -> FastAPI:
     mount_dashboard(app, lambda: sidecar.server.port)
 
     app.add_middleware(SidecarMiddleware, metrics=metrics, max_body_bytes=sidecar.settings.max_body_bytes)
+    tokens = sidecar.server.settings.auth_tokens
+    if tokens is not None:  # added last: the outermost layer, so nothing runs for a request without a token
+        app.add_middleware(BearerAuthMiddleware, tokens=tokens,
+                           on_refused=lambda path: metrics.observe_http_error(_UNMATCHED, UNAUTHORIZED_CODE))
     return app

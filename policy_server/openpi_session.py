@@ -117,6 +117,7 @@ class OpenpiSession:
         self._next_seq = 0
         self._last_total_ms: float | None = None
         self._outbox: asyncio.Queue[bytes | str | None] = asyncio.Queue()
+        self.rate = server.settings.observation_rate.bucket()
 
     # -- the connection's life ---------------------------------------------------------------------
 
@@ -188,6 +189,8 @@ class OpenpiSession:
         try:
             if isinstance(message, str):
                 raise ProtocolError(ErrorCode.BAD_FRAME, "send observations as binary msgpack frames, not text")
+            if not self.rate.take(received_at):  # every openpi frame is an observation: refused before decoding
+                raise ProtocolError(ErrorCode.RATE_LIMITED, self.rate.message())
             if self.config_error is not None:
                 raise self.config_error
             assert self.config is not None

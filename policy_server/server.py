@@ -25,10 +25,13 @@ from websockets.datastructures import Headers
 from websockets.http11 import Request, Response
 
 from . import protocol
+from .auth import CHALLENGE, TokenSet, bearer_subprotocol, is_open_path
 from .engine_backend import BackendFactory, EngineBackend
 from .engine_worker import ActionEngine, BatchPolicy, EngineWorker, WorkerState
 from .openpi_session import OPENPI_PATHS, OpenpiSession, OpenpiSettings
 from .protocol import DropReason, FrameLimits
+from .rate_limits import RateLimit
+from .watchdog import DEFAULT_ENGINE_TIMEOUT_S, EngineWatchdog
 from .realtime_session import RealtimeSession
 from .request_queue import RequestQueue
 from .dashboard_assets import CONFIG_NAME, DASHBOARD_PATH, dashboard_asset, dashboard_config
@@ -71,6 +74,16 @@ class ServerSettings:
     openpi: OpenpiSettings | None = field(default_factory=OpenpiSettings)
     # The HTTP sidecar (video jobs, one-shot actions, metrics) on its own port; None: WebSocket only.
     http: SidecarSettings | None = None
+    # Bearer tokens that open every endpoint but /healthz and the dashboard's static files (policy_server.auth);
+    # None: no authentication (the server is as open as the network it listens on).
+    auth_tokens: TokenSet | None = None
+    # Robot sessions (native + openpi) open at once; more are refused at the handshake with 503.
+    max_sessions: int = 64
+    # Observations per second per session (token bucket); beyond it an observation is answered `rate_limited`.
+    observation_rate: RateLimit = field(default_factory=RateLimit)
+    # An engine call running longer than this fails its requests (`engine_timeout`) and the engine is
+    # reloaded on a new worker thread (policy_server.watchdog); 0 turns the watchdog off.
+    engine_timeout_s: float = DEFAULT_ENGINE_TIMEOUT_S
 
 
 class PolicyServer:
@@ -97,6 +110,7 @@ class PolicyServer:
         self.started_at = time.monotonic()
         self._ws_server: Server | None = None
         self._stopped = asyncio.Event()
+        self.watchdog: EngineWatchdog | None = None
 
     # -- lifecycle ------------------------------------------------------------------------------------
 
@@ -127,6 +141,9 @@ class PolicyServer:
             ping_timeout=self.settings.ping_timeout,
             server_header=SERVER_NAME,
             ssl=self.settings.ssl_context,
+            # A browser that sent its token as the subprotocol `bearer.<token>` needs it selected back.
+            select_subprotocol=lambda _connection, offered: bearer_subprotocol(offered)
+            if self.settings.auth_tokens is not None else None,
         )
         if self.settings.http is not None:
             # Imported here so a WebSocket-only server never loads FastAPI. Started before the worker so
@@ -136,8 +153,12 @@ class PolicyServer:
             self.sidecar = HttpSidecar(self, self.settings.http)
             await self.sidecar.start(self.worker.wait_ready())
         self.worker.start()
+        self.watchdog = EngineWatchdog(self.worker, self.settings.engine_timeout_s)
+        self.watchdog.start()  # only for a worker that can restart its engine (the local one)
         scheme = "wss" if self.settings.ssl_context is not None else "ws"
-        logger.info("listening on %s://%s:%d%s", scheme, self.settings.host, self.port, REALTIME_PATH)
+        tokens = self.settings.auth_tokens
+        logger.info("listening on %s://%s:%d%s (%s)", scheme, self.settings.host, self.port, REALTIME_PATH,
+                    f"bearer token required, {len(tokens)} accepted" if tokens is not None else "no authentication")
 
     async def wait_ready(self) -> dict[str, Any]:
         """Wait for the model to be loaded and warm; raise if it failed to load."""
@@ -179,6 +200,8 @@ class PolicyServer:
             return
         self.stopping = True
         logger.info("shutting down: %d session(s), %d waiting", len(self.sessions), len(self.queue))
+        if self.watchdog is not None:
+            self.watchdog.stop()  # a slow last inference at shutdown is waited for, not restarted
         if self._ws_server is not None:
             self._ws_server.server.close()  # stop listening; open sessions carry on for now
         for item in self.queue.close():
@@ -236,6 +259,14 @@ class PolicyServer:
             return _json_response(connection, HTTPStatus.OK if ok else HTTPStatus.SERVICE_UNAVAILABLE, health)
         if path == DASHBOARD_PATH or path.startswith(DASHBOARD_PATH + "/"):
             return self._dashboard_response(connection, path)
+        if self.settings.auth_tokens is not None and not is_open_path(path):
+            # Before anything else (even the 404 for an unknown path): no token, no information.
+            result = self.settings.auth_tokens.check(request.headers.get_all, request.path.partition("?")[2])
+            if not result.ok:
+                logger.info("refused a handshake to %s from %s: %s", path, connection.remote_address, result.reason)
+                response = connection.respond(HTTPStatus.UNAUTHORIZED, result.reason + "\n")
+                response.headers["WWW-Authenticate"] = CHALLENGE
+                return response
         if path == OBSERVE_PATH:
             if self.stopping:
                 return connection.respond(HTTPStatus.SERVICE_UNAVAILABLE, "server is shutting down\n")
@@ -249,6 +280,12 @@ class PolicyServer:
         if not self.ready:
             response = connection.respond(HTTPStatus.SERVICE_UNAVAILABLE, "model is loading; retry shortly\n")
             response.headers["Retry-After"] = "1"
+            return response
+        if len(self.sessions) >= self.settings.max_sessions:
+            response = connection.respond(
+                HTTPStatus.SERVICE_UNAVAILABLE,
+                f"session limit reached: {self.settings.max_sessions} sessions are open; retry later\n")
+            response.headers["Retry-After"] = "5"
             return response
         return None
 
@@ -275,6 +312,10 @@ class PolicyServer:
         if path == OBSERVE_PATH:  # an operator's dashboard: watches and steers, never a session itself
             await ObserverSession(connection, self).run()
             return
+        if len(self.sessions) >= self.settings.max_sessions:
+            # Handshakes that passed the check in _process_request together: the later ones go (1013).
+            await connection.close(1013, f"session limit reached ({self.settings.max_sessions}); retry later")
+            return
         if path in OPENPI_PATHS and self.settings.openpi is not None:
             session: RealtimeSession | OpenpiSession = OpenpiSession(connection, self, self.settings.openpi)
         else:
@@ -295,6 +336,10 @@ class PolicyServer:
         d = self.description
         limits = dict(d.get("limits", {}))
         limits["max_message_bytes"] = self.settings.max_message_bytes
+        limits["max_sessions"] = self.settings.max_sessions
+        rate = self.settings.observation_rate
+        limits["max_observations_per_s"] = rate.rate_hz if rate.enabled else None
+        limits["observation_burst"] = rate.burst if rate.enabled else None
         return {
             "type": protocol.METADATA,
             "protocol_version": protocol.PROTOCOL_VERSION,

@@ -19,7 +19,9 @@ start.
 from __future__ import annotations
 
 import asyncio
+import errno
 import logging
+import shutil
 import time
 import uuid
 from dataclasses import dataclass, field
@@ -43,6 +45,26 @@ PROGRESS_STARTED = 10
 PROGRESS_ENCODING = 90
 # How often finished jobs are checked against the retention policy while the runner is idle.
 SWEEP_INTERVAL_S = 60.0
+# Stable code of a job whose result could not be written because the data directory's disk is full.
+STORAGE_FULL = "storage_full"
+# After a failed write, less free space than this on the data directory's disk means "the disk is full"
+# (ffmpeg reports ENOSPC as a broken pipe or an exit status, not always as an OSError we can read).
+STORAGE_FULL_MARGIN_BYTES = 1 << 20
+
+
+def storage_full(exc: BaseException, directory: Any) -> bool:
+    """Whether a failed write of a result was the disk's fault (ENOSPC/EDQUOT, or no free space left)."""
+    seen: BaseException | None = exc
+    while seen is not None:
+        if isinstance(seen, OSError) and seen.errno in (errno.ENOSPC, errno.EDQUOT):
+            return True
+        if "No space left on device" in str(seen):
+            return True
+        seen = seen.__cause__ or seen.__context__
+    try:
+        return shutil.disk_usage(directory).free < STORAGE_FULL_MARGIN_BYTES
+    except OSError:
+        return False
 
 
 @dataclass
@@ -129,6 +151,13 @@ class VideoRolloutTask:
     def on_dropped(self, task: "VideoRolloutTask", reason: str) -> None:
         if not self.done.done():
             self.done.set_result(None)  # never ran (the queue closed): the job goes back to queued
+
+    def on_timeout(self, task: "VideoRolloutTask", code: str, message: str) -> None:
+        """The watchdog abandoned the hung engine call of this rollout: the job fails (not re-queued, so a
+        job that hangs the engine cannot do it again and again)."""
+        if not self.done.done():
+            engine_s = time.monotonic() - self.started_at if self.started_at is not None else 0.0
+            self.done.set_result(VideoRolloutResult(error_code=code, error_message=message, engine_s=engine_s))
 
 
 class VideoJobRunner:
@@ -254,11 +283,22 @@ class VideoJobRunner:
             if not await self._exists(job.id):
                 return  # deleted while it ran: its folder is gone, nothing to record
             reference = uuid.uuid4().hex[:12]
-            logger.error("video job %s: encoding failed (ref %s): %s", job.id, reference, exc)
             self.failed += 1
-            await asyncio.to_thread(self.store.fail, job.id, ErrorCode.ENGINE_ERROR,
-                                    f"the video could not be encoded; the server log has details (ref {reference})")
-            self._observe(job, queue_s, result, ErrorCode.ENGINE_ERROR)
+            if storage_full(exc, self.store.data_dir):
+                # encode_mp4 removed its partial file: no half-written result is left behind.
+                logger.error("video job %s: the data directory %s is full (ref %s): %s", job.id, self.store.data_dir,
+                             reference, exc)
+                code, message = STORAGE_FULL, (f"the server's disk for results is full; the video was not stored "
+                                               f"(ref {reference}). Resubmit once space is freed")
+            else:
+                logger.error("video job %s: encoding failed (ref %s): %s", job.id, reference, exc)
+                code, message = ErrorCode.ENGINE_ERROR, f"the video could not be encoded; the server log has details (ref {reference})"
+            try:
+                await asyncio.to_thread(self.store.fail, job.id, code, message)
+            except Exception:  # noqa: BLE001 - even SQLite could not write: the job stays in_progress and
+                # VideoJobStore.recover re-queues it at the next start; nothing half-written is visible.
+                logger.exception("video job %s: could not record the failure (ref %s)", job.id, reference)
+            self._observe(job, queue_s, result, code)
             return
         recorded = await asyncio.to_thread(
             self.store.complete, job.id, result_bytes=encoded.num_bytes, frames=encoded.frames,

@@ -93,7 +93,9 @@ class AsyncPolicyClient:
 
     Args:
         url: ``ws://host:port`` or ``wss://host:port`` (the endpoint path is added), or a full URL.
-        headers: extra HTTP headers for the handshake (for example an ``Authorization`` token).
+        headers: extra HTTP headers for the handshake.
+        token: the server's bearer token (``cosmos3-serve --auth-token``), sent as
+            ``Authorization: Bearer <token>``; a wrong or missing one fails :meth:`connect` at once (HTTP 401).
         ssl: an ``ssl.SSLContext`` for ``wss://`` with a private CA; ``None`` uses the system's.
         connect_timeout: how long :meth:`connect` keeps retrying (a loading server answers 503).
         reconnect: reconnect in the background when the connection drops.
@@ -107,6 +109,7 @@ class AsyncPolicyClient:
         url: str = "ws://127.0.0.1:8000",
         *,
         headers: Mapping[str, str] | None = None,
+        token: str | None = None,
         ssl: Any = None,
         connect_timeout: float = 30.0,
         reconnect: bool = True,
@@ -118,8 +121,11 @@ class AsyncPolicyClient:
         proxy: str | bool | None = None,
     ) -> None:
         self.url = _realtime_url(url)
+        handshake_headers = dict(headers or {})
+        if token is not None:
+            handshake_headers["Authorization"] = f"Bearer {token}"
         self._connect_kwargs: dict[str, Any] = dict(
-            additional_headers=dict(headers or {}),
+            additional_headers=handshake_headers,
             # Compression costs 30-40 ms per camera frame and gains nothing on pixels.
             compression=None,
             proxy=proxy,
@@ -192,6 +198,9 @@ class AsyncPolicyClient:
                 return
             except InvalidStatus as exc:
                 status = exc.response.status_code
+                if status == 401:  # retrying cannot help: the token is missing or wrong
+                    raise ConnectionError(f"{self.url}: the server requires a valid bearer token (HTTP 401); "
+                                          "pass token=...") from None
                 if status not in (502, 503, 504):
                     raise ConnectionError(f"{self.url}: the server answered HTTP {status}") from None
                 error: Exception = exc

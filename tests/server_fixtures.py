@@ -162,7 +162,7 @@ class ServerThread:
 
 
 _LISTENING = re.compile(r"listening on wss?://[^:]+:(\d+)/")
-_HTTP_LISTENING = re.compile(r"HTTP sidecar listening on http://[^ ]+:(\d+) ")
+_HTTP_LISTENING = re.compile(r"HTTP sidecar listening on https?://[^ ]+:(\d+) ")
 
 
 class ServerProcess:

@@ -1,0 +1,208 @@
+"""Bearer-token authentication and TLS, end to end, against one real server (tiny model, real sockets).
+
+The module's server runs with TLS (a certificate this test makes with ``openssl``) and two accepted
+tokens, one given directly and one from a token file, and with its HTTP sidecar: so every check here
+also shows that wss:// and https:// work with the same certificate. What must hold:
+
+* without a valid token every WebSocket endpoint (native, openpi, the dashboard's observer channel,
+  even an unknown path) is refused with HTTP 401 before the upgrade, and nothing reaches a session or
+  the engine;
+* a token works from the ``Authorization`` header, the ``token``/``access_token`` query parameters and
+  the ``bearer.<token>`` subprotocol (which the server then selects, as browsers require);
+* the sidecar answers 401 with the typed error body on every route but ``/healthz`` and the dashboard's
+  static files, before reading the body (a huge body without a token is 401, not 413);
+* the robot client passes a token, and fails at once with a clear error without one.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import ssl
+import subprocess
+import tempfile
+from pathlib import Path
+
+import httpx
+import pytest
+from websockets.asyncio.client import connect
+from websockets.exceptions import InvalidStatus
+
+from robot_clients import AsyncPolicyClient
+from robot_clients.wire_codec import packb, unpackb
+from server_fixtures import DOMAIN, ServerThread, rgb_image, tiny_engine_loader
+
+from policy_server.auth import TokenConfigError, TokenSet
+from policy_server.cli import _ssl_context, build_parser
+from policy_server.http_sidecar import SidecarSettings
+
+TOKEN = "tok-A_3f9c1d2e7b"
+FILE_TOKEN = "tok-B_from-the-file"
+
+
+def _self_signed_certificate(directory: Path) -> tuple[str, str]:
+    cert, key = str(directory / "cert.pem"), str(directory / "key.pem")
+    subprocess.run(
+        ["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1", "-subj", "/CN=127.0.0.1",
+         "-addext", "subjectAltName=IP:127.0.0.1", "-keyout", key, "-out", cert],
+        check=True, capture_output=True,
+    )
+    return cert, key
+
+
+@pytest.fixture(scope="module")
+def secured():
+    with tempfile.TemporaryDirectory(prefix="security-auth-") as tmp:
+        tmp_path = Path(tmp)
+        try:
+            cert, key = _self_signed_certificate(tmp_path)
+        except (OSError, subprocess.CalledProcessError) as exc:
+            pytest.skip(f"openssl is not available to make a certificate: {exc}")
+        token_file = tmp_path / "tokens.txt"
+        token_file.write_text(f"# robots of cell 3\n{FILE_TOKEN}\n\n")
+        # The CLI's own flags and context builder, so the documented names are what is tested.
+        args = build_parser().parse_args(["--tiny", "distilled", "--tls-cert", cert, "--tls-key", key])
+        server = ServerThread(
+            tiny_engine_loader("distilled"), warmup=False, ssl_context=_ssl_context(args),
+            auth_tokens=TokenSet.load(TOKEN, token_file),
+            http=SidecarSettings(data_dir=tmp_path / "data", port=0),
+        )
+        with server:
+            server.cert = cert
+            server.client_ssl = ssl.create_default_context(cafile=cert)
+            server.https = httpx.Client(base_url=f"https://127.0.0.1:{server.server.sidecar.port}", verify=server.client_ssl,
+                                        trust_env=False, timeout=30)
+            try:
+                yield server
+            finally:
+                server.https.close()
+
+
+def wss(server: ServerThread, path: str = "/v1/actions/realtime") -> str:
+    return f"wss://127.0.0.1:{server.port}{path}"
+
+
+async def refused(server: ServerThread, url: str, **kwargs) -> InvalidStatus:
+    with pytest.raises(InvalidStatus) as caught:
+        await connect(url, ssl=server.client_ssl, proxy=None, **kwargs)
+    return caught.value
+
+
+def engine_and_sessions(server: ServerThread) -> tuple[int, int, int]:
+    return server.run(lambda: (server.server.worker.completed, server.server.worker.failed, len(server.server.sessions)))
+
+
+async def test_every_websocket_endpoint_refuses_a_missing_or_wrong_token_before_the_upgrade(secured):
+    before = engine_and_sessions(secured)
+    for path in ("/v1/actions/realtime", "/", "/openpi", "/v1/observe", "/no/such/path"):
+        for headers in ({}, {"Authorization": "Bearer wrong"}, {"Authorization": f"Basic {TOKEN}"}):
+            error = await refused(secured, wss(secured, path), additional_headers=headers)
+            assert error.response.status_code == 401, (path, headers)
+            assert error.response.headers["WWW-Authenticate"].startswith("Bearer")
+        error = await refused(secured, wss(secured, path) + "?token=wrong")
+        assert error.response.status_code == 401
+        assert b"not valid" in error.response.body
+    assert engine_and_sessions(secured) == before  # nothing reached a session or the model
+
+
+async def test_a_token_opens_the_realtime_endpoint_from_header_query_or_subprotocol(secured):
+    ways = [
+        (wss(secured), {"additional_headers": {"Authorization": f"Bearer {TOKEN}"}}, None),
+        (wss(secured), {"additional_headers": {"Authorization": f"bearer {FILE_TOKEN}"}}, None),
+        (wss(secured) + f"?token={TOKEN}", {}, None),
+        (wss(secured) + f"?access_token={FILE_TOKEN}", {}, None),
+        (wss(secured), {"subprotocols": [f"bearer.{TOKEN}"]}, f"bearer.{TOKEN}"),
+    ]
+    for url, kwargs, subprotocol in ways:
+        async with connect(url, ssl=secured.client_ssl, proxy=None, compression=None, max_size=None, **kwargs) as ws:
+            assert ws.subprotocol == subprotocol
+            assert unpackb(await ws.recv())["type"] == "metadata"
+    # A full round trip over wss with a token.
+    async with connect(wss(secured), ssl=secured.client_ssl, proxy=None, compression=None, max_size=None,
+                       additional_headers={"Authorization": f"Bearer {TOKEN}"}) as ws:
+        await ws.recv()
+        await ws.send(packb({"type": "configure", "domain_name": DOMAIN, "action_horizon": 8}))
+        assert unpackb(await ws.recv())["type"] == "session"
+        await ws.send(packb({"type": "observation", "seq": 0, "image": rgb_image(64)}))
+        assert unpackb(await asyncio.wait_for(ws.recv(), 60))["type"] == "action_chunk"
+
+
+async def test_the_observer_channel_takes_the_dashboards_access_token(secured):
+    async with connect(wss(secured, "/v1/observe") + f"?access_token={TOKEN}", ssl=secured.client_ssl,
+                       proxy=None) as ws:
+        hello = json.loads(await ws.recv())
+        assert hello["type"] == "hello"
+
+
+async def test_the_robot_client_sends_its_token_and_fails_fast_without_one(secured):
+    async with AsyncPolicyClient(f"wss://127.0.0.1:{secured.port}", token=TOKEN, ssl=secured.client_ssl) as client:
+        await client.configure(domain_name=DOMAIN, action_horizon=8)
+        chunk = await client.infer(rgb_image(64), timeout=60)
+        assert chunk.actions.shape[0] == 8
+    client = AsyncPolicyClient(f"wss://127.0.0.1:{secured.port}", ssl=secured.client_ssl, connect_timeout=30)
+    started = asyncio.get_running_loop().time()
+    with pytest.raises(ConnectionError, match="401"):
+        await client.connect()
+    assert asyncio.get_running_loop().time() - started < 5  # no retrying a refusal that cannot change
+
+
+def test_open_paths_stay_open_without_a_token(secured):
+    import urllib.request
+
+    context = ssl.create_default_context(cafile=secured.cert)
+    opener = urllib.request.build_opener(urllib.request.ProxyHandler({}), urllib.request.HTTPSHandler(context=context))
+    with opener.open(f"https://127.0.0.1:{secured.port}/healthz", timeout=10) as response:
+        assert response.status == 200 and json.loads(response.read())["status"] == "ready"
+    with opener.open(f"https://127.0.0.1:{secured.port}/dashboard/", timeout=10) as response:
+        assert response.status == 200
+    assert secured.https.get("/healthz").status_code == 200
+    assert secured.https.get("/dashboard/").status_code == 200
+
+
+@pytest.mark.parametrize("method,path", [
+    ("GET", "/readyz"), ("GET", "/metrics"), ("GET", "/v1/actions/metadata"), ("GET", "/openapi.json"),
+    ("GET", "/docs"), ("GET", "/v1/videos"), ("GET", "/v1/videos/video_0123"), ("POST", "/v1/videos"),
+    ("POST", "/v1/actions/generations"), ("DELETE", "/v1/videos/video_0123"), ("GET", "/no/such/route"),
+])
+def test_every_sidecar_route_but_healthz_wants_a_token(secured, method, path):
+    for headers in ({}, {"Authorization": "Bearer nope"}):
+        response = secured.https.request(method, path, headers=headers, json={})
+        assert response.status_code == 401, (method, path, response.text)
+        assert response.headers["www-authenticate"].startswith("Bearer")
+        assert response.json()["error"]["code"] == "unauthorized"
+    response = secured.https.request(method, path, headers={"Authorization": f"Bearer {TOKEN}"}, json={})
+    assert response.status_code != 401
+    response = secured.https.request(method, path, params={"access_token": FILE_TOKEN}, json={})
+    assert response.status_code != 401
+
+
+def test_the_sidecar_refuses_before_reading_the_body(secured):
+    big = b"x" * (80 * 2**20)  # over the 64 MiB body limit: with a token this would be 413
+    response = secured.https.post("/v1/videos", content=big, headers={"Content-Type": "application/json"})
+    assert response.status_code == 401
+    response = secured.https.post("/v1/videos", headers={"Content-Type": "application/json",
+                                                         "Content-Length": str(len(big)),
+                                                         "Authorization": f"Bearer {TOKEN}"}, content=big)
+    assert response.status_code == 413
+
+
+def test_token_sets_load_from_flags_and_files(tmp_path):
+    assert TokenSet.load(None, None) is None
+    tokens = tmp_path / "t"
+    tokens.write_text("# comment\n alpha \n\nbeta\n")
+    loaded = TokenSet.load("gamma", tokens)
+    assert len(loaded) == 3
+    assert loaded.matches("alpha") and loaded.matches("beta") and loaded.matches("gamma")
+    assert not loaded.matches("alph") and not loaded.matches("") and not loaded.matches(None)
+    with pytest.raises(TokenConfigError):
+        TokenSet.load(None, tmp_path / "missing")
+    (tmp_path / "empty").write_text("# nothing\n")
+    with pytest.raises(TokenConfigError):
+        TokenSet.load(None, tmp_path / "empty")
+    with pytest.raises(TokenConfigError):
+        TokenSet(["has space"])
+
+
+def test_the_old_tls_flag_names_still_work():
+    args = build_parser().parse_args(["--tiny", "distilled", "--certfile", "c.pem", "--keyfile", "k.pem"])
+    assert (args.tls_cert, args.tls_key) == ("c.pem", "k.pem")
