@@ -1,0 +1,128 @@
+"""Limits of the WebSocket side that issue 6 added: sessions open at once, observations per second.
+
+Limits that existed before are tested where they were built: frame bytes (1009) in
+``test_server_protocol.py``, image size and clip length there too (``invalid_image``), body and upload
+bytes and queued video jobs in ``test_sidecar_videos.py``.
+
+One real server (tiny model) with small limits: 2 sessions, 5 observations per second with a burst of 3.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import pytest
+from websockets.asyncio.client import connect
+from websockets.exceptions import ConnectionClosed, InvalidStatus
+
+from robot_clients.wire_codec import packb, unpackb
+from server_fixtures import DOMAIN, ServerThread, rgb_image, tiny_engine_loader
+
+from policy_server.rate_limits import RateLimit, TokenBucket
+
+MAX_SESSIONS = 2
+RATE_HZ, BURST = 5.0, 3
+
+
+@pytest.fixture(scope="module")
+def limited():
+    with ServerThread(tiny_engine_loader("distilled"), warmup=False, max_sessions=MAX_SESSIONS,
+                      observation_rate=RateLimit(RATE_HZ, BURST)) as server:
+        yield server
+
+
+async def open_ws(server: ServerThread, path: str = "/v1/actions/realtime"):
+    ws = await connect(f"ws://127.0.0.1:{server.port}{path}", compression=None, proxy=None, max_size=None)
+    return ws, unpackb(await ws.recv())
+
+
+async def wait_sessions(server: ServerThread, count: int, timeout: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout
+    while server.run(lambda: len(server.server.sessions)) != count:
+        assert time.monotonic() < deadline
+        await asyncio.sleep(0.02)
+
+
+async def test_metadata_states_the_limits(limited):
+    ws, metadata = await open_ws(limited)
+    await ws.close()
+    limits = metadata["limits"]
+    assert limits["max_sessions"] == MAX_SESSIONS
+    assert limits["max_observations_per_s"] == RATE_HZ and limits["observation_burst"] == BURST
+
+
+async def test_sessions_beyond_the_limit_are_refused_with_503_then_admitted_when_one_closes(limited):
+    await wait_sessions(limited, 0)
+    first, _ = await open_ws(limited)
+    second, _ = await open_ws(limited, "/openpi")  # openpi sessions count too
+    try:
+        with pytest.raises(InvalidStatus) as caught:
+            await connect(limited.url, proxy=None)
+        response = caught.value.response
+        assert response.status_code == 503 and response.headers["Retry-After"]
+        assert b"session limit reached" in response.body
+        await first.close()
+        await wait_sessions(limited, 1)
+        third, metadata = await open_ws(limited)
+        assert metadata["type"] == "metadata"
+        await third.close()
+    finally:
+        await first.close()
+        await second.close()
+    await wait_sessions(limited, 0)
+
+
+async def test_observations_over_the_rate_are_answered_rate_limited_and_each_seq_once(limited):
+    await wait_sessions(limited, 0)
+    ws, _ = await open_ws(limited)
+    try:
+        await ws.send(packb({"type": "configure", "domain_name": DOMAIN, "action_horizon": 8}))
+        assert unpackb(await ws.recv())["type"] == "session"
+        sent = 12
+        for seq in range(sent):  # at once: far above 5/s, so after the burst of 3 most are refused
+            await ws.send(packb({"type": "observation", "seq": seq, "image": rgb_image(32, seed=seq)}))
+        replies: dict[int, dict] = {}
+        while len(replies) < sent:
+            frame = unpackb(await asyncio.wait_for(ws.recv(), 60))
+            assert frame["seq"] not in replies, "a seq was answered twice"
+            replies[frame["seq"]] = frame
+        limited_seqs = [s for s, f in replies.items() if f["type"] == "error" and f["code"] == "rate_limited"]
+        assert len(limited_seqs) >= sent - BURST - 2  # a few tokens may refill while frames arrive
+        assert "observations per second" in replies[limited_seqs[0]]["message"]
+        assert all(f["type"] in ("action_chunk", "dropped", "error") for f in replies.values())
+        # The session goes on: after the bucket refills, an observation is served.
+        await asyncio.sleep(1.0)
+        await ws.send(packb({"type": "observation", "seq": 100, "image": rgb_image(32)}))
+        frame = unpackb(await asyncio.wait_for(ws.recv(), 60))
+        assert frame["type"] == "action_chunk" and frame["seq"] == 100
+    finally:
+        await ws.close()
+
+
+async def test_openpi_observations_over_the_rate_get_a_rate_limited_text_frame(limited):
+    await wait_sessions(limited, 0)
+    ws, _ = await open_ws(limited, "/openpi")
+    try:
+        obs = {"observation/image": rgb_image(32), "prompt": "x"}
+        for _ in range(BURST + 4):
+            await ws.send(packb(obs))
+        texts = []
+        for _ in range(BURST + 4):
+            reply = await asyncio.wait_for(ws.recv(), 60)
+            if isinstance(reply, str):
+                texts.append(reply)
+        assert any(t.startswith("rate_limited: ") for t in texts), texts
+    except ConnectionClosed as exc:  # pragma: no cover - the connection must stay open
+        pytest.fail(f"openpi connection closed: {exc}")
+    finally:
+        await ws.close()
+
+
+def test_token_bucket_refills_at_its_rate():
+    bucket = TokenBucket(rate_hz=10, burst=2)
+    now = bucket._last
+    assert bucket.take(now) and bucket.take(now) and not bucket.take(now)
+    assert not bucket.take(now + 0.05) and bucket.take(now + 0.16)
+    assert bucket.refused == 2
+    assert TokenBucket(rate_hz=0, burst=1).take()  # 0: no limit
