@@ -15,7 +15,8 @@ closed loop for ``--seconds``: send the two-camera LIBERO observation of ``bench
 (two 224×224 cameras + state, composed side by side by both servers), wait for the actions, repeat.
 Meanwhile a prober sends ``GET /healthz`` on the same port about ten times a second; every client
 keeps the engine busy, so the probes land during inference. Printed per cell: chunks/s (all clients,
-and per client: mean and slowest), round-trip p50/p99, ``/healthz`` p50/p99, and ratios to the
+and per client: mean and slowest), round-trip p50/p99, the server's own engine-call time per reply
+(p50; with batching one call answers several clients), ``/healthz`` p50/p99, and ratios to the
 lock-step server at the same client count.
 
     .venv/bin/python benchmarks/concurrency.py                          # 8 s per cell, ~2.5 min
@@ -62,6 +63,7 @@ class Cell:
     seconds: float
     latencies_ms: list[list[float]] = field(default_factory=list)  # per client
     rates: list[float] = field(default_factory=list)  # chunks/s per client
+    engine_ms: list[float] = field(default_factory=list)  # the server's engine call, per reply
     health_ms: list[float] = field(default_factory=list)
     health_busy: int = 0  # probes answered "busy": true (only the policy server says so)
 
@@ -71,7 +73,7 @@ class Cell:
 
 
 async def closed_loop(url: str, frames: list[bytes], warmup: int, ready: asyncio.Event, start: asyncio.Event,
-                      until: list[float], latencies: list[float]) -> float:
+                      until: list[float], latencies: list[float], engine_ms: list[float]) -> float:
     """One robot: connect, warm up, then send / await reply until the window ends; returns chunks/s."""
     from websockets.asyncio.client import connect
 
@@ -91,6 +93,7 @@ async def closed_loop(url: str, frames: list[bytes], warmup: int, ready: asyncio
             if isinstance(reply, str):
                 raise RuntimeError(f"server error: {reply}")
             latencies.append((last - sent) * 1e3)
+            engine_ms.append(unpackb(reply)["server_timing"]["infer_ms"])
             done += 1
         return done / (last - began) if done else 0.0
 
@@ -128,8 +131,8 @@ async def run_cell(port: int, target: str, clients: int, seconds: float, frames:
     start, until = asyncio.Event(), [float("inf")]
     readies = [asyncio.Event() for _ in range(clients)]
     url = f"ws://127.0.0.1:{port}/"
-    robots = [asyncio.create_task(closed_loop(url, frames, 2, readies[i], start, until, cell.latencies_ms[i]))
-              for i in range(clients)]
+    robots = [asyncio.create_task(closed_loop(url, frames, 2, readies[i], start, until, cell.latencies_ms[i],
+                                              cell.engine_ms)) for i in range(clients)]
     # The window opens once every robot is connected and warm (two round trips each).
     while not all(ready.is_set() for ready in readies):
         failed = [task for task in robots if task.done()]
@@ -172,6 +175,7 @@ def merge(cells: list[Cell]) -> dict[tuple[int, str], Cell]:
             pooled.latencies_ms[i] += cell.latencies_ms[i]
             pooled.rates[i] += cell.rates[i] / passes
         pooled.health_ms += cell.health_ms
+        pooled.engine_ms += cell.engine_ms
         pooled.health_busy += cell.health_busy
         pooled.seconds += cell.seconds
     return merged
@@ -180,7 +184,7 @@ def merge(cells: list[Cell]) -> dict[tuple[int, str], Cell]:
 def report(cells: list[Cell], counts: list[int]) -> None:
     merged = merge(cells)
     header = (f"{'clients':>7} {'server':<10} | {'chunks/s':>8} {'per client':>10} {'slowest':>7} | "
-              f"{'rt p50':>7} {'rt p99':>7} | {'healthz p50':>11} {'p99':>7} {'n':>4} | "
+              f"{'rt p50':>7} {'rt p99':>7} {'engine p50':>10} | {'healthz p50':>11} {'p99':>7} {'n':>4} | "
               f"{'x lock rate':>11} {'x lock rt p99':>13} {'x lock hz p99':>13}")
     print(header)
     print("-" * len(header))
@@ -191,7 +195,7 @@ def report(cells: list[Cell], counts: list[int]) -> None:
             rt = cell.all_latencies
             total = sum(cell.rates)
             print(f"{clients:>7} {target:<10} | {total:8.2f} {np.mean(cell.rates):10.2f} {min(cell.rates):7.2f} | "
-                  f"{percentile(rt, 50):7.0f} {percentile(rt, 99):7.0f} | "
+                  f"{percentile(rt, 50):7.0f} {percentile(rt, 99):7.0f} {percentile(cell.engine_ms, 50):10.0f} | "
                   f"{percentile(cell.health_ms, 50):11.1f} {percentile(cell.health_ms, 99):7.1f} "
                   f"{len(cell.health_ms):>4} | {total / sum(lock.rates):11.2f} "
                   f"{percentile(rt, 99) / percentile(lock.all_latencies, 99):13.2f} "
