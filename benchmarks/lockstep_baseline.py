@@ -259,7 +259,8 @@ def _wait_listening(name: str, process: ServerProcess, timeout: float) -> None:
     while process.port is None:
         if process.proc.poll() is not None or time.monotonic() > deadline:
             time.sleep(0.2)  # let the reader thread collect the last lines
-            raise RuntimeError(f"{name} did not start (exit code {process.proc.poll()}):\n" + "".join(process.log[-20:]))
+            log = "".join(process.log[-20:])
+            raise RuntimeError(f"{name} did not start (exit code {process.proc.poll()}):\n{log}")
         time.sleep(0.05)
 
 
