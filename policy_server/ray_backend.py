@@ -248,7 +248,9 @@ class RayBackend:
         deadline = None if timeout is None else time.monotonic() + timeout
         finished = True
         for replica in self._replicas:
-            if replica.dispatcher is not None:
+            # A dispatcher still waiting for its replica (a replacement loading) has nothing to finish;
+            # its thread is a daemon and gives up once the applications are deleted.
+            if replica.dispatcher is not None and replica.dispatcher.state is WorkerState.READY:
                 left = None if deadline is None else max(0.0, deadline - time.monotonic())
                 finished = replica.dispatcher.stop(left) and finished
             replica.state = "stopped"

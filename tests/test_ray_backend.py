@@ -51,8 +51,11 @@ class RayServerThread(ServerThread):
 
 
 @pytest.fixture(scope="module")
-def ray_server(ray_instance):
-    with RayServerThread(replicas=2) as running:
+def ray_server(ray_instance, tmp_path_factory):
+    from policy_server.http_sidecar import SidecarSettings
+
+    http = SidecarSettings(data_dir=tmp_path_factory.mktemp("ray-jobs"), port=0)
+    with RayServerThread(replicas=2, http=http) as running:
         yield running
 
 
@@ -135,7 +138,44 @@ async def test_killed_replica_moves_its_session_which_carries_on(ray_server, ray
         assert ray_server.run(lambda: ray_server.server.worker.failovers) == 1
 
     # Serve replaces the dead replica; it comes back into service for new sessions.
-    deadline = time.monotonic() + 90
-    while ray_server.run(lambda: ray_server.server.worker.topology()["replicas"][before]["state"]) != "live":
-        assert time.monotonic() < deadline, "the lost replica was never replaced"
+    await wait_until_all_live(ray_server)
+
+
+async def wait_until_all_live(ray_server, timeout: float = 90.0) -> None:
+    deadline = time.monotonic() + timeout
+    while any(r["state"] != "live" for r in ray_server.run(lambda: ray_server.server.worker.topology())["replicas"]):
+        assert time.monotonic() < deadline, "a lost replica was never replaced"
         await asyncio.sleep(0.5)
+
+
+async def test_video_job_survives_its_replica_and_metadata_shows_the_topology(ray_server, ray_instance):
+    import httpx
+    from sidecar_fixtures import video_body, wait_for_job
+
+    backend = ray_server.server.worker
+    await wait_until_all_live(ray_server)
+    failovers = ray_server.run(lambda: backend.failovers)
+    with httpx.Client(base_url=f"http://127.0.0.1:{ray_server.server.sidecar.port}", trust_env=False,
+                      timeout=60) as client:
+        metadata = client.get("/v1/actions/metadata").json()
+        assert metadata["topology"]["backend"] == "ray" and len(metadata["topology"]["replicas"]) == 2
+        job = client.post("/v1/videos", json=video_body(steps=16)).json()
+
+        def running_on() -> int | None:
+            for replica in backend._replicas:
+                if replica.dispatcher is not None and replica.dispatcher.current_task is not None:
+                    return replica.index
+            return None
+
+        deadline = time.monotonic() + 60
+        while (index := ray_server.run(running_on)) is None:
+            assert time.monotonic() < deadline, "the job never started"
+            await asyncio.sleep(0.005)
+        actor_name = ray_server.run(lambda: backend.topology())["replicas"][index]["actor_name"]
+        ray_instance.kill(ray_instance.get_actor(actor_name, namespace="serve"), no_restart=True)
+
+        done = await asyncio.to_thread(wait_for_job, client, job["id"], timeout=90)
+        assert done["status"] == "completed", done
+        assert ray_server.run(lambda: backend.failovers) == failovers + 1
+        metrics = client.get("/metrics").text
+        assert 'cosmos3_replica_up{replica="0"}' in metrics and "cosmos3_replica_failovers" in metrics
