@@ -51,7 +51,10 @@ class ServerProcess:
     """``python -m policy_server.cli`` on an ephemeral port; stops it with SIGTERM on exit."""
 
     def __init__(self, args: list[str], env: dict[str, str] | None = None) -> None:
-        command = [sys.executable, "-m", "policy_server.cli", "--host", "127.0.0.1", "--port", "0", *args]
+        # No HTTP sidecar: these benchmarks need only the WebSocket port, and a fixed sidecar port (8001)
+        # would collide with any other server on the machine.
+        command = [sys.executable, "-m", "policy_server.cli", "--host", "127.0.0.1", "--port", "0", "--no-http",
+                   *args]
         self.proc = subprocess.Popen(
             command, cwd=REPO_ROOT, env={**os.environ, **(env or {})},
             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
@@ -70,8 +73,10 @@ class ServerProcess:
                 self._port_known.set()
 
     def wait_ready(self, timeout: float = 180.0) -> dict:
-        if not self._port_known.wait(timeout):
-            raise RuntimeError("server did not start:\n" + "".join(self.log))
+        deadline = time.monotonic() + timeout
+        while not self._port_known.wait(0.2):  # fail at once if the server dies before listening
+            if self.proc.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError("server did not start:\n" + "".join(self.log))
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             health = get_health(f"http://127.0.0.1:{self.port}/healthz")

@@ -15,13 +15,18 @@ Run: ``.venv/bin/python benchmarks/runtime_latency.py [--repeats 15] [--horizon 
 
 from __future__ import annotations
 
-import argparse
-import statistics
-import tempfile
-import time
-from pathlib import Path
+import os
 
-import numpy as np
+# Before torch is imported: spinning OpenMP threads slow every call ~10x when anything else runs.
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+
+import argparse  # noqa: E402
+import statistics  # noqa: E402
+import tempfile  # noqa: E402
+import time  # noqa: E402
+from pathlib import Path  # noqa: E402
+
+import numpy as np  # noqa: E402
 
 
 def _median_ms(samples: list[float]) -> float:

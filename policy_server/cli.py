@@ -244,7 +244,12 @@ async def serve_until_stopped(args: argparse.Namespace) -> int:
         for sig in (signal.SIGINT, signal.SIGTERM):
             loop.add_signal_handler(sig, stop.set)
 
-        await server.start()
+        try:
+            await server.start()
+        except OSError as exc:  # a port already taken, an address this host does not have
+            # Nothing was loaded yet (the sidecar binds before the model worker starts): just exit.
+            logger.error("cannot listen (%s); choose other ports with --port / --http-port, or --no-http", exc)
+            return 2
         dashboard_port = server.sidecar.port if server.sidecar is not None else server.port
         logger.info("teleop dashboard: http://%s:%d/dashboard/", args.host, dashboard_port)
         ready = asyncio.ensure_future(server.wait_ready())
@@ -255,6 +260,11 @@ async def serve_until_stopped(args: argparse.Namespace) -> int:
             logger.error("could not load the model: %s", ready.exception())
             exit_code = 1
         elif not stopped.done():
+            if args.backend == "ray":
+                # ray.init (on a loading thread) installed Ray's own SIGTERM handler, which would kill the
+                # process in the middle of the graceful stop: ours again, now that Ray is up.
+                for sig in (signal.SIGINT, signal.SIGTERM):
+                    loop.add_signal_handler(sig, stop.set)
             await stopped
         else:
             ready.cancel()
