@@ -60,7 +60,7 @@ from .metrics import PROMETHEUS_CONTENT_TYPE, ServerMetrics, ServerStateReaders
 from .protocol import DropReason, ErrorCode
 from .request_queue import PendingObservation, QueueClosed
 from .video_encoding import MP4_MEDIA_TYPE
-from .video_job_runner import VideoJobRunner
+from .video_job_runner import VideoJobRunner, storage_full
 from .video_jobs import JobNotFound, RetentionPolicy, VideoJob, VideoJobStatus, VideoJobStore
 
 if TYPE_CHECKING:
@@ -161,13 +161,6 @@ class SidecarMiddleware:
         finally:
             self.metrics.observe_http(_endpoint(scope), scope.get("method", ""), state["status"],
                                       time.monotonic() - started)
-
-
-def is_storage_full(exc: OSError) -> bool:
-    """ENOSPC (no space left) or EDQUOT (quota exceeded): the disk, not the request, is the problem."""
-    import errno
-
-    return exc.errno in (errno.ENOSPC, errno.EDQUOT)
 
 
 def _content_length(scope: dict) -> int | None:
@@ -431,7 +424,7 @@ def build_app(sidecar: HttpSidecar) -> FastAPI:
         try:
             job = await asyncio.to_thread(store.create, submission.params, submission.inputs)
         except OSError as exc:
-            if not is_storage_full(exc):
+            if not storage_full(exc, store.data_dir):  # numpy reports ENOSPC as a short write, without errno
                 raise
             # store.create removed its half-written files; nothing was recorded.
             raise ApiError(HttpErrorCode.STORAGE_FULL, "the server's video storage is full; the job was not "

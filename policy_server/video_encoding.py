@@ -82,10 +82,46 @@ def encode_mp4(frames: np.ndarray, fps: float, path: str | Path, quality: int = 
         writer.close()
         partial.unlink(missing_ok=True)
         raise VideoEncodingError(f"ffmpeg failed to encode {frames.shape[0]} frames: {exc}") from exc
-    with open(partial, "rb+") as handle:
-        os.fsync(handle.fileno())
+    try:
+        # imageio-ffmpeg ignores ffmpeg's exit status: a disk that fills up while the trailer is written
+        # leaves a truncated file behind without any exception. Never publish one.
+        check_mp4_structure(partial)
+        with open(partial, "rb+") as handle:
+            os.fsync(handle.fileno())
+    except (OSError, VideoEncodingError):
+        partial.unlink(missing_ok=True)
+        raise
     os.replace(partial, path)
     return EncodedVideo(path, path.stat().st_size, int(frames.shape[0]), width, height, float(fps))
+
+
+def check_mp4_structure(path: str | Path) -> None:
+    """Raise :class:`VideoEncodingError` unless ``path`` is a whole MP4: its top-level boxes tile the file
+    exactly and include ``ftyp``, ``moov`` and ``mdat`` (a truncated write breaks one or the other)."""
+    path = Path(path)
+    size = path.stat().st_size
+    seen: set[bytes] = set()
+    offset = 0
+    with open(path, "rb") as handle:
+        while offset < size:
+            handle.seek(offset)
+            header = handle.read(16)
+            if len(header) < 8:
+                break
+            box_size, kind = int.from_bytes(header[:4], "big"), header[4:8]
+            if box_size == 1 and len(header) == 16:
+                box_size = int.from_bytes(header[8:16], "big")
+            elif box_size == 0:
+                box_size = size - offset
+            if box_size < 8:
+                break
+            seen.add(kind)
+            offset += box_size
+    missing = {b"ftyp", b"moov", b"mdat"} - seen
+    if offset != size or missing:
+        raise VideoEncodingError(
+            f"ffmpeg wrote an incomplete MP4 ({size} bytes; boxes end at {offset}; missing "
+            f"{sorted(m.decode() for m in missing) or 'none'}): was the disk full?")
 
 
 def read_mp4(path: str | Path) -> np.ndarray:

@@ -22,6 +22,7 @@ import asyncio
 import errno
 import logging
 import shutil
+import sqlite3
 import time
 import uuid
 from dataclasses import dataclass, field
@@ -230,7 +231,14 @@ class VideoJobRunner:
             await asyncio.to_thread(self.store.sweep)
 
     def _started(self, job_id: str) -> None:
-        asyncio.ensure_future(asyncio.to_thread(self.store.set_progress, job_id, PROGRESS_STARTED))
+        asyncio.ensure_future(asyncio.to_thread(self._set_progress, job_id, PROGRESS_STARTED))
+
+    def _set_progress(self, job_id: str, progress: int) -> None:
+        """Progress is informative only: a full disk (SQLite cannot grow its log) must not stop the job."""
+        try:
+            self.store.set_progress(job_id, progress)
+        except (sqlite3.Error, OSError) as exc:
+            logger.warning("video job %s: progress %d%% not recorded: %s", job_id, progress, exc)
 
     async def _run(self, job: VideoJob) -> None:
         try:
@@ -273,7 +281,7 @@ class VideoJobRunner:
                                     result.error_message or "the model failed on this job", result.error_field)
             self._observe(job, queue_s, result, result.error_code)
             return
-        await asyncio.to_thread(self.store.set_progress, job.id, PROGRESS_ENCODING)
+        await asyncio.to_thread(self._set_progress, job.id, PROGRESS_ENCODING)
         try:
             encode_started = time.monotonic()
             encoded = await asyncio.to_thread(encode_mp4, result.frames, result.fps, self.store.video_path(job.id))
@@ -300,10 +308,28 @@ class VideoJobRunner:
                 logger.exception("video job %s: could not record the failure (ref %s)", job.id, reference)
             self._observe(job, queue_s, result, code)
             return
-        recorded = await asyncio.to_thread(
-            self.store.complete, job.id, result_bytes=encoded.num_bytes, frames=encoded.frames,
-            width=encoded.width, height=encoded.height, timing=timing,
-        )
+        try:
+            recorded = await asyncio.to_thread(
+                self.store.complete, job.id, result_bytes=encoded.num_bytes, frames=encoded.frames,
+                width=encoded.width, height=encoded.height, timing=timing,
+            )
+        except (sqlite3.Error, OSError) as exc:
+            # The disk filled up between the MP4 and its record: drop the unrecorded file (it frees the
+            # space the failure record needs) and fail the job; if even that cannot be written, the job
+            # stays in_progress and VideoJobStore.recover re-queues it at the next start.
+            reference = uuid.uuid4().hex[:12]
+            logger.error("video job %s: could not record the finished video (ref %s): %s", job.id, reference, exc)
+            self.store.video_path(job.id).unlink(missing_ok=True)
+            self.failed += 1
+            code = STORAGE_FULL if storage_full(exc, self.store.data_dir) or "full" in str(exc) else ErrorCode.ENGINE_ERROR
+            try:
+                await asyncio.to_thread(self.store.fail, job.id, code,
+                                        f"the result could not be stored (ref {reference}); the server's disk is full"
+                                        if code == STORAGE_FULL else f"the result could not be stored (ref {reference})")
+            except Exception:  # noqa: BLE001
+                logger.exception("video job %s: could not record the failure either (ref %s)", job.id, reference)
+            self._observe(job, queue_s, result, code)
+            return
         if not recorded:  # deleted while it was being encoded: drop the file the delete missed
             await asyncio.to_thread(self.store.delete, job.id)
             return

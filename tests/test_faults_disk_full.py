@@ -1,0 +1,128 @@
+"""The disk for video results fills up: the job fails with ``storage_full``, nothing half-written stays,
+new submissions are refused with 507 ``storage_full``, and the server keeps serving; once space is
+freed, jobs run again.
+
+A real full disk: a 6 MiB tmpfs mounted for the test as the sidecar's data directory (needs root and
+``mount``; skipped otherwise), filled with a plain file while a job waits on the engine. The engine is
+the real tiny engine whose ``start_video`` waits for a gate (:class:`GatedVideoEngine`), so the disk
+can be filled after the job was accepted and before its MP4 is written.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import tempfile
+import threading
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from server_fixtures import http_get, tiny_checkpoint
+from sidecar_fixtures import SidecarServer, error_of, png_b64, rgb, video_body, wait_for_job
+
+# What is left free after filling: less than a 128x128 job's inputs (48 KiB) or the MP4 need, enough for
+# SQLite to record the job's failure (a few WAL pages).
+LEFT_FREE_BYTES = 24 * 1024
+
+
+class GatedVideoEngine:
+    """A real engine whose ``start_video`` waits until ``gate`` is set (at most 60 s)."""
+
+    def __init__(self, engine: Any, gate: threading.Event) -> None:
+        self.engine = engine
+        self.gate = gate
+
+    def start_video(self, request):
+        self.gate.wait(60)
+        return self.engine.start_video(request)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.engine, name)
+
+
+@pytest.fixture
+def small_disk():
+    if os.geteuid() != 0 or shutil.which("mount") is None:
+        pytest.skip("mounting a small tmpfs needs root and mount(8)")
+    mountpoint = Path(tempfile.mkdtemp(prefix="disk-full-"))
+    result = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=6m", "tmpfs", str(mountpoint)], capture_output=True)
+    if result.returncode != 0:
+        mountpoint.rmdir()
+        pytest.skip(f"cannot mount a tmpfs here: {result.stderr.decode().strip()}")
+    try:
+        yield mountpoint
+    finally:
+        subprocess.run(["umount", "-l", str(mountpoint)], check=False)
+        mountpoint.rmdir()
+
+
+def fill(directory: Path, leave: int) -> Path:
+    """Write until the disk refuses (ENOSPC), then give back ``leave`` bytes."""
+    filler = directory / "filler.bin"
+    with open(filler, "wb", buffering=0) as handle:
+        chunk = b"\1" * 4096
+        try:
+            while True:
+                handle.write(chunk)
+        except OSError:
+            pass
+        size = handle.seek(0, os.SEEK_END)
+        handle.truncate(max(0, size - leave))
+    return filler
+
+
+def test_a_full_results_disk_fails_the_job_with_storage_full_and_the_server_carries_on(small_disk):
+    gate = threading.Event()
+    path = tiny_checkpoint("distilled")
+
+    def load():
+        from cosmos3_runtime.engine import Cosmos3Engine
+
+        return GatedVideoEngine(Cosmos3Engine.load(path, device="cpu", dtype="float32"), gate)
+
+    data_dir = small_disk / "data"
+    with SidecarServer(load, data_dir=data_dir) as server:
+        try:
+            check_full_disk(server, gate, small_disk, data_dir)
+        finally:
+            gate.set()
+
+
+def check_full_disk(server: SidecarServer, gate: threading.Event, small_disk: Path, data_dir: Path) -> None:
+    if True:
+        client = server.client
+        job = client.post("/v1/videos", json=video_body(steps=8)).json()
+        assert job["status"] in ("queued", "in_progress"), job
+        filler = fill(small_disk, LEFT_FREE_BYTES)
+        # A new job cannot be stored: a clear 507, and no half-created job left behind.
+        refused = client.post("/v1/videos", json=video_body(steps=8, seed=1, input_reference=png_b64(rgb(128))))
+        assert refused.status_code == 507, refused.text
+        assert error_of(refused)["code"] == "storage_full"
+        assert [j["id"] for j in client.get("/v1/videos").json()["data"]] == [job["id"]]
+
+        gate.set()  # the accepted job runs; its MP4 cannot be written
+        failed = wait_for_job(client, job["id"], timeout=60)
+        assert failed["status"] == "failed", failed
+        assert failed["error"]["code"] == "storage_full" and "full" in failed["error"]["message"]
+        assert client.get(f"/v1/videos/{job['id']}/content").status_code == 409
+        leftovers = [p.name for p in (data_dir / "jobs").rglob("*") if p.name.endswith(".partial")
+                     or p.name.startswith(".staging-")]
+        assert leftovers == []
+
+        # The server keeps serving robots and health checks meanwhile.
+        assert http_get(server.health_url)[1]["status"] == "ready"
+        generation = client.post("/v1/actions/generations", json={
+            "domain_name": "bridge_orig_lerobot", "image": video_body()["input_reference"]})
+        assert generation.status_code == 200, generation.text
+
+        # Space freed: the store is consistent and jobs run to completion again.
+        filler.unlink()
+        again = client.post("/v1/videos", json=video_body(steps=8, seed=2)).json()
+        done = wait_for_job(client, again["id"], timeout=60)
+        assert done["status"] == "completed", done
+        assert client.get(f"/v1/videos/{again['id']}/content").content[4:8] == b"ftyp"
+        statuses = {j["id"]: j["status"] for j in client.get("/v1/videos").json()["data"]}
+        assert statuses == {job["id"]: "failed", again["id"]: "completed"}
