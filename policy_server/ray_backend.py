@@ -204,7 +204,12 @@ class RayBackend:
         self.failovers = 0
         self._replicas = [_Replica(i, f"{settings.app_prefix}-{i}") for i in range(settings.replicas)]
         self._lock = threading.RLock()
-        self._connect_lock = threading.Lock()
+        # Ray is connected on a thread of its own that lives until stop(): a local instance's processes
+        # die with the thread that started them (parent-death signal), so not on a dispatcher thread.
+        self._connected = threading.Event()
+        self._connect_error: BaseException | None = None
+        self._release_driver = threading.Event()
+        self._driver = threading.Thread(target=self._drive_ray, name="ray-driver", daemon=True)
         self._owns_ray = False
         self._num_gpus = 0.0
         self._stopping = threading.Event()
@@ -214,6 +219,7 @@ class RayBackend:
     # -- lifecycle ----------------------------------------------------------------------------------
 
     def start(self) -> None:
+        self._driver.start()
         for replica in self._replicas:
             replica.dispatcher = self._new_dispatcher(replica.index, self.router.queue_of(replica.index), first=True)
             replica.dispatcher.start()
@@ -263,6 +269,7 @@ class RayBackend:
             if self._owns_ray:
                 serve.shutdown()
                 ray.shutdown()
+        self._release_driver.set()
         self.state = WorkerState.STOPPED
         return finished
 
@@ -312,20 +319,34 @@ class RayBackend:
 
     # -- connecting to Ray and the replicas ----------------------------------------------------------------
 
+    def _drive_ray(self) -> None:
+        try:
+            self._connect_ray_once()
+        except BaseException as exc:  # noqa: BLE001 - every replica's loader reports it
+            self._connect_error = exc
+        finally:
+            self._connected.set()
+        self._release_driver.wait()
+
     def _connect_ray(self) -> None:
-        with self._connect_lock:
-            if not ray.is_initialized():
-                options: dict[str, Any] = {"include_dashboard": False, "log_to_driver": False}
-                if self.settings.address is not None:
-                    options["address"] = self.settings.address
-                elif self.settings.local_num_cpus is not None:
-                    options["num_cpus"] = self.settings.local_num_cpus
-                ray.init(**options)
-                self._owns_ray = True
-            # No Serve HTTP proxy: our own front end is the only caller, through deployment handles.
-            serve.start(proxy_location="Disabled")
-            gpus = self.settings.num_gpus
-            self._num_gpus = gpus if gpus is not None else (1.0 if ray.cluster_resources().get("GPU", 0) >= 1 else 0.0)
+        """Wait for the driver thread to connect to Ray (raises what connecting raised)."""
+        self._connected.wait()
+        if self._connect_error is not None:
+            raise RuntimeError(f"could not connect to Ray: {self._connect_error}") from self._connect_error
+
+    def _connect_ray_once(self) -> None:
+        if not ray.is_initialized():
+            options: dict[str, Any] = {"include_dashboard": False, "log_to_driver": False}
+            if self.settings.address is not None:
+                options["address"] = self.settings.address
+            elif self.settings.local_num_cpus is not None:
+                options["num_cpus"] = self.settings.local_num_cpus
+            ray.init(**options)
+            self._owns_ray = True
+        # No Serve HTTP proxy: our own front end is the only caller, through deployment handles.
+        serve.start(proxy_location="Disabled")
+        gpus = self.settings.num_gpus
+        self._num_gpus = gpus if gpus is not None else (1.0 if ray.cluster_resources().get("GPU", 0) >= 1 else 0.0)
 
     def _deploy(self, index: int) -> RemoteEngine:
         """Deploy replica ``index`` (or find it running) and wait until it answers. Runs on its dispatcher."""
