@@ -94,6 +94,8 @@ def decode_json_body(body: bytes) -> dict[str, Any]:
         decoded = json.loads(body)
     except (ValueError, UnicodeDecodeError) as exc:
         raise ApiError(HttpErrorCode.BAD_BODY, f"the body is not valid JSON ({exc})") from None
+    except RecursionError:  # `[[[[...]]]]` a thousand deep: Python's parser recurses per level
+        raise ApiError(HttpErrorCode.BAD_BODY, "the JSON body is nested too deeply") from None
     return _as_fields(decoded, "JSON")
 
 
