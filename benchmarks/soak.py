@@ -1,0 +1,300 @@
+"""Soak: many robot sessions streaming at a control rate against a real server, for a set time.
+
+Starts ``cosmos3-serve --tiny <variant>`` as a subprocess on loopback (ephemeral ports, a temporary
+data directory), then runs ``--sessions`` native-protocol sessions, each sending one observation every
+``1/--hz`` seconds without waiting for the answer (how a streaming robot behaves; the server answers
+the latest observation of each session and drops the superseded ones). Optionally one session is
+openpi and a video job is submitted every ``--video-every-s`` seconds, so all lanes of the server run.
+
+It stops by itself after ``--duration-s`` (or ``--max-requests`` observations) and reports, per window
+of ``--window-s`` and in total: observations sent, chunks served, errors, dropped (by reason), p50/p99
+round-trip latency (observation sent -> its chunk received), and the server process's resident memory;
+then the resident-memory drift from the end of the first window to the end. A JSON summary goes to
+``--json`` if given.
+
+    .venv/bin/python benchmarks/soak.py --sessions 8 --duration-s 240 --hz 10
+
+Loopback only; nothing else is started or touched. The server is stopped with SIGTERM at the end
+(and must exit 0: a clean drain is part of the soak).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import psutil
+from websockets.asyncio.client import connect
+from websockets.exceptions import ConnectionClosed
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+from robot_clients.wire_codec import packb, unpackb  # noqa: E402
+
+DOMAIN = "bridge_orig_lerobot"
+_LISTENING = re.compile(r"listening on wss?://[^:]+:(\d+)/")
+_HTTP = re.compile(r"HTTP sidecar listening on https?://[^ ]+:(\d+) ")
+
+
+@dataclass
+class Window:
+    start: float
+    sent: int = 0
+    served: int = 0
+    errors: Counter = field(default_factory=Counter)
+    dropped: Counter = field(default_factory=Counter)
+    latencies_ms: list[float] = field(default_factory=list)
+    rss_mib: float | None = None
+    videos_done: int = 0
+
+    def summary(self, t0: float) -> dict:
+        lat = np.asarray(self.latencies_ms) if self.latencies_ms else None
+        return {
+            "t_s": round(self.start - t0, 1), "sent": self.sent, "served": self.served,
+            "errors": sum(self.errors.values()), "error_codes": dict(self.errors),
+            "dropped": sum(self.dropped.values()), "dropped_reasons": dict(self.dropped),
+            "p50_ms": round(float(np.percentile(lat, 50)), 1) if lat is not None else None,
+            "p99_ms": round(float(np.percentile(lat, 99)), 1) if lat is not None else None,
+            "rss_mib": self.rss_mib, "videos_done": self.videos_done,
+        }
+
+
+class Soak:
+    def __init__(self, args: argparse.Namespace) -> None:
+        self.args = args
+        self.t0 = time.monotonic()
+        self.windows = [Window(self.t0)]
+        self.stop = asyncio.Event()
+        self.total_sent = 0
+        self.disconnects = 0
+        self.proc: subprocess.Popen | None = None
+        self.port: int | None = None
+        self.http_port: int | None = None
+        self.log: list[str] = []
+
+    @property
+    def window(self) -> Window:
+        return self.windows[-1]
+
+    # -- the server ---------------------------------------------------------------------------------
+
+    def start_server(self, data_dir: str) -> None:
+        a = self.args
+        cmd = [sys.executable, "-m", "policy_server.cli", "--tiny", a.variant, "--host", "127.0.0.1", "--port", "0",
+               "--http-port", "0", "--data-dir", data_dir, "--log-level", "info",
+               "--max-sessions", str(a.sessions + 4)]
+        self.proc = subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+        ready = threading.Event()
+
+        def read() -> None:
+            for line in self.proc.stderr:
+                self.log.append(line)
+                if (m := _HTTP.search(line)) and self.http_port is None:
+                    self.http_port = int(m.group(1))
+                if (m := _LISTENING.search(line)) and self.port is None:
+                    self.port = int(m.group(1))
+                if "ready: serving" in line:
+                    ready.set()
+
+        threading.Thread(target=read, daemon=True).start()
+        if not ready.wait(300):
+            self.proc.kill()
+            raise SystemExit("the server did not become ready:\n" + "".join(self.log[-30:]))
+
+    def rss_mib(self) -> float:
+        assert self.proc is not None
+        return round(psutil.Process(self.proc.pid).memory_info().rss / 2**20, 1)
+
+    # -- clients ------------------------------------------------------------------------------------
+
+    async def native_session(self, index: int) -> None:
+        url = f"ws://127.0.0.1:{self.port}/v1/actions/realtime"
+        rng = np.random.default_rng(index)
+        image = rng.integers(0, 256, (self.args.image_side, self.args.image_side, 3), dtype=np.uint8)
+        period = 1.0 / self.args.hz
+        while not self.stop.is_set():
+            try:
+                async with connect(url, compression=None, max_size=None, proxy=None) as ws:
+                    await ws.recv()
+                    await ws.send(packb({"type": "configure", "domain_name": DOMAIN,
+                                         "action_horizon": self.args.horizon, "control_hz": self.args.hz}))
+                    await ws.recv()
+                    sent_at: dict[int, float] = {}
+                    reader = asyncio.create_task(self.read_native(ws, sent_at))
+                    seq = 0
+                    next_at = time.monotonic() + rng.uniform(0, period)
+                    while not self.stop.is_set() and not reader.done():
+                        await asyncio.sleep(max(0.0, next_at - time.monotonic()))
+                        next_at += period
+                        if self.args.max_requests and self.total_sent >= self.args.max_requests:
+                            self.stop.set()
+                            break
+                        sent_at[seq] = time.monotonic()
+                        await ws.send(packb({"type": "observation", "seq": seq, "image": image}))
+                        self.window.sent += 1
+                        self.total_sent += 1
+                        seq += 1
+                    reader.cancel()
+            except (ConnectionClosed, OSError) as exc:
+                if not self.stop.is_set():
+                    self.disconnects += 1
+                    print(f"session {index}: connection lost ({exc}); reconnecting", file=sys.stderr)
+                    await asyncio.sleep(0.5)
+
+    async def read_native(self, ws, sent_at: dict[int, float]) -> None:
+        async for message in ws:
+            frame = unpackb(message)
+            kind, seq = frame.get("type"), frame.get("seq")
+            started = sent_at.pop(seq, None) if seq is not None else None
+            if kind == "action_chunk":
+                self.window.served += 1
+                if started is not None:
+                    self.window.latencies_ms.append((time.monotonic() - started) * 1e3)
+            elif kind == "dropped":
+                self.window.dropped[frame.get("reason")] += 1
+            elif kind == "error":
+                self.window.errors[frame.get("code")] += 1
+
+    async def video_jobs(self) -> None:
+        import base64
+        import io
+
+        import httpx
+        from PIL import Image
+
+        buffer = io.BytesIO()
+        Image.fromarray(np.zeros((64, 64, 3), np.uint8)).save(buffer, "PNG")
+        body = {"domain_name": DOMAIN, "input_reference": base64.b64encode(buffer.getvalue()).decode(),
+                "action": np.zeros((8, 10)).tolist(), "seed": 0}
+        async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{self.http_port}", trust_env=False, timeout=30) as client:
+            pending: list[str] = []
+            while not self.stop.is_set():
+                response = await client.post("/v1/videos", json=body)
+                if response.status_code == 200:
+                    pending.append(response.json()["id"])
+                else:
+                    self.window.errors[f"video_{response.status_code}"] += 1
+                try:
+                    await asyncio.wait_for(self.stop.wait(), self.args.video_every_s)
+                except asyncio.TimeoutError:
+                    pass
+                for job in list(pending):
+                    status = (await client.get(f"/v1/videos/{job}")).json().get("status")
+                    if status in ("completed", "failed"):
+                        pending.remove(job)
+                        self.window.videos_done += 1
+                        if status == "failed":
+                            self.window.errors["video_failed"] += 1
+
+    async def windows_ticker(self) -> None:
+        deadline = self.t0 + self.args.duration_s
+        while not self.stop.is_set():
+            try:
+                await asyncio.wait_for(self.stop.wait(), min(self.args.window_s, max(0.0, deadline - time.monotonic())))
+            except asyncio.TimeoutError:
+                pass
+            self.window.rss_mib = self.rss_mib()
+            self.print_window(self.window)
+            if time.monotonic() >= deadline:
+                self.stop.set()
+                break
+            self.windows.append(Window(time.monotonic()))
+
+    def print_window(self, w: Window) -> None:
+        s = w.summary(self.t0)
+        print(f"t={s['t_s']:>6}s sent={s['sent']:>5} served={s['served']:>5} errors={s['errors']:>3} "
+              f"dropped={s['dropped']:>5} p50={s['p50_ms']} ms p99={s['p99_ms']} ms rss={s['rss_mib']} MiB "
+              f"videos={s['videos_done']} {s['error_codes'] or ''}", flush=True)
+
+    async def run(self) -> dict:
+        self.t0 = time.monotonic()  # the clock starts with the sessions, not with the model loading
+        self.windows = [Window(self.t0)]
+        tasks = [asyncio.create_task(self.native_session(i)) for i in range(self.args.sessions)]
+        if self.args.video_every_s > 0:
+            tasks.append(asyncio.create_task(self.video_jobs()))
+        await self.windows_ticker()
+        await asyncio.sleep(2.0)  # let the last answers arrive into the last window
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        return self.report()
+
+    def report(self) -> dict:
+        windows = [w.summary(self.t0) for w in self.windows]
+        lat = np.asarray([x for w in self.windows for x in w.latencies_ms]) if self.total_sent else np.asarray([])
+        errors = Counter()
+        dropped = Counter()
+        for w in self.windows:
+            errors.update(w.errors)
+            dropped.update(w.dropped)
+        rss = [w["rss_mib"] for w in windows if w["rss_mib"] is not None]
+        return {
+            "sessions": self.args.sessions, "hz": self.args.hz, "duration_s": round(time.monotonic() - self.t0, 1),
+            "variant": self.args.variant, "image_side": self.args.image_side,
+            "sent": sum(w["sent"] for w in windows), "served": sum(w["served"] for w in windows),
+            "errors": sum(errors.values()), "error_codes": dict(errors),
+            "dropped": sum(dropped.values()), "dropped_reasons": dict(dropped),
+            # In flight when the soak stopped (sent in its last moments), not lost.
+            "unanswered_at_stop": sum(w["sent"] for w in windows) - sum(w["served"] for w in windows)
+            - sum(dropped.values()) - sum(v for k, v in errors.items() if not k.startswith("video")),
+            "videos_done": sum(w["videos_done"] for w in windows),
+            "disconnects": self.disconnects,
+            "p50_ms": round(float(np.percentile(lat, 50)), 1) if lat.size else None,
+            "p99_ms": round(float(np.percentile(lat, 99)), 1) if lat.size else None,
+            "rss_first_window_mib": rss[0] if rss else None, "rss_last_window_mib": rss[-1] if rss else None,
+            "rss_drift_mib": round(rss[-1] - rss[0], 1) if len(rss) > 1 else None,
+            "windows": windows,
+        }
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--sessions", type=int, default=8)
+    parser.add_argument("--hz", type=float, default=10.0, help="observations per second per session")
+    parser.add_argument("--duration-s", type=float, default=240.0)
+    parser.add_argument("--max-requests", type=int, default=0, help="stop after this many observations (0: no cap)")
+    parser.add_argument("--window-s", type=float, default=30.0)
+    parser.add_argument("--variant", default="distilled")
+    parser.add_argument("--image-side", type=int, default=64)
+    parser.add_argument("--horizon", type=int, default=8)
+    parser.add_argument("--video-every-s", type=float, default=0.0, help="submit a video job this often (0: none)")
+    parser.add_argument("--json", type=Path, default=None, help="write the summary here")
+    args = parser.parse_args(argv)
+
+    soak = Soak(args)
+    with tempfile.TemporaryDirectory(prefix="soak-") as data_dir:
+        soak.start_server(data_dir)
+        print(f"server ready on ports {soak.port}/{soak.http_port}, rss={soak.rss_mib()} MiB; "
+              f"{args.sessions} sessions at {args.hz:g} Hz for {args.duration_s:g} s", flush=True)
+        try:
+            report = asyncio.run(soak.run())
+        finally:
+            soak.proc.send_signal(signal.SIGTERM)
+            try:
+                exit_code = soak.proc.wait(60)
+            except subprocess.TimeoutExpired:
+                soak.proc.kill()
+                exit_code = "killed"
+    report["server_exit_code"] = exit_code
+    summary = {k: v for k, v in report.items() if k != "windows"}
+    print(json.dumps(summary, indent=1))
+    if args.json is not None:
+        args.json.write_text(json.dumps(report, indent=1))
+    return 0 if exit_code == 0 else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
