@@ -60,12 +60,11 @@ class ObserverErrorCode:
 def authorize(request: Request) -> tuple[HTTPStatus, str] | None:
     """Whether this handshake may watch and steer sessions: ``None`` to allow, else (status, message).
 
-    The one access check of the observer channel (and so of the dashboard: its static files carry no
-    data; everything live comes through here). There is no authentication yet, so everyone on the
-    network the server listens on is allowed. A token check goes here: browsers cannot set an
-    ``Authorization`` header on a WebSocket, so accept the token from it *or* from the
-    ``access_token`` query parameter, which is where the dashboard puts the token it was given
-    (``/dashboard/#token=...``; docs/dashboard.md).
+    The observer channel's own hook (its static files carry no data; everything live comes through
+    here). The bearer token (``cosmos3-serve --auth-token``) is checked before this, in the server's
+    handshake hook, by :mod:`policy_server.auth`, like for every closed endpoint; it accepts the
+    ``access_token`` query parameter the dashboard uses (``/dashboard/#token=...``; docs/dashboard.md).
+    Checks specific to observers (e.g. a separate operator token) would go here.
     """
     del request  # no credential to check yet
     return None
