@@ -18,15 +18,20 @@ losing no accepted video job in ``test_sidecar_restart.py``, a full disk in
 from __future__ import annotations
 
 import asyncio
+import tempfile
 import threading
 import time
+from pathlib import Path
 from typing import Any
 
 import pytest
 from websockets.asyncio.client import connect
+from websockets.exceptions import InvalidStatus
 
 from robot_clients.wire_codec import packb, unpackb
 from server_fixtures import DOMAIN, ServerThread, http_get, rgb_image, tiny_checkpoint
+
+from policy_server.http_sidecar import SidecarSettings
 
 ENGINE_TIMEOUT_S = 1.0
 
@@ -39,6 +44,9 @@ class FaultSwitch:
         self.release = threading.Event()
         self.hung_calls = 0
         self.loads = 0
+        # While set, a (re)load waits for `load_release`: the test can look at the server mid-restart.
+        self.hold_loads = threading.Event()
+        self.load_release = threading.Event()
 
 
 class FaultyEngine:
@@ -77,14 +85,20 @@ def faulty():
         from cosmos3_runtime.engine import Cosmos3Engine
 
         switch.loads += 1
+        if switch.hold_loads.is_set():
+            switch.load_release.wait(60)
         return FaultyEngine(Cosmos3Engine.load(path, device="cpu", dtype="float32"), switch)
 
-    with ServerThread(load, warmup=False, engine_timeout_s=ENGINE_TIMEOUT_S) as server:
-        server.switch = switch
-        try:
-            yield server
-        finally:
-            switch.release.set()  # let an abandoned thread finish
+    with tempfile.TemporaryDirectory(prefix="faults-engine-") as data_dir:
+        with ServerThread(load, warmup=False, engine_timeout_s=ENGINE_TIMEOUT_S,
+                          http=SidecarSettings(data_dir=Path(data_dir), port=0)) as server:
+            server.switch = switch
+            server.readyz_url = f"http://127.0.0.1:{server.server.sidecar.port}/readyz"
+            try:
+                yield server
+            finally:
+                switch.release.set()  # let an abandoned thread finish
+                switch.load_release.set()
 
 
 async def open_session(server: ServerThread):
@@ -131,6 +145,7 @@ async def test_a_hung_engine_call_times_out_reports_not_ready_and_the_engine_is_
     ws = await open_session(faulty)
     try:
         faulty.switch.hang_next.set()
+        faulty.switch.hold_loads.set()  # keep the fresh engine loading until the checks below are done
         started = time.monotonic()
         await ws.send(packb({"type": "observation", "seq": 0, "image": rgb_image(64)}))
         (timeout,) = await replies(ws, 1, timeout=30)
@@ -138,11 +153,20 @@ async def test_a_hung_engine_call_times_out_reports_not_ready_and_the_engine_is_
         assert timeout["type"] == "error" and timeout["code"] == "engine_timeout" and timeout["seq"] == 0, timeout
         assert ENGINE_TIMEOUT_S <= waited < ENGINE_TIMEOUT_S + 5, waited
         assert faulty.switch.hung_calls >= 1
-        # Not ready while the fresh engine loads (unless the tiny model loaded in between: then ready).
-        status = http_get(faulty.health_url)[1]["status"]
-        assert status in ("restarting", "loading", "warming_up", "ready"), status
+        # Not ready while the fresh engine loads: /healthz says so (alive: 200), /readyz is 503, and a
+        # new robot is told to come back (503 + Retry-After); the open session stays open.
+        status, health, _ = http_get(faulty.health_url)
+        assert status == 200 and health["status"] in ("restarting", "loading"), health
+        status, readiness, _ = http_get(faulty.readyz_url)
+        assert status == 503 and readiness["ready"] is False, readiness
+        with pytest.raises(InvalidStatus) as refused:
+            await connect(faulty.url, proxy=None)
+        assert refused.value.response.status_code == 503
         assert faulty.run(lambda: faulty.server.worker.restarts) == restarts_before + 1
+        faulty.switch.hold_loads.clear()
+        faulty.switch.load_release.set()
         await wait_ready(faulty)
+        assert http_get(faulty.readyz_url)[0] == 200
         assert faulty.switch.loads == loads_before + 1
         # The session that saw the timeout is served by the new engine.
         await ws.send(packb({"type": "observation", "seq": 1, "image": rgb_image(64)}))
