@@ -32,7 +32,7 @@ import hmac
 import json
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Awaitable, Callable, Iterable
+from typing import Awaitable, Callable, Iterable
 from urllib.parse import parse_qsl
 
 # Paths anyone may fetch: liveness, and the dashboard's static files (no data in them).
@@ -185,7 +185,3 @@ class BearerAuthMiddleware:
         ]})
         await send({"type": "http.response.body", "body": body})
 
-
-def describe(tokens: TokenSet | None) -> dict[str, Any]:
-    """For logs and metadata: whether a token is required (never the tokens)."""
-    return {"required": tokens is not None, "tokens": len(tokens) if tokens is not None else 0}
