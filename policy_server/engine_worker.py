@@ -165,8 +165,10 @@ class EngineWorker:
 
     def topology(self) -> dict[str, Any]:
         """One engine, in this process (the Ray backend reports its replicas the same way)."""
+        # failovers: engines the watchdog abandoned and reloaded (cosmos3_replica_failovers{replica="0"}).
         return {"backend": "local", "replicas": [{"replica": 0, "state": self.state.value, "completed": self.completed,
-                                                  "failed": self.failed, "busy_s": self.busy_s}]}
+                                                  "failed": self.failed, "busy_s": self.busy_s,
+                                                  "failovers": self.restarts}]}
 
     # -- the worker thread -------------------------------------------------------------------------
 

@@ -167,6 +167,9 @@ async def test_a_hung_engine_call_times_out_reports_not_ready_and_the_engine_is_
         faulty.switch.load_release.set()
         await wait_ready(faulty)
         assert http_get(faulty.readyz_url)[0] == 200
+        metrics = http_get(faulty.readyz_url.replace("/readyz", "/metrics"))[1]["text"]
+        restarts = faulty.run(lambda: faulty.server.worker.restarts)
+        assert f'cosmos3_replica_failovers_total{{replica="0"}} {float(restarts)}' in metrics  # operators see it
         assert faulty.switch.loads == loads_before + 1
         # The session that saw the timeout is served by the new engine.
         await ws.send(packb({"type": "observation", "seq": 1, "image": rgb_image(64)}))
