@@ -36,6 +36,7 @@ from typing import Any, Mapping
 
 import numpy as np
 
+from .camera_composition import side_by_side
 from .protocol import ErrorCode, FrameLimits, ProtocolError
 
 VIEW_POINTS = ("ego_view", "third_person_view", "wrist_view", "concat_view")
@@ -194,7 +195,7 @@ def parse_openpi_observation(
             alternatives[0][0] if alternatives else None,
         )
     frames = [_frames(lookup(obs, key), key, video, limits) for key in chosen]
-    composed = _side_by_side(frames) if len(frames) > 1 else frames[0]
+    composed = side_by_side(frames) if len(frames) > 1 else frames[0]
     result = OpenpiObservation(cameras=chosen)
     if video:
         result.video = composed
@@ -251,25 +252,6 @@ def _frames(array: Any, key: str, video: bool, limits: FrameLimits) -> np.ndarra
         return np.ascontiguousarray(np.round(array * 255.0).astype(np.uint8))
     raise ProtocolError(ErrorCode.INVALID_IMAGE, f"`{key}` must be uint8 (or float in [0, 1]), got {array.dtype}",
                         key)
-
-
-def _side_by_side(frames: list[np.ndarray]) -> np.ndarray:
-    """Concatenate along width, each resized (nearest neighbour) to the first one's height."""
-    height = frames[0].shape[-3]
-    resized = []
-    for frame in frames:
-        h, w = frame.shape[-3], frame.shape[-2]
-        if h != height:
-            width = max(1, round(w * height / h))
-            rows = (np.arange(height) * h // height).clip(0, h - 1)
-            cols = (np.arange(width) * w // width).clip(0, w - 1)
-            frame = frame[..., rows, :, :][..., :, cols, :]
-        resized.append(frame)
-    if resized[0].ndim == 4:
-        frames_per_clip = {f.shape[0] for f in resized}
-        if len(frames_per_clip) != 1:
-            raise ProtocolError(ErrorCode.INVALID_IMAGE, "composed camera clips must have the same number of frames")
-    return np.ascontiguousarray(np.concatenate(resized, axis=-2))
 
 
 def _check_size(frames: np.ndarray, key: str, limits: FrameLimits) -> None:

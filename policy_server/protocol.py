@@ -107,11 +107,17 @@ class ConfigureFrame:
     settings: dict[str, Any]
 
 
+# More cameras than a robot has, fewer than a frame-size attack would want.
+MAX_NAMED_CAMERAS = 8
+
+
 @dataclass
 class ObservationFrame:
     seq: int
     image: np.ndarray | None = None
     video: np.ndarray | None = None
+    # Named cameras (H×W×3 each), composed into ``image`` per the session's view point.
+    images: dict[str, np.ndarray] | None = None
     prefix_actions: np.ndarray | None = None
     deadline_ms: float | None = None
     overrides: dict[str, Any] = field(default_factory=dict)
@@ -228,21 +234,30 @@ def _parse_observation(frame: Mapping[str, Any], limits: FrameLimits) -> Observa
         raise ProtocolError(ErrorCode.INVALID_FIELD, f"`seq` must be >= 0, got {seq}", "seq")
     obs = ObservationFrame(seq=seq)
 
-    if "images" in frame:
-        raise ProtocolError(
-            ErrorCode.INVALID_FIELD,
-            "named multi-camera `images` are not supported yet; send one composed `image` (H×W×3 uint8)",
-            "images",
-            seq,
-        )
+    if frame.get("images") is not None:
+        images = frame["images"]
+        if not isinstance(images, dict) or not 1 <= len(images) <= MAX_NAMED_CAMERAS or not all(
+            isinstance(name, str) for name in images
+        ):
+            raise ProtocolError(
+                ErrorCode.INVALID_FIELD,
+                f"`images` must map 1 to {MAX_NAMED_CAMERAS} camera names to H×W×3 uint8 frames",
+                "images",
+                seq,
+            )
+        obs.images = {name: _check_frames(image, f"images/{name}", 3, limits, seq) for name, image in images.items()}
+        if frame.get("image") is not None or frame.get("video") is not None:
+            raise ProtocolError(
+                ErrorCode.INVALID_FIELD, "send one of `image`, `video` or `images` in an observation", "images", seq
+            )
     if frame.get("image") is not None:
         obs.image = _check_frames(frame["image"], "image", 3, limits, seq)
     if frame.get("video") is not None:
         obs.video = _check_frames(frame["video"], "video", 4, limits, seq)
-    if obs.image is None and obs.video is None:
+    if obs.image is None and obs.video is None and obs.images is None:
         raise ProtocolError(
             ErrorCode.MISSING_FIELD,
-            "`observation` needs an `image` (H×W×3 uint8) or a `video` (T×H×W×3 uint8)",
+            "`observation` needs an `image` (H×W×3 uint8), named `images` or a `video` (T×H×W×3 uint8)",
             "image",
             seq,
         )

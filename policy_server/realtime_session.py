@@ -196,7 +196,8 @@ class RealtimeSession:
                 obs.seq,
             )
         self.last_seq = obs.seq
-        self.telemetry.record_observation(obs.seq, obs.image, obs.video)
+        shown = obs.image if obs.images is None else next(iter(obs.images.values()))
+        self.telemetry.record_observation(obs.seq, shown, obs.video)
         if self.state is not SessionState.RUNNING:
             reason = DropReason.PAUSED if self.state is SessionState.PAUSED else DropReason.STOPPED
             self.dropped += 1
@@ -208,7 +209,7 @@ class RealtimeSession:
         item = PendingObservation(
             session_id=self.id,
             seq=obs.seq,
-            request=self.config.action_request(obs),
+            request=self.config.action_request(obs, self.server.description),
             owner=self,
             received_at=received_at,
             decode_ms=(time.monotonic() - received_at) * 1e3,

@@ -13,6 +13,7 @@ from typing import Any
 
 from cosmos3_runtime.requests import ActionRequest
 
+from .camera_composition import compose_named
 from .protocol import ErrorCode, ObservationFrame, ProtocolError
 
 # Modes the realtime endpoint serves. forward_dynamics (video rollouts) belongs to the HTTP job API.
@@ -52,8 +53,12 @@ class SessionConfig:
         values["raw_action_dim"] = domain.get("raw_action_dim")
         return values
 
-    def action_request(self, obs: ObservationFrame) -> ActionRequest:
-        """The engine request for one observation of this session (per-frame overrides win)."""
+    def action_request(self, obs: ObservationFrame, description: dict[str, Any] | None = None) -> ActionRequest:
+        """The engine request for one observation of this session (per-frame overrides win).
+
+        Named ``images`` are composed into one frame per the view point (the session's, else the
+        domain's from ``description``): :mod:`policy_server.camera_composition`.
+        """
         values = {
             "domain_name": self.domain_name,
             "action_mode": self.action_mode,
@@ -67,7 +72,11 @@ class SessionConfig:
             "fps": self.fps,
         }
         values.update(obs.overrides)
-        return ActionRequest(image=obs.image, video=obs.video, prefix_actions=obs.prefix_actions, **values)
+        image = obs.image
+        if obs.images is not None:
+            domain = (description or {}).get("domains", {}).get(self.domain_name, {})
+            image = compose_named(obs.images, values["view_point"] or domain.get("view_point"))
+        return ActionRequest(image=image, video=obs.video, prefix_actions=obs.prefix_actions, **values)
 
 
 def _reject(code: str, message: str, field: str) -> ProtocolError:

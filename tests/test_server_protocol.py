@@ -325,3 +325,31 @@ async def test_healthz_and_unknown_paths(server):
     with pytest.raises(InvalidStatus) as info:
         await connect(f"ws://127.0.0.1:{server.port}/nowhere", proxy=None)
     assert info.value.response.status_code == 404
+
+
+async def test_named_cameras_are_composed_per_the_view_point(server):
+    """`images` (named cameras): concat_view composes them side by side, wrist_view picks the wrist camera;
+    each gives the chunk the engine gives for that composed frame."""
+    front, wrist = rgb_image(seed=1), rgb_image(seed=2)
+    conn, _ = await open_conn(server)
+    async with conn.ws:
+        await conn.configure(seed=5, view_point="concat_view")
+        await conn.send({"type": "observation", "seq": 0, "images": {"front": front, "wrist": wrist}})
+        concat = await conn.recv()
+        await conn.send({"type": "observation", "seq": 1, "image": np.concatenate([front, wrist], axis=1)})
+        reference = await conn.recv()
+        assert concat["type"] == reference["type"] == "action_chunk"
+        np.testing.assert_array_equal(concat["actions"], reference["actions"])
+
+        await conn.configure(view_point="wrist_view")
+        await conn.send({"type": "observation", "seq": 2, "images": {"front": front, "wrist_cam": wrist}})
+        picked = await conn.recv()
+        await conn.send({"type": "observation", "seq": 3, "image": wrist})
+        assert np.array_equal(picked["actions"], (await conn.recv())["actions"])
+
+        await conn.send({"type": "observation", "seq": 4, "images": {"left": front, "right": front}})
+        error = await conn.recv()
+        assert (error["type"], error["code"], error["field"]) == ("error", "invalid_field", "images")
+        await conn.send({"type": "observation", "seq": 5, "images": {"front": front}, "image": front})
+        error = await conn.recv()
+        assert (error["type"], error["field"]) == ("error", "images")
