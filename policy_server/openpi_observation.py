@@ -37,7 +37,7 @@ from typing import Any, Mapping
 import numpy as np
 
 from .camera_composition import side_by_side
-from .protocol import ErrorCode, FrameLimits, ProtocolError
+from .protocol import ErrorCode, FrameLimits, ProtocolError, check_image_size
 
 VIEW_POINTS = ("ego_view", "third_person_view", "wrist_view", "concat_view")
 
@@ -201,7 +201,7 @@ def parse_openpi_observation(
         result.video = composed
     else:
         result.image = composed
-    _check_size(composed, "+".join(chosen), limits)
+    check_image_size(composed, "+".join(chosen), limits)
 
     prompt = obs.get("prompt")
     if isinstance(prompt, bytes):
@@ -252,14 +252,3 @@ def _frames(array: Any, key: str, video: bool, limits: FrameLimits) -> np.ndarra
         return np.ascontiguousarray(np.round(array * 255.0).astype(np.uint8))
     raise ProtocolError(ErrorCode.INVALID_IMAGE, f"`{key}` must be uint8 (or float in [0, 1]), got {array.dtype}",
                         key)
-
-
-def _check_size(frames: np.ndarray, key: str, limits: FrameLimits) -> None:
-    height, width = frames.shape[-3], frames.shape[-2]
-    if min(height, width) < limits.min_image_side or max(height, width) > limits.max_image_side:
-        raise ProtocolError(
-            ErrorCode.INVALID_IMAGE,
-            f"`{key}` is {height}×{width} pixels; each side must be between {limits.min_image_side} and "
-            f"{limits.max_image_side}",
-            key,
-        )

@@ -191,15 +191,7 @@ def _check_frames(array: Any, name: str, rank: int, limits: FrameLimits, seq: in
             name,
             seq,
         )
-    height, width = array.shape[-3], array.shape[-2]
-    if min(height, width) < limits.min_image_side or max(height, width) > limits.max_image_side:
-        raise ProtocolError(
-            ErrorCode.INVALID_IMAGE,
-            f"`{name}` is {height}×{width} pixels; each side must be between {limits.min_image_side} "
-            f"and {limits.max_image_side}",
-            name,
-            seq,
-        )
+    check_image_size(array, name, limits, seq)
     if rank == 4 and not 1 <= array.shape[0] <= limits.max_clip_frames:
         raise ProtocolError(
             ErrorCode.INVALID_IMAGE,
@@ -208,6 +200,19 @@ def _check_frames(array: Any, name: str, rank: int, limits: FrameLimits, seq: in
             seq,
         )
     return array
+
+
+def check_image_size(frames: np.ndarray, name: str, limits: FrameLimits, seq: int | None = None) -> None:
+    """Each side of an H×W×3 frame (or T×H×W×3 clip) within the limits; both protocols use this."""
+    height, width = frames.shape[-3], frames.shape[-2]
+    if min(height, width) < limits.min_image_side or max(height, width) > limits.max_image_side:
+        raise ProtocolError(
+            ErrorCode.INVALID_IMAGE,
+            f"`{name}` is {height}×{width} pixels; each side must be between {limits.min_image_side} "
+            f"and {limits.max_image_side}",
+            name,
+            seq,
+        )
 
 
 def _parse_configure(frame: Mapping[str, Any]) -> ConfigureFrame:
