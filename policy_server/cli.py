@@ -30,6 +30,7 @@ from .rate_limits import DEFAULT_BURST, DEFAULT_MAX_OBSERVATION_HZ, RateLimit
 from .watchdog import DEFAULT_ENGINE_TIMEOUT_S
 from .openpi_session import OpenpiSettings
 from .http_sidecar import DEFAULT_MAX_BODY_BYTES, SidecarSettings
+from .http_turns import DEFAULT_MAX_IN_FLIGHT
 from .server import DEFAULT_MAX_MESSAGE_BYTES, PolicyServer, ServerSettings
 from .video_jobs import RetentionPolicy
 
@@ -107,6 +108,11 @@ def build_parser() -> argparse.ArgumentParser:
         "--batch-wait-ms", type=float, default=0.0,
         help="longest an observation may wait for others to batch with (default 0: batch only what is waiting)",
     )
+    turns = parser.add_argument_group(
+        "engine turns", "how robots, HTTP clients and video jobs share the engine; see docs/security.md")
+    turns.add_argument("--max-http-actions-in-flight", type=int, default=DEFAULT_MAX_IN_FLIGHT,
+                       help="action generations one HTTP client (its token; without auth, its address) may have in "
+                            "flight; more are refused with 429 `too_many_in_flight` (default %(default)d)")
     parser.add_argument("--prefix-cache-mb", type=float, default=256.0,
                         help="memory for the text prefix cache (0: off)")
     parser.add_argument("--compile", action="store_true",
@@ -166,6 +172,7 @@ def _sidecar_settings(args: argparse.Namespace) -> SidecarSettings | None:
             max_queued=max(1, args.max_queued_videos),
         ),
         max_body_bytes=int(args.max_body_mib * 2**20),
+        max_actions_in_flight=max(1, args.max_http_actions_in_flight),
     )
 
 

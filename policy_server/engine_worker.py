@@ -68,10 +68,16 @@ class BatchPolicy:
 
     @staticmethod
     def compatible(a: "PendingObservation", b: "PendingObservation") -> bool:
-        """Same schedule (steps, guidance, interval): the engine can run them through shared forwards."""
+        """Same schedule (steps, guidance, interval): the engine can run them through shared forwards.
+
+        And the same kind of owner: a robot session's observation never carries a one-shot HTTP request
+        (one that waits for a shared turn) in its engine call. Where a batch costs more than one request
+        (CPUs), that would make the robot pay for the client's work on top of waiting for its turn.
+        """
         ra, rb = a.request, b.request
-        return (ra.num_steps, ra.guidance_scale, ra.guidance_interval) == (rb.num_steps, rb.guidance_scale,
-                                                                         rb.guidance_interval)
+        return ((ra.num_steps, ra.guidance_scale, ra.guidance_interval) == (rb.num_steps, rb.guidance_scale,
+                                                                          rb.guidance_interval)
+                and (a.turn is None) == (b.turn is None))
 
 
 class WorkerState(str, enum.Enum):
