@@ -31,9 +31,11 @@ batching never holds a request back longer than that. Sessions taken together re
 back together: fairness is unchanged. A batch takes at most one observation per turn.
 
 **Background work** (video rollouts of the HTTP sidecar) waits in a separate FIFO lane at a lower
-priority: :meth:`RequestQueue.take_background` hands one over only while no observation is waiting, so
-a robot's observation always goes before the next background task. A task that is already running is
-not interrupted: the engine runs it to the end (see :class:`BackgroundTask`).
+priority: :meth:`RequestQueue.take_background` hands one over while no observation is waiting, or when
+the worker says background work is overdue for its share of the engine (``even_if_observations_wait``;
+the worker keeps that clock, see :class:`~policy_server.engine_worker.BackgroundShare`). A task that is
+already running is not interrupted: it runs step by step and gives way between steps (see
+:class:`BackgroundTask`).
 """
 
 from __future__ import annotations
@@ -81,7 +83,7 @@ class PendingObservation:
 
 
 class BackgroundTask(Protocol):
-    """Work that runs on the engine only when no observation waits (a ``forward_dynamics`` video job).
+    """Work that runs on the engine behind the observations (a ``forward_dynamics`` video job).
 
     The worker calls ``run(engine, between_steps)`` on its thread (it must not raise: failures are
     part of its result) and then ``owner.on_result(task, result)`` on the event loop. A task that
@@ -110,7 +112,8 @@ class RequestQueue:
         self._ring: deque[Hashable] = deque()  # turns with a waiting observation, in serving order
         # Shared turns just served that still have observations waiting: back in the ring at the next take.
         self._rejoining: list[Hashable] = []
-        self._background: deque[BackgroundTask] = deque()  # lower priority than every observation
+        # Background tasks with the time each was queued; lower priority than every observation.
+        self._background: deque[tuple[BackgroundTask, float]] = deque()
         self._closed = False
 
     def put(self, item: PendingObservation) -> PendingObservation | None:
@@ -135,15 +138,22 @@ class RequestQueue:
         with self._lock:
             if self._closed:
                 raise QueueClosed("the server is shutting down")
-            self._background.append(task)
+            self._background.append((task, time.monotonic()))
             self._ready.notify()
 
-    def take_background(self) -> BackgroundTask | None:
-        """The oldest background task, but only if no observation is waiting (never blocks)."""
+    def take_background(self, even_if_observations_wait: bool = False) -> BackgroundTask | None:
+        """The oldest background task, if no observation is waiting or the caller says its turn is due
+        (``even_if_observations_wait``); never blocks."""
         with self._lock:
-            if self._slots or not self._background or self._closed:
+            if not self._background or self._closed or (self._slots and not even_if_observations_wait):
                 return None
-            return self._background.popleft()
+            return self._background.popleft()[0]
+
+    @property
+    def background_waiting_since(self) -> float | None:
+        """When the oldest waiting background task was queued (``time.monotonic()``); None if none waits."""
+        with self._lock:
+            return self._background[0][1] if self._background else None
 
     def _pop_turn(self, turn: Hashable) -> PendingObservation:
         """Take the oldest observation waiting for ``turn``, which the caller has taken out of the ring;
@@ -237,7 +247,7 @@ class RequestQueue:
             self._closed = True
             left: list[PendingObservation | BackgroundTask] = [
                 self._slots[s] for turn in [*self._ring, *self._rejoining] for s in self._turns[turn]]
-            left.extend(self._background)
+            left.extend(task for task, _ in self._background)
             self._slots.clear()
             self._turns.clear()
             self._ring.clear()

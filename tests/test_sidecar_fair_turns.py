@@ -1,8 +1,11 @@
-"""The engine's turns through the real sidecar and WebSocket port (issue 18, item 8).
+"""The engine's turns through the real sidecar and WebSocket port (issue 18, items 8 and 9).
 
 Item 8: one HTTP client with 16 action generations in flight used to take 15 of every 16 engine slots
 from a streaming robot. Now each client's requests share one turn and at most
 ``--max-http-actions-in-flight`` (4) are admitted; the rest get 429 ``too_many_in_flight`` at once.
+
+Item 9: video jobs never ran while robots kept an observation waiting. Now a rollout gets one step per
+``--video-step-interval-s`` even then, and completes.
 
 The checks count what the engine served per owner and how batches were made up, never latencies.
 """
@@ -17,7 +20,7 @@ import pytest
 import websockets.sync.client as ws_client
 
 from server_fixtures import DOMAIN
-from sidecar_fixtures import SidecarServer, engine_loader, png_b64, rgb
+from sidecar_fixtures import SidecarServer, engine_loader, png_b64, rgb, video_body, wait_for_job
 
 from policy_server.auth import TokenSet
 from policy_server.http_errors import ApiError
@@ -100,6 +103,55 @@ def test_an_http_client_with_16_requests_in_flight_takes_turns_with_a_robot(serv
     assert server.server.sidecar.actions_in_flight.peak == 4
     assert refusals and all(h["error"]["code"] == "too_many_in_flight" and h["retry-after"] == "1" for h in refusals)
     assert server.server.sidecar.actions_in_flight.in_flight("peer:127.0.0.1") == 0  # all released
+
+
+def test_video_jobs_complete_while_robots_keep_an_observation_waiting(server):
+    """Three robots streaming at 50 Hz without waiting for answers (faster than the engine: one of them
+    always has an observation waiting). Before: the job stayed queued for as long as they streamed."""
+    stop = threading.Event()
+    served = {"chunks": 0}
+
+    def robot(index: int) -> None:
+        with ws_client.connect(server.url, compression=None, proxy=None, max_size=2**24) as ws:
+            unpackb(ws.recv())
+            ws.send(packb({"type": "configure", "domain_name": DOMAIN, "action_horizon": 8}))
+            unpackb(ws.recv())
+
+            def read() -> None:
+                try:
+                    for message in ws:
+                        if unpackb(message)["type"] == "action_chunk":
+                            served["chunks"] += 1
+                except Exception:  # noqa: BLE001 - closed at the end
+                    pass
+
+            reader = threading.Thread(target=read, daemon=True)
+            reader.start()
+            seq = 0
+            while not stop.is_set():
+                seq += 1
+                ws.send(packb({"type": "observation", "seq": seq, "image": rgb(64, seed=index)}))
+                time.sleep(0.02)
+
+    robots = [threading.Thread(target=robot, args=(i,), daemon=True) for i in range(3)]
+    for thread in robots:
+        thread.start()
+    try:
+        deadline = time.monotonic() + 30
+        while served["chunks"] < 3 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert len(server.server.queue) >= 1  # robots are waiting
+        job = server.client.post("/v1/videos", json=video_body()).json()
+        chunks_at_submit = served["chunks"]
+        done = wait_for_job(server.client, job["id"], timeout=90)
+        chunks_during_job = served["chunks"] - chunks_at_submit
+        assert len(server.server.queue) >= 1  # and still were when it finished
+    finally:
+        stop.set()
+        for thread in robots:
+            thread.join(30)
+    assert done["status"] == "completed", done
+    assert chunks_during_job > 0  # the robots were served all along
 
 
 def test_the_client_is_the_token_it_was_admitted_with():
