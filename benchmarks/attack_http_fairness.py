@@ -147,7 +147,8 @@ def main() -> int:
     parser.add_argument("--horizon", type=int, default=16)
     parser.add_argument("--no-backoff", dest="backoff", action="store_false",
                         help="retry a 429 at once instead of after its Retry-After")
-    parser.add_argument("--server-repo", type=Path, default=REPO, help="checkout whose server to run (default: this one)")
+    parser.add_argument("--server-repo", type=Path, default=REPO,
+                        help="checkout whose server to run (default: this one)")
     parser.add_argument("--server-arg", action="append", default=[], help="extra argument for the server (repeatable)")
     args = parser.parse_args()
 

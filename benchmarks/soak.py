@@ -17,6 +17,8 @@ With ``--video-start-s T`` (and ``--video-every-s``) video jobs are submitted on
 so one run measures the robots without and with video jobs side by side: the report then has both
 phases (round trip and queue wait p50/p99, and their difference: the wait video jobs add), and the
 jobs submitted, completed and their submit-to-complete times. Choose T a multiple of ``--window-s``.
+Robots streaming faster than the engine see their served observation's queue wait bounded by their send
+period (a newer observation replaces a waiting one): for them the round trip is the measure of added wait.
 
     .venv/bin/python benchmarks/soak.py --sessions 8 --duration-s 240 --hz 10
     .venv/bin/python benchmarks/soak.py --sessions 16 --hz 10 --duration-s 600 --video-every-s 30 --video-start-s 120
@@ -287,9 +289,10 @@ class Soak:
             after = [w for w in self.windows if w.start >= split]
             without = _phase(before, self.args.video_start_s)
             with_videos = _phase(after, time.monotonic() - self.t0 - self.args.video_start_s)
-            phases = {"without_videos": without, "with_videos": with_videos, "added_wait_ms": {
-                key: round(with_videos[key] - without[key], 1) if with_videos[key] is not None and without[key] is not None
-                else None for key in ("queue_p50_ms", "queue_p99_ms", "p50_ms", "p99_ms")}}
+            added = {key: round(with_videos[key] - without[key], 1)
+                     if with_videos[key] is not None and without[key] is not None else None
+                     for key in ("queue_p50_ms", "queue_p99_ms", "p50_ms", "p99_ms")}
+            phases = {"without_videos": without, "with_videos": with_videos, "added_wait_ms": added}
         return {
             "sessions": self.args.sessions, "hz": self.args.hz, "duration_s": round(time.monotonic() - self.t0, 1),
             "variant": self.args.variant, "image_side": self.args.image_side,

@@ -129,8 +129,9 @@ class TokenSet:
             scheme, _, credentials = value.strip().partition(" ")
             if scheme.lower() == "bearer":
                 offered = True
-                if self.matches(credentials.strip()):
-                    return AuthResult(True, token_id=_token_id(credentials.strip()))
+                candidate = credentials.strip()
+                if self.matches(candidate):
+                    return AuthResult(True, token_id=_token_id(candidate))
         for name, value in parse_qsl(query, keep_blank_values=True):
             if name in QUERY_PARAMETERS:
                 offered = True
@@ -141,8 +142,9 @@ class TokenSet:
                 entry = entry.strip()
                 if entry.lower().startswith(SUBPROTOCOL_PREFIX):
                     offered = True
-                    if self.matches(entry[len(SUBPROTOCOL_PREFIX):]):
-                        return AuthResult(True, subprotocol=entry, token_id=_token_id(entry[len(SUBPROTOCOL_PREFIX):]))
+                    candidate = entry[len(SUBPROTOCOL_PREFIX):]
+                    if self.matches(candidate):
+                        return AuthResult(True, subprotocol=entry, token_id=_token_id(candidate))
         if offered:
             return AuthResult(False, reason="the token is not valid for this server")
         return AuthResult(False, reason="this server requires a token: send `Authorization: Bearer <token>` "

@@ -11,8 +11,8 @@ Routes (``docs/http_api.md`` is the user-facing description; ``/openapi.json`` t
 Both kinds of work enter the server's one request queue: action generations as observations (each
 client's requests share one turn, like one robot's, with a bounded number in flight: ``http_turns``),
 video jobs in the background lane that the engine worker serves while no observation waits, plus a
-bounded share under robot load. The sidecar never runs model code on the event loop; request decoding, SQLite and
-MP4 encoding run on helper threads (``asyncio.to_thread``).
+bounded share under robot load. The sidecar never runs model code on the event loop; request decoding,
+SQLite and MP4 encoding run on helper threads (``asyncio.to_thread``).
 
 :class:`HttpSidecar` owns the uvicorn server (started with our own bound socket, so port 0 works and no
 signal handlers are installed: the CLI owns SIGINT/SIGTERM), the job store, the runner and the metrics.
