@@ -8,11 +8,20 @@ openpi and a video job is submitted every ``--video-every-s`` seconds, so all la
 
 It stops by itself after ``--duration-s`` (or ``--max-requests`` observations) and reports, per window
 of ``--window-s`` and in total: observations sent, chunks served, errors, dropped (by reason), p50/p99
-round-trip latency (observation sent -> its chunk received), and the server process's resident memory;
-then the resident-memory drift from the end of the first window to the end. A JSON summary goes to
-``--json`` if given.
+round-trip latency (observation sent -> its chunk received), p50/p99 of the robots' wait in the
+server's queue (``timing.queue_ms`` of each chunk), video jobs finished, and the server process's
+resident memory; then the resident-memory drift from the end of the first window to the end. A JSON
+summary goes to ``--json`` if given.
+
+With ``--video-start-s T`` (and ``--video-every-s``) video jobs are submitted only from T seconds on,
+so one run measures the robots without and with video jobs side by side: the report then has both
+phases (round trip and queue wait p50/p99, and their difference: the wait video jobs add), and the
+jobs submitted, completed and their submit-to-complete times. Choose T a multiple of ``--window-s``.
+Robots streaming faster than the engine see their served observation's queue wait bounded by their send
+period (a newer observation replaces a waiting one): for them the round trip is the measure of added wait.
 
     .venv/bin/python benchmarks/soak.py --sessions 8 --duration-s 240 --hz 10
+    .venv/bin/python benchmarks/soak.py --sessions 16 --hz 10 --duration-s 600 --video-every-s 30 --video-start-s 120
 
 Loopback only; nothing else is started or touched. The server is stopped with SIGTERM at the end
 (and must exit 0: a clean drain is part of the soak).
@@ -56,6 +65,7 @@ class Window:
     errors: Counter = field(default_factory=Counter)
     dropped: Counter = field(default_factory=Counter)
     latencies_ms: list[float] = field(default_factory=list)
+    queue_ms: list[float] = field(default_factory=list)
     rss_mib: float | None = None
     videos_done: int = 0
 
@@ -67,8 +77,22 @@ class Window:
             "dropped": sum(self.dropped.values()), "dropped_reasons": dict(self.dropped),
             "p50_ms": round(float(np.percentile(lat, 50)), 1) if lat is not None else None,
             "p99_ms": round(float(np.percentile(lat, 99)), 1) if lat is not None else None,
+            "queue_p50_ms": _pct(self.queue_ms, 50), "queue_p99_ms": _pct(self.queue_ms, 99),
             "rss_mib": self.rss_mib, "videos_done": self.videos_done,
         }
+
+
+def _pct(values: list[float], q: float) -> float | None:
+    return round(float(np.percentile(values, q)), 1) if values else None
+
+
+def _phase(windows: list[Window], seconds: float) -> dict:
+    """Round trip and queue wait over a run of windows (a phase of the soak)."""
+    lat = [x for w in windows for x in w.latencies_ms]
+    queue = [x for w in windows for x in w.queue_ms]
+    return {"windows": len(windows), "served_per_s": round(sum(w.served for w in windows) / max(seconds, 1e-9), 1),
+            "p50_ms": _pct(lat, 50), "p99_ms": _pct(lat, 99),
+            "queue_p50_ms": _pct(queue, 50), "queue_p99_ms": _pct(queue, 99)}
 
 
 class Soak:
@@ -83,6 +107,9 @@ class Soak:
         self.port: int | None = None
         self.http_port: int | None = None
         self.log: list[str] = []
+        self.videos_submitted = 0
+        self.video_job_s: list[float] = []  # submit -> seen completed, per completed job
+        self.video_started_at: float | None = None
 
     @property
     def window(self) -> Window:
@@ -94,8 +121,9 @@ class Soak:
         a = self.args
         cmd = [sys.executable, "-m", "policy_server.cli", "--tiny", a.variant, "--host", "127.0.0.1", "--port", "0",
                "--http-port", "0", "--data-dir", data_dir, "--log-level", "info",
-               "--max-sessions", str(a.sessions + 4)]
-        self.proc = subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+               "--max-sessions", str(a.sessions + 4), *a.server_arg]
+        self.proc = subprocess.Popen(cmd, cwd=a.server_repo, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                                     text=True)
         ready = threading.Event()
 
         def read() -> None:
@@ -162,6 +190,7 @@ class Soak:
                 self.window.served += 1
                 if started is not None:
                     self.window.latencies_ms.append((time.monotonic() - started) * 1e3)
+                self.window.queue_ms.append(frame["timing"]["queue_ms"])
             elif kind == "dropped":
                 self.window.dropped[frame.get("reason")] += 1
             elif kind == "error":
@@ -178,25 +207,37 @@ class Soak:
         Image.fromarray(np.zeros((64, 64, 3), np.uint8)).save(buffer, "PNG")
         body = {"domain_name": DOMAIN, "input_reference": base64.b64encode(buffer.getvalue()).decode(),
                 "action": np.zeros((8, 10)).tolist(), "seed": 0}
+        try:  # the first phase runs without video jobs (--video-start-s)
+            await asyncio.wait_for(self.stop.wait(), max(0.0, self.t0 + self.args.video_start_s - time.monotonic()))
+            return
+        except asyncio.TimeoutError:
+            pass
+        self.video_started_at = time.monotonic()
         async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{self.http_port}", trust_env=False, timeout=30) as client:
-            pending: list[str] = []
+            pending: dict[str, float] = {}  # job id -> when it was submitted
+            next_submit = time.monotonic()
             while not self.stop.is_set():
-                response = await client.post("/v1/videos", json=body)
-                if response.status_code == 200:
-                    pending.append(response.json()["id"])
-                else:
-                    self.window.errors[f"video_{response.status_code}"] += 1
-                try:
-                    await asyncio.wait_for(self.stop.wait(), self.args.video_every_s)
+                if time.monotonic() >= next_submit:
+                    next_submit += self.args.video_every_s
+                    response = await client.post("/v1/videos", json=body)
+                    if response.status_code == 200:
+                        pending[response.json()["id"]] = time.monotonic()
+                        self.videos_submitted += 1
+                    else:
+                        self.window.errors[f"video_{response.status_code}"] += 1
+                try:  # poll every second, so completion times are known to about a second
+                    await asyncio.wait_for(self.stop.wait(), min(1.0, max(0.0, next_submit - time.monotonic())))
                 except asyncio.TimeoutError:
                     pass
-                for job in list(pending):
+                for job, submitted in list(pending.items()):
                     status = (await client.get(f"/v1/videos/{job}")).json().get("status")
                     if status in ("completed", "failed"):
-                        pending.remove(job)
+                        del pending[job]
                         self.window.videos_done += 1
                         if status == "failed":
                             self.window.errors["video_failed"] += 1
+                        else:
+                            self.video_job_s.append(time.monotonic() - submitted)
 
     async def windows_ticker(self) -> None:
         deadline = self.t0 + self.args.duration_s
@@ -215,7 +256,8 @@ class Soak:
     def print_window(self, w: Window) -> None:
         s = w.summary(self.t0)
         print(f"t={s['t_s']:>6}s sent={s['sent']:>5} served={s['served']:>5} errors={s['errors']:>3} "
-              f"dropped={s['dropped']:>5} p50={s['p50_ms']} ms p99={s['p99_ms']} ms rss={s['rss_mib']} MiB "
+              f"dropped={s['dropped']:>5} p50={s['p50_ms']} ms p99={s['p99_ms']} ms "
+              f"queue p50={s['queue_p50_ms']} p99={s['queue_p99_ms']} ms rss={s['rss_mib']} MiB "
               f"videos={s['videos_done']} {s['error_codes'] or ''}", flush=True)
 
     async def run(self) -> dict:
@@ -240,6 +282,17 @@ class Soak:
             errors.update(w.errors)
             dropped.update(w.dropped)
         rss = [w["rss_mib"] for w in windows if w["rss_mib"] is not None]
+        phases = None
+        if self.args.video_every_s > 0 and self.args.video_start_s > 0:
+            split = self.t0 + self.args.video_start_s - 1e-3  # windows starting before it ran without videos
+            before = [w for w in self.windows if w.start < split]
+            after = [w for w in self.windows if w.start >= split]
+            without = _phase(before, self.args.video_start_s)
+            with_videos = _phase(after, time.monotonic() - self.t0 - self.args.video_start_s)
+            added = {key: round(with_videos[key] - without[key], 1)
+                     if with_videos[key] is not None and without[key] is not None else None
+                     for key in ("queue_p50_ms", "queue_p99_ms", "p50_ms", "p99_ms")}
+            phases = {"without_videos": without, "with_videos": with_videos, "added_wait_ms": added}
         return {
             "sessions": self.args.sessions, "hz": self.args.hz, "duration_s": round(time.monotonic() - self.t0, 1),
             "variant": self.args.variant, "image_side": self.args.image_side,
@@ -249,7 +302,10 @@ class Soak:
             # In flight when the soak stopped (sent in its last moments), not lost.
             "unanswered_at_stop": sum(w["sent"] for w in windows) - sum(w["served"] for w in windows)
             - sum(dropped.values()) - sum(v for k, v in errors.items() if not k.startswith("video")),
+            "videos_submitted": self.videos_submitted,
             "videos_done": sum(w["videos_done"] for w in windows),
+            "video_job_s_p50": _pct(self.video_job_s, 50), "video_job_s_max": _pct(self.video_job_s, 100),
+            "phases": phases,
             "disconnects": self.disconnects,
             "p50_ms": round(float(np.percentile(lat, 50)), 1) if lat.size else None,
             "p99_ms": round(float(np.percentile(lat, 99)), 1) if lat.size else None,
@@ -270,6 +326,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--image-side", type=int, default=64)
     parser.add_argument("--horizon", type=int, default=8)
     parser.add_argument("--video-every-s", type=float, default=0.0, help="submit a video job this often (0: none)")
+    parser.add_argument("--video-start-s", type=float, default=0.0,
+                        help="submit video jobs only from this many seconds on (the time before is the baseline)")
+    parser.add_argument("--server-repo", type=Path, default=REPO,
+                        help="checkout whose server to run (default: this one), e.g. /work/main for a before/after")
+    parser.add_argument("--server-arg", action="append", default=[],
+                        help="extra argument for cosmos3-serve, e.g. --server-arg=--video-step-interval-s=0.5")
     parser.add_argument("--json", type=Path, default=None, help="write the summary here")
     args = parser.parse_args(argv)
 

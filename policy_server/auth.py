@@ -42,6 +42,8 @@ QUERY_PARAMETERS = ("token", "access_token")
 SUBPROTOCOL_PREFIX = "bearer."
 CHALLENGE = 'Bearer realm="cosmos3-policy-server"'
 UNAUTHORIZED_CODE = "unauthorized"
+# The ASGI scope key where BearerAuthMiddleware leaves the admitted token's id (see AuthResult.token_id).
+TOKEN_ID_SCOPE_KEY = "cosmos3.token_id"
 
 
 class TokenConfigError(ValueError):
@@ -52,6 +54,10 @@ def _digest(token: str) -> bytes:
     return hashlib.sha256(token.encode("utf-8", "surrogatepass")).digest()
 
 
+def _token_id(token: str) -> str:
+    return _digest(token).hex()[:16]
+
+
 def is_open_path(path: str) -> bool:
     """Whether ``path`` (no query) is served without a token."""
     return path in OPEN_PATHS or any(path == p or path.startswith(p + "/") for p in OPEN_PREFIXES)
@@ -59,11 +65,17 @@ def is_open_path(path: str) -> bool:
 
 @dataclass(frozen=True)
 class AuthResult:
-    """The outcome of a check: ``ok``, the subprotocol to select (when the token came as one), why not."""
+    """The outcome of a check: ``ok``, the subprotocol to select (when the token came as one), why not.
+
+    ``token_id`` names the token that matched (the start of its SHA-256, never the token itself), so
+    per-client bounds can count by token: it is the matching one even when the request also carried
+    invalid candidates.
+    """
 
     ok: bool
     subprotocol: str | None = None
     reason: str = ""
+    token_id: str | None = None
 
 
 class TokenSet:
@@ -117,20 +129,22 @@ class TokenSet:
             scheme, _, credentials = value.strip().partition(" ")
             if scheme.lower() == "bearer":
                 offered = True
-                if self.matches(credentials.strip()):
-                    return AuthResult(True)
+                candidate = credentials.strip()
+                if self.matches(candidate):
+                    return AuthResult(True, token_id=_token_id(candidate))
         for name, value in parse_qsl(query, keep_blank_values=True):
             if name in QUERY_PARAMETERS:
                 offered = True
                 if self.matches(value):
-                    return AuthResult(True)
+                    return AuthResult(True, token_id=_token_id(value))
         for header in get_header("sec-websocket-protocol"):
             for entry in header.split(","):
                 entry = entry.strip()
                 if entry.lower().startswith(SUBPROTOCOL_PREFIX):
                     offered = True
-                    if self.matches(entry[len(SUBPROTOCOL_PREFIX):]):
-                        return AuthResult(True, subprotocol=entry)
+                    candidate = entry[len(SUBPROTOCOL_PREFIX):]
+                    if self.matches(candidate):
+                        return AuthResult(True, subprotocol=entry, token_id=_token_id(candidate))
         if offered:
             return AuthResult(False, reason="the token is not valid for this server")
         return AuthResult(False, reason="this server requires a token: send `Authorization: Bearer <token>` "
@@ -174,6 +188,7 @@ class BearerAuthMiddleware:
 
         result = self.tokens.check(get_header, scope.get("query_string", b"").decode("latin-1"))
         if result.ok:
+            scope[TOKEN_ID_SCOPE_KEY] = result.token_id  # who this is, for per-client turns (http_turns)
             await self.app(scope, receive, send)
             return
         if self.on_refused is not None:

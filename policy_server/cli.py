@@ -29,7 +29,9 @@ from .openpi_observation import CameraMapping, CameraMappingError
 from .rate_limits import DEFAULT_BURST, DEFAULT_MAX_OBSERVATION_HZ, RateLimit
 from .watchdog import DEFAULT_ENGINE_TIMEOUT_S
 from .openpi_session import OpenpiSettings
+from .engine_worker import DEFAULT_VIDEO_STEP_INTERVAL_S
 from .http_sidecar import DEFAULT_MAX_BODY_BYTES, SidecarSettings
+from .http_turns import DEFAULT_MAX_IN_FLIGHT
 from .server import DEFAULT_MAX_MESSAGE_BYTES, PolicyServer, ServerSettings
 from .video_jobs import RetentionPolicy
 
@@ -107,6 +109,14 @@ def build_parser() -> argparse.ArgumentParser:
         "--batch-wait-ms", type=float, default=0.0,
         help="longest an observation may wait for others to batch with (default 0: batch only what is waiting)",
     )
+    turns = parser.add_argument_group(
+        "engine turns", "how robots, HTTP clients and video jobs share the engine; see docs/security.md")
+    turns.add_argument("--max-http-actions-in-flight", type=int, default=DEFAULT_MAX_IN_FLIGHT,
+                       help="action generations one HTTP client (its token; without auth, its address) may have in "
+                            "flight; more are refused with 429 `too_many_in_flight` (default %(default)d)")
+    turns.add_argument("--video-step-interval-s", type=float, default=DEFAULT_VIDEO_STEP_INTERVAL_S,
+                       help="while robots wait, a video job still gets one denoising step this often, so it finishes "
+                            "under any robot load (default %(default)g; 0: only when no robot waits)")
     parser.add_argument("--prefix-cache-mb", type=float, default=256.0,
                         help="memory for the text prefix cache (0: off)")
     parser.add_argument("--compile", action="store_true",
@@ -166,6 +176,7 @@ def _sidecar_settings(args: argparse.Namespace) -> SidecarSettings | None:
             max_queued=max(1, args.max_queued_videos),
         ),
         max_body_bytes=int(args.max_body_mib * 2**20),
+        max_actions_in_flight=max(1, args.max_http_actions_in_flight),
     )
 
 
@@ -234,6 +245,7 @@ async def serve_until_stopped(args: argparse.Namespace) -> int:
             max_sessions=max(1, args.max_sessions),
             observation_rate=RateLimit(max(0.0, args.max_observation_hz), max(1, args.observation_burst)),
             engine_timeout_s=max(0.0, args.engine_timeout_s),
+            video_step_interval_s=max(0.0, args.video_step_interval_s),
         )
         if args.backend == "ray":
             server = PolicyServer(None, settings, backend=_ray_backend(args, Path(workdir)))

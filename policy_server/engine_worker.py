@@ -11,7 +11,9 @@ to touch sockets. A session that has gone away simply ignores the outcome: a cli
 mid-inference costs that one inference and nothing else.
 
 Background tasks (the HTTP sidecar's video rollouts, :class:`~policy_server.request_queue.BackgroundTask`)
-run only when no observation waits; once started, one runs to its end.
+run when no observation waits, and otherwise get a bounded share of the engine (:class:`BackgroundShare`):
+one step at least every interval, so a video finishes under any robot load while a robot waits at most
+one extra step per interval.
 
 A hung engine call (:mod:`policy_server.watchdog` notices it from ``call_started_at``) is handled by
 :meth:`EngineWorker.abandon_hung_call`: the requests of that call are failed with ``engine_timeout``,
@@ -68,10 +70,39 @@ class BatchPolicy:
 
     @staticmethod
     def compatible(a: "PendingObservation", b: "PendingObservation") -> bool:
-        """Same schedule (steps, guidance, interval): the engine can run them through shared forwards."""
+        """Same schedule (steps, guidance, interval): the engine can run them through shared forwards.
+
+        And the same kind of owner: a robot session's observation never carries a one-shot HTTP request
+        (one that waits for a shared turn) in its engine call. Where a batch costs more than one request
+        (CPUs), that would make the robot pay for the client's work on top of waiting for its turn.
+        """
         ra, rb = a.request, b.request
-        return (ra.num_steps, ra.guidance_scale, ra.guidance_interval) == (rb.num_steps, rb.guidance_scale,
-                                                                         rb.guidance_interval)
+        return ((ra.num_steps, ra.guidance_scale, ra.guidance_interval) == (rb.num_steps, rb.guidance_scale,
+                                                                          rb.guidance_interval)
+                and (a.turn is None) == (b.turn is None))
+
+
+# Under continuous robot load, a video rollout still gets one denoising step at least this often.
+DEFAULT_VIDEO_STEP_INTERVAL_S = 1.0
+
+
+@dataclass(frozen=True)
+class BackgroundShare:
+    """The engine's share for background work (video rollouts) while observations wait.
+
+    Robots go first, but not forever. Once background work has waited ``interval_s`` for the engine
+    (since its last step ended, or since it was queued), the worker gives it one step (a denoising
+    step; at the end of a rollout, the decode) and then goes back to the waiting robots. So under any
+    robot load a video advances at least one step per ``interval_s`` (plus the robot batch running when
+    it fell due) and finishes, and a robot waits at most one extra step per ``interval_s``.
+    ``interval_s`` 0: no share; background work runs only while no observation waits, and can starve.
+    """
+
+    interval_s: float = DEFAULT_VIDEO_STEP_INTERVAL_S
+
+    def due_at(self, waiting_since: float) -> float | None:
+        """When work that has waited since ``waiting_since`` is owed a turn; None: never (no share)."""
+        return waiting_since + self.interval_s if self.interval_s > 0 else None
 
 
 class WorkerState(str, enum.Enum):
@@ -112,6 +143,7 @@ class EngineWorker:
         torch_threads: int | None = None,
         warmup: bool = True,
         batching: BatchPolicy | None = None,
+        background: BackgroundShare | None = None,
     ) -> None:
         self._load_engine = load_engine
         self._queue = queue
@@ -119,6 +151,9 @@ class EngineWorker:
         self._torch_threads = torch_threads
         self._warmup = warmup
         self.batching = batching or BatchPolicy()
+        self.background = background or BackgroundShare()
+        # When background work last had the engine (the end of its last step): its share is counted from there.
+        self._background_turn_at = 0.0
         self._ready = loop.create_future()
         self._thread = threading.Thread(target=self._run, name="engine-worker", daemon=True)
         self.state = WorkerState.STARTING
@@ -250,7 +285,8 @@ class EngineWorker:
     def _serve(self, engine: ActionEngine) -> None:
         policy = self.batching
         while self._is_current():
-            task = self._queue.take_background()  # only when no observation waits
+            # When no observation waits, or when background work is owed its share of the engine.
+            task = self._queue.take_background(even_if_observations_wait=self._background_overdue())
             if task is not None:
                 self._run_background(engine, task)
                 continue
@@ -261,11 +297,23 @@ class EngineWorker:
                 continue  # woken for background work while no observation waits
             self._serve_batch(engine, taken)
 
-    def _serve_waiting(self, engine: ActionEngine) -> None:
-        """Serve the observations waiting right now, without blocking: a background task calls this
-        between its steps, so a robot waits for at most one step of a video, not the whole video."""
+    def _background_overdue(self) -> bool:
+        """Whether the background task waiting now is owed a turn although observations wait."""
+        waiting_since = self._queue.background_waiting_since
+        if waiting_since is None:
+            return False
+        due_at = self.background.due_at(max(waiting_since, self._background_turn_at))
+        return due_at is not None and time.monotonic() >= due_at
+
+    def _serve_waiting(self, engine: ActionEngine, until: float | None) -> None:
+        """Serve the observations waiting right now, without blocking, until the monotonic time ``until``
+        (None: until none waits). A background task calls this between its steps, so a robot waits for
+        at most one step of a video, not the whole video, and the video gets its next step by ``until``
+        (plus the batch running then) however many robots wait."""
         policy = self.batching
         while not self._queue.closed and self._is_current():
+            if until is not None and time.monotonic() >= until:
+                return  # the background task's turn: its next step runs now
             taken = self._queue.take_batch(policy.max_batch, 0.0, policy.compatible, timeout=0)
             if not taken:
                 return
@@ -310,7 +358,7 @@ class EngineWorker:
         self.busy_since = self.call_started_at = time.monotonic()
 
         def between_steps() -> None:
-            self._serve_waiting(engine)
+            self._serve_waiting(engine, self.background.due_at(time.monotonic()))
             if self._is_current():
                 self.call_started_at = time.monotonic()  # the next step starts now
 
@@ -318,6 +366,7 @@ class EngineWorker:
             result = task.run(engine, between_steps)
         finally:
             if self._is_current():
+                self._background_turn_at = time.monotonic()
                 self.current_task = None
                 self.call_started_at = None
                 self.busy_s += time.monotonic() - self.busy_since

@@ -37,6 +37,7 @@ class HttpErrorCode:
     INTERNAL_ERROR = "internal_error"  # a bug of ours; the server log has details under the reference
     UNAUTHORIZED = "unauthorized"  # no valid bearer token (only with --auth-token/--auth-token-file)
     STORAGE_FULL = "storage_full"  # the data directory's disk is full: the job or its result was not stored
+    TOO_MANY_IN_FLIGHT = "too_many_in_flight"  # this client already has its most action generations in flight
 
 
 # The HTTP status each code is answered with. Codes not listed are client errors (400).
@@ -49,6 +50,7 @@ _STATUS: dict[str, int] = {
     HttpErrorCode.NOT_READY: HTTPStatus.SERVICE_UNAVAILABLE,
     HttpErrorCode.SHUTTING_DOWN: HTTPStatus.SERVICE_UNAVAILABLE,
     HttpErrorCode.QUEUE_FULL: HTTPStatus.TOO_MANY_REQUESTS,
+    HttpErrorCode.TOO_MANY_IN_FLIGHT: HTTPStatus.TOO_MANY_REQUESTS,
     HttpErrorCode.VIDEO_NOT_READY: HTTPStatus.CONFLICT,
     HttpErrorCode.VIDEO_FAILED: HTTPStatus.CONFLICT,
     HttpErrorCode.TIMEOUT: HTTPStatus.GATEWAY_TIMEOUT,

@@ -8,10 +8,11 @@ Routes (``docs/http_api.md`` is the user-facing description; ``/openapi.json`` t
 * ``GET /v1/actions/metadata`` - what the loaded checkpoint offers, from the engine's ``describe()``;
 * ``/healthz`` (alive), ``/readyz`` (model loaded and warm), ``/metrics`` (Prometheus).
 
-Both kinds of work enter the server's one request queue: action generations as observations (same
-turns as robots), video jobs in the background lane that the engine worker serves only while no
-observation waits. The sidecar never runs model code on the event loop; request decoding, SQLite and
-MP4 encoding run on helper threads (``asyncio.to_thread``).
+Both kinds of work enter the server's one request queue: action generations as observations (each
+client's requests share one turn, like one robot's, with a bounded number in flight: ``http_turns``),
+video jobs in the background lane that the engine worker serves while no observation waits, plus a
+bounded share under robot load. The sidecar never runs model code on the event loop; request decoding,
+SQLite and MP4 encoding run on helper threads (``asyncio.to_thread``).
 
 :class:`HttpSidecar` owns the uvicorn server (started with our own bound socket, so port 0 works and no
 signal handlers are installed: the CLI owns SIGINT/SIGTERM), the job store, the runner and the metrics.
@@ -35,7 +36,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from robot_clients.wire_codec import packb
 
-from . import http_codecs, http_requests
+from . import http_codecs, http_requests, http_turns
 from .auth import UNAUTHORIZED_CODE, BearerAuthMiddleware
 from .http_codecs import Upload
 from .dashboard_assets import mount_dashboard
@@ -89,6 +90,8 @@ class SidecarSettings:
     retention: RetentionPolicy = field(default_factory=RetentionPolicy)
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
     action_timeout_s: float = DEFAULT_ACTION_TIMEOUT_S
+    # Action generations one client (token, or peer address without auth) may have in flight; more: 429.
+    max_actions_in_flight: int = http_turns.DEFAULT_MAX_IN_FLIGHT
 
 
 class OneShotActionWaiter:
@@ -201,6 +204,7 @@ class HttpSidecar:
             ready=lambda: server.ready,
             replicas=lambda: server.worker.topology().get("replicas", []) if server.worker is not None else [],
         ))
+        self.actions_in_flight = http_turns.InFlightLimit(settings.max_actions_in_flight)
         self.app = build_app(self)
         self._uvicorn: Any = None
         self._socket: socket.socket | None = None
@@ -494,10 +498,16 @@ def build_app(sidecar: HttpSidecar) -> FastAPI:
         "/v1/actions/generations", response_model=ActionGeneration, tags=["actions"],
         summary="One chunk of actions for one observation (policy or inverse_dynamics)",
         responses={**_ERROR_RESPONSES, 200: {"content": {http_codecs.MSGPACK_TYPE: {}},
-                                             "description": "JSON, or msgpack when Accept asks for it"}},
+                                             "description": "JSON, or msgpack when Accept asks for it"},
+                   429: {"model": ErrorResponse, "description": "this client has too many requests in flight"}},
         openapi_extra=_body_schema(ActionGenerationParams, {"image": "PNG, JPEG or WebP", "video": "MP4/WebM clip"}),
     )
     async def generate_actions(request: Request) -> Any:
+        client = http_turns.client_identity(request.scope)
+        with sidecar.actions_in_flight.admit(client):  # before the body is read: a refusal costs nothing
+            return await _generate_actions(request, client)
+
+    async def _generate_actions(request: Request, client: str) -> Any:
         received = time.monotonic()
         description = sidecar.require_ready()
         fields, kind = await _read_fields(
@@ -507,7 +517,7 @@ def build_app(sidecar: HttpSidecar) -> FastAPI:
         waiter = OneShotActionWaiter(asyncio.get_running_loop())
         item = PendingObservation(
             session_id=f"http-{uuid.uuid4().hex[:12]}", seq=0, request=action_request, owner=waiter,
-            received_at=received, decode_ms=(time.monotonic() - received) * 1e3,
+            received_at=received, decode_ms=(time.monotonic() - received) * 1e3, turn=client,
         )
         try:
             sidecar.server.queue.put(item)
@@ -562,7 +572,8 @@ def build_app(sidecar: HttpSidecar) -> FastAPI:
         limits = dict(d.get("limits", {}))
         limits.update(max_body_bytes=sidecar.settings.max_body_bytes,
                       max_websocket_message_bytes=settings.max_message_bytes,
-                      max_queued_video_jobs=sidecar.settings.retention.max_queued)
+                      max_queued_video_jobs=sidecar.settings.retention.max_queued,
+                      max_action_generations_in_flight=sidecar.settings.max_actions_in_flight)
         action_modes, video_modes = d.get("action_modes", []), d.get("video_modes", [])
         endpoints = {mode: "POST /v1/actions/generations" for mode in action_modes}
         endpoints.update({mode: "POST /v1/videos" for mode in video_modes})

@@ -44,7 +44,7 @@ import ray
 from ray import serve
 from ray.exceptions import ActorUnavailableError, RayActorError, RayTaskError
 
-from .engine_worker import BatchPolicy, EngineOutcome, EngineWorker, WorkerState
+from .engine_worker import BackgroundShare, BatchPolicy, EngineOutcome, EngineWorker, WorkerState
 from .protocol import DropReason
 from .ray_replica import Cosmos3Replica, EngineSpec
 from .replica_router import ReplicaRouter
@@ -190,13 +190,15 @@ class RayBackend:
     """:class:`~policy_server.engine_backend.EngineBackend` over N Ray Serve replicas."""
 
     def __init__(self, settings: RayBackendSettings, spec: EngineSpec, server: "PolicyServer",
-                 router: ReplicaRouter, loop: asyncio.AbstractEventLoop, batching: BatchPolicy) -> None:
+                 router: ReplicaRouter, loop: asyncio.AbstractEventLoop, batching: BatchPolicy,
+                 background: BackgroundShare | None = None) -> None:
         self.settings = settings
         self.spec = spec
         self._server = server
         self.router = router
         self._loop = loop
         self._batching = batching
+        self._background = background or BackgroundShare()
         self.state = WorkerState.STARTING
         self.description: dict[str, Any] | None = None
         self.thread_settings: dict[str, object] = {}
@@ -384,7 +386,8 @@ class RayBackend:
             return engine
 
         dispatcher = ReplicaDispatcher(index, self._replica_lost, load, queue, self._loop,
-                                       torch_threads=1, warmup=False, batching=self._batching)
+                                       torch_threads=1, warmup=False, batching=self._batching,
+                                       background=self._background)
         dispatcher.on_batch_done = self._batch_done
         return dispatcher
 
@@ -511,4 +514,5 @@ class RayBackendFactory:
         # Pinning counts open sessions only: sessions end without telling the queue.
         queue.set_open_sessions(lambda: list(server.sessions))
         batching = BatchPolicy(server.settings.max_batch, server.settings.max_batch_wait_ms)
-        return RayBackend(self.settings, self.spec, server, queue, loop, batching)
+        background = BackgroundShare(server.settings.video_step_interval_s)
+        return RayBackend(self.settings, self.spec, server, queue, loop, batching, background)

@@ -14,6 +14,13 @@ Two rules make it a realtime queue rather than a FIFO:
   session at the front; when that session submits again it joins at the back. Replacing a waiting
   observation keeps the session's place, so a robot that sends faster gains nothing over one that sends
   slower: with N busy sessions each gets every N-th engine slot.
+* **A turn can be shared.** An observation names the turn it waits for (:attr:`PendingObservation.turn`;
+  by default its session's own). One-shot requests of the HTTP sidecar are sessions of one request each,
+  and all the requests of one HTTP client share that client's turn: they wait behind each other, oldest
+  first, and the client as a whole gets one engine slot per round of the ring, like one robot, however
+  many requests it has waiting. A shared turn whose request was just taken rejoins the ring only at the
+  worker's next take, behind everyone who arrived while that request ran, just as a robot rejoins only
+  when it sends again: so a robot in closed loop waits for at most the one request already running.
 
 Deadlines are the worker's business (it is the one that knows when a request reaches the engine).
 
@@ -21,12 +28,14 @@ Deadlines are the worker's business (it is the one that knows when a request rea
 waiting sessions whose requests can share its transformer calls (same schedule), in ring order, up to a
 batch size; it may wait for more only until the first observation has waited ``max_wait`` in total, so
 batching never holds a request back longer than that. Sessions taken together rejoin the ring at the
-back together: fairness is unchanged.
+back together: fairness is unchanged. A batch takes at most one observation per turn.
 
 **Background work** (video rollouts of the HTTP sidecar) waits in a separate FIFO lane at a lower
-priority: :meth:`RequestQueue.take_background` hands one over only while no observation is waiting, so
-a robot's observation always goes before the next background task. A task that is already running is
-not interrupted: the engine runs it to the end (see :class:`BackgroundTask`).
+priority: :meth:`RequestQueue.take_background` hands one over while no observation is waiting, or when
+the worker says background work is overdue for its share of the engine (``even_if_observations_wait``;
+the worker keeps that clock, see :class:`~policy_server.engine_worker.BackgroundShare`). A task that is
+already running is not interrupted: it runs step by step and gives way between steps (see
+:class:`BackgroundTask`).
 """
 
 from __future__ import annotations
@@ -60,13 +69,21 @@ class PendingObservation:
     taken_at: float | None = None
     # Set on the event loop when the client cancels while the engine runs it: the result is discarded.
     cancelled: bool = False
+    # The place in the ring this observation waits for; None: its session's own. Observations of
+    # different sessions with the same turn are served one per round, oldest first (one HTTP client's
+    # requests). A session keeps the same turn for its whole life.
+    turn: Hashable | None = None
+
+    @property
+    def turn_key(self) -> Hashable:
+        return self.session_id if self.turn is None else ("turn", self.turn)
 
     def expired(self, now: float) -> bool:
         return self.deadline_at is not None and now > self.deadline_at
 
 
 class BackgroundTask(Protocol):
-    """Work that runs on the engine only when no observation waits (a ``forward_dynamics`` video job).
+    """Work that runs on the engine behind the observations (a ``forward_dynamics`` video job).
 
     The worker calls ``run(engine, between_steps)`` on its thread (it must not raise: failures are
     part of its result) and then ``owner.on_result(task, result)`` on the event loop. A task that
@@ -90,9 +107,13 @@ class RequestQueue:
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._ready = threading.Condition(self._lock)
-        self._slots: dict[Hashable, PendingObservation] = {}
-        self._ring: deque[Hashable] = deque()  # sessions with a waiting observation, in serving order
-        self._background: deque[BackgroundTask] = deque()  # lower priority than every observation
+        self._slots: dict[Hashable, PendingObservation] = {}  # session -> its waiting observation
+        self._turns: dict[Hashable, deque[Hashable]] = {}  # turn -> sessions waiting for it, oldest first
+        self._ring: deque[Hashable] = deque()  # turns with a waiting observation, in serving order
+        # Shared turns just served that still have observations waiting: back in the ring at the next take.
+        self._rejoining: list[Hashable] = []
+        # Background tasks with the time each was queued; lower priority than every observation.
+        self._background: deque[tuple[BackgroundTask, float]] = deque()
         self._closed = False
 
     def put(self, item: PendingObservation) -> PendingObservation | None:
@@ -103,8 +124,13 @@ class RequestQueue:
             replaced = self._slots.get(item.session_id)
             self._slots[item.session_id] = item
             if replaced is None:
-                self._ring.append(item.session_id)
-                self._ready.notify()
+                waiting = self._turns.get(item.turn_key)
+                if waiting is None:
+                    self._turns[item.turn_key] = deque([item.session_id])
+                    self._ring.append(item.turn_key)
+                    self._ready.notify()
+                else:
+                    waiting.append(item.session_id)
             return replaced
 
     def put_background(self, task: BackgroundTask) -> None:
@@ -112,15 +138,34 @@ class RequestQueue:
         with self._lock:
             if self._closed:
                 raise QueueClosed("the server is shutting down")
-            self._background.append(task)
+            self._background.append((task, time.monotonic()))
             self._ready.notify()
 
-    def take_background(self) -> BackgroundTask | None:
-        """The oldest background task, but only if no observation is waiting (never blocks)."""
+    def take_background(self, even_if_observations_wait: bool = False) -> BackgroundTask | None:
+        """The oldest background task, if no observation is waiting or the caller says its turn is due
+        (``even_if_observations_wait``); never blocks."""
         with self._lock:
-            if self._ring or not self._background or self._closed:
+            if not self._background or self._closed or (self._slots and not even_if_observations_wait):
                 return None
-            return self._background.popleft()
+            return self._background.popleft()[0]
+
+    @property
+    def background_waiting_since(self) -> float | None:
+        """When the oldest waiting background task was queued (``time.monotonic()``); None if none waits."""
+        with self._lock:
+            return self._background[0][1] if self._background else None
+
+    def _pop_turn(self, turn: Hashable) -> PendingObservation:
+        """Take the oldest observation waiting for ``turn``, which the caller has taken out of the ring;
+        if more wait for it, the turn rejoins the ring at the next take. Call with the lock held."""
+        waiting = self._turns[turn]
+        item = self._slots.pop(waiting.popleft())
+        if waiting:
+            self._rejoining.append(turn)
+        else:
+            del self._turns[turn]
+        item.taken_at = time.monotonic()
+        return item
 
     def take(self, timeout: float | None = None) -> PendingObservation | None:
         """Block until an observation is waiting and return it; ``None`` on timeout or once closed.
@@ -133,6 +178,9 @@ class RequestQueue:
         """
         deadline = None if timeout is None else time.monotonic() + timeout
         with self._lock:
+            # The request taken last has run by now: its turn goes behind whoever arrived meanwhile.
+            self._ring.extend(self._rejoining)
+            self._rejoining.clear()
             while not self._ring and not self._background and not self._closed:
                 remaining = None if deadline is None else deadline - time.monotonic()
                 if remaining is not None and remaining <= 0:
@@ -140,10 +188,7 @@ class RequestQueue:
                 self._ready.wait(remaining)
             if self._closed or not self._ring:
                 return None
-            session_id = self._ring.popleft()
-            item = self._slots.pop(session_id)
-            item.taken_at = time.monotonic()
-            return item
+            return self._pop_turn(self._ring.popleft())
 
     def take_batch(
         self,
@@ -155,7 +200,8 @@ class RequestQueue:
         """Like :meth:`take`, plus up to ``max_items - 1`` compatible observations of other sessions.
 
         Waits for the first observation like :meth:`take` (empty list on timeout or once closed). Then
-        collects, in serving order, waiting observations ``compatible(first, other)`` accepts; while the
+        collects, in serving order, waiting observations ``compatible(first, other)`` accepts, at most one
+        per turn (a client with many requests waiting fills one place in a batch, like a robot); while the
         batch is short it waits for more, but only until the first observation's total wait reaches
         ``max_wait`` seconds (0: take only what is already waiting, never hold anything back).
         """
@@ -163,18 +209,18 @@ class RequestQueue:
         if first is None:
             return []
         batch = [first]
+        turns_taken = {first.turn_key}
         hold_until = first.enqueued_at + max_wait
         with self._lock:
             while len(batch) < max_items and not self._closed:
-                for session_id in list(self._ring):
+                for turn in list(self._ring):
                     if len(batch) == max_items:
                         break
-                    item = self._slots[session_id]
-                    if compatible(first, item):
-                        self._ring.remove(session_id)
-                        del self._slots[session_id]
-                        item.taken_at = time.monotonic()
-                        batch.append(item)
+                    if turn in turns_taken or not compatible(first, self._slots[self._turns[turn][0]]):
+                        continue
+                    self._ring.remove(turn)
+                    batch.append(self._pop_turn(turn))
+                    turns_taken.add(turn)
                 remaining = hold_until - time.monotonic()
                 if len(batch) == max_items or remaining <= 0:
                     break
@@ -188,17 +234,24 @@ class RequestQueue:
             if item is None or (seq is not None and item.seq != seq):
                 return None
             del self._slots[session_id]
-            self._ring.remove(session_id)
+            waiting = self._turns[item.turn_key]
+            waiting.remove(session_id)
+            if not waiting:
+                del self._turns[item.turn_key]
+                (self._ring if item.turn_key in self._ring else self._rejoining).remove(item.turn_key)
             return item
 
     def close(self) -> list[PendingObservation | BackgroundTask]:
         """Stop accepting and wake the worker; return what was still waiting, for the caller to report."""
         with self._lock:
             self._closed = True
-            left: list[PendingObservation | BackgroundTask] = [self._slots[s] for s in self._ring]
-            left.extend(self._background)
+            left: list[PendingObservation | BackgroundTask] = [
+                self._slots[s] for turn in [*self._ring, *self._rejoining] for s in self._turns[turn]]
+            left.extend(task for task, _ in self._background)
             self._slots.clear()
+            self._turns.clear()
             self._ring.clear()
+            self._rejoining.clear()
             self._background.clear()
             self._ready.notify_all()
             return left
@@ -214,5 +267,6 @@ class RequestQueue:
             return len(self._background)
 
     def __len__(self) -> int:
+        """Observations waiting (several may wait for one turn)."""
         with self._lock:
-            return len(self._ring)
+            return len(self._slots)

@@ -27,7 +27,8 @@ from websockets.http11 import Request, Response
 from . import protocol
 from .auth import CHALLENGE, TokenSet, bearer_subprotocol, is_open_path
 from .engine_backend import BackendFactory, EngineBackend
-from .engine_worker import ActionEngine, BatchPolicy, EngineWorker, WorkerState
+from .engine_worker import (DEFAULT_VIDEO_STEP_INTERVAL_S, ActionEngine, BackgroundShare, BatchPolicy, EngineWorker,
+                            WorkerState)
 from .openpi_session import OPENPI_PATHS, OpenpiSession, OpenpiSettings
 from .protocol import DropReason, FrameLimits
 from .rate_limits import RateLimit
@@ -84,6 +85,8 @@ class ServerSettings:
     # An engine call running longer than this fails its requests (`engine_timeout`) and the engine is
     # reloaded on a new worker thread (policy_server.watchdog); 0 turns the watchdog off.
     engine_timeout_s: float = DEFAULT_ENGINE_TIMEOUT_S
+    # While robots wait, a video rollout still gets one denoising step this often (BackgroundShare); 0: never.
+    video_step_interval_s: float = DEFAULT_VIDEO_STEP_INTERVAL_S
 
 
 class PolicyServer:
@@ -128,6 +131,7 @@ class PolicyServer:
                 torch_threads=self.settings.torch_threads,
                 warmup=self.settings.warmup,
                 batching=BatchPolicy(self.settings.max_batch, self.settings.max_batch_wait_ms),
+                background=BackgroundShare(self.settings.video_step_interval_s),
             )
         self._ws_server = await serve(
             self._handle_connection,

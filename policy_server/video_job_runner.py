@@ -1,11 +1,13 @@
-"""Runs stored video jobs through the engine worker, one at a time, behind every robot's observation.
+"""Runs stored video jobs through the engine worker, one at a time, behind the robots' observations.
 
 :class:`VideoJobRunner` is a task on the event loop. It claims the oldest queued job in the
 :class:`~policy_server.video_jobs.VideoJobStore`, hands it to the engine worker as a
-:class:`VideoRolloutTask` in the request queue's background lane (which the worker serves only while no
-observation waits), and when the frames come back encodes the MP4 on a helper thread (never on the
-engine worker, which goes straight back to robots) and records the outcome. Only one job is in the
-queue at a time; the rest wait in SQLite, so a backlog of jobs costs no memory and survives restarts.
+:class:`VideoRolloutTask` in the request queue's background lane (which the worker serves while no
+observation waits, and under robot load one step per ``--video-step-interval-s``: see
+:class:`~policy_server.engine_worker.BackgroundShare`), and when the frames come back encodes the MP4
+on a helper thread (never on the engine worker, which goes straight back to robots) and records the
+outcome. Only one job is in the queue at a time; the rest wait in SQLite, so a backlog of jobs costs no
+memory and survives restarts.
 
 Progress is coarse until the runtime reports denoising steps: 0 while queued, 10 once the engine starts
 the rollout, 90 while the MP4 is encoded, 100 when the file is in place.

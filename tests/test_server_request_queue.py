@@ -124,3 +124,82 @@ def test_take_batch_waits_for_company_only_up_to_max_wait():
     started = time.monotonic()
     assert [item.session_id for item in queue.take_batch(4, max_wait=0.1)] == ["c"]
     assert time.monotonic() - started < 1.0  # held for max_wait, not forever
+
+
+def _http(client: str, n: int) -> PendingObservation:
+    """One one-shot HTTP request of ``client``: a session of its own that waits for the client's turn."""
+    request = item(f"http-{client}-{n}", 0)
+    request.turn = client
+    return request
+
+
+def test_many_requests_of_one_client_share_one_turn_with_a_robot():
+    """The attack of issue 18 (item 8): one HTTP client with 16 requests waiting and one robot. Each
+    request used to be a session with a place of its own in the ring (16 slots for the client per robot
+    slot); now the client's requests wait for one turn, oldest first, and the worker alternates."""
+    queue = RequestQueue()
+    for n in range(16):
+        queue.put(_http("client", n))
+    queue.put(item("robot", 0))
+    served = []
+    for seq in range(1, 9):
+        taken = queue.take()
+        served.append(taken.session_id)
+        if taken.session_id == "robot":
+            queue.put(item("robot", seq))  # the robot sends again once answered
+    assert served == ["http-client-0", "robot", "http-client-1", "robot", "http-client-2", "robot",
+                      "http-client-3", "robot"]
+    assert len(queue) == 16 - 4 + 1
+
+
+def test_a_robot_that_arrives_while_a_clients_request_runs_goes_next():
+    """A robot in closed loop sends its next observation while the engine runs someone else's request.
+    The client's backlog must not have rejoined the ring ahead of it: the robot waits for the one
+    request that was running, not for the next one as well."""
+    queue = RequestQueue()
+    for n in range(4):
+        queue.put(_http("client", n))
+    assert queue.take(timeout=0).session_id == "http-client-0"
+    queue.put(item("robot", 0))  # arrives while http-client-0 runs
+    assert queue.take(timeout=0).session_id == "robot"
+    assert queue.take(timeout=0).session_id == "http-client-1"
+    assert queue.take(timeout=0).session_id == "http-client-2"  # nobody else waits: the client goes on
+
+
+def test_a_batch_takes_one_request_per_turn():
+    queue = RequestQueue()
+    for n in range(4):
+        queue.put(_http("client", n))
+    queue.put(item("robot", 0))
+    queue.put(_http("other", 0))
+    batch = queue.take_batch(4)
+    assert [taken.session_id for taken in batch] == ["http-client-0", "robot", "http-other-0"]
+    assert [taken.session_id for taken in queue.take_batch(4)] == ["http-client-1"]
+
+
+def test_cancelling_a_request_that_shares_a_turn_keeps_the_others_in_line():
+    queue = RequestQueue()
+    for n in range(3):
+        queue.put(_http("client", n))
+    queue.put(item("robot", 0))
+    assert queue.cancel("http-client-0").session_id == "http-client-0"
+    assert queue.cancel("http-client-2").session_id == "http-client-2"
+    assert [queue.take(timeout=0).session_id for _ in range(2)] == ["http-client-1", "robot"]
+    assert queue.take(timeout=0) is None and len(queue) == 0
+    for n in range(2):
+        queue.put(_http("client", n + 10))
+    assert {left.session_id for left in queue.close()} == {"http-client-10", "http-client-11"}
+
+
+def test_a_robots_batch_never_carries_a_one_shot_request():
+    from policy_server.engine_worker import BatchPolicy
+
+    queue = RequestQueue()
+    queue.put(item("robot-a", 0))
+    queue.put(_http("client", 0))
+    queue.put(_http("other", 0))
+    queue.put(item("robot-b", 0))
+    assert [taken.session_id for taken in queue.take_batch(4, compatible=BatchPolicy.compatible)] == ["robot-a",
+                                                                                                      "robot-b"]
+    assert [taken.session_id for taken in queue.take_batch(4, compatible=BatchPolicy.compatible)] == [
+        "http-client-0", "http-other-0"]  # one-shot requests of different clients still batch together
