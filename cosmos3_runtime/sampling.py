@@ -37,6 +37,7 @@ import numpy as np
 import torch
 from diffusers.utils.torch_utils import randn_tensor
 
+from .frame_preprocessing import prepare_frames
 from .packed_attention import PackedItem, PrefixMode, install_packed_attention
 from .prefix_cache import PrefixEntry, TextPrefixCache
 
@@ -155,12 +156,13 @@ class Cosmos3Sampler:
     # ------------------------------------------------------------------ conditioning
 
     def preprocess(self, frames: np.ndarray, tier: int, num_frames: int):
-        """uint8 frames -> the pipeline's padded canvas in [-1, 1], plus the canvas and content sizes."""
-        clip = frames.astype(np.float32) / 255.0  # the video processor expects floats in [0, 1]
-        vision, image_size, canvas_h, canvas_w = self.pipe._prepare_action_video_conditioning(
-            clip, tier, num_frames, device=self.device, dtype=torch.float32
-        )
-        return vision, image_size, canvas_h, canvas_w
+        """uint8 frames -> the pipeline's padded canvas in [-1, 1], plus the canvas and content sizes.
+
+        The pipeline's own conditioning preprocessing, reordered to touch the fewest bytes (uint8 to the
+        device, resize, then normalise): see :mod:`cosmos3_runtime.frame_preprocessing`.
+        """
+        return prepare_frames(frames, tier, num_frames, self.device,
+                              size_multiple=self.pipe.video_processor.config.vae_scale_factor)
 
     def encode(self, vision: torch.Tensor, image_size: torch.Tensor) -> torch.Tensor:
         """VAE-encode a preprocessed clip to normalized latents with the canvas padding removed."""
