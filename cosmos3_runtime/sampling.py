@@ -1,10 +1,13 @@
 """Where a validated request becomes tensors: conditioning, the denoising loop, and decoding.
 
 This is diffusers' ``Cosmos3OmniPipeline`` action path, driven step by step through the pipeline's own
-components and helpers (its video processor, VAE encode, tokenizer and prompt templates, sequence
-packing, velocity masking, scheduler and transformer). Nothing here re-implements the network. What the
+components and helpers (its VAE encode, tokenizer and prompt templates, sequence packing, velocity
+masking, scheduler and transformer). Nothing here re-implements the network. What the
 serving runtime changes, and why:
 
+- **Preprocess uint8.** The pipeline's conditioning preprocessing, reordered so the uint8 frames go to
+  the device and are resized before anything is normalised (:mod:`cosmos3_runtime.frame_preprocessing`;
+  within one uint8 level of the pipeline's, tested).
 - **Encode only what conditions the model.** For ``policy`` and ``forward_dynamics`` the pipeline pads
   the single conditioning image into a (horizon + 1)-frame clip and VAE-encodes all of it, then keeps
   only latent frame 0 and replaces the rest with noise. The Wan VAE is causal in time, so encoding the
