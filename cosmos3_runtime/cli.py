@@ -25,13 +25,16 @@ def tiny_main(argv: list[str] | None = None) -> int:
     parser.add_argument("--variant", choices=VARIANTS, default=None,
                         help="default: distilled (edge-distilled for --shape edge)")
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--device", default="cpu", help="where published-shape weights are drawn (cpu, cuda)")
+    parser.add_argument("--device", default=None,
+                        help="where published-shape weights are drawn: cpu (default) or cuda")
     parser.add_argument("--legacy-class-name", action="store_true",
                         help="write the older Cosmos3OmniDiffusersPipeline _class_name")
     parser.add_argument("--no-action-head", action="store_true", help="a video-only transformer")
     args = parser.parse_args(argv)
     started = time.perf_counter()
     if args.shape == "tiny":
+        if args.device is not None:
+            parser.error("--device applies to the published shapes (edge, nano, super) only")
         variant = args.variant or "distilled"
         path = build_tiny_checkpoint(args.out, variant, seed=args.seed, legacy_class_name=args.legacy_class_name,
                                      with_action_head=not args.no_action_head)
@@ -44,7 +47,7 @@ def tiny_main(argv: list[str] | None = None) -> int:
             variant = resolve_variant(PUBLISHED_SHAPES[args.shape], args.variant)
         except ValueError as exc:
             parser.error(str(exc))
-        path = build_shaped_checkpoint(args.out, args.shape, variant, seed=args.seed, device=args.device)
+        path = build_shaped_checkpoint(args.out, args.shape, variant, seed=args.seed, device=args.device or "cpu")
     size = sum(f.stat().st_size for f in path.rglob("*") if f.is_file())
     print(f"built {args.shape} {variant} checkpoint at {path} in {time.perf_counter() - started:.2f} s, "
           f"{size / 1e6:,.2f} MB")

@@ -74,6 +74,9 @@ def test_cli_refuses_a_variant_that_contradicts_the_shape(tmp_path, capsys):
     with pytest.raises(SystemExit) as exit_info:
         tiny_main([str(tmp_path / "x"), "--shape", "edge", "--variant", "base"])
     assert exit_info.value.code == 2 and "edge-distilled" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as exit_info:
+        tiny_main([str(tmp_path / "x"), "--device", "cuda"])  # the tiny build has no device to honour
+    assert exit_info.value.code == 2 and "--device" in capsys.readouterr().err
     assert not (tmp_path / "x").exists()
 
 
