@@ -216,9 +216,11 @@ def serving_overhead(checkpoint: Path, geometry: Geometry, requests: int, device
 
 def markdown(report: dict) -> str:
     env = report["environment"]
+    loaded = env.get("memory_allocated_after_load_gib")
     lines = [f"GPU suite: {env['device_name']}, torch {env['torch']}, {env['dtype']}, "
              f"{'SMOKE (tiny checkpoints)' if report['smoke'] else 'Edge shape (3.37 B, random weights)'}, "
-             f"{report['started']}; total {report['total_s']:.0f} s", "",
+             f"{report['started']}; total {report['total_s']:.0f} s"
+             + (f"; {loaded:.1f} GiB allocated once both engines loaded" if loaded else ""), "",
              "| group | schedule | geometry | batch | prefix cache | compile | n | p50 ms | p99 ms | chunks/s | "
              "forwards | tokens t+v+a | TFLOP/chunk | achieved TFLOP/s | of peak | floor ms | p50/floor | "
              "peak GiB | note |",
@@ -301,6 +303,8 @@ def main(argv: list[str] | None = None) -> int:
             engines[name] = Cosmos3Engine.load(path)
             log(f"loaded {name} ({engines[name].dtype}) in {time.perf_counter() - started:.1f} s")
         environment["load_dtype"] = str(engines["distilled"].dtype).replace("torch.", "")
+        if device == "cuda":  # both engines' weights (the base twin's are a second copy of the same shape)
+            environment["memory_allocated_after_load_gib"] = torch.cuda.memory_allocated() / 2**30
 
         def run_cell(cell: Cell, engine, geometry: Geometry, reps: int, batch: int = 1,
                      num_steps: int | None = None) -> None:
