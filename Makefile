@@ -14,7 +14,7 @@ GL_PACKAGES := libegl1 libegl-mesa0 libgl1 libgl1-mesa-dri
 # The dashboard test drives Debian's Chromium (never a browser a tool downloads itself).
 BROWSER_PACKAGES := chromium
 
-.PHONY: demo test test-slow install clean system-deps test-system-deps
+.PHONY: demo test test-slow install clean system-deps test-system-deps bench-gpu bench-gpu-smoke gpu-wheels
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -56,5 +56,36 @@ test: $(STAMP) $(OPENPI_STAMP) test-system-deps
 test-slow: $(STAMP)
 	$(PY) -m pytest -q -m slow
 
+# The GPU suite (docs/benchmarks.md, "GPU"). `make bench-gpu` runs on a CUDA machine with the machine's
+# own python3 and CUDA torch, which it never replaces: it first checks that torch sees a GPU (and stops,
+# installing nothing, where none is), then installs what benchmarks/gpu_requirements.txt lists with
+# --no-deps into $(GPU_SITE) (put first on PYTHONPATH), from $(GPU_WHEELS)/ when that folder holds wheels
+# (a machine without network: `make gpu-wheels` fills it on one with network), else from PyPI.
+GPU_PYTHON ?= python3
+GPU_SITE := .gpu-site
+GPU_WHEELS := .whl
+BENCH_OUT ?= bench-gpu-results
+GPU_PIP_SOURCE = $(if $(wildcard $(GPU_WHEELS)/*.whl),--no-index --find-links $(GPU_WHEELS),)
+
+bench-gpu:
+	@$(GPU_PYTHON) -c 'import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)' 2>/dev/null || { \
+		echo "make bench-gpu: no CUDA GPU seen by $(GPU_PYTHON)'s torch here; nothing installed." >&2; \
+		echo "  On a CPU machine, make bench-gpu-smoke checks the suite end to end on tiny checkpoints." >&2; \
+		exit 2; }
+	$(GPU_PYTHON) -m pip install --quiet --no-deps --no-compile --upgrade --target $(GPU_SITE) $(GPU_PIP_SOURCE) \
+		-r benchmarks/gpu_requirements.txt
+	PYTHONPATH=$(GPU_SITE) $(GPU_PYTHON) -c 'import torch, diffusers, policy_server.cli, cosmos3_runtime.engine; \
+		print("torch", torch.__version__, torch.cuda.get_device_name(), "diffusers", diffusers.__version__)'
+	PYTHONPATH=$(GPU_SITE) $(GPU_PYTHON) -m pytest -q -p no:cacheprovider tests/test_runtime_device.py
+	PYTHONPATH=$(GPU_SITE) PYTHONUNBUFFERED=1 $(GPU_PYTHON) benchmarks/gpu_suite.py --out $(BENCH_OUT)
+
+bench-gpu-smoke: $(STAMP)
+	$(PY) benchmarks/gpu_suite.py --smoke --out $(BENCH_OUT)
+
+gpu-wheels:
+	$(PYTHON) -m pip download --quiet --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
+		--platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 \
+		-d $(GPU_WHEELS) -r benchmarks/gpu_requirements.txt
+
 clean:
-	rm -rf $(VENV) $(OPENPI_VENV) build *.egg-info
+	rm -rf $(VENV) $(OPENPI_VENV) $(GPU_SITE) build *.egg-info

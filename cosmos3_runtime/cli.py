@@ -13,23 +13,44 @@ from .errors import CheckpointError
 
 
 def tiny_main(argv: list[str] | None = None) -> int:
-    """Build a tiny random Cosmos3 checkpoint in the real diffusers layout, offline."""
+    """Build a random Cosmos3 checkpoint in the real diffusers layout, offline: tiny, or a published shape."""
+    from .checkpoint_shapes import SHAPES
     from .tiny import VARIANTS, build_tiny_checkpoint
 
     parser = argparse.ArgumentParser(prog="cosmos3-tiny", description=tiny_main.__doc__)
     parser.add_argument("out", type=Path, help="folder to write (replaced if it exists)")
-    parser.add_argument("--variant", choices=VARIANTS, default="distilled")
+    parser.add_argument("--shape", choices=SHAPES, default="tiny",
+                        help="tiny (0.7 M parameters, default) or a published size with random bf16 weights: "
+                             "edge (3.4 B, 8 GB on disk), nano (15.2 B), super (64 B)")
+    parser.add_argument("--variant", choices=VARIANTS, default=None,
+                        help="default: distilled (edge-distilled for --shape edge)")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--device", default=None,
+                        help="where published-shape weights are drawn: cpu (default) or cuda")
     parser.add_argument("--legacy-class-name", action="store_true",
                         help="write the older Cosmos3OmniDiffusersPipeline _class_name")
     parser.add_argument("--no-action-head", action="store_true", help="a video-only transformer")
     args = parser.parse_args(argv)
     started = time.perf_counter()
-    path = build_tiny_checkpoint(args.out, args.variant, seed=args.seed, legacy_class_name=args.legacy_class_name,
-                                 with_action_head=not args.no_action_head)
+    if args.shape == "tiny":
+        if args.device is not None:
+            parser.error("--device applies to the published shapes (edge, nano, super) only")
+        variant = args.variant or "distilled"
+        path = build_tiny_checkpoint(args.out, variant, seed=args.seed, legacy_class_name=args.legacy_class_name,
+                                     with_action_head=not args.no_action_head)
+    else:
+        from .checkpoint_shapes import PUBLISHED_SHAPES, build_shaped_checkpoint, resolve_variant
+
+        if args.legacy_class_name or args.no_action_head:
+            parser.error("--legacy-class-name and --no-action-head apply to --shape tiny only")
+        try:
+            variant = resolve_variant(PUBLISHED_SHAPES[args.shape], args.variant)
+        except ValueError as exc:
+            parser.error(str(exc))
+        path = build_shaped_checkpoint(args.out, args.shape, variant, seed=args.seed, device=args.device or "cpu")
     size = sum(f.stat().st_size for f in path.rglob("*") if f.is_file())
-    print(f"built tiny {args.variant} checkpoint at {path} in {time.perf_counter() - started:.2f} s, "
-          f"{size / 1e6:.2f} MB")
+    print(f"built {args.shape} {variant} checkpoint at {path} in {time.perf_counter() - started:.2f} s, "
+          f"{size / 1e6:,.2f} MB")
     return 0
 
 

@@ -1,10 +1,13 @@
 """Where a validated request becomes tensors: conditioning, the denoising loop, and decoding.
 
 This is diffusers' ``Cosmos3OmniPipeline`` action path, driven step by step through the pipeline's own
-components and helpers (its video processor, VAE encode, tokenizer and prompt templates, sequence
-packing, velocity masking, scheduler and transformer). Nothing here re-implements the network. What the
+components and helpers (its VAE encode, tokenizer and prompt templates, sequence packing, velocity
+masking, scheduler and transformer). Nothing here re-implements the network. What the
 serving runtime changes, and why:
 
+- **Preprocess uint8.** The pipeline's conditioning preprocessing, reordered so the uint8 frames go to
+  the device and are resized before anything is normalised (:mod:`cosmos3_runtime.frame_preprocessing`;
+  within one uint8 level of the pipeline's, tested).
 - **Encode only what conditions the model.** For ``policy`` and ``forward_dynamics`` the pipeline pads
   the single conditioning image into a (horizon + 1)-frame clip and VAE-encodes all of it, then keeps
   only latent frame 0 and replaces the rest with noise. The Wan VAE is causal in time, so encoding the
@@ -37,6 +40,7 @@ import numpy as np
 import torch
 from diffusers.utils.torch_utils import randn_tensor
 
+from .frame_preprocessing import prepare_frames
 from .packed_attention import PackedItem, PrefixMode, install_packed_attention
 from .prefix_cache import PrefixEntry, TextPrefixCache
 
@@ -155,12 +159,13 @@ class Cosmos3Sampler:
     # ------------------------------------------------------------------ conditioning
 
     def preprocess(self, frames: np.ndarray, tier: int, num_frames: int):
-        """uint8 frames -> the pipeline's padded canvas in [-1, 1], plus the canvas and content sizes."""
-        clip = frames.astype(np.float32) / 255.0  # the video processor expects floats in [0, 1]
-        vision, image_size, canvas_h, canvas_w = self.pipe._prepare_action_video_conditioning(
-            clip, tier, num_frames, device=self.device, dtype=torch.float32
-        )
-        return vision, image_size, canvas_h, canvas_w
+        """uint8 frames -> the pipeline's padded canvas in [-1, 1], plus the canvas and content sizes.
+
+        The pipeline's own conditioning preprocessing, reordered to touch the fewest bytes (uint8 to the
+        device, resize, then normalise): see :mod:`cosmos3_runtime.frame_preprocessing`.
+        """
+        return prepare_frames(frames, tier, num_frames, self.device,
+                              size_multiple=self.pipe.video_processor.config.vae_scale_factor)
 
     def encode(self, vision: torch.Tensor, image_size: torch.Tensor) -> torch.Tensor:
         """VAE-encode a preprocessed clip to normalized latents with the canvas padding removed."""
