@@ -72,6 +72,14 @@ class _Strict(BaseModel):
     def _trim_mode(cls, value: Any) -> Any:
         return normalized_mode(value)
 
+    @field_validator("*", mode="before")
+    @classmethod
+    def _no_booleans(cls, value: Any) -> Any:
+        # Lax parsing would read `true` as 1 step or seed 1: no field here is a boolean.
+        if isinstance(value, bool):
+            raise ValueError("a boolean is not a valid value here")
+        return value
+
 
 # -- requests ------------------------------------------------------------------------------------------
 
