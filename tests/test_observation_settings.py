@@ -279,6 +279,7 @@ def test_http_prefix_rows_come_back_exactly(server):
     ({"prompt": "x" * 5000}, "prompt"),
     ({"fps": 1e-300}, "fps"),
     ({"num_steps": 10**9}, "num_steps"),
+    ({"seed": True}, "seed"),  # lax parsing would have read it as seed 1
     ({"prefix_actions": np.full((2, 10), 1e38, np.float32)}, "prefix_actions"),
     ({"prefix_actions": np.zeros((16, 10), np.float32)}, "prefix_actions"),
 ])
