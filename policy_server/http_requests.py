@@ -24,7 +24,7 @@ from .http_codecs import MediaLimits, to_actions, to_image, to_video
 from .http_errors import ApiError
 from .http_schemas import SEED_LIMIT, ActionGenerationParams, VideoCreateParams, normalized_mode
 from .protocol import ErrorCode, ObservationFrame, ProtocolError
-from .session_config import merge_session_config
+from .session_config import check_schedule, merge_session_config
 from .video_jobs import VideoJobInputs
 
 VIDEOS_PATH = "/v1/videos"
@@ -74,21 +74,11 @@ def _domain(name: str | None, description: dict[str, Any]) -> tuple[str, dict[st
 
 
 def _schedule(num_steps: int | None, guidance: float | None, description: dict[str, Any]) -> None:
-    """The distilled schedule is fixed; base models bound steps by the engine's limit."""
-    defaults = description.get("defaults", {})
-    if description.get("is_distilled"):
-        fixed = defaults.get("num_steps")
-        if num_steps is not None and num_steps != fixed:
-            raise ApiError(ErrorCode.INVALID_FIELD,
-                           f"this distilled model runs its fixed {fixed}-step schedule; num_steps must be {fixed} "
-                           "or unset", "num_steps")
-        if guidance is not None and guidance != 1.0:
-            raise ApiError(ErrorCode.INVALID_FIELD,
-                           "guidance is distilled into this model's weights; guidance_scale must be 1.0 or unset",
-                           "guidance_scale")
-    max_steps = description.get("limits", {}).get("max_steps")
-    if num_steps is not None and max_steps is not None and num_steps > max_steps:
-        raise ApiError(ErrorCode.INVALID_FIELD, f"num_steps must be at most {max_steps}", "num_steps")
+    """The distilled schedule is fixed; base models bound steps and guidance by the engine's limits."""
+    try:
+        check_schedule(num_steps, guidance, description)
+    except ProtocolError as exc:
+        raise ApiError(exc.code, exc.message, exc.field) from None
 
 
 def _tier_and_view(tier: int | None, view_point: str | None, description: dict[str, Any]) -> None:

@@ -214,7 +214,7 @@ def _check(config: SessionConfig, description: dict[str, Any], seq: int | None) 
     max_seed = limits.get("max_seed", 2**63 - 1)
     if config.seed is not None and not 0 <= config.seed <= max_seed:
         raise _reject(ErrorCode.INVALID_FIELD, f"seed must be in [0, {max_seed}], got {config.seed}", "seed", seq)
-    _check_schedule(config, description, seq)
+    check_schedule(config.num_steps, config.guidance_scale, description, seq)
     low_fps, high_fps = limits.get("min_fps", 0.0), limits.get("max_fps", math.inf)
     if not (config.fps > 0 and low_fps <= config.fps <= high_fps):
         raise _reject(ErrorCode.INVALID_FIELD, f"fps must be in [{low_fps:g}, {high_fps:g}], got {config.fps:g}",
@@ -223,10 +223,12 @@ def _check(config: SessionConfig, description: dict[str, Any], seq: int | None) 
         raise _reject(ErrorCode.INVALID_FIELD, f"control_hz must be > 0, got {config.control_hz}", "control_hz", seq)
 
 
-def _check_schedule(config: SessionConfig, description: dict[str, Any], seq: int | None) -> None:
-    """Steps and guidance: a distilled model's schedule is fixed; a base model's is bounded."""
+def check_schedule(
+    steps: int | None, guidance: float | None, description: dict[str, Any], seq: int | None = None
+) -> None:
+    """Steps and guidance: a distilled model's schedule is fixed; a base model's is bounded by the
+    engine's limits. Raises :class:`ProtocolError` (``invalid_field``) naming the field."""
     limits, defaults = description.get("limits", {}), description.get("defaults", {})
-    steps, guidance = config.num_steps, config.guidance_scale
     if description.get("is_distilled"):
         fixed = defaults.get("num_steps")
         if steps is not None and steps != fixed:
