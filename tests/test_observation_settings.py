@@ -338,42 +338,50 @@ def _batched_items(server: ServerThread) -> int:
     return server.run(lambda: server.server.worker.batched_items)
 
 
-def test_different_settings_on_one_schedule_share_forwards_and_match_their_solo_runs():
+@pytest.fixture(scope="module")
+def batching_server():
+    """The base model (its schedule is the request's to choose); each observation is held up to 1 s for
+    company, so observations sent together arrive in one engine call when they can share it."""
+    with ServerThread(tiny_engine_loader("base"), warmup=False, max_batch=4, max_batch_wait_ms=1000) as running:
+        yield running
+
+
+SCHEDULE = {"num_steps": 2, "guidance_scale": 1.0, "resolution_tier": 256}  # the cheapest tier; tiers mixed in
+# one batch are tests/test_runtime_batching.py's
+
+
+def test_different_settings_on_one_schedule_share_forwards_and_match_their_solo_runs(batching_server):
     frames = [
-        obs(0, domain_name=DOMAIN, action_horizon=8, prompt="a", resolution_tier=256, seed=1, fps=24,
-            prefix_actions=np.full((2, 10), 0.01, np.float32)),
-        {"type": "observation", "seq": 0, "video": CLIP, "domain_name": DROID, "prompt": "b", "resolution_tier": 480,
-         "view_point": "wrist_view", "seed": 2, "fps": 10},
-        obs(0, domain_name="pusht", action_horizon=12, seed=3, view_point="concat_view"),
+        obs(0, domain_name=DOMAIN, action_horizon=8, prompt="a", seed=1, fps=24,
+            prefix_actions=np.full((2, 10), 0.01, np.float32), **SCHEDULE),
+        {"type": "observation", "seq": 0, "video": CLIP, "domain_name": DROID, "prompt": "b",
+         "view_point": "wrist_view", "seed": 2, "fps": 10, **SCHEDULE},
+        obs(0, domain_name="pusht", action_horizon=12, seed=3, view_point="concat_view", **SCHEDULE),
     ]
-    # Hold each observation up to 2 s for company, so the three arrive in one engine call.
-    with ServerThread(tiny_engine_loader("distilled"), warmup=False, max_batch=4, max_batch_wait_ms=2000) as running:
-        before = _batched_items(running)
-        batched = _together(running, frames)
-        assert _batched_items(running) - before == 3
-        alone = []
-        for frame in frames:
-            with Conn(running) as conn:
-                alone.append(chunk_of(conn.ask(frame)))
-        assert _batched_items(running) - before == 3  # the solo runs ran alone
+    before = _batched_items(batching_server)
+    batched = _together(batching_server, frames)
+    assert _batched_items(batching_server) - before == 3
+    alone = []
+    for frame in frames:
+        with Conn(batching_server) as conn:
+            alone.append(chunk_of(conn.ask(frame)))
+    assert _batched_items(batching_server) - before == 3  # the solo runs ran alone
     for together, solo in zip(batched, alone):
         for name in ("domain_name", "action_mode", "action_horizon", "prompt", "resolution_tier", "view_point",
-                     "fps", "seed"):
+                     "fps", "seed", "num_steps"):
             assert together[name] == solo[name], name
         np.testing.assert_allclose(together["actions"], solo["actions"], atol=1e-5)
     assert [c["action_mode"] for c in batched] == ["policy", "inverse_dynamics", "policy"]
     assert [c["domain_name"] for c in batched] == [DOMAIN, DROID, "pusht"]
 
 
-def test_observations_on_different_schedules_never_share_a_forward():
-    """Per-observation steps and guidance (base model) decide the schedule: such frames run apart, each
-    with its own."""
-    frames = [obs(0, domain_name=DOMAIN, num_steps=2, guidance_scale=1.0, seed=1, action_horizon=4),
-              obs(0, domain_name=DOMAIN, num_steps=3, guidance_scale=1.0, seed=1, action_horizon=4),
-              obs(0, domain_name=DOMAIN, num_steps=2, guidance_scale=2.0, seed=1, action_horizon=4)]
-    with ServerThread(tiny_engine_loader("base"), warmup=False, max_batch=4, max_batch_wait_ms=1000) as running:
-        before = _batched_items(running)
-        chunks = _together(running, frames)
-        assert _batched_items(running) == before
+def test_observations_on_different_schedules_never_share_a_forward(batching_server):
+    """Per-observation steps and guidance decide the schedule: such frames run apart, each with its own."""
+    same = {"domain_name": DOMAIN, "seed": 1, "action_horizon": 4, "resolution_tier": 256}
+    frames = [obs(0, num_steps=2, guidance_scale=1.0, **same), obs(0, num_steps=3, guidance_scale=1.0, **same),
+              obs(0, num_steps=2, guidance_scale=2.0, **same)]
+    before = _batched_items(batching_server)
+    chunks = _together(batching_server, frames)
+    assert _batched_items(batching_server) == before
     assert [c["num_steps"] for c in chunks] == [2, 3, 2]
     assert [c["guidance_scale"] for c in chunks] == [1.0, 1.0, 2.0]
