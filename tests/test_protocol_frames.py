@@ -301,3 +301,12 @@ def test_settings_used_resolves_the_defaults_the_engine_applies(distilled):
     used = settings_used(observation_request(session, ObservationFrame(seq=0, image=IMAGE), distilled), distilled)
     assert used == {"prompt": "", "resolution_tier": 256, "view_point": "third_person_view", "guidance_scale": 1.0,
                     "fps": 24.0}
+
+
+def test_the_openpi_mode_flag_is_trimmed_and_lower_cased(distilled):
+    from policy_server.cli import build_parser
+    from policy_server.openpi_session import OpenpiSettings
+
+    args = build_parser().parse_args(["--tiny", "distilled", "--openpi-mode", " Inverse_Dynamics "])
+    assert args.openpi_mode == "inverse_dynamics"
+    assert OpenpiSettings(action_mode="POLICY ").session_config(distilled).action_mode == "policy"
