@@ -155,17 +155,23 @@ class Cosmos3Engine:
                 continue
             for (index, job, profile), output in zip(members, outputs):
                 try:
-                    results[index] = self._chunk(job, profile, output, validated - started)
+                    results[index] = self._chunk(job, profile, output, validated - started,
+                                                 requests[index].prefix_actions)
                 except RuntimeErrorBase as exc:
                     results[index] = exc
         return results
 
-    def _chunk(self, job: DenoiseJob, profile: PolicyProfile, output: DenoiseOutput, validate_s: float) -> ActionChunk:
+    def _chunk(self, job: DenoiseJob, profile: PolicyProfile, output: DenoiseOutput, validate_s: float,
+               prefix: np.ndarray | None = None) -> ActionChunk:
         post = time.perf_counter()
         actions = output.actions
         if profile.normalization is not None:
             actions = profile.normalization.denormalize(actions)
-        actions = np.ascontiguousarray(actions, dtype=np.float32)
+        actions = np.array(actions, dtype=np.float32, order="C")
+        if prefix is not None:
+            # The robot executes these rows while the chunk is computed: hand them back exactly as given,
+            # not as the model's round trip through normalization (which differs in the last bits).
+            actions[: prefix.shape[0]] = prefix
         if not np.isfinite(actions).all():
             raise EngineError("the model produced non-finite actions")
         timing = self._timing(output, validate_s)
@@ -273,6 +279,11 @@ class Cosmos3Engine:
                 "max_clip_frames": lim.max_clip_frames,
                 "max_steps": lim.max_steps,
                 "max_prompt_chars": lim.max_prompt_chars,
+                "min_fps": lim.min_fps,
+                "max_fps": lim.max_fps,
+                "max_guidance_scale": lim.max_guidance_scale,
+                "max_seed": lim.max_seed,
+                "max_normalized_action": lim.max_normalized_action,
             },
             "device": str(self.device),
             "dtype": str(self.dtype).replace("torch.", ""),

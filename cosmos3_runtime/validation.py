@@ -30,6 +30,13 @@ class EngineLimits:
     max_action_horizon: int = 64
     max_steps: int = 200
     max_prompt_chars: int = 2000
+    min_fps: float = 1.0
+    max_fps: float = 240.0
+    max_guidance_scale: float = 30.0
+    max_seed: int = 2**63 - 1
+    # Action inputs (prefix_actions, forward_dynamics actions) once normalized by the domain's statistics:
+    # the training data lies within about ±1; far beyond, the networks' activations overflow.
+    max_normalized_action: float = 1000.0
 
     @property
     def max_clip_frames(self) -> int:
@@ -95,7 +102,7 @@ def job_for_actions(request: ActionRequest, spec: EngineSpec) -> tuple[DenoiseJo
             raise InvalidRequestError(
                 f"prefix_actions must be shorter than the horizon ({horizon}), got {prefix.shape[0]}", "prefix_actions"
             )
-        clean = _normalize(prefix, profile)
+        clean = _normalize(prefix, profile, spec, "prefix_actions")
 
     job = _job(request, spec, profile, mode, frames, horizon, clean, decode_video=False)
     return job, profile
@@ -108,8 +115,8 @@ def job_for_video(request: VideoRequest, spec: EngineSpec) -> tuple[DenoiseJob, 
     frames = _image(request.image, "image", spec)[None]
     actions = _actions(request.actions, profile, "actions")
     horizon = _horizon(actions.shape[0], spec, field_name="actions")
-    job = _job(request, spec, profile, "forward_dynamics", frames, horizon, _normalize(actions, profile),
-               decode_video=True)
+    clean = _normalize(actions, profile, spec, "actions")
+    job = _job(request, spec, profile, "forward_dynamics", frames, horizon, clean, decode_video=True)
     return job, profile
 
 
@@ -129,15 +136,17 @@ def _job(request, spec, profile, mode, frames, horizon, clean, decode_video) -> 
     if not isinstance(request.prompt, str) or len(request.prompt) > spec.limits.max_prompt_chars:
         raise InvalidRequestError(f"prompt must be a string of at most {spec.limits.max_prompt_chars} characters",
                                   "prompt")
-    if not isinstance(request.fps, (int, float)) or not 1.0 <= float(request.fps) <= 240.0:
-        raise InvalidRequestError("fps must be a number in [1, 240]", "fps")
+    lim = spec.limits
+    if isinstance(request.fps, bool) or not isinstance(request.fps, (int, float)) \
+            or not lim.min_fps <= float(request.fps) <= lim.max_fps:
+        raise InvalidRequestError(f"fps must be a number in [{lim.min_fps:g}, {lim.max_fps:g}]", "fps")
 
     steps, guidance, interval = _sampling(request, spec)
     seed = request.seed
     if seed is None:
         seed = secrets.randbits(63)
-    elif isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or not 0 <= int(seed) < 2**63:
-        raise InvalidRequestError("seed must be an integer in [0, 2**63)", "seed")
+    elif isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or not 0 <= int(seed) <= lim.max_seed:
+        raise InvalidRequestError(f"seed must be an integer in [0, {lim.max_seed}]", "seed")
     return DenoiseJob(
         mode=mode,
         frames=frames,
@@ -182,8 +191,9 @@ def _sampling(request, spec: EngineSpec):
         raise InvalidRequestError(f"num_steps must be an integer in [1, {spec.limits.max_steps}]", "num_steps")
     guidance = spec.default_guidance if guidance is None else guidance
     if isinstance(guidance, bool) or not isinstance(guidance, (int, float)) or not math.isfinite(guidance) \
-            or not 0.0 <= guidance <= 30.0:
-        raise InvalidRequestError("guidance_scale must be a number in [0, 30]", "guidance_scale")
+            or not 0.0 <= guidance <= spec.limits.max_guidance_scale:
+        raise InvalidRequestError(f"guidance_scale must be a number in [0, {spec.limits.max_guidance_scale:g}]",
+                                  "guidance_scale")
     if interval is not None:
         try:
             lo, hi = (float(v) for v in interval)
@@ -280,5 +290,16 @@ def _actions(actions, profile: PolicyProfile, field_name: str) -> np.ndarray:
     return actions
 
 
-def _normalize(actions: np.ndarray, profile: PolicyProfile) -> np.ndarray:
-    return profile.normalization.normalize(actions) if profile.normalization else actions
+def _normalize(actions: np.ndarray, profile: PolicyProfile, spec: EngineSpec, field_name: str) -> np.ndarray:
+    """Raw actions into the model's space. Values far outside the domain's range (1e38, say) would make
+    the networks overflow: they are the caller's mistake, refused here, not a model failure later."""
+    normalized = actions
+    if profile.normalization is not None:
+        with np.errstate(over="ignore", invalid="ignore"):
+            normalized = profile.normalization.normalize(actions)
+    bound = spec.limits.max_normalized_action
+    if not (np.isfinite(normalized).all() and np.abs(normalized).max(initial=0.0) <= bound):
+        raise InvalidRequestError(
+            f"{field_name} lie too far outside domain {profile.domain_name!r}'s action range: normalized by its "
+            f"statistics they must stay within ±{bound:g} (its recorded actions lie within about ±1)", field_name)
+    return normalized

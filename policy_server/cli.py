@@ -138,6 +138,7 @@ def build_parser() -> argparse.ArgumentParser:
     openpi.add_argument("--openpi-domain", default=None, help="embodiment (default: the model's default domain)")
     openpi.add_argument("--openpi-horizon", type=int, default=None, help="actions per chunk (default: the domain's)")
     openpi.add_argument("--openpi-mode", default="policy", choices=("policy", "inverse_dynamics"),
+                        type=lambda mode: mode.strip().lower(),
                         help="action mode (default policy; inverse_dynamics takes T x H x W x 3 clips)")
     openpi.add_argument("--openpi-view-point", default=None,
                         help="which camera view feeds the model (default: the domain's profile)")

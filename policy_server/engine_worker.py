@@ -38,7 +38,7 @@ from cosmos3_runtime.errors import RuntimeErrorBase
 from cosmos3_runtime.requests import ActionChunk, ActionRequest
 
 from .cpu_threads import configure_worker_threads
-from .protocol import DropReason, ErrorCode
+from .protocol import DropReason, ErrorCode, engine_error_code
 from .request_queue import BackgroundTask, PendingObservation, RequestQueue
 
 logger = logging.getLogger(__name__)
@@ -71,6 +71,11 @@ class BatchPolicy:
     @staticmethod
     def compatible(a: "PendingObservation", b: "PendingObservation") -> bool:
         """Same schedule (steps, guidance, interval): the engine can run them through shared forwards.
+
+        The requests carry an observation's own settings merged over its session's, so this compares
+        what each will actually run with. The schedule is all that must match: every other setting
+        (mode, domain, horizon, tier, view point, prompt, fps, seed, prefix) is per item in a packed
+        forward, and a batched chunk equals its unbatched run.
 
         And the same kind of owner: a robot session's observation never carries a one-shot HTTP request
         (one that waits for a shared turn) in its engine call. Where a batch costs more than one request
@@ -399,7 +404,7 @@ class EngineWorker:
         if isinstance(result, RuntimeErrorBase):
             # The engine's typed errors are the client's to see: a stable code, a message, a field.
             self.failed += 1
-            code = result.code if result.code != "checkpoint_error" else ErrorCode.ENGINE_ERROR
+            code = engine_error_code(result.code, result.field)
             return EngineOutcome(error_code=code, error_message=result.message, error_field=result.field,
                                  engine_ms=engine_ms, done_at=done)
         if isinstance(result, BaseException):

@@ -22,9 +22,9 @@ from cosmos3_runtime.requests import ActionRequest
 
 from .http_codecs import MediaLimits, to_actions, to_image, to_video
 from .http_errors import ApiError
-from .http_schemas import SEED_LIMIT, ActionGenerationParams, VideoCreateParams
+from .http_schemas import SEED_LIMIT, ActionGenerationParams, VideoCreateParams, normalized_mode
 from .protocol import ErrorCode, ObservationFrame, ProtocolError
-from .session_config import merge_session_config
+from .session_config import check_schedule, merge_session_config
 from .video_jobs import VideoJobInputs
 
 VIDEOS_PATH = "/v1/videos"
@@ -74,21 +74,11 @@ def _domain(name: str | None, description: dict[str, Any]) -> tuple[str, dict[st
 
 
 def _schedule(num_steps: int | None, guidance: float | None, description: dict[str, Any]) -> None:
-    """The distilled schedule is fixed; base models bound steps by the engine's limit."""
-    defaults = description.get("defaults", {})
-    if description.get("is_distilled"):
-        fixed = defaults.get("num_steps")
-        if num_steps is not None and num_steps != fixed:
-            raise ApiError(ErrorCode.INVALID_FIELD,
-                           f"this distilled model runs its fixed {fixed}-step schedule; num_steps must be {fixed} "
-                           "or unset", "num_steps")
-        if guidance is not None and guidance != 1.0:
-            raise ApiError(ErrorCode.INVALID_FIELD,
-                           "guidance is distilled into this model's weights; guidance_scale must be 1.0 or unset",
-                           "guidance_scale")
-    max_steps = description.get("limits", {}).get("max_steps")
-    if num_steps is not None and max_steps is not None and num_steps > max_steps:
-        raise ApiError(ErrorCode.INVALID_FIELD, f"num_steps must be at most {max_steps}", "num_steps")
+    """The distilled schedule is fixed; base models bound steps and guidance by the engine's limits."""
+    try:
+        check_schedule(num_steps, guidance, description)
+    except ProtocolError as exc:
+        raise ApiError(exc.code, exc.message, exc.field) from None
 
 
 def _tier_and_view(tier: int | None, view_point: str | None, description: dict[str, Any]) -> None:
@@ -111,7 +101,7 @@ def _prompt(prompt: str, description: dict[str, Any]) -> None:
 
 def _route_mode(fields: dict[str, Any], endpoint: str) -> None:
     """A mode served by the other endpoint is a 400 that names that endpoint."""
-    mode = fields.get("action_mode")
+    mode = normalized_mode(fields.get("action_mode"))
     if endpoint == VIDEOS_PATH and mode in ACTION_MODES:
         raise ApiError(ErrorCode.UNSUPPORTED_MODE,
                        f"{mode} produces actions, not video: POST it to {ACTION_GENERATIONS_PATH}", "action_mode")
@@ -173,13 +163,16 @@ def video_submission(fields: dict[str, Any], description: dict[str, Any]) -> Vid
 
 
 def action_request(fields: dict[str, Any], description: dict[str, Any]) -> ActionRequest:
-    """Check a ``POST /v1/actions/generations`` body and build its engine request."""
+    """Check a ``POST /v1/actions/generations`` body and build its engine request.
+
+    The settings go through the realtime session's rules (:func:`merge_session_config`), so every field
+    is checked with the engine's limits and refused with the same code as over the WebSocket; the mode,
+    when unset, follows the media (a ``video`` asks for ``inverse_dynamics``).
+    """
     _route_mode(fields, ACTION_GENERATIONS_PATH)
     params: ActionGenerationParams = _validate(ActionGenerationParams, fields)  # type: ignore[assignment]
     _check_model(params.model, description)
-    domain_name, domain = _domain(params.domain_name, description)
-    _schedule(params.num_steps, params.guidance_scale, description)
-    _prompt(params.prompt, description)
+    domain_name, _ = _domain(params.domain_name, description)
     settings = {
         name: getattr(params, name)
         for name in ("action_mode", "action_horizon", "prompt", "resolution_tier", "view_point", "seed",
@@ -187,11 +180,6 @@ def action_request(fields: dict[str, Any], description: dict[str, Any]) -> Actio
         if getattr(params, name) is not None
     }
     settings["domain_name"] = domain_name
-    try:
-        config = merge_session_config(None, settings, description)
-    except ProtocolError as exc:
-        raise ApiError(exc.code, exc.message, exc.field) from None
-
     limits = MediaLimits.from_description(description)
     image = video = prefix = None
     if params.image is not None and params.video is not None:
@@ -200,17 +188,18 @@ def action_request(fields: dict[str, Any], description: dict[str, Any]) -> Actio
         image = to_image(params.image, "image", limits)
     elif params.video is not None:
         video = to_video(params.video, "video", limits)
-    elif config.action_mode == "inverse_dynamics":
+    elif params.action_mode == "inverse_dynamics":
         raise ApiError(ErrorCode.MISSING_FIELD, "inverse_dynamics needs a `video` (T×H×W×3)", "video")
     else:
         raise ApiError(ErrorCode.MISSING_FIELD, "policy needs an `image` (H×W×3) or a `video`", "image")
     if params.prefix_actions is not None:
         prefix = to_actions(params.prefix_actions, "prefix_actions")
-        width = domain.get("raw_action_dim")
-        if width is not None and prefix.shape[1] != width:
-            raise ApiError(ErrorCode.INVALID_FIELD,
-                           f"`prefix_actions` rows must have {width} values, got {prefix.shape[1]}", "prefix_actions")
-    return config.action_request(ObservationFrame(seq=0, image=image, video=video, prefix_actions=prefix))
+    try:
+        config = merge_session_config(None, settings, description)
+        return config.action_request(ObservationFrame(seq=0, image=image, video=video, prefix_actions=prefix),
+                                     description)
+    except ProtocolError as exc:
+        raise ApiError(exc.code, exc.message, exc.field) from None
 
 
 def actions_payload(actions: np.ndarray, as_msgpack: bool) -> Any:

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, WithJsonSchema
+from pydantic import BaseModel, ConfigDict, Field, WithJsonSchema, field_validator
 
 # -- media fields --------------------------------------------------------------------------------------
 
@@ -57,8 +57,28 @@ ActionsInput = Annotated[Any, WithJsonSchema(_ACTIONS_SCHEMA)]
 SEED_LIMIT = 2**63
 
 
+def normalized_mode(value: Any) -> Any:
+    """``action_mode`` trimmed and lower-cased (" Policy" means policy); other values as they are."""
+    return value.strip().lower() if isinstance(value, str) else value
+
+
 class _Strict(BaseModel):
+    """Every field is honoured or refused: an unknown one is a 400 naming it."""
+
     model_config = ConfigDict(extra="forbid")
+
+    @field_validator("action_mode", mode="before", check_fields=False)
+    @classmethod
+    def _trim_mode(cls, value: Any) -> Any:
+        return normalized_mode(value)
+
+    @field_validator("*", mode="before")
+    @classmethod
+    def _no_booleans(cls, value: Any) -> Any:
+        # Lax parsing would read `true` as 1 step or seed 1: no field here is a boolean.
+        if isinstance(value, bool):
+            raise ValueError("a boolean is not a valid value here")
+        return value
 
 
 # -- requests ------------------------------------------------------------------------------------------
@@ -87,18 +107,21 @@ class ActionGenerationParams(_Strict):
     """``POST /v1/actions/generations``: one chunk of actions for one observation, without a WebSocket."""
 
     domain_name: str | None = Field(None, description="embodiment (default: the model's default domain)")
-    action_mode: Literal["policy", "inverse_dynamics"] = Field(
-        "policy", description="policy (image in) or inverse_dynamics (video in); forward_dynamics is POST /v1/videos")
+    action_mode: Literal["policy", "inverse_dynamics"] | None = Field(
+        None, description="policy (image in) or inverse_dynamics (video in); forward_dynamics is POST /v1/videos. "
+        "Default: inverse_dynamics for a `video`, policy for an `image`")
     image: ImageInput = Field(None, description="the observation (policy)")
-    video: VideoInput = Field(None, description="a clip of action_horizon + 1 frames (inverse_dynamics)")
-    prompt: str = Field("", description="text conditioning")
+    video: VideoInput = Field(None, description="a clip of action_horizon + 1 frames (inverse_dynamics), or a "
+                              "clip whose first frame conditions a policy chunk (action_mode policy)")
+    prompt: str | None = Field(None, description="text conditioning (default: none)")
     action_horizon: int | None = Field(None, description="actions per chunk (default: the domain's)")
     resolution_tier: int | None = Field(None, description="resolution tier, one of the model's `resolution_tiers`")
     view_point: str | None = Field(None, description="camera view point (default: the domain's)")
     seed: int | None = Field(None, ge=0, lt=SEED_LIMIT, description="random seed (default: drawn)")
     num_steps: int | None = Field(None, ge=1, description="denoising steps (distilled: the fixed count or unset)")
     guidance_scale: float | None = Field(None, ge=0.0, description="classifier-free guidance (distilled: 1.0 or unset)")
-    fps: float = Field(24.0, gt=0.0, le=240.0, description="control rate the actions are meant for")
+    fps: float | None = Field(None, gt=0.0, le=240.0, description="control rate the actions are meant for "
+                              "(default 24; the model takes 1 to 240)")
     prefix_actions: ActionsInput = Field(
         None, description="K×D raw actions the chunk must start with (real-time chunking, policy only)")
     model: str | None = Field(None, description="if given, must name the served model")
@@ -166,6 +189,12 @@ class ActionArray(BaseModel):
     domain_name: str
     domain_id: int
     raw_action_dim: int
+    # What the chunk was made with, defaults resolved: each setting of the request is visible here.
+    prompt: str | None = None
+    resolution_tier: int | None = None
+    view_point: str | None = None
+    guidance_scale: float | None = None
+    fps: float | None = None
 
 
 class ActionGenerationItem(BaseModel):

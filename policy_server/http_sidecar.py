@@ -60,6 +60,7 @@ from .http_schemas import (
 from .metrics import PROMETHEUS_CONTENT_TYPE, ServerMetrics, ServerStateReaders
 from .protocol import DropReason, ErrorCode
 from .request_queue import PendingObservation, QueueClosed
+from .session_config import settings_used
 from .video_encoding import MP4_MEDIA_TYPE
 from .video_job_runner import VideoJobRunner, storage_full
 from .video_jobs import JobNotFound, RetentionPolicy, VideoJob, VideoJobStatus, VideoJobStore
@@ -548,6 +549,7 @@ def build_app(sidecar: HttpSidecar) -> FastAPI:
                 domain_name=chunk.domain_name,
                 domain_id=chunk.domain_id,
                 raw_action_dim=chunk.raw_action_dim,
+                **settings_used(action_request, description),
             ))],
             usage=ActionUsage(
                 num_steps=chunk.num_steps,

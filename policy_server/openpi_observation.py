@@ -12,7 +12,11 @@ Conventions (keys as the clients send them)::
             observation/joint_position, observation/gripper_position, prompt
     ALOHA   images/{cam_high, cam_low, cam_left_wrist, cam_right_wrist} (nested, 3×H×W), state, prompt
 
-State entries are accepted and not used: the Cosmos3 policy conditions on the camera and the prompt.
+Every key is honoured or refused (:func:`check_keys`): a camera the mapping or a convention knows (the
+view point uses some of them; the others are read by other view points), ``prompt``, ``prefix_actions``
+and the conventions' state keys. State entries are accepted and not used yet: the Cosmos3 policy here
+conditions on the camera and the prompt. Anything else is refused with ``invalid_field`` naming it (a
+native session setting such as ``domain_name`` with a word on where it goes instead).
 
 Which cameras are used comes from a :class:`CameraMapping`: for each view point, a list of alternatives
 tried in order; an alternative is one camera key, or a list of keys composed side by side (left to
@@ -37,7 +41,7 @@ from typing import Any, Mapping
 import numpy as np
 
 from .camera_composition import side_by_side
-from .protocol import ErrorCode, FrameLimits, ProtocolError, check_image_size
+from .protocol import SESSION_SETTINGS, ErrorCode, FrameLimits, ProtocolError, check_image_size, str_keys
 
 VIEW_POINTS = ("ego_view", "third_person_view", "wrist_view", "concat_view")
 
@@ -77,6 +81,10 @@ DEFAULT_VIEWS: dict[str, tuple[Alternative, ...]] = {
         ("observation/image",), ("observation/exterior_image_1_left",), ("images/cam_high",), ("image",),
     ),
 }
+
+
+# Keys of an observation besides cameras and state: read by the server for this observation.
+OBSERVATION_KEYS = ("prompt", "prefix_actions")
 
 
 class CameraMappingError(ValueError):
@@ -126,6 +134,11 @@ class CameraMapping:
 
     def describe(self) -> dict[str, list[list[str]]]:
         return {view: [list(alt) for alt in alts] for view, alts in self.views.items()}
+
+    def camera_keys(self) -> set[str]:
+        """Every camera key this mapping or a known convention names (used by some view point)."""
+        keys = {key for alts in self.views.values() for alt in alts for key in alt}
+        return keys | {key for convention in CONVENTIONS.values() for key in convention["cameras"]}
 
 
 def _alternatives(entry: Any, where: str) -> tuple[Alternative, ...]:
@@ -185,6 +198,8 @@ def parse_openpi_observation(
     """
     if not isinstance(obs, Mapping):
         raise ProtocolError(ErrorCode.BAD_FRAME, f"an observation must be a msgpack map, got {type(obs).__name__}")
+    obs = _decoded_keys(obs)
+    check_keys(obs, mapping)
     alternatives = mapping.alternatives(view_point)
     chosen = next((alt for alt in alternatives if all(lookup(obs, key) is not None for key in alt)), None)
     if chosen is None:
@@ -219,6 +234,41 @@ def parse_openpi_observation(
                                 "prefix_actions")
         result.prefix_actions = prefix.astype(np.float32)
     return result
+
+
+# Conventions nest at most one level (ALOHA's images/cam_high); deeper maps are nobody's observation.
+MAX_NESTING = 4
+
+
+def _decoded_keys(obs: Any, where: str | None = None, depth: int = 0) -> Any:
+    """Maps with ``bytes`` keys decoded, at every level: the wire codec lets a sender write keys either way."""
+    if not isinstance(obs, dict):
+        return obs
+    if depth >= MAX_NESTING:
+        raise ProtocolError(ErrorCode.INVALID_FIELD, f"`{where}` nests maps more than {MAX_NESTING} deep", where)
+    return {key: _decoded_keys(value, f"{where}/{key}" if where else key, depth + 1)
+            for key, value in str_keys(obs, where).items()}
+
+
+def check_keys(obs: Mapping[Any, Any], mapping: CameraMapping) -> None:
+    """Refuse a key the server would otherwise accept and ignore (``invalid_field`` naming it)."""
+    state = {key for convention in CONVENTIONS.values() for key in convention["state"]}
+    known = mapping.camera_keys() | state | set(OBSERVATION_KEYS)
+    for key in _keys(obs):
+        if key in known or any(key.startswith(k + "/") for k in known):
+            continue  # a camera (or its array map, for a nested convention), the state, the prompt
+        top = key.split("/", 1)[0]
+        if key in SESSION_SETTINGS or top in SESSION_SETTINGS:
+            raise ProtocolError(
+                ErrorCode.INVALID_FIELD,
+                f"`{key}` cannot be set per observation on the openpi endpoint: its sessions take their settings "
+                "from the server's --openpi-* flags; send per-observation settings over the native protocol "
+                "(/v1/actions/realtime)", key)
+        raise ProtocolError(
+            ErrorCode.INVALID_FIELD,
+            f"unknown observation key `{key}`: this endpoint reads cameras "
+            f"({', '.join(sorted(mapping.camera_keys()))}), state ({', '.join(sorted(state))}; accepted, not used "
+            "yet), `prompt` and `prefix_actions` (docs/openpi.md)", key)
 
 
 def _keys(obs: Mapping[str, Any], prefix: str = "") -> list[str]:

@@ -41,7 +41,7 @@ from .engine_worker import EngineOutcome
 from .openpi_observation import CameraMapping, detect_convention, parse_openpi_observation
 from .protocol import DropReason, ErrorCode, ObservationFrame, ProtocolError
 from .request_queue import PendingObservation, QueueClosed
-from .session_config import SessionConfig, merge_session_config
+from .session_config import SessionConfig, merge_session_config, observation_request
 
 if TYPE_CHECKING:
     from .server import PolicyServer
@@ -69,7 +69,7 @@ class OpenpiSettings:
         domain = self.domain_name or (description.get("defaults") or {}).get("domain_name")
         settings = {
             "domain_name": domain,
-            "action_mode": self.action_mode,
+            "action_mode": self.action_mode.strip().lower(),
             "action_horizon": self.action_horizon,
             "view_point": self.view_point,
             "prompt": self.prompt,
@@ -211,7 +211,8 @@ class OpenpiSession:
             frame = ObservationFrame(seq=seq, image=obs.image, video=obs.video, prefix_actions=obs.prefix_actions,
                                      overrides=overrides)
             item = PendingObservation(
-                session_id=self.id, seq=seq, request=self.config.action_request(frame), owner=self,
+                session_id=self.id, seq=seq, request=observation_request(self.config, frame, self.server.description),
+                owner=self,
                 received_at=received_at, decode_ms=(time.monotonic() - received_at) * 1e3,
             )
             try:

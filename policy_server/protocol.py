@@ -49,10 +49,24 @@ class ErrorCode:
     UNKNOWN_DOMAIN = "unknown_domain"  # the embodiment is not one the loaded model knows
     UNSUPPORTED_MODE = "unsupported_mode"  # the model (or this endpoint) cannot serve that action_mode
     UNSUPPORTED_TIER = "unsupported_tier"  # the resolution tier is not one the variant supports
-    INVALID_REQUEST = "invalid_request"  # the engine refused a value the server could not check up front
+    INVALID_REQUEST = "invalid_request"  # the engine refused the request as a whole, with no one field to blame
     ENGINE_ERROR = "engine_error"  # the model failed on a valid request; details are in the server log
     RATE_LIMITED = "rate_limited"  # more observations per second than the server allows a session; not queued
     ENGINE_TIMEOUT = "engine_timeout"  # the engine call ran past --engine-timeout-s; the engine is being restarted
+
+
+def engine_error_code(runtime_code: str, field: str | None) -> str:
+    """The protocol code for an error the engine raised (``cosmos3_runtime.errors``).
+
+    A value is wrong whoever finds it: the engine's ``invalid_request`` naming a field is the same
+    ``invalid_field`` the server answers when it finds the value wrong first. A checkpoint problem at
+    request time is the server's failure, not the client's.
+    """
+    if runtime_code == ErrorCode.INVALID_REQUEST and field is not None:
+        return ErrorCode.INVALID_FIELD
+    if runtime_code == "checkpoint_error":
+        return ErrorCode.ENGINE_ERROR
+    return runtime_code
 
 
 class DropReason:
@@ -81,8 +95,9 @@ class ProtocolError(Exception):
 # Typed client frames
 # ---------------------------------------------------------------------------------------------------
 
-# Configure fields a client may set, with the Python types each accepts.
-CONFIGURE_FIELDS: dict[str, tuple[type, ...]] = {
+# Session settings, with the Python types each accepts: what `configure` sets for every later
+# observation, and what one observation may carry for itself only (docs/protocol.md).
+SESSION_SETTINGS: dict[str, tuple[type, ...]] = {
     "action_mode": (str,),
     "domain_name": (str,),
     "action_horizon": (int,),
@@ -95,14 +110,28 @@ CONFIGURE_FIELDS: dict[str, tuple[type, ...]] = {
     "fps": (float, int),
     "control_hz": (float, int),
 }
-
-# Fields an observation may override for itself only (per-frame overrides).
-OBSERVATION_OVERRIDES = ("prompt", "seed", "num_steps", "guidance_scale")
+# The fields `configure` takes (every session setting).
+CONFIGURE_FIELDS = SESSION_SETTINGS
+# Other names a client may use for a setting: diffusers calls the step count `num_inference_steps`.
+SETTING_ALIASES = {"num_inference_steps": "num_steps"}
+# Settings of the session as a whole that an observation may not carry, and why.
+SESSION_ONLY_SETTINGS = {
+    "control_hz": "`control_hz` is the robot's control rate, shown to operators for the whole session; set it "
+                  "with `configure`",
+}
+# Settings an observation may carry for itself only.
+OBSERVATION_SETTINGS = tuple(name for name in SESSION_SETTINGS if name not in SESSION_ONLY_SETTINGS)
+# An observation's own fields (besides `type` and the settings above).
+OBSERVATION_FIELDS = ("seq", "image", "images", "video", "deadline_ms", "prefix_actions", "timestamp")
+CANCEL_FIELDS = ("seq",)
 
 
 @dataclass
 class ConfigureFrame:
-    """Session settings to merge over the current ones; only the keys the client sent are present."""
+    """Session settings to merge over the current ones; only the keys the client sent are present.
+
+    A ``None`` value unsets that setting: it goes back to the model's default (``seed``: random again).
+    """
 
     settings: dict[str, Any]
 
@@ -120,8 +149,10 @@ class ObservationFrame:
     images: dict[str, np.ndarray] | None = None
     prefix_actions: np.ndarray | None = None
     deadline_ms: float | None = None
+    # Session settings for this observation only, merged over the session's (see SESSION_SETTINGS).
     overrides: dict[str, Any] = field(default_factory=dict)
-    client_timestamp: float | None = None
+    # Opaque to the server: any msgpack scalar, echoed unchanged in the chunk.
+    client_timestamp: Any = None
 
 
 @dataclass
@@ -215,20 +246,62 @@ def check_image_size(frames: np.ndarray, name: str, limits: FrameLimits, seq: in
         )
 
 
-def _parse_configure(frame: Mapping[str, Any]) -> ConfigureFrame:
-    settings: dict[str, Any] = {}
-    for name, types in CONFIGURE_FIELDS.items():
-        if name in frame and frame[name] is not None:
-            value = _check_type(frame, name, types)
-            settings[name] = float(value) if float in types else value
-    unknown = sorted(set(frame) - set(CONFIGURE_FIELDS) - {"type"})
+def _refuse_unknown(frame: Mapping[str, Any], frame_type: str, known: tuple[str, ...], seq: int | None = None) -> None:
+    """Every field a client sends is honoured or refused: an unknown one is ``invalid_field`` naming it."""
+    unknown = sorted(set(frame) - set(known) - {"type"})
     if unknown:
+        name = unknown[0]
+        if frame_type == OBSERVATION and name in SESSION_ONLY_SETTINGS:
+            raise ProtocolError(ErrorCode.INVALID_FIELD, f"{SESSION_ONLY_SETTINGS[name]}, not in an observation",
+                                name, seq)
         raise ProtocolError(
             ErrorCode.INVALID_FIELD,
-            f"`configure` has unknown field `{unknown[0]}`; known fields: {', '.join(CONFIGURE_FIELDS)}",
-            unknown[0],
+            f"`{frame_type}` has unknown field `{name}`; known fields: {', '.join(known) or 'none'}",
+            name,
+            seq,
         )
-    return ConfigureFrame(settings)
+
+
+def _parse_settings(
+    frame: Mapping[str, Any], names: tuple[str, ...], seq: int | None, keep_null: bool
+) -> dict[str, Any]:
+    """The session settings among ``names`` that ``frame`` carries, type-checked.
+
+    ``keep_null``: a ``null`` value is kept as ``None`` (``configure``: unset the setting); otherwise it
+    counts as absent (an observation: the session's value applies).
+    """
+    settings: dict[str, Any] = {}
+    for alias, name in SETTING_ALIASES.items():
+        if alias in frame and name in names:
+            if name in frame and frame[name] != frame[alias]:
+                raise ProtocolError(ErrorCode.INVALID_FIELD,
+                                    f"`{alias}` is another name for `{name}`; send one of them", alias, seq)
+            if frame[alias] is not None or keep_null:
+                types = SESSION_SETTINGS[name]
+                settings[name] = None if frame[alias] is None else _setting(frame, alias, types, seq)
+    for name in names:
+        if name not in frame:
+            continue
+        if frame[name] is None:
+            if keep_null:
+                settings[name] = None
+            continue
+        settings[name] = _setting(frame, name, SESSION_SETTINGS[name], seq)
+    return settings
+
+
+def _setting(frame: Mapping[str, Any], name: str, types: tuple[type, ...], seq: int | None) -> Any:
+    value = _check_type(frame, name, types, seq)
+    if float in types:
+        return float(value)
+    if name == "action_mode":
+        return value.strip().lower()  # " Policy" is what a person typing a config file means by "policy"
+    return value
+
+
+def _parse_configure(frame: Mapping[str, Any]) -> ConfigureFrame:
+    _refuse_unknown(frame, CONFIGURE, tuple(CONFIGURE_FIELDS) + tuple(SETTING_ALIASES))
+    return ConfigureFrame(_parse_settings(frame, tuple(CONFIGURE_FIELDS), None, keep_null=True))
 
 
 def _parse_observation(frame: Mapping[str, Any], limits: FrameLimits) -> ObservationFrame:
@@ -237,13 +310,12 @@ def _parse_observation(frame: Mapping[str, Any], limits: FrameLimits) -> Observa
     seq = _check_type(frame, "seq", (int,))
     if seq < 0:
         raise ProtocolError(ErrorCode.INVALID_FIELD, f"`seq` must be >= 0, got {seq}", "seq")
+    _refuse_unknown(frame, OBSERVATION, OBSERVATION_FIELDS + OBSERVATION_SETTINGS + tuple(SETTING_ALIASES), seq)
     obs = ObservationFrame(seq=seq)
 
     if frame.get("images") is not None:
-        images = frame["images"]
-        if not isinstance(images, dict) or not 1 <= len(images) <= MAX_NAMED_CAMERAS or not all(
-            isinstance(name, str) for name in images
-        ):
+        images = str_keys(frame["images"], "images", seq) if isinstance(frame["images"], dict) else None
+        if images is None or not 1 <= len(images) <= MAX_NAMED_CAMERAS:
             raise ProtocolError(
                 ErrorCode.INVALID_FIELD,
                 f"`images` must map 1 to {MAX_NAMED_CAMERAS} camera names to H×W×3 uint8 frames",
@@ -273,14 +345,20 @@ def _parse_observation(frame: Mapping[str, Any], limits: FrameLimits) -> Observa
 
     if frame.get("prefix_actions") is not None:
         prefix = frame["prefix_actions"]
-        if not isinstance(prefix, np.ndarray) or prefix.ndim != 2 or prefix.dtype.kind != "f":
+        if not isinstance(prefix, np.ndarray) or prefix.ndim != 2 or prefix.dtype.kind != "f" or not len(prefix):
             raise ProtocolError(
                 ErrorCode.INVALID_FIELD,
-                "`prefix_actions` must be a K×D float array (the actions still to execute)",
+                "`prefix_actions` must be a K×D float array, K >= 1 (the actions still to execute)",
                 "prefix_actions",
                 seq,
             )
-        obs.prefix_actions = prefix.astype(np.float32, copy=False)
+        with np.errstate(over="ignore"):
+            prefix = prefix.astype(np.float32)
+        if not np.isfinite(prefix).all():
+            raise ProtocolError(ErrorCode.INVALID_FIELD,
+                                "`prefix_actions` must be finite float32 values (no NaN, no infinity, |x| < 3.4e38)",
+                                "prefix_actions", seq)
+        obs.prefix_actions = prefix
 
     if frame.get("deadline_ms") is not None:
         deadline = _check_type(frame, "deadline_ms", (float, int), seq)
@@ -290,21 +368,42 @@ def _parse_observation(frame: Mapping[str, Any], limits: FrameLimits) -> Observa
             )
         obs.deadline_ms = float(deadline)
 
-    if frame.get("timestamp") is not None:
-        obs.client_timestamp = float(_check_type(frame, "timestamp", (float, int), seq))
+    timestamp = frame.get("timestamp")
+    if timestamp is not None:
+        if not isinstance(timestamp, (bool, int, float, str, bytes, np.generic)):
+            raise ProtocolError(
+                ErrorCode.INVALID_FIELD,
+                f"`timestamp` is echoed as sent and must be a scalar (number, string, bytes or boolean), got "
+                f"{type(timestamp).__name__}",
+                "timestamp",
+                seq,
+            )
+        obs.client_timestamp = timestamp
 
-    for name in OBSERVATION_OVERRIDES:
-        if frame.get(name) is not None:
-            types = CONFIGURE_FIELDS[name]
-            value = _check_type(frame, name, types, seq)
-            obs.overrides[name] = float(value) if float in types else value
+    obs.overrides = _parse_settings(frame, OBSERVATION_SETTINGS, seq, keep_null=False)
     return obs
 
 
 def _parse_cancel(frame: Mapping[str, Any]) -> CancelFrame:
+    _refuse_unknown(frame, CANCEL, CANCEL_FIELDS)
     if frame.get("seq") is None:
         return CancelFrame(seq=None)
     return CancelFrame(seq=_check_type(frame, "seq", (int,)))
+
+
+def str_keys(frame: dict[Any, Any], where: str | None, seq: int | None = None) -> dict[str, Any]:
+    """The map with ``bytes`` keys decoded: the wire codec lets a sender write keys either way."""
+    if all(isinstance(key, str) for key in frame):
+        return frame
+    decoded: dict[str, Any] = {}
+    for key, value in frame.items():
+        name = key.decode("utf-8", errors="backslashreplace") if isinstance(key, bytes) else str(key)
+        if name in decoded:
+            inside = f" in `{where}`" if where else ""
+            raise ProtocolError(ErrorCode.INVALID_FIELD, f"`{name}` is sent twice{inside} (once as bytes)",
+                                f"{where}/{name}" if where else name, seq)
+        decoded[name] = value
+    return decoded
 
 
 def parse_client_frame(message: Any, limits: FrameLimits) -> ClientFrame:
@@ -313,6 +412,7 @@ def parse_client_frame(message: Any, limits: FrameLimits) -> ClientFrame:
         raise ProtocolError(
             ErrorCode.BAD_FRAME, f"a frame must be a msgpack map, got {type(message).__name__}", None
         )
+    message = str_keys(message, None)
     frame_type = message.get("type")
     if frame_type is None:
         raise ProtocolError(
@@ -325,6 +425,7 @@ def parse_client_frame(message: Any, limits: FrameLimits) -> ClientFrame:
     if frame_type == CANCEL:
         return _parse_cancel(message)
     if frame_type == RESET:
+        _refuse_unknown(message, RESET, ())
         return ResetFrame()
     raise ProtocolError(
         ErrorCode.UNKNOWN_TYPE,

@@ -34,7 +34,7 @@ from . import protocol
 from .engine_worker import EngineOutcome
 from .protocol import DropReason, ErrorCode, ProtocolError
 from .request_queue import PendingObservation, QueueClosed
-from .session_config import SessionConfig, merge_session_config
+from .session_config import SessionConfig, merge_session_config, observation_request, settings_used
 from .session_controls import (
     ControlAction, ControlError, ControlErrorCode, OperatorControl, SessionState, session_state_frame,
     session_updated_frame,
@@ -181,13 +181,10 @@ class RealtimeSession:
     def _on_observation(self, obs: protocol.ObservationFrame, received_at: float) -> None:
         if not self.rate.take(received_at):
             raise ProtocolError(ErrorCode.RATE_LIMITED, self.rate.message(), None, obs.seq)
-        if self.config is None:
-            raise ProtocolError(
-                ErrorCode.NOT_CONFIGURED,
-                "send `configure` (with at least `domain_name`) before the first observation",
-                None,
-                obs.seq,
-            )
+        if self.operator_prompt:
+            obs.overrides.pop("prompt", None)  # the operator steers; the chunk echoes the prompt used
+        # Its own settings over the session's, checked like a `configure`; refused before it takes a seq.
+        request = observation_request(self.config, obs, self.server.description)
         if self.last_seq is not None and obs.seq <= self.last_seq:
             raise ProtocolError(
                 ErrorCode.INVALID_FIELD,
@@ -204,12 +201,10 @@ class RealtimeSession:
             self.telemetry.record_drop(obs.seq, reason)
             self._send(protocol.dropped_frame(obs.seq, reason, _DROP_MESSAGES[reason]))
             return
-        if self.operator_prompt:
-            obs.overrides.pop("prompt", None)
         item = PendingObservation(
             session_id=self.id,
             seq=obs.seq,
-            request=self.config.action_request(obs, self.server.description),
+            request=request,
             owner=self,
             received_at=received_at,
             decode_ms=(time.monotonic() - received_at) * 1e3,
@@ -328,6 +323,7 @@ class RealtimeSession:
             "action_horizon": chunk.action_horizon,
             "num_steps": chunk.num_steps,
             "seed": chunk.seed,
+            **settings_used(item.request, self.server.description),
             "timing": {
                 "decode_ms": item.decode_ms,
                 "queue_ms": queue_ms,

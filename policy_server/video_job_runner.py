@@ -36,7 +36,7 @@ from cosmos3_runtime.errors import RuntimeErrorBase
 from cosmos3_runtime.requests import VideoRequest
 
 from .metrics import ServerMetrics
-from .protocol import ErrorCode
+from .protocol import ErrorCode, engine_error_code
 from .request_queue import QueueClosed, RequestQueue
 from .video_encoding import VideoEncodingError, encode_mp4
 from .video_jobs import JobNotFound, VideoJob, VideoJobStore
@@ -132,7 +132,7 @@ class VideoRolloutTask:
                 between_steps()
             result = rollout.result()
         except RuntimeErrorBase as exc:
-            code = exc.code if exc.code != "checkpoint_error" else ErrorCode.ENGINE_ERROR
+            code = engine_error_code(exc.code, exc.field)
             return VideoRolloutResult(error_code=code, error_message=exc.message, error_field=exc.field,
                                       engine_s=time.monotonic() - t0)
         except Exception:  # noqa: BLE001 - internal: the log gets the traceback, the client a reference

@@ -77,10 +77,11 @@ def _realtime_url(url: str) -> str:
     return urlunsplit(parts)
 
 
-def _observation_frame(seq: int, obs: Mapping[str, Any] | np.ndarray) -> dict[str, Any]:
+def _observation_frame(seq: int, obs: Mapping[str, Any] | np.ndarray, settings: Mapping[str, Any]) -> dict[str, Any]:
     if isinstance(obs, np.ndarray):
         obs = {"image": obs}
     frame = {key: value for key, value in obs.items() if key not in ("type", "seq")}
+    frame.update(settings)  # this observation's own settings (the server applies them to it alone)
     frame["type"] = "observation"
     frame["seq"] = seq
     # Opaque to the server, which echoes it in the chunk: this is how the client measures round trips.
@@ -410,15 +411,17 @@ class AsyncPolicyClient:
         """Ask the server not to answer ``seq`` (or any outstanding observation when ``None``)."""
         await self._send({"type": "cancel", "seq": seq})
 
-    async def submit(self, obs: Mapping[str, Any] | np.ndarray, timeout: float | None = None) -> int:
+    async def submit(self, obs: Mapping[str, Any] | np.ndarray, timeout: float | None = None, **settings: Any) -> int:
         """Send an observation without waiting for its chunk; return its ``seq``. See :meth:`receive`.
 
+        ``settings`` (``domain_name``, ``action_horizon``, ``action_mode``, ``prompt``, ``seed``, ...) apply
+        to this observation only, over the session's configuration; the chunk reports what was used.
         Raises :class:`SessionPaused` (nothing is sent) while an operator has the session paused.
         """
         self._check_running()
         seq = self._next_seq
         self._next_seq += 1
-        await self._send(_observation_frame(seq, obs), timeout)
+        await self._send(_observation_frame(seq, obs, settings), timeout)
         self.stats.sent += 1
         return seq
 
@@ -442,11 +445,14 @@ class AsyncPolicyClient:
             self._latest_delivered = item.seq
             return item
 
-    async def infer(self, obs: Mapping[str, Any] | np.ndarray, timeout: float | None = 10.0) -> ActionChunk:
+    async def infer(self, obs: Mapping[str, Any] | np.ndarray, timeout: float | None = 10.0,
+                    **settings: Any) -> ActionChunk:
         """Send one observation and wait for its chunk (one round trip).
 
-        ``obs`` is a map of observation fields (``image``, ``video``, ``deadline_ms``, ``prefix_actions``,
-        per-frame overrides) or just an H×W×3 uint8 image. Raises :class:`TimeoutError` (and cancels the
+        ``obs`` is a map of observation fields (``image``, ``images``, ``video``, ``deadline_ms``,
+        ``prefix_actions``, ``timestamp``) or just an H×W×3 uint8 image. ``settings`` are session settings
+        for this observation only (``infer(frame, domain_name="droid_lerobot", action_horizon=8)``: no
+        ``configure`` is needed when ``domain_name`` is among them). Raises :class:`TimeoutError` (and cancels the
         observation), :class:`ObservationDropped` (:class:`SessionPaused` while an operator has the session
         paused), :class:`SessionStopped`, :class:`ServerError` or :class:`ConnectionLost`.
         """
@@ -455,7 +461,7 @@ class AsyncPolicyClient:
         seq = self._next_seq
         self._waiters[seq] = future
         try:
-            await self.submit(obs, timeout)
+            await self.submit(obs, timeout, **settings)
             remaining = None if deadline is None else max(0.0, deadline - time.monotonic())
             return await asyncio.wait_for(future, remaining)
         except asyncio.TimeoutError:

@@ -27,6 +27,12 @@ class ActionChunk:
     seed: int | None = None
     timing: dict[str, float] = field(default_factory=dict)
     round_trip_ms: float | None = None
+    # The other settings the server used for this chunk (an observation's own, else the session's).
+    prompt: str | None = None
+    resolution_tier: int | None = None
+    view_point: str | None = None
+    guidance_scale: float | None = None
+    fps: float | None = None
 
     @property
     def action_horizon(self) -> int:
@@ -46,6 +52,11 @@ class ActionChunk:
             seed=frame.get("seed"),
             timing=dict(frame.get("timing") or {}),
             round_trip_ms=round_trip_ms,
+            prompt=frame.get("prompt"),
+            resolution_tier=frame.get("resolution_tier"),
+            view_point=frame.get("view_point"),
+            guidance_scale=frame.get("guidance_scale"),
+            fps=frame.get("fps"),
         )
 
 

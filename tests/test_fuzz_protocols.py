@@ -11,6 +11,10 @@ dtypes and short data, NaN and infinity everywhere. What must hold, frame after 
   closed it with a code and a reason;
 * openpi protocol: every frame gets exactly one reply (an action frame or an error text frame);
 * observer channel: every text frame gets an ``error``, ``subscribed`` or ``control_result``;
+* every field of a well-formed ``configure`` or ``observation`` (session settings, valid, invalid or null,
+  the observation's own fields, an unknown field now and then) is honoured, its value visible in the
+  reply (the ``session`` config, the chunk's echo, the prefix rows, the timestamp), or the frame is
+  refused naming a field it carried; never accepted with a field dropped;
 * memory stays flat: the process's resident memory after a burst of several hundred hostile frames is
   within a small margin of what it was after a warm-up burst.
 
@@ -38,6 +42,8 @@ from server_fixtures import DOMAIN, ServerThread, tiny_engine_loader
 
 from policy_server.protocol import ErrorCode
 from policy_server.rate_limits import RateLimit
+from policy_server.session_config import SessionConfig
+from settings_fuzz import check_honoured_or_refused, requests
 
 EXAMPLES = int(os.environ.get("FUZZ_EXAMPLES", "120"))
 MAX_MESSAGE_BYTES = 1 << 20
@@ -199,6 +205,52 @@ def test_openpi_protocol_answers_every_hostile_frame_once(fuzz_server, payload):
         assert code in KNOWN_CODES, reply
     else:
         assert "actions" in unpackb(reply)
+
+
+# Each valid example runs the model once: fewer examples than the hostile-bytes properties.
+FIELD_SETTINGS = settings(max_examples=max(10, EXAMPLES // 4), deadline=None, database=None,
+                          derandomize="FUZZ_SEED" not in os.environ, suppress_health_check=list(HealthCheck))
+
+
+def _defaults(server: ServerThread, domain: str, reply: dict) -> dict:
+    """What a setting sent as null must show: the session's (here: the model's) value for this domain."""
+    defaults = SessionConfig(domain_name=domain).resolved(server.server.description)
+    if reply.get("action_mode") == "inverse_dynamics":
+        defaults["action_horizon"] = reply["action_horizon"]  # the clip's length decides it
+    return defaults
+
+
+@FIELD_SETTINGS
+@given(fields=requests(observation=False))
+def test_every_configure_field_is_honoured_or_refused(fuzz_server, fields):
+    with connect(fuzz_server.native.url, compression=None, max_size=None, proxy=None, open_timeout=30) as ws:
+        ws.recv(timeout=30)  # metadata
+        ws.send(packb({"type": "configure", **fields}))
+        reply = unpackb(ws.recv(timeout=30))
+    if reply["type"] == "error":
+        check_honoured_or_refused(fields, {}, reply, {})
+        return
+    assert reply["type"] == "session", reply
+    config = reply["config"]
+    check_honoured_or_refused(fields, config, None, _defaults(fuzz_server, config["domain_name"], config))
+
+
+@FIELD_SETTINGS
+@given(fields=requests(observation=True), configured=st.booleans())
+def test_every_observation_field_is_honoured_or_refused(fuzz_server, fields, configured):
+    with connect(fuzz_server.native.url, compression=None, max_size=None, proxy=None, open_timeout=30) as ws:
+        ws.recv(timeout=30)  # metadata
+        if configured:
+            ws.send(packb({"type": "configure", "domain_name": DOMAIN}))
+            assert unpackb(ws.recv(timeout=30))["type"] == "session"
+        ws.send(packb({"type": "observation", "seq": 0, **fields}))
+        reply = unpackb(ws.recv(timeout=120))
+    assert reply["type"] in ("error", "action_chunk"), reply  # nothing here may be dropped
+    if reply["type"] == "error":
+        assert reply["seq"] == 0, reply
+        check_honoured_or_refused(fields, {}, reply, {})
+        return
+    check_honoured_or_refused(fields, reply, None, _defaults(fuzz_server, reply["domain_name"], reply))
 
 
 observer_frames = st.one_of(

@@ -104,3 +104,35 @@ def test_clips_for_inverse_dynamics_and_prefix_actions():
                                       MAPPING, "third_person_view", LIMITS, video=True)
     assert parsed.video.shape == (9, 64, 64, 3) and parsed.image is None
     assert parsed.prefix_actions.dtype == np.float32 and parsed.prefix_actions.shape == (3, 10)
+
+
+@pytest.mark.parametrize("obs", [LIBERO, DROID, ALOHA])
+def test_every_key_of_the_conventions_is_known(obs):
+    """Real openpi clients send state keys and cameras the view point does not use: all accepted."""
+    for view in ("third_person_view", "ego_view", "wrist_view", "concat_view"):
+        parse_openpi_observation(obs, MAPPING, view, LIMITS)
+
+
+@pytest.mark.parametrize("extra, field, hint", [
+    ({"observation/imagee": image(64, 64, 1)}, "observation/imagee", "unknown observation key"),
+    ({"images": {"cam_top": np.zeros((3, 64, 64), np.uint8)}}, "images/cam_top", "unknown observation key"),
+    ({"domain_name": "droid_lerobot"}, "domain_name", "--openpi-*"),
+    ({"action_horizon": 8}, "action_horizon", "native protocol"),
+])
+def test_a_key_the_server_would_ignore_is_refused_naming_it(extra, field, hint):
+    with pytest.raises(ProtocolError) as info:
+        parse_openpi_observation({**LIBERO, **extra}, MAPPING, "third_person_view", LIMITS)
+    assert (info.value.code, info.value.field) == (ErrorCode.INVALID_FIELD, field)
+    assert hint in info.value.message
+
+
+def test_keys_may_be_bytes_and_maps_nest_only_so_deep():
+    parsed = parse_openpi_observation({b"observation/image": image(64, 64, 9), b"prompt": "go"}, MAPPING,
+                                      "third_person_view", LIMITS)
+    assert parsed.prompt == "go" and np.all(parsed.image == 9)
+    deep: dict = {"x": 1}
+    for _ in range(6):
+        deep = {"images": deep}
+    with pytest.raises(ProtocolError) as info:
+        parse_openpi_observation({**LIBERO, "nested": deep}, MAPPING, "third_person_view", LIMITS)
+    assert info.value.code == ErrorCode.INVALID_FIELD

@@ -75,3 +75,20 @@ def test_mixed_modes_and_prefixes_in_one_batch(engine):
     for request, chunk in zip(requests, together):
         assert np.abs(chunk.actions - engine.predict_actions(request).actions).max() < 1e-4
     np.testing.assert_allclose(together[1].actions[:4], 0.02, atol=1e-5)
+
+
+def test_mixed_tiers_view_points_and_fps_in_one_batch(engine):
+    """Everything but the schedule is per item in a packed forward: requests that differ in tier, view
+    point and fps share one and each chunk equals its unbatched run."""
+    img = _images(1)[0]
+    requests = [
+        ActionRequest(domain_name="bridge_orig_lerobot", image=img, seed=5, num_steps=2, guidance_scale=1.0,
+                      resolution_tier=256, view_point="wrist_view", fps=10.0, action_horizon=4),
+        ActionRequest(domain_name="bridge_orig_lerobot", image=img, seed=5, num_steps=2, guidance_scale=1.0,
+                      resolution_tier=480, view_point="concat_view", fps=30.0, action_horizon=4),
+    ]
+    together = engine.predict_actions_batch(requests)
+    for request, chunk in zip(requests, together):
+        assert chunk.batch_size == 2
+        assert np.abs(chunk.actions - engine.predict_actions(request).actions).max() < 1e-4
+    assert np.abs(together[0].actions - together[1].actions).max() > 1e-6  # the settings did change the chunk

@@ -217,7 +217,18 @@ def test_real_time_chunking_prefix_is_kept(tiny_engine, camera_image):
     chunk = engine.predict_actions(ActionRequest(domain_name="bridge_orig_lerobot", image=camera_image, seed=4,
                                                  prefix_actions=prefix))
     assert chunk.actions.shape == (16, 10)
-    np.testing.assert_allclose(chunk.actions[:3], prefix, atol=1e-5)
+    # Exactly the rows given, not their round trip through the domain's normalization.
+    np.testing.assert_array_equal(chunk.actions[:3], prefix)
+    batched = engine.predict_actions_batch([ActionRequest(domain_name="bridge_orig_lerobot", image=camera_image,
+                                                          seed=4, prefix_actions=prefix.astype(np.float64))])[0]
+    np.testing.assert_array_equal(batched.actions[:3], prefix)
+
+
+def test_describe_exposes_every_limit_validation_applies(tiny_engine):
+    """The server validates a session's settings up front from describe(): every bound must be there."""
+    limits = tiny_engine("distilled").describe()["limits"]
+    assert (limits["min_fps"], limits["max_fps"], limits["max_guidance_scale"]) == (1.0, 240.0, 30.0)
+    assert limits["max_seed"] == 2**63 - 1 and limits["max_prompt_chars"] == 2000 and limits["max_steps"] == 200
 
 
 def test_forward_dynamics_rollout_returns_frames(tiny_engine, camera_image):

@@ -60,6 +60,11 @@ CASES = [
      "prefix_actions"),
     ("prefix NaN", _policy(prefix_actions=np.full((2, 10), np.nan, np.float32)), InvalidRequestError,
      "prefix_actions"),
+    # Finite in float32, but it overflows once normalized (scale < 1): the caller's mistake, not engine_error.
+    ("prefix 1e38", _policy(prefix_actions=np.full((2, 10), 1e38, np.float32)), InvalidRequestError,
+     "prefix_actions"),
+    ("fps above the limit", _policy(fps=1e9), InvalidRequestError, "fps"),
+    ("fps tiny", _policy(fps=1e-300), InvalidRequestError, "fps"),
 ]
 
 

@@ -289,17 +289,19 @@ async def test_seq_must_increase(server):
 
 
 async def test_engine_side_validation_error_reaches_the_client_with_its_code(server):
-    """A value only the engine can judge (prefix longer than the horizon) comes back as the engine's
-    typed error, tagged with the seq, and the session goes on."""
+    """A value only the engine can judge (a prefix that overflows once normalized by the domain's
+    statistics) comes back as the same `invalid_field` the server gives the values it judges itself,
+    tagged with the seq, and the session goes on."""
     conn, meta = await open_conn(server)
     async with conn.ws:
         await conn.configure(action_horizon=8)
         width = meta["domains"][DOMAIN]["raw_action_dim"]
-        await conn.send({"type": "observation", "seq": 0, "image": IMAGE, "prefix_actions": np.zeros((20, width), np.float32)})
+        await conn.send({"type": "observation", "seq": 0, "image": IMAGE,
+                         "prefix_actions": np.full((2, width), 1e38, np.float32)})
         error = await conn.recv()
         assert error["type"] == "error" and error["seq"] == 0
-        assert error["code"] == "invalid_request"
-        assert error["field"] == "prefix_actions"
+        assert (error["code"], error["field"]) == ("invalid_field", "prefix_actions")
+        assert "action range" in error["message"]
         await conn.send({"type": "observation", "seq": 1, "image": IMAGE})
         assert (await conn.recv())["type"] == "action_chunk"
 

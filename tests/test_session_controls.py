@@ -80,7 +80,8 @@ def test_observer_sees_the_session_its_chunk_frame_and_latencies(server):
             s["session_id"] == session_id and s["answered"] == 3 for s in f["sessions"]))
         summary = next(s for s in listed["sessions"] if s["session_id"] == session_id)
         assert summary["protocol"] == "native" and summary["controllable"] is True
-        assert (summary["domain_name"], summary["action_mode"], summary["prompt"]) == (DOMAIN, "policy", "stack the cups")
+        # No mode configured: each observation's media decide it (the dashboard shows "—").
+        assert (summary["domain_name"], summary["action_mode"], summary["prompt"]) == (DOMAIN, None, "stack the cups")
         assert summary["control_hz"] == 15 and summary["state"] == "running"
         assert 0 < summary["latency_p50_ms"] <= summary["latency_p99_ms"] < 60_000
 
@@ -145,9 +146,12 @@ def test_an_operator_prompt_reaches_the_client_and_the_session(server):
         session = server.server.sessions[session_id]
         assert server.run(lambda: (session.config.prompt, session.operator_prompt)) == ("close the drawer", True)
         assert client.infer(rgb_image(64)).actions.shape == (8, 10)
+        # The operator steers: an observation's own prompt gives way, and the chunk says which one was used.
+        assert client.infer(rgb_image(64), prompt="do something else").prompt == "close the drawer"
 
         client.configure(prompt="open it again")  # the robot takes its prompt back
         assert server.run(lambda: (session.config.prompt, session.operator_prompt)) == ("open it again", False)
+        assert client.infer(rgb_image(64), prompt="just this once").prompt == "just this once"
 
 
 def test_stop_ends_the_session_and_the_client_does_not_reconnect(server):
