@@ -29,6 +29,7 @@ from .openpi_observation import CameraMapping, CameraMappingError
 from .rate_limits import DEFAULT_BURST, DEFAULT_MAX_OBSERVATION_HZ, RateLimit
 from .watchdog import DEFAULT_ENGINE_TIMEOUT_S
 from .openpi_session import OpenpiSettings
+from .http_codecs import DEFAULT_MAX_DECODED_BYTES, DEFAULT_MAX_JSON_VALUES
 from .http_sidecar import DEFAULT_MAX_BODY_BYTES, SidecarSettings
 from .server import DEFAULT_MAX_MESSAGE_BYTES, PolicyServer, ServerSettings
 from .video_jobs import RetentionPolicy
@@ -67,6 +68,14 @@ def build_parser() -> argparse.ArgumentParser:
                       help="video jobs that may wait; more are refused with 429 (default 100)")
     http.add_argument("--max-body-mib", type=float, default=DEFAULT_MAX_BODY_BYTES / 2**20,
                       help="largest HTTP request body, uploads included, in MiB (default 64)")
+    hardening = parser.add_argument_group(
+        "request and connection bounds", "what one HTTP request or one peer may cost; see docs/security.md")
+    hardening.add_argument("--max-decoded-mib", type=float, default=DEFAULT_MAX_DECODED_BYTES / 2**20,
+                           help="pixels one HTTP request may decode to (images and clips, as RGB), in MiB; "
+                                "checked from headers before decoding, more is refused with 413 (default %(default)g)")
+    hardening.add_argument("--max-json-values", type=int, default=DEFAULT_MAX_JSON_VALUES,
+                           help="elements (numbers, lists, maps) a JSON or msgpack body may hold; more is refused "
+                                "with 413 before or while parsing (default %(default)d)")
     security = parser.add_argument_group("security and limits", "see docs/security.md")
     security.add_argument("--tls-cert", "--certfile", dest="tls_cert", default=None,
                           help="TLS certificate chain (PEM): serve wss:// and the sidecar over https://")
@@ -166,6 +175,8 @@ def _sidecar_settings(args: argparse.Namespace) -> SidecarSettings | None:
             max_queued=max(1, args.max_queued_videos),
         ),
         max_body_bytes=int(args.max_body_mib * 2**20),
+        max_decoded_bytes=int(args.max_decoded_mib * 2**20),
+        max_json_values=max(1, args.max_json_values),
     )
 
 

@@ -121,8 +121,11 @@ def _route_mode(fields: dict[str, Any], endpoint: str) -> None:
                        "(an asynchronous job)", "action_mode")
 
 
-def video_submission(fields: dict[str, Any], description: dict[str, Any]) -> VideoSubmission:
-    """Check a ``POST /v1/videos`` body and resolve what the job will run with."""
+def video_submission(fields: dict[str, Any], description: dict[str, Any],
+                     media_limits: MediaLimits | None = None) -> VideoSubmission:
+    """Check a ``POST /v1/videos`` body and resolve what the job will run with.
+
+    ``media_limits`` adds the sidecar's decoding bounds to the model's (default: the model's alone)."""
     _route_mode(fields, VIDEOS_PATH)
     if VIDEO_MODE not in description.get("modes", []):
         raise ApiError(ErrorCode.UNSUPPORTED_MODE, "the loaded model cannot serve forward_dynamics", "action_mode")
@@ -146,7 +149,7 @@ def video_submission(fields: dict[str, Any], description: dict[str, Any]) -> Vid
         raise ApiError(ErrorCode.INVALID_FIELD,
                        f"`action` has {steps} rows; this model rolls out between {low} and {high} actions, a "
                        f"multiple of {multiple}", "action")
-    image = to_image(params.input_reference, "input_reference", MediaLimits.from_description(description))
+    image = to_image(params.input_reference, "input_reference", media_limits or MediaLimits.from_description(description))
 
     defaults = description.get("defaults", {})
     resolved = {
@@ -172,8 +175,10 @@ def video_submission(fields: dict[str, Any], description: dict[str, Any]) -> Vid
     return VideoSubmission(resolved, VideoJobInputs(image=image, action=action))
 
 
-def action_request(fields: dict[str, Any], description: dict[str, Any]) -> ActionRequest:
-    """Check a ``POST /v1/actions/generations`` body and build its engine request."""
+def action_request(fields: dict[str, Any], description: dict[str, Any],
+                   media_limits: MediaLimits | None = None) -> ActionRequest:
+    """Check a ``POST /v1/actions/generations`` body and build its engine request (``media_limits``: as
+    for :func:`video_submission`)."""
     _route_mode(fields, ACTION_GENERATIONS_PATH)
     params: ActionGenerationParams = _validate(ActionGenerationParams, fields)  # type: ignore[assignment]
     _check_model(params.model, description)
@@ -192,7 +197,7 @@ def action_request(fields: dict[str, Any], description: dict[str, Any]) -> Actio
     except ProtocolError as exc:
         raise ApiError(exc.code, exc.message, exc.field) from None
 
-    limits = MediaLimits.from_description(description)
+    limits = media_limits or MediaLimits.from_description(description)
     image = video = prefix = None
     if params.image is not None and params.video is not None:
         raise ApiError(ErrorCode.INVALID_FIELD, "send either `image` or `video`, not both", "video")

@@ -89,6 +89,9 @@ class SidecarSettings:
     retention: RetentionPolicy = field(default_factory=RetentionPolicy)
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
     action_timeout_s: float = DEFAULT_ACTION_TIMEOUT_S
+    # Pixels one request may decode to, and elements a JSON/msgpack body may hold (http_codecs).
+    max_decoded_bytes: int = http_codecs.DEFAULT_MAX_DECODED_BYTES
+    max_json_values: int = http_codecs.DEFAULT_MAX_JSON_VALUES
 
 
 class OneShotActionWaiter:
@@ -277,6 +280,10 @@ class HttpSidecar:
             raise ApiError(HttpErrorCode.NOT_READY, "the model is loading; retry shortly", headers={"Retry-After": "1"})
         return self.server.description
 
+    def media_limits(self, description: dict[str, Any]) -> http_codecs.MediaLimits:
+        """The model's pixel and frame bounds plus this sidecar's decoding budget."""
+        return http_codecs.MediaLimits.from_description(description, self.settings.max_decoded_bytes)
+
     def job_object(self, job: VideoJob) -> VideoJobObject:
         params = job.params
         resolved = params.get("resolved", {})
@@ -314,13 +321,52 @@ class HttpSidecar:
             raise ApiError(HttpErrorCode.NOT_FOUND, f"no video job {video_id!r}", "video_id") from None
 
 
-async def _read_fields(request: Request, file_fields: dict[str, tuple[str, ...]]) -> tuple[dict[str, Any], str]:
-    """The request's fields, whatever its format; also returns the body's media type."""
+async def _read_body(request: Request, check: Callable[[bytes], None] | None = None) -> bytes | bytearray:
+    """The whole body in one buffer. Sized from ``Content-Length`` when there is one (the middleware has
+    bounded it), so a large body is held once, not once as chunks and again as their join. ``check``
+    sees each chunk as it arrives and may refuse the body before the rest of it is even sent."""
+    declared = _content_length(request.scope)
+    buffer = bytearray(declared) if declared is not None else bytearray()
+    filled = 0
+    async for chunk in request.stream():
+        if check is not None:
+            check(chunk)
+        if declared is None:
+            buffer += chunk
+        elif filled + len(chunk) > declared:
+            raise ApiError(HttpErrorCode.BAD_BODY, f"the body is longer than its Content-Length ({declared})")
+        else:
+            buffer[filled:filled + len(chunk)] = chunk
+        filled += len(chunk)
+    if declared is not None and filled != declared:
+        raise ApiError(HttpErrorCode.BAD_BODY, f"the body ended after {filled} of {declared} bytes")
+    return buffer
+
+
+class _JsonElementCounter:
+    """Counts a JSON body's element marks chunk by chunk (see :func:`http_codecs.check_json_values`), so
+    60 MiB of nested lists is refused after its first few megabytes."""
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self.seen = 0
+
+    def __call__(self, chunk: bytes) -> None:
+        self.seen += http_codecs.count_json_marks(chunk)
+        if self.seen > self.limit:  # "more than" the limit: the rest of the body is not read
+            raise http_codecs.too_many_json_values(self.limit, "the body")
+
+
+async def _read_fields(request: Request, file_fields: dict[str, tuple[str, ...]],
+                       max_values: int) -> tuple[dict[str, Any], str]:
+    """The request's fields, whatever its format; also returns the body's media type. ``max_values``
+    bounds the elements a JSON/msgpack body (or a multipart JSON text field) may hold."""
     kind = http_codecs.media_type(request.headers.get("content-type"))
     if kind == http_codecs.JSON_TYPE:
-        return await asyncio.to_thread(http_codecs.decode_json_body, await request.body()), kind
+        body = await _read_body(request, _JsonElementCounter(max_values))
+        return await asyncio.to_thread(http_codecs.decode_json_body, body, max_values), kind
     if kind in http_codecs.MSGPACK_TYPES:
-        return await asyncio.to_thread(http_codecs.decode_msgpack_body, await request.body()), kind
+        return await asyncio.to_thread(http_codecs.decode_msgpack_body, await _read_body(request), max_values), kind
     if kind == http_codecs.MULTIPART_TYPE:
         form = await request.form(max_files=http_codecs.MAX_MULTIPART_FILES, max_fields=http_codecs.MAX_MULTIPART_FIELDS,
                                   max_part_size=http_codecs.MAX_MULTIPART_TEXT_BYTES)
@@ -333,7 +379,7 @@ async def _read_fields(request: Request, file_fields: dict[str, tuple[str, ...]]
                     items.append((name, Upload(await value.read(), value.content_type or "")))
         finally:
             await form.close()
-        return http_codecs.decode_multipart_fields(items, file_fields), kind
+        return http_codecs.decode_multipart_fields(items, file_fields, max_values), kind
     raise ApiError(
         HttpErrorCode.UNSUPPORTED_MEDIA_TYPE,
         f"Content-Type {kind or '(none)'!r} is not accepted; send application/json, application/msgpack or "
@@ -414,8 +460,10 @@ def build_app(sidecar: HttpSidecar) -> FastAPI:
     )
     async def create_video(request: Request) -> VideoJobObject:
         description = sidecar.require_ready()
-        fields, _ = await _read_fields(request, {"input_reference": http_codecs.IMAGE_UPLOAD_TYPES})
-        submission = await asyncio.to_thread(http_requests.video_submission, fields, description)
+        fields, _ = await _read_fields(request, {"input_reference": http_codecs.IMAGE_UPLOAD_TYPES},
+                                       sidecar.settings.max_json_values)
+        submission = await asyncio.to_thread(http_requests.video_submission, fields, description,
+                                             sidecar.media_limits(description))
         store = sidecar.store
         if await asyncio.to_thread(store.queued_count) >= store.retention.max_queued:
             raise ApiError(HttpErrorCode.QUEUE_FULL,
@@ -501,9 +549,11 @@ def build_app(sidecar: HttpSidecar) -> FastAPI:
         received = time.monotonic()
         description = sidecar.require_ready()
         fields, kind = await _read_fields(
-            request, {"image": http_codecs.IMAGE_UPLOAD_TYPES, "video": http_codecs.VIDEO_UPLOAD_TYPES})
+            request, {"image": http_codecs.IMAGE_UPLOAD_TYPES, "video": http_codecs.VIDEO_UPLOAD_TYPES},
+            sidecar.settings.max_json_values)
         as_msgpack = http_codecs.wants_msgpack(request.headers.get("accept"), kind)
-        action_request = await asyncio.to_thread(http_requests.action_request, fields, description)
+        action_request = await asyncio.to_thread(http_requests.action_request, fields, description,
+                                                 sidecar.media_limits(description))
         waiter = OneShotActionWaiter(asyncio.get_running_loop())
         item = PendingObservation(
             session_id=f"http-{uuid.uuid4().hex[:12]}", seq=0, request=action_request, owner=waiter,
@@ -561,6 +611,8 @@ def build_app(sidecar: HttpSidecar) -> FastAPI:
         settings = sidecar.server.settings
         limits = dict(d.get("limits", {}))
         limits.update(max_body_bytes=sidecar.settings.max_body_bytes,
+                      max_decoded_bytes=sidecar.settings.max_decoded_bytes,
+                      max_json_values=sidecar.settings.max_json_values,
                       max_websocket_message_bytes=settings.max_message_bytes,
                       max_queued_video_jobs=sidecar.settings.retention.max_queued)
         action_modes, video_modes = d.get("action_modes", []), d.get("video_modes", [])
