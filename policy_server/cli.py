@@ -29,7 +29,11 @@ from .openpi_observation import CameraMapping, CameraMappingError
 from .rate_limits import DEFAULT_BURST, DEFAULT_MAX_OBSERVATION_HZ, RateLimit
 from .watchdog import DEFAULT_ENGINE_TIMEOUT_S
 from .openpi_session import OpenpiSettings
+from .connection_limits import (DEFAULT_HANDSHAKE_TIMEOUT_S, DEFAULT_MAX_PENDING_HANDSHAKES,
+                                DEFAULT_MAX_PENDING_HANDSHAKES_PER_PEER)
 from .http_codecs import DEFAULT_MAX_DECODED_BYTES, DEFAULT_MAX_JSON_VALUES
+from .http_connections import (DEFAULT_BODY_TIMEOUT_S, DEFAULT_HEADER_TIMEOUT_S, DEFAULT_MAX_CONNECTIONS,
+                               DEFAULT_MAX_CONNECTIONS_PER_PEER, ConnectionLimits)
 from .http_sidecar import DEFAULT_MAX_BODY_BYTES, SidecarSettings
 from .server import DEFAULT_MAX_MESSAGE_BYTES, PolicyServer, ServerSettings
 from .video_jobs import RetentionPolicy
@@ -76,6 +80,25 @@ def build_parser() -> argparse.ArgumentParser:
     hardening.add_argument("--max-json-values", type=int, default=DEFAULT_MAX_JSON_VALUES,
                            help="elements (numbers, lists, maps) a JSON or msgpack body may hold; more is refused "
                                 "with 413 before or while parsing (default %(default)d)")
+    hardening.add_argument("--http-header-timeout-s", type=float, default=DEFAULT_HEADER_TIMEOUT_S,
+                           help="an HTTP request's line and headers must arrive within this many seconds of the "
+                                "connection (or of the previous response); else 408 and closed (default %(default)g)")
+    hardening.add_argument("--http-body-timeout-s", type=float, default=DEFAULT_BODY_TIMEOUT_S,
+                           help="an HTTP request's body must arrive within this many seconds of its headers; else "
+                                "408 and closed (default %(default)g)")
+    hardening.add_argument("--http-max-connections", type=int, default=DEFAULT_MAX_CONNECTIONS,
+                           help="connections the HTTP sidecar holds at once; more are answered 503 and closed "
+                                "(default %(default)d, lowered if the open-file limit needs room for the robots)")
+    hardening.add_argument("--http-max-connections-per-peer", type=int, default=DEFAULT_MAX_CONNECTIONS_PER_PEER,
+                           help="connections one IP address may hold on the HTTP sidecar (default %(default)d)")
+    hardening.add_argument("--handshake-timeout-s", type=float, default=DEFAULT_HANDSHAKE_TIMEOUT_S,
+                           help="a WebSocket-port connection must complete its handshake within this many seconds "
+                                "(default %(default)g)")
+    hardening.add_argument("--max-pending-handshakes", type=int, default=DEFAULT_MAX_PENDING_HANDSHAKES,
+                           help="WebSocket-port connections that may be waiting for their handshake request at "
+                                "once; more are closed at once (default %(default)d)")
+    hardening.add_argument("--max-pending-handshakes-per-peer", type=int, default=DEFAULT_MAX_PENDING_HANDSHAKES_PER_PEER,
+                           help="the same, per IP address (default %(default)d)")
     security = parser.add_argument_group("security and limits", "see docs/security.md")
     security.add_argument("--tls-cert", "--certfile", dest="tls_cert", default=None,
                           help="TLS certificate chain (PEM): serve wss:// and the sidecar over https://")
@@ -177,6 +200,12 @@ def _sidecar_settings(args: argparse.Namespace) -> SidecarSettings | None:
         max_body_bytes=int(args.max_body_mib * 2**20),
         max_decoded_bytes=int(args.max_decoded_mib * 2**20),
         max_json_values=max(1, args.max_json_values),
+        connections=ConnectionLimits(
+            header_timeout_s=max(0.0, args.http_header_timeout_s),
+            body_timeout_s=max(0.0, args.http_body_timeout_s),
+            max_connections=max(1, args.http_max_connections),
+            max_connections_per_peer=max(1, args.http_max_connections_per_peer),
+        ),
     )
 
 
@@ -245,6 +274,9 @@ async def serve_until_stopped(args: argparse.Namespace) -> int:
             max_sessions=max(1, args.max_sessions),
             observation_rate=RateLimit(max(0.0, args.max_observation_hz), max(1, args.observation_burst)),
             engine_timeout_s=max(0.0, args.engine_timeout_s),
+            handshake_timeout_s=max(0.1, args.handshake_timeout_s),
+            max_pending_handshakes=max(1, args.max_pending_handshakes),
+            max_pending_handshakes_per_peer=max(1, args.max_pending_handshakes_per_peer),
         )
         if args.backend == "ray":
             server = PolicyServer(None, settings, backend=_ray_backend(args, Path(workdir)))

@@ -37,6 +37,8 @@ class HttpErrorCode:
     INTERNAL_ERROR = "internal_error"  # a bug of ours; the server log has details under the reference
     UNAUTHORIZED = "unauthorized"  # no valid bearer token (only with --auth-token/--auth-token-file)
     STORAGE_FULL = "storage_full"  # the data directory's disk is full: the job or its result was not stored
+    REQUEST_TIMEOUT = "request_timeout"  # the request's headers or body came too slowly (connection closed)
+    TOO_MANY_CONNECTIONS = "too_many_connections"  # the sidecar's or this address's connection cap (closed)
 
 
 # The HTTP status each code is answered with. Codes not listed are client errors (400).
@@ -57,6 +59,8 @@ _STATUS: dict[str, int] = {
     ErrorCode.ENGINE_TIMEOUT: HTTPStatus.GATEWAY_TIMEOUT,
     HttpErrorCode.UNAUTHORIZED: HTTPStatus.UNAUTHORIZED,
     HttpErrorCode.STORAGE_FULL: HTTPStatus.INSUFFICIENT_STORAGE,
+    HttpErrorCode.REQUEST_TIMEOUT: HTTPStatus.REQUEST_TIMEOUT,
+    HttpErrorCode.TOO_MANY_CONNECTIONS: HTTPStatus.SERVICE_UNAVAILABLE,
 }
 
 

@@ -32,6 +32,7 @@ from fastapi import FastAPI, Path as PathParam, Query, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import FileResponse, JSONResponse, Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.requests import ClientDisconnect
 
 from robot_clients.wire_codec import packb
 
@@ -39,6 +40,8 @@ from . import http_codecs, http_requests
 from .auth import UNAUTHORIZED_CODE, BearerAuthMiddleware
 from .http_codecs import Upload
 from .dashboard_assets import mount_dashboard
+from .connection_limits import ACCEPT_BURST, PeerCounter, capped_to_descriptors
+from .http_connections import ConnectionLimits, guarded_protocol
 from .http_errors import ApiError, HttpErrorCode
 from .http_schemas import (
     ActionArray,
@@ -92,6 +95,8 @@ class SidecarSettings:
     # Pixels one request may decode to, and elements a JSON/msgpack body may hold (http_codecs).
     max_decoded_bytes: int = http_codecs.DEFAULT_MAX_DECODED_BYTES
     max_json_values: int = http_codecs.DEFAULT_MAX_JSON_VALUES
+    # Header and body deadlines, connection caps, TCP_NODELAY (http_connections).
+    connections: ConnectionLimits = field(default_factory=ConnectionLimits)
 
 
 class OneShotActionWaiter:
@@ -153,6 +158,8 @@ class SidecarMiddleware:
                 await _error_response(error)(scope, receive, send_wrapper)
             else:
                 await self.app(scope, receive_wrapper, send_wrapper)
+        except ClientDisconnect:  # the client went away mid-body (or its body deadline closed it): nobody to answer
+            state["status"] = 499
         except Exception:  # noqa: BLE001 - a bug of ours: log it, answer with a reference only
             reference = uuid.uuid4().hex[:12]
             logger.exception("HTTP %s %s failed (ref %s)", scope.get("method"), scope.get("path"), reference)
@@ -208,6 +215,7 @@ class HttpSidecar:
         self._uvicorn: Any = None
         self._socket: socket.socket | None = None
         self._main_loop: asyncio.Task | None = None
+        self.connection_counter: PeerCounter | None = None
 
     def _background_depth(self) -> int:
         # Jobs waiting in SQLite plus the one handed to the worker but not started yet.
@@ -240,12 +248,12 @@ class HttpSidecar:
         sock = socket.socket(socket.AF_INET6 if ":" in self.settings.host else socket.AF_INET, socket.SOCK_STREAM)
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         sock.bind((self.settings.host, self.settings.port))
-        sock.listen(128)
+        sock.listen(ACCEPT_BURST)
         sock.setblocking(False)
         self._socket = sock
         config = uvicorn.Config(
             self.app, lifespan="off", log_level="warning", access_log=False, server_header=False,
-            timeout_graceful_shutdown=5,
+            timeout_graceful_shutdown=5, http=self._protocol_class(), backlog=ACCEPT_BURST,
         )
         config.load()
         tls = self.server.settings.ssl_context
@@ -258,6 +266,20 @@ class HttpSidecar:
         self._main_loop = asyncio.create_task(self._uvicorn.main_loop(), name="http-sidecar")
         logger.info("HTTP sidecar listening on %s://%s:%d (video jobs in %s)", "https" if tls is not None else "http",
                     self.settings.host, self.port, self.settings.data_dir)
+
+    def _protocol_class(self) -> type:
+        """uvicorn's HTTP protocol with this sidecar's deadlines and connection caps. The cap leaves room,
+        within the process's file-descriptor limit, for the robots' port (sessions, pending handshakes)."""
+        from uvicorn.protocols.http.auto import AutoHTTPProtocol
+
+        limits, robots = self.settings.connections, self.server.settings
+        reserved = {"sessions": robots.max_sessions,
+                    "pending handshakes": getattr(robots, "max_pending_handshakes", 0),
+                    "observers": getattr(robots, "max_observers", 0)}
+        cap = capped_to_descriptors(limits.max_connections, sum(reserved.values()), "HTTP connections", **reserved)
+        self.connection_counter = PeerCounter(cap, limits.max_connections_per_peer)
+        return guarded_protocol(AutoHTTPProtocol, limits, self.connection_counter,
+                                on_refused=lambda code: self.metrics.observe_http_error(_UNMATCHED, code))
 
     async def shutdown(self, grace_s: float = 30.0) -> None:
         """Record the video job in hand (the worker has finished it), then stop serving HTTP."""
@@ -613,6 +635,9 @@ def build_app(sidecar: HttpSidecar) -> FastAPI:
         limits.update(max_body_bytes=sidecar.settings.max_body_bytes,
                       max_decoded_bytes=sidecar.settings.max_decoded_bytes,
                       max_json_values=sidecar.settings.max_json_values,
+                      http_header_timeout_s=sidecar.settings.connections.header_timeout_s,
+                      http_body_timeout_s=sidecar.settings.connections.body_timeout_s,
+                      http_max_connections_per_peer=sidecar.settings.connections.max_connections_per_peer,
                       max_websocket_message_bytes=settings.max_message_bytes,
                       max_queued_video_jobs=sidecar.settings.retention.max_queued)
         action_modes, video_modes = d.get("action_modes", []), d.get("video_modes", [])
