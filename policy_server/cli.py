@@ -67,7 +67,9 @@ def build_parser() -> argparse.ArgumentParser:
     http.add_argument("--video-retention-hours", type=float, default=24.0,
                       help="finished video jobs are deleted this long after they finish (default 24)")
     http.add_argument("--video-storage-mib", type=float, default=2048.0,
-                      help="finished videos may take this much disk; the oldest go first beyond it (default 2048)")
+                      help="video jobs may take this much disk, inputs of queued jobs and finished videos together; "
+                           "the oldest finished go first beyond it, and a submission that still does not fit is "
+                           "refused with 507 (default 2048)")
     http.add_argument("--max-queued-videos", type=int, default=100,
                       help="video jobs that may wait; more are refused with 429 (default 100)")
     http.add_argument("--max-body-mib", type=float, default=DEFAULT_MAX_BODY_BYTES / 2**20,

@@ -20,7 +20,7 @@ from pydantic import BaseModel, ValidationError
 
 from cosmos3_runtime.requests import ActionRequest
 
-from .http_codecs import MediaLimits, to_actions, to_image, to_video
+from .http_codecs import MediaLimits, decode_image_bytes, encoded_image, to_actions, to_image, to_video
 from .http_errors import ApiError
 from .http_schemas import SEED_LIMIT, ActionGenerationParams, VideoCreateParams
 from .protocol import ErrorCode, ObservationFrame, ProtocolError
@@ -149,7 +149,10 @@ def video_submission(fields: dict[str, Any], description: dict[str, Any],
         raise ApiError(ErrorCode.INVALID_FIELD,
                        f"`action` has {steps} rows; this model rolls out between {low} and {high} actions, a "
                        f"multiple of {multiple}", "action")
-    image = to_image(params.input_reference, "input_reference", media_limits or MediaLimits.from_description(description))
+    limits = media_limits or MediaLimits.from_description(description)
+    encoded = encoded_image(params.input_reference, "input_reference")  # stored as received, not as pixels
+    image = (decode_image_bytes(encoded, "input_reference", limits) if encoded is not None
+             else to_image(params.input_reference, "input_reference", limits))
 
     defaults = description.get("defaults", {})
     resolved = {
@@ -172,7 +175,7 @@ def video_submission(fields: dict[str, Any], description: dict[str, Any],
                 "resolution_tier"),
         },
     }
-    return VideoSubmission(resolved, VideoJobInputs(image=image, action=action))
+    return VideoSubmission(resolved, VideoJobInputs(image=image, action=action, encoded_image=encoded))
 
 
 def action_request(fields: dict[str, Any], description: dict[str, Any],

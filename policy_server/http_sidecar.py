@@ -63,8 +63,8 @@ from .metrics import PROMETHEUS_CONTENT_TYPE, ServerMetrics, ServerStateReaders
 from .protocol import DropReason, ErrorCode
 from .request_queue import PendingObservation, QueueClosed
 from .video_encoding import MP4_MEDIA_TYPE
-from .video_job_runner import VideoJobRunner, storage_full
-from .video_jobs import JobNotFound, RetentionPolicy, VideoJob, VideoJobStatus, VideoJobStore
+from .video_job_runner import VideoJobRunner
+from .video_jobs import JobNotFound, RetentionPolicy, StorageFull, VideoJob, VideoJobStatus, VideoJobStore
 
 if TYPE_CHECKING:
     from .server import PolicyServer
@@ -493,12 +493,11 @@ def build_app(sidecar: HttpSidecar) -> FastAPI:
                            headers={"Retry-After": "10"})
         try:
             job = await asyncio.to_thread(store.create, submission.params, submission.inputs)
-        except OSError as exc:
-            if not storage_full(exc, store.data_dir):  # numpy reports ENOSPC as a short write, without errno
-                raise
-            # store.create removed its half-written files; nothing was recorded.
-            raise ApiError(HttpErrorCode.STORAGE_FULL, "the server's video storage is full; the job was not "
-                           "stored. Retry after finished jobs expire or are deleted", headers={"Retry-After": "60"}) from None
+        except StorageFull as exc:  # store.create removed its half-written files; nothing was recorded
+            message = exc.message if exc.cap else (
+                "the server's disk for video jobs is full; the job was not stored. Retry after finished jobs "
+                "expire or are deleted")
+            raise ApiError(HttpErrorCode.STORAGE_FULL, message, headers={"Retry-After": "60"}) from None
         sidecar.runner.notify()
         return sidecar.job_object(job)
 
