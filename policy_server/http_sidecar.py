@@ -22,6 +22,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import socket
+import sqlite3
 import time
 import uuid
 from dataclasses import dataclass, field
@@ -239,10 +240,15 @@ class HttpSidecar:
         import uvicorn
 
         self.store = await asyncio.to_thread(VideoJobStore, self.settings.data_dir, self.settings.retention)
-        await asyncio.to_thread(self.store.recover)
+        try:
+            await asyncio.to_thread(self.store.recover)
+            recover_pending = False
+        except (sqlite3.Error, OSError) as exc:  # a full disk: serve anyway; the runner retries when it has room
+            logger.warning("video jobs could not be recovered at start (%s); retrying once the disk has room", exc)
+            recover_pending = True
         if self.server.worker is not None:
             self.server.worker.on_batch_done = self.metrics.observe_batch
-        self.runner = VideoJobRunner(self.store, self.server.queue, self.metrics)
+        self.runner = VideoJobRunner(self.store, self.server.queue, self.metrics, recover_pending=recover_pending)
         self.runner.start(engine_ready)
 
         sock = socket.socket(socket.AF_INET6 if ":" in self.settings.host else socket.AF_INET, socket.SOCK_STREAM)
