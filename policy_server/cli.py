@@ -34,7 +34,7 @@ from .connection_limits import (DEFAULT_HANDSHAKE_TIMEOUT_S, DEFAULT_MAX_PENDING
 from .http_codecs import DEFAULT_MAX_DECODED_BYTES, DEFAULT_MAX_JSON_VALUES
 from .http_connections import (DEFAULT_BODY_TIMEOUT_S, DEFAULT_HEADER_TIMEOUT_S, DEFAULT_MAX_CONNECTIONS,
                                DEFAULT_MAX_CONNECTIONS_PER_PEER, ConnectionLimits)
-from .http_sidecar import DEFAULT_MAX_BODY_BYTES, SidecarSettings
+from .http_sidecar import DEFAULT_MAX_BODY_BYTES, DEFAULT_MAX_BUFFERED_BODY_BYTES, SidecarSettings
 from .server import DEFAULT_MAX_MESSAGE_BYTES, PolicyServer, ServerSettings
 from .video_jobs import RetentionPolicy
 
@@ -93,6 +93,9 @@ def build_parser() -> argparse.ArgumentParser:
                                 "(default %(default)d, lowered if the open-file limit needs room for the robots)")
     hardening.add_argument("--http-max-connections-per-peer", type=int, default=DEFAULT_MAX_CONNECTIONS_PER_PEER,
                            help="connections one IP address may hold on the HTTP sidecar (default %(default)d)")
+    hardening.add_argument("--http-max-buffered-mib", type=float, default=DEFAULT_MAX_BUFFERED_BODY_BYTES / 2**20,
+                           help="request bodies all HTTP requests together may hold while they arrive, in MiB; a "
+                                "request past it is answered 503 server_busy (default %(default)g)")
     hardening.add_argument("--handshake-timeout-s", type=float, default=DEFAULT_HANDSHAKE_TIMEOUT_S,
                            help="a WebSocket-port connection must complete its handshake within this many seconds "
                                 "(default %(default)g)")
@@ -202,6 +205,7 @@ def _sidecar_settings(args: argparse.Namespace) -> SidecarSettings | None:
         max_body_bytes=int(args.max_body_mib * 2**20),
         max_decoded_bytes=int(args.max_decoded_mib * 2**20),
         max_json_values=max(1, args.max_json_values),
+        max_buffered_body_bytes=int(args.http_max_buffered_mib * 2**20),
         connections=ConnectionLimits(
             header_timeout_s=max(0.0, args.http_header_timeout_s),
             body_timeout_s=max(0.0, args.http_body_timeout_s),

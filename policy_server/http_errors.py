@@ -39,6 +39,7 @@ class HttpErrorCode:
     STORAGE_FULL = "storage_full"  # the data directory's disk is full: the job or its result was not stored
     REQUEST_TIMEOUT = "request_timeout"  # the request's headers or body came too slowly (connection closed)
     TOO_MANY_CONNECTIONS = "too_many_connections"  # the sidecar's or this address's connection cap (closed)
+    SERVER_BUSY = "server_busy"  # other requests' bodies fill --http-max-buffered-mib; retry shortly
 
 
 # The HTTP status each code is answered with. Codes not listed are client errors (400).
@@ -61,6 +62,7 @@ _STATUS: dict[str, int] = {
     HttpErrorCode.STORAGE_FULL: HTTPStatus.INSUFFICIENT_STORAGE,
     HttpErrorCode.REQUEST_TIMEOUT: HTTPStatus.REQUEST_TIMEOUT,
     HttpErrorCode.TOO_MANY_CONNECTIONS: HTTPStatus.SERVICE_UNAVAILABLE,
+    HttpErrorCode.SERVER_BUSY: HTTPStatus.SERVICE_UNAVAILABLE,
 }
 
 

@@ -75,6 +75,8 @@ logger = logging.getLogger(__name__)
 # A 65-frame 256x256 clip as JSON nested lists is ~40 MB; as msgpack or an MP4 upload far less. 64 MiB
 # bounds what one request can make the server buffer.
 DEFAULT_MAX_BODY_BYTES = 64 * 2**20
+# Two of the largest bodies at once; robots' requests are kilobytes.
+DEFAULT_MAX_BUFFERED_BODY_BYTES = 2 * DEFAULT_MAX_BODY_BYTES
 DEFAULT_ACTION_TIMEOUT_S = 120.0
 _UNMATCHED = "(unmatched)"
 _ERROR_RESPONSES = {
@@ -98,6 +100,8 @@ class SidecarSettings:
     max_json_values: int = http_codecs.DEFAULT_MAX_JSON_VALUES
     # Header and body deadlines, connection caps, TCP_NODELAY (http_connections).
     connections: ConnectionLimits = field(default_factory=ConnectionLimits)
+    # Body bytes all requests together may hold while they are read and parsed (BodyBudget).
+    max_buffered_body_bytes: int = DEFAULT_MAX_BUFFERED_BODY_BYTES
 
 
 class OneShotActionWaiter:
@@ -217,6 +221,7 @@ class HttpSidecar:
         self._socket: socket.socket | None = None
         self._main_loop: asyncio.Task | None = None
         self.connection_counter: PeerCounter | None = None
+        self.body_budget = BodyBudget(max(settings.max_buffered_body_bytes, settings.max_body_bytes))
 
     def _background_depth(self) -> int:
         # Jobs waiting in SQLite plus the one handed to the worker but not started yet.
@@ -349,64 +354,96 @@ class HttpSidecar:
             raise ApiError(HttpErrorCode.NOT_FOUND, f"no video job {video_id!r}", "video_id") from None
 
 
-async def _read_body(request: Request, check: Callable[[bytes], None] | None = None) -> bytes | bytearray:
-    """The whole body in one buffer. Sized from ``Content-Length`` when there is one (the middleware has
-    bounded it), so a large body is held once, not once as chunks and again as their join. ``check``
-    sees each chunk as it arrives and may refuse the body before the rest of it is even sent."""
-    declared = _content_length(request.scope)
-    buffer = bytearray(declared) if declared is not None else bytearray()
-    filled = 0
-    async for chunk in request.stream():
-        if check is not None:
-            check(chunk)
-        if declared is None:
-            buffer += chunk
-        elif filled + len(chunk) > declared:
-            raise ApiError(HttpErrorCode.BAD_BODY, f"the body is longer than its Content-Length ({declared})")
-        else:
-            buffer[filled:filled + len(chunk)] = chunk
-        filled += len(chunk)
-    if declared is not None and filled != declared:
-        raise ApiError(HttpErrorCode.BAD_BODY, f"the body ended after {filled} of {declared} bytes")
-    return buffer
+class BodyBudget:
+    """Bytes of request bodies (and uploads) the sidecar holds at once, over all requests.
 
-
-class _JsonElementCounter:
-    """Counts a JSON body's element marks chunk by chunk (see :func:`http_codecs.check_json_values`), so
-    60 MiB of nested lists is refused after its first few megabytes."""
+    Each request is bounded by ``--max-body-mib``; this bounds them together, so that uploads stalled
+    mid-body (each held until its body deadline) cannot add up to gigabytes. A request whose next chunk
+    would pass the budget is answered 503 ``server_busy`` and its bytes are let go at once.
+    """
 
     def __init__(self, limit: int) -> None:
         self.limit = limit
-        self.seen = 0
+        self.held = 0
 
-    def __call__(self, chunk: bytes) -> None:
-        self.seen += http_codecs.count_json_marks(chunk)
-        if self.seen > self.limit:  # "more than" the limit: the rest of the body is not read
-            raise http_codecs.too_many_json_values(self.limit, "the body")
+    def take(self, size: int) -> None:
+        if self.held + size > self.limit:
+            raise ApiError(HttpErrorCode.SERVER_BUSY,
+                           f"the server is holding {self.held / 2**20:.0f} MiB of other requests' bodies, its limit "
+                           f"(--http-max-buffered-mib {self.limit / 2**20:.0f}); retry shortly",
+                           headers={"Retry-After": "5"})
+        self.held += size
+
+    def give_back(self, size: int) -> None:
+        self.held = max(0, self.held - size)
 
 
-async def _read_fields(request: Request, file_fields: dict[str, tuple[str, ...]],
-                       max_values: int) -> tuple[dict[str, Any], str]:
+class _BodyReader:
+    """Reads a request's body into one buffer that grows with what arrives (never pre-sized from
+    ``Content-Length``: a stalled upload holds only what it sent), taking its bytes from ``budget`` and
+    counting JSON element marks chunk by chunk (``json_limit``), so 60 MiB of nested lists is refused
+    after its first few megabytes. Give the bytes back with :meth:`release` once the body is parsed."""
+
+    def __init__(self, budget: BodyBudget, json_limit: int | None = None) -> None:
+        self.budget = budget
+        self.json_limit = json_limit
+        self.held = 0
+        self.marks = 0
+
+    def take(self, size: int) -> None:
+        self.budget.take(size)
+        self.held += size
+
+    async def read(self, request: Request) -> bytearray:
+        declared = _content_length(request.scope)
+        buffer = bytearray()
+        async for chunk in request.stream():
+            self.take(len(chunk))
+            if self.json_limit is not None:
+                self.marks += http_codecs.count_json_marks(chunk)
+                if self.marks > self.json_limit:  # "more than" the limit: the rest of the body is not read
+                    raise http_codecs.too_many_json_values(self.json_limit, "the body")
+            buffer += chunk
+        if declared is not None and len(buffer) != declared:
+            raise ApiError(HttpErrorCode.BAD_BODY, f"the body ended after {len(buffer)} of {declared} bytes")
+        return buffer
+
+    def release(self) -> None:
+        self.budget.give_back(self.held)
+        self.held = 0
+
+
+async def _read_fields(request: Request, file_fields: dict[str, tuple[str, ...]], max_values: int,
+                       budget: BodyBudget) -> tuple[dict[str, Any], str]:
     """The request's fields, whatever its format; also returns the body's media type. ``max_values``
-    bounds the elements a JSON/msgpack body (or a multipart JSON text field) may hold."""
+    bounds the elements a JSON/msgpack body (or a multipart JSON text field) may hold; ``budget`` the
+    body bytes held by all requests together."""
     kind = http_codecs.media_type(request.headers.get("content-type"))
-    if kind == http_codecs.JSON_TYPE:
-        body = await _read_body(request, _JsonElementCounter(max_values))
-        return await asyncio.to_thread(http_codecs.decode_json_body, body, max_values), kind
-    if kind in http_codecs.MSGPACK_TYPES:
-        return await asyncio.to_thread(http_codecs.decode_msgpack_body, await _read_body(request), max_values), kind
+    if kind == http_codecs.JSON_TYPE or kind in http_codecs.MSGPACK_TYPES:
+        reader = _BodyReader(budget, max_values if kind == http_codecs.JSON_TYPE else None)
+        try:
+            body = await reader.read(request)
+            decode = http_codecs.decode_json_body if kind == http_codecs.JSON_TYPE else http_codecs.decode_msgpack_body
+            return await asyncio.to_thread(decode, body, max_values), kind
+        finally:
+            reader.release()
     if kind == http_codecs.MULTIPART_TYPE:
+        # Starlette spools file parts beyond 1 MiB to disk while it parses; the uploads' bytes are taken
+        # from the budget when they are read back (the caller decodes them before this request ends).
         form = await request.form(max_files=http_codecs.MAX_MULTIPART_FILES, max_fields=http_codecs.MAX_MULTIPART_FIELDS,
                                   max_part_size=http_codecs.MAX_MULTIPART_TEXT_BYTES)
+        reader = _BodyReader(budget)
         try:
             items: list[tuple[str, Any]] = []
             for name, value in form.multi_items():
                 if isinstance(value, str):
                     items.append((name, value))
                 else:  # an UploadFile: keep the bytes and the declared type, drop the client's file name
+                    reader.take(value.size or 0)
                     items.append((name, Upload(await value.read(), value.content_type or "")))
         finally:
             await form.close()
+            reader.release()
         return http_codecs.decode_multipart_fields(items, file_fields, max_values), kind
     raise ApiError(
         HttpErrorCode.UNSUPPORTED_MEDIA_TYPE,
@@ -489,7 +526,7 @@ def build_app(sidecar: HttpSidecar) -> FastAPI:
     async def create_video(request: Request) -> VideoJobObject:
         description = sidecar.require_ready()
         fields, _ = await _read_fields(request, {"input_reference": http_codecs.IMAGE_UPLOAD_TYPES},
-                                       sidecar.settings.max_json_values)
+                                       sidecar.settings.max_json_values, sidecar.body_budget)
         submission = await asyncio.to_thread(http_requests.video_submission, fields, description,
                                              sidecar.media_limits(description))
         store = sidecar.store
@@ -577,7 +614,7 @@ def build_app(sidecar: HttpSidecar) -> FastAPI:
         description = sidecar.require_ready()
         fields, kind = await _read_fields(
             request, {"image": http_codecs.IMAGE_UPLOAD_TYPES, "video": http_codecs.VIDEO_UPLOAD_TYPES},
-            sidecar.settings.max_json_values)
+            sidecar.settings.max_json_values, sidecar.body_budget)
         as_msgpack = http_codecs.wants_msgpack(request.headers.get("accept"), kind)
         action_request = await asyncio.to_thread(http_requests.action_request, fields, description,
                                                  sidecar.media_limits(description))

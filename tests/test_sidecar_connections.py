@@ -79,6 +79,7 @@ def server():
     running = SidecarServer(engine_loader())
     running.settings.http.connections = ConnectionLimits(
         header_timeout_s=1.0, body_timeout_s=1.0, max_connections=24, max_connections_per_peer=8)
+    running.settings.http.max_buffered_body_bytes = 8 * 2**20
     running.settings.handshake_timeout_s = 1.0
     running.settings.max_pending_handshakes = 12
     running.settings.max_pending_handshakes_per_peer = 4
@@ -126,7 +127,7 @@ def test_uploads_stalled_mid_body_get_408_and_are_closed(server):
     declared = 40 * 2**20
     head = (f"POST /v1/actions/generations HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
             f"Content-Length: {declared}\r\n\r\n").encode()
-    socks = [_open(port, f"127.0.0.{5 + n % 2}", head + b'{"image": "' + b"A" * (4 * 2**20)) for n in range(12)]
+    socks = [_open(port, f"127.0.0.{5 + n % 2}", head + b'{"image": "' + b"A" * 2**19) for n in range(12)]
     for sock in socks:
         status, payload, closed = _answer(sock)
         sock.close()
@@ -134,6 +135,34 @@ def test_uploads_stalled_mid_body_get_408_and_are_closed(server):
         assert payload["error"]["code"] == "request_timeout"
     status, body, _ = http_get(server.http_url + "/healthz")
     assert status == 200, body
+
+
+def test_bodies_held_together_are_bounded_and_let_go_at_the_body_deadline():
+    """The sidecar holds at most 8 MiB of bodies here (--http-max-buffered-mib; 7 MiB each, --max-body-mib):
+    a second upload that would pass it is answered 503 server_busy at once; the first, stalled, is cut
+    off at its deadline and its bytes are let go, so the next request gets through."""
+    running = SidecarServer(engine_loader(), max_body_bytes=7 * 2**20)
+    running.settings.http.connections = ConnectionLimits(body_timeout_s=6.0)
+    running.settings.http.max_buffered_body_bytes = 8 * 2**20
+    with running:
+        port, budget = _sidecar_port(running), running.server.sidecar.body_budget
+        head = (f"POST /v1/actions/generations HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                f"Content-Length: {7 * 2**20}\r\n\r\n").encode()
+        first = _open(port, "127.0.0.23", head + b'{"image": "' + b"A" * (6 * 2**20))
+        deadline = time.monotonic() + PATIENCE_S
+        while running.run(lambda: budget.held) < 6 * 2**20:
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+        second = _open(port, "127.0.0.24", head + b'{"image": "' + b"A" * (6 * 2**20))
+        status, payload, _ = _answer(second, timeout=3)
+        second.close()
+        assert status == 503 and payload["error"]["code"] == "server_busy", payload
+        assert _answer(first)[0] == 408
+        first.close()
+        time.sleep(0.2)
+        assert running.run(lambda: budget.held) == 0
+        response = running.client.post("/v1/actions/generations", json={"domain_name": DOMAIN, "image": png_b64(rgb(64))})
+        assert response.status_code == 200, response.text
 
 
 def test_connections_past_the_per_address_cap_are_refused_and_others_still_served(server):
