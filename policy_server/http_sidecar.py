@@ -677,6 +677,7 @@ def build_app(sidecar: HttpSidecar) -> FastAPI:
         limits.update(max_body_bytes=sidecar.settings.max_body_bytes,
                       max_decoded_bytes=sidecar.settings.max_decoded_bytes,
                       max_json_values=sidecar.settings.max_json_values,
+                      max_buffered_body_bytes=sidecar.body_budget.limit,
                       http_header_timeout_s=sidecar.settings.connections.header_timeout_s,
                       http_body_timeout_s=sidecar.settings.connections.body_timeout_s,
                       http_max_connections_per_peer=sidecar.settings.connections.max_connections_per_peer,
