@@ -147,12 +147,18 @@ def test_a_submission_with_little_free_space_is_refused_with_507_not_500(small_d
         assert [p.name for p in (data_dir / "videos").iterdir()] == []  # no half-written job
 
 
-def _wait_unrecorded(server: SidecarServer, job_id: str, timeout: float = 60.0) -> None:
-    """Until the runner holds the job's failure because the disk refused to record it."""
-    deadline = time.monotonic() + timeout
-    while job_id not in server.server.sidecar.runner.unrecorded:
+def _fail_unrecordably(server: SidecarServer, gate: threading.Event, disk: Path) -> tuple[dict[str, Any], Path]:
+    """Submit a job, fill the disk to the last page, let the job run: its MP4 cannot be written, nor its
+    failure (SQLite cannot grow its log). Returns the job and the filler file, once the runner holds
+    the failure it could not record."""
+    job = server.client.post("/v1/videos", json=video_body(steps=8)).json()
+    filler = fill(disk, 0)
+    gate.set()
+    deadline = time.monotonic() + 60
+    while job["id"] not in server.server.sidecar.runner.unrecorded:
         assert time.monotonic() < deadline, "the job's outcome never reached the runner"
         time.sleep(0.1)
+    return job, filler
 
 
 def test_a_failure_the_disk_refused_is_recorded_once_space_returns(small_disk):
@@ -160,10 +166,7 @@ def test_a_failure_the_disk_refused_is_recorded_once_space_returns(small_disk):
     data_dir = small_disk / "data"
     with SidecarServer(gated_loader(gate), data_dir=data_dir) as server:
         try:
-            job = server.client.post("/v1/videos", json=video_body(steps=8)).json()
-            filler = fill(small_disk, 0)  # not a page left: SQLite cannot record the failure either
-            gate.set()
-            _wait_unrecorded(server, job["id"])
+            job, filler = _fail_unrecordably(server, gate, small_disk)
             assert server.client.get(f"/v1/videos/{job['id']}").json()["status"] == "in_progress"
             assert http_get(server.health_url)[1]["status"] == "ready"  # robots are served meanwhile
             filler.unlink()
@@ -178,10 +181,7 @@ def test_a_server_restarted_on_a_full_disk_serves_and_finishes_the_job_once_spac
     data_dir = small_disk / "data"
     with SidecarServer(gated_loader(gate), data_dir=data_dir) as server:
         try:
-            job = server.client.post("/v1/videos", json=video_body(steps=8)).json()
-            filler = fill(small_disk, 0)
-            gate.set()
-            _wait_unrecorded(server, job["id"])
+            job, filler = _fail_unrecordably(server, gate, small_disk)
         finally:
             gate.set()
     # Stopped while the disk is full: the job is still in_progress in the store.

@@ -165,15 +165,20 @@ def test_bodies_held_together_are_bounded_and_let_go_at_the_body_deadline():
         assert response.status_code == 200, response.text
 
 
+def _check_refused(port: int, source: str) -> None:
+    """A connection from ``source`` is answered 503 too_many_connections and closed at once."""
+    refused = _open(port, source, b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
+    status, payload, closed = _answer(refused, timeout=3)
+    refused.close()
+    assert (status, closed) == (503, True)
+    assert payload["error"]["code"] == "too_many_connections"
+
+
 def test_connections_past_the_per_address_cap_are_refused_and_others_still_served(server):
     port = _sidecar_port(server)
     held = [_open(port, "127.0.0.7") for _ in range(8)]
     try:
-        refused = _open(port, "127.0.0.7", b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
-        status, payload, closed = _answer(refused, timeout=3)
-        refused.close()
-        assert (status, closed) == (503, True)
-        assert payload["error"]["code"] == "too_many_connections"
+        _check_refused(port, "127.0.0.7")
         other = _open(port, "127.0.0.8", b"GET /healthz HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
         assert _answer(other, timeout=3)[0] == 200
         other.close()
@@ -190,11 +195,7 @@ def test_connections_past_the_sidecar_cap_are_refused(server):
     port = _sidecar_port(server)
     held = [_open(port, f"127.0.0.{10 + n % 4}") for n in range(24)]
     try:
-        refused = _open(port, "127.0.0.20", b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
-        status, payload, closed = _answer(refused, timeout=3)
-        refused.close()
-        assert (status, closed) == (503, True)
-        assert payload["error"]["code"] == "too_many_connections"
+        _check_refused(port, "127.0.0.20")
         assert server.server.sidecar.connection_counter.total == 24
     finally:
         for sock in held:
