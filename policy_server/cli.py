@@ -30,8 +30,13 @@ from .rate_limits import DEFAULT_BURST, DEFAULT_MAX_OBSERVATION_HZ, RateLimit
 from .watchdog import DEFAULT_ENGINE_TIMEOUT_S
 from .openpi_session import OpenpiSettings
 from .engine_worker import DEFAULT_VIDEO_STEP_INTERVAL_S
-from .http_sidecar import DEFAULT_MAX_BODY_BYTES, SidecarSettings
 from .http_turns import DEFAULT_MAX_IN_FLIGHT
+from .connection_limits import (DEFAULT_HANDSHAKE_TIMEOUT_S, DEFAULT_MAX_PENDING_HANDSHAKES,
+                                DEFAULT_MAX_PENDING_HANDSHAKES_PER_PEER)
+from .http_codecs import DEFAULT_MAX_DECODED_BYTES, DEFAULT_MAX_JSON_VALUES
+from .http_connections import (DEFAULT_BODY_TIMEOUT_S, DEFAULT_HEADER_TIMEOUT_S, DEFAULT_MAX_CONNECTIONS,
+                               DEFAULT_MAX_CONNECTIONS_PER_PEER, ConnectionLimits)
+from .http_sidecar import DEFAULT_MAX_BODY_BYTES, DEFAULT_MAX_BUFFERED_BODY_BYTES, SidecarSettings
 from .server import DEFAULT_MAX_MESSAGE_BYTES, PolicyServer, ServerSettings
 from .video_jobs import RetentionPolicy
 
@@ -64,11 +69,43 @@ def build_parser() -> argparse.ArgumentParser:
     http.add_argument("--video-retention-hours", type=float, default=24.0,
                       help="finished video jobs are deleted this long after they finish (default 24)")
     http.add_argument("--video-storage-mib", type=float, default=2048.0,
-                      help="finished videos may take this much disk; the oldest go first beyond it (default 2048)")
+                      help="video jobs may take this much disk, inputs of queued jobs and finished videos together; "
+                           "the oldest finished go first beyond it, and a submission that still does not fit is "
+                           "refused with 507 (default 2048)")
     http.add_argument("--max-queued-videos", type=int, default=100,
                       help="video jobs that may wait; more are refused with 429 (default 100)")
     http.add_argument("--max-body-mib", type=float, default=DEFAULT_MAX_BODY_BYTES / 2**20,
                       help="largest HTTP request body, uploads included, in MiB (default 64)")
+    hardening = parser.add_argument_group(
+        "request and connection bounds", "what one HTTP request or one peer may cost; see docs/security.md")
+    hardening.add_argument("--max-decoded-mib", type=float, default=DEFAULT_MAX_DECODED_BYTES / 2**20,
+                           help="pixels one HTTP request may decode to (images and clips, as RGB), in MiB; "
+                                "checked from headers before decoding, more is refused with 413 (default %(default)g)")
+    hardening.add_argument("--max-json-values", type=int, default=DEFAULT_MAX_JSON_VALUES,
+                           help="elements (numbers, lists, maps) a JSON or msgpack body may hold; more is refused "
+                                "with 413 before or while parsing (default %(default)d)")
+    hardening.add_argument("--http-header-timeout-s", type=float, default=DEFAULT_HEADER_TIMEOUT_S,
+                           help="an HTTP request's line and headers must arrive within this many seconds of the "
+                                "connection (or of the previous response); else 408 and closed (default %(default)g)")
+    hardening.add_argument("--http-body-timeout-s", type=float, default=DEFAULT_BODY_TIMEOUT_S,
+                           help="an HTTP request's body must arrive within this many seconds of its headers; else "
+                                "408 and closed (default %(default)g)")
+    hardening.add_argument("--http-max-connections", type=int, default=DEFAULT_MAX_CONNECTIONS,
+                           help="connections the HTTP sidecar holds at once; more are answered 503 and closed "
+                                "(default %(default)d, lowered if the open-file limit needs room for the robots)")
+    hardening.add_argument("--http-max-connections-per-peer", type=int, default=DEFAULT_MAX_CONNECTIONS_PER_PEER,
+                           help="connections one IP address may hold on the HTTP sidecar (default %(default)d)")
+    hardening.add_argument("--http-max-buffered-mib", type=float, default=DEFAULT_MAX_BUFFERED_BODY_BYTES / 2**20,
+                           help="request bodies all HTTP requests together may hold while they arrive, in MiB; a "
+                                "request past it is answered 503 server_busy (default %(default)g)")
+    hardening.add_argument("--handshake-timeout-s", type=float, default=DEFAULT_HANDSHAKE_TIMEOUT_S,
+                           help="a WebSocket-port connection must complete its handshake within this many seconds "
+                                "(default %(default)g)")
+    hardening.add_argument("--max-pending-handshakes", type=int, default=DEFAULT_MAX_PENDING_HANDSHAKES,
+                           help="WebSocket-port connections that may be waiting for their handshake request at "
+                                "once; more are closed at once (default %(default)d)")
+    hardening.add_argument("--max-pending-handshakes-per-peer", type=int, default=DEFAULT_MAX_PENDING_HANDSHAKES_PER_PEER,
+                           help="the same, per IP address (default %(default)d)")
     security = parser.add_argument_group("security and limits", "see docs/security.md")
     security.add_argument("--tls-cert", "--certfile", dest="tls_cert", default=None,
                           help="TLS certificate chain (PEM): serve wss:// and the sidecar over https://")
@@ -178,6 +215,15 @@ def _sidecar_settings(args: argparse.Namespace) -> SidecarSettings | None:
         ),
         max_body_bytes=int(args.max_body_mib * 2**20),
         max_actions_in_flight=max(1, args.max_http_actions_in_flight),
+        max_decoded_bytes=int(args.max_decoded_mib * 2**20),
+        max_json_values=max(1, args.max_json_values),
+        max_buffered_body_bytes=int(args.http_max_buffered_mib * 2**20),
+        connections=ConnectionLimits(
+            header_timeout_s=max(0.0, args.http_header_timeout_s),
+            body_timeout_s=max(0.0, args.http_body_timeout_s),
+            max_connections=max(1, args.http_max_connections),
+            max_connections_per_peer=max(1, args.http_max_connections_per_peer),
+        ),
     )
 
 
@@ -247,6 +293,9 @@ async def serve_until_stopped(args: argparse.Namespace) -> int:
             observation_rate=RateLimit(max(0.0, args.max_observation_hz), max(1, args.observation_burst)),
             engine_timeout_s=max(0.0, args.engine_timeout_s),
             video_step_interval_s=max(0.0, args.video_step_interval_s),
+            handshake_timeout_s=max(0.1, args.handshake_timeout_s),
+            max_pending_handshakes=max(1, args.max_pending_handshakes),
+            max_pending_handshakes_per_peer=max(1, args.max_pending_handshakes_per_peer),
         )
         if args.backend == "ray":
             server = PolicyServer(None, settings, backend=_ray_backend(args, Path(workdir)))

@@ -38,6 +38,9 @@ class HttpErrorCode:
     UNAUTHORIZED = "unauthorized"  # no valid bearer token (only with --auth-token/--auth-token-file)
     STORAGE_FULL = "storage_full"  # the data directory's disk is full: the job or its result was not stored
     TOO_MANY_IN_FLIGHT = "too_many_in_flight"  # this client already has its most action generations in flight
+    REQUEST_TIMEOUT = "request_timeout"  # the request's headers or body came too slowly (connection closed)
+    TOO_MANY_CONNECTIONS = "too_many_connections"  # the sidecar's or this address's connection cap (closed)
+    SERVER_BUSY = "server_busy"  # other requests' bodies fill --http-max-buffered-mib; retry shortly
 
 
 # The HTTP status each code is answered with. Codes not listed are client errors (400).
@@ -59,6 +62,9 @@ _STATUS: dict[str, int] = {
     ErrorCode.ENGINE_TIMEOUT: HTTPStatus.GATEWAY_TIMEOUT,
     HttpErrorCode.UNAUTHORIZED: HTTPStatus.UNAUTHORIZED,
     HttpErrorCode.STORAGE_FULL: HTTPStatus.INSUFFICIENT_STORAGE,
+    HttpErrorCode.REQUEST_TIMEOUT: HTTPStatus.REQUEST_TIMEOUT,
+    HttpErrorCode.TOO_MANY_CONNECTIONS: HTTPStatus.SERVICE_UNAVAILABLE,
+    HttpErrorCode.SERVER_BUSY: HTTPStatus.SERVICE_UNAVAILABLE,
 }
 
 

@@ -20,7 +20,7 @@ from pydantic import BaseModel, ValidationError
 
 from cosmos3_runtime.requests import ActionRequest
 
-from .http_codecs import MediaLimits, to_actions, to_image, to_video
+from .http_codecs import MediaLimits, decode_image_bytes, encoded_image, to_actions, to_image, to_video
 from .http_errors import ApiError
 from .http_schemas import SEED_LIMIT, ActionGenerationParams, VideoCreateParams, normalized_mode
 from .protocol import ErrorCode, ObservationFrame, ProtocolError
@@ -111,8 +111,11 @@ def _route_mode(fields: dict[str, Any], endpoint: str) -> None:
                        "(an asynchronous job)", "action_mode")
 
 
-def video_submission(fields: dict[str, Any], description: dict[str, Any]) -> VideoSubmission:
-    """Check a ``POST /v1/videos`` body and resolve what the job will run with."""
+def video_submission(fields: dict[str, Any], description: dict[str, Any],
+                     media_limits: MediaLimits | None = None) -> VideoSubmission:
+    """Check a ``POST /v1/videos`` body and resolve what the job will run with.
+
+    ``media_limits`` adds the sidecar's decoding bounds to the model's (default: the model's alone)."""
     _route_mode(fields, VIDEOS_PATH)
     if VIDEO_MODE not in description.get("modes", []):
         raise ApiError(ErrorCode.UNSUPPORTED_MODE, "the loaded model cannot serve forward_dynamics", "action_mode")
@@ -136,7 +139,10 @@ def video_submission(fields: dict[str, Any], description: dict[str, Any]) -> Vid
         raise ApiError(ErrorCode.INVALID_FIELD,
                        f"`action` has {steps} rows; this model rolls out between {low} and {high} actions, a "
                        f"multiple of {multiple}", "action")
-    image = to_image(params.input_reference, "input_reference", MediaLimits.from_description(description))
+    limits = media_limits or MediaLimits.from_description(description)
+    encoded = encoded_image(params.input_reference, "input_reference")  # stored as received, not as pixels
+    image = (decode_image_bytes(encoded, "input_reference", limits) if encoded is not None
+             else to_image(params.input_reference, "input_reference", limits))
 
     defaults = description.get("defaults", {})
     resolved = {
@@ -159,15 +165,17 @@ def video_submission(fields: dict[str, Any], description: dict[str, Any]) -> Vid
                 "resolution_tier"),
         },
     }
-    return VideoSubmission(resolved, VideoJobInputs(image=image, action=action))
+    return VideoSubmission(resolved, VideoJobInputs(image=image, action=action, encoded_image=encoded))
 
 
-def action_request(fields: dict[str, Any], description: dict[str, Any]) -> ActionRequest:
+def action_request(fields: dict[str, Any], description: dict[str, Any],
+                   media_limits: MediaLimits | None = None) -> ActionRequest:
     """Check a ``POST /v1/actions/generations`` body and build its engine request.
 
     The settings go through the realtime session's rules (:func:`merge_session_config`), so every field
     is checked with the engine's limits and refused with the same code as over the WebSocket; the mode,
-    when unset, follows the media (a ``video`` asks for ``inverse_dynamics``).
+    when unset, follows the media (a ``video`` asks for ``inverse_dynamics``). ``media_limits``: as for
+    :func:`video_submission`.
     """
     _route_mode(fields, ACTION_GENERATIONS_PATH)
     params: ActionGenerationParams = _validate(ActionGenerationParams, fields)  # type: ignore[assignment]
@@ -180,7 +188,7 @@ def action_request(fields: dict[str, Any], description: dict[str, Any]) -> Actio
         if getattr(params, name) is not None
     }
     settings["domain_name"] = domain_name
-    limits = MediaLimits.from_description(description)
+    limits = media_limits or MediaLimits.from_description(description)
     image = video = prefix = None
     if params.image is not None and params.video is not None:
         raise ApiError(ErrorCode.INVALID_FIELD, "send either `image` or `video`, not both", "video")

@@ -23,6 +23,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import socket
+import sqlite3
 import time
 import uuid
 from dataclasses import dataclass, field
@@ -33,6 +34,7 @@ from fastapi import FastAPI, Path as PathParam, Query, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import FileResponse, JSONResponse, Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.requests import ClientDisconnect
 
 from robot_clients.wire_codec import packb
 
@@ -40,6 +42,8 @@ from . import http_codecs, http_requests, http_turns
 from .auth import UNAUTHORIZED_CODE, BearerAuthMiddleware
 from .http_codecs import Upload
 from .dashboard_assets import mount_dashboard
+from .connection_limits import ACCEPT_BURST, PeerCounter, capped_to_descriptors
+from .http_connections import ConnectionLimits, guarded_protocol
 from .http_errors import ApiError, HttpErrorCode
 from .http_schemas import (
     ActionArray,
@@ -62,8 +66,8 @@ from .protocol import DropReason, ErrorCode
 from .request_queue import PendingObservation, QueueClosed
 from .session_config import settings_used
 from .video_encoding import MP4_MEDIA_TYPE
-from .video_job_runner import VideoJobRunner, storage_full
-from .video_jobs import JobNotFound, RetentionPolicy, VideoJob, VideoJobStatus, VideoJobStore
+from .video_job_runner import VideoJobRunner
+from .video_jobs import JobNotFound, RetentionPolicy, StorageFull, VideoJob, VideoJobStatus, VideoJobStore
 
 if TYPE_CHECKING:
     from .server import PolicyServer
@@ -73,6 +77,8 @@ logger = logging.getLogger(__name__)
 # A 65-frame 256x256 clip as JSON nested lists is ~40 MB; as msgpack or an MP4 upload far less. 64 MiB
 # bounds what one request can make the server buffer.
 DEFAULT_MAX_BODY_BYTES = 64 * 2**20
+# Two of the largest bodies at once; robots' requests are kilobytes.
+DEFAULT_MAX_BUFFERED_BODY_BYTES = 2 * DEFAULT_MAX_BODY_BYTES
 DEFAULT_ACTION_TIMEOUT_S = 120.0
 _UNMATCHED = "(unmatched)"
 _ERROR_RESPONSES = {
@@ -93,6 +99,13 @@ class SidecarSettings:
     action_timeout_s: float = DEFAULT_ACTION_TIMEOUT_S
     # Action generations one client (token, or peer address without auth) may have in flight; more: 429.
     max_actions_in_flight: int = http_turns.DEFAULT_MAX_IN_FLIGHT
+    # Pixels one request may decode to, and elements a JSON/msgpack body may hold (http_codecs).
+    max_decoded_bytes: int = http_codecs.DEFAULT_MAX_DECODED_BYTES
+    max_json_values: int = http_codecs.DEFAULT_MAX_JSON_VALUES
+    # Header and body deadlines, connection caps, TCP_NODELAY (http_connections).
+    connections: ConnectionLimits = field(default_factory=ConnectionLimits)
+    # Body bytes all requests together may hold while they are read and parsed (BodyBudget).
+    max_buffered_body_bytes: int = DEFAULT_MAX_BUFFERED_BODY_BYTES
 
 
 class OneShotActionWaiter:
@@ -154,6 +167,8 @@ class SidecarMiddleware:
                 await _error_response(error)(scope, receive, send_wrapper)
             else:
                 await self.app(scope, receive_wrapper, send_wrapper)
+        except ClientDisconnect:  # the client went away mid-body (or its body deadline closed it): nobody to answer
+            state["status"] = 499
         except Exception:  # noqa: BLE001 - a bug of ours: log it, answer with a reference only
             reference = uuid.uuid4().hex[:12]
             logger.exception("HTTP %s %s failed (ref %s)", scope.get("method"), scope.get("path"), reference)
@@ -210,6 +225,8 @@ class HttpSidecar:
         self._uvicorn: Any = None
         self._socket: socket.socket | None = None
         self._main_loop: asyncio.Task | None = None
+        self.connection_counter: PeerCounter | None = None
+        self.body_budget = BodyBudget(max(settings.max_buffered_body_bytes, settings.max_body_bytes))
 
     def _background_depth(self) -> int:
         # Jobs waiting in SQLite plus the one handed to the worker but not started yet.
@@ -233,21 +250,26 @@ class HttpSidecar:
         import uvicorn
 
         self.store = await asyncio.to_thread(VideoJobStore, self.settings.data_dir, self.settings.retention)
-        await asyncio.to_thread(self.store.recover)
+        try:
+            await asyncio.to_thread(self.store.recover)
+            recover_pending = False
+        except (sqlite3.Error, OSError) as exc:  # a full disk: serve anyway; the runner retries when it has room
+            logger.warning("video jobs could not be recovered at start (%s); retrying once the disk has room", exc)
+            recover_pending = True
         if self.server.worker is not None:
             self.server.worker.on_batch_done = self.metrics.observe_batch
-        self.runner = VideoJobRunner(self.store, self.server.queue, self.metrics)
+        self.runner = VideoJobRunner(self.store, self.server.queue, self.metrics, recover_pending=recover_pending)
         self.runner.start(engine_ready)
 
         sock = socket.socket(socket.AF_INET6 if ":" in self.settings.host else socket.AF_INET, socket.SOCK_STREAM)
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         sock.bind((self.settings.host, self.settings.port))
-        sock.listen(128)
+        sock.listen(ACCEPT_BURST)
         sock.setblocking(False)
         self._socket = sock
         config = uvicorn.Config(
             self.app, lifespan="off", log_level="warning", access_log=False, server_header=False,
-            timeout_graceful_shutdown=5,
+            timeout_graceful_shutdown=5, http=self._protocol_class(), backlog=ACCEPT_BURST,
         )
         config.load()
         tls = self.server.settings.ssl_context
@@ -260,6 +282,20 @@ class HttpSidecar:
         self._main_loop = asyncio.create_task(self._uvicorn.main_loop(), name="http-sidecar")
         logger.info("HTTP sidecar listening on %s://%s:%d (video jobs in %s)", "https" if tls is not None else "http",
                     self.settings.host, self.port, self.settings.data_dir)
+
+    def _protocol_class(self) -> type:
+        """uvicorn's HTTP protocol with this sidecar's deadlines and connection caps. The cap leaves room,
+        within the process's file-descriptor limit, for the robots' port (sessions, pending handshakes)."""
+        from uvicorn.protocols.http.auto import AutoHTTPProtocol
+
+        limits, robots = self.settings.connections, self.server.settings
+        reserved = {"sessions": robots.max_sessions,
+                    "pending handshakes": getattr(robots, "max_pending_handshakes", 0),
+                    "observers": getattr(robots, "max_observers", 0)}
+        cap = capped_to_descriptors(limits.max_connections, sum(reserved.values()), "HTTP connections", **reserved)
+        self.connection_counter = PeerCounter(cap, limits.max_connections_per_peer)
+        return guarded_protocol(AutoHTTPProtocol, limits, self.connection_counter,
+                                on_refused=lambda code: self.metrics.observe_http_error(_UNMATCHED, code))
 
     async def shutdown(self, grace_s: float = 30.0) -> None:
         """Record the video job in hand (the worker has finished it), then stop serving HTTP."""
@@ -281,6 +317,10 @@ class HttpSidecar:
         if not self.server.ready:
             raise ApiError(HttpErrorCode.NOT_READY, "the model is loading; retry shortly", headers={"Retry-After": "1"})
         return self.server.description
+
+    def media_limits(self, description: dict[str, Any]) -> http_codecs.MediaLimits:
+        """The model's pixel and frame bounds plus this sidecar's decoding budget."""
+        return http_codecs.MediaLimits.from_description(description, self.settings.max_decoded_bytes)
 
     def job_object(self, job: VideoJob) -> VideoJobObject:
         params = job.params
@@ -319,26 +359,97 @@ class HttpSidecar:
             raise ApiError(HttpErrorCode.NOT_FOUND, f"no video job {video_id!r}", "video_id") from None
 
 
-async def _read_fields(request: Request, file_fields: dict[str, tuple[str, ...]]) -> tuple[dict[str, Any], str]:
-    """The request's fields, whatever its format; also returns the body's media type."""
+class BodyBudget:
+    """Bytes of request bodies (and uploads) the sidecar holds at once, over all requests.
+
+    Each request is bounded by ``--max-body-mib``; this bounds them together, so that uploads stalled
+    mid-body (each held until its body deadline) cannot add up to gigabytes. A request whose next chunk
+    would pass the budget is answered 503 ``server_busy`` and its bytes are let go at once.
+    """
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self.held = 0
+
+    def take(self, size: int) -> None:
+        if self.held + size > self.limit:
+            raise ApiError(HttpErrorCode.SERVER_BUSY,
+                           f"the server is holding {self.held / 2**20:.0f} MiB of other requests' bodies, its limit "
+                           f"(--http-max-buffered-mib {self.limit / 2**20:.0f}); retry shortly",
+                           headers={"Retry-After": "5"})
+        self.held += size
+
+    def give_back(self, size: int) -> None:
+        self.held = max(0, self.held - size)
+
+
+class _BodyReader:
+    """Reads a request's body into one buffer that grows with what arrives (never pre-sized from
+    ``Content-Length``: a stalled upload holds only what it sent), taking its bytes from ``budget`` and
+    counting JSON element marks chunk by chunk (``json_limit``), so 60 MiB of nested lists is refused
+    after its first few megabytes. Give the bytes back with :meth:`release` once the body is parsed."""
+
+    def __init__(self, budget: BodyBudget, json_limit: int | None = None) -> None:
+        self.budget = budget
+        self.json_limit = json_limit
+        self.held = 0
+        self.marks = 0
+
+    def take(self, size: int) -> None:
+        self.budget.take(size)
+        self.held += size
+
+    async def read(self, request: Request) -> bytearray:
+        declared = _content_length(request.scope)
+        buffer = bytearray()
+        async for chunk in request.stream():
+            self.take(len(chunk))
+            if self.json_limit is not None:
+                self.marks += http_codecs.count_json_marks(chunk)
+                if self.marks > self.json_limit:  # "more than" the limit: the rest of the body is not read
+                    raise http_codecs.too_many_json_values(self.json_limit, "the body")
+            buffer += chunk
+        if declared is not None and len(buffer) != declared:
+            raise ApiError(HttpErrorCode.BAD_BODY, f"the body ended after {len(buffer)} of {declared} bytes")
+        return buffer
+
+    def release(self) -> None:
+        self.budget.give_back(self.held)
+        self.held = 0
+
+
+async def _read_fields(request: Request, file_fields: dict[str, tuple[str, ...]], max_values: int,
+                       budget: BodyBudget) -> tuple[dict[str, Any], str]:
+    """The request's fields, whatever its format; also returns the body's media type. ``max_values``
+    bounds the elements a JSON/msgpack body (or a multipart JSON text field) may hold; ``budget`` the
+    body bytes held by all requests together."""
     kind = http_codecs.media_type(request.headers.get("content-type"))
-    if kind == http_codecs.JSON_TYPE:
-        return await asyncio.to_thread(http_codecs.decode_json_body, await request.body()), kind
-    if kind in http_codecs.MSGPACK_TYPES:
-        return await asyncio.to_thread(http_codecs.decode_msgpack_body, await request.body()), kind
+    if kind == http_codecs.JSON_TYPE or kind in http_codecs.MSGPACK_TYPES:
+        reader = _BodyReader(budget, max_values if kind == http_codecs.JSON_TYPE else None)
+        try:
+            body = await reader.read(request)
+            decode = http_codecs.decode_json_body if kind == http_codecs.JSON_TYPE else http_codecs.decode_msgpack_body
+            return await asyncio.to_thread(decode, body, max_values), kind
+        finally:
+            reader.release()
     if kind == http_codecs.MULTIPART_TYPE:
+        # Starlette spools file parts beyond 1 MiB to disk while it parses; the uploads' bytes are taken
+        # from the budget when they are read back (the caller decodes them before this request ends).
         form = await request.form(max_files=http_codecs.MAX_MULTIPART_FILES, max_fields=http_codecs.MAX_MULTIPART_FIELDS,
                                   max_part_size=http_codecs.MAX_MULTIPART_TEXT_BYTES)
+        reader = _BodyReader(budget)
         try:
             items: list[tuple[str, Any]] = []
             for name, value in form.multi_items():
                 if isinstance(value, str):
                     items.append((name, value))
                 else:  # an UploadFile: keep the bytes and the declared type, drop the client's file name
+                    reader.take(value.size or 0)
                     items.append((name, Upload(await value.read(), value.content_type or "")))
         finally:
             await form.close()
-        return http_codecs.decode_multipart_fields(items, file_fields), kind
+            reader.release()
+        return http_codecs.decode_multipart_fields(items, file_fields, max_values), kind
     raise ApiError(
         HttpErrorCode.UNSUPPORTED_MEDIA_TYPE,
         f"Content-Type {kind or '(none)'!r} is not accepted; send application/json, application/msgpack or "
@@ -419,8 +530,10 @@ def build_app(sidecar: HttpSidecar) -> FastAPI:
     )
     async def create_video(request: Request) -> VideoJobObject:
         description = sidecar.require_ready()
-        fields, _ = await _read_fields(request, {"input_reference": http_codecs.IMAGE_UPLOAD_TYPES})
-        submission = await asyncio.to_thread(http_requests.video_submission, fields, description)
+        fields, _ = await _read_fields(request, {"input_reference": http_codecs.IMAGE_UPLOAD_TYPES},
+                                       sidecar.settings.max_json_values, sidecar.body_budget)
+        submission = await asyncio.to_thread(http_requests.video_submission, fields, description,
+                                             sidecar.media_limits(description))
         store = sidecar.store
         if await asyncio.to_thread(store.queued_count) >= store.retention.max_queued:
             raise ApiError(HttpErrorCode.QUEUE_FULL,
@@ -428,12 +541,11 @@ def build_app(sidecar: HttpSidecar) -> FastAPI:
                            headers={"Retry-After": "10"})
         try:
             job = await asyncio.to_thread(store.create, submission.params, submission.inputs)
-        except OSError as exc:
-            if not storage_full(exc, store.data_dir):  # numpy reports ENOSPC as a short write, without errno
-                raise
-            # store.create removed its half-written files; nothing was recorded.
-            raise ApiError(HttpErrorCode.STORAGE_FULL, "the server's video storage is full; the job was not "
-                           "stored. Retry after finished jobs expire or are deleted", headers={"Retry-After": "60"}) from None
+        except StorageFull as exc:  # store.create removed its half-written files; nothing was recorded
+            message = exc.message if exc.cap else (
+                "the server's disk for video jobs is full; the job was not stored. Retry after finished jobs "
+                "expire or are deleted")
+            raise ApiError(HttpErrorCode.STORAGE_FULL, message, headers={"Retry-After": "60"}) from None
         sidecar.runner.notify()
         return sidecar.job_object(job)
 
@@ -512,9 +624,11 @@ def build_app(sidecar: HttpSidecar) -> FastAPI:
         received = time.monotonic()
         description = sidecar.require_ready()
         fields, kind = await _read_fields(
-            request, {"image": http_codecs.IMAGE_UPLOAD_TYPES, "video": http_codecs.VIDEO_UPLOAD_TYPES})
+            request, {"image": http_codecs.IMAGE_UPLOAD_TYPES, "video": http_codecs.VIDEO_UPLOAD_TYPES},
+            sidecar.settings.max_json_values, sidecar.body_budget)
         as_msgpack = http_codecs.wants_msgpack(request.headers.get("accept"), kind)
-        action_request = await asyncio.to_thread(http_requests.action_request, fields, description)
+        action_request = await asyncio.to_thread(http_requests.action_request, fields, description,
+                                                 sidecar.media_limits(description))
         waiter = OneShotActionWaiter(asyncio.get_running_loop())
         item = PendingObservation(
             session_id=f"http-{uuid.uuid4().hex[:12]}", seq=0, request=action_request, owner=waiter,
@@ -573,6 +687,12 @@ def build_app(sidecar: HttpSidecar) -> FastAPI:
         settings = sidecar.server.settings
         limits = dict(d.get("limits", {}))
         limits.update(max_body_bytes=sidecar.settings.max_body_bytes,
+                      max_decoded_bytes=sidecar.settings.max_decoded_bytes,
+                      max_json_values=sidecar.settings.max_json_values,
+                      max_buffered_body_bytes=sidecar.body_budget.limit,
+                      http_header_timeout_s=sidecar.settings.connections.header_timeout_s,
+                      http_body_timeout_s=sidecar.settings.connections.body_timeout_s,
+                      http_max_connections_per_peer=sidecar.settings.connections.max_connections_per_peer,
                       max_websocket_message_bytes=settings.max_message_bytes,
                       max_queued_video_jobs=sidecar.settings.retention.max_queued,
                       max_action_generations_in_flight=sidecar.settings.max_actions_in_flight)

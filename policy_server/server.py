@@ -26,6 +26,8 @@ from websockets.http11 import Request, Response
 
 from . import protocol
 from .auth import CHALLENGE, TokenSet, bearer_subprotocol, is_open_path
+from .connection_limits import (ACCEPT_BURST, DEFAULT_HANDSHAKE_TIMEOUT_S, DEFAULT_MAX_PENDING_HANDSHAKES,
+                                DEFAULT_MAX_PENDING_HANDSHAKES_PER_PEER, PeerCounter, handshake_limited_connection)
 from .engine_backend import BackendFactory, EngineBackend
 from .engine_worker import (DEFAULT_VIDEO_STEP_INTERVAL_S, ActionEngine, BackgroundShare, BatchPolicy, EngineWorker,
                             WorkerState)
@@ -80,6 +82,11 @@ class ServerSettings:
     auth_tokens: TokenSet | None = None
     # Robot sessions (native + openpi) open at once; more are refused at the handshake with 503.
     max_sessions: int = 64
+    # A connection must complete its handshake within this many seconds (websockets' open_timeout), and
+    # at most this many (in all, and per peer address) may be waiting to (policy_server.connection_limits).
+    handshake_timeout_s: float = DEFAULT_HANDSHAKE_TIMEOUT_S
+    max_pending_handshakes: int = DEFAULT_MAX_PENDING_HANDSHAKES
+    max_pending_handshakes_per_peer: int = DEFAULT_MAX_PENDING_HANDSHAKES_PER_PEER
     # Observations per second per session (token bucket); beyond it an observation is answered `rate_limited`.
     observation_rate: RateLimit = field(default_factory=RateLimit)
     # An engine call running longer than this fails its requests (`engine_timeout`) and the engine is
@@ -138,6 +145,10 @@ class PolicyServer:
             self.settings.host,
             self.settings.port,
             process_request=self._process_request,
+            open_timeout=self.settings.handshake_timeout_s,
+            backlog=ACCEPT_BURST,
+            create_connection=handshake_limited_connection(
+                PeerCounter(self.settings.max_pending_handshakes, self.settings.max_pending_handshakes_per_peer)),
             max_size=self.settings.max_message_bytes,
             # Compression costs 30-40 ms per camera frame and buys nothing on incompressible pixels.
             compression=None,

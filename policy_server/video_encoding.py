@@ -16,8 +16,10 @@ and renamed, so a reader (or a restarted server) sees either no file or the whol
 from __future__ import annotations
 
 import os
+import re
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any, Callable, Iterator
 
 import numpy as np
 
@@ -142,8 +144,100 @@ def read_mp4(path: str | Path) -> np.ndarray:
     return np.stack(frames)
 
 
-def read_video_bytes(data: bytes, max_frames: int, workdir: str | Path | None = None) -> np.ndarray:
-    """Decode an uploaded video held in memory, refusing it if it has more than ``max_frames`` frames.
+@dataclass(frozen=True)
+class VideoHeader:
+    """What a container says about its video track, read without decoding: sides and sample count."""
+
+    width: int
+    height: int
+    frames: int | None
+
+
+def _boxes(data: bytes, start: int, end: int) -> Iterator[tuple[bytes, int, int]]:
+    """(type, content start, content end) of the ISO BMFF boxes between ``start`` and ``end``; stops at the
+    first box whose size does not fit."""
+    offset = start
+    while offset + 8 <= end:
+        size, kind = int.from_bytes(data[offset:offset + 4], "big"), data[offset + 4:offset + 8]
+        header = 8
+        if size == 1 and offset + 16 <= end:
+            size, header = int.from_bytes(data[offset + 8:offset + 16], "big"), 16
+        elif size == 0:
+            size = end - offset
+        if size < header or offset + size > end:
+            return
+        yield kind, offset + header, offset + size
+        offset += size
+
+
+def _track_header(data: bytes, start: int, end: int) -> VideoHeader | None:
+    """One ``trak`` box: its media handler, its first sample entry's sides and its sample count."""
+    found: dict[str, Any] = {}
+
+    def walk(begin: int, stop: int, depth: int) -> None:
+        for kind, inner, inner_end in _boxes(data, begin, stop):
+            if kind in (b"mdia", b"minf", b"stbl") and depth < 3:
+                walk(inner, inner_end, depth + 1)
+            elif kind == b"hdlr" and depth == 1 and inner_end - inner >= 12:  # mdia's: the track's media type
+                found["handler"] = data[inner + 8:inner + 12]
+            elif kind == b"stsd" and inner_end - inner >= 8 + 36:
+                # full box (4) + entry count (4), then the first entry: size, format, 6 reserved bytes, data
+                # reference index, 16 bytes of visual-entry fields, then width and height (16 bits each).
+                entry = inner + 8
+                found["sides"] = (int.from_bytes(data[entry + 32:entry + 34], "big"),
+                                  int.from_bytes(data[entry + 34:entry + 36], "big"))
+            elif kind in (b"stsz", b"stz2") and inner_end - inner >= 12:
+                found["frames"] = int.from_bytes(data[inner + 8:inner + 12], "big")
+
+    walk(start, end, 0)
+    if found.get("handler") != b"vide" or "sides" not in found:
+        return None
+    width, height = found["sides"]
+    return VideoHeader(width=width, height=height, frames=found.get("frames"))
+
+
+def probe_video_header(data: bytes) -> VideoHeader | None:
+    """The largest video track of an MP4/QuickTime file, from its boxes alone (no decoding, no ffmpeg).
+
+    None if the bytes are not ISO BMFF or carry no video sample table (Matroska/WebM, say): then only
+    ffmpeg's stream header says how big the frames are.
+    """
+    if data[4:8] not in (b"ftyp", b"moov", b"mdat", b"free", b"wide", b"skip"):
+        return None
+    tracks = [
+        track
+        for kind, begin, stop in _boxes(data, 0, len(data)) if kind == b"moov"
+        for inner_kind, inner, inner_end in _boxes(data, begin, stop) if inner_kind == b"trak"
+        for track in [_track_header(data, inner, inner_end)] if track is not None
+    ]
+    if not tracks:
+        return None
+    widest = max(tracks, key=lambda track: track.width * track.height)
+    counts = [track.frames for track in tracks if track.frames is not None]
+    return VideoHeader(widest.width, widest.height, max(counts) if counts else None)
+
+
+# The sides in ffmpeg's log line for a video stream: "Stream #0:0: Video: h264 (...), yuv420p, 8192x8192 [SAR ...".
+_STREAM_SIDES = re.compile(r"Stream #\S+: Video: [^\n]*?, (\d+)x(\d+)[ ,\[\n]")
+
+
+def read_video_bytes(
+    data: bytes,
+    max_frames: int,
+    *,
+    max_bytes: int | None = None,
+    check: Callable[[int | None, int, int], None] | None = None,
+    max_pixels: int | None = None,
+    workdir: str | Path | None = None,
+) -> np.ndarray:
+    """Decode an uploaded video held in memory into T×H×W×3 uint8 frames, within bounds.
+
+    Sizes are known before anything is decoded: ``check(frames, height, width)`` is called with what the
+    container says (MP4/QuickTime: sample count and sides, read from its boxes), then with the size of
+    ffmpeg's output stream (frames unknown: None) before the first frame is read, then with the running
+    frame count whenever the frames read would pass ``max_bytes``; it raises to refuse. ffmpeg itself
+    is told to decode no frame larger than ``max_pixels`` and no more than ``max_frames + 1`` frames, and
+    frames go straight into one preallocated array (no list of frames to stack).
 
     ffmpeg reads from a file: the bytes go to a temporary file with a name of our own (a client's file
     name is never used as a path), which is removed afterwards.
@@ -152,24 +246,47 @@ def read_video_bytes(data: bytes, max_frames: int, workdir: str | Path | None = 
 
     import imageio_ffmpeg
 
+    header = probe_video_header(data)
+    if header is not None and check is not None:
+        check(header.frames, header.height, header.width)
+    input_params = ["-max_pixels", str(int(max_pixels))] if max_pixels else []
     with tempfile.NamedTemporaryFile(prefix="upload-", suffix=".video", dir=workdir) as handle:
         handle.write(data)
         handle.flush()
-        reader = imageio_ffmpeg.read_frames(handle.name, pix_fmt="rgb24")
+        reader = imageio_ffmpeg.read_frames(handle.name, pix_fmt="rgb24", input_params=input_params,
+                                            output_params=["-frames:v", str(max_frames + 1)])
         try:
-            meta = reader.__next__()
-            width, height = meta["size"]
-            frames = []
-            for chunk in reader:
-                if len(frames) == max_frames:
-                    raise VideoEncodingError(f"the video has more than {max_frames} frames")
-                frames.append(np.frombuffer(chunk, dtype=np.uint8).reshape(height, width, 3))
-        except VideoEncodingError:
-            raise
-        except Exception as exc:  # noqa: BLE001 - ffmpeg reports undecodable input in several ways
-            raise VideoEncodingError("the upload is not a video ffmpeg can decode") from exc
+            try:
+                meta = reader.__next__()
+                width, height = meta["size"]
+            except Exception as exc:  # noqa: BLE001 - ffmpeg reports undecodable input in several ways
+                # A stream over -max_pixels never gets a decoder, but ffmpeg's log still names its size.
+                sides = _STREAM_SIDES.search(str(exc))
+                if sides is not None and check is not None:
+                    check(None, int(sides.group(2)), int(sides.group(1)))
+                raise VideoEncodingError("the upload is not a video ffmpeg can decode") from exc
+            if check is not None:
+                check(None, height, width)
+            frame_bytes = max(1, width * height * 3)
+            capacity = max_frames if max_bytes is None else max(1, min(max_frames, max_bytes // frame_bytes))
+            clip = np.empty((capacity, height, width, 3), dtype=np.uint8)
+            count = 0
+            try:
+                for chunk in reader:
+                    if count == capacity:
+                        if capacity < max_frames and check is not None:
+                            check(count + 1, height, width)  # over the byte budget: the caller's refusal
+                        raise VideoEncodingError(f"the video has more than {max_frames} frames")
+                    clip[count] = np.frombuffer(chunk, dtype=np.uint8).reshape(height, width, 3)
+                    count += 1
+            except VideoEncodingError:
+                raise
+            except Exception as exc:  # noqa: BLE001 - a frame ffmpeg could not decode (or that broke -max_pixels)
+                if count == 0:
+                    raise VideoEncodingError("the upload is not a video ffmpeg can decode") from exc
+                raise VideoEncodingError(f"the video could not be decoded past frame {count}") from exc
         finally:
             reader.close()
-    if not frames:
+    if count == 0:
         raise VideoEncodingError("the video has no frames")
-    return np.stack(frames)
+    return clip[:count]

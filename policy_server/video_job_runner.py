@@ -16,12 +16,17 @@ On a graceful stop the running rollout finishes (the worker never abandons one) 
 that never reached the engine is put back in the queue without counting an attempt. A job cut short by
 a crash stays ``in_progress`` in the store until :meth:`VideoJobStore.recover` re-queues it at the next
 start.
+
+A full disk never leaves a job ``in_progress`` for good. When its MP4 cannot be written the job fails
+with ``storage_full``; when even that cannot be written (SQLite cannot grow its log), the runner keeps
+the outcome, claims nothing new, and writes it once the disk has room again (checked every
+:data:`RECHECK_INTERVAL_S`). The recovery at start is retried the same way, so a server can start on a
+full disk and catch up when space is freed.
 """
 
 from __future__ import annotations
 
 import asyncio
-import errno
 import logging
 import shutil
 import sqlite3
@@ -39,7 +44,7 @@ from .metrics import ServerMetrics
 from .protocol import ErrorCode, engine_error_code
 from .request_queue import QueueClosed, RequestQueue
 from .video_encoding import VideoEncodingError, encode_mp4
-from .video_jobs import JobNotFound, VideoJob, VideoJobStore
+from .video_jobs import JobNotFound, VideoJob, VideoJobStore, disk_full
 
 logger = logging.getLogger(__name__)
 
@@ -53,17 +58,15 @@ STORAGE_FULL = "storage_full"
 # After a failed write, less free space than this on the data directory's disk means "the disk is full"
 # (ffmpeg reports ENOSPC as a broken pipe or an exit status, not always as an OSError we can read).
 STORAGE_FULL_MARGIN_BYTES = 1 << 20
+# How often outcomes the disk refused (and a recovery it refused at start) are tried again.
+RECHECK_INTERVAL_S = 5.0
 
 
 def storage_full(exc: BaseException, directory: Any) -> bool:
-    """Whether a failed write of a result was the disk's fault (ENOSPC/EDQUOT, or no free space left)."""
-    seen: BaseException | None = exc
-    while seen is not None:
-        if isinstance(seen, OSError) and seen.errno in (errno.ENOSPC, errno.EDQUOT):
-            return True
-        if "No space left on device" in str(seen):
-            return True
-        seen = seen.__cause__ or seen.__context__
+    """Whether a failed write of a result was the disk's fault (ENOSPC/EDQUOT, SQLite's "disk is full",
+    or no free space left after it)."""
+    if disk_full(exc):
+        return True
     try:
         return shutil.disk_usage(directory).free < STORAGE_FULL_MARGIN_BYTES
     except OSError:
@@ -167,7 +170,7 @@ class VideoJobRunner:
     """Feeds the store's queued jobs to the engine worker, one at a time, and records their outcomes."""
 
     def __init__(self, store: VideoJobStore, queue: RequestQueue, metrics: ServerMetrics | None = None,
-                 sweep_interval_s: float = SWEEP_INTERVAL_S) -> None:
+                 sweep_interval_s: float = SWEEP_INTERVAL_S, recover_pending: bool = False) -> None:
         self.store = store
         self.queue = queue
         self.metrics = metrics
@@ -179,6 +182,11 @@ class VideoJobRunner:
         self._stopping = False
         self._task: asyncio.Task | None = None
         self._next_sweep = 0.0
+        # Writes the disk refused, kept until it has room: the recovery at start, and final outcomes
+        # (job id -> error code, message, field) of jobs that are still `in_progress` in the store.
+        self.recover_pending = recover_pending
+        self.unrecorded: dict[str, tuple[str, str, str | None]] = {}
+        self._disk_full_since: float | None = None
 
     def start(self, engine_ready: Awaitable[Any]) -> None:
         """Start working once ``engine_ready`` resolves (the worker has loaded the model)."""
@@ -202,6 +210,9 @@ class VideoJobRunner:
             self._task.cancel()
         except Exception:  # noqa: BLE001 - already logged by _main
             pass
+        if self.unrecorded:
+            logger.warning("%d video job(s) failed while the disk was full and could not be recorded so; they "
+                           "stay in_progress and run again at the next start", len(self.unrecorded))
 
     async def _main(self, engine_ready: Awaitable[Any]) -> None:
         try:
@@ -210,21 +221,74 @@ class VideoJobRunner:
             return
         while not self._stopping:
             try:
+                if not await self._settle():  # the disk is still full: run nothing new meanwhile
+                    await self._idle(RECHECK_INTERVAL_S)
+                    continue
                 await self._maybe_sweep()
                 job = await asyncio.to_thread(self.store.claim_next)
                 if job is None:
-                    self._wake.clear()
-                    try:
-                        await asyncio.wait_for(self._wake.wait(), self.sweep_interval_s)
-                    except asyncio.TimeoutError:
-                        pass
+                    await self._idle(self.sweep_interval_s)
                     continue
                 await self._run(job)
             except asyncio.CancelledError:
                 raise
-            except Exception:  # noqa: BLE001 - a bug of ours must not stop every later job
+            except Exception as exc:  # noqa: BLE001 - a bug of ours must not stop every later job
+                if disk_full(exc):  # SQLite could not claim or sweep: wait for room, quietly
+                    self._disk_is_full(exc)
+                    await self._idle(RECHECK_INTERVAL_S)
+                    continue
                 logger.exception("video job runner failed; continuing")
                 await asyncio.sleep(1.0)
+
+    async def _idle(self, seconds: float) -> None:
+        """Wait ``seconds``, or less if a job is submitted (or the runner stops)."""
+        self._wake.clear()
+        try:
+            await asyncio.wait_for(self._wake.wait(), seconds)
+        except asyncio.TimeoutError:
+            pass
+
+    async def _settle(self) -> bool:
+        """Write what the disk refused before: final outcomes first, then the recovery at start (which
+        would otherwise put those jobs back in the queue). True once nothing is left to write."""
+        for job_id, (code, message, field) in list(self.unrecorded.items()):
+            try:
+                await asyncio.to_thread(self.store.fail, job_id, code, message, field)
+            except (sqlite3.Error, OSError) as exc:
+                self._disk_is_full(exc)
+                return False
+            del self.unrecorded[job_id]
+            logger.info("video job %s: its failure (%s) is recorded now that the disk has room", job_id, code)
+        if self.recover_pending:
+            try:
+                await asyncio.to_thread(self.store.recover)
+            except (sqlite3.Error, OSError) as exc:
+                self._disk_is_full(exc)
+                return False
+            self.recover_pending = False
+        if self._disk_full_since is not None:
+            logger.info("the data directory %s has room again after %.0f s", self.store.data_dir,
+                        time.monotonic() - self._disk_full_since)
+            self._disk_full_since = None
+        return True
+
+    def _disk_is_full(self, exc: BaseException) -> None:
+        """Log the moment the store stops accepting writes (once, not at every retry)."""
+        if self._disk_full_since is None:
+            self._disk_full_since = time.monotonic()
+            logger.warning("the data directory %s refuses writes (%s): video jobs wait, and %d outcome(s) will be "
+                           "recorded once it has room (retried every %.0f s)", self.store.data_dir, exc,
+                           len(self.unrecorded), RECHECK_INTERVAL_S)
+
+    async def _fail(self, job_id: str, code: str, message: str, field: str | None = None) -> None:
+        """Record a job's failure; if the disk refuses even that, keep it for :meth:`_settle` (a job always
+        reaches a final state, never stays ``in_progress``)."""
+        try:
+            await asyncio.to_thread(self.store.fail, job_id, code, message, field)
+        except (sqlite3.Error, OSError) as exc:
+            logger.error("video job %s: its failure (%s) cannot be recorded yet: %s", job_id, code, exc)
+            self.unrecorded[job_id] = (code, message, field)
+            self._disk_is_full(exc)
 
     async def _maybe_sweep(self) -> None:
         now = time.monotonic()
@@ -247,8 +311,7 @@ class VideoJobRunner:
             inputs = await asyncio.to_thread(self.store.load_inputs, job.id)
         except (OSError, ValueError, JobNotFound):
             if await self._exists(job.id):
-                await asyncio.to_thread(self.store.fail, job.id, "inputs_lost",
-                                        "this job's input files could not be read from the data directory")
+                await self._fail(job.id, "inputs_lost", "this job's input files could not be read from the data directory")
                 self.failed += 1
             return
         request = video_request(job.params, inputs.image, inputs.action)
@@ -279,8 +342,8 @@ class VideoJobRunner:
         queue_s = (task.started_at or task.enqueued_at) - task.enqueued_at
         if result.frames is None:
             self.failed += 1
-            await asyncio.to_thread(self.store.fail, job.id, result.error_code or ErrorCode.ENGINE_ERROR,
-                                    result.error_message or "the model failed on this job", result.error_field)
+            await self._fail(job.id, result.error_code or ErrorCode.ENGINE_ERROR,
+                             result.error_message or "the model failed on this job", result.error_field)
             self._observe(job, queue_s, result, result.error_code)
             return
         await asyncio.to_thread(self._set_progress, job.id, PROGRESS_ENCODING)
@@ -303,11 +366,7 @@ class VideoJobRunner:
             else:
                 logger.error("video job %s: encoding failed (ref %s): %s", job.id, reference, exc)
                 code, message = ErrorCode.ENGINE_ERROR, f"the video could not be encoded; the server log has details (ref {reference})"
-            try:
-                await asyncio.to_thread(self.store.fail, job.id, code, message)
-            except Exception:  # noqa: BLE001 - even SQLite could not write: the job stays in_progress and
-                # VideoJobStore.recover re-queues it at the next start; nothing half-written is visible.
-                logger.exception("video job %s: could not record the failure (ref %s)", job.id, reference)
+            await self._fail(job.id, code, message)
             self._observe(job, queue_s, result, code)
             return
         try:
@@ -317,19 +376,14 @@ class VideoJobRunner:
             )
         except (sqlite3.Error, OSError) as exc:
             # The disk filled up between the MP4 and its record: drop the unrecorded file (it frees the
-            # space the failure record needs) and fail the job; if even that cannot be written, the job
-            # stays in_progress and VideoJobStore.recover re-queues it at the next start.
+            # space the failure record needs) and fail the job (later, if even that cannot be written).
             reference = uuid.uuid4().hex[:12]
             logger.error("video job %s: could not record the finished video (ref %s): %s", job.id, reference, exc)
             self.store.video_path(job.id).unlink(missing_ok=True)
             self.failed += 1
-            code = STORAGE_FULL if storage_full(exc, self.store.data_dir) or "full" in str(exc) else ErrorCode.ENGINE_ERROR
-            try:
-                await asyncio.to_thread(self.store.fail, job.id, code,
-                                        f"the result could not be stored (ref {reference}); the server's disk is full"
-                                        if code == STORAGE_FULL else f"the result could not be stored (ref {reference})")
-            except Exception:  # noqa: BLE001
-                logger.exception("video job %s: could not record the failure either (ref %s)", job.id, reference)
+            code = STORAGE_FULL if storage_full(exc, self.store.data_dir) else ErrorCode.ENGINE_ERROR
+            await self._fail(job.id, code, f"the result could not be stored (ref {reference}); the server's disk is full"
+                             if code == STORAGE_FULL else f"the result could not be stored (ref {reference})")
             self._observe(job, queue_s, result, code)
             return
         if not recorded:  # deleted while it was being encoded: drop the file the delete missed

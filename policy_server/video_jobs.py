@@ -1,17 +1,21 @@
 """Where ``forward_dynamics`` video jobs live: a SQLite table plus one folder of files per job.
 
-A job is accepted only once it is durable: its inputs (the first frame and the raw actions, as ``.npy``
-files) are written and fsynced into a folder named after the job id, then its row is committed with
-SQLite's ``synchronous=FULL``. After that, killing the server at any moment (SIGKILL included) loses
+A job is accepted only once it is durable: its inputs (the first frame and the raw actions) are written
+and fsynced into a folder named after the job id, then its row is committed with SQLite's
+``synchronous=FULL``. After that, killing the server at any moment (SIGKILL included) loses
 nothing: on the next start :meth:`VideoJobStore.recover` puts every job that was running back in the
 queue, and queued jobs simply wait their turn.
 
 Layout under the data directory::
 
     video_jobs.sqlite3           the job table (WAL mode)
-    videos/<job id>/input_reference.npy   H×W×3 uint8
+    videos/<job id>/input_reference.png   the first frame as uploaded (.png, .jpg or .webp), or, sent
+                                          as pixels, encoded as a lossless PNG (older stores: .npy)
     videos/<job id>/action.npy            T×D float32
     videos/<job id>/video.mp4             once completed (written atomically by video_encoding)
+
+Inputs are kept compact (a 58 KB PNG of a 4096² frame stays 58 KB, not 48 MiB of raw pixels) and only
+while the job may still run: they are deleted when it finishes.
 
 Job states::
 
@@ -23,9 +27,11 @@ A job that was interrupted :data:`MAX_ATTEMPTS` times fails with ``interrupted``
 again, so one job that kills the process (out of memory, say) cannot crash-loop the server.
 
 Retention (:class:`RetentionPolicy`): finished jobs (completed or failed) are deleted, row and files,
-once older than ``max_age_s``, and the oldest finished ones go first whenever their results take more
-than ``max_bytes`` on disk. Queued and running jobs are never deleted by retention; ``max_queued`` bounds
-how many may wait.
+once older than ``max_age_s``, and the oldest finished ones go first whenever the store (inputs of jobs
+still to run and finished results, as counted in the table) takes more than ``max_bytes``. Queued and
+running jobs are never deleted by retention: a submission whose inputs would not fit even after every
+finished job made room is refused (:class:`StorageFull`), as is one the disk itself has no room for.
+``max_queued`` bounds how many may wait.
 
 Paths are built from job ids only, and only ids that match :data:`JOB_ID_PATTERN` are accepted, so no
 client input can name a path. The store is thread-safe (one connection behind a lock); the sidecar calls
@@ -35,6 +41,8 @@ it through ``asyncio.to_thread`` so disk waits never stall the event loop.
 from __future__ import annotations
 
 import enum
+import errno
+import io
 import json
 import logging
 import os
@@ -56,12 +64,16 @@ JOB_ID_PREFIX = "video_"
 JOB_ID_PATTERN = re.compile(r"^video_[0-9a-f]{32}$")
 DATABASE_NAME = "video_jobs.sqlite3"
 JOBS_DIRNAME = "videos"
-IMAGE_FILE = "input_reference.npy"
+IMAGE_STEM = "input_reference"
+# The first frame's file, by what it holds: an upload kept as received, or pixels encoded losslessly.
+IMAGE_SUFFIXES = (".png", ".jpg", ".webp", ".npy")  # .npy: raw arrays, as stores before schema 2 kept them
 ACTION_FILE = "action.npy"
 VIDEO_FILE = "video.mp4"
 # A job interrupted this many times (the server died while running it) fails instead of running again.
 MAX_ATTEMPTS = 3
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2  # 2: input_bytes
+# Free space a submission must leave on the data directory's disk beyond its own files (SQLite's log).
+FREE_SPACE_MARGIN_BYTES = 1 << 20
 
 
 class VideoJobStatus(str, enum.Enum):
@@ -79,7 +91,7 @@ class RetentionPolicy:
     """How long finished jobs are kept and how much disk their results may take."""
 
     max_age_s: float = 24 * 3600.0
-    max_bytes: int = 2 * 2**30
+    max_bytes: int = 2 * 2**30  # inputs of jobs still to run plus finished results
     max_queued: int = 100
 
 
@@ -103,18 +115,48 @@ class VideoJob:
     width: int | None = None
     height: int | None = None
     timing: dict[str, float] = field(default_factory=dict)
+    input_bytes: int = 0  # the stored inputs' size while the job may still run (0 once finished)
 
 
 @dataclass
 class VideoJobInputs:
-    """The arrays a job needs besides its params (kept in files, not in the table)."""
+    """The arrays a job needs besides its params (kept in files, not in the table). ``encoded_image`` is
+    the first frame as the client sent it (PNG, JPEG or WebP bytes), stored instead of the pixels."""
 
     image: np.ndarray
     action: np.ndarray
+    encoded_image: bytes | None = None
 
 
 class JobNotFound(KeyError):
     """No job with that id (or the id is not one this store could have made)."""
+
+
+class StorageFull(Exception):
+    """A job or its result could not be stored: the data directory's disk is full (``cap`` False), or the
+    store has reached its own size limit, ``RetentionPolicy.max_bytes`` (``cap`` True)."""
+
+    def __init__(self, message: str, *, cap: bool = False) -> None:
+        super().__init__(message)
+        self.message = message
+        self.cap = cap
+
+
+def disk_full(exc: BaseException) -> bool:
+    """Whether a failed write was the disk's fault: ENOSPC/EDQUOT anywhere in the exception's chain, or
+    SQLite's "database or disk is full" (it reports no errno)."""
+    seen: BaseException | None = exc
+    while seen is not None:
+        if isinstance(seen, StorageFull):
+            return True
+        if isinstance(seen, OSError) and seen.errno in (errno.ENOSPC, errno.EDQUOT):
+            return True
+        if isinstance(seen, sqlite3.Error) and "full" in str(seen):
+            return True
+        if "No space left on device" in str(seen):
+            return True
+        seen = seen.__cause__ or seen.__context__
+    return False
 
 
 
@@ -135,10 +177,14 @@ CREATE TABLE IF NOT EXISTS video_jobs (
     result_frames INTEGER NOT NULL DEFAULT 0,
     width INTEGER,
     height INTEGER,
-    timing TEXT NOT NULL DEFAULT '{}'
+    timing TEXT NOT NULL DEFAULT '{}',
+    input_bytes INTEGER NOT NULL DEFAULT 0
 );
 CREATE INDEX IF NOT EXISTS video_jobs_status_created ON video_jobs (status, created_at);
 """
+_MIGRATIONS = {  # from schema version N to N + 1
+    1: "ALTER TABLE video_jobs ADD COLUMN input_bytes INTEGER NOT NULL DEFAULT 0",
+}
 
 
 def new_job_id() -> str:
@@ -153,11 +199,52 @@ def _fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
-def _save_npy(path: Path, array: np.ndarray) -> None:
+def _write_durably(path: Path, data: bytes) -> None:
+    """Write ``data`` and fsync it; a full disk raises OSError(ENOSPC) here (numpy's writer hid it)."""
     with open(path, "wb") as handle:
-        np.save(handle, array, allow_pickle=False)
+        handle.write(data)
         handle.flush()
         os.fsync(handle.fileno())
+
+
+def _npy_bytes(array: np.ndarray) -> bytes:
+    buffer = io.BytesIO()
+    np.save(buffer, array, allow_pickle=False)
+    return buffer.getvalue()
+
+
+def _image_file(inputs: VideoJobInputs) -> tuple[str, bytes]:
+    """The first frame's file name and bytes: the upload as received, or the pixels as a lossless PNG."""
+    data = inputs.encoded_image
+    if data is not None:
+        if data.startswith(b"\x89PNG\r\n\x1a\n"):
+            return IMAGE_STEM + ".png", data
+        if data.startswith(b"\xff\xd8\xff"):
+            return IMAGE_STEM + ".jpg", data
+        if data[:4] == b"RIFF" and data[8:12] == b"WEBP":
+            return IMAGE_STEM + ".webp", data
+    from PIL import Image
+
+    buffer = io.BytesIO()
+    # compress_level 1: a few times faster than the default and most of its gain on camera frames.
+    Image.fromarray(np.ascontiguousarray(inputs.image, dtype=np.uint8)).save(buffer, "PNG", compress_level=1)
+    return IMAGE_STEM + ".png", buffer.getvalue()
+
+
+def _read_image(path: Path) -> np.ndarray:
+    if path.suffix == ".npy":
+        return np.load(path, allow_pickle=False)
+    from PIL import Image
+
+    with Image.open(path) as image:
+        return np.ascontiguousarray(np.asarray(image.convert("RGB"), dtype=np.uint8))
+
+
+def _stored_image(folder: Path) -> Path | None:
+    for suffix in IMAGE_SUFFIXES:
+        if (folder / (IMAGE_STEM + suffix)).is_file():
+            return folder / (IMAGE_STEM + suffix)
+    return None
 
 
 class VideoJobStore:
@@ -169,6 +256,7 @@ class VideoJobStore:
         self.jobs_dir.mkdir(parents=True, exist_ok=True)
         self.retention = retention or RetentionPolicy()
         self._lock = threading.Lock()
+        self._create_lock = threading.Lock()
         self._db = sqlite3.connect(self.data_dir / DATABASE_NAME, check_same_thread=False, isolation_level=None)
         self._db.row_factory = sqlite3.Row
         with self._lock:
@@ -176,13 +264,31 @@ class VideoJobStore:
             # FULL: a committed job survives power loss too, not only a killed process. One fsync per
             # state change is nothing next to a video job.
             self._db.execute("PRAGMA synchronous=FULL")
-            self._db.executescript(_SCHEMA)
             version = self._db.execute("PRAGMA user_version").fetchone()[0]
-            if version not in (0, SCHEMA_VERSION):
+            if version > SCHEMA_VERSION:
                 raise RuntimeError(
                     f"{self.data_dir / DATABASE_NAME} has schema version {version}; this server knows {SCHEMA_VERSION}"
                 )
-            self._db.execute(f"PRAGMA user_version={SCHEMA_VERSION}")
+            # Nothing is written to an up-to-date store here, so a server can start on a full disk.
+            if version == 0:  # a new store: the current schema at once
+                self._db.executescript(_SCHEMA)
+            else:
+                for step in range(version, SCHEMA_VERSION):
+                    self._db.execute(_MIGRATIONS[step])
+            if version != SCHEMA_VERSION:
+                self._db.execute(f"PRAGMA user_version={SCHEMA_VERSION}")
+        if 0 < version < 2:  # inputs stored before input_bytes was counted
+            self._count_stored_inputs()
+
+    def _count_stored_inputs(self) -> None:
+        with self._lock:
+            rows = self._db.execute("SELECT id FROM video_jobs WHERE status IN (?, ?)",
+                                    (VideoJobStatus.QUEUED.value, VideoJobStatus.IN_PROGRESS.value)).fetchall()
+        for row in rows:
+            folder = self.jobs_dir / row["id"]
+            size = sum(path.stat().st_size for path in (_stored_image(folder), folder / ACTION_FILE)
+                       if path is not None and path.is_file())
+            self._update(row["id"], input_bytes=size)
 
     def close(self) -> None:
         with self._lock:
@@ -222,27 +328,64 @@ class VideoJobStore:
     # -- the job's life ----------------------------------------------------------------------------
 
     def create(self, params: dict[str, Any], inputs: VideoJobInputs) -> VideoJob:
-        """Persist a new queued job: files first (fsynced), then the row. Returns it once durable."""
+        """Persist a new queued job: files first (fsynced), then the row. Returns it once durable.
+
+        Raises :class:`StorageFull` when the inputs do not fit: in the store's size limit (after finished
+        jobs, oldest first, made what room they can) or on the disk. Nothing is left behind then.
+        """
         job = VideoJob(id=new_job_id(), status=VideoJobStatus.QUEUED, created_at=time.time(), params=params)
+        image_name, image_data = _image_file(inputs)
+        action_data = _npy_bytes(np.ascontiguousarray(inputs.action, dtype=np.float32))
+        job.input_bytes = len(image_data) + len(action_data)
         final = self.job_dir(job.id)
         staging = self.jobs_dir / f".staging-{job.id}"
-        staging.mkdir()
-        try:
-            _save_npy(staging / IMAGE_FILE, np.ascontiguousarray(inputs.image, dtype=np.uint8))
-            _save_npy(staging / ACTION_FILE, np.ascontiguousarray(inputs.action, dtype=np.float32))
-            _fsync_dir(staging)
-            os.replace(staging, final)
-            _fsync_dir(self.jobs_dir)
-            with self._lock:
-                self._db.execute(
-                    "INSERT INTO video_jobs (id, status, created_at, params) VALUES (?, ?, ?, ?)",
-                    (job.id, job.status.value, job.created_at, json.dumps(params)),
-                )
-        except BaseException:
-            shutil.rmtree(staging, ignore_errors=True)
-            shutil.rmtree(final, ignore_errors=True)
-            raise
+        with self._create_lock:  # the room check and the insert, together
+            self._make_room(job.input_bytes)
+            try:
+                free = shutil.disk_usage(self.jobs_dir).free
+            except OSError:
+                free = None
+            if free is not None and free < job.input_bytes + FREE_SPACE_MARGIN_BYTES:
+                raise StorageFull(f"the data directory's disk has {free} bytes free; this job's inputs need "
+                                  f"{job.input_bytes} and the job table some room to grow")
+            try:
+                staging.mkdir()
+                _write_durably(staging / image_name, image_data)
+                _write_durably(staging / ACTION_FILE, action_data)
+                _fsync_dir(staging)
+                os.replace(staging, final)
+                _fsync_dir(self.jobs_dir)
+                with self._lock:
+                    self._db.execute(
+                        "INSERT INTO video_jobs (id, status, created_at, params, input_bytes) VALUES (?, ?, ?, ?, ?)",
+                        (job.id, job.status.value, job.created_at, json.dumps(params), job.input_bytes),
+                    )
+            except BaseException as exc:
+                shutil.rmtree(staging, ignore_errors=True)
+                shutil.rmtree(final, ignore_errors=True)
+                if isinstance(exc, Exception) and disk_full(exc):
+                    raise StorageFull(f"the data directory's disk is full ({exc})") from exc
+                raise
         return job
+
+    def stored_bytes(self) -> int:
+        """What the store holds, as its table counts it: inputs of jobs still to run plus finished results."""
+        with self._lock:
+            return self._db.execute("SELECT COALESCE(SUM(input_bytes + result_bytes), 0) FROM video_jobs").fetchone()[0]
+
+    def _make_room(self, needed: int) -> None:
+        """Make ``needed`` bytes fit under ``max_bytes`` by retiring finished jobs, or raise StorageFull."""
+        limit = self.retention.max_bytes
+        if self.stored_bytes() + needed <= limit:
+            return
+        self.sweep(reserve=needed)
+        stored = self.stored_bytes()
+        if stored + needed > limit:
+            raise StorageFull(
+                f"the video store is at its limit (--video-storage-mib, {limit / 2**20:.1f} MiB): jobs still to "
+                f"run and finished videos take {stored / 2**20:.1f} MiB and this job's inputs "
+                f"{needed / 2**20:.2f} MiB. Retry once queued jobs have run, or delete finished ones",
+                cap=True)
 
     def get(self, job_id: str) -> VideoJob:
         self.job_dir(job_id)  # validates the id
@@ -281,10 +424,16 @@ class VideoJobStore:
 
     def load_inputs(self, job_id: str) -> VideoJobInputs:
         folder = self.job_dir(job_id)
-        return VideoJobInputs(
-            image=np.load(folder / IMAGE_FILE, allow_pickle=False),
-            action=np.load(folder / ACTION_FILE, allow_pickle=False),
-        )
+        image = _stored_image(folder)
+        if image is None:
+            raise FileNotFoundError(f"{folder}: no {IMAGE_STEM} file")
+        return VideoJobInputs(image=_read_image(image), action=np.load(folder / ACTION_FILE, allow_pickle=False))
+
+    def _drop_inputs(self, job_id: str) -> None:
+        """A finished job never runs again: its inputs go (and stop counting against the limit)."""
+        folder = self.job_dir(job_id)
+        for name in [IMAGE_STEM + suffix for suffix in IMAGE_SUFFIXES] + [ACTION_FILE]:
+            (folder / name).unlink(missing_ok=True)
 
     def claim_next(self) -> VideoJob | None:
         """Mark the oldest queued job ``in_progress`` and return it (None if nothing waits).
@@ -302,12 +451,13 @@ class VideoJobStore:
                 job = self._job(row)
                 if job.attempts >= MAX_ATTEMPTS:
                     self._db.execute(
-                        "UPDATE video_jobs SET status = ?, completed_at = ?, error_code = ?, error_message = ? "
-                        "WHERE id = ?",
+                        "UPDATE video_jobs SET status = ?, completed_at = ?, error_code = ?, error_message = ?, "
+                        "input_bytes = 0 WHERE id = ?",
                         (VideoJobStatus.FAILED.value, time.time(), "interrupted",
                          f"the server stopped while running this job {job.attempts} times; it will not run again",
                          job.id),
                     )
+                    self._drop_inputs(job.id)
                     continue
                 job.status, job.started_at, job.attempts, job.progress = (
                     VideoJobStatus.IN_PROGRESS, time.time(), job.attempts + 1, 0,
@@ -334,16 +484,23 @@ class VideoJobStore:
     def complete(self, job_id: str, *, result_bytes: int, frames: int, width: int, height: int,
                  timing: dict[str, float]) -> bool:
         """Record a finished video (already at :meth:`video_path`). False if the job was deleted meanwhile."""
-        return self._update(
+        recorded = self._update(
             job_id, status=VideoJobStatus.COMPLETED, progress=100, completed_at=time.time(),
             result_bytes=result_bytes, result_frames=frames, width=width, height=height, timing=timing,
+            input_bytes=0,
         )
+        if recorded:
+            self._drop_inputs(job_id)
+        return recorded
 
     def fail(self, job_id: str, code: str, message: str, field: str | None = None) -> bool:
-        return self._update(
+        recorded = self._update(
             job_id, status=VideoJobStatus.FAILED, completed_at=time.time(),
-            error_code=code, error_message=message, error_field=field,
+            error_code=code, error_message=message, error_field=field, input_bytes=0,
         )
+        if recorded:
+            self._drop_inputs(job_id)
+        return recorded
 
     def delete(self, job_id: str) -> bool:
         """Remove the job's row and its folder. False if there was no such job."""
@@ -371,7 +528,7 @@ class VideoJobStore:
         for job_id, status in known.items():
             folder = self.jobs_dir / job_id
             if status == VideoJobStatus.QUEUED.value and not (
-                (folder / IMAGE_FILE).is_file() and (folder / ACTION_FILE).is_file()
+                _stored_image(folder) is not None and (folder / ACTION_FILE).is_file()
             ):
                 self.fail(job_id, "inputs_lost", "this job's input files are missing from the data directory")
                 failed += 1
@@ -393,24 +550,29 @@ class VideoJobStore:
             return None
         return job.completed_at + self.retention.max_age_s
 
-    def sweep(self, now: float | None = None) -> list[str]:
-        """Apply the retention policy; return the ids of the jobs it deleted."""
+    def sweep(self, now: float | None = None, reserve: int = 0) -> list[str]:
+        """Apply the retention policy, leaving room for ``reserve`` more bytes; return the ids of the jobs
+        it deleted. Only finished jobs go; inputs of jobs still to run count but stay."""
         now = time.time() if now is None else now
         finished = (VideoJobStatus.COMPLETED.value, VideoJobStatus.FAILED.value)
         with self._lock:
             rows = self._db.execute(
-                "SELECT id, completed_at, result_bytes FROM video_jobs WHERE status IN (?, ?) "
-                "ORDER BY completed_at, id",
+                "SELECT id, completed_at, result_bytes + input_bytes AS stored FROM video_jobs "
+                "WHERE status IN (?, ?) ORDER BY completed_at, id",
                 finished,
             ).fetchall()
+            unfinished = self._db.execute(
+                "SELECT COALESCE(SUM(input_bytes + result_bytes), 0) FROM video_jobs WHERE status NOT IN (?, ?)",
+                finished,
+            ).fetchone()[0]
         doomed = [row["id"] for row in rows if (row["completed_at"] or 0) + self.retention.max_age_s <= now]
         remaining = [row for row in rows if row["id"] not in set(doomed)]
-        total = sum(row["result_bytes"] for row in remaining)
+        total = unfinished + reserve + sum(row["stored"] for row in remaining)
         for row in remaining:  # oldest first
             if total <= self.retention.max_bytes:
                 break
             doomed.append(row["id"])
-            total -= row["result_bytes"]
+            total -= row["stored"]
         for job_id in doomed:
             self.delete(job_id)
         if doomed:

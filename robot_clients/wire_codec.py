@@ -31,7 +31,7 @@ from typing import Any
 import msgpack
 import numpy as np
 
-__all__ = ["WireFormatError", "packb", "unpackb", "ALLOWED_DTYPE_KINDS"]
+__all__ = ["WireFormatError", "WireLimitError", "packb", "unpackb", "ALLOWED_DTYPE_KINDS"]
 
 # numpy dtype kinds a frame may carry: bool, signed and unsigned integers, floats.
 ALLOWED_DTYPE_KINDS = frozenset("biuf")
@@ -47,6 +47,35 @@ class WireFormatError(ValueError):
         super().__init__(message)
         self.message = message
         self.field = field
+
+
+class WireLimitError(WireFormatError):
+    """A frame is well-formed so far but holds more elements than the caller accepts (``max_values``)."""
+
+
+class _ElementBudget:
+    """Counts the elements of the lists and maps msgpack builds, and stops the parse past ``limit``.
+
+    msgpack calls the hooks as each container is finished, so at most ``limit`` elements (plus the one
+    list being filled, itself at most ``limit`` long) exist before the parse is abandoned.
+    """
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self.seen = 0
+
+    def _count(self, size: int) -> None:
+        self.seen += size + 1
+        if self.seen > self.limit:
+            raise WireLimitError(f"frame holds more than {self.limit} elements (lists, maps and their items)")
+
+    def list_hook(self, items: list) -> list:
+        self._count(len(items))
+        return items
+
+    def object_hook(self, obj: dict) -> Any:
+        self._count(len(obj))
+        return _object_hook(obj)
 
 
 def _checked_dtype(spec: Any, field: str) -> np.dtype:
@@ -147,19 +176,28 @@ def packb(obj: Any) -> bytes:
         raise WireFormatError(f"cannot encode frame: {exc}") from None
 
 
-def unpackb(data: bytes | bytearray | memoryview) -> Any:
+def unpackb(data: bytes | bytearray | memoryview, max_values: int | None = None) -> Any:
     """Decode one msgpack frame, turning openpi array maps back into numpy arrays.
 
     Raises :class:`WireFormatError` for anything that is not a well-formed frame: bytes that are not
     msgpack, trailing data, a disallowed dtype, or an array whose shape does not match its data.
+    ``max_values`` bounds the lists, maps and their elements the frame may hold (each one a Python object
+    once decoded; an array's bytes count as one): beyond it, :class:`WireLimitError`.
     """
+    hooks: dict[str, Any] = {"object_hook": _object_hook}
+    if max_values is not None:
+        budget = _ElementBudget(max_values)
+        hooks = {"object_hook": budget.object_hook, "list_hook": budget.list_hook,
+                 "max_array_len": max_values, "max_map_len": max_values}
     try:
-        return msgpack.unpackb(
-            data, object_hook=_object_hook, ext_hook=_refuse_ext, raw=False, strict_map_key=True
-        )
+        return msgpack.unpackb(data, ext_hook=_refuse_ext, raw=False, strict_map_key=True, **hooks)
     except WireFormatError:
         raise
     except msgpack.ExtraData:
         raise WireFormatError("frame has trailing bytes after one msgpack object") from None
+    except ValueError as exc:
+        if max_values is not None and "exceeds max_" in str(exc):  # one list or map longer than the budget
+            raise WireLimitError(f"frame holds more than {max_values} elements (lists, maps and their items)") from None
+        raise WireFormatError(f"frame is not valid msgpack ({type(exc).__name__}: {exc})") from None
     except Exception as exc:  # msgpack raises a zoo of types (ValueError, FormatError, StackError, ...)
         raise WireFormatError(f"frame is not valid msgpack ({type(exc).__name__}: {exc})") from None

@@ -1,6 +1,8 @@
 """The disk for video results fills up: the job fails with ``storage_full``, nothing half-written stays,
-new submissions are refused with 507 ``storage_full``, and the server keeps serving; once space is
-freed, jobs run again.
+new submissions are refused with 507 ``storage_full`` (never 500), and the server keeps serving; once
+space is freed, jobs run again. When even the job's failure cannot be written (SQLite cannot grow its
+log), the job still reaches a final state: once space returns, or after a restart (which must work on
+the full disk too).
 
 A real full disk: a 6 MiB tmpfs mounted for the test as the sidecar's data directory (needs root and
 ``mount``; skipped otherwise), filled with a plain file while a job waits on the engine. The engine is
@@ -15,6 +17,7 @@ import shutil
 import subprocess
 import tempfile
 import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -74,8 +77,7 @@ def fill(directory: Path, leave: int) -> Path:
     return filler
 
 
-def test_a_full_results_disk_fails_the_job_with_storage_full_and_the_server_carries_on(small_disk):
-    gate = threading.Event()
+def gated_loader(gate: threading.Event):
     path = tiny_checkpoint("distilled")
 
     def load():
@@ -83,8 +85,13 @@ def test_a_full_results_disk_fails_the_job_with_storage_full_and_the_server_carr
 
         return GatedVideoEngine(Cosmos3Engine.load(path, device="cpu", dtype="float32"), gate)
 
+    return load
+
+
+def test_a_full_results_disk_fails_the_job_with_storage_full_and_the_server_carries_on(small_disk):
+    gate = threading.Event()
     data_dir = small_disk / "data"
-    with SidecarServer(load, data_dir=data_dir) as server:
+    with SidecarServer(gated_loader(gate), data_dir=data_dir) as server:
         try:
             check_full_disk(server, gate, small_disk, data_dir)
         finally:
@@ -108,7 +115,7 @@ def check_full_disk(server: SidecarServer, gate: threading.Event, small_disk: Pa
         assert failed["status"] == "failed", failed
         assert failed["error"]["code"] == "storage_full" and "full" in failed["error"]["message"]
         assert client.get(f"/v1/videos/{job['id']}/content").status_code == 409
-        leftovers = [p.name for p in (data_dir / "jobs").rglob("*") if p.name.endswith(".partial")
+        leftovers = [p.name for p in (data_dir / "videos").rglob("*") if p.name.endswith(".partial")
                      or p.name.startswith(".staging-")]
         assert leftovers == []
 
@@ -126,3 +133,65 @@ def check_full_disk(server: SidecarServer, gate: threading.Event, small_disk: Pa
         assert client.get(f"/v1/videos/{again['id']}/content").content[4:8] == b"ftyp"
         statuses = {j["id"]: j["status"] for j in client.get("/v1/videos").json()["data"]}
         assert statuses == {job["id"]: "failed", again["id"]: "completed"}
+
+
+def test_a_submission_with_little_free_space_is_refused_with_507_not_500(small_disk):
+    """3 MiB free and a first frame that does not compress to less (random pixels): once a 500."""
+    data_dir = small_disk / "data"
+    with SidecarServer(gated_loader(threading.Event()), data_dir=data_dir) as server:
+        fill(small_disk, 3 * 2**20)
+        refused = server.client.post("/v1/videos", json=video_body(steps=8, input_reference=png_b64(rgb(1100))))
+        assert refused.status_code == 507, refused.text
+        assert error_of(refused)["code"] == "storage_full"
+        assert server.client.get("/v1/videos").json()["data"] == []
+        assert [p.name for p in (data_dir / "videos").iterdir()] == []  # no half-written job
+
+
+def _fail_unrecordably(server: SidecarServer, gate: threading.Event, disk: Path) -> tuple[dict[str, Any], Path]:
+    """Submit a job, fill the disk to the last page, let the job run: its MP4 cannot be written, nor its
+    failure (SQLite cannot grow its log). Returns the job and the filler file, once the runner holds
+    the failure it could not record."""
+    job = server.client.post("/v1/videos", json=video_body(steps=8)).json()
+    filler = fill(disk, 0)
+    gate.set()
+    deadline = time.monotonic() + 60
+    while job["id"] not in server.server.sidecar.runner.unrecorded:
+        assert time.monotonic() < deadline, "the job's outcome never reached the runner"
+        time.sleep(0.1)
+    return job, filler
+
+
+def test_a_failure_the_disk_refused_is_recorded_once_space_returns(small_disk):
+    gate = threading.Event()
+    data_dir = small_disk / "data"
+    with SidecarServer(gated_loader(gate), data_dir=data_dir) as server:
+        try:
+            job, filler = _fail_unrecordably(server, gate, small_disk)
+            assert server.client.get(f"/v1/videos/{job['id']}").json()["status"] == "in_progress"
+            assert http_get(server.health_url)[1]["status"] == "ready"  # robots are served meanwhile
+            filler.unlink()
+            failed = wait_for_job(server.client, job["id"], timeout=30)
+            assert failed["status"] == "failed" and failed["error"]["code"] == "storage_full", failed
+        finally:
+            gate.set()
+
+
+def test_a_server_restarted_on_a_full_disk_serves_and_finishes_the_job_once_space_returns(small_disk):
+    gate = threading.Event()
+    data_dir = small_disk / "data"
+    with SidecarServer(gated_loader(gate), data_dir=data_dir) as server:
+        try:
+            job, filler = _fail_unrecordably(server, gate, small_disk)
+        finally:
+            gate.set()
+    # Stopped while the disk is full: the job is still in_progress in the store.
+    with SidecarServer(gated_loader(gate), data_dir=data_dir) as restarted:  # starts on the full disk
+        assert http_get(restarted.health_url)[1]["status"] == "ready"
+        generation = restarted.client.post("/v1/actions/generations", json={
+            "domain_name": "bridge_orig_lerobot", "image": video_body()["input_reference"]})
+        assert generation.status_code == 200, generation.text
+        assert restarted.client.get(f"/v1/videos/{job['id']}").json()["status"] == "in_progress"
+        filler.unlink()
+        done = wait_for_job(restarted.client, job["id"], timeout=60)
+        assert done["status"] == "completed", done  # re-queued by the recovery, run again, stored
+        assert restarted.client.get(f"/v1/videos/{job['id']}/content").content[4:8] == b"ftyp"

@@ -106,3 +106,19 @@ def test_decoder_never_unpickles_extension_types():
     frame = msgpack.packb({"x": msgpack.ExtType(1, b"cos\nsystem\n")}, use_bin_type=True)
     with pytest.raises(WireFormatError, match="extension type 1"):
         unpackb(frame)
+
+
+def test_max_values_bounds_the_elements_a_frame_may_build():
+    """Nested lists cost a Python object per element; ``max_values`` stops the parse past a budget, for a
+    flat list (refused from its header) and for many small ones (counted as they are built)."""
+    from robot_clients.wire_codec import WireLimitError
+
+    nested = msgpack.packb({"image": [[[0, 0, 0]] * 64] * 64})  # 4096 lists of 3, 64 of 64, one map
+    assert len(unpackb(nested, max_values=25_000)["image"]) == 64  # 4096 × 4 + 64 × 65 + 65 + 2 counted
+    with pytest.raises(WireLimitError, match="more than 1000 elements"):
+        unpackb(nested, max_values=1000)
+    with pytest.raises(WireLimitError):
+        unpackb(msgpack.packb(list(range(5000))), max_values=1000)
+    array = np.zeros((256, 256, 3), np.uint8)  # an array is one element, whatever its size
+    np.testing.assert_array_equal(unpackb(packb({"image": array}), max_values=20)["image"], array)
+    assert isinstance(WireLimitError("x"), WireFormatError)  # callers that catch format errors still do
