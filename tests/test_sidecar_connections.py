@@ -127,7 +127,9 @@ def test_uploads_stalled_mid_body_get_408_and_are_closed(server):
     declared = 40 * 2**20
     head = (f"POST /v1/actions/generations HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
             f"Content-Length: {declared}\r\n\r\n").encode()
-    socks = [_open(port, f"127.0.0.{5 + n % 2}", head + b'{"image": "' + b"A" * 2**19) for n in range(12)]
+    # Three uploads per address: within the per-client bound on action generations in flight (4), which
+    # would otherwise answer the later ones 429 before their bodies are read.
+    socks = [_open(port, f"127.0.0.{5 + n % 4}", head + b'{"image": "' + b"A" * 2**19) for n in range(12)]
     for sock in socks:
         status, payload, closed = _answer(sock)
         sock.close()
