@@ -69,12 +69,14 @@ def assemble(folder: Path) -> AssembledEpisode | None:
     layout = EpisodeLayout.from_json(session["layout"])
     fps = int(session["fps"])
     segments, tables, histograms = [], [], {key: np.zeros((3, 256), np.int64) for key in layout.cameras}
+    frame_counts = []
     for segment in committed_segments(folder):
         commit = json.loads((segment / SEGMENT_COMMIT).read_text())
         table = pq.read_table(segment / SEGMENT_ROWS)
         if table.num_rows != commit["frames"] or set(commit["histograms"]) != set(layout.cameras):
             break  # not what the recorder committed: keep the segments before it
         segments.append(segment)
+        frame_counts.append(int(commit.get("video_frames", table.num_rows)))
         tables.append(table)
         for key, counts in commit["histograms"].items():
             histograms[key] += np.asarray(counts, dtype=np.int64)
@@ -104,7 +106,7 @@ def assemble(folder: Path) -> AssembledEpisode | None:
     for key in layout.cameras:
         target = folder / video_path(key)
         target.parent.mkdir(parents=True, exist_ok=True)
-        join_segments([segment / f"{key}.mp4" for segment in segments], target)
+        join_segments([(segment / f"{key}.mp4", n) for segment, n in zip(segments, frame_counts)], target)
 
     stats = {}
     for name, feature in features.items():

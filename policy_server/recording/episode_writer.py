@@ -8,8 +8,9 @@ rows not yet flushed, and what was flushed stays readable (:mod:`.assembly` buil
 committed segments, at the episode's end or at the next start).
 
 A flush happens when a segment's worth of leading rows is answered, when the oldest row has waited
-``flush_interval_s`` (rows still unanswered then are recorded as ``unanswered``; a late answer goes to
-the event log), or when the recorder needs the memory back.
+``flush_interval_s`` (rows still unanswered after twice that are recorded as ``unanswered``; a late
+answer goes to the event log), or when the recorder needs the memory back; never with fewer than
+``MIN_SEGMENT_FRAMES`` rows, except at the episode's end (see :mod:`.video_segments`).
 
 The episode's layout (cameras, their sizes, the state's width, the chunk's shape) is fixed by its first
 observation and its configuration; :meth:`EpisodeWriter.fits` tells the recorder when a later
@@ -41,6 +42,7 @@ from .episode_files import (
 from .events import EpisodeStart, ObservationRecord, RowOutcome
 from .lerobot_format import TIMING_NAMES, VIDEO_KEY_PREFIX, EpisodeLayout, column
 from .store import directory_bytes
+from .video_segments import MIN_SEGMENT_FRAMES
 
 _KEY_UNSAFE = re.compile(r"[^A-Za-z0-9_]+")
 # The ActionRequest settings a row keeps (everything but the arrays), so a replay can send it again.
@@ -143,7 +145,6 @@ class EpisodeWriter:
         self.frames_flushed = 0
         self.frames_lost = 0
         self.counts = {"observations": 0, "chunks": 0, "dropped": 0, "errors": 0}
-        self._frame_shapes: dict[str, tuple[int, ...]] = {}
         self._events = None
 
     # -- files ---------------------------------------------------------------------------------------
@@ -189,10 +190,11 @@ class EpisodeWriter:
         if not obs.cameras:
             raise UnrecordableObservation("the observation has no camera frame")
         keys = camera_keys(list(obs.cameras))
-        cameras = {}
+        cameras, frame_sizes = {}, {}
         for key, name in keys.items():
             height, width = _checked_frame(name, obs.cameras[name]).shape[:2]
             cameras[key] = (height + height % 2, width + width % 2)
+            frame_sizes[key] = (height, width)
         state_dim = None
         if obs.state is not None:
             state = np.asarray(obs.state)
@@ -200,23 +202,17 @@ class EpisodeWriter:
                 raise UnrecordableObservation("the state is not a numeric vector")
             state_dim = int(state.size)
         horizon, dim = self.config.get("action_horizon"), self.config.get("raw_action_dim")
-        return EpisodeLayout(cameras=cameras, camera_names=keys, state_dim=state_dim,
+        return EpisodeLayout(cameras=cameras, frame_sizes=frame_sizes, camera_names=keys, state_dim=state_dim,
                              action_shape=(int(horizon), int(dim)))
 
     def fits(self, obs: ObservationRecord) -> bool:
         """Whether ``obs`` has this episode's layout (``UnrecordableObservation`` if it has none)."""
         layout = self._layout_of(obs)
-        return self.layout is None or (layout == self.layout and self._frame_shapes == self._shapes_of(obs))
-
-    @staticmethod
-    def _shapes_of(obs: ObservationRecord) -> dict[str, tuple[int, ...]]:
-        # Two frame sizes can share an encoded size (an odd side is padded): stacking needs the same one.
-        return {name: frame.shape for name, frame in obs.cameras.items()}
+        return self.layout is None or layout == self.layout
 
     def add(self, obs: ObservationRecord) -> None:
         if self.layout is None:
             self.layout = self._layout_of(obs)
-            self._frame_shapes = self._shapes_of(obs)
             self.write_session()
         task = obs.request.prompt if obs.request is not None else str(self.config.get("prompt") or "")
         row = _Row(obs.seq, obs.received_at - self.start.started_at, obs.client_timestamp, obs.request,
@@ -251,8 +247,8 @@ class EpisodeWriter:
     # -- flushing ------------------------------------------------------------------------------------
 
     def due(self, now: float, segment_frames: int, flush_interval_s: float) -> int:
-        """How many leading rows to flush now (0: none yet)."""
-        if not self.rows:
+        """How many leading rows to flush now (0: none yet); never fewer than MIN_SEGMENT_FRAMES."""
+        if len(self.rows) < MIN_SEGMENT_FRAMES:
             return 0
         if len(self.rows) >= 2 * segment_frames:
             return segment_frames
@@ -266,7 +262,7 @@ class EpisodeWriter:
         waited = now - (self.start.started_at + self.rows[0].received_at)
         if waited >= 2 * flush_interval_s:
             return min(len(self.rows), segment_frames)
-        if waited >= flush_interval_s:
+        if waited >= flush_interval_s and answered >= MIN_SEGMENT_FRAMES:
             return answered
         return 0
 
@@ -277,13 +273,16 @@ class EpisodeWriter:
         folder.mkdir(parents=True, exist_ok=True)
         fps = self.start.fps
         histograms = {}
+        # Only the episode's last segment can be this short: it repeats its last frame (video_segments).
+        padding = max(0, MIN_SEGMENT_FRAMES - len(rows))
         for key, name in layout.camera_names.items():
-            frames = np.stack([row.cameras[name] for row in rows])
-            histograms[key] = channel_histograms(frames).tolist()
+            frames = np.stack([row.cameras[name] for row in rows] + [rows[-1].cameras[name]] * padding)
+            histograms[key] = channel_histograms(frames[:len(rows)]).tolist()
             encode_mp4(frames, fps, folder / f"{key}.mp4", quality=self.quality)
             del frames
         durable_files.write_table(folder / SEGMENT_ROWS, self._rows_table(rows))
-        durable_files.write_json(folder / SEGMENT_COMMIT, {"frames": len(rows), "histograms": histograms})
+        durable_files.write_json(folder / SEGMENT_COMMIT, {"frames": len(rows), "video_frames": len(rows) + padding,
+                                                           "histograms": histograms})
         self.segments += 1
         self.frames_flushed += len(rows)
         self._forget(rows)

@@ -84,11 +84,12 @@ class EpisodeLayout:
     """What every frame of one episode holds; fixed by its first observation and its configuration.
 
     ``cameras`` maps each video key to the (height, width) its MP4 has (even sides: H.264's yuv420p
-    needs them, so an odd side gains one replicated edge row or column) and ``camera_names`` to the
-    robot's own name for that camera.
+    needs them, so an odd side gains one replicated edge row or column), ``frame_sizes`` to the size the
+    robot sent (a reader crops the padding off), and ``camera_names`` to the robot's own name for it.
     """
 
     cameras: Mapping[str, tuple[int, int]]
+    frame_sizes: Mapping[str, tuple[int, int]]
     camera_names: Mapping[str, str]
     state_dim: int | None
     action_shape: tuple[int, int]
@@ -112,12 +113,17 @@ class EpisodeLayout:
         return features
 
     def to_json(self) -> dict[str, Any]:
-        return {"cameras": {k: list(v) for k, v in self.cameras.items()}, "camera_names": dict(self.camera_names),
-                "state_dim": self.state_dim, "action_shape": list(self.action_shape)}
+        return {"cameras": {k: list(v) for k, v in self.cameras.items()},
+                "frame_sizes": {k: list(v) for k, v in self.frame_sizes.items()},
+                "camera_names": dict(self.camera_names), "state_dim": self.state_dim,
+                "action_shape": list(self.action_shape)}
 
     @classmethod
     def from_json(cls, value: Mapping[str, Any]) -> "EpisodeLayout":
-        return cls(cameras={k: (int(v[0]), int(v[1])) for k, v in value["cameras"].items()},
+        def sizes(table: Mapping[str, Any]) -> dict[str, tuple[int, int]]:
+            return {k: (int(v[0]), int(v[1])) for k, v in table.items()}
+
+        return cls(cameras=sizes(value["cameras"]), frame_sizes=sizes(value["frame_sizes"]),
                    camera_names=dict(value["camera_names"]),
                    state_dim=None if value["state_dim"] is None else int(value["state_dim"]),
                    action_shape=(int(value["action_shape"][0]), int(value["action_shape"][1])))

@@ -46,6 +46,7 @@ from .events import (
 )
 from .recovery import recover_partials
 from .store import RecordingStore, directory_bytes
+from .video_segments import MIN_SEGMENT_FRAMES
 from .write_queue import WriteQueue
 
 logger = logging.getLogger(__name__)
@@ -91,8 +92,10 @@ class RecorderSettings:
     writer_nice: int = 10  # the writer (and its ffmpeg) yields the CPU to the engine
 
     def __post_init__(self) -> None:
-        if self.segment_frames < 1 or self.flush_interval_s <= 0 or self.default_fps < 1:
-            raise ValueError("segment_frames, flush_interval_s and default_fps must be positive")
+        if self.segment_frames < MIN_SEGMENT_FRAMES:
+            raise ValueError(f"segment_frames must be at least {MIN_SEGMENT_FRAMES}")
+        if self.flush_interval_s <= 0 or self.default_fps < 1:
+            raise ValueError("flush_interval_s and default_fps must be positive")
 
 
 @dataclass
@@ -491,7 +494,7 @@ class Recorder:
             return
         self.store.publish(name)
         self.counters.episodes_published += 1
-        self._enforce()
+        self._enforce(newest=name)
 
     def _abandon(self, key: int) -> None:
         """After an unexpected failure: drop the episode's buffer, publish what it committed if possible."""
@@ -534,8 +537,11 @@ class Recorder:
                 self._guarded(self._flush, key, episode, count)
             if self.state is not RecorderState.RECORDING:
                 return
-        while self._episodes and sum(e.buffered_bytes for e in self._episodes.values()) > settings.buffer_bytes:
-            key, episode = max(self._episodes.items(), key=lambda item: item[1].buffered_bytes)
+        while sum(e.buffered_bytes for e in self._episodes.values()) > settings.buffer_bytes:
+            flushable = [(k, e) for k, e in self._episodes.items() if len(e.rows) >= MIN_SEGMENT_FRAMES]
+            if not flushable:
+                break
+            key, episode = max(flushable, key=lambda item: item[1].buffered_bytes)
             self._guarded(self._flush, key, episode, min(len(episode.rows), settings.segment_frames))
         if now - self._last_retention >= settings.retention_check_s:
             self._enforce()
@@ -553,10 +559,13 @@ class Recorder:
         self.counters.episodes_discarded += len(report.removed)
         self.counters.used_bytes = self.store.used_bytes
 
-    def _enforce(self) -> None:
+    def _enforce(self, newest: str | None = None) -> None:
+        """Retention and quota. What is being recorded, and the recording just published, stay: the quota
+        deletes older recordings first, and an episode over the quota on its own was cut short there."""
         self._last_retention = time.monotonic()
+        protect = {e.name for e in self._episodes.values()} | ({newest} if newest else set())
         deleted = self.store.enforce(max_bytes=self.settings.max_bytes, max_age_s=self.settings.max_age_s,
-                                     protect=frozenset(e.name for e in self._episodes.values()))
+                                     protect=frozenset(protect))
         for _, reason in deleted:
             if reason == "age":
                 self.counters.recordings_deleted_age += 1

@@ -7,6 +7,15 @@ segments are joined with ffmpeg's concat demuxer, copying the compressed stream 
 segment has the same size, frame rate and codec settings). Each segment restarts its timestamps at 0 and
 lasts exactly its frame count / fps, so frame *i* of the joined file is presented at *i*/fps, which is
 what LeRobot's decoder asks for.
+
+Decode timestamps must also follow one another, the same way in every segment. libx264 (as the
+bundled ffmpeg drives it) reorders frames for B-frames from 3 frames on, which starts a segment's decode
+times two frames before its presentation times; a 1- or 2-frame segment has no such shift. Joined, the
+two kinds overlap in decode order or leave a gap, and ffmpeg then rewrites timestamps: the file's average
+frame rate is off (LeRobot computes frame indices from it) and players repeat or skip frames. So every
+segment has at least :data:`MIN_SEGMENT_FRAMES` frames: the recorder flushes no fewer, and an episode
+that ends on fewer repeats its last frame to fill its last segment. Those repeats lie after the
+episode's ``to_timestamp``, where no reader looks.
 """
 
 from __future__ import annotations
@@ -19,17 +28,24 @@ from ..video_encoding import VideoEncodingError, check_mp4_structure
 from .durable_files import TMP_SUFFIX, publish_file
 
 
+MIN_SEGMENT_FRAMES = 3
+
+
 def _concat_entry(path: Path) -> str:
     # ffconcat quoting: inside single quotes, a quote is written '\''.
     return "file '" + str(path.resolve()).replace("'", "'\\''") + "'\n"
 
 
-def join_segments(parts: list[Path], out: Path) -> None:
-    """Write ``parts`` (MP4 segments encoded alike, in order) as one MP4 at ``out``, atomically."""
+def join_segments(segments: list[tuple[Path, int]], out: Path) -> None:
+    """Write ``segments`` (MP4 files encoded alike, in order, with their frame counts) as one MP4 at
+    ``out``, atomically."""
     import imageio_ffmpeg
 
-    if not parts:
+    if not segments:
         raise VideoEncodingError("no segments to join")
+    if any(frames < MIN_SEGMENT_FRAMES for _, frames in segments):
+        raise VideoEncodingError(f"every segment needs at least {MIN_SEGMENT_FRAMES} frames to be joined")
+    parts = [path for path, _ in segments]
     tmp = out.with_name(out.name + TMP_SUFFIX)
     if len(parts) == 1:
         shutil.copyfile(parts[0], tmp)
