@@ -7,7 +7,7 @@ checks what the next recorder start makes of the folder it left. One JSON line p
 
 ``committed`` counts the frames in committed segments (their ``segment.json`` exists), read from disk.
 
-    python recording_crash_script.py ROOT --segment-frames 4 --flush-interval 0.05
+    python recording_crash_script.py ROOT --segment-frames 4 --flush-interval 1.0
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("root")
     parser.add_argument("--segment-frames", type=int, default=4)
-    parser.add_argument("--flush-interval", type=float, default=0.05)
+    parser.add_argument("--flush-interval", type=float, default=1.0)
     args = parser.parse_args()
     root = Path(args.root)
     recorder = Recorder(RecorderSettings(root=root, segment_frames=args.segment_frames,

@@ -69,13 +69,19 @@ class Traffic:
 
 def record_traffic(recording, count: int, *, start_seq: int = 0, cameras: dict[str, tuple[int, int]] | None = None,
                    with_state: bool = True, drop_every: int = 4, error_at: tuple[int, ...] = (),
-                   unanswered: tuple[int, ...] = (), prompts: tuple[str, ...] = ("pick up the cube",)) -> Traffic:
-    """Play ``count`` observations into ``recording`` (a SessionRecording), each answered once."""
+                   unanswered: tuple[int, ...] = (), prompts: tuple[str, ...] = ("pick up the cube",),
+                   noise: bool = False) -> Traffic:
+    """Play ``count`` observations into ``recording`` (a SessionRecording), each answered once.
+    ``noise``: random pixels instead of :func:`frame` (hard to compress: big MP4s)."""
     cameras = cameras or {"front": (48, 64), "wrist": (32, 40)}
     traffic = Traffic()
     for n in range(count):
         seq = start_seq + n
-        images = {name: frame(seq, h, w, channel_shift=10 * k) for k, (name, (h, w)) in enumerate(cameras.items())}
+        if noise:
+            rng = np.random.default_rng(seq)
+            images = {name: rng.integers(0, 256, (h, w, 3), dtype=np.uint8) for name, (h, w) in cameras.items()}
+        else:
+            images = {name: frame(seq, h, w, channel_shift=10 * k) for k, (name, (h, w)) in enumerate(cameras.items())}
         state = np.linspace(0, 1, 5, dtype=np.float32) + seq if with_state else None
         prompt = prompts[(n * len(prompts)) // count]
         first = next(iter(images.values()))

@@ -27,7 +27,7 @@ pytestmark = pytest.mark.timeout(180)
 
 
 def record_then_kill(root: Path, *, until_committed: int, segment_frames: int = 4,
-                     flush_interval: float = 0.05) -> dict:
+                     flush_interval: float = 1.0) -> dict:
     """Run the script until its segments hold ``until_committed`` frames (0: until it sent 5), SIGKILL it
     and return its last progress line."""
     proc = subprocess.Popen(

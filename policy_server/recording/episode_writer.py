@@ -246,8 +246,9 @@ class EpisodeWriter:
 
     # -- flushing ------------------------------------------------------------------------------------
 
-    def due(self, now: float, segment_frames: int, flush_interval_s: float) -> int:
-        """How many leading rows to flush now (0: none yet); never fewer than MIN_SEGMENT_FRAMES."""
+    def due(self, now: float, segment_frames: int, flush_interval_s: float | None) -> int:
+        """How many leading rows to flush now (0: none yet); never fewer than MIN_SEGMENT_FRAMES.
+        ``flush_interval_s`` None: only by size (the writer is behind, and outcomes may be queued)."""
         if len(self.rows) < MIN_SEGMENT_FRAMES:
             return 0
         if len(self.rows) >= 2 * segment_frames:
@@ -257,8 +258,8 @@ class EpisodeWriter:
             if row.outcome.kind == "unanswered":
                 break
             answered += 1
-        if answered == segment_frames:
-            return answered
+        if answered == segment_frames or flush_interval_s is None:
+            return answered if answered == segment_frames else 0
         waited = now - (self.start.started_at + self.rows[0].received_at)
         if waited >= 2 * flush_interval_s:
             return min(len(self.rows), segment_frames)

@@ -357,14 +357,17 @@ class Recorder:
     def _failed(self, exc: Exception, key: int | None) -> None:
         """A write failed: a full disk stops recording; anything else costs that session's episode."""
         if is_out_of_space(exc) or isinstance(exc, DiskFull) or (
-                isinstance(exc, (OSError, VideoEncodingError))
-                and self._free_bytes() < max(self.settings.min_free_bytes, NEARLY_FULL_BYTES)):
+                isinstance(exc, (OSError, VideoEncodingError)) and self._free_bytes() < self._resume_free_bytes):
             self._halt(exc)
             return
         self.counters.write_errors += 1
         logger.exception("recording: the writer failed (%s)", type(exc).__name__)
         if key is not None and key in self._episodes:
             self._abandon(key)
+
+    @property
+    def _resume_free_bytes(self) -> int:
+        return max(self.settings.min_free_bytes, NEARLY_FULL_BYTES)
 
     def _free_bytes(self) -> int:
         try:
@@ -514,7 +517,7 @@ class Recorder:
         self._halted_at = time.monotonic()
         self.counters.disk_full += 1
         logger.error("recording stopped: the disk under %s is full (%s). Serving goes on; recording resumes "
-                     "when %d bytes are free.", self.store.root, exc, self.settings.min_free_bytes)
+                     "when %d bytes are free.", self.store.root, exc, self._resume_free_bytes)
         for episode in self._episodes.values():
             self.counters.frames_not_recorded += episode.discard_buffer()
             try:
@@ -526,13 +529,14 @@ class Recorder:
 
     def _housekeeping(self, now: float) -> None:
         if self.state is RecorderState.DISK_FULL:
-            if now - self._halted_at >= self.settings.disk_retry_s and \
-                    self._free_bytes() >= max(self.settings.min_free_bytes, NEARLY_FULL_BYTES):
+            if now - self._halted_at >= self.settings.disk_retry_s and self._free_bytes() >= self._resume_free_bytes:
                 self._resume()
             return
         settings = self.settings
+        # Flushing by age only once the queue is drained: an outcome may still be waiting in it.
+        interval = settings.flush_interval_s if len(self._queue) == 0 else None
         for key, episode in list(self._episodes.items()):
-            count = episode.due(now, settings.segment_frames, settings.flush_interval_s)
+            count = episode.due(now, settings.segment_frames, interval)
             if count:
                 self._guarded(self._flush, key, episode, count)
             if self.state is not RecorderState.RECORDING:
