@@ -6,9 +6,11 @@ own virtualenv (``make test`` builds ``.venv-lerobot``); tests/test_recording_le
 script with that environment's Python. It imports nothing of this project. For each recording folder
 it loads the dataset the way a LeRobot user does, reads every frame through ``dataset[i]`` (videos
 decoded by LeRobot's default decoder, torchcodec), and saves frames (uint8, H×W×3), actions,
-timestamps and the other columns into one ``.npz``; a JSON summary goes to stdout.
+timestamps and the other columns into one ``.npz``; a JSON summary goes to stdout. With
+``--aggregate DIR`` it also merges all the recordings into one dataset with LeRobot's
+``aggregate_datasets`` and reads that one last.
 
-    python lerobot_dataset_script.py --out read.npz RECORDING [RECORDING ...]
+    python lerobot_dataset_script.py --out read.npz [--aggregate DIR] RECORDING [RECORDING ...]
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ if not hasattr(torch.ops, "torchvision") or not hasattr(torch.ops.torchvision, "
     torch.library.define("torchvision::qnms", "(Tensor dets, Tensor scores, float iou_threshold) -> Tensor")
 
 import ledataset  # noqa: E402
+from ledataset.datasets.aggregate import aggregate_datasets  # noqa: E402
 from ledataset.datasets.compute_stats import aggregate_stats  # noqa: E402
 from ledataset.datasets.lerobot_dataset import CODEBASE_VERSION, LeRobotDataset  # noqa: E402
 from ledataset.datasets.video_utils import get_safe_default_codec  # noqa: E402
@@ -45,7 +48,6 @@ def read(root: Path, prefix: str, arrays: dict[str, np.ndarray]) -> dict:
         if key in dataset.features:
             arrays[f"{prefix}/{key}"] = np.stack([item[key].numpy() for item in items])
     episode = dataset.meta.episodes[0]
-    aggregate_stats([dataset.meta.stats, dataset.meta.stats])  # what merging two recordings does
     return {
         "root": str(root),
         "frames": len(dataset),
@@ -63,16 +65,23 @@ def read(root: Path, prefix: str, arrays: dict[str, np.ndarray]) -> dict:
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--out", required=True)
+    parser.add_argument("--aggregate", default=None)
     parser.add_argument("roots", nargs="+")
     args = parser.parse_args()
+    roots = [Path(root) for root in args.roots]
     arrays: dict[str, np.ndarray] = {}
     summary = {
         "codebase_version": CODEBASE_VERSION,
         "decoder": get_safe_default_codec(),
         "torch": torch.__version__,
         "ledataset": getattr(ledataset, "__version__", None),
-        "datasets": [read(Path(root), str(i), arrays) for i, root in enumerate(args.roots)],
+        "datasets": [read(root, str(i), arrays) for i, root in enumerate(roots)],
     }
+    if args.aggregate:
+        merged = Path(args.aggregate)
+        aggregate_datasets([f"local/{root.name}" for root in roots], "local/merged", roots=roots, aggr_root=merged)
+        summary["datasets"].append(read(merged, "merged", arrays))
+        summary["merged_episodes"] = LeRobotDataset("local/merged", root=merged).num_episodes
     np.savez(args.out, **arrays)
     print(json.dumps(summary))
 

@@ -4,7 +4,7 @@ are what the session sent and answered.
 
 Two recordings are read: one recorded to its end (two cameras, a state, chunks, drops, an error, two
 tasks, a last segment padded past the episode's end) and one cut short by SIGKILL and recovered at the
-next start. ``make test`` builds ``.venv-lerobot``; tests/lerobot_dataset_script.py runs inside it.
+next start; then both merged into one dataset by LeRobot's ``aggregate_datasets``. ``make test`` builds ``.venv-lerobot``; tests/lerobot_dataset_script.py runs inside it.
 """
 
 from __future__ import annotations
@@ -37,7 +37,8 @@ if not LEROBOT_PYTHON.exists():
 def read_with_lerobot(tmp_path: Path, roots: list[Path]) -> tuple[dict, dict[str, np.ndarray]]:
     out = tmp_path / "read.npz"
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_HOME": str(tmp_path / "hf"), "NO_PROXY": "*"}
-    result = subprocess.run([str(LEROBOT_PYTHON), str(SCRIPT), "--out", str(out), *map(str, roots)],
+    result = subprocess.run([str(LEROBOT_PYTHON), str(SCRIPT), "--out", str(out),
+                             "--aggregate", str(tmp_path / "merged"), *map(str, roots)],
                             capture_output=True, text=True, timeout=240, env=env)
     assert result.returncode == 0, result.stderr[-4000:]
     with np.load(out) as arrays:
@@ -75,7 +76,7 @@ def test_lerobot_loads_a_recording_and_a_recovered_one_with_what_was_sent_and_an
         if s.kind == "chunk":
             np.testing.assert_array_equal(arrays["0/action"][i], s.actions)
         else:
-            assert np.isnan(arrays["0/action"][i]).all()
+            assert not arrays["0/action"][i].any()  # zeros: no chunk (response.kind says so)
         for name in ("front", "wrist"):
             assert_frames_match(arrays[f"0/observation.images.{name}"][i], [t.cameras[name] for t in sent], i)
 
@@ -87,3 +88,12 @@ def test_lerobot_loads_a_recording_and_a_recovered_one_with_what_was_sent_and_an
     originals = [frame(i, 48, 64) for i in range(frames)]
     for i in range(frames):
         assert_frames_match(arrays["1/observation.images.front"][i], originals, i)
+
+    # LeRobot merges the two into one dataset (the first one's video carries padding past its end).
+    merged = summary["datasets"][2]
+    assert summary["merged_episodes"] == 2 and merged["frames"] == 18 + frames
+    np.testing.assert_array_equal(arrays["merged/episode_index"], [0] * 18 + [1] * frames)
+    np.testing.assert_array_equal(arrays["merged/observation.seq"], [s.seq for s in sent] + list(range(frames)))
+    for i in range(18 + frames):
+        own = [t.cameras["front"] for t in sent] if i < 18 else originals
+        assert_frames_match(arrays["merged/observation.images.front"][i], own, i if i < 18 else i - 18)

@@ -21,7 +21,7 @@ from . import durable_files
 from .dataset_stats import image_stats, numeric_stats
 from .episode_files import SEGMENT_COMMIT, SEGMENT_ROWS, SEGMENTS_DIR, SESSION_JSON
 from .lerobot_format import (
-    DATA_PATH, EPISODES_PATH, INFO_PATH, STATS_PATH, TASKS_PATH, EpisodeLayout, column, data_schema,
+    DATA_PATH, EPISODES_PATH, INFO_PATH, NO_VALUE, STATS_PATH, TASKS_PATH, EpisodeLayout, column, data_schema,
     episodes_table, info_json, tasks_table, video_path,
 )
 from .video_segments import join_segments
@@ -108,13 +108,17 @@ def assemble(folder: Path) -> AssembledEpisode | None:
         target.parent.mkdir(parents=True, exist_ok=True)
         join_segments([(segment / f"{key}.mp4", n) for segment, n in zip(segments, frame_counts)], target)
 
+    answered = np.array(rows.column("response.kind").to_pylist()) == "chunk"
+    client_times = column_values(rows.column("observation.client_timestamp"), (1,))
+    kept = {"action": answered, "response.timing_ms": answered, "response.seed": answered,
+            "observation.client_timestamp": client_times != NO_VALUE}
     stats = {}
     for name, feature in features.items():
         if feature["dtype"] == "video":
             stats[name] = image_stats(histograms[name], frames)
         elif feature["dtype"] != "string":
             values = defaults[name] if name in defaults else column_values(data.column(name), tuple(feature["shape"]))
-            feature_stats = numeric_stats(values)
+            feature_stats = numeric_stats(values, kept.get(name))
             if feature_stats["count"][0] > 0:  # LeRobot's aggregate_stats divides by the count
                 stats[name] = feature_stats
     durable_files.write_json(folder / STATS_PATH, {

@@ -10,8 +10,9 @@ LeRobot normalizes with these (``meta/stats.json`` and each episode's ``stats/..
 
 Cameras are summarized without keeping frames: each frame adds its (subsampled) pixels to one 256-bin
 histogram per channel, from which every statistic follows exactly, quantiles included. Frames with no
-value (``NaN``: an observation that got no chunk) are left out of the numeric statistics, and a feature
-no frame has a value for gets none (LeRobot's ``aggregate_stats`` divides by the count).
+value (the chunk of an observation that got none, a timing not measured) are left out of the numeric
+statistics by a mask, and a feature no frame has a value for gets none (LeRobot's ``aggregate_stats``
+divides by the count).
 """
 
 from __future__ import annotations
@@ -24,13 +25,12 @@ QUANTILE_KEYS = tuple(f"q{int(q * 100):02d}" for q in QUANTILES)
 HISTOGRAM_TARGET_SIDE = 150
 
 
-def numeric_stats(values: np.ndarray) -> dict[str, np.ndarray]:
-    """Statistics of ``values`` (frames first) per last dimension; frames holding a NaN are skipped."""
+def numeric_stats(values: np.ndarray, kept: np.ndarray | None = None) -> dict[str, np.ndarray]:
+    """Statistics of ``values`` (frames first) per last dimension, over the frames ``kept`` (a boolean
+    mask; default all)."""
     values = np.asarray(values)
-    frames = values.reshape(values.shape[0], -1)
-    if values.dtype.kind == "f":
-        frames_kept = ~np.isnan(frames).any(axis=1)
-        values = values[frames_kept]
+    if kept is not None:
+        values = values[kept]
     width = 1 if values.ndim == 1 else values.shape[-1]
     flat = values.reshape(-1, width)
     count = np.array([values.shape[0]], dtype=np.int64)

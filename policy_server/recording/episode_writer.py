@@ -20,7 +20,6 @@ observation needs a new episode.
 from __future__ import annotations
 
 import json
-import math
 import re
 import time
 from collections.abc import Mapping
@@ -40,7 +39,7 @@ from .episode_files import (
     EVENTS_JSONL, FORMAT_NAME, FORMAT_VERSION, SEGMENT_COMMIT, SEGMENT_ROWS, SEGMENTS_DIR, SESSION_JSON,
 )
 from .events import EpisodeStart, ObservationRecord, RowOutcome
-from .lerobot_format import TIMING_NAMES, VIDEO_KEY_PREFIX, EpisodeLayout, column
+from .lerobot_format import NO_VALUE, TIMING_NAMES, VIDEO_KEY_PREFIX, EpisodeLayout, column
 from .store import directory_bytes
 from .video_segments import MIN_SEGMENT_FRAMES
 
@@ -308,21 +307,24 @@ class EpisodeWriter:
     def _rows_table(self, rows: list[_Row]) -> pa.Table:
         features = self.layout.features(self.start.fps)
         horizon, dim = self.layout.action_shape
-        nan_chunk = np.full((horizon, dim), np.nan, dtype=np.float32)
+        # No NaN anywhere: LeRobot's tools (aggregate_datasets goes through pandas) turn NaN into nulls,
+        # which its loader cannot read. What has no value gets NO_VALUE (timings, timestamps) or zeros
+        # (the chunk of an observation that got none); `response.kind` says which rows hold a chunk.
+        no_chunk = np.zeros((horizon, dim), dtype=np.float32)
         outcomes = [row.outcome for row in rows]
-        timing = np.array([[math.nan if o.timing.get(n) is None else float(o.timing[n]) for n in TIMING_NAMES]
+        timing = np.array([[NO_VALUE if o.timing.get(n) is None else float(o.timing[n]) for n in TIMING_NAMES]
                            for o in outcomes], dtype=np.float32).reshape(len(rows), len(TIMING_NAMES))
         columns: dict[str, pa.Array] = {}
         if self.layout.state_dim is not None:
             states = np.stack([np.asarray(r.state, dtype=np.float32).reshape(-1) for r in rows])
             columns["observation.state"] = column(states, features["observation.state"])
-        actions = np.stack([nan_chunk if o.actions is None else np.asarray(o.actions, np.float32) for o in outcomes])
+        actions = np.stack([no_chunk if o.actions is None else np.asarray(o.actions, np.float32) for o in outcomes])
         columns["action"] = column(actions, features["action"])
         values = {
             "observation.seq": np.array([r.seq for r in rows], dtype=np.int64),
             "observation.received_at": np.array([r.received_at for r in rows], dtype=np.float64),
             "observation.client_timestamp": np.array(
-                [math.nan if r.client_timestamp is None else r.client_timestamp for r in rows], dtype=np.float64),
+                [NO_VALUE if r.client_timestamp is None else r.client_timestamp for r in rows], dtype=np.float64),
             "observation.request": [request_json(r.request, r.cameras) for r in rows],
             "response.kind": [o.kind for o in outcomes],
             "response.reason": [o.reason for o in outcomes],

@@ -57,6 +57,8 @@ DEFAULT_FEATURES: dict[str, dict[str, Any]] = {
 
 # The timing a robot sees with each chunk, in this order, in the `response.timing_ms` vector.
 TIMING_NAMES = ("decode_ms", "queue_ms", "model_ms", "engine_ms", "total_ms", "observation_age_ms")
+# A timing or timestamp that was not measured or not sent (a recording holds no NaN: see episode_writer).
+NO_VALUE = -1.0
 
 # The per-frame columns of a recording, besides cameras, state, action and LeRobot's defaults.
 SCALAR_FEATURES: dict[str, dict[str, Any]] = {

@@ -9,7 +9,6 @@ to fit in memory.
 from __future__ import annotations
 
 import json
-import math
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -21,7 +20,9 @@ import pyarrow.parquet as pq
 from .assembly import column_values
 from .durable_files import read_lines
 from .episode_files import EVENTS_JSONL, FORMAT_NAME, SESSION_JSON
-from .lerobot_format import CODEBASE_VERSION, DATA_PATH, INFO_PATH, TIMING_NAMES, EpisodeLayout, video_path
+from .lerobot_format import (
+    CODEBASE_VERSION, DATA_PATH, INFO_PATH, NO_VALUE, TIMING_NAMES, EpisodeLayout, video_path,
+)
 
 
 class RecordingFormatError(ValueError):
@@ -90,9 +91,9 @@ class RecordedEpisode:
                 kind=kind,
                 reason=columns["response.reason"][i],
                 message=columns["response.message"][i],
-                actions=actions[i] if kind == "chunk" and not np.isnan(actions[i]).any() else None,
+                actions=actions[i] if kind == "chunk" else None,
                 seed=None if seed < 0 else seed,
-                timing_ms={name: None if math.isnan(value) else float(value)
+                timing_ms={name: None if value == NO_VALUE else float(value)
                            for name, value in zip(TIMING_NAMES, timing[i])},
                 task=tasks_by_index.get(columns["task_index"][i], ""),
             ))

@@ -36,7 +36,7 @@ from typing import Any
 
 import numpy as np
 
-from ..video_encoding import DEFAULT_QUALITY, VideoEncodingError
+from ..video_encoding import VideoEncodingError
 from .assembly import assemble
 from .durable_files import is_out_of_space
 from .episode_writer import EpisodeWriter, UnrecordableObservation
@@ -51,6 +51,7 @@ from .write_queue import WriteQueue
 
 logger = logging.getLogger(__name__)
 
+RECORDING_QUALITY = 5
 # How often the writer wakes up with nothing to do (time-based flushes, retention, disk retry).
 TICK_S = 0.25
 # Below this many free bytes a failed write is taken for a full disk even without ENOSPC (ffmpeg does not
@@ -88,7 +89,9 @@ class RecorderSettings:
     disk_retry_s: float = 30.0
     retention_check_s: float = 60.0
     default_fps: int = 10  # the dataset's frame rate when the session declares no control_hz
-    video_quality: int = DEFAULT_QUALITY
+    # imageio-ffmpeg's 1-10 scale (libx264 -crf 51*(1 - q/10)): 5 is crf 25. Camera noise makes the
+    # project's default for generated videos (8, crf 10) about 4x slower to encode and ~80x bigger.
+    video_quality: int = RECORDING_QUALITY
     writer_nice: int = 10  # the writer (and its ffmpeg) yields the CPU to the engine
 
     def __post_init__(self) -> None:
@@ -264,6 +267,7 @@ class Recorder:
         self._over_quota: set[int] = set()
         self._halted_at = 0.0
         self._last_retention = 0.0
+        self._newest: str | None = None  # the recording published last: the quota never deletes it
 
     # -- the caller's side (event loop) --------------------------------------------------------------
 
@@ -497,7 +501,8 @@ class Recorder:
             return
         self.store.publish(name)
         self.counters.episodes_published += 1
-        self._enforce(newest=name)
+        self._newest = name
+        self._enforce()
 
     def _abandon(self, key: int) -> None:
         """After an unexpected failure: drop the episode's buffer, publish what it committed if possible."""
@@ -563,11 +568,11 @@ class Recorder:
         self.counters.episodes_discarded += len(report.removed)
         self.counters.used_bytes = self.store.used_bytes
 
-    def _enforce(self, newest: str | None = None) -> None:
-        """Retention and quota. What is being recorded, and the recording just published, stay: the quota
+    def _enforce(self) -> None:
+        """Retention and quota. What is being recorded, and the recording published last, stay: the quota
         deletes older recordings first, and an episode over the quota on its own was cut short there."""
         self._last_retention = time.monotonic()
-        protect = {e.name for e in self._episodes.values()} | ({newest} if newest else set())
+        protect = {e.name for e in self._episodes.values()} | ({self._newest} if self._newest else set())
         deleted = self.store.enforce(max_bytes=self.settings.max_bytes, max_age_s=self.settings.max_age_s,
                                      protect=frozenset(protect))
         for _, reason in deleted:
