@@ -32,7 +32,6 @@ if not hasattr(torch.ops, "torchvision") or not hasattr(torch.ops.torchvision, "
 
 import ledataset  # noqa: E402
 from ledataset.datasets.aggregate import aggregate_datasets  # noqa: E402
-from ledataset.datasets.compute_stats import aggregate_stats  # noqa: E402
 from ledataset.datasets.lerobot_dataset import CODEBASE_VERSION, LeRobotDataset  # noqa: E402
 from ledataset.datasets.video_utils import get_safe_default_codec  # noqa: E402
 

@@ -12,7 +12,8 @@ What a session uses::
     recorder.close()
 
 Modules, one job each: :mod:`.events` (what crosses to the writer thread), :mod:`.write_queue` (the
-bounded hand-off), :mod:`.recorder` (the writer thread and the session handle), :mod:`.episode_writer`
+bounded hand-off), :mod:`.session_recording` (what a session calls), :mod:`.recorder` (the writer
+thread), :mod:`.settings`, :mod:`.episode_writer`
 (one episode's rows and segments), :mod:`.assembly` (segments into a dataset), :mod:`.lerobot_format`
 and :mod:`.dataset_stats` (LeRobot's layout and statistics), :mod:`.video_segments` (joining MP4
 segments), :mod:`.durable_files` (atomic writes), :mod:`.store` (names, listing, quota, retention),
@@ -20,9 +21,9 @@ segments), :mod:`.durable_files` (atomic writes), :mod:`.store` (names, listing,
 ``cosmos3-replay``).
 """
 
-from .recorder import (
-    NO_RECORDING, NullSessionRecording, Recorder, RecorderSettings, RecorderState, SessionRecording, model_identity,
-)
+from .recorder import Recorder
+from .session_recording import NO_RECORDING, NullSessionRecording, SessionRecording, model_identity
+from .settings import RecorderSettings, RecorderState
 from .store import InvalidRecordingName, RecordingInfo, RecordingStore
 
 __all__ = [

@@ -14,6 +14,8 @@ from __future__ import annotations
 import errno
 import json
 import os
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -31,25 +33,25 @@ def fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
-def _publish(tmp: Path, path: Path) -> None:
-    with open(tmp, "rb+") as handle:
-        os.fsync(handle.fileno())
-    os.replace(tmp, path)
-    fsync_dir(path.parent)
-
-
-def _tmp_for(path: Path) -> Path:
-    return path.with_name(path.name + TMP_SUFFIX)
-
-
-def write_bytes(path: Path, data: bytes) -> None:
-    tmp = _tmp_for(path)
+@contextmanager
+def replacing(path: Path) -> Iterator[Path]:
+    """``with replacing(path) as tmp:`` write ``tmp``; on success it becomes ``path`` (fsynced, renamed),
+    on failure it is removed and ``path`` is untouched."""
+    tmp = path.with_name(path.name + TMP_SUFFIX)
     try:
-        tmp.write_bytes(data)
-        _publish(tmp, path)
+        yield tmp
+        with open(tmp, "rb+") as handle:
+            os.fsync(handle.fileno())
+        os.replace(tmp, path)
+        fsync_dir(path.parent)
     except BaseException:
         tmp.unlink(missing_ok=True)
         raise
+
+
+def write_bytes(path: Path, data: bytes) -> None:
+    with replacing(path) as tmp:
+        tmp.write_bytes(data)
 
 
 def write_json(path: Path, value: Any) -> None:
@@ -59,19 +61,9 @@ def write_json(path: Path, value: Any) -> None:
 
 def write_table(path: Path, table: pa.Table) -> None:
     """A Parquet file the way LeRobot writes its own: snappy, dictionary encoding, one row group."""
-    tmp = _tmp_for(path)
-    try:
-        with pq.ParquetWriter(tmp, schema=table.schema, compression="snappy", use_dictionary=True) as writer:
-            writer.write_table(table)
-        _publish(tmp, path)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
-
-
-def publish_file(tmp: Path, path: Path) -> None:
-    """fsync ``tmp`` (written by someone else, e.g. ffmpeg) and rename it to ``path``."""
-    _publish(tmp, path)
+    with replacing(path) as tmp, pq.ParquetWriter(tmp, schema=table.schema, compression="snappy",
+                                                  use_dictionary=True) as writer:
+        writer.write_table(table)
 
 
 def append_line(handle, line: str) -> None:

@@ -1,10 +1,11 @@
 """The recorder: sessions hand it what they see and send; one writer thread puts it on disk.
 
-One :class:`Recorder` serves the whole server. Each session gets a :class:`SessionRecording` from
-:meth:`Recorder.session` (or :data:`NO_RECORDING`, which accepts the same calls and does nothing) and
-calls it on the event loop. Every call is O(1) and never blocks: it builds a small event and offers it
-to a bounded :class:`~.write_queue.WriteQueue`. When the queue is full, the frame is dropped and counted,
-never waited for: a slow disk costs recorded frames, never a late chunk.
+One :class:`Recorder` serves the whole server. Each session gets a
+:class:`~.session_recording.SessionRecording` from :meth:`Recorder.session` (or ``NO_RECORDING``, which
+accepts the same calls and does nothing) and calls it on the event loop. Every call is O(1) and never
+blocks: it builds a small event and offers it to a bounded :class:`~.write_queue.WriteQueue`. When the
+queue is full, the frame is dropped and counted, never waited for: a slow disk costs recorded frames,
+never a late chunk.
 
 The writer thread (``recording-writer``, at a lower CPU priority than the engine) does everything else:
 episode folders, MP4 segments, Parquet, assembly into a LeRobotDataset, publication, retention and the
@@ -28,13 +29,8 @@ import os
 import shutil
 import threading
 import time
-from collections.abc import Mapping
 from dataclasses import dataclass
-from enum import Enum
-from pathlib import Path
 from typing import Any
-
-import numpy as np
 
 from ..video_encoding import VideoEncodingError
 from .assembly import assemble
@@ -45,86 +41,23 @@ from .events import (
     RowOutcome,
 )
 from .recovery import recover_partials
+from .session_recording import SessionRecording
+from .settings import RecorderCounters, RecorderSettings, RecorderState
 from .store import RecordingStore, directory_bytes
 from .video_segments import MIN_SEGMENT_FRAMES
 from .write_queue import WriteQueue
 
 logger = logging.getLogger(__name__)
 
-RECORDING_QUALITY = 5
 # How often the writer wakes up with nothing to do (time-based flushes, retention, disk retry).
 TICK_S = 0.25
 # Below this many free bytes a failed write is taken for a full disk even without ENOSPC (ffmpeg does not
 # always report it).
 NEARLY_FULL_BYTES = 1 << 20
-# The parts of an engine's describe() that identify the model in a recording.
-MODEL_IDENTITY_KEYS = ("model", "variant", "is_distilled", "is_edge", "dtype", "device", "parameters", "action_dim",
-                       "num_embodiment_domains")
-
-
-class RecorderState(str, Enum):
-    RECORDING = "recording"
-    DISK_FULL = "disk_full"
-    STOPPED = "stopped"
 
 
 class DiskFull(OSError):
     """Free space fell under ``min_free_bytes``: recording stops before the disk refuses a write."""
-
-
-@dataclass(frozen=True)
-class RecorderSettings:
-    """Where and how much to record. Sizes in bytes, times in seconds; ``None`` means no limit."""
-
-    root: Path
-    max_bytes: int | None = None  # quota for the whole directory; the oldest recordings go first
-    max_age_s: float | None = None  # retention: recordings older than this are deleted
-    segment_frames: int = 32  # frames per flush (one MP4 segment per camera)
-    flush_interval_s: float = 5.0  # a slow robot's frames reach the disk at least this often
-    queue_frames: int = 64
-    queue_bytes: int = 256 << 20
-    queue_events: int = 4096
-    buffer_bytes: int = 512 << 20  # frames the writer may hold awaiting their flush, all sessions together
-    min_free_bytes: int = 64 << 20  # stop recording before the disk has less free than this
-    disk_retry_s: float = 30.0
-    retention_check_s: float = 60.0
-    default_fps: int = 10  # the dataset's frame rate when the session declares no control_hz
-    # imageio-ffmpeg's 1-10 scale (libx264 -crf 51*(1 - q/10)): 5 is crf 25. Camera noise makes the
-    # project's default for generated videos (8, crf 10) about 4x slower to encode and ~80x bigger.
-    video_quality: int = RECORDING_QUALITY
-    writer_nice: int = 10  # the writer (and its ffmpeg) yields the CPU to the engine
-
-    def __post_init__(self) -> None:
-        if self.segment_frames < MIN_SEGMENT_FRAMES:
-            raise ValueError(f"segment_frames must be at least {MIN_SEGMENT_FRAMES}")
-        if self.flush_interval_s <= 0 or self.default_fps < 1:
-            raise ValueError("flush_interval_s and default_fps must be positive")
-
-
-@dataclass
-class RecorderCounters:
-    """What the recorder did. Each counter is written by one thread only (caller or writer)."""
-
-    episodes_started: int = 0
-    episodes_published: int = 0
-    episodes_recovered: int = 0
-    episodes_discarded: int = 0  # ended before a frame reached the disk, or not recoverable
-    frames_queued: int = 0
-    frames_dropped_queue_full: int = 0  # the caller's frames the queue had no room for
-    frames_recorded: int = 0  # frames written to disk
-    frames_not_recorded: int = 0  # reached the writer but not the disk (disk full, quota, unrecordable)
-    events_dropped_queue_full: int = 0
-    bytes_written: int = 0
-    used_bytes: int = 0  # the directory's size, as the writer last counted it
-    recordings_deleted_age: int = 0
-    recordings_deleted_quota: int = 0
-    disk_full: int = 0  # times recording stopped because the disk was full
-    write_errors: int = 0  # other failures of the writer (logged with a traceback)
-
-
-def model_identity(description: Mapping[str, Any]) -> dict[str, Any]:
-    """The model's identity for a recording, from an engine's ``describe()``."""
-    return {key: description.get(key) for key in MODEL_IDENTITY_KEYS if key in description}
 
 
 class _Stop:
@@ -134,118 +67,6 @@ class _Stop:
 @dataclass
 class _Barrier:
     reached: threading.Event = dataclasses.field(default_factory=threading.Event)
-
-
-class SessionRecording:
-    """What one session calls, from the event loop, to record itself. Every call returns at once.
-
-    Episodes: :meth:`start_episode` when the session is configured (and again after a reset),
-    :meth:`end_episode` on reset or close. In between, every observation goes to :meth:`observation`
-    and its terminal reply to exactly one of :meth:`chunk`, :meth:`dropped` or :meth:`error`.
-    """
-
-    def __init__(self, recorder: "Recorder", key: int, session_id: str, protocol: str) -> None:
-        self._recorder = recorder
-        self._key = key
-        self.session_id = session_id
-        self.protocol = protocol
-        self.active = False
-        self.frames_not_queued = 0
-
-    def start_episode(self, config: Mapping[str, Any], model: Mapping[str, Any], fps: int | None = None) -> None:
-        """Begin an episode. ``config`` is the resolved configuration (JSON-able, with
-        ``action_horizon`` and ``raw_action_dim``); ``model`` the model's identity (:func:`model_identity`);
-        ``fps`` the dataset's frame rate (default: the config's ``control_hz``, else the recorder's)."""
-        for name in ("action_horizon", "raw_action_dim"):
-            if not isinstance(config.get(name), int):
-                raise ValueError(f"a recorded session's config needs an integer {name!r}")
-        if self.active:
-            self.end_episode("restarted")
-        if fps is None:
-            control_hz = config.get("control_hz")
-            fps = max(1, round(control_hz)) if control_hz else self._recorder.settings.default_fps
-        now = time.monotonic()
-        self.active, self.frames_not_queued = True, 0
-        self._recorder._control(self._key, EpisodeStart(self.session_id, self.protocol, dict(config), dict(model),
-                                                        int(fps), now, time.time()))
-
-    def configured(self, config: Mapping[str, Any]) -> None:
-        """The resolved configuration changed (a new chunk shape starts a new episode)."""
-        if self.active:
-            self._recorder._control(self._key, Reconfigured(dict(config), time.monotonic()))
-
-    def observation(self, seq: int, cameras: Mapping[str, np.ndarray], request: Any = None, *,
-                    state: np.ndarray | None = None, received_at: float | None = None,
-                    client_timestamp: float | None = None) -> bool:
-        """Record one observation (``cameras``: name -> H×W×3 uint8; ``request``: the ActionRequest made of
-        it; ``received_at``: its ``time.monotonic()`` arrival). ``False`` if it was not queued."""
-        if not self.active:
-            return False
-        nbytes = sum(frame.nbytes for frame in cameras.values())
-        record = ObservationRecord(seq, cameras, request, state,
-                                   time.monotonic() if received_at is None else received_at, client_timestamp, nbytes)
-        if self._recorder._frame(self._key, record, nbytes):
-            return True
-        self.frames_not_queued += 1
-        return False
-
-    def chunk(self, seq: int, actions: np.ndarray, timing: Mapping[str, float | None], seed: int | None = None) -> None:
-        """The ``action_chunk`` sent for ``seq`` (``timing`` as in the frame, ``observation_age_ms``
-        included: call this when the frame leaves)."""
-        if self.active:
-            self._recorder._event(self._key, ChunkReturned(seq, actions, timing, seed, time.monotonic()))
-
-    def dropped(self, seq: int, reason: str, message: str = "") -> None:
-        if self.active:
-            self._recorder._event(self._key, DropRecord(seq, reason, message, time.monotonic()))
-
-    def error(self, seq: int | None, code: str, message: str, field: str | None = None) -> None:
-        if self.active:
-            self._recorder._event(self._key, ErrorRecord(seq, code, message, field, time.monotonic()))
-
-    def note(self, kind: str, **details: Any) -> None:
-        """A line in the episode's event log (operator controls, replica moves...); ``details`` JSON-able."""
-        if self.active:
-            self._recorder._event(self._key, NoteRecord(kind, details, time.monotonic()))
-
-    def end_episode(self, reason: str) -> None:
-        if self.active:
-            self.active = False
-            self._recorder._control(self._key, EpisodeEnd(reason, time.monotonic(), self.frames_not_queued))
-
-
-class NullSessionRecording:
-    """A session that is not recorded: the same calls as :class:`SessionRecording`, doing nothing."""
-
-    active = False
-    frames_not_queued = 0
-
-    def start_episode(self, config: Mapping[str, Any], model: Mapping[str, Any], fps: int | None = None) -> None:
-        pass
-
-    def configured(self, config: Mapping[str, Any]) -> None:
-        pass
-
-    def observation(self, seq: int, cameras: Mapping[str, np.ndarray], request: Any = None, **_: Any) -> bool:
-        return False
-
-    def chunk(self, seq: int, actions: np.ndarray, timing: Mapping[str, float | None], seed: int | None = None) -> None:
-        pass
-
-    def dropped(self, seq: int, reason: str, message: str = "") -> None:
-        pass
-
-    def error(self, seq: int | None, code: str, message: str, field: str | None = None) -> None:
-        pass
-
-    def note(self, kind: str, **details: Any) -> None:
-        pass
-
-    def end_episode(self, reason: str) -> None:
-        pass
-
-
-NO_RECORDING = NullSessionRecording()
 
 
 class Recorder:
@@ -282,7 +103,11 @@ class Recorder:
     def session(self, session_id: str, protocol: str = "native") -> SessionRecording:
         return SessionRecording(self, next(self._keys), session_id, protocol)
 
-    def _frame(self, key: int, record: ObservationRecord, nbytes: int) -> bool:
+    @property
+    def default_fps(self) -> int:
+        return self.settings.default_fps
+
+    def offer_frame(self, key: int, record: ObservationRecord, nbytes: int) -> bool:
         if not self._accepting or self.state is not RecorderState.RECORDING:
             return False
         if self._queue.offer_frame(key, record, nbytes):
@@ -291,11 +116,11 @@ class Recorder:
         self.counters.frames_dropped_queue_full += 1
         return False
 
-    def _event(self, key: int, event: Any) -> None:
+    def offer_event(self, key: int, event: Any) -> None:
         if self._accepting and not self._queue.offer_event(key, event):
             self.counters.events_dropped_queue_full += 1
 
-    def _control(self, key: int, event: Any) -> None:
+    def put_control(self, key: int, event: Any) -> None:
         if self._accepting:
             self._queue.put_control(key, event)
 

@@ -25,7 +25,7 @@ import subprocess
 from pathlib import Path
 
 from ..video_encoding import VideoEncodingError, check_mp4_structure
-from .durable_files import TMP_SUFFIX, publish_file
+from . import durable_files
 
 
 MIN_SEGMENT_FRAMES = 3
@@ -46,26 +46,20 @@ def join_segments(segments: list[tuple[Path, int]], out: Path) -> None:
     if any(frames < MIN_SEGMENT_FRAMES for _, frames in segments):
         raise VideoEncodingError(f"every segment needs at least {MIN_SEGMENT_FRAMES} frames to be joined")
     parts = [path for path, _ in segments]
-    tmp = out.with_name(out.name + TMP_SUFFIX)
-    if len(parts) == 1:
-        shutil.copyfile(parts[0], tmp)
-    else:
-        listing = out.with_name(out.name + ".segments.txt")
-        listing.write_text("ffconcat version 1.0\n" + "".join(_concat_entry(p) for p in parts))
-        try:
-            result = subprocess.run(
-                [imageio_ffmpeg.get_ffmpeg_exe(), "-nostdin", "-y", "-loglevel", "error", "-f", "concat",
-                 "-safe", "0", "-i", str(listing), "-c", "copy", "-movflags", "+faststart", "-f", "mp4", str(tmp)],
-                capture_output=True, text=True, timeout=600,
-            )
-        finally:
-            listing.unlink(missing_ok=True)
-        if result.returncode != 0:
-            tmp.unlink(missing_ok=True)
-            raise VideoEncodingError(f"ffmpeg could not join {len(parts)} segments: {result.stderr.strip()[-500:]}")
-    try:
+    with durable_files.replacing(out) as tmp:
+        if len(parts) == 1:
+            shutil.copyfile(parts[0], tmp)
+        else:
+            listing = out.with_name(out.name + ".segments.txt")
+            listing.write_text("ffconcat version 1.0\n" + "".join(_concat_entry(p) for p in parts))
+            try:
+                result = subprocess.run(
+                    [imageio_ffmpeg.get_ffmpeg_exe(), "-nostdin", "-y", "-loglevel", "error", "-f", "concat",
+                     "-safe", "0", "-i", str(listing), "-c", "copy", "-movflags", "+faststart", "-f", "mp4", str(tmp)],
+                    capture_output=True, text=True, timeout=600,
+                )
+            finally:
+                listing.unlink(missing_ok=True)
+            if result.returncode != 0:
+                raise VideoEncodingError(f"ffmpeg could not join {len(parts)} segments: {result.stderr.strip()[-500:]}")
         check_mp4_structure(tmp)
-        publish_file(tmp, out)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
