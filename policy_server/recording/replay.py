@@ -34,7 +34,7 @@ from cosmos3_runtime.requests import ActionRequest
 from ..camera_composition import side_by_side
 from .episode_writer import REQUEST_FIELDS
 from .reader import RecordedEpisode, RecordedRow, RecordingFormatError
-from .recorder import model_identity
+from .session_recording import model_identity
 
 # Settings the command line may change, as ActionRequest field -> type.
 OVERRIDABLE = {"num_steps": int, "guidance_scale": float, "resolution_tier": int, "action_horizon": int,
