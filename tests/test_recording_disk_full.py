@@ -57,6 +57,7 @@ def test_a_full_disk_stops_recording_not_the_session_and_recording_resumes_when_
     assert all(s.queued for s in traffic.sent[:4])  # the caller's calls went through, none raised
     # While the disk is full a frame is not even queued: it costs the session nothing.
     assert record_traffic(live, 1, start_seq=50, drop_every=0, cameras=CAMERA).sent[0].queued is False
+    assert recorder.stats()["frames_refused"] == 1
     published = [info.name for info in RecordingStore(root).list()]
     assert len(published) == 1 and "_earlier_" in published[0]
 
@@ -71,8 +72,9 @@ def test_a_full_disk_stops_recording_not_the_session_and_recording_resumes_when_
     session = json.loads((cut / "meta/cosmos3/session.json").read_text())
     assert session["frames"] == 4 and session["end_reason"] in ("disk_full", "interrupted")
     resumed = next(root.glob("*_live_001"))
-    assert pq.read_table(resumed / "data/chunk-000/file-000.parquet").column("observation.seq").to_pylist() == \
-        [100, 101, 102, 103]
+    resumed_rows = pq.read_table(resumed / "data/chunk-000/file-000.parquet").to_pydict()
+    assert resumed_rows["observation.seq"] == [100, 101, 102, 103]
+    assert resumed_rows["observation.received_at"][0] == 0.0  # the new episode starts with its first frame
     for path in (cut, resumed, next(root.glob("*_earlier_000"))):
         episode = RecordedEpisode(path)
         assert len(list(episode.frames())) == episode.num_frames

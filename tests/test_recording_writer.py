@@ -171,6 +171,8 @@ def test_a_new_camera_size_or_chunk_shape_starts_a_new_episode(tmp_path, recorde
     assert reasons == ["layout_changed", "reconfigured", "closed"]
     lengths = [json.loads((p / "meta/info.json").read_text())["total_frames"] for p in paths]
     assert lengths == [3, 3, 1]
+    for path in paths[1:]:  # an episode split off starts with its first frame
+        assert pq.read_table(path / "data/chunk-000/file-000.parquet").column("observation.received_at")[0].as_py() == 0
     last = json.loads((paths[2] / "meta/info.json").read_text())["features"]
     assert last["action"]["shape"] == [8, 3] and last["observation.images.front"]["shape"] == [64, 64, 3]
 

@@ -180,8 +180,11 @@ class EpisodeWriter:
 
     def close_files(self) -> None:
         if self._events is not None:
-            self._events.close()
-            self._events = None
+            events, self._events = self._events, None
+            try:
+                events.close()
+            except OSError:
+                pass  # a full disk refused the last line; the file is closed all the same
 
     # -- rows ------------------------------------------------------------------------------------------
 

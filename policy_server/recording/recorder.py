@@ -83,6 +83,7 @@ class Recorder:
         self._accepting = False
         # Writer-thread state.
         self._starts: dict[int, EpisodeStart] = {}
+        self._fresh_starts: set[int] = set()  # sessions whose EpisodeStart has not opened an episode yet
         self._episodes: dict[int, EpisodeWriter] = {}
         self._episode_numbers: dict[int, int] = {}
         self._over_quota: set[int] = set()
@@ -109,6 +110,7 @@ class Recorder:
 
     def offer_frame(self, key: int, record: ObservationRecord, nbytes: int) -> bool:
         if not self._accepting or self.state is not RecorderState.RECORDING:
+            self.counters.frames_refused += 1
             return False
         if self._queue.offer_frame(key, record, nbytes):
             self.counters.frames_queued += 1
@@ -181,7 +183,11 @@ class Recorder:
         try:
             work(*args)
         except Exception as exc:  # noqa: BLE001 - the writer outlives any one failure; serving never notices
-            self._failed(exc, args[0] if args and isinstance(args[0], int) else None)
+            try:
+                self._failed(exc, args[0] if args and isinstance(args[0], int) else None)
+            except Exception:  # noqa: BLE001 - a failure while cleaning up after one: log it, keep the thread
+                self.counters.write_errors += 1
+                logger.exception("recording: the writer could not clean up after a failure")
 
     def _failed(self, exc: Exception, key: int | None) -> None:
         """A write failed: a full disk stops recording; anything else costs that session's episode."""
@@ -228,6 +234,7 @@ class Recorder:
             if episode is not None:
                 self._close(key, "restarted", item.started_at)
             self._starts[key] = item
+            self._fresh_starts.add(key)
             self._over_quota.discard(key)
             self.counters.episodes_started += 1
         elif isinstance(item, Reconfigured):
@@ -236,6 +243,7 @@ class Recorder:
             if episode is not None:
                 self._close(key, item.reason, item.at, item.frames_not_queued)
             self._starts.pop(key, None)
+            self._fresh_starts.discard(key)
             self._over_quota.discard(key)
 
     def _on_observation(self, key: int, obs: ObservationRecord) -> None:
@@ -247,10 +255,9 @@ class Recorder:
             if episode is not None and not episode.fits(obs):
                 episode.log("layout_changed", obs.received_at, seq=obs.seq)
                 self._close(key, "layout_changed", obs.received_at)
-                self._restart(key, obs.received_at)
                 episode = None
             if episode is None:
-                episode = self._open(key)
+                episode = self._open(key, obs.received_at)
                 episode.fits(obs)  # raises UnrecordableObservation before anything is kept
         except UnrecordableObservation as exc:
             self.counters.frames_not_recorded += 1
@@ -270,17 +277,17 @@ class Recorder:
         episode.log("configured", item.at, config=dict(item.config))
         if not episode.reconfigure(item.config):
             self._close(key, "reconfigured", item.at)
-            self._restart(key, item.at)
 
-    def _restart(self, key: int, at: float) -> None:
-        """The session goes on in a new episode, starting at ``at`` (monotonic)."""
-        start = self._starts[key]
-        self._starts[key] = dataclasses.replace(start, started_at=at, started_wall=time.time() - (time.monotonic() - at))
-
-    def _open(self, key: int) -> EpisodeWriter:
+    def _open(self, key: int, at: float) -> EpisodeWriter:
+        """The session's next episode. The first after its ``EpisodeStart`` starts then; one that goes on
+        after a split (new layout, new chunk shape, a full disk) starts at ``at``, its first frame."""
         if self._free_bytes() < self.settings.min_free_bytes:
             raise DiskFull(f"less than {self.settings.min_free_bytes} bytes free in {self.store.root}")
         start = self._starts[key]
+        if key not in self._fresh_starts:
+            start = dataclasses.replace(start, started_at=at, started_wall=time.time() - (time.monotonic() - at))
+            self._starts[key] = start
+        self._fresh_starts.discard(key)
         number = self._episode_numbers.get(key, 0)
         self._episode_numbers[key] = number + 1
         name = self.store.new_name(start.session_id, start.started_wall, number)

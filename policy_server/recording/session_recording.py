@@ -28,6 +28,13 @@ def model_identity(description: Mapping[str, Any]) -> dict[str, Any]:
     return {key: description.get(key) for key in MODEL_IDENTITY_KEYS if key in description}
 
 
+def _check_config(config: Mapping[str, Any]) -> None:
+    # The chunk's shape is every row's `action` shape: without it no dataset can be written.
+    for name in ("action_horizon", "raw_action_dim"):
+        if not isinstance(config.get(name), int):
+            raise ValueError(f"a recorded session's config needs an integer {name!r}")
+
+
 class RecordingSink(Protocol):
     """Where a session's events go: the recorder's queue (see :class:`~.recorder.Recorder`)."""
 
@@ -60,9 +67,7 @@ class SessionRecording:
         """Begin an episode. ``config`` is the resolved configuration (JSON-able, with
         ``action_horizon`` and ``raw_action_dim``); ``model`` the model's identity (:func:`model_identity`);
         ``fps`` the dataset's frame rate (default: the config's ``control_hz``, else the recorder's)."""
-        for name in ("action_horizon", "raw_action_dim"):
-            if not isinstance(config.get(name), int):
-                raise ValueError(f"a recorded session's config needs an integer {name!r}")
+        _check_config(config)
         if self.active:
             self.end_episode("restarted")
         if fps is None:
@@ -75,6 +80,7 @@ class SessionRecording:
 
     def configured(self, config: Mapping[str, Any]) -> None:
         """The resolved configuration changed (a new chunk shape starts a new episode)."""
+        _check_config(config)
         if self.active:
             self._sink.put_control(self._key, Reconfigured(dict(config), time.monotonic()))
 

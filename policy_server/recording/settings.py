@@ -56,6 +56,7 @@ class RecorderCounters:
     episodes_discarded: int = 0  # ended before a frame reached the disk, or not recoverable
     frames_queued: int = 0
     frames_dropped_queue_full: int = 0  # the caller's frames the queue had no room for
+    frames_refused: int = 0  # the caller's frames while recording was stopped (disk full, closing)
     frames_recorded: int = 0  # frames written to disk
     frames_not_recorded: int = 0  # reached the writer but not the disk (disk full, quota, unrecordable)
     events_dropped_queue_full: int = 0
