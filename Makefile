@@ -9,6 +9,13 @@ STAMP := $(VENV)/.installed
 # package from its own virtual environment, in a subprocess.
 OPENPI_VENV := .venv-openpi
 OPENPI_STAMP := $(OPENPI_VENV)/.installed
+# Recordings are checked with LeRobot's own reader (lerobot-dataset, imported as `ledataset`) from its own
+# virtual environment. It imports torch, torchvision and torchcodec without declaring them: the CPU torch,
+# the torchvision of that torch, and torchcodec 0.13.0, the CPU build for torch 2.13, which decodes with
+# the system's FFmpeg libraries. Never `lerobot` itself: it pins an older torch and pulls a CUDA build.
+LEROBOT_VENV := .venv-lerobot
+LEROBOT_STAMP := $(LEROBOT_VENV)/.installed
+FFMPEG_LIBRARIES := libavutil57 libavcodec59 libavformat59 libavdevice59 libavfilter8 libswscale6 libswresample4
 # Headless OpenGL for MuJoCo's offscreen rendering: EGL on Mesa's software rasterizer (no GPU, no display).
 GL_PACKAGES := libegl1 libegl-mesa0 libgl1 libgl1-mesa-dri
 # The dashboard test drives Debian's Chromium (never a browser a tool downloads itself).
@@ -28,6 +35,13 @@ $(OPENPI_STAMP):
 	$(OPENPI_VENV)/bin/python -m pip install --quiet openpi-client==0.1.2 typing_extensions
 	touch $(OPENPI_STAMP)
 
+$(LEROBOT_STAMP):
+	test -x $(LEROBOT_VENV)/bin/python || $(PYTHON) -m venv $(LEROBOT_VENV)
+	$(LEROBOT_VENV)/bin/python -m pip install --quiet --upgrade pip
+	$(LEROBOT_VENV)/bin/python -m pip install --quiet torch==2.13.0
+	$(LEROBOT_VENV)/bin/python -m pip install --quiet torchvision==0.28.0 torchcodec==0.13.0 lerobot-dataset==0.4.4
+	touch $(LEROBOT_STAMP)
+
 # Installs Debian packages only when one is missing (apt needs root; elsewhere it says what to install).
 define apt_ensure
 	@if command -v dpkg >/dev/null 2>&1 && ! dpkg -s $(1) >/dev/null 2>&1; then \
@@ -43,14 +57,14 @@ system-deps:
 	$(call apt_ensure,$(GL_PACKAGES))
 
 test-system-deps:
-	$(call apt_ensure,$(GL_PACKAGES) $(BROWSER_PACKAGES))
+	$(call apt_ensure,$(GL_PACKAGES) $(BROWSER_PACKAGES) $(FFMPEG_LIBRARIES))
 
 install: $(STAMP) system-deps
 
 demo: $(STAMP) system-deps
 	$(VENV)/bin/cosmos3-demo-mujoco
 
-test: $(STAMP) $(OPENPI_STAMP) test-system-deps
+test: $(STAMP) $(OPENPI_STAMP) $(LEROBOT_STAMP) test-system-deps
 	$(PY) -m pytest -q
 
 test-slow: $(STAMP)
@@ -88,4 +102,4 @@ gpu-wheels:
 		-d $(GPU_WHEELS) -r benchmarks/gpu_requirements.txt
 
 clean:
-	rm -rf $(VENV) $(OPENPI_VENV) $(GPU_SITE) build *.egg-info
+	rm -rf $(VENV) $(OPENPI_VENV) $(LEROBOT_VENV) $(GPU_SITE) build *.egg-info

@@ -1,0 +1,135 @@
+"""An episode folder's committed segments into a LeRobotDataset v3.0 dataset, in the same folder.
+
+Used when an episode ends and, after a crash, by recovery at the next start: both read only what is on
+disk (``meta/cosmos3/session.json`` and the segments whose ``segment.json`` exists), so a crash during
+assembly is repaired by assembling again. Every file is written atomically and ``meta/info.json`` last;
+the recorder then publishes the folder with one rename and removes its ``segments/``.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+
+from . import durable_files
+from .dataset_stats import image_stats, numeric_stats
+from .episode_files import SEGMENT_COMMIT, SEGMENT_ROWS, SEGMENTS_DIR, SESSION_JSON
+from .lerobot_format import (
+    DATA_PATH, EPISODES_PATH, INFO_PATH, NO_VALUE, STATS_PATH, TASKS_PATH, EpisodeLayout, column, data_schema,
+    episodes_table, info_json, tasks_table, video_path,
+)
+from .video_segments import join_segments
+
+
+class AssemblyError(RuntimeError):
+    """The folder's files do not make an episode (they are not ours, or were changed by hand)."""
+
+
+@dataclass(frozen=True)
+class AssembledEpisode:
+    frames: int
+    tasks: list[str]
+
+
+def committed_segments(folder: Path) -> list[Path]:
+    """Segment folders in order, up to the first one without its commit file."""
+    root = folder / SEGMENTS_DIR
+    if not root.is_dir():
+        return []
+    found = []
+    for segment in sorted(p for p in root.iterdir() if p.is_dir() and p.name.isdigit()):
+        if not (segment / SEGMENT_COMMIT).exists():
+            break
+        found.append(segment)
+    return found
+
+
+def column_values(array: pa.ChunkedArray | pa.Array, shape: tuple[int, ...]) -> np.ndarray:
+    """A column of the data file back as a frames-first numpy array of the feature's ``shape``."""
+    array = array.combine_chunks() if isinstance(array, pa.ChunkedArray) else array
+    rows = len(array)
+    for _ in range(len(shape) if shape != (1,) else 0):
+        array = pc.list_flatten(array)
+    values = array.to_numpy(zero_copy_only=False)
+    return values if shape == (1,) else values.reshape(rows, *shape)
+
+
+def assemble(folder: Path) -> AssembledEpisode | None:
+    """Write the dataset files from the committed segments; ``None`` if not one frame was committed."""
+    session_path = folder / SESSION_JSON
+    session = json.loads(session_path.read_text())
+    if session.get("layout") is None:
+        return None
+    layout = EpisodeLayout.from_json(session["layout"])
+    fps = int(session["fps"])
+    segments, tables, histograms = [], [], {key: np.zeros((3, 256), np.int64) for key in layout.cameras}
+    frame_counts = []
+    for segment in committed_segments(folder):
+        commit = json.loads((segment / SEGMENT_COMMIT).read_text())
+        table = pq.read_table(segment / SEGMENT_ROWS)
+        if table.num_rows != commit["frames"] or set(commit["histograms"]) != set(layout.cameras):
+            break  # not what the recorder committed: keep the segments before it
+        segments.append(segment)
+        frame_counts.append(int(commit.get("video_frames", table.num_rows)))
+        tables.append(table)
+        for key, counts in commit["histograms"].items():
+            histograms[key] += np.asarray(counts, dtype=np.int64)
+    if not segments:
+        return None
+    rows = pa.concat_tables(tables)
+    frames = rows.num_rows
+
+    tasks = list(dict.fromkeys(rows.column("task").to_pylist()))
+    task_of = {task: i for i, task in enumerate(tasks)}
+    frame_index = np.arange(frames, dtype=np.int64)
+    defaults = {
+        "timestamp": (frame_index / fps).astype(np.float32),
+        "frame_index": frame_index,
+        "episode_index": np.zeros(frames, dtype=np.int64),
+        "index": frame_index,
+        "task_index": np.array([task_of[t] for t in rows.column("task").to_pylist()], dtype=np.int64),
+    }
+    features = layout.features(fps)
+    schema = data_schema(features)
+    data = pa.Table.from_arrays(
+        [column(defaults[name], features[name]) if name in defaults else rows.column(name) for name in schema.names],
+        schema=schema)
+    (folder / DATA_PATH).parent.mkdir(parents=True, exist_ok=True)
+    durable_files.write_table(folder / DATA_PATH, data)
+
+    for key in layout.cameras:
+        target = folder / video_path(key)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        join_segments([(segment / f"{key}.mp4", n) for segment, n in zip(segments, frame_counts)], target)
+
+    answered = np.array(rows.column("response.kind").to_pylist()) == "chunk"
+    client_times = column_values(rows.column("observation.client_timestamp"), (1,))
+    kept = {"action": answered, "response.timing_ms": answered, "response.seed": answered,
+            "observation.client_timestamp": client_times != NO_VALUE}
+    stats = {}
+    for name, feature in features.items():
+        if feature["dtype"] == "video":
+            stats[name] = image_stats(histograms[name], frames)
+        elif feature["dtype"] != "string":
+            values = defaults[name] if name in defaults else column_values(data.column(name), tuple(feature["shape"]))
+            feature_stats = numeric_stats(values, kept.get(name))
+            if feature_stats["count"][0] > 0:  # LeRobot's aggregate_stats divides by the count
+                stats[name] = feature_stats
+    durable_files.write_json(folder / STATS_PATH, {
+        feature: {stat: np.asarray(value).tolist() for stat, value in values.items()}
+        for feature, values in stats.items()})
+    durable_files.write_table(folder / TASKS_PATH, tasks_table(tasks))
+    (folder / EPISODES_PATH).parent.mkdir(parents=True, exist_ok=True)
+    durable_files.write_table(folder / EPISODES_PATH, episodes_table(
+        tasks=tasks, frames=frames, fps=fps, video_keys=list(layout.cameras), stats=stats))
+    session.update(frames=frames, segments=len(segments))
+    durable_files.write_json(session_path, session)
+    robot_type = session.get("config", {}).get("domain_name")
+    durable_files.write_json(folder / INFO_PATH, info_json(features, fps, frames, len(tasks), robot_type))
+    return AssembledEpisode(frames, tasks)

@@ -1,0 +1,241 @@
+"""``cosmos3-replay``: send a recording's observations through another checkpoint or other settings.
+
+A regression check before a model or a setting goes to the robot. Offline: no server, the engine is
+loaded here (``cosmos3_runtime``), and every recorded observation that got a chunk is sent again as the
+same engine request (same camera frame, prompt, settings, prefix actions and seed), with the changes
+given on the command line. The report compares each new chunk with the recorded one (largest and mean
+absolute difference; over the common steps when the horizons differ), sets the engine time beside the
+recorded one, and lists every error; as a table, and as JSON with ``--json``::
+
+    cosmos3-replay recordings/20260101T120000Z_0a1b2c3d4e5f_000 --model ./other-checkpoint
+    cosmos3-replay RECORDING --model ./same-checkpoint --num-steps 2 --json report.json --fail-above 0.05
+
+The recorded seed is reused, so replaying against the recording's own model and settings gives the same
+chunks back (a difference of 0 up to the engine's determinism on that device).
+
+Exit status: 0; 1 with ``--fail-above`` when a chunk differs by more than the bound or a request fails;
+2 when the recording cannot be read.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import numpy as np
+
+from cosmos3_runtime.requests import ActionRequest
+
+from ..camera_composition import side_by_side
+from .episode_writer import REQUEST_FIELDS
+from .reader import RecordedEpisode, RecordedRow, RecordingFormatError
+from .session_recording import model_identity
+
+# Settings the command line may change, as ActionRequest field -> type.
+OVERRIDABLE = {"num_steps": int, "guidance_scale": float, "resolution_tier": int, "action_horizon": int,
+               "seed": int, "prompt": str, "view_point": str, "domain_name": str}
+
+
+class NotReplayable(ValueError):
+    """The recording does not hold what it takes to send this observation again."""
+
+
+@dataclass
+class ChunkComparison:
+    """One recorded observation sent again."""
+
+    seq: int
+    frame_index: int
+    recorded: str  # the recorded outcome: chunk | dropped | error | unanswered
+    status: str  # compared | replayed | error | skipped
+    max_abs_diff: float | None = None
+    mean_abs_diff: float | None = None
+    recorded_shape: list[int] | None = None
+    replayed_shape: list[int] | None = None
+    recorded_engine_ms: float | None = None
+    replay_engine_ms: float | None = None
+    note: str = ""
+
+
+@dataclass
+class ReplayReport:
+    recording: str
+    recorded_model: dict[str, Any]
+    model: dict[str, Any]
+    overrides: dict[str, Any]
+    chunks: list[ChunkComparison] = field(default_factory=list)
+
+    def summary(self) -> dict[str, Any]:
+        compared = [c for c in self.chunks if c.status == "compared"]
+
+        def median(values: list[float | None]) -> float | None:
+            present = [v for v in values if v is not None]
+            return statistics.median(present) if present else None
+
+        return {
+            "observations": len(self.chunks),
+            "compared": len(compared),
+            "errors": sum(c.status == "error" for c in self.chunks),
+            "skipped": sum(c.status == "skipped" for c in self.chunks),
+            "max_abs_diff": max((c.max_abs_diff for c in compared), default=None),
+            "mean_abs_diff": statistics.fmean([c.mean_abs_diff for c in compared]) if compared else None,
+            "recorded_engine_ms_p50": median([c.recorded_engine_ms for c in self.chunks]),
+            "replay_engine_ms_p50": median([c.replay_engine_ms for c in self.chunks]),
+        }
+
+    def to_json(self) -> dict[str, Any]:
+        return {"recording": self.recording, "recorded_model": self.recorded_model, "model": self.model,
+                "overrides": self.overrides, "summary": self.summary(), "chunks": [asdict(c) for c in self.chunks]}
+
+
+def rebuild_request(row: RecordedRow, frames: dict[str, np.ndarray], overrides: dict[str, Any]) -> ActionRequest:
+    """The engine request ``row`` was answered with, from its recorded settings and camera frames."""
+    spec = row.request
+    if spec is None:
+        raise NotReplayable("the observation never became an engine request")
+    source = spec.get("image_source")
+    if source is None:
+        raise NotReplayable("the model's image was not one of the recorded cameras")
+    if "clip" in source:
+        raise NotReplayable("the observation was a video clip; a recording keeps one frame per observation")
+    try:
+        if "camera" in source:
+            image = frames[source["camera"]]
+        else:
+            image = side_by_side([frames[name] for name in source["side_by_side"]])
+    except KeyError as exc:
+        raise NotReplayable(f"camera {exc} is not in the recording") from None
+    values = {name: spec.get(name) for name in REQUEST_FIELDS}
+    if values["guidance_interval"] is not None:
+        values["guidance_interval"] = tuple(values["guidance_interval"])
+    if values["seed"] is None:
+        values["seed"] = row.seed  # the seed the engine drew for the recorded chunk
+    values.update(overrides)
+    prefix = spec.get("prefix_actions")
+    return ActionRequest(image=image, prefix_actions=None if prefix is None else np.asarray(prefix, np.float32),
+                         **values)
+
+
+def compare(recorded: np.ndarray, replayed: np.ndarray) -> tuple[float, float, str]:
+    """Largest and mean absolute difference over the steps and dimensions both chunks have."""
+    steps, dims = min(recorded.shape[0], replayed.shape[0]), min(recorded.shape[1], replayed.shape[1])
+    note = "" if recorded.shape == replayed.shape else f"compared the first {steps}×{dims}"
+    diff = np.abs(recorded[:steps, :dims].astype(np.float64) - replayed[:steps, :dims].astype(np.float64))
+    return float(diff.max()), float(diff.mean()), note
+
+
+def replay(episode: RecordedEpisode, engine: Any, overrides: dict[str, Any], *, all_observations: bool = False,
+           limit: int | None = None) -> ReplayReport:
+    """Send ``episode``'s observations through ``engine`` (a Cosmos3Engine) and compare the chunks."""
+    report = ReplayReport(episode.name, dict(episode.session.get("model", {})), model_identity(engine.describe()),
+                          dict(overrides))
+    for row, frames in zip(episode.rows(), episode.frames()):
+        if limit is not None and len(report.chunks) >= limit:
+            break
+        if row.kind != "chunk" and not all_observations:
+            continue
+        entry = ChunkComparison(row.seq, row.frame_index, row.kind, "skipped",
+                                recorded_shape=None if row.actions is None else list(row.actions.shape),
+                                recorded_engine_ms=row.timing_ms.get("engine_ms"))
+        report.chunks.append(entry)
+        try:
+            request = rebuild_request(row, frames, overrides)
+        except NotReplayable as exc:
+            entry.note = str(exc)
+            continue
+        started = time.perf_counter()
+        try:
+            chunk = engine.predict_actions(request)
+        except Exception as exc:  # noqa: BLE001 - every failure is reported, and the replay goes on
+            entry.status, entry.note = "error", f"{getattr(exc, 'code', type(exc).__name__)}: {exc}"
+            entry.replay_engine_ms = (time.perf_counter() - started) * 1e3
+            continue
+        entry.replay_engine_ms = (time.perf_counter() - started) * 1e3
+        entry.replayed_shape = list(chunk.actions.shape)
+        if row.actions is None:
+            entry.status = "replayed"
+            continue
+        entry.status = "compared"
+        entry.max_abs_diff, entry.mean_abs_diff, entry.note = compare(row.actions, chunk.actions)
+    return report
+
+
+def format_table(report: ReplayReport) -> str:
+    def number(value: float | None, digits: int) -> str:
+        return "-" if value is None else f"{value:.{digits}f}"
+
+    header = ("seq", "recorded", "replay", "max|Δ|", "mean|Δ|", "rec engine ms", "replay ms", "note")
+    lines = [header]
+    for c in report.chunks:
+        lines.append((str(c.seq), c.recorded, c.status, number(c.max_abs_diff, 5), number(c.mean_abs_diff, 5),
+                      number(c.recorded_engine_ms, 1), number(c.replay_engine_ms, 1), c.note))
+    widths = [max(len(line[i]) for line in lines) for i in range(len(header) - 1)]
+    text = ["  ".join(cell.rjust(widths[i]) if i < len(widths) else cell for i, cell in enumerate(line)).rstrip()
+            for line in lines]
+    s = report.summary()
+    text.append("")
+    text.append(f"{report.recording}: {s['compared']} of {s['observations']} chunks compared, {s['errors']} errors, "
+                f"{s['skipped']} skipped; max |Δ| {number(s['max_abs_diff'], 5)}, mean |Δ| "
+                f"{number(s['mean_abs_diff'], 5)}; engine ms p50 recorded {number(s['recorded_engine_ms_p50'], 1)}, "
+                f"replay {number(s['replay_engine_ms_p50'], 1)}")
+    return "\n".join(text)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="cosmos3-replay",
+        description="Send a recorded session's observations through a checkpoint (offline) and compare the chunks.")
+    parser.add_argument("recording", help="a recording folder (one episode, as the server published it)")
+    parser.add_argument("--model", required=True, help="checkpoint folder or Hub id to replay against")
+    parser.add_argument("--device", default=None, help="torch device (default: cuda if available, else cpu)")
+    parser.add_argument("--dtype", default=None, help="float32, bfloat16... (default: the engine's choice)")
+    for name, kind in OVERRIDABLE.items():
+        parser.add_argument(f"--{name.replace('_', '-')}", type=kind, default=None,
+                            help=f"replay with this {name} instead of the recorded one")
+    parser.add_argument("--all", action="store_true", dest="all_observations",
+                        help="also send observations that were dropped or failed (nothing to compare them with)")
+    parser.add_argument("--limit", type=int, default=None, help="at most this many observations")
+    parser.add_argument("--json", default=None, metavar="PATH", help="write the report as JSON ('-': stdout)")
+    parser.add_argument("--fail-above", type=float, default=None, metavar="DIFF",
+                        help="exit 1 if a chunk differs by more than DIFF (max abs) or a request fails")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        episode = RecordedEpisode(args.recording)
+    except RecordingFormatError as exc:
+        print(f"cosmos3-replay: {exc}", file=sys.stderr)
+        return 2
+    from cosmos3_runtime.engine import Cosmos3Engine
+
+    engine = Cosmos3Engine.load(args.model, device=args.device, dtype=args.dtype)
+    overrides = {name: getattr(args, name) for name in OVERRIDABLE if getattr(args, name) is not None}
+    try:
+        report = replay(episode, engine, overrides, all_observations=args.all_observations, limit=args.limit)
+    except RecordingFormatError as exc:
+        print(f"cosmos3-replay: {exc}", file=sys.stderr)
+        return 2
+    table_out = sys.stderr if args.json == "-" else sys.stdout
+    print(format_table(report), file=table_out)
+    if args.json is not None:
+        text = json.dumps(report.to_json(), indent=2)
+        if args.json == "-":
+            print(text)
+        else:
+            with open(args.json, "w") as handle:
+                handle.write(text + "\n")
+    summary = report.summary()
+    if args.fail_above is not None and (summary["errors"] or (summary["max_abs_diff"] or 0.0) > args.fail_above):
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
