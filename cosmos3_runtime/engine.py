@@ -26,10 +26,6 @@ from .validation import EngineLimits, EngineSpec, job_for_actions, job_for_video
 
 logger = logging.getLogger(__name__)
 
-# Defaults where the checkpoint does not decide: diffusers' own pipeline defaults for base sampling;
-# the lowest tier for the latency-oriented variants (distilled, Edge).
-BASE_DEFAULT_STEPS = 35
-BASE_DEFAULT_GUIDANCE = 6.0
 # Text keys/values of one prompt on a ~4B model in bf16: ~130 tokens x 8 KV heads x 128 x 2 x 36 layers
 # x 2 bytes, about 19 MB. 256 MB holds a dozen distinct prompts (cond and uncond).
 DEFAULT_PREFIX_CACHE_MB = 256
@@ -105,16 +101,7 @@ class Cosmos3Engine:
             if info.has_action_head
             else {}
         )
-        latency_first = info.is_distilled or info.is_edge
-        spec = EngineSpec(
-            info=info,
-            profiles=profiles,
-            horizon_multiple=int(pipe.vae_scale_factor_temporal),
-            default_steps=len(info.distilled_sigmas) if info.is_distilled else BASE_DEFAULT_STEPS,
-            default_guidance=1.0 if info.is_distilled else BASE_DEFAULT_GUIDANCE,
-            default_tier=min(info.resolution_tiers) if latency_first else 480,
-            limits=limits or EngineLimits(),
-        )
+        spec = EngineSpec.for_checkpoint(info, profiles, limits or EngineLimits())
         logger.info("loaded %s (%s) on %s/%s in %.2f s", source, info.variant, torch_device, torch_dtype,
                     time.perf_counter() - started)
         return cls(str(source), info, pipe, torch_device, torch_dtype, spec, prefix_cache_mb=prefix_cache_mb)

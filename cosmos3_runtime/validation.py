@@ -20,6 +20,15 @@ from .requests import ACTION_MODES, ActionRequest, VideoRequest
 from .sampling import DenoiseJob
 
 
+# Defaults where the checkpoint does not decide. Base: diffusers' own pipeline defaults. Edge (not
+# distilled): guidance 5.0, SGLang's default for its Cosmos3 Edge variant. Distilled: the checkpoint's
+# fixed list without guidance. The latency-oriented variants (distilled, Edge) take their lowest tier.
+BASE_DEFAULT_STEPS = 35
+BASE_DEFAULT_GUIDANCE = 6.0
+EDGE_DEFAULT_GUIDANCE = 5.0
+BASE_DEFAULT_TIER = 480
+
+
 @dataclass(frozen=True)
 class EngineLimits:
     """Bounds on what one request may ask for (documented in docs/runtime.md)."""
@@ -48,6 +57,26 @@ class EngineSpec:
     default_tier: int
     limits: EngineLimits = field(default_factory=EngineLimits)
 
+    @classmethod
+    def for_checkpoint(cls, info: CheckpointInfo, profiles: dict[str, PolicyProfile],
+                       limits: EngineLimits | None = None) -> "EngineSpec":
+        """The variant's defaults, from the checkpoint's config files alone (no weights needed)."""
+        if info.is_distilled:
+            steps, guidance = len(info.distilled_sigmas), 1.0
+        else:
+            steps, guidance = BASE_DEFAULT_STEPS, EDGE_DEFAULT_GUIDANCE if info.is_edge else BASE_DEFAULT_GUIDANCE
+        latency_first = info.is_distilled or info.is_edge
+        return cls(
+            info=info,
+            profiles=profiles,
+            # diffusers' pipeline reads the same key (Cosmos3OmniPipeline.vae_scale_factor_temporal).
+            horizon_multiple=int(info.vae_config.get("scale_factor_temporal", 4)),
+            default_steps=steps,
+            default_guidance=guidance,
+            default_tier=min(info.resolution_tiers) if latency_first else BASE_DEFAULT_TIER,
+            limits=limits or EngineLimits(),
+        )
+
     @property
     def modes(self) -> list[str]:
         return list(ACTION_MODES) if self.info.has_action_head else []
@@ -55,7 +84,7 @@ class EngineSpec:
 
 def job_for_actions(request: ActionRequest, spec: EngineSpec) -> tuple[DenoiseJob, PolicyProfile]:
     """Validate a ``policy`` / ``inverse_dynamics`` request and resolve its defaults."""
-    mode = request.action_mode
+    mode = _mode_name(request.action_mode)
     if mode == "forward_dynamics":
         raise UnsupportedModeError(
             "forward_dynamics produces video, not actions: submit it as a video rollout", "action_mode"
@@ -193,6 +222,13 @@ def _sampling(request, spec: EngineSpec):
             raise InvalidRequestError("guidance_interval must satisfy 0 <= low <= high <= 1", "guidance_interval")
         interval = (lo, hi)
     return int(steps), float(guidance), interval
+
+
+def _mode_name(mode) -> str:
+    """The mode as the runtime spells it: clients send " Policy" or "POLICY" too, and mean "policy"."""
+    if not isinstance(mode, str):
+        raise UnsupportedModeError(f"action_mode must be a string, one of {', '.join(ACTION_MODES)}", "action_mode")
+    return mode.strip().lower()
 
 
 def _check_mode(mode: str, spec: EngineSpec) -> None:

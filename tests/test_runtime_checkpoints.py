@@ -59,6 +59,42 @@ def test_variant_detection(tiny_checkpoint, variant, edge, distilled):
     assert info.parameters > 0 and info.parameter_bytes == 4 * info.parameters
 
 
+@pytest.mark.parametrize(
+    "changes, edge",
+    [
+        ({"backbone_type": "cosmos3_edge_nemotron_dense"}, True),
+        ({"hidden_act": "relu2"}, True),
+        # Names that merely contain "edge" or "nemotron" are not the Edge backbone.
+        ({"backbone_type": "nemotron_inspired_dense"}, False),
+        ({"backbone_type": "cosmos3_edge_nemotron_dense_v2"}, False),
+        ({"model_type": "cosmos3_edge"}, False),
+    ],
+)
+def test_edge_is_recognised_by_exact_values(tiny_checkpoint, tmp_path, changes, edge):
+    path = tmp_path / "ckpt"
+    shutil.copytree(tiny_checkpoint("base"), path)
+    config_path = path / "transformer" / "config.json"
+    config_path.write_text(json.dumps({**json.loads(config_path.read_text()), **changes}))
+    assert inspect_checkpoint(path).is_edge is edge
+
+
+def test_a_distilled_sigma_list_on_unipc_is_refused_at_load(tiny_checkpoint, tmp_path, monkeypatch):
+    """Before: it loaded, then every request failed inside UniPC.set_timesteps (an engine_error per robot)."""
+    path = tmp_path / "ckpt"
+    shutil.copytree(tiny_checkpoint("base"), path)
+    (path / "modular_model_index.json").write_text(json.dumps({"distilled_sigmas": TINY_DISTILLED_SIGMAS}))
+    assert inspect_checkpoint(path).is_distilled  # what the checkpoint claims stays inspectable
+    import diffusers
+
+    weights_read = []
+    monkeypatch.setattr(diffusers.Cosmos3OmniTransformer, "from_pretrained",
+                        classmethod(lambda cls, *a, **k: weights_read.append(a)))
+    with pytest.raises(CheckpointError) as err:
+        Cosmos3Engine.load(path)
+    assert "UniPCMultistepScheduler" in err.value.message and "FlowMatchEulerDiscreteScheduler" in err.value.message
+    assert weights_read == []  # refused before any weight is read
+
+
 def test_parameter_count_matches_loaded_modules(tiny_engine):
     engine = tiny_engine("distilled")
     loaded = sum(p.numel() for m in (engine.pipe.transformer, engine.pipe.vae) for p in m.parameters())

@@ -231,6 +231,9 @@ def test_forward_dynamics_rollout_returns_frames(tiny_engine, camera_image):
 def test_edge_defaults_to_its_lowest_tier_and_explicit_values_win(tiny_engine, camera_image):
     edge = tiny_engine("edge")
     assert edge.describe()["defaults"]["resolution_tier"] == 256
+    # SGLang's Edge default guidance (the base variant's diffusers default is 6.0).
+    assert edge.describe()["defaults"]["guidance_scale"] == 5.0
+    assert tiny_engine("base").describe()["defaults"]["guidance_scale"] == 6.0
     chunk = edge.predict_actions(ActionRequest(domain_name="fractal", image=camera_image, resolution_tier=480,
                                                num_steps=3, guidance_scale=1.0, seed=0))
     assert chunk.num_steps == 3 and chunk.transformer_forwards == 3
