@@ -34,10 +34,11 @@ def tiny_main(argv: list[str] | None = None) -> int:
 
 
 def inspect_main(argv: list[str] | None = None) -> int:
-    """Print what a Cosmos3 checkpoint is: variant, action head, domains, schedule, size."""
+    """Print what a Cosmos3 checkpoint is: variant, defaults, action head, each domain's profile, schedule, size."""
     from .checkpoint_source import CheckpointSource
     from .inspection import inspect_checkpoint
-    from .profiles import load_profiles
+    from .profiles import profiles_for_checkpoint
+    from .validation import EngineSpec
 
     parser = argparse.ArgumentParser(prog="cosmos3-inspect", description=inspect_main.__doc__)
     parser.add_argument("checkpoint", help="local folder, Hub id (namespace/repo[/subfolder][@revision])")
@@ -48,23 +49,21 @@ def inspect_main(argv: list[str] | None = None) -> int:
     try:
         local = CheckpointSource.parse(args.checkpoint, revision=args.revision).resolve(config_only=True)
         info = inspect_checkpoint(local)
-        profiles = (
-            load_profiles(local, action_dim=info.action_dim, num_domains=info.num_embodiment_domains,
-                          override_file=args.profiles)
-            if info.has_action_head
-            else {}
-        )
+        spec = EngineSpec.for_checkpoint(info, profiles_for_checkpoint(local, info, args.profiles))
     except CheckpointError as exc:
         print(f"cosmos3-inspect: {exc}", file=sys.stderr)
         return 2
     summary = info.summary()
-    summary["domains"] = {name: p.describe() for name, p in sorted(profiles.items())}
+    summary["defaults"] = spec.describe_defaults()
+    summary["domains"] = spec.describe_domains()
     if args.json:
         print(json.dumps(summary, indent=2))
         return 0
     print(f"checkpoint        {args.checkpoint}")
     print(f"pipeline class    {info.pipeline_class}")
     print(f"variant           {info.variant} (edge: {info.is_edge}, distilled: {info.is_distilled})")
+    print(f"defaults          {spec.default_steps} steps, guidance {spec.default_guidance:.1f}, tier {spec.default_tier}"
+          + (f"; domain {spec.default_domain}" if spec.default_domain else ""))
     print(f"scheduler         {info.scheduler_class}"
           + (f" (keys it does not accept, ignored: {', '.join(info.ignored_scheduler_keys)})"
              if info.ignored_scheduler_keys else ""))
@@ -75,13 +74,29 @@ def inspect_main(argv: list[str] | None = None) -> int:
     for name, w in info.weights.items():
         print(f"{name:<17} {w.parameters:,} parameters, {w.bytes / 1e6:,.2f} MB in {w.files} file(s)")
     print(f"total             {info.parameters:,} parameters, {info.parameter_bytes / 1e6:,.2f} MB")
-    if profiles:
-        print(f"domains ({len(profiles)}):")
-        for name, p in sorted(profiles.items()):
-            d = p.describe()
-            print(f"  {name:<26} id {d['domain_id']:>2}  width {d['raw_action_dim']:>2}  horizon "
-                  f"{d['default_horizon']:>2}  {d['view_point']:<18} stats: {d['normalization'] or '-'}")
+    if spec.profiles:
+        print(f"domains ({len(spec.profiles)}), each with the defaults it resolves to:")
+        for name, d in summary["domains"].items():
+            print("  " + _domain_line(name + (" (default)" if name == spec.default_domain else ""), d))
     return 0
+
+
+def _domain_line(name: str, d: dict) -> str:
+    """One domain of ``cosmos3-inspect``: id, width, chunk, fps, tier, view, prompt format, stats, then extras."""
+    r = d["defaults"]
+    line = (f"{name:<30} id {d['domain_id']:>2}  width {d['raw_action_dim']:>2}  chunk {r['action_horizon']:>2}  "
+            f"{r['fps']:g} fps  tier {r['resolution_tier']}  {r['view_point']:<17}  {d['prompt_format']:<5}  "
+            f"stats: {d['normalization'] or '-'}")
+    extras = []
+    if d["action_space"]:
+        extras.append(f"space {d['action_space']}")
+    if d["gripper_flip_index"] is not None:
+        extras.append(f"gripper flipped at {d['gripper_flip_index']}")
+    if r["guidance_interval"] is not None:
+        extras.append(f"guidance in sigmas {r['guidance_interval']}")
+    if d["view_description"]:
+        extras.append(f"view: {d['view_description']!r}")
+    return line + ("  " + "; ".join(extras) if extras else "")
 
 
 def demo_main(argv: list[str] | None = None) -> int:

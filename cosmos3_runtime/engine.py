@@ -19,7 +19,7 @@ from .checkpoint_source import CheckpointSource
 from .errors import EngineError, RuntimeErrorBase
 from .inspection import CheckpointInfo, inspect_checkpoint
 from .loading import load_pipeline, resolve_device_and_dtype
-from .profiles import VIEW_POINTS, PolicyProfile, load_profiles
+from .profiles import VIEW_POINTS, PolicyProfile, profiles_for_checkpoint
 from .requests import ActionChunk, ActionRequest, Timing, VideoRequest, VideoResult
 from .sampling import Cosmos3Sampler, DenoiseJob, DenoiseOutput
 from .validation import EngineLimits, EngineSpec, job_for_actions, job_for_video
@@ -95,12 +95,7 @@ class Cosmos3Engine:
         pipe = load_pipeline(info, torch_device, torch_dtype)
         if compile:
             pipe.transformer.compile_repeated_blocks(dynamic=True)
-        profiles = (
-            load_profiles(local, action_dim=info.action_dim, num_domains=info.num_embodiment_domains,
-                          override_file=profiles_path)
-            if info.has_action_head
-            else {}
-        )
+        profiles = profiles_for_checkpoint(local, info, profiles_path)
         spec = EngineSpec.for_checkpoint(info, profiles, limits or EngineLimits())
         logger.info("loaded %s (%s) on %s/%s in %.2f s", source, info.variant, torch_device, torch_dtype,
                     time.perf_counter() - started)
@@ -149,10 +144,7 @@ class Cosmos3Engine:
 
     def _chunk(self, job: DenoiseJob, profile: PolicyProfile, output: DenoiseOutput, validate_s: float) -> ActionChunk:
         post = time.perf_counter()
-        actions = output.actions
-        if profile.normalization is not None:
-            actions = profile.normalization.denormalize(actions)
-        actions = np.ascontiguousarray(actions, dtype=np.float32)
+        actions = np.ascontiguousarray(profile.to_robot(output.actions), dtype=np.float32)
         if not np.isfinite(actions).all():
             raise EngineError("the model produced non-finite actions")
         timing = self._timing(output, validate_s)
@@ -221,10 +213,10 @@ class Cosmos3Engine:
                                                resolution_tier=shape.resolution_tier, seed=0, **media))
         self.warmed_up = True
 
-    def default_domain(self) -> str:
-        """A domain to use when none is given: the first one the checkpoint ships a profile for."""
-        with_stats = [n for n, p in self.spec.profiles.items() if p.normalization is not None]
-        return (with_stats or sorted(self.spec.profiles))[0]
+    def default_domain(self) -> str | None:
+        """The domain to use when none is given: the one the profile files name, else the first the
+        checkpoint ships statistics for, else the first by name (None without an action head)."""
+        return self.spec.default_domain
 
     def describe(self) -> dict:
         """What this engine offers, read from the loaded checkpoint (JSON-able)."""
@@ -239,20 +231,13 @@ class Cosmos3Engine:
             "video_modes": [m for m in spec.modes if m == "forward_dynamics"],
             "resolution_tiers": list(info.resolution_tiers),
             "distilled_sigmas": info.distilled_sigmas,
-            "defaults": {
-                "num_steps": spec.default_steps,
-                "guidance_scale": spec.default_guidance,
-                "resolution_tier": spec.default_tier,
-                "action_horizon": spec.profiles[self.default_domain()].default_horizon if spec.profiles else None,
-                "view_point": "ego_view",
-                "domain_name": self.default_domain() if spec.profiles else None,
-            },
+            "defaults": spec.describe_defaults(),
             "action_horizon": {
                 "min": lim.min_action_horizon,
                 "max": lim.max_action_horizon,
                 "multiple_of": spec.horizon_multiple,
             },
-            "domains": {name: p.describe() for name, p in sorted(spec.profiles.items())},
+            "domains": spec.describe_domains(),
             "view_points": list(VIEW_POINTS),
             "limits": {
                 "min_image_side": lim.min_image_side,

@@ -22,8 +22,9 @@ class ActionRequest:
 
     ``image`` is one H×W×3 uint8 frame (policy); ``video`` is a T×H×W×3 uint8 clip (inverse dynamics,
     or policy, which then uses only its first frame). ``None`` fields take the engine's defaults for the
-    loaded variant: steps and guidance from the checkpoint, horizon and view point from the domain's
-    profile, tier from the variant.
+    domain (``describe()["domains"][name]["defaults"]``): steps and guidance from the variant; horizon,
+    fps, view point, guidance interval and tier from the domain's profile where it sets them, else the
+    variant's.
 
     ``prefix_actions`` are raw actions (K×D, K < horizon) that the new chunk must start with: the actions
     the robot will still execute while this request is being answered (real-time chunking). They are
@@ -42,7 +43,7 @@ class ActionRequest:
     num_steps: int | None = None
     guidance_scale: float | None = None
     guidance_interval: tuple[float, float] | None = None
-    fps: float = 24.0
+    fps: float | None = None
     prefix_actions: np.ndarray | None = None
 
 
@@ -60,7 +61,7 @@ class VideoRequest:
     num_steps: int | None = None
     guidance_scale: float | None = None
     guidance_interval: tuple[float, float] | None = None
-    fps: float = 24.0
+    fps: float | None = None
 
 
 @dataclass

@@ -39,6 +39,7 @@ from diffusers.utils.torch_utils import randn_tensor
 
 from .packed_attention import PackedItem, PrefixMode, install_packed_attention
 from .prefix_cache import PrefixEntry, TextPrefixCache
+from .prompts import action_caption
 
 _TOKEN_CACHE_SIZE = 64
 # Pack fields holding positions in the joint sequence; they move when items are packed together.
@@ -68,6 +69,8 @@ class DenoiseJob:
     # the raw actions of forward_dynamics, or the real-time-chunking prefix of a policy request.
     clean_actions: np.ndarray | None = None
     decode_video: bool = False
+    prompt_format: str = "json"  # the caption format the checkpoint was trained with (cosmos3_runtime.prompts)
+    view_description: str | None = None  # how a composed view is laid out, added to the view sentence
 
     @property
     def schedule_key(self) -> tuple:
@@ -167,15 +170,24 @@ class Cosmos3Sampler:
         latents = self.pipe._encode_video(vision).contiguous().float()
         return self.pipe._remove_action_video_padding_from_latent(latents, image_size)
 
-    def tokenize(self, prompt: str, horizon: int, canvas_h: int, canvas_w: int, fps: float, mode: str, view_point: str):
-        """Token ids of the structured action caption (cached: the same settings recur every tick)."""
-        key = (prompt, horizon, canvas_h, canvas_w, fps, mode, view_point)
+    def tokenize(self, job: DenoiseJob, canvas_h: int, canvas_w: int):
+        """Token ids of the job's action caption and of the empty unconditional prompt.
+
+        Cached: a session's settings recur every control tick. The caption is built by
+        :func:`cosmos3_runtime.prompts.action_caption` and goes through the pipeline's chat template with its
+        own metadata templates off (the caption carries that metadata already), exactly as diffusers does
+        for an action mode.
+        """
+        key = (job.prompt, job.prompt_format, job.horizon, canvas_h, canvas_w, job.fps, job.view_point,
+               job.view_description)
         ids = self._token_cache.get(key)
         if ids is None:
-            ids = self.pipe.tokenize_prompt(
-                prompt, None, num_frames=horizon + 1, height=canvas_h, width=canvas_w, fps=fps,
-                action_mode=mode, action_view_point=view_point,
-            )
+            num_frames = job.horizon + 1
+            caption = action_caption(self.pipe, job.prompt, prompt_format=job.prompt_format, view_point=job.view_point,
+                                     view_description=job.view_description, num_frames=num_frames, fps=job.fps,
+                                     height=canvas_h, width=canvas_w)
+            ids = self.pipe.tokenize_prompt(caption, None, num_frames=num_frames, height=canvas_h, width=canvas_w,
+                                            fps=job.fps, add_resolution_template=False, add_duration_template=False)
             self._token_cache[key] = ids
             if len(self._token_cache) > _TOKEN_CACHE_SIZE:
                 self._token_cache.popitem(last=False)
@@ -309,8 +321,7 @@ class Cosmos3Sampler:
         action_latents = action_mask * x0_action + (1.0 - action_mask) * action_noise
         action_latents[:, job.raw_action_dim :] = 0
 
-        cond_ids, uncond_ids = self.tokenize(job.prompt, job.horizon, canvas_h, canvas_w, job.fps, job.mode,
-                                             job.view_point)
+        cond_ids, uncond_ids = self.tokenize(job, canvas_h, canvas_w)
         passes = {"cond": self._pass(cond_ids, latents, action_latents, vision_condition_frames, clean_frames, job.fps)}
         if job.guidance_scale != 1.0:
             passes["uncond"] = self._pass(uncond_ids, latents, action_latents, vision_condition_frames, clean_frames,

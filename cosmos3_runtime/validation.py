@@ -13,9 +13,15 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from .errors import InvalidRequestError, UnknownDomainError, UnsupportedModeError, UnsupportedTierError
+from .errors import (
+    CheckpointError,
+    InvalidRequestError,
+    UnknownDomainError,
+    UnsupportedModeError,
+    UnsupportedTierError,
+)
 from .inspection import CheckpointInfo
-from .profiles import VIEW_POINTS, PolicyProfile
+from .profiles import VIEW_POINTS, PolicyProfile, ProfileTable
 from .requests import ACTION_MODES, ActionRequest, VideoRequest
 from .sampling import DenoiseJob
 
@@ -46,8 +52,26 @@ class EngineLimits:
 
 
 @dataclass(frozen=True)
+class DomainDefaults:
+    """What each unset request field becomes for one domain on this checkpoint."""
+
+    action_horizon: int
+    resolution_tier: int
+    view_point: str
+    fps: float
+    num_steps: int
+    guidance_scale: float
+    guidance_interval: tuple[float, float] | None
+
+    def as_dict(self) -> dict:
+        data = dict(self.__dict__)
+        data["guidance_interval"] = list(self.guidance_interval) if self.guidance_interval is not None else None
+        return data
+
+
+@dataclass(frozen=True)
 class EngineSpec:
-    """The loaded checkpoint's capabilities and the defaults that follow from its variant."""
+    """The loaded checkpoint's capabilities and the defaults that follow from its variant and profiles."""
 
     info: CheckpointInfo
     profiles: dict[str, PolicyProfile]
@@ -56,30 +80,73 @@ class EngineSpec:
     default_guidance: float
     default_tier: int
     limits: EngineLimits = field(default_factory=EngineLimits)
+    default_domain: str | None = None
 
     @classmethod
-    def for_checkpoint(cls, info: CheckpointInfo, profiles: dict[str, PolicyProfile],
+    def for_checkpoint(cls, info: CheckpointInfo, profiles: ProfileTable,
                        limits: EngineLimits | None = None) -> "EngineSpec":
-        """The variant's defaults, from the checkpoint's config files alone (no weights needed)."""
+        """The variant's defaults, from the checkpoint's config files alone (no weights needed).
+
+        Raises :class:`CheckpointError` for a profile this variant cannot serve as written (a tier it
+        lacks, a chunk it cannot take), so the operator learns it at load, not from every request.
+        """
         if info.is_distilled:
             steps, guidance = len(info.distilled_sigmas), 1.0
         else:
             steps, guidance = BASE_DEFAULT_STEPS, EDGE_DEFAULT_GUIDANCE if info.is_edge else BASE_DEFAULT_GUIDANCE
         latency_first = info.is_distilled or info.is_edge
-        return cls(
+        spec = cls(
             info=info,
-            profiles=profiles,
+            profiles=profiles.domains,
             # diffusers' pipeline reads the same key (Cosmos3OmniPipeline.vae_scale_factor_temporal).
             horizon_multiple=int(info.vae_config.get("scale_factor_temporal", 4)),
             default_steps=steps,
             default_guidance=guidance,
             default_tier=min(info.resolution_tiers) if latency_first else BASE_DEFAULT_TIER,
             limits=limits or EngineLimits(),
+            default_domain=profiles.default_domain,
         )
+        for profile in profiles.domains.values():
+            where = f"profile for domain {profile.domain_name!r}"
+            if profile.resolution_tier is not None and profile.resolution_tier not in info.resolution_tiers:
+                raise CheckpointError(f"{where}: resolution_tier {profile.resolution_tier} is not one this "
+                                      f"{info.variant} checkpoint supports ({', '.join(map(str, info.resolution_tiers))})")
+            try:
+                _horizon(profile.default_horizon, spec)
+            except InvalidRequestError as exc:
+                raise CheckpointError(f"{where}: default_horizon: {exc.message}") from None
+        return spec
 
     @property
     def modes(self) -> list[str]:
         return list(ACTION_MODES) if self.info.has_action_head else []
+
+    def defaults_for(self, profile: PolicyProfile) -> DomainDefaults:
+        """The domain's own settings where its profile has them, the variant's elsewhere."""
+        return DomainDefaults(
+            action_horizon=profile.default_horizon,
+            resolution_tier=profile.resolution_tier if profile.resolution_tier is not None else self.default_tier,
+            view_point=profile.view_point,
+            fps=profile.fps,
+            num_steps=self.default_steps,
+            guidance_scale=self.default_guidance,
+            # A distilled checkpoint runs without guidance, so it has no interval to apply it in.
+            guidance_interval=None if self.info.is_distilled else profile.guidance_interval,
+        )
+
+    def describe_domains(self) -> dict[str, dict]:
+        """Each domain's profile and the defaults it resolves to (JSON-able, sorted by name)."""
+        return {name: {**p.describe(), "defaults": self.defaults_for(p).as_dict()}
+                for name, p in sorted(self.profiles.items())}
+
+    def describe_defaults(self) -> dict:
+        """What a request that names nothing runs with: the default domain's resolved defaults."""
+        profile = self.profiles.get(self.default_domain) if self.default_domain is not None else None
+        if profile is None:  # no action head: only the variant's own values exist
+            return {"num_steps": self.default_steps, "guidance_scale": self.default_guidance,
+                    "guidance_interval": None, "resolution_tier": self.default_tier, "action_horizon": None,
+                    "view_point": None, "fps": None, "domain_name": None}
+        return {**self.defaults_for(profile).as_dict(), "domain_name": profile.domain_name}
 
 
 def job_for_actions(request: ActionRequest, spec: EngineSpec) -> tuple[DenoiseJob, PolicyProfile]:
@@ -124,7 +191,7 @@ def job_for_actions(request: ActionRequest, spec: EngineSpec) -> tuple[DenoiseJo
             raise InvalidRequestError(
                 f"prefix_actions must be shorter than the horizon ({horizon}), got {prefix.shape[0]}", "prefix_actions"
             )
-        clean = _normalize(prefix, profile)
+        clean = profile.to_model(prefix)
 
     job = _job(request, spec, profile, mode, frames, horizon, clean, decode_video=False)
     return job, profile
@@ -137,31 +204,33 @@ def job_for_video(request: VideoRequest, spec: EngineSpec) -> tuple[DenoiseJob, 
     frames = _image(request.image, "image", spec)[None]
     actions = _actions(request.actions, profile, "actions")
     horizon = _horizon(actions.shape[0], spec, field_name="actions")
-    job = _job(request, spec, profile, "forward_dynamics", frames, horizon, _normalize(actions, profile),
+    job = _job(request, spec, profile, "forward_dynamics", frames, horizon, profile.to_model(actions),
                decode_video=True)
     return job, profile
 
 
 def _job(request, spec, profile, mode, frames, horizon, clean, decode_video) -> DenoiseJob:
     info = spec.info
-    tier = request.resolution_tier if request.resolution_tier is not None else spec.default_tier
+    defaults = spec.defaults_for(profile)
+    tier = request.resolution_tier if request.resolution_tier is not None else defaults.resolution_tier
     if isinstance(tier, bool) or not isinstance(tier, (int, np.integer)) or int(tier) not in info.resolution_tiers:
         raise UnsupportedTierError(
             f"resolution tier {tier!r} is not supported by this {info.variant} checkpoint; "
             f"supported: {', '.join(map(str, info.resolution_tiers))}",
             "resolution_tier",
         )
-    view_point = request.view_point or profile.view_point
+    view_point = request.view_point or defaults.view_point
     if view_point not in VIEW_POINTS:
         raise InvalidRequestError(f"unknown view_point {view_point!r}; expected one of {', '.join(VIEW_POINTS)}",
                                   "view_point")
     if not isinstance(request.prompt, str) or len(request.prompt) > spec.limits.max_prompt_chars:
         raise InvalidRequestError(f"prompt must be a string of at most {spec.limits.max_prompt_chars} characters",
                                   "prompt")
-    if not isinstance(request.fps, (int, float)) or not 1.0 <= float(request.fps) <= 240.0:
+    fps = request.fps if request.fps is not None else defaults.fps
+    if isinstance(fps, bool) or not isinstance(fps, (int, float)) or not 1.0 <= float(fps) <= 240.0:
         raise InvalidRequestError("fps must be a number in [1, 240]", "fps")
 
-    steps, guidance, interval = _sampling(request, spec)
+    steps, guidance, interval = _sampling(request, spec, defaults)
     seed = request.seed
     if seed is None:
         seed = secrets.randbits(63)
@@ -175,8 +244,10 @@ def _job(request, spec, profile, mode, frames, horizon, clean, decode_video) -> 
         raw_action_dim=profile.raw_action_dim,
         prompt=request.prompt,
         view_point=view_point,
+        view_description=profile.view_description if view_point == profile.view_point else None,
+        prompt_format=profile.prompt_format,
         resolution_tier=int(tier),
-        fps=float(request.fps),
+        fps=float(fps),
         sigmas=info.distilled_sigmas,
         num_steps=steps,
         guidance_scale=guidance,
@@ -187,7 +258,7 @@ def _job(request, spec, profile, mode, frames, horizon, clean, decode_video) -> 
     )
 
 
-def _sampling(request, spec: EngineSpec):
+def _sampling(request, spec: EngineSpec, defaults: DomainDefaults):
     """Steps, guidance and interval: the distilled schedule is fixed; base takes request values."""
     steps, guidance, interval = request.num_steps, request.guidance_scale, request.guidance_interval
     if spec.info.is_distilled:
@@ -206,10 +277,10 @@ def _sampling(request, spec: EngineSpec):
             raise InvalidRequestError("a distilled checkpoint runs without guidance; guidance_interval must be unset",
                                       "guidance_interval")
         return fixed, 1.0, None
-    steps = spec.default_steps if steps is None else steps
+    steps = defaults.num_steps if steps is None else steps
     if isinstance(steps, bool) or not isinstance(steps, (int, np.integer)) or not 1 <= steps <= spec.limits.max_steps:
         raise InvalidRequestError(f"num_steps must be an integer in [1, {spec.limits.max_steps}]", "num_steps")
-    guidance = spec.default_guidance if guidance is None else guidance
+    guidance = defaults.guidance_scale if guidance is None else guidance
     if isinstance(guidance, bool) or not isinstance(guidance, (int, float)) or not math.isfinite(guidance) \
             or not 0.0 <= guidance <= 30.0:
         raise InvalidRequestError("guidance_scale must be a number in [0, 30]", "guidance_scale")
@@ -221,6 +292,8 @@ def _sampling(request, spec: EngineSpec):
         if not 0.0 <= lo <= hi <= 1.0:
             raise InvalidRequestError("guidance_interval must satisfy 0 <= low <= high <= 1", "guidance_interval")
         interval = (lo, hi)
+    else:
+        interval = defaults.guidance_interval
     return int(steps), float(guidance), interval
 
 
@@ -314,7 +387,3 @@ def _actions(actions, profile: PolicyProfile, field_name: str) -> np.ndarray:
     if not np.isfinite(actions).all():
         raise InvalidRequestError(f"{field_name} contains NaN or infinity", field_name)
     return actions
-
-
-def _normalize(actions: np.ndarray, profile: PolicyProfile) -> np.ndarray:
-    return profile.normalization.normalize(actions) if profile.normalization else actions

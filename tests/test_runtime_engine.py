@@ -243,8 +243,16 @@ def test_describe_reports_what_the_checkpoint_offers(tiny_engine):
     d = tiny_engine("distilled").describe()
     assert d["variant"] == "distilled" and d["modes"] == ["policy", "inverse_dynamics", "forward_dynamics"]
     assert d["defaults"]["num_steps"] == 4 and d["defaults"]["guidance_scale"] == 1.0
-    assert d["domains"]["bridge_orig_lerobot"] == {"domain_id": 7, "raw_action_dim": 10, "default_horizon": 16,
-                                                   "view_point": "third_person_view", "normalization": "quantile"}
+    assert d["domains"]["bridge_orig_lerobot"] == {
+        "domain_id": 7, "action_space": None, "raw_action_dim": 10, "default_horizon": 16, "fps": 24.0,
+        "resolution_tier": None, "view_point": "third_person_view", "view_description": None,
+        "prompt_format": "json", "guidance_interval": None, "gripper_flip_index": None, "normalization": "quantile",
+        "defaults": {"action_horizon": 16, "resolution_tier": 256, "view_point": "third_person_view", "fps": 24.0,
+                     "num_steps": 4, "guidance_scale": 1.0, "guidance_interval": None},
+    }
+    # The top-level defaults are the default domain's: its view point, not a fixed "ego_view".
+    assert d["defaults"]["domain_name"] == "bridge_orig_lerobot"
+    assert d["defaults"]["view_point"] == "third_person_view"
     assert d["action_horizon"] == {"min": 4, "max": 64, "multiple_of": 4}
     assert d["device"] == "cpu" and d["dtype"] == "float32" and d["parameters"] > 0
 

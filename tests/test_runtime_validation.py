@@ -141,7 +141,8 @@ def test_profiles_that_the_action_head_cannot_represent_are_left_out(tiny_checkp
     override = tmp_path / "profiles.json"
     override.write_text(json.dumps({"domains": {"wide": {"domain_id": 3, "raw_action_dim": 99},
                                                 "far": {"domain_id": 40, "raw_action_dim": 4}}}))
-    profiles = load_profiles(tiny_checkpoint("distilled"), action_dim=64, num_domains=32, override_file=override)
+    profiles = load_profiles(tiny_checkpoint("distilled"), action_dim=64, num_domains=32,
+                             override_file=override).domains
     assert "wide" not in profiles and "far" not in profiles and "fractal" in profiles
 
 
