@@ -62,8 +62,8 @@ def inspect_main(argv: list[str] | None = None) -> int:
     print(f"checkpoint        {args.checkpoint}")
     print(f"pipeline class    {info.pipeline_class}")
     print(f"variant           {info.variant} (edge: {info.is_edge}, distilled: {info.is_distilled})")
-    print(f"defaults          {spec.default_steps} steps, guidance {spec.default_guidance:.1f}, tier {spec.default_tier}"
-          + (f"; domain {spec.default_domain}" if spec.default_domain else ""))
+    print(f"defaults          {spec.default_steps} steps, guidance {spec.default_guidance:.1f}, "
+          f"tier {spec.default_tier}" + (f"; domain {spec.default_domain}" if spec.default_domain else ""))
     print(f"scheduler         {info.scheduler_class}"
           + (f" (keys it does not accept, ignored: {', '.join(info.ignored_scheduler_keys)})"
              if info.ignored_scheduler_keys else ""))

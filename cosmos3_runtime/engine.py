@@ -208,6 +208,9 @@ class Cosmos3Engine:
             domain = shape.domain_name or self.default_domain()
             frames = np.zeros((shape.action_horizon + 1, shape.height, shape.width, 3), dtype=np.uint8)
             media = dict(video=frames) if shape.action_mode == "inverse_dynamics" else dict(image=frames[0])
+            profile = self.spec.profiles.get(domain)
+            if profile is not None and profile.history_length:  # the same sequence length as a robot's request
+                media["state"] = np.zeros((profile.history_length, profile.state_dim), np.float32)
             self.predict_actions(ActionRequest(domain_name=domain, action_mode=shape.action_mode,
                                                action_horizon=shape.action_horizon,
                                                resolution_tier=shape.resolution_tier, seed=0, **media))

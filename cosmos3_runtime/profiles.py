@@ -50,11 +50,12 @@ PROMPT_FORMATS = ("json", "prose")
 RESOLUTION_TIERS = (256, 480, 704, 720)
 DEFAULT_ACTION_HORIZON = 16
 DEFAULT_FPS = 24.0  # diffusers' Cosmos3 pipeline default
+MAX_HISTORY_LENGTH = 16
 _EPS = 1e-8
 _PROFILE_KEYS = (
     "domain_id", "raw_action_dim", "action_space", "default_horizon", "fps", "resolution_tier", "view_point",
     "view_description", "prompt_format", "guidance_interval", "gripper_flip_index", "normalization",
-    "normalization_file",
+    "normalization_file", "use_state", "history_length", "state_dim",
 )
 
 
@@ -114,6 +115,13 @@ class PolicyProfile:
     guidance_interval: tuple[float, float] | None = None  # sigmas; guidance only inside (non-distilled)
     gripper_flip_index: int | None = None  # the model sees 1 - value there (open/closed swapped)
     normalization: NormalizationStats | None = None
+    # How the robot's state conditions the model: ``history_length`` state rows become clean action
+    # frames in front of the chunk (``use_state``: the last of them is the state at the conditioning
+    # frame). State rows are action-space rows, so ``state_dim`` equals ``raw_action_dim``; None when
+    # the domain takes no state.
+    use_state: bool = False
+    history_length: int = 0
+    state_dim: int | None = None
 
     def to_model(self, raw: np.ndarray) -> np.ndarray:
         """Raw robot-unit rows (actions, or state rows) -> the model's action space."""
@@ -144,6 +152,9 @@ class PolicyProfile:
             "guidance_interval": list(self.guidance_interval) if self.guidance_interval is not None else None,
             "gripper_flip_index": self.gripper_flip_index,
             "normalization": self.normalization.kind if self.normalization else None,
+            "state_dim": self.state_dim,
+            "use_state": self.use_state,
+            "history_length": self.history_length,
         }
 
 
@@ -286,6 +297,7 @@ def _profile_from_fields(name: str, entry: dict, num_train_timesteps: int) -> Po
     stats = entry.get("normalization")
     if stats is not None and stats.dim != width:
         raise CheckpointError(f"{where}: normalization has {stats.dim} dimensions, the domain has {width}")
+    use_state, history, state_dim = _state_conditioning(entry, where, width)
     return PolicyProfile(
         domain_name=name,
         domain_id=_integer(entry, "domain_id", where, low=0),
@@ -301,7 +313,31 @@ def _profile_from_fields(name: str, entry: dict, num_train_timesteps: int) -> Po
         guidance_interval=_guidance_interval(entry.get("guidance_interval"), where, num_train_timesteps),
         gripper_flip_index=flip,
         normalization=stats,
+        use_state=use_state,
+        history_length=history,
+        state_dim=state_dim,
     )
+
+
+def _state_conditioning(entry: dict, where: str, width: int) -> tuple[bool, int, int | None]:
+    """``use_state``, ``history_length`` and ``state_dim``, checked against each other and the width."""
+    use_state = entry.get("use_state", False)
+    if not isinstance(use_state, bool):
+        raise CheckpointError(f"{where}: use_state must be true or false, got {use_state!r}")
+    history = _integer(entry, "history_length", where, low=0, high=MAX_HISTORY_LENGTH) \
+        if "history_length" in entry else int(use_state)
+    if use_state and history < 1:
+        raise CheckpointError(f"{where}: use_state needs history_length >= 1 (the state row is one of them)")
+    if not history:
+        if entry.get("state_dim") is not None:
+            raise CheckpointError(f"{where}: state_dim is set but the domain takes no state "
+                                  "(set use_state or history_length)")
+        return False, 0, None
+    state_dim = _integer(entry, "state_dim", where, low=1) if entry.get("state_dim") is not None else width
+    if state_dim != width:
+        raise CheckpointError(f"{where}: state_dim {state_dim} differs from raw_action_dim {width}; state rows are "
+                              "conditioned as action frames, so they have the action width")
+    return use_state, history, state_dim
 
 
 def _integer(entry: dict, key: str, where: str, low: int, high: int | None = None) -> int:

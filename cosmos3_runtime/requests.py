@@ -29,6 +29,12 @@ class ActionRequest:
     ``prefix_actions`` are raw actions (K×D, K < horizon) that the new chunk must start with: the actions
     the robot will still execute while this request is being answered (real-time chunking). They are
     conditioned as clean action frames, the mechanism diffusers uses for forward dynamics.
+
+    ``state`` is the robot's proprioceptive state in raw units, for a domain whose profile conditions on
+    it (``describe()["domains"][name]["state_dim"]`` is set): float, ``[state_dim]`` or
+    ``[history_length, state_dim]``, oldest row first; with ``use_state`` the last row is the state at the
+    conditioning frame. The rows become clean action frames in front of the chunk; the chunk returned
+    does not include them.
     """
 
     domain_name: str
@@ -45,6 +51,7 @@ class ActionRequest:
     guidance_interval: tuple[float, float] | None = None
     fps: float | None = None
     prefix_actions: np.ndarray | None = None
+    state: np.ndarray | None = None
 
 
 @dataclass

@@ -15,7 +15,9 @@ import numpy as np
 
 from .errors import (
     CheckpointError,
+    InvalidFieldError,
     InvalidRequestError,
+    MissingFieldError,
     UnknownDomainError,
     UnsupportedModeError,
     UnsupportedTierError,
@@ -109,8 +111,9 @@ class EngineSpec:
         for profile in profiles.domains.values():
             where = f"profile for domain {profile.domain_name!r}"
             if profile.resolution_tier is not None and profile.resolution_tier not in info.resolution_tiers:
+                tiers = ", ".join(map(str, info.resolution_tiers))
                 raise CheckpointError(f"{where}: resolution_tier {profile.resolution_tier} is not one this "
-                                      f"{info.variant} checkpoint supports ({', '.join(map(str, info.resolution_tiers))})")
+                                      f"{info.variant} checkpoint supports ({tiers})")
             try:
                 _horizon(profile.default_horizon, spec)
             except InvalidRequestError as exc:
@@ -194,6 +197,7 @@ def job_for_actions(request: ActionRequest, spec: EngineSpec) -> tuple[DenoiseJo
         clean = profile.to_model(prefix)
 
     job = _job(request, spec, profile, mode, frames, horizon, clean, decode_video=False)
+    job.state_rows = _state(request.state, profile)
     return job, profile
 
 
@@ -295,6 +299,33 @@ def _sampling(request, spec: EngineSpec, defaults: DomainDefaults):
     else:
         interval = defaults.guidance_interval
     return int(steps), float(guidance), interval
+
+
+def _state(state, profile: PolicyProfile) -> np.ndarray | None:
+    """The request's state as model-space action rows, or None for a domain that takes no state."""
+    rows, name = profile.history_length, profile.domain_name
+    if not rows:
+        if state is not None:
+            raise InvalidFieldError(f"domain {name!r} does not condition on the robot's state; leave state unset",
+                                    "state")
+        return None
+    shape = f"[{profile.state_dim}]" if rows == 1 else f"[{rows}, {profile.state_dim}]"
+    if state is None:
+        raise MissingFieldError(f"domain {name!r} conditions on the robot's state: send state, a float array "
+                                f"{shape}" + (" (oldest row first)" if rows > 1 else ""), "state")
+    if not isinstance(state, np.ndarray) or state.dtype.kind not in "fiu":
+        raise InvalidFieldError(f"state must be a numeric array {shape}", "state")
+    matrix = state[None] if state.ndim == 1 else state
+    if matrix.ndim != 2 or matrix.shape[1] != profile.state_dim:
+        raise InvalidFieldError(f"state has shape {list(state.shape)}; domain {name!r} has state_dim "
+                                f"{profile.state_dim}, so state must be {shape}", "state")
+    if matrix.shape[0] != rows:
+        raise InvalidFieldError(f"state has {matrix.shape[0]} row(s); domain {name!r} conditions on {rows} "
+                                f"(history_length), so state must be {shape}", "state")
+    matrix = matrix.astype(np.float32)
+    if not np.isfinite(matrix).all():
+        raise InvalidFieldError(f"state contains NaN or infinity; send finite values {shape}", "state")
+    return profile.to_model(matrix)
 
 
 def _mode_name(mode) -> str:

@@ -247,6 +247,7 @@ def test_describe_reports_what_the_checkpoint_offers(tiny_engine):
         "domain_id": 7, "action_space": None, "raw_action_dim": 10, "default_horizon": 16, "fps": 24.0,
         "resolution_tier": None, "view_point": "third_person_view", "view_description": None,
         "prompt_format": "json", "guidance_interval": None, "gripper_flip_index": None, "normalization": "quantile",
+        "state_dim": None, "use_state": False, "history_length": 0,
         "defaults": {"action_horizon": 16, "resolution_tier": 256, "view_point": "third_person_view", "fps": 24.0,
                      "num_steps": 4, "guidance_scale": 1.0, "guidance_interval": None},
     }
