@@ -9,7 +9,7 @@ import shutil
 import pytest
 
 from cosmos3_runtime.checkpoint_source import CheckpointSource
-from cosmos3_runtime.cli import inspect_main
+from cosmos3_runtime.cli import inspect_main, tiny_main
 from cosmos3_runtime.engine import Cosmos3Engine
 from cosmos3_runtime.errors import CheckpointError, UnsupportedModeError
 from cosmos3_runtime.inspection import inspect_checkpoint
@@ -199,3 +199,33 @@ def test_inspect_cli_prints_everything(tiny_checkpoint, capsys):
     assert inspect_main([str(tiny_checkpoint("base")), "--json"]) == 0
     data = json.loads(capsys.readouterr().out)
     assert data["variant"] == "base" and data["domains"]["fractal"]["raw_action_dim"] == 10
+
+
+def test_inspect_prints_each_domains_profile_and_the_defaults_it_resolves_to(tiny_checkpoint, capsys):
+    assert inspect_main([str(tiny_checkpoint("base", droid=True))]) == 0
+    out = capsys.readouterr().out
+    assert "variant defaults  35 steps, guidance 6.0, tier 480" in out
+    assert "default domain    droid_lerobot: chunk 32, tier 480, 15 fps, concat_view, guidance in sigmas [0.96, 1.0]" \
+        in out
+    droid = next(line for line in out.splitlines() if line.strip().startswith("droid_lerobot"))
+    for needle in ("width  8", "chunk 32", "15 fps", "tier 480", "concat_view", "space joint_pos",
+                   "state 1 x 8 (last row: the current state)", "gripper flipped at 7", "The top row is from the wrist"):
+        assert needle in droid, needle
+    assert inspect_main([str(tiny_checkpoint("edge"))]) == 0
+    assert "variant defaults  35 steps, guidance 5.0, tier 256" in capsys.readouterr().out
+    assert inspect_main([str(tiny_checkpoint("base", droid=True)), "--json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert data["defaults"]["domain_name"] == "droid_lerobot"
+    assert data["domains"]["droid_lerobot"]["defaults"]["guidance_interval"] == [0.96, 1.0]
+    assert data["domains"]["droid_lerobot"]["state_dim"] == 8
+
+
+def test_cosmos3_tiny_droid_ships_the_droid_profile(tmp_path, capsys):
+    assert tiny_main([str(tmp_path / "droid"), "--variant", "edge-distilled", "--droid"]) == 0
+    profiles = json.loads((tmp_path / "droid" / "policy_profiles.json").read_text())
+    assert profiles["default_domain"] == "droid_lerobot"
+    droid = profiles["domains"]["droid_lerobot"]
+    assert (droid["default_horizon"], droid["raw_action_dim"], droid["state_dim"], droid["use_state"],
+            droid["history_length"], droid["gripper_flip_index"], droid["normalization"], droid["fps"],
+            droid["resolution_tier"], droid["view_point"]) == (32, 8, 8, True, 1, 7, "none", 15, 480, "concat_view")
+    assert "bridge_orig_lerobot" in profiles["domains"]  # the other tiny profiles stay

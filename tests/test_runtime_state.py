@@ -186,3 +186,51 @@ def test_describe_advertises_each_domains_state(state_engine):
     assert (domains["fractal"]["state_dim"], domains["fractal"]["use_state"], domains["fractal"]["history_length"]) \
         == (10, True, 1)
     assert (domains["bridge_orig_lerobot"]["state_dim"], domains["bridge_orig_lerobot"]["history_length"]) == (None, 0)
+
+
+# ---------------------------------------------------------------------------------------------- the DROID profile
+
+@pytest.fixture(scope="module")
+def droid_engine(tiny_checkpoint):
+    """The tiny distilled checkpoint that ships the DROID joint-position profile (``cosmos3-tiny --droid``)."""
+    return Cosmos3Engine.load(tiny_checkpoint("distilled", droid=True))
+
+
+JOINTS = np.array([0.0, -0.6, 0.0, -2.2, 0.0, 1.6, 0.8], np.float32)
+
+
+def test_a_droid_profile_returns_32_by_8_chunks_that_follow_the_joint_state(droid_engine, camera_image):
+    d = droid_engine.describe()
+    droid = d["domains"]["droid_lerobot"]
+    assert d["defaults"]["domain_name"] == "droid_lerobot" and d["defaults"]["view_point"] == "concat_view"
+    assert (droid["action_space"], droid["raw_action_dim"], droid["state_dim"], droid["use_state"],
+            droid["history_length"], droid["gripper_flip_index"], droid["normalization"]) == (
+        "joint_pos", 8, 8, True, 1, 7, None)
+    assert {k: droid["defaults"][k] for k in ("action_horizon", "fps", "resolution_tier", "view_point")} == {
+        "action_horizon": 32, "fps": 15.0, "resolution_tier": 480, "view_point": "concat_view"}
+    # The whole path at the profile's own settings: chunk 32, tier 480, 15 fps, the concat caption.
+    state = np.concatenate([JOINTS, [0.0]]).astype(np.float32)
+    request = dict(domain_name="droid_lerobot", image=camera_image, seed=0, prompt="put the marker in the cup")
+    a = droid_engine.predict_actions(ActionRequest(**request, state=state))
+    assert a.actions.shape == (32, 8) and a.actions.dtype == np.float32
+    moved = state.copy()
+    moved[:7] += 1.0
+    b = droid_engine.predict_actions(ActionRequest(**request, state=moved))
+    assert np.abs(a.actions - b.actions).max() > 1e-4
+
+
+def test_a_droid_chunk_is_in_raw_joint_units_with_the_gripper_flipped_back(droid_engine, camera_image):
+    request = ActionRequest(domain_name="droid_lerobot", image=camera_image, seed=1, resolution_tier=256,
+                            state=np.concatenate([JOINTS, [1.0]]).astype(np.float32))
+    job, _ = job_for_actions(request, droid_engine.spec)
+    assert job.state_rows[0, 7] == 0.0  # a closed gripper (1.0) is 0 to the model, as NVIDIA's server sends it
+    model = droid_engine.sampler.run(job, time.perf_counter).actions
+    chunk = droid_engine.predict_actions(request).actions
+    np.testing.assert_allclose(chunk[:, :7], model[:, :7], atol=1e-6)  # no normalization
+    np.testing.assert_allclose(chunk[:, 7], 1.0 - model[:, 7], atol=1e-6)
+
+
+def test_a_droid_request_without_state_is_a_missing_field(droid_engine, camera_image):
+    with pytest.raises(MissingFieldError) as err:
+        droid_engine.predict_actions(ActionRequest(domain_name="droid_lerobot", image=camera_image))
+    assert err.value.field == "state" and "[8]" in err.value.message
