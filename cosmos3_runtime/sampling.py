@@ -16,6 +16,10 @@ serving runtime changes, and why:
   back to their clean values; a stochastic (SDE) step would otherwise drift them.
 - **Guidance interval.** Classifier-free guidance only on the steps whose sigma lies inside the
   interval; one forward elsewhere.
+- **Robot state.** A job's state rows are clean action frames in front of the chunk, held by the same
+  condition mask as a real-time-chunking prefix or forward-dynamics actions, and positioned as
+  cosmos-framework's sequence plan places them (:meth:`Cosmos3Sampler._action_positions`); diffusers'
+  pipeline has no state. The output is the chunk without them.
 - **No decode for action modes.** Action chunks come from the action stream; the VAE decoder is only
   called for ``forward_dynamics`` video.
 - **Batching.** Several jobs on the same schedule share each transformer call: their sequences are

@@ -13,6 +13,9 @@ The four variants differ the way the real ones do, in their own config files:
   sigma list in ``fixed_step_sampler_config.t_list`` (a key diffusers does not read; it also carries a
   ``shift`` that must *not* be applied on top of the list, as real distilled configs do).
 - ``edge-distilled``: both.
+
+Any of them can ship NVIDIA's DROID joint-position profile (``droid=True``, ``cosmos3-tiny --droid``), so
+the state-conditioned path runs end to end on a tiny model too.
 """
 
 from __future__ import annotations

@@ -196,8 +196,8 @@ def job_for_actions(request: ActionRequest, spec: EngineSpec) -> tuple[DenoiseJo
             )
         clean = profile.to_model(prefix)
 
-    job = _job(request, spec, profile, mode, frames, horizon, clean, decode_video=False)
-    job.state_rows = _state(request.state, profile)
+    state_rows = _state(request.state, profile)
+    job = _job(request, spec, profile, mode, frames, horizon, clean, decode_video=False, state_rows=state_rows)
     return job, profile
 
 
@@ -213,7 +213,7 @@ def job_for_video(request: VideoRequest, spec: EngineSpec) -> tuple[DenoiseJob, 
     return job, profile
 
 
-def _job(request, spec, profile, mode, frames, horizon, clean, decode_video) -> DenoiseJob:
+def _job(request, spec, profile, mode, frames, horizon, clean, decode_video, state_rows=None) -> DenoiseJob:
     info = spec.info
     defaults = spec.defaults_for(profile)
     tier = request.resolution_tier if request.resolution_tier is not None else defaults.resolution_tier
@@ -259,6 +259,7 @@ def _job(request, spec, profile, mode, frames, horizon, clean, decode_video) -> 
         seed=int(seed),
         clean_actions=clean,
         decode_video=decode_video,
+        state_rows=state_rows,
     )
 
 
