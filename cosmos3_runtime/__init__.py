@@ -13,7 +13,9 @@ request types stays cheap.
 from .errors import (
     CheckpointError,
     EngineError,
+    InvalidFieldError,
     InvalidRequestError,
+    MissingFieldError,
     RuntimeErrorBase,
     UnknownDomainError,
     UnsupportedModeError,
@@ -22,9 +24,10 @@ from .errors import (
 from .requests import ActionChunk, ActionRequest, Timing, VideoRequest, VideoResult
 
 __all__ = [
-    "ActionChunk", "ActionRequest", "CheckpointError", "Cosmos3Engine", "EngineError", "InvalidRequestError",
-    "RuntimeErrorBase", "Timing", "UnknownDomainError", "UnsupportedModeError", "UnsupportedTierError",
-    "VideoRequest", "VideoResult", "build_tiny_checkpoint", "inspect_checkpoint",
+    "ActionChunk", "ActionRequest", "CheckpointError", "Cosmos3Engine", "EngineError", "InvalidFieldError",
+    "InvalidRequestError", "MissingFieldError", "RuntimeErrorBase", "Timing", "UnknownDomainError",
+    "UnsupportedModeError", "UnsupportedTierError", "VideoRequest", "VideoResult", "build_tiny_checkpoint",
+    "inspect_checkpoint",
 ]
 
 

@@ -30,6 +30,8 @@ def tiny_main(argv: list[str] | None = None) -> int:
     parser.add_argument("--legacy-class-name", action="store_true",
                         help="write the older Cosmos3OmniDiffusersPipeline _class_name")
     parser.add_argument("--no-action-head", action="store_true", help="a video-only transformer")
+    parser.add_argument("--droid", action="store_true", help="ship a DROID joint-position profile (state-conditioned, "
+                        "chunk 32 x 8) for droid_lerobot, the default domain; see docs/runtime.md")
     args = parser.parse_args(argv)
     started = time.perf_counter()
     if args.shape == "tiny":
@@ -37,12 +39,12 @@ def tiny_main(argv: list[str] | None = None) -> int:
             parser.error("--device applies to the published shapes (edge, nano, super) only")
         variant = args.variant or "distilled"
         path = build_tiny_checkpoint(args.out, variant, seed=args.seed, legacy_class_name=args.legacy_class_name,
-                                     with_action_head=not args.no_action_head)
+                                     with_action_head=not args.no_action_head, droid=args.droid)
     else:
         from .checkpoint_shapes import PUBLISHED_SHAPES, build_shaped_checkpoint, resolve_variant
 
-        if args.legacy_class_name or args.no_action_head:
-            parser.error("--legacy-class-name and --no-action-head apply to --shape tiny only")
+        if args.legacy_class_name or args.no_action_head or args.droid:
+            parser.error("--legacy-class-name, --no-action-head and --droid apply to --shape tiny only")
         try:
             variant = resolve_variant(PUBLISHED_SHAPES[args.shape], args.variant)
         except ValueError as exc:
@@ -55,10 +57,11 @@ def tiny_main(argv: list[str] | None = None) -> int:
 
 
 def inspect_main(argv: list[str] | None = None) -> int:
-    """Print what a Cosmos3 checkpoint is: variant, action head, domains, schedule, size."""
+    """Print what a Cosmos3 checkpoint is: variant, defaults, action head, each domain's profile, schedule, size."""
     from .checkpoint_source import CheckpointSource
     from .inspection import inspect_checkpoint
-    from .profiles import load_profiles
+    from .profiles import profiles_for_checkpoint
+    from .validation import EngineSpec
 
     parser = argparse.ArgumentParser(prog="cosmos3-inspect", description=inspect_main.__doc__)
     parser.add_argument("checkpoint", help="local folder, Hub id (namespace/repo[/subfolder][@revision])")
@@ -69,23 +72,26 @@ def inspect_main(argv: list[str] | None = None) -> int:
     try:
         local = CheckpointSource.parse(args.checkpoint, revision=args.revision).resolve(config_only=True)
         info = inspect_checkpoint(local)
-        profiles = (
-            load_profiles(local, action_dim=info.action_dim, num_domains=info.num_embodiment_domains,
-                          override_file=args.profiles)
-            if info.has_action_head
-            else {}
-        )
+        spec = EngineSpec.for_checkpoint(info, profiles_for_checkpoint(local, info, args.profiles))
     except CheckpointError as exc:
         print(f"cosmos3-inspect: {exc}", file=sys.stderr)
         return 2
     summary = info.summary()
-    summary["domains"] = {name: p.describe() for name, p in sorted(profiles.items())}
+    summary["defaults"] = spec.describe_defaults()
+    summary["domains"] = spec.describe_domains()
     if args.json:
         print(json.dumps(summary, indent=2))
         return 0
     print(f"checkpoint        {args.checkpoint}")
     print(f"pipeline class    {info.pipeline_class}")
     print(f"variant           {info.variant} (edge: {info.is_edge}, distilled: {info.is_distilled})")
+    print(f"variant defaults  {spec.default_steps} steps, guidance {spec.default_guidance:.1f}, "
+          f"tier {spec.default_tier}")
+    if spec.default_domain:
+        r = summary["defaults"]
+        print(f"default domain    {spec.default_domain}: chunk {r['action_horizon']}, tier {r['resolution_tier']}, "
+              f"{r['fps']:g} fps, {r['view_point']}"
+              + (f", guidance in sigmas {r['guidance_interval']}" if r["guidance_interval"] else ""))
     print(f"scheduler         {info.scheduler_class}"
           + (f" (keys it does not accept, ignored: {', '.join(info.ignored_scheduler_keys)})"
              if info.ignored_scheduler_keys else ""))
@@ -96,13 +102,33 @@ def inspect_main(argv: list[str] | None = None) -> int:
     for name, w in info.weights.items():
         print(f"{name:<17} {w.parameters:,} parameters, {w.bytes / 1e6:,.2f} MB in {w.files} file(s)")
     print(f"total             {info.parameters:,} parameters, {info.parameter_bytes / 1e6:,.2f} MB")
-    if profiles:
-        print(f"domains ({len(profiles)}):")
-        for name, p in sorted(profiles.items()):
-            d = p.describe()
-            print(f"  {name:<26} id {d['domain_id']:>2}  width {d['raw_action_dim']:>2}  horizon "
-                  f"{d['default_horizon']:>2}  {d['view_point']:<18} stats: {d['normalization'] or '-'}")
+    if spec.profiles:
+        print(f"domains ({len(spec.profiles)}), each with the defaults it resolves to:")
+        for name, d in summary["domains"].items():
+            print("  " + _domain_line(name + (" (default)" if name == spec.default_domain else ""), d))
     return 0
+
+
+def _domain_line(name: str, d: dict) -> str:
+    """One domain of ``cosmos3-inspect``: id, width, chunk, fps, tier, view, prompt format, stats; then what
+    only some domains have: action space, state, gripper flip, guidance interval, view layout."""
+    r = d["defaults"]
+    line = (f"{name:<30} id {d['domain_id']:>2}  width {d['raw_action_dim']:>2}  chunk {r['action_horizon']:>2}  "
+            f"{r['fps']:g} fps  tier {r['resolution_tier']}  {r['view_point']:<17}  {d['prompt_format']:<5}  "
+            f"stats: {d['normalization'] or '-'}")
+    extras = []
+    if d["action_space"]:
+        extras.append(f"space {d['action_space']}")
+    if d["state_dim"] is not None:
+        extras.append(f"state {d['history_length']} x {d['state_dim']}"
+                      + (" (last row: the current state)" if d["use_state"] else " (history only)"))
+    if d["gripper_flip_index"] is not None:
+        extras.append(f"gripper flipped at {d['gripper_flip_index']}")
+    if r["guidance_interval"] is not None:
+        extras.append(f"guidance in sigmas {r['guidance_interval']}")
+    if d["view_description"]:
+        extras.append(f"view: {d['view_description']!r}")
+    return line + ("  " + "; ".join(extras) if extras else "")
 
 
 def demo_main(argv: list[str] | None = None) -> int:
@@ -115,21 +141,35 @@ def demo_main(argv: list[str] | None = None) -> int:
 
     parser = argparse.ArgumentParser(prog="cosmos3-demo", description=demo_main.__doc__)
     parser.add_argument("--workdir", type=Path, default=Path(os.environ.get("COSMOS3_DEMO_DIR", "demo-output")))
+    parser.add_argument("--droid", action="store_true",
+                        help="the DROID-profile checkpoint: the chunk is conditioned on a joint state (32 x 8)")
     args = parser.parse_args(argv)
     started = time.perf_counter()
-    path = build_tiny_checkpoint(args.workdir / "tiny-distilled", "distilled")
+    name = "tiny-distilled-droid" if args.droid else "tiny-distilled"
+    path = build_tiny_checkpoint(args.workdir / name, "distilled", droid=args.droid)
     print(f"tiny distilled checkpoint: {path} ({time.perf_counter() - started:.2f} s)")
     engine = Cosmos3Engine.load(path)
     engine.warmup()
     domain = engine.default_domain()
+    profile = engine.spec.profiles[domain]
     image = np.random.default_rng(0).integers(0, 256, (224, 224, 3), dtype=np.uint8)
-    chunk = engine.predict_actions(ActionRequest(domain_name=domain, image=image, prompt="pick up the red cube",
-                                                 seed=0))
+    request = dict(domain_name=domain, image=image, prompt="pick up the red cube", seed=0)
+    state = None
+    if profile.history_length:  # the robot's joint positions and gripper, as it reads them
+        state = np.array([0.0, -0.6, 0.0, -2.2, 0.0, 1.6, 0.8, 0.0][: profile.state_dim], np.float32)
+        request["state"] = np.tile(state, (profile.history_length, 1))
+    chunk = engine.predict_actions(ActionRequest(**request))
     np.set_printoptions(precision=3, suppress=True, linewidth=120)
     print(f"variant {engine.info.variant}, domain {domain} (id {chunk.domain_id}), "
           f"{chunk.num_steps} steps, {chunk.transformer_forwards} transformer forwards")
+    if state is not None:
+        print(f"state {state} ({profile.history_length} row(s), gripper flipped at {profile.gripper_flip_index})")
     print(f"action chunk {chunk.actions.shape[0]} x {chunk.actions.shape[1]} float32:")
     print(chunk.actions)
+    if state is not None:
+        moved = engine.predict_actions(ActionRequest(**{**request, "state": request["state"] + 0.1})).actions
+        print(f"with every joint moved by 0.1, same seed: the chunk changes by up to "
+              f"{np.abs(moved - chunk.actions).max():.3f}")
     t = chunk.timing
     print(f"timing: preprocess {t.preprocess_ms:.1f} ms, encode {t.encode_ms:.1f} ms, denoise {t.denoise_ms:.1f} ms, "
           f"postprocess {t.postprocess_ms:.1f} ms, total {t.total_ms:.1f} ms")

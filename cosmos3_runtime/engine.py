@@ -19,17 +19,13 @@ from .checkpoint_source import CheckpointSource
 from .errors import EngineError, RuntimeErrorBase
 from .inspection import CheckpointInfo, inspect_checkpoint
 from .loading import load_pipeline, resolve_device_and_dtype
-from .profiles import VIEW_POINTS, PolicyProfile, load_profiles
+from .profiles import VIEW_POINTS, PolicyProfile, profiles_for_checkpoint
 from .requests import ActionChunk, ActionRequest, Timing, VideoRequest, VideoResult
 from .sampling import Cosmos3Sampler, DenoiseJob, DenoiseOutput
 from .validation import EngineLimits, EngineSpec, job_for_actions, job_for_video
 
 logger = logging.getLogger(__name__)
 
-# Defaults where the checkpoint does not decide: diffusers' own pipeline defaults for base sampling;
-# the lowest tier for the latency-oriented variants (distilled, Edge).
-BASE_DEFAULT_STEPS = 35
-BASE_DEFAULT_GUIDANCE = 6.0
 # Text keys/values of one prompt on a ~4B model in bf16: ~130 tokens x 8 KV heads x 128 x 2 x 36 layers
 # x 2 bytes, about 19 MB. 256 MB holds a dozen distinct prompts (cond and uncond).
 DEFAULT_PREFIX_CACHE_MB = 256
@@ -99,22 +95,8 @@ class Cosmos3Engine:
         pipe = load_pipeline(info, torch_device, torch_dtype)
         if compile:
             pipe.transformer.compile_repeated_blocks(dynamic=True)
-        profiles = (
-            load_profiles(local, action_dim=info.action_dim, num_domains=info.num_embodiment_domains,
-                          override_file=profiles_path)
-            if info.has_action_head
-            else {}
-        )
-        latency_first = info.is_distilled or info.is_edge
-        spec = EngineSpec(
-            info=info,
-            profiles=profiles,
-            horizon_multiple=int(pipe.vae_scale_factor_temporal),
-            default_steps=len(info.distilled_sigmas) if info.is_distilled else BASE_DEFAULT_STEPS,
-            default_guidance=1.0 if info.is_distilled else BASE_DEFAULT_GUIDANCE,
-            default_tier=min(info.resolution_tiers) if latency_first else 480,
-            limits=limits or EngineLimits(),
-        )
+        profiles = profiles_for_checkpoint(local, info, profiles_path)
+        spec = EngineSpec.for_checkpoint(info, profiles, limits or EngineLimits())
         logger.info("loaded %s (%s) on %s/%s in %.2f s", source, info.variant, torch_device, torch_dtype,
                     time.perf_counter() - started)
         return cls(str(source), info, pipe, torch_device, torch_dtype, spec, prefix_cache_mb=prefix_cache_mb)
@@ -164,10 +146,7 @@ class Cosmos3Engine:
     def _chunk(self, job: DenoiseJob, profile: PolicyProfile, output: DenoiseOutput, validate_s: float,
                prefix: np.ndarray | None = None) -> ActionChunk:
         post = time.perf_counter()
-        actions = output.actions
-        if profile.normalization is not None:
-            actions = profile.normalization.denormalize(actions)
-        actions = np.array(actions, dtype=np.float32, order="C")
+        actions = np.array(profile.to_robot(output.actions), dtype=np.float32, order="C")
         if prefix is not None:
             # The robot executes these rows while the chunk is computed: hand them back exactly as given,
             # not as the model's round trip through normalization (which differs in the last bits).
@@ -235,15 +214,18 @@ class Cosmos3Engine:
             domain = shape.domain_name or self.default_domain()
             frames = np.zeros((shape.action_horizon + 1, shape.height, shape.width, 3), dtype=np.uint8)
             media = dict(video=frames) if shape.action_mode == "inverse_dynamics" else dict(image=frames[0])
+            profile = self.spec.profiles.get(domain)
+            if profile is not None and profile.history_length:  # the same sequence length as a robot's request
+                media["state"] = np.zeros((profile.history_length, profile.state_dim), np.float32)
             self.predict_actions(ActionRequest(domain_name=domain, action_mode=shape.action_mode,
                                                action_horizon=shape.action_horizon,
                                                resolution_tier=shape.resolution_tier, seed=0, **media))
         self.warmed_up = True
 
-    def default_domain(self) -> str:
-        """A domain to use when none is given: the first one the checkpoint ships a profile for."""
-        with_stats = [n for n, p in self.spec.profiles.items() if p.normalization is not None]
-        return (with_stats or sorted(self.spec.profiles))[0]
+    def default_domain(self) -> str | None:
+        """The domain to use when none is given: the one the profile files name, else the first the
+        checkpoint ships statistics for, else the first by name (None without an action head)."""
+        return self.spec.default_domain
 
     def describe(self) -> dict:
         """What this engine offers, read from the loaded checkpoint (JSON-able)."""
@@ -258,20 +240,13 @@ class Cosmos3Engine:
             "video_modes": [m for m in spec.modes if m == "forward_dynamics"],
             "resolution_tiers": list(info.resolution_tiers),
             "distilled_sigmas": info.distilled_sigmas,
-            "defaults": {
-                "num_steps": spec.default_steps,
-                "guidance_scale": spec.default_guidance,
-                "resolution_tier": spec.default_tier,
-                "action_horizon": spec.profiles[self.default_domain()].default_horizon if spec.profiles else None,
-                "view_point": "ego_view",
-                "domain_name": self.default_domain() if spec.profiles else None,
-            },
+            "defaults": spec.describe_defaults(),
             "action_horizon": {
                 "min": lim.min_action_horizon,
                 "max": lim.max_action_horizon,
                 "multiple_of": spec.horizon_multiple,
             },
-            "domains": {name: p.describe() for name, p in sorted(spec.profiles.items())},
+            "domains": spec.describe_domains(),
             "view_points": list(VIEW_POINTS),
             "limits": {
                 "min_image_side": lim.min_image_side,

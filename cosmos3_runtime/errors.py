@@ -28,6 +28,18 @@ class InvalidRequestError(RuntimeErrorBase, ValueError):
     code = "invalid_request"
 
 
+class MissingFieldError(InvalidRequestError):
+    """A field this request needs is absent (for example ``state``, for a domain that conditions on it)."""
+
+    code = "missing_field"
+
+
+class InvalidFieldError(InvalidRequestError):
+    """A field has the wrong type, shape or value for this domain (for example a ``state`` of the wrong width)."""
+
+    code = "invalid_field"
+
+
 class UnknownDomainError(InvalidRequestError):
     """The requested embodiment ``domain_name`` is not one the loaded model knows."""
 

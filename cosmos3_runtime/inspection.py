@@ -1,10 +1,11 @@
 """What a checkpoint is, read once from its own files.
 
 Everything here comes from the checkpoint's config files and safetensors headers; no weights are
-loaded, so inspecting a 30 GB checkpoint is as quick as a tiny one. The variant rules are those of
-``shared/DESIGN.md``:
+loaded, so inspecting a 30 GB checkpoint is as quick as a tiny one. A variant is recognised by exact
+values in its config files, never by a substring of a name:
 
-- Edge: ``transformer/config.json`` has ``hidden_act == "relu2"`` (or an Edge/Nemotron backbone type).
+- Edge: ``transformer/config.json`` has ``backbone_type == "cosmos3_edge_nemotron_dense"`` or
+  ``hidden_act == "relu2"`` (the squared-ReLU MLP only the Edge backbone uses).
 - distilled: ``scheduler/scheduler_config.json`` is a ``FlowMatchEulerDiscreteScheduler`` with a
   non-empty ``fixed_step_sampler_config.t_list``, or ``modular_model_index.json`` carries
   ``distilled_sigmas`` (diffusers' own convention).
@@ -22,6 +23,8 @@ from .errors import CheckpointError
 PIPELINE_CLASS_NAMES = ("Cosmos3OmniPipeline", "Cosmos3OmniDiffusersPipeline")
 ALL_RESOLUTION_TIERS = (256, 480, 704, 720)
 EDGE_RESOLUTION_TIERS = (256, 480)
+EDGE_BACKBONE_TYPE = "cosmos3_edge_nemotron_dense"
+EDGE_HIDDEN_ACT = "relu2"
 
 _SAFETENSORS_DTYPE_BYTES = {
     "F64": 8, "F32": 4, "F16": 2, "BF16": 2, "I64": 8, "I32": 4, "I16": 2, "I8": 1, "U8": 1, "BOOL": 1,
@@ -94,8 +97,8 @@ def inspect_checkpoint(path: str | Path) -> CheckpointInfo:
     scheduler_config = _read_json(root / "scheduler" / "scheduler_config.json")
     scheduler_class = scheduler_config.get("_class_name", "")
 
-    backbone = str(transformer_config.get("backbone_type", transformer_config.get("model_type", ""))).lower()
-    is_edge = transformer_config.get("hidden_act") == "relu2" or "edge" in backbone or "nemotron" in backbone
+    is_edge = (transformer_config.get("backbone_type") == EDGE_BACKBONE_TYPE
+               or transformer_config.get("hidden_act") == EDGE_HIDDEN_ACT)
 
     distilled_sigmas = _distilled_sigmas(root, scheduler_class, scheduler_config)
     is_distilled = distilled_sigmas is not None

@@ -31,6 +31,27 @@ def resolve_device_and_dtype(device: str | None, dtype: str | None):
     return resolved_device, resolved_dtype
 
 
+DISTILLED_SCHEDULER_CLASS = "FlowMatchEulerDiscreteScheduler"
+
+
+def _check_scheduler_fits_schedule(info: CheckpointInfo) -> None:
+    """Refuse a distilled sigma list paired with a scheduler that cannot run it, before any weight is read.
+
+    A fixed sigma list is run by ``FlowMatchEulerDiscreteScheduler`` (the loader neutralises its shift so
+    the list is used as given, and its stochastic step takes the request's generator). A multistep solver
+    such as ``UniPCMultistepScheduler`` would apply its own ``flow_shift`` on top of the list and keep a
+    history across steps the distilled model was not trained for; diffusers' UniPC even fails on a
+    plain list, so such a checkpoint would load and then fail every request.
+    """
+    if info.is_distilled and info.scheduler_class != DISTILLED_SCHEDULER_CLASS:
+        raise CheckpointError(
+            f"{info.path}: the checkpoint carries a distilled sigma list {info.distilled_sigmas} but its scheduler "
+            f"is {info.scheduler_class}; a distilled schedule runs on {DISTILLED_SCHEDULER_CLASS}. Fix "
+            "scheduler/scheduler_config.json, or remove distilled_sigmas from modular_model_index.json if the "
+            "checkpoint is not distilled."
+        )
+
+
 def load_pipeline(info: CheckpointInfo, device, dtype):
     """Load the transformer, VAE, tokenizer and scheduler of ``info`` and assemble the pipeline."""
     import diffusers
@@ -38,6 +59,7 @@ def load_pipeline(info: CheckpointInfo, device, dtype):
     from transformers import AutoTokenizer
 
     root = info.path
+    _check_scheduler_fits_schedule(info)
     try:
         transformer = Cosmos3OmniTransformer.from_pretrained(root, subfolder="transformer", torch_dtype=dtype)
         # The Wan VAE was trained without autocast; on CUDA it runs in the serving dtype like the

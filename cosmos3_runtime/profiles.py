@@ -1,8 +1,11 @@
-"""Policy profiles: what each embodiment means to the model.
+"""Policy profiles: what each embodiment means to the model, read from the checkpoint's own files.
 
-A profile maps an embodiment ``domain_name`` to its domain id (which selects the action head's
-weights), its raw action width, its default horizon, the camera view point the model was trained with,
-and the statistics that turn model-space actions (roughly in [-1, 1]) back into robot units.
+A profile maps an embodiment ``domain_name`` to everything the runtime needs to serve it the way the
+policy was trained: its domain id (which selects the action head's weights), its action space and
+width, the chunk it predicts, the frame rate and resolution tier its clips had, the camera view point
+(and, for composed views, how the cameras are laid out), the caption format of its prompts, the
+guidance interval, how the robot's state conditions it (state width, history rows, a flipped gripper)
+and the statistics that turn model-space actions back into robot units.
 
 Sources, later ones overriding earlier ones field by field:
 
@@ -10,31 +13,50 @@ Sources, later ones overriding earlier ones field by field:
 2. ``policy_profiles.json`` shipped in the checkpoint, when there is one;
 3. a profile file the operator gives the server.
 
-Profile file format::
+The file format is documented, with a worked DROID example, in ``docs/runtime.md``. In short::
 
-    {"domains": {"bridge_orig_lerobot": {"domain_id": 7, "raw_action_dim": 10,
-                                         "default_horizon": 16, "view_point": "third_person_view",
+    {"default_domain": "droid_lerobot",
+     "domains": {"bridge_orig_lerobot": {"view_point": "third_person_view",
                                          "normalization": {"q01": [...], "q99": [...]}},
-                 "droid_lerobot": {"normalization_file": "stats/droid.json"}}}
+                 "droid_lerobot": {"raw_action_dim": 8, "default_horizon": 32, "use_state": true,
+                                   "history_length": 1, "gripper_flip_index": 7, "normalization": "none",
+                                   "fps": 15, "resolution_tier": 480, "view_point": "concat_view"}}}
 
 A normalization is quantile (``q01``/``q99``), mean/std (``mean``/``std``) or min/max (``min``/``max``),
-given inline or in its own JSON file (path relative to the profile file), optionally nested under
-``"global"`` and/or ``"action"`` as common training exports write them. Profiles are loaded once.
+given inline or in its own JSON file (``normalization_file``, relative to the profile file), optionally
+nested under ``"global"`` and/or ``"action"`` as common training exports write them; ``"none"`` (or
+``null``) says the model works in raw robot units. Unknown keys are refused, so a misspelt field never
+silently falls back to a default. Profiles are loaded once.
 """
 
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
 from .errors import CheckpointError
+from .inspection import CheckpointInfo
 
 VIEW_POINTS = ("ego_view", "third_person_view", "wrist_view", "concat_view")
+# "json": the structured action caption (diffusers' builder, and cosmos-framework's
+# format_prompt_as_json, which Edge checkpoints are trained with); "prose": the task followed by
+# the view point, duration/FPS and resolution sentences (cosmos-framework's default appenders).
+PROMPT_FORMATS = ("json", "prose")
+# Tiers diffusers' action path has canvases for; a variant may support fewer (checked at engine load).
+RESOLUTION_TIERS = (256, 480, 704, 720)
 DEFAULT_ACTION_HORIZON = 16
+DEFAULT_FPS = 24.0  # diffusers' Cosmos3 pipeline default
+MAX_HISTORY_LENGTH = 16
 _EPS = 1e-8
+_PROFILE_KEYS = (
+    "domain_id", "raw_action_dim", "action_space", "default_horizon", "fps", "resolution_tier", "view_point",
+    "view_description", "prompt_format", "guidance_interval", "gripper_flip_index", "normalization",
+    "normalization_file", "use_state", "history_length", "state_dim",
+)
 
 
 @dataclass(frozen=True)
@@ -78,23 +100,94 @@ class NormalizationStats:
 
 @dataclass(frozen=True)
 class PolicyProfile:
-    """Everything the runtime needs to know about one embodiment."""
+    """Everything the runtime needs to know about one embodiment (see the module docstring)."""
 
     domain_name: str
     domain_id: int
     raw_action_dim: int
-    default_horizon: int = DEFAULT_ACTION_HORIZON
+    action_space: str | None = None  # what the numbers are (e.g. "joint_pos", "ee_pose"); for clients
+    default_horizon: int = DEFAULT_ACTION_HORIZON  # the chunk: actions predicted per request
+    fps: float = DEFAULT_FPS  # the frame rate of the clips (and actions) the policy was trained on
+    resolution_tier: int | None = None  # None: the variant's default tier
     view_point: str = "ego_view"
+    view_description: str | None = None  # how a composed view is laid out, added to the view sentence
+    prompt_format: str = "json"
+    guidance_interval: tuple[float, float] | None = None  # sigmas; guidance only inside (non-distilled)
+    gripper_flip_index: int | None = None  # the model sees 1 - value there (open/closed swapped)
     normalization: NormalizationStats | None = None
+    # How the robot's state conditions the model: ``history_length`` state rows become clean action
+    # frames in front of the chunk (``use_state``: the last of them is the state at the conditioning
+    # frame). State rows are action-space rows, so ``state_dim`` equals ``raw_action_dim``; None when
+    # the domain takes no state.
+    use_state: bool = False
+    history_length: int = 0
+    state_dim: int | None = None
+
+    def to_model(self, raw: np.ndarray) -> np.ndarray:
+        """Raw robot-unit rows (actions, or state rows) -> the model's action space."""
+        rows = np.array(raw, dtype=np.float32)
+        if self.gripper_flip_index is not None:
+            rows[..., self.gripper_flip_index] = 1.0 - rows[..., self.gripper_flip_index]
+        return self.normalization.normalize(rows) if self.normalization is not None else rows
+
+    def to_robot(self, model: np.ndarray) -> np.ndarray:
+        """Model-space action rows -> raw robot units: :meth:`to_model` inverted."""
+        rows = self.normalization.denormalize(model) if self.normalization is not None else model
+        rows = np.array(rows, dtype=np.float32)
+        if self.gripper_flip_index is not None:
+            rows[..., self.gripper_flip_index] = 1.0 - rows[..., self.gripper_flip_index]
+        return rows
 
     def describe(self) -> dict:
         return {
             "domain_id": self.domain_id,
+            "action_space": self.action_space,
             "raw_action_dim": self.raw_action_dim,
             "default_horizon": self.default_horizon,
+            "fps": self.fps,
+            "resolution_tier": self.resolution_tier,
             "view_point": self.view_point,
+            "view_description": self.view_description,
+            "prompt_format": self.prompt_format,
+            "guidance_interval": list(self.guidance_interval) if self.guidance_interval is not None else None,
+            "gripper_flip_index": self.gripper_flip_index,
             "normalization": self.normalization.kind if self.normalization else None,
+            "state_dim": self.state_dim,
+            "use_state": self.use_state,
+            "history_length": self.history_length,
         }
+
+
+@dataclass(frozen=True)
+class ProfileTable:
+    """The profiles of one checkpoint and the domain to use when a caller names none."""
+
+    domains: dict[str, PolicyProfile]
+    default_domain: str | None  # None only when there are no domains
+
+    @classmethod
+    def build(cls, domains: dict[str, PolicyProfile], named_default: str | None) -> "ProfileTable":
+        if named_default is not None:
+            if named_default not in domains:
+                raise CheckpointError(
+                    f"default_domain {named_default!r} is not a domain this checkpoint's action head can serve; "
+                    f"it serves: {', '.join(sorted(domains)) or 'none'}"
+                )
+            return cls(domains, named_default)
+        # Unnamed: the first domain the checkpoint ships statistics for, else the first by name.
+        with_stats = [n for n, p in domains.items() if p.normalization is not None]
+        ranked = with_stats or sorted(domains)
+        return cls(domains, ranked[0] if ranked else None)
+
+
+def profiles_for_checkpoint(checkpoint_dir: Path, info: CheckpointInfo,
+                            override_file: str | Path | None = None) -> ProfileTable:
+    """The profile table of an inspected checkpoint (empty without an action head), an operator file merged in."""
+    if not info.has_action_head:
+        return ProfileTable({}, None)
+    return load_profiles(checkpoint_dir, action_dim=info.action_dim, num_domains=info.num_embodiment_domains,
+                         override_file=override_file,
+                         num_train_timesteps=int(info.scheduler_config.get("num_train_timesteps", 1000)))
 
 
 def load_profiles(
@@ -103,8 +196,12 @@ def load_profiles(
     action_dim: int,
     num_domains: int,
     override_file: str | Path | None = None,
-) -> dict[str, PolicyProfile]:
-    """Build the profile table for a checkpoint (see the module docstring for the sources)."""
+    num_train_timesteps: int = 1000,
+) -> ProfileTable:
+    """Build the profile table for a checkpoint (see the module docstring for the sources).
+
+    ``num_train_timesteps`` (the scheduler's) converts a guidance interval written in timesteps.
+    """
     from diffusers.pipelines.cosmos import pipeline_cosmos3_omni as cosmos3
 
     fields: dict[str, dict] = {}
@@ -112,32 +209,47 @@ def load_profiles(
         width = cosmos3._EMBODIMENT_TO_RAW_ACTION_DIM.get(name)
         if width is not None:
             fields[name] = {"domain_id": domain_id, "raw_action_dim": width}
+    named_default = None
     for source in (checkpoint_dir / "policy_profiles.json", override_file):
         if source is not None and Path(source).is_file():
-            _merge_profile_file(fields, Path(source))
+            named_default = _merge_profile_file(fields, Path(source)) or named_default
         elif source is not None and source == override_file:
             raise CheckpointError(f"profile file {source} does not exist")
 
     profiles = {}
     for name, entry in fields.items():
-        profile = _profile_from_fields(name, entry)
+        profile = _profile_from_fields(name, entry, num_train_timesteps)
         if profile.domain_id >= num_domains or profile.raw_action_dim > action_dim:
             continue  # this checkpoint's action head cannot represent the domain
         profiles[name] = profile
-    return profiles
+    return ProfileTable.build(profiles, named_default)
 
 
-def _merge_profile_file(fields: dict[str, dict], path: Path) -> None:
+def _merge_profile_file(fields: dict[str, dict], path: Path) -> str | None:
+    """Merge one profile file into ``fields``; return the default domain it names, if any."""
     try:
         data = json.loads(path.read_text())
     except json.JSONDecodeError as exc:
         raise CheckpointError(f"profile file {path} is not valid JSON: {exc}") from exc
+    if not isinstance(data, dict):
+        raise CheckpointError(f"profile file {path} must hold a JSON object")
+    unknown = sorted(set(data) - {"domains", "default_domain"})
+    if unknown:
+        raise CheckpointError(f"profile file {path}: unknown top-level key(s) {', '.join(unknown)}; "
+                              "expected 'domains' and optionally 'default_domain'")
     domains = data.get("domains")
     if not isinstance(domains, dict):
         raise CheckpointError(f"profile file {path} needs a top-level 'domains' mapping")
+    default = data.get("default_domain")
+    if default is not None and not isinstance(default, str):
+        raise CheckpointError(f"profile file {path}: default_domain must be a domain name")
     for name, entry in domains.items():
         if not isinstance(entry, dict):
             raise CheckpointError(f"profile file {path}: domain {name!r} must map to an object")
+        unknown = sorted(set(entry) - set(_PROFILE_KEYS))
+        if unknown:
+            raise CheckpointError(f"profile file {path}: domain {name!r} has unknown key(s) {', '.join(unknown)}; "
+                                  f"known keys: {', '.join(_PROFILE_KEYS)}")
         entry = dict(entry)
         stats_file = entry.pop("normalization_file", None)
         if stats_file is not None:
@@ -147,28 +259,116 @@ def _merge_profile_file(fields: dict[str, dict], path: Path) -> None:
             except (OSError, json.JSONDecodeError) as exc:
                 raise CheckpointError(f"profile file {path}: cannot read stats {stats_path}: {exc}") from exc
         if "normalization" in entry:
-            entry["normalization"] = NormalizationStats.from_mapping(entry["normalization"], f"{path}:{name}")
+            stats = entry["normalization"]
+            if stats is None or stats == "none":
+                entry["normalization"] = None  # raw robot units: overrides statistics from an earlier source
+            elif isinstance(stats, dict):
+                entry["normalization"] = NormalizationStats.from_mapping(stats, f"{path}:{name}")
+            else:
+                raise CheckpointError(f"profile file {path}: domain {name!r} normalization must be statistics "
+                                      "(q01/q99, mean/std or min/max), \"none\" or null")
         fields.setdefault(name, {}).update(entry)
+    return default
 
 
-def _profile_from_fields(name: str, entry: dict) -> PolicyProfile:
+def _profile_from_fields(name: str, entry: dict, num_train_timesteps: int) -> PolicyProfile:
+    where = f"profile for domain {name!r}"
     missing = [key for key in ("domain_id", "raw_action_dim") if key not in entry]
     if missing:
-        raise CheckpointError(f"profile for domain {name!r} lacks {', '.join(missing)} and diffusers has no default")
+        raise CheckpointError(f"{where} lacks {', '.join(missing)} and diffusers has no default")
+    width = _integer(entry, "raw_action_dim", where, low=1)
     view_point = entry.get("view_point", "ego_view")
     if view_point not in VIEW_POINTS:
-        raise CheckpointError(f"profile for domain {name!r}: unknown view_point {view_point!r}")
+        raise CheckpointError(f"{where}: unknown view_point {view_point!r}; expected one of {', '.join(VIEW_POINTS)}")
+    prompt_format = entry.get("prompt_format", "json")
+    if prompt_format not in PROMPT_FORMATS:
+        raise CheckpointError(f"{where}: prompt_format must be one of {', '.join(PROMPT_FORMATS)}, "
+                              f"got {prompt_format!r}")
+    tier = entry.get("resolution_tier")
+    if tier is not None and (isinstance(tier, bool) or tier not in RESOLUTION_TIERS):
+        raise CheckpointError(f"{where}: resolution_tier must be one of {', '.join(map(str, RESOLUTION_TIERS))}, "
+                              f"got {tier!r}")
+    fps = entry.get("fps", DEFAULT_FPS)
+    if isinstance(fps, bool) or not isinstance(fps, (int, float)) or not 1.0 <= fps <= 240.0:
+        raise CheckpointError(f"{where}: fps must be a number in [1, 240], got {fps!r}")
+    flip = entry.get("gripper_flip_index")
+    if flip is not None:
+        flip = _integer(entry, "gripper_flip_index", where, low=0, high=width - 1)
     stats = entry.get("normalization")
-    width = int(entry["raw_action_dim"])
     if stats is not None and stats.dim != width:
-        raise CheckpointError(
-            f"profile for domain {name!r}: normalization has {stats.dim} dimensions, the domain has {width}"
-        )
+        raise CheckpointError(f"{where}: normalization has {stats.dim} dimensions, the domain has {width}")
+    use_state, history, state_dim = _state_conditioning(entry, where, width)
     return PolicyProfile(
         domain_name=name,
-        domain_id=int(entry["domain_id"]),
+        domain_id=_integer(entry, "domain_id", where, low=0),
         raw_action_dim=width,
-        default_horizon=int(entry.get("default_horizon", DEFAULT_ACTION_HORIZON)),
+        action_space=_optional_text(entry, "action_space", where),
+        default_horizon=_integer(entry, "default_horizon", where, low=1) if "default_horizon" in entry
+        else DEFAULT_ACTION_HORIZON,
+        fps=float(fps),
+        resolution_tier=tier,
         view_point=view_point,
+        view_description=_optional_text(entry, "view_description", where),
+        prompt_format=prompt_format,
+        guidance_interval=_guidance_interval(entry.get("guidance_interval"), where, num_train_timesteps),
+        gripper_flip_index=flip,
         normalization=stats,
+        use_state=use_state,
+        history_length=history,
+        state_dim=state_dim,
     )
+
+
+def _state_conditioning(entry: dict, where: str, width: int) -> tuple[bool, int, int | None]:
+    """``use_state``, ``history_length`` and ``state_dim``, checked against each other and the width."""
+    use_state = entry.get("use_state", False)
+    if not isinstance(use_state, bool):
+        raise CheckpointError(f"{where}: use_state must be true or false, got {use_state!r}")
+    history = _integer(entry, "history_length", where, low=0, high=MAX_HISTORY_LENGTH) \
+        if "history_length" in entry else int(use_state)
+    if use_state and history < 1:
+        raise CheckpointError(f"{where}: use_state needs history_length >= 1 (the state row is one of them)")
+    if not history:
+        if entry.get("state_dim") is not None:
+            raise CheckpointError(f"{where}: state_dim is set but the domain takes no state "
+                                  "(set use_state or history_length)")
+        return False, 0, None
+    state_dim = _integer(entry, "state_dim", where, low=1) if entry.get("state_dim") is not None else width
+    if state_dim != width:
+        raise CheckpointError(f"{where}: state_dim {state_dim} differs from raw_action_dim {width}; state rows are "
+                              "conditioned as action frames, so they have the action width")
+    return use_state, history, state_dim
+
+
+def _integer(entry: dict, key: str, where: str, low: int, high: int | None = None) -> int:
+    value = entry[key]
+    if isinstance(value, bool) or not isinstance(value, int) or value < low or (high is not None and value > high):
+        bound = f"in [{low}, {high}]" if high is not None else f">= {low}"
+        raise CheckpointError(f"{where}: {key} must be an integer {bound}, got {value!r}")
+    return value
+
+
+def _optional_text(entry: dict, key: str, where: str) -> str | None:
+    value = entry.get(key)
+    if value is not None and (not isinstance(value, str) or not value.strip()):
+        raise CheckpointError(f"{where}: {key} must be a non-empty string")
+    return value.strip() if value is not None else None
+
+
+def _guidance_interval(value, where: str, num_train_timesteps: int) -> tuple[float, float] | None:
+    """``[low, high]`` in sigmas, or in timesteps (values above 1, as cosmos-framework's servers take them).
+
+    Timesteps are divided by ``num_train_timesteps``; ``[960, 1001]`` (NVIDIA's Edge DROID setting) becomes
+    sigmas [0.96, 1.0]: no sigma exceeds 1.
+    """
+    if value is None:
+        return None
+    try:
+        low, high = (float(v) for v in value)
+    except (TypeError, ValueError):
+        raise CheckpointError(f"{where}: guidance_interval must be two numbers [low, high]") from None
+    if not (math.isfinite(low) and math.isfinite(high)) or not 0.0 <= low <= high:
+        raise CheckpointError(f"{where}: guidance_interval must satisfy 0 <= low <= high, got {list(value)}")
+    if high > 1.0:
+        low, high = low / num_train_timesteps, high / num_train_timesteps
+    return min(low, 1.0), min(high, 1.0)

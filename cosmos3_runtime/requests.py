@@ -22,12 +22,19 @@ class ActionRequest:
 
     ``image`` is one H×W×3 uint8 frame (policy); ``video`` is a T×H×W×3 uint8 clip (inverse dynamics,
     or policy, which then uses only its first frame). ``None`` fields take the engine's defaults for the
-    loaded variant: steps and guidance from the checkpoint, horizon and view point from the domain's
-    profile, tier from the variant.
+    domain (``describe()["domains"][name]["defaults"]``): steps and guidance from the variant; horizon,
+    fps, view point, guidance interval and tier from the domain's profile where it sets them, else the
+    variant's.
 
     ``prefix_actions`` are raw actions (K×D, K < horizon) that the new chunk must start with: the actions
     the robot will still execute while this request is being answered (real-time chunking). They are
     conditioned as clean action frames, the mechanism diffusers uses for forward dynamics.
+
+    ``state`` is the robot's proprioceptive state in raw units, for a domain whose profile conditions on
+    it (``describe()["domains"][name]["state_dim"]`` is set): float, ``[state_dim]`` or
+    ``[history_length, state_dim]``, oldest row first; with ``use_state`` the last row is the state at the
+    conditioning frame. The rows become clean action frames in front of the chunk; the chunk returned
+    does not include them.
     """
 
     domain_name: str
@@ -42,8 +49,9 @@ class ActionRequest:
     num_steps: int | None = None
     guidance_scale: float | None = None
     guidance_interval: tuple[float, float] | None = None
-    fps: float = 24.0
+    fps: float | None = None
     prefix_actions: np.ndarray | None = None
+    state: np.ndarray | None = None
 
 
 @dataclass
@@ -60,7 +68,7 @@ class VideoRequest:
     num_steps: int | None = None
     guidance_scale: float | None = None
     guidance_interval: tuple[float, float] | None = None
-    fps: float = 24.0
+    fps: float | None = None
 
 
 @dataclass

@@ -19,6 +19,10 @@ serving runtime changes, and why:
   back to their clean values; a stochastic (SDE) step would otherwise drift them.
 - **Guidance interval.** Classifier-free guidance only on the steps whose sigma lies inside the
   interval; one forward elsewhere.
+- **Robot state.** A job's state rows are clean action frames in front of the chunk, held by the same
+  condition mask as a real-time-chunking prefix or forward-dynamics actions, and positioned as
+  cosmos-framework's sequence plan places them (:meth:`Cosmos3Sampler._action_positions`); diffusers'
+  pipeline has no state. The output is the chunk without them.
 - **No decode for action modes.** Action chunks come from the action stream; the VAE decoder is only
   called for ``forward_dynamics`` video.
 - **Batching.** Several jobs on the same schedule share each transformer call: their sequences are
@@ -38,11 +42,13 @@ from dataclasses import dataclass, field
 
 import numpy as np
 import torch
+from diffusers.pipelines.cosmos.pipeline_cosmos3_omni import get_3d_mrope_ids_vae_tokens
 from diffusers.utils.torch_utils import randn_tensor
 
 from .frame_preprocessing import prepare_frames
 from .packed_attention import PackedItem, PrefixMode, install_packed_attention
 from .prefix_cache import PrefixEntry, TextPrefixCache
+from .prompts import action_caption
 
 _TOKEN_CACHE_SIZE = 64
 # Pack fields holding positions in the joint sequence; they move when items are packed together.
@@ -72,6 +78,15 @@ class DenoiseJob:
     # the raw actions of forward_dynamics, or the real-time-chunking prefix of a policy request.
     clean_actions: np.ndarray | None = None
     decode_video: bool = False
+    prompt_format: str = "json"  # the caption format the checkpoint was trained with (cosmos3_runtime.prompts)
+    view_description: str | None = None  # how a composed view is laid out, added to the view sentence
+    # Normalized robot state rows (history_length x raw_action_dim), clean action frames placed in front
+    # of the chunk; the output drops them.
+    state_rows: np.ndarray | None = None
+
+    @property
+    def leading_rows(self) -> int:
+        return 0 if self.state_rows is None else int(self.state_rows.shape[0])
 
     @property
     def schedule_key(self) -> tuple:
@@ -172,15 +187,24 @@ class Cosmos3Sampler:
         latents = self.pipe._encode_video(vision).contiguous().float()
         return self.pipe._remove_action_video_padding_from_latent(latents, image_size)
 
-    def tokenize(self, prompt: str, horizon: int, canvas_h: int, canvas_w: int, fps: float, mode: str, view_point: str):
-        """Token ids of the structured action caption (cached: the same settings recur every tick)."""
-        key = (prompt, horizon, canvas_h, canvas_w, fps, mode, view_point)
+    def tokenize(self, job: DenoiseJob, canvas_h: int, canvas_w: int):
+        """Token ids of the job's action caption and of the empty unconditional prompt.
+
+        Cached: a session's settings recur every control tick. The caption is built by
+        :func:`cosmos3_runtime.prompts.action_caption` and goes through the pipeline's chat template with its
+        own metadata templates off (the caption carries that metadata already), exactly as diffusers does
+        for an action mode.
+        """
+        key = (job.prompt, job.prompt_format, job.horizon, canvas_h, canvas_w, job.fps, job.view_point,
+               job.view_description)
         ids = self._token_cache.get(key)
         if ids is None:
-            ids = self.pipe.tokenize_prompt(
-                prompt, None, num_frames=horizon + 1, height=canvas_h, width=canvas_w, fps=fps,
-                action_mode=mode, action_view_point=view_point,
-            )
+            num_frames = job.horizon + 1
+            caption = action_caption(self.pipe, job.prompt, prompt_format=job.prompt_format, view_point=job.view_point,
+                                     view_description=job.view_description, num_frames=num_frames, fps=job.fps,
+                                     height=canvas_h, width=canvas_w)
+            ids = self.pipe.tokenize_prompt(caption, None, num_frames=num_frames, height=canvas_h, width=canvas_w,
+                                            fps=job.fps, add_resolution_template=False, add_duration_template=False)
             self._token_cache[key] = ids
             if len(self._token_cache) > _TOKEN_CACHE_SIZE:
                 self._token_cache.popitem(last=False)
@@ -266,8 +290,8 @@ class Cosmos3Sampler:
                 video = self._decode(item.latents)
                 decode_s = clock() - t0
             actions = None
-            if item.job.mode != "forward_dynamics":
-                actions = item.action_latents[:, : item.job.raw_action_dim].float().cpu().numpy()
+            if item.job.mode != "forward_dynamics":  # the chunk: the state rows in front are not the robot's to run
+                actions = item.action_latents[item.job.leading_rows :, : item.job.raw_action_dim].float().cpu().numpy()
             outputs.append(DenoiseOutput(actions, video, item.forwards, len(timesteps), item.preprocess_s,
                                          item.encode_s, denoise_s, decode_s, batch_size=len(items)))
         return outputs
@@ -301,25 +325,33 @@ class Cosmos3Sampler:
         noise = randn_tensor(tuple(x0_vision.shape), generator=generator, device=device, dtype=torch.float32)
         latents = vision_mask * x0_vision + (1.0 - vision_mask) * noise
 
-        action_dim = self.transformer.config.action_dim
-        x0_action = torch.zeros((job.horizon, action_dim), device=device)
-        clean_frames: list[int] = []
+        # Action rows: [robot state rows][the chunk]. Clean frames (the state rows, a real-time-chunking
+        # prefix, forward-dynamics actions) are held at their values by the condition mask, as diffusers
+        # holds forward_dynamics's actions.
+        action_dim, lead = self.transformer.config.action_dim, job.leading_rows
+        rows = lead + job.horizon
+        x0_action = torch.zeros((rows, action_dim), device=device)
+        clean_frames: list[int] = list(range(lead))
+        if lead:
+            x0_action[:lead, : job.raw_action_dim] = torch.from_numpy(job.state_rows).to(device)
         if job.clean_actions is not None:
             k = job.clean_actions.shape[0]
-            x0_action[:k, : job.raw_action_dim] = torch.from_numpy(job.clean_actions).to(device)
-            clean_frames = list(range(k))
-        action_mask = torch.zeros((job.horizon, 1), device=device)
+            x0_action[lead : lead + k, : job.raw_action_dim] = torch.from_numpy(job.clean_actions).to(device)
+            clean_frames += range(lead, lead + k)
+        action_mask = torch.zeros((rows, 1), device=device)
         action_mask[clean_frames] = 1.0
+        # Noise for the chunk's rows only, drawn as without state: a state row's noise would be masked
+        # away, and not drawing it keeps a seed's chunk noise the same with and without state.
         action_noise = randn_tensor((job.horizon, action_dim), generator=generator, device=device, dtype=torch.float32)
+        action_noise = torch.cat([action_noise.new_zeros((lead, action_dim)), action_noise])
         action_latents = action_mask * x0_action + (1.0 - action_mask) * action_noise
         action_latents[:, job.raw_action_dim :] = 0
 
-        cond_ids, uncond_ids = self.tokenize(job.prompt, job.horizon, canvas_h, canvas_w, job.fps, job.mode,
-                                             job.view_point)
-        passes = {"cond": self._pass(cond_ids, latents, action_latents, vision_condition_frames, clean_frames, job.fps)}
+        cond_ids, uncond_ids = self.tokenize(job, canvas_h, canvas_w)
+        passes = {"cond": self._pass(cond_ids, latents, action_latents, vision_condition_frames, clean_frames, job)}
         if job.guidance_scale != 1.0:
             passes["uncond"] = self._pass(uncond_ids, latents, action_latents, vision_condition_frames, clean_frames,
-                                          job.fps)
+                                          job)
 
         scheduler = copy.deepcopy(pipe.scheduler)
         if job.sigmas is not None:
@@ -334,18 +366,18 @@ class Cosmos3Sampler:
             action_mask=action_mask, action_latents=action_latents,
             domain_id=torch.tensor([job.domain_id], dtype=torch.long, device=device), generator=generator,
             scheduler=scheduler, action_scheduler=copy.deepcopy(scheduler), passes=passes,
-            has_noisy_action=len(clean_frames) < job.horizon, preprocess_s=preprocess_s, encode_s=encode_s,
+            has_noisy_action=len(clean_frames) < rows, preprocess_s=preprocess_s, encode_s=encode_s,
         )
 
-    def _pass(self, input_ids, latents, action_latents, vision_frames, clean_action_frames, fps) -> _Pass:
-        full = self._pack(input_ids, latents, action_latents, vision_frames, clean_action_frames, fps)
+    def _pass(self, input_ids, latents, action_latents, vision_frames, clean_action_frames, job) -> _Pass:
+        full = self._pack(input_ids, latents, action_latents, vision_frames, clean_action_frames, job)
         key = tuple(input_ids)
         entry = self.prefix_cache.get(key) if self.prefix_cache is not None else None
         return _Pass(key, full, entry)
 
-    def _pack(self, input_ids, latents, action_latents, vision_frames, clean_action_frames, fps):
+    def _pack(self, input_ids, latents, action_latents, vision_frames, clean_action_frames, job: DenoiseJob):
         """The step-invariant part of one job's joint sequence, built by the pipeline's own segment helpers."""
-        pipe = self.pipe
+        pipe, fps = self.pipe, job.fps
         text = pipe._prepare_text_segment(input_ids, device=self.device)
         vision = pipe._prepare_vision_segment(
             input_vision_tokens=latents,
@@ -364,6 +396,9 @@ class Cosmos3Sampler:
             curr=text["und_len"] + vision["num_vision_tokens"],
             device=self.device,
         )
+        if job.leading_rows:
+            action["action_mrope_ids"] = self._action_positions(action["action_len"], job.leading_rows,
+                                                                text["vision_start_temporal_offset"], fps)
         return {
             **text,
             **vision,
@@ -371,6 +406,25 @@ class Cosmos3Sampler:
             "position_ids": torch.cat([text["text_mrope_ids"], vision["vision_mrope_ids"], action["action_mrope_ids"]], 1),
             "sequence_length": text["und_len"] + vision["num_vision_tokens"] + action["action_len"],
         }
+
+    def _action_positions(self, action_len: int, leading_rows: int, mrope_offset, fps: float) -> torch.Tensor:
+        """mRoPE ids of an action segment whose first ``leading_rows`` rows are the robot's state rows.
+
+        diffusers places action row 0 at video frame 1: the first action follows the conditioning frame.
+        cosmos-framework places state rows before that, at frames ``1 - leading_rows`` .. 0 (with
+        ``use_state`` the current state sits at the conditioning frame 0), so the chunk still starts at
+        frame 1: its sequence plan's ``action_start_frame_offset`` is ``1 - leading_rows``. This is the call
+        ``Cosmos3OmniPipeline._prepare_action_segment`` makes, with that offset.
+        """
+        config = self.transformer.config
+        ids, _ = get_3d_mrope_ids_vae_tokens(
+            grid_t=action_len, grid_h=1, grid_w=1, temporal_offset=mrope_offset,
+            reset_spatial_indices=config.unified_3d_mrope_reset_spatial_ids,
+            fps=fps if config.enable_fps_modulation else None, base_fps=float(config.base_fps),
+            temporal_compression_factor=1, base_temporal_compression_factor=self.pipe.vae_scale_factor_temporal,
+            start_frame_offset=1 - leading_rows,
+        )
+        return ids.to(self.device)
 
     def _forward(self, items: list[_Item], name: str, t, step: int, sigma: float, num_steps: int) -> None:
         """One transformer call for pass ``name`` of every item; stores each item's masked velocities.

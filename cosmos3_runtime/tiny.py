@@ -13,6 +13,9 @@ The four variants differ the way the real ones do, in their own config files:
   sigma list in ``fixed_step_sampler_config.t_list`` (a key diffusers does not read; it also carries a
   ``shift`` that must *not* be applied on top of the list, as real distilled configs do).
 - ``edge-distilled``: both.
+
+Any of them can ship NVIDIA's DROID joint-position profile (``droid=True``, ``cosmos3-tiny --droid``), so
+the state-conditioned path runs end to end on a tiny model too.
 """
 
 from __future__ import annotations
@@ -82,6 +85,17 @@ _TINY_PROFILES = {
         },
     }
 }
+# The profile ``droid=True`` ships instead for droid_lerobot, named the default domain: the settings of
+# NVIDIA's DROID joint-position policy (docs/runtime.md, "Worked example").
+TINY_DROID_PROFILE = {
+    "action_space": "joint_pos", "raw_action_dim": 8, "default_horizon": 32,
+    "use_state": True, "history_length": 1, "state_dim": 8, "gripper_flip_index": 7,
+    "normalization": "none", "fps": 15, "resolution_tier": 480, "view_point": "concat_view",
+    "view_description": "The top row is from the wrist-mounted camera. The bottom row contains two horizontally "
+                        "concatenated third-person perspective views of the scene from opposite sides, with the "
+                        "robot visible.",
+    "prompt_format": "json", "guidance_interval": [960, 1001],
+}
 _TINY_DROID_STATS = {
     "global": {
         "mean": [0.0, 0.1, 0.2, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.5],
@@ -98,12 +112,13 @@ def build_tiny_checkpoint(
     legacy_class_name: bool = False,
     with_action_head: bool = True,
     overwrite: bool = True,
+    droid: bool = False,
 ) -> Path:
     """Write a tiny random Cosmos3 checkpoint of ``variant`` to ``out_dir`` and return its path.
 
     Deterministic for a given ``seed``. ``legacy_class_name`` writes the older
     ``Cosmos3OmniDiffusersPipeline`` spelling into ``model_index.json``; ``with_action_head=False``
-    builds a video-only transformer (no action modes).
+    builds a video-only transformer (no action modes); ``droid=True`` ships :data:`TINY_DROID_PROFILE`.
     """
     import torch
     from diffusers import (
@@ -188,7 +203,11 @@ def build_tiny_checkpoint(
     if with_action_head:
         (out / "stats").mkdir()
         (out / "stats" / "droid_lerobot.json").write_text(json.dumps(_TINY_DROID_STATS, indent=2))
-        (out / "policy_profiles.json").write_text(json.dumps(_TINY_PROFILES, indent=2))
+        profiles = _TINY_PROFILES if not droid else {
+            "default_domain": "droid_lerobot",
+            "domains": {**_TINY_PROFILES["domains"], "droid_lerobot": TINY_DROID_PROFILE},
+        }
+        (out / "policy_profiles.json").write_text(json.dumps(profiles, indent=2))
     return out
 
 

@@ -13,11 +13,28 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from .errors import InvalidRequestError, UnknownDomainError, UnsupportedModeError, UnsupportedTierError
+from .errors import (
+    CheckpointError,
+    InvalidFieldError,
+    InvalidRequestError,
+    MissingFieldError,
+    UnknownDomainError,
+    UnsupportedModeError,
+    UnsupportedTierError,
+)
 from .inspection import CheckpointInfo
-from .profiles import VIEW_POINTS, PolicyProfile
+from .profiles import VIEW_POINTS, PolicyProfile, ProfileTable
 from .requests import ACTION_MODES, ActionRequest, VideoRequest
 from .sampling import DenoiseJob
+
+
+# Defaults where the checkpoint does not decide. Base: diffusers' own pipeline defaults. Edge (not
+# distilled): guidance 5.0, SGLang's default for its Cosmos3 Edge variant. Distilled: the checkpoint's
+# fixed list without guidance. The latency-oriented variants (distilled, Edge) take their lowest tier.
+BASE_DEFAULT_STEPS = 35
+BASE_DEFAULT_GUIDANCE = 6.0
+EDGE_DEFAULT_GUIDANCE = 5.0
+BASE_DEFAULT_TIER = 480
 
 
 @dataclass(frozen=True)
@@ -44,8 +61,26 @@ class EngineLimits:
 
 
 @dataclass(frozen=True)
+class DomainDefaults:
+    """What each unset request field becomes for one domain on this checkpoint."""
+
+    action_horizon: int
+    resolution_tier: int
+    view_point: str
+    fps: float
+    num_steps: int
+    guidance_scale: float
+    guidance_interval: tuple[float, float] | None
+
+    def as_dict(self) -> dict:
+        data = dict(self.__dict__)
+        data["guidance_interval"] = list(self.guidance_interval) if self.guidance_interval is not None else None
+        return data
+
+
+@dataclass(frozen=True)
 class EngineSpec:
-    """The loaded checkpoint's capabilities and the defaults that follow from its variant."""
+    """The loaded checkpoint's capabilities and the defaults that follow from its variant and profiles."""
 
     info: CheckpointInfo
     profiles: dict[str, PolicyProfile]
@@ -54,15 +89,79 @@ class EngineSpec:
     default_guidance: float
     default_tier: int
     limits: EngineLimits = field(default_factory=EngineLimits)
+    default_domain: str | None = None
+
+    @classmethod
+    def for_checkpoint(cls, info: CheckpointInfo, profiles: ProfileTable,
+                       limits: EngineLimits | None = None) -> "EngineSpec":
+        """The variant's defaults, from the checkpoint's config files alone (no weights needed).
+
+        Raises :class:`CheckpointError` for a profile this variant cannot serve as written (a tier it
+        lacks, a chunk it cannot take), so the operator learns it at load, not from every request.
+        """
+        if info.is_distilled:
+            steps, guidance = len(info.distilled_sigmas), 1.0
+        else:
+            steps, guidance = BASE_DEFAULT_STEPS, EDGE_DEFAULT_GUIDANCE if info.is_edge else BASE_DEFAULT_GUIDANCE
+        latency_first = info.is_distilled or info.is_edge
+        spec = cls(
+            info=info,
+            profiles=profiles.domains,
+            # diffusers' pipeline reads the same key (Cosmos3OmniPipeline.vae_scale_factor_temporal).
+            horizon_multiple=int(info.vae_config.get("scale_factor_temporal", 4)),
+            default_steps=steps,
+            default_guidance=guidance,
+            default_tier=min(info.resolution_tiers) if latency_first else BASE_DEFAULT_TIER,
+            limits=limits or EngineLimits(),
+            default_domain=profiles.default_domain,
+        )
+        for profile in profiles.domains.values():
+            where = f"profile for domain {profile.domain_name!r}"
+            if profile.resolution_tier is not None and profile.resolution_tier not in info.resolution_tiers:
+                tiers = ", ".join(map(str, info.resolution_tiers))
+                raise CheckpointError(f"{where}: resolution_tier {profile.resolution_tier} is not one this "
+                                      f"{info.variant} checkpoint supports ({tiers})")
+            try:
+                _horizon(profile.default_horizon, spec)
+            except InvalidRequestError as exc:
+                raise CheckpointError(f"{where}: default_horizon: {exc.message}") from None
+        return spec
 
     @property
     def modes(self) -> list[str]:
         return list(ACTION_MODES) if self.info.has_action_head else []
 
+    def defaults_for(self, profile: PolicyProfile) -> DomainDefaults:
+        """The domain's own settings where its profile has them, the variant's elsewhere."""
+        return DomainDefaults(
+            action_horizon=profile.default_horizon,
+            resolution_tier=profile.resolution_tier if profile.resolution_tier is not None else self.default_tier,
+            view_point=profile.view_point,
+            fps=profile.fps,
+            num_steps=self.default_steps,
+            guidance_scale=self.default_guidance,
+            # A distilled checkpoint runs without guidance, so it has no interval to apply it in.
+            guidance_interval=None if self.info.is_distilled else profile.guidance_interval,
+        )
+
+    def describe_domains(self) -> dict[str, dict]:
+        """Each domain's profile and the defaults it resolves to (JSON-able, sorted by name)."""
+        return {name: {**p.describe(), "defaults": self.defaults_for(p).as_dict()}
+                for name, p in sorted(self.profiles.items())}
+
+    def describe_defaults(self) -> dict:
+        """What a request that names nothing runs with: the default domain's resolved defaults."""
+        profile = self.profiles.get(self.default_domain) if self.default_domain is not None else None
+        if profile is None:  # no action head: only the variant's own values exist
+            return {"num_steps": self.default_steps, "guidance_scale": self.default_guidance,
+                    "guidance_interval": None, "resolution_tier": self.default_tier, "action_horizon": None,
+                    "view_point": None, "fps": None, "domain_name": None}
+        return {**self.defaults_for(profile).as_dict(), "domain_name": profile.domain_name}
+
 
 def job_for_actions(request: ActionRequest, spec: EngineSpec) -> tuple[DenoiseJob, PolicyProfile]:
     """Validate a ``policy`` / ``inverse_dynamics`` request and resolve its defaults."""
-    mode = request.action_mode
+    mode = _mode_name(request.action_mode)
     if mode == "forward_dynamics":
         raise UnsupportedModeError(
             "forward_dynamics produces video, not actions: submit it as a video rollout", "action_mode"
@@ -104,7 +203,8 @@ def job_for_actions(request: ActionRequest, spec: EngineSpec) -> tuple[DenoiseJo
             )
         clean = _normalize(prefix, profile, spec, "prefix_actions")
 
-    job = _job(request, spec, profile, mode, frames, horizon, clean, decode_video=False)
+    state_rows = _state(request.state, profile, spec)
+    job = _job(request, spec, profile, mode, frames, horizon, clean, decode_video=False, state_rows=state_rows)
     return job, profile
 
 
@@ -120,16 +220,17 @@ def job_for_video(request: VideoRequest, spec: EngineSpec) -> tuple[DenoiseJob, 
     return job, profile
 
 
-def _job(request, spec, profile, mode, frames, horizon, clean, decode_video) -> DenoiseJob:
+def _job(request, spec, profile, mode, frames, horizon, clean, decode_video, state_rows=None) -> DenoiseJob:
     info = spec.info
-    tier = request.resolution_tier if request.resolution_tier is not None else spec.default_tier
+    defaults = spec.defaults_for(profile)
+    tier = request.resolution_tier if request.resolution_tier is not None else defaults.resolution_tier
     if isinstance(tier, bool) or not isinstance(tier, (int, np.integer)) or int(tier) not in info.resolution_tiers:
         raise UnsupportedTierError(
             f"resolution tier {tier!r} is not supported by this {info.variant} checkpoint; "
             f"supported: {', '.join(map(str, info.resolution_tiers))}",
             "resolution_tier",
         )
-    view_point = request.view_point or profile.view_point
+    view_point = request.view_point or defaults.view_point
     if view_point not in VIEW_POINTS:
         raise InvalidRequestError(f"unknown view_point {view_point!r}; expected one of {', '.join(VIEW_POINTS)}",
                                   "view_point")
@@ -137,11 +238,11 @@ def _job(request, spec, profile, mode, frames, horizon, clean, decode_video) -> 
         raise InvalidRequestError(f"prompt must be a string of at most {spec.limits.max_prompt_chars} characters",
                                   "prompt")
     lim = spec.limits
-    if isinstance(request.fps, bool) or not isinstance(request.fps, (int, float)) \
-            or not lim.min_fps <= float(request.fps) <= lim.max_fps:
+    fps = request.fps if request.fps is not None else defaults.fps
+    if isinstance(fps, bool) or not isinstance(fps, (int, float)) or not lim.min_fps <= float(fps) <= lim.max_fps:
         raise InvalidRequestError(f"fps must be a number in [{lim.min_fps:g}, {lim.max_fps:g}]", "fps")
 
-    steps, guidance, interval = _sampling(request, spec)
+    steps, guidance, interval = _sampling(request, spec, defaults)
     seed = request.seed
     if seed is None:
         seed = secrets.randbits(63)
@@ -155,8 +256,10 @@ def _job(request, spec, profile, mode, frames, horizon, clean, decode_video) -> 
         raw_action_dim=profile.raw_action_dim,
         prompt=request.prompt,
         view_point=view_point,
+        view_description=profile.view_description if view_point == profile.view_point else None,
+        prompt_format=profile.prompt_format,
         resolution_tier=int(tier),
-        fps=float(request.fps),
+        fps=float(fps),
         sigmas=info.distilled_sigmas,
         num_steps=steps,
         guidance_scale=guidance,
@@ -164,10 +267,11 @@ def _job(request, spec, profile, mode, frames, horizon, clean, decode_video) -> 
         seed=int(seed),
         clean_actions=clean,
         decode_video=decode_video,
+        state_rows=state_rows,
     )
 
 
-def _sampling(request, spec: EngineSpec):
+def _sampling(request, spec: EngineSpec, defaults: DomainDefaults):
     """Steps, guidance and interval: the distilled schedule is fixed; base takes request values."""
     steps, guidance, interval = request.num_steps, request.guidance_scale, request.guidance_interval
     if spec.info.is_distilled:
@@ -186,10 +290,10 @@ def _sampling(request, spec: EngineSpec):
             raise InvalidRequestError("a distilled checkpoint runs without guidance; guidance_interval must be unset",
                                       "guidance_interval")
         return fixed, 1.0, None
-    steps = spec.default_steps if steps is None else steps
+    steps = defaults.num_steps if steps is None else steps
     if isinstance(steps, bool) or not isinstance(steps, (int, np.integer)) or not 1 <= steps <= spec.limits.max_steps:
         raise InvalidRequestError(f"num_steps must be an integer in [1, {spec.limits.max_steps}]", "num_steps")
-    guidance = spec.default_guidance if guidance is None else guidance
+    guidance = defaults.guidance_scale if guidance is None else guidance
     if isinstance(guidance, bool) or not isinstance(guidance, (int, float)) or not math.isfinite(guidance) \
             or not 0.0 <= guidance <= spec.limits.max_guidance_scale:
         raise InvalidRequestError(f"guidance_scale must be a number in [0, {spec.limits.max_guidance_scale:g}]",
@@ -202,7 +306,46 @@ def _sampling(request, spec: EngineSpec):
         if not 0.0 <= lo <= hi <= 1.0:
             raise InvalidRequestError("guidance_interval must satisfy 0 <= low <= high <= 1", "guidance_interval")
         interval = (lo, hi)
+    else:
+        interval = defaults.guidance_interval
     return int(steps), float(guidance), interval
+
+
+def _state(state, profile: PolicyProfile, spec: EngineSpec) -> np.ndarray | None:
+    """The request's state as model-space action rows, or None for a domain that takes no state."""
+    rows, name = profile.history_length, profile.domain_name
+    if not rows:
+        if state is not None:
+            raise InvalidFieldError(f"domain {name!r} does not condition on the robot's state; leave state unset",
+                                    "state")
+        return None
+    shape = f"[{profile.state_dim}]" if rows == 1 else f"[{rows}, {profile.state_dim}]"
+    if state is None:
+        raise MissingFieldError(f"domain {name!r} conditions on the robot's state: send state, a float array "
+                                f"{shape}" + (" (oldest row first)" if rows > 1 else ""), "state")
+    if not isinstance(state, np.ndarray) or state.dtype.kind not in "fiu":
+        raise InvalidFieldError(f"state must be a numeric array {shape}", "state")
+    matrix = state[None] if state.ndim == 1 else state
+    if matrix.ndim != 2 or matrix.shape[1] != profile.state_dim:
+        raise InvalidFieldError(f"state has shape {list(state.shape)}; domain {name!r} has state_dim "
+                                f"{profile.state_dim}, so state must be {shape}", "state")
+    if matrix.shape[0] != rows:
+        raise InvalidFieldError(f"state has {matrix.shape[0]} row(s); domain {name!r} conditions on {rows} "
+                                f"(history_length), so state must be {shape}", "state")
+    matrix = matrix.astype(np.float32)
+    if not np.isfinite(matrix).all():
+        raise InvalidFieldError(f"state contains NaN or infinity; send finite values {shape}", "state")
+    try:
+        return _normalize(matrix, profile, spec, "state")
+    except InvalidRequestError as exc:  # the state is one field of its own: name it as such
+        raise InvalidFieldError(exc.message, "state") from None
+
+
+def _mode_name(mode) -> str:
+    """The mode as the runtime spells it: clients send " Policy" or "POLICY" too, and mean "policy"."""
+    if not isinstance(mode, str):
+        raise UnsupportedModeError(f"action_mode must be a string, one of {', '.join(ACTION_MODES)}", "action_mode")
+    return mode.strip().lower()
 
 
 def _check_mode(mode: str, spec: EngineSpec) -> None:
@@ -293,10 +436,8 @@ def _actions(actions, profile: PolicyProfile, field_name: str) -> np.ndarray:
 def _normalize(actions: np.ndarray, profile: PolicyProfile, spec: EngineSpec, field_name: str) -> np.ndarray:
     """Raw actions into the model's space. Values far outside the domain's range (1e38, say) would make
     the networks overflow: they are the caller's mistake, refused here, not a model failure later."""
-    normalized = actions
-    if profile.normalization is not None:
-        with np.errstate(over="ignore", invalid="ignore"):
-            normalized = profile.normalization.normalize(actions)
+    with np.errstate(over="ignore", invalid="ignore"):
+        normalized = profile.to_model(actions)  # the gripper flipped, then normalized
     bound = spec.limits.max_normalized_action
     if not (np.isfinite(normalized).all() and np.abs(normalized).max(initial=0.0) <= bound):
         raise InvalidRequestError(

@@ -9,7 +9,7 @@ import shutil
 import pytest
 
 from cosmos3_runtime.checkpoint_source import CheckpointSource
-from cosmos3_runtime.cli import inspect_main
+from cosmos3_runtime.cli import inspect_main, tiny_main
 from cosmos3_runtime.engine import Cosmos3Engine
 from cosmos3_runtime.errors import CheckpointError, UnsupportedModeError
 from cosmos3_runtime.inspection import inspect_checkpoint
@@ -57,6 +57,42 @@ def test_variant_detection(tiny_checkpoint, variant, edge, distilled):
     assert info.resolution_tiers == ((256, 480) if edge else (256, 480, 704, 720))
     # Parameter count from the safetensors headers equals the loaded modules' count.
     assert info.parameters > 0 and info.parameter_bytes == 4 * info.parameters
+
+
+@pytest.mark.parametrize(
+    "changes, edge",
+    [
+        ({"backbone_type": "cosmos3_edge_nemotron_dense"}, True),
+        ({"hidden_act": "relu2"}, True),
+        # Names that merely contain "edge" or "nemotron" are not the Edge backbone.
+        ({"backbone_type": "nemotron_inspired_dense"}, False),
+        ({"backbone_type": "cosmos3_edge_nemotron_dense_v2"}, False),
+        ({"model_type": "cosmos3_edge"}, False),
+    ],
+)
+def test_edge_is_recognised_by_exact_values(tiny_checkpoint, tmp_path, changes, edge):
+    path = tmp_path / "ckpt"
+    shutil.copytree(tiny_checkpoint("base"), path)
+    config_path = path / "transformer" / "config.json"
+    config_path.write_text(json.dumps({**json.loads(config_path.read_text()), **changes}))
+    assert inspect_checkpoint(path).is_edge is edge
+
+
+def test_a_distilled_sigma_list_on_unipc_is_refused_at_load(tiny_checkpoint, tmp_path, monkeypatch):
+    """Before: it loaded, then every request failed inside UniPC.set_timesteps (an engine_error per robot)."""
+    path = tmp_path / "ckpt"
+    shutil.copytree(tiny_checkpoint("base"), path)
+    (path / "modular_model_index.json").write_text(json.dumps({"distilled_sigmas": TINY_DISTILLED_SIGMAS}))
+    assert inspect_checkpoint(path).is_distilled  # what the checkpoint claims stays inspectable
+    import diffusers
+
+    weights_read = []
+    monkeypatch.setattr(diffusers.Cosmos3OmniTransformer, "from_pretrained",
+                        classmethod(lambda cls, *a, **k: weights_read.append(a)))
+    with pytest.raises(CheckpointError) as err:
+        Cosmos3Engine.load(path)
+    assert "UniPCMultistepScheduler" in err.value.message and "FlowMatchEulerDiscreteScheduler" in err.value.message
+    assert weights_read == []  # refused before any weight is read
 
 
 def test_parameter_count_matches_loaded_modules(tiny_engine):
@@ -163,3 +199,33 @@ def test_inspect_cli_prints_everything(tiny_checkpoint, capsys):
     assert inspect_main([str(tiny_checkpoint("base")), "--json"]) == 0
     data = json.loads(capsys.readouterr().out)
     assert data["variant"] == "base" and data["domains"]["fractal"]["raw_action_dim"] == 10
+
+
+def test_inspect_prints_each_domains_profile_and_the_defaults_it_resolves_to(tiny_checkpoint, capsys):
+    assert inspect_main([str(tiny_checkpoint("base", droid=True))]) == 0
+    out = capsys.readouterr().out
+    assert "variant defaults  35 steps, guidance 6.0, tier 480" in out
+    assert "default domain    droid_lerobot: chunk 32, tier 480, 15 fps, concat_view, guidance in sigmas [0.96, 1.0]" \
+        in out
+    droid = next(line for line in out.splitlines() if line.strip().startswith("droid_lerobot"))
+    for needle in ("width  8", "chunk 32", "15 fps", "tier 480", "concat_view", "space joint_pos",
+                   "state 1 x 8 (last row: the current state)", "gripper flipped at 7", "The top row is from the wrist"):
+        assert needle in droid, needle
+    assert inspect_main([str(tiny_checkpoint("edge"))]) == 0
+    assert "variant defaults  35 steps, guidance 5.0, tier 256" in capsys.readouterr().out
+    assert inspect_main([str(tiny_checkpoint("base", droid=True)), "--json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert data["defaults"]["domain_name"] == "droid_lerobot"
+    assert data["domains"]["droid_lerobot"]["defaults"]["guidance_interval"] == [0.96, 1.0]
+    assert data["domains"]["droid_lerobot"]["state_dim"] == 8
+
+
+def test_cosmos3_tiny_droid_ships_the_droid_profile(tmp_path, capsys):
+    assert tiny_main([str(tmp_path / "droid"), "--variant", "edge-distilled", "--droid"]) == 0
+    profiles = json.loads((tmp_path / "droid" / "policy_profiles.json").read_text())
+    assert profiles["default_domain"] == "droid_lerobot"
+    droid = profiles["domains"]["droid_lerobot"]
+    assert (droid["default_horizon"], droid["raw_action_dim"], droid["state_dim"], droid["use_state"],
+            droid["history_length"], droid["gripper_flip_index"], droid["normalization"], droid["fps"],
+            droid["resolution_tier"], droid["view_point"]) == (32, 8, 8, True, 1, 7, "none", 15, 480, "concat_view")
+    assert "bridge_orig_lerobot" in profiles["domains"]  # the other tiny profiles stay

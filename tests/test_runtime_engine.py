@@ -242,6 +242,9 @@ def test_forward_dynamics_rollout_returns_frames(tiny_engine, camera_image):
 def test_edge_defaults_to_its_lowest_tier_and_explicit_values_win(tiny_engine, camera_image):
     edge = tiny_engine("edge")
     assert edge.describe()["defaults"]["resolution_tier"] == 256
+    # SGLang's Edge default guidance (the base variant's diffusers default is 6.0).
+    assert edge.describe()["defaults"]["guidance_scale"] == 5.0
+    assert tiny_engine("base").describe()["defaults"]["guidance_scale"] == 6.0
     chunk = edge.predict_actions(ActionRequest(domain_name="fractal", image=camera_image, resolution_tier=480,
                                                num_steps=3, guidance_scale=1.0, seed=0))
     assert chunk.num_steps == 3 and chunk.transformer_forwards == 3
@@ -251,8 +254,17 @@ def test_describe_reports_what_the_checkpoint_offers(tiny_engine):
     d = tiny_engine("distilled").describe()
     assert d["variant"] == "distilled" and d["modes"] == ["policy", "inverse_dynamics", "forward_dynamics"]
     assert d["defaults"]["num_steps"] == 4 and d["defaults"]["guidance_scale"] == 1.0
-    assert d["domains"]["bridge_orig_lerobot"] == {"domain_id": 7, "raw_action_dim": 10, "default_horizon": 16,
-                                                   "view_point": "third_person_view", "normalization": "quantile"}
+    assert d["domains"]["bridge_orig_lerobot"] == {
+        "domain_id": 7, "action_space": None, "raw_action_dim": 10, "default_horizon": 16, "fps": 24.0,
+        "resolution_tier": None, "view_point": "third_person_view", "view_description": None,
+        "prompt_format": "json", "guidance_interval": None, "gripper_flip_index": None, "normalization": "quantile",
+        "state_dim": None, "use_state": False, "history_length": 0,
+        "defaults": {"action_horizon": 16, "resolution_tier": 256, "view_point": "third_person_view", "fps": 24.0,
+                     "num_steps": 4, "guidance_scale": 1.0, "guidance_interval": None},
+    }
+    # The top-level defaults are the default domain's: its view point, not a fixed "ego_view".
+    assert d["defaults"]["domain_name"] == "bridge_orig_lerobot"
+    assert d["defaults"]["view_point"] == "third_person_view"
     assert d["action_horizon"] == {"min": 4, "max": 64, "multiple_of": 4}
     assert d["device"] == "cpu" and d["dtype"] == "float32" and d["parameters"] > 0
 

@@ -31,6 +31,7 @@ CASES = [
     ("unknown domain", _policy(domain_name="no_such_robot"), UnknownDomainError, "domain_name"),
     ("domain not a string", _policy(domain_name=7), UnknownDomainError, "domain_name"),
     ("unknown mode", _policy(action_mode="dance"), UnsupportedModeError, "action_mode"),
+    ("mode not a string", _policy(action_mode=1), UnsupportedModeError, "action_mode"),
     ("forward_dynamics as actions", _policy(action_mode="forward_dynamics"), UnsupportedModeError, "action_mode"),
     ("missing image", _policy(image=None), InvalidRequestError, "image"),
     ("image and video", _policy(video=np.zeros((5, 64, 64, 3), np.uint8)), InvalidRequestError, "video"),
@@ -75,6 +76,17 @@ def test_bad_action_requests(tiny_engine, name, request_, error, field):
         engine.predict_actions(request_)
     assert err.value.field == field
     assert err.value.code == error.code and err.value.message
+
+
+def test_action_mode_is_trimmed_and_lower_cased(tiny_engine):
+    engine = tiny_engine("distilled")
+    chunk = engine.predict_actions(_policy(action_mode=" Policy\n", seed=0))
+    assert chunk.action_mode == "policy"
+    clip = np.zeros((17, 64, 64, 3), np.uint8)
+    chunk = engine.predict_actions(_policy(action_mode="INVERSE_DYNAMICS", image=None, video=clip, seed=0))
+    assert chunk.action_mode == "inverse_dynamics"
+    with pytest.raises(UnsupportedModeError):
+        engine.predict_actions(_policy(action_mode=" Forward_Dynamics "))
 
 
 def test_edge_refuses_tiers_it_does_not_have(tiny_engine):
@@ -134,7 +146,8 @@ def test_profiles_that_the_action_head_cannot_represent_are_left_out(tiny_checkp
     override = tmp_path / "profiles.json"
     override.write_text(json.dumps({"domains": {"wide": {"domain_id": 3, "raw_action_dim": 99},
                                                 "far": {"domain_id": 40, "raw_action_dim": 4}}}))
-    profiles = load_profiles(tiny_checkpoint("distilled"), action_dim=64, num_domains=32, override_file=override)
+    profiles = load_profiles(tiny_checkpoint("distilled"), action_dim=64, num_domains=32,
+                             override_file=override).domains
     assert "wide" not in profiles and "far" not in profiles and "fractal" in profiles
 
 
