@@ -42,7 +42,8 @@ def looks_like_path(value: str) -> bool:
     return not value.startswith("data:") and any(mark in value for mark in (".", ":", "\\"))
 
 
-def _string(value: str, path: str) -> str:
+def refuse_paths(value: str, path: str) -> str:
+    """``value`` unchanged, unless it names a path or URL: those are refused."""
     if looks_like_path(value):
         raise _refuse(path, f"`{path}` looks like a file path or URL; this server never reads its own files or fetches "
                       "URLs for a client: send the image itself (base64, pixels, or a multipart upload)")
@@ -112,7 +113,7 @@ def _container(value: dict[str, Any], path: str) -> Any:
         data = value[b64[0]]
         if not isinstance(data, str) or not data:
             raise _refuse(f"{path}.{b64[0]}", f"`{path}.{b64[0]}` must be a non-empty base64 string")
-        return _string(data, f"{path}.{b64[0]}")
+        return refuse_paths(data, f"{path}.{b64[0]}")
     if any(k in value for k in TENSOR_VALUE_KEYS):
         return tensor_payload(value, path)
     raise _refuse(path, f"`{path}` must be `{{\"b64_json\": ...}}` or `{{\"values\": ..., \"dtype\": \"uint8\", "
@@ -122,7 +123,7 @@ def _container(value: dict[str, Any], path: str) -> Any:
 def _single(value: Any, path: str) -> Any:
     """One image in a form :func:`policy_server.http_codecs.to_image` decodes (it checks the pixels)."""
     if isinstance(value, str):
-        return _string(value, path)
+        return refuse_paths(value, path)
     if isinstance(value, dict):
         value = _container(value, path)
     if isinstance(value, np.ndarray):
@@ -165,7 +166,7 @@ def image_batch(value: Any, path: str, *, max_items: int) -> list[tuple[Any, str
 def video_clip(value: Any, path: str) -> Any:
     """One clip in a form :func:`policy_server.http_codecs.to_video` decodes: frames, not a file."""
     if isinstance(value, str):
-        _string(value, path)  # a path or URL is refused; anything else is not a clip either
+        refuse_paths(value, path)  # a path or URL is refused; anything else is not a clip either
         raise _refuse(path, f"`{path}` must be the clip's frames: a list of base64 images, T×H×W×3 pixels, or a "
                       "video file as a multipart upload")
     if isinstance(value, dict):
