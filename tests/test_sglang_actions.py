@@ -502,12 +502,14 @@ def test_guardrails_and_runtime_knobs(distilled):
 def test_response_and_output_formats(distilled):
     call = parse(envelope(png_b64(IMAGE)), distilled)
     assert (call.response_format, call.output_format, call.return_timing) == ("envelope", "list", False)
-    assert parse(envelope(png_b64(IMAGE)), distilled, numpy_default=True).output_format == "numpy"
-    call = parse({**envelope(png_b64(IMAGE)), "runtime": {"response_format": "RAW", "output_format": "numpy",
-                                                          "return_timing": True}}, distilled)
+    assert parse(envelope(png_b64(IMAGE)), distilled, msgpack_reply=True).output_format == "numpy"
+    body = {**envelope(png_b64(IMAGE)), "runtime": {"response_format": "RAW", "output_format": "numpy",
+                                                    "return_timing": True}}
+    call = parse(body, distilled, msgpack_reply=True)
     assert (call.response_format, call.output_format, call.return_timing) == ("raw", "numpy", True)
+    assert parse(body, distilled).output_format == "list"  # a JSON reply has no other arrays
     body = envelope(png_b64(IMAGE), parameters={"output_format": "list"})
-    assert parse(body, distilled, numpy_default=True).output_format == "list"
+    assert parse(body, distilled, msgpack_reply=True).output_format == "list"
     body["runtime"] = {"output_format": "numpy"}
     assert refused(body, distilled).field == "parameters.output_format"
 
@@ -547,7 +549,7 @@ def test_sglang_multipart_form_becomes_the_envelope(distilled):
     body = envelope_from_form(form)
     assert is_sglang_envelope(body)
     call, (request,) = requests_of(body, distilled)
-    assert call.request_id == "form-1" and call.output_format == "numpy"
+    assert call.request_id == "form-1" and parse(body, distilled, msgpack_reply=True).output_format == "numpy"
     assert (request.prompt, request.num_steps, request.seed, request.fps, request.action_horizon) == \
         ("pick up the block", 4, 5, 5.0, 8)
     np.testing.assert_array_equal(request.image, IMAGE)

@@ -110,7 +110,7 @@ def test_an_sglang_request_runs_through_the_real_engine_end_to_end(tiny_engine, 
     body = {"request_id": "e2e", "input": {"task": ["pick", "place"], "observation": {
         "image": [{"b64_json": png_b64(image)} for image in images]}},
         "parameters": {"action_mode": "policy", "domain_id": 7, "raw_action_dim": 10, "num_frames": 9, "seed": 3}}
-    call = parse_action_envelope(unpackb(sglang_packb(body)), distilled, max_items=4, numpy_default=True)
+    call = parse_action_envelope(unpackb(sglang_packb(body)), distilled, max_items=4, msgpack_reply=True)
     chunks = engine.predict_actions_batch([action_request(item.fields, distilled) for item in call.items])
     reply = sglang_unpackb(packb(build_reply(call, chunks, model=distilled["model"])))
     assert reply["id"] == "e2e" and reply["model"] == distilled["model"]

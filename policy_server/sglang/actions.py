@@ -253,13 +253,14 @@ def parse_action_envelope(
     description: Mapping[str, Any],
     *,
     max_items: int,
-    numpy_default: bool = False,
+    msgpack_reply: bool = False,
 ) -> ActionCall:
     """Check SGLang's envelope against the loaded model (``describe()``) and split it into items.
 
     ``max_items`` bounds the engine requests one envelope may become (images × candidates).
-    ``numpy_default``: the reply goes out as msgpack, where SGLang defaults ``output_format`` to
-    ``numpy``. Raises :class:`~policy_server.http_errors.ApiError` naming the client's field.
+    ``msgpack_reply``: the reply goes out as msgpack, where ``output_format`` defaults to ``numpy`` (as
+    in SGLang); a JSON reply has lists whatever was asked, JSON having no other arrays. Raises
+    :class:`~policy_server.http_errors.ApiError` naming the client's field.
     """
     _known(body, ENVELOPE_KEYS, "")
     rid_value, rid_path = one_of(body, ("request_id", "id"), "")
@@ -340,14 +341,13 @@ def parse_action_envelope(
                 item.put("seed", seed + candidate, "parameters.seed")
             items.append(item)
 
-    output_format = "numpy" if numpy_default else "list"
     formats = {path: _choice(value, path, OUTPUT_FORMATS) for path, value in
                (("runtime.output_format", runtime.get("output_format")),
                 ("parameters.output_format", parameters.get("output_format"))) if value is not None}
     if len(set(formats.values())) > 1:
         raise invalid("parameters.output_format", "`runtime.output_format` and `parameters.output_format` differ; "
                       "send one")
-    output_format = next(iter(formats.values()), output_format)
+    output_format = next(iter(formats.values()), "numpy") if msgpack_reply else "list"
     response_format = _choice(runtime.get("response_format", "envelope"), "runtime.response_format", RESPONSE_FORMATS)
     _auto_only(runtime, "prefix_cache", "whether to use its prefix cache")
     _auto_only(runtime, "cuda_graph", "how to run its engine")

@@ -72,7 +72,7 @@ class LockstepSession:
         if "type" in frame:
             raise ApiError(ErrorCode.INVALID_FIELD, "this connection speaks SGLang's lock-step protocol (its first "
                            "frame had no `type`); send protocol v1 frames on a new connection", "type")
-        return parse_action_envelope(frame, self._description, max_items=self._max_items, numpy_default=True)
+        return parse_action_envelope(frame, self._description, max_items=self._max_items, msgpack_reply=True)
 
     def reply(
         self,
