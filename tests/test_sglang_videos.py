@@ -94,7 +94,7 @@ def test_sglang_multipart_form(distilled):
     ({"size": "500x500"}, "unsupported_tier", "size"),
     ({"size": "wide"}, "invalid_field", "size"),
     ({"size": "256x256", "height": 480, "width": 832}, "invalid_field", "size"),
-    ({"height": 480}, "invalid_field", "height"),
+    ({"height": 480}, "missing_field", "width"),
     ({"size": "832x480", "resolution_tier": 256}, "invalid_field", "size"),
     ({"negative_prompt": "blurry"}, "invalid_field", "negative_prompt"),
     ({"n": 2}, "invalid_field", "n"),

@@ -36,6 +36,7 @@ from ..protocol import ErrorCode
 from .media import TENSOR_VALUE_KEYS, image_batch, video_clip
 from .parameters import (
     Mapped,
+    canvas_tier,
     check_normalization,
     flag,
     frame_rate,
@@ -44,10 +45,10 @@ from .parameters import (
     merge_extra,
     number,
     one_of,
+    refuse_guardrails,
     request_id,
     resolve_domain,
     text,
-    tier_for_size,
 )
 
 ENVELOPE_KEYS = ("request_id", "id", "input", "parameters", "runtime", "model")
@@ -232,17 +233,11 @@ def _settings(parameters: Mapping[str, Any], body: Mapping[str, Any], descriptio
     if parameters.get("action_view_point") is not None:
         common.put("view_point", text(parameters["action_view_point"], "parameters.action_view_point"),
                    "parameters.action_view_point")
-    height, width = parameters.get("height"), parameters.get("width")
-    if (height is None) != (width is None):
-        missing = "parameters.width" if width is None else "parameters.height"
-        raise ApiError(ErrorCode.MISSING_FIELD, f"`parameters.height` and `parameters.width` name a canvas together; "
-                       f"`{missing}` is missing", missing)
-    if height is not None:
-        size = (integer(height, "parameters.height", low=1), integer(width, "parameters.width", low=1))
-        common.put("resolution_tier", tier_for_size(*size, description, "parameters.height"), "parameters.height")
-    if parameters.get("use_guardrails") is not None and flag(parameters["use_guardrails"], "parameters.use_guardrails"):
-        raise invalid("parameters.use_guardrails", "this server runs no guardrail models; `parameters.use_guardrails` "
-                      "must be false or left out")
+    tier = canvas_tier(parameters.get("height"), parameters.get("width"), description,
+                       height_path="parameters.height", width_path="parameters.width")
+    if tier is not None:
+        common.put("resolution_tier", tier, "parameters.height")
+    refuse_guardrails(parameters.get("use_guardrails"), "parameters.use_guardrails")
     if body.get("model") is not None:
         common.put("model", body["model"], "model")
     return common

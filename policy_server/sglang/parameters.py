@@ -249,6 +249,19 @@ def parse_size(value: Any, path: str) -> tuple[int, int]:
     return height, width
 
 
+def canvas_tier(height: Any, width: Any, description: Mapping[str, Any], *, height_path: str,
+                width_path: str) -> int | None:
+    """The tier a ``height`` + ``width`` pair names (:func:`tier_for_size`), None when neither is given."""
+    if height is None and width is None:
+        return None
+    if height is None or width is None:
+        missing = height_path if height is None else width_path
+        raise ApiError(ErrorCode.MISSING_FIELD, f"`{height_path}` and `{width_path}` name a canvas together; "
+                       f"`{missing}` is missing", missing)
+    size = integer(height, height_path, low=1), integer(width, width_path, low=1)
+    return tier_for_size(*size, description, height_path)
+
+
 def tier_for_size(height: int, width: int, description: Mapping[str, Any], path: str) -> int:
     """The resolution tier whose canvas a pixel size names.
 
@@ -270,6 +283,12 @@ def tier_for_size(height: int, width: int, description: Mapping[str, Any], path:
         return min(height, width)
     raise ApiError(ErrorCode.UNSUPPORTED_TIER, f"{width}x{height} names no resolution tier of this model: a tier is "
                    f"named by its canvas's short side, one of {tiers}", path)
+
+
+def refuse_guardrails(value: Any, path: str) -> None:
+    """SGLang's ``use_guardrails``: false (nothing runs) is honoured; true cannot be."""
+    if value is not None and flag(value, path):
+        raise invalid(path, f"this server runs no guardrail models; `{path}` must be false or left out")
 
 
 # -- extra_params / extra_body ---------------------------------------------------------------------------

@@ -25,14 +25,15 @@ import numpy as np
 from .media import refuse_paths
 from .parameters import (
     Mapped,
+    canvas_tier,
     check_normalization,
-    flag,
     frame_rate,
     integer,
     invalid,
     merge_extra,
     number,
     parse_size,
+    refuse_guardrails,
     resolve_domain,
     tier_for_size,
 )
@@ -129,18 +130,15 @@ def video_fields(fields: Mapping[str, Any], description: Mapping[str, Any], *, d
             raise invalid("seconds", f"the video's length is set by `action`: {rows + 1} frames at {fps:g} fps = "
                           f"{(rows + 1) / fps:.3f} s; `seconds` must agree or be left out, got {seconds:g}")
 
-    sizes = []
-    if body.get("size") not in (None, ""):
-        sizes.append((parse_size(body["size"], "size"), "size"))
-    if body.get("height") is not None or body.get("width") is not None:
-        if body.get("height") is None or body.get("width") is None:
-            raise invalid("height", "`height` and `width` name a canvas together; send both (or `size`)")
-        sizes.append(((integer(body["height"], "height", low=1), integer(body["width"], "width", low=1)), "height"))
-    if len(sizes) == 2 and sizes[0][0] != sizes[1][0]:
+    tiers = [(tier_for_size(*parse_size(body["size"], "size"), description, "size"), "size")] \
+        if body.get("size") not in (None, "") else []
+    tier = canvas_tier(body.get("height"), body.get("width"), description, height_path="height", width_path="width")
+    if tier is not None:
+        tiers.append((tier, "height"))
+    if len(tiers) == 2 and tiers[0][0] != tiers[1][0]:
         raise invalid("size", "`size` and `height`/`width` disagree; send one of them")
-    if sizes:
-        (height, width_px), path = sizes[0]
-        tier = tier_for_size(height, width_px, description, path)
+    if tiers:
+        tier, path = tiers[0]
         if mapped.fields.get("resolution_tier", tier) != tier:
             raise invalid(path, f"`{path}` is a canvas of resolution tier {tier}, not of `resolution_tier` "
                           f"{mapped.fields['resolution_tier']}")
@@ -152,8 +150,7 @@ def video_fields(fields: Mapping[str, Any], description: Mapping[str, Any], *, d
         if body.get(name) is not None and integer(body[name], name, low=1) != 1:
             raise invalid(name, f"one video per job here: `{name}` must be 1 or left out (submit more jobs)")
     for name in ("use_guardrails", "guardrails"):
-        if body.get(name) is not None and flag(body[name], name):
-            raise invalid(name, f"this server runs no guardrail models; `{name}` must be false or left out")
+        refuse_guardrails(body.get(name), name)
     return mapped
 
 
