@@ -459,6 +459,14 @@ def test_frame_rates(distilled):
     assert refused(envelope(png_b64(IMAGE), parameters={"fps": 0}), distilled).field == "parameters.fps"
 
 
+def test_null_parameters_are_absent_ones(distilled):
+    request = settings(distilled, action_mode=None, seed=None, fps=None, num_inference_steps=None)
+    assert (request.action_mode, request.seed, request.fps) == ("policy", None, 24.0)
+    assert settings(distilled, action_mode=" Policy ").action_mode == "policy"  # SGLang strips and lowercases
+    error = refused(envelope(png_b64(IMAGE), parameters={"action_mode": "teleport"}), distilled)
+    assert (error.code, error.field) == ("invalid_field", "parameters.action_mode")  # as our flat form answers
+
+
 def test_view_point(distilled):
     assert settings(distilled, action_view_point="wrist_view").view_point == "wrist_view"
     assert refused(envelope(png_b64(IMAGE), parameters={"action_view_point": "satellite"}), distilled).field == \

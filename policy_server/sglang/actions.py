@@ -269,7 +269,8 @@ def parse_action_envelope(
     runtime = _section(body, "runtime")
     _known(runtime, RUNTIME_KEYS, "runtime.")
 
-    mode = text(parameters.get("action_mode", "policy"), "parameters.action_mode").strip().lower()
+    mode = parameters.get("action_mode")
+    mode = "policy" if mode is None else text(mode, "parameters.action_mode").strip().lower()
     if mode == "forward_dynamics":
         raise ApiError(ErrorCode.UNSUPPORTED_MODE, "forward_dynamics produces video, not actions: submit it to "
                        "POST /v1/videos (SGLang's field names are accepted there)", "parameters.action_mode")
