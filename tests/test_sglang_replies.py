@@ -151,6 +151,9 @@ def test_metadata_comes_from_the_checkpoint(distilled, tiny_engine):
     one_width = {**distilled, "domains": {"umi": distilled["domains"]["umi"]}}
     assert sglang_metadata(one_width, max_batch_size=1, openpi_websocket=False, default_fps=24.0)["output"][
         "action_dim"] == 10
+    with_state = {**distilled, "domains": {"droid": {**distilled["domains"]["droid_lerobot"], "state_dim": 8}}}
+    assert sglang_metadata(with_state, max_batch_size=1, openpi_websocket=False, default_fps=24.0)["input"][
+        "state_dim"] == 8
 
 
 def test_metadata_lists_the_engines_canvases_when_described(distilled):

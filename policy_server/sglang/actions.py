@@ -91,7 +91,7 @@ class ActionCall:
     response_format: str = "envelope"
     output_format: str = "list"
     return_timing: bool = False
-    # Fields SGLang accepts and this model cannot use (a state vector): reported back in `warnings`.
+    # Fields accepted as SGLang does but not used yet (a state vector): reported back in `warnings`.
     unused: tuple[str, ...] = ()
 
 
@@ -151,7 +151,7 @@ def _one_camera(value: Any, path: str) -> tuple[Any, str]:
 
 
 def _check_state(value: Any, path: str) -> None:
-    """A state vector SGLang would take: numbers, bounded. Cosmos3 has no input for it."""
+    """A state vector SGLang would take: numbers, bounded. The network side passes no state to the engine yet."""
     if isinstance(value, dict) and any(k in value for k in TENSOR_VALUE_KEYS):
         value = value.get("values", value.get("data"))
     try:
@@ -507,6 +507,6 @@ def build_reply(
     if call.return_timing and timings is not None:
         reply["timings"] = dict(timings)
     if call.unused:
-        reply["warnings"] = [{"field": path, "message": "accepted for SGLang's sake; this model takes no such input"}
-                             for path in call.unused]
+        reply["warnings"] = [{"field": path, "message": "accepted and not used: this server does not pass it to "
+                                                       "the model yet"} for path in call.unused]
     return reply

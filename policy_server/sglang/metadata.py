@@ -51,7 +51,9 @@ def sglang_metadata(
     """
     action_modes = list(description.get("action_modes", []))
     defaults = description.get("defaults", {})
-    widths = {domain.get("raw_action_dim") for domain in description.get("domains", {}).values()}
+    domains = description.get("domains", {}).values()
+    widths = {domain.get("raw_action_dim") for domain in domains}
+    state_dims = {domain.get("state_dim") for domain in domains}
     modalities = (["image"] if "policy" in action_modes else []) + (["video"] if action_modes else [])
     return {
         "object": "action.metadata",
@@ -61,7 +63,8 @@ def sglang_metadata(
             "modalities": modalities,
             "supported_resolutions": supported_resolutions(description),
             "resolution_tiers": list(description.get("resolution_tiers") or []),
-            "state_dim": description.get("state_dim"),  # Cosmos3 conditions on images only: None
+            # One state width for every domain, or None: none (images only) or the requested domain's.
+            "state_dim": state_dims.pop() if len(state_dims) == 1 else None,
         },
         "output": {
             "action_type": "continuous",
