@@ -1,0 +1,109 @@
+"""SGLang's action metadata keys, read from the engine's ``describe()``.
+
+SGLang answers ``GET /v1/actions/metadata`` (and opens its realtime WebSocket) with::
+
+    {"object": "action.metadata", "model", "policy_family": "cosmos3",
+     "input": {"modalities", "supported_resolutions", "state_dim"},
+     "output": {"action_type", "action_horizon", "action_dim", "padded_action_dim", "dtype"},
+     "defaults": {...}, "capabilities": {"action_modes", "realtime_websocket", "openpi_websocket",
+                                         "batch_inputs", "max_batch_size", ...}}
+
+where SGLang fills in literals (horizon 16, 480×832, fps 5). Here every value comes from the loaded
+checkpoint, or from the server's own settings, which the caller passes in. :func:`merge_metadata` adds
+these keys to one of our metadata answers without changing any key it already has (except ``object``,
+which becomes SGLang's).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Mapping
+
+# The runtime (cosmos3_runtime) serves Cosmos3 checkpoints only.
+POLICY_FAMILY = "cosmos3"
+# The wire dtype of every action array this server sends.
+ACTION_DTYPE = "float32"
+
+
+def supported_resolutions(description: Mapping[str, Any]) -> list[list[int]]:
+    """``[width, height]`` canvases of the model's tiers, when the engine describes them (SGLang's order)."""
+    tiers = [int(t) for t in description.get("resolution_tiers") or []]
+    canvases = description.get("resolution_canvases") or {}
+    sizes: list[list[int]] = []
+    for tier, tier_sizes in sorted(canvases.items(), key=lambda entry: int(entry[0])):
+        for height, width in tier_sizes if int(tier) in tiers else ():
+            if [width, height] not in sizes:
+                sizes.append([width, height])
+    return sizes
+
+
+def sglang_metadata(
+    description: Mapping[str, Any],
+    *,
+    max_batch_size: int,
+    openpi_websocket: bool,
+    default_fps: float,
+) -> dict[str, Any]:
+    """SGLang's metadata keys for the loaded model.
+
+    ``max_batch_size``: the most action chunks one request may ask for (images × candidates);
+    ``openpi_websocket``: whether the server answers openpi clients; ``default_fps``: the rate a
+    request without ``fps`` runs at. The rest is the engine's ``describe()``.
+    """
+    action_modes = list(description.get("action_modes", []))
+    defaults = description.get("defaults", {})
+    domains = description.get("domains", {}).values()
+    widths = {domain.get("raw_action_dim") for domain in domains}
+    state_dims = {domain.get("state_dim") for domain in domains}
+    modalities = (["image"] if "policy" in action_modes else []) + (["video"] if action_modes else [])
+    return {
+        "object": "action.metadata",
+        "model": description.get("model"),
+        "policy_family": POLICY_FAMILY,
+        "input": {
+            "modalities": modalities,
+            "supported_resolutions": supported_resolutions(description),
+            "resolution_tiers": list(description.get("resolution_tiers") or []),
+            # One state width for every domain, or None: none (images only) or the requested domain's.
+            "state_dim": state_dims.pop() if len(state_dims) == 1 else None,
+        },
+        "output": {
+            "action_type": "continuous",
+            "action_horizon": defaults.get("action_horizon"),
+            # One width for every domain, or None: it is the requested domain's raw_action_dim.
+            "action_dim": widths.pop() if len(widths) == 1 else None,
+            "padded_action_dim": description.get("action_dim"),
+            "dtype": ACTION_DTYPE,
+        },
+        "defaults": {
+            "action_mode": "policy" if "policy" in action_modes else next(iter(action_modes), None),
+            "action_horizon": defaults.get("action_horizon"),
+            "num_inference_steps": defaults.get("num_steps"),
+            "guidance_scale": defaults.get("guidance_scale"),
+            "resolution_tier": defaults.get("resolution_tier"),
+            "fps": default_fps,
+        },
+        "capabilities": {
+            "action_modes": action_modes,
+            "realtime_websocket": True,
+            "openpi_websocket": openpi_websocket,
+            "batch_inputs": max_batch_size > 1 and "policy" in action_modes,
+            "max_batch_size": max_batch_size,
+            "batched_action_modes": ["policy"] if max_batch_size > 1 and "policy" in action_modes else [],
+            "multiple_candidates": max_batch_size > 1 and bool(action_modes),
+        },
+    }
+
+
+def merge_metadata(ours: Mapping[str, Any], sglang: Mapping[str, Any]) -> dict[str, Any]:
+    """``ours`` with SGLang's keys added: objects (``defaults``, ``capabilities``) merged key by key.
+
+    A key both have keeps our value (they agree where both exist); ``object`` becomes SGLang's
+    ``"action.metadata"``, the one value SGLang clients compare.
+    """
+    merged = dict(ours)
+    for key, value in sglang.items():
+        if isinstance(value, Mapping) and isinstance(merged.get(key), Mapping):
+            merged[key] = {**merged[key], **{k: v for k, v in value.items() if k not in merged[key]}}
+        elif key == "object" or key not in merged:
+            merged[key] = value
+    return merged
