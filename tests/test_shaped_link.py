@@ -1,0 +1,49 @@
+"""The shaped link (benchmarks/netns_link.py): two network namespaces joined at 20 Mbit/s, 10 ms each way,
+0.5 % loss. Needs root and network namespaces; where they cannot be made, the tests say why and skip."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
+
+from netns_link import LinkShape, ShapedLink, measure_link, unavailable_reason  # noqa: E402
+
+REASON = unavailable_reason()
+pytestmark = pytest.mark.skipif(REASON is not None, reason=f"no shaped link here: {REASON}")
+SHAPE = LinkShape(rate_mbit=20, delay_ms=10, loss=0.005)
+
+
+def namespaces() -> set[str]:
+    listed = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True, check=True).stdout
+    return {line.split()[0] for line in listed.splitlines() if line.strip()}
+
+
+def test_the_link_delays_caps_and_loses_packets_both_ways():
+    with ShapedLink(SHAPE, relay_seed=0) as link:
+        measured = measure_link(link, pings=20, bulk_bytes=3 * 2**20)
+        counts = link.counts()
+    print(f"{link.backend}: {measured}, {counts}")
+    # Every round trip crosses the link twice: at least the two one-way delays.
+    assert measured.rtt_ms_min >= 2 * SHAPE.delay_ms - 0.5
+    # The bulk transfer cannot beat the rate; it is slowed by loss and the machine, not stopped.
+    assert SHAPE.rate_mbit * 0.2 < measured.throughput_mbit <= SHAPE.rate_mbit * 1.02
+    up = counts["robot->server"]
+    assert up["packets"] > 2000  # 3 MiB in wire-sized packets: segmentation offloads are off
+    assert 0 < up["lost"] < up["packets"] * SHAPE.loss * 3  # about 0.5 %: ~11 of 2200
+
+
+def test_everything_is_torn_down_even_when_the_body_fails():
+    before = namespaces()
+    with pytest.raises(RuntimeError, match="boom"):
+        with ShapedLink(SHAPE) as first, ShapedLink(SHAPE) as second:
+            assert set(first.namespaces.values()).isdisjoint(second.namespaces.values())  # parallel runs coexist
+            assert set(first.namespaces.values()) | set(second.namespaces.values()) <= namespaces()
+            sleeper = first.popen("server", ["sleep", "300"])
+            raise RuntimeError("boom")
+    assert namespaces() == before
+    assert sleeper.poll() is not None  # processes started in a namespace are gone too
