@@ -47,3 +47,21 @@ def test_everything_is_torn_down_even_when_the_body_fails():
             raise RuntimeError("boom")
     assert namespaces() == before
     assert sleeper.poll() is not None  # processes started in a namespace are gone too
+
+
+@pytest.mark.slow
+def test_robots_reach_the_real_servers_over_the_shaped_link():
+    """benchmarks/shaped_link.py in short: the policy server (tiny distilled) and the lock-step server in
+    the server namespace, a streaming and a lock-step robot in the robot namespace, raw 480×640 frames."""
+    from shaped_link import Row, measure
+
+    backend, summaries = measure([Row("stream", 1), Row("lockstep", 1)], SHAPE, hz=15, seconds=8)
+    print(backend, *summaries, sep="\n")
+    for row in summaries:
+        assert row.errors == 0 and row.answered_hz > 0, row
+        assert row.bytes_per_frame > 480 * 640 * 3  # the raw frame, packed
+        # 921 KB cannot cross 20 Mbit/s faster than its wire time (~0.39 s): the link, not loopback, carries it.
+        assert row.age_p50 >= 0.9 * row.wire_ms, row
+        assert row.latency_p50 > row.age_p50
+    stream, lockstep = summaries
+    assert stream.sent_hz < 15 / 2  # the link, not the camera, sets the pace of raw frames
