@@ -15,13 +15,9 @@ Two ways to shape, chosen at start (``backend="auto"`` takes the first that work
   loss`` on each end (the kernel's network emulator, module ``sch_netem``).
 * ``relay``: for kernels built without ``sch_netem`` (some sandboxes and micro-VMs: ``tc`` answers
   "Specified qdisc kind is unknown"), a third ``link`` namespace in the middle, joined to each side by
-  a veth pair, where a small program (this file, ``relay``) moves Ethernet frames between the two with
-  raw packet sockets and does what netem does: each frame is lost with probability ``loss``, waits its
-  turn for the wire (serialised at ``rate_mbit``, at most ``limit_packets`` queued, tail drop beyond, as
-  netem's ``limit``), then arrives ``delay_ms`` later. Segmentation and checksum offloads are turned off
-  on the two end interfaces so that every frame is one wire-sized packet with its checksum filled in.
-  The relay is a Python process: on a loaded machine its scheduling adds jitter (a fraction of a
-  millisecond when idle), which :func:`measure_link` shows.
+  a veth pair, where ``netns_relay.py`` moves Ethernet frames between the two and does what netem does
+  (loss, the rate behind a bounded queue, the delay). It is a Python process: on a loaded machine its
+  scheduling adds jitter (a fraction of a millisecond when idle), which :func:`measure_link` shows.
 
 Every name is unique per link (namespaces ``slk<random>-server`` ...), so parallel runs never collide,
 and everything is torn down on exit, on error and on Ctrl-C: the processes started in the namespaces
@@ -37,27 +33,19 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import ctypes
-import fcntl
-import heapq
 import json
 import os
-import random
 import re
 import secrets
-import select
 import shutil
 import signal
-import socket
-import struct
 import subprocess
 import sys
-import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Sequence
 
-THIS_FILE = Path(__file__).resolve()
+RELAY_FILE = Path(__file__).resolve().parent / "netns_relay.py"
 SIDES = ("server", "robot")
 SERVER_IP, ROBOT_IP = "10.77.0.1", "10.77.0.2"
 
@@ -186,19 +174,20 @@ class ShapedLink:
             if backend == "netem":
                 self.exec_in(ns, ["tc", "qdisc", "add", "dev", "link0", "root", "netem", *self.shape.netem_args()])
             else:
-                self.exec_in(ns, [sys.executable, str(THIS_FILE), "no-offload", "link0"])
+                self.exec_in(ns, [sys.executable, str(RELAY_FILE), "no-offload", "link0"])
         if backend == "relay":
             self._start_relay()
         self._wait_reachable()
 
     def _start_relay(self) -> None:
         shape = self.shape
-        command = ["ip", "netns", "exec", self.namespaces["link"], sys.executable, str(THIS_FILE), "relay",
+        command = ["ip", "netns", "exec", self.namespaces["link"], sys.executable, str(RELAY_FILE), "relay",
                    "to-server", "to-robot", "--rate-mbit", str(shape.rate_mbit), "--delay-ms", str(shape.delay_ms),
                    "--loss", str(shape.loss), "--limit-packets", str(shape.limit_packets)]
         if self.relay_seed is not None:
             command += ["--seed", str(self.relay_seed)]
-        self._relay = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        self._relay = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                       start_new_session=True)
         ready = self._relay.stdout.readline()  # the relay prints one line once its sockets are bound
         if not ready.startswith("relay ready"):
             self._relay.wait(5)
@@ -236,18 +225,17 @@ class ShapedLink:
         return result
 
     def close(self) -> None:
-        """Kill what runs in the namespaces, stop the relay, delete the namespaces. Safe to call twice."""
-        for proc in [*self._processes, *([self._relay] if self._relay else [])]:
-            if proc.poll() is None:
-                with contextlib.suppress(ProcessLookupError):
-                    os.killpg(proc.pid, signal.SIGTERM) if _own_group(proc) else proc.terminate()
-        for proc in [*self._processes, *([self._relay] if self._relay else [])]:
-            try:
-                proc.wait(10)
-            except subprocess.TimeoutExpired:
-                with contextlib.suppress(ProcessLookupError):
-                    os.killpg(proc.pid, signal.SIGKILL) if _own_group(proc) else proc.kill()
-                proc.wait(5)
+        """Stop what runs in the namespaces (each in its own process group: SIGTERM, then SIGKILL after
+        10 s), the relay too, then delete the namespaces. Safe to call twice."""
+        processes = [*self._processes, *([self._relay] if self._relay else [])]
+        for sig, grace in ((signal.SIGTERM, 10), (signal.SIGKILL, 5)):
+            for proc in processes:
+                if proc.poll() is None:
+                    with contextlib.suppress(ProcessLookupError):
+                        os.killpg(proc.pid, sig)
+            for proc in processes:
+                with contextlib.suppress(subprocess.TimeoutExpired):
+                    proc.wait(grace)
         self._processes.clear()
         self._relay = None
         while self._made:
@@ -312,129 +300,6 @@ while time.monotonic() < deadline:
         pass
 sys.exit(1)
 """
-
-
-def _own_group(proc: subprocess.Popen) -> bool:
-    try:
-        return os.getpgid(proc.pid) == proc.pid
-    except ProcessLookupError:
-        return False
-
-
-# -- offloads off (run inside a namespace) ---------------------------------------------------------------
-
-SIOCETHTOOL = 0x8946
-# Legacy ethtool "set" commands (linux/ethtool.h): TX checksum, scatter-gather, TSO, GSO, GRO.
-ETHTOOL_SETTINGS = {"tx-checksum": 0x17, "scatter-gather": 0x19, "tso": 0x1F, "gso": 0x24, "gro": 0x2C}
-
-
-def disable_offloads(interface: str) -> None:
-    """Turn off segmentation and checksum offloads on ``interface`` (``ethtool -K ... off``), so that every
-    frame a packet socket sees on the other end of the veth is one wire-sized packet with a valid checksum."""
-    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sock:
-        for name, command in ETHTOOL_SETTINGS.items():
-            value = ctypes.create_string_buffer(struct.pack("II", command, 0))
-            request = struct.pack("16sP", interface.encode(), ctypes.addressof(value)).ljust(40, b"\0")
-            try:
-                fcntl.ioctl(sock.fileno(), SIOCETHTOOL, request)
-            except OSError as exc:
-                raise OSError(f"cannot turn {name} off on {interface}: {exc}") from None
-
-
-# -- the relay (run inside the link namespace) -------------------------------------------------------------
-
-ETH_P_ALL = 0x0003
-PACKET_OUTGOING = 4
-
-
-class Direction:
-    """One way across the link: a queue serialised at the rate, then the delay, loss on arrival."""
-
-    def __init__(self, shape: LinkShape, rng: random.Random) -> None:
-        self.shape = shape
-        self.rng = rng
-        self.busy_until = 0.0
-        self.queued = 0
-        self.counts = {"packets": 0, "bytes": 0, "lost": 0, "overflow": 0}
-
-    def admit(self, frame_bytes: int, now: float) -> float | None:
-        """When this frame leaves the far end, or None if it is lost or the queue is full."""
-        self.counts["packets"] += 1
-        if self.rng.random() < self.shape.loss:
-            self.counts["lost"] += 1
-            return None
-        if self.queued >= self.shape.limit_packets:
-            self.counts["overflow"] += 1
-            return None
-        start = max(now, self.busy_until)
-        self.busy_until = start + frame_bytes * 8 / (self.shape.rate_mbit * 1e6)
-        self.queued += 1
-        self.counts["bytes"] += frame_bytes
-        return self.busy_until + self.shape.delay_ms / 1e3
-
-
-def run_relay(port_a: str, port_b: str, shape: LinkShape, seed: int | None) -> None:
-    """Move frames between two interfaces through a :class:`Direction` each way, until SIGTERM."""
-    sockets = {}
-    for name in (port_a, port_b):
-        sock = socket.socket(socket.AF_PACKET, socket.SOCK_RAW, socket.htons(ETH_P_ALL))
-        sock.bind((name, 0))
-        sock.setblocking(False)
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4 * 2**20)
-        sockets[name] = sock
-    other = {port_a: port_b, port_b: port_a}
-    rng = random.Random(seed)
-    directions = {port_a: Direction(shape, rng), port_b: Direction(shape, rng)}
-    pending: list[tuple[float, int, str, bytes]] = []  # (leave at, order, out port, frame)
-    order = 0
-    stop = False
-
-    report = False
-
-    def on_term(signum, frame):
-        nonlocal stop
-        stop = True
-
-    def on_report(signum, frame):
-        nonlocal report
-        report = True
-
-    signal.signal(signal.SIGTERM, on_term)
-    signal.signal(signal.SIGINT, on_term)
-    signal.signal(signal.SIGUSR1, on_report)  # ShapedLink.counts(): print the counts, one JSON line
-    with contextlib.suppress(PermissionError, OSError):
-        os.nice(-10)  # the relay is the wire: let it run before the processes it carries
-    print("relay ready", flush=True)
-    by_fd = {sock.fileno(): name for name, sock in sockets.items()}
-    while not stop:
-        if report:
-            report = False
-            print(json.dumps({name: d.counts for name, d in directions.items()}), flush=True)
-        timeout = max(0.0, pending[0][0] - time.monotonic()) if pending else 0.5
-        try:
-            readable, _, _ = select.select(list(by_fd), [], [], timeout)
-        except InterruptedError:
-            continue
-        now = time.monotonic()
-        for fd in readable:
-            port = by_fd[fd]
-            while True:
-                try:
-                    frame, address = sockets[port].recvfrom(65536)
-                except BlockingIOError:
-                    break
-                if address[2] == PACKET_OUTGOING:
-                    continue  # our own transmissions on this port
-                leave_at = directions[port].admit(len(frame), now)
-                if leave_at is not None:
-                    heapq.heappush(pending, (leave_at, order, other[port], frame))
-                    order += 1
-        now = time.monotonic()
-        while pending and pending[0][0] <= now:
-            _, _, out_port, frame = heapq.heappop(pending)
-            directions[other[out_port]].queued -= 1
-            with contextlib.suppress(BlockingIOError, OSError):
-                sockets[out_port].send(frame)
 
 
 # -- measuring a link ------------------------------------------------------------------------------------
@@ -505,31 +370,25 @@ print(json.dumps({"rtt_ms_p50": statistics.median(rtts), "rtt_ms_min": rtts[0],
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     sub = parser.add_subparsers(dest="command", required=True)
-    for name in ("relay", "measure"):
-        p = sub.add_parser(name)
-        if name == "relay":
-            p.add_argument("port_a")
-            p.add_argument("port_b")
-            p.add_argument("--seed", type=int, default=None)
-        else:
-            p.add_argument("--backend", default="auto", choices=("auto", "netem", "relay"))
-        p.add_argument("--rate-mbit", type=float, default=LinkShape.rate_mbit)
-        p.add_argument("--delay-ms", type=float, default=LinkShape.delay_ms)
-        p.add_argument("--loss", type=float, default=LinkShape.loss)
-        p.add_argument("--limit-packets", type=int, default=LinkShape.limit_packets)
-    offload = sub.add_parser("no-offload")
-    offload.add_argument("interface")
+    measure = sub.add_parser("measure", help="build a link, print its RTT and goodput as JSON")
+    measure.add_argument("--backend", default="auto", choices=("auto", "netem", "relay"))
+    add_shape_arguments(measure)
     args = parser.parse_args(argv)
-    if args.command == "no-offload":
-        disable_offloads(args.interface)
-        return 0
-    shape = LinkShape(args.rate_mbit, args.delay_ms, args.loss, args.limit_packets)
-    if args.command == "relay":
-        run_relay(args.port_a, args.port_b, shape, args.seed)
-        return 0
+    shape = shape_from_arguments(args)
     with ShapedLink(shape, backend=args.backend) as link:
         print(json.dumps({"backend": link.backend, "shape": asdict(shape), **asdict(measure_link(link))}))
     return 0
+
+
+def add_shape_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--rate-mbit", type=float, default=LinkShape.rate_mbit)
+    parser.add_argument("--delay-ms", type=float, default=LinkShape.delay_ms)
+    parser.add_argument("--loss", type=float, default=LinkShape.loss)
+    parser.add_argument("--limit-packets", type=int, default=LinkShape.limit_packets)
+
+
+def shape_from_arguments(args: argparse.Namespace) -> LinkShape:
+    return LinkShape(args.rate_mbit, args.delay_ms, args.loss, args.limit_packets)
 
 
 if __name__ == "__main__":

@@ -4,7 +4,8 @@ Runs as root. Builds a shaped link between a ``server`` and a ``robot`` network 
 (:mod:`netns_link`: netem where the kernel has it, a packet relay otherwise), starts in the server
 namespace the policy server (``python -m policy_server.cli --tiny distilled``) and the openpi-style
 lock-step server (``benchmarks/lockstep_baseline.py lockstep``, the same engine), and for each row runs
-a robot process in the robot namespace that captures one or two cameras at ``--hz`` for ``--seconds``:
+a robot process (``shaped_link_robot.py``) in the robot namespace that captures one or two cameras at
+``--hz`` for ``--seconds``:
 
 * ``stream``: :class:`robot_clients.AsyncPolicyClient` on the native protocol, as a robot uses it: every
   tick it captures and awaits ``submit`` (which returns once the frame is handed to the socket; while the
@@ -38,7 +39,7 @@ Rows: ``--images raw`` today. ``jpeg`` and ``jpeg-resized`` (encoded on the robo
 :mod:`robot_clients.frame_encoding`, shrunk to the served canvas with :mod:`robot_clients.frame_sizing`)
 are ready here and need the server to accept encoded frames (until then they are answered
 ``invalid_image``, which the row shows). When the client bounds what it has in flight, its option goes
-in :func:`stream_client`.
+in ``shaped_link_robot.stream_client``.
 
 Run::
 
@@ -49,11 +50,8 @@ Run::
 from __future__ import annotations
 
 import argparse
-import asyncio
-import fcntl
 import json
 import os
-import struct
 import subprocess
 import sys
 import tempfile
@@ -70,209 +68,9 @@ sys.path.insert(0, str(REPO_ROOT))
 sys.path.insert(0, str(BENCHMARKS))
 
 from netns_link import LinkShape, ShapedLink  # noqa: E402
+from shaped_link_robot import CAMERA_NAMES, CLIENTS, IMAGE_FORMS, Row  # noqa: E402
 
-CLIENTS = ("stream", "stream-nowait", "lockstep")
-IMAGE_FORMS = ("raw", "jpeg", "jpeg-resized")
 NATIVE_PORT, LOCKSTEP_PORT = 8000, 8010
-CAMERA_NAMES = ("cam0", "cam1")
-HEIGHT, WIDTH = 480, 640
-TIOCOUTQ = 0x5411  # bytes in a TCP socket's send queue (written, not yet acknowledged)
-
-
-@dataclass(frozen=True)
-class Row:
-    client: str  # "stream", "stream-nowait" or "lockstep"
-    cameras: int  # 1 or 2 cameras of 480×640
-    images: str = "raw"  # "raw", "jpeg" or "jpeg-resized"
-    quality: int = 90
-
-    @property
-    def label(self) -> str:
-        images = self.images if self.images == "raw" else f"{self.images} q{self.quality}"
-        return f"{self.client} {self.cameras}cam {images}"
-
-
-# -- the robot (runs in the robot namespace) ------------------------------------------------------------------
-
-
-def camera_frames(count: int, seed: int) -> list[np.ndarray]:
-    """Camera-like 480×640 frames (smooth shapes, a moving disc, sensor noise): JPEG sizes like a real one."""
-    rng = np.random.default_rng(seed)
-    y, x = np.mgrid[0:HEIGHT, 0:WIDTH].astype(np.float32)
-    frames = []
-    for i in range(count):
-        rgb = np.stack([128 + 90 * np.sin(x / 41 + seed), 128 + 90 * np.cos(y / 29), (x * 0.3 + y * 0.2) % 256], -1)
-        cx, cy = WIDTH * (0.3 + 0.4 * i / max(1, count - 1)), HEIGHT * 0.5
-        rgb[(x - cx) ** 2 + (y - cy) ** 2 < 60**2] = (30, 80, 210)
-        frames.append(np.clip(rgb + rng.normal(0, 3, rgb.shape), 0, 255).astype(np.uint8))
-    return frames
-
-
-class FrameSource:
-    """What the robot puts in an observation for one tick: raw arrays, or encoded (and resized) bytes."""
-
-    def __init__(self, row: Row, metadata: dict[str, Any]) -> None:
-        self.row = row
-        self.cameras = [camera_frames(4, seed) for seed in range(row.cameras)]
-        self.encoding = None
-        if row.images != "raw":
-            from robot_clients.frame_encoding import ImageEncoding
-
-            size = None
-            if row.images == "jpeg-resized":
-                size = self._send_size(metadata)
-            self.encoding = ImageEncoding("jpeg", row.quality, size)
-
-    def _send_size(self, metadata: dict[str, Any]) -> tuple[int, int]:
-        from robot_clients.frame_sizing import canvas_bins, send_size
-
-        canvases = metadata.get("canvases")
-        if canvases is None:  # servers before encoded frames: the table the server would send
-            from cosmos3_runtime.frame_preprocessing import canvas_table
-
-            canvases = canvas_table()
-        tier = (metadata.get("defaults") or {}).get("resolution_tier", 256)
-        size = send_size(HEIGHT, WIDTH * self.row.cameras, canvas_bins(canvases, tier), side_by_side=self.row.cameras)
-        return size.height, size.width // self.row.cameras
-
-    def capture(self, tick: int) -> list[Any]:
-        frames = [camera[tick % len(camera)] for camera in self.cameras]
-        if self.encoding is None:
-            return frames
-        from robot_clients.frame_encoding import encode_frame
-
-        return [encode_frame(frame, self.encoding) for frame in frames]
-
-
-def queued_bytes(transport) -> int:
-    """Written by this end and not yet acknowledged by the other: the socket's send queue plus the
-    transport's own buffer. This is where stale frames wait on a slow link."""
-    sock = transport.get_extra_info("socket")
-    if sock is None:
-        return 0
-    kernel = struct.unpack("i", fcntl.ioctl(sock.fileno(), TIOCOUTQ, b"\0\0\0\0"))[0]
-    return kernel + transport.get_write_buffer_size()
-
-
-async def stream_client(url: str):
-    """The native client as a robot configures it (the place for its in-flight bound and image option)."""
-    from robot_clients import AsyncPolicyClient
-
-    client = AsyncPolicyClient(url, reconnect=False, connect_timeout=60)
-    await client.connect()
-    return client
-
-
-async def run_stream(row: Row, url: str, hz: float, seconds: float) -> dict[str, Any]:
-    wait = row.client == "stream"
-    from robot_clients import ServerError
-    from robot_clients.wire_codec import packb
-
-    client = await stream_client(url)
-    settings = {"domain_name": client.metadata["defaults"]["domain_name"]}
-    if row.cameras > 1:
-        settings["view_point"] = "concat_view"  # the cameras side by side, as the lock-step server composes them
-    await client.configure(**settings)
-    source = FrameSource(row, client.metadata)
-    records: list[dict[str, Any]] = []
-    errors: list[str] = []
-
-    async def receive() -> None:
-        while True:
-            try:
-                chunk = await client.receive()
-            except ServerError as exc:
-                errors.append(f"{exc.code}: {exc}")
-                continue
-            records.append({"t": time.monotonic(), "latency_ms": chunk.round_trip_ms,
-                            "server_ms": chunk.timing.get("observation_age_ms")})
-
-    receiver = asyncio.create_task(receive())
-    queued, submit_ms, frame_bytes = [], [], []
-    sending: set[asyncio.Task] = set()
-    started = time.monotonic()
-    tick = 0
-    while time.monotonic() - started < seconds:
-        target = started + tick / hz
-        if target > time.monotonic():
-            await asyncio.sleep(target - time.monotonic())
-        queued.append(queued_bytes(client._ws.transport))  # noqa: SLF001 - until the client's stats show it
-        captured = time.monotonic()
-        frames = source.capture(tick)
-        obs = {"image": frames[0]} if row.cameras == 1 else {"images": dict(zip(CAMERA_NAMES, frames))}
-        obs["timestamp"] = captured
-        if tick < 8:
-            frame_bytes.append(len(packb({"type": "observation", "seq": tick, **obs})))
-        if wait:
-            await client.submit(obs)
-            submit_ms.append((time.monotonic() - captured) * 1e3)
-        else:
-            task = asyncio.create_task(client.submit(obs))
-            sending.add(task)
-            task.add_done_callback(sending.discard)
-            submit_ms.append((time.monotonic() - captured) * 1e3)
-        tick = max(tick + 1, int((time.monotonic() - started) * hz))  # ticks that passed while blocked are gone
-    sent = tick if not wait else client.stats.sent
-    deadline = time.monotonic() + (15 if wait else 5)
-    while time.monotonic() < deadline:  # every observation gets its one terminal reply (or the row ends)
-        stats = client.stats
-        if not sending and stats.answered + sum(stats.dropped.values()) + stats.errors >= stats.sent:
-            break
-        await asyncio.sleep(0.05)
-    receiver.cancel()
-    for task in list(sending):
-        task.cancel()
-    await client.close()
-    return {"seconds": seconds, "sent": sent, "records": records, "queued": queued, "submit_ms": submit_ms,
-            "frame_bytes": frame_bytes, "superseded": client.stats.dropped.get("superseded", 0),
-            "errors": len(errors), "error_sample": errors[:1]}
-
-
-async def run_lockstep(row: Row, url: str, hz: float, seconds: float) -> dict[str, Any]:
-    from websockets.asyncio.client import connect
-
-    from robot_clients.wire_codec import packb, unpackb
-
-    records: list[dict[str, Any]] = []
-    queued, frame_bytes, held_ms = [], [], []
-    errors: list[str] = []
-    async with connect(url, compression=None, max_size=64 * 2**20, proxy=None, open_timeout=60) as ws:
-        metadata = unpackb(await ws.recv())
-        source = FrameSource(row, metadata)
-        started = time.monotonic()
-        tick = sent = 0
-        while time.monotonic() - started < seconds:
-            target = started + tick / hz
-            if target > time.monotonic():
-                await asyncio.sleep(target - time.monotonic())
-            queued.append(queued_bytes(ws.transport))
-            captured = time.monotonic()
-            obs = dict(zip(CAMERA_NAMES, source.capture(tick)))
-            obs["prompt"] = ""
-            message = packb(obs)
-            if tick < 8:
-                frame_bytes.append(len(message))
-            await ws.send(message)
-            sent += 1
-            reply = await ws.recv()
-            held_ms.append((time.monotonic() - captured) * 1e3)  # openpi's infer() holds the loop this long
-            if isinstance(reply, str):  # the lock-step server answers errors as text, as openpi does
-                errors.append(reply)
-            else:
-                reply = unpackb(reply)
-                records.append({"t": time.monotonic(), "latency_ms": (time.monotonic() - captured) * 1e3,
-                                "server_ms": reply["server_timing"]["infer_ms"]})
-            tick = max(tick + 1, int((time.monotonic() - started) * hz))
-    return {"seconds": seconds, "sent": sent, "records": records, "queued": queued, "submit_ms": held_ms,
-            "frame_bytes": frame_bytes, "superseded": 0, "errors": len(errors), "error_sample": errors[:1]}
-
-
-def robot_main(args: argparse.Namespace) -> int:
-    row = Row(args.client, args.cameras, args.images, args.quality)
-    run = run_lockstep if row.client == "lockstep" else run_stream
-    result = asyncio.run(run(row, args.url, args.hz, args.seconds))
-    print(json.dumps(result))
-    return 0
 
 
 # -- the servers (in the server namespace) and the rows ---------------------------------------------------------
@@ -331,7 +129,7 @@ def run_row(link: ShapedLink, row: Row, hz: float, seconds: float) -> dict[str, 
     """One robot process in the robot namespace; its measurements as a dict."""
     port = LOCKSTEP_PORT if row.client == "lockstep" else NATIVE_PORT
     url = f"ws://{link.server_ip}:{port}/"
-    argv = [sys.executable, str(Path(__file__).resolve()), "robot", "--client", row.client, "--cameras",
+    argv = [sys.executable, str(BENCHMARKS / "shaped_link_robot.py"), "--client", row.client, "--cameras",
             str(row.cameras), "--images", row.images, "--quality", str(row.quality), "--hz", str(hz),
             "--seconds", str(seconds), "--url", url]
     done = link.run("robot", argv, check=False, timeout=seconds + 120, cwd=REPO_ROOT)
@@ -415,15 +213,6 @@ def measure(rows: list[Row], shape: LinkShape, hz: float, seconds: float, backen
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    sub = parser.add_subparsers(dest="command")
-    robot = sub.add_parser("robot", help="(internal) one row's robot, run inside the robot namespace")
-    robot.add_argument("--client", choices=CLIENTS, required=True)
-    robot.add_argument("--cameras", type=int, required=True)
-    robot.add_argument("--images", choices=IMAGE_FORMS, default="raw")
-    robot.add_argument("--quality", type=int, default=90)
-    robot.add_argument("--hz", type=float, required=True)
-    robot.add_argument("--seconds", type=float, required=True)
-    robot.add_argument("--url", required=True)
     parser.add_argument("--seconds", type=float, default=20.0, help="per row (default 20)")
     parser.add_argument("--hz", type=float, default=15.0, help="camera rate (default 15)")
     parser.add_argument("--cameras", default="1,2", help="camera counts to run (default 1,2)")
@@ -437,8 +226,6 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--delay-ms", type=float, default=LinkShape.delay_ms)
     parser.add_argument("--loss", type=float, default=LinkShape.loss)
     args = parser.parse_args(argv)
-    if args.command == "robot":
-        return robot_main(args)
 
     rows = [Row(client, int(cameras), images, args.quality) for client in args.clients.split(",")
             for cameras in args.cameras.split(",") for images in args.images.split(",")
