@@ -12,12 +12,15 @@ and a random loss, both ways::
 Two ways to shape, chosen at start (``backend="auto"`` takes the first that works here):
 
 * ``netem``: a veth pair straight between the two namespaces, with ``tc qdisc ... netem delay rate
-  loss`` on each end (the kernel's network emulator, module ``sch_netem``).
+  loss`` on each end (the kernel's network emulator, module ``sch_netem``), offloads off as below.
 * ``relay``: for kernels built without ``sch_netem`` (some sandboxes and micro-VMs: ``tc`` answers
   "Specified qdisc kind is unknown"), a third ``link`` namespace in the middle, joined to each side by
   a veth pair, where ``netns_relay.py`` moves Ethernet frames between the two and does what netem does
   (loss, the rate behind a bounded queue, the delay). It is a Python process: on a loaded machine its
   scheduling adds jitter (a fraction of a millisecond when idle), which :func:`measure_link` shows.
+
+Either way, segmentation and checksum offloads are off on the two end interfaces, so every packet on
+the link is wire-sized (loss and the rate apply per real packet).
 
 Every name is unique per link (namespaces ``slk<random>-server`` ...), so parallel runs never collide,
 and everything is torn down on exit, on error and on Ctrl-C: the processes started in the namespaces
@@ -171,10 +174,11 @@ class ShapedLink:
             ns = self.namespaces[side]
             _ip("-n", ns, "addr", "add", f"{address}/24", "dev", "link0")
             _ip("-n", ns, "link", "set", "link0", "up")
+            # Wire-sized packets on both backends: netem (like the relay) would otherwise lose, delay and
+            # rate-limit 64 KB segmentation-offload super-packets as if each were one packet.
+            self.exec_in(ns, [sys.executable, str(RELAY_FILE), "no-offload", "link0"])
             if backend == "netem":
                 self.exec_in(ns, ["tc", "qdisc", "add", "dev", "link0", "root", "netem", *self.shape.netem_args()])
-            else:
-                self.exec_in(ns, [sys.executable, str(RELAY_FILE), "no-offload", "link0"])
         if backend == "relay":
             self._start_relay()
         self._wait_reachable()
