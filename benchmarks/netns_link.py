@@ -181,7 +181,7 @@ class ShapedLink:
                 self.exec_in(ns, ["tc", "qdisc", "add", "dev", "link0", "root", "netem", *self.shape.netem_args()])
         if backend == "relay":
             self._start_relay()
-        self._wait_reachable()
+        self.wait_reachable()
 
     def _start_relay(self) -> None:
         shape = self.shape
@@ -197,7 +197,7 @@ class ShapedLink:
             self._relay.wait(5)
             raise LinkUnavailable(f"the relay did not start: {ready}{self._relay.stderr.read()}")
 
-    def _wait_reachable(self, timeout: float = 10.0) -> None:
+    def wait_reachable(self, timeout: float = 10.0) -> None:
         """Until a UDP datagram crosses from the robot to the server (ARP done, the relay forwarding)."""
         probe = [sys.executable, "-c", PROBE_RECEIVER, self.server_ip, str(PROBE_PORT), str(timeout)]
         receiver = subprocess.Popen(self.command("server", probe), stdout=subprocess.PIPE, text=True)

@@ -65,3 +65,15 @@ def test_robots_reach_the_real_servers_over_the_shaped_link():
         assert row.latency_p50 > row.age_p50
     stream, lockstep = summaries
     assert stream.sent_hz < 15 / 2  # the link, not the camera, sets the pace of raw frames
+
+
+def test_the_link_can_be_cut_and_restored():
+    """For outages (a robot's Wi-Fi dropping): nothing crosses while cut, everything again once restored."""
+    from netns_link import LinkUnavailable
+
+    with ShapedLink(SHAPE) as link:
+        link.cut()
+        with pytest.raises(LinkUnavailable, match="not reachable"):
+            link.wait_reachable(timeout=1.0)
+        link.restore()
+        link.wait_reachable(timeout=10.0)
