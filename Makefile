@@ -20,8 +20,10 @@ FFMPEG_LIBRARIES := libavutil57 libavcodec59 libavformat59 libavdevice59 libavfi
 GL_PACKAGES := libegl1 libegl-mesa0 libgl1 libgl1-mesa-dri
 # The dashboard test drives Debian's Chromium (never a browser a tool downloads itself).
 BROWSER_PACKAGES := chromium
+# The shaped-link test and benchmark (benchmarks/netns_link.py): `ip netns`, veth pairs and `tc netem`.
+NET_PACKAGES := iproute2
 
-.PHONY: demo test test-slow install clean system-deps test-system-deps bench-gpu bench-gpu-smoke gpu-wheels
+.PHONY: demo test test-slow install clean system-deps test-system-deps net-system-deps bench-gpu bench-gpu-smoke gpu-wheels
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -57,7 +59,10 @@ system-deps:
 	$(call apt_ensure,$(GL_PACKAGES))
 
 test-system-deps:
-	$(call apt_ensure,$(GL_PACKAGES) $(BROWSER_PACKAGES) $(FFMPEG_LIBRARIES))
+	$(call apt_ensure,$(GL_PACKAGES) $(BROWSER_PACKAGES) $(FFMPEG_LIBRARIES) $(NET_PACKAGES))
+
+net-system-deps:
+	$(call apt_ensure,$(NET_PACKAGES))
 
 install: $(STAMP) system-deps
 
@@ -67,7 +72,7 @@ demo: $(STAMP) system-deps
 test: $(STAMP) $(OPENPI_STAMP) $(LEROBOT_STAMP) test-system-deps
 	$(PY) -m pytest -q
 
-test-slow: $(STAMP)
+test-slow: $(STAMP) net-system-deps
 	$(PY) -m pytest -q -m slow
 
 # The GPU suite (docs/benchmarks.md, "GPU"). `make bench-gpu` runs on a CUDA machine with the machine's

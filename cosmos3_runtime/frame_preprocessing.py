@@ -59,6 +59,21 @@ def canvas_for(frame_height: int, frame_width: int, tier: int, size_multiple: in
     return Canvas(target_h, target_w, max(1, int(scale * h + 0.5)), max(1, int(scale * w + 0.5)))
 
 
+def canvas_table(size_multiple: int = DEFAULT_SIZE_MULTIPLE) -> dict[str, list[dict[str, float | int]]]:
+    """Every tier's canvases, JSON-able, as a robot needs them to size its frames before sending.
+
+    ``{"256": [{"aspect_ratio": 0.8, "height": 256, "width": 320}, ...], ...}``: the bins
+    :func:`canvas_for` chooses among (closest ``aspect_ratio``, height / width). ``robot_clients.frame_sizing``
+    reads this from the metadata frame and places a frame exactly as :func:`canvas_for` does.
+    """
+    from diffusers.pipelines.cosmos.pipeline_cosmos3_omni import _ACTION_RESOLUTION_BINS
+
+    return {
+        tier: [{"aspect_ratio": float(ratio), "height": int(h), "width": int(w)} for ratio, (h, w) in bins.items()]
+        for tier, bins in _ACTION_RESOLUTION_BINS.items()
+    }
+
+
 def prepare_frames(frames: np.ndarray, tier: int, num_frames: int, device: torch.device,
                    size_multiple: int = DEFAULT_SIZE_MULTIPLE):
     """uint8 ``(T, H, W, 3)`` frames -> ``(vision, image_size, canvas_h, canvas_w)`` as diffusers returns them.

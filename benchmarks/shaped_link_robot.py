@@ -1,0 +1,236 @@
+"""The robot of ``benchmarks/shaped_link.py``: one row's camera loop, run inside the robot namespace.
+
+``shaped_link.py`` starts it as ``python benchmarks/shaped_link_robot.py --client ... --url ...``; it
+captures one or two 480×640 cameras at ``--hz`` for ``--seconds``, sends them the way ``--client`` says
+(see ``shaped_link.py``), and prints one JSON line: what it sent, each chunk's latency and server time,
+the bytes queued on its socket at every tick, how long sending held its loop.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import fcntl
+import json
+import struct
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+CLIENTS = ("stream", "stream-nowait", "lockstep")
+IMAGE_FORMS = ("raw", "jpeg", "jpeg-resized")
+CAMERA_NAMES = ("cam0", "cam1")
+HEIGHT, WIDTH = 480, 640
+TIOCOUTQ = 0x5411  # bytes in a TCP socket's send queue (written, not yet acknowledged)
+
+
+@dataclass(frozen=True)
+class Row:
+    client: str  # "stream", "stream-nowait" or "lockstep"
+    cameras: int  # 1 or 2 cameras of 480×640
+    images: str = "raw"  # "raw", "jpeg" or "jpeg-resized"
+    quality: int = 90
+
+    @property
+    def label(self) -> str:
+        images = self.images if self.images == "raw" else f"{self.images} q{self.quality}"
+        return f"{self.client} {self.cameras}cam {images}"
+
+
+def camera_frames(count: int, seed: int) -> list[np.ndarray]:
+    """Camera-like 480×640 frames (smooth shapes, a moving disc, sensor noise): JPEG sizes like a real one."""
+    rng = np.random.default_rng(seed)
+    y, x = np.mgrid[0:HEIGHT, 0:WIDTH].astype(np.float32)
+    frames = []
+    for i in range(count):
+        rgb = np.stack([128 + 90 * np.sin(x / 41 + seed), 128 + 90 * np.cos(y / 29), (x * 0.3 + y * 0.2) % 256], -1)
+        cx, cy = WIDTH * (0.3 + 0.4 * i / max(1, count - 1)), HEIGHT * 0.5
+        rgb[(x - cx) ** 2 + (y - cy) ** 2 < 60**2] = (30, 80, 210)
+        frames.append(np.clip(rgb + rng.normal(0, 3, rgb.shape), 0, 255).astype(np.uint8))
+    return frames
+
+
+class FrameSource:
+    """What the robot puts in an observation for one tick: raw arrays, or encoded (and resized) bytes."""
+
+    def __init__(self, row: Row, metadata: dict[str, Any]) -> None:
+        self.row = row
+        self.cameras = [camera_frames(4, seed) for seed in range(row.cameras)]
+        self.encoding = None
+        if row.images != "raw":
+            from robot_clients.frame_encoding import ImageEncoding
+
+            size = None
+            if row.images == "jpeg-resized":
+                size = self._send_size(metadata)
+            self.encoding = ImageEncoding("jpeg", row.quality, size)
+
+    def _send_size(self, metadata: dict[str, Any]) -> tuple[int, int]:
+        from robot_clients.frame_sizing import canvas_bins, send_size
+
+        canvases = metadata.get("canvases")
+        if canvases is None:  # servers before encoded frames: the table the server would send
+            from cosmos3_runtime.frame_preprocessing import canvas_table
+
+            canvases = canvas_table()
+        tier = (metadata.get("defaults") or {}).get("resolution_tier", 256)
+        size = send_size(HEIGHT, WIDTH * self.row.cameras, canvas_bins(canvases, tier), side_by_side=self.row.cameras)
+        return size.height, size.width // self.row.cameras
+
+    def capture(self, tick: int) -> list[Any]:
+        frames = [camera[tick % len(camera)] for camera in self.cameras]
+        if self.encoding is None:
+            return frames
+        from robot_clients.frame_encoding import encode_frame
+
+        return [encode_frame(frame, self.encoding) for frame in frames]
+
+
+def queued_bytes(transport) -> int:
+    """Written by this end and not yet acknowledged by the other: the socket's send queue plus the
+    transport's own buffer. This is where stale frames wait on a slow link."""
+    sock = transport.get_extra_info("socket")
+    if sock is None:
+        return 0
+    kernel = struct.unpack("i", fcntl.ioctl(sock.fileno(), TIOCOUTQ, b"\0\0\0\0"))[0]
+    return kernel + transport.get_write_buffer_size()
+
+
+async def stream_client(url: str):
+    """The native client as a robot configures it (the place for its in-flight bound and image option)."""
+    from robot_clients import AsyncPolicyClient
+
+    client = AsyncPolicyClient(url, reconnect=False, connect_timeout=60)
+    await client.connect()
+    return client
+
+
+async def run_stream(row: Row, url: str, hz: float, seconds: float) -> dict[str, Any]:
+    wait = row.client == "stream"
+    from robot_clients import ServerError
+    from robot_clients.wire_codec import packb
+
+    client = await stream_client(url)
+    settings = {"domain_name": client.metadata["defaults"]["domain_name"]}
+    if row.cameras > 1:
+        settings["view_point"] = "concat_view"  # the cameras side by side, as the lock-step server composes them
+    await client.configure(**settings)
+    source = FrameSource(row, client.metadata)
+    records: list[dict[str, Any]] = []
+    errors: list[str] = []
+
+    async def receive() -> None:
+        while True:
+            try:
+                chunk = await client.receive()
+            except ServerError as exc:
+                errors.append(f"{exc.code}: {exc}")
+                continue
+            records.append({"t": time.monotonic(), "latency_ms": chunk.round_trip_ms,
+                            "server_ms": chunk.timing.get("observation_age_ms")})
+
+    receiver = asyncio.create_task(receive())
+    queued, submit_ms, frame_bytes = [], [], []
+    sending: set[asyncio.Task] = set()
+    started = time.monotonic()
+    tick = 0
+    while time.monotonic() - started < seconds:
+        target = started + tick / hz
+        if target > time.monotonic():
+            await asyncio.sleep(target - time.monotonic())
+        queued.append(queued_bytes(client._ws.transport))  # noqa: SLF001 - until the client's stats show it
+        captured = time.monotonic()
+        frames = source.capture(tick)
+        obs = {"image": frames[0]} if row.cameras == 1 else {"images": dict(zip(CAMERA_NAMES, frames))}
+        obs["timestamp"] = captured
+        if tick < 8:
+            frame_bytes.append(len(packb({"type": "observation", "seq": tick, **obs})))
+        if wait:
+            await client.submit(obs)
+            submit_ms.append((time.monotonic() - captured) * 1e3)
+        else:
+            task = asyncio.create_task(client.submit(obs))
+            sending.add(task)
+            task.add_done_callback(sending.discard)
+            submit_ms.append((time.monotonic() - captured) * 1e3)
+        tick = max(tick + 1, int((time.monotonic() - started) * hz))  # ticks that passed while blocked are gone
+    sent = tick if not wait else client.stats.sent
+    deadline = time.monotonic() + (15 if wait else 5)
+    while time.monotonic() < deadline:  # every observation gets its one terminal reply (or the row ends)
+        stats = client.stats
+        if not sending and stats.answered + sum(stats.dropped.values()) + stats.errors >= stats.sent:
+            break
+        await asyncio.sleep(0.05)
+    receiver.cancel()
+    for task in list(sending):
+        task.cancel()
+    await client.close()
+    return {"seconds": seconds, "sent": sent, "records": records, "queued": queued, "submit_ms": submit_ms,
+            "frame_bytes": frame_bytes, "superseded": client.stats.dropped.get("superseded", 0),
+            "errors": len(errors), "error_sample": errors[:1]}
+
+
+async def run_lockstep(row: Row, url: str, hz: float, seconds: float) -> dict[str, Any]:
+    from websockets.asyncio.client import connect
+
+    from robot_clients.wire_codec import packb, unpackb
+
+    records: list[dict[str, Any]] = []
+    queued, frame_bytes, held_ms = [], [], []
+    errors: list[str] = []
+    async with connect(url, compression=None, max_size=64 * 2**20, proxy=None, open_timeout=60) as ws:
+        metadata = unpackb(await ws.recv())
+        source = FrameSource(row, metadata)
+        started = time.monotonic()
+        tick = sent = 0
+        while time.monotonic() - started < seconds:
+            target = started + tick / hz
+            if target > time.monotonic():
+                await asyncio.sleep(target - time.monotonic())
+            queued.append(queued_bytes(ws.transport))
+            captured = time.monotonic()
+            obs = dict(zip(CAMERA_NAMES, source.capture(tick)))
+            obs["prompt"] = ""
+            message = packb(obs)
+            if tick < 8:
+                frame_bytes.append(len(message))
+            await ws.send(message)
+            sent += 1
+            reply = await ws.recv()
+            held_ms.append((time.monotonic() - captured) * 1e3)  # openpi's infer() holds the loop this long
+            if isinstance(reply, str):  # the lock-step server answers errors as text, as openpi does
+                errors.append(reply)
+            else:
+                reply = unpackb(reply)
+                records.append({"t": time.monotonic(), "latency_ms": (time.monotonic() - captured) * 1e3,
+                                "server_ms": reply["server_timing"]["infer_ms"]})
+            tick = max(tick + 1, int((time.monotonic() - started) * hz))
+    return {"seconds": seconds, "sent": sent, "records": records, "queued": queued, "submit_ms": held_ms,
+            "frame_bytes": frame_bytes, "superseded": 0, "errors": len(errors), "error_sample": errors[:1]}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--client", choices=CLIENTS, required=True)
+    parser.add_argument("--cameras", type=int, required=True)
+    parser.add_argument("--images", choices=IMAGE_FORMS, default="raw")
+    parser.add_argument("--quality", type=int, default=90)
+    parser.add_argument("--hz", type=float, required=True)
+    parser.add_argument("--seconds", type=float, required=True)
+    parser.add_argument("--url", required=True)
+    args = parser.parse_args(argv)
+    row = Row(args.client, args.cameras, args.images, args.quality)
+    run = run_lockstep if row.client == "lockstep" else run_stream
+    result = asyncio.run(run(row, args.url, args.hz, args.seconds))
+    print(json.dumps(result))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
