@@ -196,6 +196,10 @@ class PolicyServer:
             max_image_side=int(limits.get("max_image_side", 4096)),
             max_clip_frames=int(limits.get("max_clip_frames", 65)),
         )
+        side = self.frame_limits.max_image_side
+        if self.settings.max_message_bytes < side * side * 3 + 2**20:
+            logger.warning("a %dx%d camera frame does not fit --max-message-mib %.1f: the frame limit wins (1009)",
+                           side, side, self.settings.max_message_bytes / 2**20)
         logger.info("ready: serving %s (%s)", description.get("model"), description.get("variant"))
         if self.settings.openpi is not None:
             try:  # the operator's --openpi-* flags, checked against the model once, loudly
