@@ -39,7 +39,7 @@ from .request_queue import RequestQueue
 from .dashboard_assets import CONFIG_NAME, DASHBOARD_HEADERS, DASHBOARD_PATH, dashboard_asset, dashboard_config
 from .session_observer import (
     DEFAULT_INTERVAL_S, DEFAULT_MAX_OBSERVERS, OBSERVE_PATH, OBSERVER_FRAME_RATE, OBSERVER_MAX_MESSAGE_BYTES,
-    ObserverSession, SessionListCache, authorize,
+    ObserverSession, SnapshotCache, authorize,
 )
 
 if TYPE_CHECKING:
@@ -118,7 +118,7 @@ class PolicyServer:
         self.queue = backend.make_queue() if backend is not None else RequestQueue()
         self.sessions: dict[str, RealtimeSession | OpenpiSession] = {}
         self.observers: dict[str, ObserverSession] = {}
-        self.observer_sessions = SessionListCache(max_age_s=DEFAULT_INTERVAL_S)
+        self.observer_snapshots = SnapshotCache(max_age_s=DEFAULT_INTERVAL_S)
         self.origins = OriginPolicy(self.settings.allowed_origins)
         self.supervisor = ConnectionSupervisor(self, self.settings.connection_limits)
         self.description: dict[str, Any] = {}

@@ -20,10 +20,10 @@ What one observer may cost is bounded: observers at once (``--max-observers``, c
 the handshake); the frames it may send (:data:`OBSERVER_MAX_MESSAGE_BYTES` each, at most
 :data:`OBSERVER_FRAME_RATE`, beyond which they are answered ``rate_limited``); what the server pushes to
 it (one ``sessions`` list per sessions interval and one ``session_detail`` per interval, none made while
-the previous one waits unsent; the list is built once for all observers; prompts cut to
-:data:`LIST_PROMPT_CHARS` in the list and :data:`DETAIL_PROMPT_CHARS` in the detail; the camera JPEG
-encoded once per frame for everyone); and what waits for it (the bounded outbox and reply timeout of
-every connection, :mod:`policy_server.connection_supervisor`).
+the previous one waits unsent; both built once per interval for all observers by :class:`SnapshotCache`,
+so the work does not grow with the observers; prompts cut to :data:`LIST_PROMPT_CHARS` in the list and
+:data:`DETAIL_PROMPT_CHARS` in the detail; the camera JPEG encoded once per frame); and what waits for it
+(the bounded outbox and reply timeout of every connection, :mod:`policy_server.connection_supervisor`).
 
 Access is decided in one place, :func:`authorize`, called by the server for every handshake to this
 path before anything is sent.
@@ -37,6 +37,7 @@ import logging
 import time
 import uuid
 from http import HTTPStatus
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -96,19 +97,70 @@ def _rounded(value: float | None, digits: int = 2) -> float | None:
     return None if value is None else round(float(value), digits)
 
 
-class SessionListCache:
-    """The ``sessions`` frame as JSON text, built at most once per ``max_age_s`` and shared by all observers."""
+@dataclass(frozen=True)
+class Detail:
+    """A session's ``session_detail`` as UTF-8 JSON, with and without the camera frame it carries."""
+
+    frame_key: tuple[str, int] | None  # (session, seq) of the camera frame in ``with_frame``; None: no frame
+    with_frame: bytes
+    without_frame: bytes
+
+
+class SnapshotCache:
+    """What observers are sent, built once per ``max_age_s`` and shared by all of them (UTF-8 JSON).
+
+    Observers differ only in which camera frame they already have, so each session's detail is kept with
+    and without its frame; an observer picks one. Its cost therefore does not grow with the observers.
+    """
 
     def __init__(self, max_age_s: float) -> None:
         self.max_age_s = max_age_s
-        self._built: tuple[float, str] | None = None
+        self._sessions: tuple[float, bytes] | None = None
+        self._details: dict[str, tuple[float, Detail]] = {}
 
-    def text(self, server: "PolicyServer", now: float) -> str:
-        if self._built is None or now - self._built[0] >= self.max_age_s:
+    def sessions(self, server: "PolicyServer", now: float) -> bytes:
+        if self._sessions is None or now - self._sessions[0] >= self.max_age_s:
             sessions = [session_summary(server, s, LIST_PROMPT_CHARS) for s in list(server.sessions.values())]
             frame = {"type": "sessions", "t": time.time(), "sessions": sessions}
-            self._built = (now, json.dumps(frame, allow_nan=False))
-        return self._built[1]
+            self._sessions = (now, json.dumps(frame, allow_nan=False).encode())
+            live = set(server.sessions)  # forget the details of sessions that have gone
+            for session_id in [k for k in self._details if k not in live]:
+                del self._details[session_id]
+        return self._sessions[1]
+
+    def detail(self, server: "PolicyServer", session: Any, now: float) -> Detail:
+        cached = self._details.get(session.id)
+        if cached is None or now - cached[0] >= self.max_age_s:
+            cached = (now, session_detail(server, session))
+            self._details[session.id] = cached
+        return cached[1]
+
+
+def session_detail(server: "PolicyServer", session: Any) -> Detail:
+    """``session``'s detail: summary (prompt up to DETAIL_PROMPT_CHARS), latest chunk, latencies, drops, and
+    its latest camera frame as a JPEG."""
+    telemetry: SessionTelemetry | None = getattr(session, "telemetry", None)
+    detail: dict[str, Any] = {"type": "session_detail", "session_id": session.id, "t": time.time(),
+                              "summary": session_summary(server, session, DETAIL_PROMPT_CHARS),
+                              "chunk": None, "latency": [], "dropped": [], "frame": None}
+    frame = telemetry.latest_frame if telemetry is not None else None
+    if telemetry is not None:
+        if telemetry.latest_actions is not None:
+            actions = np.asarray(telemetry.latest_actions, dtype=np.float64)
+            detail["chunk"] = {"seq": telemetry.latest_actions_seq, "horizon": int(actions.shape[0]),
+                               "dim": int(actions.shape[1]),
+                               "actions": np.nan_to_num(actions).round(5).tolist()}
+        detail["latency"] = [{"t": round(c.t, 3), "seq": c.seq, "total_ms": round(c.total_ms, 2),
+                              "queue_ms": round(c.queue_ms, 2), "model_ms": round(c.model_ms, 2)}
+                             for c in telemetry.chunks]
+        detail["dropped"] = [{"t": round(d.t, 3), "seq": d.seq, "reason": d.reason} for d in telemetry.drops]
+    without_frame = json.dumps(detail, allow_nan=False).encode()
+    if frame is None:
+        return Detail(None, without_frame, without_frame)
+    jpeg, width, height = telemetry.preview(frame)
+    detail["frame"] = {"seq": frame.seq, "t": round(frame.t, 3), "width": width, "height": height,
+                       "jpeg_base64": jpeg}
+    return Detail((session.id, frame.seq), json.dumps(detail, allow_nan=False).encode(), without_frame)
 
 
 def _cut(text: str | None, limit: int) -> tuple[str | None, bool]:
@@ -186,18 +238,22 @@ class ObserverSession:
             sender.cancel()
             await asyncio.gather(ticker, sender, return_exceptions=True)
 
-    def _send(self, frame: dict[str, Any] | str, latest: str | None = None) -> None:
-        text = frame if isinstance(frame, str) else json.dumps(frame, allow_nan=False)
+    def _send(self, frame: dict[str, Any] | bytes, latest: str | None = None) -> None:
+        """Queue a frame (a dict, or JSON already encoded to UTF-8, sent as a text frame as-is)."""
+        data = frame if isinstance(frame, bytes) else json.dumps(frame, allow_nan=False).encode()
         try:
-            self.outbox.put(text, len(text), latest=latest)
+            self.outbox.put(data, len(data), latest=latest)
         except OutboxFull as full:
             self.server.supervisor.overflowed(self, full)
 
     async def _send_loop(self) -> None:
         try:
-            await self.outbox.pump(self.connection.send)
+            await self.outbox.pump(self._send_text)
         except ConnectionClosed:
             pass
+
+    async def _send_text(self, data: bytes) -> None:
+        await self.connection.send(data, text=True)  # UTF-8 JSON shared between observers: no re-encoding
 
     def _hello(self) -> dict[str, Any]:
         d = self.server.description
@@ -282,12 +338,12 @@ class ObserverSession:
                 if now - last_list >= self.sessions_interval_s:
                     last_list = now
                     if not self.outbox.waiting("sessions"):
-                        self._send(self.server.observer_sessions.text(self.server, now), latest="sessions")
+                        self._send(self.server.observer_snapshots.sessions(self.server, now), latest="sessions")
                 session = self.server.sessions.get(self.subscribed) if self.subscribed else None
                 if session is not None and now - last_detail >= self.interval_s:
                     last_detail = now
                     if not self.outbox.waiting("detail"):
-                        self._send(self._detail(session), latest="detail")
+                        self._send_detail(session, now)
                 due = last_list + self.sessions_interval_s
                 if session is not None:
                     due = min(due, last_detail + self.interval_s)
@@ -302,26 +358,11 @@ class ObserverSession:
             await close_connection(self.connection, 1011, "observer snapshot failed",
                                    self.server.settings.connection_limits.close_grace_s)
 
-    def _detail(self, session: Any) -> dict[str, Any]:
-        telemetry: SessionTelemetry | None = getattr(session, "telemetry", None)
-        detail: dict[str, Any] = {"type": "session_detail", "session_id": session.id, "t": time.time(),
-                                  "summary": session_summary(self.server, session, DETAIL_PROMPT_CHARS),
-                                  "chunk": None, "latency": [], "dropped": [], "frame": None}
-        if telemetry is None:
-            return detail
-        if telemetry.latest_actions is not None:
-            actions = np.asarray(telemetry.latest_actions, dtype=np.float64)
-            detail["chunk"] = {"seq": telemetry.latest_actions_seq, "horizon": int(actions.shape[0]),
-                               "dim": int(actions.shape[1]),
-                               "actions": np.nan_to_num(actions).round(5).tolist()}
-        detail["latency"] = [{"t": round(c.t, 3), "seq": c.seq, "total_ms": round(c.total_ms, 2),
-                              "queue_ms": round(c.queue_ms, 2), "model_ms": round(c.model_ms, 2)}
-                             for c in telemetry.chunks]
-        detail["dropped"] = [{"t": round(d.t, 3), "seq": d.seq, "reason": d.reason} for d in telemetry.drops]
-        frame = telemetry.latest_frame
-        if frame is not None and self._frame_sent != (session.id, frame.seq):
-            jpeg, width, height = telemetry.preview(frame)
-            detail["frame"] = {"seq": frame.seq, "t": round(frame.t, 3), "width": width, "height": height,
-                               "jpeg_base64": jpeg}
-            self._frame_sent = (session.id, frame.seq)
-        return detail
+    def _send_detail(self, session: Any, now: float) -> None:
+        """The shared detail, with the camera frame only if this observer does not have it yet."""
+        detail = self.server.observer_snapshots.detail(self.server, session, now)
+        if detail.frame_key is not None and detail.frame_key != self._frame_sent:
+            self._send(detail.with_frame, latest="detail")
+            self._frame_sent = detail.frame_key
+        else:
+            self._send(detail.without_frame, latest="detail")
