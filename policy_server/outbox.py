@@ -171,13 +171,18 @@ class Outbox:
     async def pump(self, send: Callable[[Any], Awaitable[None]], encode: Callable[[Any], Any] | None = None) -> None:
         """The sender task's loop: ``send(encode(payload))`` each entry in order until the outbox is closed.
 
-        ``send``'s exceptions (the connection closed) end the loop and propagate.
+        ``send``'s exceptions (the connection closed) end the loop and propagate; the outbox is then
+        closed, which also wakes a reader waiting for room (nothing will ever leave again).
         """
-        while (entry := await self.get()) is not None:
-            try:
-                await send(encode(entry.payload) if encode is not None else entry.payload)
-            finally:
-                self.sent()
+        try:
+            while (entry := await self.get()) is not None:
+                try:
+                    await send(encode(entry.payload) if encode is not None else entry.payload)
+                finally:
+                    self.sent()
+        except BaseException:
+            self.close()
+            raise
 
 
 async def paced(messages: AsyncIterable[Any], outbox: Outbox) -> AsyncIterator[Any]:

@@ -26,7 +26,9 @@ from websockets.http11 import Request, Response
 
 from . import protocol
 from .auth import CHALLENGE, OriginPolicy, TokenSet, bearer_subprotocol, is_open_path
-from .connection_supervisor import MAX_QUEUED_FRAMES, WRITE_LIMIT_BYTES, ConnectionLimits, ConnectionSupervisor
+from .connection_supervisor import (
+    MAX_QUEUED_FRAMES, WRITE_LIMIT_BYTES, ConnectionLimits, ConnectionSupervisor, close_connection,
+)
 from .engine_backend import BackendFactory, EngineBackend
 from .log_hygiene import printable
 from .engine_worker import ActionEngine, BatchPolicy, EngineWorker, WorkerState
@@ -252,6 +254,11 @@ class PolicyServer:
             await self.sidecar.shutdown(self.settings.shutdown_grace_s)
         await asyncio.gather(*(s.drain(timeout=2.0) for s in list(self.sessions.values())))
         if self._ws_server is not None:
+            # Each connection closed by us first: websockets' own close() waits forever for a client that
+            # does not read (its write buffer never drains); close_connection drops it after a grace.
+            grace = self.settings.connection_limits.close_grace_s
+            await asyncio.gather(*(close_connection(c, 1001, "server shutting down", grace)
+                                   for c in self._ws_server.connections))
             self._ws_server.close(close_connections=True, code=1001, reason="server shutting down")
             await self._ws_server.wait_closed()
         self._stopped.set()

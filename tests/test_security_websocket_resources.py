@@ -284,3 +284,29 @@ async def test_a_4096_square_camera_frame_fits_the_default_frame_limit(patient):
         await ws.send(frame)  # before `configure`: parsed and size-checked, then refused without model work
         reply = unpackb(await asyncio.wait_for(ws.recv(), 60))
         assert reply["type"] == "error" and reply["code"] == "not_configured", reply
+
+
+async def test_shutdown_does_not_wait_forever_for_a_client_that_does_not_read():
+    """websockets' own close() waits for the write buffer to drain, which never happens here."""
+    limits = ConnectionLimits(reply_timeout_s=0, idle_timeout_s=0, close_grace_s=1)  # shutdown on its own
+    server = ServerThread(tiny_engine_loader("distilled"), warmup=False, connection_limits=limits,
+                          ping_interval=None).start()
+    try:
+        ws, session_id = await open_unread(server)
+        sent = 0
+        while (state := probe(server, session_id))["transport_bytes"] < WRITE_LIMIT_BYTES:
+            if state["errors"] == sent:
+                for _ in range(10):
+                    await ws.send(BOGUS)
+                sent += 10
+            else:
+                await asyncio.sleep(0.001)
+        flooding = asyncio.create_task(flood(ws))  # still sending, never reading, while the server stops
+        started = time.monotonic()
+        await asyncio.to_thread(server.stop, 60)
+        assert not server._thread.is_alive(), "shutdown hung on a client that does not read"
+        assert time.monotonic() - started < 30
+        flooding.cancel()
+        await flooding
+    finally:
+        server.stop(5)
