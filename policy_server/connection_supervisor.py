@@ -54,6 +54,11 @@ DEFAULT_IDLE_TIMEOUT_S = 60.0
 # above, `send` waits and replies wait in the bounded outbox instead. 32 KiB is websockets' default,
 # set explicitly because the outbox's bound relies on it.
 WRITE_LIMIT_BYTES = 2**15
+# The kernel's send buffer of a WebSocket connection. Left to autotuning it grows to megabytes, and a
+# client that does not read can make the server produce that many bytes of replies (tens of thousands of
+# frames) before any backpressure reaches the outbox. Replies are small (a chunk is a few KB): 64 KiB
+# (Linux doubles it) keeps any link busy and brings the stall after a few thousand frames.
+SOCKET_SEND_BUFFER_BYTES = 64 * 1024
 # Frames websockets may read ahead of a connection's reader (its max_queue; default 16). A reader waits
 # while its outbox is half full (policy_server.outbox), and what the client sends meanwhile must stay in
 # TCP's buffers, not in ours: at most this many frames of up to --max-message-mib each.

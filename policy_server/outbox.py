@@ -189,12 +189,14 @@ async def paced(messages: AsyncIterable[Any], outbox: Outbox) -> AsyncIterator[A
     """A connection's incoming frames, read only while its outbox has room.
 
     A client that does not read its replies is not read either (TCP then pushes back on it); once its
-    outbox is closed (it is being closed) what it still sends is skipped. Each frame yields the event loop:
-    one socket read can hold thousands of small frames, and other connections must not wait for them all.
+    outbox is closed (it is being closed, or the connection is gone) reading stops: what it still sends is
+    never parsed (a flood buffered in the kernel would otherwise cost the loop seconds). Each frame yields
+    the event loop: one socket read can hold thousands of small frames, and other connections must not
+    wait for them all.
     """
     async for message in messages:
         if outbox.closed:
-            continue
+            return
         yield message
         if not outbox.has_room():
             await outbox.wait_for_room()

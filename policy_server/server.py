@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import socket
 import time
 from dataclasses import dataclass, field
 from http import HTTPStatus
@@ -27,7 +28,8 @@ from websockets.http11 import Request, Response
 from . import protocol
 from .auth import CHALLENGE, OriginPolicy, TokenSet, bearer_subprotocol, is_open_path
 from .connection_supervisor import (
-    MAX_QUEUED_FRAMES, WRITE_LIMIT_BYTES, ConnectionLimits, ConnectionSupervisor, close_connection,
+    MAX_QUEUED_FRAMES, SOCKET_SEND_BUFFER_BYTES, WRITE_LIMIT_BYTES, ConnectionLimits, ConnectionSupervisor,
+    close_connection,
 )
 from .engine_backend import BackendFactory, EngineBackend
 from .log_hygiene import printable
@@ -312,6 +314,9 @@ class PolicyServer:
             logger.info("refused a handshake to %s from %s: %s", printable(path[:200]), connection.remote_address,
                         refusal)
             return connection.respond(HTTPStatus.FORBIDDEN, refusal + "\n")
+        sock = connection.transport.get_extra_info("socket")
+        if sock is not None:  # replies wait in the bounded outbox, not in megabytes of kernel buffer
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, SOCKET_SEND_BUFFER_BYTES)
         if self.settings.auth_tokens is not None and not is_open_path(path):
             # Before anything else (even the 404 for an unknown path): no token, no information.
             result = self.settings.auth_tokens.check(request.headers.get_all, request.path.partition("?")[2])
