@@ -92,6 +92,17 @@ class Robot:
 
 # -- the attacker (a process of its own) -----------------------------------------------------------------
 
+def count_outcome(stats: dict, exc: Exception) -> None:
+    """Count how an attacking connection ended: refused (HTTP status), closed (code), or a socket error."""
+    if isinstance(exc, InvalidStatus):
+        key = f"refused_{exc.response.status_code}"
+    elif isinstance(exc, ConnectionClosed):
+        key = f"closed_{exc.rcvd.code if exc.rcvd else 1006}"
+    else:
+        key = "os_errors"
+    stats[key] = stats.get(key, 0) + 1
+
+
 async def attack_observers(port: int, count: int, session_id: str, retry_s: float, stats: dict) -> None:
     async def one() -> None:
         while True:
@@ -101,13 +112,8 @@ async def attack_observers(port: int, count: int, session_id: str, retry_s: floa
                     await ws.send(json.dumps({"type": "subscribe", "session_id": session_id}))
                     async for _ in ws:
                         stats["frames"] += 1
-            except InvalidStatus as exc:
-                stats[f"refused_{exc.response.status_code}"] = stats.get(f"refused_{exc.response.status_code}", 0) + 1
-            except ConnectionClosed as exc:
-                code = exc.rcvd.code if exc.rcvd else 1006
-                stats[f"closed_{code}"] = stats.get(f"closed_{code}", 0) + 1
-            except OSError:
-                stats["os_errors"] = stats.get("os_errors", 0) + 1
+            except (InvalidStatus, ConnectionClosed, OSError) as exc:
+                count_outcome(stats, exc)
             await asyncio.sleep(retry_s)
 
     await asyncio.gather(*(one() for _ in range(count)))
@@ -130,13 +136,8 @@ async def attack_non_reading(port: int, count: int, retry_s: float, stats: dict)
                         await ws.send(bogus)
                         stats["frames"] += 1
                         await asyncio.sleep(0)
-            except InvalidStatus as exc:
-                stats[f"refused_{exc.response.status_code}"] = stats.get(f"refused_{exc.response.status_code}", 0) + 1
-            except ConnectionClosed as exc:
-                code = exc.rcvd.code if exc.rcvd else 1006
-                stats[f"closed_{code}"] = stats.get(f"closed_{code}", 0) + 1
-            except OSError:
-                stats["os_errors"] = stats.get("os_errors", 0) + 1
+            except (InvalidStatus, ConnectionClosed, OSError) as exc:
+                count_outcome(stats, exc)
             finally:
                 sock.close()
             await asyncio.sleep(retry_s)

@@ -107,6 +107,21 @@ async def read_until_closed(ws, timeout: float = 60.0) -> list:
             return frames, exc
 
 
+async def stall_writes(server: ServerThread, ws, session_id: str) -> None:
+    """Send until the server's write buffer is above websockets' write limit (writes paused, `send` waits).
+
+    A few frames at a time, each batch answered before the next: the stall, not a full outbox, is wanted.
+    """
+    sent = 0
+    while (state := probe(server, session_id))["transport_bytes"] < WRITE_LIMIT_BYTES:
+        if state["errors"] == sent:
+            for _ in range(10):
+                await ws.send(BOGUS)
+            sent += 10
+        else:
+            await asyncio.sleep(0.001)
+
+
 async def flood(ws, frame: bytes = BOGUS) -> int:
     """Send ``frame`` as fast as the connection takes it, never reading; return how many went."""
     sent = 0
@@ -150,17 +165,7 @@ async def test_a_peer_that_stops_reading_and_goes_silent_is_closed(strict):
     """Keepalive alone never closes it (its ping waits for the full write buffer); the reply timeout does."""
     opened = time.monotonic()
     ws, session_id = await open_unread(strict)
-    # Until the server's write buffer is above websockets' write limit: writes are paused, `send` waits.
-    # A few frames at a time, each batch answered before the next: the stall, not a full outbox, is what
-    # this test is about.
-    sent = 0
-    while (state := probe(strict, session_id))["transport_bytes"] < WRITE_LIMIT_BYTES:
-        if state["errors"] == sent:
-            for _ in range(10):
-                await ws.send(BOGUS)
-            sent += 10
-        else:
-            await asyncio.sleep(0.001)
+    await stall_writes(strict, ws, session_id)
     if time.monotonic() - opened > PING_INTERVAL_S:
         pytest.skip("the machine was too slow to stall the writes before the first keepalive ping")
     # Now silence: nothing sent, nothing read. The keepalive ping, due 3 s after opening, waits behind the
@@ -293,14 +298,7 @@ async def test_shutdown_does_not_wait_forever_for_a_client_that_does_not_read():
                           ping_interval=None).start()
     try:
         ws, session_id = await open_unread(server)
-        sent = 0
-        while (state := probe(server, session_id))["transport_bytes"] < WRITE_LIMIT_BYTES:
-            if state["errors"] == sent:
-                for _ in range(10):
-                    await ws.send(BOGUS)
-                sent += 10
-            else:
-                await asyncio.sleep(0.001)
+        await stall_writes(server, ws, session_id)
         flooding = asyncio.create_task(flood(ws))  # still sending, never reading, while the server stops
         started = time.monotonic()
         await asyncio.to_thread(server.stop, 60)
