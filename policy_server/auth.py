@@ -23,6 +23,14 @@ token, so neither which token matched nor how much of one matched shows in the t
 The check runs before anything else: in the WebSocket server's ``process_request`` hook (HTTP 401 before
 the upgrade, before any frame is decoded) and in an ASGI middleware outside the sidecar's application
 (401 before routing, body parsing or model work).
+
+Browsers are a second door: a page from any site can open a WebSocket to the server or send a
+"no-cors" POST to it, and the browser attaches whatever the user's session would (on a private network,
+nothing is needed at all). :class:`OriginPolicy` closes it: a WebSocket upgrade or a state-changing HTTP
+request whose ``Origin`` header names another site is refused with 403. Allowed are requests without
+``Origin`` (robots, scripts, curl: browsers always send it on these requests), the server's own origin
+(the ``Host`` the request was sent to, on this port or the server's other port, where the dashboard is
+served), and the origins listed with ``--allowed-origin``.
 """
 
 from __future__ import annotations
@@ -33,7 +41,7 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Awaitable, Callable, Iterable
-from urllib.parse import parse_qsl
+from urllib.parse import parse_qsl, urlsplit
 
 # Paths anyone may fetch: liveness, and the dashboard's static files (no data in them).
 OPEN_PATHS = frozenset({"/healthz"})
@@ -44,6 +52,11 @@ CHALLENGE = 'Bearer realm="cosmos3-policy-server"'
 UNAUTHORIZED_CODE = "unauthorized"
 # The ASGI scope key where BearerAuthMiddleware leaves the admitted token's id (see AuthResult.token_id).
 TOKEN_ID_SCOPE_KEY = "cosmos3.token_id"
+FORBIDDEN_ORIGIN_CODE = "forbidden_origin"
+# Methods that change nothing; browsers cannot read a cross-origin answer to them without CORS headers,
+# which this server never sends.
+SAFE_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})
+_DEFAULT_PORTS = {"http": 80, "https": 443, "ws": 80, "wss": 443}
 
 
 class TokenConfigError(ValueError):
@@ -200,3 +213,111 @@ class BearerAuthMiddleware:
         ]})
         await send({"type": "http.response.body", "body": body})
 
+
+
+class OriginConfigError(ValueError):
+    """An ``--allowed-origin`` value is not an origin (``scheme://host[:port]``, ``null`` or ``*``)."""
+
+
+def _origin_key(origin: str) -> tuple[str, str, int] | None:
+    """(scheme, host, port) of a serialized origin, ports made explicit; None if it is not one."""
+    try:
+        parts = urlsplit(origin.strip())
+        port = parts.port
+    except ValueError:
+        return None
+    scheme = parts.scheme.lower()
+    if scheme not in ("http", "https") or not parts.hostname or parts.path not in ("", "/") or parts.query \
+            or parts.username is not None:
+        return None
+    return scheme, parts.hostname.lower(), port if port is not None else _DEFAULT_PORTS[scheme]
+
+
+def _host_key(host: str, scheme: str) -> tuple[str, int] | None:
+    """(host, port) of a ``Host`` header; a missing port is the default of the origin's ``scheme``."""
+    try:
+        parts = urlsplit("//" + host.strip())
+        port = parts.port
+    except ValueError:
+        return None
+    if not parts.hostname:
+        return None
+    return parts.hostname.lower(), port if port is not None else _DEFAULT_PORTS[scheme]
+
+
+class OriginPolicy:
+    """Which browser origins may open a WebSocket or change state over HTTP (module docstring).
+
+    ``allowed``: extra origins, e.g. ``https://ops.example.com``; ``null`` allows pages without an
+    origin of their own (sandboxed frames, ``file://``); ``*`` allows any origin (turns the check off).
+    """
+
+    def __init__(self, allowed: Iterable[str] = ()) -> None:
+        self.any = False
+        self.null = False
+        keys: set[tuple[str, str, int]] = set()
+        for origin in allowed:
+            if origin.strip() == "*":
+                self.any = True
+            elif origin.strip().lower() == "null":
+                self.null = True
+            else:
+                key = _origin_key(origin)
+                if key is None:
+                    raise OriginConfigError(f"--allowed-origin {origin!r} is not an origin: write it as a browser "
+                                            "sends it, scheme://host[:port] (e.g. https://ops.example.com)")
+                keys.add(key)
+        self.allowed = frozenset(keys)
+
+    def refusal(self, origin: str | None, host: str | None, own_ports: Iterable[int]) -> str | None:
+        """None when a request with this ``Origin`` (None: absent) to this ``Host`` may proceed, else why not.
+
+        ``own_ports``: this server's ports; an origin on the requested host and one of them is the server's
+        own page (the dashboard is served by the HTTP sidecar and talks to the WebSocket port).
+        """
+        if origin is None or self.any:
+            return None
+        shown = repr(origin[:100])
+        if origin.strip().lower() == "null":
+            return None if self.null else "a page without an origin (null) may not use this server"
+        key = _origin_key(origin)
+        if key is None:
+            return f"Origin {shown} is not an origin"
+        if key in self.allowed:
+            return None
+        target = _host_key(host, key[0]) if host else None
+        if target is not None and key[1] == target[0] and (key[2] == target[1] or key[2] in set(own_ports)):
+            return None
+        return f"cross-origin request from {shown} refused; allow that origin with --allowed-origin"
+
+
+class OriginCheckMiddleware:
+    """Pure ASGI: a state-changing HTTP request (not GET, HEAD or OPTIONS) from a foreign origin gets 403.
+
+    Outermost, like :class:`BearerAuthMiddleware`: a refused request reads no body and runs nothing.
+    ``own_ports()`` gives the server's ports at request time; ``on_refused(path)`` counts refusals.
+    """
+
+    def __init__(self, app: Callable, *, policy: OriginPolicy, own_ports: Callable[[], Iterable[int]],
+                 on_refused: Callable[[str], None] | None = None) -> None:
+        self.app = app
+        self.policy = policy
+        self.own_ports = own_ports
+        self.on_refused = on_refused
+
+    async def __call__(self, scope: dict, receive: Callable[[], Awaitable[dict]], send: Callable) -> None:
+        if scope["type"] != "http" or scope.get("method") in SAFE_METHODS:
+            await self.app(scope, receive, send)
+            return
+        headers = {k.lower(): v.decode("latin-1") for k, v in scope.get("headers", [])}
+        reason = self.policy.refusal(headers.get(b"origin"), headers.get(b"host"), self.own_ports())
+        if reason is None:
+            await self.app(scope, receive, send)
+            return
+        if self.on_refused is not None:
+            self.on_refused(scope.get("path", ""))
+        body = json.dumps({"error": {"code": FORBIDDEN_ORIGIN_CODE, "message": reason, "field": None}}).encode()
+        await send({"type": "http.response.start", "status": 403, "headers": [
+            (b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()),
+        ]})
+        await send({"type": "http.response.body", "body": body})

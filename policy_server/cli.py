@@ -24,7 +24,13 @@ import sys
 import tempfile
 from pathlib import Path
 
-from .auth import TokenConfigError, TokenSet
+from . import log_hygiene
+from .auth import OriginConfigError, OriginPolicy, TokenConfigError, TokenSet
+from .connection_supervisor import (
+    DEFAULT_IDLE_TIMEOUT_S, DEFAULT_MAX_OUTBOX_BYTES, DEFAULT_MAX_OUTBOX_FRAMES, DEFAULT_REPLY_TIMEOUT_S,
+    SessionLimits,
+)
+from .session_observer import DEFAULT_MAX_OBSERVERS
 from .openpi_observation import CameraMapping, CameraMappingError
 from .rate_limits import DEFAULT_BURST, DEFAULT_MAX_OBSERVATION_HZ, RateLimit
 from .watchdog import DEFAULT_ENGINE_TIMEOUT_S
@@ -126,6 +132,29 @@ def build_parser() -> argparse.ArgumentParser:
     security.add_argument("--engine-timeout-s", type=float, default=DEFAULT_ENGINE_TIMEOUT_S,
                           help="an engine call (one inference, one video step) running longer than this fails its "
                                "requests with `engine_timeout` and the engine is reloaded (default %(default)g; 0: off)")
+    # Connections that hold resources without using them, browsers of other sites, log floods (issue 18).
+    security.add_argument("--max-observers", type=int, default=DEFAULT_MAX_OBSERVERS,
+                          help="observer channels (/v1/observe, the dashboard) open at once; more are refused with "
+                               "HTTP 503 (default %(default)d)")
+    security.add_argument("--reply-timeout-s", type=float, default=DEFAULT_REPLY_TIMEOUT_S,
+                          help="a client whose oldest unread reply waits longer than this is closed with 1008 "
+                               "(default %(default)g; 0: off)")
+    security.add_argument("--idle-timeout-s", type=float, default=DEFAULT_IDLE_TIMEOUT_S,
+                          help="a robot session that sends no observation for this long, with nothing of it "
+                               "queued or running, is closed with 1008 (default %(default)g; 0: off)")
+    security.add_argument("--max-outbox-frames", type=int, default=DEFAULT_MAX_OUTBOX_FRAMES,
+                          help="replies that may wait unread per connection; beyond, it is closed with 1008 "
+                               "(default %(default)d)")
+    security.add_argument("--max-outbox-mib", type=float, default=DEFAULT_MAX_OUTBOX_BYTES / 2**20,
+                          help="bytes of replies that may wait unread per connection, in MiB (default %(default)g)")
+    security.add_argument("--allowed-origin", action="append", default=[], metavar="ORIGIN",
+                          help="a browser origin (scheme://host[:port]) allowed to open WebSockets and change state "
+                               "besides the server's own; repeat for several; `*` allows any (default: none)")
+    security.add_argument("--log-repeat-burst", type=int, default=log_hygiene.DEFAULT_BURST,
+                          help="log lines of one kind written per --log-repeat-interval-s; the rest are counted in "
+                               "a `suppressed` summary (default %(default)d; 0: no limit)")
+    security.add_argument("--log-repeat-interval-s", type=float, default=log_hygiene.DEFAULT_INTERVAL_S,
+                          help="the window of --log-repeat-burst, in seconds (default %(default)g)")
     parser.add_argument("--device", default=None, help="torch device, e.g. cpu, cuda, cuda:1 (default: best available)")
     parser.add_argument("--dtype", default=None, help="float32, bfloat16 or float16 (default: the device's best)")
     parser.add_argument("--profiles", default=None, help="a policy profile file overriding the checkpoint's")
@@ -136,7 +165,8 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument(
         "--max-message-mib", type=float, default=DEFAULT_MAX_MESSAGE_BYTES / 2**20,
-        help="largest frame accepted, in MiB; a bigger one closes the connection with 1009 (default 32)",
+        help="largest frame accepted, in MiB; a bigger one closes the connection with 1009 (default %(default)g: "
+             "a 4096x4096 RGB image and its envelope)",
     )
     parser.add_argument(
         "--max-batch", type=int, default=4,
@@ -296,6 +326,11 @@ async def serve_until_stopped(args: argparse.Namespace) -> int:
             handshake_timeout_s=max(0.1, args.handshake_timeout_s),
             max_pending_handshakes=max(1, args.max_pending_handshakes),
             max_pending_handshakes_per_peer=max(1, args.max_pending_handshakes_per_peer),
+            max_observers=max(1, args.max_observers),
+            connection_limits=SessionLimits(
+                max_outbox_frames=max(1, args.max_outbox_frames), max_outbox_bytes=int(args.max_outbox_mib * 2**20),
+                reply_timeout_s=max(0.0, args.reply_timeout_s), idle_timeout_s=max(0.0, args.idle_timeout_s)),
+            allowed_origins=tuple(args.allowed_origin),
         )
         if args.backend == "ray":
             server = PolicyServer(None, settings, backend=_ray_backend(args, Path(workdir)))
@@ -348,6 +383,10 @@ def main(argv: list[str] | None = None) -> int:
         TokenSet.load(args.auth_token, args.auth_token_file)
     except TokenConfigError as exc:
         parser.error(str(exc))
+    try:
+        OriginPolicy(args.allowed_origin)
+    except OriginConfigError as exc:
+        parser.error(str(exc))
     logging.basicConfig(
         level=args.log_level.upper(),
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
@@ -356,6 +395,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.log_level != "debug":
         # websockets logs every HTTP response (each /healthz probe) at INFO; sessions are logged by us.
         logging.getLogger("websockets").setLevel(logging.WARNING)
+    # Client text in log lines is escaped, and a line repeated by a flood of clients is summarised.
+    log_hygiene.install(args.log_repeat_burst, max(1.0, args.log_repeat_interval_s))
     return asyncio.run(serve_until_stopped(args))
 
 

@@ -5,6 +5,10 @@ from elsewhere. Its live data comes from the observer channel on the WebSocket p
 (:mod:`policy_server.session_observer`); ``config.json`` tells the page where that is, so the same files
 work when the HTTP sidecar serves them on its own port (:func:`mount_dashboard`) and when the WebSocket
 port does (``PolicyServer``, so a server started with ``--no-http`` still has its dashboard).
+
+Both ports send every dashboard file with :data:`DASHBOARD_HEADERS`: a Content-Security-Policy that lets
+the page run only its own files, and headers that forbid framing it (its buttons pause robots) and
+sniffing types.
 """
 
 from __future__ import annotations
@@ -18,6 +22,19 @@ from .session_observer import OBSERVE_PATH
 DASHBOARD_PATH = "/dashboard"
 DASHBOARD_DIR = Path(__file__).with_name("dashboard")
 CONFIG_NAME = "config.json"
+
+# The page's own script, style and images (camera previews arrive as data: URLs); no inline code; fetches
+# to itself and WebSockets to any host (the observer channel is on the WebSocket port, another origin, and
+# `?observer=` may name another host). No framing: a page that frames the dashboard could click its buttons.
+DASHBOARD_CSP = ("default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self' data:; "
+                 "connect-src 'self' ws: wss:; base-uri 'none'; form-action 'none'; frame-ancestors 'none'")
+DASHBOARD_HEADERS = {
+    "Content-Security-Policy": DASHBOARD_CSP,
+    "X-Frame-Options": "DENY",
+    "X-Content-Type-Options": "nosniff",
+    "Referrer-Policy": "no-referrer",
+    "Cache-Control": "no-cache",
+}
 
 _CONTENT_TYPES = {
     ".html": "text/html; charset=utf-8",
@@ -66,14 +83,15 @@ def mount_dashboard(app: Any, observer_port: Callable[[], int]) -> None:
 
     @app.get(DASHBOARD_PATH, include_in_schema=False)
     async def dashboard_root() -> Response:
-        return RedirectResponse(DASHBOARD_PATH + "/", status_code=301)  # relative asset URLs need the slash
+        # Relative asset URLs need the slash.
+        return RedirectResponse(DASHBOARD_PATH + "/", status_code=301, headers=DASHBOARD_HEADERS)
 
     @app.get(DASHBOARD_PATH + "/{name}", include_in_schema=False)
     @app.get(DASHBOARD_PATH + "/", include_in_schema=False)
     async def dashboard_file(name: str = "") -> Response:
         if name == CONFIG_NAME:
-            return JSONResponse(dashboard_config(observer_port()))
+            return JSONResponse(dashboard_config(observer_port()), headers=DASHBOARD_HEADERS)
         asset = dashboard_asset(name)
         if asset is None:
             raise HTTPException(status_code=404)  # the sidecar's handler answers in its usual error shape
-        return Response(asset.body, media_type=asset.content_type, headers={"Cache-Control": "no-cache"})
+        return Response(asset.body, media_type=asset.content_type, headers=DASHBOARD_HEADERS)

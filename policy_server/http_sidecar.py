@@ -39,7 +39,7 @@ from starlette.requests import ClientDisconnect
 from robot_clients.wire_codec import packb
 
 from . import http_codecs, http_requests, http_turns
-from .auth import UNAUTHORIZED_CODE, BearerAuthMiddleware
+from .auth import FORBIDDEN_ORIGIN_CODE, UNAUTHORIZED_CODE, BearerAuthMiddleware, OriginCheckMiddleware
 from .http_codecs import Upload
 from .dashboard_assets import mount_dashboard
 from .connection_limits import ACCEPT_BURST, PeerCounter, capped_to_descriptors
@@ -268,7 +268,9 @@ class HttpSidecar:
         sock.setblocking(False)
         self._socket = sock
         config = uvicorn.Config(
-            self.app, lifespan="off", log_level="warning", access_log=False, server_header=False,
+            # log_config=None: uvicorn's records go through the process's handlers (and their filters,
+            # policy_server.log_hygiene), not a handler of its own.
+            self.app, lifespan="off", log_level="warning", log_config=None, access_log=False, server_header=False,
             timeout_graceful_shutdown=5, http=self._protocol_class(), backlog=ACCEPT_BURST,
         )
         config.load()
@@ -762,4 +764,7 @@ def build_app(sidecar: HttpSidecar) -> FastAPI:
     if tokens is not None:  # added last: the outermost layer, so nothing runs for a request without a token
         app.add_middleware(BearerAuthMiddleware, tokens=tokens,
                            on_refused=lambda path: metrics.observe_http_error(_UNMATCHED, UNAUTHORIZED_CODE))
+    # Outermost of all: a state-changing request from another site's page is refused before anything reads it.
+    app.add_middleware(OriginCheckMiddleware, policy=sidecar.server.origins, own_ports=sidecar.server.own_ports,
+                       on_refused=lambda path: metrics.observe_http_error(_UNMATCHED, FORBIDDEN_ORIGIN_CODE))
     return app

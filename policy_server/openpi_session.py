@@ -19,7 +19,10 @@ connection stays open and the next observation is served: a robot that sent one 
 The text is ``"<code>: <message> (field: <key>)"`` with the stable codes of the native protocol.
 
 Observations go through the server's request queue like native ones (latest wins, fair turns, the one
-engine worker), so openpi robots and native robots share the model fairly.
+engine worker), so openpi robots and native robots share the model fairly. Replies go through the same
+bounded outbox as native ones (:mod:`policy_server.outbox`): an unread action reply replaced by a newer
+one becomes the text ``dropped: ...`` in its place, and a client that stops reading is closed with 1008
+(:mod:`policy_server.connection_supervisor`), as is one that sends nothing for ``--idle-timeout-s``.
 """
 
 from __future__ import annotations
@@ -38,6 +41,8 @@ from websockets.exceptions import ConnectionClosed
 from robot_clients.wire_codec import WireFormatError, packb, unpackb
 
 from .engine_worker import EngineOutcome
+from .log_hygiene import printable
+from .outbox import OutboxFull, paced
 from .openpi_observation import CameraMapping, detect_convention, parse_openpi_observation
 from .protocol import DropReason, ErrorCode, ObservationFrame, ProtocolError
 from .request_queue import PendingObservation, QueueClosed
@@ -116,7 +121,8 @@ class OpenpiSession:
         self.convention: str | None = None
         self._next_seq = 0
         self._last_total_ms: float | None = None
-        self._outbox: asyncio.Queue[bytes | str | None] = asyncio.Queue()
+        self.outbox = server.settings.connection_limits.outbox()
+        self.last_observation_at = time.monotonic()
         self.rate = server.settings.observation_rate.bucket()
 
     # -- the connection's life ---------------------------------------------------------------------
@@ -130,8 +136,8 @@ class OpenpiSession:
             logger.error("openpi session %s: the server's openpi settings are invalid: %s", self.id, exc.message)
         sender = asyncio.create_task(self._send_loop(), name=f"{self.id}-sender")
         try:
-            self._outbox.put_nowait(packb(openpi_arrays(self.metadata())))
-            async for message in self.connection:
+            self._put(packb(openpi_arrays(self.metadata())))
+            async for message in paced(self.connection, self.outbox):
                 self._handle(message)
         except ConnectionClosed:
             pass
@@ -139,7 +145,7 @@ class OpenpiSession:
             self.closed = True
             self.server.queue.cancel(self.id)
             self.in_flight.clear()
-            await self._outbox.put(None)
+            self.outbox.close()  # the connection is gone: nobody will read what waits
             try:
                 await asyncio.wait_for(sender, timeout=1.0)
             except (asyncio.TimeoutError, ConnectionClosed):
@@ -148,18 +154,36 @@ class OpenpiSession:
     async def drain(self, timeout: float) -> None:
         """Wait until the outbox is empty (used at shutdown, before closing with 1001)."""
         deadline = time.monotonic() + timeout
-        while not self._outbox.empty() and time.monotonic() < deadline and not self.closed:
+        while not self.outbox.empty() and time.monotonic() < deadline and not self.closed:
             await asyncio.sleep(0.005)
 
+    def idle_for(self, now: float) -> float:
+        """Seconds without an observation while nothing of this session is queued or running."""
+        return 0.0 if self.in_flight else now - self.last_observation_at
+
+    def _put(self, message: bytes | str, latest: bool = False) -> None:
+        """Queue a reply; an action reply (``latest``) replaces an unread one, which becomes ``dropped``."""
+        if self.closed:
+            return
+        nbytes = len(message) if isinstance(message, bytes) else len(message.encode())
+        try:
+            self.outbox.put(message, nbytes, latest="actions" if latest else None,
+                            replaced=self._unread_actions_dropped if latest else None)
+        except OutboxFull as full:
+            self.server.supervisor.overflowed(self, full)
+
+    def _unread_actions_dropped(self, _message: bytes) -> tuple[str, int]:
+        self.answered -= 1
+        self.dropped += 1
+        text = error_text("dropped", "observation not answered (superseded): a newer action reply replaced it "
+                                     "before the client read it")
+        return text, len(text)
+
     async def _send_loop(self) -> None:
-        while True:
-            message = await self._outbox.get()
-            if message is None:
-                return
-            try:
-                await self.connection.send(message)
-            except ConnectionClosed:
-                return
+        try:
+            await self.outbox.pump(self.connection.send)
+        except ConnectionClosed:
+            pass
 
     def metadata(self) -> dict[str, Any]:
         d = self.server.description
@@ -194,6 +218,7 @@ class OpenpiSession:
             if self.config_error is not None:
                 raise self.config_error
             assert self.config is not None
+            self.last_observation_at = received_at
             try:
                 decoded = unpackb(message)
             except WireFormatError as exc:
@@ -206,7 +231,7 @@ class OpenpiSession:
             if self.convention is None:
                 self.convention = detect_convention(decoded)
                 logger.info("openpi session %s: %s observations, cameras %s", self.id,
-                            self.convention or "custom", "+".join(obs.cameras))
+                            self.convention or "custom", printable("+".join(obs.cameras))[:200])
             overrides = {"prompt": obs.prompt} if obs.prompt else {}
             frame = ObservationFrame(seq=seq, image=obs.image, video=obs.video, prefix_actions=obs.prefix_actions,
                                      overrides=overrides)
@@ -231,8 +256,7 @@ class OpenpiSession:
             self._send_error(ErrorCode.ENGINE_ERROR, f"the server failed on this observation (ref {reference})")
 
     def _send_error(self, code: str, message: str, field: str | None = None) -> None:
-        if not self.closed:
-            self._outbox.put_nowait(error_text(code, message, field))
+        self._put(error_text(code, message, field))
 
     def _report_dropped(self, item: PendingObservation, reason: str) -> None:
         self.in_flight.pop(item.seq, None)
@@ -267,4 +291,4 @@ class OpenpiSession:
             server_timing["prev_total_ms"] = self._last_total_ms
         self._last_total_ms = total_ms
         reply = {"actions": np.ascontiguousarray(chunk.actions, dtype=np.float32), "server_timing": server_timing}
-        self._outbox.put_nowait(packb(openpi_arrays(reply)))
+        self._put(packb(openpi_arrays(reply)), latest=True)

@@ -4,11 +4,16 @@ A :class:`RealtimeSession` lives as long as its WebSocket. It sends ``metadata``
 loop: each is decoded with the shared wire codec, parsed by :mod:`policy_server.protocol`, and either
 answered at once (``configure``, ``cancel``, ``reset``, errors) or turned into a
 :class:`~policy_server.request_queue.PendingObservation` and put in the server's request queue. The
-engine worker calls back (on the event loop) with ``on_result`` / ``on_dropped``; replies go through an
-outbox that one sender task drains, so the reader never waits for a slow client's socket and replies
-leave in the order they were made.
+engine worker calls back (on the event loop) with ``on_result`` / ``on_dropped``; replies go through a
+bounded :class:`~policy_server.outbox.Outbox` that one sender task drains, so the reader never waits for a
+slow client's socket and replies leave in the order they were made.
 
 Every observation ``seq`` gets exactly one terminal reply: ``action_chunk``, ``dropped`` or ``error``.
+That holds for a client that falls behind on its replies too: its outbox keeps only the newest unread
+``action_chunk`` (latest wins); an older unread one becomes ``dropped`` (``superseded``) in its place. A
+client whose outbox fills up, or whose oldest reply waits past ``--reply-timeout-s``, is closed with
+1008 (:mod:`policy_server.connection_supervisor`); so is one that sends no observation for
+``--idle-timeout-s``.
 
 Operators act on a session through the observer channel (:meth:`RealtimeSession.apply_control`): a
 paused session answers observations ``dropped`` (``paused``), a stopped one is closed. What the session
@@ -31,7 +36,9 @@ from websockets.exceptions import ConnectionClosed
 from robot_clients.wire_codec import WireFormatError, packb, unpackb
 
 from . import protocol
+from .connection_supervisor import close_connection
 from .engine_worker import EngineOutcome
+from .outbox import OutboxFull, paced
 from .protocol import DropReason, ErrorCode, ProtocolError
 from .request_queue import PendingObservation, QueueClosed
 from .session_config import SessionConfig, merge_session_config, observation_request, settings_used
@@ -54,6 +61,8 @@ _DROP_MESSAGES = {
     DropReason.PAUSED: "an operator paused this session; hold until it is resumed",
     DropReason.STOPPED: "an operator stopped this session",
 }
+# An unread chunk replaced by a newer one in the outbox (the client is behind on its replies).
+UNREAD_CHUNK_MESSAGE = "a newer chunk of this session replaced it before the client read it"
 
 # Close code and reason when an operator stops a session (the client does not reconnect after it).
 STOPPED_CLOSE_CODE = 1000
@@ -72,7 +81,8 @@ class RealtimeSession:
         # Observations of this session that are waiting in the queue or running in the engine, by seq.
         self.in_flight: dict[int, PendingObservation] = {}
         self.closed = False
-        self._outbox: asyncio.Queue[tuple[dict[str, Any], float | None] | None] = asyncio.Queue()
+        self.outbox = server.settings.connection_limits.outbox()
+        self.last_observation_at = time.monotonic()
         self.answered = 0
         self.dropped = 0
         self.telemetry = SessionTelemetry()
@@ -89,13 +99,13 @@ class RealtimeSession:
         sender = asyncio.create_task(self._send_loop(), name=f"session-{self.id}-sender")
         try:
             self._send(self.server.metadata_frame(self.id))
-            async for message in self.connection:
+            async for message in paced(self.connection, self.outbox):
                 self._handle(message)
         except ConnectionClosed:
             pass  # the client went away (or sent an oversized frame: websockets closed with 1009)
         finally:
             self._close()
-            await self._outbox.put(None)
+            self.outbox.close()  # the connection is gone: nobody will read what waits
             try:
                 await asyncio.wait_for(sender, timeout=1.0)
             except (asyncio.TimeoutError, ConnectionClosed):
@@ -108,28 +118,51 @@ class RealtimeSession:
         self.server.queue.cancel(self.id)
         self.in_flight.clear()
 
+    def idle_for(self, now: float) -> float:
+        """Seconds without an observation while nothing of this session is queued or running."""
+        return 0.0 if self.in_flight else now - self.last_observation_at
+
     async def drain(self, timeout: float) -> None:
         """Wait until the outbox is empty (used at shutdown, before closing with 1001)."""
         deadline = time.monotonic() + timeout
-        while not self._outbox.empty() and time.monotonic() < deadline and not self.closed:
+        while not self.outbox.empty() and time.monotonic() < deadline and not self.closed:
             await asyncio.sleep(0.005)
 
     def _send(self, frame: dict[str, Any], received_at: float | None = None) -> None:
-        if not self.closed:
-            self._outbox.put_nowait((frame, received_at))
+        if self.closed:
+            return
+        try:
+            if received_at is None:
+                message = packb(frame)
+                self.outbox.put(message, len(message))
+            else:  # an action chunk: packed when it leaves, with its observation_age_ms; latest wins
+                self.outbox.put((frame, received_at), len(packb(frame)), latest=protocol.ACTION_CHUNK,
+                                replaced=self._unread_chunk_dropped)
+        except OutboxFull as full:
+            self.server.supervisor.overflowed(self, full)
+
+    def _unread_chunk_dropped(self, entry: tuple[dict[str, Any], float]) -> tuple[bytes, int]:
+        """An unread chunk that a newer one replaced: its seq still gets a terminal reply, ``dropped``."""
+        seq = entry[0]["seq"]
+        self.answered -= 1
+        self.dropped += 1
+        self.telemetry.record_drop(seq, DropReason.SUPERSEDED)
+        message = packb(protocol.dropped_frame(seq, DropReason.SUPERSEDED, UNREAD_CHUNK_MESSAGE))
+        return message, len(message)
 
     async def _send_loop(self) -> None:
-        while True:
-            entry = await self._outbox.get()
-            if entry is None:
-                return
-            frame, received_at = entry
-            if received_at is not None:
-                frame["timing"]["observation_age_ms"] = (time.monotonic() - received_at) * 1e3
-            try:
-                await self.connection.send(packb(frame))
-            except ConnectionClosed:
-                return
+        try:
+            await self.outbox.pump(self.connection.send, self._encode)
+        except ConnectionClosed:
+            pass
+
+    @staticmethod
+    def _encode(payload: bytes | tuple[dict[str, Any], float]) -> bytes:
+        if isinstance(payload, bytes):
+            return payload
+        frame, received_at = payload  # an action chunk: its age is measured as it leaves
+        frame["timing"]["observation_age_ms"] = (time.monotonic() - received_at) * 1e3
+        return packb(frame)
 
     # -- frames from the client ----------------------------------------------------------------------
 
@@ -185,6 +218,7 @@ class RealtimeSession:
             obs.overrides.pop("prompt", None)  # the operator steers; the chunk echoes the prompt used
         # Its own settings over the session's, checked like a `configure`; refused before it takes a seq.
         request = observation_request(self.config, obs, self.server.description)
+        self.last_observation_at = received_at
         if self.last_seq is not None and obs.seq <= self.last_seq:
             raise ProtocolError(
                 ErrorCode.INVALID_FIELD,
@@ -286,7 +320,8 @@ class RealtimeSession:
     async def _close_when_sent(self) -> None:
         """Close with 1000 once the ``session_state: stopped`` frame (and the drops before it) left."""
         await self.drain(timeout=2.0)
-        await self.connection.close(STOPPED_CLOSE_CODE, STOPPED_CLOSE_REASON)
+        await close_connection(self.connection, STOPPED_CLOSE_CODE, STOPPED_CLOSE_REASON,
+                               self.server.settings.connection_limits.close_grace_s)
 
     # -- outcomes from the engine worker (called on the event loop) ----------------------------------
 

@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import socket
 import time
 from dataclasses import dataclass, field
 from http import HTTPStatus
@@ -25,20 +26,28 @@ from websockets.datastructures import Headers
 from websockets.http11 import Request, Response
 
 from . import protocol
-from .auth import CHALLENGE, TokenSet, bearer_subprotocol, is_open_path
+from .auth import CHALLENGE, OriginPolicy, TokenSet, bearer_subprotocol, is_open_path
 from .connection_limits import (ACCEPT_BURST, DEFAULT_HANDSHAKE_TIMEOUT_S, DEFAULT_MAX_PENDING_HANDSHAKES,
                                 DEFAULT_MAX_PENDING_HANDSHAKES_PER_PEER, PeerCounter, handshake_limited_connection)
+from .connection_supervisor import (
+    MAX_QUEUED_FRAMES, SOCKET_SEND_BUFFER_BYTES, WRITE_LIMIT_BYTES, SessionLimits, ConnectionSupervisor,
+    close_connection,
+)
 from .engine_backend import BackendFactory, EngineBackend
 from .engine_worker import (DEFAULT_VIDEO_STEP_INTERVAL_S, ActionEngine, BackgroundShare, BatchPolicy, EngineWorker,
                             WorkerState)
+from .log_hygiene import printable
 from .openpi_session import OPENPI_PATHS, OpenpiSession, OpenpiSettings
 from .protocol import DropReason, FrameLimits
 from .rate_limits import RateLimit
 from .watchdog import DEFAULT_ENGINE_TIMEOUT_S, EngineWatchdog
 from .realtime_session import RealtimeSession
 from .request_queue import RequestQueue
-from .dashboard_assets import CONFIG_NAME, DASHBOARD_PATH, dashboard_asset, dashboard_config
-from .session_observer import OBSERVE_PATH, ObserverSession, authorize
+from .dashboard_assets import CONFIG_NAME, DASHBOARD_HEADERS, DASHBOARD_PATH, dashboard_asset, dashboard_config
+from .session_observer import (
+    DEFAULT_INTERVAL_S, DEFAULT_MAX_OBSERVERS, OBSERVE_PATH, OBSERVER_FRAME_RATE, OBSERVER_MAX_MESSAGE_BYTES,
+    ObserverSession, SnapshotCache, authorize,
+)
 
 if TYPE_CHECKING:
     from .http_sidecar import HttpSidecar, SidecarSettings
@@ -50,9 +59,12 @@ HEALTH_PATH = "/healthz"
 
 SERVER_NAME = "cosmos3-policy-server"
 
-# A 720p RGB frame is 2.8 MB; a 65-frame 256x256 clip 12.8 MB. 32 MiB fits any observation a robot
-# should send at control rates and keeps one client from making the server buffer arbitrary amounts.
-DEFAULT_MAX_MESSAGE_BYTES = 32 * 1024 * 1024
+# A 720p RGB frame is 2.8 MB; a 65-frame 256x256 clip 12.8 MB. The default fits the largest single image
+# the models accept (4096x4096x3 = 48 MiB, `limits.max_image_side`) plus the msgpack around it, so the
+# two limits agree for one camera; several cameras or a clip in one frame are bounded by this limit
+# first (docs/security.md), and it keeps one client from making the server buffer arbitrary amounts.
+LARGEST_IMAGE_BYTES = 4096 * 4096 * 3
+DEFAULT_MAX_MESSAGE_BYTES = LARGEST_IMAGE_BYTES + 2**20
 
 
 @dataclass
@@ -94,6 +106,14 @@ class ServerSettings:
     engine_timeout_s: float = DEFAULT_ENGINE_TIMEOUT_S
     # While robots wait, a video rollout still gets one denoising step this often (BackgroundShare); 0: never.
     video_step_interval_s: float = DEFAULT_VIDEO_STEP_INTERVAL_S
+    # Outbox bounds, reply and idle timeouts of every connection (policy_server.connection_supervisor).
+    connection_limits: SessionLimits = field(default_factory=SessionLimits)
+    # Observer channels (/v1/observe) open at once; more are refused at the handshake with 503.
+    max_observers: int = DEFAULT_MAX_OBSERVERS
+    # Frames per second an observer may send (subscribe, control); beyond, they are answered `rate_limited`.
+    observer_frame_rate: RateLimit = field(default_factory=lambda: OBSERVER_FRAME_RATE)
+    # Browser origins allowed besides the server's own (policy_server.auth.OriginPolicy; `*`: any).
+    allowed_origins: tuple[str, ...] = ()
 
 
 class PolicyServer:
@@ -111,6 +131,10 @@ class PolicyServer:
         self._backend = backend
         self.queue = backend.make_queue() if backend is not None else RequestQueue()
         self.sessions: dict[str, RealtimeSession | OpenpiSession] = {}
+        self.observers: dict[str, ObserverSession] = {}
+        self.observer_snapshots = SnapshotCache(max_age_s=DEFAULT_INTERVAL_S)
+        self.origins = OriginPolicy(self.settings.allowed_origins)
+        self.supervisor = ConnectionSupervisor(self, self.settings.connection_limits)
         self.description: dict[str, Any] = {}
         self.frame_limits = FrameLimits(min_image_side=1, max_image_side=4096, max_clip_frames=65)
         self.worker: EngineBackend | None = None
@@ -152,6 +176,10 @@ class PolicyServer:
             max_size=self.settings.max_message_bytes,
             # Compression costs 30-40 ms per camera frame and buys nothing on incompressible pixels.
             compression=None,
+            # What the transport buffers before `send` waits; replies then wait in each connection's
+            # bounded outbox (policy_server.outbox), so a client that stops reading costs a bounded amount.
+            write_limit=WRITE_LIMIT_BYTES,
+            max_queue=MAX_QUEUED_FRAMES,
             ping_interval=self.settings.ping_interval,
             ping_timeout=self.settings.ping_timeout,
             server_header=SERVER_NAME,
@@ -168,6 +196,7 @@ class PolicyServer:
             self.sidecar = HttpSidecar(self, self.settings.http)
             await self.sidecar.start(self.worker.wait_ready())
         self.worker.start()
+        self.supervisor.start()
         self.watchdog = EngineWatchdog(self.worker, self.settings.engine_timeout_s)
         self.watchdog.start()  # only for a worker that can restart its engine (the local one)
         scheme = "wss" if self.settings.ssl_context is not None else "ws"
@@ -186,6 +215,10 @@ class PolicyServer:
             max_image_side=int(limits.get("max_image_side", 4096)),
             max_clip_frames=int(limits.get("max_clip_frames", 65)),
         )
+        side = self.frame_limits.max_image_side
+        if self.settings.max_message_bytes < side * side * 3 + 2**20:
+            logger.warning("a %dx%d camera frame does not fit --max-message-mib %.1f: the frame limit wins (1009)",
+                           side, side, self.settings.max_message_bytes / 2**20)
         logger.info("ready: serving %s (%s)", description.get("model"), description.get("variant"))
         if self.settings.openpi is not None:
             try:  # the operator's --openpi-* flags, checked against the model once, loudly
@@ -198,6 +231,13 @@ class PolicyServer:
     def port(self) -> int:
         assert self._ws_server is not None, "start() first"
         return self._ws_server.sockets[0].getsockname()[1]
+
+    def own_ports(self) -> list[int]:
+        """This server's ports (WebSocket, sidecar): a page on the same host and one of them is ours."""
+        ports = [self.port] if self._ws_server is not None else []
+        if self.sidecar is not None and self.sidecar._socket is not None:
+            ports.append(self.sidecar.port)
+        return ports
 
     @property
     def dropped_observations(self) -> int:
@@ -215,6 +255,7 @@ class PolicyServer:
             return
         self.stopping = True
         logger.info("shutting down: %d session(s), %d waiting", len(self.sessions), len(self.queue))
+        await self.supervisor.stop()
         if self.watchdog is not None:
             self.watchdog.stop()  # a slow last inference at shutdown is waited for, not restarted
         if self._ws_server is not None:
@@ -230,6 +271,11 @@ class PolicyServer:
             await self.sidecar.shutdown(self.settings.shutdown_grace_s)
         await asyncio.gather(*(s.drain(timeout=2.0) for s in list(self.sessions.values())))
         if self._ws_server is not None:
+            # Each connection closed by us first: websockets' own close() waits forever for a client that
+            # does not read (its write buffer never drains); close_connection drops it after a grace.
+            grace = self.settings.connection_limits.close_grace_s
+            await asyncio.gather(*(close_connection(c, 1001, "server shutting down", grace)
+                                   for c in self._ws_server.connections))
             self._ws_server.close(close_connections=True, code=1001, reason="server shutting down")
             await self._ws_server.wait_closed()
         self._stopped.set()
@@ -274,19 +320,39 @@ class PolicyServer:
             return _json_response(connection, HTTPStatus.OK if ok else HTTPStatus.SERVICE_UNAVAILABLE, health)
         if path == DASHBOARD_PATH or path.startswith(DASHBOARD_PATH + "/"):
             return self._dashboard_response(connection, path)
+        # Everything below is a WebSocket upgrade: a page of another site must not open it (its browser
+        # would carry the user's network position and any token in its URL).
+        origins, hosts = request.headers.get_all("Origin"), request.headers.get_all("Host")
+        refusal = "more than one Origin header" if len(origins) > 1 else self.origins.refusal(
+            origins[0] if origins else None, hosts[0] if len(hosts) == 1 else None, self.own_ports())
+        if refusal is not None:
+            logger.info("refused a handshake to %s from %s: %s", printable(path[:200]), connection.remote_address,
+                        refusal)
+            return connection.respond(HTTPStatus.FORBIDDEN, refusal + "\n")
+        sock = connection.transport.get_extra_info("socket")
+        if sock is not None:  # replies wait in the bounded outbox, not in megabytes of kernel buffer
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, SOCKET_SEND_BUFFER_BYTES)
         if self.settings.auth_tokens is not None and not is_open_path(path):
             # Before anything else (even the 404 for an unknown path): no token, no information.
             result = self.settings.auth_tokens.check(request.headers.get_all, request.path.partition("?")[2])
             if not result.ok:
-                logger.info("refused a handshake to %s from %s: %s", path, connection.remote_address, result.reason)
+                logger.info("refused a handshake to %s from %s: %s", printable(path[:200]), connection.remote_address,
+                            result.reason)
                 response = connection.respond(HTTPStatus.UNAUTHORIZED, result.reason + "\n")
                 response.headers["WWW-Authenticate"] = CHALLENGE
                 return response
         if path == OBSERVE_PATH:
             if self.stopping:
                 return connection.respond(HTTPStatus.SERVICE_UNAVAILABLE, "server is shutting down\n")
-            refusal = authorize(request)  # the observer channel's one access check
-            return connection.respond(refusal[0], refusal[1] + "\n") if refusal is not None else None
+            if len(self.observers) >= self.settings.max_observers:
+                return _limit_reached(connection, "observer", self.settings.max_observers)
+            denied = authorize(request)  # the observer channel's one access check
+            if denied is not None:
+                return connection.respond(denied[0], denied[1] + "\n")
+            # Observers send small JSON frames: the robots' frame limit would let one buffer gigabytes.
+            # (websockets reads this attribute for every frame; set before the first one is parsed.)
+            connection.protocol.max_message_size = OBSERVER_MAX_MESSAGE_BYTES
+            return None
         openpi = self.settings.openpi is not None and path in OPENPI_PATHS
         if path != REALTIME_PATH and not openpi:
             return connection.respond(HTTPStatus.NOT_FOUND, f"no endpoint at {path}; the policy endpoint is {REALTIME_PATH}\n")
@@ -297,11 +363,7 @@ class PolicyServer:
             response.headers["Retry-After"] = "1"
             return response
         if len(self.sessions) >= self.settings.max_sessions:
-            response = connection.respond(
-                HTTPStatus.SERVICE_UNAVAILABLE,
-                f"session limit reached: {self.settings.max_sessions} sessions are open; retry later\n")
-            response.headers["Retry-After"] = "5"
-            return response
+            return _limit_reached(connection, "session", self.settings.max_sessions)
         return None
 
     # -- WebSocket sessions ----------------------------------------------------------------------------
@@ -311,21 +373,32 @@ class PolicyServer:
         if path == DASHBOARD_PATH:  # relative asset URLs need the trailing slash
             response = connection.respond(HTTPStatus.MOVED_PERMANENTLY, "see /dashboard/\n")
             response.headers["Location"] = DASHBOARD_PATH + "/"
+            response.headers.update(DASHBOARD_HEADERS)
             return response
         name = path[len(DASHBOARD_PATH) + 1:]
         if name == CONFIG_NAME:
-            return _json_response(connection, HTTPStatus.OK, dashboard_config(self.port))
+            response = _json_response(connection, HTTPStatus.OK, dashboard_config(self.port))
+            response.headers.update(DASHBOARD_HEADERS)
+            return response
         asset = dashboard_asset(name)
         if asset is None:
             return connection.respond(HTTPStatus.NOT_FOUND, f"no dashboard file {name!r}\n")
         headers = Headers([("Content-Type", asset.content_type), ("Content-Length", str(len(asset.body))),
-                           ("Cache-Control", "no-cache"), ("Server", SERVER_NAME)])
+                           ("Server", SERVER_NAME), *DASHBOARD_HEADERS.items()])
         return Response(HTTPStatus.OK.value, "OK", headers, asset.body)
 
     async def _handle_connection(self, connection: ServerConnection) -> None:
         path = connection.request.path.split("?", 1)[0] if connection.request is not None else REALTIME_PATH
         if path == OBSERVE_PATH:  # an operator's dashboard: watches and steers, never a session itself
-            await ObserverSession(connection, self).run()
+            if len(self.observers) >= self.settings.max_observers:  # admitted together at the last slot
+                await connection.close(1013, f"observer limit reached ({self.settings.max_observers}); retry later")
+                return
+            observer = ObserverSession(connection, self)
+            self.observers[observer.id] = observer
+            try:
+                await observer.run()
+            finally:
+                self.observers.pop(observer.id, None)
             return
         if len(self.sessions) >= self.settings.max_sessions:
             # Handshakes that passed the check in _process_request together: the later ones go (1013).
@@ -355,6 +428,9 @@ class PolicyServer:
         rate = self.settings.observation_rate
         limits["max_observations_per_s"] = rate.rate_hz if rate.enabled else None
         limits["observation_burst"] = rate.burst if rate.enabled else None
+        connection_limits = self.settings.connection_limits
+        limits["reply_timeout_s"] = connection_limits.reply_timeout_s or None
+        limits["idle_timeout_s"] = connection_limits.idle_timeout_s or None
         return {
             "type": protocol.METADATA,
             "protocol_version": protocol.PROTOCOL_VERSION,
@@ -391,4 +467,12 @@ def _json_response(connection: ServerConnection, status: HTTPStatus, body: dict[
     response = connection.respond(status, json.dumps(body) + "\n")
     del response.headers["Content-Type"]
     response.headers["Content-Type"] = "application/json"
+    return response
+
+
+def _limit_reached(connection: ServerConnection, what: str, limit: int) -> Response:
+    """503 with Retry-After: ``limit`` connections of this kind (``session``, ``observer``) are open."""
+    response = connection.respond(HTTPStatus.SERVICE_UNAVAILABLE,
+                                  f"{what} limit reached: {limit} {what}s are open; retry later\n")
+    response.headers["Retry-After"] = "5"
     return response

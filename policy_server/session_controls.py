@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from typing import Any, Mapping
 
 from . import protocol
+from .log_hygiene import printable
 
 # Prompts from an operator are held to the same bound the model states for any prompt.
 DEFAULT_MAX_PROMPT_CHARS = 2000
@@ -85,6 +86,8 @@ def parse_control(message: Mapping[str, Any], max_prompt_chars: int = DEFAULT_MA
     reason = message.get("reason") or ""
     if not isinstance(reason, str):
         raise ControlError(ControlErrorCode.BAD_CONTROL, "`reason` must be a string", "reason")
+    # The reason reaches the log, the dashboard and the robot: a newline in it must not forge a log line.
+    reason = printable(reason)
     prompt = None
     if action is ControlAction.SET_PROMPT:
         prompt = message.get("prompt")

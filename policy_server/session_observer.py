@@ -4,9 +4,10 @@ The teleop dashboard (``policy_server/dashboard/``) connects here from a browser
 deliberately not a robot connection: it has no path to the request queue, so nothing sent on it can
 become an observation or reach the model. What it can do:
 
-* **watch**: every ``interval`` (0.25 s) the server sends a ``sessions`` frame listing the live
-  sessions, and, for the session the observer subscribed to, a ``session_detail`` frame (latest chunk,
-  latency timeline, drops, and the latest camera frame as a JPEG when it changed);
+* **watch**: every ``sessions_interval`` (1 s) the server sends a ``sessions`` frame listing the live
+  sessions, and every ``interval`` (0.25 s), for the session the observer subscribed to, a
+  ``session_detail`` frame (latest chunk, latency timeline, drops, and the latest camera frame as a JPEG
+  when it changed);
 * **steer**: a ``control`` frame pauses, resumes or stops a native session, or gives it a new prompt;
   the session tells its robot (:mod:`policy_server.session_controls`) and the observer gets
   ``control_result`` (or ``error``).
@@ -14,6 +15,15 @@ become an observation or reach the model. What it can do:
 Frames are JSON text both ways (a browser reads JSON without a library; the volume is small). Robot
 frames (``observation``, ``configure``, ``cancel``, ``reset``) are refused with ``read_only``.
 ``docs/dashboard.md`` describes every frame.
+
+What one observer may cost is bounded: observers at once (``--max-observers``, checked by the server at
+the handshake); the frames it may send (:data:`OBSERVER_MAX_MESSAGE_BYTES` each, at most
+:data:`OBSERVER_FRAME_RATE`, beyond which they are answered ``rate_limited``); what the server pushes to
+it (one ``sessions`` list per sessions interval and one ``session_detail`` per interval, none made while
+the previous one waits unsent; both built once per interval for all observers by :class:`SnapshotCache`,
+so the work does not grow with the observers; prompts cut to :data:`LIST_PROMPT_CHARS` in the list and
+:data:`DETAIL_PROMPT_CHARS` in the detail; the camera JPEG encoded once per frame); and what waits for it
+(the bounded outbox and reply timeout of every connection, :mod:`policy_server.connection_supervisor`).
 
 Access is decided in one place, :func:`authorize`, called by the server for every handshake to this
 path before anything is sent.
@@ -27,6 +37,7 @@ import logging
 import time
 import uuid
 from http import HTTPStatus
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -34,8 +45,11 @@ from websockets.asyncio.server import ServerConnection
 from websockets.exceptions import ConnectionClosed
 from websockets.http11 import Request
 
+from .connection_supervisor import close_connection
+from .outbox import OutboxFull, paced
+from .rate_limits import RateLimit
 from .session_controls import ControlError, ControlErrorCode, parse_control
-from .session_telemetry import SessionTelemetry, encode_preview
+from .session_telemetry import SessionTelemetry
 
 if TYPE_CHECKING:
     from .server import PolicyServer
@@ -44,7 +58,15 @@ logger = logging.getLogger(__name__)
 
 OBSERVE_PATH = "/v1/observe"
 OBSERVER_PROTOCOL_VERSION = 1
-DEFAULT_INTERVAL_S = 0.25
+DEFAULT_INTERVAL_S = 0.25  # session_detail of the watched session
+DEFAULT_SESSIONS_INTERVAL_S = 1.0  # the sessions list (it changes at the pace of people, not of robots)
+DEFAULT_MAX_OBSERVERS = 16
+# Observers send subscribe and control frames of a few hundred bytes, at the pace of clicks.
+OBSERVER_MAX_MESSAGE_BYTES = 64 * 1024
+OBSERVER_FRAME_RATE = RateLimit(rate_hz=20.0, burst=40)
+# A prompt is shown whole (up to the model's usual prompt bound) only to whoever watches that session.
+LIST_PROMPT_CHARS = 200
+DETAIL_PROMPT_CHARS = 2000
 # Robot frames; an observer that sends one is told the channel is read-only instead of "unknown type".
 ROBOT_FRAME_TYPES = ("observation", "configure", "cancel", "reset")
 
@@ -55,6 +77,7 @@ class ObserverErrorCode:
     BAD_FRAME = "bad_frame"  # not a JSON object in a text frame
     UNKNOWN_TYPE = "unknown_type"
     READ_ONLY = "read_only"  # a robot frame: observers cannot send observations or drive a session
+    RATE_LIMITED = "rate_limited"  # more frames a second than OBSERVER_FRAME_RATE; this one was not acted on
 
 
 def authorize(request: Request) -> tuple[HTTPStatus, str] | None:
@@ -74,33 +97,163 @@ def _rounded(value: float | None, digits: int = 2) -> float | None:
     return None if value is None else round(float(value), digits)
 
 
-class ObserverSession:
-    """One observer connection: a ticker that sends snapshots, and a reader for subscribe/control."""
+@dataclass(frozen=True)
+class Detail:
+    """A session's ``session_detail`` as UTF-8 JSON, with and without the camera frame it carries."""
 
-    def __init__(self, connection: ServerConnection, server: "PolicyServer",
-                 interval_s: float = DEFAULT_INTERVAL_S) -> None:
+    frame_key: tuple[str, int] | None  # (session, seq) of the camera frame in ``with_frame``; None: no frame
+    with_frame: bytes
+    without_frame: bytes
+
+
+class SnapshotCache:
+    """What observers are sent, built once per ``max_age_s`` and shared by all of them (UTF-8 JSON).
+
+    Observers differ only in which camera frame they already have, so each session's detail is kept with
+    and without its frame; an observer picks one. Its cost therefore does not grow with the observers.
+    """
+
+    def __init__(self, max_age_s: float) -> None:
+        self.max_age_s = max_age_s
+        self._sessions: tuple[float, bytes] | None = None
+        self._details: dict[str, tuple[float, Detail]] = {}
+
+    def sessions(self, server: "PolicyServer", now: float) -> bytes:
+        if self._sessions is None or now - self._sessions[0] >= self.max_age_s:
+            sessions = [session_summary(server, s, LIST_PROMPT_CHARS) for s in list(server.sessions.values())]
+            frame = {"type": "sessions", "t": time.time(), "sessions": sessions}
+            self._sessions = (now, json.dumps(frame, allow_nan=False).encode())
+            live = set(server.sessions)  # forget the details of sessions that have gone
+            for session_id in [k for k in self._details if k not in live]:
+                del self._details[session_id]
+        return self._sessions[1]
+
+    def detail(self, server: "PolicyServer", session: Any, now: float) -> Detail:
+        cached = self._details.get(session.id)
+        if cached is None or now - cached[0] >= self.max_age_s:
+            cached = (now, session_detail(server, session))
+            self._details[session.id] = cached
+        return cached[1]
+
+
+def session_detail(server: "PolicyServer", session: Any) -> Detail:
+    """``session``'s detail: summary (prompt up to DETAIL_PROMPT_CHARS), latest chunk, latencies, drops, and
+    its latest camera frame as a JPEG."""
+    telemetry: SessionTelemetry | None = getattr(session, "telemetry", None)
+    detail: dict[str, Any] = {"type": "session_detail", "session_id": session.id, "t": time.time(),
+                              "summary": session_summary(server, session, DETAIL_PROMPT_CHARS),
+                              "chunk": None, "latency": [], "dropped": [], "frame": None}
+    frame = telemetry.latest_frame if telemetry is not None else None
+    if telemetry is not None:
+        if telemetry.latest_actions is not None:
+            actions = np.asarray(telemetry.latest_actions, dtype=np.float64)
+            detail["chunk"] = {"seq": telemetry.latest_actions_seq, "horizon": int(actions.shape[0]),
+                               "dim": int(actions.shape[1]),
+                               "actions": np.nan_to_num(actions).round(5).tolist()}
+        detail["latency"] = [{"t": round(c.t, 3), "seq": c.seq, "total_ms": round(c.total_ms, 2),
+                              "queue_ms": round(c.queue_ms, 2), "model_ms": round(c.model_ms, 2)}
+                             for c in telemetry.chunks]
+        detail["dropped"] = [{"t": round(d.t, 3), "seq": d.seq, "reason": d.reason} for d in telemetry.drops]
+    without_frame = json.dumps(detail, allow_nan=False).encode()
+    if frame is None:
+        return Detail(None, without_frame, without_frame)
+    jpeg, width, height = telemetry.preview(frame)
+    detail["frame"] = {"seq": frame.seq, "t": round(frame.t, 3), "width": width, "height": height,
+                       "jpeg_base64": jpeg}
+    return Detail((session.id, frame.seq), json.dumps(detail, allow_nan=False).encode(), without_frame)
+
+
+def _cut(text: str | None, limit: int) -> tuple[str | None, bool]:
+    if text is None or len(text) <= limit:
+        return text, False
+    return text[:limit], True
+
+
+def session_summary(server: "PolicyServer", session: Any, prompt_chars: int) -> dict[str, Any]:
+    """One session as observers see it; the prompt cut to ``prompt_chars`` (``prompt_truncated`` says so)."""
+    telemetry: SessionTelemetry | None = getattr(session, "telemetry", None)
+    config = session.config.resolved(server.description) if getattr(session, "config", None) else {}
+    state = getattr(session, "state", None)
+    remote = session.connection.remote_address
+    prompt, truncated = _cut(config.get("prompt"), prompt_chars)
+    summary = {
+        "session_id": session.id,
+        "protocol": "native" if telemetry is not None else "openpi",
+        "controllable": hasattr(session, "apply_control"),
+        "remote": f"{remote[0]}:{remote[1]}" if remote else None,
+        "state": state.value if state is not None else "running",
+        "state_reason": getattr(session, "state_reason", ""),
+        "domain_name": config.get("domain_name"),
+        "action_mode": config.get("action_mode"),
+        "action_horizon": config.get("action_horizon"),
+        "prompt": prompt,
+        "prompt_truncated": truncated,
+        "control_hz": config.get("control_hz"),
+        "answered": session.answered,
+        "dropped": session.dropped,
+    }
+    if telemetry is not None:
+        last = telemetry.chunks[-1] if telemetry.chunks else None
+        summary.update(
+            opened_at=telemetry.opened_at,
+            observation_hz=_rounded(telemetry.observation_hz()),
+            chunk_latency_ms=_rounded(last.total_ms if last else None),
+            latency_p50_ms=_rounded(telemetry.latency_ms(0.5)),
+            latency_p99_ms=_rounded(telemetry.latency_ms(0.99)),
+            observations=telemetry.observations,
+            errors=telemetry.errors,
+        )
+    return summary
+
+
+class ObserverSession:
+    """One observer connection: a ticker that makes snapshots, a reader for subscribe/control, and a
+    sender that drains the bounded outbox both write to."""
+
+    def __init__(self, connection: ServerConnection, server: "PolicyServer", interval_s: float = DEFAULT_INTERVAL_S,
+                 sessions_interval_s: float = DEFAULT_SESSIONS_INTERVAL_S) -> None:
         self.id = "observer-" + uuid.uuid4().hex[:8]
         self.connection = connection
         self.server = server
         self.interval_s = interval_s
+        self.sessions_interval_s = sessions_interval_s
         self.subscribed: str | None = None
+        self.outbox = server.settings.connection_limits.outbox()
+        self.rate = server.settings.observer_frame_rate.bucket()
         self._frame_sent: tuple[str, int] | None = None  # (session, seq) of the camera frame last sent
-        self._send_lock = asyncio.Lock()
+        self._wake = asyncio.Event()
 
     async def run(self) -> None:
         ticker = asyncio.create_task(self._tick_loop(), name=f"{self.id}-ticker")
+        sender = asyncio.create_task(self._send_loop(), name=f"{self.id}-sender")
         try:
-            await self._send(self._hello())
-            async for message in self.connection:
-                await self._handle(message)
+            self._send(self._hello())
+            async for message in paced(self.connection, self.outbox):
+                self._handle(message)
         except ConnectionClosed:
             pass
         finally:
             ticker.cancel()
+            self.outbox.close()
+            sender.cancel()
+            await asyncio.gather(ticker, sender, return_exceptions=True)
 
-    async def _send(self, frame: dict[str, Any]) -> None:
-        async with self._send_lock:  # the ticker and the reader both send; one frame at a time
-            await self.connection.send(json.dumps(frame, allow_nan=False))
+    def _send(self, frame: dict[str, Any] | bytes, latest: str | None = None) -> None:
+        """Queue a frame (a dict, or JSON already encoded to UTF-8, sent as a text frame as-is)."""
+        data = frame if isinstance(frame, bytes) else json.dumps(frame, allow_nan=False).encode()
+        try:
+            self.outbox.put(data, len(data), latest=latest)
+        except OutboxFull as full:
+            self.server.supervisor.overflowed(self, full)
+
+    async def _send_loop(self) -> None:
+        try:
+            await self.outbox.pump(self._send_text)
+        except ConnectionClosed:
+            pass
+
+    async def _send_text(self, data: bytes) -> None:
+        await self.connection.send(data, text=True)  # UTF-8 JSON shared between observers: no re-encoding
 
     def _hello(self) -> dict[str, Any]:
         d = self.server.description
@@ -111,13 +264,18 @@ class ObserverSession:
             "model": d.get("model"),
             "variant": d.get("variant"),
             "interval_s": self.interval_s,
+            "sessions_interval_s": self.sessions_interval_s,
             "controls": ["pause", "resume", "stop", "set_prompt"],
         }
 
     # -- frames from the observer ----------------------------------------------------------------
 
-    async def _handle(self, message: str | bytes) -> None:
+    def _handle(self, message: str | bytes) -> None:
         try:
+            if not self.rate.take():
+                raise ControlError(ObserverErrorCode.RATE_LIMITED,
+                                   f"more than {self.rate.rate_hz:g} frames a second on this observer "
+                                   f"(burst {self.rate.burst:g}); this one was not acted on")
             if not isinstance(message, str):
                 raise ControlError(ObserverErrorCode.BAD_FRAME, "the observer channel speaks JSON text frames")
             try:
@@ -128,9 +286,9 @@ class ObserverSession:
                 raise ControlError(ObserverErrorCode.BAD_FRAME, "a frame must be a JSON object")
             kind = frame.get("type")
             if kind == "subscribe":
-                await self._on_subscribe(frame)
+                self._on_subscribe(frame)
             elif kind == "control":
-                await self._on_control(frame)
+                self._on_control(frame)
             elif kind in ROBOT_FRAME_TYPES:
                 raise ControlError(
                     ObserverErrorCode.READ_ONLY,
@@ -140,24 +298,23 @@ class ObserverSession:
                 )
             else:
                 raise ControlError(ObserverErrorCode.UNKNOWN_TYPE,
-                                   f"unknown frame type {kind!r}; expected `subscribe` or `control`", "type")
+                                   f"unknown frame type {repr(kind)[:80]}; expected `subscribe` or `control`", "type")
         except ControlError as exc:
-            await self._send({"type": "error", "code": exc.code, "message": exc.message, "field": exc.field})
+            self._send({"type": "error", "code": exc.code, "message": exc.message, "field": exc.field})
 
-    async def _on_subscribe(self, frame: dict[str, Any]) -> None:
+    def _on_subscribe(self, frame: dict[str, Any]) -> None:
         session_id = frame.get("session_id")
         if session_id is not None and not isinstance(session_id, str):
             raise ControlError(ControlErrorCode.BAD_CONTROL, "`session_id` must be a string or null", "session_id")
         self.subscribed, self._frame_sent = session_id, None
-        await self._send({"type": "subscribed", "session_id": session_id})
-        if session_id is not None and session_id in self.server.sessions:
-            await self._send(self._detail(self.server.sessions[session_id]))  # no need to wait for the tick
+        self._send({"type": "subscribed", "session_id": session_id})
+        self._wake.set()  # the detail comes at the next allowed moment, not one per subscribe
 
-    async def _on_control(self, frame: dict[str, Any]) -> None:
+    def _on_control(self, frame: dict[str, Any]) -> None:
         control = parse_control(frame, int(self.server.description.get("limits", {}).get("max_prompt_chars", 2000)))
         session = self.server.sessions.get(control.session_id)
         if session is None:
-            raise ControlError(ControlErrorCode.UNKNOWN_SESSION, f"no live session {control.session_id!r}",
+            raise ControlError(ControlErrorCode.UNKNOWN_SESSION, f"no live session {control.session_id[:64]!r}",
                                "session_id")
         if not hasattr(session, "apply_control"):
             raise ControlError(ControlErrorCode.NOT_CONTROLLABLE,
@@ -166,82 +323,46 @@ class ObserverSession:
         state = session.apply_control(control)
         logger.info("%s: %s on session %s (%s)", self.id, control.action.value, control.session_id,
                     control.reason or "no reason given")
-        await self._send({"type": "control_result", "session_id": control.session_id,
-                          "action": control.action.value, "state": state.value})
+        self._send({"type": "control_result", "session_id": control.session_id,
+                    "action": control.action.value, "state": state.value})
 
     # -- snapshots to the observer ---------------------------------------------------------------
 
     async def _tick_loop(self) -> None:
+        """At most one ``sessions`` list per sessions interval and one detail per interval; a snapshot is
+        not made while the previous one of its kind still waits unsent (the observer is behind)."""
+        last_list = last_detail = -float("inf")
         try:
             while True:
-                await self._send(self._sessions())
+                now = time.monotonic()
+                if now - last_list >= self.sessions_interval_s:
+                    last_list = now
+                    if not self.outbox.waiting("sessions"):
+                        self._send(self.server.observer_snapshots.sessions(self.server, now), latest="sessions")
                 session = self.server.sessions.get(self.subscribed) if self.subscribed else None
+                if session is not None and now - last_detail >= self.interval_s:
+                    last_detail = now
+                    if not self.outbox.waiting("detail"):
+                        self._send_detail(session, now)
+                due = last_list + self.sessions_interval_s
                 if session is not None:
-                    await self._send(self._detail(session))
-                await asyncio.sleep(self.interval_s)
-        except ConnectionClosed:
-            pass
+                    due = min(due, last_detail + self.interval_s)
+                self._wake.clear()
+                try:
+                    await asyncio.wait_for(self._wake.wait(), timeout=max(0.0, due - time.monotonic()))
+                except asyncio.TimeoutError:
+                    pass
         except Exception:  # noqa: BLE001 - a bug here must not go unnoticed, nor take the server down
             logger.exception("%s: snapshot failed; closing the observer", self.id)
-            await self.connection.close(1011, "observer snapshot failed")
+            self.outbox.close()
+            await close_connection(self.connection, 1011, "observer snapshot failed",
+                                   self.server.settings.connection_limits.close_grace_s)
 
-    def _sessions(self) -> dict[str, Any]:
-        return {"type": "sessions", "t": time.time(),
-                "sessions": [self._summary(s) for s in list(self.server.sessions.values())]}
-
-    def _summary(self, session: Any) -> dict[str, Any]:
-        telemetry: SessionTelemetry | None = getattr(session, "telemetry", None)
-        config = session.config.resolved(self.server.description) if getattr(session, "config", None) else {}
-        state = getattr(session, "state", None)
-        remote = session.connection.remote_address
-        summary = {
-            "session_id": session.id,
-            "protocol": "native" if telemetry is not None else "openpi",
-            "controllable": hasattr(session, "apply_control"),
-            "remote": f"{remote[0]}:{remote[1]}" if remote else None,
-            "state": state.value if state is not None else "running",
-            "state_reason": getattr(session, "state_reason", ""),
-            "domain_name": config.get("domain_name"),
-            "action_mode": config.get("action_mode"),
-            "action_horizon": config.get("action_horizon"),
-            "prompt": config.get("prompt"),
-            "control_hz": config.get("control_hz"),
-            "answered": session.answered,
-            "dropped": session.dropped,
-        }
-        if telemetry is not None:
-            last = telemetry.chunks[-1] if telemetry.chunks else None
-            summary.update(
-                opened_at=telemetry.opened_at,
-                observation_hz=_rounded(telemetry.observation_hz()),
-                chunk_latency_ms=_rounded(last.total_ms if last else None),
-                latency_p50_ms=_rounded(telemetry.latency_ms(0.5)),
-                latency_p99_ms=_rounded(telemetry.latency_ms(0.99)),
-                observations=telemetry.observations,
-                errors=telemetry.errors,
-            )
-        return summary
-
-    def _detail(self, session: Any) -> dict[str, Any]:
-        telemetry: SessionTelemetry | None = getattr(session, "telemetry", None)
-        detail: dict[str, Any] = {"type": "session_detail", "session_id": session.id, "t": time.time(),
-                                  "summary": self._summary(session), "chunk": None, "latency": [], "dropped": [],
-                                  "frame": None}
-        if telemetry is None:
-            return detail
-        if telemetry.latest_actions is not None:
-            actions = np.asarray(telemetry.latest_actions, dtype=np.float64)
-            detail["chunk"] = {"seq": telemetry.latest_actions_seq, "horizon": int(actions.shape[0]),
-                               "dim": int(actions.shape[1]),
-                               "actions": np.nan_to_num(actions).round(5).tolist()}
-        detail["latency"] = [{"t": round(c.t, 3), "seq": c.seq, "total_ms": round(c.total_ms, 2),
-                              "queue_ms": round(c.queue_ms, 2), "model_ms": round(c.model_ms, 2)}
-                             for c in telemetry.chunks]
-        detail["dropped"] = [{"t": round(d.t, 3), "seq": d.seq, "reason": d.reason} for d in telemetry.drops]
-        frame = telemetry.latest_frame
-        if frame is not None and self._frame_sent != (session.id, frame.seq):
-            jpeg, width, height = encode_preview(frame.image)
-            detail["frame"] = {"seq": frame.seq, "t": round(frame.t, 3), "width": width, "height": height,
-                               "jpeg_base64": jpeg}
-            self._frame_sent = (session.id, frame.seq)
-        return detail
+    def _send_detail(self, session: Any, now: float) -> None:
+        """The shared detail, with the camera frame only if this observer does not have it yet."""
+        detail = self.server.observer_snapshots.detail(self.server, session, now)
+        if detail.frame_key is not None and detail.frame_key != self._frame_sent:
+            self._send(detail.with_frame, latest="detail")
+            self._frame_sent = detail.frame_key
+        else:
+            self._send(detail.without_frame, latest="detail")

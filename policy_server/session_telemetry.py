@@ -4,7 +4,7 @@ Each :class:`~policy_server.realtime_session.RealtimeSession` owns a :class:`Ses
 records into it as frames come and go. Recording is O(1) and copies nothing (the latest camera frame is
 kept by reference, one per session), because it runs on the event loop for every observation whether or
 not anybody watches. The expensive part, turning the frame into a JPEG, happens only when an observer
-asks for it (:func:`encode_preview`), at the observer's pace.
+asks for it (:meth:`SessionTelemetry.preview`), once per camera frame however many observers watch.
 
 All times here are wall-clock seconds (``time.time()``): they are shown to people and plotted against
 each other in a browser, not used for scheduling.
@@ -71,6 +71,7 @@ class SessionTelemetry:
         self.dropped = 0
         self.errors = 0
         self._arrivals: deque[float] = deque(maxlen=RATE_WINDOW)
+        self._preview: tuple[CameraFrame, tuple[str, int, int]] | None = None  # (frame, encode_preview's result)
 
     # -- recording (from the session) ------------------------------------------------------------
 
@@ -98,6 +99,12 @@ class SessionTelemetry:
         self.errors += 1
 
     # -- reading (for observers) -----------------------------------------------------------------
+
+    def preview(self, frame: CameraFrame) -> tuple[str, int, int]:
+        """``encode_preview`` of ``frame``, encoded once and shared by every observer of this session."""
+        if self._preview is None or self._preview[0] is not frame:
+            self._preview = (frame, encode_preview(frame.image))
+        return self._preview[1]
 
     def observation_hz(self, now: float | None = None) -> float | None:
         """Observations per second over the recent window; None with fewer than two, or when idle 2 s."""

@@ -118,6 +118,9 @@ def page():
         page.set_default_timeout(20_000)
         errors: list[str] = []
         page.on("pageerror", lambda exc: errors.append(str(exc)))
+        # The page runs under the server's Content-Security-Policy: anything it refuses is a bug of the page.
+        page.on("console", lambda message: errors.append(message.text)
+                if "Content Security Policy" in message.text else None)
         page.on("dialog", lambda dialog: dialog.accept())  # "Stop session ...?" -> yes
         yield page
         browser.close()
@@ -132,8 +135,10 @@ def test_the_dashboard_watches_a_live_robot_and_pause_reaches_it(server, page, t
     robot = Robot(server.url)
     try:
         eventually(lambda: robot.chunker.stats.chunks >= 2, timeout=60)
-        page.goto(f"http://127.0.0.1:{server.server.sidecar.port}/dashboard")  # redirected to /dashboard/
+        response = page.goto(f"http://127.0.0.1:{server.server.sidecar.port}/dashboard")  # redirected to /dashboard/
         assert page.url.endswith("/dashboard/")
+        assert "script-src 'self'" in response.headers["content-security-policy"]
+        assert response.headers["x-frame-options"] == "DENY"
         page.wait_for_selector("body[data-connection='open']")
 
         row = page.locator(f"tr[data-session-id='{robot.session_id}']")

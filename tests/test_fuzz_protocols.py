@@ -127,7 +127,7 @@ class Channel:
 @pytest.fixture(scope="module")
 def fuzz_server():
     with ServerThread(tiny_engine_loader("distilled"), warmup=False, max_message_bytes=MAX_MESSAGE_BYTES,
-                      observation_rate=RateLimit(0)) as server:
+                      observation_rate=RateLimit(0), observer_frame_rate=RateLimit(0)) as server:
         server.native = Channel(server, "/v1/actions/realtime")
         server.openpi = Channel(server, "/openpi")
         server.observer = Channel(server, "/v1/observe")

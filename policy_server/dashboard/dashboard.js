@@ -4,7 +4,7 @@
 import { drawChunk, drawLatency } from "./plots.js";
 
 const $ = (id) => document.getElementById(id);
-const state = { ws: null, selected: null, sessions: new Map(), chunkSeq: null, frameSeq: null };
+const state = { ws: null, selected: null, sessions: new Map(), chunkSeq: null, frameSeq: null, promptWhole: false };
 
 // -- connection --------------------------------------------------------------------------------
 
@@ -118,7 +118,9 @@ function select(sessionId) {
   const summary = state.sessions.get(sessionId);
   $("detail").hidden = false;
   $("detail-id").textContent = sessionId;
+  // The sessions list cuts long prompts; the selected session's detail brings the whole one.
   $("prompt").value = summary?.prompt ?? "";
+  state.promptWhole = !summary?.prompt_truncated;
   $("camera").removeAttribute("src");
   $("camera-caption").textContent = "no frame yet";
   status("");
@@ -131,6 +133,10 @@ function renderDetail(detail) {
   $("detail-state").replaceWith(stateBadge(s.state, "detail-state"));
   $("detail").dataset.state = s.state;
   $("detail-reason").textContent = s.state_reason ? `(${s.state_reason})` : "";
+  if (!state.promptWhole && document.activeElement !== $("prompt")) {
+    $("prompt").value = s.prompt ?? "";
+    state.promptWhole = true;
+  }
   $("detail-config").textContent =
     `${s.protocol} · ${s.remote ?? ""} · horizon ${s.action_horizon ?? "—"} · prompt “${s.prompt ?? ""}”`;
   setControlsEnabled(s.controllable && s.state !== "stopped");
