@@ -33,9 +33,9 @@ from .connection_supervisor import (
 from .session_observer import DEFAULT_MAX_OBSERVERS
 from .openpi_observation import CameraMapping, CameraMappingError
 from .rate_limits import DEFAULT_BURST, DEFAULT_MAX_OBSERVATION_HZ, RateLimit
-from .watchdog import DEFAULT_ENGINE_TIMEOUT_S
+from .engine.watchdog import DEFAULT_ENGINE_TIMEOUT_S
 from .openpi_session import OpenpiSettings
-from .engine_worker import DEFAULT_VIDEO_STEP_INTERVAL_S
+from .engine.worker import DEFAULT_VIDEO_STEP_INTERVAL_S
 from .http_turns import DEFAULT_MAX_IN_FLIGHT
 from .connection_limits import (DEFAULT_HANDSHAKE_TIMEOUT_S, DEFAULT_MAX_PENDING_HANDSHAKES,
                                 DEFAULT_MAX_PENDING_HANDSHAKES_PER_PEER)

@@ -63,7 +63,7 @@ from .http_schemas import (
 )
 from .metrics import PROMETHEUS_CONTENT_TYPE, ServerMetrics, ServerStateReaders
 from .protocol import DropReason, ErrorCode
-from .request_queue import PendingObservation, QueueClosed
+from .engine.request_queue import PendingObservation, QueueClosed
 from .session_config import settings_used
 from .video_encoding import MP4_MEDIA_TYPE
 from .video_job_runner import VideoJobRunner

@@ -6,7 +6,7 @@ answer), so if each request were a session of its own, one client with 16 reques
 16 places in the ring for every robot's one. Instead:
 
 * **One turn per client.** Every request of one client waits for that client's turn
-  (:attr:`~policy_server.request_queue.PendingObservation.turn`): the client as a whole gets one engine
+  (:attr:`~policy_server.engine.request_queue.PendingObservation.turn`): the client as a whole gets one engine
   slot per round of the ring, like one robot, and its own requests go oldest first.
 * **A bounded number in flight per client.** At most ``max_per_client`` requests of one client are
   admitted at once (being read, decoded, waiting or running); one more is refused at once with 429

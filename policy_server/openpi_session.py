@@ -40,12 +40,12 @@ from websockets.exceptions import ConnectionClosed
 
 from robot_clients.wire_codec import WireFormatError, packb, unpackb
 
-from .engine_worker import EngineOutcome
+from .engine.worker import EngineOutcome
 from .log_hygiene import printable
 from .outbox import OutboxFull, paced
 from .openpi_observation import CameraMapping, detect_convention, parse_openpi_observation
 from .protocol import DropReason, ErrorCode, ObservationFrame, ProtocolError
-from .request_queue import PendingObservation, QueueClosed
+from .engine.request_queue import PendingObservation, QueueClosed
 from .session_config import SessionConfig, merge_session_config, observation_request
 
 if TYPE_CHECKING:

@@ -14,7 +14,7 @@ its deployment handle addresses exactly that replica. Serve still does what we w
 on any node of the cluster, health checks, and replacing a replica that died. Plain Ray actors would give
 pinning too, but then replacing, health checking and deploying onto a cluster would be ours to write.
 
-**Dispatch.** Each replica's dispatcher is an :class:`~policy_server.engine_worker.EngineWorker` (the
+**Dispatch.** Each replica's dispatcher is an :class:`~policy_server.engine.worker.EngineWorker` (the
 local worker, unchanged: latest observation wins, fair turns, batching, deadlines, background lane)
 whose "engine" is :class:`RemoteEngine`, a proxy that calls the replica through its handle. One call at
 a time per replica, like the local engine.
@@ -44,11 +44,11 @@ import ray
 from ray import serve
 from ray.exceptions import ActorUnavailableError, RayActorError, RayTaskError
 
-from .engine_worker import BackgroundShare, BatchPolicy, EngineOutcome, EngineWorker, WorkerState
+from .engine.worker import BackgroundShare, BatchPolicy, EngineOutcome, EngineWorker, WorkerState
 from .protocol import DropReason
 from .ray_replica import Cosmos3Replica, EngineSpec
 from .replica_router import ReplicaRouter
-from .request_queue import BackgroundTask, PendingObservation, QueueClosed, RequestQueue
+from .engine.request_queue import BackgroundTask, PendingObservation, QueueClosed, RequestQueue
 
 if TYPE_CHECKING:
     from .server import PolicyServer
@@ -187,7 +187,7 @@ _COUNTERS = ("completed", "failed", "dropped_deadline", "batches", "batched_item
 
 
 class RayBackend:
-    """:class:`~policy_server.engine_backend.EngineBackend` over N Ray Serve replicas."""
+    """:class:`~policy_server.engine.backend.EngineBackend` over N Ray Serve replicas."""
 
     def __init__(self, settings: RayBackendSettings, spec: EngineSpec, server: "PolicyServer",
                  router: ReplicaRouter, loop: asyncio.AbstractEventLoop, batching: BatchPolicy,

@@ -55,7 +55,7 @@ class Cosmos3Replica:
         import policy_server  # noqa: F401  (OMP_WAIT_POLICY=PASSIVE before torch loads in this process)
         import ray
 
-        from .cpu_threads import configure_worker_threads
+        from .engine.cpu_threads import configure_worker_threads
 
         self.thread_settings = configure_worker_threads(spec.torch_threads)
         self.engine = spec.load()

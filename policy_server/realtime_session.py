@@ -3,7 +3,7 @@
 A :class:`RealtimeSession` lives as long as its WebSocket. It sends ``metadata``, then reads frames in a
 loop: each is decoded with the shared wire codec, parsed by :mod:`policy_server.protocol`, and either
 answered at once (``configure``, ``cancel``, ``reset``, errors) or turned into a
-:class:`~policy_server.request_queue.PendingObservation` and put in the server's request queue. The
+:class:`~policy_server.engine.request_queue.PendingObservation` and put in the server's request queue. The
 engine worker calls back (on the event loop) with ``on_result`` / ``on_dropped``; replies go through a
 bounded :class:`~policy_server.outbox.Outbox` that one sender task drains, so the reader never waits for a
 slow client's socket and replies leave in the order they were made.
@@ -37,10 +37,10 @@ from robot_clients.wire_codec import WireFormatError, packb, unpackb
 
 from . import protocol
 from .connection_supervisor import close_connection
-from .engine_worker import EngineOutcome
+from .engine.worker import EngineOutcome
 from .outbox import OutboxFull, paced
 from .protocol import DropReason, ErrorCode, ProtocolError
-from .request_queue import PendingObservation, QueueClosed
+from .engine.request_queue import PendingObservation, QueueClosed
 from .session_config import SessionConfig, merge_session_config, observation_request, settings_used
 from .session_controls import (
     ControlAction, ControlError, ControlErrorCode, OperatorControl, SessionState, session_state_frame,

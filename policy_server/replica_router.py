@@ -1,7 +1,7 @@
 """The request queue of a multi-replica backend: each session pinned to one replica, failover on loss.
 
 :class:`ReplicaRouter` has the interface sessions and the HTTP sidecar already use on
-:class:`~policy_server.request_queue.RequestQueue` (``put``, ``put_background``, ``cancel``, ``close``,
+:class:`~policy_server.engine.request_queue.RequestQueue` (``put``, ``put_background``, ``cancel``, ``close``,
 ``len``), so the front end does not know replicas exist. Behind it is one ``RequestQueue`` per replica
 (latest observation wins, fair turns and batching stay exactly as they are, per replica) and a map
 session -> replica:
@@ -26,7 +26,7 @@ import threading
 from dataclasses import dataclass, field
 from typing import Any, Callable, Collection, Hashable
 
-from .request_queue import BackgroundTask, PendingObservation, QueueClosed, RequestQueue
+from .engine.request_queue import BackgroundTask, PendingObservation, QueueClosed, RequestQueue
 
 
 class NoReplicaAvailable(QueueClosed):

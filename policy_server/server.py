@@ -33,16 +33,16 @@ from .connection_supervisor import (
     MAX_QUEUED_FRAMES, SOCKET_SEND_BUFFER_BYTES, WRITE_LIMIT_BYTES, SessionLimits, ConnectionSupervisor,
     close_connection,
 )
-from .engine_backend import BackendFactory, EngineBackend
-from .engine_worker import (DEFAULT_VIDEO_STEP_INTERVAL_S, ActionEngine, BackgroundShare, BatchPolicy, EngineWorker,
+from .engine.backend import BackendFactory, EngineBackend
+from .engine.worker import (DEFAULT_VIDEO_STEP_INTERVAL_S, ActionEngine, BackgroundShare, BatchPolicy, EngineWorker,
                             WorkerState)
 from .log_hygiene import printable
 from .openpi_session import OPENPI_PATHS, OpenpiSession, OpenpiSettings
 from .protocol import DropReason, FrameLimits
 from .rate_limits import RateLimit
-from .watchdog import DEFAULT_ENGINE_TIMEOUT_S, EngineWatchdog
+from .engine.watchdog import DEFAULT_ENGINE_TIMEOUT_S, EngineWatchdog
 from .realtime_session import RealtimeSession
-from .request_queue import RequestQueue
+from .engine.request_queue import RequestQueue
 from .dashboard_assets import CONFIG_NAME, DASHBOARD_HEADERS, DASHBOARD_PATH, dashboard_asset, dashboard_config
 from .session_observer import (
     DEFAULT_INTERVAL_S, DEFAULT_MAX_OBSERVERS, OBSERVE_PATH, OBSERVER_FRAME_RATE, OBSERVER_MAX_MESSAGE_BYTES,
@@ -102,7 +102,7 @@ class ServerSettings:
     # Observations per second per session (token bucket); beyond it an observation is answered `rate_limited`.
     observation_rate: RateLimit = field(default_factory=RateLimit)
     # An engine call running longer than this fails its requests (`engine_timeout`) and the engine is
-    # reloaded on a new worker thread (policy_server.watchdog); 0 turns the watchdog off.
+    # reloaded on a new worker thread (policy_server.engine.watchdog); 0 turns the watchdog off.
     engine_timeout_s: float = DEFAULT_ENGINE_TIMEOUT_S
     # While robots wait, a video rollout still gets one denoising step this often (BackgroundShare); 0: never.
     video_step_interval_s: float = DEFAULT_VIDEO_STEP_INTERVAL_S
@@ -120,7 +120,7 @@ class PolicyServer:
     """Serves one engine to many WebSocket sessions. Use as ``async with PolicyServer(...) as s:``.
 
     The engine runs on the local worker thread (``load_engine`` is called there), or, given ``backend``
-    (a :class:`~policy_server.engine_backend.BackendFactory`, e.g. the Ray backend's), wherever that
+    (a :class:`~policy_server.engine.backend.BackendFactory`, e.g. the Ray backend's), wherever that
     backend runs it; the backend then also supplies the queue.
     """
 

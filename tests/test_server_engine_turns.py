@@ -15,8 +15,8 @@ import numpy as np
 import pytest
 
 from cosmos3_runtime.requests import ActionRequest, VideoRequest
-from policy_server.engine_worker import BackgroundShare, EngineWorker
-from policy_server.request_queue import PendingObservation, RequestQueue
+from policy_server.engine.worker import BackgroundShare, EngineWorker
+from policy_server.engine.request_queue import PendingObservation, RequestQueue
 from policy_server.video_job_runner import VideoRolloutTask
 
 pytestmark = pytest.mark.timeout(180)

@@ -8,7 +8,7 @@ import time
 import numpy as np
 
 from cosmos3_runtime.requests import ActionRequest
-from policy_server.request_queue import PendingObservation, QueueClosed, RequestQueue
+from policy_server.engine.request_queue import PendingObservation, QueueClosed, RequestQueue
 
 
 class _Task:
@@ -83,7 +83,7 @@ async def test_a_robot_is_served_between_the_steps_of_a_running_video(tiny_engin
     import asyncio
 
     from cosmos3_runtime.requests import VideoRequest
-    from policy_server.engine_worker import EngineWorker
+    from policy_server.engine.worker import EngineWorker
     from policy_server.video_job_runner import VideoRolloutTask
 
     loop = asyncio.get_running_loop()

@@ -10,12 +10,12 @@ gets ``on_result(item, outcome)`` or ``on_dropped(item, reason)`` on the loop's 
 to touch sockets. A session that has gone away simply ignores the outcome: a client vanishing
 mid-inference costs that one inference and nothing else.
 
-Background tasks (the HTTP sidecar's video rollouts, :class:`~policy_server.request_queue.BackgroundTask`)
+Background tasks (the HTTP sidecar's video rollouts, :class:`~policy_server.engine.request_queue.BackgroundTask`)
 run when no observation waits, and otherwise get a bounded share of the engine (:class:`BackgroundShare`):
 one step at least every interval, so a video finishes under any robot load while a robot waits at most
 one extra step per interval.
 
-A hung engine call (:mod:`policy_server.watchdog` notices it from ``call_started_at``) is handled by
+A hung engine call (:mod:`policy_server.engine.watchdog` notices it from ``call_started_at``) is handled by
 :meth:`EngineWorker.abandon_hung_call`: the requests of that call are failed with ``engine_timeout``,
 the worker reports ``restarting`` and a new thread loads a fresh engine. Python cannot kill a thread:
 the stuck one is abandoned (it keeps its engine's memory until its call returns, if ever) and
@@ -38,7 +38,7 @@ from cosmos3_runtime.errors import RuntimeErrorBase
 from cosmos3_runtime.requests import ActionChunk, ActionRequest
 
 from .cpu_threads import configure_worker_threads
-from .protocol import DropReason, ErrorCode, engine_error_code
+from ..protocol import DropReason, ErrorCode, engine_error_code
 from .request_queue import BackgroundTask, PendingObservation, RequestQueue
 
 logger = logging.getLogger(__name__)

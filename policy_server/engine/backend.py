@@ -4,7 +4,7 @@
 queue (sessions put observations in it, the HTTP sidecar puts video jobs in its background lane) and an
 :class:`EngineBackend` that takes work from that queue and runs it. Two implementations exist:
 
-* :class:`~policy_server.engine_worker.EngineWorker`: one thread in this process owning one engine
+* :class:`~policy_server.engine.worker.EngineWorker`: one thread in this process owning one engine
   (the default, ``cosmos3-serve --backend local``);
 * :class:`~policy_server.ray_backend.RayBackend`: engine replicas deployed on Ray Serve, one per GPU,
   with sessions pinned to a replica (``--backend ray``). Ray is imported only by that module, so the
@@ -20,9 +20,9 @@ import asyncio
 from typing import TYPE_CHECKING, Any, Callable, Protocol
 
 if TYPE_CHECKING:
-    from .engine_worker import EngineOutcome, WorkerState
+    from .worker import EngineOutcome, WorkerState
     from .request_queue import PendingObservation, RequestQueue
-    from .server import PolicyServer
+    from ..server import PolicyServer
 
 
 class EngineBackend(Protocol):
