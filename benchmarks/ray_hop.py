@@ -89,7 +89,7 @@ def main() -> None:
         import ray
         from ray import serve
 
-        from policy_server.ray_backend import EngineSpec, RayBackendFactory, RayBackendSettings
+        from policy_server.ray.backend import EngineSpec, RayBackendFactory, RayBackendSettings
 
         ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
         serve.start(proxy_location="Disabled")

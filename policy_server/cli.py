@@ -278,7 +278,7 @@ def _engine_loader(args: argparse.Namespace, workdir: Path):
 def _ray_backend(args: argparse.Namespace, workdir: Path):
     """The Ray backend's factory (imports Ray, so only for --backend ray). A --tiny checkpoint is built
     here, once, and its path handed to the replicas: fine for a local instance, not for remote nodes."""
-    from .ray_backend import EngineSpec, RayBackendFactory, RayBackendSettings
+    from .ray.backend import EngineSpec, RayBackendFactory, RayBackendSettings
 
     source = args.model
     if args.tiny:

@@ -40,7 +40,7 @@ class RayServerThread(ServerThread):
     """A test server whose engine runs on Ray Serve replicas instead of the local worker thread."""
 
     def __init__(self, replicas: int, **settings) -> None:
-        from policy_server.ray_backend import EngineSpec, RayBackendFactory, RayBackendSettings
+        from policy_server.ray.backend import EngineSpec, RayBackendFactory, RayBackendSettings
 
         super().__init__(None, **settings)
         spec = EngineSpec(source=str(tiny_checkpoint("distilled")), device="cpu", dtype="float32", torch_threads=1,

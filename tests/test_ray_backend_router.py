@@ -10,7 +10,7 @@ import time
 
 import pytest
 
-from policy_server.replica_router import NoReplicaAvailable, ReplicaRouter
+from policy_server.ray.router import NoReplicaAvailable, ReplicaRouter
 from policy_server.engine.request_queue import PendingObservation, QueueClosed
 
 

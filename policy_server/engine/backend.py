@@ -6,7 +6,7 @@ queue (sessions put observations in it, the HTTP sidecar puts video jobs in its 
 
 * :class:`~policy_server.engine.worker.EngineWorker`: one thread in this process owning one engine
   (the default, ``cosmos3-serve --backend local``);
-* :class:`~policy_server.ray_backend.RayBackend`: engine replicas deployed on Ray Serve, one per GPU,
+* :class:`~policy_server.ray.backend.RayBackend`: engine replicas deployed on Ray Serve, one per GPU,
   with sessions pinned to a replica (``--backend ray``). Ray is imported only by that module, so the
   local path never pays for it.
 
@@ -82,7 +82,7 @@ class QueueLike(Protocol):
 
 
 class BackendFactory(Protocol):
-    """Makes a non-local backend and the queue it serves (see :class:`~policy_server.ray_backend.RayBackendFactory`)."""
+    """Makes a non-local backend and the queue it serves (see :class:`~policy_server.ray.backend.RayBackendFactory`)."""
 
     def make_queue(self) -> QueueLike: ...
 

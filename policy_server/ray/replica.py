@@ -1,6 +1,6 @@
 """One engine replica as a Ray Serve deployment: the Cosmos3 engine, loaded and warmed up in a Ray actor.
 
-Imported only by :mod:`policy_server.ray_backend` (it imports Ray). The front end calls the replica's
+Imported only by :mod:`policy_server.ray.backend` (it imports Ray). The front end calls the replica's
 methods through a Serve deployment handle: ``describe``, ``predict_actions``, ``predict_actions_batch``
 and ``rollout_video`` are the engine's own API, so the replica adds no protocol of its own. Requests and
 results travel as the runtime's dataclasses (numpy arrays inside), pickled by Ray; typed runtime errors
@@ -43,7 +43,7 @@ class EngineSpec:
 
 
 @serve.deployment(
-    num_replicas=1,  # one application per replica, so that sessions can be pinned to it (see ray_backend)
+    num_replicas=1,  # one application per replica, so that sessions can be pinned to it (see policy_server.ray.backend)
     # The dispatcher sends one call at a time; a second can only be a describe() or a health probe.
     max_ongoing_requests=4,
     health_check_period_s=HEALTH_CHECK_PERIOD_S,
@@ -55,7 +55,7 @@ class Cosmos3Replica:
         import policy_server  # noqa: F401  (OMP_WAIT_POLICY=PASSIVE before torch loads in this process)
         import ray
 
-        from .engine.cpu_threads import configure_worker_threads
+        from ..engine.cpu_threads import configure_worker_threads
 
         self.thread_settings = configure_worker_threads(spec.torch_threads)
         self.engine = spec.load()

@@ -26,7 +26,7 @@ import threading
 from dataclasses import dataclass, field
 from typing import Any, Callable, Collection, Hashable
 
-from .engine.request_queue import BackgroundTask, PendingObservation, QueueClosed, RequestQueue
+from ..engine.request_queue import BackgroundTask, PendingObservation, QueueClosed, RequestQueue
 
 
 class NoReplicaAvailable(QueueClosed):

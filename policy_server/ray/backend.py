@@ -2,14 +2,14 @@
 
 ``cosmos3-serve --backend ray --replicas N [--ray-address ADDR]``. The WebSocket front end, the
 protocols and the clients are unchanged: sessions put observations in the server's queue as always;
-here that queue is a :class:`~policy_server.replica_router.ReplicaRouter` (one queue per replica, a map
+here that queue is a :class:`~policy_server.ray.router.ReplicaRouter` (one queue per replica, a map
 session -> replica) and every replica has a dispatcher that takes its sessions' work and calls it.
 
 **Why one Serve application per replica.** Serve's own router spreads requests over a deployment's
 replicas (power of two choices); a robot session must instead stay on one replica for its lifetime, since
 its text prefix cache, its seed stream and its real-time chunking state live in that engine. So each
 replica is its own application (``cosmos3-replica-0``, ``-1``, ...) running one
-:class:`~policy_server.ray_replica.Cosmos3Replica` with ``num_gpus=1`` (0 on CPU-only clusters), and
+:class:`~policy_server.ray.replica.Cosmos3Replica` with ``num_gpus=1`` (0 on CPU-only clusters), and
 its deployment handle addresses exactly that replica. Serve still does what we want from it: placement
 on any node of the cluster, health checks, and replacing a replica that died. Plain Ray actors would give
 pinning too, but then replacing, health checking and deploying onto a cluster would be ours to write.
@@ -28,7 +28,7 @@ frame (``replica_moved``), waiting and running video jobs are queued again on ot
 is only recorded by the runner once a replica returns its frames, and the job store stays the source
 of truth across restarts). Serve starts a replacement; once it is up the replica takes new sessions.
 
-Ray is imported here only (and in :mod:`policy_server.ray_replica`); the local backend never loads it.
+Ray is imported here only (and in :mod:`policy_server.ray.replica`); the local backend never loads it.
 """
 
 from __future__ import annotations
@@ -44,14 +44,14 @@ import ray
 from ray import serve
 from ray.exceptions import ActorUnavailableError, RayActorError, RayTaskError
 
-from .engine.worker import BackgroundShare, BatchPolicy, EngineOutcome, EngineWorker, WorkerState
-from .protocol import DropReason
-from .ray_replica import Cosmos3Replica, EngineSpec
-from .replica_router import ReplicaRouter
-from .engine.request_queue import BackgroundTask, PendingObservation, QueueClosed, RequestQueue
+from ..engine.worker import BackgroundShare, BatchPolicy, EngineOutcome, EngineWorker, WorkerState
+from ..protocol import DropReason
+from .replica import Cosmos3Replica, EngineSpec
+from .router import ReplicaRouter
+from ..engine.request_queue import BackgroundTask, PendingObservation, QueueClosed, RequestQueue
 
 if TYPE_CHECKING:
-    from .server import PolicyServer
+    from ..server import PolicyServer
 
 logger = logging.getLogger(__name__)
 
