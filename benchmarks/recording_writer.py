@@ -148,7 +148,7 @@ def run_realtime(root: Path, pools, seconds: float, hz: float = 30.0) -> dict:
 def run_encoder(root: Path, pool: list[np.ndarray], fps: int = 10) -> dict:
     import imageio_ffmpeg
 
-    from policy_server.video_encoding import encode_mp4
+    from policy_server.videos.encoding import encode_mp4
 
     frames = np.stack([pool[i % POOL] for i in range(32)])
     results = {}

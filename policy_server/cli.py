@@ -44,7 +44,7 @@ from .http_connections import (DEFAULT_BODY_TIMEOUT_S, DEFAULT_HEADER_TIMEOUT_S,
                                DEFAULT_MAX_CONNECTIONS_PER_PEER, ConnectionLimits)
 from .http_sidecar import DEFAULT_MAX_BODY_BYTES, DEFAULT_MAX_BUFFERED_BODY_BYTES, SidecarSettings
 from .server import DEFAULT_MAX_MESSAGE_BYTES, PolicyServer, ServerSettings
-from .video_jobs import RetentionPolicy
+from .videos.jobs import RetentionPolicy
 
 logger = logging.getLogger("policy_server")
 

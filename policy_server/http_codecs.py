@@ -45,7 +45,7 @@ from robot_clients.wire_codec import WireFormatError, WireLimitError, unpackb
 
 from .http_errors import ApiError, HttpErrorCode
 from .protocol import ErrorCode
-from .video_encoding import VideoEncodingError, read_video_bytes
+from .videos.encoding import VideoEncodingError, read_video_bytes
 
 JSON_TYPE = "application/json"
 MSGPACK_TYPES = ("application/msgpack", "application/x-msgpack", "application/vnd.msgpack")

@@ -25,7 +25,7 @@ from .http_errors import ApiError
 from .http_schemas import SEED_LIMIT, ActionGenerationParams, VideoCreateParams, normalized_mode
 from .protocol import ErrorCode, ObservationFrame, ProtocolError
 from .session_config import check_schedule, merge_session_config
-from .video_jobs import VideoJobInputs
+from .videos.jobs import VideoJobInputs
 
 VIDEOS_PATH = "/v1/videos"
 ACTION_GENERATIONS_PATH = "/v1/actions/generations"

@@ -3,7 +3,7 @@
 Routes (``docs/http_api.md`` is the user-facing description; ``/openapi.json`` the schema):
 
 * ``/v1/videos`` - ``forward_dynamics`` rollouts as persistent asynchronous jobs
-  (:mod:`policy_server.video_jobs`, run by :mod:`policy_server.video_job_runner`);
+  (:mod:`policy_server.videos.job_store`, run by :mod:`policy_server.videos.runner`);
 * ``POST /v1/actions/generations`` - one chunk of actions per request, for clients without a WebSocket;
 * ``GET /v1/actions/metadata`` - what the loaded checkpoint offers, from the engine's ``describe()``;
 * ``/healthz`` (alive), ``/readyz`` (model loaded and warm), ``/metrics`` (Prometheus).
@@ -65,9 +65,10 @@ from .metrics import PROMETHEUS_CONTENT_TYPE, ServerMetrics, ServerStateReaders
 from .protocol import DropReason, ErrorCode
 from .engine.request_queue import PendingObservation, QueueClosed
 from .session_config import settings_used
-from .video_encoding import MP4_MEDIA_TYPE
-from .video_job_runner import VideoJobRunner
-from .video_jobs import JobNotFound, RetentionPolicy, StorageFull, VideoJob, VideoJobStatus, VideoJobStore
+from .videos.encoding import MP4_MEDIA_TYPE
+from .videos.runner import VideoJobRunner
+from .videos.job_store import VideoJobStore
+from .videos.jobs import JobNotFound, RetentionPolicy, StorageFull, VideoJob, VideoJobStatus
 
 if TYPE_CHECKING:
     from .server import PolicyServer

@@ -18,7 +18,7 @@ import pytest
 from policy_server.recording import InvalidRecordingName, RecordingStore
 from policy_server.recording.reader import RecordedEpisode
 from policy_server.recording.video_segments import join_segments
-from policy_server.video_encoding import VideoEncodingError, encode_mp4, read_mp4
+from policy_server.videos.encoding import VideoEncodingError, encode_mp4, read_mp4
 from recording_fixtures import (
     CONFIG, HORIZON, MODEL, TIMING, assert_frames_match, chunk, frame, leftovers, only_recording, record_traffic,
     recorders,  # noqa: F401 - fixture

@@ -17,7 +17,7 @@ import pytest
 from cosmos3_runtime.requests import ActionRequest, VideoRequest
 from policy_server.engine.worker import BackgroundShare, EngineWorker
 from policy_server.engine.request_queue import PendingObservation, RequestQueue
-from policy_server.video_job_runner import VideoRolloutTask
+from policy_server.videos.runner import VideoRolloutTask
 
 pytestmark = pytest.mark.timeout(180)
 

@@ -248,7 +248,7 @@ def test_every_video_form_reaches_inverse_dynamics(distilled, form):
 
 
 def test_a_video_upload_in_the_form_reaches_inverse_dynamics(distilled, tmp_path):
-    from policy_server.video_encoding import encode_mp4
+    from policy_server.videos.encoding import encode_mp4
 
     encode_mp4(np.stack([IMAGE] * 5), 5.0, tmp_path / "clip.mp4")
     upload = Upload((tmp_path / "clip.mp4").read_bytes(), "video/mp4")

@@ -10,7 +10,7 @@ import pytest
 from server_fixtures import DOMAIN
 from sidecar_fixtures import ACTION_DIM, SidecarServer, engine_loader, error_of, png_b64, png_bytes, rgb
 
-from policy_server.video_encoding import encode_mp4
+from policy_server.videos.encoding import encode_mp4
 from robot_clients.wire_codec import packb, unpackb
 
 pytestmark = pytest.mark.timeout(120)

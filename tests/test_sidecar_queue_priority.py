@@ -84,7 +84,7 @@ async def test_a_robot_is_served_between_the_steps_of_a_running_video(tiny_engin
 
     from cosmos3_runtime.requests import VideoRequest
     from policy_server.engine.worker import EngineWorker
-    from policy_server.video_job_runner import VideoRolloutTask
+    from policy_server.videos.runner import VideoRolloutTask
 
     loop = asyncio.get_running_loop()
     engine = tiny_engine("base")

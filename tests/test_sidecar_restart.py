@@ -13,7 +13,7 @@ import pytest
 from server_fixtures import ServerProcess
 from sidecar_fixtures import video_body, wait_for_job
 
-from policy_server.video_encoding import read_mp4
+from policy_server.videos.encoding import read_mp4
 
 pytestmark = pytest.mark.timeout(180)
 

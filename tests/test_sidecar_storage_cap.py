@@ -20,7 +20,7 @@ from server_fixtures import DOMAIN, tiny_checkpoint
 from sidecar_fixtures import SidecarServer, actions, error_of
 from test_faults_disk_full import GatedVideoEngine
 
-from policy_server.video_jobs import RetentionPolicy
+from policy_server.videos.jobs import RetentionPolicy
 
 pytestmark = pytest.mark.timeout(180)
 

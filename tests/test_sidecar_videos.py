@@ -21,7 +21,7 @@ from sidecar_fixtures import (
     wait_for_job,
 )
 
-from policy_server.video_encoding import read_mp4
+from policy_server.videos.encoding import read_mp4
 from robot_clients.wire_codec import packb, unpackb
 
 pytestmark = pytest.mark.timeout(120)

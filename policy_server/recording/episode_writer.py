@@ -2,7 +2,7 @@
 
 An observation becomes a row when it arrives; the row waits in memory until the session reports its
 outcome (a chunk, a drop or an error: every observation gets exactly one), then goes to disk with the
-rows around it as one *segment*: one MP4 per camera (:func:`~policy_server.video_encoding.encode_mp4`),
+rows around it as one *segment*: one MP4 per camera (:func:`~policy_server.videos.encoding.encode_mp4`),
 the rows as Parquet, and ``segment.json`` last, which commits the segment. So a crash loses at most the
 rows not yet flushed, and what was flushed stays readable (:mod:`.assembly` builds the dataset from the
 committed segments, at the episode's end or at the next start).
@@ -32,7 +32,7 @@ import numpy as np
 import pyarrow as pa
 
 from ..camera_composition import side_by_side
-from ..video_encoding import encode_mp4
+from ..videos.encoding import encode_mp4
 from . import durable_files
 from .dataset_stats import channel_histograms
 from .episode_files import (

@@ -32,7 +32,7 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from ..video_encoding import VideoEncodingError
+from ..videos.encoding import VideoEncodingError
 from .assembly import assemble
 from .durable_files import is_out_of_space
 from .episode_writer import EpisodeWriter, UnrecordableObservation

@@ -1,7 +1,7 @@
 """An episode's camera as MP4 segments, joined into the one MP4 per camera LeRobot expects.
 
 While recording, each flush encodes the frames it holds into one segment with
-:func:`policy_server.video_encoding.encode_mp4` (H.264, yuv420p, written atomically): memory stays
+:func:`policy_server.videos.encoding.encode_mp4` (H.264, yuv420p, written atomically): memory stays
 bounded by one segment, and a crash loses at most the segment being written. When the episode ends, the
 segments are joined with ffmpeg's concat demuxer, copying the compressed stream (no re-encoding: every
 segment has the same size, frame rate and codec settings). Each segment restarts its timestamps at 0 and
@@ -24,7 +24,7 @@ import shutil
 import subprocess
 from pathlib import Path
 
-from ..video_encoding import VideoEncodingError, check_mp4_structure
+from ..videos.encoding import VideoEncodingError, check_mp4_structure
 from . import durable_files
 
 

@@ -6,25 +6,9 @@ and fsynced into a folder named after the job id, then its row is committed with
 nothing: on the next start :meth:`VideoJobStore.recover` puts every job that was running back in the
 queue, and queued jobs simply wait their turn.
 
-Layout under the data directory::
-
-    video_jobs.sqlite3           the job table (WAL mode)
-    videos/<job id>/input_reference.png   the first frame as uploaded (.png, .jpg or .webp), or, sent
-                                          as pixels, encoded as a lossless PNG (older stores: .npy)
-    videos/<job id>/action.npy            T×D float32
-    videos/<job id>/video.mp4             once completed (written atomically by video_encoding)
-
-Inputs are kept compact (a 58 KB PNG of a 4096² frame stays 58 KB, not 48 MiB of raw pixels) and only
-while the job may still run: they are deleted when it finishes.
-
-Job states::
-
-    queued ──claim──► in_progress ──► completed
-       ▲                  │     └───► failed     (the model refused or failed the request)
-       └──── recover ─────┘                       (the server died while it ran)
-
-A job that was interrupted :data:`MAX_ATTEMPTS` times fails with ``interrupted`` instead of running
-again, so one job that kills the process (out of memory, say) cannot crash-loop the server.
+The table is ``video_jobs.sqlite3`` (WAL mode) in the data directory; each job's files are a folder
+of ``videos/`` (:mod:`.job_files`), kept only while the job may still run: its inputs are deleted when
+it finishes. Job states and attempts: :mod:`.jobs`.
 
 Retention (:class:`RetentionPolicy`): finished jobs (completed or failed) are deleted, row and files,
 once older than ``max_age_s``, and the oldest finished ones go first whenever the store (inputs of jobs
@@ -33,131 +17,30 @@ running jobs are never deleted by retention: a submission whose inputs would not
 finished job made room is refused (:class:`StorageFull`), as is one the disk itself has no room for.
 ``max_queued`` bounds how many may wait.
 
-Paths are built from job ids only, and only ids that match :data:`JOB_ID_PATTERN` are accepted, so no
-client input can name a path. The store is thread-safe (one connection behind a lock); the sidecar calls
+The store is thread-safe (one connection behind a lock); the sidecar calls
 it through ``asyncio.to_thread`` so disk waits never stall the event loop.
 """
 
 from __future__ import annotations
 
-import enum
-import errno
-import io
 import json
 import logging
-import os
-import re
 import shutil
 import sqlite3
 import threading
 import time
-import uuid
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import numpy as np
+from .job_files import (FREE_SPACE_MARGIN_BYTES, JOB_ID_PATTERN, JOBS_DIRNAME, VIDEO_FILE, has_inputs, input_files,
+                        new_job_id, read_inputs, remove_inputs, stored_input_bytes, write_folder)
+from .jobs import (FINISHED, MAX_ATTEMPTS, JobNotFound, RetentionPolicy, StorageFull, VideoJob, VideoJobInputs,
+                   VideoJobStatus, disk_full)
 
 logger = logging.getLogger(__name__)
 
-JOB_ID_PREFIX = "video_"
-JOB_ID_PATTERN = re.compile(r"^video_[0-9a-f]{32}$")
 DATABASE_NAME = "video_jobs.sqlite3"
-JOBS_DIRNAME = "videos"
-IMAGE_STEM = "input_reference"
-# The first frame's file, by what it holds: an upload kept as received, or pixels encoded losslessly.
-IMAGE_SUFFIXES = (".png", ".jpg", ".webp", ".npy")  # .npy: raw arrays, as stores before schema 2 kept them
-ACTION_FILE = "action.npy"
-VIDEO_FILE = "video.mp4"
-# A job interrupted this many times (the server died while running it) fails instead of running again.
-MAX_ATTEMPTS = 3
 SCHEMA_VERSION = 2  # 2: input_bytes
-# Free space a submission must leave on the data directory's disk beyond its own files (SQLite's log).
-FREE_SPACE_MARGIN_BYTES = 1 << 20
-
-
-class VideoJobStatus(str, enum.Enum):
-    QUEUED = "queued"
-    IN_PROGRESS = "in_progress"
-    COMPLETED = "completed"
-    FAILED = "failed"
-
-
-FINISHED = (VideoJobStatus.COMPLETED, VideoJobStatus.FAILED)
-
-
-@dataclass(frozen=True)
-class RetentionPolicy:
-    """How long finished jobs are kept and how much disk their results may take."""
-
-    max_age_s: float = 24 * 3600.0
-    max_bytes: int = 2 * 2**30  # inputs of jobs still to run plus finished results
-    max_queued: int = 100
-
-
-@dataclass
-class VideoJob:
-    """One row of the job table. ``params`` are the request's scalar settings, as resolved at submission."""
-
-    id: str
-    status: VideoJobStatus
-    created_at: float
-    params: dict[str, Any]
-    progress: int = 0
-    started_at: float | None = None
-    completed_at: float | None = None
-    attempts: int = 0
-    error_code: str | None = None
-    error_message: str | None = None
-    error_field: str | None = None
-    result_bytes: int = 0
-    result_frames: int = 0
-    width: int | None = None
-    height: int | None = None
-    timing: dict[str, float] = field(default_factory=dict)
-    input_bytes: int = 0  # the stored inputs' size while the job may still run (0 once finished)
-
-
-@dataclass
-class VideoJobInputs:
-    """The arrays a job needs besides its params (kept in files, not in the table). ``encoded_image`` is
-    the first frame as the client sent it (PNG, JPEG or WebP bytes), stored instead of the pixels."""
-
-    image: np.ndarray
-    action: np.ndarray
-    encoded_image: bytes | None = None
-
-
-class JobNotFound(KeyError):
-    """No job with that id (or the id is not one this store could have made)."""
-
-
-class StorageFull(Exception):
-    """A job or its result could not be stored: the data directory's disk is full (``cap`` False), or the
-    store has reached its own size limit, ``RetentionPolicy.max_bytes`` (``cap`` True)."""
-
-    def __init__(self, message: str, *, cap: bool = False) -> None:
-        super().__init__(message)
-        self.message = message
-        self.cap = cap
-
-
-def disk_full(exc: BaseException) -> bool:
-    """Whether a failed write was the disk's fault: ENOSPC/EDQUOT anywhere in the exception's chain, or
-    SQLite's "database or disk is full" (it reports no errno)."""
-    seen: BaseException | None = exc
-    while seen is not None:
-        if isinstance(seen, StorageFull):
-            return True
-        if isinstance(seen, OSError) and seen.errno in (errno.ENOSPC, errno.EDQUOT):
-            return True
-        if isinstance(seen, sqlite3.Error) and "full" in str(seen):
-            return True
-        if "No space left on device" in str(seen):
-            return True
-        seen = seen.__cause__ or seen.__context__
-    return False
-
 
 
 _SCHEMA = """
@@ -186,65 +69,6 @@ _MIGRATIONS = {  # from schema version N to N + 1
     1: "ALTER TABLE video_jobs ADD COLUMN input_bytes INTEGER NOT NULL DEFAULT 0",
 }
 
-
-def new_job_id() -> str:
-    return JOB_ID_PREFIX + uuid.uuid4().hex
-
-
-def _fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def _write_durably(path: Path, data: bytes) -> None:
-    """Write ``data`` and fsync it; a full disk raises OSError(ENOSPC) here (numpy's writer hid it)."""
-    with open(path, "wb") as handle:
-        handle.write(data)
-        handle.flush()
-        os.fsync(handle.fileno())
-
-
-def _npy_bytes(array: np.ndarray) -> bytes:
-    buffer = io.BytesIO()
-    np.save(buffer, array, allow_pickle=False)
-    return buffer.getvalue()
-
-
-def _image_file(inputs: VideoJobInputs) -> tuple[str, bytes]:
-    """The first frame's file name and bytes: the upload as received, or the pixels as a lossless PNG."""
-    data = inputs.encoded_image
-    if data is not None:
-        if data.startswith(b"\x89PNG\r\n\x1a\n"):
-            return IMAGE_STEM + ".png", data
-        if data.startswith(b"\xff\xd8\xff"):
-            return IMAGE_STEM + ".jpg", data
-        if data[:4] == b"RIFF" and data[8:12] == b"WEBP":
-            return IMAGE_STEM + ".webp", data
-    from PIL import Image
-
-    buffer = io.BytesIO()
-    # compress_level 1: a few times faster than the default and most of its gain on camera frames.
-    Image.fromarray(np.ascontiguousarray(inputs.image, dtype=np.uint8)).save(buffer, "PNG", compress_level=1)
-    return IMAGE_STEM + ".png", buffer.getvalue()
-
-
-def _read_image(path: Path) -> np.ndarray:
-    if path.suffix == ".npy":
-        return np.load(path, allow_pickle=False)
-    from PIL import Image
-
-    with Image.open(path) as image:
-        return np.ascontiguousarray(np.asarray(image.convert("RGB"), dtype=np.uint8))
-
-
-def _stored_image(folder: Path) -> Path | None:
-    for suffix in IMAGE_SUFFIXES:
-        if (folder / (IMAGE_STEM + suffix)).is_file():
-            return folder / (IMAGE_STEM + suffix)
-    return None
 
 
 class VideoJobStore:
@@ -285,10 +109,7 @@ class VideoJobStore:
             rows = self._db.execute("SELECT id FROM video_jobs WHERE status IN (?, ?)",
                                     (VideoJobStatus.QUEUED.value, VideoJobStatus.IN_PROGRESS.value)).fetchall()
         for row in rows:
-            folder = self.jobs_dir / row["id"]
-            size = sum(path.stat().st_size for path in (_stored_image(folder), folder / ACTION_FILE)
-                       if path is not None and path.is_file())
-            self._update(row["id"], input_bytes=size)
+            self._update(row["id"], input_bytes=stored_input_bytes(self.jobs_dir / row["id"]))
 
     def close(self) -> None:
         with self._lock:
@@ -334,9 +155,8 @@ class VideoJobStore:
         jobs, oldest first, made what room they can) or on the disk. Nothing is left behind then.
         """
         job = VideoJob(id=new_job_id(), status=VideoJobStatus.QUEUED, created_at=time.time(), params=params)
-        image_name, image_data = _image_file(inputs)
-        action_data = _npy_bytes(np.ascontiguousarray(inputs.action, dtype=np.float32))
-        job.input_bytes = len(image_data) + len(action_data)
+        files = input_files(inputs)
+        job.input_bytes = sum(len(data) for data in files.values())
         final = self.job_dir(job.id)
         staging = self.jobs_dir / f".staging-{job.id}"
         with self._create_lock:  # the room check and the insert, together
@@ -349,12 +169,7 @@ class VideoJobStore:
                 raise StorageFull(f"the data directory's disk has {free} bytes free; this job's inputs need "
                                   f"{job.input_bytes} and the job table some room to grow")
             try:
-                staging.mkdir()
-                _write_durably(staging / image_name, image_data)
-                _write_durably(staging / ACTION_FILE, action_data)
-                _fsync_dir(staging)
-                os.replace(staging, final)
-                _fsync_dir(self.jobs_dir)
+                write_folder(staging, final, files)
                 with self._lock:
                     self._db.execute(
                         "INSERT INTO video_jobs (id, status, created_at, params, input_bytes) VALUES (?, ?, ?, ?, ?)",
@@ -423,17 +238,11 @@ class VideoJobStore:
         return counts
 
     def load_inputs(self, job_id: str) -> VideoJobInputs:
-        folder = self.job_dir(job_id)
-        image = _stored_image(folder)
-        if image is None:
-            raise FileNotFoundError(f"{folder}: no {IMAGE_STEM} file")
-        return VideoJobInputs(image=_read_image(image), action=np.load(folder / ACTION_FILE, allow_pickle=False))
+        return read_inputs(self.job_dir(job_id))
 
     def _drop_inputs(self, job_id: str) -> None:
         """A finished job never runs again: its inputs go (and stop counting against the limit)."""
-        folder = self.job_dir(job_id)
-        for name in [IMAGE_STEM + suffix for suffix in IMAGE_SUFFIXES] + [ACTION_FILE]:
-            (folder / name).unlink(missing_ok=True)
+        remove_inputs(self.job_dir(job_id))
 
     def claim_next(self) -> VideoJob | None:
         """Mark the oldest queued job ``in_progress`` and return it (None if nothing waits).
@@ -527,9 +336,7 @@ class VideoJobStore:
         failed = strays = 0
         for job_id, status in known.items():
             folder = self.jobs_dir / job_id
-            if status == VideoJobStatus.QUEUED.value and not (
-                _stored_image(folder) is not None and (folder / ACTION_FILE).is_file()
-            ):
+            if status == VideoJobStatus.QUEUED.value and not has_inputs(folder):
                 self.fail(job_id, "inputs_lost", "this job's input files are missing from the data directory")
                 failed += 1
         for entry in self.jobs_dir.iterdir():

@@ -1,7 +1,7 @@
 """Runs stored video jobs through the engine worker, one at a time, behind the robots' observations.
 
 :class:`VideoJobRunner` is a task on the event loop. It claims the oldest queued job in the
-:class:`~policy_server.video_jobs.VideoJobStore`, hands it to the engine worker as a
+:class:`~policy_server.videos.job_store.VideoJobStore`, hands it to the engine worker as a
 :class:`VideoRolloutTask` in the request queue's background lane (which the worker serves while no
 observation waits, and under robot load one step per ``--video-step-interval-s``: see
 :class:`~policy_server.engine.worker.BackgroundShare`), and when the frames come back encodes the MP4
@@ -40,11 +40,12 @@ import numpy as np
 from cosmos3_runtime.errors import RuntimeErrorBase
 from cosmos3_runtime.requests import VideoRequest
 
-from .metrics import ServerMetrics
-from .protocol import ErrorCode, engine_error_code
-from .engine.request_queue import QueueClosed, RequestQueue
-from .video_encoding import VideoEncodingError, encode_mp4
-from .video_jobs import JobNotFound, VideoJob, VideoJobStore, disk_full
+from ..metrics import ServerMetrics
+from ..protocol import ErrorCode, engine_error_code
+from ..engine.request_queue import QueueClosed, RequestQueue
+from .encoding import VideoEncodingError, encode_mp4
+from .job_store import VideoJobStore
+from .jobs import JobNotFound, VideoJob, disk_full
 
 logger = logging.getLogger(__name__)
 
