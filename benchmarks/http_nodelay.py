@@ -41,8 +41,8 @@ import numpy as np  # noqa: E402
 
 from server_fixtures import DOMAIN, ServerThread, tiny_engine_loader  # noqa: E402
 
-from policy_server.http_connections import ConnectionLimits  # noqa: E402
-from policy_server.http_sidecar import SidecarSettings  # noqa: E402
+from policy_server.http.connections import ConnectionLimits  # noqa: E402
+from policy_server.http.sidecar import SidecarSettings  # noqa: E402
 
 
 def _png_b64(size: int) -> str:

@@ -32,7 +32,7 @@ import websockets.sync.client as ws_client
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 from server_fixtures import DOMAIN, ServerThread, tiny_engine_loader  # noqa: E402
 
-from policy_server.http_sidecar import SidecarSettings  # noqa: E402
+from policy_server.http.sidecar import SidecarSettings  # noqa: E402
 from robot_clients.wire_codec import packb, unpackb  # noqa: E402
 
 

@@ -201,7 +201,7 @@ class BearerAuthMiddleware:
 
         result = self.tokens.check(get_header, scope.get("query_string", b"").decode("latin-1"))
         if result.ok:
-            scope[TOKEN_ID_SCOPE_KEY] = result.token_id  # who this is, for per-client turns (http_turns)
+            scope[TOKEN_ID_SCOPE_KEY] = result.token_id  # who this is, for per-client turns (http.turns)
             await self.app(scope, receive, send)
             return
         if self.on_refused is not None:

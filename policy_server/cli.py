@@ -36,13 +36,13 @@ from .rate_limits import DEFAULT_BURST, DEFAULT_MAX_OBSERVATION_HZ, RateLimit
 from .engine.watchdog import DEFAULT_ENGINE_TIMEOUT_S
 from .openpi_session import OpenpiSettings
 from .engine.worker import DEFAULT_VIDEO_STEP_INTERVAL_S
-from .http_turns import DEFAULT_MAX_IN_FLIGHT
+from .http.turns import DEFAULT_MAX_IN_FLIGHT
 from .connection_limits import (DEFAULT_HANDSHAKE_TIMEOUT_S, DEFAULT_MAX_PENDING_HANDSHAKES,
                                 DEFAULT_MAX_PENDING_HANDSHAKES_PER_PEER)
-from .http_codecs import DEFAULT_MAX_DECODED_BYTES, DEFAULT_MAX_JSON_VALUES
-from .http_connections import (DEFAULT_BODY_TIMEOUT_S, DEFAULT_HEADER_TIMEOUT_S, DEFAULT_MAX_CONNECTIONS,
+from .http.codecs import DEFAULT_MAX_DECODED_BYTES, DEFAULT_MAX_JSON_VALUES
+from .http.connections import (DEFAULT_BODY_TIMEOUT_S, DEFAULT_HEADER_TIMEOUT_S, DEFAULT_MAX_CONNECTIONS,
                                DEFAULT_MAX_CONNECTIONS_PER_PEER, ConnectionLimits)
-from .http_sidecar import DEFAULT_MAX_BODY_BYTES, DEFAULT_MAX_BUFFERED_BODY_BYTES, SidecarSettings
+from .http.sidecar import DEFAULT_MAX_BODY_BYTES, DEFAULT_MAX_BUFFERED_BODY_BYTES, SidecarSettings
 from .server import DEFAULT_MAX_MESSAGE_BYTES, PolicyServer, ServerSettings
 from .videos.jobs import RetentionPolicy
 

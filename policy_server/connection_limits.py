@@ -5,7 +5,7 @@ token is read. Without a bound, one client opening connections and never finishi
 slowloris) exhausts the process's descriptors, and then nobody can connect: not the robots, not
 ``/healthz``. :class:`PeerCounter` is the bound, shared by the two ports' guards:
 
-* the HTTP sidecar counts every connection it holds (:mod:`policy_server.http_connections`);
+* the HTTP sidecar counts every connection it holds (:mod:`policy_server.http.connections`);
 * the WebSocket port counts connections whose handshake request has not arrived yet
   (:func:`handshake_limited_connection`); sessions, once open, are bounded by ``max_sessions``.
 

@@ -43,14 +43,14 @@ from .rate_limits import RateLimit
 from .engine.watchdog import DEFAULT_ENGINE_TIMEOUT_S, EngineWatchdog
 from .realtime_session import RealtimeSession
 from .engine.request_queue import RequestQueue
-from .dashboard_assets import CONFIG_NAME, DASHBOARD_HEADERS, DASHBOARD_PATH, dashboard_asset, dashboard_config
+from .http.dashboard import CONFIG_NAME, DASHBOARD_HEADERS, DASHBOARD_PATH, dashboard_asset, dashboard_config
 from .session_observer import (
     DEFAULT_INTERVAL_S, DEFAULT_MAX_OBSERVERS, OBSERVE_PATH, OBSERVER_FRAME_RATE, OBSERVER_MAX_MESSAGE_BYTES,
     ObserverSession, SnapshotCache, authorize,
 )
 
 if TYPE_CHECKING:
-    from .http_sidecar import HttpSidecar, SidecarSettings
+    from .http.sidecar import HttpSidecar, SidecarSettings
 
 logger = logging.getLogger(__name__)
 
@@ -191,7 +191,7 @@ class PolicyServer:
         if self.settings.http is not None:
             # Imported here so a WebSocket-only server never loads FastAPI. Started before the worker so
             # that a taken HTTP port fails the start before any model loading begins.
-            from .http_sidecar import HttpSidecar
+            from .http.sidecar import HttpSidecar
 
             self.sidecar = HttpSidecar(self, self.settings.http)
             await self.sidecar.start(self.worker.wait_ready())

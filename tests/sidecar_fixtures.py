@@ -21,7 +21,7 @@ import numpy as np
 
 from server_fixtures import DOMAIN, ServerThread, tiny_checkpoint
 
-from policy_server.http_sidecar import SidecarSettings
+from policy_server.http.sidecar import SidecarSettings
 from policy_server.videos.jobs import RetentionPolicy
 
 ACTION_DIM = 10  # raw_action_dim of DOMAIN in the tiny checkpoints

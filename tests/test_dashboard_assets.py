@@ -8,8 +8,8 @@ import urllib.request
 
 import pytest
 
-from policy_server.dashboard_assets import DASHBOARD_DIR
-from policy_server.http_sidecar import SidecarSettings
+from policy_server.http.dashboard import DASHBOARD_DIR
+from policy_server.http.sidecar import SidecarSettings
 from server_fixtures import ServerThread, http_get, tiny_engine_loader
 
 

@@ -19,7 +19,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from policy_server.http_sidecar import SidecarSettings
+from policy_server.http.sidecar import SidecarSettings
 from robot_clients import PolicyClient
 from robot_clients.action_chunker import ActionChunker, ChunkerConfig
 from robot_clients.chunk_policy import RemoteChunkPolicy

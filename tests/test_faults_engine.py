@@ -31,7 +31,7 @@ from websockets.exceptions import InvalidStatus
 from robot_clients.wire_codec import packb, unpackb
 from server_fixtures import DOMAIN, ServerThread, http_get, rgb_image, tiny_checkpoint
 
-from policy_server.http_sidecar import SidecarSettings
+from policy_server.http.sidecar import SidecarSettings
 
 ENGINE_TIMEOUT_S = 1.0
 

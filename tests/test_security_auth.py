@@ -34,7 +34,7 @@ from server_fixtures import DOMAIN, ServerThread, rgb_image, tiny_engine_loader
 
 from policy_server.auth import TokenConfigError, TokenSet
 from policy_server.cli import _ssl_context, build_parser
-from policy_server.http_sidecar import SidecarSettings
+from policy_server.http.sidecar import SidecarSettings
 
 TOKEN = "tok-A_3f9c1d2e7b"
 FILE_TOKEN = "tok-B_from-the-file"

@@ -23,7 +23,7 @@ from websockets.asyncio.client import connect
 from websockets.exceptions import InvalidStatus
 
 from policy_server.auth import OriginConfigError, OriginPolicy
-from policy_server.http_sidecar import SidecarSettings
+from policy_server.http.sidecar import SidecarSettings
 from robot_clients.wire_codec import unpackb
 from server_fixtures import ServerThread, tiny_engine_loader
 

@@ -1,7 +1,7 @@
 """SGLang's action envelope: every recorded request of SGLang's own tests, each image form, each refusal.
 
 The parser (:mod:`policy_server.sglang.actions`) turns the envelope into our flat request fields; our own
-request builder (:func:`policy_server.http_requests.action_request`) then checks those against the real
+request builder (:func:`policy_server.http.requests.action_request`) then checks those against the real
 tiny checkpoints' ``describe()``, exactly as the route will. Errors must name the client's field path.
 """
 
@@ -15,9 +15,9 @@ import pytest
 from sglang_fixtures import base, case, distilled, load_cases, materialize, sglang_packb  # noqa: F401
 from sidecar_fixtures import png_b64, png_bytes, rgb
 
-from policy_server.http_codecs import Upload
-from policy_server.http_errors import ApiError
-from policy_server.http_requests import action_request
+from policy_server.http.codecs import Upload
+from policy_server.http.errors import ApiError
+from policy_server.http.requests import action_request
 from policy_server.sglang.actions import (
     envelope_from_form,
     is_sglang_envelope,

@@ -11,8 +11,8 @@ import pytest
 from sglang_fixtures import chunk, distilled, load_cases, sglang_packb, sglang_unpackb  # noqa: F401
 from sidecar_fixtures import png_b64, rgb
 
-from policy_server.http_errors import ApiError
-from policy_server.http_requests import action_request
+from policy_server.http.errors import ApiError
+from policy_server.http.requests import action_request
 from policy_server.sglang.actions import ActionCall, ActionItem, build_reply, parse_action_envelope
 from policy_server.sglang.metadata import merge_metadata, sglang_metadata
 from policy_server.sglang.realtime import NATIVE, SGLANG, LockstepSession, connection_mode

@@ -1,6 +1,6 @@
 """SGLang's ``/v1/videos`` field names onto ours: each field honoured or refused, never ignored.
 
-Mapped fields go through our own submission checks (:func:`policy_server.http_requests.video_submission`)
+Mapped fields go through our own submission checks (:func:`policy_server.http.requests.video_submission`)
 against the real tiny checkpoint's ``describe()``, as the route will run them.
 """
 
@@ -14,9 +14,9 @@ import pytest
 from sglang_fixtures import distilled, load_cases  # noqa: F401
 from sidecar_fixtures import actions, png_b64, png_bytes, rgb
 
-from policy_server.http_codecs import IMAGE_UPLOAD_TYPES, Upload, decode_multipart_fields
-from policy_server.http_errors import ApiError
-from policy_server.http_requests import video_submission
+from policy_server.http.codecs import IMAGE_UPLOAD_TYPES, Upload, decode_multipart_fields
+from policy_server.http.errors import ApiError
+from policy_server.http.requests import video_submission
 from policy_server.sglang.videos import sglang_job_fields, video_fields
 
 FPS = 24.0  # VideoCreateParams' default rate

@@ -3,7 +3,7 @@
 Raw sockets against a real server: connections that send their headers a byte at a time, uploads that
 stall mid-body, more connections than one address (or everyone) may hold, over-long headers, and
 handshakes on the WebSocket port that never send their request. Each is answered (408, 431, 503) and
-closed, or closed at once, by the deadlines and caps of ``policy_server.http_connections`` and
+closed, or closed at once, by the deadlines and caps of ``policy_server.http.connections`` and
 ``policy_server.connection_limits``. The last test exhausts a server process's file-descriptor limit
 through the sidecar and checks that robots can still connect.
 
@@ -24,7 +24,7 @@ from websockets.asyncio.client import connect
 from server_fixtures import DOMAIN, ServerProcess, http_get, tiny_checkpoint
 from sidecar_fixtures import SidecarServer, engine_loader, png_b64, rgb
 
-from policy_server.http_connections import ConnectionLimits
+from policy_server.http.connections import ConnectionLimits
 
 pytestmark = pytest.mark.timeout(180)
 

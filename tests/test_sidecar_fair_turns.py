@@ -23,8 +23,8 @@ from server_fixtures import DOMAIN
 from sidecar_fixtures import SidecarServer, engine_loader, png_b64, rgb, video_body, wait_for_job
 
 from policy_server.auth import TokenSet
-from policy_server.http_errors import ApiError
-from policy_server.http_turns import InFlightLimit, client_identity
+from policy_server.http.errors import ApiError
+from policy_server.http.turns import InFlightLimit, client_identity
 from robot_clients.wire_codec import packb, unpackb
 
 pytestmark = pytest.mark.timeout(180)

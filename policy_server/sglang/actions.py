@@ -11,7 +11,7 @@ The request (JSON or msgpack; :func:`envelope_from_form` turns SGLang's multipar
 :func:`parse_action_envelope` checks it and returns an :class:`ActionCall` with one :class:`ActionItem`
 per image of a batch and per candidate. An item holds the fields of our own flat request (the names of
 ``ActionGenerationParams``), so the route builds each engine request with the checks it already makes
-(:func:`policy_server.http_requests.action_request`), and :meth:`ActionItem.relabel` turns an error
+(:func:`policy_server.http.requests.action_request`), and :meth:`ActionItem.relabel` turns an error
 about one of our fields into one about the client's. :func:`build_reply` answers with SGLang's
 envelope (``object: "action.generation"``) or its ``raw`` form.
 
@@ -31,7 +31,7 @@ import numpy as np
 
 from cosmos3_runtime.requests import ActionChunk
 
-from ..http_errors import ApiError
+from ..http.errors import ApiError
 from ..protocol import ErrorCode
 from .media import TENSOR_VALUE_KEYS, image_batch, video_clip
 from .parameters import (
@@ -255,7 +255,7 @@ def parse_action_envelope(
     ``max_items`` bounds the engine requests one envelope may become (images × candidates).
     ``msgpack_reply``: the reply goes out as msgpack, where ``output_format`` defaults to ``numpy`` (as
     in SGLang); a JSON reply has lists whatever was asked, JSON having no other arrays. Raises
-    :class:`~policy_server.http_errors.ApiError` naming the client's field.
+    :class:`~policy_server.http.errors.ApiError` naming the client's field.
     """
     _known(body, ENVELOPE_KEYS, "")
     rid_value, rid_path = one_of(body, ("request_id", "id"), "")
@@ -376,7 +376,7 @@ def envelope_from_form(items: Sequence[tuple[str, Any]]) -> dict[str, Any]:
     """SGLang's multipart action form as the envelope :func:`parse_action_envelope` reads.
 
     ``items`` are ``(name, value)`` pairs: text, or an upload (any object with ``data`` and
-    ``content_type``, such as :class:`policy_server.http_codecs.Upload`). ``request_id``/``id`` and
+    ``content_type``, such as :class:`policy_server.http.codecs.Upload`). ``request_id``/``id`` and
     ``prompt``/``task`` are the envelope's; ``image_reference``, ``video_reference`` and
     ``input_reference`` (an image, or a video for inverse_dynamics or a ``video/*`` upload) are the
     observation; ``extra_body``/``extra_params`` are JSON objects of parameters; every other field is a

@@ -24,7 +24,7 @@ from typing import Any, Mapping
 
 import numpy as np
 
-from ..http_errors import ApiError
+from ..http.errors import ApiError
 from ..protocol import ErrorCode
 
 # SGLang's normalization names (and ours) -> the runtime's profile kinds (``describe()["domains"]``).

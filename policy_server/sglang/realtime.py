@@ -27,7 +27,7 @@ from typing import Any, Mapping, Sequence
 from cosmos3_runtime.requests import ActionChunk
 from robot_clients.wire_codec import WireFormatError, packb, unpackb
 
-from ..http_errors import ApiError
+from ..http.errors import ApiError
 from ..protocol import ErrorCode
 from .actions import ActionCall, build_reply, is_sglang_envelope, parse_action_envelope
 

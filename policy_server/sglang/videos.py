@@ -9,7 +9,7 @@ SGLang (and OpenAI's Videos API, which it extends) sends a flat body, JSON or mu
     negative_prompt, n, extra_params / extra_body (JSON objects of more of these)
 
 :func:`video_fields` turns such a body into the fields of our ``VideoCreateParams`` (our own names pass
-through unchanged), so the route runs its own checks (:func:`policy_server.http_requests.video_submission`)
+through unchanged), so the route runs its own checks (:func:`policy_server.http.requests.video_submission`)
 and :meth:`~policy_server.sglang.parameters.Mapped.relabel` names the client's field in their errors.
 What only describes the video (``num_frames``, ``seconds``, ``size``) must agree with what the actions
 and the first frame already decide; what this runtime cannot do (a negative prompt, several outputs,
@@ -77,7 +77,7 @@ def video_fields(fields: Mapping[str, Any], description: Mapping[str, Any], *, d
     """A ``POST /v1/videos`` body, with SGLang's names or ours, as our ``VideoCreateParams`` fields.
 
     ``default_fps`` is the rate a request without ``fps`` runs at (``VideoCreateParams.fps``'s default):
-    ``seconds`` is checked against it. Raises :class:`~policy_server.http_errors.ApiError` naming the
+    ``seconds`` is checked against it. Raises :class:`~policy_server.http.errors.ApiError` naming the
     client's field.
     """
     body = dict(fields)

@@ -20,12 +20,12 @@ from pydantic import BaseModel, ValidationError
 
 from cosmos3_runtime.requests import ActionRequest
 
-from .http_codecs import MediaLimits, decode_image_bytes, encoded_image, to_actions, to_image, to_video
-from .http_errors import ApiError
-from .http_schemas import SEED_LIMIT, ActionGenerationParams, VideoCreateParams, normalized_mode
-from .protocol import ErrorCode, ObservationFrame, ProtocolError
-from .session_config import check_schedule, merge_session_config
-from .videos.jobs import VideoJobInputs
+from .codecs import MediaLimits, decode_image_bytes, encoded_image, to_actions, to_image, to_video
+from .errors import ApiError
+from .schemas import SEED_LIMIT, ActionGenerationParams, VideoCreateParams, normalized_mode
+from ..protocol import ErrorCode, ObservationFrame, ProtocolError
+from ..session_config import check_schedule, merge_session_config
+from ..videos.jobs import VideoJobInputs
 
 VIDEOS_PATH = "/v1/videos"
 ACTION_GENERATIONS_PATH = "/v1/actions/generations"

@@ -16,7 +16,7 @@ from __future__ import annotations
 from http import HTTPStatus
 from typing import Any
 
-from .protocol import ErrorCode
+from ..protocol import ErrorCode
 
 
 class HttpErrorCode:

@@ -17,10 +17,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
-from .session_observer import OBSERVE_PATH
+from ..session_observer import OBSERVE_PATH
 
 DASHBOARD_PATH = "/dashboard"
-DASHBOARD_DIR = Path(__file__).with_name("dashboard")
+DASHBOARD_DIR = Path(__file__).parent.parent / "dashboard"
 CONFIG_NAME = "config.json"
 
 # The page's own script, style and images (camera previews arrive as data: URLs); no inline code; fetches

@@ -32,8 +32,8 @@ from dataclasses import dataclass
 from http import HTTPStatus
 from typing import Any, Callable
 
-from .connection_limits import PeerCounter, peer_address
-from .http_errors import HttpErrorCode
+from ..connection_limits import PeerCounter, peer_address
+from .errors import HttpErrorCode
 
 logger = logging.getLogger(__name__)
 

@@ -9,7 +9,7 @@ Routes (``docs/http_api.md`` is the user-facing description; ``/openapi.json`` t
 * ``/healthz`` (alive), ``/readyz`` (model loaded and warm), ``/metrics`` (Prometheus).
 
 Both kinds of work enter the server's one request queue: action generations as observations (each
-client's requests share one turn, like one robot's, with a bounded number in flight: ``http_turns``),
+client's requests share one turn, like one robot's, with a bounded number in flight: :mod:`.turns`),
 video jobs in the background lane that the engine worker serves while no observation waits, plus a
 bounded share under robot load. The sidecar never runs model code on the event loop; request decoding,
 SQLite and MP4 encoding run on helper threads (``asyncio.to_thread``).
@@ -38,14 +38,14 @@ from starlette.requests import ClientDisconnect
 
 from robot_clients.wire_codec import packb
 
-from . import http_codecs, http_requests, http_turns
-from .auth import FORBIDDEN_ORIGIN_CODE, UNAUTHORIZED_CODE, BearerAuthMiddleware, OriginCheckMiddleware
-from .http_codecs import Upload
-from .dashboard_assets import mount_dashboard
-from .connection_limits import ACCEPT_BURST, PeerCounter, capped_to_descriptors
-from .http_connections import ConnectionLimits, guarded_protocol
-from .http_errors import ApiError, HttpErrorCode
-from .http_schemas import (
+from . import codecs as http_codecs, requests as http_requests, turns as http_turns
+from ..auth import FORBIDDEN_ORIGIN_CODE, UNAUTHORIZED_CODE, BearerAuthMiddleware, OriginCheckMiddleware
+from .codecs import Upload
+from .dashboard import mount_dashboard
+from ..connection_limits import ACCEPT_BURST, PeerCounter, capped_to_descriptors
+from .connections import ConnectionLimits, guarded_protocol
+from .errors import ApiError, HttpErrorCode
+from .schemas import (
     ActionArray,
     ActionGeneration,
     ActionGenerationItem,
@@ -61,17 +61,17 @@ from .http_schemas import (
     VideoJobList,
     VideoJobObject,
 )
-from .metrics import PROMETHEUS_CONTENT_TYPE, ServerMetrics, ServerStateReaders
-from .protocol import DropReason, ErrorCode
-from .engine.request_queue import PendingObservation, QueueClosed
-from .session_config import settings_used
-from .videos.encoding import MP4_MEDIA_TYPE
-from .videos.runner import VideoJobRunner
-from .videos.job_store import VideoJobStore
-from .videos.jobs import JobNotFound, RetentionPolicy, StorageFull, VideoJob, VideoJobStatus
+from ..metrics import PROMETHEUS_CONTENT_TYPE, ServerMetrics, ServerStateReaders
+from ..protocol import DropReason, ErrorCode
+from ..engine.request_queue import PendingObservation, QueueClosed
+from ..session_config import settings_used
+from ..videos.encoding import MP4_MEDIA_TYPE
+from ..videos.runner import VideoJobRunner
+from ..videos.job_store import VideoJobStore
+from ..videos.jobs import JobNotFound, RetentionPolicy, StorageFull, VideoJob, VideoJobStatus
 
 if TYPE_CHECKING:
-    from .server import PolicyServer
+    from ..server import PolicyServer
 
 logger = logging.getLogger(__name__)
 
@@ -100,10 +100,10 @@ class SidecarSettings:
     action_timeout_s: float = DEFAULT_ACTION_TIMEOUT_S
     # Action generations one client (token, or peer address without auth) may have in flight; more: 429.
     max_actions_in_flight: int = http_turns.DEFAULT_MAX_IN_FLIGHT
-    # Pixels one request may decode to, and elements a JSON/msgpack body may hold (http_codecs).
+    # Pixels one request may decode to, and elements a JSON/msgpack body may hold (.codecs).
     max_decoded_bytes: int = http_codecs.DEFAULT_MAX_DECODED_BYTES
     max_json_values: int = http_codecs.DEFAULT_MAX_JSON_VALUES
-    # Header and body deadlines, connection caps, TCP_NODELAY (http_connections).
+    # Header and body deadlines, connection caps, TCP_NODELAY (.connections).
     connections: ConnectionLimits = field(default_factory=ConnectionLimits)
     # Body bytes all requests together may hold while they are read and parsed (BodyBudget).
     max_buffered_body_bytes: int = DEFAULT_MAX_BUFFERED_BODY_BYTES

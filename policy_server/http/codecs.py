@@ -11,7 +11,7 @@ One HTTP request can arrive three ways, all decoded here into one plain ``dict``
   file name is ignored (never used as a path: a video upload goes to a temporary file with a name of
   our own).
 
-Then the media fields are converted with precise errors (:class:`~policy_server.http_errors.ApiError`
+Then the media fields are converted with precise errors (:class:`~policy_server.http.errors.ApiError`
 naming the field): images become H×W×3 uint8, clips T×H×W×3 uint8, actions T×D float32.
 
 Sizes are checked before anything big is built, because a few kilobytes can claim gigabytes:
@@ -43,9 +43,9 @@ import numpy as np
 
 from robot_clients.wire_codec import WireFormatError, WireLimitError, unpackb
 
-from .http_errors import ApiError, HttpErrorCode
-from .protocol import ErrorCode
-from .videos.encoding import VideoEncodingError, read_video_bytes
+from .errors import ApiError, HttpErrorCode
+from ..protocol import ErrorCode
+from ..videos.encoding import VideoEncodingError, read_video_bytes
 
 JSON_TYPE = "application/json"
 MSGPACK_TYPES = ("application/msgpack", "application/x-msgpack", "application/vnd.msgpack")

@@ -2,9 +2,9 @@
 
 Request models validate the scalar settings of a request (types, ranges, unknown fields); the media
 fields (images, videos, action arrays) are declared here with their exact JSON schema but converted by
-:mod:`policy_server.http_codecs`, because they arrive in several forms (base64, nested lists, msgpack
+:mod:`policy_server.http.codecs`, because they arrive in several forms (base64, nested lists, msgpack
 arrays, file uploads) that a JSON schema alone cannot turn into numpy arrays. Checks that depend on the
-loaded model (domains, widths, horizons, tiers) are in :mod:`policy_server.http_requests`.
+loaded model (domains, widths, horizons, tiers) are in :mod:`policy_server.http.requests`.
 
 Response models are what the handlers return (FastAPI validates and documents them), so the schema and
 the answers cannot drift apart.

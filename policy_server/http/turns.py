@@ -25,8 +25,8 @@ from __future__ import annotations
 import contextlib
 from typing import Iterator
 
-from .auth import TOKEN_ID_SCOPE_KEY
-from .http_errors import ApiError, HttpErrorCode
+from ..auth import TOKEN_ID_SCOPE_KEY
+from .errors import ApiError, HttpErrorCode
 
 # Requests of one client admitted at once. Enough to overlap one request's upload and decoding with
 # another's engine turn; more would only wait in the client's own line.
