@@ -5,7 +5,7 @@ builds, production loading path, tier 256, seed 0) as the robot would send it in
 
 * ``raw``: the 480×640 uint8 frame as it is (the reference; ``raw, again`` checks the run is deterministic);
 * ``png``, ``jpeg q90``, ``jpeg q75``, ``webp q75``: encoded on the robot (``robot_clients.frame_encoding``),
-  decoded by the server (``policy_server.image_decoding``);
+  decoded by the server (``policy_server.media.image_decoding``);
 * ``resized``: shrunk on the robot to the size the server conditions on
   (``robot_clients.frame_sizing.send_size``: 240×320 at tier 256), raw; ``resized jpeg q90/q75``: then encoded.
 
@@ -39,7 +39,7 @@ import numpy as np  # noqa: E402
 REPO_ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO_ROOT))
 
-from policy_server.image_decoding import decode_image  # noqa: E402
+from policy_server.media.image_decoding import decode_image  # noqa: E402
 from policy_server.protocol import FrameLimits  # noqa: E402
 from robot_clients.frame_encoding import ImageEncoding, encode_frame  # noqa: E402
 from robot_clients.frame_sizing import canvas_bins, resize_frame, send_size  # noqa: E402

@@ -26,15 +26,15 @@ from pathlib import Path
 
 from . import log_hygiene
 from .auth import OriginConfigError, OriginPolicy, TokenConfigError, TokenSet
-from .connection_supervisor import (
+from .sessions.supervisor import (
     DEFAULT_IDLE_TIMEOUT_S, DEFAULT_MAX_OUTBOX_BYTES, DEFAULT_MAX_OUTBOX_FRAMES, DEFAULT_REPLY_TIMEOUT_S,
     SessionLimits,
 )
-from .session_observer import DEFAULT_MAX_OBSERVERS
-from .openpi_observation import CameraMapping, CameraMappingError
-from .rate_limits import DEFAULT_BURST, DEFAULT_MAX_OBSERVATION_HZ, RateLimit
+from .sessions.observer import DEFAULT_MAX_OBSERVERS
+from .sessions.openpi_observation import CameraMapping, CameraMappingError
+from .sessions.rate_limits import DEFAULT_BURST, DEFAULT_MAX_OBSERVATION_HZ, RateLimit
 from .engine.watchdog import DEFAULT_ENGINE_TIMEOUT_S
-from .openpi_session import OpenpiSettings
+from .sessions.openpi import OpenpiSettings
 from .engine.worker import DEFAULT_VIDEO_STEP_INTERVAL_S
 from .http.turns import DEFAULT_MAX_IN_FLIGHT
 from .connection_limits import (DEFAULT_HANDSHAKE_TIMEOUT_S, DEFAULT_MAX_PENDING_HANDSHAKES,

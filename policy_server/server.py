@@ -29,7 +29,7 @@ from . import protocol
 from .auth import CHALLENGE, OriginPolicy, TokenSet, bearer_subprotocol, is_open_path
 from .connection_limits import (ACCEPT_BURST, DEFAULT_HANDSHAKE_TIMEOUT_S, DEFAULT_MAX_PENDING_HANDSHAKES,
                                 DEFAULT_MAX_PENDING_HANDSHAKES_PER_PEER, PeerCounter, handshake_limited_connection)
-from .connection_supervisor import (
+from .sessions.supervisor import (
     MAX_QUEUED_FRAMES, SOCKET_SEND_BUFFER_BYTES, WRITE_LIMIT_BYTES, SessionLimits, ConnectionSupervisor,
     close_connection,
 )
@@ -37,14 +37,14 @@ from .engine.backend import BackendFactory, EngineBackend
 from .engine.worker import (DEFAULT_VIDEO_STEP_INTERVAL_S, ActionEngine, BackgroundShare, BatchPolicy, EngineWorker,
                             WorkerState)
 from .log_hygiene import printable
-from .openpi_session import OPENPI_PATHS, OpenpiSession, OpenpiSettings
+from .sessions.openpi import OPENPI_PATHS, OpenpiSession, OpenpiSettings
 from .protocol import DropReason, FrameLimits
-from .rate_limits import RateLimit
+from .sessions.rate_limits import RateLimit
 from .engine.watchdog import DEFAULT_ENGINE_TIMEOUT_S, EngineWatchdog
-from .realtime_session import RealtimeSession
+from .sessions.native import RealtimeSession
 from .engine.request_queue import RequestQueue
 from .http.dashboard import CONFIG_NAME, DASHBOARD_HEADERS, DASHBOARD_PATH, dashboard_asset, dashboard_config
-from .session_observer import (
+from .sessions.observer import (
     DEFAULT_INTERVAL_S, DEFAULT_MAX_OBSERVERS, OBSERVE_PATH, OBSERVER_FRAME_RATE, OBSERVER_MAX_MESSAGE_BYTES,
     ObserverSession, SnapshotCache, authorize,
 )
@@ -106,7 +106,7 @@ class ServerSettings:
     engine_timeout_s: float = DEFAULT_ENGINE_TIMEOUT_S
     # While robots wait, a video rollout still gets one denoising step this often (BackgroundShare); 0: never.
     video_step_interval_s: float = DEFAULT_VIDEO_STEP_INTERVAL_S
-    # Outbox bounds, reply and idle timeouts of every connection (policy_server.connection_supervisor).
+    # Outbox bounds, reply and idle timeouts of every connection (policy_server.sessions.supervisor).
     connection_limits: SessionLimits = field(default_factory=SessionLimits)
     # Observer channels (/v1/observe) open at once; more are refused at the handshake with 503.
     max_observers: int = DEFAULT_MAX_OBSERVERS
@@ -177,7 +177,7 @@ class PolicyServer:
             # Compression costs 30-40 ms per camera frame and buys nothing on incompressible pixels.
             compression=None,
             # What the transport buffers before `send` waits; replies then wait in each connection's
-            # bounded outbox (policy_server.outbox), so a client that stops reading costs a bounded amount.
+            # bounded outbox (policy_server.sessions.outbox), so a client that stops reading costs a bounded amount.
             write_limit=WRITE_LIMIT_BYTES,
             max_queue=MAX_QUEUED_FRAMES,
             ping_interval=self.settings.ping_interval,

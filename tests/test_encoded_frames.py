@@ -1,5 +1,5 @@
 """Encoded camera frames: the robot's encoder (robot_clients.frame_encoding) and the server's decoder
-(policy_server.image_decoding), including what the decoder refuses before it decodes anything."""
+(policy_server.media.image_decoding), including what the decoder refuses before it decodes anything."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from policy_server.image_decoding import (
+from policy_server.media.image_decoding import (
     MAX_JPEG_SCANS, ImageDecodePool, InvalidImage, decode_clip, decode_image, is_encoded_clip, is_encoded_image,
     read_header,
 )

@@ -41,8 +41,8 @@ from robot_clients.wire_codec import packb, unpackb
 from server_fixtures import DOMAIN, ServerThread, tiny_engine_loader
 
 from policy_server.protocol import ErrorCode
-from policy_server.rate_limits import RateLimit
-from policy_server.session_config import SessionConfig
+from policy_server.sessions.rate_limits import RateLimit
+from policy_server.sessions.config import SessionConfig
 from settings_fuzz import check_honoured_or_refused, requests
 
 EXAMPLES = int(os.environ.get("FUZZ_EXAMPLES", "120"))

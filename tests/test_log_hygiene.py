@@ -24,7 +24,7 @@ from websockets.exceptions import InvalidStatus
 from websockets.sync.client import connect
 
 from policy_server.log_hygiene import LogHygieneFilter, printable
-from policy_server.session_controls import parse_control
+from policy_server.sessions.controls import parse_control
 from robot_clients.wire_codec import packb, unpackb
 from server_fixtures import DOMAIN, ServerProcess
 

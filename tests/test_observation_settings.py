@@ -15,7 +15,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from websockets.sync.client import connect
 
-from policy_server.session_config import SessionConfig
+from policy_server.sessions.config import SessionConfig
 from robot_clients import PolicyClient
 from robot_clients.wire_codec import packb, unpackb
 from server_fixtures import DOMAIN, ServerThread, rgb_image, tiny_engine_loader

@@ -7,7 +7,7 @@ import json
 import numpy as np
 import pytest
 
-from policy_server.openpi_observation import (
+from policy_server.sessions.openpi_observation import (
     CameraMapping,
     CameraMappingError,
     detect_convention,

@@ -1,7 +1,7 @@
 """The native protocol's pure parsers, in process: client frames to typed frames, settings to engine requests.
 
 ``parse_client_frame`` (``policy_server/protocol.py``) and ``merge_session_config`` /
-``observation_request`` (``policy_server/session_config.py``) decide what every client frame means
+``observation_request`` (``policy_server/sessions/config.py``) decide what every client frame means
 before anything reaches a socket or the engine. These tests call them directly, against the ``describe()``
 of the real tiny checkpoints; the end-to-end behaviour over a live server is in
 ``tests/test_observation_settings.py``.
@@ -19,7 +19,7 @@ from policy_server.protocol import (
     OBSERVATION_SETTINGS, CancelFrame, ConfigureFrame, ErrorCode, FrameLimits, ObservationFrame, ProtocolError,
     ResetFrame, parse_client_frame,
 )
-from policy_server.session_config import (
+from policy_server.sessions.config import (
     SessionConfig, merge_session_config, observation_request, settings_used,
 )
 
@@ -305,7 +305,7 @@ def test_settings_used_resolves_the_defaults_the_engine_applies(distilled):
 
 def test_the_openpi_mode_flag_is_trimmed_and_lower_cased(distilled):
     from policy_server.cli import build_parser
-    from policy_server.openpi_session import OpenpiSettings
+    from policy_server.sessions.openpi import OpenpiSettings
 
     args = build_parser().parse_args(["--tiny", "distilled", "--openpi-mode", " Inverse_Dynamics "])
     assert args.openpi_mode == "inverse_dynamics"

@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 from cosmos3_runtime.requests import ActionRequest
-from policy_server.camera_composition import side_by_side
+from policy_server.media.camera_composition import side_by_side
 from policy_server.recording import model_identity
 from policy_server.recording.replay import main as replay_main
 from recording_fixtures import DOMAIN, frame, only_recording, recorders  # noqa: F401 - fixture

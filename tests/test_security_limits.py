@@ -19,7 +19,7 @@ from websockets.exceptions import ConnectionClosed, InvalidStatus
 from robot_clients.wire_codec import packb, unpackb
 from server_fixtures import DOMAIN, ServerThread, rgb_image, tiny_engine_loader
 
-from policy_server.rate_limits import RateLimit, TokenBucket
+from policy_server.sessions.rate_limits import RateLimit, TokenBucket
 
 MAX_SESSIONS = 2
 RATE_HZ, BURST = 5.0, 3

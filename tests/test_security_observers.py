@@ -21,8 +21,8 @@ import pytest
 from websockets.asyncio.client import connect
 from websockets.exceptions import ConnectionClosed, InvalidStatus
 
-from policy_server.connection_supervisor import SessionLimits
-from policy_server.session_observer import DETAIL_PROMPT_CHARS, LIST_PROMPT_CHARS
+from policy_server.sessions.supervisor import SessionLimits
+from policy_server.sessions.observer import DETAIL_PROMPT_CHARS, LIST_PROMPT_CHARS
 from robot_clients.wire_codec import packb, unpackb
 from server_fixtures import DOMAIN, ServerThread, rgb_image, tiny_engine_loader
 

@@ -31,9 +31,9 @@ from websockets.asyncio.client import connect
 from websockets.exceptions import ConnectionClosed, InvalidStatus
 from websockets.protocol import State
 
-from policy_server.connection_supervisor import WRITE_LIMIT_BYTES, SessionLimits
-from policy_server.rate_limits import RateLimit
-from policy_server.realtime_session import UNREAD_CHUNK_MESSAGE
+from policy_server.sessions.supervisor import WRITE_LIMIT_BYTES, SessionLimits
+from policy_server.sessions.rate_limits import RateLimit
+from policy_server.sessions.native import UNREAD_CHUNK_MESSAGE
 from robot_clients.wire_codec import packb, unpackb
 from server_fixtures import DOMAIN, ServerThread, rgb_image, tiny_engine_loader
 

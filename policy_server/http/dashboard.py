@@ -2,7 +2,7 @@
 
 The dashboard is plain HTML, CSS and JavaScript shipped as package data: no build step, nothing fetched
 from elsewhere. Its live data comes from the observer channel on the WebSocket port
-(:mod:`policy_server.session_observer`); ``config.json`` tells the page where that is, so the same files
+(:mod:`policy_server.sessions.observer`); ``config.json`` tells the page where that is, so the same files
 work when the HTTP sidecar serves them on its own port (:func:`mount_dashboard`) and when the WebSocket
 port does (``PolicyServer``, so a server started with ``--no-http`` still has its dashboard).
 
@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
-from ..session_observer import OBSERVE_PATH
+from ..sessions.observer import OBSERVE_PATH
 
 DASHBOARD_PATH = "/dashboard"
 DASHBOARD_DIR = Path(__file__).parent.parent / "dashboard"

@@ -24,7 +24,7 @@ from .codecs import MediaLimits, decode_image_bytes, encoded_image, to_actions, 
 from .errors import ApiError
 from .schemas import SEED_LIMIT, ActionGenerationParams, VideoCreateParams, normalized_mode
 from ..protocol import ErrorCode, ObservationFrame, ProtocolError
-from ..session_config import check_schedule, merge_session_config
+from ..sessions.config import check_schedule, merge_session_config
 from ..videos.jobs import VideoJobInputs
 
 VIDEOS_PATH = "/v1/videos"

@@ -64,7 +64,7 @@ from .schemas import (
 from ..metrics import PROMETHEUS_CONTENT_TYPE, ServerMetrics, ServerStateReaders
 from ..protocol import DropReason, ErrorCode
 from ..engine.request_queue import PendingObservation, QueueClosed
-from ..session_config import settings_used
+from ..sessions.config import settings_used
 from ..videos.encoding import MP4_MEDIA_TYPE
 from ..videos.runner import VideoJobRunner
 from ..videos.job_store import VideoJobStore

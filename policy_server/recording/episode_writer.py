@@ -31,7 +31,7 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
-from ..camera_composition import side_by_side
+from ..media.camera_composition import side_by_side
 from ..videos.encoding import encode_mp4
 from . import durable_files
 from .dataset_stats import channel_histograms

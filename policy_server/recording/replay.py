@@ -31,7 +31,7 @@ import numpy as np
 
 from cosmos3_runtime.requests import ActionRequest
 
-from ..camera_composition import side_by_side
+from ..media.camera_composition import side_by_side
 from .episode_writer import REQUEST_FIELDS
 from .reader import RecordedEpisode, RecordedRow, RecordingFormatError
 from .session_recording import model_identity

@@ -40,8 +40,8 @@ from typing import Any, Mapping
 
 import numpy as np
 
-from .camera_composition import side_by_side
-from .protocol import SESSION_SETTINGS, ErrorCode, FrameLimits, ProtocolError, check_image_size, str_keys
+from ..media.camera_composition import side_by_side
+from ..protocol import SESSION_SETTINGS, ErrorCode, FrameLimits, ProtocolError, check_image_size, str_keys
 
 VIEW_POINTS = ("ego_view", "third_person_view", "wrist_view", "concat_view")
 

@@ -9,7 +9,7 @@ become an observation or reach the model. What it can do:
   ``session_detail`` frame (latest chunk, latency timeline, drops, and the latest camera frame as a JPEG
   when it changed);
 * **steer**: a ``control`` frame pauses, resumes or stops a native session, or gives it a new prompt;
-  the session tells its robot (:mod:`policy_server.session_controls`) and the observer gets
+  the session tells its robot (:mod:`policy_server.sessions.controls`) and the observer gets
   ``control_result`` (or ``error``).
 
 Frames are JSON text both ways (a browser reads JSON without a library; the volume is small). Robot
@@ -23,7 +23,7 @@ it (one ``sessions`` list per sessions interval and one ``session_detail`` per i
 the previous one waits unsent; both built once per interval for all observers by :class:`SnapshotCache`,
 so the work does not grow with the observers; prompts cut to :data:`LIST_PROMPT_CHARS` in the list and
 :data:`DETAIL_PROMPT_CHARS` in the detail; the camera JPEG encoded once per frame); and what waits for it
-(the bounded outbox and reply timeout of every connection, :mod:`policy_server.connection_supervisor`).
+(the bounded outbox and reply timeout of every connection, :mod:`policy_server.sessions.supervisor`).
 
 Access is decided in one place, :func:`authorize`, called by the server for every handshake to this
 path before anything is sent.
@@ -45,14 +45,14 @@ from websockets.asyncio.server import ServerConnection
 from websockets.exceptions import ConnectionClosed
 from websockets.http11 import Request
 
-from .connection_supervisor import close_connection
+from .supervisor import close_connection
 from .outbox import OutboxFull, paced
 from .rate_limits import RateLimit
-from .session_controls import ControlError, ControlErrorCode, parse_control
-from .session_telemetry import SessionTelemetry
+from .controls import ControlError, ControlErrorCode, parse_control
+from .telemetry import SessionTelemetry
 
 if TYPE_CHECKING:
-    from .server import PolicyServer
+    from ..server import PolicyServer
 
 logger = logging.getLogger(__name__)
 

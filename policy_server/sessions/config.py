@@ -17,8 +17,8 @@ from typing import Any
 
 from cosmos3_runtime.requests import ActionRequest
 
-from .camera_composition import compose_named
-from .protocol import ErrorCode, ObservationFrame, ProtocolError
+from ..media.camera_composition import compose_named
+from ..protocol import ErrorCode, ObservationFrame, ProtocolError
 
 # Modes the realtime endpoint serves. forward_dynamics (video rollouts) belongs to the HTTP job API.
 REALTIME_MODES = ("policy", "inverse_dynamics")
@@ -56,7 +56,7 @@ class SessionConfig:
         The mode, when unset, follows the media (a ``video`` asks for ``inverse_dynamics``). What the
         server can judge about the media against the settings is checked here, so that it is refused
         with the same codes as a bad ``configure``; the engine checks again. Named ``images`` are
-        composed into one frame per the view point: :mod:`policy_server.camera_composition`.
+        composed into one frame per the view point: :mod:`policy_server.media.camera_composition`.
         """
         mode = self.action_mode or ("inverse_dynamics" if obs.video is not None else "policy")
         domain = description.get("domains", {}).get(self.domain_name, {})

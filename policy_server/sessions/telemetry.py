@@ -1,6 +1,6 @@
 """What an operator can see of one session: its latest camera frame and chunk, latencies, drops.
 
-Each :class:`~policy_server.realtime_session.RealtimeSession` owns a :class:`SessionTelemetry` and
+Each :class:`~policy_server.sessions.native.RealtimeSession` owns a :class:`SessionTelemetry` and
 records into it as frames come and go. Recording is O(1) and copies nothing (the latest camera frame is
 kept by reference, one per session), because it runs on the event loop for every observation whether or
 not anybody watches. The expensive part, turning the frame into a JPEG, happens only when an observer

@@ -5,19 +5,19 @@ loop: each is decoded with the shared wire codec, parsed by :mod:`policy_server.
 answered at once (``configure``, ``cancel``, ``reset``, errors) or turned into a
 :class:`~policy_server.engine.request_queue.PendingObservation` and put in the server's request queue. The
 engine worker calls back (on the event loop) with ``on_result`` / ``on_dropped``; replies go through a
-bounded :class:`~policy_server.outbox.Outbox` that one sender task drains, so the reader never waits for a
+bounded :class:`~policy_server.sessions.outbox.Outbox` that one sender task drains, so the reader never waits for a
 slow client's socket and replies leave in the order they were made.
 
 Every observation ``seq`` gets exactly one terminal reply: ``action_chunk``, ``dropped`` or ``error``.
 That holds for a client that falls behind on its replies too: its outbox keeps only the newest unread
 ``action_chunk`` (latest wins); an older unread one becomes ``dropped`` (``superseded``) in its place. A
 client whose outbox fills up, or whose oldest reply waits past ``--reply-timeout-s``, is closed with
-1008 (:mod:`policy_server.connection_supervisor`); so is one that sends no observation for
+1008 (:mod:`policy_server.sessions.supervisor`); so is one that sends no observation for
 ``--idle-timeout-s``.
 
 Operators act on a session through the observer channel (:meth:`RealtimeSession.apply_control`): a
 paused session answers observations ``dropped`` (``paused``), a stopped one is closed. What the session
-did is recorded in its :class:`~policy_server.session_telemetry.SessionTelemetry` for observers.
+did is recorded in its :class:`~policy_server.sessions.telemetry.SessionTelemetry` for observers.
 """
 
 from __future__ import annotations
@@ -35,21 +35,21 @@ from websockets.exceptions import ConnectionClosed
 
 from robot_clients.wire_codec import WireFormatError, packb, unpackb
 
-from . import protocol
-from .connection_supervisor import close_connection
-from .engine.worker import EngineOutcome
+from .. import protocol
+from .supervisor import close_connection
+from ..engine.worker import EngineOutcome
 from .outbox import OutboxFull, paced
-from .protocol import DropReason, ErrorCode, ProtocolError
-from .engine.request_queue import PendingObservation, QueueClosed
-from .session_config import SessionConfig, merge_session_config, observation_request, settings_used
-from .session_controls import (
+from ..protocol import DropReason, ErrorCode, ProtocolError
+from ..engine.request_queue import PendingObservation, QueueClosed
+from .config import SessionConfig, merge_session_config, observation_request, settings_used
+from .controls import (
     ControlAction, ControlError, ControlErrorCode, OperatorControl, SessionState, session_state_frame,
     session_updated_frame,
 )
-from .session_telemetry import SessionTelemetry
+from .telemetry import SessionTelemetry
 
 if TYPE_CHECKING:
-    from .server import PolicyServer
+    from ..server import PolicyServer
 
 logger = logging.getLogger(__name__)
 
@@ -283,7 +283,7 @@ class RealtimeSession:
     def apply_control(self, control: OperatorControl) -> SessionState:
         """Pause, resume, stop or re-prompt this session and tell the robot; return the new state.
 
-        Raises :class:`~policy_server.session_controls.ControlError` when the control makes no sense in
+        Raises :class:`~policy_server.sessions.controls.ControlError` when the control makes no sense in
         the current state. Pausing or stopping drops what is waiting or running (``paused`` /
         ``stopped``): a chunk computed before the pause must not move a robot that was told to hold.
         """

@@ -11,7 +11,7 @@ ALOHA eval scripts, Isaac Lab bridges) speak a minimal protocol:
 
 openpi clients never say which embodiment, horizon or mode they want, so those come from the server's
 settings (:class:`OpenpiSettings`, set by ``cosmos3-serve --openpi-*`` flags); which cameras feed the
-model comes from a :class:`~policy_server.openpi_observation.CameraMapping`.
+model comes from a :class:`~policy_server.sessions.openpi_observation.CameraMapping`.
 
 Errors: openpi's own server sends a traceback as a text frame and closes the connection. Here the
 error goes out as a text frame too (openpi's client raises ``RuntimeError`` with it), but the
@@ -20,9 +20,9 @@ The text is ``"<code>: <message> (field: <key>)"`` with the stable codes of the 
 
 Observations go through the server's request queue like native ones (latest wins, fair turns, the one
 engine worker), so openpi robots and native robots share the model fairly. Replies go through the same
-bounded outbox as native ones (:mod:`policy_server.outbox`): an unread action reply replaced by a newer
+bounded outbox as native ones (:mod:`policy_server.sessions.outbox`): an unread action reply replaced by a newer
 one becomes the text ``dropped: ...`` in its place, and a client that stops reading is closed with 1008
-(:mod:`policy_server.connection_supervisor`), as is one that sends nothing for ``--idle-timeout-s``.
+(:mod:`policy_server.sessions.supervisor`), as is one that sends nothing for ``--idle-timeout-s``.
 """
 
 from __future__ import annotations
@@ -40,16 +40,16 @@ from websockets.exceptions import ConnectionClosed
 
 from robot_clients.wire_codec import WireFormatError, packb, unpackb
 
-from .engine.worker import EngineOutcome
-from .log_hygiene import printable
+from ..engine.worker import EngineOutcome
+from ..log_hygiene import printable
 from .outbox import OutboxFull, paced
 from .openpi_observation import CameraMapping, detect_convention, parse_openpi_observation
-from .protocol import DropReason, ErrorCode, ObservationFrame, ProtocolError
-from .engine.request_queue import PendingObservation, QueueClosed
-from .session_config import SessionConfig, merge_session_config, observation_request
+from ..protocol import DropReason, ErrorCode, ObservationFrame, ProtocolError
+from ..engine.request_queue import PendingObservation, QueueClosed
+from .config import SessionConfig, merge_session_config, observation_request
 
 if TYPE_CHECKING:
-    from .server import PolicyServer
+    from ..server import PolicyServer
 
 logger = logging.getLogger(__name__)
 

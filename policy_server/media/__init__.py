@@ -1,0 +1,3 @@
+"""Camera frames before they become a request: encoded frames decoded safely (:mod:`.image_decoding`)
+and named cameras composed into the one image a view point asks for (:mod:`.camera_composition`).
+"""
