@@ -40,7 +40,7 @@ REPO_ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO_ROOT))
 
 from policy_server.media.image_decoding import decode_image  # noqa: E402
-from policy_server.protocol import FrameLimits  # noqa: E402
+from robot_clients.protocol import FrameLimits  # noqa: E402
 from robot_clients.frame_encoding import ImageEncoding, encode_frame  # noqa: E402
 from robot_clients.frame_sizing import canvas_bins, resize_frame, send_size  # noqa: E402
 

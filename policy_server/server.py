@@ -25,28 +25,29 @@ from websockets.asyncio.server import Server, ServerConnection, serve
 from websockets.datastructures import Headers
 from websockets.http11 import Request, Response
 
-from . import protocol
+from robot_clients import protocol
+from robot_clients.protocol import HEALTH_PATH, REALTIME_PATH, DropReason, FrameLimits
+
 from .auth import CHALLENGE, OriginPolicy, TokenSet, bearer_subprotocol, is_open_path
 from .connection_limits import (ACCEPT_BURST, DEFAULT_HANDSHAKE_TIMEOUT_S, DEFAULT_MAX_PENDING_HANDSHAKES,
                                 DEFAULT_MAX_PENDING_HANDSHAKES_PER_PEER, PeerCounter, handshake_limited_connection)
-from .sessions.supervisor import (
-    MAX_QUEUED_FRAMES, SOCKET_SEND_BUFFER_BYTES, WRITE_LIMIT_BYTES, SessionLimits, ConnectionSupervisor,
-    close_connection,
-)
 from .engine.backend import BackendFactory, EngineBackend
+from .engine.request_queue import RequestQueue
+from .engine.watchdog import DEFAULT_ENGINE_TIMEOUT_S, EngineWatchdog
 from .engine.worker import (DEFAULT_VIDEO_STEP_INTERVAL_S, ActionEngine, BackgroundShare, BatchPolicy, EngineWorker,
                             WorkerState)
-from .log_hygiene import printable
-from .sessions.openpi import OPENPI_PATHS, OpenpiSession, OpenpiSettings
-from .protocol import DropReason, FrameLimits
-from .sessions.rate_limits import RateLimit
-from .engine.watchdog import DEFAULT_ENGINE_TIMEOUT_S, EngineWatchdog
-from .sessions.native import RealtimeSession
-from .engine.request_queue import RequestQueue
 from .http.dashboard import CONFIG_NAME, DASHBOARD_HEADERS, DASHBOARD_PATH, dashboard_asset, dashboard_config
+from .log_hygiene import printable
+from .sessions.native import RealtimeSession
 from .sessions.observer import (
     DEFAULT_INTERVAL_S, DEFAULT_MAX_OBSERVERS, OBSERVE_PATH, OBSERVER_FRAME_RATE, OBSERVER_MAX_MESSAGE_BYTES,
     ObserverSession, SnapshotCache, authorize,
+)
+from .sessions.openpi import OPENPI_PATHS, OpenpiSession, OpenpiSettings
+from .sessions.rate_limits import RateLimit
+from .sessions.supervisor import (
+    MAX_QUEUED_FRAMES, SOCKET_SEND_BUFFER_BYTES, WRITE_LIMIT_BYTES, SessionLimits, ConnectionSupervisor,
+    close_connection,
 )
 
 if TYPE_CHECKING:
@@ -54,8 +55,6 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
-REALTIME_PATH = "/v1/actions/realtime"
-HEALTH_PATH = "/healthz"
 
 SERVER_NAME = "cosmos3-policy-server"
 

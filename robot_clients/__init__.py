@@ -2,24 +2,48 @@
 
 - :class:`PolicyClient`: blocking, for control loops.
 - :class:`AsyncPolicyClient`: asyncio.
-- :mod:`robot_clients.wire_codec`: the msgpack + numpy frame codec shared with the server.
+- :mod:`robot_clients.wire_codec`: the msgpack + numpy frame codec shared with the server;
+  :mod:`robot_clients.protocol` and :mod:`robot_clients.client_frames`: the protocol's names, codes and
+  frames, shared with the server too.
+
+The clients are imported when first named (``robot_clients.PolicyClient``), not when the package is: a
+module that needs only the codec or the protocol (the server, a chunker running a local policy) never
+loads websockets.
 """
 
-from .async_policy_client import AsyncPolicyClient, ClientStats
-from .policy_client import PolicyClient
-from .results import (
-    ActionChunk, ConnectionLost, ObservationDropped, PolicyClientError, ServerError, SessionPaused, SessionStopped,
-)
+from __future__ import annotations
 
-__all__ = [
-    "ActionChunk",
-    "AsyncPolicyClient",
-    "ClientStats",
-    "ConnectionLost",
-    "ObservationDropped",
-    "PolicyClient",
-    "PolicyClientError",
-    "ServerError",
-    "SessionPaused",
-    "SessionStopped",
-]
+import importlib
+from typing import TYPE_CHECKING, Any
+
+# Each public name and the module that defines it.
+_EXPORTS = {
+    "AsyncPolicyClient": "async_policy_client",
+    "ClientStats": "async_policy_client",
+    "PolicyClient": "policy_client",
+    "ActionChunk": "results",
+    "ConnectionLost": "results",
+    "ObservationDropped": "results",
+    "PolicyClientError": "results",
+    "ServerError": "results",
+    "SessionPaused": "results",
+    "SessionStopped": "results",
+}
+
+__all__ = sorted(_EXPORTS)
+
+if TYPE_CHECKING:
+    from .async_policy_client import AsyncPolicyClient, ClientStats
+    from .policy_client import PolicyClient
+    from .results import (
+        ActionChunk, ConnectionLost, ObservationDropped, PolicyClientError, ServerError, SessionPaused, SessionStopped,
+    )
+
+
+def __getattr__(name: str) -> Any:
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(f".{module}", __name__), name)
+    globals()[name] = value
+    return value

@@ -42,6 +42,8 @@ import numpy as np
 from websockets.asyncio.client import ClientConnection, connect
 from websockets.exceptions import ConnectionClosed, InvalidStatus, InvalidURI
 
+from . import protocol
+from .protocol import REALTIME_PATH, SessionState
 from .results import (
     ActionChunk, ConnectionLost, ObservationDropped, PolicyClientError, ServerError, SessionPaused, SessionStopped,
 )
@@ -49,10 +51,9 @@ from .wire_codec import packb, unpackb
 
 logger = logging.getLogger(__name__)
 
-REALTIME_PATH = "/v1/actions/realtime"
-SUPPORTED_PROTOCOL_VERSION = 1
+SUPPORTED_PROTOCOL_VERSION = protocol.PROTOCOL_VERSION
 # Session states an operator can set (server frame `session_state`).
-RUNNING, PAUSED, STOPPED = "running", "paused", "stopped"
+RUNNING, PAUSED, STOPPED = SessionState.RUNNING.value, SessionState.PAUSED.value, SessionState.STOPPED.value
 
 
 @dataclass
@@ -78,12 +79,8 @@ def _realtime_url(url: str) -> str:
 
 
 def _observation_frame(seq: int, obs: Mapping[str, Any] | np.ndarray, settings: Mapping[str, Any]) -> dict[str, Any]:
-    if isinstance(obs, np.ndarray):
-        obs = {"image": obs}
-    frame = {key: value for key, value in obs.items() if key not in ("type", "seq")}
-    frame.update(settings)  # this observation's own settings (the server applies them to it alone)
-    frame["type"] = "observation"
-    frame["seq"] = seq
+    # ``settings`` are this observation's own (the server applies them to it alone).
+    frame = protocol.observation_frame(seq, {"image": obs} if isinstance(obs, np.ndarray) else obs, settings)
     # Opaque to the server, which echoes it in the chunk: this is how the client measures round trips.
     frame.setdefault("timestamp", time.monotonic())
     return frame
@@ -177,7 +174,7 @@ class AsyncPolicyClient:
             try:
                 ws = await connect(self.url, **self._connect_kwargs)
                 frame = unpackb(await ws.recv())
-                if frame.get("type") != "metadata":
+                if frame.get("type") != protocol.METADATA:
                     raise ConnectionError(f"expected a metadata frame first, got {frame.get('type')!r}")
                 if frame.get("protocol_version") != SUPPORTED_PROTOCOL_VERSION:
                     await ws.close()
@@ -187,9 +184,9 @@ class AsyncPolicyClient:
                     )
                 self.metadata = frame
                 if self._settings:
-                    await ws.send(packb({"type": "configure", **self._settings}))
+                    await ws.send(packb(protocol.configure_frame(self._settings)))
                     reply = unpackb(await ws.recv())
-                    if reply.get("type") == "session":
+                    if reply.get("type") == protocol.SESSION:
                         self.session = reply.get("config", {})
                     else:
                         logger.warning("the server refused the configuration on reconnect: %s", reply.get("message"))
@@ -276,7 +273,7 @@ class AsyncPolicyClient:
     def _dispatch(self, frame: dict[str, Any]) -> None:
         kind = frame.get("type")
         seq = frame.get("seq")
-        if kind == "action_chunk":
+        if kind == protocol.ACTION_CHUNK:
             sent_at = frame.get("timestamp")
             round_trip = (time.monotonic() - sent_at) * 1e3 if isinstance(sent_at, float) else None
             chunk = ActionChunk.from_frame(frame, round_trip)
@@ -293,7 +290,7 @@ class AsyncPolicyClient:
                     waiter.set_result(chunk)
             else:
                 self._stream.put_nowait(chunk)
-        elif kind == "dropped":
+        elif kind == protocol.DROPPED:
             reason = frame.get("reason", "")
             self.stats.dropped[reason] += 1
             waiter = self._waiters.pop(seq, None)
@@ -304,7 +301,7 @@ class AsyncPolicyClient:
                     waiter.set_exception(SessionStopped(frame.get("message", "")))
                 else:
                     waiter.set_exception(ObservationDropped(seq, reason, frame.get("message", "")))
-        elif kind == "error":
+        elif kind == protocol.ERROR:
             self.stats.errors += 1
             error = ServerError(frame.get("code", ""), frame.get("message", ""), frame.get("field"), seq)
             waiter = self._waiters.pop(seq, None) if seq is not None else None
@@ -317,14 +314,14 @@ class AsyncPolicyClient:
                 self._stream.put_nowait(error)
             else:
                 logger.warning("server error: %s", error)
-        elif kind in ("session", "reset_done"):
+        elif kind in (protocol.SESSION, protocol.RESET_DONE):
             if self._control_reply is not None and not self._control_reply.done():
                 self._control_reply.set_result(frame)
-        elif kind == "session_state":
+        elif kind == protocol.SESSION_STATE:
             state, reason = frame.get("state", RUNNING), frame.get("reason") or ""
             logger.info("the session is now %s%s", state, f" ({reason})" if reason else "")
             self._set_state(state, reason)
-        elif kind == "session_updated":
+        elif kind == protocol.SESSION_UPDATED:
             self.session = dict(frame.get("config") or {})
             if "prompt" in (frame.get("changed") or ()):
                 # The operator's prompt is the session's now: keep it across reconnects too.
@@ -396,20 +393,20 @@ class AsyncPolicyClient:
         Settings accumulate across calls and are re-sent after a reconnect. Returns the server's resolved
         configuration; raises :class:`ServerError` if the server refuses it (nothing is kept then).
         """
-        reply = await self._control({"type": "configure", **settings}, timeout)
+        reply = await self._control(protocol.configure_frame(settings), timeout)
         self._settings.update(settings)
         self.session = reply.get("config", {})
         return self.session
 
     async def reset(self, timeout: float | None = 10.0) -> None:
         """Drop everything this session has waiting or running; the configuration is kept."""
-        await self._control({"type": "reset"}, timeout)
+        await self._control(protocol.reset_frame(), timeout)
         for seq in list(self._waiters):
             self._waiters.pop(seq).set_exception(ObservationDropped(seq, "cancelled", "reset"))
 
     async def cancel(self, seq: int | None = None) -> None:
         """Ask the server not to answer ``seq`` (or any outstanding observation when ``None``)."""
-        await self._send({"type": "cancel", "seq": seq})
+        await self._send(protocol.cancel_frame(seq))
 
     async def submit(self, obs: Mapping[str, Any] | np.ndarray, timeout: float | None = None, **settings: Any) -> int:
         """Send an observation without waiting for its chunk; return its ``seq``. See :meth:`receive`.

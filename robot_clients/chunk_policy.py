@@ -12,11 +12,12 @@ can stand in for it.
 
 from __future__ import annotations
 
-from typing import Any, Mapping, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, Mapping, Protocol, runtime_checkable
 
 import numpy as np
 
-from .policy_client import PolicyClient
+if TYPE_CHECKING:  # the chunker imports this module and must not load websockets with it
+    from .policy_client import PolicyClient
 
 # Observation fields the native protocol carries; anything else the environment reports (joint
 # state, wrist cameras the model does not use, ...) stays on the robot.

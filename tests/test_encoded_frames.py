@@ -19,8 +19,8 @@ from policy_server.media.image_decoding import (
     MAX_JPEG_SCANS, ImageDecodePool, InvalidImage, decode_clip, decode_image, is_encoded_clip, is_encoded_image,
     read_header,
 )
-from policy_server.protocol import ErrorCode, FrameLimits
 from robot_clients.frame_encoding import ImageEncoding, ImageEncodingUnavailable, encode_clip, encode_frame
+from robot_clients.protocol import ErrorCode, FrameLimits
 
 LIMITS = FrameLimits(min_image_side=32, max_image_side=4096, max_clip_frames=65)
 

@@ -34,16 +34,15 @@ import numpy as np
 import psutil
 import pytest
 from hypothesis import HealthCheck, given, settings, strategies as st
+from server_fixtures import DOMAIN, ServerThread, tiny_engine_loader
+from settings_fuzz import check_honoured_or_refused, requests
 from websockets.exceptions import ConnectionClosed
 from websockets.sync.client import connect
 
-from robot_clients.wire_codec import packb, unpackb
-from server_fixtures import DOMAIN, ServerThread, tiny_engine_loader
-
-from policy_server.protocol import ErrorCode
-from policy_server.sessions.rate_limits import RateLimit
 from policy_server.sessions.config import SessionConfig
-from settings_fuzz import check_honoured_or_refused, requests
+from policy_server.sessions.rate_limits import RateLimit
+from robot_clients.protocol import ErrorCode
+from robot_clients.wire_codec import packb, unpackb
 
 EXAMPLES = int(os.environ.get("FUZZ_EXAMPLES", "120"))
 MAX_MESSAGE_BYTES = 1 << 20

@@ -13,7 +13,7 @@ from policy_server.sessions.openpi_observation import (
     detect_convention,
     parse_openpi_observation,
 )
-from policy_server.protocol import ErrorCode, FrameLimits, ProtocolError
+from robot_clients.protocol import ErrorCode, FrameLimits, ProtocolError
 
 LIMITS = FrameLimits(min_image_side=32, max_image_side=4096, max_clip_frames=65)
 MAPPING = CameraMapping()

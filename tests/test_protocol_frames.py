@@ -1,6 +1,6 @@
 """The native protocol's pure parsers, in process: client frames to typed frames, settings to engine requests.
 
-``parse_client_frame`` (``policy_server/protocol.py``) and ``merge_session_config`` /
+``parse_client_frame`` (``robot_clients/client_frames.py``) and ``merge_session_config`` /
 ``observation_request`` (``policy_server/sessions/config.py``) decide what every client frame means
 before anything reaches a socket or the engine. These tests call them directly, against the ``describe()``
 of the real tiny checkpoints; the end-to-end behaviour over a live server is in
@@ -15,13 +15,13 @@ from hypothesis import HealthCheck, given, settings, strategies as st
 
 from cosmos3_runtime.errors import InvalidRequestError
 from cosmos3_runtime.validation import job_for_actions
-from policy_server.protocol import (
-    OBSERVATION_SETTINGS, CancelFrame, ConfigureFrame, ErrorCode, FrameLimits, ObservationFrame, ProtocolError,
-    ResetFrame, parse_client_frame,
-)
 from policy_server.sessions.config import (
     SessionConfig, merge_session_config, observation_request, settings_used,
 )
+from robot_clients.client_frames import (
+    OBSERVATION_SETTINGS, CancelFrame, ConfigureFrame, ObservationFrame, ResetFrame, parse_client_frame,
+)
+from robot_clients.protocol import ErrorCode, FrameLimits, ProtocolError
 
 LIMITS = FrameLimits(min_image_side=32, max_image_side=4096, max_clip_frames=65)
 IMAGE = np.zeros((64, 64, 3), np.uint8)

@@ -20,7 +20,8 @@ import asyncio
 from typing import TYPE_CHECKING, Any, Callable, Protocol
 
 if TYPE_CHECKING:
-    from .worker import EngineOutcome, WorkerState
+    from .outcome import EngineOutcome
+    from .worker import WorkerState
     from .request_queue import PendingObservation, RequestQueue
     from ..server import PolicyServer
 

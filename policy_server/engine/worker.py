@@ -36,9 +36,10 @@ from typing import Any, Callable, Protocol
 
 from cosmos3_runtime.errors import RuntimeErrorBase
 from cosmos3_runtime.requests import ActionChunk, ActionRequest
+from robot_clients.protocol import DropReason, ErrorCode
 
 from .cpu_threads import configure_worker_threads
-from ..protocol import DropReason, ErrorCode, engine_error_code
+from .outcome import EngineOutcome, engine_error_code
 from .request_queue import BackgroundTask, PendingObservation, RequestQueue
 
 logger = logging.getLogger(__name__)
@@ -118,18 +119,6 @@ class WorkerState(str, enum.Enum):
     RESTARTING = "restarting"  # the watchdog abandoned a hung engine call; a fresh engine is loading
     FAILED = "failed"
     STOPPED = "stopped"
-
-
-@dataclass
-class EngineOutcome:
-    """What the engine made of one observation: a chunk, or an error to send to the client."""
-
-    chunk: ActionChunk | None = None
-    error_code: str | None = None
-    error_message: str | None = None
-    error_field: str | None = None
-    engine_ms: float = 0.0
-    done_at: float = 0.0
 
 
 class EngineWorker:

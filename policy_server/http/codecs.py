@@ -41,11 +41,11 @@ from typing import Any, Iterator
 
 import numpy as np
 
+from robot_clients.protocol import ErrorCode
 from robot_clients.wire_codec import WireFormatError, WireLimitError, unpackb
 
-from .errors import ApiError, HttpErrorCode
-from ..protocol import ErrorCode
 from ..videos.encoding import VideoEncodingError, read_video_bytes
+from .errors import ApiError, HttpErrorCode
 
 JSON_TYPE = "application/json"
 MSGPACK_TYPES = ("application/msgpack", "application/x-msgpack", "application/vnd.msgpack")

@@ -6,7 +6,7 @@ Every error the sidecar answers has the same body, whatever went wrong::
 
 ``code`` is stable (clients branch on it; never rename one, only add), ``message`` says what to fix,
 ``field`` names the offending request field when there is one. The codes of the realtime protocol
-(:class:`policy_server.protocol.ErrorCode`) keep their meaning here; :class:`HttpErrorCode` adds the
+(:class:`robot_clients.protocol.ErrorCode`) keep their meaning here; :class:`HttpErrorCode` adds the
 ones only HTTP has. Internals (tracebacks, paths, exception names) never reach the client: an
 unexpected failure is logged with a reference the client gets instead.
 """
@@ -16,7 +16,7 @@ from __future__ import annotations
 from http import HTTPStatus
 from typing import Any
 
-from ..protocol import ErrorCode
+from robot_clients.protocol import ErrorCode
 
 
 class HttpErrorCode:

@@ -19,13 +19,14 @@ import numpy as np
 from pydantic import BaseModel, ValidationError
 
 from cosmos3_runtime.requests import ActionRequest
+from robot_clients.client_frames import ObservationFrame
+from robot_clients.protocol import ErrorCode, ProtocolError
 
+from ..sessions.config import check_schedule, merge_session_config
+from ..videos.jobs import VideoJobInputs
 from .codecs import MediaLimits, decode_image_bytes, encoded_image, to_actions, to_image, to_video
 from .errors import ApiError
 from .schemas import SEED_LIMIT, ActionGenerationParams, VideoCreateParams, normalized_mode
-from ..protocol import ErrorCode, ObservationFrame, ProtocolError
-from ..sessions.config import check_schedule, merge_session_config
-from ..videos.jobs import VideoJobInputs
 
 VIDEOS_PATH = "/v1/videos"
 ACTION_GENERATIONS_PATH = "/v1/actions/generations"

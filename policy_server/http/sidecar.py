@@ -36,14 +36,22 @@ from fastapi.responses import FileResponse, JSONResponse, Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.requests import ClientDisconnect
 
+from robot_clients.protocol import DropReason, ErrorCode
 from robot_clients.wire_codec import packb
 
-from . import codecs as http_codecs, requests as http_requests, turns as http_turns
 from ..auth import FORBIDDEN_ORIGIN_CODE, UNAUTHORIZED_CODE, BearerAuthMiddleware, OriginCheckMiddleware
-from .codecs import Upload
-from .dashboard import mount_dashboard
 from ..connection_limits import ACCEPT_BURST, PeerCounter, capped_to_descriptors
+from ..engine.request_queue import PendingObservation, QueueClosed
+from ..metrics import PROMETHEUS_CONTENT_TYPE, ServerMetrics, ServerStateReaders
+from ..sessions.config import settings_used
+from ..videos.encoding import MP4_MEDIA_TYPE
+from ..videos.job_store import VideoJobStore
+from ..videos.jobs import JobNotFound, RetentionPolicy, StorageFull, VideoJob, VideoJobStatus
+from ..videos.runner import VideoJobRunner
+from . import codecs as http_codecs, requests as http_requests, turns as http_turns
+from .codecs import Upload
 from .connections import ConnectionLimits, guarded_protocol
+from .dashboard import mount_dashboard
 from .errors import ApiError, HttpErrorCode
 from .schemas import (
     ActionArray,
@@ -61,14 +69,6 @@ from .schemas import (
     VideoJobList,
     VideoJobObject,
 )
-from ..metrics import PROMETHEUS_CONTENT_TYPE, ServerMetrics, ServerStateReaders
-from ..protocol import DropReason, ErrorCode
-from ..engine.request_queue import PendingObservation, QueueClosed
-from ..sessions.config import settings_used
-from ..videos.encoding import MP4_MEDIA_TYPE
-from ..videos.runner import VideoJobRunner
-from ..videos.job_store import VideoJobStore
-from ..videos.jobs import JobNotFound, RetentionPolicy, StorageFull, VideoJob, VideoJobStatus
 
 if TYPE_CHECKING:
     from ..server import PolicyServer

@@ -17,7 +17,7 @@ from collections.abc import Mapping
 
 import numpy as np
 
-from ..protocol import ErrorCode, ProtocolError
+from robot_clients.protocol import ErrorCode, ProtocolError
 
 
 def compose_named(images: Mapping[str, np.ndarray], view_point: str | None) -> np.ndarray:

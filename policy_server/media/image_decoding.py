@@ -36,7 +36,7 @@ import numpy as np
 __all__ = ["ENCODED_FORMATS", "MAX_JPEG_SCANS", "FrameBounds", "ImageDecodePool", "ImageHeader", "InvalidImage",
            "decode_clip", "decode_image", "is_encoded_clip", "is_encoded_image", "read_header"]
 
-INVALID_IMAGE = "invalid_image"  # policy_server.protocol.ErrorCode.INVALID_IMAGE; the same code on every path
+INVALID_IMAGE = "invalid_image"  # robot_clients.protocol.ErrorCode.INVALID_IMAGE; the same code on every path
 # Pillow's format names -> the names clients use.
 ENCODED_FORMATS = {"JPEG": "jpeg", "PNG": "png", "WEBP": "webp"}
 # A baseline JPEG has 1 scan, a progressive one about 10 (3 components, DC then AC bands). libjpeg decodes

@@ -44,11 +44,13 @@ import ray
 from ray import serve
 from ray.exceptions import ActorUnavailableError, RayActorError, RayTaskError
 
-from ..engine.worker import BackgroundShare, BatchPolicy, EngineOutcome, EngineWorker, WorkerState
-from ..protocol import DropReason
+from robot_clients.protocol import DropReason
+
+from ..engine.outcome import EngineOutcome
+from ..engine.request_queue import BackgroundTask, PendingObservation, QueueClosed, RequestQueue
+from ..engine.worker import BackgroundShare, BatchPolicy, EngineWorker, WorkerState
 from .replica import Cosmos3Replica, EngineSpec
 from .router import ReplicaRouter
-from ..engine.request_queue import BackgroundTask, PendingObservation, QueueClosed, RequestQueue
 
 if TYPE_CHECKING:
     from ..server import PolicyServer

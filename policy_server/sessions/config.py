@@ -16,9 +16,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from cosmos3_runtime.requests import ActionRequest
+from robot_clients.client_frames import ObservationFrame
+from robot_clients.protocol import ErrorCode, ProtocolError
 
 from ..media.camera_composition import compose_named
-from ..protocol import ErrorCode, ObservationFrame, ProtocolError
 
 # Modes the realtime endpoint serves. forward_dynamics (video rollouts) belongs to the HTTP job API.
 REALTIME_MODES = ("policy", "inverse_dynamics")

@@ -14,25 +14,11 @@ import enum
 from dataclasses import dataclass
 from typing import Any, Mapping
 
-from .. import protocol
 from ..log_hygiene import printable
 
 # Prompts from an operator are held to the same bound the model states for any prompt.
 DEFAULT_MAX_PROMPT_CHARS = 2000
 MAX_REASON_CHARS = 200
-
-
-class SessionState(str, enum.Enum):
-    """Whether a session's observations reach the model.
-
-    ``running``: as usual. ``paused``: observations are answered ``dropped`` (``paused``) and the robot
-    holds; an operator can resume. ``stopped``: the session is over; the server closes the connection
-    (1000) and the client does not reconnect.
-    """
-
-    RUNNING = "running"
-    PAUSED = "paused"
-    STOPPED = "stopped"
 
 
 class ControlAction(str, enum.Enum):
@@ -99,17 +85,3 @@ def parse_control(message: Mapping[str, Any], max_prompt_chars: int = DEFAULT_MA
                 "prompt",
             )
     return OperatorControl(session_id, action, reason[:MAX_REASON_CHARS], prompt)
-
-
-def session_state_frame(session_id: str, state: SessionState, reason: str, source: str = "operator") -> dict[str, Any]:
-    """Server -> robot: the session is now ``state`` (``reason`` is for people, may be empty)."""
-    return {"type": protocol.SESSION_STATE, "session_id": session_id, "state": state.value, "reason": reason,
-            "source": source}
-
-
-def session_updated_frame(
-    session_id: str, config: dict[str, Any], changed: list[str], reason: str, source: str = "operator"
-) -> dict[str, Any]:
-    """Server -> robot: someone other than the robot changed settings ``changed``; ``config`` is the result."""
-    return {"type": protocol.SESSION_UPDATED, "session_id": session_id, "config": config, "changed": changed,
-            "reason": reason, "source": source}

@@ -1,7 +1,7 @@
 """One robot's connection to ``/v1/actions/realtime``: where a request enters and where actions leave.
 
 A :class:`RealtimeSession` lives as long as its WebSocket. It sends ``metadata``, then reads frames in a
-loop: each is decoded with the shared wire codec, parsed by :mod:`policy_server.protocol`, and either
+loop: each is decoded with the shared wire codec, parsed by :mod:`robot_clients.client_frames`, and either
 answered at once (``configure``, ``cancel``, ``reset``, errors) or turned into a
 :class:`~policy_server.engine.request_queue.PendingObservation` and put in the server's request queue. The
 engine worker calls back (on the event loop) with ``on_result`` / ``on_dropped``; replies go through a
@@ -33,19 +33,18 @@ import numpy as np
 from websockets.asyncio.server import ServerConnection
 from websockets.exceptions import ConnectionClosed
 
+from robot_clients import client_frames, protocol
+from robot_clients.protocol import (
+    DropReason, ErrorCode, ProtocolError, SessionState, session_state_frame, session_updated_frame,
+)
 from robot_clients.wire_codec import WireFormatError, packb, unpackb
 
-from .. import protocol
-from .supervisor import close_connection
-from ..engine.worker import EngineOutcome
-from .outbox import OutboxFull, paced
-from ..protocol import DropReason, ErrorCode, ProtocolError
+from ..engine.outcome import EngineOutcome
 from ..engine.request_queue import PendingObservation, QueueClosed
 from .config import SessionConfig, merge_session_config, observation_request, settings_used
-from .controls import (
-    ControlAction, ControlError, ControlErrorCode, OperatorControl, SessionState, session_state_frame,
-    session_updated_frame,
-)
+from .controls import ControlAction, ControlError, ControlErrorCode, OperatorControl
+from .outbox import OutboxFull, paced
+from .supervisor import close_connection
 from .telemetry import SessionTelemetry
 
 if TYPE_CHECKING:
@@ -180,14 +179,14 @@ class RealtimeSession:
                 raise ProtocolError(ErrorCode.BAD_FRAME, exc.message, exc.field) from None
             if isinstance(decoded, dict) and isinstance(decoded.get("seq"), int):
                 seq = decoded["seq"]  # so that even an early error names the observation it is about
-            frame = protocol.parse_client_frame(decoded, self.server.frame_limits)
-            if isinstance(frame, protocol.ObservationFrame):
+            frame = client_frames.parse_client_frame(decoded, self.server.frame_limits)
+            if isinstance(frame, client_frames.ObservationFrame):
                 self._on_observation(frame, received_at)
-            elif isinstance(frame, protocol.ConfigureFrame):
+            elif isinstance(frame, client_frames.ConfigureFrame):
                 self._on_configure(frame)
-            elif isinstance(frame, protocol.CancelFrame):
+            elif isinstance(frame, client_frames.CancelFrame):
                 self._on_cancel(frame.seq)
-            elif isinstance(frame, protocol.ResetFrame):
+            elif isinstance(frame, client_frames.ResetFrame):
                 self._on_reset()
         except ProtocolError as exc:
             self.telemetry.record_error()
@@ -202,7 +201,7 @@ class RealtimeSession:
                 )
             )
 
-    def _on_configure(self, frame: protocol.ConfigureFrame) -> None:
+    def _on_configure(self, frame: client_frames.ConfigureFrame) -> None:
         self.config = merge_session_config(self.config, frame.settings, self.server.description)
         if "prompt" in frame.settings:
             self.operator_prompt = False
@@ -211,7 +210,7 @@ class RealtimeSession:
              "state": self.state.value}
         )
 
-    def _on_observation(self, obs: protocol.ObservationFrame, received_at: float) -> None:
+    def _on_observation(self, obs: client_frames.ObservationFrame, received_at: float) -> None:
         if not self.rate.take(received_at):
             raise ProtocolError(ErrorCode.RATE_LIMITED, self.rate.message(), None, obs.seq)
         if self.operator_prompt:

@@ -38,15 +38,16 @@ import numpy as np
 from websockets.asyncio.server import ServerConnection
 from websockets.exceptions import ConnectionClosed
 
+from robot_clients.client_frames import ObservationFrame
+from robot_clients.protocol import DropReason, ErrorCode, ProtocolError
 from robot_clients.wire_codec import WireFormatError, packb, unpackb
 
-from ..engine.worker import EngineOutcome
-from ..log_hygiene import printable
-from .outbox import OutboxFull, paced
-from .openpi_observation import CameraMapping, detect_convention, parse_openpi_observation
-from ..protocol import DropReason, ErrorCode, ObservationFrame, ProtocolError
+from ..engine.outcome import EngineOutcome
 from ..engine.request_queue import PendingObservation, QueueClosed
+from ..log_hygiene import printable
 from .config import SessionConfig, merge_session_config, observation_request
+from .openpi_observation import CameraMapping, detect_convention, parse_openpi_observation
+from .outbox import OutboxFull, paced
 
 if TYPE_CHECKING:
     from ..server import PolicyServer

@@ -40,8 +40,10 @@ from typing import Any, Mapping
 
 import numpy as np
 
+from robot_clients.client_frames import SESSION_SETTINGS, check_image_size, str_keys
+from robot_clients.protocol import ErrorCode, FrameLimits, ProtocolError
+
 from ..media.camera_composition import side_by_side
-from ..protocol import SESSION_SETTINGS, ErrorCode, FrameLimits, ProtocolError, check_image_size, str_keys
 
 VIEW_POINTS = ("ego_view", "third_person_view", "wrist_view", "concat_view")
 

@@ -30,9 +30,9 @@ from typing import Any, Iterable, Mapping, Sequence
 import numpy as np
 
 from cosmos3_runtime.requests import ActionChunk
+from robot_clients.protocol import ErrorCode
 
 from ..http.errors import ApiError
-from ..protocol import ErrorCode
 from .media import TENSOR_VALUE_KEYS, image_batch, video_clip
 from .parameters import (
     Mapped,

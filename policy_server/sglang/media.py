@@ -24,8 +24,9 @@ from typing import Any
 
 import numpy as np
 
+from robot_clients.protocol import ErrorCode
+
 from ..http.errors import ApiError
-from ..protocol import ErrorCode
 from .parameters import integer
 
 B64_KEYS = ("b64_json", "base64")

@@ -24,8 +24,9 @@ from typing import Any, Mapping
 
 import numpy as np
 
+from robot_clients.protocol import ErrorCode
+
 from ..http.errors import ApiError
-from ..protocol import ErrorCode
 
 # SGLang's normalization names (and ours) -> the runtime's profile kinds (``describe()["domains"]``).
 NORMALIZATION_KINDS = {

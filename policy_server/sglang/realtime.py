@@ -25,10 +25,10 @@ from __future__ import annotations
 from typing import Any, Mapping, Sequence
 
 from cosmos3_runtime.requests import ActionChunk
+from robot_clients.protocol import ErrorCode
 from robot_clients.wire_codec import WireFormatError, packb, unpackb
 
 from ..http.errors import ApiError
-from ..protocol import ErrorCode
 from .actions import ActionCall, build_reply, is_sglang_envelope, parse_action_envelope
 
 NATIVE = "native"

@@ -39,10 +39,11 @@ import numpy as np
 
 from cosmos3_runtime.errors import RuntimeErrorBase
 from cosmos3_runtime.requests import VideoRequest
+from robot_clients.protocol import ErrorCode
 
-from ..metrics import ServerMetrics
-from ..protocol import ErrorCode, engine_error_code
+from ..engine.outcome import engine_error_code
 from ..engine.request_queue import QueueClosed, RequestQueue
+from ..metrics import ServerMetrics
 from .encoding import VideoEncodingError, encode_mp4
 from .job_store import VideoJobStore
 from .jobs import JobNotFound, VideoJob, disk_full

@@ -1,9 +1,10 @@
-"""Native realtime protocol, version 1: the frames, their fields, and the error codes.
+"""What a client frame of the native protocol may contain, and the typed frames it is parsed into.
 
-This module is pure data: it turns decoded client frames into typed dataclasses (raising
-:class:`ProtocolError` with a stable code and the offending field when a frame is wrong) and builds the
-server's frames. It knows nothing about sockets, queues or models. ``docs/protocol.md`` is the
-user-facing description of everything here; keep the two in step.
+Pure data, like :mod:`robot_clients.protocol` (whose names and codes it uses): :func:`parse_client_frame`
+turns one decoded client frame into a typed dataclass, or raises :class:`ProtocolError` with a stable
+code and the offending field. The server parses every frame with it; a client may check its own frames
+with it before sending. It imports numpy and nothing else. ``docs/protocol.md`` is the user-facing
+description; keep the two in step.
 """
 
 from __future__ import annotations
@@ -14,82 +15,7 @@ from typing import Any, Mapping
 
 import numpy as np
 
-PROTOCOL_VERSION = 1
-
-# Client -> server frame types.
-CONFIGURE = "configure"
-OBSERVATION = "observation"
-CANCEL = "cancel"
-RESET = "reset"
-CLIENT_FRAME_TYPES = (CONFIGURE, OBSERVATION, CANCEL, RESET)
-
-# Server -> client frame types.
-METADATA = "metadata"
-SESSION = "session"
-ACTION_CHUNK = "action_chunk"
-DROPPED = "dropped"
-ERROR = "error"
-RESET_DONE = "reset_done"
-# Sent when an operator acts on the session (docs/protocol.md, "Operator controls").
-SESSION_STATE = "session_state"
-SESSION_UPDATED = "session_updated"
-# Something happened to the session on the server side (e.g. "replica_moved": its engine replica was lost).
-SESSION_EVENT = "session_event"
-
-
-class ErrorCode:
-    """Stable error codes. Clients branch on these; never rename one, only add."""
-
-    BAD_FRAME = "bad_frame"  # not binary msgpack, not a map, or a malformed array
-    UNKNOWN_TYPE = "unknown_type"  # `type` is missing or not a frame this protocol knows
-    MISSING_FIELD = "missing_field"  # a required field is absent
-    INVALID_FIELD = "invalid_field"  # a field has the wrong type or an out-of-range value
-    INVALID_IMAGE = "invalid_image"  # image/video with the wrong dtype, rank, channel count or size
-    NOT_CONFIGURED = "not_configured"  # an observation arrived before any `configure`
-    UNKNOWN_DOMAIN = "unknown_domain"  # the embodiment is not one the loaded model knows
-    UNSUPPORTED_MODE = "unsupported_mode"  # the model (or this endpoint) cannot serve that action_mode
-    UNSUPPORTED_TIER = "unsupported_tier"  # the resolution tier is not one the variant supports
-    INVALID_REQUEST = "invalid_request"  # the engine refused the request as a whole, with no one field to blame
-    ENGINE_ERROR = "engine_error"  # the model failed on a valid request; details are in the server log
-    RATE_LIMITED = "rate_limited"  # more observations per second than the server allows a session; not queued
-    ENGINE_TIMEOUT = "engine_timeout"  # the engine call ran past --engine-timeout-s; the engine is being restarted
-
-
-def engine_error_code(runtime_code: str, field: str | None) -> str:
-    """The protocol code for an error the engine raised (``cosmos3_runtime.errors``).
-
-    A value is wrong whoever finds it: the engine's ``invalid_request`` naming a field is the same
-    ``invalid_field`` the server answers when it finds the value wrong first. A checkpoint problem at
-    request time is the server's failure, not the client's.
-    """
-    if runtime_code == ErrorCode.INVALID_REQUEST and field is not None:
-        return ErrorCode.INVALID_FIELD
-    if runtime_code == "checkpoint_error":
-        return ErrorCode.ENGINE_ERROR
-    return runtime_code
-
-
-class DropReason:
-    """Why an observation was not answered with actions. Each seq gets exactly one terminal reply."""
-
-    SUPERSEDED = "superseded"  # a newer observation of the same session replaced it while it waited
-    DEADLINE = "deadline"  # its deadline_ms passed before it reached the engine
-    CANCELLED = "cancelled"  # the client sent `cancel` (or `reset`) for it
-    SHUTDOWN = "shutdown"  # the server is stopping and will not start it
-    PAUSED = "paused"  # an operator paused the session: it was (or would have been) waiting when that happened
-    STOPPED = "stopped"  # an operator stopped the session
-
-
-class ProtocolError(Exception):
-    """A client frame is wrong. Answered with an ``error`` frame; the session continues."""
-
-    def __init__(self, code: str, message: str, field: str | None = None, seq: int | None = None) -> None:
-        super().__init__(message)
-        self.code = code
-        self.message = message
-        self.field = field
-        self.seq = seq
-
+from .protocol import CANCEL, CLIENT_FRAME_TYPES, CONFIGURE, OBSERVATION, RESET, ErrorCode, FrameLimits, ProtocolError
 
 # ---------------------------------------------------------------------------------------------------
 # Typed client frames
@@ -166,15 +92,6 @@ class ResetFrame:
 
 
 ClientFrame = ConfigureFrame | ObservationFrame | CancelFrame | ResetFrame
-
-
-@dataclass(frozen=True)
-class FrameLimits:
-    """What the server accepts in one observation (from the engine's ``describe()["limits"]``)."""
-
-    min_image_side: int
-    max_image_side: int
-    max_clip_frames: int
 
 
 def _type_name(types: tuple[type, ...]) -> str:
@@ -432,16 +349,3 @@ def parse_client_frame(message: Any, limits: FrameLimits) -> ClientFrame:
         f"unknown frame type {frame_type!r}; expected one of {', '.join(CLIENT_FRAME_TYPES)}",
         "type",
     )
-
-
-# ---------------------------------------------------------------------------------------------------
-# Server frames
-# ---------------------------------------------------------------------------------------------------
-
-
-def error_frame(code: str, message: str, field: str | None = None, seq: int | None = None) -> dict[str, Any]:
-    return {"type": ERROR, "seq": seq, "code": code, "message": message, "field": field}
-
-
-def dropped_frame(seq: int, reason: str, message: str) -> dict[str, Any]:
-    return {"type": DROPPED, "seq": seq, "reason": reason, "message": message}

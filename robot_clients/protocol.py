@@ -1,0 +1,197 @@
+"""Native realtime protocol, version 1: its names, codes, errors and frames, shared by both ends.
+
+This is the protocol's sans-I/O core, as in the ``websockets`` library: the robot's clients and the
+server import the same frame names, paths, error codes and frame builders from here, so neither end
+re-types the other's strings. It imports nothing but the standard library: a robot gets it with the wire
+codec and nothing else. What a client frame may contain, and the typed frames the server parses it into,
+are in :mod:`robot_clients.client_frames` (numpy only). ``docs/protocol.md`` is the user-facing
+description of everything here; keep the two in step.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+from typing import Any, Mapping
+
+PROTOCOL_VERSION = 1
+
+# Where the native protocol is served, and the liveness answer on the same port.
+REALTIME_PATH = "/v1/actions/realtime"
+HEALTH_PATH = "/healthz"
+
+# Client -> server frame types.
+CONFIGURE = "configure"
+OBSERVATION = "observation"
+CANCEL = "cancel"
+RESET = "reset"
+CLIENT_FRAME_TYPES = (CONFIGURE, OBSERVATION, CANCEL, RESET)
+
+# Server -> client frame types.
+METADATA = "metadata"
+SESSION = "session"
+ACTION_CHUNK = "action_chunk"
+DROPPED = "dropped"
+ERROR = "error"
+RESET_DONE = "reset_done"
+# Sent when an operator acts on the session (docs/protocol.md, "Operator controls").
+SESSION_STATE = "session_state"
+SESSION_UPDATED = "session_updated"
+# Something happened to the session on the server side (e.g. "replica_moved": its engine replica was lost).
+SESSION_EVENT = "session_event"
+
+
+class SessionState(str, enum.Enum):
+    """Whether a session's observations reach the model (the ``state`` of a ``session_state`` frame).
+
+    ``running``: as usual. ``paused``: observations are answered ``dropped`` (``paused``) and the robot
+    holds; an operator can resume. ``stopped``: the session is over; the server closes the connection
+    (1000) and the client does not reconnect.
+    """
+
+    RUNNING = "running"
+    PAUSED = "paused"
+    STOPPED = "stopped"
+
+
+class ErrorCode:
+    """Stable error codes. Clients branch on these; never rename one, only add."""
+
+    BAD_FRAME = "bad_frame"  # not binary msgpack, not a map, or a malformed array
+    UNKNOWN_TYPE = "unknown_type"  # `type` is missing or not a frame this protocol knows
+    MISSING_FIELD = "missing_field"  # a required field is absent
+    INVALID_FIELD = "invalid_field"  # a field has the wrong type or an out-of-range value
+    INVALID_IMAGE = "invalid_image"  # image/video with the wrong dtype, rank, channel count or size
+    NOT_CONFIGURED = "not_configured"  # an observation arrived before any `configure`
+    UNKNOWN_DOMAIN = "unknown_domain"  # the embodiment is not one the loaded model knows
+    UNSUPPORTED_MODE = "unsupported_mode"  # the model (or this endpoint) cannot serve that action_mode
+    UNSUPPORTED_TIER = "unsupported_tier"  # the resolution tier is not one the variant supports
+    INVALID_REQUEST = "invalid_request"  # the engine refused the request as a whole, with no one field to blame
+    ENGINE_ERROR = "engine_error"  # the model failed on a valid request; details are in the server log
+    RATE_LIMITED = "rate_limited"  # more observations per second than the server allows a session; not queued
+    ENGINE_TIMEOUT = "engine_timeout"  # the engine call ran past --engine-timeout-s; the engine is being restarted
+
+
+class DropReason:
+    """Why an observation was not answered with actions. Each seq gets exactly one terminal reply."""
+
+    SUPERSEDED = "superseded"  # a newer observation of the same session replaced it while it waited
+    DEADLINE = "deadline"  # its deadline_ms passed before it reached the engine
+    CANCELLED = "cancelled"  # the client sent `cancel` (or `reset`) for it
+    SHUTDOWN = "shutdown"  # the server is stopping and will not start it
+    PAUSED = "paused"  # an operator paused the session: it was (or would have been) waiting when that happened
+    STOPPED = "stopped"  # an operator stopped the session
+
+
+class CodedError(Exception):
+    """An error with a stable ``code``, a ``message`` that says what to fix, and the ``field`` it is about.
+
+    Every error this project answers has this shape, whatever carries it: an ``error`` frame of this
+    protocol, an HTTP error body, an observer's refused control, an openpi error text.
+    """
+
+    def __init__(self, code: str, message: str, field: str | None = None) -> None:
+        super().__init__(message)
+        self.code = code
+        self.message = message
+        self.field = field
+
+    def text(self) -> str:
+        """``"<code>: <message> (field: <field>)"``: the error as one line of text."""
+        return f"{self.code}: {self.message}" + (f" (field: {self.field})" if self.field else "")
+
+
+class ProtocolError(CodedError):
+    """A client frame is wrong. Answered with an ``error`` frame (tagged with ``seq`` when known); the
+    session continues."""
+
+    def __init__(self, code: str, message: str, field: str | None = None, seq: int | None = None) -> None:
+        super().__init__(code, message, field)
+        self.seq = seq
+
+
+@dataclass(frozen=True)
+class FrameLimits:
+    """What the server accepts in one observation or request: the pixel and frame bounds of the model
+    (``describe()["limits"]``), and, for HTTP bodies, the pixels one request may decode to (None: no
+    such bound)."""
+
+    min_image_side: int = 1
+    max_image_side: int = 4096
+    max_clip_frames: int = 65
+    max_decoded_bytes: int | None = None
+
+    @classmethod
+    def from_limits(cls, limits: Mapping[str, Any], max_decoded_bytes: int | None = None) -> "FrameLimits":
+        """From the engine's ``describe()["limits"]`` (missing bounds keep their defaults)."""
+        return cls(min_image_side=int(limits.get("min_image_side", cls.min_image_side)),
+                   max_image_side=int(limits.get("max_image_side", cls.max_image_side)),
+                   max_clip_frames=int(limits.get("max_clip_frames", cls.max_clip_frames)),
+                   max_decoded_bytes=max_decoded_bytes)
+
+
+# ---------------------------------------------------------------------------------------------------
+# Client frames
+# ---------------------------------------------------------------------------------------------------
+
+
+def configure_frame(settings: Mapping[str, Any]) -> dict[str, Any]:
+    return {"type": CONFIGURE, **settings}
+
+
+def observation_frame(seq: int, fields: Mapping[str, Any], settings: Mapping[str, Any]) -> dict[str, Any]:
+    """An ``observation``: its ``fields`` (media, deadline, prefix, timestamp) and ``settings`` for it alone."""
+    frame = {key: value for key, value in fields.items() if key not in ("type", "seq")}
+    frame.update(settings)
+    frame["type"] = OBSERVATION
+    frame["seq"] = seq
+    return frame
+
+
+def cancel_frame(seq: int | None) -> dict[str, Any]:
+    return {"type": CANCEL, "seq": seq}
+
+
+def reset_frame() -> dict[str, Any]:
+    return {"type": RESET}
+
+
+# ---------------------------------------------------------------------------------------------------
+# Server frames
+# ---------------------------------------------------------------------------------------------------
+
+
+def error_frame(code: str, message: str, field: str | None = None, seq: int | None = None) -> dict[str, Any]:
+    return {"type": ERROR, "seq": seq, "code": code, "message": message, "field": field}
+
+
+def dropped_frame(seq: int, reason: str, message: str) -> dict[str, Any]:
+    return {"type": DROPPED, "seq": seq, "reason": reason, "message": message}
+
+
+def session_frame(session_id: str, config: Mapping[str, Any], state: SessionState) -> dict[str, Any]:
+    """The reply to ``configure``: the session's settings with the model's defaults resolved."""
+    return {"type": SESSION, "session_id": session_id, "config": dict(config), "state": state.value}
+
+
+def reset_done_frame(session_id: str) -> dict[str, Any]:
+    return {"type": RESET_DONE, "session_id": session_id}
+
+
+def session_state_frame(session_id: str, state: SessionState, reason: str, source: str = "operator") -> dict[str, Any]:
+    """The session is now ``state`` (``reason`` is for people, may be empty)."""
+    return {"type": SESSION_STATE, "session_id": session_id, "state": state.value, "reason": reason,
+            "source": source}
+
+
+def session_updated_frame(
+    session_id: str, config: Mapping[str, Any], changed: list[str], reason: str, source: str = "operator"
+) -> dict[str, Any]:
+    """Someone other than the robot changed settings ``changed``; ``config`` is the result."""
+    return {"type": SESSION_UPDATED, "session_id": session_id, "config": dict(config), "changed": changed,
+            "reason": reason, "source": source}
+
+
+def session_event_frame(session_id: str, event: str, details: Mapping[str, Any]) -> dict[str, Any]:
+    """Something happened to the session on the server's side (e.g. ``replica_moved``)."""
+    return {"type": SESSION_EVENT, "session_id": session_id, "event": event, **details}
