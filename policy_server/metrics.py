@@ -204,7 +204,7 @@ class ServerMetrics:
                 queue_s=taken - item.enqueued_at,
                 model_s=outcome.engine_ms / 1e3,
                 total_s=(outcome.done_at or time.monotonic()) - item.received_at,
-                error_code=outcome.error_code,
+                error_code=outcome.error.code if outcome.error is not None else None,
             )
 
     # -- exposition --------------------------------------------------------------------------------

@@ -7,6 +7,8 @@ from typing import Any
 
 import numpy as np
 
+from .protocol import CodedError
+
 
 @dataclass
 class ActionChunk:
@@ -64,14 +66,12 @@ class PolicyClientError(Exception):
     """Base of the errors a policy client raises."""
 
 
-class ServerError(PolicyClientError):
+class ServerError(PolicyClientError, CodedError):
     """The server answered with an ``error`` frame: ``code`` is stable, ``field`` names the culprit."""
 
     def __init__(self, code: str, message: str, field: str | None = None, seq: int | None = None) -> None:
-        super().__init__(f"{code}: {message}" + (f" (field: {field})" if field else ""))
-        self.code = code
-        self.message = message
-        self.field = field
+        CodedError.__init__(self, code, message, field)
+        self.args = (self.text(),)
         self.seq = seq
 
 

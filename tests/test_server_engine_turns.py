@@ -15,8 +15,8 @@ import numpy as np
 import pytest
 
 from cosmos3_runtime.requests import ActionRequest, VideoRequest
-from policy_server.engine.worker import BackgroundShare, EngineWorker
 from policy_server.engine.request_queue import PendingObservation, RequestQueue
+from policy_server.engine.worker import BackgroundShare, EngineWorker
 from policy_server.videos.runner import VideoRolloutTask
 
 pytestmark = pytest.mark.timeout(180)
@@ -126,7 +126,7 @@ async def test_a_video_job_advances_and_completes_while_robots_wait_continuously
         queue.close()
         await asyncio.to_thread(worker.stop, 30)
 
-    assert result is not None and result.error_code is None and result.frames is not None
+    assert result is not None and result.error is None and result.frames is not None
     assert all(waiting >= 1 for waiting in engine.waiting_at_video_steps), engine.waiting_at_video_steps
     steps = [(started, ended) for kind, _, started, ended in engine.log if kind == "video"]
     assert len(steps) >= 3  # denoising steps, then the decode

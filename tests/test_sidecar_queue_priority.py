@@ -114,7 +114,7 @@ async def test_a_robot_is_served_between_the_steps_of_a_running_video(tiny_engin
     result = await asyncio.wait_for(video.done, 120)
     queue.close()
     await asyncio.to_thread(worker.stop, 10)
-    assert result.error_code is None and result.frames.shape[0] == 9
+    assert result.error is None and result.frames.shape[0] == 9
     assert [kind for kind, _ in finished] == ["robot"]
     robot_done = finished[0][1].done_at
     assert robot_done < video.started_at + result.engine_s  # answered while the video was still running

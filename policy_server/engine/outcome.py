@@ -1,15 +1,22 @@
-"""What the engine made of one observation, as its owner receives it: a chunk, or a coded error.
+"""What the engine made of one request, as its owner receives it: a chunk, or a coded error.
 
 The engine raises the runtime's typed errors (``cosmos3_runtime.errors``: a ``code``, a ``message`` and the
-``field`` at fault); they become protocol error codes here, in one place, for every way a request came in.
+``field`` at fault). :func:`engine_failure` turns whatever an engine call raised into the
+:class:`~robot_clients.protocol.CodedError` a client sees, in one place for every way a request came in
+(a robot's observation, an HTTP action generation, a video job).
 """
 
 from __future__ import annotations
 
+import logging
+import uuid
 from dataclasses import dataclass
 
+from cosmos3_runtime.errors import RuntimeErrorBase
 from cosmos3_runtime.requests import ActionChunk
-from robot_clients.protocol import ErrorCode
+from robot_clients.protocol import CodedError, ErrorCode
+
+logger = logging.getLogger(__name__)
 
 
 def engine_error_code(runtime_code: str, field: str | None) -> str:
@@ -26,13 +33,23 @@ def engine_error_code(runtime_code: str, field: str | None) -> str:
     return runtime_code
 
 
+def engine_failure(exc: BaseException, what: str, context: str) -> CodedError:
+    """The error a client sees for an engine call that raised ``exc`` on its ``what`` (``observation``,
+    ``job``). The runtime's typed errors are the client's to see (a stable code, a message, a field); any
+    other failure is ours: its traceback goes to the log (about ``context``), the client gets a reference."""
+    if isinstance(exc, RuntimeErrorBase):
+        return CodedError(engine_error_code(exc.code, exc.field), exc.message, exc.field)
+    reference = uuid.uuid4().hex[:12]
+    logger.error("the engine failed on %s (ref %s)", context, reference, exc_info=exc)
+    return CodedError(ErrorCode.ENGINE_ERROR,
+                      f"the model failed on this {what}; the server log has details (ref {reference})")
+
+
 @dataclass
 class EngineOutcome:
-    """What the engine made of one observation: a chunk, or an error to send to the client."""
+    """What the engine made of one observation: a chunk, or (``chunk`` None) the error to send to the client."""
 
     chunk: ActionChunk | None = None
-    error_code: str | None = None
-    error_message: str | None = None
-    error_field: str | None = None
+    error: CodedError | None = None
     engine_ms: float = 0.0
     done_at: float = 0.0

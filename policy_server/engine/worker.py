@@ -34,12 +34,11 @@ import uuid
 from dataclasses import dataclass
 from typing import Any, Callable, Protocol
 
-from cosmos3_runtime.errors import RuntimeErrorBase
 from cosmos3_runtime.requests import ActionChunk, ActionRequest
-from robot_clients.protocol import DropReason, ErrorCode
+from robot_clients.protocol import CodedError, DropReason, ErrorCode
 
 from .cpu_threads import configure_worker_threads
-from .outcome import EngineOutcome, engine_error_code
+from .outcome import EngineOutcome, engine_failure
 from .request_queue import BackgroundTask, PendingObservation, RequestQueue
 
 logger = logging.getLogger(__name__)
@@ -223,17 +222,12 @@ class EngineWorker:
         logger.error("engine call stuck for %.1f s (limit %g s, ref %s): failing %d request(s)%s, abandoning thread %s "
                      "and loading a fresh engine", stuck_for, timeout_s, reference, len(items),
                      " and a background task" if task is not None else "", self._thread.name)
-        message = (f"the engine did not finish within {timeout_s:g} s; the server is restarting it (ref {reference}). "
-                   "Retry once it is ready")
+        error = CodedError(ErrorCode.ENGINE_TIMEOUT, f"the engine did not finish within {timeout_s:g} s; the server is "
+                           f"restarting it (ref {reference}). Retry once it is ready")
         for item in items:
-            item.owner.on_result(item, EngineOutcome(error_code=ErrorCode.ENGINE_TIMEOUT, error_message=message,
-                                                     engine_ms=stuck_for * 1e3, done_at=time.monotonic()))
+            item.owner.on_result(item, EngineOutcome(error=error, engine_ms=stuck_for * 1e3, done_at=time.monotonic()))
         if task is not None:
-            on_timeout = getattr(task.owner, "on_timeout", None)
-            if on_timeout is not None:
-                on_timeout(task, ErrorCode.ENGINE_TIMEOUT, message)
-            else:
-                task.owner.on_dropped(task, ErrorCode.ENGINE_TIMEOUT)
+            task.owner.on_timeout(task, error)
         self._thread = threading.Thread(target=self._run, name=f"engine-worker-{self.restarts}", daemon=True)
         self._thread.start()
 
@@ -390,24 +384,10 @@ class EngineWorker:
         return [self._outcome(item, result, (done - t0) * 1e3, done) for item, result in zip(batch, results)]
 
     def _outcome(self, item: PendingObservation, result: Any, engine_ms: float, done: float) -> EngineOutcome:
-        if isinstance(result, RuntimeErrorBase):
-            # The engine's typed errors are the client's to see: a stable code, a message, a field.
-            self.failed += 1
-            code = engine_error_code(result.code, result.field)
-            return EngineOutcome(error_code=code, error_message=result.message, error_field=result.field,
-                                 engine_ms=engine_ms, done_at=done)
         if isinstance(result, BaseException):
-            # An internal failure: the traceback goes to the log, the client gets a reference to it.
             self.failed += 1
-            reference = uuid.uuid4().hex[:12]
-            logger.error("engine failed on seq %s of session %s (ref %s)", item.seq, item.session_id, reference,
-                         exc_info=result)
-            return EngineOutcome(
-                error_code=ErrorCode.ENGINE_ERROR,
-                error_message=f"the model failed on this observation; the server log has details (ref {reference})",
-                engine_ms=engine_ms,
-                done_at=done,
-            )
+            error = engine_failure(result, "observation", f"seq {item.seq} of session {item.session_id}")
+            return EngineOutcome(error=error, engine_ms=engine_ms, done_at=done)
         self.completed += 1
         return EngineOutcome(chunk=result, engine_ms=engine_ms, done_at=done)
 

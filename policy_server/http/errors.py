@@ -5,7 +5,8 @@ Every error the sidecar answers has the same body, whatever went wrong::
     {"error": {"code": "unknown_domain", "message": "unknown domain 'x'; ...", "field": "domain_name"}}
 
 ``code`` is stable (clients branch on it; never rename one, only add), ``message`` says what to fix,
-``field`` names the offending request field when there is one. The codes of the realtime protocol
+``field`` names the offending request field when there is one. :class:`ApiError` is the protocol's :class:`~robot_clients.protocol.CodedError` with an HTTP status.
+The codes of the realtime protocol
 (:class:`robot_clients.protocol.ErrorCode`) keep their meaning here; :class:`HttpErrorCode` adds the
 ones only HTTP has. Internals (tracebacks, paths, exception names) never reach the client: an
 unexpected failure is logged with a reference the client gets instead.
@@ -16,7 +17,7 @@ from __future__ import annotations
 from http import HTTPStatus
 from typing import Any
 
-from robot_clients.protocol import ErrorCode
+from robot_clients.protocol import CodedError, ErrorCode
 
 
 class HttpErrorCode:
@@ -73,8 +74,9 @@ def status_for(code: str) -> int:
     return int(_STATUS.get(code, HTTPStatus.BAD_REQUEST))
 
 
-class ApiError(Exception):
-    """An error to answer the client with. Raise it anywhere in a request's handling."""
+class ApiError(CodedError):
+    """An error to answer the client with, and the HTTP status (and headers) it goes with. Raise it
+    anywhere in a request's handling."""
 
     def __init__(
         self,
@@ -85,12 +87,14 @@ class ApiError(Exception):
         status: int | None = None,
         headers: dict[str, str] | None = None,
     ) -> None:
-        super().__init__(message)
-        self.code = code
-        self.message = message
-        self.field = field
+        super().__init__(code, message, field)
         self.status = status if status is not None else status_for(code)
         self.headers = headers or {}
+
+    @classmethod
+    def of(cls, error: CodedError) -> "ApiError":
+        """``error`` (a protocol or settings check's) as an HTTP answer: same code, message and field."""
+        return error if isinstance(error, ApiError) else cls(error.code, error.message, error.field)
 
     def body(self) -> dict[str, Any]:
         return {"error": {"code": self.code, "message": self.message, "field": self.field}}

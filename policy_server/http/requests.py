@@ -79,7 +79,7 @@ def _schedule(num_steps: int | None, guidance: float | None, description: dict[s
     try:
         check_schedule(num_steps, guidance, description)
     except ProtocolError as exc:
-        raise ApiError(exc.code, exc.message, exc.field) from None
+        raise ApiError.of(exc) from None
 
 
 def _tier_and_view(tier: int | None, view_point: str | None, description: dict[str, Any]) -> None:
@@ -208,7 +208,7 @@ def action_request(fields: dict[str, Any], description: dict[str, Any],
         return config.action_request(ObservationFrame(seq=0, image=image, video=video, prefix_actions=prefix),
                                      description)
     except ProtocolError as exc:
-        raise ApiError(exc.code, exc.message, exc.field) from None
+        raise ApiError.of(exc) from None
 
 
 def actions_payload(actions: np.ndarray, as_msgpack: bool) -> Any:

@@ -652,8 +652,7 @@ def build_app(sidecar: HttpSidecar) -> FastAPI:
             code = HttpErrorCode.SHUTTING_DOWN if outcome == DropReason.SHUTDOWN else HttpErrorCode.TIMEOUT
             raise ApiError(code, f"the request was dropped ({outcome})")
         if outcome.chunk is None:
-            raise ApiError(outcome.error_code or ErrorCode.ENGINE_ERROR, outcome.error_message or "the model failed",
-                           outcome.error_field)
+            raise ApiError.of(outcome.error)
         chunk = outcome.chunk
         generation = ActionGeneration(
             id=f"actgen_{uuid.uuid4().hex}",

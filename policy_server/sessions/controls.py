@@ -14,6 +14,8 @@ import enum
 from dataclasses import dataclass
 from typing import Any, Mapping
 
+from robot_clients.protocol import CodedError
+
 from ..log_hygiene import printable
 
 # Prompts from an operator are held to the same bound the model states for any prompt.
@@ -37,14 +39,8 @@ class ControlErrorCode:
     INVALID_STATE = "invalid_state"  # e.g. resuming a stopped session, a prompt before `configure`
 
 
-class ControlError(Exception):
-    """An operator control was refused; the observer is told ``code`` and ``message``."""
-
-    def __init__(self, code: str, message: str, field: str | None = None) -> None:
-        super().__init__(message)
-        self.code = code
-        self.message = message
-        self.field = field
+class ControlError(CodedError):
+    """An operator control was refused; the observer is told ``code``, ``message`` and ``field``."""
 
 
 @dataclass(frozen=True)

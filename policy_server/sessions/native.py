@@ -335,7 +335,8 @@ class RealtimeSession:
         del self.in_flight[item.seq]
         if outcome.chunk is None:
             self.telemetry.record_error()
-            self._send(protocol.error_frame(outcome.error_code, outcome.error_message, outcome.error_field, item.seq))
+            error = outcome.error
+            self._send(protocol.error_frame(error.code, error.message, error.field, item.seq))
             return
         self.answered += 1
         frame = self._chunk_frame(item, outcome)

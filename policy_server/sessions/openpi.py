@@ -39,7 +39,7 @@ from websockets.asyncio.server import ServerConnection
 from websockets.exceptions import ConnectionClosed
 
 from robot_clients.client_frames import ObservationFrame
-from robot_clients.protocol import DropReason, ErrorCode, ProtocolError
+from robot_clients.protocol import CodedError, DropReason, ErrorCode, ProtocolError
 from robot_clients.wire_codec import WireFormatError, packb, unpackb
 
 from ..engine.outcome import EngineOutcome
@@ -102,7 +102,7 @@ def openpi_arrays(obj: Any) -> Any:
 
 
 def error_text(code: str, message: str, field: str | None = None) -> str:
-    return f"{code}: {message}" + (f" (field: {field})" if field else "")
+    return CodedError(code, message, field).text()
 
 
 class OpenpiSession:
@@ -276,8 +276,7 @@ class OpenpiSession:
         if self.closed or self.in_flight.pop(item.seq, None) is not item:
             return
         if outcome.chunk is None:
-            self._send_error(outcome.error_code or ErrorCode.ENGINE_ERROR, outcome.error_message or "failed",
-                             outcome.error_field)
+            self._send_error(outcome.error.code, outcome.error.message, outcome.error.field)
             return
         self.answered += 1
         chunk = outcome.chunk

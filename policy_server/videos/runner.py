@@ -37,11 +37,10 @@ from typing import Any, Awaitable, Callable
 
 import numpy as np
 
-from cosmos3_runtime.errors import RuntimeErrorBase
 from cosmos3_runtime.requests import VideoRequest
-from robot_clients.protocol import ErrorCode
+from robot_clients.protocol import CodedError, ErrorCode
 
-from ..engine.outcome import engine_error_code
+from ..engine.outcome import engine_failure
 from ..engine.request_queue import QueueClosed, RequestQueue
 from ..metrics import ServerMetrics
 from .encoding import VideoEncodingError, encode_mp4
@@ -83,9 +82,7 @@ class VideoRolloutResult:
     fps: float = 0.0
     seed: int | None = None
     timing: dict[str, float] = field(default_factory=dict)
-    error_code: str | None = None
-    error_message: str | None = None
-    error_field: str | None = None
+    error: CodedError | None = None
     engine_s: float = 0.0
 
 
@@ -136,18 +133,9 @@ class VideoRolloutTask:
             while not rollout.step():
                 between_steps()
             result = rollout.result()
-        except RuntimeErrorBase as exc:
-            code = engine_error_code(exc.code, exc.field)
-            return VideoRolloutResult(error_code=code, error_message=exc.message, error_field=exc.field,
+        except Exception as exc:  # noqa: BLE001 - a failure is the result (the client's, or ours with a reference)
+            return VideoRolloutResult(error=engine_failure(exc, "job", f"video job {self.job_id}"),
                                       engine_s=time.monotonic() - t0)
-        except Exception:  # noqa: BLE001 - internal: the log gets the traceback, the client a reference
-            reference = uuid.uuid4().hex[:12]
-            logger.exception("video job %s failed in the engine (ref %s)", self.job_id, reference)
-            return VideoRolloutResult(
-                error_code=ErrorCode.ENGINE_ERROR,
-                error_message=f"the model failed on this job; the server log has details (ref {reference})",
-                engine_s=time.monotonic() - t0,
-            )
         return VideoRolloutResult(frames=result.frames, fps=result.fps, seed=result.seed,
                                   timing=result.timing.as_dict(), engine_s=time.monotonic() - t0)
 
@@ -160,12 +148,12 @@ class VideoRolloutTask:
         if not self.done.done():
             self.done.set_result(None)  # never ran (the queue closed): the job goes back to queued
 
-    def on_timeout(self, task: "VideoRolloutTask", code: str, message: str) -> None:
+    def on_timeout(self, task: "VideoRolloutTask", error: CodedError) -> None:
         """The watchdog abandoned the hung engine call of this rollout: the job fails (not re-queued, so a
         job that hangs the engine cannot do it again and again)."""
         if not self.done.done():
             engine_s = time.monotonic() - self.started_at if self.started_at is not None else 0.0
-            self.done.set_result(VideoRolloutResult(error_code=code, error_message=message, engine_s=engine_s))
+            self.done.set_result(VideoRolloutResult(error=error, engine_s=engine_s))
 
 
 class VideoJobRunner:
@@ -344,9 +332,9 @@ class VideoJobRunner:
         queue_s = (task.started_at or task.enqueued_at) - task.enqueued_at
         if result.frames is None:
             self.failed += 1
-            await self._fail(job.id, result.error_code or ErrorCode.ENGINE_ERROR,
-                             result.error_message or "the model failed on this job", result.error_field)
-            self._observe(job, queue_s, result, result.error_code)
+            error = result.error or CodedError(ErrorCode.ENGINE_ERROR, "the model failed on this job")
+            await self._fail(job.id, error.code, error.message, error.field)
+            self._observe(job, queue_s, result, error.code)
             return
         await asyncio.to_thread(self._set_progress, job.id, PROGRESS_ENCODING)
         try:
