@@ -135,7 +135,7 @@ class PolicyServer:
         self.origins = OriginPolicy(self.settings.allowed_origins)
         self.supervisor = ConnectionSupervisor(self, self.settings.connection_limits)
         self.description: dict[str, Any] = {}
-        self.frame_limits = FrameLimits(min_image_side=1, max_image_side=4096, max_clip_frames=65)
+        self.frame_limits = FrameLimits()
         self.worker: EngineBackend | None = None
         self.sidecar: HttpSidecar | None = None
         self.stopping = False
@@ -208,12 +208,7 @@ class PolicyServer:
         assert self.worker is not None, "start() first"
         description = await self.worker.wait_ready()
         self.description = description
-        limits = description.get("limits", {})
-        self.frame_limits = FrameLimits(
-            min_image_side=int(limits.get("min_image_side", 1)),
-            max_image_side=int(limits.get("max_image_side", 4096)),
-            max_clip_frames=int(limits.get("max_clip_frames", 65)),
-        )
+        self.frame_limits = FrameLimits.from_limits(description.get("limits", {}))
         side = self.frame_limits.max_image_side
         if self.settings.max_message_bytes < side * side * 3 + 2**20:
             logger.warning("a %dx%d camera frame does not fit --max-message-mib %.1f: the frame limit wins (1009)",

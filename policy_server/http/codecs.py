@@ -18,7 +18,7 @@ Sizes are checked before anything big is built, because a few kilobytes can clai
 
 * every encoded image's sides come from its header (Pillow opens lazily), every clip's frame count and
   sides from its container or from ffmpeg's stream header, and the pixels they would decode to are
-  checked against :attr:`MediaLimits.max_decoded_bytes` before the first pixel is decoded;
+  checked against :attr:`FrameLimits.max_decoded_bytes` before the first pixel is decoded;
 * nested-list JSON is bounded before it is parsed (:data:`DEFAULT_MAX_JSON_VALUES`: every element of a
   nested list is a Python object, about 30 bytes of memory per byte of JSON), and msgpack while it is
   parsed, so no body turns into a huge tree of Python objects.
@@ -41,7 +41,7 @@ from typing import Any, Iterator
 
 import numpy as np
 
-from robot_clients.protocol import ErrorCode
+from robot_clients.protocol import ErrorCode, FrameLimits
 from robot_clients.wire_codec import WireFormatError, WireLimitError, unpackb
 
 from ..videos.encoding import VideoEncodingError, read_video_bytes
@@ -70,28 +70,6 @@ DEFAULT_MAX_DECODED_BYTES = 64 * 2**20
 # worst; that is a 700×700 image as nested lists. Larger pixel arrays travel as encoded images or as
 # msgpack arrays, which cost one byte per value.
 DEFAULT_MAX_JSON_VALUES = 2_000_000
-
-
-@dataclass(frozen=True)
-class MediaLimits:
-    """Pixel and frame bounds (from the engine's ``describe()["limits"]``)."""
-
-    min_image_side: int = 32
-    max_image_side: int = 4096
-    max_clip_frames: int = 65
-    # The sidecar's own bound (``--max-decoded-mib``), not the model's: pixels one request decodes to.
-    max_decoded_bytes: int = DEFAULT_MAX_DECODED_BYTES
-
-    @classmethod
-    def from_description(cls, description: dict[str, Any],
-                         max_decoded_bytes: int = DEFAULT_MAX_DECODED_BYTES) -> "MediaLimits":
-        limits = description.get("limits", {})
-        return cls(
-            min_image_side=int(limits.get("min_image_side", cls.min_image_side)),
-            max_image_side=int(limits.get("max_image_side", cls.max_image_side)),
-            max_clip_frames=int(limits.get("max_clip_frames", cls.max_clip_frames)),
-            max_decoded_bytes=int(max_decoded_bytes),
-        )
 
 
 @dataclass
@@ -247,7 +225,7 @@ def wants_msgpack(accept: str | None, request_type: str) -> bool:
 # -- media ---------------------------------------------------------------------------------------------
 
 
-def _check_sides(height: int, width: int, field: str, limits: MediaLimits) -> None:
+def _check_sides(height: int, width: int, field: str, limits: FrameLimits) -> None:
     if min(height, width) < limits.min_image_side or max(height, width) > limits.max_image_side:
         raise ApiError(
             ErrorCode.INVALID_IMAGE,
@@ -257,16 +235,16 @@ def _check_sides(height: int, width: int, field: str, limits: MediaLimits) -> No
         )
 
 
-def _check_frames(frames: int, field: str, limits: MediaLimits) -> None:
+def _check_frames(frames: int, field: str, limits: FrameLimits) -> None:
     if not 1 <= frames <= limits.max_clip_frames:
         raise ApiError(ErrorCode.INVALID_IMAGE,
                        f"`{field}` has {frames} frames; between 1 and {limits.max_clip_frames} are allowed", field)
 
 
-def _check_decoded_bytes(frames: int, height: int, width: int, field: str, limits: MediaLimits) -> None:
+def _check_decoded_bytes(frames: int, height: int, width: int, field: str, limits: FrameLimits) -> None:
     """Refuse media that would decode to more than the request's pixel budget (413: too large, not wrong)."""
     size = frames * height * width * 3
-    if size > limits.max_decoded_bytes:
+    if limits.max_decoded_bytes is not None and size > limits.max_decoded_bytes:
         what = f"{frames} frames of {height}×{width}" if frames > 1 else f"{height}×{width}"
         raise ApiError(
             HttpErrorCode.PAYLOAD_TOO_LARGE,
@@ -299,7 +277,7 @@ def encoded_image(value: Any, field: str) -> bytes | None:
 
 
 @contextmanager
-def _opened_image(data: bytes, field: str, limits: MediaLimits) -> Iterator[Any]:
+def _opened_image(data: bytes, field: str, limits: FrameLimits) -> Iterator[Any]:
     """A lazily opened Pillow image: format and sides checked from its header, no pixel decoded yet."""
     from PIL import Image, UnidentifiedImageError
 
@@ -327,7 +305,7 @@ def _decode_into(image: Any, out: np.ndarray) -> None:
         rgb.close()
 
 
-def decode_image_bytes(data: bytes, field: str, limits: MediaLimits) -> np.ndarray:
+def decode_image_bytes(data: bytes, field: str, limits: FrameLimits) -> np.ndarray:
     """An encoded PNG/JPEG/WebP image to H×W×3 uint8 RGB, its size checked before it is decoded."""
     with _opened_image(data, field, limits) as image:
         width, height = image.size
@@ -337,7 +315,7 @@ def decode_image_bytes(data: bytes, field: str, limits: MediaLimits) -> np.ndarr
     return out
 
 
-def _decode_frames(blobs: list[bytes], field: str, limits: MediaLimits) -> np.ndarray:
+def _decode_frames(blobs: list[bytes], field: str, limits: FrameLimits) -> np.ndarray:
     """Encoded frames to one T×H×W×3 clip: every header read and the whole size checked first, then each
     frame decoded straight into its slot (no list of frames to stack)."""
     _check_frames(len(blobs), field, limits)
@@ -356,7 +334,7 @@ def _decode_frames(blobs: list[bytes], field: str, limits: MediaLimits) -> np.nd
     return clip
 
 
-def _pixel_array(value: Any, rank: int, field: str, limits: MediaLimits) -> np.ndarray:
+def _pixel_array(value: Any, rank: int, field: str, limits: FrameLimits) -> np.ndarray:
     shape_text = "H×W×3" if rank == 3 else "T×H×W×3"
     if isinstance(value, np.ndarray):
         if value.dtype != np.uint8:
@@ -383,7 +361,7 @@ def _pixel_array(value: Any, rank: int, field: str, limits: MediaLimits) -> np.n
     return np.ascontiguousarray(array, dtype=np.uint8)
 
 
-def to_image(value: Any, field: str, limits: MediaLimits) -> np.ndarray:
+def to_image(value: Any, field: str, limits: FrameLimits) -> np.ndarray:
     """Any accepted image form (base64, bytes, upload, nested lists, uint8 array) to H×W×3 uint8."""
     encoded = encoded_image(value, field)
     if encoded is not None:
@@ -394,7 +372,7 @@ def to_image(value: Any, field: str, limits: MediaLimits) -> np.ndarray:
                    f"upload), got {type(value).__name__}", field)
 
 
-def _read_video_upload(data: bytes, field: str, limits: MediaLimits) -> np.ndarray:
+def _read_video_upload(data: bytes, field: str, limits: FrameLimits) -> np.ndarray:
     """A video upload to T×H×W×3: its frame count and sides read from the container (and from ffmpeg's
     stream header) and checked before ffmpeg decodes a frame; decoding stops at the limits."""
 
@@ -411,7 +389,7 @@ def _read_video_upload(data: bytes, field: str, limits: MediaLimits) -> np.ndarr
         raise ApiError(ErrorCode.INVALID_IMAGE, f"`{field}`: {exc}", field) from None
 
 
-def to_video(value: Any, field: str, limits: MediaLimits) -> np.ndarray:
+def to_video(value: Any, field: str, limits: FrameLimits) -> np.ndarray:
     """Any accepted clip form (upload, list of encoded frames, nested lists, uint8 array) to T×H×W×3 uint8."""
     if isinstance(value, Upload):
         clip = _read_video_upload(value.data, field, limits)

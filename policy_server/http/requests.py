@@ -20,11 +20,11 @@ from pydantic import BaseModel, ValidationError
 
 from cosmos3_runtime.requests import ActionRequest
 from robot_clients.client_frames import ObservationFrame
-from robot_clients.protocol import ErrorCode, ProtocolError
+from robot_clients.protocol import ErrorCode, FrameLimits, ProtocolError
 
 from ..sessions.config import check_schedule, merge_session_config
 from ..videos.jobs import VideoJobInputs
-from .codecs import MediaLimits, decode_image_bytes, encoded_image, to_actions, to_image, to_video
+from .codecs import DEFAULT_MAX_DECODED_BYTES, decode_image_bytes, encoded_image, to_actions, to_image, to_video
 from .errors import ApiError
 from .schemas import SEED_LIMIT, ActionGenerationParams, VideoCreateParams, normalized_mode
 
@@ -113,7 +113,7 @@ def _route_mode(fields: dict[str, Any], endpoint: str) -> None:
 
 
 def video_submission(fields: dict[str, Any], description: dict[str, Any],
-                     media_limits: MediaLimits | None = None) -> VideoSubmission:
+                     media_limits: FrameLimits | None = None) -> VideoSubmission:
     """Check a ``POST /v1/videos`` body and resolve what the job will run with.
 
     ``media_limits`` adds the sidecar's decoding bounds to the model's (default: the model's alone)."""
@@ -140,7 +140,7 @@ def video_submission(fields: dict[str, Any], description: dict[str, Any],
         raise ApiError(ErrorCode.INVALID_FIELD,
                        f"`action` has {steps} rows; this model rolls out between {low} and {high} actions, a "
                        f"multiple of {multiple}", "action")
-    limits = media_limits or MediaLimits.from_description(description)
+    limits = media_limits or FrameLimits.from_limits(description.get("limits", {}), DEFAULT_MAX_DECODED_BYTES)
     encoded = encoded_image(params.input_reference, "input_reference")  # stored as received, not as pixels
     image = (decode_image_bytes(encoded, "input_reference", limits) if encoded is not None
              else to_image(params.input_reference, "input_reference", limits))
@@ -170,7 +170,7 @@ def video_submission(fields: dict[str, Any], description: dict[str, Any],
 
 
 def action_request(fields: dict[str, Any], description: dict[str, Any],
-                   media_limits: MediaLimits | None = None) -> ActionRequest:
+                   media_limits: FrameLimits | None = None) -> ActionRequest:
     """Check a ``POST /v1/actions/generations`` body and build its engine request.
 
     The settings go through the realtime session's rules (:func:`merge_session_config`), so every field
@@ -189,7 +189,7 @@ def action_request(fields: dict[str, Any], description: dict[str, Any],
         if getattr(params, name) is not None
     }
     settings["domain_name"] = domain_name
-    limits = media_limits or MediaLimits.from_description(description)
+    limits = media_limits or FrameLimits.from_limits(description.get("limits", {}), DEFAULT_MAX_DECODED_BYTES)
     image = video = prefix = None
     if params.image is not None and params.video is not None:
         raise ApiError(ErrorCode.INVALID_FIELD, "send either `image` or `video`, not both", "video")

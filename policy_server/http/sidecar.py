@@ -36,7 +36,7 @@ from fastapi.responses import FileResponse, JSONResponse, Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.requests import ClientDisconnect
 
-from robot_clients.protocol import DropReason, ErrorCode
+from robot_clients.protocol import DropReason, ErrorCode, FrameLimits
 from robot_clients.wire_codec import packb
 
 from ..auth import FORBIDDEN_ORIGIN_CODE, UNAUTHORIZED_CODE, BearerAuthMiddleware, OriginCheckMiddleware
@@ -321,9 +321,9 @@ class HttpSidecar:
             raise ApiError(HttpErrorCode.NOT_READY, "the model is loading; retry shortly", headers={"Retry-After": "1"})
         return self.server.description
 
-    def media_limits(self, description: dict[str, Any]) -> http_codecs.MediaLimits:
+    def media_limits(self, description: dict[str, Any]) -> FrameLimits:
         """The model's pixel and frame bounds plus this sidecar's decoding budget."""
-        return http_codecs.MediaLimits.from_description(description, self.settings.max_decoded_bytes)
+        return FrameLimits.from_limits(description.get("limits", {}), self.settings.max_decoded_bytes)
 
     def job_object(self, job: VideoJob) -> VideoJobObject:
         params = job.params

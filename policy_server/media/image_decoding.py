@@ -29,14 +29,15 @@ import asyncio
 import io
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Any, Protocol, Sequence
+from typing import Any, Sequence
 
 import numpy as np
 
-__all__ = ["ENCODED_FORMATS", "MAX_JPEG_SCANS", "FrameBounds", "ImageDecodePool", "ImageHeader", "InvalidImage",
+from robot_clients.protocol import CodedError, ErrorCode, FrameLimits
+
+__all__ = ["ENCODED_FORMATS", "MAX_JPEG_SCANS", "ImageDecodePool", "ImageHeader", "InvalidImage",
            "decode_clip", "decode_image", "is_encoded_clip", "is_encoded_image", "read_header"]
 
-INVALID_IMAGE = "invalid_image"  # robot_clients.protocol.ErrorCode.INVALID_IMAGE; the same code on every path
 # Pillow's format names -> the names clients use.
 ENCODED_FORMATS = {"JPEG": "jpeg", "PNG": "png", "WEBP": "webp"}
 # A baseline JPEG has 1 scan, a progressive one about 10 (3 components, DC then AC bands). libjpeg decodes
@@ -45,23 +46,11 @@ MAX_JPEG_SCANS = 64
 _JPEG_START_OF_SCAN = b"\xff\xda"
 
 
-class FrameBounds(Protocol):
-    """The frame limits (``protocol.FrameLimits`` and ``http_codecs.MediaLimits`` both have these)."""
-
-    min_image_side: int
-    max_image_side: int
-    max_clip_frames: int
-
-
-class InvalidImage(ValueError):
+class InvalidImage(CodedError, ValueError):
     """An encoded frame was refused: ``code`` is ``invalid_image``, ``field`` names where it was sent."""
 
-    code = INVALID_IMAGE
-
     def __init__(self, message: str, field: str) -> None:
-        super().__init__(message)
-        self.message = message
-        self.field = field
+        super().__init__(ErrorCode.INVALID_IMAGE, message, field)
 
 
 @dataclass(frozen=True)
@@ -83,7 +72,7 @@ def is_encoded_clip(value: Any) -> bool:
     return isinstance(value, (list, tuple)) and bool(value) and all(is_encoded_image(frame) for frame in value)
 
 
-def _open(data: bytes | bytearray | memoryview, field: str, bounds: FrameBounds):
+def _open(data: bytes | bytearray | memoryview, field: str, bounds: FrameLimits):
     """Open ``data`` with Pillow (header only), run every check of step 2, return the open image."""
     from PIL import Image, UnidentifiedImageError
 
@@ -102,7 +91,7 @@ def _open(data: bytes | bytearray | memoryview, field: str, bounds: FrameBounds)
     return image
 
 
-def _check_header(image, data, field: str, bounds: FrameBounds) -> None:
+def _check_header(image, data, field: str, bounds: FrameLimits) -> None:
     if image.format not in ENCODED_FORMATS:  # e.g. MPO, which Pillow's JPEG plugin may return
         raise InvalidImage(f"`{field}` is a {image.format} image; accepted: PNG, JPEG, WebP", field)
     width, height = image.size
@@ -118,7 +107,7 @@ def _check_header(image, data, field: str, bounds: FrameBounds) -> None:
             raise InvalidImage(f"`{field}` is a JPEG with {scans} scans; at most {MAX_JPEG_SCANS} are accepted", field)
 
 
-def read_header(data: bytes | bytearray | memoryview, field: str, bounds: FrameBounds) -> ImageHeader:
+def read_header(data: bytes | bytearray | memoryview, field: str, bounds: FrameLimits) -> ImageHeader:
     """Check an encoded frame's header against ``bounds`` without decoding its pixels (microseconds:
     cheap enough for the event loop, so a bad frame can be refused as it arrives)."""
     with _open(data, field, bounds) as image:
@@ -126,7 +115,7 @@ def read_header(data: bytes | bytearray | memoryview, field: str, bounds: FrameB
         return ImageHeader(ENCODED_FORMATS[image.format], height, width)
 
 
-def decode_image(data: bytes | bytearray | memoryview, field: str, bounds: FrameBounds) -> np.ndarray:
+def decode_image(data: bytes | bytearray | memoryview, field: str, bounds: FrameLimits) -> np.ndarray:
     """An encoded PNG/JPEG/WebP frame to H×W×3 uint8 RGB, its header checked before it is decoded."""
     from PIL import Image
 
@@ -142,7 +131,7 @@ def decode_image(data: bytes | bytearray | memoryview, field: str, bounds: Frame
     return np.ascontiguousarray(pixels)
 
 
-def decode_clip(frames: Sequence[bytes | bytearray | memoryview], field: str, bounds: FrameBounds) -> np.ndarray:
+def decode_clip(frames: Sequence[bytes | bytearray | memoryview], field: str, bounds: FrameLimits) -> np.ndarray:
     """A list of encoded frames to T×H×W×3 uint8. The count and every frame's header are checked (all
     frames the same size) before the first frame is decoded."""
     if not 1 <= len(frames) <= bounds.max_clip_frames:
@@ -177,11 +166,11 @@ class ImageDecodePool:
         """``function(*args)`` on a pool thread."""
         return await asyncio.get_running_loop().run_in_executor(self._executor, function, *args)
 
-    async def decode_image(self, data: bytes | bytearray | memoryview, field: str, bounds: FrameBounds) -> np.ndarray:
+    async def decode_image(self, data: bytes | bytearray | memoryview, field: str, bounds: FrameLimits) -> np.ndarray:
         return await self.run(decode_image, data, field, bounds)
 
     async def decode_clip(self, frames: Sequence[bytes | bytearray | memoryview], field: str,
-                          bounds: FrameBounds) -> np.ndarray:
+                          bounds: FrameLimits) -> np.ndarray:
         return await self.run(decode_clip, frames, field, bounds)
 
     def close(self) -> None:
