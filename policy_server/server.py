@@ -32,6 +32,7 @@ from .auth import CHALLENGE, OriginPolicy, TokenSet, bearer_subprotocol, is_open
 from .connection_limits import (ACCEPT_BURST, DEFAULT_HANDSHAKE_TIMEOUT_S, DEFAULT_MAX_PENDING_HANDSHAKES,
                                 DEFAULT_MAX_PENDING_HANDSHAKES_PER_PEER, PeerCounter, handshake_limited_connection)
 from .engine.backend import BackendFactory, EngineBackend
+from .engine.description import ModelDescription
 from .engine.request_queue import RequestQueue
 from .engine.watchdog import DEFAULT_ENGINE_TIMEOUT_S, EngineWatchdog
 from .engine.worker import (DEFAULT_VIDEO_STEP_INTERVAL_S, ActionEngine, BackgroundShare, BatchPolicy, EngineWorker,
@@ -134,7 +135,8 @@ class PolicyServer:
         self.observer_snapshots = SnapshotCache(max_age_s=DEFAULT_INTERVAL_S)
         self.origins = OriginPolicy(self.settings.allowed_origins)
         self.supervisor = ConnectionSupervisor(self, self.settings.connection_limits)
-        self.description: dict[str, Any] = {}
+        # What the loaded model offers; None until it is loaded and warm.
+        self.description: ModelDescription | None = None
         self.frame_limits = FrameLimits()
         self.worker: EngineBackend | None = None
         self.sidecar: HttpSidecar | None = None
@@ -203,17 +205,17 @@ class PolicyServer:
         logger.info("listening on %s://%s:%d%s (%s)", scheme, self.settings.host, self.port, REALTIME_PATH,
                     f"bearer token required, {len(tokens)} accepted" if tokens is not None else "no authentication")
 
-    async def wait_ready(self) -> dict[str, Any]:
+    async def wait_ready(self) -> ModelDescription:
         """Wait for the model to be loaded and warm; raise if it failed to load."""
         assert self.worker is not None, "start() first"
-        description = await self.worker.wait_ready()
+        description = ModelDescription.from_describe(await self.worker.wait_ready())
         self.description = description
-        self.frame_limits = FrameLimits.from_limits(description.get("limits", {}))
+        self.frame_limits = description.frame_limits
         side = self.frame_limits.max_image_side
         if self.settings.max_message_bytes < side * side * 3 + 2**20:
             logger.warning("a %dx%d camera frame does not fit --max-message-mib %.1f: the frame limit wins (1009)",
                            side, side, self.settings.max_message_bytes / 2**20)
-        logger.info("ready: serving %s (%s)", description.get("model"), description.get("variant"))
+        logger.info("ready: serving %s (%s)", description.model, description.variant)
         if self.settings.openpi is not None:
             try:  # the operator's --openpi-* flags, checked against the model once, loudly
                 self.settings.openpi.session_config(description)
@@ -240,7 +242,7 @@ class PolicyServer:
 
     @property
     def ready(self) -> bool:
-        return self.worker is not None and self.worker.state is WorkerState.READY and bool(self.description)
+        return self.worker is not None and self.worker.state is WorkerState.READY and self.description is not None
 
     async def shutdown(self) -> None:
         """Stop accepting, finish what is running, close every session with 1001. Idempotent."""
@@ -295,8 +297,8 @@ class PolicyServer:
             status = worker.state.value
         return {
             "status": status,
-            "model": self.description.get("model"),
-            "variant": self.description.get("variant"),
+            "model": self.description.model if self.description is not None else None,
+            "variant": self.description.variant if self.description is not None else None,
             "protocol_version": protocol.PROTOCOL_VERSION,
             "sessions": len(self.sessions),
             "queue_depth": len(self.queue),
@@ -416,7 +418,8 @@ class PolicyServer:
 
     def metadata_frame(self, session_id: str) -> dict[str, Any]:
         d = self.description
-        limits = dict(d.get("limits", {}))
+        assert d is not None, "sessions open once the model is ready"
+        limits = dict(d.raw.get("limits", {}))
         limits["max_message_bytes"] = self.settings.max_message_bytes
         limits["max_sessions"] = self.settings.max_sessions
         rate = self.settings.observation_rate
@@ -430,9 +433,9 @@ class PolicyServer:
             "protocol_version": protocol.PROTOCOL_VERSION,
             "server": SERVER_NAME,
             "session_id": session_id,
-            "model": d.get("model"),
-            "variant": d.get("variant"),
-            "modes": [m for m in d.get("modes", []) if m in ("policy", "inverse_dynamics")],
+            "model": d.model,
+            "variant": d.variant,
+            "modes": list(d.realtime_modes),
             "capabilities": {
                 "streaming": True,
                 "latest_observation_wins": True,
@@ -443,17 +446,18 @@ class PolicyServer:
                 "prefix_actions": True,
                 "session_controls": True,
             },
-            "defaults": d.get("defaults", {}),
-            "action_horizon": d.get("action_horizon", {}),
-            "resolution_tiers": d.get("resolution_tiers", []),
-            "view_points": d.get("view_points", []),
+            "defaults": d.raw.get("defaults", {}),
+            "action_horizon": d.raw.get("action_horizon", {}),
+            "resolution_tiers": list(d.resolution_tiers),
+            "view_points": list(d.view_points),
             "domains": {
-                name: {key: info.get(key) for key in ("domain_id", "raw_action_dim", "default_horizon", "view_point")}
-                for name, info in d.get("domains", {}).items()
+                name: {"domain_id": domain.domain_id, "raw_action_dim": domain.raw_action_dim,
+                       "default_horizon": domain.default_horizon, "view_point": domain.view_point}
+                for name, domain in d.domains.items()
             },
             "limits": limits,
-            "device": d.get("device"),
-            "dtype": d.get("dtype"),
+            "device": d.device,
+            "dtype": d.dtype,
         }
 
 

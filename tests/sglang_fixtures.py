@@ -18,6 +18,7 @@ import numpy as np
 import pytest
 
 from cosmos3_runtime.requests import ActionChunk
+from policy_server.engine.description import ModelDescription
 
 CASES_DIR = Path(__file__).parent / "sglang_requests"
 
@@ -78,12 +79,12 @@ def chunk(actions: np.ndarray, *, domain_name: str = "droid_lerobot", domain_id:
 
 
 @pytest.fixture(scope="module")
-def distilled(tiny_engine) -> dict[str, Any]:
-    """The tiny distilled engine's ``describe()``: what every SGLang request is checked against."""
-    return tiny_engine("distilled").describe()
+def distilled(tiny_engine) -> ModelDescription:
+    """The tiny distilled engine's description: what every SGLang request is checked against."""
+    return ModelDescription.from_describe(tiny_engine("distilled").describe())
 
 
 @pytest.fixture(scope="module")
-def base(tiny_engine) -> dict[str, Any]:
-    """The tiny base (not distilled) engine's ``describe()``: free step counts and guidance."""
-    return tiny_engine("base").describe()
+def base(tiny_engine) -> ModelDescription:
+    """The tiny base (not distilled) engine's description: free step counts and guidance."""
+    return ModelDescription.from_describe(tiny_engine("base").describe())

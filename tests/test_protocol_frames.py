@@ -15,6 +15,7 @@ from hypothesis import HealthCheck, given, settings, strategies as st
 
 from cosmos3_runtime.errors import InvalidRequestError
 from cosmos3_runtime.validation import job_for_actions
+from policy_server.engine.description import ModelDescription
 from policy_server.sessions.config import (
     SessionConfig, merge_session_config, observation_request, settings_used,
 )
@@ -31,12 +32,12 @@ DOMAIN = "bridge_orig_lerobot"
 
 @pytest.fixture(scope="module")
 def distilled(tiny_engine):
-    return tiny_engine("distilled").describe()
+    return ModelDescription.from_describe(tiny_engine("distilled").describe())
 
 
 @pytest.fixture(scope="module")
 def base(tiny_engine):
-    return tiny_engine("base").describe()
+    return ModelDescription.from_describe(tiny_engine("base").describe())
 
 
 def refused(fn, *args, **kwargs) -> ProtocolError:
@@ -212,8 +213,9 @@ settings_strategy = st.fixed_dictionaries({}, optional={
 def test_every_configure_accepted_is_accepted_by_the_engine(tiny_engine, values, variant):
     """Validate fully at `configure`: what it accepts, the engine's own validation accepts too."""
     engine = tiny_engine(variant)
+    description = ModelDescription.from_describe(engine.describe())
     try:
-        config = merge_session_config(None, {"domain_name": DOMAIN, **values}, engine.describe())
+        config = merge_session_config(None, {"domain_name": DOMAIN, **values}, description)
     except ProtocolError:
         return
     mode = config.action_mode or "policy"
@@ -221,7 +223,7 @@ def test_every_configure_accepted_is_accepted_by_the_engine(tiny_engine, values,
     obs = ObservationFrame(seq=0, image=IMAGE if mode == "policy" else None,
                            video=np.zeros((horizon + 1, 32, 32, 3), np.uint8) if mode != "policy" else None)
     try:
-        job_for_actions(config.action_request(obs, engine.describe()), engine.spec)
+        job_for_actions(config.action_request(obs, description), engine.spec)
     except InvalidRequestError as exc:  # pragma: no cover - the failure message is the point
         pytest.fail(f"configure accepted {values} but the engine refuses it: {exc}")
 

@@ -15,6 +15,7 @@ import pytest
 from sglang_fixtures import base, case, distilled, load_cases, materialize, sglang_packb  # noqa: F401
 from sidecar_fixtures import png_b64, png_bytes, rgb
 
+from policy_server.engine.description import ModelDescription
 from policy_server.http.codecs import Upload
 from policy_server.http.errors import ApiError
 from policy_server.http.requests import action_request
@@ -362,7 +363,7 @@ def test_task_and_prompt(distilled):
 
 def test_model_must_be_the_served_one(distilled):
     assert refused({**envelope(png_b64(IMAGE)), "model": "someone/else"}, distilled).field == "model"
-    _, (request,) = requests_of({**envelope(png_b64(IMAGE)), "model": distilled["model"]}, distilled)
+    _, (request,) = requests_of({**envelope(png_b64(IMAGE)), "model": distilled.model}, distilled)
     assert request.domain_name == "droid_lerobot"
 
 
@@ -486,8 +487,8 @@ def test_height_and_width_name_a_tier(distilled):
 def test_height_and_width_use_the_engines_canvases_when_described(distilled):
     from diffusers.pipelines.cosmos.pipeline_cosmos3_omni import _ACTION_RESOLUTION_BINS
 
-    described = {**distilled, "resolution_canvases": {int(t): [list(s) for s in bins.values()]
-                                                      for t, bins in _ACTION_RESOLUTION_BINS.items()}}
+    canvases = {int(t): [list(s) for s in bins.values()] for t, bins in _ACTION_RESOLUTION_BINS.items()}
+    described = ModelDescription.from_describe({**distilled.raw, "resolution_canvases": canvases})
     assert settings(described, height=640, width=640).resolution_tier == 480  # square canvas of tier 480
     assert settings(described, height=960, width=960).resolution_tier == 704  # both 704 and 720: the smaller
     assert settings(described, height=192, width=320).resolution_tier == 256

@@ -11,6 +11,7 @@ import pytest
 from sglang_fixtures import chunk, distilled, load_cases, sglang_packb, sglang_unpackb  # noqa: F401
 from sidecar_fixtures import png_b64, rgb
 
+from policy_server.engine.description import ModelDescription
 from policy_server.http.errors import ApiError
 from policy_server.http.requests import action_request
 from policy_server.sglang.actions import ActionCall, ActionItem, build_reply, parse_action_envelope
@@ -112,8 +113,8 @@ def test_an_sglang_request_runs_through_the_real_engine_end_to_end(tiny_engine, 
         "parameters": {"action_mode": "policy", "domain_id": 7, "raw_action_dim": 10, "num_frames": 9, "seed": 3}}
     call = parse_action_envelope(unpackb(sglang_packb(body)), distilled, max_items=4, msgpack_reply=True)
     chunks = engine.predict_actions_batch([action_request(item.fields, distilled) for item in call.items])
-    reply = sglang_unpackb(packb(build_reply(call, chunks, model=distilled["model"])))
-    assert reply["id"] == "e2e" and reply["model"] == distilled["model"]
+    reply = sglang_unpackb(packb(build_reply(call, chunks, model=distilled.model)))
+    assert reply["id"] == "e2e" and reply["model"] == distilled.model
     assert [item["input_index"] for item in reply["data"]] == [0, 1]
     for item in reply["data"]:
         action = item["action"]
@@ -138,34 +139,38 @@ def test_metadata_satisfies_sglangs_own_assertions(distilled, recorded):
 
 def test_metadata_comes_from_the_checkpoint(distilled, tiny_engine):
     metadata = sglang_metadata(distilled, max_batch_size=4, openpi_websocket=True, default_fps=10.0)
-    assert metadata["object"] == "action.metadata" and metadata["model"] == distilled["model"]
-    assert metadata["output"]["padded_action_dim"] == distilled["action_dim"]
-    assert metadata["output"]["action_horizon"] == distilled["defaults"]["action_horizon"]
+    assert metadata["object"] == "action.metadata" and metadata["model"] == distilled.model
+    assert metadata["output"]["padded_action_dim"] == distilled.action_dim
+    assert metadata["output"]["action_horizon"] == distilled.defaults.action_horizon
     assert metadata["output"]["action_dim"] is None  # the domains differ in width
-    assert metadata["defaults"]["num_inference_steps"] == distilled["defaults"]["num_steps"] == 4
+    assert metadata["defaults"]["num_inference_steps"] == distilled.defaults.num_steps == 4
     assert metadata["defaults"]["fps"] == 10.0 and metadata["capabilities"]["openpi_websocket"] is True
     assert metadata["capabilities"]["action_modes"] == ["policy", "inverse_dynamics"]
     assert metadata["input"]["state_dim"] is None and metadata["input"]["supported_resolutions"] == []
-    base = sglang_metadata(tiny_engine("base").describe(), max_batch_size=1, openpi_websocket=False, default_fps=24.0)
+    base = sglang_metadata(ModelDescription.from_describe(tiny_engine("base").describe()), max_batch_size=1,
+                           openpi_websocket=False, default_fps=24.0)
     assert base["defaults"]["num_inference_steps"] == 35 and base["capabilities"]["multiple_candidates"] is False
-    one_width = {**distilled, "domains": {"umi": distilled["domains"]["umi"]}}
+    domains = distilled.raw["domains"]
+    one_width = ModelDescription.from_describe({**distilled.raw, "domains": {"umi": domains["umi"]}})
     assert sglang_metadata(one_width, max_batch_size=1, openpi_websocket=False, default_fps=24.0)["output"][
         "action_dim"] == 10
-    with_state = {**distilled, "domains": {"droid": {**distilled["domains"]["droid_lerobot"], "state_dim": 8}}}
+    with_state = ModelDescription.from_describe({**distilled.raw,
+                                                 "domains": {"droid": {**domains["droid_lerobot"], "state_dim": 8}}})
     assert sglang_metadata(with_state, max_batch_size=1, openpi_websocket=False, default_fps=24.0)["input"][
         "state_dim"] == 8
 
 
 def test_metadata_lists_the_engines_canvases_when_described(distilled):
-    described = {**distilled, "resolution_tiers": [256], "resolution_canvases": {256: [[256, 256], [192, 320]],
-                                                                              480: [[480, 832]]}}
+    canvases = {256: [[256, 256], [192, 320]], 480: [[480, 832]]}
+    described = ModelDescription.from_describe({**distilled.raw, "resolution_tiers": [256],
+                                                "resolution_canvases": canvases})
     metadata = sglang_metadata(described, max_batch_size=1, openpi_websocket=False, default_fps=24.0)
     assert metadata["input"]["supported_resolutions"] == [[256, 256], [320, 192]]  # [width, height], tier 256 only
 
 
 def test_merged_metadata_keeps_every_key_of_ours(distilled):
-    ours = {"type": "metadata", "object": "actions.metadata", "model": distilled["model"],
-            "defaults": dict(distilled["defaults"]), "capabilities": {"realtime_websocket": True, "cancel": True}}
+    ours = {"type": "metadata", "object": "actions.metadata", "model": distilled.model,
+            "defaults": dict(distilled.raw["defaults"]), "capabilities": {"realtime_websocket": True, "cancel": True}}
     merged = merge_metadata(ours, sglang_metadata(distilled, max_batch_size=4, openpi_websocket=False,
                                                   default_fps=24.0))
     assert merged["object"] == "action.metadata" and merged["type"] == "metadata"

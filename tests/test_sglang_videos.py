@@ -120,7 +120,7 @@ def test_what_the_runtime_cannot_honour_is_refused(distilled, fields, code, fiel
 
 def test_domain_defaults_and_checks_without_an_id(distilled):
     body = {"input_reference": png_b64(rgb(64)), "action": actions(8)}
-    assert submit(body, distilled).params["domain_name"] == distilled["defaults"]["domain_name"]
+    assert submit(body, distilled).params["domain_name"] == distilled.defaults.domain_name
     assert submit({**body, "raw_action_dim": 10}, distilled).params["domain_name"] == "bridge_orig_lerobot"
     assert refused({**body, "raw_action_dim": 9}, distilled).field == "raw_action_dim"
     assert refused({**body, "domain_name": "umi", "action": actions(8, dim=10), "action_normalization": "quantile"},

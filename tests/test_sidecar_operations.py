@@ -61,7 +61,7 @@ def test_health_and_readiness_while_loading_and_after():
             assert time.monotonic() < deadline, "never became ready"
             time.sleep(0.05)
         assert client.get("/readyz").json() == {
-            "ready": True, "status": "ready", "model": loading.server.description["model"], "variant": "distilled"}
+            "ready": True, "status": "ready", "model": loading.server.description.model, "variant": "distilled"}
 
 
 def test_metrics_move_when_requests_are_made(server):

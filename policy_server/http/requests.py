@@ -22,6 +22,7 @@ from cosmos3_runtime.requests import ActionRequest
 from robot_clients.client_frames import ObservationFrame
 from robot_clients.protocol import ErrorCode, FrameLimits, ProtocolError
 
+from ..engine.description import DomainProfile, ModelDescription
 from ..sessions.config import check_schedule, merge_session_config
 from ..videos.jobs import VideoJobInputs
 from .codecs import DEFAULT_MAX_DECODED_BYTES, decode_image_bytes, encoded_image, to_actions, to_image, to_video
@@ -56,25 +57,25 @@ def _validate(model: type[BaseModel], fields: dict[str, Any]) -> BaseModel:
         raise ApiError(ErrorCode.INVALID_FIELD, f"`{field}`: {error.get('msg', 'invalid value')}", field) from None
 
 
-def _check_model(name: str | None, description: dict[str, Any]) -> None:
-    served = description.get("model")
+def _check_model(name: str | None, description: ModelDescription) -> None:
+    served = description.model
     if name is not None and name != served:
         raise ApiError(ErrorCode.INVALID_FIELD, f"this server serves {served!r}, not {name!r}", "model")
 
 
-def _domain(name: str | None, description: dict[str, Any]) -> tuple[str, dict[str, Any]]:
-    domains = description.get("domains", {})
-    name = name or description.get("defaults", {}).get("domain_name")
+def _domain(name: str | None, description: ModelDescription) -> DomainProfile:
+    domains = description.domains
+    name = name or description.defaults.domain_name
     if name not in domains:
         raise ApiError(
             ErrorCode.UNKNOWN_DOMAIN,
             f"unknown domain {name!r}; this model knows: {', '.join(sorted(domains)) or 'none'}",
             "domain_name",
         )
-    return name, domains[name]
+    return domains[name]
 
 
-def _schedule(num_steps: int | None, guidance: float | None, description: dict[str, Any]) -> None:
+def _schedule(num_steps: int | None, guidance: float | None, description: ModelDescription) -> None:
     """The distilled schedule is fixed; base models bound steps and guidance by the engine's limits."""
     try:
         check_schedule(num_steps, guidance, description)
@@ -82,20 +83,20 @@ def _schedule(num_steps: int | None, guidance: float | None, description: dict[s
         raise ApiError.of(exc) from None
 
 
-def _tier_and_view(tier: int | None, view_point: str | None, description: dict[str, Any]) -> None:
-    tiers = description.get("resolution_tiers") or []
+def _tier_and_view(tier: int | None, view_point: str | None, description: ModelDescription) -> None:
+    tiers = list(description.resolution_tiers)
     if tier is not None and tier not in tiers:
         raise ApiError(ErrorCode.UNSUPPORTED_TIER,
-                       f"resolution_tier {tier} is not supported by this {description.get('variant', '')} model; "
+                       f"resolution_tier {tier} is not supported by this {description.variant or ''} model; "
                        f"choose one of {tiers}", "resolution_tier")
-    view_points = description.get("view_points") or []
+    view_points = list(description.view_points)
     if view_point is not None and view_points and view_point not in view_points:
         raise ApiError(ErrorCode.INVALID_FIELD, f"unknown view_point {view_point!r}; choose one of {view_points}",
                        "view_point")
 
 
-def _prompt(prompt: str, description: dict[str, Any]) -> None:
-    limit = description.get("limits", {}).get("max_prompt_chars")
+def _prompt(prompt: str, description: ModelDescription) -> None:
+    limit = description.limits.max_prompt_chars
     if limit is not None and len(prompt) > limit:
         raise ApiError(ErrorCode.INVALID_FIELD, f"prompt must be at most {limit} characters", "prompt")
 
@@ -112,43 +113,41 @@ def _route_mode(fields: dict[str, Any], endpoint: str) -> None:
                        "(an asynchronous job)", "action_mode")
 
 
-def video_submission(fields: dict[str, Any], description: dict[str, Any],
+def video_submission(fields: dict[str, Any], description: ModelDescription,
                      media_limits: FrameLimits | None = None) -> VideoSubmission:
     """Check a ``POST /v1/videos`` body and resolve what the job will run with.
 
     ``media_limits`` adds the sidecar's decoding bounds to the model's (default: the model's alone)."""
     _route_mode(fields, VIDEOS_PATH)
-    if VIDEO_MODE not in description.get("modes", []):
+    if VIDEO_MODE not in description.modes:
         raise ApiError(ErrorCode.UNSUPPORTED_MODE, "the loaded model cannot serve forward_dynamics", "action_mode")
     params: VideoCreateParams = _validate(VideoCreateParams, fields)  # type: ignore[assignment]
     _check_model(params.model, description)
-    domain_name, domain = _domain(params.domain_name, description)
+    domain = _domain(params.domain_name, description)
     _schedule(params.num_steps, params.guidance_scale, description)
     _tier_and_view(params.resolution_tier, params.view_point, description)
     _prompt(params.prompt, description)
 
     action = to_actions(params.action, "action")
-    width = domain.get("raw_action_dim")
+    width = domain.raw_action_dim
     if width is not None and action.shape[1] != width:
         raise ApiError(ErrorCode.INVALID_FIELD,
-                       f"`action` rows must have {width} values (raw_action_dim of {domain_name}), got "
+                       f"`action` rows must have {width} values (raw_action_dim of {domain.name}), got "
                        f"{action.shape[1]}", "action")
-    horizon = description.get("action_horizon", {})
-    low, high, multiple = horizon.get("min", 1), horizon.get("max"), horizon.get("multiple_of") or 1
-    steps = action.shape[0]
-    if steps < low or (high is not None and steps > high) or steps % multiple:
+    horizon, steps = description.action_horizon, action.shape[0]
+    if not horizon.accepts(steps):
         raise ApiError(ErrorCode.INVALID_FIELD,
-                       f"`action` has {steps} rows; this model rolls out between {low} and {high} actions, a "
-                       f"multiple of {multiple}", "action")
-    limits = media_limits or FrameLimits.from_limits(description.get("limits", {}), DEFAULT_MAX_DECODED_BYTES)
+                       f"`action` has {steps} rows; this model rolls out between {horizon.min} and {horizon.max} "
+                       f"actions, a multiple of {horizon.multiple_of}", "action")
+    limits = media_limits or description.limits.frame_limits(DEFAULT_MAX_DECODED_BYTES)
     encoded = encoded_image(params.input_reference, "input_reference")  # stored as received, not as pixels
     image = (decode_image_bytes(encoded, "input_reference", limits) if encoded is not None
              else to_image(params.input_reference, "input_reference", limits))
 
-    defaults = description.get("defaults", {})
+    defaults = description.defaults
     resolved = {
-        "model": description.get("model"),
-        "domain_name": domain_name,
+        "model": description.model,
+        "domain_name": domain.name,
         "prompt": params.prompt,
         "fps": float(params.fps),
         # A seed is drawn now and stored, so a job re-run after a restart gives the same video.
@@ -159,17 +158,16 @@ def video_submission(fields: dict[str, Any], description: dict[str, Any],
         "view_point": params.view_point,
         "action_shape": list(action.shape),
         "resolved": {  # what the engine's defaults make of the unset values, for the job object
-            "num_steps": params.num_steps if params.num_steps is not None else defaults.get("num_steps"),
-            "guidance_scale": params.guidance_scale if params.guidance_scale is not None else defaults.get(
-                "guidance_scale"),
-            "resolution_tier": params.resolution_tier if params.resolution_tier is not None else defaults.get(
-                "resolution_tier"),
+            "num_steps": params.num_steps if params.num_steps is not None else defaults.num_steps,
+            "guidance_scale": params.guidance_scale if params.guidance_scale is not None else defaults.guidance_scale,
+            "resolution_tier": (params.resolution_tier if params.resolution_tier is not None
+                                else defaults.resolution_tier),
         },
     }
     return VideoSubmission(resolved, VideoJobInputs(image=image, action=action, encoded_image=encoded))
 
 
-def action_request(fields: dict[str, Any], description: dict[str, Any],
+def action_request(fields: dict[str, Any], description: ModelDescription,
                    media_limits: FrameLimits | None = None) -> ActionRequest:
     """Check a ``POST /v1/actions/generations`` body and build its engine request.
 
@@ -181,7 +179,7 @@ def action_request(fields: dict[str, Any], description: dict[str, Any],
     _route_mode(fields, ACTION_GENERATIONS_PATH)
     params: ActionGenerationParams = _validate(ActionGenerationParams, fields)  # type: ignore[assignment]
     _check_model(params.model, description)
-    domain_name, _ = _domain(params.domain_name, description)
+    domain_name = _domain(params.domain_name, description).name
     settings = {
         name: getattr(params, name)
         for name in ("action_mode", "action_horizon", "prompt", "resolution_tier", "view_point", "seed",
@@ -189,7 +187,7 @@ def action_request(fields: dict[str, Any], description: dict[str, Any],
         if getattr(params, name) is not None
     }
     settings["domain_name"] = domain_name
-    limits = media_limits or FrameLimits.from_limits(description.get("limits", {}), DEFAULT_MAX_DECODED_BYTES)
+    limits = media_limits or description.limits.frame_limits(DEFAULT_MAX_DECODED_BYTES)
     image = video = prefix = None
     if params.image is not None and params.video is not None:
         raise ApiError(ErrorCode.INVALID_FIELD, "send either `image` or `video`, not both", "video")

@@ -41,6 +41,7 @@ from robot_clients.wire_codec import packb
 
 from ..auth import FORBIDDEN_ORIGIN_CODE, UNAUTHORIZED_CODE, BearerAuthMiddleware, OriginCheckMiddleware
 from ..connection_limits import ACCEPT_BURST, PeerCounter, capped_to_descriptors
+from ..engine.description import ModelDescription
 from ..engine.request_queue import PendingObservation, QueueClosed
 from ..metrics import PROMETHEUS_CONTENT_TYPE, ServerMetrics, ServerStateReaders
 from ..sessions.config import settings_used
@@ -314,16 +315,16 @@ class HttpSidecar:
 
     # -- helpers for the routes ----------------------------------------------------------------------
 
-    def require_ready(self) -> dict[str, Any]:
+    def require_ready(self) -> ModelDescription:
         if self.server.stopping:
             raise ApiError(HttpErrorCode.SHUTTING_DOWN, "the server is shutting down")
         if not self.server.ready:
             raise ApiError(HttpErrorCode.NOT_READY, "the model is loading; retry shortly", headers={"Retry-After": "1"})
         return self.server.description
 
-    def media_limits(self, description: dict[str, Any]) -> FrameLimits:
+    def media_limits(self, description: ModelDescription) -> FrameLimits:
         """The model's pixel and frame bounds plus this sidecar's decoding budget."""
-        return FrameLimits.from_limits(description.get("limits", {}), self.settings.max_decoded_bytes)
+        return description.limits.frame_limits(self.settings.max_decoded_bytes)
 
     def job_object(self, job: VideoJob) -> VideoJobObject:
         params = job.params
@@ -657,7 +658,7 @@ def build_app(sidecar: HttpSidecar) -> FastAPI:
         generation = ActionGeneration(
             id=f"actgen_{uuid.uuid4().hex}",
             created=int(time.time()),
-            model=description.get("model"),
+            model=description.model,
             data=[ActionGenerationItem(index=0, action=ActionArray(
                 shape=list(chunk.actions.shape),
                 values=http_requests.actions_payload(chunk.actions, as_msgpack),
@@ -687,7 +688,7 @@ def build_app(sidecar: HttpSidecar) -> FastAPI:
     async def action_metadata() -> ActionMetadata:
         d = sidecar.require_ready()
         settings = sidecar.server.settings
-        limits = dict(d.get("limits", {}))
+        limits = dict(d.raw.get("limits", {}))
         limits.update(max_body_bytes=sidecar.settings.max_body_bytes,
                       max_decoded_bytes=sidecar.settings.max_decoded_bytes,
                       max_json_values=sidecar.settings.max_json_values,
@@ -698,18 +699,18 @@ def build_app(sidecar: HttpSidecar) -> FastAPI:
                       max_websocket_message_bytes=settings.max_message_bytes,
                       max_queued_video_jobs=sidecar.settings.retention.max_queued,
                       max_action_generations_in_flight=sidecar.settings.max_actions_in_flight)
-        action_modes, video_modes = d.get("action_modes", []), d.get("video_modes", [])
+        action_modes, video_modes = list(d.action_modes), list(d.video_modes)
         endpoints = {mode: "POST /v1/actions/generations" for mode in action_modes}
         endpoints.update({mode: "POST /v1/videos" for mode in video_modes})
         scheme = "wss" if settings.ssl_context is not None else "ws"
         endpoints["realtime"] = f"{scheme}://<host>:{sidecar.server.port}/v1/actions/realtime"
         return ActionMetadata(
-            model=d.get("model"), variant=d.get("variant"),
-            is_distilled=bool(d.get("is_distilled")), is_edge=bool(d.get("is_edge")),
-            modes=d.get("modes", []), action_modes=action_modes, video_modes=video_modes, endpoints=endpoints,
-            domains=d.get("domains", {}), action_horizon=d.get("action_horizon", {}),
-            resolution_tiers=d.get("resolution_tiers", []), view_points=d.get("view_points", []),
-            defaults=d.get("defaults", {}), distilled_sigmas=d.get("distilled_sigmas"), limits=limits,
+            model=d.model, variant=d.variant, is_distilled=d.is_distilled, is_edge=d.is_edge,
+            modes=list(d.modes), action_modes=action_modes, video_modes=video_modes, endpoints=endpoints,
+            domains={name: dict(domain.raw) for name, domain in d.domains.items()},
+            action_horizon=d.raw.get("action_horizon", {}), resolution_tiers=list(d.resolution_tiers),
+            view_points=list(d.view_points), defaults=d.raw.get("defaults", {}),
+            distilled_sigmas=d.raw.get("distilled_sigmas"), limits=limits,
             capabilities={
                 "realtime_websocket": True,
                 "openpi_websocket": getattr(settings, "openpi", None) is not None,
@@ -723,7 +724,7 @@ def build_app(sidecar: HttpSidecar) -> FastAPI:
                 "video_retention": {"max_age_s": sidecar.settings.retention.max_age_s,
                                     "max_bytes": sidecar.settings.retention.max_bytes},
             },
-            device=d.get("device"), dtype=d.get("dtype"),
+            device=d.device, dtype=d.dtype,
             topology=sidecar.server.worker.topology() if sidecar.server.worker is not None else {},
         )
 
@@ -747,8 +748,9 @@ def build_app(sidecar: HttpSidecar) -> FastAPI:
         status = "ready" if ready else ("stopping" if server.stopping else (worker.state.value if worker else "starting"))
         if status == "ready" and not ready:
             status = "warming_up"
-        body = Readiness(ready=ready, status=status, model=server.description.get("model"),
-                         variant=server.description.get("variant"))
+        described = server.description
+        body = Readiness(ready=ready, status=status, model=described.model if described is not None else None,
+                         variant=described.variant if described is not None else None)
         return JSONResponse(body.model_dump(), status_code=200 if ready else 503)
 
     @app.get("/metrics", tags=["operations"], summary="Prometheus metrics",

@@ -2,16 +2,15 @@
 
 An observation may carry any setting for itself only (:func:`observation_request`): it is merged over
 the session's and checked the same way. Settings are checked here against the loaded model's
-``describe()``, with the engine's own limits, as soon as they arrive, so a robot learns that its domain,
-tier or prompt length is wrong from the ``configure`` reply (or at once for an observation), never as
-a failure of every later observation. The engine checks requests again (it is the authority); this is
-the early, cheap answer.
+description (:class:`~policy_server.engine.description.ModelDescription`), with the engine's own limits,
+as soon as they arrive, so a robot learns that its domain, tier or prompt length is wrong from the
+``configure`` reply (or at once for an observation), never as a failure of every later observation. The
+engine checks requests again (it is the authority); this is the early, cheap answer.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import math
 from dataclasses import dataclass
 from typing import Any
 
@@ -19,10 +18,8 @@ from cosmos3_runtime.requests import ActionRequest
 from robot_clients.client_frames import ObservationFrame
 from robot_clients.protocol import ErrorCode, ProtocolError
 
+from ..engine.description import ModelDescription
 from ..media.camera_composition import compose_named
-
-# Modes the realtime endpoint serves. forward_dynamics (video rollouts) belongs to the HTTP job API.
-REALTIME_MODES = ("policy", "inverse_dynamics")
 
 
 @dataclass(frozen=True)
@@ -43,15 +40,15 @@ class SessionConfig:
     # The robot's control rate, as the robot declares it: shown to operators, never used by the model.
     control_hz: float | None = None
 
-    def resolved(self, description: dict[str, Any]) -> dict[str, Any]:
+    def resolved(self, description: ModelDescription) -> dict[str, Any]:
         """The values the engine will use, defaults filled in: what the ``session`` reply shows."""
         values = _with_defaults(dataclasses.asdict(self), description)
-        domain = description.get("domains", {}).get(self.domain_name, {})
-        values["domain_id"] = domain.get("domain_id")
-        values["raw_action_dim"] = domain.get("raw_action_dim")
+        domain = description.domain(self.domain_name)
+        values["domain_id"] = domain.domain_id if domain is not None else None
+        values["raw_action_dim"] = domain.raw_action_dim if domain is not None else None
         return values
 
-    def action_request(self, obs: ObservationFrame, description: dict[str, Any]) -> ActionRequest:
+    def action_request(self, obs: ObservationFrame, description: ModelDescription) -> ActionRequest:
         """The engine request for one observation under these (already merged and checked) settings.
 
         The mode, when unset, follows the media (a ``video`` asks for ``inverse_dynamics``). What the
@@ -60,8 +57,8 @@ class SessionConfig:
         composed into one frame per the view point: :mod:`policy_server.media.camera_composition`.
         """
         mode = self.action_mode or ("inverse_dynamics" if obs.video is not None else "policy")
-        domain = description.get("domains", {}).get(self.domain_name, {})
-        view_point = self.view_point or domain.get("view_point")
+        domain = description.domains[self.domain_name]  # checked by merge_session_config
+        view_point = self.view_point or domain.view_point
         image = obs.image
         if obs.images is not None:
             image = compose_named(obs.images, view_point)
@@ -80,8 +77,7 @@ class SessionConfig:
                                     f"inverse_dynamics with action_horizon {horizon} needs a `video` of "
                                     f"{horizon + 1} frames, got {frames}", "video", obs.seq)
         if obs.prefix_actions is not None:
-            _check_prefix(obs.prefix_actions, mode, horizon or domain.get("default_horizon"),
-                          domain.get("raw_action_dim"), obs.seq)
+            _check_prefix(obs.prefix_actions, mode, horizon or domain.default_horizon, domain.raw_action_dim, obs.seq)
         return ActionRequest(
             domain_name=self.domain_name, action_mode=mode, image=image, video=obs.video, prompt=self.prompt,
             action_horizon=horizon, resolution_tier=self.resolution_tier, view_point=self.view_point,
@@ -90,17 +86,17 @@ class SessionConfig:
         )
 
 
-def _with_defaults(values: dict[str, Any], description: dict[str, Any]) -> dict[str, Any]:
+def _with_defaults(values: dict[str, Any], description: ModelDescription) -> dict[str, Any]:
     """``values`` (settings by name, ``None`` for unset) with the engine's defaults filled in."""
-    defaults = description.get("defaults", {})
-    domain = description.get("domains", {}).get(values.get("domain_name"), {})
+    defaults = description.defaults
+    domain = description.domain(values.get("domain_name"))
     values = dict(values)
-    values["action_horizon"] = values.get("action_horizon") or domain.get("default_horizon") or defaults.get(
-        "action_horizon")
-    values["view_point"] = values.get("view_point") or domain.get("view_point") or defaults.get("view_point")
+    values["action_horizon"] = (values.get("action_horizon") or (domain.default_horizon if domain else None)
+                                or defaults.action_horizon)
+    values["view_point"] = values.get("view_point") or (domain.view_point if domain else None) or defaults.view_point
     for name in ("resolution_tier", "num_steps", "guidance_scale"):
         if values.get(name) is None:
-            values[name] = defaults.get(name)
+            values[name] = getattr(defaults, name)
     return values
 
 
@@ -109,54 +105,50 @@ def _with_defaults(values: dict[str, Any], description: dict[str, Any]) -> dict[
 CHUNK_ECHOED_SETTINGS = ("prompt", "resolution_tier", "view_point", "guidance_scale", "fps")
 
 
-def settings_used(request: ActionRequest, description: dict[str, Any]) -> dict[str, Any]:
+def settings_used(request: ActionRequest, description: ModelDescription) -> dict[str, Any]:
     """The values of :data:`CHUNK_ECHOED_SETTINGS` the engine used for ``request`` (defaults resolved)."""
     values = _with_defaults({name: getattr(request, name) for name in ("domain_name", *CHUNK_ECHOED_SETTINGS)},
                             description)
     return {name: values[name] for name in CHUNK_ECHOED_SETTINGS}
 
 
-def _reject(code: str, message: str, field: str, seq: int | None = None) -> ProtocolError:
-    return ProtocolError(code, message, field, seq)
-
-
-def _check_horizon(value: int, description: dict[str, Any], field: str, seq: int | None, what: str = "") -> None:
-    horizon = description.get("action_horizon") or {}
-    low, high, multiple = horizon.get("min", 1), horizon.get("max"), horizon.get("multiple_of", 1) or 1
-    if value < low or (high is not None and value > high) or value % multiple:
-        raise _reject(ErrorCode.INVALID_FIELD,
-                      f"{what or ''}action_horizon {value} is out of range: between {low} and {high}, a multiple of "
-                      f"{multiple}", field, seq)
+def _check_horizon(value: int, description: ModelDescription, field: str, seq: int | None, what: str = "") -> None:
+    horizon = description.action_horizon
+    if not horizon.accepts(value):
+        raise ProtocolError(ErrorCode.INVALID_FIELD,
+                            f"{what or ''}action_horizon {value} is out of range: between {horizon.min} and "
+                            f"{horizon.max}, a multiple of {horizon.multiple_of}", field, seq)
 
 
 def _check_prefix(prefix, mode: str, horizon: int | None, width: int | None, seq: int | None) -> None:
     """Real-time-chunking prefix against the settings (finite float32 is the parser's check)."""
     if mode != "policy":
-        raise _reject(ErrorCode.INVALID_FIELD, f"`prefix_actions` apply to policy requests only, not {mode}",
-                      "prefix_actions", seq)
+        raise ProtocolError(ErrorCode.INVALID_FIELD, f"`prefix_actions` apply to policy requests only, not {mode}",
+                            "prefix_actions", seq)
     if width is not None and prefix.shape[1] != width:
-        raise _reject(ErrorCode.INVALID_FIELD,
-                      f"`prefix_actions` rows must have {width} values (the domain's raw_action_dim), got "
-                      f"{prefix.shape[1]}", "prefix_actions", seq)
+        raise ProtocolError(ErrorCode.INVALID_FIELD,
+                            f"`prefix_actions` rows must have {width} values (the domain's raw_action_dim), got "
+                            f"{prefix.shape[1]}", "prefix_actions", seq)
     if horizon is not None and prefix.shape[0] >= horizon:
-        raise _reject(ErrorCode.INVALID_FIELD,
-                      f"`prefix_actions` must be shorter than the chunk ({horizon} actions), got {prefix.shape[0]} "
-                      "rows", "prefix_actions", seq)
+        raise ProtocolError(ErrorCode.INVALID_FIELD,
+                            f"`prefix_actions` must be shorter than the chunk ({horizon} actions), got "
+                            f"{prefix.shape[0]} rows", "prefix_actions", seq)
 
 
 def merge_session_config(
-    current: SessionConfig | None, settings: dict[str, Any], description: dict[str, Any], seq: int | None = None
+    current: SessionConfig | None, settings: dict[str, Any], description: ModelDescription, seq: int | None = None
 ) -> SessionConfig:
     """Apply settings (a ``configure`` frame's, or one observation's) over ``current``, checking each
     against the model's ``describe()`` with the engine's own limits, so that nothing accepted here is
     refused later. A ``None`` value unsets that setting (back to the model's default). ``seq`` tags the
     errors of an observation's settings."""
     if "domain_name" in settings and settings["domain_name"] is None:
-        raise _reject(ErrorCode.INVALID_FIELD,
-                      "`domain_name` cannot be unset: the embodiment decides the action width", "domain_name", seq)
+        raise ProtocolError(ErrorCode.INVALID_FIELD,
+                            "`domain_name` cannot be unset: the embodiment decides the action width", "domain_name",
+                            seq)
     if current is None:
         if "domain_name" not in settings:
-            raise _reject(
+            raise ProtocolError(
                 ErrorCode.MISSING_FIELD,
                 "the first `configure` of a session needs `domain_name` (see `domains` in the metadata)",
                 "domain_name",
@@ -169,38 +161,37 @@ def merge_session_config(
     return config
 
 
-def _check(config: SessionConfig, description: dict[str, Any], seq: int | None) -> None:
-    limits = description.get("limits", {})
-    domains = description.get("domains", {})
+def _check(config: SessionConfig, description: ModelDescription, seq: int | None) -> None:
+    limits, domains = description.limits, description.domains
     if config.domain_name not in domains:
-        raise _reject(
+        raise ProtocolError(
             ErrorCode.UNKNOWN_DOMAIN,
             f"unknown domain {config.domain_name!r}; this model knows: {', '.join(sorted(domains)) or 'none'}",
             "domain_name",
             seq,
         )
-    modes = [m for m in description.get("modes", []) if m in REALTIME_MODES]
+    modes = description.realtime_modes
     if config.action_mode is not None and config.action_mode not in modes:
         if config.action_mode == "forward_dynamics":
             hint = "forward_dynamics produces video; use the HTTP /v1/videos API"
         else:
             hint = f"this model serves {', '.join(modes) or 'no action modes'} here"
-        raise _reject(
+        raise ProtocolError(
             ErrorCode.UNSUPPORTED_MODE, f"action_mode {config.action_mode!r} is not supported: {hint}", "action_mode",
             seq,
         )
-    tiers = description.get("resolution_tiers") or []
+    tiers = list(description.resolution_tiers)
     if config.resolution_tier is not None and tiers and config.resolution_tier not in tiers:
-        raise _reject(
+        raise ProtocolError(
             ErrorCode.UNSUPPORTED_TIER,
             f"resolution_tier {config.resolution_tier} is not supported by this "
-            f"{description.get('variant', '')} model; choose one of {tiers}",
+            f"{description.variant or ''} model; choose one of {tiers}",
             "resolution_tier",
             seq,
         )
-    view_points = description.get("view_points") or []
+    view_points = list(description.view_points)
     if config.view_point is not None and view_points and config.view_point not in view_points:
-        raise _reject(
+        raise ProtocolError(
             ErrorCode.INVALID_FIELD,
             f"unknown view_point {config.view_point!r}; choose one of {view_points}",
             "view_point",
@@ -208,49 +199,51 @@ def _check(config: SessionConfig, description: dict[str, Any], seq: int | None) 
         )
     if config.action_horizon is not None:
         _check_horizon(config.action_horizon, description, "action_horizon", seq)
-    max_prompt = limits.get("max_prompt_chars")
+    max_prompt = limits.max_prompt_chars
     if max_prompt is not None and len(config.prompt) > max_prompt:
-        raise _reject(ErrorCode.INVALID_FIELD, f"prompt must be at most {max_prompt} characters, got "
-                      f"{len(config.prompt)}", "prompt", seq)
-    max_seed = limits.get("max_seed", 2**63 - 1)
+        raise ProtocolError(ErrorCode.INVALID_FIELD, f"prompt must be at most {max_prompt} characters, got "
+                            f"{len(config.prompt)}", "prompt", seq)
+    max_seed = limits.max_seed
     if config.seed is not None and not 0 <= config.seed <= max_seed:
-        raise _reject(ErrorCode.INVALID_FIELD, f"seed must be in [0, {max_seed}], got {config.seed}", "seed", seq)
+        raise ProtocolError(ErrorCode.INVALID_FIELD, f"seed must be in [0, {max_seed}], got {config.seed}", "seed", seq)
     check_schedule(config.num_steps, config.guidance_scale, description, seq)
-    low_fps, high_fps = limits.get("min_fps", 0.0), limits.get("max_fps", math.inf)
+    low_fps, high_fps = limits.min_fps, limits.max_fps
     if not (config.fps > 0 and low_fps <= config.fps <= high_fps):
-        raise _reject(ErrorCode.INVALID_FIELD, f"fps must be in [{low_fps:g}, {high_fps:g}], got {config.fps:g}",
-                      "fps", seq)
+        raise ProtocolError(ErrorCode.INVALID_FIELD, f"fps must be in [{low_fps:g}, {high_fps:g}], got {config.fps:g}",
+                            "fps", seq)
     if config.control_hz is not None and config.control_hz <= 0:
-        raise _reject(ErrorCode.INVALID_FIELD, f"control_hz must be > 0, got {config.control_hz}", "control_hz", seq)
+        raise ProtocolError(ErrorCode.INVALID_FIELD, f"control_hz must be > 0, got {config.control_hz}", "control_hz",
+                            seq)
 
 
 def check_schedule(
-    steps: int | None, guidance: float | None, description: dict[str, Any], seq: int | None = None
+    steps: int | None, guidance: float | None, description: ModelDescription, seq: int | None = None
 ) -> None:
     """Steps and guidance: a distilled model's schedule is fixed; a base model's is bounded by the
     engine's limits. Raises :class:`ProtocolError` (``invalid_field``) naming the field."""
-    limits, defaults = description.get("limits", {}), description.get("defaults", {})
-    if description.get("is_distilled"):
-        fixed = defaults.get("num_steps")
+    limits = description.limits
+    if description.is_distilled:
+        fixed = description.defaults.num_steps
         if steps is not None and steps != fixed:
-            raise _reject(ErrorCode.INVALID_FIELD,
-                          f"this distilled model runs its fixed {fixed}-step schedule; num_steps must be {fixed} or "
-                          "unset", "num_steps", seq)
+            raise ProtocolError(ErrorCode.INVALID_FIELD,
+                                f"this distilled model runs its fixed {fixed}-step schedule; num_steps must be "
+                                f"{fixed} or unset", "num_steps", seq)
         if guidance is not None and guidance != 1.0:
-            raise _reject(ErrorCode.INVALID_FIELD,
-                          "guidance is distilled into this model's weights; guidance_scale must be 1.0 or unset",
-                          "guidance_scale", seq)
-    max_steps = limits.get("max_steps")
+            raise ProtocolError(ErrorCode.INVALID_FIELD,
+                                "guidance is distilled into this model's weights; guidance_scale must be 1.0 or unset",
+                                "guidance_scale", seq)
+    max_steps = limits.max_steps
     if steps is not None and not (1 <= steps and (max_steps is None or steps <= max_steps)):
-        raise _reject(ErrorCode.INVALID_FIELD, f"num_steps must be in [1, {max_steps}], got {steps}", "num_steps", seq)
-    max_guidance = limits.get("max_guidance_scale", math.inf)
+        raise ProtocolError(ErrorCode.INVALID_FIELD, f"num_steps must be in [1, {max_steps}], got {steps}", "num_steps",
+                            seq)
+    max_guidance = limits.max_guidance_scale
     if guidance is not None and not 0 <= guidance <= max_guidance:
-        raise _reject(ErrorCode.INVALID_FIELD, f"guidance_scale must be in [0, {max_guidance:g}], got {guidance:g}",
-                      "guidance_scale", seq)
+        raise ProtocolError(ErrorCode.INVALID_FIELD,
+                            f"guidance_scale must be in [0, {max_guidance:g}], got {guidance:g}", "guidance_scale", seq)
 
 
 def observation_request(
-    config: SessionConfig | None, obs: ObservationFrame, description: dict[str, Any]
+    config: SessionConfig | None, obs: ObservationFrame, description: ModelDescription
 ) -> ActionRequest:
     """The engine request for one observation: its own settings over the session's, for it alone.
 

@@ -261,8 +261,8 @@ class ObserverSession:
             "type": "hello",
             "observer_protocol_version": OBSERVER_PROTOCOL_VERSION,
             "observer_id": self.id,
-            "model": d.get("model"),
-            "variant": d.get("variant"),
+            "model": d.model if d is not None else None,
+            "variant": d.variant if d is not None else None,
             "interval_s": self.interval_s,
             "sessions_interval_s": self.sessions_interval_s,
             "controls": ["pause", "resume", "stop", "set_prompt"],
@@ -311,7 +311,8 @@ class ObserverSession:
         self._wake.set()  # the detail comes at the next allowed moment, not one per subscribe
 
     def _on_control(self, frame: dict[str, Any]) -> None:
-        control = parse_control(frame, int(self.server.description.get("limits", {}).get("max_prompt_chars", 2000)))
+        limits = self.server.description.limits if self.server.description is not None else None
+        control = parse_control(frame, limits.max_prompt_chars or 2000 if limits is not None else 2000)
         session = self.server.sessions.get(control.session_id)
         if session is None:
             raise ControlError(ControlErrorCode.UNKNOWN_SESSION, f"no live session {control.session_id[:64]!r}",

@@ -42,6 +42,7 @@ from robot_clients.client_frames import ObservationFrame
 from robot_clients.protocol import CodedError, DropReason, ErrorCode, ProtocolError
 from robot_clients.wire_codec import WireFormatError, packb, unpackb
 
+from ..engine.description import ModelDescription
 from ..engine.outcome import EngineOutcome
 from ..engine.request_queue import PendingObservation, QueueClosed
 from ..log_hygiene import printable
@@ -70,9 +71,9 @@ class OpenpiSettings:
     seed: int | None = None
     cameras: CameraMapping = field(default_factory=CameraMapping)
 
-    def session_config(self, description: dict[str, Any]) -> SessionConfig:
+    def session_config(self, description: ModelDescription) -> SessionConfig:
         """Resolve against the loaded model; raises :class:`ProtocolError` naming a bad setting."""
-        domain = self.domain_name or (description.get("defaults") or {}).get("domain_name")
+        domain = self.domain_name or description.defaults.domain_name
         settings = {
             "domain_name": domain,
             "action_mode": self.action_mode.strip().lower(),
@@ -193,8 +194,8 @@ class OpenpiSession:
             "server": "cosmos3-policy-server",
             "protocol": "openpi",
             "session_id": self.id,
-            "model": d.get("model"),
-            "variant": d.get("variant"),
+            "model": d.model,
+            "variant": d.variant,
             "domain_name": resolved.get("domain_name"),
             "action_mode": resolved.get("action_mode"),
             "action_horizon": resolved.get("action_horizon"),

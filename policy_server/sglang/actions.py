@@ -32,6 +32,7 @@ import numpy as np
 from cosmos3_runtime.requests import ActionChunk
 from robot_clients.protocol import ErrorCode
 
+from ..engine.description import ModelDescription
 from ..http.errors import ApiError
 from .media import TENSOR_VALUE_KEYS, image_batch, video_clip
 from .parameters import (
@@ -194,7 +195,7 @@ def _choice(value: Any, path: str, choices: Sequence[str]) -> str:
     return choice
 
 
-def _settings(parameters: Mapping[str, Any], body: Mapping[str, Any], description: Mapping[str, Any],
+def _settings(parameters: Mapping[str, Any], body: Mapping[str, Any], description: ModelDescription,
               mode: str) -> Mapped:
     """The settings every item of the envelope shares, in our field names."""
     common = Mapped()
@@ -245,12 +246,12 @@ def _settings(parameters: Mapping[str, Any], body: Mapping[str, Any], descriptio
 
 def parse_action_envelope(
     body: Mapping[str, Any],
-    description: Mapping[str, Any],
+    description: ModelDescription,
     *,
     max_items: int,
     msgpack_reply: bool = False,
 ) -> ActionCall:
-    """Check SGLang's envelope against the loaded model (``describe()``) and split it into items.
+    """Check SGLang's envelope against the loaded model's description and split it into items.
 
     ``max_items`` bounds the engine requests one envelope may become (images × candidates).
     ``msgpack_reply``: the reply goes out as msgpack, where ``output_format`` defaults to ``numpy`` (as

@@ -1,4 +1,4 @@
-"""SGLang's action metadata keys, read from the engine's ``describe()``.
+"""SGLang's action metadata keys, read from the loaded model's description (``ModelDescription``).
 
 SGLang answers ``GET /v1/actions/metadata`` (and opens its realtime WebSocket) with::
 
@@ -18,26 +18,28 @@ from __future__ import annotations
 
 from typing import Any, Mapping
 
+from ..engine.description import ModelDescription
+
 # The runtime (cosmos3_runtime) serves Cosmos3 checkpoints only.
 POLICY_FAMILY = "cosmos3"
 # The wire dtype of every action array this server sends.
 ACTION_DTYPE = "float32"
 
 
-def supported_resolutions(description: Mapping[str, Any]) -> list[list[int]]:
+def supported_resolutions(description: ModelDescription) -> list[list[int]]:
     """``[width, height]`` canvases of the model's tiers, when the engine describes them (SGLang's order)."""
-    tiers = [int(t) for t in description.get("resolution_tiers") or []]
-    canvases = description.get("resolution_canvases") or {}
+    tiers = description.resolution_tiers
+    canvases = description.resolution_canvases or {}
     sizes: list[list[int]] = []
-    for tier, tier_sizes in sorted(canvases.items(), key=lambda entry: int(entry[0])):
-        for height, width in tier_sizes if int(tier) in tiers else ():
+    for tier, tier_sizes in sorted(canvases.items()):
+        for height, width in tier_sizes if tier in tiers else ():
             if [width, height] not in sizes:
                 sizes.append([width, height])
     return sizes
 
 
 def sglang_metadata(
-    description: Mapping[str, Any],
+    description: ModelDescription,
     *,
     max_batch_size: int,
     openpi_websocket: bool,
@@ -47,39 +49,39 @@ def sglang_metadata(
 
     ``max_batch_size``: the most action chunks one request may ask for (images × candidates);
     ``openpi_websocket``: whether the server answers openpi clients; ``default_fps``: the rate a
-    request without ``fps`` runs at. The rest is the engine's ``describe()``.
+    request without ``fps`` runs at. The rest is the loaded model's description.
     """
-    action_modes = list(description.get("action_modes", []))
-    defaults = description.get("defaults", {})
-    domains = description.get("domains", {}).values()
-    widths = {domain.get("raw_action_dim") for domain in domains}
-    state_dims = {domain.get("state_dim") for domain in domains}
+    action_modes = list(description.action_modes)
+    defaults = description.defaults
+    domains = description.domains.values()
+    widths = {domain.raw_action_dim for domain in domains}
+    state_dims = {domain.state_dim for domain in domains}
     modalities = (["image"] if "policy" in action_modes else []) + (["video"] if action_modes else [])
     return {
         "object": "action.metadata",
-        "model": description.get("model"),
+        "model": description.model,
         "policy_family": POLICY_FAMILY,
         "input": {
             "modalities": modalities,
             "supported_resolutions": supported_resolutions(description),
-            "resolution_tiers": list(description.get("resolution_tiers") or []),
+            "resolution_tiers": list(description.resolution_tiers),
             # One state width for every domain, or None: none (images only) or the requested domain's.
             "state_dim": state_dims.pop() if len(state_dims) == 1 else None,
         },
         "output": {
             "action_type": "continuous",
-            "action_horizon": defaults.get("action_horizon"),
+            "action_horizon": defaults.action_horizon,
             # One width for every domain, or None: it is the requested domain's raw_action_dim.
             "action_dim": widths.pop() if len(widths) == 1 else None,
-            "padded_action_dim": description.get("action_dim"),
+            "padded_action_dim": description.action_dim,
             "dtype": ACTION_DTYPE,
         },
         "defaults": {
             "action_mode": "policy" if "policy" in action_modes else next(iter(action_modes), None),
-            "action_horizon": defaults.get("action_horizon"),
-            "num_inference_steps": defaults.get("num_steps"),
-            "guidance_scale": defaults.get("guidance_scale"),
-            "resolution_tier": defaults.get("resolution_tier"),
+            "action_horizon": defaults.action_horizon,
+            "num_inference_steps": defaults.num_steps,
+            "guidance_scale": defaults.guidance_scale,
+            "resolution_tier": defaults.resolution_tier,
             "fps": default_fps,
         },
         "capabilities": {

@@ -26,6 +26,7 @@ import numpy as np
 
 from robot_clients.protocol import ErrorCode
 
+from ..engine.description import ModelDescription
 from ..http.errors import ApiError
 
 # SGLang's normalization names (and ours) -> the runtime's profile kinds (``describe()["domains"]``).
@@ -150,7 +151,7 @@ def one_of(values: Mapping[str, Any], names: tuple[str, str], prefix: str) -> tu
 
 
 def resolve_domain(
-    description: Mapping[str, Any],
+    description: ModelDescription,
     *,
     name: Any = None,
     domain_id: Any = None,
@@ -164,8 +165,8 @@ def resolve_domain(
     action head); the id and width then name the domain only when those profiles are the same.
     ``paths`` maps ``domain_name``, ``domain_id`` and ``raw_action_dim`` to the client's field paths.
     """
-    domains: Mapping[str, Mapping[str, Any]] = description.get("domains", {})
-    known = ", ".join(f"{n} (domain_id {d.get('domain_id')})" for n, d in sorted(domains.items())) or "none"
+    domains = description.domains
+    known = ", ".join(f"{n} (domain_id {d.domain_id})" for n, d in sorted(domains.items())) or "none"
     if domain_id is not None:
         domain_id = integer(domain_id, paths["domain_id"], low=0)
     if raw_action_dim is not None:
@@ -176,17 +177,17 @@ def resolve_domain(
             raise ApiError(ErrorCode.UNKNOWN_DOMAIN, f"unknown domain {name!r}; this model knows: {known}",
                            paths["domain_name"])
         profile = domains[name]
-        if domain_id is not None and domain_id != profile.get("domain_id"):
-            raise invalid(paths["domain_id"], f"domain {name!r} has domain_id {profile.get('domain_id')}, not {domain_id}")
-        if raw_action_dim is not None and raw_action_dim != profile.get("raw_action_dim"):
+        if domain_id is not None and domain_id != profile.domain_id:
+            raise invalid(paths["domain_id"], f"domain {name!r} has domain_id {profile.domain_id}, not {domain_id}")
+        if raw_action_dim is not None and raw_action_dim != profile.raw_action_dim:
             raise invalid(paths["raw_action_dim"],
-                          f"domain {name!r} acts with {profile.get('raw_action_dim')} values per step, not {raw_action_dim}")
+                          f"domain {name!r} acts with {profile.raw_action_dim} values per step, not {raw_action_dim}")
         return name
     if domain_id is None:
         raise ApiError(ErrorCode.MISSING_FIELD,
                        f"name the embodiment: `{paths['domain_name']}`, or `{paths['domain_id']}` with "
                        f"`{paths['raw_action_dim']}`; this model knows: {known}", paths["domain_name"])
-    sharing = [n for n, d in sorted(domains.items()) if d.get("domain_id") == domain_id]
+    sharing = [n for n, d in sorted(domains.items()) if d.domain_id == domain_id]
     if not sharing:
         raise ApiError(ErrorCode.UNKNOWN_DOMAIN, f"no domain of this model has domain_id {domain_id}; it knows: {known}",
                        paths["domain_id"])
@@ -195,19 +196,19 @@ def resolve_domain(
                        f"`{paths['raw_action_dim']}` is required with `{paths['domain_id']}` (as in SGLang), or send "
                        f"`{paths['domain_name']}`: domain_id {domain_id} is {', '.join(sharing)}",
                        paths["raw_action_dim"])
-    matching = [n for n in sharing if domains[n].get("raw_action_dim") == raw_action_dim]
+    matching = [n for n in sharing if domains[n].raw_action_dim == raw_action_dim]
     if not matching:
-        widths = ", ".join(f"{n}: {domains[n].get('raw_action_dim')}" for n in sharing)
+        widths = ", ".join(f"{n}: {domains[n].raw_action_dim}" for n in sharing)
         raise invalid(paths["raw_action_dim"],
                       f"domain_id {domain_id} acts with another width ({widths}), not {raw_action_dim}")
-    if any(dict(domains[n]) != dict(domains[matching[0]]) for n in matching[1:]):
+    if any(dict(domains[n].raw) != dict(domains[matching[0]].raw) for n in matching[1:]):
         raise invalid(paths["domain_id"],
                       f"domain_id {domain_id} with raw_action_dim {raw_action_dim} is any of {', '.join(matching)}, "
                       f"whose profiles differ (view point, horizon or normalization); send `{paths['domain_name']}`")
     return matching[0]
 
 
-def check_normalization(value: Any, domain_name: str, description: Mapping[str, Any], path: str) -> None:
+def check_normalization(value: Any, domain_name: str, description: ModelDescription, path: str) -> None:
     """SGLang's ``action_normalization``: it must name the statistics the domain's profile denormalizes with.
 
     The server denormalizes with the profile's statistics (checkpoint or operator), so the client can
@@ -216,7 +217,8 @@ def check_normalization(value: Any, domain_name: str, description: Mapping[str, 
     kind = NORMALIZATION_KINDS.get(value.strip().lower()) if isinstance(value, str) else None
     if kind is None:
         raise invalid(path, f"`{path}` must be one of quantile, meanstd, minmax, got {_shown(value)}")
-    actual = description.get("domains", {}).get(domain_name, {}).get("normalization")
+    domain = description.domain(domain_name)
+    actual = domain.normalization if domain is not None else None
     if actual is None:
         raise invalid(path, f"domain {domain_name!r} has no normalization statistics on this server: its actions are "
                       f"the model's normalized values; leave `{path}` out")
@@ -250,7 +252,7 @@ def parse_size(value: Any, path: str) -> tuple[int, int]:
     return height, width
 
 
-def canvas_tier(height: Any, width: Any, description: Mapping[str, Any], *, height_path: str,
+def canvas_tier(height: Any, width: Any, description: ModelDescription, *, height_path: str,
                 width_path: str) -> int | None:
     """The tier a ``height`` + ``width`` pair names (:func:`tier_for_size`), None when neither is given."""
     if height is None and width is None:
@@ -263,21 +265,20 @@ def canvas_tier(height: Any, width: Any, description: Mapping[str, Any], *, heig
     return tier_for_size(*size, description, height_path)
 
 
-def tier_for_size(height: int, width: int, description: Mapping[str, Any], path: str) -> int:
+def tier_for_size(height: int, width: int, description: ModelDescription, path: str) -> int:
     """The resolution tier whose canvas a pixel size names.
 
     When the engine describes its canvases (``resolution_canvases``: tier -> ``[[height, width], ...]``)
     the size must be one of them (two tiers with the same canvas: the smaller, the same work); otherwise
     a tier is named by its canvas's short side (480 for 480×832), as the runtime's tiers are.
     """
-    tiers = [int(t) for t in description.get("resolution_tiers") or []]
-    canvases: Mapping[Any, Any] | None = description.get("resolution_canvases")
+    tiers = list(description.resolution_tiers)
+    canvases = description.resolution_canvases
     if canvases:
-        matches = [int(t) for t, sizes in canvases.items()
-                   if int(t) in tiers and [height, width] in [list(s) for s in sizes]]
+        matches = [t for t, sizes in canvases.items() if t in tiers and (height, width) in sizes]
         if matches:
             return min(matches)
-        offered = sorted({f"{w}x{h}" for t, sizes in canvases.items() if int(t) in tiers for h, w in sizes})
+        offered = sorted({f"{w}x{h}" for t, sizes in canvases.items() if t in tiers for h, w in sizes})
         raise ApiError(ErrorCode.UNSUPPORTED_TIER, f"{width}x{height} is not a canvas of this model; choose one of "
                        f"{', '.join(offered)} (WIDTHxHEIGHT)", path)
     if min(height, width) in tiers:

@@ -28,6 +28,7 @@ from cosmos3_runtime.requests import ActionChunk
 from robot_clients.protocol import ErrorCode
 from robot_clients.wire_codec import WireFormatError, packb, unpackb
 
+from ..engine.description import ModelDescription
 from ..http.errors import ApiError
 from .actions import ActionCall, build_reply, is_sglang_envelope, parse_action_envelope
 
@@ -51,7 +52,7 @@ class LockstepSession:
     only after answering this one, as SGLang does.
     """
 
-    def __init__(self, description: Mapping[str, Any], *, max_items: int, started_at: float) -> None:
+    def __init__(self, description: ModelDescription, *, max_items: int, started_at: float) -> None:
         self._description = description
         self._max_items = max_items
         self._waiting_since = started_at

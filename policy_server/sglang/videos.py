@@ -22,6 +22,7 @@ from typing import Any, Mapping
 
 import numpy as np
 
+from ..engine.description import ModelDescription
 from .media import refuse_paths
 from .parameters import (
     Mapped,
@@ -73,7 +74,7 @@ def _rows(action: Any) -> int | None:
     return len(action) if isinstance(action, list) else None
 
 
-def video_fields(fields: Mapping[str, Any], description: Mapping[str, Any], *, default_fps: float) -> Mapped:
+def video_fields(fields: Mapping[str, Any], description: ModelDescription, *, default_fps: float) -> Mapped:
     """A ``POST /v1/videos`` body, with SGLang's names or ours, as our ``VideoCreateParams`` fields.
 
     ``default_fps`` is the rate a request without ``fps`` runs at (``VideoCreateParams.fps``'s default):
@@ -105,7 +106,7 @@ def video_fields(fields: Mapping[str, Any], description: Mapping[str, Any], *, d
     paths = {"domain_name": "domain_name", "domain_id": "domain_id", "raw_action_dim": "raw_action_dim"}
     name, domain_id, width = body.get("domain_name"), body.get("domain_id"), body.get("raw_action_dim")
     if name is None and domain_id is None:
-        name = description.get("defaults", {}).get("domain_name")  # our /v1/videos default; width still checked
+        name = description.defaults.domain_name  # our /v1/videos default; width still checked
     if name is not None or domain_id is not None:
         domain = resolve_domain(description, name=name, domain_id=domain_id, raw_action_dim=width, paths=paths)
         mapped.put("domain_name", domain, "domain_name" if body.get("domain_name") is not None or domain_id is None
