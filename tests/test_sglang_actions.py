@@ -486,8 +486,8 @@ def test_height_and_width_name_a_tier(distilled):
 def test_height_and_width_use_the_engines_canvases_when_described(distilled):
     from diffusers.pipelines.cosmos.pipeline_cosmos3_omni import _ACTION_RESOLUTION_BINS
 
-    described = {**distilled, "resolution_canvases": {int(t): [list(s) for s in bins.values()]
-                                                      for t, bins in _ACTION_RESOLUTION_BINS.items()}}
+    described = {**distilled, "canvases": {t: [{"height": h, "width": w} for h, w in bins.values()]
+                                           for t, bins in _ACTION_RESOLUTION_BINS.items()}}
     assert settings(described, height=640, width=640).resolution_tier == 480  # square canvas of tier 480
     assert settings(described, height=960, width=960).resolution_tier == 704  # both 704 and 720: the smaller
     assert settings(described, height=192, width=320).resolution_tier == 256

@@ -18,6 +18,8 @@ from __future__ import annotations
 
 from typing import Any, Mapping
 
+from .parameters import canvas_sizes
+
 # The runtime (cosmos3_runtime) serves Cosmos3 checkpoints only.
 POLICY_FAMILY = "cosmos3"
 # The wire dtype of every action array this server sends.
@@ -27,7 +29,7 @@ ACTION_DTYPE = "float32"
 def supported_resolutions(description: Mapping[str, Any]) -> list[list[int]]:
     """``[width, height]`` canvases of the model's tiers, when the engine describes them (SGLang's order)."""
     tiers = [int(t) for t in description.get("resolution_tiers") or []]
-    canvases = description.get("resolution_canvases") or {}
+    canvases = canvas_sizes(description)
     sizes: list[list[int]] = []
     for tier, tier_sizes in sorted(canvases.items(), key=lambda entry: int(entry[0])):
         for height, width in tier_sizes if int(tier) in tiers else ():

@@ -262,15 +262,21 @@ def canvas_tier(height: Any, width: Any, description: Mapping[str, Any], *, heig
     return tier_for_size(*size, description, height_path)
 
 
+def canvas_sizes(description: Mapping[str, Any]) -> dict[str, list[list[int]]]:
+    """The engine's canvases per tier as ``[[height, width], ...]`` (empty when it describes none)."""
+    return {str(tier): [[int(b["height"]), int(b["width"])] for b in bins]
+            for tier, bins in (description.get("canvases") or {}).items()}
+
+
 def tier_for_size(height: int, width: int, description: Mapping[str, Any], path: str) -> int:
     """The resolution tier whose canvas a pixel size names.
 
-    When the engine describes its canvases (``resolution_canvases``: tier -> ``[[height, width], ...]``)
+    When the engine describes its canvases (``canvases``: tier -> ``[{aspect_ratio, height, width}, ...]``)
     the size must be one of them (two tiers with the same canvas: the smaller, the same work); otherwise
     a tier is named by its canvas's short side (480 for 480×832), as the runtime's tiers are.
     """
     tiers = [int(t) for t in description.get("resolution_tiers") or []]
-    canvases: Mapping[Any, Any] | None = description.get("resolution_canvases")
+    canvases = canvas_sizes(description)
     if canvases:
         matches = [int(t) for t, sizes in canvases.items()
                    if int(t) in tiers and [height, width] in [list(s) for s in sizes]]
