@@ -17,6 +17,7 @@ import numpy as np
 
 from .checkpoint_source import CheckpointSource
 from .errors import EngineError, RuntimeErrorBase
+from .frame_preprocessing import canvas_table
 from .inspection import CheckpointInfo, inspect_checkpoint
 from .loading import load_pipeline, resolve_device_and_dtype
 from .profiles import VIEW_POINTS, PolicyProfile, profiles_for_checkpoint
@@ -239,6 +240,8 @@ class Cosmos3Engine:
             "action_modes": [m for m in spec.modes if m != "forward_dynamics"],
             "video_modes": [m for m in spec.modes if m == "forward_dynamics"],
             "resolution_tiers": list(info.resolution_tiers),
+            # Each tier's canvases (aspect-ratio bins): a client sizes its frames to these before sending.
+            "canvases": {tier: bins for tier, bins in canvas_table().items() if int(tier) in info.resolution_tiers},
             "distilled_sigmas": info.distilled_sigmas,
             "defaults": spec.describe_defaults(),
             "action_horizon": {

@@ -24,6 +24,7 @@ passes and differs from the float result by up to 5-25 levels on edges.
 from __future__ import annotations
 
 import functools
+import warnings
 from dataclasses import dataclass
 
 import numpy as np
@@ -33,6 +34,16 @@ import torch.nn.functional as F
 # The video processor snaps sizes down to a multiple of the VAE's spatial factor (16 for every Cosmos3 VAE);
 # the sampler passes its pipeline's own value.
 DEFAULT_SIZE_MULTIPLE = 16
+
+
+def snapped_side(side: int, size_multiple: int = DEFAULT_SIZE_MULTIPLE) -> int:
+    """A frame side after the video processor's snap: down to a multiple of ``size_multiple``.
+
+    diffusers snaps a side shorter than the multiple to zero and then fails; such a side is snapped up to
+    one multiple instead (nearest-neighbour, like the snap itself), so a small frame (SGLang's clients
+    send 8x8 test images) is served as the 16-pixel frame it becomes, not refused by an exception.
+    """
+    return max(size_multiple, side - side % size_multiple)
 
 
 @dataclass(frozen=True)
@@ -53,7 +64,7 @@ def canvas_for(frame_height: int, frame_width: int, tier: int, size_multiple: in
     bins = _ACTION_RESOLUTION_BINS.get(str(tier))
     if bins is None:
         raise ValueError(f"unsupported resolution tier {tier!r}; expected one of {sorted(map(int, _ACTION_RESOLUTION_BINS))}")
-    h, w = frame_height - frame_height % size_multiple, frame_width - frame_width % size_multiple
+    h, w = snapped_side(frame_height, size_multiple), snapped_side(frame_width, size_multiple)
     target_h, target_w = VideoProcessor.classify_height_width_bin(h, w, ratios=bins)
     scale = min(target_w / w, target_h / h, 1.0)
     return Canvas(target_h, target_w, max(1, int(scale * h + 0.5)), max(1, int(scale * w + 0.5)))
@@ -84,7 +95,11 @@ def prepare_frames(frames: np.ndarray, tier: int, num_frames: int, device: torch
     """
     if frames.dtype != np.uint8 or frames.ndim != 4 or frames.shape[-1] != 3:
         raise ValueError(f"expected uint8 frames of shape (T, H, W, 3), got {frames.dtype} {frames.shape}")
-    pixels = torch.from_numpy(np.ascontiguousarray(frames))  # (T, H, W, 3), no copy
+    with warnings.catch_warnings():
+        # Frames decoded from the wire are read-only numpy arrays; nothing below writes into this view
+        # (every step makes a new tensor), so torch's warning about non-writable arrays does not apply.
+        warnings.filterwarnings("ignore", message="The given NumPy array is not writable")
+        pixels = torch.from_numpy(np.ascontiguousarray(frames))  # (T, H, W, 3), no copy
     if pixels.shape[0] < num_frames:  # the clip is padded with its last frame, as diffusers does
         pixels = torch.cat([pixels, pixels[-1:].expand(num_frames - pixels.shape[0], -1, -1, -1)])
     else:
@@ -94,7 +109,7 @@ def prepare_frames(frames: np.ndarray, tier: int, num_frames: int, device: torch
     else:
         pixels = pixels.to(device)
     height, width = pixels.shape[1:3]
-    snapped = (height - height % size_multiple, width - width % size_multiple)
+    snapped = (snapped_side(height, size_multiple), snapped_side(width, size_multiple))
     if snapped != (height, width):
         # The video processor's default resize: nearest, to a multiple of 16 (exact on uint8 too).
         pixels = F.interpolate(pixels.permute(0, 3, 1, 2), size=snapped, mode="nearest").permute(0, 2, 3, 1)

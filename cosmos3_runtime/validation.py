@@ -41,7 +41,9 @@ BASE_DEFAULT_TIER = 480
 class EngineLimits:
     """Bounds on what one request may ask for (documented in docs/runtime.md)."""
 
-    min_image_side: int = 32
+    # Sides below the VAE's 16-pixel multiple are snapped up to it (frame_preprocessing.snapped_side); 8
+    # admits the smallest test images clients send (SGLang's are 8x8) and still catches a transposed array.
+    min_image_side: int = 8
     max_image_side: int = 4096
     min_action_horizon: int = 4
     max_action_horizon: int = 64

@@ -82,9 +82,8 @@ def canvas_bins(canvases: Mapping[str, Any], tier: int) -> list[CanvasBin]:
 
 def placement(height: int, width: int, bins: Sequence[CanvasBin], multiple: int = SIZE_MULTIPLE) -> Placement:
     """Where the server puts a ``height`` × ``width`` frame (steps 1-3 of the module docstring)."""
-    h, w = height - height % multiple, width - width % multiple
-    if h <= 0 or w <= 0:
-        raise ValueError(f"a {height}×{width} frame is smaller than {multiple} pixels on a side")
+    # Snapped down to the multiple, and a side shorter than one multiple up to it (the server's rule).
+    h, w = max(multiple, height - height % multiple), max(multiple, width - width % multiple)
     aspect = h / w
     canvas = min(bins, key=lambda b: abs(b.aspect_ratio - aspect))
     scale = min(canvas.width / w, canvas.height / h, 1.0)

@@ -31,8 +31,9 @@ def test_the_metadata_canvases_place_frames_exactly_as_the_server_does():
     assert sorted(map(int, table)) == sorted(TIERS)
     for tier in TIERS:
         bins = canvas_bins(table, tier)
-        for height in range(32, 1300, 53):
-            for width in range(32, 2000, 61):
+        # Small sides too: below 16 pixels both snap up to one multiple.
+        for height in [*range(8, 32, 5), *range(32, 1300, 53)]:
+            for width in [*range(8, 32, 7), *range(32, 2000, 61)]:
                 server = canvas_for(height, width, tier)
                 robot = placement(height, width, bins)
                 assert (robot.canvas_height, robot.canvas_width, robot.content_height, robot.content_width) == (
@@ -92,9 +93,8 @@ def test_send_size_examples():
     assert send_size(480, 640, canvas_bins(canvas_table(), 480)).exact  # tier 480 keeps 480×640 as it is
 
 
-def test_placement_refuses_frames_smaller_than_the_snap():
-    with pytest.raises(ValueError, match="smaller than 16"):
-        placement(8, 64, [CanvasBin(1.0, 256, 256)])
+def test_placement_snaps_sides_below_sixteen_up_as_the_server_does():
+    assert placement(8, 64, [CanvasBin(1.0, 256, 256)]) == placement(16, 64, [CanvasBin(1.0, 256, 256)])
 
 
 @pytest.mark.parametrize("tier,size", [(256, (480, 640)), (256, (400, 400)), (256, (720, 1280)), (480, (720, 1280)),

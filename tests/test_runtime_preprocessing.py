@@ -82,3 +82,28 @@ def test_refuses_what_is_not_uint8_rgb():
         prepare_frames(np.zeros((1, 64, 64, 3), np.float32), 256, 1, torch.device("cpu"))
     with pytest.raises(ValueError, match="uint8"):
         prepare_frames(np.zeros((64, 64, 3), np.uint8), 256, 1, torch.device("cpu"))
+
+
+def test_sides_below_sixteen_pixels_snap_up_where_diffusers_would_fail(tiny_engine):
+    """diffusers snaps an 8-pixel side to 0 and raises; it is served as the 16-pixel frame it becomes."""
+    pipe = tiny_engine("distilled").pipe
+    small = _natural_frames(1, 8, 12, seed=3)
+    with pytest.raises(Exception):
+        _reference(pipe, small, 256, 1)
+    upscaled = small[:, np.arange(16) * 8 // 16][:, :, np.arange(16) * 12 // 16]  # torch's "nearest"
+    ours, size, *_ = prepare_frames(small, 256, 1, torch.device("cpu"))
+    ref, ref_size, *_ = _reference(pipe, upscaled, 256, 1)
+    assert torch.equal(size, ref_size)
+    assert (ours - ref).abs().max().item() <= ONE_LEVEL
+    c = canvas_for(8, 12, 256)
+    assert (c.content_height, c.content_width) == (16, 16)
+
+
+def test_an_eight_pixel_image_gets_a_chunk(tiny_engine):
+    from cosmos3_runtime.requests import ActionRequest
+
+    engine = tiny_engine("distilled")
+    domain = next(iter(engine.describe()["domains"]))
+    chunk = engine.predict_actions(ActionRequest(image=_natural_frames(1, 8, 8, seed=5)[0], domain_name=domain))
+    assert np.isfinite(chunk.actions).all()
+    assert engine.describe()["limits"]["min_image_side"] == 8

@@ -227,7 +227,7 @@ BAD_FRAMES = {
     "image float32": ({"type": "observation", "seq": 5, "image": IMAGE.astype(np.float32)}, "invalid_image", "image"),
     "image rank 2": ({"type": "observation", "seq": 5, "image": IMAGE[..., 0]}, "invalid_image", "image"),
     "image rgba": ({"type": "observation", "seq": 5, "image": np.zeros((64, 64, 4), np.uint8)}, "invalid_image", "image"),
-    "image too small": ({"type": "observation", "seq": 5, "image": np.zeros((8, 8, 3), np.uint8)}, "invalid_image", "image"),
+    "image too small": ({"type": "observation", "seq": 5, "image": np.zeros((4, 4, 3), np.uint8)}, "invalid_image", "image"),
     "image too large": ({"type": "observation", "seq": 5, "image": np.zeros((1, 5000, 3), np.uint8)}, "invalid_image", "image"),
     "video rank 3": ({"type": "observation", "seq": 5, "video": IMAGE}, "invalid_image", "video"),
     "deadline is a string": ({"type": "observation", "seq": 5, "image": IMAGE, "deadline_ms": "soon"}, "invalid_field", "deadline_ms"),

@@ -146,7 +146,10 @@ def test_metadata_comes_from_the_checkpoint(distilled, tiny_engine):
     assert metadata["defaults"]["num_inference_steps"] == distilled.defaults.num_steps == 4
     assert metadata["defaults"]["fps"] == 10.0 and metadata["capabilities"]["openpi_websocket"] is True
     assert metadata["capabilities"]["action_modes"] == ["policy", "inverse_dynamics"]
-    assert metadata["input"]["state_dim"] is None and metadata["input"]["supported_resolutions"] == []
+    assert metadata["input"]["state_dim"] is None
+    tiers = distilled.resolution_tiers
+    sizes = dict.fromkeys((w, h) for t in tiers for h, w in distilled.resolution_canvases[t])  # once each
+    assert metadata["input"]["supported_resolutions"] == [list(size) for size in sizes] != []
     base = sglang_metadata(ModelDescription.from_describe(tiny_engine("base").describe()), max_batch_size=1,
                            openpi_websocket=False, default_fps=24.0)
     assert base["defaults"]["num_inference_steps"] == 35 and base["capabilities"]["multiple_candidates"] is False
@@ -161,9 +164,10 @@ def test_metadata_comes_from_the_checkpoint(distilled, tiny_engine):
 
 
 def test_metadata_lists_the_engines_canvases_when_described(distilled):
-    canvases = {256: [[256, 256], [192, 320]], 480: [[480, 832]]}
+    bins = lambda *sizes: [{"aspect_ratio": h / w, "height": h, "width": w} for h, w in sizes]  # noqa: E731
     described = ModelDescription.from_describe({**distilled.raw, "resolution_tiers": [256],
-                                                "resolution_canvases": canvases})
+                                                "canvases": {"256": bins((256, 256), (192, 320)),
+                                                             "480": bins((480, 832))}})
     metadata = sglang_metadata(described, max_batch_size=1, openpi_websocket=False, default_fps=24.0)
     assert metadata["input"]["supported_resolutions"] == [[256, 256], [320, 192]]  # [width, height], tier 256 only
 

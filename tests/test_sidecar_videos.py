@@ -154,7 +154,7 @@ def test_a_robot_waits_for_at_most_the_running_video_job(server):
         ({"view_point": "from_mars"}, "invalid_field", "view_point"),
         ({"input_reference": "not base64!"}, "invalid_image", "input_reference"),
         ({"input_reference": "aGVsbG8="}, "invalid_image", "input_reference"),  # base64 of "hello"
-        ({"input_reference": rgb(8).tolist()}, "invalid_image", "input_reference"),  # below the minimum side
+        ({"input_reference": rgb(4).tolist()}, "invalid_image", "input_reference"),  # below the minimum side (8)
         ({"colour": "red"}, "invalid_field", "colour"),
         ({"model": "someone/else"}, "invalid_field", "model"),
     ],

@@ -159,14 +159,15 @@ class ModelDescription:
         """Read an engine's ``describe()`` (keys it lacks keep their defaults)."""
         d = description
         horizon = d.get("action_horizon") or {}
-        canvases = d.get("resolution_canvases")
+        # ``canvases``: tier -> [{aspect_ratio, height, width}, ...], the aspect-ratio bins a frame is placed in.
+        canvases = d.get("canvases")
         return cls(
             model=d.get("model"), variant=d.get("variant"), is_distilled=bool(d.get("is_distilled")),
             is_edge=bool(d.get("is_edge")), modes=tuple(d.get("modes") or ()),
             action_modes=tuple(d.get("action_modes") or ()), video_modes=tuple(d.get("video_modes") or ()),
             resolution_tiers=tuple(int(t) for t in d.get("resolution_tiers") or ()),
             resolution_canvases=None if canvases is None else {
-                int(tier): tuple((int(size[0]), int(size[1])) for size in sizes) for tier, sizes in canvases.items()},
+                int(tier): tuple((int(b["height"]), int(b["width"])) for b in bins) for tier, bins in canvases.items()},
             distilled_sigmas=None if d.get("distilled_sigmas") is None else tuple(d["distilled_sigmas"]),
             defaults=Defaults.from_describe(d.get("defaults")),
             action_horizon=HorizonRange(min=horizon.get("min") or 1, max=horizon.get("max"),

@@ -268,7 +268,7 @@ def canvas_tier(height: Any, width: Any, description: ModelDescription, *, heigh
 def tier_for_size(height: int, width: int, description: ModelDescription, path: str) -> int:
     """The resolution tier whose canvas a pixel size names.
 
-    When the engine describes its canvases (``resolution_canvases``: tier -> ``[[height, width], ...]``)
+    When the engine describes its canvases (``canvases``: tier -> ``[{aspect_ratio, height, width}, ...]``)
     the size must be one of them (two tiers with the same canvas: the smaller, the same work); otherwise
     a tier is named by its canvas's short side (480 for 480×832), as the runtime's tiers are.
     """
