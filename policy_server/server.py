@@ -17,8 +17,10 @@ import json
 import logging
 import socket
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from http import HTTPStatus
+from types import MappingProxyType
 from typing import TYPE_CHECKING, Any, Callable
 
 from websockets.asyncio.server import Server, ServerConnection, serve
@@ -26,7 +28,7 @@ from websockets.datastructures import Headers
 from websockets.http11 import Request, Response
 
 from robot_clients import protocol
-from robot_clients.protocol import HEALTH_PATH, REALTIME_PATH, DropReason, FrameLimits
+from robot_clients.protocol import REALTIME_PATH, DropReason, FrameLimits
 
 from .auth import CHALLENGE, OriginPolicy, TokenSet, bearer_subprotocol, is_open_path
 from .connection_limits import (ACCEPT_BURST, DEFAULT_HANDSHAKE_TIMEOUT_S, DEFAULT_MAX_PENDING_HANDSHAKES,
@@ -39,12 +41,17 @@ from .engine.worker import (DEFAULT_VIDEO_STEP_INTERVAL_S, ActionEngine, Backgro
                             WorkerState)
 from .http.dashboard import CONFIG_NAME, DASHBOARD_HEADERS, DASHBOARD_PATH, dashboard_asset, dashboard_config
 from .log_hygiene import printable
+from .metadata import SERVER_NAME, health, native_metadata
+from .routes import Route, route
+from .sessions.base import Session
+from .sessions.host import HostedSession
 from .sessions.native import RealtimeSession
 from .sessions.observer import (
-    DEFAULT_INTERVAL_S, DEFAULT_MAX_OBSERVERS, OBSERVE_PATH, OBSERVER_FRAME_RATE, OBSERVER_MAX_MESSAGE_BYTES,
-    ObserverSession, SnapshotCache, authorize,
+    DEFAULT_INTERVAL_S, DEFAULT_MAX_OBSERVERS, OBSERVER_FRAME_RATE, OBSERVER_MAX_MESSAGE_BYTES, ObserverSession,
+    SnapshotCache, authorize,
 )
-from .sessions.openpi import OPENPI_PATHS, OpenpiSession, OpenpiSettings
+from .sessions.openpi import OpenpiSession
+from .sessions.openpi_settings import OpenpiSettings
 from .sessions.rate_limits import RateLimit
 from .sessions.supervisor import (
     MAX_QUEUED_FRAMES, SOCKET_SEND_BUFFER_BYTES, WRITE_LIMIT_BYTES, SessionLimits, ConnectionSupervisor,
@@ -56,8 +63,6 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
-
-SERVER_NAME = "cosmos3-policy-server"
 
 # A 720p RGB frame is 2.8 MB; a 65-frame 256x256 clip 12.8 MB. The default fits the largest single image
 # the models accept (4096x4096x3 = 48 MiB, `limits.max_image_side`) plus the msgpack around it, so the
@@ -119,6 +124,9 @@ class ServerSettings:
 class PolicyServer:
     """Serves one engine to many WebSocket sessions. Use as ``async with PolicyServer(...) as s:``.
 
+    It is the :class:`~policy_server.sessions.host.SessionHost` of its sessions, its HTTP sidecar and its
+    backend: they see it through that protocol only.
+
     The engine runs on the local worker thread (``load_engine`` is called there), or, given ``backend``
     (a :class:`~policy_server.engine.backend.BackendFactory`, e.g. the Ray backend's), wherever that
     backend runs it; the backend then also supplies the queue.
@@ -130,11 +138,13 @@ class PolicyServer:
         self._load_engine = load_engine
         self._backend = backend
         self.queue = backend.make_queue() if backend is not None else RequestQueue()
-        self.sessions: dict[str, RealtimeSession | OpenpiSession] = {}
+        self._sessions: dict[str, Session] = {}
+        self.sessions: Mapping[str, Session] = MappingProxyType(self._sessions)
         self.observers: dict[str, ObserverSession] = {}
         self.observer_snapshots = SnapshotCache(max_age_s=DEFAULT_INTERVAL_S)
         self.origins = OriginPolicy(self.settings.allowed_origins)
-        self.supervisor = ConnectionSupervisor(self, self.settings.connection_limits)
+        self.supervisor = ConnectionSupervisor(lambda: [*self._sessions.values(), *self.observers.values()],
+                                               self.settings.connection_limits)
         # What the loaded model offers; None until it is loaded and warm.
         self.description: ModelDescription | None = None
         self.frame_limits = FrameLimits()
@@ -198,8 +208,10 @@ class PolicyServer:
             await self.sidecar.start(self.worker.wait_ready())
         self.worker.start()
         self.supervisor.start()
-        self.watchdog = EngineWatchdog(self.worker, self.settings.engine_timeout_s)
-        self.watchdog.start()  # only for a worker that can restart its engine (the local one)
+        # Only the local worker can restart its engine; a backend's replicas are replaced by their own platform.
+        self.watchdog = EngineWatchdog(self.worker if isinstance(self.worker, EngineWorker) else None,
+                                       self.settings.engine_timeout_s)
+        self.watchdog.start()
         scheme = "wss" if self.settings.ssl_context is not None else "ws"
         tokens = self.settings.auth_tokens
         logger.info("listening on %s://%s:%d%s (%s)", scheme, self.settings.host, self.port, REALTIME_PATH,
@@ -288,33 +300,35 @@ class PolicyServer:
     # -- HTTP on the WebSocket port --------------------------------------------------------------------
 
     def health(self) -> dict[str, Any]:
-        worker = self.worker
-        if self.stopping:
-            status = "stopping"
-        elif worker is None:
-            status = "starting"
-        else:
-            status = worker.state.value
-        return {
-            "status": status,
-            "model": self.description.model if self.description is not None else None,
-            "variant": self.description.variant if self.description is not None else None,
-            "protocol_version": protocol.PROTOCOL_VERSION,
-            "sessions": len(self.sessions),
-            "queue_depth": len(self.queue),
-            "busy": bool(worker and worker.busy),
-            "completed": worker.completed if worker else 0,
-            "uptime_s": round(time.monotonic() - self.started_at, 3),
-            "worker": worker.thread_settings if worker else {},
-        }
+        return health(self)[1]
+
+    # -- the host's face to sessions (policy_server.sessions.host.SessionHost) --------------------------
+
+    def register(self, session: Session) -> None:  # type: ignore[override]
+        self._sessions[session.id] = session
+
+    def unregister(self, session: HostedSession) -> None:
+        if self._sessions.pop(session.id, None) is not None:
+            self._closed_sessions_dropped += session.dropped
+
+    def metadata(self, session_id: str, kind: str) -> dict[str, Any]:
+        if kind != "native":
+            raise ValueError(f"no hello for {kind!r} sessions here; an openpi session builds its own")
+        return native_metadata(self, session_id)
+
+    def notify_sessions(self, event: str, details: Mapping[str, Mapping[str, Any]]) -> None:
+        for session_id, fields in details.items():
+            session = self._sessions.get(session_id)
+            if session is not None:
+                session.notify(event, fields)
 
     def _process_request(self, connection: ServerConnection, request: Request) -> Response | None:
         path = request.path.split("?", 1)[0]
-        if path == HEALTH_PATH:
-            health = self.health()
-            ok = health["status"] not in ("failed", "stopping")
-            return _json_response(connection, HTTPStatus.OK if ok else HTTPStatus.SERVICE_UNAVAILABLE, health)
-        if path == DASHBOARD_PATH or path.startswith(DASHBOARD_PATH + "/"):
+        kind = route(path, openpi=self.settings.openpi is not None)
+        if kind is Route.HEALTH:
+            status, body = health(self)
+            return _json_response(connection, HTTPStatus(status), body)
+        if kind is Route.DASHBOARD:
             return self._dashboard_response(connection, path)
         # Everything below is a WebSocket upgrade: a page of another site must not open it (its browser
         # would carry the user's network position and any token in its URL).
@@ -337,7 +351,7 @@ class PolicyServer:
                 response = connection.respond(HTTPStatus.UNAUTHORIZED, result.reason + "\n")
                 response.headers["WWW-Authenticate"] = CHALLENGE
                 return response
-        if path == OBSERVE_PATH:
+        if kind is Route.OBSERVER:
             if self.stopping:
                 return connection.respond(HTTPStatus.SERVICE_UNAVAILABLE, "server is shutting down\n")
             if len(self.observers) >= self.settings.max_observers:
@@ -349,8 +363,7 @@ class PolicyServer:
             # (websockets reads this attribute for every frame; set before the first one is parsed.)
             connection.protocol.max_message_size = OBSERVER_MAX_MESSAGE_BYTES
             return None
-        openpi = self.settings.openpi is not None and path in OPENPI_PATHS
-        if path != REALTIME_PATH and not openpi:
+        if not kind.is_session:
             return connection.respond(HTTPStatus.NOT_FOUND, f"no endpoint at {path}; the policy endpoint is {REALTIME_PATH}\n")
         if self.stopping:
             return connection.respond(HTTPStatus.SERVICE_UNAVAILABLE, "server is shutting down\n")
@@ -384,81 +397,37 @@ class PolicyServer:
         return Response(HTTPStatus.OK.value, "OK", headers, asset.body)
 
     async def _handle_connection(self, connection: ServerConnection) -> None:
-        path = connection.request.path.split("?", 1)[0] if connection.request is not None else REALTIME_PATH
-        if path == OBSERVE_PATH:  # an operator's dashboard: watches and steers, never a session itself
+        target = connection.request.path if connection.request is not None else REALTIME_PATH
+        kind = route(target, openpi=self.settings.openpi is not None)
+        if kind is Route.OBSERVER:  # an operator's dashboard: watches and steers, never a session itself
             if len(self.observers) >= self.settings.max_observers:  # admitted together at the last slot
                 await connection.close(1013, f"observer limit reached ({self.settings.max_observers}); retry later")
                 return
-            observer = ObserverSession(connection, self)
+            observer = ObserverSession(connection, self, self.observer_snapshots)
             self.observers[observer.id] = observer
             try:
                 await observer.run()
             finally:
                 self.observers.pop(observer.id, None)
             return
-        if len(self.sessions) >= self.settings.max_sessions:
+        if len(self._sessions) >= self.settings.max_sessions:
             # Handshakes that passed the check in _process_request together: the later ones go (1013).
             await connection.close(1013, f"session limit reached ({self.settings.max_sessions}); retry later")
             return
-        if path in OPENPI_PATHS and self.settings.openpi is not None:
-            session: RealtimeSession | OpenpiSession = OpenpiSession(connection, self, self.settings.openpi)
+        if kind is Route.OPENPI and self.settings.openpi is not None:
+            session: Session = OpenpiSession(connection, self, self.settings.openpi)
         else:
             session = RealtimeSession(connection, self)
-        self.sessions[session.id] = session
+        self.register(session)
         logger.info("session %s opened from %s", session.id, connection.remote_address)
         try:
             await session.run()
         finally:
-            self.sessions.pop(session.id, None)
-            self._closed_sessions_dropped += session.dropped
+            self.unregister(session)
             logger.info(
                 "session %s closed (code %s): %d answered, %d dropped",
                 session.id, connection.close_code, session.answered, session.dropped,
             )
-
-    def metadata_frame(self, session_id: str) -> dict[str, Any]:
-        d = self.description
-        assert d is not None, "sessions open once the model is ready"
-        limits = dict(d.raw.get("limits", {}))
-        limits["max_message_bytes"] = self.settings.max_message_bytes
-        limits["max_sessions"] = self.settings.max_sessions
-        rate = self.settings.observation_rate
-        limits["max_observations_per_s"] = rate.rate_hz if rate.enabled else None
-        limits["observation_burst"] = rate.burst if rate.enabled else None
-        connection_limits = self.settings.connection_limits
-        limits["reply_timeout_s"] = connection_limits.reply_timeout_s or None
-        limits["idle_timeout_s"] = connection_limits.idle_timeout_s or None
-        return {
-            "type": protocol.METADATA,
-            "protocol_version": protocol.PROTOCOL_VERSION,
-            "server": SERVER_NAME,
-            "session_id": session_id,
-            "model": d.model,
-            "variant": d.variant,
-            "modes": list(d.realtime_modes),
-            "capabilities": {
-                "streaming": True,
-                "latest_observation_wins": True,
-                "max_waiting_per_session": 1,
-                "cancel": True,
-                "reset": True,
-                "deadlines": True,
-                "prefix_actions": True,
-                "session_controls": True,
-            },
-            "defaults": d.raw.get("defaults", {}),
-            "action_horizon": d.raw.get("action_horizon", {}),
-            "resolution_tiers": list(d.resolution_tiers),
-            "view_points": list(d.view_points),
-            "domains": {
-                name: {"domain_id": domain.domain_id, "raw_action_dim": domain.raw_action_dim,
-                       "default_horizon": domain.default_horizon, "view_point": domain.view_point}
-                for name, domain in d.domains.items()
-            },
-            "limits": limits,
-            "device": d.device,
-            "dtype": d.dtype,
-        }
 
 
 def _json_response(connection: ServerConnection, status: HTTPStatus, body: dict[str, Any]) -> Response:
