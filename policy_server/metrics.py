@@ -30,6 +30,9 @@ from prometheus_client import CollectorRegistry, Counter, Histogram, disable_cre
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
+from .engine.outcome import EngineOutcome
+from .engine.request_queue import PendingObservation
+
 # The `*_created` timestamp series double every metric's output and Prometheus itself ignores them.
 disable_created_metrics()
 
@@ -41,8 +44,8 @@ LATENCY_BUCKETS_S = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10
 # The busy fraction is averaged over this window (long enough to smooth single requests).
 BUSY_WINDOW_S = 60.0
 
-# How an observation's owner tells the metrics what kind of request it is (sessions set nothing).
-KIND_ATTRIBUTE = "metrics_kind"
+# The ``kind`` label of WebSocket observations (native and openpi sessions); every owner names its own
+# (its ``request_kind``, policy_server.engine.owner).
 REALTIME = "realtime"
 
 
@@ -194,14 +197,12 @@ class ServerMetrics:
         if error_code is not None:
             self.engine_errors.labels(kind, error_code).inc()
 
-    def observe_batch(self, batch: list[Any], outcomes: list[Any]) -> None:
+    def observe_batch(self, batch: list[PendingObservation], outcomes: list[EngineOutcome]) -> None:
         """The engine worker's per-batch hook (runs on the worker thread)."""
         for item, outcome in zip(batch, outcomes):
-            kind = getattr(item.owner, KIND_ATTRIBUTE, REALTIME)
-            taken = item.taken_at or item.enqueued_at
             self.observe_request(
-                kind,
-                queue_s=taken - item.enqueued_at,
+                item.owner.request_kind,
+                queue_s=item.queue_s,
                 model_s=outcome.engine_ms / 1e3,
                 total_s=(outcome.done_at or time.monotonic()) - item.received_at,
                 error_code=outcome.error.code if outcome.error is not None else None,

@@ -17,8 +17,9 @@ import json
 import logging
 import socket
 import time
-from dataclasses import dataclass, field
+from collections.abc import Mapping
 from http import HTTPStatus
+from types import MappingProxyType
 from typing import TYPE_CHECKING, Any, Callable
 
 from websockets.asyncio.server import Server, ServerConnection, serve
@@ -26,98 +27,42 @@ from websockets.datastructures import Headers
 from websockets.http11 import Request, Response
 
 from robot_clients import protocol
-from robot_clients.protocol import HEALTH_PATH, REALTIME_PATH, DropReason, FrameLimits
+from robot_clients.protocol import REALTIME_PATH, DropReason, FrameLimits
 
-from .auth import CHALLENGE, OriginPolicy, TokenSet, bearer_subprotocol, is_open_path
-from .connection_limits import (ACCEPT_BURST, DEFAULT_HANDSHAKE_TIMEOUT_S, DEFAULT_MAX_PENDING_HANDSHAKES,
-                                DEFAULT_MAX_PENDING_HANDSHAKES_PER_PEER, PeerCounter, handshake_limited_connection)
+from .auth import CHALLENGE, OriginPolicy, bearer_subprotocol, is_open_path
+from .connection_limits import ACCEPT_BURST, PeerCounter, handshake_limited_connection
 from .engine.backend import BackendFactory, EngineBackend
 from .engine.description import ModelDescription
 from .engine.request_queue import RequestQueue
-from .engine.watchdog import DEFAULT_ENGINE_TIMEOUT_S, EngineWatchdog
-from .engine.worker import (DEFAULT_VIDEO_STEP_INTERVAL_S, ActionEngine, BackgroundShare, BatchPolicy, EngineWorker,
-                            WorkerState)
+from .engine.watchdog import EngineWatchdog
+from .engine.worker import ActionEngine, BackgroundShare, BatchPolicy, EngineWorker, WorkerState
 from .http.dashboard import CONFIG_NAME, DASHBOARD_HEADERS, DASHBOARD_PATH, dashboard_asset, dashboard_config
 from .log_hygiene import printable
+from .metadata import SERVER_NAME, health, native_metadata
+from .routes import Route, route
+from .server_settings import DEFAULT_MAX_MESSAGE_BYTES, LARGEST_IMAGE_BYTES, ServerSettings
+from .sessions.base import Session
+from .sessions.host import HostedSession
 from .sessions.native import RealtimeSession
-from .sessions.observer import (
-    DEFAULT_INTERVAL_S, DEFAULT_MAX_OBSERVERS, OBSERVE_PATH, OBSERVER_FRAME_RATE, OBSERVER_MAX_MESSAGE_BYTES,
-    ObserverSession, SnapshotCache, authorize,
-)
-from .sessions.openpi import OPENPI_PATHS, OpenpiSession, OpenpiSettings
-from .sessions.rate_limits import RateLimit
+from .sessions.observer import DEFAULT_INTERVAL_S, OBSERVER_MAX_MESSAGE_BYTES, ObserverSession, SnapshotCache, authorize
+from .sessions.openpi import OpenpiSession
 from .sessions.supervisor import (
-    MAX_QUEUED_FRAMES, SOCKET_SEND_BUFFER_BYTES, WRITE_LIMIT_BYTES, SessionLimits, ConnectionSupervisor,
-    close_connection,
+    MAX_QUEUED_FRAMES, SOCKET_SEND_BUFFER_BYTES, WRITE_LIMIT_BYTES, ConnectionSupervisor, close_connection,
 )
 
-if TYPE_CHECKING:
-    from .http.sidecar import HttpSidecar, SidecarSettings
+if TYPE_CHECKING:  # imported when started with a sidecar, so a WebSocket-only server never loads FastAPI
+    from .http.sidecar import HttpSidecar
+
+__all__ = ["DEFAULT_MAX_MESSAGE_BYTES", "LARGEST_IMAGE_BYTES", "PolicyServer", "ServerSettings"]
 
 logger = logging.getLogger(__name__)
 
 
-SERVER_NAME = "cosmos3-policy-server"
-
-# A 720p RGB frame is 2.8 MB; a 65-frame 256x256 clip 12.8 MB. The default fits the largest single image
-# the models accept (4096x4096x3 = 48 MiB, `limits.max_image_side`) plus the msgpack around it, so the
-# two limits agree for one camera; several cameras or a clip in one frame are bounded by this limit
-# first (docs/security.md), and it keeps one client from making the server buffer arbitrary amounts.
-LARGEST_IMAGE_BYTES = 4096 * 4096 * 3
-DEFAULT_MAX_MESSAGE_BYTES = LARGEST_IMAGE_BYTES + 2**20
-
-
-@dataclass
-class ServerSettings:
-    host: str = "127.0.0.1"
-    port: int = 8000
-    max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES
-    torch_threads: int | None = None
-    warmup: bool = True
-    # Requests of different sessions that can share transformer calls run as one batch (1: off).
-    max_batch: int = 4
-    max_batch_wait_ms: float = 0.0
-    # Keepalive pings run on the event loop, which never runs model code, so they flow during
-    # inference; the timeout only has to cover the network, not the model.
-    ping_interval: float | None = 20.0
-    ping_timeout: float | None = 20.0
-    # An ssl.SSLContext to serve wss:// (None: plain ws://).
-    ssl_context: Any = None
-    # How long shutdown waits for the running inference to finish before closing anyway.
-    shutdown_grace_s: float = 30.0
-    # openpi's protocol on `/` and `/openpi` (domain, horizon, mode, cameras); None turns it off.
-    openpi: OpenpiSettings | None = field(default_factory=OpenpiSettings)
-    # The HTTP sidecar (video jobs, one-shot actions, metrics) on its own port; None: WebSocket only.
-    http: SidecarSettings | None = None
-    # Bearer tokens that open every endpoint but /healthz and the dashboard's static files (policy_server.auth);
-    # None: no authentication (the server is as open as the network it listens on).
-    auth_tokens: TokenSet | None = None
-    # Robot sessions (native + openpi) open at once; more are refused at the handshake with 503.
-    max_sessions: int = 64
-    # A connection must complete its handshake within this many seconds (websockets' open_timeout), and
-    # at most this many (in all, and per peer address) may be waiting to (policy_server.connection_limits).
-    handshake_timeout_s: float = DEFAULT_HANDSHAKE_TIMEOUT_S
-    max_pending_handshakes: int = DEFAULT_MAX_PENDING_HANDSHAKES
-    max_pending_handshakes_per_peer: int = DEFAULT_MAX_PENDING_HANDSHAKES_PER_PEER
-    # Observations per second per session (token bucket); beyond it an observation is answered `rate_limited`.
-    observation_rate: RateLimit = field(default_factory=RateLimit)
-    # An engine call running longer than this fails its requests (`engine_timeout`) and the engine is
-    # reloaded on a new worker thread (policy_server.engine.watchdog); 0 turns the watchdog off.
-    engine_timeout_s: float = DEFAULT_ENGINE_TIMEOUT_S
-    # While robots wait, a video rollout still gets one denoising step this often (BackgroundShare); 0: never.
-    video_step_interval_s: float = DEFAULT_VIDEO_STEP_INTERVAL_S
-    # Outbox bounds, reply and idle timeouts of every connection (policy_server.sessions.supervisor).
-    connection_limits: SessionLimits = field(default_factory=SessionLimits)
-    # Observer channels (/v1/observe) open at once; more are refused at the handshake with 503.
-    max_observers: int = DEFAULT_MAX_OBSERVERS
-    # Frames per second an observer may send (subscribe, control); beyond, they are answered `rate_limited`.
-    observer_frame_rate: RateLimit = field(default_factory=lambda: OBSERVER_FRAME_RATE)
-    # Browser origins allowed besides the server's own (policy_server.auth.OriginPolicy; `*`: any).
-    allowed_origins: tuple[str, ...] = ()
-
-
 class PolicyServer:
     """Serves one engine to many WebSocket sessions. Use as ``async with PolicyServer(...) as s:``.
+
+    It is the :class:`~policy_server.sessions.host.SessionHost` of its sessions, its HTTP sidecar and its
+    backend: they see it through that protocol only.
 
     The engine runs on the local worker thread (``load_engine`` is called there), or, given ``backend``
     (a :class:`~policy_server.engine.backend.BackendFactory`, e.g. the Ray backend's), wherever that
@@ -130,11 +75,13 @@ class PolicyServer:
         self._load_engine = load_engine
         self._backend = backend
         self.queue = backend.make_queue() if backend is not None else RequestQueue()
-        self.sessions: dict[str, RealtimeSession | OpenpiSession] = {}
+        self._sessions: dict[str, Session] = {}
+        self.sessions: Mapping[str, Session] = MappingProxyType(self._sessions)
         self.observers: dict[str, ObserverSession] = {}
         self.observer_snapshots = SnapshotCache(max_age_s=DEFAULT_INTERVAL_S)
         self.origins = OriginPolicy(self.settings.allowed_origins)
-        self.supervisor = ConnectionSupervisor(self, self.settings.connection_limits)
+        self.supervisor = ConnectionSupervisor(lambda: [*self._sessions.values(), *self.observers.values()],
+                                               self.settings.connection_limits)
         # What the loaded model offers; None until it is loaded and warm.
         self.description: ModelDescription | None = None
         self.frame_limits = FrameLimits()
@@ -198,8 +145,10 @@ class PolicyServer:
             await self.sidecar.start(self.worker.wait_ready())
         self.worker.start()
         self.supervisor.start()
-        self.watchdog = EngineWatchdog(self.worker, self.settings.engine_timeout_s)
-        self.watchdog.start()  # only for a worker that can restart its engine (the local one)
+        # Only the local worker can restart its engine; a backend's replicas are replaced by their own platform.
+        self.watchdog = EngineWatchdog(self.worker if isinstance(self.worker, EngineWorker) else None,
+                                       self.settings.engine_timeout_s)
+        self.watchdog.start()
         scheme = "wss" if self.settings.ssl_context is not None else "ws"
         tokens = self.settings.auth_tokens
         logger.info("listening on %s://%s:%d%s (%s)", scheme, self.settings.host, self.port, REALTIME_PATH,
@@ -288,33 +237,35 @@ class PolicyServer:
     # -- HTTP on the WebSocket port --------------------------------------------------------------------
 
     def health(self) -> dict[str, Any]:
-        worker = self.worker
-        if self.stopping:
-            status = "stopping"
-        elif worker is None:
-            status = "starting"
-        else:
-            status = worker.state.value
-        return {
-            "status": status,
-            "model": self.description.model if self.description is not None else None,
-            "variant": self.description.variant if self.description is not None else None,
-            "protocol_version": protocol.PROTOCOL_VERSION,
-            "sessions": len(self.sessions),
-            "queue_depth": len(self.queue),
-            "busy": bool(worker and worker.busy),
-            "completed": worker.completed if worker else 0,
-            "uptime_s": round(time.monotonic() - self.started_at, 3),
-            "worker": worker.thread_settings if worker else {},
-        }
+        return health(self)[1]
+
+    # -- the host's face to sessions (policy_server.sessions.host.SessionHost) --------------------------
+
+    def register(self, session: Session) -> None:  # type: ignore[override]
+        self._sessions[session.id] = session
+
+    def unregister(self, session: HostedSession) -> None:
+        if self._sessions.pop(session.id, None) is not None:
+            self._closed_sessions_dropped += session.dropped
+
+    def metadata(self, session_id: str, kind: str) -> dict[str, Any]:
+        if kind != "native":
+            raise ValueError(f"no hello for {kind!r} sessions here; an openpi session builds its own")
+        return native_metadata(self, session_id)
+
+    def notify_sessions(self, event: str, details: Mapping[str, Mapping[str, Any]]) -> None:
+        for session_id, fields in details.items():
+            session = self._sessions.get(session_id)
+            if session is not None:
+                session.notify(event, fields)
 
     def _process_request(self, connection: ServerConnection, request: Request) -> Response | None:
         path = request.path.split("?", 1)[0]
-        if path == HEALTH_PATH:
-            health = self.health()
-            ok = health["status"] not in ("failed", "stopping")
-            return _json_response(connection, HTTPStatus.OK if ok else HTTPStatus.SERVICE_UNAVAILABLE, health)
-        if path == DASHBOARD_PATH or path.startswith(DASHBOARD_PATH + "/"):
+        kind = route(path, openpi=self.settings.openpi is not None)
+        if kind is Route.HEALTH:
+            status, body = health(self)
+            return _json_response(connection, HTTPStatus(status), body)
+        if kind is Route.DASHBOARD:
             return self._dashboard_response(connection, path)
         # Everything below is a WebSocket upgrade: a page of another site must not open it (its browser
         # would carry the user's network position and any token in its URL).
@@ -337,7 +288,7 @@ class PolicyServer:
                 response = connection.respond(HTTPStatus.UNAUTHORIZED, result.reason + "\n")
                 response.headers["WWW-Authenticate"] = CHALLENGE
                 return response
-        if path == OBSERVE_PATH:
+        if kind is Route.OBSERVER:
             if self.stopping:
                 return connection.respond(HTTPStatus.SERVICE_UNAVAILABLE, "server is shutting down\n")
             if len(self.observers) >= self.settings.max_observers:
@@ -349,8 +300,7 @@ class PolicyServer:
             # (websockets reads this attribute for every frame; set before the first one is parsed.)
             connection.protocol.max_message_size = OBSERVER_MAX_MESSAGE_BYTES
             return None
-        openpi = self.settings.openpi is not None and path in OPENPI_PATHS
-        if path != REALTIME_PATH and not openpi:
+        if not kind.is_session:
             return connection.respond(HTTPStatus.NOT_FOUND, f"no endpoint at {path}; the policy endpoint is {REALTIME_PATH}\n")
         if self.stopping:
             return connection.respond(HTTPStatus.SERVICE_UNAVAILABLE, "server is shutting down\n")
@@ -384,81 +334,37 @@ class PolicyServer:
         return Response(HTTPStatus.OK.value, "OK", headers, asset.body)
 
     async def _handle_connection(self, connection: ServerConnection) -> None:
-        path = connection.request.path.split("?", 1)[0] if connection.request is not None else REALTIME_PATH
-        if path == OBSERVE_PATH:  # an operator's dashboard: watches and steers, never a session itself
+        target = connection.request.path if connection.request is not None else REALTIME_PATH
+        kind = route(target, openpi=self.settings.openpi is not None)
+        if kind is Route.OBSERVER:  # an operator's dashboard: watches and steers, never a session itself
             if len(self.observers) >= self.settings.max_observers:  # admitted together at the last slot
                 await connection.close(1013, f"observer limit reached ({self.settings.max_observers}); retry later")
                 return
-            observer = ObserverSession(connection, self)
+            observer = ObserverSession(connection, self, self.observer_snapshots)
             self.observers[observer.id] = observer
             try:
                 await observer.run()
             finally:
                 self.observers.pop(observer.id, None)
             return
-        if len(self.sessions) >= self.settings.max_sessions:
+        if len(self._sessions) >= self.settings.max_sessions:
             # Handshakes that passed the check in _process_request together: the later ones go (1013).
             await connection.close(1013, f"session limit reached ({self.settings.max_sessions}); retry later")
             return
-        if path in OPENPI_PATHS and self.settings.openpi is not None:
-            session: RealtimeSession | OpenpiSession = OpenpiSession(connection, self, self.settings.openpi)
+        if kind is Route.OPENPI and self.settings.openpi is not None:
+            session: Session = OpenpiSession(connection, self, self.settings.openpi)
         else:
             session = RealtimeSession(connection, self)
-        self.sessions[session.id] = session
+        self.register(session)
         logger.info("session %s opened from %s", session.id, connection.remote_address)
         try:
             await session.run()
         finally:
-            self.sessions.pop(session.id, None)
-            self._closed_sessions_dropped += session.dropped
+            self.unregister(session)
             logger.info(
                 "session %s closed (code %s): %d answered, %d dropped",
                 session.id, connection.close_code, session.answered, session.dropped,
             )
-
-    def metadata_frame(self, session_id: str) -> dict[str, Any]:
-        d = self.description
-        assert d is not None, "sessions open once the model is ready"
-        limits = dict(d.raw.get("limits", {}))
-        limits["max_message_bytes"] = self.settings.max_message_bytes
-        limits["max_sessions"] = self.settings.max_sessions
-        rate = self.settings.observation_rate
-        limits["max_observations_per_s"] = rate.rate_hz if rate.enabled else None
-        limits["observation_burst"] = rate.burst if rate.enabled else None
-        connection_limits = self.settings.connection_limits
-        limits["reply_timeout_s"] = connection_limits.reply_timeout_s or None
-        limits["idle_timeout_s"] = connection_limits.idle_timeout_s or None
-        return {
-            "type": protocol.METADATA,
-            "protocol_version": protocol.PROTOCOL_VERSION,
-            "server": SERVER_NAME,
-            "session_id": session_id,
-            "model": d.model,
-            "variant": d.variant,
-            "modes": list(d.realtime_modes),
-            "capabilities": {
-                "streaming": True,
-                "latest_observation_wins": True,
-                "max_waiting_per_session": 1,
-                "cancel": True,
-                "reset": True,
-                "deadlines": True,
-                "prefix_actions": True,
-                "session_controls": True,
-            },
-            "defaults": d.raw.get("defaults", {}),
-            "action_horizon": d.raw.get("action_horizon", {}),
-            "resolution_tiers": list(d.resolution_tiers),
-            "view_points": list(d.view_points),
-            "domains": {
-                name: {"domain_id": domain.domain_id, "raw_action_dim": domain.raw_action_dim,
-                       "default_horizon": domain.default_horizon, "view_point": domain.view_point}
-                for name, domain in d.domains.items()
-            },
-            "limits": limits,
-            "device": d.device,
-            "dtype": d.dtype,
-        }
 
 
 def _json_response(connection: ServerConnection, status: HTTPStatus, body: dict[str, Any]) -> Response:

@@ -35,7 +35,7 @@ priority: :meth:`RequestQueue.take_background` hands one over while no observati
 the worker says background work is overdue for its share of the engine (``even_if_observations_wait``;
 the worker keeps that clock, see :class:`~policy_server.engine.worker.BackgroundShare`). A task that is
 already running is not interrupted: it runs step by step and gives way between steps (see
-:class:`BackgroundTask`).
+:class:`EngineTask`).
 """
 
 from __future__ import annotations
@@ -48,19 +48,28 @@ from typing import Any, Callable, Hashable, Protocol
 
 from cosmos3_runtime.requests import ActionRequest
 
+from .owner import ObservationOwner, TaskOwner
+
+
+def queued_for_s(enqueued_at: float, taken_at: float | None) -> float:
+    """Seconds a request waited for the engine: from entering the queue to being taken (0 until taken).
+    The one definition of every reply's ``queue_ms`` and every metric's queue time."""
+    return (taken_at or enqueued_at) - enqueued_at
+
 
 @dataclass(eq=False)
 class PendingObservation:
     """One observation on its way to the engine, with the clocks needed for its timing breakdown.
 
-    All times are ``time.monotonic()`` seconds. ``owner`` is the session that will receive the outcome;
-    the queue only uses ``session_id``.
+    All times are ``time.monotonic()`` seconds. ``owner`` receives the outcome (a session, the HTTP
+    sidecar's action waiter; :class:`~policy_server.engine.owner.ObservationOwner`); the queue only uses
+    ``session_id``.
     """
 
     session_id: Hashable
     seq: int
     request: ActionRequest
-    owner: Any
+    owner: ObservationOwner
     received_at: float
     decode_ms: float = 0.0
     deadline_at: float | None = None
@@ -81,8 +90,17 @@ class PendingObservation:
     def expired(self, now: float) -> bool:
         return self.deadline_at is not None and now > self.deadline_at
 
+    @property
+    def queue_s(self) -> float:
+        """Seconds it waited in the queue (:func:`queued_for_s`)."""
+        return queued_for_s(self.enqueued_at, self.taken_at)
 
-class BackgroundTask(Protocol):
+    @property
+    def queue_ms(self) -> float:
+        return self.queue_s * 1e3
+
+
+class EngineTask(Protocol):
     """Work that runs on the engine behind the observations (a ``forward_dynamics`` video job).
 
     The worker calls ``run(engine, between_steps)`` on its thread (it must not raise: failures are
@@ -92,9 +110,13 @@ class BackgroundTask(Protocol):
     closes first, ``owner.on_dropped(task, reason)`` is called instead, like for an observation.
     """
 
-    owner: Any
+    owner: TaskOwner
 
     def run(self, engine: Any, between_steps: Callable[[], None]) -> Any: ...
+
+
+# The name the worker, the Ray backend and the router used before the owner contract.
+BackgroundTask = EngineTask
 
 
 class QueueClosed(Exception):
@@ -113,7 +135,7 @@ class RequestQueue:
         # Shared turns just served that still have observations waiting: back in the ring at the next take.
         self._rejoining: list[Hashable] = []
         # Background tasks with the time each was queued; lower priority than every observation.
-        self._background: deque[tuple[BackgroundTask, float]] = deque()
+        self._background: deque[tuple[EngineTask, float]] = deque()
         self._closed = False
 
     def put(self, item: PendingObservation) -> PendingObservation | None:
@@ -133,7 +155,7 @@ class RequestQueue:
                     waiting.append(item.session_id)
             return replaced
 
-    def put_background(self, task: BackgroundTask) -> None:
+    def put_background(self, task: EngineTask) -> None:
         """Queue a background task behind every observation (and behind earlier background tasks)."""
         with self._lock:
             if self._closed:
@@ -141,7 +163,7 @@ class RequestQueue:
             self._background.append((task, time.monotonic()))
             self._ready.notify()
 
-    def take_background(self, even_if_observations_wait: bool = False) -> BackgroundTask | None:
+    def take_background(self, even_if_observations_wait: bool = False) -> EngineTask | None:
         """The oldest background task, if no observation is waiting or the caller says its turn is due
         (``even_if_observations_wait``); never blocks."""
         with self._lock:
@@ -241,11 +263,11 @@ class RequestQueue:
                 (self._ring if item.turn_key in self._ring else self._rejoining).remove(item.turn_key)
             return item
 
-    def close(self) -> list[PendingObservation | BackgroundTask]:
+    def close(self) -> list[PendingObservation | EngineTask]:
         """Stop accepting and wake the worker; return what was still waiting, for the caller to report."""
         with self._lock:
             self._closed = True
-            left: list[PendingObservation | BackgroundTask] = [
+            left: list[PendingObservation | EngineTask] = [
                 self._slots[s] for turn in [*self._ring, *self._rejoining] for s in self._turns[turn]]
             left.extend(task for task, _ in self._background)
             self._slots.clear()

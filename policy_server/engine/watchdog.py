@@ -22,17 +22,30 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from typing import Any
+from typing import Protocol
 
 logger = logging.getLogger(__name__)
 
 DEFAULT_ENGINE_TIMEOUT_S = 300.0
 
 
+class RestartableEngine(Protocol):
+    """A backend that can give up on a hung engine call and load a fresh engine (the local worker).
+
+    A backend without that ability (the Ray backend: Serve replaces its replicas) is simply not watched:
+    the server passes ``None``.
+    """
+
+    @property
+    def call_started_at(self) -> float | None: ...
+
+    def abandon_hung_call(self, timeout_s: float) -> None: ...
+
+
 class EngineWatchdog:
     """Polls ``worker.call_started_at``; trips when a call is older than ``timeout_s``."""
 
-    def __init__(self, worker: Any, timeout_s: float, interval_s: float | None = None) -> None:
+    def __init__(self, worker: RestartableEngine | None, timeout_s: float, interval_s: float | None = None) -> None:
         self.worker = worker
         self.timeout_s = float(timeout_s)
         # Check often enough that the trip comes within ~10% of the limit, never busier than 20 Hz.
@@ -41,7 +54,7 @@ class EngineWatchdog:
         self._task: asyncio.Task | None = None
 
     def start(self) -> None:
-        if self.timeout_s > 0 and hasattr(self.worker, "abandon_hung_call"):
+        if self.timeout_s > 0 and self.worker is not None:
             self._task = asyncio.get_running_loop().create_task(self._run(), name="engine-watchdog")
 
     def stop(self) -> None:
@@ -51,6 +64,8 @@ class EngineWatchdog:
 
     def check(self, now: float | None = None) -> bool:
         """Trip if the running call is over the limit. True when it tripped."""
+        if self.worker is None:
+            return False
         started = self.worker.call_started_at
         now = time.monotonic() if now is None else now
         if started is None or now - started <= self.timeout_s:

@@ -28,7 +28,7 @@ import time
 import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Awaitable, Callable
+from typing import Any, Awaitable, Callable
 
 from fastapi import FastAPI, Path as PathParam, Query, Request
 from fastapi.exceptions import RequestValidationError
@@ -71,8 +71,8 @@ from .schemas import (
     VideoJobObject,
 )
 
-if TYPE_CHECKING:
-    from ..server import PolicyServer
+from ..metadata import health, http_action_metadata
+from ..sessions.host import SessionHost
 
 logger = logging.getLogger(__name__)
 
@@ -113,7 +113,7 @@ class SidecarSettings:
 class OneShotActionWaiter:
     """The owner of an action generation's observation: resolves a future instead of sending a frame."""
 
-    metrics_kind = "action_generation"
+    request_kind = "action_generation"
 
     def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
         self.future: asyncio.Future = loop.create_future()
@@ -207,7 +207,7 @@ def _error_response(error: ApiError) -> JSONResponse:
 class HttpSidecar:
     """The sidecar of one :class:`~policy_server.server.PolicyServer`: start, then shut down after the worker."""
 
-    def __init__(self, server: "PolicyServer", settings: SidecarSettings) -> None:
+    def __init__(self, server: SessionHost, settings: SidecarSettings) -> None:
         self.server = server
         self.settings = settings
         self.store: VideoJobStore | None = None
@@ -672,7 +672,7 @@ def build_app(sidecar: HttpSidecar) -> FastAPI:
                 num_steps=chunk.num_steps,
                 seed=chunk.seed,
                 batch_size=chunk.batch_size,
-                queue_ms=((item.taken_at or item.enqueued_at) - item.enqueued_at) * 1e3,
+                queue_ms=item.queue_ms,
                 model_ms=outcome.engine_ms,
                 total_ms=(time.monotonic() - received) * 1e3,
             ),
@@ -686,58 +686,32 @@ def build_app(sidecar: HttpSidecar) -> FastAPI:
     @app.get("/v1/actions/metadata", response_model=ActionMetadata, tags=["actions"],
              summary="What the loaded checkpoint offers", responses={503: {"model": ErrorResponse}})
     async def action_metadata() -> ActionMetadata:
-        d = sidecar.require_ready()
-        settings = sidecar.server.settings
-        limits = dict(d.raw.get("limits", {}))
-        limits.update(max_body_bytes=sidecar.settings.max_body_bytes,
-                      max_decoded_bytes=sidecar.settings.max_decoded_bytes,
-                      max_json_values=sidecar.settings.max_json_values,
-                      max_buffered_body_bytes=sidecar.body_budget.limit,
-                      http_header_timeout_s=sidecar.settings.connections.header_timeout_s,
-                      http_body_timeout_s=sidecar.settings.connections.body_timeout_s,
-                      http_max_connections_per_peer=sidecar.settings.connections.max_connections_per_peer,
-                      max_websocket_message_bytes=settings.max_message_bytes,
-                      max_queued_video_jobs=sidecar.settings.retention.max_queued,
-                      max_action_generations_in_flight=sidecar.settings.max_actions_in_flight)
-        action_modes, video_modes = list(d.action_modes), list(d.video_modes)
-        endpoints = {mode: "POST /v1/actions/generations" for mode in action_modes}
-        endpoints.update({mode: "POST /v1/videos" for mode in video_modes})
-        scheme = "wss" if settings.ssl_context is not None else "ws"
-        endpoints["realtime"] = f"{scheme}://<host>:{sidecar.server.port}/v1/actions/realtime"
-        return ActionMetadata(
-            model=d.model, variant=d.variant, is_distilled=d.is_distilled, is_edge=d.is_edge,
-            modes=list(d.modes), action_modes=action_modes, video_modes=video_modes, endpoints=endpoints,
-            domains={name: dict(domain.raw) for name, domain in d.domains.items()},
-            action_horizon=d.raw.get("action_horizon", {}), resolution_tiers=list(d.resolution_tiers),
-            view_points=list(d.view_points), defaults=d.raw.get("defaults", {}),
-            distilled_sigmas=d.raw.get("distilled_sigmas"), limits=limits,
-            capabilities={
-                "realtime_websocket": True,
-                "openpi_websocket": getattr(settings, "openpi", None) is not None,
-                "action_generations": bool(action_modes),
-                "video_jobs": bool(video_modes),
-                "prefix_actions": "policy" in action_modes,
-                "batching": getattr(settings, "max_batch", 1) > 1,
-                "request_formats": [http_codecs.JSON_TYPE, http_codecs.MSGPACK_TYPE, http_codecs.MULTIPART_TYPE],
-                "response_formats": [http_codecs.JSON_TYPE, http_codecs.MSGPACK_TYPE],
-                "video_container": MP4_MEDIA_TYPE,
-                "video_retention": {"max_age_s": sidecar.settings.retention.max_age_s,
-                                    "max_bytes": sidecar.settings.retention.max_bytes},
-            },
-            device=d.device, dtype=d.dtype,
-            topology=sidecar.server.worker.topology() if sidecar.server.worker is not None else {},
-        )
+        sidecar.require_ready()
+        return ActionMetadata(**http_action_metadata(sidecar.server, dict(
+            max_body_bytes=sidecar.settings.max_body_bytes,
+            max_decoded_bytes=sidecar.settings.max_decoded_bytes,
+            max_json_values=sidecar.settings.max_json_values,
+            max_buffered_body_bytes=sidecar.body_budget.limit,
+            http_header_timeout_s=sidecar.settings.connections.header_timeout_s,
+            http_body_timeout_s=sidecar.settings.connections.body_timeout_s,
+            http_max_connections_per_peer=sidecar.settings.connections.max_connections_per_peer,
+            max_queued_video_jobs=sidecar.settings.retention.max_queued,
+            max_action_generations_in_flight=sidecar.settings.max_actions_in_flight,
+        ), dict(
+            request_formats=[http_codecs.JSON_TYPE, http_codecs.MSGPACK_TYPE, http_codecs.MULTIPART_TYPE],
+            response_formats=[http_codecs.JSON_TYPE, http_codecs.MSGPACK_TYPE],
+            video_container=MP4_MEDIA_TYPE,
+            video_retention={"max_age_s": sidecar.settings.retention.max_age_s,
+                             "max_bytes": sidecar.settings.retention.max_bytes},
+        )))
 
     # -- operations --------------------------------------------------------------------------------------
 
     @app.get("/healthz", response_model=Health, tags=["operations"], summary="Alive (answers while loading)",
              responses={503: {"model": Health, "description": "the engine failed to load"}})
     async def healthz() -> Any:
-        worker = sidecar.server.worker
-        engine = "stopping" if sidecar.server.stopping else (worker.state.value if worker else "starting")
-        body = Health(status="ok" if engine != "failed" else "failed", engine=engine,
-                      uptime_s=round(time.monotonic() - sidecar.server.started_at, 3))
-        return JSONResponse(body.model_dump(), status_code=200 if engine != "failed" else 503)
+        status, body = health(sidecar.server, liveness=True)
+        return JSONResponse(body, status_code=status)
 
     @app.get("/readyz", response_model=Readiness, tags=["operations"], summary="Model loaded and warmed up",
              responses={503: {"model": Readiness, "description": "not ready (yet)"}})

@@ -38,7 +38,7 @@ import time
 import uuid
 from http import HTTPStatus
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 from websockets.asyncio.server import ServerConnection
@@ -49,10 +49,7 @@ from .supervisor import close_connection
 from .outbox import OutboxFull, paced
 from .rate_limits import RateLimit
 from .controls import ControlError, ControlErrorCode, parse_control
-from .telemetry import SessionTelemetry
-
-if TYPE_CHECKING:
-    from ..server import PolicyServer
+from .host import HostedSession, SessionHost
 
 logger = logging.getLogger(__name__)
 
@@ -118,7 +115,7 @@ class SnapshotCache:
         self._sessions: tuple[float, bytes] | None = None
         self._details: dict[str, tuple[float, Detail]] = {}
 
-    def sessions(self, server: "PolicyServer", now: float) -> bytes:
+    def sessions(self, server: SessionHost, now: float) -> bytes:
         if self._sessions is None or now - self._sessions[0] >= self.max_age_s:
             sessions = [session_summary(server, s, LIST_PROMPT_CHARS) for s in list(server.sessions.values())]
             frame = {"type": "sessions", "t": time.time(), "sessions": sessions}
@@ -128,7 +125,7 @@ class SnapshotCache:
                 del self._details[session_id]
         return self._sessions[1]
 
-    def detail(self, server: "PolicyServer", session: Any, now: float) -> Detail:
+    def detail(self, server: SessionHost, session: HostedSession, now: float) -> Detail:
         cached = self._details.get(session.id)
         if cached is None or now - cached[0] >= self.max_age_s:
             cached = (now, session_detail(server, session))
@@ -136,10 +133,10 @@ class SnapshotCache:
         return cached[1]
 
 
-def session_detail(server: "PolicyServer", session: Any) -> Detail:
+def session_detail(server: SessionHost, session: HostedSession) -> Detail:
     """``session``'s detail: summary (prompt up to DETAIL_PROMPT_CHARS), latest chunk, latencies, drops, and
     its latest camera frame as a JPEG."""
-    telemetry: SessionTelemetry | None = getattr(session, "telemetry", None)
+    telemetry = session.telemetry
     detail: dict[str, Any] = {"type": "session_detail", "session_id": session.id, "t": time.time(),
                               "summary": session_summary(server, session, DETAIL_PROMPT_CHARS),
                               "chunk": None, "latency": [], "dropped": [], "frame": None}
@@ -169,20 +166,18 @@ def _cut(text: str | None, limit: int) -> tuple[str | None, bool]:
     return text[:limit], True
 
 
-def session_summary(server: "PolicyServer", session: Any, prompt_chars: int) -> dict[str, Any]:
+def session_summary(server: SessionHost, session: HostedSession, prompt_chars: int) -> dict[str, Any]:
     """One session as observers see it; the prompt cut to ``prompt_chars`` (``prompt_truncated`` says so)."""
-    telemetry: SessionTelemetry | None = getattr(session, "telemetry", None)
-    config = session.config.resolved(server.description) if getattr(session, "config", None) else {}
-    state = getattr(session, "state", None)
-    remote = session.connection.remote_address
+    telemetry = session.telemetry
+    config = session.config.resolved(server.description) if session.config is not None else {}
     prompt, truncated = _cut(config.get("prompt"), prompt_chars)
     summary = {
         "session_id": session.id,
-        "protocol": "native" if telemetry is not None else "openpi",
-        "controllable": hasattr(session, "apply_control"),
-        "remote": f"{remote[0]}:{remote[1]}" if remote else None,
-        "state": state.value if state is not None else "running",
-        "state_reason": getattr(session, "state_reason", ""),
+        "protocol": session.protocol,
+        "controllable": session.controllable,
+        "remote": session.remote,
+        "state": session.state.value,
+        "state_reason": session.state_reason,
         "domain_name": config.get("domain_name"),
         "action_mode": config.get("action_mode"),
         "action_horizon": config.get("action_horizon"),
@@ -210,11 +205,12 @@ class ObserverSession:
     """One observer connection: a ticker that makes snapshots, a reader for subscribe/control, and a
     sender that drains the bounded outbox both write to."""
 
-    def __init__(self, connection: ServerConnection, server: "PolicyServer", interval_s: float = DEFAULT_INTERVAL_S,
-                 sessions_interval_s: float = DEFAULT_SESSIONS_INTERVAL_S) -> None:
+    def __init__(self, connection: ServerConnection, server: SessionHost, snapshots: SnapshotCache,
+                 interval_s: float = DEFAULT_INTERVAL_S, sessions_interval_s: float = DEFAULT_SESSIONS_INTERVAL_S) -> None:
         self.id = "observer-" + uuid.uuid4().hex[:8]
         self.connection = connection
         self.server = server
+        self.snapshots = snapshots
         self.interval_s = interval_s
         self.sessions_interval_s = sessions_interval_s
         self.subscribed: str | None = None
@@ -222,6 +218,10 @@ class ObserverSession:
         self.rate = server.settings.observer_frame_rate.bucket()
         self._frame_sent: tuple[str, int] | None = None  # (session, seq) of the camera frame last sent
         self._wake = asyncio.Event()
+
+    def idle_for(self, now: float) -> float:
+        """Never idle: watching is what an observer is for (its count is bounded at the handshake)."""
+        return 0.0
 
     async def run(self) -> None:
         ticker = asyncio.create_task(self._tick_loop(), name=f"{self.id}-ticker")
@@ -317,10 +317,6 @@ class ObserverSession:
         if session is None:
             raise ControlError(ControlErrorCode.UNKNOWN_SESSION, f"no live session {control.session_id[:64]!r}",
                                "session_id")
-        if not hasattr(session, "apply_control"):
-            raise ControlError(ControlErrorCode.NOT_CONTROLLABLE,
-                               "openpi clients cannot be told to pause or change prompt; only native sessions can",
-                               "session_id")
         state = session.apply_control(control)
         logger.info("%s: %s on session %s (%s)", self.id, control.action.value, control.session_id,
                     control.reason or "no reason given")
@@ -339,7 +335,7 @@ class ObserverSession:
                 if now - last_list >= self.sessions_interval_s:
                     last_list = now
                     if not self.outbox.waiting("sessions"):
-                        self._send(self.server.observer_snapshots.sessions(self.server, now), latest="sessions")
+                        self._send(self.snapshots.sessions(self.server, now), latest="sessions")
                 session = self.server.sessions.get(self.subscribed) if self.subscribed else None
                 if session is not None and now - last_detail >= self.interval_s:
                     last_detail = now
@@ -359,9 +355,9 @@ class ObserverSession:
             await close_connection(self.connection, 1011, "observer snapshot failed",
                                    self.server.settings.connection_limits.close_grace_s)
 
-    def _send_detail(self, session: Any, now: float) -> None:
+    def _send_detail(self, session: HostedSession, now: float) -> None:
         """The shared detail, with the camera frame only if this observer does not have it yet."""
-        detail = self.server.observer_snapshots.detail(self.server, session, now)
+        detail = self.snapshots.detail(self.server, session, now)
         if detail.frame_key is not None and detail.frame_key != self._frame_sent:
             self._send(detail.with_frame, latest="detail")
             self._frame_sent = detail.frame_key

@@ -17,8 +17,8 @@ the write buffer to drain. :func:`close_connection` gives the close frame ``clos
 then drops the TCP connection.
 
 One task per server (:class:`ConnectionSupervisor`) checks every connection a few times a second; each
-connection (native, openpi, observer) offers ``outbox``, ``connection``, ``id``, and optionally
-``idle_for(now)``.
+connection (native, openpi, observer) offers ``outbox``, ``connection``, ``id`` and ``idle_for(now)``
+(:class:`Supervised`; an observer is never idle).
 """
 
 from __future__ import annotations
@@ -27,14 +27,11 @@ import asyncio
 import logging
 import time
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Iterable, Protocol
+from typing import Callable, Iterable, Protocol
 
 from websockets.asyncio.server import ServerConnection
 
 from .outbox import Outbox, OutboxFull
-
-if TYPE_CHECKING:
-    from ..server import PolicyServer
 
 logger = logging.getLogger(__name__)
 
@@ -90,6 +87,10 @@ class Supervised(Protocol):
     connection: ServerConnection
     outbox: Outbox
 
+    def idle_for(self, now: float) -> float:
+        """Seconds it has used nothing while holding a slot (0: busy, or a kind that is never idle)."""
+        ...
+
 
 async def close_connection(connection: ServerConnection, code: int, reason: str, grace_s: float) -> None:
     """Close with ``code`` and ``reason``; if the peer does not take the close frame within ``grace_s``
@@ -101,10 +102,11 @@ async def close_connection(connection: ServerConnection, code: int, reason: str,
 
 
 class ConnectionSupervisor:
-    """Checks every connection of ``server`` each ``limits.check_interval_s`` and closes those past a limit."""
+    """Checks every connection ``connections()`` returns each ``limits.check_interval_s`` and closes those
+    past a limit."""
 
-    def __init__(self, server: "PolicyServer", limits: SessionLimits) -> None:
-        self.server = server
+    def __init__(self, connections: Callable[[], Iterable[Supervised]], limits: SessionLimits) -> None:
+        self.connections = connections
         self.limits = limits
         self.closed_for: dict[str, int] = {"reply_timeout": 0, "outbox_full": 0, "idle": 0}
         self._task: asyncio.Task | None = None
@@ -118,9 +120,6 @@ class ConnectionSupervisor:
             self._task.cancel()
             await asyncio.gather(self._task, return_exceptions=True)
             self._task = None
-
-    def connections(self) -> Iterable[Any]:
-        return [*self.server.sessions.values(), *self.server.observers.values()]
 
     async def _run(self) -> None:
         while True:
@@ -140,9 +139,8 @@ class ConnectionSupervisor:
                 self.close(conn, "reply_timeout", f"not reading replies: the oldest waited {stalled:.0f} s "
                                                   f"(limit {limits.reply_timeout_s:g} s)")
                 continue
-            idle_for = getattr(conn, "idle_for", None)
-            if idle_for is not None and limits.idle_timeout_s > 0:
-                idle = idle_for(now)
+            if limits.idle_timeout_s > 0:
+                idle = conn.idle_for(now)
                 if idle > limits.idle_timeout_s:
                     self.close(conn, "idle", f"idle: no observation for {idle:.0f} s "
                                              f"(limit {limits.idle_timeout_s:g} s)")

@@ -41,7 +41,7 @@ from cosmos3_runtime.requests import VideoRequest
 from robot_clients.protocol import CodedError, ErrorCode
 
 from ..engine.outcome import engine_failure
-from ..engine.request_queue import QueueClosed, RequestQueue
+from ..engine.request_queue import QueueClosed, RequestQueue, queued_for_s
 from ..metrics import ServerMetrics
 from .encoding import VideoEncodingError, encode_mp4
 from .job_store import VideoJobStore
@@ -110,6 +110,7 @@ class VideoRolloutTask:
         self.job_id = job_id
         self.request = request
         self.owner = self  # the queue reports back to the task's owner, like to a session
+        self.request_kind = "video"  # its metrics label
         self.enqueued_at = time.monotonic()
         self.started_at: float | None = None
         self._loop = loop
@@ -329,7 +330,7 @@ class VideoJobRunner:
             return False
 
     async def _record(self, job: VideoJob, task: VideoRolloutTask, result: VideoRolloutResult) -> None:
-        queue_s = (task.started_at or task.enqueued_at) - task.enqueued_at
+        queue_s = queued_for_s(task.enqueued_at, task.started_at)
         if result.frames is None:
             self.failed += 1
             error = result.error or CodedError(ErrorCode.ENGINE_ERROR, "the model failed on this job")

@@ -1,0 +1,167 @@
+"""Every answer about what the server offers, built from the one typed :class:`ModelDescription`.
+
+* :func:`native_metadata`: the ``metadata`` frame a native session sends first;
+* :func:`openpi_metadata`: the metadata dict an openpi session sends first;
+* :func:`http_action_metadata`: the model's part of the sidecar's ``GET /v1/actions/metadata`` (the
+  sidecar adds its own HTTP limits and capabilities);
+* :func:`health`: the ``/healthz`` body, the same on the WebSocket port and the sidecar (the sidecar's
+  ``status`` says whether the process is alive, ``engine`` what the engine is doing).
+
+Nothing here imports FastAPI or a session: the WebSocket-only server uses it too.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any, Mapping
+
+from robot_clients import protocol
+
+from .engine.description import ModelDescription
+from .sessions.config import SessionConfig
+from .sessions.host import SessionHost
+from .sessions.openpi_observation import CameraMapping
+
+SERVER_NAME = "cosmos3-policy-server"
+
+NATIVE_CAPABILITIES = {
+    "streaming": True,
+    "latest_observation_wins": True,
+    "max_waiting_per_session": 1,
+    "cancel": True,
+    "reset": True,
+    "deadlines": True,
+    "prefix_actions": True,
+    "session_controls": True,
+}
+
+
+def native_metadata(host: SessionHost, session_id: str) -> dict[str, Any]:
+    """The native protocol's hello: the model, its domains and every limit a session is held to."""
+    d = host.description
+    assert d is not None, "sessions open once the model is ready"
+    settings = host.settings
+    limits = dict(d.raw.get("limits", {}))
+    limits["max_message_bytes"] = settings.max_message_bytes
+    limits["max_sessions"] = settings.max_sessions
+    rate = settings.observation_rate
+    limits["max_observations_per_s"] = rate.rate_hz if rate.enabled else None
+    limits["observation_burst"] = rate.burst if rate.enabled else None
+    connection_limits = settings.connection_limits
+    limits["reply_timeout_s"] = connection_limits.reply_timeout_s or None
+    limits["idle_timeout_s"] = connection_limits.idle_timeout_s or None
+    return {
+        "type": protocol.METADATA,
+        "protocol_version": protocol.PROTOCOL_VERSION,
+        "server": SERVER_NAME,
+        "session_id": session_id,
+        "model": d.model,
+        "variant": d.variant,
+        "modes": list(d.realtime_modes),
+        "capabilities": dict(NATIVE_CAPABILITIES),
+        "defaults": d.raw.get("defaults", {}),
+        "action_horizon": d.raw.get("action_horizon", {}),
+        "resolution_tiers": list(d.resolution_tiers),
+        "view_points": list(d.view_points),
+        "domains": {
+            name: {"domain_id": domain.domain_id, "raw_action_dim": domain.raw_action_dim,
+                   "default_horizon": domain.default_horizon, "view_point": domain.view_point}
+            for name, domain in d.domains.items()
+        },
+        "limits": limits,
+        "device": d.device,
+        "dtype": d.dtype,
+    }
+
+
+def openpi_metadata(d: ModelDescription | None, session_id: str, config: SessionConfig | None,
+                    cameras: CameraMapping, error: str | None) -> dict[str, Any]:
+    """openpi's hello: what the server's ``--openpi-*`` settings resolved to (``error``: why they do not fit)."""
+    assert d is not None, "sessions open once the model is ready"
+    resolved = config.resolved(d) if config is not None else {}
+    return {
+        "server": SERVER_NAME,
+        "protocol": "openpi",
+        "session_id": session_id,
+        "model": d.model,
+        "variant": d.variant,
+        "domain_name": resolved.get("domain_name"),
+        "action_mode": resolved.get("action_mode"),
+        "action_horizon": resolved.get("action_horizon"),
+        "action_dim": resolved.get("raw_action_dim"),
+        "view_point": resolved.get("view_point"),
+        "cameras": cameras.describe().get(resolved.get("view_point"), []),
+        "error": error,
+    }
+
+
+def http_action_metadata(host: SessionHost, http_limits: Mapping[str, Any],
+                         http_capabilities: Mapping[str, Any]) -> dict[str, Any]:
+    """The fields of ``GET /v1/actions/metadata`` (the sidecar's ``ActionMetadata``): the model's, with
+    the sidecar's own limits and capabilities (body sizes, formats, video retention) merged in."""
+    d = host.description
+    assert d is not None, "answered once the model is ready"
+    settings = host.settings
+    limits = dict(d.raw.get("limits", {}))
+    limits.update(http_limits)
+    limits["max_websocket_message_bytes"] = settings.max_message_bytes
+    action_modes, video_modes = list(d.action_modes), list(d.video_modes)
+    endpoints = {mode: "POST /v1/actions/generations" for mode in action_modes}
+    endpoints.update({mode: "POST /v1/videos" for mode in video_modes})
+    scheme = "wss" if settings.ssl_context is not None else "ws"
+    endpoints["realtime"] = f"{scheme}://<host>:{host.port}/v1/actions/realtime"
+    capabilities = {
+        "realtime_websocket": True,
+        "openpi_websocket": settings.openpi is not None,
+        "action_generations": bool(action_modes),
+        "video_jobs": bool(video_modes),
+        "prefix_actions": "policy" in action_modes,
+        "batching": settings.max_batch > 1,
+        **http_capabilities,
+    }
+    return dict(
+        model=d.model, variant=d.variant, is_distilled=d.is_distilled, is_edge=d.is_edge,
+        modes=list(d.modes), action_modes=action_modes, video_modes=video_modes, endpoints=endpoints,
+        domains={name: dict(domain.raw) for name, domain in d.domains.items()},
+        action_horizon=d.raw.get("action_horizon", {}), resolution_tiers=list(d.resolution_tiers),
+        view_points=list(d.view_points), defaults=d.raw.get("defaults", {}),
+        distilled_sigmas=d.raw.get("distilled_sigmas"), limits=limits, capabilities=capabilities,
+        device=d.device, dtype=d.dtype,
+        topology=host.worker.topology() if host.worker is not None else {},
+    )
+
+
+def engine_state(host: SessionHost) -> str:
+    """``starting``, the worker's state (``loading``, ``warming_up``, ``ready``, ``restarting``, ``failed``,
+    ...), or ``stopping``."""
+    if host.stopping:
+        return "stopping"
+    return host.worker.state.value if host.worker is not None else "starting"
+
+
+def health(host: SessionHost, liveness: bool = False) -> tuple[int, dict[str, Any]]:
+    """The ``/healthz`` answer: (HTTP status, body). Answered from the first millisecond, while loading.
+
+    On the WebSocket port ``status`` is the engine's state and a failed or stopping server answers 503;
+    on the sidecar (``liveness``) ``status`` is ``ok`` while the process serves (503 ``failed`` only when
+    the engine failed to load). ``engine`` always carries the engine's state.
+    """
+    worker, d = host.worker, host.description
+    engine = engine_state(host)
+    body = {
+        "status": engine,
+        "engine": engine,
+        "model": d.model if d is not None else None,
+        "variant": d.variant if d is not None else None,
+        "protocol_version": protocol.PROTOCOL_VERSION,
+        "sessions": len(host.sessions),
+        "queue_depth": len(host.queue),
+        "busy": bool(worker and worker.busy),
+        "completed": worker.completed if worker else 0,
+        "uptime_s": round(time.monotonic() - host.started_at, 3),
+        "worker": worker.thread_settings if worker else {},
+    }
+    if liveness:
+        body["status"] = "ok" if engine != "failed" else "failed"
+        return (200 if engine != "failed" else 503), body
+    return (200 if engine not in ("failed", "stopping") else 503), body

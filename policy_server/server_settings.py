@@ -1,0 +1,76 @@
+"""The WebSocket server's settings (``cosmos3-serve`` flags): one typed dataclass, read by the server and,
+through :class:`~policy_server.sessions.host.HostSettings`, by sessions, the HTTP sidecar and backends."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from .auth import TokenSet
+from .connection_limits import (DEFAULT_HANDSHAKE_TIMEOUT_S, DEFAULT_MAX_PENDING_HANDSHAKES,
+                                DEFAULT_MAX_PENDING_HANDSHAKES_PER_PEER)
+from .engine.watchdog import DEFAULT_ENGINE_TIMEOUT_S
+from .engine.worker import DEFAULT_VIDEO_STEP_INTERVAL_S
+from .sessions.observer import DEFAULT_MAX_OBSERVERS, OBSERVER_FRAME_RATE
+from .sessions.openpi_settings import OpenpiSettings
+from .sessions.rate_limits import RateLimit
+from .sessions.supervisor import SessionLimits
+
+if TYPE_CHECKING:
+    from .http.sidecar import SidecarSettings
+
+# A 720p RGB frame is 2.8 MB; a 65-frame 256x256 clip 12.8 MB. The default fits the largest single image
+# the models accept (4096x4096x3 = 48 MiB, `limits.max_image_side`) plus the msgpack around it, so the
+# two limits agree for one camera; several cameras or a clip in one frame are bounded by this limit
+# first (docs/security.md), and it keeps one client from making the server buffer arbitrary amounts.
+LARGEST_IMAGE_BYTES = 4096 * 4096 * 3
+DEFAULT_MAX_MESSAGE_BYTES = LARGEST_IMAGE_BYTES + 2**20
+
+
+@dataclass
+class ServerSettings:
+    host: str = "127.0.0.1"
+    port: int = 8000
+    max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES
+    torch_threads: int | None = None
+    warmup: bool = True
+    # Requests of different sessions that can share transformer calls run as one batch (1: off).
+    max_batch: int = 4
+    max_batch_wait_ms: float = 0.0
+    # Keepalive pings run on the event loop, which never runs model code, so they flow during
+    # inference; the timeout only has to cover the network, not the model.
+    ping_interval: float | None = 20.0
+    ping_timeout: float | None = 20.0
+    # An ssl.SSLContext to serve wss:// (None: plain ws://).
+    ssl_context: Any = None
+    # How long shutdown waits for the running inference to finish before closing anyway.
+    shutdown_grace_s: float = 30.0
+    # openpi's protocol on `/` and `/openpi` (domain, horizon, mode, cameras); None turns it off.
+    openpi: OpenpiSettings | None = field(default_factory=OpenpiSettings)
+    # The HTTP sidecar (video jobs, one-shot actions, metrics) on its own port; None: WebSocket only.
+    http: SidecarSettings | None = None
+    # Bearer tokens that open every endpoint but /healthz and the dashboard's static files (policy_server.auth);
+    # None: no authentication (the server is as open as the network it listens on).
+    auth_tokens: TokenSet | None = None
+    # Robot sessions (native + openpi) open at once; more are refused at the handshake with 503.
+    max_sessions: int = 64
+    # A connection must complete its handshake within this many seconds (websockets' open_timeout), and
+    # at most this many (in all, and per peer address) may be waiting to (policy_server.connection_limits).
+    handshake_timeout_s: float = DEFAULT_HANDSHAKE_TIMEOUT_S
+    max_pending_handshakes: int = DEFAULT_MAX_PENDING_HANDSHAKES
+    max_pending_handshakes_per_peer: int = DEFAULT_MAX_PENDING_HANDSHAKES_PER_PEER
+    # Observations per second per session (token bucket); beyond it an observation is answered `rate_limited`.
+    observation_rate: RateLimit = field(default_factory=RateLimit)
+    # An engine call running longer than this fails its requests (`engine_timeout`) and the engine is
+    # reloaded on a new worker thread (policy_server.engine.watchdog); 0 turns the watchdog off.
+    engine_timeout_s: float = DEFAULT_ENGINE_TIMEOUT_S
+    # While robots wait, a video rollout still gets one denoising step this often (BackgroundShare); 0: never.
+    video_step_interval_s: float = DEFAULT_VIDEO_STEP_INTERVAL_S
+    # Outbox bounds, reply and idle timeouts of every connection (policy_server.sessions.supervisor).
+    connection_limits: SessionLimits = field(default_factory=SessionLimits)
+    # Observer channels (/v1/observe) open at once; more are refused at the handshake with 503.
+    max_observers: int = DEFAULT_MAX_OBSERVERS
+    # Frames per second an observer may send (subscribe, control); beyond, they are answered `rate_limited`.
+    observer_frame_rate: RateLimit = field(default_factory=lambda: OBSERVER_FRAME_RATE)
+    # Browser origins allowed besides the server's own (policy_server.auth.OriginPolicy; `*`: any).
+    allowed_origins: tuple[str, ...] = ()
