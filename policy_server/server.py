@@ -35,8 +35,8 @@ from .engine.backend import BackendFactory, EngineBackend
 from .engine.description import ModelDescription
 from .engine.request_queue import RequestQueue
 from .engine.watchdog import DEFAULT_ENGINE_TIMEOUT_S, EngineWatchdog
-from .engine.worker import (DEFAULT_VIDEO_STEP_INTERVAL_S, ActionEngine, BackgroundShare, BatchPolicy, EngineWorker,
-                            WorkerState)
+from .engine.batching import DEFAULT_VIDEO_STEP_INTERVAL_S, BackgroundShare, BatchPolicy
+from .engine.worker import ActionEngine, EngineWorker, WorkerState
 from .http.dashboard import CONFIG_NAME, DASHBOARD_HEADERS, DASHBOARD_PATH, dashboard_asset, dashboard_config
 from .log_hygiene import printable
 from .sessions.native import RealtimeSession

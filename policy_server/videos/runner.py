@@ -40,7 +40,7 @@ import numpy as np
 from cosmos3_runtime.requests import VideoRequest
 from robot_clients.protocol import CodedError, ErrorCode
 
-from ..engine.outcome import engine_failure
+from ..engine.outcome import EngineLost, engine_failure
 from ..engine.request_queue import QueueClosed, RequestQueue
 from ..metrics import ServerMetrics
 from .encoding import VideoEncodingError, encode_mp4
@@ -117,7 +117,7 @@ class VideoRolloutTask:
         self.done: asyncio.Future[VideoRolloutResult | None] = loop.create_future()
 
     def run(self, engine: Any, between_steps: Callable[[], None] = lambda: None) -> VideoRolloutResult:
-        """Called on the worker thread; never raises (a failure is the result).
+        """Called on the worker thread; raises only EngineLost (any other failure is the result).
 
         The rollout advances one denoising step at a time and calls ``between_steps`` after each, where
         the worker serves any robot that is waiting.
@@ -133,6 +133,8 @@ class VideoRolloutTask:
             while not rollout.step():
                 between_steps()
             result = rollout.result()
+        except EngineLost:
+            raise  # not the job's failure: the worker queues the job again on another engine
         except Exception as exc:  # noqa: BLE001 - a failure is the result (the client's, or ours with a reference)
             return VideoRolloutResult(error=engine_failure(exc, "job", f"video job {self.job_id}"),
                                       engine_s=time.monotonic() - t0)
