@@ -416,6 +416,14 @@ class PolicyServer:
                 session.id, connection.close_code, session.answered, session.dropped,
             )
 
+    def notify_sessions(self, event: str, details: dict[Any, dict[str, Any]]) -> None:
+        """A ``session_event`` to each open session in ``details`` (id -> its fields of the event); an openpi
+        session's protocol has no such frame, so it just carries on. On the event loop (a backend posts it)."""
+        for session_id, fields in details.items():
+            session = self.sessions.get(session_id)
+            if isinstance(session, RealtimeSession):
+                session.send_session_event(event, fields)
+
     def metadata_frame(self, session_id: str) -> dict[str, Any]:
         d = self.description
         assert d is not None, "sessions open once the model is ready"
