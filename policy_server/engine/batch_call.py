@@ -48,6 +48,19 @@ class EngineCounters:
         return EngineCounters(*(mine + theirs for mine, theirs in zip(astuple(self), astuple(other))))
 
 
+class CounterReadouts:
+    """The counters of :class:`~policy_server.engine.backend.EngineBackend`, read from ``self.counters``."""
+
+    counters: EngineCounters
+
+    completed = property(lambda self: self.counters.completed)
+    failed = property(lambda self: self.counters.failed)
+    dropped_deadline = property(lambda self: self.counters.dropped_deadline)
+    batches = property(lambda self: self.counters.batches)
+    batched_items = property(lambda self: self.counters.batched_items)
+    busy_s = property(lambda self: self.counters.busy_s)
+
+
 def predict_batch(engine: Predictor, batch: list["PendingObservation"],
                   counters: EngineCounters) -> list[EngineOutcome]:
     """Run ``batch`` (one observation or more) through ``engine``; an outcome per observation, in order.

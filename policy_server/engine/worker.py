@@ -38,7 +38,7 @@ from typing import Any, Callable, Protocol
 
 from robot_clients.protocol import CodedError, DropReason, ErrorCode
 
-from .batch_call import EngineCounters, Predictor, predict_batch
+from .batch_call import CounterReadouts, EngineCounters, Predictor, predict_batch
 from .batching import BackgroundShare, BatchPolicy
 from .cpu_threads import configure_worker_threads
 from .outcome import EngineLost, EngineOutcome
@@ -69,7 +69,7 @@ class WorkerState(str, enum.Enum):
     STOPPED = "stopped"
 
 
-class EngineWorker:
+class EngineWorker(CounterReadouts):
     """Owns the engine on a dedicated thread. Start it, await :meth:`wait_ready`, then feed its queue.
 
     ``load_engine`` is called on the worker thread (the engine is created, used and dropped by one
@@ -119,15 +119,6 @@ class EngineWorker:
         # The watchdog compares it with --engine-timeout-s.
         self.call_started_at: float | None = None
         self.restarts = 0
-
-    # -- the EngineBackend counters -----------------------------------------------------------------
-
-    completed = property(lambda self: self.counters.completed)
-    failed = property(lambda self: self.counters.failed)
-    dropped_deadline = property(lambda self: self.counters.dropped_deadline)
-    batches = property(lambda self: self.counters.batches)
-    batched_items = property(lambda self: self.counters.batched_items)
-    busy_s = property(lambda self: self.counters.busy_s)
 
     # -- control, from the event loop ------------------------------------------------------------
 

@@ -45,7 +45,7 @@ from typing import Any, Callable, Hashable
 from robot_clients.protocol import DropReason
 
 from ..engine.backend import BackendHost
-from ..engine.batch_call import EngineCounters
+from ..engine.batch_call import CounterReadouts, EngineCounters
 from ..engine.batching import BackgroundShare, BatchPolicy
 from ..engine.outcome import EngineOutcome
 from ..engine.request_queue import BackgroundTask, PendingObservation, QueueClosed, RequestQueue
@@ -81,7 +81,7 @@ class _Replica:
         return self.retired + (self.dispatcher.counters if self.dispatcher is not None else EngineCounters())
 
 
-class RayBackend:
+class RayBackend(CounterReadouts):
     """:class:`~policy_server.engine.backend.EngineBackend` over N Ray Serve replicas."""
 
     def __init__(self, settings: RayBackendSettings, spec: EngineSpec, host: BackendHost,
@@ -179,13 +179,6 @@ class RayBackend:
     def counters(self) -> EngineCounters:
         with self._lock:
             return sum((r.counters for r in self._replicas), EngineCounters())
-
-    completed = property(lambda self: self.counters.completed)
-    failed = property(lambda self: self.counters.failed)
-    dropped_deadline = property(lambda self: self.counters.dropped_deadline)
-    batches = property(lambda self: self.counters.batches)
-    batched_items = property(lambda self: self.counters.batched_items)
-    busy_s = property(lambda self: self.counters.busy_s)
 
     @property
     def busy_since(self) -> float | None:
