@@ -35,7 +35,7 @@ from .sessions.openpi_observation import CameraMapping, CameraMappingError
 from .sessions.rate_limits import DEFAULT_BURST, DEFAULT_MAX_OBSERVATION_HZ, RateLimit
 from .engine.watchdog import DEFAULT_ENGINE_TIMEOUT_S
 from .sessions.openpi import OpenpiSettings
-from .engine.worker import DEFAULT_VIDEO_STEP_INTERVAL_S
+from .engine.batching import DEFAULT_VIDEO_STEP_INTERVAL_S
 from .http.turns import DEFAULT_MAX_IN_FLIGHT
 from .connection_limits import (DEFAULT_HANDSHAKE_TIMEOUT_S, DEFAULT_MAX_PENDING_HANDSHAKES,
                                 DEFAULT_MAX_PENDING_HANDSHAKES_PER_PEER)

@@ -34,8 +34,9 @@ from .connection_limits import ACCEPT_BURST, PeerCounter, handshake_limited_conn
 from .engine.backend import BackendFactory, EngineBackend
 from .engine.description import ModelDescription
 from .engine.request_queue import RequestQueue
+from .engine.batching import BackgroundShare, BatchPolicy
 from .engine.watchdog import EngineWatchdog
-from .engine.worker import ActionEngine, BackgroundShare, BatchPolicy, EngineWorker, WorkerState
+from .engine.worker import ActionEngine, EngineWorker, WorkerState
 from .http.dashboard import CONFIG_NAME, DASHBOARD_HEADERS, DASHBOARD_PATH, dashboard_asset, dashboard_config
 from .log_hygiene import printable
 from .metadata import SERVER_NAME, health, native_metadata

@@ -10,7 +10,7 @@ from .auth import TokenSet
 from .connection_limits import (DEFAULT_HANDSHAKE_TIMEOUT_S, DEFAULT_MAX_PENDING_HANDSHAKES,
                                 DEFAULT_MAX_PENDING_HANDSHAKES_PER_PEER)
 from .engine.watchdog import DEFAULT_ENGINE_TIMEOUT_S
-from .engine.worker import DEFAULT_VIDEO_STEP_INTERVAL_S
+from .engine.batching import DEFAULT_VIDEO_STEP_INTERVAL_S
 from .sessions.observer import DEFAULT_MAX_OBSERVERS, OBSERVER_FRAME_RATE
 from .sessions.openpi_settings import OpenpiSettings
 from .sessions.rate_limits import RateLimit

@@ -11,19 +11,19 @@ queue (sessions put observations in it, the HTTP sidecar puts video jobs in its 
   local path never pays for it.
 
 A backend other than the local worker comes with its own queue (the Ray backend's routes each session
-to the queue of its replica), so the server asks a :class:`BackendFactory` for both.
+to the queue of its replica), so the server asks a :class:`BackendFactory` for both, handing it the
+narrow :class:`BackendHost` face of itself.
 """
 
 from __future__ import annotations
 
 import asyncio
-from typing import TYPE_CHECKING, Any, Callable, Protocol
+from typing import TYPE_CHECKING, Any, Callable, Hashable, Mapping, Protocol
 
 if TYPE_CHECKING:
     from .outcome import EngineOutcome
+    from .request_queue import PendingObservation
     from .worker import WorkerState
-    from .request_queue import PendingObservation, RequestQueue
-    from ..server import PolicyServer
 
 
 class EngineBackend(Protocol):
@@ -82,10 +82,35 @@ class QueueLike(Protocol):
     def __len__(self) -> int: ...
 
 
+class EngineSharing(Protocol):
+    """The server settings a backend shares its engines by (``ServerSettings`` has them)."""
+
+    max_batch: int
+    max_batch_wait_ms: float
+    video_step_interval_s: float
+
+
+class BackendHost(Protocol):
+    """What a backend sees of the server that runs it (the server's wider session host provides it)."""
+
+    @property
+    def sessions(self) -> Mapping[Hashable, Any]:
+        """The open sessions, by id."""
+        ...
+
+    @property
+    def settings(self) -> EngineSharing: ...
+
+    def notify_sessions(self, event: str, details: dict[Hashable, dict[str, Any]]) -> None:
+        """On the event loop: a ``session_event`` named ``event`` to each open session in ``details``
+        (session id -> that session's fields of the event) whose protocol has session events."""
+        ...
+
+
 class BackendFactory(Protocol):
     """Makes a non-local backend and the queue it serves (see :class:`~policy_server.ray.backend.RayBackendFactory`)."""
 
     def make_queue(self) -> QueueLike: ...
 
-    def make_backend(self, server: "PolicyServer", queue: QueueLike,
+    def make_backend(self, host: BackendHost, queue: QueueLike,
                      loop: asyncio.AbstractEventLoop) -> EngineBackend: ...

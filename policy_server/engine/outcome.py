@@ -3,7 +3,8 @@
 The engine raises the runtime's typed errors (``cosmos3_runtime.errors``: a ``code``, a ``message`` and the
 ``field`` at fault). :func:`engine_failure` turns whatever an engine call raised into the
 :class:`~robot_clients.protocol.CodedError` a client sees, in one place for every way a request came in
-(a robot's observation, an HTTP action generation, a video job).
+(a robot's observation, an HTTP action generation, a video job). One exception is not a failure of the
+request at all: :class:`EngineLost` (the engine itself went away under the call) is handed back, not answered.
 """
 
 from __future__ import annotations
@@ -17,6 +18,16 @@ from cosmos3_runtime.requests import ActionChunk
 from robot_clients.protocol import CodedError, ErrorCode
 
 logger = logging.getLogger(__name__)
+
+
+class EngineLost(Exception):
+    """The engine went away under a call (a remote replica died): the work in hand was not done.
+
+    It is not the request's failure, so it is never turned into a client error: whoever catches engine
+    failures (the worker's calls, a video task's ``run``) lets it through, and the worker hands the
+    observations and tasks of that call to its ``on_engine_lost`` (the Ray backend queues them again
+    on another replica). Raised only by engines that can be lost; the local engine never raises it.
+    """
 
 
 def engine_error_code(runtime_code: str, field: str | None) -> str:

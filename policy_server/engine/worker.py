@@ -2,18 +2,17 @@
 
 The asyncio event loop never runs model code. It puts observations in the :class:`RequestQueue`; this
 thread takes them in the queue's fair order (several sessions at once when their requests can share
-transformer calls: see :class:`BatchPolicy`), drops those whose deadline has passed, runs the rest
-through ``engine.predict_actions`` (``predict_actions_batch`` for a batch) and hands every outcome back
-to the event loop with
-``loop.call_soon_threadsafe``: the session that owns the observation (``PendingObservation.owner``)
-gets ``on_result(item, outcome)`` or ``on_dropped(item, reason)`` on the loop's thread, where it is safe
-to touch sockets. A session that has gone away simply ignores the outcome: a client vanishing
-mid-inference costs that one inference and nothing else.
+transformer calls: see :class:`~policy_server.engine.batching.BatchPolicy`), drops those whose deadline
+has passed, runs the rest through ``engine.predict_actions`` (``predict_actions_batch`` for a batch) and
+hands every outcome back to the event loop with ``loop.call_soon_threadsafe``: the session that owns the
+observation (``PendingObservation.owner``) gets ``on_result(item, outcome)`` or ``on_dropped(item,
+reason)`` on the loop's thread, where it is safe to touch sockets. A session that has gone away simply
+ignores the outcome: a client vanishing mid-inference costs that one inference and nothing else.
 
 Background tasks (the HTTP sidecar's video rollouts, :class:`~policy_server.engine.request_queue.BackgroundTask`)
-run when no observation waits, and otherwise get a bounded share of the engine (:class:`BackgroundShare`):
-one step at least every interval, so a video finishes under any robot load while a robot waits at most
-one extra step per interval.
+run when no observation waits, and otherwise get a bounded share of the engine
+(:class:`~policy_server.engine.batching.BackgroundShare`): one step at least every interval, so a video
+finishes under any robot load while a robot waits at most one extra step per interval.
 
 A hung engine call (:mod:`policy_server.engine.watchdog` notices it from ``call_started_at``) is handled by
 :meth:`EngineWorker.abandon_hung_call`: the requests of that call are failed with ``engine_timeout``,
@@ -21,6 +20,10 @@ the worker reports ``restarting`` and a new thread loads a fresh engine. Python 
 the stuck one is abandoned (it keeps its engine's memory until its call returns, if ever) and
 everything it does afterwards is discarded, because only the current thread may post outcomes, touch
 the worker's state or take from the queue.
+
+An engine that can be lost (a remote replica) raises :class:`~policy_server.engine.outcome.EngineLost`;
+the worker then answers nothing of that call and hands its observations and task to ``on_engine_lost``
+(the Ray backend composes one worker per replica and queues that work again elsewhere).
 """
 
 from __future__ import annotations
@@ -31,83 +34,29 @@ import logging
 import threading
 import time
 import uuid
-from dataclasses import dataclass
 from typing import Any, Callable, Protocol
 
-from cosmos3_runtime.requests import ActionChunk, ActionRequest
 from robot_clients.protocol import CodedError, DropReason, ErrorCode
 
+from .batch_call import CounterReadouts, EngineCounters, Predictor, predict_batch
+from .batching import BackgroundShare, BatchPolicy
 from .cpu_threads import configure_worker_threads
-from .outcome import EngineOutcome, engine_failure
+from .outcome import EngineLost, EngineOutcome
 from .request_queue import BackgroundTask, PendingObservation, RequestQueue
 
 logger = logging.getLogger(__name__)
 
 
-class ActionEngine(Protocol):
+class ActionEngine(Predictor, Protocol):
     """What the worker needs of an engine (``cosmos3_runtime.engine.Cosmos3Engine`` provides it)."""
-
-    def predict_actions(self, request: ActionRequest) -> ActionChunk: ...
-
-    def predict_actions_batch(self, requests: list[ActionRequest]) -> list[ActionChunk | Exception]: ...
 
     def warmup(self) -> None: ...
 
     def describe(self) -> dict[str, Any]: ...
 
 
-@dataclass(frozen=True)
-class BatchPolicy:
-    """How the worker groups waiting observations of different sessions into one engine call.
-
-    ``max_batch`` 1 turns batching off. ``max_wait_ms`` is the longest an observation may be held so
-    others can join it; the default 0 only batches what is already waiting, so batching never adds
-    latency, it only shares forwards when several robots wait at once.
-    """
-
-    max_batch: int = 4
-    max_wait_ms: float = 0.0
-
-    @staticmethod
-    def compatible(a: "PendingObservation", b: "PendingObservation") -> bool:
-        """Same schedule (steps, guidance, interval): the engine can run them through shared forwards.
-
-        The requests carry an observation's own settings merged over its session's, so this compares
-        what each will actually run with. The schedule is all that must match: every other setting
-        (mode, domain, horizon, tier, view point, prompt, fps, seed, prefix) is per item in a packed
-        forward, and a batched chunk equals its unbatched run.
-
-        And the same kind of owner: a robot session's observation never carries a one-shot HTTP request
-        (one that waits for a shared turn) in its engine call. Where a batch costs more than one request
-        (CPUs), that would make the robot pay for the client's work on top of waiting for its turn.
-        """
-        ra, rb = a.request, b.request
-        return ((ra.num_steps, ra.guidance_scale, ra.guidance_interval) == (rb.num_steps, rb.guidance_scale,
-                                                                          rb.guidance_interval)
-                and (a.turn is None) == (b.turn is None))
-
-
-# Under continuous robot load, a video rollout still gets one denoising step at least this often.
-DEFAULT_VIDEO_STEP_INTERVAL_S = 1.0
-
-
-@dataclass(frozen=True)
-class BackgroundShare:
-    """The engine's share for background work (video rollouts) while observations wait.
-
-    Robots go first, but not forever. Once background work has waited ``interval_s`` for the engine
-    (since its last step ended, or since it was queued), the worker gives it one step (a denoising
-    step; at the end of a rollout, the decode) and then goes back to the waiting robots. So under any
-    robot load a video advances at least one step per ``interval_s`` (plus the robot batch running when
-    it fell due) and finishes, and a robot waits at most one extra step per ``interval_s``.
-    ``interval_s`` 0: no share; background work runs only while no observation waits, and can starve.
-    """
-
-    interval_s: float = DEFAULT_VIDEO_STEP_INTERVAL_S
-
-    def due_at(self, waiting_since: float) -> float | None:
-        """When work that has waited since ``waiting_since`` is owed a turn; None: never (no share)."""
-        return waiting_since + self.interval_s if self.interval_s > 0 else None
+# Called on the worker thread with the observations and background tasks of a call whose engine was lost.
+LostWorkHandler = Callable[[list[PendingObservation], list[BackgroundTask]], None]
 
 
 class WorkerState(str, enum.Enum):
@@ -120,11 +69,14 @@ class WorkerState(str, enum.Enum):
     STOPPED = "stopped"
 
 
-class EngineWorker:
+class EngineWorker(CounterReadouts):
     """Owns the engine on a dedicated thread. Start it, await :meth:`wait_ready`, then feed its queue.
 
     ``load_engine`` is called on the worker thread (the engine is created, used and dropped by one
-    thread only). ``warmup`` runs the engine's own warm-up before the worker reports ready.
+    thread only). ``warmup`` runs the engine's own warm-up before the worker reports ready. ``name``
+    names the thread. ``on_engine_lost`` receives, on the worker thread, the work of a call whose
+    engine raised :class:`~policy_server.engine.outcome.EngineLost`, to queue it again elsewhere; without
+    it, that work fails with ``engine_error`` like the work of an abandoned call.
     """
 
     def __init__(
@@ -137,6 +89,8 @@ class EngineWorker:
         warmup: bool = True,
         batching: BatchPolicy | None = None,
         background: BackgroundShare | None = None,
+        name: str = "engine-worker",
+        on_engine_lost: LostWorkHandler | None = None,
     ) -> None:
         self._load_engine = load_engine
         self._queue = queue
@@ -145,26 +99,22 @@ class EngineWorker:
         self._warmup = warmup
         self.batching = batching or BatchPolicy()
         self.background = background or BackgroundShare()
+        self.name = name
+        self.on_engine_lost = on_engine_lost
         # When background work last had the engine (the end of its last step): its share is counted from there.
         self._background_turn_at = 0.0
         self._ready = loop.create_future()
-        self._thread = threading.Thread(target=self._run, name="engine-worker", daemon=True)
+        self._thread = threading.Thread(target=self._run, name=name, daemon=True)
         self.state = WorkerState.STARTING
         self.description: dict[str, Any] | None = None
         self.thread_settings: dict[str, object] = {}
         self.current: list[PendingObservation] = []
         self.current_task: BackgroundTask | None = None
-        # Seconds spent running the engine (observations and background tasks), for the busy fraction;
-        # busy_since is when the running call started (None when idle).
-        self.busy_s = 0.0
+        self.counters = EngineCounters()
+        # When the running call started, for the busy fraction (None when idle).
         self.busy_since: float | None = None
         # Called on this thread after every batch, for metrics; it must be quick and must not raise.
         self.on_batch_done: Callable[[list[PendingObservation], list[EngineOutcome]], None] | None = None
-        self.batches = 0
-        self.batched_items = 0
-        self.completed = 0
-        self.failed = 0
-        self.dropped_deadline = 0
         # When the engine call now running started (a video job: its current step); None when idle.
         # The watchdog compares it with --engine-timeout-s.
         self.call_started_at: float | None = None
@@ -198,12 +148,6 @@ class EngineWorker:
                                                   "failed": self.failed, "busy_s": self.busy_s,
                                                   "failovers": self.restarts}]}
 
-    # -- the worker thread -------------------------------------------------------------------------
-
-    def _is_current(self) -> bool:
-        """False on a thread the watchdog abandoned: it must not post, take work or touch the state."""
-        return threading.current_thread() is self._thread
-
     def abandon_hung_call(self, timeout_s: float) -> None:
         """On the event loop: fail the hung call's requests with ``engine_timeout`` and reload the engine.
 
@@ -212,11 +156,8 @@ class EngineWorker:
         items, task = list(self.current), self.current_task
         stuck_for = time.monotonic() - self.call_started_at if self.call_started_at is not None else 0.0
         self.current, self.current_task, self.call_started_at = [], None, None
-        if self.busy_since is not None:
-            self.busy_s += time.monotonic() - self.busy_since
-            self.busy_since = None
+        self._stop_busy_clock()
         self.restarts += 1
-        self.failed += len(items) + (task is not None)
         self.state = WorkerState.RESTARTING
         reference = uuid.uuid4().hex[:12]
         logger.error("engine call stuck for %.1f s (limit %g s, ref %s): failing %d request(s)%s, abandoning thread %s "
@@ -224,12 +165,24 @@ class EngineWorker:
                      " and a background task" if task is not None else "", self._thread.name)
         error = CodedError(ErrorCode.ENGINE_TIMEOUT, f"the engine did not finish within {timeout_s:g} s; the server is "
                            f"restarting it (ref {reference}). Retry once it is ready")
-        for item in items:
-            item.owner.on_result(item, EngineOutcome(error=error, engine_ms=stuck_for * 1e3, done_at=time.monotonic()))
-        if task is not None:
-            task.owner.on_timeout(task, error)
-        self._thread = threading.Thread(target=self._run, name=f"engine-worker-{self.restarts}", daemon=True)
+        self._fail(items, [task] if task is not None else [], error, stuck_for * 1e3, _call_now)
+        self._thread = threading.Thread(target=self._run, name=f"{self.name}-{self.restarts}", daemon=True)
         self._thread.start()
+
+    def _fail(self, items: list[PendingObservation], tasks: list[BackgroundTask], error: CodedError, engine_ms: float,
+              deliver: Callable[..., Any]) -> None:
+        """Answer work that will not be done with ``error`` (``deliver(callback, *args)`` calls its owners)."""
+        self.counters.failed += len(items) + len(tasks)
+        for item in items:
+            deliver(item.owner.on_result, item, EngineOutcome(error=error, engine_ms=engine_ms, done_at=time.monotonic()))
+        for task in tasks:
+            deliver(task.owner.on_timeout, task, error)
+
+    # -- the worker thread -------------------------------------------------------------------------
+
+    def _is_current(self) -> bool:
+        """False on a thread the watchdog abandoned: it must not post, take work or touch the state."""
+        return threading.current_thread() is self._thread
 
     def _post(self, callback: Callable[..., Any], *args: Any) -> None:
         if not self._is_current():
@@ -283,7 +236,7 @@ class EngineWorker:
                 if self._queue.closed:  # the server is stopping
                     return
                 continue  # woken for background work while no observation waits
-            self._serve_batch(engine, taken)
+            self._run_batch(engine, self._prepare_batch(taken))
 
     def _background_overdue(self) -> bool:
         """Whether the background task waiting now is owed a turn although observations wait."""
@@ -305,17 +258,24 @@ class EngineWorker:
             taken = self._queue.take_batch(policy.max_batch, 0.0, policy.compatible, timeout=0)
             if not taken:
                 return
-            self._serve_batch(engine, taken)
+            self._run_batch(engine, self._prepare_batch(taken))
 
-    def _serve_batch(self, engine: ActionEngine, taken: list[PendingObservation]) -> None:
+    # -- one batch: prepared, then run --------------------------------------------------------------
+
+    def _prepare_batch(self, taken: list[PendingObservation]) -> list[PendingObservation]:
+        """The observations of ``taken`` still worth running: those past their deadline are dropped here."""
         now = time.monotonic()
         batch = []
         for item in taken:
             if item.expired(now):
-                self.dropped_deadline += 1
+                self.counters.dropped_deadline += 1
                 self._post(item.owner.on_dropped, item, DropReason.DEADLINE)
             else:
                 batch.append(item)
+        return batch
+
+    def _run_batch(self, engine: ActionEngine, batch: list[PendingObservation]) -> None:
+        """Run one prepared batch through the engine and post every outcome to its owner."""
         if not batch:
             return
         self.current = batch
@@ -325,12 +285,15 @@ class EngineWorker:
             self.busy_since = time.monotonic()
         try:
             outcomes = self._predict(engine, batch)
+        except EngineLost as exc:
+            if self._is_current():
+                self._engine_lost(batch, [], exc)
+            return
         finally:
             if self._is_current():
                 self.current = []
                 if started:
-                    self.busy_s += time.monotonic() - self.busy_since
-                    self.busy_since = None
+                    self._stop_busy_clock()
         if not self._is_current():
             return  # abandoned while it ran: the watchdog has answered these requests
         for item, outcome in zip(batch, outcomes):
@@ -352,52 +315,46 @@ class EngineWorker:
 
         try:
             result = task.run(engine, between_steps)
+        except EngineLost as exc:
+            if self._is_current():
+                self._engine_lost([], [task], exc)
+            return
         finally:
             if self._is_current():
                 self._background_turn_at = time.monotonic()
                 self.current_task = None
                 self.call_started_at = None
-                self.busy_s += time.monotonic() - self.busy_since
-                self.busy_since = None
+                self._stop_busy_clock()
         self._post(task.owner.on_result, task, result)
 
+    def _stop_busy_clock(self) -> None:
+        if self.busy_since is not None:
+            self.counters.busy_s += time.monotonic() - self.busy_since
+            self.busy_since = None
+
+    def _engine_lost(self, items: list[PendingObservation], tasks: list[BackgroundTask], exc: EngineLost) -> None:
+        """Hand the work of a call whose engine was lost to ``on_engine_lost``; without one, fail it."""
+        if self.on_engine_lost is not None:
+            self.on_engine_lost(items, tasks)
+            return
+        reference = uuid.uuid4().hex[:12]
+        logger.error("the engine was lost (ref %s): %s", reference, exc)
+        error = CodedError(ErrorCode.ENGINE_ERROR, f"the engine was lost while running this request (ref {reference})")
+        self._fail(items, tasks, error, 0.0, self._post)
+
     def _predict(self, engine: ActionEngine, batch: list[PendingObservation]) -> list[EngineOutcome]:
-        t0 = time.monotonic()
+        """One engine call for ``batch``, on the watchdog's clock. Raises EngineLost, and nothing else."""
         outer_call = self.call_started_at  # set inside a video step: the step's clock resumes afterwards
-        self.call_started_at = t0
+        self.call_started_at = time.monotonic()
         try:
-            if len(batch) == 1:
-                results: list[Any] = [_call(engine.predict_actions, batch[0].request)]
-            else:
-                try:
-                    results = engine.predict_actions_batch([item.request for item in batch])
-                    self.batches += 1
-                    self.batched_items += len(batch)
-                except Exception:  # noqa: BLE001 - one bad request must not fail its batch mates:
-                    # run each alone, so only the request that fails gets the error.
-                    logger.warning("a batch of %d failed in the engine; running its requests one by one", len(batch))
-                    results = [_call(engine.predict_actions, item.request) for item in batch]
+            return predict_batch(engine, batch, self.counters)
         finally:
             if self._is_current():
                 self.call_started_at = time.monotonic() if outer_call is not None else None
-        done = time.monotonic()
-        return [self._outcome(item, result, (done - t0) * 1e3, done) for item, result in zip(batch, results)]
-
-    def _outcome(self, item: PendingObservation, result: Any, engine_ms: float, done: float) -> EngineOutcome:
-        if isinstance(result, BaseException):
-            self.failed += 1
-            error = engine_failure(result, "observation", f"seq {item.seq} of session {item.session_id}")
-            return EngineOutcome(error=error, engine_ms=engine_ms, done_at=done)
-        self.completed += 1
-        return EngineOutcome(chunk=result, engine_ms=engine_ms, done_at=done)
 
 
-def _call(fn: Callable[[Any], Any], arg: Any) -> Any:
-    """``fn(arg)``, or the exception it raised, so single and batched calls report the same way."""
-    try:
-        return fn(arg)
-    except Exception as exc:  # noqa: BLE001 - turned into an outcome by the caller
-        return exc
+def _call_now(callback: Callable[..., Any], *args: Any) -> None:
+    callback(*args)
 
 
 def _set_result(future: asyncio.Future, value: Any) -> None:

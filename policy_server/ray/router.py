@@ -73,10 +73,6 @@ class ReplicaRouter:
         with self._lock:
             return self._assignment.get(session_id)
 
-    def is_live(self, replica: int) -> bool:
-        with self._lock:
-            return self._live[replica]
-
     def sessions_per_replica(self) -> list[int]:
         """Open sessions pinned to each replica (index = replica)."""
         with self._lock:

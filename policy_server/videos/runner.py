@@ -4,7 +4,7 @@
 :class:`~policy_server.videos.job_store.VideoJobStore`, hands it to the engine worker as a
 :class:`VideoRolloutTask` in the request queue's background lane (which the worker serves while no
 observation waits, and under robot load one step per ``--video-step-interval-s``: see
-:class:`~policy_server.engine.worker.BackgroundShare`), and when the frames come back encodes the MP4
+:class:`~policy_server.engine.batching.BackgroundShare`), and when the frames come back encodes the MP4
 on a helper thread (never on the engine worker, which goes straight back to robots) and records the
 outcome. Only one job is in the queue at a time; the rest wait in SQLite, so a backlog of jobs costs no
 memory and survives restarts.
@@ -40,7 +40,7 @@ import numpy as np
 from cosmos3_runtime.requests import VideoRequest
 from robot_clients.protocol import CodedError, ErrorCode
 
-from ..engine.outcome import engine_failure
+from ..engine.outcome import EngineLost, engine_failure
 from ..engine.request_queue import QueueClosed, RequestQueue, queued_for_s
 from ..metrics import ServerMetrics
 from .encoding import VideoEncodingError, encode_mp4
@@ -118,7 +118,7 @@ class VideoRolloutTask:
         self.done: asyncio.Future[VideoRolloutResult | None] = loop.create_future()
 
     def run(self, engine: Any, between_steps: Callable[[], None] = lambda: None) -> VideoRolloutResult:
-        """Called on the worker thread; never raises (a failure is the result).
+        """Called on the worker thread; raises only EngineLost (any other failure is the result).
 
         The rollout advances one denoising step at a time and calls ``between_steps`` after each, where
         the worker serves any robot that is waiting.
@@ -134,6 +134,8 @@ class VideoRolloutTask:
             while not rollout.step():
                 between_steps()
             result = rollout.result()
+        except EngineLost:
+            raise  # not the job's failure: the worker queues the job again on another engine
         except Exception as exc:  # noqa: BLE001 - a failure is the result (the client's, or ours with a reference)
             return VideoRolloutResult(error=engine_failure(exc, "job", f"video job {self.job_id}"),
                                       engine_s=time.monotonic() - t0)
