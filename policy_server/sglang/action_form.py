@@ -8,10 +8,17 @@ SGLang's form flattens its envelope: ``request_id``, ``prompt``, the observation
 from __future__ import annotations
 
 import json
-from typing import Any, Iterable, Sequence
+from typing import Any, Iterable, Protocol, Sequence
 
 from .actions import PARAMETER_KEYS, UNREAD_KEYS, check_known_keys
 from .parameters import invalid, merge_extra
+
+class FormUpload(Protocol):
+    """A file part of the form (such as :class:`policy_server.http.codecs.Upload`)."""
+
+    data: bytes
+    content_type: str
+
 
 FORM_UPLOADS = ("image_reference", "video_reference", "input_reference")
 FORM_RUNTIME_FIELDS = ("response_format", "output_format", "return_timing")
@@ -32,11 +39,10 @@ def _form_value(value: str) -> Any:
         return value
 
 
-def envelope_from_form(items: Sequence[tuple[str, Any]]) -> dict[str, Any]:
+def envelope_from_form(items: Sequence[tuple[str, "str | FormUpload"]]) -> dict[str, Any]:
     """SGLang's multipart action form as the envelope :func:`parse_action_envelope` reads.
 
-    ``items`` are ``(name, value)`` pairs: text, or an upload (any object with ``data`` and
-    ``content_type``, such as :class:`policy_server.http.codecs.Upload`). ``request_id``/``id`` and
+    ``items`` are ``(name, value)`` pairs: text, or a :class:`FormUpload`. ``request_id``/``id`` and
     ``prompt``/``task`` are the envelope's; ``image_reference``, ``video_reference`` and
     ``input_reference`` (an image, or a video for inverse_dynamics or a ``video/*`` upload) are the
     observation; ``extra_body``/``extra_params`` are JSON objects of parameters; every other field is a
@@ -47,7 +53,7 @@ def envelope_from_form(items: Sequence[tuple[str, Any]]) -> dict[str, Any]:
     observation: dict[str, Any] = {}
     parameters: dict[str, Any] = {}
     runtime: dict[str, Any] = {}
-    uploads: list[tuple[str, Any]] = []
+    uploads: list[tuple[str, FormUpload]] = []
     extras: list[tuple[str, str]] = []
     seen: set[str] = set()
     for name, value in items:
@@ -82,7 +88,7 @@ def envelope_from_form(items: Sequence[tuple[str, Any]]) -> dict[str, Any]:
         raise invalid(uploads[1][0], f"one observation per request: send one of {', '.join(FORM_UPLOADS)}")
     mode = str(parameters.get("action_mode", "policy")).strip().lower()
     for name, upload in uploads:
-        is_video = str(getattr(upload, "content_type", "")).lower().startswith("video/")
+        is_video = (upload.content_type or "").lower().startswith("video/")
         if name == "video_reference" or (name == "input_reference" and (is_video or mode == "inverse_dynamics")):
             observation["video"] = upload
         else:
