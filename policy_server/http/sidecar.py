@@ -83,6 +83,11 @@ class HttpSidecar:
         return worker.busy_s + (time.monotonic() - since if since is not None else 0.0)
 
     @property
+    def listening(self) -> bool:
+        """Whether :meth:`start` has bound the port (so :attr:`port` can be read)."""
+        return self._socket is not None
+
+    @property
     def port(self) -> int:
         assert self._socket is not None, "start() first"
         return self._socket.getsockname()[1]
