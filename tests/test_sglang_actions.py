@@ -19,12 +19,8 @@ from policy_server.engine.description import ModelDescription
 from policy_server.http.codecs import Upload
 from policy_server.http.errors import ApiError
 from policy_server.http.requests import action_request
-from policy_server.sglang.actions import (
-    envelope_from_form,
-    is_sglang_envelope,
-    is_sglang_form,
-    parse_action_envelope,
-)
+from policy_server.sglang.action_form import envelope_from_form, is_sglang_form
+from policy_server.sglang.actions import is_sglang_envelope, parse_action_envelope
 from robot_clients.wire_codec import unpackb
 
 POLICY = {"action_mode": "policy", "domain_name": "droid_lerobot"}

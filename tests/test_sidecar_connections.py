@@ -218,7 +218,7 @@ def test_the_sidecar_sets_tcp_nodelay_on_its_connections(server):
         time.sleep(0.2)
 
         def flags():
-            connections = server.server.sidecar._uvicorn.server_state.connections
+            connections = server.server.sidecar.serving.connections()
             return [c.transport.get_extra_info("socket").getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY)
                     for c in connections if c.transport.get_extra_info("peername")[0] == "127.0.0.22"]
 

@@ -40,6 +40,7 @@ class HostSettings(Protocol):
     observation_rate: RateLimit
     connection_limits: SessionLimits
     max_observers: int
+    max_pending_handshakes: int  # with max_sessions and max_observers: the robots' port's descriptors
     observer_frame_rate: RateLimit
 
 

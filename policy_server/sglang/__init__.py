@@ -12,7 +12,8 @@ results back into SGLang's answers, so the HTTP routes and the WebSocket server 
 * :mod:`.media`: SGLang's image and video value forms (``{"b64_json"}``, ``{"values", "dtype",
   "shape"}``, nested lists, arrays, batches) to the forms our codecs decode;
 * :mod:`.actions`: the ``/v1/actions/generations`` envelope in, one request per batch item and
-  candidate out; SGLang's reply envelope (``envelope`` or ``raw``, ``list`` or ``numpy``) back;
+  candidate out (:mod:`.action_form`: SGLang's multipart form as that envelope); :mod:`.action_reply`:
+  SGLang's reply envelope (``envelope`` or ``raw``, ``list`` or ``numpy``) back;
 * :mod:`.videos`: SGLang's ``/v1/videos`` field names onto ours, and the job object's SGLang fields;
 * :mod:`.metadata`: SGLang's ``/v1/actions/metadata`` keys from the typed model description (``policy_server.engine.description``);
 * :mod:`.realtime`: the lock-step WebSocket mode (first frame without ``type``) as a sans-I/O session.

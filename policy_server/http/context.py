@@ -1,0 +1,43 @@
+"""The parts every route of the sidecar works with, handed to each router by the app factory."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from robot_clients.protocol import FrameLimits
+
+from ..engine.description import ModelDescription
+from ..metrics import ServerMetrics
+from ..videos.job_store import VideoJobStore
+from ..videos.runner import VideoJobRunner
+from .bodies import BodyBudget
+from .errors import ApiError, HttpErrorCode
+from ..sessions.host import SessionHost
+from .settings import SidecarSettings
+from .turns import InFlightLimit
+
+
+@dataclass(frozen=True)
+class SidecarParts:
+    """The sidecar's settings, the server it serves beside, and what the routes share."""
+
+    settings: SidecarSettings
+    host: SessionHost
+    metrics: ServerMetrics
+    # Body bytes held by all requests together (.bodies), and each client's action generations in flight.
+    body_budget: BodyBudget
+    turns: InFlightLimit
+    store: VideoJobStore
+    runner: VideoJobRunner
+
+    def require_ready(self) -> ModelDescription:
+        """The loaded model's description, or the 503 that says why there is none (yet)."""
+        if self.host.stopping:
+            raise ApiError(HttpErrorCode.SHUTTING_DOWN, "the server is shutting down")
+        if not self.host.ready or self.host.description is None:
+            raise ApiError(HttpErrorCode.NOT_READY, "the model is loading; retry shortly", headers={"Retry-After": "1"})
+        return self.host.description
+
+    def media_limits(self, description: ModelDescription) -> FrameLimits:
+        """The model's pixel and frame bounds plus this sidecar's decoding budget."""
+        return description.limits.frame_limits(self.settings.max_decoded_bytes)

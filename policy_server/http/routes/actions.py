@@ -1,0 +1,128 @@
+"""``POST /v1/actions/generations``: one chunk of actions for one observation, for clients without a WebSocket.
+
+The request's observation enters the server's one request queue like a robot's (each client's requests
+share one turn, with a bounded number in flight: :mod:`policy_server.http.turns`); the handler waits for
+its outcome and answers it in JSON, or in msgpack when ``Accept`` asks for it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import uuid
+from typing import Any
+
+from fastapi import APIRouter, Request
+from fastapi.responses import Response
+
+from robot_clients.protocol import DropReason
+from robot_clients.wire_codec import packb
+
+from ...engine.outcome import EngineOutcome
+from ...engine.request_queue import PendingObservation, QueueClosed
+from ...sessions.config import settings_used
+from .. import codecs as http_codecs, requests as http_requests, turns as http_turns
+from ..bodies import ERROR_RESPONSES, body_schema, read_fields
+from ..context import SidecarParts
+from ..errors import ApiError, HttpErrorCode
+from ..schemas import (
+    ActionArray, ActionGeneration, ActionGenerationItem, ActionGenerationParams, ActionUsage, ErrorResponse,
+)
+
+
+class OneShotActionWaiter:
+    """The owner of an action generation's observation: resolves a future instead of sending a frame."""
+
+    request_kind = "action_generation"
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self.future: asyncio.Future = loop.create_future()
+
+    def on_result(self, item: PendingObservation, outcome: EngineOutcome) -> None:
+        if not self.future.done():
+            self.future.set_result(outcome)
+
+    def on_dropped(self, item: PendingObservation, reason: str) -> None:
+        if not self.future.done():
+            self.future.set_result(reason)
+
+
+def router(parts: SidecarParts) -> APIRouter:
+    """The action generation route: observations into ``parts.host.queue``, one client's turn each."""
+    routes = APIRouter(tags=["actions"])
+    settings = parts.settings
+
+    @routes.post(
+        "/v1/actions/generations", response_model=ActionGeneration,
+        summary="One chunk of actions for one observation (policy or inverse_dynamics)",
+        responses={**ERROR_RESPONSES, 200: {"content": {http_codecs.MSGPACK_TYPE: {}},
+                                            "description": "JSON, or msgpack when Accept asks for it"},
+                   429: {"model": ErrorResponse, "description": "this client has too many requests in flight"}},
+        openapi_extra=body_schema(ActionGenerationParams, {"image": "PNG, JPEG or WebP", "video": "MP4/WebM clip"}),
+    )
+    async def generate_actions(request: Request) -> Any:
+        client = http_turns.client_identity(request.scope)
+        with parts.turns.admit(client):  # before the body is read: a refusal costs nothing
+            return await _generate_actions(request, client)
+
+    async def _generate_actions(request: Request, client: str) -> Any:
+        received = time.monotonic()
+        description = parts.require_ready()
+        fields, kind = await read_fields(
+            request, {"image": http_codecs.IMAGE_UPLOAD_TYPES, "video": http_codecs.VIDEO_UPLOAD_TYPES},
+            settings.max_json_values, parts.body_budget)
+        as_msgpack = http_codecs.wants_msgpack(request.headers.get("accept"), kind)
+        action_request = await asyncio.to_thread(http_requests.action_request, fields, description,
+                                                 parts.media_limits(description))
+        waiter = OneShotActionWaiter(asyncio.get_running_loop())
+        item = PendingObservation(
+            session_id=f"http-{uuid.uuid4().hex[:12]}", seq=0, request=action_request, owner=waiter,
+            received_at=received, decode_ms=(time.monotonic() - received) * 1e3, turn=client,
+        )
+        queue = parts.host.queue
+        try:
+            queue.put(item)
+        except QueueClosed:
+            raise ApiError(HttpErrorCode.SHUTTING_DOWN, "the server is shutting down") from None
+        try:
+            outcome = await asyncio.wait_for(asyncio.shield(waiter.future), settings.action_timeout_s)
+        except asyncio.TimeoutError:
+            queue.cancel(item.session_id)
+            item.cancelled = True
+            raise ApiError(HttpErrorCode.TIMEOUT,
+                           f"no engine slot within {settings.action_timeout_s:.0f} s; retry later") from None
+        if isinstance(outcome, str):  # dropped
+            code = HttpErrorCode.SHUTTING_DOWN if outcome == DropReason.SHUTDOWN else HttpErrorCode.TIMEOUT
+            raise ApiError(code, f"the request was dropped ({outcome})")
+        if outcome.chunk is None:
+            raise ApiError.of(outcome.error)
+        chunk = outcome.chunk
+        generation = ActionGeneration(
+            id=f"actgen_{uuid.uuid4().hex}",
+            created=int(time.time()),
+            model=description.model,
+            data=[ActionGenerationItem(index=0, action=ActionArray(
+                shape=list(chunk.actions.shape),
+                values=http_requests.actions_payload(chunk.actions, as_msgpack),
+                action_mode=chunk.action_mode,
+                domain_name=chunk.domain_name,
+                domain_id=chunk.domain_id,
+                raw_action_dim=chunk.raw_action_dim,
+                **settings_used(action_request, description),
+            ))],
+            usage=ActionUsage(
+                num_steps=chunk.num_steps,
+                seed=chunk.seed,
+                batch_size=chunk.batch_size,
+                queue_ms=item.queue_ms,
+                model_ms=outcome.engine_ms,
+                total_ms=(time.monotonic() - received) * 1e3,
+            ),
+        )
+        if as_msgpack:
+            body = generation.model_dump()
+            body["data"][0]["action"]["values"] = generation.data[0].action.values  # keep the ndarray
+            return Response(packb(body), media_type=http_codecs.MSGPACK_TYPE)
+        return generation
+
+    return routes
