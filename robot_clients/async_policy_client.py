@@ -39,10 +39,10 @@ from websockets.asyncio.client import ClientConnection
 from websockets.exceptions import ConnectionClosed
 
 from . import protocol
-from .client_connection import SUPPORTED_PROTOCOL_VERSION, Backoff, connect_options, open_session, realtime_url
+from .client_connection import Backoff, connect_options, open_session, realtime_url
 from .protocol import DropReason, SessionState
 from .results import (
-    ActionChunk, ClientStats, ConnectionLost, ObservationDropped, PolicyClientError, ServerError, SessionPaused, SessionStopped,
+    ActionChunk, ClientStats, ConnectionLost, ObservationDropped, ServerError, SessionPaused, SessionStopped,
 )
 from .wire_codec import packb, unpackb
 
@@ -361,7 +361,7 @@ class AsyncPolicyClient:
                 item = await asyncio.wait_for(self._stream.get(), remaining)
             except asyncio.TimeoutError:
                 raise TimeoutError("no action chunk arrived in time") from None
-            if isinstance(item, PolicyClientError):
+            if isinstance(item, ServerError):
                 raise item
             if item.seq <= self._latest_delivered:
                 self.stats.stale += 1
