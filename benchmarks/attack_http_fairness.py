@@ -36,6 +36,7 @@ import numpy as np
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
+from robot_clients.protocol import REALTIME_PATH  # noqa: E402
 from robot_clients.wire_codec import packb, unpackb  # noqa: E402
 
 DOMAIN = "bridge_orig_lerobot"
@@ -113,7 +114,7 @@ def robot_loop(ws_port: int, seconds: float, image: np.ndarray, horizon: int) ->
     import websockets.sync.client as ws_client
 
     measured: dict[str, list[float]] = {"round_trip": [], "queue": [], "engine": []}
-    with ws_client.connect(f"ws://127.0.0.1:{ws_port}/v1/actions/realtime", compression=None, proxy=None,
+    with ws_client.connect(f"ws://127.0.0.1:{ws_port}{REALTIME_PATH}", compression=None, proxy=None,
                            max_size=2**24) as ws:
         unpackb(ws.recv())
         ws.send(packb({"type": "configure", "domain_name": DOMAIN, "action_horizon": horizon}))
