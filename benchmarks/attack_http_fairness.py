@@ -36,7 +36,8 @@ import numpy as np
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
-from robot_clients.wire_codec import packb, unpackb  # noqa: E402
+from lockstep_robot import lockstep_chunks  # noqa: E402
+from robot_clients.protocol import REALTIME_PATH  # noqa: E402
 
 DOMAIN = "bridge_orig_lerobot"
 _LISTENING = re.compile(r"listening on wss?://[^:]+:(\d+)/")
@@ -110,29 +111,11 @@ def attacker(http_port: int, in_flight: int, image_side: int, horizon: int, back
 
 def robot_loop(ws_port: int, seconds: float, image: np.ndarray, horizon: int) -> dict[str, list[float]]:
     """Closed loop for ``seconds``; per chunk (ms): the round trip, and the server's queue and engine time."""
-    import websockets.sync.client as ws_client
-
-    measured: dict[str, list[float]] = {"round_trip": [], "queue": [], "engine": []}
-    with ws_client.connect(f"ws://127.0.0.1:{ws_port}/v1/actions/realtime", compression=None, proxy=None,
-                           max_size=2**24) as ws:
-        unpackb(ws.recv())
-        ws.send(packb({"type": "configure", "domain_name": DOMAIN, "action_horizon": horizon}))
-        unpackb(ws.recv())
-        for _ in range(3):  # warm the session (first frames pay one-time costs)
-            ws.send(packb({"type": "observation", "seq": _ + 1, "image": image}))
-            unpackb(ws.recv(timeout=120))
-        seq = 100
-        end = time.monotonic() + seconds
-        while time.monotonic() < end:
-            seq += 1
-            sent = time.monotonic()
-            ws.send(packb({"type": "observation", "seq": seq, "image": image}))
-            reply = unpackb(ws.recv(timeout=300))
-            if reply["type"] == "action_chunk":
-                measured["round_trip"].append((time.monotonic() - sent) * 1e3)
-                measured["queue"].append(reply["timing"]["queue_ms"])
-                measured["engine"].append(reply["timing"]["engine_ms"])
-    return measured
+    chunks = lockstep_chunks(f"ws://127.0.0.1:{ws_port}{REALTIME_PATH}", image, seconds,
+                             {"domain_name": DOMAIN, "action_horizon": horizon}, warmup=3, timeout=300)
+    return {"round_trip": [round_trip for round_trip, _ in chunks],
+            "queue": [timing["queue_ms"] for _, timing in chunks],
+            "engine": [timing["engine_ms"] for _, timing in chunks]}
 
 
 def pct(values: list[float], q: float) -> float:

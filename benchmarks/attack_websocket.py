@@ -49,6 +49,7 @@ from websockets.asyncio.client import connect  # noqa: E402
 from websockets.exceptions import ConnectionClosed, InvalidStatus  # noqa: E402
 
 from realtime_roundtrip import ServerProcess, percentile  # noqa: E402
+from robot_clients.protocol import REALTIME_PATH  # noqa: E402
 from robot_clients.wire_codec import packb, unpackb  # noqa: E402
 
 
@@ -129,7 +130,7 @@ async def attack_non_reading(port: int, count: int, retry_s: float, stats: dict)
             try:
                 sock.connect(("127.0.0.1", port))
                 sock.setblocking(False)
-                async with connect(f"ws://127.0.0.1:{port}/v1/actions/realtime", sock=sock, max_queue=1,
+                async with connect(f"ws://127.0.0.1:{port}{REALTIME_PATH}", sock=sock, max_queue=1,
                                    proxy=None, ping_interval=None) as ws:
                     stats["accepted"] += 1
                     while True:
@@ -195,7 +196,7 @@ def summary(values: list[float]) -> str:
 
 
 async def measure(args: argparse.Namespace, server: ServerProcess) -> None:
-    robot = Robot(f"ws://127.0.0.1:{server.port}/v1/actions/realtime", args.size)
+    robot = Robot(f"ws://127.0.0.1:{server.port}{REALTIME_PATH}", args.size)
     await robot.open()
     await robot.run(args.warmup)
     count = args.observers if args.attack == "observers" else args.clients

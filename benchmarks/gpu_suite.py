@@ -191,7 +191,7 @@ def serving_overhead(checkpoint: Path, geometry: Geometry, requests: int, device
         rng = np.random.default_rng(1)
         images = [rng.integers(0, 256, (geometry.height, geometry.width, 3), dtype=np.uint8) for _ in range(4)]
         round_trip, engine_ms = [], []
-        with PolicyClient(f"ws://127.0.0.1:{server.port}/v1/actions/realtime") as client:
+        with PolicyClient(f"ws://127.0.0.1:{server.port}") as client:
             client.configure(domain_name=client.metadata["defaults"]["domain_name"],
                              action_horizon=geometry.horizon, resolution_tier=geometry.tier)
             unmeasured = min(3, requests)  # the first requests pay one-time costs

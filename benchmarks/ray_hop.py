@@ -25,6 +25,7 @@ import numpy as np
 from websockets.asyncio.client import connect
 
 from policy_server.server import PolicyServer, ServerSettings
+from robot_clients.protocol import REALTIME_PATH
 from robot_clients.wire_codec import packb, unpackb
 
 DOMAIN = "bridge_orig_lerobot"
@@ -54,7 +55,7 @@ async def measure(server: PolicyServer, rounds: int, warmup: int) -> tuple[list[
     await server.start()
     try:
         await server.wait_ready()
-        return await round_trips(f"ws://127.0.0.1:{server.port}/v1/actions/realtime", rounds, warmup)
+        return await round_trips(f"ws://127.0.0.1:{server.port}{REALTIME_PATH}", rounds, warmup)
     finally:
         await server.shutdown()
 

@@ -84,7 +84,7 @@ def run(checkpoint: Path, *, size: int = 224, timeout_s: float = 1800.0, min_ava
         log(f"ready in {figures['ready_s']:.1f} s (engine load {figures.get('engine_load_s', float('nan')):.1f} s), "
             f"RSS {figures['memory_after_load_gib']}")
         image = np.random.default_rng(0).integers(0, 256, (size, size, 3), dtype=np.uint8)
-        with PolicyClient(f"ws://127.0.0.1:{server.port}/v1/actions/realtime") as client:
+        with PolicyClient(f"ws://127.0.0.1:{server.port}") as client:
             domain = client.metadata["defaults"]["domain_name"]
             client.configure(domain_name=domain, resolution_tier=256)
             sent = time.perf_counter()

@@ -50,6 +50,7 @@ from websockets.exceptions import ConnectionClosed
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
+from robot_clients.protocol import REALTIME_PATH  # noqa: E402
 from robot_clients.wire_codec import packb, unpackb  # noqa: E402
 
 DOMAIN = "bridge_orig_lerobot"
@@ -148,7 +149,7 @@ class Soak:
     # -- clients ------------------------------------------------------------------------------------
 
     async def native_session(self, index: int) -> None:
-        url = f"ws://127.0.0.1:{self.port}/v1/actions/realtime"
+        url = f"ws://127.0.0.1:{self.port}{REALTIME_PATH}"
         rng = np.random.default_rng(index)
         image = rng.integers(0, 256, (self.args.image_side, self.args.image_side, 3), dtype=np.uint8)
         period = 1.0 / self.args.hz

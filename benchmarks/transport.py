@@ -55,6 +55,7 @@ sys.path.insert(0, str(BENCHMARKS))
 
 from lockstep_baseline import BaselineProcess, serving  # noqa: E402
 from realtime_roundtrip import ServerProcess, percentile  # noqa: E402
+from robot_clients.protocol import REALTIME_PATH  # noqa: E402
 from robot_clients.wire_codec import packb, unpackb  # noqa: E402
 
 PROMPT = "pick up the red cube and put it in the bowl"
@@ -223,7 +224,7 @@ def connect_pairs(ports: dict[str, int]) -> list[Pair]:
         if scenario.openpi:
             openers["ours /openpi"] = lambda: OpenpiConnection(ours + "/")
         if scenario.native:
-            openers["ours native v1"] = lambda s=scenario: NativeConnection(ours + "/v1/actions/realtime", s.mode)
+            openers["ours native v1"] = lambda s=scenario: NativeConnection(ours + REALTIME_PATH, s.mode)
         openers["lock-step"] = lambda: OpenpiConnection(lockstep + "/")
         openers["echo (same bytes)"] = lambda: EchoConnection(echo + "/echo")
         openers["ack (reply-sized)"] = lambda: EchoConnection(echo + "/ack")

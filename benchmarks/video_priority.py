@@ -27,13 +27,12 @@ from pathlib import Path
 
 import httpx
 import numpy as np
-import websockets.sync.client as ws_client
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
+from lockstep_robot import lockstep_chunks  # noqa: E402
 from server_fixtures import DOMAIN, ServerThread, tiny_engine_loader  # noqa: E402
 
 from policy_server.http.sidecar import SidecarSettings  # noqa: E402
-from robot_clients.wire_codec import packb, unpackb  # noqa: E402
 
 
 def _png_b64(image: np.ndarray) -> str:
@@ -58,22 +57,8 @@ def _percentiles(values: list[float]) -> str:
 
 def robot_loop(url: str, seconds: float, image: np.ndarray) -> tuple[list[float], list[float]]:
     """Closed loop for ``seconds``; returns (round trips, server-side queue times) in ms."""
-    round_trips, queue_ms = [], []
-    with ws_client.connect(url, compression=None, proxy=None, max_size=2**24) as ws:
-        unpackb(ws.recv())
-        ws.send(packb({"type": "configure", "domain_name": DOMAIN}))
-        unpackb(ws.recv())
-        seq = 0
-        end = time.monotonic() + seconds
-        while time.monotonic() < end:
-            seq += 1
-            sent = time.monotonic()
-            ws.send(packb({"type": "observation", "seq": seq, "image": image}))
-            reply = unpackb(ws.recv(timeout=120))
-            if reply["type"] == "action_chunk":
-                round_trips.append((time.monotonic() - sent) * 1e3)
-                queue_ms.append(reply["timing"]["queue_ms"])
-    return round_trips, queue_ms
+    chunks = lockstep_chunks(url, image, seconds, {"domain_name": DOMAIN})
+    return [round_trip for round_trip, _ in chunks], [timing["queue_ms"] for _, timing in chunks]
 
 
 def main() -> None:

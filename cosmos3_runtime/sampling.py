@@ -21,8 +21,9 @@ serving runtime changes, and why:
   interval; one forward elsewhere.
 - **Robot state.** A job's state rows are clean action frames in front of the chunk, held by the same
   condition mask as a real-time-chunking prefix or forward-dynamics actions, and positioned as
-  cosmos-framework's sequence plan places them (:meth:`Cosmos3Sampler._action_positions`); diffusers'
-  pipeline has no state. The output is the chunk without them.
+  cosmos-framework's sequence plan places them
+  (:func:`cosmos3_runtime.sequence_packing.state_action_positions`); diffusers' pipeline has no state.
+  The output is the chunk without them.
 - **No decode for action modes.** Action chunks come from the action stream; the VAE decoder is only
   called for ``forward_dynamics`` video.
 - **Batching.** Several jobs on the same schedule share each transformer call: their sequences are
@@ -42,94 +43,18 @@ from dataclasses import dataclass, field
 
 import numpy as np
 import torch
-from diffusers.pipelines.cosmos.pipeline_cosmos3_omni import get_3d_mrope_ids_vae_tokens
 from diffusers.utils.torch_utils import randn_tensor
 
+from .denoise_jobs import DenoiseJob, DenoiseOutput
 from .frame_preprocessing import prepare_frames
 from .packed_attention import PackedItem, PrefixMode, install_packed_attention
 from .prefix_cache import PrefixEntry, TextPrefixCache
 from .prompts import action_caption
+from .sequence_packing import SequencePass, pack_sequence
+
+__all__ = ["Cosmos3Sampler", "DenoiseJob", "DenoiseOutput"]
 
 _TOKEN_CACHE_SIZE = 64
-# Pack fields holding positions in the joint sequence; they move when items are packed together.
-_SEQUENCE_INDEX_FIELDS = ("vision_sequence_indexes", "vision_mse_loss_indexes", "action_sequence_indexes",
-                          "action_mse_loss_indexes")
-
-
-@dataclass
-class DenoiseJob:
-    """One fully resolved sampling problem (built by the engine from a validated request)."""
-
-    mode: str  # "policy", "inverse_dynamics" or "forward_dynamics"
-    frames: np.ndarray  # (T, H, W, 3) uint8: 1 frame for policy/forward_dynamics, the clip for inverse
-    horizon: int
-    domain_id: int
-    raw_action_dim: int
-    prompt: str
-    view_point: str
-    resolution_tier: int
-    fps: float
-    sigmas: list[float] | None  # a fixed (distilled) schedule, else None
-    num_steps: int
-    guidance_scale: float
-    guidance_interval: tuple[float, float] | None
-    seed: int
-    # Normalized clean action frames (K x raw_action_dim) kept fixed from the start of the chunk:
-    # the raw actions of forward_dynamics, or the real-time-chunking prefix of a policy request.
-    clean_actions: np.ndarray | None = None
-    decode_video: bool = False
-    prompt_format: str = "json"  # the caption format the checkpoint was trained with (cosmos3_runtime.prompts)
-    view_description: str | None = None  # how a composed view is laid out, added to the view sentence
-    # Normalized robot state rows (history_length x raw_action_dim), clean action frames placed in front
-    # of the chunk; the output drops them.
-    state_rows: np.ndarray | None = None
-
-    @property
-    def leading_rows(self) -> int:
-        return 0 if self.state_rows is None else int(self.state_rows.shape[0])
-
-    @property
-    def schedule_key(self) -> tuple:
-        """Jobs with equal keys step through the same timesteps and passes, so they can share forwards."""
-        sigmas = tuple(self.sigmas) if self.sigmas is not None else None
-        return (sigmas, self.num_steps, self.guidance_scale, self.guidance_interval)
-
-
-@dataclass
-class DenoiseOutput:
-    actions: np.ndarray | None  # (horizon, raw_action_dim) float32, model space
-    video: np.ndarray | None  # (T, H, W, 3) uint8
-    transformer_forwards: int
-    num_steps: int
-    preprocess_s: float
-    encode_s: float
-    denoise_s: float
-    decode_s: float
-    batch_size: int = 1
-
-
-@dataclass
-class _Pass:
-    """One transformer pass of one job (cond, or uncond under guidance) and its text prefix."""
-
-    key: tuple[int, ...]
-    full: dict  # the job's whole joint sequence, as the pipeline's segment helpers build it
-    entry: PrefixEntry | None = None  # the text keys/values, once known
-    _generation_only: dict | None = None
-
-    @property
-    def generation_only(self) -> dict:
-        """The same inputs with the text segment removed (its keys/values come from the cache)."""
-        if self._generation_only is None:
-            und_len = self.full["und_len"]
-            shifted = {k: self.full[k] - und_len for k in _SEQUENCE_INDEX_FIELDS}
-            self._generation_only = {
-                **self.full, **shifted, "input_ids": self.full["input_ids"][:0],
-                "text_indexes": self.full["text_indexes"][:0], "und_len": 0,
-                "position_ids": self.full["position_ids"][:, und_len:],
-                "sequence_length": self.full["sequence_length"] - und_len,
-            }
-        return self._generation_only
 
 
 @dataclass
@@ -147,7 +72,7 @@ class _Item:
     generator: torch.Generator
     scheduler: object
     action_scheduler: object
-    passes: dict[str, _Pass]
+    passes: dict[str, SequencePass]
     has_noisy_action: bool
     preprocess_s: float
     encode_s: float
@@ -369,62 +294,12 @@ class Cosmos3Sampler:
             has_noisy_action=len(clean_frames) < rows, preprocess_s=preprocess_s, encode_s=encode_s,
         )
 
-    def _pass(self, input_ids, latents, action_latents, vision_frames, clean_action_frames, job) -> _Pass:
-        full = self._pack(input_ids, latents, action_latents, vision_frames, clean_action_frames, job)
+    def _pass(self, input_ids, latents, action_latents, vision_frames, clean_action_frames, job) -> SequencePass:
+        full = pack_sequence(self.pipe, self.device, input_ids, latents, action_latents, vision_frames,
+                             clean_action_frames, job)
         key = tuple(input_ids)
         entry = self.prefix_cache.get(key) if self.prefix_cache is not None else None
-        return _Pass(key, full, entry)
-
-    def _pack(self, input_ids, latents, action_latents, vision_frames, clean_action_frames, job: DenoiseJob):
-        """The step-invariant part of one job's joint sequence, built by the pipeline's own segment helpers."""
-        pipe, fps = self.pipe, job.fps
-        text = pipe._prepare_text_segment(input_ids, device=self.device)
-        vision = pipe._prepare_vision_segment(
-            input_vision_tokens=latents,
-            has_image_condition=True,
-            mrope_offset=text["vision_start_temporal_offset"],
-            vision_fps=fps,
-            curr=text["und_len"],
-            device=self.device,
-            condition_frame_indexes=vision_frames,
-        )
-        action = pipe._prepare_action_segment(
-            input_action_tokens=action_latents,
-            condition_frame_indexes=clean_action_frames,
-            mrope_offset=text["vision_start_temporal_offset"],
-            action_fps=fps,
-            curr=text["und_len"] + vision["num_vision_tokens"],
-            device=self.device,
-        )
-        if job.leading_rows:
-            action["action_mrope_ids"] = self._action_positions(action["action_len"], job.leading_rows,
-                                                                text["vision_start_temporal_offset"], fps)
-        return {
-            **text,
-            **vision,
-            **action,
-            "position_ids": torch.cat([text["text_mrope_ids"], vision["vision_mrope_ids"], action["action_mrope_ids"]], 1),
-            "sequence_length": text["und_len"] + vision["num_vision_tokens"] + action["action_len"],
-        }
-
-    def _action_positions(self, action_len: int, leading_rows: int, mrope_offset, fps: float) -> torch.Tensor:
-        """mRoPE ids of an action segment whose first ``leading_rows`` rows are the robot's state rows.
-
-        diffusers places action row 0 at video frame 1: the first action follows the conditioning frame.
-        cosmos-framework places state rows before that, at frames ``1 - leading_rows`` .. 0 (with
-        ``use_state`` the current state sits at the conditioning frame 0), so the chunk still starts at
-        frame 1: its sequence plan's ``action_start_frame_offset`` is ``1 - leading_rows``. This is the call
-        ``Cosmos3OmniPipeline._prepare_action_segment`` makes, with that offset.
-        """
-        config = self.transformer.config
-        ids, _ = get_3d_mrope_ids_vae_tokens(
-            grid_t=action_len, grid_h=1, grid_w=1, temporal_offset=mrope_offset,
-            reset_spatial_indices=config.unified_3d_mrope_reset_spatial_ids,
-            fps=fps if config.enable_fps_modulation else None, base_fps=float(config.base_fps),
-            temporal_compression_factor=1, base_temporal_compression_factor=self.pipe.vae_scale_factor_temporal,
-            start_frame_offset=1 - leading_rows,
-        )
-        return ids.to(self.device)
+        return SequencePass(key, full, entry)
 
     def _forward(self, items: list[_Item], name: str, t, step: int, sigma: float, num_steps: int) -> None:
         """One transformer call for pass ``name`` of every item; stores each item's masked velocities.

@@ -1,20 +1,20 @@
 """Checks every request against what the loaded checkpoint can do, before any tensor is made.
 
 Each failure is a typed error from :mod:`cosmos3_runtime.errors` that names the offending field, so
-the server can tell a robot exactly what to fix. Defaults come from :class:`EngineSpec`, which the
-engine builds once at load from the checkpoint's own files.
+the server can tell a robot exactly what to fix. Defaults come from :class:`~cosmos3_runtime.engine_spec.EngineSpec`,
+which the engine builds once at load from the checkpoint's own files.
 """
 
 from __future__ import annotations
 
 import math
 import secrets
-from dataclasses import dataclass, field
 
 import numpy as np
 
+from .denoise_jobs import DenoiseJob
+from .engine_spec import DomainDefaults, EngineLimits, EngineSpec, check_horizon
 from .errors import (
-    CheckpointError,
     InvalidFieldError,
     InvalidRequestError,
     MissingFieldError,
@@ -22,143 +22,10 @@ from .errors import (
     UnsupportedModeError,
     UnsupportedTierError,
 )
-from .inspection import CheckpointInfo
-from .profiles import VIEW_POINTS, PolicyProfile, ProfileTable
+from .profiles import VIEW_POINTS, PolicyProfile
 from .requests import ACTION_MODES, ActionRequest, VideoRequest
-from .sampling import DenoiseJob
 
-
-# Defaults where the checkpoint does not decide. Base: diffusers' own pipeline defaults. Edge (not
-# distilled): guidance 5.0, SGLang's default for its Cosmos3 Edge variant. Distilled: the checkpoint's
-# fixed list without guidance. The latency-oriented variants (distilled, Edge) take their lowest tier.
-BASE_DEFAULT_STEPS = 35
-BASE_DEFAULT_GUIDANCE = 6.0
-EDGE_DEFAULT_GUIDANCE = 5.0
-BASE_DEFAULT_TIER = 480
-
-
-@dataclass(frozen=True)
-class EngineLimits:
-    """Bounds on what one request may ask for (documented in docs/runtime.md)."""
-
-    # Sides below the VAE's 16-pixel multiple are snapped up to it (frame_preprocessing.snapped_side); 8
-    # admits the smallest test images clients send (SGLang's are 8x8) and still catches a transposed array.
-    min_image_side: int = 8
-    max_image_side: int = 4096
-    min_action_horizon: int = 4
-    max_action_horizon: int = 64
-    max_steps: int = 200
-    max_prompt_chars: int = 2000
-    min_fps: float = 1.0
-    max_fps: float = 240.0
-    max_guidance_scale: float = 30.0
-    max_seed: int = 2**63 - 1
-    # Action inputs (prefix_actions, forward_dynamics actions) once normalized by the domain's statistics:
-    # the training data lies within about ±1; far beyond, the networks' activations overflow.
-    max_normalized_action: float = 1000.0
-
-    @property
-    def max_clip_frames(self) -> int:
-        return self.max_action_horizon + 1
-
-
-@dataclass(frozen=True)
-class DomainDefaults:
-    """What each unset request field becomes for one domain on this checkpoint."""
-
-    action_horizon: int
-    resolution_tier: int
-    view_point: str
-    fps: float
-    num_steps: int
-    guidance_scale: float
-    guidance_interval: tuple[float, float] | None
-
-    def as_dict(self) -> dict:
-        data = dict(self.__dict__)
-        data["guidance_interval"] = list(self.guidance_interval) if self.guidance_interval is not None else None
-        return data
-
-
-@dataclass(frozen=True)
-class EngineSpec:
-    """The loaded checkpoint's capabilities and the defaults that follow from its variant and profiles."""
-
-    info: CheckpointInfo
-    profiles: dict[str, PolicyProfile]
-    horizon_multiple: int  # the VAE's temporal compression: a chunk spans horizon + 1 frames
-    default_steps: int
-    default_guidance: float
-    default_tier: int
-    limits: EngineLimits = field(default_factory=EngineLimits)
-    default_domain: str | None = None
-
-    @classmethod
-    def for_checkpoint(cls, info: CheckpointInfo, profiles: ProfileTable,
-                       limits: EngineLimits | None = None) -> "EngineSpec":
-        """The variant's defaults, from the checkpoint's config files alone (no weights needed).
-
-        Raises :class:`CheckpointError` for a profile this variant cannot serve as written (a tier it
-        lacks, a chunk it cannot take), so the operator learns it at load, not from every request.
-        """
-        if info.is_distilled:
-            steps, guidance = len(info.distilled_sigmas), 1.0
-        else:
-            steps, guidance = BASE_DEFAULT_STEPS, EDGE_DEFAULT_GUIDANCE if info.is_edge else BASE_DEFAULT_GUIDANCE
-        latency_first = info.is_distilled or info.is_edge
-        spec = cls(
-            info=info,
-            profiles=profiles.domains,
-            # diffusers' pipeline reads the same key (Cosmos3OmniPipeline.vae_scale_factor_temporal).
-            horizon_multiple=int(info.vae_config.get("scale_factor_temporal", 4)),
-            default_steps=steps,
-            default_guidance=guidance,
-            default_tier=min(info.resolution_tiers) if latency_first else BASE_DEFAULT_TIER,
-            limits=limits or EngineLimits(),
-            default_domain=profiles.default_domain,
-        )
-        for profile in profiles.domains.values():
-            where = f"profile for domain {profile.domain_name!r}"
-            if profile.resolution_tier is not None and profile.resolution_tier not in info.resolution_tiers:
-                tiers = ", ".join(map(str, info.resolution_tiers))
-                raise CheckpointError(f"{where}: resolution_tier {profile.resolution_tier} is not one this "
-                                      f"{info.variant} checkpoint supports ({tiers})")
-            try:
-                _horizon(profile.default_horizon, spec)
-            except InvalidRequestError as exc:
-                raise CheckpointError(f"{where}: default_horizon: {exc.message}") from None
-        return spec
-
-    @property
-    def modes(self) -> list[str]:
-        return list(ACTION_MODES) if self.info.has_action_head else []
-
-    def defaults_for(self, profile: PolicyProfile) -> DomainDefaults:
-        """The domain's own settings where its profile has them, the variant's elsewhere."""
-        return DomainDefaults(
-            action_horizon=profile.default_horizon,
-            resolution_tier=profile.resolution_tier if profile.resolution_tier is not None else self.default_tier,
-            view_point=profile.view_point,
-            fps=profile.fps,
-            num_steps=self.default_steps,
-            guidance_scale=self.default_guidance,
-            # A distilled checkpoint runs without guidance, so it has no interval to apply it in.
-            guidance_interval=None if self.info.is_distilled else profile.guidance_interval,
-        )
-
-    def describe_domains(self) -> dict[str, dict]:
-        """Each domain's profile and the defaults it resolves to (JSON-able, sorted by name)."""
-        return {name: {**p.describe(), "defaults": self.defaults_for(p).as_dict()}
-                for name, p in sorted(self.profiles.items())}
-
-    def describe_defaults(self) -> dict:
-        """What a request that names nothing runs with: the default domain's resolved defaults."""
-        profile = self.profiles.get(self.default_domain) if self.default_domain is not None else None
-        if profile is None:  # no action head: only the variant's own values exist
-            return {"num_steps": self.default_steps, "guidance_scale": self.default_guidance,
-                    "guidance_interval": None, "resolution_tier": self.default_tier, "action_horizon": None,
-                    "view_point": None, "fps": None, "domain_name": None}
-        return {**self.defaults_for(profile).as_dict(), "domain_name": profile.domain_name}
+__all__ = ["EngineLimits", "EngineSpec", "job_for_actions", "job_for_video"]
 
 
 def job_for_actions(request: ActionRequest, spec: EngineSpec) -> tuple[DenoiseJob, PolicyProfile]:
@@ -177,7 +44,7 @@ def job_for_actions(request: ActionRequest, spec: EngineSpec) -> tuple[DenoiseJo
             raise InvalidRequestError("inverse_dynamics needs a video clip (T x H x W x 3 uint8)", "video")
         frames = _clip(request.video, "video", spec)
         horizon = request.action_horizon if request.action_horizon is not None else frames.shape[0] - 1
-        horizon = _horizon(horizon, spec)
+        horizon = check_horizon(horizon, spec)
         if frames.shape[0] != horizon + 1:
             raise InvalidRequestError(
                 f"inverse_dynamics needs action_horizon + 1 = {horizon + 1} frames, got {frames.shape[0]}", "video"
@@ -189,7 +56,7 @@ def job_for_actions(request: ActionRequest, spec: EngineSpec) -> tuple[DenoiseJo
             frames = _clip(request.video, "video", spec)[:1]
         else:
             raise InvalidRequestError("policy needs an image (H x W x 3 uint8)", "image")
-        horizon = _horizon(
+        horizon = check_horizon(
             request.action_horizon if request.action_horizon is not None else profile.default_horizon, spec
         )
 
@@ -216,7 +83,7 @@ def job_for_video(request: VideoRequest, spec: EngineSpec) -> tuple[DenoiseJob, 
     profile = _profile(request.domain_name, spec)
     frames = _image(request.image, "image", spec)[None]
     actions = _actions(request.actions, profile, "actions")
-    horizon = _horizon(actions.shape[0], spec, field_name="actions")
+    horizon = check_horizon(actions.shape[0], spec, field_name="actions")
     clean = _normalize(actions, profile, spec, "actions")
     job = _job(request, spec, profile, "forward_dynamics", frames, horizon, clean, decode_video=True)
     return job, profile
@@ -367,21 +234,6 @@ def _profile(domain_name, spec: EngineSpec) -> PolicyProfile:
         known = ", ".join(sorted(spec.profiles))
         raise UnknownDomainError(f"unknown domain_name {domain_name!r}; this model knows: {known}", "domain_name")
     return profile
-
-
-def _horizon(value, spec: EngineSpec, field_name: str = "action_horizon") -> int:
-    lim, multiple = spec.limits, spec.horizon_multiple
-    if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
-        raise InvalidRequestError(f"{field_name} must be an integer", field_name)
-    value = int(value)
-    if not lim.min_action_horizon <= value <= lim.max_action_horizon or value % multiple:
-        raise InvalidRequestError(
-            f"action horizon {value} is not one this model can take: it must be a multiple of {multiple} "
-            f"(the chunk spans horizon + 1 video frames and the VAE compresses time {multiple}x) "
-            f"in [{lim.min_action_horizon}, {lim.max_action_horizon}]",
-            field_name,
-        )
-    return value
 
 
 def _image(image, field_name: str, spec: EngineSpec) -> np.ndarray:

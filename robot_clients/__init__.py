@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 # Each public name and the module that defines it.
 _EXPORTS = {
     "AsyncPolicyClient": "async_policy_client",
-    "ClientStats": "async_policy_client",
+    "ClientStats": "results",
     "PolicyClient": "policy_client",
     "ActionChunk": "results",
     "ConnectionLost": "results",
@@ -33,10 +33,11 @@ _EXPORTS = {
 __all__ = sorted(_EXPORTS)
 
 if TYPE_CHECKING:
-    from .async_policy_client import AsyncPolicyClient, ClientStats
+    from .async_policy_client import AsyncPolicyClient
     from .policy_client import PolicyClient
     from .results import (
-        ActionChunk, ConnectionLost, ObservationDropped, PolicyClientError, ServerError, SessionPaused, SessionStopped,
+        ActionChunk, ClientStats, ConnectionLost, ObservationDropped, PolicyClientError, ServerError, SessionPaused,
+        SessionStopped,
     )
 
 

@@ -47,218 +47,22 @@ Imports only numpy and the standard library: it runs on the robot.
 
 from __future__ import annotations
 
-import enum
 import logging
 import math
-import threading
 import time
 from collections import deque
-from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping
 
 import numpy as np
 
+from .chunk_inference import ChunkOutcome, ChunkRequest, InferenceThread
 from .chunk_policy import ChunkPolicy
+from .chunker_config import ChunkerConfig, ChunkerError, ChunkStrategy
+from .chunker_stats import ChunkerStats, ChunkRecord
+
+__all__ = ["ActionChunker", "ChunkerConfig", "ChunkerError", "ChunkerStats", "ChunkRecord", "ChunkStrategy"]
 
 logger = logging.getLogger(__name__)
-
-
-class ChunkStrategy(str, enum.Enum):
-    """How a new chunk is merged with the rest of the one being executed (see the module docstring)."""
-
-    OPEN_LOOP = "open_loop"
-    REPLACE = "replace"
-    BLEND = "blend"
-    REAL_TIME_CHUNKING = "rtc"
-
-
-class ChunkerError(RuntimeError):
-    """The chunker cannot produce actions (the first chunk never came, or the chunker is closed)."""
-
-
-@dataclass(frozen=True)
-class ChunkerConfig:
-    """How chunks are executed.
-
-    Args:
-        strategy: a :class:`ChunkStrategy` or its value (``open_loop``, ``replace``, ``blend``, ``rtc``).
-        control_hz: the rate the robot executes actions at; turns measured latency into steps.
-        execute_horizon: actions executed of each chunk before the next one should take over (k). ``None``:
-            the whole chunk. For ``open_loop`` it is a hard limit; the other strategies keep executing the
-            rest of the chunk if the next one is late, and stall only when it is exhausted.
-        request_threshold: ask for the next chunk when this many actions of the execution window remain.
-            ``None``: the latency estimate in steps plus ``latency_margin_steps``, re-measured every chunk.
-        latency_margin_steps: steps of slack added to the measured latency (jitter, the tick that picks the
-            chunk up).
-        blend_steps: ``blend`` cross-fades over at most this many steps; ``None``: the whole overlap.
-        latency_window: how many recent chunk latencies the estimate looks at.
-        latency_quantile: which quantile of them it takes (0.9: plan for a slow chunk, not the median).
-        startup_timeout_s: how long the first call waits for the first chunk.
-    """
-
-    strategy: ChunkStrategy | str = ChunkStrategy.REAL_TIME_CHUNKING
-    control_hz: float = 20.0
-    execute_horizon: int | None = None
-    request_threshold: int | None = None
-    latency_margin_steps: int = 2
-    blend_steps: int | None = None
-    latency_window: int = 16
-    latency_quantile: float = 0.9
-    startup_timeout_s: float = 60.0
-
-    def __post_init__(self) -> None:
-        try:
-            object.__setattr__(self, "strategy", ChunkStrategy(self.strategy))
-        except ValueError:
-            known = ", ".join(s.value for s in ChunkStrategy)
-            raise ValueError(f"unknown chunk strategy {self.strategy!r}; expected one of {known}") from None
-        if not self.control_hz > 0:
-            raise ValueError(f"control_hz must be > 0, got {self.control_hz}")
-        if self.execute_horizon is not None and self.execute_horizon < 1:
-            raise ValueError(f"execute_horizon must be >= 1, got {self.execute_horizon}")
-        if self.request_threshold is not None and self.request_threshold < 0:
-            raise ValueError(f"request_threshold must be >= 0, got {self.request_threshold}")
-        if self.latency_margin_steps < 0:
-            raise ValueError(f"latency_margin_steps must be >= 0, got {self.latency_margin_steps}")
-        if self.blend_steps is not None and self.blend_steps < 1:
-            raise ValueError(f"blend_steps must be >= 1, got {self.blend_steps}")
-        if not 0.0 < self.latency_quantile <= 1.0:
-            raise ValueError(f"latency_quantile must be in (0, 1], got {self.latency_quantile}")
-
-
-@dataclass
-class ChunkRecord:
-    """One chunk as the chunker used it (handed to ``on_chunk`` when it takes effect)."""
-
-    index: int
-    requested_at_step: int  # the tick whose observation it answers: its action 0 is for this step
-    arrived_at_step: int  # the tick that picked it up
-    applied_at_step: int  # the tick it started executing at (later than arrival for open_loop)
-    latency_s: float  # from sending the observation to the chunk coming back
-    actions: np.ndarray  # as received, H x D
-    prefix_length: int = 0  # rtc: actions sent as prefix_actions
-    prefix_error: float | None = None  # rtc: max |chunk[:K] - prefix|, 0 when the server honoured it
-
-
-@dataclass
-class ChunkerStats:
-    """What happened so far, across episodes."""
-
-    steps: int = 0
-    requests: int = 0
-    chunks: int = 0
-    stall_steps: int = 0  # ticks that had no planned action and repeated the last one
-    stalls: int = 0  # boundary stalls: runs of consecutive stall steps
-    dropped: int = 0  # observations the server dropped (superseded, deadline, cancelled) or timed out
-    errors: int = 0  # observations the server refused, or a failed connection
-    stale_chunks: int = 0  # chunks that arrived after every action in them was due
-    prefix_overruns: int = 0  # rtc: chunks that arrived after their prefix had been executed
-    held_steps: int = 0  # ticks that held the last action because an operator paused (or stopped) the session
-    holds: int = 0  # pauses: runs of consecutive held steps
-    startup_s: float | None = None
-    latencies_s: list[float] = field(default_factory=list)
-
-    def latency_ms(self, quantile: float) -> float | None:
-        """A quantile of the chunk latencies (``0.5``: p50), in milliseconds; None before any chunk."""
-        if not self.latencies_s:
-            return None
-        return float(np.quantile(np.asarray(self.latencies_s), quantile) * 1e3)
-
-    def summary(self) -> dict[str, Any]:
-        return {
-            "steps": self.steps,
-            "requests": self.requests,
-            "chunks": self.chunks,
-            "chunk_latency_p50_ms": self.latency_ms(0.5),
-            "chunk_latency_p99_ms": self.latency_ms(0.99),
-            "stalls": self.stalls,
-            "stall_steps": self.stall_steps,
-            "dropped": self.dropped,
-            "errors": self.errors,
-            "stale_chunks": self.stale_chunks,
-            "prefix_overruns": self.prefix_overruns,
-            "held_steps": self.held_steps,
-            "holds": self.holds,
-            "startup_s": self.startup_s,
-        }
-
-
-@dataclass
-class _Request:
-    generation: int
-    step: int
-    observation: Mapping[str, Any]
-    prefix: np.ndarray | None
-    sent_at: float = 0.0
-
-
-@dataclass
-class _Outcome:
-    request: _Request
-    actions: np.ndarray | None
-    error: BaseException | None
-    latency_s: float
-
-
-class _InferenceThread:
-    """Runs ``policy.infer_chunk`` off the control thread, one request at a time."""
-
-    def __init__(self, policy: ChunkPolicy) -> None:
-        self._policy = policy
-        self._cv = threading.Condition()
-        self._inbox: _Request | None = None
-        self._outbox: deque[_Outcome] = deque()
-        self._closed = False
-        self._thread = threading.Thread(target=self._run, name="chunk-inference", daemon=True)
-        self._thread.start()
-
-    def submit(self, request: _Request) -> None:
-        with self._cv:
-            if self._closed:
-                raise ChunkerError("the chunker is closed")
-            request.sent_at = time.monotonic()
-            self._inbox = request
-            self._cv.notify_all()
-
-    def poll(self) -> _Outcome | None:
-        with self._cv:
-            return self._outbox.popleft() if self._outbox else None
-
-    def wait(self, timeout: float) -> _Outcome | None:
-        deadline = time.monotonic() + timeout
-        with self._cv:
-            while not self._outbox and not self._closed:
-                remaining = deadline - time.monotonic()
-                if remaining <= 0:
-                    return None
-                self._cv.wait(remaining)
-            return self._outbox.popleft() if self._outbox else None
-
-    def close(self, timeout: float = 5.0) -> None:
-        with self._cv:
-            self._closed = True
-            self._cv.notify_all()
-        self._thread.join(timeout)
-
-    def _run(self) -> None:
-        while True:
-            with self._cv:
-                while self._inbox is None and not self._closed:
-                    self._cv.wait()
-                if self._closed:
-                    return
-                request, self._inbox = self._inbox, None
-            actions, error = None, None
-            try:
-                actions = np.asarray(self._policy.infer_chunk(request.observation, request.prefix), dtype=np.float32)
-                if actions.ndim != 2 or actions.shape[0] < 1:
-                    raise ValueError(f"a chunk must be H x D, got shape {list(actions.shape)}")
-            except Exception as exc:  # noqa: BLE001 - reported to the control thread, which counts it
-                actions, error = None, exc
-            outcome = _Outcome(request, actions, error, time.monotonic() - request.sent_at)
-            with self._cv:
-                self._outbox.append(outcome)
-                self._cv.notify_all()
 
 
 class ActionChunker:
@@ -278,7 +82,7 @@ class ActionChunker:
         self.policy = policy
         self.on_chunk = on_chunk
         self.stats = ChunkerStats()
-        self._worker = _InferenceThread(policy)
+        self._worker = InferenceThread(policy)
         self._latencies: deque[float] = deque(maxlen=self.config.latency_window)
         self._generation = 0
         self._applied = 0
@@ -290,9 +94,9 @@ class ActionChunker:
         self._origin = 0  # the step its action 0 is for
         self._plan_end = 0  # first step it has no action for (for open_loop: its window's end)
         self._window_end = 0  # where the next chunk should take over
-        self._queued: _Outcome | None = None  # open_loop: the next chunk, waiting for the window to end
+        self._queued: ChunkOutcome | None = None  # open_loop: the next chunk, waiting for the window to end
         self._queued_arrival = 0
-        self._in_flight: _Request | None = None
+        self._in_flight: ChunkRequest | None = None
         self._last_action: np.ndarray | None = None
         self._stalling = False
         self._holding = False
@@ -444,7 +248,7 @@ class ActionChunker:
             if length > 0:
                 start = t - self._origin
                 prefix = np.ascontiguousarray(self._plan[start:start + length], dtype=np.float32)
-        request = _Request(self._generation, t, observation, prefix)
+        request = ChunkRequest(self._generation, t, observation, prefix)
         self._worker.submit(request)
         self._in_flight = request
         self.stats.requests += 1
@@ -471,12 +275,12 @@ class ActionChunker:
             self.stats.errors += 1
             logger.warning("chunk request failed: %s", error)
 
-    def _record_latency(self, outcome: _Outcome) -> None:
+    def _record_latency(self, outcome: ChunkOutcome) -> None:
         self._latencies.append(outcome.latency_s)
         self.stats.latencies_s.append(outcome.latency_s)
         self.stats.chunks += 1
 
-    def _arrive(self, outcome: _Outcome, t: int) -> None:
+    def _arrive(self, outcome: ChunkOutcome, t: int) -> None:
         assert outcome.actions is not None
         if t - outcome.request.step >= len(outcome.actions):
             self.stats.stale_chunks += 1  # every action in it was due while the model thought
@@ -486,7 +290,7 @@ class ActionChunker:
             return
         self._apply(outcome, t, arrived_at=t)
 
-    def _apply(self, outcome: _Outcome, t: int, arrived_at: int) -> None:
+    def _apply(self, outcome: ChunkOutcome, t: int, arrived_at: int) -> None:
         strategy, actions, s = self.config.strategy, outcome.actions, outcome.request.step
         assert actions is not None
         horizon = len(actions)

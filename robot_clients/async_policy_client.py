@@ -31,51 +31,25 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import random
 import time
-from collections import Counter
-from dataclasses import dataclass, field
 from typing import Any, Mapping
-from urllib.parse import urlsplit, urlunsplit
 
 import numpy as np
-from websockets.asyncio.client import ClientConnection, connect
-from websockets.exceptions import ConnectionClosed, InvalidStatus, InvalidURI
+from websockets.asyncio.client import ClientConnection
+from websockets.exceptions import ConnectionClosed
 
 from . import protocol
-from .protocol import REALTIME_PATH, SessionState
+from .client_connection import Backoff, connect_options, open_session, realtime_url
+from .protocol import DropReason, SessionState
 from .results import (
-    ActionChunk, ConnectionLost, ObservationDropped, PolicyClientError, ServerError, SessionPaused, SessionStopped,
+    ActionChunk, ClientStats, ConnectionLost, ObservationDropped, ServerError, SessionPaused, SessionStopped,
 )
 from .wire_codec import packb, unpackb
 
 logger = logging.getLogger(__name__)
 
-SUPPORTED_PROTOCOL_VERSION = protocol.PROTOCOL_VERSION
 # Session states an operator can set (server frame `session_state`).
 RUNNING, PAUSED, STOPPED = SessionState.RUNNING.value, SessionState.PAUSED.value, SessionState.STOPPED.value
-
-
-@dataclass
-class ClientStats:
-    """Counters of what happened to this client's observations (across reconnects)."""
-
-    sent: int = 0
-    answered: int = 0
-    errors: int = 0
-    stale: int = 0  # chunks discarded because a newer seq had already been delivered
-    reconnects: int = 0
-    dropped: Counter = field(default_factory=Counter)  # by reason
-
-
-def _realtime_url(url: str) -> str:
-    """Accept ``ws://host:port`` as well as the full endpoint URL."""
-    parts = urlsplit(url)
-    if parts.scheme not in ("ws", "wss"):
-        raise ValueError(f"policy server URL must start with ws:// or wss://, got {url!r}")
-    if parts.path in ("", "/"):
-        parts = parts._replace(path=REALTIME_PATH)
-    return urlunsplit(parts)
 
 
 def _observation_frame(seq: int, obs: Mapping[str, Any] | np.ndarray, settings: Mapping[str, Any]) -> dict[str, Any]:
@@ -118,22 +92,10 @@ class AsyncPolicyClient:
         max_message_bytes: int = 64 * 2**20,
         proxy: str | bool | None = None,
     ) -> None:
-        self.url = _realtime_url(url)
-        handshake_headers = dict(headers or {})
-        if token is not None:
-            handshake_headers["Authorization"] = f"Bearer {token}"
-        self._connect_kwargs: dict[str, Any] = dict(
-            additional_headers=handshake_headers,
-            # Compression costs 30-40 ms per camera frame and gains nothing on pixels.
-            compression=None,
-            proxy=proxy,
-            ping_interval=ping_interval,
-            ping_timeout=ping_timeout,
-            max_size=max_message_bytes,
-            open_timeout=min(10.0, connect_timeout),
-        )
-        if ssl is not None:
-            self._connect_kwargs["ssl"] = ssl
+        self.url = realtime_url(url)
+        self._connect_kwargs = connect_options(
+            headers=headers, token=token, ssl=ssl, connect_timeout=connect_timeout, ping_interval=ping_interval,
+            ping_timeout=ping_timeout, max_message_bytes=max_message_bytes, proxy=proxy)
         self.connect_timeout = connect_timeout
         self.reconnect = reconnect
         self.backoff_initial = backoff_initial
@@ -169,49 +131,14 @@ class AsyncPolicyClient:
 
     async def _open(self, deadline: float | None) -> None:
         """Connect with backoff until ``deadline`` (None: forever), read metadata, re-send the config."""
-        attempt = 0
-        while True:
-            try:
-                ws = await connect(self.url, **self._connect_kwargs)
-                frame = unpackb(await ws.recv())
-                if frame.get("type") != protocol.METADATA:
-                    raise ConnectionError(f"expected a metadata frame first, got {frame.get('type')!r}")
-                if frame.get("protocol_version") != SUPPORTED_PROTOCOL_VERSION:
-                    await ws.close()
-                    raise ServerError(
-                        "protocol_version",
-                        f"server speaks protocol {frame.get('protocol_version')}, this client {SUPPORTED_PROTOCOL_VERSION}",
-                    )
-                self.metadata = frame
-                if self._settings:
-                    await ws.send(packb(protocol.configure_frame(self._settings)))
-                    reply = unpackb(await ws.recv())
-                    if reply.get("type") == protocol.SESSION:
-                        self.session = reply.get("config", {})
-                    else:
-                        logger.warning("the server refused the configuration on reconnect: %s", reply.get("message"))
-                self._ws = ws
-                self._set_state(RUNNING, "")  # a new connection is a new session: it starts running
-                self._connected.set()
-                return
-            except InvalidStatus as exc:
-                status = exc.response.status_code
-                if status == 401:  # retrying cannot help: the token is missing or wrong
-                    raise ConnectionError(f"{self.url}: the server requires a valid bearer token (HTTP 401); "
-                                          "pass token=...") from None
-                if status not in (502, 503, 504):
-                    raise ConnectionError(f"{self.url}: the server answered HTTP {status}") from None
-                error: Exception = exc
-            except (OSError, asyncio.TimeoutError, ConnectionClosed, ConnectionError) as exc:
-                error = exc
-            except InvalidURI:
-                raise
-            delay = min(self.backoff_max, self.backoff_initial * 2**attempt) * random.uniform(0.8, 1.2)
-            attempt += 1
-            if self._closing or (deadline is not None and time.monotonic() + delay > deadline):
-                raise ConnectionError(f"could not connect to {self.url}: {error}") from None
-            logger.debug("connect attempt %d failed (%s); retrying in %.2f s", attempt, error, delay)
-            await asyncio.sleep(delay)
+        opened = await open_session(self.url, self._connect_kwargs, self._settings,
+                                    Backoff(self.backoff_initial, self.backoff_max), deadline, lambda: self._closing)
+        self.metadata = opened.metadata
+        if opened.session is not None:
+            self.session = opened.session
+        self._ws = opened.ws
+        self._set_state(RUNNING, "")  # a new connection is a new session: it starts running
+        self._connected.set()
 
     async def close(self) -> None:
         """Close the connection and stop reconnecting."""
@@ -260,6 +187,13 @@ class AsyncPolicyClient:
                 return
             self.stats.reconnects += 1
 
+    def _fail_waiter(self, seq: int, exc: Exception) -> bool:
+        """End the ``infer`` call waiting for ``seq`` (if any) with ``exc``; say whether there was one."""
+        waiter = self._waiters.pop(seq, None)
+        if waiter is not None and not waiter.done():
+            waiter.set_exception(exc)
+        return waiter is not None
+
     def _fail_waiters(self, exc: Exception) -> None:
         for future in list(self._waiters.values()):
             if not future.done():
@@ -277,12 +211,11 @@ class AsyncPolicyClient:
             sent_at = frame.get("timestamp")
             round_trip = (time.monotonic() - sent_at) * 1e3 if isinstance(sent_at, float) else None
             chunk = ActionChunk.from_frame(frame, round_trip)
-            waiter = self._waiters.pop(seq, None)
             if seq <= self._latest_delivered:
                 self.stats.stale += 1  # a newer chunk already reached the robot: this one is wrong now
-                if waiter is not None and not waiter.done():
-                    waiter.set_exception(ObservationDropped(seq, "stale", "a newer chunk was already delivered"))
+                self._fail_waiter(seq, ObservationDropped(seq, "stale", "a newer chunk was already delivered"))
                 return
+            waiter = self._waiters.pop(seq, None)
             self.stats.answered += 1
             if waiter is not None:
                 self._latest_delivered = seq
@@ -293,26 +226,20 @@ class AsyncPolicyClient:
         elif kind == protocol.DROPPED:
             reason = frame.get("reason", "")
             self.stats.dropped[reason] += 1
-            waiter = self._waiters.pop(seq, None)
-            if waiter is not None and not waiter.done():
-                if reason == PAUSED:
-                    waiter.set_exception(SessionPaused(seq, self.state_reason))
-                elif reason == STOPPED:
-                    waiter.set_exception(SessionStopped(frame.get("message", "")))
-                else:
-                    waiter.set_exception(ObservationDropped(seq, reason, frame.get("message", "")))
+            if reason == DropReason.PAUSED:
+                self._fail_waiter(seq, SessionPaused(seq, self.state_reason))
+            elif reason == DropReason.STOPPED:
+                self._fail_waiter(seq, SessionStopped(frame.get("message", "")))
+            else:
+                self._fail_waiter(seq, ObservationDropped(seq, reason, frame.get("message", "")))
         elif kind == protocol.ERROR:
             self.stats.errors += 1
             error = ServerError(frame.get("code", ""), frame.get("message", ""), frame.get("field"), seq)
-            waiter = self._waiters.pop(seq, None) if seq is not None else None
-            if waiter is not None:
-                if not waiter.done():
-                    waiter.set_exception(error)
-            elif seq is None and self._control_reply is not None and not self._control_reply.done():
+            if seq is None and self._control_reply is not None and not self._control_reply.done():
                 self._control_reply.set_exception(error)
-            elif seq is not None:
-                self._stream.put_nowait(error)
-            else:
+            elif seq is not None and not self._fail_waiter(seq, error):
+                self._stream.put_nowait(error)  # a streamed observation's: receive() raises it
+            elif seq is None:
                 logger.warning("server error: %s", error)
         elif kind in (protocol.SESSION, protocol.RESET_DONE):
             if self._control_reply is not None and not self._control_reply.done():
@@ -402,7 +329,7 @@ class AsyncPolicyClient:
         """Drop everything this session has waiting or running; the configuration is kept."""
         await self._control(protocol.reset_frame(), timeout)
         for seq in list(self._waiters):
-            self._waiters.pop(seq).set_exception(ObservationDropped(seq, "cancelled", "reset"))
+            self._waiters.pop(seq).set_exception(ObservationDropped(seq, DropReason.CANCELLED, "reset"))
 
     async def cancel(self, seq: int | None = None) -> None:
         """Ask the server not to answer ``seq`` (or any outstanding observation when ``None``)."""
@@ -434,7 +361,7 @@ class AsyncPolicyClient:
                 item = await asyncio.wait_for(self._stream.get(), remaining)
             except asyncio.TimeoutError:
                 raise TimeoutError("no action chunk arrived in time") from None
-            if isinstance(item, PolicyClientError):
+            if isinstance(item, ServerError):
                 raise item
             if item.seq <= self._latest_delivered:
                 self.stats.stale += 1

@@ -21,8 +21,8 @@ from typing import Any, Coroutine, Mapping, TypeVar
 
 import numpy as np
 
-from .async_policy_client import AsyncPolicyClient, ClientStats
-from .results import ActionChunk
+from .async_policy_client import AsyncPolicyClient
+from .results import ActionChunk, ClientStats
 
 T = TypeVar("T")
 

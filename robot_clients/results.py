@@ -1,7 +1,8 @@
-"""What a policy client hands to the robot: action chunks, and the errors a call can end with."""
+"""What a policy client hands to the robot: action chunks, the errors a call can end with, and its counters."""
 
 from __future__ import annotations
 
+from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -108,3 +109,15 @@ class SessionStopped(PolicyClientError):
     """An operator stopped the session. The server closed the connection; the client does not reconnect."""
 
     reason = "stopped"
+
+
+@dataclass
+class ClientStats:
+    """Counters of what happened to this client's observations (across reconnects)."""
+
+    sent: int = 0
+    answered: int = 0
+    errors: int = 0
+    stale: int = 0  # chunks discarded because a newer seq had already been delivered
+    reconnects: int = 0
+    dropped: Counter = field(default_factory=Counter)  # by reason

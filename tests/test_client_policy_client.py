@@ -21,6 +21,7 @@ from robot_clients import (
     ServerError,
 )
 from server_fixtures import DOMAIN, ServerThread, rgb_image, tiny_engine_loader
+from tls_fixtures import self_signed_certificate
 
 IMAGE = rgb_image(64)
 
@@ -144,20 +145,10 @@ def test_reconnects_with_backoff_and_resends_its_configuration():
         client.close()
 
 
-def _self_signed_certificate(directory) -> tuple[str, str]:
-    cert, key = str(directory / "cert.pem"), str(directory / "key.pem")
-    subprocess.run(
-        ["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1", "-subj", "/CN=127.0.0.1",
-         "-addext", "subjectAltName=IP:127.0.0.1", "-keyout", key, "-out", cert],
-        check=True, capture_output=True,
-    )
-    return cert, key
-
-
 @pytest.mark.skipif(sys.platform == "win32", reason="uses the openssl command line")
 async def test_wss_with_a_private_certificate(tmp_path):
     try:
-        cert, key = _self_signed_certificate(tmp_path)
+        cert, key = self_signed_certificate(tmp_path)
     except (OSError, subprocess.CalledProcessError) as exc:
         pytest.skip(f"openssl is not available to make a certificate: {exc}")
     server_context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)

@@ -31,6 +31,7 @@ from websockets.exceptions import InvalidStatus
 from robot_clients import AsyncPolicyClient
 from robot_clients.wire_codec import packb, unpackb
 from server_fixtures import DOMAIN, ServerThread, rgb_image, tiny_engine_loader
+from tls_fixtures import self_signed_certificate
 
 from policy_server.auth import TokenConfigError, TokenSet
 from policy_server.cli import _ssl_context, build_parser
@@ -40,22 +41,12 @@ TOKEN = "tok-A_3f9c1d2e7b"
 FILE_TOKEN = "tok-B_from-the-file"
 
 
-def _self_signed_certificate(directory: Path) -> tuple[str, str]:
-    cert, key = str(directory / "cert.pem"), str(directory / "key.pem")
-    subprocess.run(
-        ["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1", "-subj", "/CN=127.0.0.1",
-         "-addext", "subjectAltName=IP:127.0.0.1", "-keyout", key, "-out", cert],
-        check=True, capture_output=True,
-    )
-    return cert, key
-
-
 @pytest.fixture(scope="module")
 def secured():
     with tempfile.TemporaryDirectory(prefix="security-auth-") as tmp:
         tmp_path = Path(tmp)
         try:
-            cert, key = _self_signed_certificate(tmp_path)
+            cert, key = self_signed_certificate(tmp_path)
         except (OSError, subprocess.CalledProcessError) as exc:
             pytest.skip(f"openssl is not available to make a certificate: {exc}")
         token_file = tmp_path / "tokens.txt"

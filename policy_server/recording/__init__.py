@@ -12,8 +12,8 @@ What a session uses::
     recorder.close()
 
 Modules, one job each: :mod:`.events` (what crosses to the writer thread), :mod:`.write_queue` (the
-bounded hand-off), :mod:`.session_recording` (what a session calls), :mod:`.recorder` (the writer
-thread), :mod:`.settings`, :mod:`.episode_writer`
+bounded hand-off), :mod:`.session_recording` (what a session calls), :mod:`.recorder` (the recorder
+sessions talk to), :mod:`.writer_thread` (the thread that writes), :mod:`.settings`, :mod:`.episode_writer`
 (one episode's rows and segments), :mod:`.assembly` (segments into a dataset), :mod:`.lerobot_format`
 and :mod:`.dataset_stats` (LeRobot's layout and statistics), :mod:`.video_segments` (joining MP4
 segments), :mod:`.durable_files` (atomic writes), :mod:`.store` (names, listing, quota, retention),

@@ -158,10 +158,6 @@ class MujocoArmEnv(Environment):
         return np.array([*joints, 2.0 * self.data.qpos[self._gripper_qpos]], dtype=np.float32)
 
     @property
-    def cube_position(self) -> np.ndarray:
-        return np.array(self.data.qpos[self._cube_qpos:self._cube_qpos + 3], dtype=np.float64)
-
-    @property
     def sim_time(self) -> float:
         return float(self.data.time)
 
