@@ -39,6 +39,7 @@ from .engine.worker import (DEFAULT_VIDEO_STEP_INTERVAL_S, ActionEngine, Backgro
                             WorkerState)
 from .http.dashboard import CONFIG_NAME, DASHBOARD_HEADERS, DASHBOARD_PATH, dashboard_asset, dashboard_config
 from .log_hygiene import printable
+from .sessions.config import STATE_PROFILE_FIELDS
 from .sessions.native import RealtimeSession
 from .sessions.observer import (
     DEFAULT_INTERVAL_S, DEFAULT_MAX_OBSERVERS, OBSERVE_PATH, OBSERVER_FRAME_RATE, OBSERVER_MAX_MESSAGE_BYTES,
@@ -452,7 +453,8 @@ class PolicyServer:
             "view_points": list(d.view_points),
             "domains": {
                 name: {"domain_id": domain.domain_id, "raw_action_dim": domain.raw_action_dim,
-                       "default_horizon": domain.default_horizon, "view_point": domain.view_point}
+                       "default_horizon": domain.default_horizon, "view_point": domain.view_point,
+                       **{name: getattr(domain, name) for name in STATE_PROFILE_FIELDS}}
                 for name, domain in d.domains.items()
             },
             "limits": limits,

@@ -18,8 +18,12 @@ from cosmos3_runtime.requests import ActionRequest
 from robot_clients.client_frames import ObservationFrame
 from robot_clients.protocol import ErrorCode, ProtocolError
 
-from ..engine.description import ModelDescription
+from ..engine.description import DomainProfile, ModelDescription
 from ..media.camera_composition import compose_named
+
+
+# What a domain's profile says about the proprio state its observations carry.
+STATE_PROFILE_FIELDS = ("state_dim", "use_state", "history_length")
 
 
 @dataclass(frozen=True)
@@ -46,6 +50,8 @@ class SessionConfig:
         domain = description.domain(self.domain_name)
         values["domain_id"] = domain.domain_id if domain is not None else None
         values["raw_action_dim"] = domain.raw_action_dim if domain is not None else None
+        for name in STATE_PROFILE_FIELDS:  # whether observations must carry `state`, and its shape
+            values[name] = getattr(domain, name) if domain is not None else None
         return values
 
     def action_request(self, obs: ObservationFrame, description: ModelDescription) -> ActionRequest:
@@ -78,11 +84,12 @@ class SessionConfig:
                                     f"{horizon + 1} frames, got {frames}", "video", obs.seq)
         if obs.prefix_actions is not None:
             _check_prefix(obs.prefix_actions, mode, horizon or domain.default_horizon, domain.raw_action_dim, obs.seq)
+        check_state(obs.state, domain, obs.seq)
         return ActionRequest(
             domain_name=self.domain_name, action_mode=mode, image=image, video=obs.video, prompt=self.prompt,
             action_horizon=horizon, resolution_tier=self.resolution_tier, view_point=self.view_point,
             seed=self.seed, num_steps=self.num_steps, guidance_scale=self.guidance_scale, fps=self.fps,
-            prefix_actions=obs.prefix_actions,
+            prefix_actions=obs.prefix_actions, state=obs.state,
         )
 
 
@@ -133,6 +140,35 @@ def _check_prefix(prefix, mode: str, horizon: int | None, width: int | None, seq
         raise ProtocolError(ErrorCode.INVALID_FIELD,
                             f"`prefix_actions` must be shorter than the chunk ({horizon} actions), got "
                             f"{prefix.shape[0]} rows", "prefix_actions", seq)
+
+
+def check_state(state, domain: DomainProfile, seq: int | None = None, field: str = "state",
+                shown: str | None = None) -> None:
+    """A parsed state (float32, ``[D]`` or ``[rows, D]``) against the domain's profile, or its absence.
+
+    A domain whose profile has a ``state_dim`` conditions on the robot's state: it needs one, of that
+    width, with ``history_length`` rows. Any other domain refuses one (``invalid_field``) rather than
+    dropping it. ``field`` names where the state came from (``state``, or an openpi key); ``shown`` is
+    how the messages call it when it was built from several keys.
+    """
+    shown = shown or f"`{field}`"
+    if domain.state_dim is None:
+        if state is not None:
+            raise ProtocolError(ErrorCode.INVALID_FIELD,
+                                f"domain {domain.name!r} does not condition on the robot's state (its profile has no "
+                                f"state_dim, see the metadata's `domains`): leave {shown} out", field, seq)
+        return
+    rows = domain.history_length or 1
+    shape = f"[{domain.state_dim}]" if rows == 1 else f"[{rows}, {domain.state_dim}]"
+    if state is None:
+        raise ProtocolError(ErrorCode.MISSING_FIELD,
+                            f"domain {domain.name!r} conditions on the robot's state: send {shown}, a float array "
+                            f"{shape}" + (" (oldest row first)" if rows > 1 else ""), field, seq)
+    matrix = state[None] if state.ndim == 1 else state
+    if matrix.shape[1] != domain.state_dim or matrix.shape[0] != rows:
+        raise ProtocolError(ErrorCode.INVALID_FIELD,
+                            f"{shown} has shape {list(state.shape)}; domain {domain.name!r} has state_dim "
+                            f"{domain.state_dim} and history_length {rows}, so it must be {shape}", field, seq)
 
 
 def merge_session_config(

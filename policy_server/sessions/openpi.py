@@ -46,7 +46,7 @@ from ..engine.description import ModelDescription
 from ..engine.outcome import EngineOutcome
 from ..engine.request_queue import PendingObservation, QueueClosed
 from ..log_hygiene import printable
-from .config import SessionConfig, merge_session_config, observation_request
+from .config import STATE_PROFILE_FIELDS, SessionConfig, merge_session_config, observation_request
 from .openpi_observation import CameraMapping, detect_convention, parse_openpi_observation
 from .outbox import OutboxFull, paced
 
@@ -201,6 +201,7 @@ class OpenpiSession:
             "action_horizon": resolved.get("action_horizon"),
             "action_dim": resolved.get("raw_action_dim"),
             "view_point": resolved.get("view_point"),
+            **{name: resolved.get(name) for name in STATE_PROFILE_FIELDS},
             "cameras": self.settings.cameras.describe().get(resolved.get("view_point"), []),
             "error": None if self.config_error is None else error_text(
                 self.config_error.code, self.config_error.message, self.config_error.field),
@@ -229,6 +230,7 @@ class OpenpiSession:
             obs = parse_openpi_observation(
                 decoded, self.settings.cameras, resolved_view, self.server.frame_limits,
                 video=self.config.action_mode == "inverse_dynamics",
+                domain=self.server.description.domain(self.config.domain_name),
             )
             if self.convention is None:
                 self.convention = detect_convention(decoded)
@@ -236,7 +238,7 @@ class OpenpiSession:
                             self.convention or "custom", printable("+".join(obs.cameras))[:200])
             overrides = {"prompt": obs.prompt} if obs.prompt else {}
             frame = ObservationFrame(seq=seq, image=obs.image, video=obs.video, prefix_actions=obs.prefix_actions,
-                                     overrides=overrides)
+                                     state=obs.state, overrides=overrides)
             item = PendingObservation(
                 session_id=self.id, seq=seq, request=observation_request(self.config, frame, self.server.description),
                 owner=self,
