@@ -134,7 +134,7 @@ class ActionGenerationParams(_Strict):
     num_steps: int | None = Field(None, ge=1, description="denoising steps (distilled: the fixed count or unset)")
     guidance_scale: float | None = Field(None, ge=0.0, description="classifier-free guidance (distilled: 1.0 or unset)")
     fps: float | None = Field(None, gt=0.0, le=240.0, description="control rate the actions are meant for "
-                              "(default 24; the model takes 1 to 240)")
+                              "(default: the domain's profile, else the model's; 1 to 240)")
     prefix_actions: ActionsInput = Field(
         None, description="K×D raw actions the chunk must start with (real-time chunking, policy only)")
     state: StateInput = Field(None, description="the robot's proprio state (required by a domain with a state_dim, "

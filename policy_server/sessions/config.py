@@ -40,7 +40,8 @@ class SessionConfig:
     seed: int | None = None
     num_steps: int | None = None
     guidance_scale: float | None = None
-    fps: float = 24.0
+    # The rate the actions are meant for; None: the domain's profile says (15 for DROID), else the model's.
+    fps: float | None = None
     # The robot's control rate, as the robot declares it: shown to operators, never used by the model.
     control_hz: float | None = None
 
@@ -85,25 +86,29 @@ class SessionConfig:
         if obs.prefix_actions is not None:
             _check_prefix(obs.prefix_actions, mode, horizon or domain.default_horizon, domain.raw_action_dim, obs.seq)
         check_state(obs.state, domain, obs.seq)
+        # Unset, the rate is the domain's (15 for DROID), named in the request as the chunk reports it.
+        fps = self.fps if self.fps is not None else _with_defaults({"domain_name": self.domain_name}, description)["fps"]
         return ActionRequest(
             domain_name=self.domain_name, action_mode=mode, image=image, video=obs.video, prompt=self.prompt,
             action_horizon=horizon, resolution_tier=self.resolution_tier, view_point=self.view_point,
-            seed=self.seed, num_steps=self.num_steps, guidance_scale=self.guidance_scale, fps=self.fps,
+            seed=self.seed, num_steps=self.num_steps, guidance_scale=self.guidance_scale, fps=fps,
             prefix_actions=obs.prefix_actions, state=obs.state,
         )
 
 
 def _with_defaults(values: dict[str, Any], description: ModelDescription) -> dict[str, Any]:
-    """``values`` (settings by name, ``None`` for unset) with the engine's defaults filled in."""
+    """``values`` (settings by name, ``None`` for unset) with the engine's defaults filled in: the
+    domain's own (its profile's horizon, view point, fps, tier), else the model's."""
     defaults = description.defaults
     domain = description.domain(values.get("domain_name"))
+    own = domain.defaults if domain is not None else None
+    profile = {"action_horizon": domain.default_horizon, "view_point": domain.view_point,
+               "fps": domain.fps} if domain is not None else {}
     values = dict(values)
-    values["action_horizon"] = (values.get("action_horizon") or (domain.default_horizon if domain else None)
-                                or defaults.action_horizon)
-    values["view_point"] = values.get("view_point") or (domain.view_point if domain else None) or defaults.view_point
-    for name in ("resolution_tier", "num_steps", "guidance_scale"):
+    for name in ("action_horizon", "view_point", "resolution_tier", "num_steps", "guidance_scale", "fps"):
         if values.get(name) is None:
-            values[name] = getattr(defaults, name)
+            values[name] = next((value for value in (getattr(own, name, None), profile.get(name),
+                                                     getattr(defaults, name)) if value is not None), None)
     return values
 
 
@@ -244,7 +249,7 @@ def _check(config: SessionConfig, description: ModelDescription, seq: int | None
         raise ProtocolError(ErrorCode.INVALID_FIELD, f"seed must be in [0, {max_seed}], got {config.seed}", "seed", seq)
     check_schedule(config.num_steps, config.guidance_scale, description, seq)
     low_fps, high_fps = limits.min_fps, limits.max_fps
-    if not (config.fps > 0 and low_fps <= config.fps <= high_fps):
+    if config.fps is not None and not (config.fps > 0 and low_fps <= config.fps <= high_fps):
         raise ProtocolError(ErrorCode.INVALID_FIELD, f"fps must be in [{low_fps:g}, {high_fps:g}], got {config.fps:g}",
                             "fps", seq)
     if config.control_hz is not None and config.control_hz <= 0:
