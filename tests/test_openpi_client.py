@@ -91,6 +91,6 @@ def test_openpi_client_droid_state_conditions_the_actions(droid_server):
     probe = out["state_probe"]
     assert probe["shape"] == [32, 8]
     assert probe["repeat_max_abs"] == 0.0  # same joints, same seed: the same chunk
-    assert probe["moved_max_abs"] > 1e-3, probe  # other joints: another chunk
+    assert probe["moved_max_abs"] > 1e-4, probe  # other joints: another chunk
     error = probe["short_error"]
     assert "invalid_field" in error and "(field: observation/joint_position)" in error and "state_dim 8" in error
