@@ -18,7 +18,7 @@ from typing import Any, Mapping
 from robot_clients import protocol
 
 from .engine.description import ModelDescription
-from .sessions.config import SessionConfig
+from .sessions.config import STATE_PROFILE_FIELDS, SessionConfig
 from .sessions.host import SessionHost
 from .sessions.openpi_observation import CameraMapping
 
@@ -65,7 +65,8 @@ def native_metadata(host: SessionHost, session_id: str) -> dict[str, Any]:
         "view_points": list(d.view_points),
         "domains": {
             name: {"domain_id": domain.domain_id, "raw_action_dim": domain.raw_action_dim,
-                   "default_horizon": domain.default_horizon, "view_point": domain.view_point}
+                   "default_horizon": domain.default_horizon, "view_point": domain.view_point,
+                   **{field: getattr(domain, field) for field in STATE_PROFILE_FIELDS}}
             for name, domain in d.domains.items()
         },
         "limits": limits,
@@ -90,6 +91,7 @@ def openpi_metadata(d: ModelDescription | None, session_id: str, config: Session
         "action_horizon": resolved.get("action_horizon"),
         "action_dim": resolved.get("raw_action_dim"),
         "view_point": resolved.get("view_point"),
+        **{field: resolved.get(field) for field in STATE_PROFILE_FIELDS},
         "cameras": cameras.describe().get(resolved.get("view_point"), []),
         "error": error,
     }

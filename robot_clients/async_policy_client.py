@@ -52,9 +52,12 @@ logger = logging.getLogger(__name__)
 RUNNING, PAUSED, STOPPED = SessionState.RUNNING.value, SessionState.PAUSED.value, SessionState.STOPPED.value
 
 
-def _observation_frame(seq: int, obs: Mapping[str, Any] | np.ndarray, settings: Mapping[str, Any]) -> dict[str, Any]:
+def _observation_frame(seq: int, obs: Mapping[str, Any] | np.ndarray, settings: Mapping[str, Any],
+                       state: Any = None) -> dict[str, Any]:
     # ``settings`` are this observation's own (the server applies them to it alone).
     frame = protocol.observation_frame(seq, {"image": obs} if isinstance(obs, np.ndarray) else obs, settings)
+    if state is not None:  # a list of joint readings travels as the float32 array the protocol names
+        frame["state"] = np.ascontiguousarray(state, dtype=np.float32)
     # Opaque to the server, which echoes it in the chunk: this is how the client measures round trips.
     frame.setdefault("timestamp", time.monotonic())
     return frame
@@ -335,17 +338,19 @@ class AsyncPolicyClient:
         """Ask the server not to answer ``seq`` (or any outstanding observation when ``None``)."""
         await self._send(protocol.cancel_frame(seq))
 
-    async def submit(self, obs: Mapping[str, Any] | np.ndarray, timeout: float | None = None, **settings: Any) -> int:
+    async def submit(self, obs: Mapping[str, Any] | np.ndarray, timeout: float | None = None, *,
+                     state: Any = None, **settings: Any) -> int:
         """Send an observation without waiting for its chunk; return its ``seq``. See :meth:`receive`.
 
-        ``settings`` (``domain_name``, ``action_horizon``, ``action_mode``, ``prompt``, ``seed``, ...) apply
+        ``state`` is the robot's proprio state (``[state_dim]`` or ``[history_length, state_dim]``, sent as
+        float32) for a domain that conditions on it (``state_dim`` in the metadata's ``domains``). ``settings`` (``domain_name``, ``action_horizon``, ``action_mode``, ``prompt``, ``seed``, ...) apply
         to this observation only, over the session's configuration; the chunk reports what was used.
         Raises :class:`SessionPaused` (nothing is sent) while an operator has the session paused.
         """
         self._check_running()
         seq = self._next_seq
         self._next_seq += 1
-        await self._send(_observation_frame(seq, obs, settings), timeout)
+        await self._send(_observation_frame(seq, obs, settings, state), timeout)
         self.stats.sent += 1
         return seq
 
@@ -369,12 +374,13 @@ class AsyncPolicyClient:
             self._latest_delivered = item.seq
             return item
 
-    async def infer(self, obs: Mapping[str, Any] | np.ndarray, timeout: float | None = 10.0,
-                    **settings: Any) -> ActionChunk:
+    async def infer(self, obs: Mapping[str, Any] | np.ndarray, timeout: float | None = 10.0, *,
+                    state: Any = None, **settings: Any) -> ActionChunk:
         """Send one observation and wait for its chunk (one round trip).
 
         ``obs`` is a map of observation fields (``image``, ``images``, ``video``, ``deadline_ms``,
-        ``prefix_actions``, ``timestamp``) or just an H×W×3 uint8 image. ``settings`` are session settings
+        ``prefix_actions``, ``state``, ``timestamp``) or just an H×W×3 uint8 image; ``state=`` is the robot's
+        proprio state, as for :meth:`submit`. ``settings`` are session settings
         for this observation only (``infer(frame, domain_name="droid_lerobot", action_horizon=8)``: no
         ``configure`` is needed when ``domain_name`` is among them). Raises :class:`TimeoutError` (and cancels the
         observation), :class:`ObservationDropped` (:class:`SessionPaused` while an operator has the session
@@ -385,7 +391,7 @@ class AsyncPolicyClient:
         seq = self._next_seq
         self._waiters[seq] = future
         try:
-            await self.submit(obs, timeout, **settings)
+            await self.submit(obs, timeout, state=state, **settings)
             remaining = None if deadline is None else max(0.0, deadline - time.monotonic())
             return await asyncio.wait_for(future, remaining)
         except asyncio.TimeoutError:

@@ -48,7 +48,7 @@ SESSION_ONLY_SETTINGS = {
 # Settings an observation may carry for itself only.
 OBSERVATION_SETTINGS = tuple(name for name in SESSION_SETTINGS if name not in SESSION_ONLY_SETTINGS)
 # An observation's own fields (besides `type` and the settings above).
-OBSERVATION_FIELDS = ("seq", "image", "images", "video", "deadline_ms", "prefix_actions", "timestamp")
+OBSERVATION_FIELDS = ("seq", "image", "images", "video", "deadline_ms", "prefix_actions", "state", "timestamp")
 CANCEL_FIELDS = ("seq",)
 
 
@@ -64,6 +64,9 @@ class ConfigureFrame:
 
 # More cameras than a robot has, fewer than a frame-size attack would want.
 MAX_NAMED_CAMERAS = 8
+# A proprioceptive state has at most this many numbers: the widest embodiments have tens per row and
+# a profile conditions on a few rows; a JSON body of millions of numbers is an attack, not a robot.
+MAX_STATE_VALUES = 4096
 
 
 @dataclass
@@ -74,6 +77,9 @@ class ObservationFrame:
     # Named cameras (H×W×3 each), composed into ``image`` per the session's view point.
     images: dict[str, np.ndarray] | None = None
     prefix_actions: np.ndarray | None = None
+    # The robot's proprioceptive state, float32: one row ``[state_dim]`` or history rows
+    # ``[history_length, state_dim]`` (oldest first), for a domain whose profile conditions on it.
+    state: np.ndarray | None = None
     deadline_ms: float | None = None
     # Session settings for this observation only, merged over the session's (see SESSION_SETTINGS).
     overrides: dict[str, Any] = field(default_factory=dict)
@@ -277,6 +283,9 @@ def _parse_observation(frame: Mapping[str, Any], limits: FrameLimits) -> Observa
                                 "prefix_actions", seq)
         obs.prefix_actions = prefix
 
+    if frame.get("state") is not None:
+        obs.state = parse_state(frame["state"], "state", seq)
+
     if frame.get("deadline_ms") is not None:
         deadline = _check_type(frame, "deadline_ms", (float, int), seq)
         if deadline <= 0:
@@ -299,6 +308,34 @@ def _parse_observation(frame: Mapping[str, Any], limits: FrameLimits) -> Observa
 
     obs.overrides = _parse_settings(frame, OBSERVATION_SETTINGS, seq, keep_null=False)
     return obs
+
+
+def parse_state(value: Any, name: str = "state", seq: int | None = None) -> np.ndarray:
+    """A proprio state as float32: ``[D]`` or ``[rows, D]``, finite, at most :data:`MAX_STATE_VALUES`.
+
+    Takes a numeric array, or (from JSON senders) a list or nested lists of numbers. Whether the width
+    and the row count fit the domain is for the server to judge against the domain's profile; this is
+    the shape every protocol shares. Raises :class:`ProtocolError` (``invalid_field``) naming ``name``.
+    """
+    wanted = f"`{name}` must be a float array [state_dim] or [history_length, state_dim]"
+    if isinstance(value, list):
+        try:
+            value = np.asarray(value, dtype=np.float64)
+        except (ValueError, TypeError):
+            raise ProtocolError(ErrorCode.INVALID_FIELD, f"{wanted}, of numbers in rows of equal length", name,
+                                seq) from None
+    if not isinstance(value, np.ndarray) or value.dtype.kind not in "fiu":
+        got = f"dtype {value.dtype}" if isinstance(value, np.ndarray) else type(value).__name__
+        raise ProtocolError(ErrorCode.INVALID_FIELD, f"{wanted}, got {got}", name, seq)
+    if value.ndim not in (1, 2) or value.size == 0 or value.size > MAX_STATE_VALUES:
+        raise ProtocolError(ErrorCode.INVALID_FIELD, f"{wanted} of 1 to {MAX_STATE_VALUES} values, got shape "
+                            f"{list(value.shape)}", name, seq)
+    with np.errstate(over="ignore"):
+        state = value.astype(np.float32)
+    if not np.isfinite(state).all():
+        raise ProtocolError(ErrorCode.INVALID_FIELD,
+                            f"`{name}` must be finite float32 values (no NaN, no infinity, |x| < 3.4e38)", name, seq)
+    return np.ascontiguousarray(state)
 
 
 def _parse_cancel(frame: Mapping[str, Any]) -> CancelFrame:

@@ -59,12 +59,15 @@ class PolicyClient:
     def configure(self, timeout: float | None = 10.0, **settings: Any) -> dict[str, Any]:
         return self._call(self._client.configure(timeout=timeout, **settings))
 
-    def infer(self, obs: Mapping[str, Any] | np.ndarray, timeout: float | None = 10.0, **settings: Any) -> ActionChunk:
-        """One round trip; ``settings`` apply to this observation only (see ``AsyncPolicyClient.infer``)."""
-        return self._call(self._client.infer(obs, timeout=timeout, **settings))
+    def infer(self, obs: Mapping[str, Any] | np.ndarray, timeout: float | None = 10.0, *, state: Any = None,
+              **settings: Any) -> ActionChunk:
+        """One round trip; ``state`` is the robot's proprio state and ``settings`` apply to this observation
+        only (see ``AsyncPolicyClient.infer``)."""
+        return self._call(self._client.infer(obs, timeout=timeout, state=state, **settings))
 
-    def submit(self, obs: Mapping[str, Any] | np.ndarray, timeout: float | None = None, **settings: Any) -> int:
-        return self._call(self._client.submit(obs, timeout=timeout, **settings))
+    def submit(self, obs: Mapping[str, Any] | np.ndarray, timeout: float | None = None, *, state: Any = None,
+               **settings: Any) -> int:
+        return self._call(self._client.submit(obs, timeout=timeout, state=state, **settings))
 
     def receive(self, timeout: float | None = None) -> ActionChunk:
         return self._call(self._client.receive(timeout=timeout))

@@ -29,15 +29,17 @@ def tiny_checkpoint(tmp_path_factory):
 
 @pytest.fixture(scope="session")
 def tiny_engine(tiny_checkpoint):
-    """``tiny_engine(variant) -> Cosmos3Engine``: one loaded engine per variant for the session."""
+    """``tiny_engine(variant, **options) -> Cosmos3Engine``: one loaded engine per checkpoint for the session
+    (``droid=True``: the checkpoint whose default domain has NVIDIA's DROID profile, state included)."""
     from cosmos3_runtime.engine import Cosmos3Engine
 
     engines = {}
 
-    def get(variant: str = "distilled"):
-        if variant not in engines:
-            engines[variant] = Cosmos3Engine.load(tiny_checkpoint(variant))
-        return engines[variant]
+    def get(variant: str = "distilled", **options):
+        key = (variant, tuple(sorted(options.items())))
+        if key not in engines:
+            engines[key] = Cosmos3Engine.load(tiny_checkpoint(variant, **options))
+        return engines[key]
 
     return get
 

@@ -7,6 +7,9 @@ inferences, ``ActionChunkBroker`` to step through chunks, an observation dict in
 convention, and one bad observation in the middle to see the error and the connection survive it.
 
     python openpi_client_script.py --uri ws://127.0.0.1:8000/openpi --convention libero --horizon 8
+
+``--no-state`` leaves the convention's state keys out (for a domain that takes no state, which refuses
+them); ``--state-probe`` (DROID) also sends one image twice with two joint states, and a 6-joint state.
 """
 
 from __future__ import annotations
@@ -50,6 +53,13 @@ def observation(convention: str, rng: np.random.Generator) -> dict:
     raise SystemExit(f"unknown convention {convention}")
 
 
+STATE_KEYS = ("observation/state", "observation/joint_position", "observation/gripper_position", "state")
+
+
+def stateless(convention: str, rng: np.random.Generator) -> dict:
+    return {key: value for key, value in observation(convention, rng).items() if key not in STATE_KEYS}
+
+
 class CountingPolicy:
     """Counts the inner policy's round trips under the broker (the broker is the thing being used)."""
 
@@ -70,14 +80,17 @@ def main() -> None:
     parser.add_argument("--uri", required=True)
     parser.add_argument("--convention", required=True)
     parser.add_argument("--horizon", type=int, required=True)
+    parser.add_argument("--no-state", action="store_true")
+    parser.add_argument("--state-probe", action="store_true")
     args = parser.parse_args()
+    make = stateless if args.no_state else observation
     rng = np.random.default_rng(0)
     out: dict = {"numpy": np.__version__}
 
     policy = websocket_client_policy.WebsocketClientPolicy(host=args.uri)
     out["metadata"] = policy.get_server_metadata()
 
-    result = policy.infer(observation(args.convention, rng))
+    result = policy.infer(make(args.convention, rng))
     actions = result["actions"]
     out["infer"] = {
         "keys": sorted(result),
@@ -89,7 +102,7 @@ def main() -> None:
     }
 
     # A bad observation: the camera is a float image out of [0, 1]. The client raises; the connection stays.
-    bad = observation(args.convention, rng)
+    bad = make(args.convention, rng)
     for key in list(bad):
         if key.startswith("observation/") and "image" in key:
             bad[key] = np.full((224, 224, 3), 7.5, dtype=np.float32)
@@ -106,9 +119,22 @@ def main() -> None:
     broker = action_chunk_broker.ActionChunkBroker(counting, action_horizon=args.horizon)
     steps = []
     for _ in range(args.horizon + 2):
-        step = broker.infer(observation(args.convention, rng))
+        step = broker.infer(make(args.convention, rng))
         steps.append(list(np.asarray(step["actions"]).shape))
     out["broker"] = {"step_shapes": steps, "inner_calls": counting.calls}
+
+    if args.state_probe:  # one DROID observation, two joint states: the server's seed is fixed
+        frame = make(args.convention, rng)
+        first = policy.infer({**frame, "observation/joint_position": np.zeros(7)})["actions"]
+        moved = policy.infer({**frame, "observation/joint_position": np.full(7, 0.5)})["actions"]
+        again = policy.infer({**frame, "observation/joint_position": np.zeros(7)})["actions"]
+        out["state_probe"] = {"shape": list(first.shape), "moved_max_abs": float(np.abs(moved - first).max()),
+                              "repeat_max_abs": float(np.abs(again - first).max())}
+        try:
+            policy.infer({**frame, "observation/joint_position": np.zeros(6)})
+            out["state_probe"]["short_error"] = None
+        except RuntimeError as exc:
+            out["state_probe"]["short_error"] = str(exc)
     json.dump(out, sys.stdout, default=str)
 
 

@@ -40,18 +40,21 @@ _checkpoint_lock = threading.Lock()
 _workdir: Path | None = None
 
 
-def tiny_checkpoint(variant: str = "distilled") -> Path:
-    """A tiny random checkpoint of ``variant``, built once per test process (a few seconds)."""
+def tiny_checkpoint(variant: str = "distilled", droid: bool = False) -> Path:
+    """A tiny random checkpoint of ``variant``, built once per test process (a few seconds).
+
+    ``droid``: its default domain ships NVIDIA's DROID profile (state-conditioned, [32, 8] chunks)."""
     global _workdir
+    name = f"{variant}-droid" if droid else variant
     with _checkpoint_lock:
-        if variant not in _checkpoints:
+        if name not in _checkpoints:
             from cosmos3_runtime.tiny import build_tiny_checkpoint
 
             if _workdir is None:
                 _workdir = Path(tempfile.mkdtemp(prefix="policy-server-tests-"))
                 atexit.register(shutil.rmtree, _workdir, True)
-            _checkpoints[variant] = Path(build_tiny_checkpoint(_workdir / variant, variant=variant))
-        return _checkpoints[variant]
+            _checkpoints[name] = Path(build_tiny_checkpoint(_workdir / name, variant=variant, droid=droid))
+        return _checkpoints[name]
 
 
 class DelayedEngine:
@@ -81,9 +84,10 @@ class DelayedEngine:
         return getattr(self.engine, name)
 
 
-def tiny_engine_loader(variant: str = "distilled", delay_s: float = 0.0) -> Callable[[], Any]:
-    """A loader for :class:`PolicyServer`: the real tiny engine, optionally wrapped in DelayedEngine."""
-    path = tiny_checkpoint(variant)
+def tiny_engine_loader(variant: str = "distilled", delay_s: float = 0.0, droid: bool = False) -> Callable[[], Any]:
+    """A loader for :class:`PolicyServer`: the real tiny engine (``droid``: the DROID-profile checkpoint),
+    optionally wrapped in DelayedEngine."""
+    path = tiny_checkpoint(variant, droid=droid)
 
     def load():
         from cosmos3_runtime.engine import Cosmos3Engine

@@ -36,7 +36,7 @@ SETTING_VALUES: dict[str, tuple[list[Any], list[Any]]] = {
     "fps": ([1, 24.0, 240, 7.5], [0.5, 241.0, 1e-300]),
     "control_hz": ([15, 50.0], [0.0, -1]),  # a session setting: configure takes it, an observation refuses it
 }
-UNKNOWN_FIELDS = ("horizon", "state", "actionmode", "camera")
+UNKNOWN_FIELDS = ("horizon", "proprio", "actionmode", "camera")
 TIMESTAMPS = st.sampled_from(["t0", b"\x01", 3, 2.5, True, 2**64 - 1]) | st.just([1])
 PREFIXES = (
     [np.random.default_rng(0).normal(scale=0.05, size=(2, WIDTH)).astype(np.float32)],

@@ -85,6 +85,12 @@ def distilled(tiny_engine) -> ModelDescription:
 
 
 @pytest.fixture(scope="module")
+def droid(tiny_engine) -> ModelDescription:
+    """The tiny DROID-profile checkpoint's description: droid_lerobot conditions on an 8-wide state."""
+    return ModelDescription.from_describe(tiny_engine("distilled", droid=True).describe())
+
+
+@pytest.fixture(scope="module")
 def base(tiny_engine) -> ModelDescription:
     """The tiny base (not distilled) engine's description: free step counts and guidance."""
     return ModelDescription.from_describe(tiny_engine("base").describe())

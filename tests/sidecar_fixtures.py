@@ -64,7 +64,7 @@ class SidecarServer(ServerThread):
 
     def __init__(self, load_engine: Callable[[], Any], data_dir: str | Path | None = None,
                  retention: RetentionPolicy | None = None, max_body_bytes: int | None = None,
-                 wait_ready: bool = True) -> None:
+                 wait_ready: bool = True, **settings: Any) -> None:
         self._tmp = None
         if data_dir is None:
             self._tmp = tempfile.TemporaryDirectory(prefix="sidecar-test-")
@@ -73,7 +73,7 @@ class SidecarServer(ServerThread):
         http = SidecarSettings(data_dir=self.data_dir, port=0, retention=retention or RetentionPolicy())
         if max_body_bytes is not None:
             http.max_body_bytes = max_body_bytes
-        super().__init__(load_engine, http=http, warmup=False)
+        super().__init__(load_engine, http=http, warmup=False, **settings)
         self._wait_ready = wait_ready
         self.client: httpx.Client | None = None
 

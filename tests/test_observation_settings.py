@@ -230,10 +230,11 @@ def test_openpi_refuses_keys_it_would_ignore_and_takes_its_conventions(server):
     with connect(f"ws://127.0.0.1:{server.port}/openpi", compression=None, max_size=None, proxy=None,
                  open_timeout=30) as ws:
         ws.recv(timeout=30)  # metadata
-        libero = {"observation/image": IMAGE, "observation/wrist_image": IMAGE,
-                  "observation/state": np.zeros(8, np.float32), "prompt": "put the bowl on the plate"}
+        libero = {"observation/image": IMAGE, "observation/wrist_image": IMAGE, "prompt": "put the bowl on the plate"}
+        # This domain takes no state: LIBERO's state is refused, not ignored (tests/test_state_wire.py has one that does).
         for extra, field in (({"domain_name": DROID}, "domain_name"),
-                             ({"observation/imag": IMAGE}, "observation/imag")):
+                             ({"observation/imag": IMAGE}, "observation/imag"),
+                             ({"observation/state": np.zeros(8, np.float32)}, "observation/state")):
             ws.send(packb({**libero, **extra}))
             reply = ws.recv(timeout=60)
             assert isinstance(reply, str) and reply.startswith("invalid_field:") and f"(field: {field})" in reply

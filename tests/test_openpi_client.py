@@ -37,9 +37,17 @@ def server():
         yield running
 
 
-def run_openpi_client(uri: str, convention: str) -> dict:
+@pytest.fixture(scope="module")
+def droid_server():
+    """The tiny DROID-profile checkpoint (droid_lerobot: state-conditioned, [32, 8] chunks), a fixed seed."""
+    with ServerThread(tiny_engine_loader("distilled", droid=True), openpi=OpenpiSettings(seed=0)) as running:
+        yield running
+
+
+def run_openpi_client(uri: str, convention: str, *options: str, horizon: int = HORIZON) -> dict:
     result = subprocess.run(
-        [str(OPENPI_PYTHON), str(SCRIPT), "--uri", uri, "--convention", convention, "--horizon", str(HORIZON)],
+        [str(OPENPI_PYTHON), str(SCRIPT), "--uri", uri, "--convention", convention, "--horizon", str(horizon),
+         *options],
         capture_output=True, text=True, timeout=120, env={**os.environ, "NO_PROXY": "*"},
     )
     assert result.returncode == 0, result.stderr[-3000:]
@@ -48,7 +56,8 @@ def run_openpi_client(uri: str, convention: str) -> dict:
 
 @pytest.mark.parametrize("convention,path", [("libero", "/openpi"), ("droid", ""), ("aloha", "/openpi")])
 def test_openpi_client_round_trips(server, convention, path):
-    out = run_openpi_client(f"ws://127.0.0.1:{server.port}{path}", convention)
+    # This domain takes no state: the convention's state keys are left out (they would be refused).
+    out = run_openpi_client(f"ws://127.0.0.1:{server.port}{path}", convention, "--no-state")
     assert out["numpy"].startswith("1.")  # really openpi's own environment
 
     metadata = out["metadata"]
@@ -68,3 +77,20 @@ def test_openpi_client_round_trips(server, convention, path):
     broker = out["broker"]
     assert broker["step_shapes"] == [[10]] * (HORIZON + 2)
     assert broker["inner_calls"] == 2
+
+
+def test_openpi_client_droid_state_conditions_the_actions(droid_server):
+    """openpi's DROID key set against NVIDIA's DROID profile: [32, 8] chunks that follow the joints it sends."""
+    out = run_openpi_client(f"ws://127.0.0.1:{droid_server.port}/openpi", "droid", "--state-probe", horizon=32)
+    metadata = out["metadata"]
+    assert (metadata["domain_name"], metadata["action_dim"], metadata["action_horizon"]) == ("droid_lerobot", 8, 32)
+    assert (metadata["state_dim"], metadata["use_state"], metadata["history_length"]) == (8, True, 1)
+    assert out["infer"]["shape"] == [32, 8] and out["infer"]["finite"]
+    assert out["broker"] == {"step_shapes": [[8]] * 34, "inner_calls": 2}
+
+    probe = out["state_probe"]
+    assert probe["shape"] == [32, 8]
+    assert probe["repeat_max_abs"] == 0.0  # same joints, same seed: the same chunk
+    assert probe["moved_max_abs"] > 1e-4, probe  # other joints: another chunk
+    error = probe["short_error"]
+    assert "invalid_field" in error and "(field: observation/joint_position)" in error and "state_dim 8" in error

@@ -76,7 +76,7 @@ def test_bytes_keys_are_read_like_str_keys_as_the_codec_documents():
 @pytest.mark.parametrize("frame, field", [
     ({"type": "configure", "domain_name": DOMAIN, "horizon": 8}, "horizon"),
     (observation(actionhorizon=8), "actionhorizon"),
-    (observation(state=[0.0] * 7), "state"),  # not on the wire yet: refused, never silently dropped
+    (observation(proprio=[0.0] * 7), "proprio"),  # the state is `state`: another name is refused, never dropped
     ({"type": "cancel", "seq": 1, "all": True}, "all"),
     ({"type": "reset", "hard": True}, "hard"),
 ])

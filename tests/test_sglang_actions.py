@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from sglang_envelopes import IMAGE, POLICY, envelope, parse, refused, requests_of
-from sglang_fixtures import base, case, distilled, load_cases, materialize, sglang_packb  # noqa: F401
+from sglang_fixtures import base, case, distilled, droid, load_cases, materialize, sglang_packb  # noqa: F401
 from sidecar_fixtures import png_b64, png_bytes, rgb
 
 from policy_server.http.codecs import Upload
@@ -325,13 +325,26 @@ def test_model_must_be_the_served_one(distilled):
     assert request.domain_name == "droid_lerobot"
 
 
-def test_state_is_accepted_and_reported_unused(distilled):
-    call = parse(envelope(png_b64(IMAGE), state=[0.1] * 8), distilled)
-    assert call.unused == ("input.state",)
-    call = parse(envelope({"b64_json": png_b64(IMAGE)}), distilled)
-    assert call.unused == ()
-    body = envelope(png_b64(IMAGE))
-    body["input"]["observation"]["state"] = {"values": [0.1, 0.2], "dtype": "float32", "shape": [2]}
-    assert parse(body, distilled).unused == ("input.observation.state",)
-    for bad in (["a"], [float("nan")], list(range(5000))):
-        assert refused(envelope(png_b64(IMAGE), state=bad), distilled).field == "input.state"
+def test_state_is_honoured_or_refused_naming_its_path(distilled, droid):
+    # A domain that takes no state refuses one, wherever SGLang puts it (it is never dropped with a warning).
+    for body, path in ((envelope(png_b64(IMAGE), state=[0.1] * 8), "input.state"),
+                       (envelope({"b64_json": png_b64(IMAGE)}), None)):
+        if path is None:
+            assert parse(body, distilled).unused == () and requests_of(body, distilled)[1][0].state is None
+        else:
+            error = refused(body, distilled)
+            assert (error.code, error.field) == ("invalid_field", path) and "does not condition" in error.message
+    # The DROID profile takes [8]: as numbers, or in SGLang's tensor form (values + shape).
+    joints = [0.1, -0.2, 0.3, -0.4, 0.5, -0.6, 0.7, 0.2]
+    tensor = envelope(png_b64(IMAGE))
+    tensor["input"]["observation"]["state"] = {"values": joints, "dtype": "float32", "shape": [1, 8]}
+    for body in (envelope(png_b64(IMAGE), state=joints), tensor):
+        _, (request,) = requests_of(body, droid)
+        np.testing.assert_array_equal(request.state.reshape(-1), np.float32(joints))
+    for state, code in ((joints[:7], "invalid_field"), (["a"] * 8, "invalid_field"), ([float("nan")] * 8, "invalid_field"),
+                        (list(range(5000)), "invalid_field")):
+        error = refused(envelope(png_b64(IMAGE), state=state), droid)
+        assert (error.code, error.field) == (code, "input.state"), error.message
+    error = refused(envelope(png_b64(IMAGE)), droid)
+    assert (error.code, error.field) == ("missing_field", "input.observation.state"), error.message
+

@@ -6,7 +6,7 @@ One HTTP request can arrive three ways, all decoded here into one plain ``dict``
 * ``application/msgpack`` (also ``application/x-msgpack``, ``application/vnd.msgpack``): a map decoded by
   the shared wire codec (:mod:`robot_clients.wire_codec`), so arrays are numpy arrays in openpi's form and
   nothing is ever unpickled;
-* ``multipart/form-data``: scalar fields as text (``action`` / ``prefix_actions`` as JSON text), images
+* ``multipart/form-data``: scalar fields as text (``action`` / ``prefix_actions`` / ``state`` as JSON text), images
   and videos as file uploads. An upload's declared content type must be one this field accepts; its
   file name is ignored (never used as a path: a video upload goes to a temporary file with a name of
   our own).
@@ -47,7 +47,7 @@ MULTIPART_TYPE = "multipart/form-data"
 IMAGE_UPLOAD_TYPES = ("image/png", "image/jpeg", "image/webp")
 VIDEO_UPLOAD_TYPES = ("video/mp4", "video/webm", "video/quicktime", "video/x-matroska")
 # Fields a multipart body may carry as JSON text (arrays).
-JSON_TEXT_FIELDS = ("action", "prefix_actions")
+JSON_TEXT_FIELDS = ("action", "prefix_actions", "state")
 # Multipart bounds beyond the body size limit: a form is a handful of settings and at most two files.
 MAX_MULTIPART_FILES = 2
 MAX_MULTIPART_FIELDS = 32

@@ -19,7 +19,7 @@ import numpy as np
 from pydantic import BaseModel, ValidationError
 
 from cosmos3_runtime.requests import ActionRequest
-from robot_clients.client_frames import ObservationFrame
+from robot_clients.client_frames import ObservationFrame, parse_state
 from robot_clients.protocol import ErrorCode, FrameLimits, ProtocolError
 
 from ..engine.description import DomainProfile, ModelDescription
@@ -203,9 +203,10 @@ def action_request(fields: dict[str, Any], description: ModelDescription,
     if params.prefix_actions is not None:
         prefix = to_actions(params.prefix_actions, "prefix_actions")
     try:
+        state = None if params.state is None else parse_state(params.state)
         config = merge_session_config(None, settings, description)
-        return config.action_request(ObservationFrame(seq=0, image=image, video=video, prefix_actions=prefix),
-                                     description)
+        return config.action_request(ObservationFrame(seq=0, image=image, video=video, prefix_actions=prefix,
+                                                      state=state), description)
     except ProtocolError as exc:
         raise ApiError.of(exc) from None
 

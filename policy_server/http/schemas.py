@@ -50,9 +50,22 @@ _ACTIONS_SCHEMA = {
     "items": {"type": "array", "items": {"type": "number"}},
 }
 
+_STATE_SCHEMA = {
+    "description": (
+        "The robot's proprio state in raw units: [state_dim] numbers, or [history_length, state_dim] rows (oldest "
+        "first), for a domain whose profile conditions on it (`state_dim` in the metadata's `domains`). In msgpack "
+        "bodies also a float array; in multipart bodies a JSON text field."
+    ),
+    "anyOf": [
+        {"type": "array", "items": {"type": "number"}},
+        {"type": "array", "items": {"type": "array", "items": {"type": "number"}}},
+    ],
+}
+
 ImageInput = Annotated[Any, WithJsonSchema(_IMAGE_SCHEMA)]
 VideoInput = Annotated[Any, WithJsonSchema(_VIDEO_SCHEMA)]
 ActionsInput = Annotated[Any, WithJsonSchema(_ACTIONS_SCHEMA)]
+StateInput = Annotated[Any, WithJsonSchema(_STATE_SCHEMA)]
 
 SEED_LIMIT = 2**63
 
@@ -121,9 +134,11 @@ class ActionGenerationParams(_Strict):
     num_steps: int | None = Field(None, ge=1, description="denoising steps (distilled: the fixed count or unset)")
     guidance_scale: float | None = Field(None, ge=0.0, description="classifier-free guidance (distilled: 1.0 or unset)")
     fps: float | None = Field(None, gt=0.0, le=240.0, description="control rate the actions are meant for "
-                              "(default 24; the model takes 1 to 240)")
+                              "(default: the domain's profile, else the model's; 1 to 240)")
     prefix_actions: ActionsInput = Field(
         None, description="K×D raw actions the chunk must start with (real-time chunking, policy only)")
+    state: StateInput = Field(None, description="the robot's proprio state (required by a domain with a state_dim, "
+                              "refused by any other)")
     model: str | None = Field(None, description="if given, must name the served model")
 
 
@@ -239,6 +254,10 @@ class DomainInfo(BaseModel):
     default_horizon: int | None = None
     view_point: str | None = None
     normalization: str | None = None
+    # Proprio state the domain conditions on (None: it takes no state): its width and how many rows.
+    state_dim: int | None = None
+    use_state: bool = False
+    history_length: int | None = None
 
 
 class ActionMetadata(BaseModel):

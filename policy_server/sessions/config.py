@@ -18,8 +18,12 @@ from cosmos3_runtime.requests import ActionRequest
 from robot_clients.client_frames import ObservationFrame
 from robot_clients.protocol import ErrorCode, ProtocolError
 
-from ..engine.description import ModelDescription
+from ..engine.description import DomainProfile, ModelDescription
 from ..media.camera_composition import compose_named
+
+
+# What a domain's profile says about the proprio state its observations carry.
+STATE_PROFILE_FIELDS = ("state_dim", "use_state", "history_length")
 
 
 @dataclass(frozen=True)
@@ -36,7 +40,8 @@ class SessionConfig:
     seed: int | None = None
     num_steps: int | None = None
     guidance_scale: float | None = None
-    fps: float = 24.0
+    # The rate the actions are meant for; None: the domain's profile says (15 for DROID), else the model's.
+    fps: float | None = None
     # The robot's control rate, as the robot declares it: shown to operators, never used by the model.
     control_hz: float | None = None
 
@@ -46,6 +51,8 @@ class SessionConfig:
         domain = description.domain(self.domain_name)
         values["domain_id"] = domain.domain_id if domain is not None else None
         values["raw_action_dim"] = domain.raw_action_dim if domain is not None else None
+        for name in STATE_PROFILE_FIELDS:  # whether observations must carry `state`, and its shape
+            values[name] = getattr(domain, name) if domain is not None else None
         return values
 
     def action_request(self, obs: ObservationFrame, description: ModelDescription) -> ActionRequest:
@@ -78,25 +85,30 @@ class SessionConfig:
                                     f"{horizon + 1} frames, got {frames}", "video", obs.seq)
         if obs.prefix_actions is not None:
             _check_prefix(obs.prefix_actions, mode, horizon or domain.default_horizon, domain.raw_action_dim, obs.seq)
+        check_state(obs.state, domain, obs.seq)
+        # Unset, the rate is the domain's (15 for DROID), named in the request as the chunk reports it.
+        fps = self.fps if self.fps is not None else _with_defaults({"domain_name": self.domain_name}, description)["fps"]
         return ActionRequest(
             domain_name=self.domain_name, action_mode=mode, image=image, video=obs.video, prompt=self.prompt,
             action_horizon=horizon, resolution_tier=self.resolution_tier, view_point=self.view_point,
-            seed=self.seed, num_steps=self.num_steps, guidance_scale=self.guidance_scale, fps=self.fps,
-            prefix_actions=obs.prefix_actions,
+            seed=self.seed, num_steps=self.num_steps, guidance_scale=self.guidance_scale, fps=fps,
+            prefix_actions=obs.prefix_actions, state=obs.state,
         )
 
 
 def _with_defaults(values: dict[str, Any], description: ModelDescription) -> dict[str, Any]:
-    """``values`` (settings by name, ``None`` for unset) with the engine's defaults filled in."""
+    """``values`` (settings by name, ``None`` for unset) with the engine's defaults filled in: the
+    domain's own (its profile's horizon, view point, fps, tier), else the model's."""
     defaults = description.defaults
     domain = description.domain(values.get("domain_name"))
+    own = domain.defaults if domain is not None else None
+    profile = {"action_horizon": domain.default_horizon, "view_point": domain.view_point,
+               "fps": domain.fps} if domain is not None else {}
     values = dict(values)
-    values["action_horizon"] = (values.get("action_horizon") or (domain.default_horizon if domain else None)
-                                or defaults.action_horizon)
-    values["view_point"] = values.get("view_point") or (domain.view_point if domain else None) or defaults.view_point
-    for name in ("resolution_tier", "num_steps", "guidance_scale"):
+    for name in ("action_horizon", "view_point", "resolution_tier", "num_steps", "guidance_scale", "fps"):
         if values.get(name) is None:
-            values[name] = getattr(defaults, name)
+            values[name] = next((value for value in (getattr(own, name, None), profile.get(name),
+                                                     getattr(defaults, name)) if value is not None), None)
     return values
 
 
@@ -133,6 +145,35 @@ def _check_prefix(prefix, mode: str, horizon: int | None, width: int | None, seq
         raise ProtocolError(ErrorCode.INVALID_FIELD,
                             f"`prefix_actions` must be shorter than the chunk ({horizon} actions), got "
                             f"{prefix.shape[0]} rows", "prefix_actions", seq)
+
+
+def check_state(state, domain: DomainProfile, seq: int | None = None, field: str = "state",
+                shown: str | None = None) -> None:
+    """A parsed state (float32, ``[D]`` or ``[rows, D]``) against the domain's profile, or its absence.
+
+    A domain whose profile has a ``state_dim`` conditions on the robot's state: it needs one, of that
+    width, with ``history_length`` rows. Any other domain refuses one (``invalid_field``) rather than
+    dropping it. ``field`` names where the state came from (``state``, or an openpi key); ``shown`` is
+    how the messages call it when it was built from several keys.
+    """
+    shown = shown or f"`{field}`"
+    if domain.state_dim is None:
+        if state is not None:
+            raise ProtocolError(ErrorCode.INVALID_FIELD,
+                                f"domain {domain.name!r} does not condition on the robot's state (its profile has no "
+                                f"state_dim, see the metadata's `domains`): leave {shown} out", field, seq)
+        return
+    rows = domain.history_length or 1
+    shape = f"[{domain.state_dim}]" if rows == 1 else f"[{rows}, {domain.state_dim}]"
+    if state is None:
+        raise ProtocolError(ErrorCode.MISSING_FIELD,
+                            f"domain {domain.name!r} conditions on the robot's state: send {shown}, a float array "
+                            f"{shape}" + (" (oldest row first)" if rows > 1 else ""), field, seq)
+    matrix = state[None] if state.ndim == 1 else state
+    if matrix.shape[1] != domain.state_dim or matrix.shape[0] != rows:
+        raise ProtocolError(ErrorCode.INVALID_FIELD,
+                            f"{shown} has shape {list(state.shape)}; domain {domain.name!r} has state_dim "
+                            f"{domain.state_dim} and history_length {rows}, so it must be {shape}", field, seq)
 
 
 def merge_session_config(
@@ -208,7 +249,7 @@ def _check(config: SessionConfig, description: ModelDescription, seq: int | None
         raise ProtocolError(ErrorCode.INVALID_FIELD, f"seed must be in [0, {max_seed}], got {config.seed}", "seed", seq)
     check_schedule(config.num_steps, config.guidance_scale, description, seq)
     low_fps, high_fps = limits.min_fps, limits.max_fps
-    if not (config.fps > 0 and low_fps <= config.fps <= high_fps):
+    if config.fps is not None and not (config.fps > 0 and low_fps <= config.fps <= high_fps):
         raise ProtocolError(ErrorCode.INVALID_FIELD, f"fps must be in [{low_fps:g}, {high_fps:g}], got {config.fps:g}",
                             "fps", seq)
     if config.control_hz is not None and config.control_hz <= 0:

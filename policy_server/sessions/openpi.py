@@ -142,6 +142,7 @@ class OpenpiSession(Session):
         obs = parse_openpi_observation(
             decoded, self.settings.cameras, resolved_view, self.host.frame_limits,
             video=self.config.action_mode == "inverse_dynamics",
+            domain=self.host.description.domain(self.config.domain_name),
         )
         if self.convention is None:
             self.convention = detect_convention(decoded)
@@ -149,7 +150,8 @@ class OpenpiSession(Session):
                         self.convention or "custom", printable("+".join(obs.cameras))[:200])
         overrides = {"prompt": obs.prompt} if obs.prompt else {}
         frame = self.decode_observation(ObservationFrame(
-            seq=seq, image=obs.image, video=obs.video, prefix_actions=obs.prefix_actions, overrides=overrides))
+            seq=seq, image=obs.image, video=obs.video, prefix_actions=obs.prefix_actions, state=obs.state,
+            overrides=overrides))
         request = observation_request(self.config, frame, self.host.description)
         self.enqueue(seq, request, received_at, cameras_of(frame))
 

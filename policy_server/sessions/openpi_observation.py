@@ -14,9 +14,14 @@ Conventions (keys as the clients send them)::
 
 Every key is honoured or refused (:func:`check_keys`): a camera the mapping or a convention knows (the
 view point uses some of them; the others are read by other view points), ``prompt``, ``prefix_actions``
-and the conventions' state keys. State entries are accepted and not used yet: the Cosmos3 policy here
-conditions on the camera and the prompt. Anything else is refused with ``invalid_field`` naming it (a
-native session setting such as ``domain_name`` with a word on where it goes instead).
+and the conventions' state keys. Anything else is refused with ``invalid_field`` naming it (a native
+session setting such as ``domain_name`` with a word on where it goes instead).
+
+The state keys become the request's proprio state (:func:`openpi_state`): LIBERO's ``observation/state``
+and ALOHA's ``state`` as sent; DROID's ``observation/joint_position`` (7, or rows of 7) and
+``observation/gripper_position`` (1, or one per row) as one row ``[joints..., gripper]`` per step, the
+gripper as the robot reports it (the domain's profile says which index the model sees flipped, and the
+engine flips it, both ways). A domain whose profile has a ``state_dim`` needs them; any other refuses them.
 
 Which cameras are used comes from a :class:`CameraMapping`: for each view point, a list of alternatives
 tried in order; an alternative is one camera key, or a list of keys composed side by side (left to
@@ -40,10 +45,12 @@ from typing import Any, Mapping
 
 import numpy as np
 
-from robot_clients.client_frames import SESSION_SETTINGS, check_image_size, str_keys
+from robot_clients.client_frames import SESSION_SETTINGS, check_image_size, parse_state, str_keys
 from robot_clients.protocol import ErrorCode, FrameLimits, ProtocolError
 
+from ..engine.description import DomainProfile
 from ..media.camera_composition import side_by_side
+from .config import check_state
 
 VIEW_POINTS = ("ego_view", "third_person_view", "wrist_view", "concat_view")
 
@@ -167,6 +174,7 @@ class OpenpiObservation:
     video: np.ndarray | None = None
     prompt: str | None = None
     prefix_actions: np.ndarray | None = None
+    state: np.ndarray | None = None  # float32 [D] or [rows, D], from the convention's state keys
     cameras: Alternative = ()  # the keys whose images were used, left to right
 
 
@@ -191,12 +199,14 @@ def detect_convention(obs: Mapping[str, Any]) -> str | None:
 
 
 def parse_openpi_observation(
-    obs: Any, mapping: CameraMapping, view_point: str, limits: FrameLimits, *, video: bool = False
+    obs: Any, mapping: CameraMapping, view_point: str, limits: FrameLimits, *, video: bool = False,
+    domain: DomainProfile | None = None,
 ) -> OpenpiObservation:
     """Pick and compose the cameras for ``view_point``; raise :class:`ProtocolError` naming the key.
 
     ``video``: the session serves inverse dynamics, so cameras carry T×H×W×3 clips, composed frame by
-    frame.
+    frame. ``domain``: the session's domain, whose profile the state is checked against (its width, its
+    rows, whether it takes one at all), so that an error names the openpi key the state came from.
     """
     if not isinstance(obs, Mapping):
         raise ProtocolError(ErrorCode.BAD_FRAME, f"an observation must be a msgpack map, got {type(obs).__name__}")
@@ -235,7 +245,51 @@ def parse_openpi_observation(
                                 "`prefix_actions` must be a K×D numeric array (the actions still to execute)",
                                 "prefix_actions")
         result.prefix_actions = prefix.astype(np.float32)
+
+    result.state, state_key, shown = openpi_state(obs)
+    if domain is not None:
+        if state_key is None:  # missing: name the keys this observation's convention sends it in
+            keys = CONVENTIONS.get(detect_convention(obs) or "", {}).get("state", ("state",))
+            state_key, shown = keys[0], " + ".join(f"`{key}`" for key in keys)
+        check_state(result.state, domain, None, state_key, shown)
     return result
+
+
+DROID_JOINTS, DROID_GRIPPER = CONVENTIONS["droid"]["state"]
+STATE_KEYS = (CONVENTIONS["libero"]["state"][0], CONVENTIONS["aloha"]["state"][0])
+
+
+def openpi_state(obs: Mapping[str, Any]) -> tuple[np.ndarray | None, str | None, str | None]:
+    """The observation's proprio state, the key it is named by in errors, and how messages call it.
+
+    DROID's joints and gripper become one ``[joints..., gripper]`` row per step: ``[8]``, or ``[T, 8]``
+    for T rows of joints with one gripper value per row.
+    """
+    sent = [key for key in (DROID_JOINTS, DROID_GRIPPER, *STATE_KEYS) if lookup(obs, key) is not None]
+    if not sent:
+        return None, None, None
+    droid = [key for key in sent if key in (DROID_JOINTS, DROID_GRIPPER)]
+    if droid and len(droid) != len(sent) or len(sent) > (2 if droid else 1):
+        raise ProtocolError(ErrorCode.INVALID_FIELD, f"one robot state per observation: got {', '.join(sent)}",
+                            sent[-1])
+    if not droid:
+        return parse_state(lookup(obs, sent[0]), sent[0]), sent[0], None
+    shown = f"the state built from `{DROID_JOINTS}` + `{DROID_GRIPPER}`"
+    for key in (DROID_JOINTS, DROID_GRIPPER):
+        if lookup(obs, key) is None:
+            raise ProtocolError(ErrorCode.MISSING_FIELD, f"DROID's state is `{DROID_JOINTS}` with "
+                                f"`{DROID_GRIPPER}`: `{key}` is missing", key)
+    joints = parse_state(lookup(obs, DROID_JOINTS), DROID_JOINTS)
+    gripper_value = lookup(obs, DROID_GRIPPER)
+    if isinstance(gripper_value, (int, float, np.generic)) and not isinstance(gripper_value, bool):
+        gripper_value = np.asarray([gripper_value])  # a scalar reading is one value
+    gripper = parse_state(gripper_value, DROID_GRIPPER).reshape(-1, 1)
+    rows = 1 if joints.ndim == 1 else joints.shape[0]
+    if gripper.shape[0] != rows:
+        raise ProtocolError(ErrorCode.INVALID_FIELD, f"`{DROID_GRIPPER}` has {gripper.shape[0]} value(s) for "
+                            f"{rows} row(s) of `{DROID_JOINTS}`: send one gripper value per row", DROID_GRIPPER)
+    state = np.concatenate([joints.reshape(rows, -1), gripper], axis=1)
+    return (state[0] if joints.ndim == 1 else state), DROID_JOINTS, shown
 
 
 # Conventions nest at most one level (ALOHA's images/cam_high); deeper maps are nobody's observation.
@@ -269,8 +323,8 @@ def check_keys(obs: Mapping[Any, Any], mapping: CameraMapping) -> None:
         raise ProtocolError(
             ErrorCode.INVALID_FIELD,
             f"unknown observation key `{key}`: this endpoint reads cameras "
-            f"({', '.join(sorted(mapping.camera_keys()))}), state ({', '.join(sorted(state))}; accepted, not used "
-            "yet), `prompt` and `prefix_actions` (docs/openpi.md)", key)
+            f"({', '.join(sorted(mapping.camera_keys()))}), state ({', '.join(sorted(state))}), `prompt` and "
+            "`prefix_actions` (docs/openpi.md)", key)
 
 
 def _keys(obs: Mapping[str, Any], prefix: str = "") -> list[str]:

@@ -63,8 +63,6 @@ RUNTIME_KEYS = ("response_format", "output_format", "return_timing", "prefix_cac
 UNREAD_KEYS = ("image_path", "video_path", "video_url", "reference_url")
 RESPONSE_FORMATS = ("envelope", "raw")
 OUTPUT_FORMATS = ("list", "numpy")
-# A proprioceptive state vector has at most this many numbers (the widest embodiments have tens).
-MAX_STATE_VALUES = 4096
 REDUCTION_REFUSED = (
     "this server returns every candidate as its own data[] item (candidate_index) and never averages "
     "them: the mean of two good trajectories can be a bad one, e.g. between passing an obstacle on the "
@@ -89,7 +87,7 @@ class ActionCall:
     response_format: str = "envelope"
     output_format: str = "list"
     return_timing: bool = False
-    # Fields accepted as SGLang does but not used yet (a state vector): reported back in `warnings`.
+    # Fields accepted as SGLang does but not used: reported back in `warnings` (none today).
     unused: tuple[str, ...] = ()
 
 
@@ -148,17 +146,19 @@ def _one_camera(value: Any, path: str) -> tuple[Any, str]:
     return image, f"{path}.{name}"
 
 
-def _check_state(value: Any, path: str) -> None:
-    """A state vector SGLang would take: numbers, bounded. The network side passes no state to the engine yet."""
-    if isinstance(value, dict) and any(k in value for k in TENSOR_VALUE_KEYS):
-        value = value.get("values", value.get("data"))
+def _state(value: Any, path: str) -> Any:
+    """SGLang's state as our ``state`` field reads it: numbers, or its tensor form (``values`` + ``shape``).
+
+    Whether it is a finite float array, and one the domain conditions on, is checked with every other
+    field when the item becomes a request (errors name ``path``)."""
+    if not (isinstance(value, dict) and any(k in value for k in TENSOR_VALUE_KEYS)):
+        return value
+    values, shape = value.get("values", value.get("data")), value.get("shape")
     try:
-        array = np.asarray(value)
+        return values if shape is None else np.asarray(values, dtype=np.float64).reshape(
+            [integer(n, f"{path}.shape", low=1) for n in shape])
     except (ValueError, TypeError):
-        array = np.asarray(None)
-    if array.dtype.kind not in "biuf" or array.size > MAX_STATE_VALUES or (
-            array.dtype.kind == "f" and not np.isfinite(array).all()):
-        raise invalid(path, f"`{path}` must be at most {MAX_STATE_VALUES} finite numbers")
+        raise invalid(path, f"`{path}` must hold numbers matching its `shape`") from None
 
 
 def _prompts(value: Any, path: str | None, count: int) -> list[tuple[str, str]]:
@@ -279,10 +279,10 @@ def parse_action_envelope(
                       "are batched")
 
     media = _media(inputs, observation)
-    unused = []
-    if "state" in media:
-        _check_state(*media["state"])
-        unused.append(media["state"][1])
+    if "state" in media:  # the robot's, shared by every image of a batch
+        common.put("state", _state(*media["state"]), media["state"][1])
+    else:  # a domain that needs one says where SGLang's clients put it
+        common.paths["state"] = "input.observation.state"
     image_names = [name for name in ("image", "input_reference", "images") if name in media]
     if len(image_names) > 1:
         raise invalid(media[image_names[1]][1], f"`{media[image_names[0]][1]}` and `{media[image_names[1]][1]}` "
@@ -346,4 +346,4 @@ def parse_action_envelope(
     _auto_only(runtime, "prefix_cache", "whether to use its prefix cache")
     _auto_only(runtime, "cuda_graph", "how to run its engine")
     return_timing = runtime.get("return_timing") is not None and flag(runtime["return_timing"], "runtime.return_timing")
-    return ActionCall(rid, tuple(items), response_format, output_format, return_timing, tuple(unused))
+    return ActionCall(rid, tuple(items), response_format, output_format, return_timing)
