@@ -177,3 +177,64 @@ async def test_an_operator_toggles_recording_through_the_observer_channel(tmp_pa
                 pass
             assert reply["code"] == "recording_unavailable"
         await robot.ws.close()
+
+
+def _get(url: str, token: str | None = None) -> tuple[int, dict]:
+    import urllib.error
+    import urllib.request
+
+    request = urllib.request.Request(url, headers={"Authorization": f"Bearer {token}"} if token else {})
+    opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+    try:
+        with opener.open(request, timeout=60) as response:
+            return response.status, json.loads(response.read())
+    except urllib.error.HTTPError as exc:
+        return exc.code, json.loads(exc.read() or b"{}")
+
+
+async def test_recordings_are_served_only_with_the_token_and_only_by_their_safe_names(tmp_path):
+    from policy_server.auth import TokenSet
+    from policy_server.http.settings import SidecarSettings
+
+    token = "recordings-token-0123456789"
+    root = tmp_path / "recordings"
+    (tmp_path / "outside").mkdir()
+    (tmp_path / "outside" / "secret.txt").write_text("not a recording")
+    sidecar = SidecarSettings(data_dir=tmp_path / "sidecar", host="127.0.0.1", port=0)
+    with recording_server(root, http=sidecar, auth_tokens=TokenSet([token])) as server:
+        robot_url = server.url + f"?access_token={token}"
+        ws = await connect(robot_url, compression=None, proxy=None, max_size=None)
+        robot = Robot(ws)
+        robot.session_id = (await robot.recv())["session_id"]
+        await robot.send({"type": "configure", "domain_name": DOMAIN, "control_hz": 5})
+        await robot.recv()
+        sent = [await robot.observe(seq) for seq in range(2)]
+        await ws.close()
+        # The episode is published when the session's end reaches the writer; wait for it.
+        assert await asyncio.to_thread(server.server.recorder.sync, 60)
+        base = f"http://127.0.0.1:{server.server.sidecar.port}/v1/recordings"
+        for url in (base, base + "/anything", base + "/anything/frames"):
+            status, body = await asyncio.to_thread(_get, url)
+            assert status == 401 and body["error"]["code"] == "unauthorized", (url, body)
+        status, listing = await asyncio.to_thread(_get, base, token)
+        assert status == 200
+        [info] = listing["recordings"]
+        name = info["name"]
+        assert info["session"] == robot.session_id
+        status, episode = await asyncio.to_thread(_get, f"{base}/{name}", token)
+        assert status == 200 and episode["fps"] == 5 and episode["cameras"] == ["front"]
+        assert [row["seq"] for row in episode["rows"]] == [0, 1]
+        for row, reply in zip(episode["rows"], sent):
+            np.testing.assert_array_equal(np.asarray(row["actions"], np.float32), reply["actions"])
+        status, page = await asyncio.to_thread(_get, f"{base}/{name}/frames?start=1&count=5", token)
+        assert status == 200 and page["start"] == 1 and len(page["frames"]) == 1
+        assert page["frames"][0]["front"]["width"] == 80
+        status, _ = await asyncio.to_thread(_get, f"{base}/{name}/frames?count=1000", token)
+        assert status == 400
+        for bad in ("..%2Foutside", "%2E%2E", "20260101T120000Z_x_000", name + "%2F..%2F..%2Foutside"):
+            status, body = await asyncio.to_thread(_get, f"{base}/{bad}", token)
+            assert status == 404, (bad, status, body)
+    # Without --record-dir the routes say so.
+    with ServerThread(tiny_engine_loader("distilled"), http=SidecarSettings(data_dir=tmp_path / "s2", port=0)) as plain:
+        status, body = await asyncio.to_thread(_get, f"http://127.0.0.1:{plain.server.sidecar.port}/v1/recordings")
+        assert status == 404 and "--record-dir" in body["error"]["message"]
