@@ -66,8 +66,11 @@ net-system-deps:
 
 install: $(STAMP) system-deps
 
-demo: $(STAMP) system-deps
-	$(VENV)/bin/cosmos3-demo-mujoco
+# The demo records its session (--record-dir) and LeRobot's own LeRobotDataset then loads the episode.
+demo: $(STAMP) $(LEROBOT_STAMP) system-deps
+	rm -rf demo-output/recordings
+	$(VENV)/bin/cosmos3-demo-mujoco --duration 10 --record-dir demo-output/recordings
+	$(LEROBOT_VENV)/bin/python tests/lerobot_dataset_script.py --out demo-output/lerobot-read.npz demo-output/recordings/2*
 
 test: $(STAMP) $(OPENPI_STAMP) $(LEROBOT_STAMP) test-system-deps
 	$(PY) -m pytest -q

@@ -28,6 +28,7 @@ from .auth import OriginConfigError, OriginPolicy, TokenConfigError, TokenSet
 from .cli_arguments import build_parser
 from .http.connections import ConnectionLimits
 from .http.settings import SidecarSettings
+from .recording_setup import RecordingOptions
 from .server import PolicyServer, ServerSettings
 from .sessions.openpi import OpenpiSettings
 from .sessions.openpi_observation import CameraMapping, CameraMappingError
@@ -73,6 +74,13 @@ def _sidecar_settings(args: argparse.Namespace) -> SidecarSettings | None:
             max_connections_per_peer=max(1, args.http_max_connections_per_peer),
         ),
     )
+
+
+def _recording_options(args: argparse.Namespace) -> RecordingOptions | None:
+    if args.record_dir is None:
+        return None
+    return RecordingOptions(root=args.record_dir, max_bytes=args.record_max_bytes, max_age_s=args.record_max_age_s,
+                            every_session=not args.record_opt_in, close_timeout_s=max(1.0, args.shutdown_grace))
 
 
 def _engine_loader(args: argparse.Namespace, workdir: Path):
@@ -149,6 +157,7 @@ async def serve_until_stopped(args: argparse.Namespace) -> int:
                 max_outbox_frames=max(1, args.max_outbox_frames), max_outbox_bytes=int(args.max_outbox_mib * 2**20),
                 reply_timeout_s=max(0.0, args.reply_timeout_s), idle_timeout_s=max(0.0, args.idle_timeout_s)),
             allowed_origins=tuple(args.allowed_origin),
+            recording=_recording_options(args),
         )
         if args.backend == "ray":
             server = PolicyServer(None, settings, backend=_ray_backend(args, Path(workdir)))
@@ -163,7 +172,8 @@ async def serve_until_stopped(args: argparse.Namespace) -> int:
             await server.start()
         except OSError as exc:  # a port already taken, an address this host does not have
             # Nothing was loaded yet (the sidecar binds before the model worker starts): just exit.
-            logger.error("cannot listen (%s); choose other ports with --port / --http-port, or --no-http", exc)
+            logger.error("cannot start (%s); choose other ports with --port / --http-port, or --no-http, "
+                         "and a writable --record-dir", exc)
             return 2
         dashboard_port = server.sidecar.port if server.sidecar is not None else server.port
         logger.info("teleop dashboard: http://%s:%d/dashboard/", args.host, dashboard_port)
@@ -195,6 +205,9 @@ def main(argv: list[str] | None = None) -> int:
         CameraMapping.load(args.openpi_cameras)  # a bad mapping is a usage error, before anything starts
     except CameraMappingError as exc:
         parser.error(str(exc))
+    if (args.record_opt_in or args.record_max_bytes is not None or args.record_max_age_s is not None) \
+            and args.record_dir is None:
+        parser.error("--record-opt-in, --record-max-bytes and --record-max-age-s need --record-dir")
     if args.tls_key and not args.tls_cert:
         parser.error("--tls-key needs --tls-cert")
     try:  # an unreadable token file is a usage error, before anything starts

@@ -192,6 +192,18 @@ def build_parser() -> argparse.ArgumentParser:
     openpi.add_argument("--openpi-prompt", default="", help="prompt for observations that carry none")
     openpi.add_argument("--openpi-cameras", default=None, metavar="FILE_OR_JSON",
                         help="camera mapping overriding the defaults per view point (see docs/openpi.md)")
+    recording = parser.add_argument_group(
+        "recording", "sessions recorded as LeRobot datasets, replayed on the dashboard and by cosmos3-replay; "
+        "see docs/recording.md")
+    recording.add_argument("--record-dir", type=Path, default=None, metavar="DIR",
+                           help="record sessions into DIR (created 0700), one LeRobotDataset v3.0 folder per episode")
+    recording.add_argument("--record-opt-in", action="store_true",
+                           help="record only the sessions that ask (configure `record: true`, the dashboard's "
+                                "toggle) instead of every session")
+    recording.add_argument("--record-max-bytes", type=int, default=None, metavar="N",
+                           help="quota of DIR in bytes: the oldest recordings are deleted first (default: none)")
+    recording.add_argument("--record-max-age-s", type=float, default=None, metavar="S",
+                           help="recordings older than this many seconds are deleted (default: kept)")
     parser.add_argument("--log-level", default="info", choices=("debug", "info", "warning", "error"))
     return parser
 

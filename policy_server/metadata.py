@@ -18,6 +18,7 @@ from typing import Any, Mapping
 from robot_clients import protocol
 
 from .engine.description import ModelDescription
+from .recording_setup import recorder_health
 from .sessions.config import STATE_PROFILE_FIELDS, SessionConfig
 from .sessions.host import SessionHost
 from .sessions.openpi_observation import CameraMapping
@@ -163,6 +164,8 @@ def health(host: SessionHost, liveness: bool = False) -> tuple[int, dict[str, An
         "uptime_s": round(time.monotonic() - host.started_at, 3),
         "worker": worker.thread_settings if worker else {},
     }
+    if host.recorder is not None:
+        body["recording"] = recorder_health(host.recorder, host.settings.recording)
     if liveness:
         body["status"] = "ok" if engine != "failed" else "failed"
         return (200 if engine != "failed" else 503), body

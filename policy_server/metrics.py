@@ -62,6 +62,8 @@ class ServerStateReaders:
     ready: Callable[[], bool]
     # Per engine replica (the backend's topology()["replicas"]): one entry for the local worker.
     replicas: Callable[[], list[dict[str, Any]]] = lambda: []
+    # The recorder's counters and state (Recorder.stats()); None while the server records nothing.
+    recording: Callable[[], dict[str, Any] | None] = lambda: None
 
 
 class BusyFraction:
@@ -120,10 +122,31 @@ class _StateCollector(Collector):
             value=self._busy.read(),
         )
         yield from _replica_metrics(r.replicas())
+        yield from _recording_metrics(r.recording())
         jobs = GaugeMetricFamily(f"{NAMESPACE}_video_jobs", "video jobs in the store, by status", labels=["status"])
         for status, count in sorted(r.video_jobs_by_status().items()):
             jobs.add_metric([status], count)
         yield jobs
+
+
+# The recorder's counters (policy_server.recording.settings.RecorderCounters) exported as such; the rest are gauges.
+_RECORDING_GAUGES = {"used_bytes", "queue_frames", "queue_bytes", "queue_events", "episodes_open"}
+
+
+def _recording_metrics(stats: dict[str, Any] | None) -> Iterable[Any]:
+    """``cosmos3_recording_*``: what the recorder wrote, dropped and holds, and its state (1 for the current one)."""
+    if stats is None:
+        return
+    state = GaugeMetricFamily(f"{NAMESPACE}_recording_state", "the recorder's state (1: the current one)",
+                              labels=["state"])
+    for name in ("recording", "disk_full", "stopped"):
+        state.add_metric([name], int(stats.get("state") == name))
+    yield state
+    for name, value in sorted(stats.items()):
+        if name == "state" or not isinstance(value, (int, float)):
+            continue
+        family = GaugeMetricFamily if name in _RECORDING_GAUGES else CounterMetricFamily
+        yield family(f"{NAMESPACE}_recording_{name}", f"recorder: {name.replace('_', ' ')}", value=value)
 
 
 def _replica_metrics(replicas: list[dict[str, Any]]) -> Iterable[Any]:

@@ -40,6 +40,7 @@ from .engine.worker import ActionEngine, EngineWorker, WorkerState
 from .http.dashboard import CONFIG_NAME, DASHBOARD_HEADERS, DASHBOARD_PATH, dashboard_asset, dashboard_config
 from .log_hygiene import printable
 from .metadata import SERVER_NAME, health, native_metadata
+from .recording_setup import start_recorder
 from .routes import Route, route
 from .server_settings import DEFAULT_MAX_MESSAGE_BYTES, LARGEST_IMAGE_BYTES, ServerSettings
 from .sessions.base import Session
@@ -53,6 +54,7 @@ from .sessions.supervisor import (
 
 if TYPE_CHECKING:  # imported when started with a sidecar, so a WebSocket-only server never loads FastAPI
     from .http.sidecar import HttpSidecar
+    from .recording import Recorder
 
 __all__ = ["DEFAULT_MAX_MESSAGE_BYTES", "LARGEST_IMAGE_BYTES", "PolicyServer", "ServerSettings"]
 
@@ -94,12 +96,15 @@ class PolicyServer:
         self._ws_server: Server | None = None
         self._stopped = asyncio.Event()
         self.watchdog: EngineWatchdog | None = None
+        self.recorder: Recorder | None = None  # started by start() when settings.recording is set
 
     # -- lifecycle ------------------------------------------------------------------------------------
 
     async def start(self) -> None:
         """Listen, then start loading the model in the background. Returns as soon as the port is open."""
         loop = asyncio.get_running_loop()
+        if self.settings.recording is not None:  # first: a directory that cannot be made fails the start
+            self.recorder = start_recorder(self.settings.recording)
         if self._backend is not None:
             self.worker = self._backend.make_backend(self, self.queue, loop)
         else:
@@ -224,6 +229,8 @@ class PolicyServer:
                                    for c in self._ws_server.connections))
             self._ws_server.close(close_connections=True, code=1001, reason="server shutting down")
             await self._ws_server.wait_closed()
+        if self.recorder is not None:  # every session has ended its episode: publish them, stop the writer
+            await asyncio.to_thread(self.recorder.close, self.settings.recording.close_timeout_s)
         self._stopped.set()
         logger.info("shut down")
 

@@ -11,6 +11,7 @@ from .connection_limits import (DEFAULT_HANDSHAKE_TIMEOUT_S, DEFAULT_MAX_PENDING
                                 DEFAULT_MAX_PENDING_HANDSHAKES_PER_PEER)
 from .engine.watchdog import DEFAULT_ENGINE_TIMEOUT_S
 from .engine.batching import DEFAULT_VIDEO_STEP_INTERVAL_S
+from .recording_setup import RecordingOptions
 from .sessions.observer import DEFAULT_MAX_OBSERVERS, OBSERVER_FRAME_RATE
 from .sessions.openpi_settings import OpenpiSettings
 from .sessions.rate_limits import RateLimit
@@ -74,3 +75,5 @@ class ServerSettings:
     observer_frame_rate: RateLimit = field(default_factory=lambda: OBSERVER_FRAME_RATE)
     # Browser origins allowed besides the server's own (policy_server.auth.OriginPolicy; `*`: any).
     allowed_origins: tuple[str, ...] = ()
+    # Sessions recorded as LeRobot datasets (--record-dir; policy_server.recording_setup); None: none.
+    recording: RecordingOptions | None = None

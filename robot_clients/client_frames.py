@@ -50,6 +50,8 @@ OBSERVATION_SETTINGS = tuple(name for name in SESSION_SETTINGS if name not in SE
 # An observation's own fields (besides `type` and the settings above).
 OBSERVATION_FIELDS = ("seq", "image", "images", "video", "deadline_ms", "prefix_actions", "state", "timestamp")
 CANCEL_FIELDS = ("seq",)
+# `configure` only, not a setting an observation may carry: whether the server records this session.
+RECORD_FIELD = "record"
 
 
 @dataclass
@@ -60,6 +62,8 @@ class ConfigureFrame:
     """
 
     settings: dict[str, Any]
+    # `record`: True records this session from now on, False stops recording it; None (absent): unchanged.
+    record: bool | None = None
 
 
 # More cameras than a robot has, fewer than a frame-size attack would want.
@@ -223,8 +227,12 @@ def _setting(frame: Mapping[str, Any], name: str, types: tuple[type, ...], seq: 
 
 
 def _parse_configure(frame: Mapping[str, Any]) -> ConfigureFrame:
-    _refuse_unknown(frame, CONFIGURE, tuple(CONFIGURE_FIELDS) + tuple(SETTING_ALIASES))
-    return ConfigureFrame(_parse_settings(frame, tuple(CONFIGURE_FIELDS), None, keep_null=True))
+    _refuse_unknown(frame, CONFIGURE, tuple(CONFIGURE_FIELDS) + tuple(SETTING_ALIASES) + (RECORD_FIELD,))
+    record = frame.get(RECORD_FIELD)
+    if record is not None and not isinstance(record, bool):
+        raise ProtocolError(ErrorCode.INVALID_FIELD, f"`{RECORD_FIELD}` must be true or false, got {type(record).__name__}",
+                            RECORD_FIELD)
+    return ConfigureFrame(_parse_settings(frame, tuple(CONFIGURE_FIELDS), None, keep_null=True), record)
 
 
 def _parse_observation(frame: Mapping[str, Any], limits: FrameLimits) -> ObservationFrame:

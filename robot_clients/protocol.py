@@ -70,6 +70,7 @@ class ErrorCode:
     ENGINE_ERROR = "engine_error"  # the model failed on a valid request; details are in the server log
     RATE_LIMITED = "rate_limited"  # more observations per second than the server allows a session; not queued
     ENGINE_TIMEOUT = "engine_timeout"  # the engine call ran past --engine-timeout-s; the engine is being restarted
+    RECORDING_UNAVAILABLE = "recording_unavailable"  # `record: true` on a server started without --record-dir
 
 
 class DropReason:

@@ -140,6 +140,11 @@ function renderDetail(detail) {
   $("detail-config").textContent =
     `${s.protocol} · ${s.remote ?? ""} · horizon ${s.action_horizon ?? "—"} · prompt “${s.prompt ?? ""}”`;
   setControlsEnabled(s.controllable && s.state !== "stopped");
+  // Recording is the server's, not the robot's: every session kind can be recorded while it lives.
+  $("record").disabled = s.state === "stopped";
+  $("record").textContent = s.recording ? "Stop recording" : "Record";
+  $("record").classList.toggle("recording", !!s.recording);
+  $("record").dataset.recording = s.recording ? "on" : "off";
 
   if (detail.frame) {
     $("camera").src = `data:image/jpeg;base64,${detail.frame.jpeg_base64}`;
@@ -182,6 +187,7 @@ $("resume").onclick = () => control("resume");
 $("stop").onclick = () => {
   if (confirm(`Stop session ${state.selected}? The robot holds and its session ends.`)) control("stop");
 };
+$("record").onclick = () => control($("record").dataset.recording === "on" ? "stop_recording" : "record");
 $("set-prompt").onclick = () => control("set_prompt", { prompt: $("prompt").value });
 
 connect();

@@ -13,7 +13,7 @@ from ..auth import FORBIDDEN_ORIGIN_CODE, UNAUTHORIZED_CODE, BearerAuthMiddlewar
 from .context import SidecarParts
 from .dashboard import mount_dashboard
 from .middleware import UNMATCHED, SidecarMiddleware, install_error_handlers
-from .routes import actions, metadata, videos
+from .routes import actions, metadata, recordings, videos
 
 
 def build_app(parts: SidecarParts) -> FastAPI:
@@ -26,7 +26,7 @@ def build_app(parts: SidecarParts) -> FastAPI:
     )
     metrics, host = parts.metrics, parts.host
     install_error_handlers(app, metrics)
-    for resource in (videos, actions, metadata):
+    for resource in (videos, actions, metadata, recordings):
         app.include_router(resource.router(parts))
 
     # The teleop dashboard's static files; its live data comes from /v1/observe on the WebSocket port.

@@ -62,6 +62,7 @@ class HttpSidecar:
             video_jobs_by_status=lambda: self.store.count_by_status() if self.store else {},
             ready=lambda: host.ready,
             replicas=lambda: host.worker.topology().get("replicas", []) if host.worker is not None else [],
+            recording=lambda: host.recorder.stats() if host.recorder is not None else None,
         ))
         self.actions_in_flight = InFlightLimit(settings.max_actions_in_flight)
         self.body_budget = BodyBudget(max(settings.max_buffered_body_bytes, settings.max_body_bytes))

@@ -65,7 +65,8 @@ class SessionRecording:
 
     def start_episode(self, config: Mapping[str, Any], model: Mapping[str, Any], fps: int | None = None) -> None:
         """Begin an episode. ``config`` is the resolved configuration (JSON-able, with
-        ``action_horizon`` and ``raw_action_dim``); ``model`` the model's identity (:func:`model_identity`);
+        ``action_horizon`` and ``raw_action_dim``); ``model`` the engine's ``describe()`` (or its identity: only
+        the keys of :func:`model_identity` are kept);
         ``fps`` the dataset's frame rate (default: the config's ``control_hz``, else the recorder's)."""
         _check_config(config)
         if self.active:
@@ -75,7 +76,7 @@ class SessionRecording:
             fps = max(1, round(control_hz)) if control_hz else self._sink.default_fps
         now = time.monotonic()
         self.active, self.frames_not_queued = True, 0
-        self._sink.put_control(self._key, EpisodeStart(self.session_id, self.protocol, dict(config), dict(model),
+        self._sink.put_control(self._key, EpisodeStart(self.session_id, self.protocol, dict(config), model_identity(model),
                                                         int(fps), now, time.time()))
 
     def configured(self, config: Mapping[str, Any]) -> None:

@@ -158,6 +158,8 @@ class Session:
         self.state = SessionState.RUNNING
         self.state_reason = ""
         self.recording: RecordingHooks = NOT_RECORDED
+        if host.recorder is not None and host.settings.recording is not None and host.settings.recording.every_session:
+            self.recording = host.recorder.session(self.id, self.protocol)
         self.close_reason = "closed"  # how its recorded episode ends
         self.frame_seq: int | None = None  # the seq the frame being handled is about, once known
 
@@ -326,6 +328,28 @@ class Session:
             self.recording.start_episode(resolved, self.host.description.raw)
         else:
             self.recording.configured(resolved)
+
+    @property
+    def recorded(self) -> bool:
+        return self.recording is not NOT_RECORDED
+
+    def set_recording(self, on: bool, reason: str = "") -> None:
+        """Start (``configure``'s ``record: true``, an operator's ``record``) or stop recording this session.
+        Recording starts an episode at once if the session is configured, else at its first ``configure``;
+        stopping ends it (``recording_stopped``, the event log saying who stopped it: ``reason``)."""
+        if on == self.recorded:
+            return
+        if not on:
+            self.recording.note("recording", action="stop", reason=reason)
+            self.recording.end_episode("recording_stopped")
+            self.recording = NOT_RECORDED
+            return
+        if self.host.recorder is None:
+            raise ProtocolError(ErrorCode.RECORDING_UNAVAILABLE,
+                                "this server records nothing: it was started without --record-dir", "record")
+        self.recording = self.host.recorder.session(self.id, self.protocol)
+        if self.config is not None and self.host.description is not None:
+            self.recording.start_episode(self.config.resolved(self.host.description), self.host.description.raw)
 
     def reset(self) -> None:
         """Forget what is in flight (dropped ``cancelled``); the recording starts a new episode."""

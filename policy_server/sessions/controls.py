@@ -28,6 +28,12 @@ class ControlAction(str, enum.Enum):
     RESUME = "resume"
     STOP = "stop"
     SET_PROMPT = "set_prompt"
+    RECORD = "record"  # start recording the session (any protocol; needs --record-dir)
+    STOP_RECORDING = "stop_recording"
+
+
+# Controls about the server's recording of a session, not the robot: every session kind takes them.
+RECORDING_ACTIONS = {ControlAction.RECORD: True, ControlAction.STOP_RECORDING: False}
 
 
 class ControlErrorCode:
@@ -37,6 +43,7 @@ class ControlErrorCode:
     UNKNOWN_SESSION = "unknown_session"  # no live session with that id
     NOT_CONTROLLABLE = "not_controllable"  # the session's protocol cannot carry controls (openpi)
     INVALID_STATE = "invalid_state"  # e.g. resuming a stopped session, a prompt before `configure`
+    RECORDING_UNAVAILABLE = "recording_unavailable"  # `record` on a server started without --record-dir
 
 
 class ControlError(CodedError):

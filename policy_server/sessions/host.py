@@ -18,6 +18,7 @@ from robot_clients.protocol import FrameLimits, SessionState
 from ..auth import OriginPolicy, TokenSet
 from ..engine.backend import EngineBackend, QueueLike
 from ..engine.description import ModelDescription
+from ..recording_setup import RecordingOptions, SessionRecorder
 from .config import SessionConfig
 from .controls import OperatorControl
 from .openpi_settings import OpenpiSettings
@@ -42,6 +43,7 @@ class HostSettings(Protocol):
     max_observers: int
     max_pending_handshakes: int  # with max_sessions and max_observers: the robots' port's descriptors
     observer_frame_rate: RateLimit
+    recording: RecordingOptions | None  # --record-dir and the rest; None: nothing is recorded
 
 
 class HostedSession(Protocol):
@@ -60,6 +62,9 @@ class HostedSession(Protocol):
     telemetry: SessionTelemetry | None
     answered: int
     dropped: int
+    recorded: bool  # its observations and replies are being recorded
+
+    def set_recording(self, on: bool, reason: str = "") -> None: ...
 
     @property
     def remote(self) -> str | None:
@@ -87,6 +92,7 @@ class SessionHost(Protocol):
     origins: OriginPolicy
     started_at: float
     stopping: bool
+    recorder: SessionRecorder | None  # started with --record-dir; None: nothing can be recorded
 
     @property
     def ready(self) -> bool:

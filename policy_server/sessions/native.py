@@ -111,12 +111,15 @@ class RealtimeSession(Session):
             self._send({"type": protocol.RESET_DONE, "session_id": self.id})
 
     def _on_configure(self, frame: client_frames.ConfigureFrame) -> None:
-        self.set_config(merge_session_config(self.config, frame.settings, self.host.description))
+        config = merge_session_config(self.config, frame.settings, self.host.description)  # refused: nothing changes
+        if frame.record is not None:
+            self.set_recording(frame.record, "configure")
+        self.set_config(config)
         if "prompt" in frame.settings:
             self.operator_prompt = False
         self._send(
             {"type": protocol.SESSION, "session_id": self.id, "config": self.config.resolved(self.host.description),
-             "state": self.state.value}
+             "state": self.state.value, "recording": self.recorded}
         )
 
     def _on_observation(self, obs: client_frames.ObservationFrame, received_at: float) -> None:

@@ -45,10 +45,12 @@ from websockets.asyncio.server import ServerConnection
 from websockets.exceptions import ConnectionClosed
 from websockets.http11 import Request
 
+from robot_clients.protocol import ProtocolError
+
 from .supervisor import close_connection
 from .outbox import OutboxFull, paced
 from .rate_limits import RateLimit
-from .controls import ControlError, ControlErrorCode, parse_control
+from .controls import RECORDING_ACTIONS, ControlAction, ControlError, ControlErrorCode, parse_control
 from .host import HostedSession, SessionHost
 
 logger = logging.getLogger(__name__)
@@ -186,6 +188,7 @@ def session_summary(server: SessionHost, session: HostedSession, prompt_chars: i
         "control_hz": config.get("control_hz"),
         "answered": session.answered,
         "dropped": session.dropped,
+        "recording": session.recorded,
     }
     if telemetry is not None:
         last = telemetry.chunks[-1] if telemetry.chunks else None
@@ -265,7 +268,8 @@ class ObserverSession:
             "variant": d.variant if d is not None else None,
             "interval_s": self.interval_s,
             "sessions_interval_s": self.sessions_interval_s,
-            "controls": ["pause", "resume", "stop", "set_prompt"],
+            "controls": [action.value for action in ControlAction],
+            "recording": self.server.recorder is not None,
         }
 
     # -- frames from the observer ----------------------------------------------------------------
@@ -317,7 +321,14 @@ class ObserverSession:
         if session is None:
             raise ControlError(ControlErrorCode.UNKNOWN_SESSION, f"no live session {control.session_id[:64]!r}",
                                "session_id")
-        state = session.apply_control(control)
+        if control.action in RECORDING_ACTIONS:
+            try:
+                session.set_recording(RECORDING_ACTIONS[control.action], control.reason or "operator")
+            except ProtocolError as exc:  # recording_unavailable: the server has no --record-dir
+                raise ControlError(ControlErrorCode.RECORDING_UNAVAILABLE, exc.message, "action") from None
+            state = session.state
+        else:
+            state = session.apply_control(control)
         logger.info("%s: %s on session %s (%s)", self.id, control.action.value, control.session_id,
                     control.reason or "no reason given")
         self._send({"type": "control_result", "session_id": control.session_id,

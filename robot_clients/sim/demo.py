@@ -98,6 +98,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--no-video", dest="video", action="store_false", help="skip writing the video")
     parser.add_argument("--image-size", type=int, default=224, help="camera resolution, square (default 224)")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--record-dir", default=None,
+                        help="the started server records the session there, as a LeRobot dataset (docs/recording.md)")
     return parser
 
 
@@ -108,7 +110,8 @@ def run_demo(args: argparse.Namespace) -> dict:
     server = None
     url = args.server
     if url is None:
-        server = ServerSubprocess(["--tiny", args.tiny, "--log-level", "info"])
+        record = ["--record-dir", args.record_dir] if args.record_dir else []
+        server = ServerSubprocess(["--tiny", args.tiny, "--log-level", "info", *record])
         print(f"starting the policy server (tiny {args.tiny} checkpoint)...", flush=True)
         url = server.start()
     try:
@@ -136,6 +139,8 @@ def run_demo(args: argparse.Namespace) -> dict:
             server.stop()
 
     summary = report.summary()
+    if args.record_dir and server is not None:  # stopped gracefully: the recorder published the episode
+        summary["recordings"] = sorted(str(p) for p in Path(args.record_dir).iterdir() if not p.name.startswith("."))
     summary.update(strategy=args.strategy, horizon=args.horizon, execute_horizon=args.execute_horizon,
                    server_dropped_by_reason=client_dropped)
     output = Path(args.output_dir)
@@ -165,6 +170,8 @@ def format_summary(summary: dict) -> str:
     ]
     if summary.get("video"):
         lines.append(f"  video                   {summary['video']}")
+    for recording in summary.get("recordings", []):
+        lines.append(f"  recording               {recording}")
     return "\n".join(lines)
 
 

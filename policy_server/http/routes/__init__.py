@@ -4,5 +4,6 @@
 * :mod:`.videos`: ``/v1/videos`` (forward_dynamics rollouts as asynchronous jobs);
 * :mod:`.actions`: ``POST /v1/actions/generations`` (one chunk of actions per request);
 * :mod:`.metadata`: ``GET /v1/actions/metadata`` and the operations routes ``/healthz``, ``/readyz``,
-  ``/metrics``.
+  ``/metrics``;
+* :mod:`.recordings`: ``/v1/recordings`` (recorded sessions, read-only, for the dashboard's replay).
 """

@@ -1,0 +1,103 @@
+"""``/v1/recordings``: the recorded sessions (``--record-dir``), for the dashboard's replay.
+
+Read-only, behind the server's token like every other route (the sidecar's auth layer runs first).
+Recordings are found through :class:`~policy_server.recording.RecordingStore` (only names of the
+recorder's own pattern become paths, never through a symlink) and read with
+:class:`~policy_server.recording.reader.RecordedEpisode`. Reading (Parquet, MP4 decoding) runs on a
+helper thread, never on the event loop; frames come in bounded pages.
+
+* ``GET /v1/recordings``: the published recordings, newest first;
+* ``GET /v1/recordings/{name}``: one episode's session, rows (seq, arrival time, answer, actions, timing)
+  and event log;
+* ``GET /v1/recordings/{name}/frames?start=I&count=N``: rows ``I..I+N-1``'s camera frames as JPEGs
+  (base64), at most :data:`MAX_FRAMES_PER_PAGE` a page.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import itertools
+from pathlib import Path
+from typing import Any
+
+from fastapi import APIRouter, Query
+
+from ...sessions.telemetry import encode_preview
+from ..context import SidecarParts
+from ..errors import ApiError, HttpErrorCode
+
+# Frames of one page: each is a JPEG of at most 320 px a side, ~10-30 KB in base64.
+MAX_FRAMES_PER_PAGE = 32
+RECORDINGS_PATH = "/v1/recordings"
+
+
+def _root(parts: SidecarParts) -> Path:
+    options = parts.host.settings.recording
+    if options is None:
+        raise ApiError(HttpErrorCode.NOT_FOUND, "this server records nothing: it was started without --record-dir")
+    return options.root
+
+
+def _episode(root: Path, name: str) -> Any:
+    from ...recording import InvalidRecordingName, RecordingStore
+    from ...recording.reader import RecordedEpisode, RecordingFormatError
+
+    try:
+        return RecordedEpisode(RecordingStore(root).path(name))
+    except (InvalidRecordingName, FileNotFoundError, RecordingFormatError):
+        raise ApiError(HttpErrorCode.NOT_FOUND, f"no recording named {name[:80]!r}", "name") from None
+
+
+def list_recordings(root: Path) -> list[dict[str, Any]]:
+    from ...recording import RecordingStore
+
+    return [{"name": info.name, "session": info.session, "started_at": info.started_at, "bytes": info.num_bytes,
+             "published_at": info.published_at} for info in RecordingStore(root).list()]
+
+
+def episode_body(root: Path, name: str) -> dict[str, Any]:
+    """What the dashboard plays back, except the frames: rows with their actions, timing and arrival times."""
+    episode = _episode(root, name)
+    rows = []
+    for row in episode.rows():
+        body = dataclasses.asdict(row)
+        body["actions"] = row.actions.tolist() if row.actions is not None else None
+        rows.append(body)
+    return {"name": episode.name, "fps": episode.fps, "num_frames": episode.num_frames,
+            "cameras": list(episode.layout.camera_names.values()), "session": episode.session, "rows": rows,
+            "events": episode.events()}
+
+
+def frame_page(root: Path, name: str, start: int, count: int) -> dict[str, Any]:
+    """Rows ``start..start+count-1``'s camera frames (fewer at the end), as JPEG previews."""
+    from ...recording.reader import RecordingFormatError
+
+    episode = _episode(root, name)
+    frames = []
+    try:
+        for cameras in itertools.islice(episode.frames(), start, start + count):
+            frames.append({camera: dict(zip(("jpeg_base64", "width", "height"), encode_preview(image)))
+                           for camera, image in cameras.items()})
+    except RecordingFormatError as exc:
+        raise ApiError(HttpErrorCode.INTERNAL_ERROR, f"the recording's videos cannot be read: {exc}", status=500) from None
+    return {"name": name, "start": start, "frames": frames}
+
+
+def router(parts: SidecarParts) -> APIRouter:
+    routes = APIRouter()
+
+    @routes.get(RECORDINGS_PATH, tags=["recordings"], summary="Recorded sessions, newest first")
+    async def recordings() -> dict[str, Any]:
+        return {"recordings": await asyncio.to_thread(list_recordings, _root(parts))}
+
+    @routes.get(RECORDINGS_PATH + "/{name}", tags=["recordings"], summary="One recorded episode, without frames")
+    async def recording(name: str) -> dict[str, Any]:
+        return await asyncio.to_thread(episode_body, _root(parts), name)
+
+    @routes.get(RECORDINGS_PATH + "/{name}/frames", tags=["recordings"], summary="A page of an episode's frames")
+    async def recording_frames(name: str, start: int = Query(0, ge=0),
+                               count: int = Query(MAX_FRAMES_PER_PAGE, ge=1, le=MAX_FRAMES_PER_PAGE)) -> dict[str, Any]:
+        return await asyncio.to_thread(frame_page, _root(parts), name, start, count)
+
+    return routes

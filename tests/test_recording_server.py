@@ -1,0 +1,240 @@
+"""Sessions recorded by a real server (``--record-dir``): what a robot sent and received over the WebSocket
+ends up in an episode that the reader reads back; the ``configure`` opt-in and opt-out; the operator's toggle.
+
+A real :class:`PolicyServer` on 127.0.0.1 with the real tiny distilled model; the robot is a bare
+``websockets`` connection and the shared codec, so the test knows exactly what was sent and received.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+
+import numpy as np
+import pytest
+from websockets.asyncio.client import connect
+
+from policy_server.recording import RecordingStore
+from policy_server.recording.reader import RecordedEpisode
+from policy_server.recording_setup import RecordingOptions
+from robot_clients.wire_codec import packb, unpackb
+from recording_fixtures import frame
+from server_fixtures import DOMAIN, ServerThread, http_get, tiny_engine_loader
+
+pytestmark = pytest.mark.timeout(300)
+
+
+class Robot:
+    """A raw protocol connection: send maps, receive decoded maps."""
+
+    def __init__(self, ws):
+        self.ws = ws
+
+    @classmethod
+    async def open(cls, server: ServerThread) -> "Robot":
+        robot = cls(await connect(server.url, compression=None, proxy=None, max_size=None))
+        hello = await robot.recv()
+        assert hello["type"] == "metadata"
+        robot.session_id = hello["session_id"]
+        return robot
+
+    async def send(self, frame_: dict) -> None:
+        await self.ws.send(packb(frame_))
+
+    async def recv(self, timeout: float = 60.0) -> dict:
+        return unpackb(await asyncio.wait_for(self.ws.recv(), timeout))
+
+    async def observe(self, seq: int, **fields) -> dict:
+        await self.send({"type": "observation", "seq": seq, "images": {"front": frame(seq, 64, 80)}, **fields})
+        return await self.recv()
+
+
+def episodes(root) -> list[RecordedEpisode]:
+    store = RecordingStore(root)
+    return [RecordedEpisode(store.path(info.name)) for info in store.list()]
+
+
+def recording_server(root, every_session: bool = True, **settings) -> ServerThread:
+    return ServerThread(tiny_engine_loader("distilled"),
+                        recording=RecordingOptions(root=root, every_session=every_session), **settings)
+
+
+async def test_a_sessions_chunks_drops_and_errors_are_recorded_with_the_actions_it_received(tmp_path):
+    root = tmp_path / "recordings"
+    with recording_server(root) as server:
+        robot = await Robot.open(server)
+        await robot.send({"type": "configure", "domain_name": DOMAIN, "prompt": "pick up the cube", "control_hz": 10})
+        session = await robot.recv()
+        assert session["type"] == "session" and session["recording"] is True
+        received = {}
+        for seq in range(3):
+            reply = await robot.observe(seq, timestamp=100.0 + seq)
+            assert reply["type"] == "action_chunk", reply
+            received[seq] = reply["actions"]
+        # An observation cancelled at once is answered `dropped`; a bad one `error` (no seq is recorded for it).
+        await robot.send({"type": "observation", "seq": 3, "images": {"front": frame(3, 64, 80)}})
+        await robot.send({"type": "cancel", "seq": 3})
+        replies = [await robot.recv()]
+        if replies[0]["type"] == "action_chunk":  # the engine was faster than the cancel: that is a chunk too
+            received[3] = replies[0]["actions"]
+        await robot.send({"type": "observation", "seq": 4, "image": np.zeros((8, 8), np.uint8)})
+        error = await robot.recv()
+        assert error["type"] == "error"
+        await robot.ws.close()
+        health = http_get(server.health_url)[1]
+        assert health["recording"]["state"] == "recording" and health["recording"]["every_session"] is True
+    # Stopping the server closed the recorder after the session ended: its episode is published.
+    [episode] = episodes(root)
+    assert episode.session["session_id"] == robot.session_id
+    assert episode.session["config"]["prompt"] == "pick up the cube"
+    assert episode.session["model"]["variant"] == "distilled"
+    rows = episode.rows()
+    assert [row.seq for row in rows] == [0, 1, 2, 3]
+    for seq, actions in received.items():
+        assert rows[seq].kind == "chunk"
+        np.testing.assert_array_equal(rows[seq].actions, actions)
+    if 3 not in received:
+        assert (rows[3].kind, rows[3].reason) == ("dropped", "cancelled")
+    assert [row.task for row in rows] == ["pick up the cube"] * 4
+    frames = list(episode.frames())
+    assert len(frames) == 4
+    assert np.abs(frames[1]["front"].astype(int) - frame(1, 64, 80)).mean() < 8  # H.264, not the same bytes
+    kinds = [event["kind"] for event in episode.events()]
+    assert "error" in kinds
+
+
+async def test_configure_opts_in_and_out_and_is_refused_without_a_record_dir(tmp_path):
+    root = tmp_path / "recordings"
+    with recording_server(root, every_session=False) as server:
+        quiet = await Robot.open(server)
+        await quiet.send({"type": "configure", "domain_name": DOMAIN})
+        assert (await quiet.recv())["recording"] is False
+        assert (await quiet.observe(0))["type"] == "action_chunk"
+
+        robot = await Robot.open(server)
+        await robot.send({"type": "configure", "domain_name": DOMAIN, "record": "yes"})
+        refused = await robot.recv()
+        assert (refused["type"], refused["code"], refused["field"]) == ("error", "invalid_field", "record")
+        await robot.send({"type": "configure", "domain_name": DOMAIN, "record": True})
+        assert (await robot.recv())["recording"] is True
+        opted_in = await robot.observe(0)
+        await robot.send({"type": "configure", "record": False})
+        assert (await robot.recv())["recording"] is False
+        assert (await robot.observe(1))["type"] == "action_chunk"  # served, not recorded
+        await asyncio.gather(robot.ws.close(), quiet.ws.close())
+    [episode] = episodes(root)  # only the session that opted in, and only while it did
+    assert episode.session["session_id"] == robot.session_id
+    assert [row.seq for row in episode.rows()] == [0]
+    np.testing.assert_array_equal(episode.rows()[0].actions, opted_in["actions"])
+    assert episode.session["end_reason"] == "recording_stopped"
+
+    with ServerThread(tiny_engine_loader("distilled")) as plain:
+        robot = await Robot.open(plain)
+        await robot.send({"type": "configure", "domain_name": DOMAIN, "record": True})
+        refused = await robot.recv()
+        assert (refused["type"], refused["code"], refused["field"]) == ("error", "recording_unavailable", "record")
+        await robot.send({"type": "configure", "domain_name": DOMAIN})
+        assert (await robot.recv())["recording"] is False  # the refused configure changed nothing
+        await robot.ws.close()
+
+
+async def test_an_operator_toggles_recording_through_the_observer_channel(tmp_path):
+    root = tmp_path / "recordings"
+    with recording_server(root, every_session=False) as server:
+        robot = await Robot.open(server)
+        await robot.send({"type": "configure", "domain_name": DOMAIN})
+        await robot.recv()
+        observe_url = f"ws://127.0.0.1:{server.port}/v1/observe"
+        async with connect(observe_url, proxy=None) as observer:
+            hello = json.loads(await observer.recv())
+            assert hello["recording"] is True and "record" in hello["controls"]
+
+            async def control(action: str) -> dict:
+                await observer.send(json.dumps({"type": "control", "session_id": robot.session_id, "action": action,
+                                                "reason": "look at this"}))
+                while True:
+                    reply = json.loads(await asyncio.wait_for(observer.recv(), 10))
+                    if reply["type"] in ("control_result", "error"):
+                        return reply
+
+            assert (await control("record"))["type"] == "control_result"
+            assert server.run(lambda: server.server.sessions[robot.session_id].recorded)
+            chunk = await robot.observe(0)
+            assert (await control("stop_recording"))["type"] == "control_result"
+            assert not server.run(lambda: server.server.sessions[robot.session_id].recorded)
+        await robot.ws.close()
+    [episode] = episodes(root)
+    np.testing.assert_array_equal(episode.rows()[0].actions, chunk["actions"])
+    assert any(event.get("action") == "stop" and event.get("reason") == "look at this" for event in episode.events()), \
+        episode.events()
+
+    with ServerThread(tiny_engine_loader("distilled")) as plain:
+        robot = await Robot.open(plain)
+        async with connect(f"ws://127.0.0.1:{plain.port}/v1/observe", proxy=None) as observer:
+            assert json.loads(await observer.recv())["recording"] is False
+            await observer.send(json.dumps({"type": "control", "session_id": robot.session_id, "action": "record"}))
+            while (reply := json.loads(await asyncio.wait_for(observer.recv(), 10)))["type"] != "error":
+                pass
+            assert reply["code"] == "recording_unavailable"
+        await robot.ws.close()
+
+
+def _get(url: str, token: str | None = None) -> tuple[int, dict]:
+    import urllib.error
+    import urllib.request
+
+    request = urllib.request.Request(url, headers={"Authorization": f"Bearer {token}"} if token else {})
+    opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+    try:
+        with opener.open(request, timeout=60) as response:
+            return response.status, json.loads(response.read())
+    except urllib.error.HTTPError as exc:
+        return exc.code, json.loads(exc.read() or b"{}")
+
+
+async def test_recordings_are_served_only_with_the_token_and_only_by_their_safe_names(tmp_path):
+    from policy_server.auth import TokenSet
+    from policy_server.http.settings import SidecarSettings
+
+    token = "recordings-token-0123456789"
+    root = tmp_path / "recordings"
+    (tmp_path / "outside").mkdir()
+    (tmp_path / "outside" / "secret.txt").write_text("not a recording")
+    sidecar = SidecarSettings(data_dir=tmp_path / "sidecar", host="127.0.0.1", port=0)
+    with recording_server(root, http=sidecar, auth_tokens=TokenSet([token])) as server:
+        robot_url = server.url + f"?access_token={token}"
+        ws = await connect(robot_url, compression=None, proxy=None, max_size=None)
+        robot = Robot(ws)
+        robot.session_id = (await robot.recv())["session_id"]
+        await robot.send({"type": "configure", "domain_name": DOMAIN, "control_hz": 5})
+        await robot.recv()
+        sent = [await robot.observe(seq) for seq in range(2)]
+        await ws.close()
+        # The episode is published when the session's end reaches the writer; wait for it.
+        assert await asyncio.to_thread(server.server.recorder.sync, 60)
+        base = f"http://127.0.0.1:{server.server.sidecar.port}/v1/recordings"
+        for url in (base, base + "/anything", base + "/anything/frames"):
+            status, body = await asyncio.to_thread(_get, url)
+            assert status == 401 and body["error"]["code"] == "unauthorized", (url, body)
+        status, listing = await asyncio.to_thread(_get, base, token)
+        assert status == 200
+        [info] = listing["recordings"]
+        name = info["name"]
+        assert info["session"] == robot.session_id
+        status, episode = await asyncio.to_thread(_get, f"{base}/{name}", token)
+        assert status == 200 and episode["fps"] == 5 and episode["cameras"] == ["front"]
+        assert [row["seq"] for row in episode["rows"]] == [0, 1]
+        for row, reply in zip(episode["rows"], sent):
+            np.testing.assert_array_equal(np.asarray(row["actions"], np.float32), reply["actions"])
+        status, page = await asyncio.to_thread(_get, f"{base}/{name}/frames?start=1&count=5", token)
+        assert status == 200 and page["start"] == 1 and len(page["frames"]) == 1
+        assert page["frames"][0]["front"]["width"] == 80
+        status, _ = await asyncio.to_thread(_get, f"{base}/{name}/frames?count=1000", token)
+        assert status == 400
+        for bad in ("..%2Foutside", "%2E%2E", "20260101T120000Z_x_000", name + "%2F..%2F..%2Foutside"):
+            status, body = await asyncio.to_thread(_get, f"{base}/{bad}", token)
+            assert status == 404, (bad, status, body)
+    # Without --record-dir the routes say so.
+    with ServerThread(tiny_engine_loader("distilled"), http=SidecarSettings(data_dir=tmp_path / "s2", port=0)) as plain:
+        status, body = await asyncio.to_thread(_get, f"http://127.0.0.1:{plain.server.sidecar.port}/v1/recordings")
+        assert status == 404 and "--record-dir" in body["error"]["message"]
