@@ -1,0 +1,165 @@
+"""SGLang's own Cosmos3 requests, replayed unchanged against a real server on the tiny checkpoint.
+
+``tests/sglang_requests/`` records the request bodies of SGLang's Cosmos3 tests and docs; here each goes
+over the wire, as JSON, as msgpack (SGLang's ``pack_msgpack`` dialect) and as SGLang's multipart form,
+to ``POST /v1/actions/generations``, ``POST /v1/videos``, ``GET /v1/actions/metadata`` and the lock-step
+mode of ``WS /v1/actions/realtime``, and its answer is read the way SGLang's clients read it. One server
+serves the whole module.
+"""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from sglang_fixtures import case, load_cases, materialize, sglang_packb, sglang_unpackb
+from sidecar_fixtures import SidecarServer, actions, engine_loader, error_of, png_b64, png_bytes, rgb, wait_for_job
+
+from robot_clients.wire_codec import packb, unpackb
+
+pytestmark = pytest.mark.timeout(180)
+
+MSGPACK = "application/msgpack"
+GENERATIONS = "/v1/actions/generations"
+# The recorded requests this server runs (as SGLang does), and those it refuses by design, with the code.
+RUNS = ("policy_tensor_image", "batched_policy_tensor_prompts", "batched_policy_scalar_prompt", "single_item_batch")
+REFUSED = {
+    "batched_policy_three_prompts": ("invalid_field", "input.prompt"),
+    "inverse_dynamics_video_path": ("invalid_image", "input.observation.video"),
+    "inverse_dynamics_prompt_batch": ("invalid_field", "input.prompt"),
+    "forward_dynamics_on_actions": ("unsupported_mode", "parameters.action_mode"),
+}
+# The tiny checkpoint runs 4 steps (distilled); SGLang's recorded 30 would be refused by our schedule
+# check, the same as for our own requests. Its 8×8 images run (snapped up to the model's smallest side).
+
+
+def _runnable(body: dict) -> dict:
+    parameters = {k: v for k, v in body.get("parameters", {}).items() if k != "num_inference_steps"}
+    return {**body, "parameters": parameters}  # the distilled schedule is fixed
+
+
+@pytest.fixture(scope="module")
+def server():
+    with SidecarServer(engine_loader()) as running:
+        yield running
+
+
+def _check_envelope(body: dict, items: int, *, request_id: str | None = None, numpy: bool = False) -> None:
+    """What SGLang's clients read from an ``action.generation`` reply."""
+    assert body["object"] == "action.generation"
+    assert body["id"] == request_id if request_id else body["id"].startswith("actgen_")
+    assert isinstance(body["created"], int) and body["model"]
+    assert [d["index"] for d in body["data"]] == list(range(items))
+    assert body["usage"]["batch_size"] == items
+    for d in body["data"]:
+        action = d["action"]
+        assert action["type"] == "continuous" and action["dtype"] == "float32"
+        values = action["values"]
+        assert isinstance(values, np.ndarray) if numpy else isinstance(values, list)
+        values = np.asarray(values, dtype=np.float32)
+        assert list(values.shape) == action["shape"] == [body["usage"]["action_horizon"], body["usage"]["action_dim"]]
+        assert action["raw_action_dim"] == body["usage"]["action_dim"] and np.isfinite(values).all()
+        assert isinstance(action["domain_id"], int) and action["action_mode"] == "policy"
+
+
+@pytest.mark.parametrize("name", RUNS)
+def test_sglangs_recorded_requests_run_over_json_and_msgpack(server, name):
+    recorded = case(name)
+    body = _runnable(materialize(recorded["body"]))
+    items = len(recorded["sglang_expects"].get("prompts", [None]))
+    as_msgpack = server.client.post(GENERATIONS, content=sglang_packb(body), headers={"content-type": MSGPACK})
+    assert as_msgpack.status_code == 200, as_msgpack.text
+    assert as_msgpack.headers["content-type"] == MSGPACK
+    reply = sglang_unpackb(as_msgpack.content)  # as SGLang's clients decode it
+    _check_envelope(reply, items, request_id=body.get("request_id"), numpy=True)
+    if "prompts" in recorded["sglang_expects"]:
+        assert [d["input_index"] for d in reply["data"]] == list(range(items))
+    if "$ndarray" not in json.dumps(recorded["body"]):  # JSON bodies: the recorded ones without arrays
+        as_json = server.client.post(GENERATIONS, json=body)
+        assert as_json.status_code == 200, as_json.text
+        _check_envelope(as_json.json(), items, request_id=body.get("request_id"))
+
+
+def test_the_tensor_policy_request_keeps_sglangs_parameters(server):
+    body = _runnable(case("policy_tensor_image")["body"])
+    reply = server.client.post(GENERATIONS, json=body).json()
+    action = reply["data"][0]["action"]
+    assert action["domain_name"] == "droid_lerobot" and action["seed"] == 7
+    assert reply["usage"]["action_horizon"] == 16 and reply["usage"]["denoise_steps"] == 4
+    again = server.client.post(GENERATIONS, json=body).json()  # same seed, same actions
+    np.testing.assert_allclose(again["data"][0]["action"]["values"], action["values"], atol=1e-5)
+
+
+@pytest.mark.parametrize("name", sorted(REFUSED))
+def test_sglangs_recorded_refusals_are_typed_errors(server, name):
+    body = materialize(case(name)["body"])
+    response = server.client.post(GENERATIONS, content=sglang_packb(body), headers={"content-type": MSGPACK})
+    assert response.status_code == 400, response.text
+    error = error_of(response)
+    assert (error["code"], error["field"]) == REFUSED[name]
+
+
+def test_the_batch_limit_is_the_servers(server):
+    body = materialize(case("batched_policy_over_server_limit")["body"])
+    body["input"]["input_reference"] = np.zeros((5, 8, 8, 3), np.uint8)  # the server runs batches of 4
+    response = server.client.post(GENERATIONS, content=sglang_packb(body), headers={"content-type": MSGPACK})
+    assert response.status_code == 400 and error_of(response)["code"] == "invalid_field"
+
+
+def test_raw_response_and_output_formats(server):
+    body = _runnable(case("policy_tensor_image")["body"])
+    body["runtime"] = {"response_format": "raw"}
+    raw = server.client.post(GENERATIONS, json=body).json()
+    assert raw["request_id"] == "cosmos-action-1" and raw["seeds"] == [7]
+    assert np.asarray(raw["actions"]).shape == (16, raw["raw_action_dim"])
+    body["runtime"] = {"output_format": "list", "return_timing": True}
+    listed = server.client.post(GENERATIONS, content=packb(body), headers={"content-type": MSGPACK})
+    reply = unpackb(listed.content)
+    assert isinstance(reply["data"][0]["action"]["values"], list)
+    assert reply["timings"]["total_ms"] >= reply["timings"]["model_ms"] > 0
+    as_json = server.client.post(GENERATIONS, content=packb(body),
+                                 headers={"content-type": MSGPACK, "accept": "application/json"})
+    assert as_json.headers["content-type"].startswith("application/json")
+    _check_envelope(as_json.json(), 1, request_id="cosmos-action-1")
+
+
+def test_candidates_are_items_with_their_own_seeds(server):
+    body = {"request_id": 5, "input": {"task": "pick", "observation": {"image": {"b64_json": png_b64(rgb(32))}}},
+            "parameters": {"domain_name": "droid_lerobot", "candidate_count": 2, "seed": 11}}
+    reply = server.client.post(GENERATIONS, json=body)
+    assert reply.status_code == 200, reply.text
+    data = reply.json()["data"]
+    assert [(d["candidate_index"], d["action"]["seed"]) for d in data] == [(0, 11), (1, 12)]
+    assert not np.allclose(data[0]["action"]["values"], data[1]["action"]["values"])
+
+
+def test_sglangs_multipart_action_form(server):
+    form = {"request_id": "form-1", "prompt": "pick up the block", "domain_name": "droid_lerobot",
+            "action_horizon": "8", "extra_params": json.dumps({"seed": 3})}
+    response = server.client.post(GENERATIONS, data=form,
+                                  files={"image_reference": ("frame.png", png_bytes(rgb(32)), "image/png")})
+    assert response.status_code == 200, response.text
+    reply = response.json()
+    _check_envelope(reply, 1, request_id="form-1")
+    assert reply["usage"]["action_horizon"] == 8 and reply["data"][0]["action"]["seed"] == 3
+
+
+def test_errors_name_the_clients_field(server):
+    body = _runnable(case("policy_tensor_image")["body"])
+    body["parameters"]["num_inference_steps"] = 30  # the distilled schedule is fixed
+    error = error_of(server.client.post(GENERATIONS, json=body))
+    assert error["field"] == "parameters.num_inference_steps"
+    body["parameters"].pop("num_inference_steps")
+    body["parameters"]["flow_shift"] = 3.0
+    error = error_of(server.client.post(GENERATIONS, json=body))
+    assert (error["code"], error["field"]) == ("invalid_field", "parameters.flow_shift")
+
+
+def test_our_flat_form_is_unchanged(server):
+    response = server.client.post(GENERATIONS, json={"domain_name": "droid_lerobot", "image": png_b64(rgb(32)),
+                                                     "seed": 3, "num_steps": 4})
+    assert response.status_code == 200, response.text
+    body = response.json()
+    assert body["usage"]["num_steps"] == 4 and body["data"][0]["action"]["domain_name"] == "droid_lerobot"
