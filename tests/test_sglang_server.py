@@ -163,3 +163,23 @@ def test_our_flat_form_is_unchanged(server):
     assert response.status_code == 200, response.text
     body = response.json()
     assert body["usage"]["num_steps"] == 4 and body["data"][0]["action"]["domain_name"] == "droid_lerobot"
+
+
+def _lookup(body: dict, key: str):
+    value = body
+    for part in key.split("."):
+        value = value[part]
+    return value
+
+
+def test_metadata_carries_sglangs_keys_from_the_checkpoint(server):
+    meta = server.client.get("/v1/actions/metadata").json()
+    recorded = next(c for c in load_cases("action_metadata") if c["sglang_server"]["batching_max_size"] == 4)
+    for key, expected in recorded["sglang_expects"].items():
+        if key != "capabilities.openpi_websocket":  # SGLang's test server has none; ours does by default
+            assert _lookup(meta, key) == expected, key
+    assert meta["object"] == "action.metadata" and meta["capabilities"]["openpi_websocket"] is True
+    assert meta["output"]["action_type"] == "continuous" and meta["output"]["dtype"] == "float32"
+    assert meta["defaults"]["num_inference_steps"] == meta["defaults"]["num_steps"] == 4
+    # our own keys keep their values next to SGLang's
+    assert meta["capabilities"]["action_generations"] is True and "policy" in meta["action_modes"]
