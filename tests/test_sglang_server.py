@@ -183,3 +183,48 @@ def test_metadata_carries_sglangs_keys_from_the_checkpoint(server):
     assert meta["defaults"]["num_inference_steps"] == meta["defaults"]["num_steps"] == 4
     # our own keys keep their values next to SGLang's
     assert meta["capabilities"]["action_generations"] is True and "policy" in meta["action_modes"]
+
+
+# -- /v1/videos -------------------------------------------------------------------------------------------
+
+
+def test_an_sglang_video_job_runs_and_its_object_has_sglangs_fields(server):
+    body = {"prompt": "push the block", "input_reference": png_b64(rgb(64)), "action": actions(8),
+            "domain_id": 7, "raw_action_dim": 10, "num_inference_steps": 4, "num_frames": 9, "fps": 12,
+            "seconds": 0.75, "action_view_point": "ego_view", "extra_body": {"seed": 3}}
+    response = server.client.post("/v1/videos", json=body)
+    assert response.status_code == 200, response.text
+    job = response.json()
+    assert job["status"] == "queued" and job["url"] is None and job["seed"] == 3 and job["num_steps"] == 4
+    done = wait_for_job(server.client, job["id"])
+    assert (done["status"], done["progress"], done["error"]) == ("completed", 100, None)
+    content = server.client.get(done["url"])
+    assert content.status_code == 200 and content.headers["content-type"] == "video/mp4"
+
+
+def test_sglangs_video_form_and_its_errors(server):
+    form = {"prompt": "push", "action": json.dumps(actions(8)), "num_inference_steps": "4",
+            "extra_params": json.dumps({"seed": 5, "action_normalization": "quantile"}), "size": ""}
+    response = server.client.post("/v1/videos", data=form,
+                                  files={"input_reference": ("f.png", png_bytes(rgb(64)), "image/png")})
+    assert response.status_code == 200, response.text
+    assert response.json()["seed"] == 5
+    # our checks, named as the client wrote the field
+    error = error_of(server.client.post("/v1/videos", json={**form, "action": actions(8), "num_inference_steps": 30,
+                                                            "input_reference": png_b64(rgb(64))}))
+    assert (error["code"], error["field"]) == ("invalid_field", "num_inference_steps")
+    # our own name still works, as an alias
+    ours = server.client.post("/v1/videos", json={"action": actions(8), "input_reference": png_b64(rgb(64)),
+                                                  "num_steps": 4})
+    assert ours.status_code == 200, ours.text
+
+
+@pytest.mark.parametrize("recorded", load_cases("video_requests"), ids=lambda c: c["name"])
+def test_sglangs_recorded_video_requests_are_refused_by_name(server, recorded):
+    body = recorded["body"]
+    if recorded["encoding"] == "multipart":
+        response = server.client.post("/v1/videos", files={k: (None, v) for k, v in body.items()})  # text parts
+    else:
+        response = server.client.post("/v1/videos", json=body)
+    error = error_of(response)
+    assert response.status_code == 400 and error["field"] in body, error

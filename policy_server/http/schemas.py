@@ -164,6 +164,8 @@ class VideoJobObject(BaseModel):
     bytes: int | None = Field(None, description="size of the finished MP4")
     attempts: int = Field(description="times the job was started (a restart mid-job starts it again)")
     error: ErrorDetail | None = None
+    url: str | None = Field(None, description="where the finished MP4 is downloaded (GET /v1/videos/{id}/content); "
+                                              "null until the job completed (SGLang's field)")
 
 
 class VideoJobList(BaseModel):
