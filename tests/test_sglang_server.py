@@ -228,3 +228,57 @@ def test_sglangs_recorded_video_requests_are_refused_by_name(server, recorded):
         response = server.client.post("/v1/videos", json=body)
     error = error_of(response)
     assert response.status_code == 400 and error["field"] in body, error
+
+
+# -- WS /v1/actions/realtime, SGLang's lock-step mode --------------------------------------------------------
+
+
+def _lockstep(server):
+    from websockets.sync.client import connect
+
+    return connect(f"ws://127.0.0.1:{server.port}/v1/actions/realtime", max_size=2**24, open_timeout=30)
+
+
+def test_sglangs_realtime_client_is_served_lock_step(server):
+    with _lockstep(server) as ws:
+        meta = sglang_unpackb(ws.recv(timeout=30))
+        # one metadata frame for both protocols: ours, with SGLang's keys merged in
+        assert meta["type"] == "metadata" and meta["object"] == "action.metadata"
+        assert meta["policy_family"] == "cosmos3" and meta["capabilities"]["realtime_websocket"] is True
+        assert meta["capabilities"]["max_batch_size"] == 4 and meta["capabilities"]["streaming"] is True
+        for name in RUNS:
+            body = _runnable(materialize(case(name)["body"]))
+            ws.send(sglang_packb(body))
+            reply = sglang_unpackb(ws.recv(timeout=60))
+            _check_envelope(reply, len(case(name)["sglang_expects"].get("prompts", [None])),
+                            request_id=body.get("request_id"), numpy=True)
+            timing = reply["server_timing"]
+            assert timing["infer_ms"] > 0
+            assert ("prev_total_ms" in timing) == (name != RUNS[0])
+
+
+@pytest.mark.parametrize("name", sorted(REFUSED))
+def test_lockstep_errors_are_typed_and_the_connection_stays_open(server, name):
+    with _lockstep(server) as ws:
+        ws.recv(timeout=30)
+        ws.send(sglang_packb(_runnable(materialize(case("single_item_batch")["body"]))))  # chooses the mode
+        assert "data" in sglang_unpackb(ws.recv(timeout=60))
+        ws.send(sglang_packb(materialize(case(name)["body"])))
+        error = sglang_unpackb(ws.recv(timeout=30))
+        assert set(error) == {"error"} and (error["error"]["code"], error["error"]["field"]) == REFUSED[name]
+        assert "Traceback" not in error["error"]["message"]
+        ws.send(b"\xc1 not msgpack")
+        assert sglang_unpackb(ws.recv(timeout=30))["error"]["code"] == "bad_frame"
+        ws.send(packb({"type": "configure"}))  # protocol v1 needs its own connection
+        assert sglang_unpackb(ws.recv(timeout=30))["error"]["field"] == "type"
+        ws.send(sglang_packb(_runnable(materialize(case("single_item_batch")["body"]))))  # still served
+        assert sglang_unpackb(ws.recv(timeout=60))["usage"]["batch_size"] == 1
+
+
+def test_a_first_frame_with_type_keeps_our_protocol(server):
+    with _lockstep(server) as ws:
+        assert unpackb(ws.recv(timeout=30))["type"] == "metadata"
+        ws.send(packb({"type": "observation", "seq": 1, "image": rgb(32), "domain_name": "droid_lerobot"}))
+        assert unpackb(ws.recv(timeout=60))["type"] == "action_chunk"
+        ws.send(packb({"input": {"task": "pick"}}))  # not the first frame: no type is not a mode switch
+        assert unpackb(ws.recv(timeout=30))["type"] == "error"
