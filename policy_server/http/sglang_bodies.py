@@ -52,10 +52,16 @@ def sglang_requests(envelope: dict[str, Any], description: ModelDescription, lim
     Raises :class:`ApiError` naming the client's field (``parameters.num_inference_steps``, not ``num_steps``).
     """
     call = parse_action_envelope(envelope, description, max_items=max_items, msgpack_reply=msgpack_reply)
+    return call, item_requests(call, description, limits)
+
+
+def item_requests(call: ActionCall, description: ModelDescription,
+                  limits: FrameLimits | None = None) -> list[ActionRequest]:
+    """One engine request per item of a checked envelope, by our own checks; an error names the client's field."""
     requests = []
     for item in call.items:
         try:
             requests.append(action_request(item.fields, description, limits))
         except ApiError as exc:
             raise item.relabel(exc) from None
-    return call, requests
+    return requests

@@ -28,7 +28,7 @@ from robot_clients.wire_codec import packb
 from ..engine.outcome import EngineOutcome
 from ..engine.request_queue import PendingObservation, QueueClosed
 from ..http.errors import ApiError, HttpErrorCode
-from ..http.requests import action_request
+from ..http.sglang_bodies import item_requests
 from ..sglang.actions import ActionCall
 from ..sglang.realtime import LockstepSession
 from .base import ChunkReply, Session
@@ -68,12 +68,7 @@ class SglangLockstepSession(Session):
         description = self.host.description
         try:
             call = self.lockstep.receive(message, received_at)
-            requests = []
-            for item in call.items:
-                try:
-                    requests.append(action_request(item.fields, description))
-                except ApiError as exc:
-                    raise item.relabel(exc) from None
+            requests = item_requests(call, description)
         except ApiError as exc:
             raise ProtocolError(exc.code, exc.message, exc.field) from None
         self.last_observation_at = received_at
