@@ -4,6 +4,9 @@
 * :func:`openpi_metadata`: the metadata dict an openpi session sends first;
 * :func:`http_action_metadata`: the model's part of the sidecar's ``GET /v1/actions/metadata`` (the
   sidecar adds its own HTTP limits and capabilities);
+* :func:`sglang_keys`: SGLang's metadata keys (``object: "action.metadata"``, ``policy_family``, ``input``,
+  ``output``, its ``defaults`` and ``capabilities``), merged into the native hello and the sidecar's
+  answer so that SGLang's clients read them as their own (``docs/sglang.md``);
 * :func:`health`: the ``/healthz`` body, the same on the WebSocket port and the sidecar (the sidecar's
   ``status`` says whether the process is alive, ``engine`` what the engine is doing).
 
@@ -20,6 +23,7 @@ from robot_clients import protocol
 from .engine.description import ModelDescription
 from .recording_setup import recorder_health
 from .sessions.config import STATE_PROFILE_FIELDS, SessionConfig
+from .sglang.metadata import merge_metadata, sglang_metadata
 from .sessions.host import SessionHost
 from .sessions.openpi_observation import CameraMapping
 
@@ -51,7 +55,7 @@ def native_metadata(host: SessionHost, session_id: str) -> dict[str, Any]:
     connection_limits = settings.connection_limits
     limits["reply_timeout_s"] = connection_limits.reply_timeout_s or None
     limits["idle_timeout_s"] = connection_limits.idle_timeout_s or None
-    return {
+    return merge_metadata({
         "type": protocol.METADATA,
         "protocol_version": protocol.PROTOCOL_VERSION,
         "server": SERVER_NAME,
@@ -73,7 +77,16 @@ def native_metadata(host: SessionHost, session_id: str) -> dict[str, Any]:
         "limits": limits,
         "device": d.device,
         "dtype": d.dtype,
-    }
+    }, sglang_keys(host))
+
+
+def sglang_keys(host: SessionHost) -> dict[str, Any]:
+    """SGLang's metadata keys for the loaded model and this server's settings (its most chunks per request
+    is the engine's batch size, its default rate a session's default ``fps``)."""
+    assert host.description is not None, "answered once the model is ready"
+    settings = host.settings
+    return sglang_metadata(host.description, max_batch_size=settings.max_batch,
+                           openpi_websocket=settings.openpi is not None, default_fps=SessionConfig.fps)
 
 
 def openpi_metadata(d: ModelDescription | None, session_id: str, config: SessionConfig | None,

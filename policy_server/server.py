@@ -48,6 +48,7 @@ from .sessions.host import HostedSession
 from .sessions.native import RealtimeSession
 from .sessions.observer import DEFAULT_INTERVAL_S, OBSERVER_MAX_MESSAGE_BYTES, ObserverSession, SnapshotCache, authorize
 from .sessions.openpi import OpenpiSession
+from .sessions.sglang_lockstep import SglangLockstepSession
 from .sessions.supervisor import (
     MAX_QUEUED_FRAMES, SOCKET_SEND_BUFFER_BYTES, WRITE_LIMIT_BYTES, ConnectionSupervisor, close_connection,
 )
@@ -367,6 +368,13 @@ class PolicyServer:
         logger.info("session %s opened from %s", session.id, connection.remote_address)
         try:
             await session.run()
+            if session.handover is not None:  # its first frame chose SGLang's lock-step mode (docs/sglang.md)
+                self.unregister(session)
+                session = SglangLockstepSession(connection, self, session_id=session.id,
+                                                first_frame=session.handover, hello_sent_at=session.last_observation_at)
+                self.register(session)
+                logger.info("session %s speaks SGLang's lock-step protocol", session.id)
+                await session.run()
         finally:
             self.unregister(session)
             logger.info(

@@ -17,7 +17,7 @@ from sidecar_fixtures import actions, png_b64, png_bytes, rgb
 from policy_server.http.codecs import IMAGE_UPLOAD_TYPES, Upload, decode_multipart_fields
 from policy_server.http.errors import ApiError
 from policy_server.http.requests import video_submission
-from policy_server.sglang.videos import sglang_job_fields, video_fields
+from policy_server.sglang.videos import video_fields
 
 FPS = 24.0  # VideoCreateParams' default rate
 
@@ -145,11 +145,3 @@ def test_sglangs_recorded_video_requests_are_refused_by_name(distilled, recorded
     assert error.code in ("invalid_field", "unsupported_mode") and error.field in body
     assert error.field in error.message
 
-
-def test_the_job_object_carries_the_fields_sglang_clients_read():
-    job = {"id": "video_1", "object": "video", "status": "failed", "progress": 10,
-           "error": {"code": "engine_error", "message": "the model failed", "field": None}}
-    view = sglang_job_fields(job)
-    assert (view["status"], view["progress"], view["error"]["message"], view["url"]) == \
-        ("failed", 10, "the model failed", None)
-    assert {k: v for k, v in view.items() if k != "url"} == job

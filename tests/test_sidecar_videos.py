@@ -28,7 +28,7 @@ pytestmark = pytest.mark.timeout(120)
 
 JOB_KEYS = {"id", "object", "status", "progress", "created_at", "started_at", "completed_at", "expires_at", "model",
             "prompt", "domain_name", "action_shape", "fps", "seed", "num_steps", "guidance_scale",
-            "resolution_tier", "size", "frames", "seconds", "bytes", "attempts", "error"}
+            "resolution_tier", "size", "frames", "seconds", "bytes", "attempts", "error", "url"}
 
 
 @pytest.fixture(scope="module")

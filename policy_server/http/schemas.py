@@ -179,6 +179,8 @@ class VideoJobObject(BaseModel):
     bytes: int | None = Field(None, description="size of the finished MP4")
     attempts: int = Field(description="times the job was started (a restart mid-job starts it again)")
     error: ErrorDetail | None = None
+    url: str | None = Field(None, description="where the finished MP4 is downloaded (GET /v1/videos/{id}/content); "
+                                              "null until the job completed (SGLang's field)")
 
 
 class VideoJobList(BaseModel):
@@ -263,7 +265,7 @@ class DomainInfo(BaseModel):
 class ActionMetadata(BaseModel):
     """``GET /v1/actions/metadata``: what the loaded checkpoint offers, read from the engine."""
 
-    object: Literal["actions.metadata"] = "actions.metadata"
+    object: Literal["action.metadata"] = "action.metadata"  # SGLang's name, which its clients compare
     model: str | None
     variant: str | None
     is_distilled: bool
@@ -284,3 +286,8 @@ class ActionMetadata(BaseModel):
     dtype: str | None = None
     topology: dict[str, Any] = Field(default_factory=dict,
                                      description="where the engine runs: backend (local, ray) and its replicas")
+    # SGLang's keys (docs/sglang.md); its `defaults` and `capabilities` keys are merged into ours above.
+    policy_family: str = Field(description="SGLang's model family: cosmos3")
+    input: dict[str, Any] = Field(description="SGLang's input.{modalities, supported_resolutions, state_dim}")
+    output: dict[str, Any] = Field(
+        description="SGLang's output.{action_type, action_horizon, action_dim, padded_action_dim, dtype}")

@@ -162,6 +162,10 @@ class Session:
             self.recording = host.recorder.session(self.id, self.protocol)
         self.close_reason = "closed"  # how its recorded episode ends
         self.frame_seq: int | None = None  # the seq the frame being handled is about, once known
+        # Set by handle() when the client's first frame speaks another protocol served on the same path
+        # (SGLang's lock-step mode on /v1/actions/realtime): run() then returns, once the replies queued so
+        # far (the metadata) left, and the server hands the connection and that frame to its session kind.
+        self.handover: Any = None
 
     @property
     def remote(self) -> str | None:
@@ -176,11 +180,14 @@ class Session:
             self.opened()
             async for message in paced(self.connection, self.outbox):
                 self._receive(message)
+                if self.handover is not None:
+                    break
         except ConnectionClosed:
             pass  # the client went away (or sent an oversized frame: websockets closed with 1009)
         finally:
             self._close()
-            self.outbox.close()  # the connection is gone: nobody will read what waits
+            # The connection is gone (nobody will read what waits), or handed over (what waits still leaves).
+            self.outbox.close(discard=self.handover is None)
             try:
                 await asyncio.wait_for(sender, timeout=1.0)
             except (asyncio.TimeoutError, ConnectionClosed):

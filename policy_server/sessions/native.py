@@ -36,6 +36,7 @@ from robot_clients.wire_codec import WireFormatError, packb, unpackb
 
 from ..engine.outcome import EngineOutcome
 from ..engine.request_queue import PendingObservation
+from ..sglang.realtime import SGLANG, connection_mode
 from .base import UNREAD_CHUNK_MESSAGE, ChunkReply, Session, cameras_of
 from .config import merge_session_config, observation_request, settings_used
 from .controls import ControlAction, ControlError, ControlErrorCode, OperatorControl
@@ -62,6 +63,7 @@ class RealtimeSession(Session):
         # True while the prompt is the operator's: per-observation prompt overrides are then ignored,
         # until the robot's own `configure` sets a prompt again.
         self.operator_prompt = False
+        self.frames_read = 0  # the first one may choose SGLang's lock-step mode instead (docs/sglang.md)
 
     def opened(self) -> None:
         self.put(packb(self.host.metadata(self.id, self.protocol)))
@@ -96,6 +98,10 @@ class RealtimeSession(Session):
             decoded = unpackb(message)
         except WireFormatError as exc:
             raise ProtocolError(ErrorCode.BAD_FRAME, exc.message, exc.field) from None
+        first, self.frames_read = self.frames_read == 0, self.frames_read + 1
+        if first and connection_mode(decoded) == SGLANG:  # SGLang's lock-step client: its session takes over
+            self.handover = decoded
+            return
         if isinstance(decoded, dict) and isinstance(decoded.get("seq"), int):
             self.frame_seq = decoded["seq"]  # so that even an early error names the observation it is about
         frame = client_frames.parse_client_frame(decoded, self.host.frame_limits)

@@ -1,4 +1,4 @@
-"""SGLang's ``POST /v1/videos`` field names, mapped onto ours; the job object's SGLang fields.
+"""SGLang's ``POST /v1/videos`` field names, mapped onto ours.
 
 SGLang (and OpenAI's Videos API, which it extends) sends a flat body, JSON or multipart, whose Cosmos3
 ``forward_dynamics`` fields are::
@@ -154,11 +154,3 @@ def video_fields(fields: Mapping[str, Any], description: ModelDescription, *, de
         refuse_guardrails(body.get(name), name)
     return mapped
 
-
-def sglang_job_fields(job: Mapping[str, Any]) -> dict[str, Any]:
-    """Our job object with the field SGLang's has and ours lacks: ``url``.
-
-    SGLang sets ``url`` when it uploaded the video to cloud storage, and leaves it null otherwise, when
-    clients download ``/v1/videos/{id}/content``: this server never uploads, so it is always null.
-    """
-    return {**job, "url": None}

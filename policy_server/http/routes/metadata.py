@@ -12,8 +12,9 @@ from typing import Any
 from fastapi import APIRouter
 from fastapi.responses import JSONResponse, Response
 
-from ...metadata import engine_state, health, http_action_metadata
+from ...metadata import engine_state, health, http_action_metadata, sglang_keys
 from ...metrics import PROMETHEUS_CONTENT_TYPE
+from ...sglang.metadata import merge_metadata
 from ...videos.encoding import MP4_MEDIA_TYPE
 from .. import codecs as http_codecs
 from ..context import SidecarParts
@@ -25,8 +26,8 @@ from ..settings import SidecarSettings
 def http_metadata(host: SessionHost, settings: SidecarSettings, max_buffered_body_bytes: int) -> ActionMetadata:
     """The ``/v1/actions/metadata`` body: the model's description (the one builder in
     :mod:`policy_server.metadata`, shared with the WebSocket hello and openpi's metadata), with this
-    sidecar's own limits and capabilities (``settings``) merged in."""
-    return ActionMetadata(**http_action_metadata(host, dict(
+    sidecar's own limits and capabilities (``settings``) and SGLang's keys (``docs/sglang.md``) merged in."""
+    return ActionMetadata(**merge_metadata(http_action_metadata(host, dict(
         max_body_bytes=settings.max_body_bytes,
         max_decoded_bytes=settings.max_decoded_bytes,
         max_json_values=settings.max_json_values,
@@ -41,7 +42,7 @@ def http_metadata(host: SessionHost, settings: SidecarSettings, max_buffered_bod
         response_formats=[http_codecs.JSON_TYPE, http_codecs.MSGPACK_TYPE],
         video_container=MP4_MEDIA_TYPE,
         video_retention={"max_age_s": settings.retention.max_age_s, "max_bytes": settings.retention.max_bytes},
-    )))
+    )), sglang_keys(host)))
 
 
 def router(parts: SidecarParts) -> APIRouter:

@@ -8,11 +8,15 @@ the engine's background lane; clients poll the job and fetch its MP4 once it com
 from __future__ import annotations
 
 import asyncio
+from typing import Any
 
 from fastapi import APIRouter, Path as PathParam, Query, Request
 from fastapi.responses import FileResponse
 
-from robot_clients.protocol import ErrorCode
+from robot_clients.protocol import ErrorCode, FrameLimits
+
+from ...engine.description import ModelDescription
+from ...sglang.videos import video_fields
 
 from ...videos.encoding import MP4_MEDIA_TYPE
 from ...videos.job_store import VideoJobStore
@@ -53,7 +57,20 @@ def job_object(job: VideoJob, store: VideoJobStore) -> VideoJobObject:
         attempts=job.attempts,
         error=ErrorDetail(code=job.error_code, message=job.error_message or "", field=job.error_field)
         if job.error_code else None,
+        # SGLang's clients download the video from `url` once it is set.
+        url=f"/v1/videos/{job.id}/content" if job.status is VideoJobStatus.COMPLETED else None,
     )
+
+
+def _submission(fields: dict[str, Any], description: ModelDescription,
+                limits: FrameLimits) -> http_requests.VideoSubmission:
+    """A submission with SGLang's field names or ours (:func:`~policy_server.sglang.videos.video_fields`),
+    checked by our own rules; an error names the field as the client wrote it."""
+    mapped = video_fields(fields, description, default_fps=VideoCreateParams.model_fields["fps"].default)
+    try:
+        return http_requests.video_submission(mapped.fields, description, limits)
+    except ApiError as exc:
+        raise mapped.relabel(exc) from None
 
 
 async def _stored_job(store: VideoJobStore, video_id: str) -> VideoJob:
@@ -78,8 +95,7 @@ def router(parts: SidecarParts) -> APIRouter:
         description = parts.require_ready()
         fields, _ = await read_fields(request, {"input_reference": http_codecs.IMAGE_UPLOAD_TYPES},
                                       parts.settings.max_json_values, parts.body_budget)
-        submission = await asyncio.to_thread(http_requests.video_submission, fields, description,
-                                             parts.media_limits(description))
+        submission = await asyncio.to_thread(_submission, fields, description, parts.media_limits(description))
         if await asyncio.to_thread(store.queued_count) >= store.retention.max_queued:
             raise ApiError(HttpErrorCode.QUEUE_FULL,
                            f"{store.retention.max_queued} video jobs are already queued; retry later",
