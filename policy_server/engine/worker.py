@@ -21,6 +21,12 @@ the stuck one is abandoned (it keeps its engine's memory until its call returns,
 everything it does afterwards is discarded, because only the current thread may post outcomes, touch
 the worker's state or take from the queue.
 
+While an engine call runs, a small host-prep thread (:mod:`policy_server.engine.host_prep`) prepares
+the observations waiting next (validation, frames into the model's canvas), so the engine goes from one
+batch to the next without waiting for the host (``BatchPolicy.overlap_host_prep``; an engine that cannot
+split its work, such as a remote replica, is called as before). The worker counts the idle gaps between
+engine calls while work waited (``counters.idle_gaps``, ``idle_gap_s``; recent ones in ``idle_gap_samples``).
+
 An engine that can be lost (a remote replica) raises :class:`~policy_server.engine.outcome.EngineLost`;
 the worker then answers nothing of that call and hands its observations and task to ``on_engine_lost``
 (the Ray backend composes one worker per replica and queues that work again elsewhere).
@@ -34,6 +40,8 @@ import logging
 import threading
 import time
 import uuid
+from collections import deque
+from contextlib import nullcontext
 from typing import Any, Callable, Protocol
 
 from robot_clients.protocol import CodedError, DropReason, ErrorCode
@@ -41,6 +49,7 @@ from robot_clients.protocol import CodedError, DropReason, ErrorCode
 from .batch_call import CounterReadouts, EngineCounters, Predictor, predict_batch
 from .batching import BackgroundShare, BatchPolicy
 from .cpu_threads import configure_worker_threads
+from .host_prep import HostPrep, splits_host_work
 from .outcome import EngineLost, EngineOutcome
 from .request_queue import BackgroundTask, PendingObservation, RequestQueue
 
@@ -119,6 +128,11 @@ class EngineWorker(CounterReadouts):
         # The watchdog compares it with --engine-timeout-s.
         self.call_started_at: float | None = None
         self.restarts = 0
+        # Prepares waiting observations while an engine call runs (None: off, or the engine cannot split).
+        self.host_prep: HostPrep | None = None
+        # When the last engine call ended (None before the first), and the recent idle gaps in seconds.
+        self._call_ended_at: float | None = None
+        self.idle_gap_samples: deque[float] = deque(maxlen=1024)
 
     # -- control, from the event loop ------------------------------------------------------------
 
@@ -157,6 +171,9 @@ class EngineWorker(CounterReadouts):
         stuck_for = time.monotonic() - self.call_started_at if self.call_started_at is not None else 0.0
         self.current, self.current_task, self.call_started_at = [], None, None
         self._stop_busy_clock()
+        if self.host_prep is not None:
+            self.host_prep.stop()
+            self.host_prep = None
         self.restarts += 1
         self.state = WorkerState.RESTARTING
         reference = uuid.uuid4().hex[:12]
@@ -225,6 +242,18 @@ class EngineWorker(CounterReadouts):
 
     def _serve(self, engine: ActionEngine) -> None:
         policy = self.batching
+        if policy.overlap_host_prep and splits_host_work(engine):
+            self.host_prep = HostPrep(engine, self._queue, policy.max_batch, f"{self._thread.name}-host-prep")
+            self.host_prep.start()
+        try:
+            self._serve_queue(engine)
+        finally:
+            if self._is_current() and self.host_prep is not None:
+                self.host_prep.stop()
+                self.host_prep = None
+
+    def _serve_queue(self, engine: ActionEngine) -> None:
+        policy = self.batching
         while self._is_current():
             # When no observation waits, or when background work is owed its share of the engine.
             task = self._queue.take_background(even_if_observations_wait=self._background_overdue())
@@ -262,29 +291,32 @@ class EngineWorker(CounterReadouts):
 
     # -- one batch: prepared, then run --------------------------------------------------------------
 
-    def _prepare_batch(self, taken: list[PendingObservation]) -> list[PendingObservation]:
-        """The observations of ``taken`` still worth running: those past their deadline are dropped here."""
+    def _prepare_batch(self, taken: list[PendingObservation]) -> list[tuple[PendingObservation, Any]]:
+        """The observations of ``taken`` still worth running, each with its inputs prepared ahead (None
+        if not): those past their deadline are dropped here."""
+        ahead = self.host_prep.claim(taken) if self.host_prep is not None else [None] * len(taken)
         now = time.monotonic()
         batch = []
-        for item in taken:
+        for item, prepared in zip(taken, ahead):
             if item.expired(now):
                 self.counters.dropped_deadline += 1
                 self._post(item.owner.on_dropped, item, DropReason.DEADLINE)
             else:
-                batch.append(item)
+                batch.append((item, prepared))
         return batch
 
-    def _run_batch(self, engine: ActionEngine, batch: list[PendingObservation]) -> None:
+    def _run_batch(self, engine: ActionEngine, taken: list[tuple[PendingObservation, Any]]) -> None:
         """Run one prepared batch through the engine and post every outcome to its owner."""
-        if not batch:
+        if not taken:
             return
+        batch = [item for item, _ in taken]
         self.current = batch
         # Inside a background task the clock is already running (busy_since is set): no double count.
         started = self.busy_since is None
         if started:
             self.busy_since = time.monotonic()
         try:
-            outcomes = self._predict(engine, batch)
+            outcomes = self._predict(engine, taken)
         except EngineLost as exc:
             if self._is_current():
                 self._engine_lost(batch, [], exc)
@@ -309,12 +341,14 @@ class EngineWorker(CounterReadouts):
         self.busy_since = self.call_started_at = time.monotonic()
 
         def between_steps() -> None:
+            self._call_ended_at = time.monotonic()
             self._serve_waiting(engine, self.background.due_at(time.monotonic()))
             if self._is_current():
                 self.call_started_at = time.monotonic()  # the next step starts now
 
         try:
-            result = task.run(engine, between_steps)
+            with self._overlapping():
+                result = task.run(engine, between_steps)
         except EngineLost as exc:
             if self._is_current():
                 self._engine_lost([], [task], exc)
@@ -342,15 +376,55 @@ class EngineWorker(CounterReadouts):
         error = CodedError(ErrorCode.ENGINE_ERROR, f"the engine was lost while running this request (ref {reference})")
         self._fail(items, tasks, error, 0.0, self._post)
 
-    def _predict(self, engine: ActionEngine, batch: list[PendingObservation]) -> list[EngineOutcome]:
-        """One engine call for ``batch``, on the watchdog's clock. Raises EngineLost, and nothing else."""
+    def _predict(self, engine: ActionEngine, taken: list[tuple[PendingObservation, Any]]) -> list[EngineOutcome]:
+        """One engine call for ``taken``, on the watchdog's clock. Raises EngineLost, and nothing else."""
         outer_call = self.call_started_at  # set inside a video step: the step's clock resumes afterwards
         self.call_started_at = time.monotonic()
+        batch = [item for item, _ in taken]
         try:
-            return predict_batch(engine, batch, self.counters)
+            prepared = self._host_inputs(engine, taken)
+            self._count_idle_gap(batch)
+            with self._overlapping():
+                return predict_batch(engine, batch, self.counters, prepared)
         finally:
             if self._is_current():
+                self._call_ended_at = time.monotonic()
                 self.call_started_at = time.monotonic() if outer_call is not None else None
+
+    def _host_inputs(self, engine: ActionEngine, taken: list[tuple[PendingObservation, Any]]) -> list[Any] | None:
+        """Each observation's prepared inputs: those made ahead, the rest made now (the engine idle
+        meanwhile); None for an engine that does not split its work."""
+        if not splits_host_work(engine):
+            return None
+        inputs = []
+        for item, prepared in taken:
+            if prepared is None:
+                self.counters.inline_preps += 1
+                try:
+                    prepared = engine.prepare_actions(item.request)
+                except Exception:  # noqa: BLE001 - a bug, not a bad request: the request path reports it
+                    logger.exception("preparing seq %s of session %s failed", item.seq, item.session_id)
+                    return None
+            else:
+                self.counters.overlapped_preps += 1
+            inputs.append(prepared)
+        return inputs
+
+    def _count_idle_gap(self, batch: list[PendingObservation]) -> None:
+        """The engine is about to run ``batch``: count how long it sat idle since its last call while
+        an observation of this batch already waited."""
+        if self._call_ended_at is None:
+            return
+        now = time.monotonic()
+        gap = now - max(self._call_ended_at, min(item.enqueued_at for item in batch))
+        if gap >= 0:
+            self.counters.idle_gaps += 1
+            self.counters.idle_gap_s += gap
+            self.idle_gap_samples.append(gap)
+
+    def _overlapping(self):
+        """Around an engine call: the host-prep thread prepares the next observations meanwhile."""
+        return self.host_prep.overlapping() if self.host_prep is not None else nullcontext()
 
 
 def _call_now(callback: Callable[..., Any], *args: Any) -> None:
