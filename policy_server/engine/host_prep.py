@@ -24,6 +24,8 @@ from typing import TYPE_CHECKING, Any, Iterator, Protocol
 
 from cosmos3_runtime.requests import ActionChunk, ActionRequest
 
+from .cpu_threads import configure_worker_threads
+
 if TYPE_CHECKING:
     from .request_queue import PendingObservation, RequestQueue
 
@@ -135,6 +137,9 @@ class HostPrep:
             return None
 
     def _run(self) -> None:
+        # One torch thread: the preparation of one frame is small, and the engine thread's pool has every
+        # core but one (cpu_threads); a second full pool here would take cores from the forward it overlaps.
+        configure_worker_threads(1)
         while (item := self._next()) is not None:
             try:
                 prepared = self._engine.prepare_actions(item.request)
