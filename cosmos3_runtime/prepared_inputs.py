@@ -15,7 +15,7 @@ the model's stream waits for before it reads them.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Callable
 
 import torch
 
@@ -35,6 +35,35 @@ class ConditioningFrames:
     canvas_w: int
     preprocess_s: float  # host seconds the preprocessing took
     ready: Any = None  # a torch.cuda.Event recorded after the side stream's work; None on CPU
+
+    def await_on(self, device: torch.device) -> None:
+        """Make ``device``'s current stream wait for frames made on the side stream (nothing on CPU)."""
+        if self.ready is None:
+            return
+        stream = torch.cuda.current_stream(device)
+        stream.wait_event(self.ready)
+        # The caching allocator must not give this memory back to the side stream while this one reads it.
+        self.vision.record_stream(stream)
+        self.image_size.record_stream(stream)
+
+
+def condition_frames(preprocess: Callable, job: DenoiseJob, clock: Callable[[], float],
+                     stream: Any = None) -> ConditioningFrames:
+    """``job``'s conditioning frames through ``preprocess(frames, tier, num_frames)``: the whole clip for
+    ``inverse_dynamics``, else frame 0 alone (the VAE is causal: its first latent is frame 0's encoding).
+
+    With a CUDA ``stream`` the copy and resize run on it and ``ready`` is recorded after them, so this
+    work does not queue behind the forwards on the default stream.
+    """
+    frames, num_frames = (job.frames, job.horizon + 1) if job.mode == "inverse_dynamics" else (job.frames[:1], 1)
+    t0 = clock()
+    if stream is None:
+        return ConditioningFrames(*preprocess(frames, job.resolution_tier, num_frames), clock() - t0)
+    with torch.cuda.stream(stream):
+        made = preprocess(frames, job.resolution_tier, num_frames)
+        ready = torch.cuda.Event()
+        ready.record(stream)
+    return ConditioningFrames(*made, clock() - t0, ready)
 
 
 @dataclass

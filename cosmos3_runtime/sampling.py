@@ -48,7 +48,7 @@ from diffusers.utils.torch_utils import randn_tensor
 from .denoise_jobs import DenoiseJob, DenoiseOutput
 from .frame_preprocessing import prepare_frames
 from .packed_attention import PackedItem, PrefixMode, install_packed_attention
-from .prepared_inputs import ConditioningFrames
+from .prepared_inputs import ConditioningFrames, condition_frames
 from .prefix_cache import PrefixEntry, TextPrefixCache
 from .prompts import action_caption
 from .sequence_packing import SequencePass, pack_sequence
@@ -112,19 +112,9 @@ class Cosmos3Sampler:
                               size_multiple=self.pipe.video_processor.config.vae_scale_factor)
 
     def condition_frames(self, job: DenoiseJob, clock) -> ConditioningFrames:
-        """The job's conditioning frames, preprocessed (:meth:`preprocess`): the whole clip for
-        ``inverse_dynamics``, else frame 0 alone (see :meth:`_prepare`). Host work, safe on another
-        thread than the one running forwards; on CUDA it runs on a side stream and records ``ready``."""
-        frames, num_frames = (job.frames, job.horizon + 1) if job.mode == "inverse_dynamics" else (job.frames[:1], 1)
-        t0 = clock()
-        if self._frames_stream is None:
-            vision, image_size, canvas_h, canvas_w = self.preprocess(frames, job.resolution_tier, num_frames)
-            return ConditioningFrames(vision, image_size, canvas_h, canvas_w, clock() - t0)
-        with torch.cuda.stream(self._frames_stream):
-            vision, image_size, canvas_h, canvas_w = self.preprocess(frames, job.resolution_tier, num_frames)
-            ready = torch.cuda.Event()
-            ready.record(self._frames_stream)
-        return ConditioningFrames(vision, image_size, canvas_h, canvas_w, clock() - t0, ready)
+        """The job's conditioning frames through :meth:`preprocess` (:func:`~cosmos3_runtime.prepared_inputs.
+        condition_frames`); safe on another thread than the one running forwards."""
+        return condition_frames(self.preprocess, job, clock, self._frames_stream)
 
     def encode(self, vision: torch.Tensor, image_size: torch.Tensor) -> torch.Tensor:
         """VAE-encode a preprocessed clip to normalized latents with the canvas padding removed."""
@@ -249,13 +239,8 @@ class Cosmos3Sampler:
         num_frames = job.horizon + 1
         latent_t = (num_frames - 1) // pipe.vae_scale_factor_temporal + 1
 
-        if frames is None:
-            frames = self.condition_frames(job, clock)
-        if frames.ready is not None:  # made on the side stream: this stream reads them once they are there
-            stream = torch.cuda.current_stream(device)
-            stream.wait_event(frames.ready)
-            frames.vision.record_stream(stream)
-            frames.image_size.record_stream(stream)
+        frames = frames or self.condition_frames(job, clock)
+        frames.await_on(device)
         vision, image_size, canvas_h, canvas_w = frames.vision, frames.image_size, frames.canvas_h, frames.canvas_w
         preprocess_s, t0 = frames.preprocess_s, clock()
         if job.mode == "inverse_dynamics":
