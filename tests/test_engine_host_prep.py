@@ -172,3 +172,48 @@ async def test_prepared_observations_superseded_expired_or_cancelled_are_never_s
     assert set(owner.results) == {1, 11} and owner.dropped == {20: DropReason.DEADLINE}
     assert np.abs(owner.results[11].chunk.actions - expected).max() <= 2e-5
     assert worker.counters.overlapped_preps == 1  # the newer observation, prepared while the first call ran
+
+
+async def test_a_hung_call_abandoned_by_the_watchdog_takes_its_host_prep_with_it(tiny_checkpoint):
+    """The watchdog's restart: the abandoned thread's prep thread stops, the fresh engine gets its own,
+    and an observation prepared by the old one (for the old engine) is prepared again and served."""
+    from cosmos3_runtime.engine import Cosmos3Engine
+    from robot_clients.protocol import ErrorCode
+
+    release, held, engines = threading.Event(), threading.Event(), []
+
+    def load():
+        engine = Cosmos3Engine.load(tiny_checkpoint("distilled"))
+        if not engines:  # the first engine hangs in its first forward
+
+            def hang(*_):
+                held.set()
+                release.wait(60)
+
+            engine.pipe.transformer.register_forward_pre_hook(hang)
+        engines.append(engine)
+        return engine
+
+    owner, queue = _Collector(), RequestQueue()
+    worker = EngineWorker(load, queue, asyncio.get_running_loop(), warmup=False,
+                          batching=BatchPolicy(max_batch=2, overlap_host_prep=True))
+    waiting = _observation("robot", 2, owner, _image(7))
+    try:
+        worker.start()
+        await worker.wait_ready()
+        queue.put(_observation("stuck", 1, owner, _image(6)))
+        await _until(held.is_set)
+        queue.put(waiting)
+        first_prep = worker.host_prep
+        await _until(lambda: first_prep.holds(waiting))
+        worker.abandon_hung_call(1.0)
+        assert owner.results[1].error.code == ErrorCode.ENGINE_TIMEOUT
+        assert worker.host_prep is not first_prep and not first_prep.holds(waiting)  # stopped, inputs dropped
+        await _until(lambda: 2 in owner.results, timeout=120)
+    finally:
+        release.set()
+        queue.close()
+        await asyncio.get_running_loop().run_in_executor(None, worker.stop, 30)
+    assert owner.results[2].error is None and len(engines) == 2
+    expected = engines[1].predict_actions(waiting.request).actions
+    assert np.abs(owner.results[2].chunk.actions - expected).max() <= 2e-5
