@@ -91,7 +91,7 @@ async def run_once(engine, requests: list, *, overlap: bool, max_batch: int, obs
     await loop.run_in_executor(None, worker.stop, 60)
     outcomes = [o for robot in robots for o in robot.outcomes]
     counters = worker.counters
-    return {"gaps_ms": [g * 1e3 for g in worker.idle_gap_samples],
+    return {"gaps_ms": [g * 1e3 for g in worker.idle_gaps.samples],
             "prep_ms": [o.chunk.timing.preprocess_ms for o in outcomes],
             "overlapped": counters.overlapped_preps, "inline": counters.inline_preps,
             "chunks_per_s": len(outcomes) / elapsed}

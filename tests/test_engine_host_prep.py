@@ -98,7 +98,7 @@ async def test_waiting_observations_are_prepared_during_the_forward_and_the_gap_
     assert on.counters.idle_gaps == off.counters.idle_gaps == total - 1  # a gap before every call but the first
     # What the engine no longer waits for: the host preprocessing of an observation (validation included).
     prep_s = statistics.median(o.chunk.timing.preprocess_ms for o in on_outcomes) / 1e3
-    assert statistics.median(on.idle_gap_samples) < prep_s, (list(on.idle_gap_samples), prep_s)
+    assert statistics.median(on.idle_gaps.samples) < prep_s, (list(on.idle_gaps.samples), prep_s)
     assert on.host_prep is None and off.host_prep is None  # stopped with the worker
 
 

@@ -19,11 +19,14 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
+from collections import deque
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any, Iterator, Protocol
 
 from cosmos3_runtime.requests import ActionChunk, ActionRequest
 
+from .batch_call import EngineCounters
 from .cpu_threads import configure_worker_threads
 
 if TYPE_CHECKING:
@@ -151,3 +154,52 @@ class HostPrep:
                 if not self._stopped:  # None (it failed) is kept too, so it is not tried again
                     self._ready[item] = prepared
                 self._changed.notify_all()
+
+
+def host_inputs(engine: object, taken: list[tuple["PendingObservation", Any]],
+                counters: EngineCounters) -> list[Any] | None:
+    """Each taken observation's prepared inputs: those made ahead (claimed), the rest made now on the
+    engine thread (the engine idle meanwhile); None for an engine that does not split its work, or if
+    preparing raised (a bug, not a bad request: the request path then reports it per observation)."""
+    if not splits_host_work(engine):
+        return None
+    inputs = []
+    for item, prepared in taken:
+        if prepared is None:
+            counters.inline_preps += 1
+            try:
+                prepared = engine.prepare_actions(item.request)
+            except Exception:  # noqa: BLE001 - see above
+                logger.exception("preparing seq %s of session %s failed", item.seq, item.session_id)
+                return None
+        else:
+            counters.overlapped_preps += 1
+        inputs.append(prepared)
+    return inputs
+
+
+class IdleGaps:
+    """How long the engine sits idle between two calls while an observation waits: what the overlap removes.
+
+    The worker calls :meth:`call_ended` when an engine call (or a video step) ends and
+    :meth:`call_starting` just before the next batch's call; a gap runs from the later of the last
+    call's end and the batch's oldest arrival. Counted in ``counters.idle_gaps`` and ``idle_gap_s``;
+    the recent ones, in seconds, in :attr:`samples`.
+    """
+
+    def __init__(self, counters: EngineCounters) -> None:
+        self.counters = counters
+        self.samples: deque[float] = deque(maxlen=1024)
+        self._ended_at: float | None = None  # None before the first call
+
+    def call_ended(self) -> None:
+        self._ended_at = time.monotonic()
+
+    def call_starting(self, batch: list["PendingObservation"]) -> None:
+        if self._ended_at is None:
+            return
+        gap = time.monotonic() - max(self._ended_at, min(item.enqueued_at for item in batch))
+        if gap >= 0:
+            self.counters.idle_gaps += 1
+            self.counters.idle_gap_s += gap
+            self.samples.append(gap)

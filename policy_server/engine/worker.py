@@ -25,7 +25,7 @@ While an engine call runs, a small host-prep thread (:mod:`policy_server.engine.
 the observations waiting next (validation, frames into the model's canvas), so the engine goes from one
 batch to the next without waiting for the host (``BatchPolicy.overlap_host_prep``; an engine that cannot
 split its work, such as a remote replica, is called as before). The worker counts the idle gaps between
-engine calls while work waited (``counters.idle_gaps``, ``idle_gap_s``; recent ones in ``idle_gap_samples``).
+engine calls while work waited (``counters.idle_gaps``, ``idle_gap_s``; recent ones in ``idle_gaps.samples``).
 
 An engine that can be lost (a remote replica) raises :class:`~policy_server.engine.outcome.EngineLost`;
 the worker then answers nothing of that call and hands its observations and task to ``on_engine_lost``
@@ -40,7 +40,6 @@ import logging
 import threading
 import time
 import uuid
-from collections import deque
 from contextlib import nullcontext
 from typing import Any, Callable, Protocol
 
@@ -49,7 +48,7 @@ from robot_clients.protocol import CodedError, DropReason, ErrorCode
 from .batch_call import CounterReadouts, EngineCounters, Predictor, predict_batch
 from .batching import BackgroundShare, BatchPolicy
 from .cpu_threads import configure_worker_threads
-from .host_prep import HostPrep, splits_host_work
+from .host_prep import HostPrep, IdleGaps, host_inputs, splits_host_work
 from .outcome import EngineLost, EngineOutcome
 from .request_queue import BackgroundTask, PendingObservation, RequestQueue
 
@@ -130,9 +129,7 @@ class EngineWorker(CounterReadouts):
         self.restarts = 0
         # Prepares waiting observations while an engine call runs (None: off, or the engine cannot split).
         self.host_prep: HostPrep | None = None
-        # When the last engine call ended (None before the first), and the recent idle gaps in seconds.
-        self._call_ended_at: float | None = None
-        self.idle_gap_samples: deque[float] = deque(maxlen=1024)
+        self.idle_gaps = IdleGaps(self.counters)
 
     # -- control, from the event loop ------------------------------------------------------------
 
@@ -341,7 +338,7 @@ class EngineWorker(CounterReadouts):
         self.busy_since = self.call_started_at = time.monotonic()
 
         def between_steps() -> None:
-            self._call_ended_at = time.monotonic()
+            self.idle_gaps.call_ended()
             self._serve_waiting(engine, self.background.due_at(time.monotonic()))
             if self._is_current():
                 self.call_started_at = time.monotonic()  # the next step starts now
@@ -382,45 +379,14 @@ class EngineWorker(CounterReadouts):
         self.call_started_at = time.monotonic()
         batch = [item for item, _ in taken]
         try:
-            prepared = self._host_inputs(engine, taken)
-            self._count_idle_gap(batch)
+            prepared = host_inputs(engine, taken, self.counters)
+            self.idle_gaps.call_starting(batch)
             with self._overlapping():
                 return predict_batch(engine, batch, self.counters, prepared)
         finally:
             if self._is_current():
-                self._call_ended_at = time.monotonic()
+                self.idle_gaps.call_ended()
                 self.call_started_at = time.monotonic() if outer_call is not None else None
-
-    def _host_inputs(self, engine: ActionEngine, taken: list[tuple[PendingObservation, Any]]) -> list[Any] | None:
-        """Each observation's prepared inputs: those made ahead, the rest made now (the engine idle
-        meanwhile); None for an engine that does not split its work."""
-        if not splits_host_work(engine):
-            return None
-        inputs = []
-        for item, prepared in taken:
-            if prepared is None:
-                self.counters.inline_preps += 1
-                try:
-                    prepared = engine.prepare_actions(item.request)
-                except Exception:  # noqa: BLE001 - a bug, not a bad request: the request path reports it
-                    logger.exception("preparing seq %s of session %s failed", item.seq, item.session_id)
-                    return None
-            else:
-                self.counters.overlapped_preps += 1
-            inputs.append(prepared)
-        return inputs
-
-    def _count_idle_gap(self, batch: list[PendingObservation]) -> None:
-        """The engine is about to run ``batch``: count how long it sat idle since its last call while
-        an observation of this batch already waited."""
-        if self._call_ended_at is None:
-            return
-        now = time.monotonic()
-        gap = now - max(self._call_ended_at, min(item.enqueued_at for item in batch))
-        if gap >= 0:
-            self.counters.idle_gaps += 1
-            self.counters.idle_gap_s += gap
-            self.idle_gap_samples.append(gap)
 
     def _overlapping(self):
         """Around an engine call: the host-prep thread prepares the next observations meanwhile."""
