@@ -14,7 +14,10 @@ that finishes in under 8 minutes on an H200 and writes its figures (JSON and a m
    - ``torch.compile`` (regional, the decoder layers) on and off (distilled), if the time budget allows;
 3. serving overhead through a real server: ``python -m policy_server.cli --model ...`` on this GPU and
    the real client, round trip minus the engine's own time;
-4. for every cell: the GPU's peak memory, the chunk's FLOPs from ``benchmarks/cost_model.py`` (with the
+4. the worker's host-prep overlap on and off (``benchmarks/host_prep_overlap.py``): four robots in closed
+   loop with 480x640 camera frames against the real engine worker, batch 2: the engine's median idle gap
+   between calls and chunks per second, side by side;
+5. for every cell: the GPU's peak memory, the chunk's FLOPs from ``benchmarks/cost_model.py`` (with the
    token counts the sampler really packed), the achieved FLOP/s as a fraction of the H200's measured bf16
    peak, and the ratio of the measured p50 to the cost model's floor.
 
@@ -48,6 +51,7 @@ sys.path.insert(0, str(BENCHMARKS.parent))
 sys.path.insert(0, str(BENCHMARKS))
 
 import cost_model  # noqa: E402
+import host_prep_overlap  # noqa: E402
 
 
 Geometry = cost_model.Geometry
@@ -239,6 +243,11 @@ def markdown(report: dict) -> str:
             f"{fmt(c['flops'] and c['flops'] / 1e12, '.2f')} | {fmt(c['achieved_tflops'], '.1f')} | "
             f"{fmt(c['fraction_of_peak'], '.1%')} | {fmt(c['floor_ms'], '.2f')} | {fmt(c['p50_over_floor'], '.1f')} | "
             f"{fmt(c['peak_memory_gib'], '.1f')} | {c['note']} |")
+    overlap = report.get("host_prep_overlap")
+    if overlap:
+        lines += ["", f"Host-prep overlap ({overlap['robots']} robots in closed loop, 480x640 frames, 256 tier, "
+                      f"batch {overlap['max_batch']}, {overlap['rounds']} rounds of {overlap['observations']} "
+                      f"observations each):", "", host_prep_overlap.table(overlap)]
     serving = report.get("serving")
     if serving:
         lines += ["", f"Serving through a real server ({serving['geometry']}, {serving['requests']} sequential "
@@ -342,6 +351,19 @@ def main(argv: list[str] | None = None) -> int:
             write()
         else:
             report["serving_note"] = "skipped: time budget"
+
+        if args.smoke or budget.left() > 150:
+            import asyncio
+
+            engine = engines["distilled"]
+            robots, batch = (2, 1) if args.smoke else (4, 2)
+            requests = host_prep_overlap.camera_requests(engine, robots, 480, 640, 256, None)
+            report["host_prep_overlap"] = asyncio.run(host_prep_overlap.compare(
+                engine, requests, max_batch=batch, observations=2 if args.smoke else 20,
+                rounds=1 if args.smoke else 2, log=log))
+            write()
+        else:
+            report["host_prep_overlap_note"] = "skipped: time budget"
 
         if args.smoke or args.no_compile:
             report["cells"].append(asdict(Cell("compile", "distilled, 4 steps", "-", compiled=True,

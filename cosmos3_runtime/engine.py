@@ -20,6 +20,7 @@ from .errors import EngineError, RuntimeErrorBase
 from .frame_preprocessing import canvas_table
 from .inspection import CheckpointInfo, inspect_checkpoint
 from .loading import load_pipeline, resolve_device_and_dtype
+from .prepared_inputs import PreparedActions
 from .profiles import VIEW_POINTS, PolicyProfile, profiles_for_checkpoint
 from .requests import ActionChunk, ActionRequest, Timing, VideoRequest, VideoResult
 from .sampling import Cosmos3Sampler, DenoiseJob, DenoiseOutput
@@ -116,30 +117,53 @@ class Cosmos3Engine:
 
         Returns one entry per request, in order: its chunk, or the typed error it failed with (one bad
         request does not fail the others). Each chunk equals what :meth:`predict_actions` would return
-        for it alone, up to float rounding.
+        for it alone, up to float rounding. The same as :meth:`prepare_actions` on each request, then
+        :meth:`predict_prepared` on them all.
+        """
+        return self.predict_prepared([self.prepare_actions(request) for request in requests])
+
+    def prepare_actions(self, request: ActionRequest) -> PreparedActions:
+        """The host's half of answering ``request``: validation, defaults and the conditioning frames
+        preprocessed into the VAE's canvas (:mod:`cosmos3_runtime.prepared_inputs`).
+
+        Touches no weights and no state shared with :meth:`predict_prepared`, so a server may call it on
+        another thread while a batch runs. A request that fails comes back with ``error`` set.
         """
         started = time.perf_counter()
-        results: list[ActionChunk | RuntimeErrorBase | None] = [None] * len(requests)
-        groups: dict[tuple, list[tuple[int, DenoiseJob, PolicyProfile]]] = {}
-        for index, request in enumerate(requests):
-            try:
-                job, profile = job_for_actions(request, self.spec)
-            except RuntimeErrorBase as exc:
-                results[index] = exc
-                continue
-            groups.setdefault(job.schedule_key, []).append((index, job, profile))
-        validated = time.perf_counter()
+        try:
+            job, profile = job_for_actions(request, self.spec)
+        except RuntimeErrorBase as exc:
+            return PreparedActions(request, time.perf_counter() - started, error=exc)
+        validate_s = time.perf_counter() - started
+        try:
+            with _engine_failures([job]):
+                frames = self.sampler.condition_frames(job, time.perf_counter)
+        except RuntimeErrorBase as exc:
+            return PreparedActions(request, validate_s, error=exc)
+        return PreparedActions(request, validate_s, job, profile, frames)
+
+    def predict_prepared(self, prepared: list[PreparedActions]) -> list[ActionChunk | RuntimeErrorBase]:
+        """The model's half: chunks for requests made ready by :meth:`prepare_actions`, one entry per
+        request in order (its chunk or its typed error), sharing transformer calls as
+        :meth:`predict_actions_batch` does. Call it on the engine's thread; each prepared request once."""
+        results: list[ActionChunk | RuntimeErrorBase | None] = [None] * len(prepared)
+        groups: dict[tuple, list[tuple[int, PreparedActions]]] = {}
+        for index, ready in enumerate(prepared):
+            if ready.error is not None:
+                results[index] = ready.error
+            else:
+                groups.setdefault(ready.job.schedule_key, []).append((index, ready))
         for members in groups.values():
             try:
-                outputs = self._run([job for _, job, _ in members])
+                outputs = self._run([ready.job for _, ready in members], [ready.frames for _, ready in members])
             except RuntimeErrorBase as exc:
-                for index, _, _ in members:
+                for index, _ in members:
                     results[index] = exc
                 continue
-            for (index, job, profile), output in zip(members, outputs):
+            for (index, ready), output in zip(members, outputs):
                 try:
-                    results[index] = self._chunk(job, profile, output, validated - started,
-                                                 requests[index].prefix_actions)
+                    results[index] = self._chunk(ready.job, ready.profile, output, ready.validate_s,
+                                                 ready.request.prefix_actions)
                 except RuntimeErrorBase as exc:
                     results[index] = exc
         return results
@@ -183,9 +207,9 @@ class Cosmos3Engine:
         job, profile = job_for_video(request, self.spec)
         return VideoRollout(self, job, profile, time.perf_counter() - started)
 
-    def _run(self, jobs: list[DenoiseJob]) -> list[DenoiseOutput]:
+    def _run(self, jobs: list[DenoiseJob], frames=None) -> list[DenoiseOutput]:
         with _engine_failures(jobs):
-            return self.sampler.run_batch(jobs, time.perf_counter)
+            return self.sampler.run_batch(jobs, time.perf_counter, frames)
 
     @staticmethod
     def _timing(output: DenoiseOutput, validate_s: float) -> Timing:

@@ -48,6 +48,7 @@ from diffusers.utils.torch_utils import randn_tensor
 from .denoise_jobs import DenoiseJob, DenoiseOutput
 from .frame_preprocessing import prepare_frames
 from .packed_attention import PackedItem, PrefixMode, install_packed_attention
+from .prepared_inputs import ConditioningFrames, condition_frames
 from .prefix_cache import PrefixEntry, TextPrefixCache
 from .prompts import action_caption
 from .sequence_packing import SequencePass, pack_sequence
@@ -95,6 +96,9 @@ class Cosmos3Sampler:
         self._attention = install_packed_attention(self.transformer)
         self._token_cache: OrderedDict[tuple, tuple[list[int], list[int]]] = OrderedDict()
         self._step_takes_generator = "generator" in inspect.signature(pipe.scheduler.step).parameters
+        # Frames prepared ahead of their batch are copied and resized on their own stream, so that work
+        # runs beside the forwards on the default stream instead of queueing behind them.
+        self._frames_stream = torch.cuda.Stream(device) if device.type == "cuda" else None
 
     # ------------------------------------------------------------------ conditioning
 
@@ -106,6 +110,11 @@ class Cosmos3Sampler:
         """
         return prepare_frames(frames, tier, num_frames, self.device,
                               size_multiple=self.pipe.video_processor.config.vae_scale_factor)
+
+    def condition_frames(self, job: DenoiseJob, clock) -> ConditioningFrames:
+        """The job's conditioning frames through :meth:`preprocess` (:func:`~cosmos3_runtime.prepared_inputs.
+        condition_frames`); safe on another thread than the one running forwards."""
+        return condition_frames(self.preprocess, job, clock, self._frames_stream)
 
     def encode(self, vision: torch.Tensor, image_size: torch.Tensor) -> torch.Tensor:
         """VAE-encode a preprocessed clip to normalized latents with the canvas padding removed."""
@@ -143,16 +152,19 @@ class Cosmos3Sampler:
         """Condition, denoise and (for video) decode one job. ``clock()`` returns seconds."""
         return self.run_batch([job], clock)[0]
 
-    def run_batch(self, jobs: list[DenoiseJob], clock) -> list[DenoiseOutput]:
-        """Run jobs that share a schedule (equal :attr:`DenoiseJob.schedule_key`) through shared forwards."""
-        steps = self.iterate_batch(jobs, clock)
+    def run_batch(self, jobs: list[DenoiseJob], clock,
+                  frames: list[ConditioningFrames | None] | None = None) -> list[DenoiseOutput]:
+        """Run jobs that share a schedule (equal :attr:`DenoiseJob.schedule_key`) through shared forwards.
+
+        ``frames``: each job's :meth:`condition_frames` made ahead of time (None: made here)."""
+        steps = self.iterate_batch(jobs, clock, frames)
         while True:
             try:
                 next(steps)
             except StopIteration as finished:
                 return finished.value
 
-    def iterate_batch(self, jobs: list[DenoiseJob], clock):
+    def iterate_batch(self, jobs: list[DenoiseJob], clock, frames: list[ConditioningFrames | None] | None = None):
         """:meth:`run_batch` as a generator that pauses after every denoising step.
 
         Yields the number of steps done; returns the outputs (``StopIteration.value``). Between steps
@@ -161,7 +173,7 @@ class Cosmos3Sampler:
         lets a long video rollout give way to a robot after each step.
         """
         with torch.no_grad():
-            items = self._start(jobs, clock)
+            items = self._start(jobs, clock, frames or [None] * len(jobs))
         timesteps = items[0].scheduler.timesteps
         t0, denoise_s = clock(), 0.0
         for i in range(len(timesteps)):
@@ -173,10 +185,10 @@ class Cosmos3Sampler:
         with torch.no_grad():
             return self._finish(items, denoise_s, clock)
 
-    def _start(self, jobs: list[DenoiseJob], clock) -> list[_Item]:
+    def _start(self, jobs: list[DenoiseJob], clock, frames: list[ConditioningFrames | None]) -> list[_Item]:
         if len({job.schedule_key for job in jobs}) != 1:
             raise ValueError("a batch needs jobs with the same schedule (sigmas, steps, guidance, interval)")
-        return [self._prepare(job, clock) for job in jobs]
+        return [self._prepare(job, clock, prepared) for job, prepared in zip(jobs, frames)]
 
     def _step(self, items: list[_Item], i: int) -> None:
         """Denoising step ``i`` of every item: shared forwards, then each item's own scheduler step."""
@@ -221,22 +233,22 @@ class Cosmos3Sampler:
                                          item.encode_s, denoise_s, decode_s, batch_size=len(items)))
         return outputs
 
-    def _prepare(self, job: DenoiseJob, clock) -> _Item:
+    def _prepare(self, job: DenoiseJob, clock, frames: ConditioningFrames | None = None) -> _Item:
         """Conditioning latents, initial noise, packed sequences and schedulers of one job."""
         pipe, device = self.pipe, self.device
         num_frames = job.horizon + 1
         latent_t = (num_frames - 1) // pipe.vae_scale_factor_temporal + 1
 
-        t0 = clock()
+        frames = frames or self.condition_frames(job, clock)
+        frames.await_on(device)
+        vision, image_size, canvas_h, canvas_w = frames.vision, frames.image_size, frames.canvas_h, frames.canvas_w
+        preprocess_s, t0 = frames.preprocess_s, clock()
         if job.mode == "inverse_dynamics":
-            vision, image_size, canvas_h, canvas_w = self.preprocess(job.frames, job.resolution_tier, num_frames)
-            preprocess_s, t0 = clock() - t0, clock()
             x0_vision = self.encode(vision, image_size)
             vision_condition_frames = list(range(latent_t))
         else:
-            # Causal VAE: the first latent of the padded clip is the encoding of frame 0 alone.
-            vision, image_size, canvas_h, canvas_w = self.preprocess(job.frames[:1], job.resolution_tier, 1)
-            preprocess_s, t0 = clock() - t0, clock()
+            # Causal VAE: the first latent of the padded clip is the encoding of frame 0 alone
+            # (condition_frames preprocessed frame 0 only).
             first = self.encode(vision, image_size)
             x0_vision = first.new_zeros((*first.shape[:2], latent_t, *first.shape[3:]))
             x0_vision[:, :, :1] = first

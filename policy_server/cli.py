@@ -140,6 +140,7 @@ async def serve_until_stopped(args: argparse.Namespace) -> int:
             warmup=args.warmup,
             max_batch=max(1, args.max_batch),
             max_batch_wait_ms=max(0.0, args.batch_wait_ms),
+            overlap_host_prep=args.overlap_host_prep == "on",
             shutdown_grace_s=args.shutdown_grace,
             openpi=_openpi_settings(args),
             http=_sidecar_settings(args),

@@ -156,6 +156,11 @@ def build_parser() -> argparse.ArgumentParser:
         "--batch-wait-ms", type=float, default=0.0,
         help="longest an observation may wait for others to batch with (default 0: batch only what is waiting)",
     )
+    parser.add_argument(
+        "--overlap-host-prep", choices=("on", "off"), default="on",
+        help="prepare the next waiting observations (validation, frame resize) on a host thread while the "
+             "engine runs the current batch, so it does not wait for that work between batches (default on)",
+    )
     turns = parser.add_argument_group(
         "engine turns", "how robots, HTTP clients and video jobs share the engine; see docs/security.md")
     turns.add_argument("--max-http-actions-in-flight", type=int, default=DEFAULT_MAX_IN_FLIGHT,

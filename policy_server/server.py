@@ -116,7 +116,8 @@ class PolicyServer:
                 loop,
                 torch_threads=self.settings.torch_threads,
                 warmup=self.settings.warmup,
-                batching=BatchPolicy(self.settings.max_batch, self.settings.max_batch_wait_ms),
+                batching=BatchPolicy(self.settings.max_batch, self.settings.max_batch_wait_ms,
+                                     overlap_host_prep=self.settings.overlap_host_prep),
                 background=BackgroundShare(self.settings.video_step_interval_s),
             )
         self._ws_server = await serve(

@@ -38,6 +38,8 @@ class ServerSettings:
     # Requests of different sessions that can share transformer calls run as one batch (1: off).
     max_batch: int = 4
     max_batch_wait_ms: float = 0.0
+    # Prepare the next observations' host inputs while a batch runs (BatchPolicy.overlap_host_prep).
+    overlap_host_prep: bool = True
     # Keepalive pings run on the event loop, which never runs model code, so they flow during
     # inference; the timeout only has to cover the network, not the model.
     ping_interval: float | None = 20.0

@@ -37,8 +37,11 @@ def test_smoke_run_writes_json_and_markdown(tmp_path):
     assert all(c["flops"] > 0 and c["tokens"]["vision"] > 0 for c in measured)
     serving = report["serving"]
     assert serving["requests"] == 3 and 0 <= serving["overhead_p50_ms"] < serving["round_trip_p50_ms"]
+    overlap = report["host_prep_overlap"]
+    assert overlap["on"]["inline_preps"] + overlap["on"]["overlapped_preps"] == 4 and overlap["off"]["overlapped_preps"] == 0
     table = (out / "gpu_suite.md").read_text()
-    assert "SMOKE" in table and table.count("\n| ") == len(report["cells"]) + 2 and "Serving through" in table
+    assert "SMOKE" in table and "Serving through" in table and "Host-prep overlap" in table
+    assert table.count("\n| ") == len(report["cells"]) + 2 + 4  # + the overlap table's header and two modes
 
 
 @pytest.mark.skipif(__import__("torch").cuda.is_available(), reason="this machine has CUDA")

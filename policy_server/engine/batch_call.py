@@ -43,6 +43,13 @@ class EngineCounters:
     batched_items: int = 0
     # Seconds spent running the engine (observations and background tasks), for the busy fraction.
     busy_s: float = 0.0
+    # Host inputs of observations (engine.prepare_actions): made while an earlier call ran (overlapped),
+    # or on the engine thread just before their own call (inline, the device idle meanwhile).
+    overlapped_preps: int = 0
+    inline_preps: int = 0
+    # Times the engine sat idle between two calls while an observation waited, and those seconds.
+    idle_gaps: int = 0
+    idle_gap_s: float = 0.0
 
     def __add__(self, other: "EngineCounters") -> "EngineCounters":
         return EngineCounters(*(mine + theirs for mine, theirs in zip(astuple(self), astuple(other))))
@@ -61,18 +68,28 @@ class CounterReadouts:
     busy_s = property(lambda self: self.counters.busy_s)
 
 
-def predict_batch(engine: Predictor, batch: list["PendingObservation"],
-                  counters: EngineCounters) -> list[EngineOutcome]:
+def predict_batch(engine: Predictor, batch: list["PendingObservation"], counters: EngineCounters,
+                  prepared: list[Any] | None = None) -> list[EngineOutcome]:
     """Run ``batch`` (one observation or more) through ``engine``; an outcome per observation, in order.
 
+    ``prepared``: each observation's ``engine.prepare_actions`` (an engine that splits its work,
+    :class:`~policy_server.engine.host_prep.PreparingEngine`), run with ``predict_prepared``; None: the
+    requests go to ``predict_actions`` / ``predict_actions_batch``.
     Raises :class:`~policy_server.engine.outcome.EngineLost`, and nothing else.
     """
     t0 = time.monotonic()
+    if prepared is None:
+        run_one, run_all, inputs = engine.predict_actions, engine.predict_actions_batch, [i.request for i in batch]
+    else:
+        run_all, inputs = engine.predict_prepared, prepared
+
+        def run_one(one: Any) -> Any:
+            return engine.predict_prepared([one])[0]
     if len(batch) == 1:
-        results: list[Any] = [_call(engine.predict_actions, batch[0].request)]
+        results: list[Any] = [_call(run_one, inputs[0])]
     else:
         try:
-            results = engine.predict_actions_batch([item.request for item in batch])
+            results = run_all(inputs)
             counters.batches += 1
             counters.batched_items += len(batch)
         except EngineLost:
@@ -80,7 +97,7 @@ def predict_batch(engine: Predictor, batch: list["PendingObservation"],
         except Exception:  # noqa: BLE001 - one bad request must not fail its batch mates:
             # run each alone, so only the request that fails gets the error.
             logger.warning("a batch of %d failed in the engine; running its requests one by one", len(batch))
-            results = [_call(engine.predict_actions, item.request) for item in batch]
+            results = [_call(run_one, one) for one in inputs]
     done = time.monotonic()
     return [_outcome(item, result, (done - t0) * 1e3, done, counters) for item, result in zip(batch, results)]
 

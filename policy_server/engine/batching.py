@@ -24,10 +24,15 @@ class BatchPolicy:
     ``max_batch`` 1 turns batching off. ``max_wait_ms`` is the longest an observation may be held so
     others can join it; the default 0 only batches what is already waiting, so batching never adds
     latency, it only shares forwards when several robots wait at once.
+
+    ``overlap_host_prep``: while a batch runs, a host thread prepares the next ``max_batch`` waiting
+    observations (validation, frames into the model's canvas), so the engine does not wait for that
+    work between batches (:mod:`policy_server.engine.host_prep`).
     """
 
     max_batch: int = 4
     max_wait_ms: float = 0.0
+    overlap_host_prep: bool = True
 
     @staticmethod
     def compatible(a: "PendingObservation", b: "PendingObservation") -> bool:

@@ -137,6 +137,8 @@ class RequestQueue:
         # Background tasks with the time each was queued; lower priority than every observation.
         self._background: deque[tuple[EngineTask, float]] = deque()
         self._closed = False
+        # Called after every put, outside the lock (the engine's host-prep thread watches for arrivals).
+        self._listeners: list[Callable[[], None]] = []
 
     def put(self, item: PendingObservation) -> PendingObservation | None:
         """Queue ``item``; return the observation of the same session it replaced, if any."""
@@ -153,7 +155,27 @@ class RequestQueue:
                     self._ready.notify()
                 else:
                     waiting.append(item.session_id)
-            return replaced
+            listeners = list(self._listeners)
+        for listener in listeners:
+            listener()
+        return replaced
+
+    def add_listener(self, listener: Callable[[], None]) -> None:
+        """Call ``listener()`` after every :meth:`put` (on the putting thread; it must be quick)."""
+        with self._lock:
+            self._listeners.append(listener)
+
+    def remove_listener(self, listener: Callable[[], None]) -> None:
+        with self._lock:
+            if listener in self._listeners:
+                self._listeners.remove(listener)
+
+    def waiting(self, max_items: int) -> list[PendingObservation]:
+        """Up to ``max_items`` waiting observations, one per turn, in the order turns will be served;
+        nothing is taken (the host-prep thread prepares these ahead)."""
+        with self._lock:
+            turns = [*self._ring, *self._rejoining][:max_items]
+            return [self._slots[self._turns[turn][0]] for turn in turns]
 
     def put_background(self, task: EngineTask) -> None:
         """Queue a background task behind every observation (and behind earlier background tasks)."""

@@ -21,6 +21,12 @@ the stuck one is abandoned (it keeps its engine's memory until its call returns,
 everything it does afterwards is discarded, because only the current thread may post outcomes, touch
 the worker's state or take from the queue.
 
+While an engine call runs, a small host-prep thread (:mod:`policy_server.engine.host_prep`) prepares
+the observations waiting next (validation, frames into the model's canvas), so the engine goes from one
+batch to the next without waiting for the host (``BatchPolicy.overlap_host_prep``; an engine that cannot
+split its work, such as a remote replica, is called as before). The worker counts the idle gaps between
+engine calls while work waited (``counters.idle_gaps``, ``idle_gap_s``; recent ones in ``idle_gaps.samples``).
+
 An engine that can be lost (a remote replica) raises :class:`~policy_server.engine.outcome.EngineLost`;
 the worker then answers nothing of that call and hands its observations and task to ``on_engine_lost``
 (the Ray backend composes one worker per replica and queues that work again elsewhere).
@@ -34,6 +40,7 @@ import logging
 import threading
 import time
 import uuid
+from contextlib import nullcontext
 from typing import Any, Callable, Protocol
 
 from robot_clients.protocol import CodedError, DropReason, ErrorCode
@@ -41,6 +48,7 @@ from robot_clients.protocol import CodedError, DropReason, ErrorCode
 from .batch_call import CounterReadouts, EngineCounters, Predictor, predict_batch
 from .batching import BackgroundShare, BatchPolicy
 from .cpu_threads import configure_worker_threads
+from .host_prep import HostPrep, IdleGaps, host_inputs, splits_host_work
 from .outcome import EngineLost, EngineOutcome
 from .request_queue import BackgroundTask, PendingObservation, RequestQueue
 
@@ -119,6 +127,9 @@ class EngineWorker(CounterReadouts):
         # The watchdog compares it with --engine-timeout-s.
         self.call_started_at: float | None = None
         self.restarts = 0
+        # Prepares waiting observations while an engine call runs (None: off, or the engine cannot split).
+        self.host_prep: HostPrep | None = None
+        self.idle_gaps = IdleGaps(self.counters)
 
     # -- control, from the event loop ------------------------------------------------------------
 
@@ -157,6 +168,9 @@ class EngineWorker(CounterReadouts):
         stuck_for = time.monotonic() - self.call_started_at if self.call_started_at is not None else 0.0
         self.current, self.current_task, self.call_started_at = [], None, None
         self._stop_busy_clock()
+        if self.host_prep is not None:
+            self.host_prep.stop()
+            self.host_prep = None
         self.restarts += 1
         self.state = WorkerState.RESTARTING
         reference = uuid.uuid4().hex[:12]
@@ -225,6 +239,18 @@ class EngineWorker(CounterReadouts):
 
     def _serve(self, engine: ActionEngine) -> None:
         policy = self.batching
+        if policy.overlap_host_prep and splits_host_work(engine):
+            self.host_prep = HostPrep(engine, self._queue, policy.max_batch, f"{self._thread.name}-host-prep")
+            self.host_prep.start()
+        try:
+            self._serve_queue(engine)
+        finally:
+            if self._is_current() and self.host_prep is not None:
+                self.host_prep.stop()
+                self.host_prep = None
+
+    def _serve_queue(self, engine: ActionEngine) -> None:
+        policy = self.batching
         while self._is_current():
             # When no observation waits, or when background work is owed its share of the engine.
             task = self._queue.take_background(even_if_observations_wait=self._background_overdue())
@@ -262,29 +288,32 @@ class EngineWorker(CounterReadouts):
 
     # -- one batch: prepared, then run --------------------------------------------------------------
 
-    def _prepare_batch(self, taken: list[PendingObservation]) -> list[PendingObservation]:
-        """The observations of ``taken`` still worth running: those past their deadline are dropped here."""
+    def _prepare_batch(self, taken: list[PendingObservation]) -> list[tuple[PendingObservation, Any]]:
+        """The observations of ``taken`` still worth running, each with its inputs prepared ahead (None
+        if not): those past their deadline are dropped here."""
+        ahead = self.host_prep.claim(taken) if self.host_prep is not None else [None] * len(taken)
         now = time.monotonic()
         batch = []
-        for item in taken:
+        for item, prepared in zip(taken, ahead):
             if item.expired(now):
                 self.counters.dropped_deadline += 1
                 self._post(item.owner.on_dropped, item, DropReason.DEADLINE)
             else:
-                batch.append(item)
+                batch.append((item, prepared))
         return batch
 
-    def _run_batch(self, engine: ActionEngine, batch: list[PendingObservation]) -> None:
+    def _run_batch(self, engine: ActionEngine, taken: list[tuple[PendingObservation, Any]]) -> None:
         """Run one prepared batch through the engine and post every outcome to its owner."""
-        if not batch:
+        if not taken:
             return
+        batch = [item for item, _ in taken]
         self.current = batch
         # Inside a background task the clock is already running (busy_since is set): no double count.
         started = self.busy_since is None
         if started:
             self.busy_since = time.monotonic()
         try:
-            outcomes = self._predict(engine, batch)
+            outcomes = self._predict(engine, taken)
         except EngineLost as exc:
             if self._is_current():
                 self._engine_lost(batch, [], exc)
@@ -309,12 +338,14 @@ class EngineWorker(CounterReadouts):
         self.busy_since = self.call_started_at = time.monotonic()
 
         def between_steps() -> None:
+            self.idle_gaps.call_ended()
             self._serve_waiting(engine, self.background.due_at(time.monotonic()))
             if self._is_current():
                 self.call_started_at = time.monotonic()  # the next step starts now
 
         try:
-            result = task.run(engine, between_steps)
+            with self._overlapping():
+                result = task.run(engine, between_steps)
         except EngineLost as exc:
             if self._is_current():
                 self._engine_lost([], [task], exc)
@@ -342,15 +373,24 @@ class EngineWorker(CounterReadouts):
         error = CodedError(ErrorCode.ENGINE_ERROR, f"the engine was lost while running this request (ref {reference})")
         self._fail(items, tasks, error, 0.0, self._post)
 
-    def _predict(self, engine: ActionEngine, batch: list[PendingObservation]) -> list[EngineOutcome]:
-        """One engine call for ``batch``, on the watchdog's clock. Raises EngineLost, and nothing else."""
+    def _predict(self, engine: ActionEngine, taken: list[tuple[PendingObservation, Any]]) -> list[EngineOutcome]:
+        """One engine call for ``taken``, on the watchdog's clock. Raises EngineLost, and nothing else."""
         outer_call = self.call_started_at  # set inside a video step: the step's clock resumes afterwards
         self.call_started_at = time.monotonic()
+        batch = [item for item, _ in taken]
         try:
-            return predict_batch(engine, batch, self.counters)
+            prepared = host_inputs(engine, taken, self.counters)
+            self.idle_gaps.call_starting(batch)
+            with self._overlapping():
+                return predict_batch(engine, batch, self.counters, prepared)
         finally:
             if self._is_current():
+                self.idle_gaps.call_ended()
                 self.call_started_at = time.monotonic() if outer_call is not None else None
+
+    def _overlapping(self):
+        """Around an engine call: the host-prep thread prepares the next observations meanwhile."""
+        return self.host_prep.overlapping() if self.host_prep is not None else nullcontext()
 
 
 def _call_now(callback: Callable[..., Any], *args: Any) -> None:
