@@ -6,8 +6,7 @@ transformer calls: see :class:`~policy_server.engine.batching.BatchPolicy`), dro
 has passed, runs the rest through ``engine.predict_actions`` (``predict_actions_batch`` for a batch) and
 hands every outcome back to the event loop with ``loop.call_soon_threadsafe``: the session that owns the
 observation (``PendingObservation.owner``) gets ``on_result(item, outcome)`` or ``on_dropped(item,
-reason)`` on the loop's thread, where it is safe to touch sockets. A session that has gone away simply
-ignores the outcome: a client vanishing mid-inference costs that one inference and nothing else.
+reason)`` on the loop's thread, where it is safe to touch sockets (a session gone away ignores it).
 
 Background tasks (the HTTP sidecar's video rollouts, :class:`~policy_server.engine.request_queue.BackgroundTask`)
 run when no observation waits, and otherwise get a bounded share of the engine
@@ -21,15 +20,10 @@ the stuck one is abandoned (it keeps its engine's memory until its call returns,
 everything it does afterwards is discarded, because only the current thread may post outcomes, touch
 the worker's state or take from the queue.
 
-While an engine call runs, a small host-prep thread (:mod:`policy_server.engine.host_prep`) prepares
-the observations waiting next (validation, frames into the model's canvas), so the engine goes from one
-batch to the next without waiting for the host (``BatchPolicy.overlap_host_prep``; an engine that cannot
-split its work, such as a remote replica, is called as before). The worker counts the idle gaps between
-engine calls while work waited (``counters.idle_gaps``, ``idle_gap_s``; recent ones in ``idle_gaps.samples``).
-
-An engine that can be lost (a remote replica) raises :class:`~policy_server.engine.outcome.EngineLost`;
-the worker then answers nothing of that call and hands its observations and task to ``on_engine_lost``
-(the Ray backend composes one worker per replica and queues that work again elsewhere).
+While an engine call runs, a host-prep thread (:mod:`.host_prep`) prepares the observations waiting next,
+so the engine goes from one batch to the next without waiting for the host; the idle gaps between calls
+are counted. An engine that can be lost (a Ray replica) raises :class:`~.outcome.EngineLost`: the call's
+work goes to ``on_engine_lost`` unanswered (the Ray backend queues it again elsewhere).
 """
 
 from __future__ import annotations
@@ -225,12 +219,12 @@ class EngineWorker(CounterReadouts):
             if not self._is_current():
                 return
             self.state = WorkerState.FAILED
-            self._post(_set_exception, self._ready, exc)
+            self._post(_settle, self._ready, exc)
             return
         if not self._is_current():
             return
         self.state = WorkerState.READY
-        self._post(_set_result, self._ready, self.description)
+        self._post(_settle, self._ready, self.description)
         try:
             self._serve(engine)
         finally:
@@ -397,11 +391,10 @@ def _call_now(callback: Callable[..., Any], *args: Any) -> None:
     callback(*args)
 
 
-def _set_result(future: asyncio.Future, value: Any) -> None:
+def _settle(future: asyncio.Future, value: Any) -> None:
+    """Resolve the readiness future once: with the description, or with the load's exception."""
     if not future.done():
-        future.set_result(value)
-
-
-def _set_exception(future: asyncio.Future, exc: BaseException) -> None:
-    if not future.done():
-        future.set_exception(exc)
+        if isinstance(value, BaseException):
+            future.set_exception(value)
+        else:
+            future.set_result(value)
