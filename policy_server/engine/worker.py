@@ -8,9 +8,8 @@ hands every outcome back to the event loop with ``loop.call_soon_threadsafe``: t
 observation (``PendingObservation.owner``) gets ``on_result(item, outcome)`` or ``on_dropped(item,
 reason)`` on the loop's thread, where it is safe to touch sockets (a session gone away ignores it).
 
-Background tasks (the HTTP sidecar's video rollouts, :class:`~policy_server.engine.request_queue.BackgroundTask`)
-run when no observation waits, and otherwise get a bounded share of the engine
-(:class:`~policy_server.engine.batching.BackgroundShare`): one step at least every interval, so a video
+Background tasks (video rollouts, :class:`~.request_queue.BackgroundTask`) run when no observation waits,
+and otherwise get a bounded share of the engine (:class:`~.batching.BackgroundShare`): one step at least every interval, so a video
 finishes under any robot load while a robot waits at most one extra step per interval.
 
 A hung engine call (:mod:`policy_server.engine.watchdog` notices it from ``call_started_at``) is handled by
