@@ -9,8 +9,8 @@ observation (``PendingObservation.owner``) gets ``on_result(item, outcome)`` or 
 reason)`` on the loop's thread, where it is safe to touch sockets (a session gone away ignores it).
 
 Background tasks (video rollouts, :class:`~.request_queue.BackgroundTask`) run when no observation waits,
-and otherwise get a bounded share of the engine (:class:`~.batching.BackgroundShare`): one step at least every interval, so a video
-finishes under any robot load while a robot waits at most one extra step per interval.
+and otherwise a bounded share (:class:`~.batching.BackgroundShare`): one step at least every interval, so
+a video finishes under any robot load while a robot waits at most one extra step per interval.
 
 A hung engine call (:mod:`policy_server.engine.watchdog` notices it from ``call_started_at``) is handled by
 :meth:`EngineWorker.abandon_hung_call`: the requests of that call are failed with ``engine_timeout``,
