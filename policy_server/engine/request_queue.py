@@ -123,7 +123,22 @@ class QueueClosed(Exception):
     """The queue was closed (server shutting down); nothing more is accepted."""
 
 
-class RequestQueue:
+class ClosableQueue:
+    """The shutdown state every request queue shares: once ``close()`` sets it, nothing more is accepted."""
+
+    _closed = False
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    def _refuse_if_closed(self) -> None:
+        """Raise :class:`QueueClosed` if the queue is closed (the caller holds the queue's lock)."""
+        if self._closed:
+            raise QueueClosed("the server is shutting down")
+
+
+class RequestQueue(ClosableQueue):
     """Thread-safe, per-session single-slot, round-robin queue of :class:`PendingObservation`."""
 
     def __init__(self) -> None:
@@ -136,13 +151,11 @@ class RequestQueue:
         self._rejoining: list[Hashable] = []
         # Background tasks with the time each was queued; lower priority than every observation.
         self._background: deque[tuple[EngineTask, float]] = deque()
-        self._closed = False
 
     def put(self, item: PendingObservation) -> PendingObservation | None:
         """Queue ``item``; return the observation of the same session it replaced, if any."""
         with self._lock:
-            if self._closed:
-                raise QueueClosed("the server is shutting down")
+            self._refuse_if_closed()
             replaced = self._slots.get(item.session_id)
             self._slots[item.session_id] = item
             if replaced is None:
@@ -158,8 +171,7 @@ class RequestQueue:
     def put_background(self, task: EngineTask) -> None:
         """Queue a background task behind every observation (and behind earlier background tasks)."""
         with self._lock:
-            if self._closed:
-                raise QueueClosed("the server is shutting down")
+            self._refuse_if_closed()
             self._background.append((task, time.monotonic()))
             self._ready.notify()
 
@@ -277,10 +289,6 @@ class RequestQueue:
             self._background.clear()
             self._ready.notify_all()
             return left
-
-    @property
-    def closed(self) -> bool:
-        return self._closed
 
     @property
     def background_waiting(self) -> int:
