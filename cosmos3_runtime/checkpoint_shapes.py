@@ -56,6 +56,22 @@ _SHARED_TRANSFORMER = dict(
     sound_latent_fps=25.0,
 )
 
+# The Nemotron-3 dense backbone (Edge): ReLU² MLP without a gate, no text QK-norm, a key norm for generation.
+_NEMOTRON_DENSE = dict(
+    vocab_size=131072,
+    hidden_act="relu2",
+    rope_theta=100000000.0,
+    rms_norm_eps=1e-5,
+    qk_norm_for_text=False,
+    use_und_k_norm_for_gen=True,
+    sound_gen=False,
+    sound_dim=None,
+    # Written by the converter for Edge exports; the pipeline reads them, the transformer does not.
+    backbone_type="cosmos3_edge_nemotron_dense",
+    temporal_compression_factor=4,
+    rope_scaling={"mrope_section": [24, 20, 20]},
+)
+
 # Qwen3-VL backbones (Nano, Super): gated SiLU MLP, text QK-norm, a sound head.
 _QWEN3_VL = dict(
     vocab_size=151936,
@@ -95,26 +111,8 @@ class CheckpointShape:
 PUBLISHED_SHAPES = {
     "edge": CheckpointShape(
         "edge",
-        dict(
-            _SHARED_TRANSFORMER,
-            hidden_size=2048,
-            intermediate_size=9216,
-            num_hidden_layers=28,
-            num_attention_heads=16,
-            num_key_value_heads=8,
-            vocab_size=131072,
-            hidden_act="relu2",
-            rope_theta=100000000.0,
-            rms_norm_eps=1e-5,
-            qk_norm_for_text=False,
-            use_und_k_norm_for_gen=True,
-            sound_gen=False,
-            sound_dim=None,
-            # Written by the converter for Edge exports; the pipeline reads them, the transformer does not.
-            backbone_type="cosmos3_edge_nemotron_dense",
-            temporal_compression_factor=4,
-            rope_scaling={"mrope_section": [24, 20, 20]},
-        ),
+        dict(_SHARED_TRANSFORMER, **_NEMOTRON_DENSE, hidden_size=2048, intermediate_size=9216, num_hidden_layers=28,
+             num_attention_heads=16, num_key_value_heads=8),
         transformer_parameters=3_369_657_024,
     ),
     "nano": CheckpointShape(
