@@ -25,11 +25,13 @@ import numpy as np
 MAX_ATTEMPTS = 3
 
 
-class VideoJobStatus(str, enum.Enum):
-    QUEUED = "queued"
-    IN_PROGRESS = "in_progress"
-    COMPLETED = "completed"
-    FAILED = "failed"
+class VideoJobStatus(enum.StrEnum):
+    """Where a job stands; each value (the member's name in lower case) is what the store and the API say."""
+
+    QUEUED = enum.auto()
+    IN_PROGRESS = enum.auto()
+    COMPLETED = enum.auto()
+    FAILED = enum.auto()
 
 
 FINISHED = (VideoJobStatus.COMPLETED, VideoJobStatus.FAILED)
