@@ -32,6 +32,8 @@ import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from .wan_vae import WAN22_VAE_CONFIG
+
 SHAPES = ("tiny", "edge", "nano", "super")
 
 # The converter's keys common to every published transformer config.
@@ -54,6 +56,22 @@ _SHARED_TRANSFORMER = dict(
     sound_latent_fps=25.0,
 )
 
+# The Nemotron-3 dense backbone (Edge): ReLU² MLP without a gate, no text QK-norm, a key norm for generation.
+_NEMOTRON_DENSE = dict(
+    vocab_size=131072,
+    hidden_act="relu2",
+    rope_theta=100000000.0,
+    rms_norm_eps=1e-5,
+    qk_norm_for_text=False,
+    use_und_k_norm_for_gen=True,
+    sound_gen=False,
+    sound_dim=None,
+    # Written by the converter for Edge exports; the pipeline reads them, the transformer does not.
+    backbone_type="cosmos3_edge_nemotron_dense",
+    temporal_compression_factor=4,
+    rope_scaling={"mrope_section": [24, 20, 20]},
+)
+
 # Qwen3-VL backbones (Nano, Super): gated SiLU MLP, text QK-norm, a sound head.
 _QWEN3_VL = dict(
     vocab_size=151936,
@@ -64,35 +82,6 @@ _QWEN3_VL = dict(
     use_und_k_norm_for_gen=False,
     sound_gen=True,
     sound_dim=64,
-)
-
-WAN22_VAE_CONFIG = dict(
-    base_dim=160,
-    decoder_base_dim=256,
-    z_dim=48,
-    dim_mult=[1, 2, 4, 4],
-    num_res_blocks=2,
-    attn_scales=[],
-    temperal_downsample=[False, True, True],
-    dropout=0.0,
-    is_residual=True,
-    in_channels=12,
-    out_channels=12,
-    patch_size=2,
-    scale_factor_spatial=16,
-    scale_factor_temporal=4,
-    latents_mean=[
-        -0.2289, -0.0052, -0.1323, -0.2339, -0.2799, 0.0174, 0.1838, 0.1557, -0.1382, 0.0542, 0.2813, 0.0891,
-        0.1570, -0.0098, 0.0375, -0.1825, -0.2246, -0.1207, -0.0698, 0.5109, 0.2665, -0.2108, -0.2158, 0.2502,
-        -0.2055, -0.0322, 0.1109, 0.1567, -0.0729, 0.0899, -0.2799, -0.1230, -0.0313, -0.1649, 0.0117, 0.0723,
-        -0.2839, -0.2083, -0.0520, 0.3748, 0.0152, 0.1957, 0.1433, -0.2944, 0.3573, -0.0548, -0.1681, -0.0667,
-    ],
-    latents_std=[
-        0.4765, 1.0364, 0.4514, 1.1677, 0.5313, 0.4990, 0.4818, 0.5013, 0.8158, 1.0344, 0.5894, 1.0901,
-        0.6885, 0.6165, 0.8454, 0.4978, 0.5759, 0.3523, 0.7135, 0.6804, 0.5833, 1.4146, 0.8986, 0.5659,
-        0.7069, 0.5338, 0.4889, 0.4917, 0.4069, 0.4999, 0.6866, 0.4093, 0.5709, 0.6065, 0.6415, 0.4944,
-        0.5726, 1.2042, 0.5458, 1.6887, 0.3971, 1.0600, 0.3943, 0.5537, 0.5444, 0.4089, 0.7468, 0.7744,
-    ],
 )
 
 # Shards of at most this many bytes: loading reads one shard at a time, so this bounds the transient
@@ -122,26 +111,8 @@ class CheckpointShape:
 PUBLISHED_SHAPES = {
     "edge": CheckpointShape(
         "edge",
-        dict(
-            _SHARED_TRANSFORMER,
-            hidden_size=2048,
-            intermediate_size=9216,
-            num_hidden_layers=28,
-            num_attention_heads=16,
-            num_key_value_heads=8,
-            vocab_size=131072,
-            hidden_act="relu2",
-            rope_theta=100000000.0,
-            rms_norm_eps=1e-5,
-            qk_norm_for_text=False,
-            use_und_k_norm_for_gen=True,
-            sound_gen=False,
-            sound_dim=None,
-            # Written by the converter for Edge exports; the pipeline reads them, the transformer does not.
-            backbone_type="cosmos3_edge_nemotron_dense",
-            temporal_compression_factor=4,
-            rope_scaling={"mrope_section": [24, 20, 20]},
-        ),
+        dict(_SHARED_TRANSFORMER, **_NEMOTRON_DENSE, hidden_size=2048, intermediate_size=9216, num_hidden_layers=28,
+             num_attention_heads=16, num_key_value_heads=8),
         transformer_parameters=3_369_657_024,
     ),
     "nano": CheckpointShape(

@@ -57,19 +57,28 @@ def _engine_failures(jobs: list[DenoiseJob]):
         raise EngineError(f"the model failed on this request ({type(exc).__name__})") from exc
 
 
+def _provenance(job: DenoiseJob, profile: PolicyProfile, output: DenoiseOutput, timing: Timing) -> dict:
+    """What every result reports of how it was made: ActionChunk and VideoResult share these fields."""
+    return dict(domain_name=profile.domain_name, domain_id=profile.domain_id, num_steps=output.num_steps,
+                transformer_forwards=output.transformer_forwards, seed=job.seed, timing=timing)
+
+
 class Cosmos3Engine:
     """A loaded Cosmos3 checkpoint. Build with :meth:`load`."""
 
-    def __init__(self, source: str, info: CheckpointInfo, pipe, device, dtype, spec: EngineSpec,
-                 prefix_cache_mb: float = 0):
+    def __init__(self, source: str, pipe, device, dtype, spec: EngineSpec, prefix_cache_mb: float = 0):
         self.source = source
-        self.info = info
         self.pipe = pipe
         self.device = device
         self.dtype = dtype
         self.spec = spec
         self.sampler = Cosmos3Sampler(pipe, device, prefix_cache_bytes=int(prefix_cache_mb * 2**20))
         self.warmed_up = False
+
+    @property
+    def info(self) -> CheckpointInfo:
+        """What inspecting the checkpoint found (the spec was built from it, so it is kept there only)."""
+        return self.spec.info
 
     @classmethod
     def load(
@@ -101,7 +110,7 @@ class Cosmos3Engine:
         spec = EngineSpec.for_checkpoint(info, profiles, limits or EngineLimits())
         logger.info("loaded %s (%s) on %s/%s in %.2f s", source, info.variant, torch_device, torch_dtype,
                     time.perf_counter() - started)
-        return cls(str(source), info, pipe, torch_device, torch_dtype, spec, prefix_cache_mb=prefix_cache_mb)
+        return cls(str(source), pipe, torch_device, torch_dtype, spec, prefix_cache_mb=prefix_cache_mb)
 
     # ------------------------------------------------------------------ requests
 
@@ -180,18 +189,8 @@ class Cosmos3Engine:
             raise EngineError("the model produced non-finite actions")
         timing = self._timing(output, validate_s)
         timing.postprocess_ms = (time.perf_counter() - post) * 1000.0
-        return ActionChunk(
-            actions=actions,
-            action_mode=job.mode,
-            domain_name=profile.domain_name,
-            domain_id=profile.domain_id,
-            raw_action_dim=profile.raw_action_dim,
-            num_steps=output.num_steps,
-            transformer_forwards=output.transformer_forwards,
-            seed=job.seed,
-            timing=timing,
-            batch_size=output.batch_size,
-        )
+        return ActionChunk(actions=actions, action_mode=job.mode, raw_action_dim=profile.raw_action_dim,
+                           batch_size=output.batch_size, **_provenance(job, profile, output, timing))
 
     def rollout_video(self, request: VideoRequest) -> VideoResult:
         """Answer a ``forward_dynamics`` request: a first frame plus raw actions in, frames out."""
@@ -341,14 +340,6 @@ class VideoRollout:
     def result(self) -> VideoResult:
         if self._output is None:
             raise RuntimeError("the rollout is not finished: call step() until it returns True")
-        output, job, profile = self._output, self._job, self._profile
-        return VideoResult(
-            frames=output.video,
-            fps=job.fps,
-            domain_name=profile.domain_name,
-            domain_id=profile.domain_id,
-            num_steps=output.num_steps,
-            transformer_forwards=output.transformer_forwards,
-            seed=job.seed,
-            timing=Cosmos3Engine._timing(output, self._validate_s),
-        )
+        output, job = self._output, self._job
+        return VideoResult(frames=output.video, fps=job.fps, **_provenance(
+            job, self._profile, output, Cosmos3Engine._timing(output, self._validate_s)))

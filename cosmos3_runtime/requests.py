@@ -7,7 +7,7 @@ with results. They carry numpy arrays and plain values only, never tensors.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import KW_ONLY, asdict, dataclass, field
 from typing import Literal
 
 import numpy as np
@@ -17,7 +17,25 @@ ACTION_MODES: tuple[str, ...] = ("policy", "inverse_dynamics", "forward_dynamics
 
 
 @dataclass
-class ActionRequest:
+class RequestSettings:
+    """The settings every request may name; ``None`` takes the engine's default for the domain.
+
+    Both :class:`ActionRequest` and :class:`VideoRequest` carry them, as keyword arguments.
+    """
+
+    _: KW_ONLY
+    prompt: str = ""
+    resolution_tier: int | None = None
+    view_point: str | None = None
+    seed: int | None = None
+    num_steps: int | None = None
+    guidance_scale: float | None = None
+    guidance_interval: tuple[float, float] | None = None
+    fps: float | None = None
+
+
+@dataclass
+class ActionRequest(RequestSettings):
     """One observation to turn into a chunk of actions (``policy`` or ``inverse_dynamics``).
 
     ``image`` is one H×W×3 uint8 frame (policy); ``video`` is a T×H×W×3 uint8 clip (inverse dynamics,
@@ -41,34 +59,18 @@ class ActionRequest:
     action_mode: ActionMode = "policy"
     image: np.ndarray | None = None
     video: np.ndarray | None = None
-    prompt: str = ""
     action_horizon: int | None = None
-    resolution_tier: int | None = None
-    view_point: str | None = None
-    seed: int | None = None
-    num_steps: int | None = None
-    guidance_scale: float | None = None
-    guidance_interval: tuple[float, float] | None = None
-    fps: float | None = None
     prefix_actions: np.ndarray | None = None
     state: np.ndarray | None = None
 
 
 @dataclass
-class VideoRequest:
+class VideoRequest(RequestSettings):
     """A ``forward_dynamics`` rollout: a first frame plus raw actions in, predicted frames out."""
 
     domain_name: str
     image: np.ndarray
     actions: np.ndarray
-    prompt: str = ""
-    resolution_tier: int | None = None
-    view_point: str | None = None
-    seed: int | None = None
-    num_steps: int | None = None
-    guidance_scale: float | None = None
-    guidance_interval: tuple[float, float] | None = None
-    fps: float | None = None
 
 
 @dataclass
@@ -91,15 +93,8 @@ class Timing:
         return self.preprocess_ms + self.model_ms + self.postprocess_ms
 
     def as_dict(self) -> dict[str, float]:
-        return {
-            "preprocess_ms": self.preprocess_ms,
-            "encode_ms": self.encode_ms,
-            "denoise_ms": self.denoise_ms,
-            "decode_ms": self.decode_ms,
-            "postprocess_ms": self.postprocess_ms,
-            "model_ms": self.model_ms,
-            "total_ms": self.total_ms,
-        }
+        """Every stage, then the two sums."""
+        return {**asdict(self), "model_ms": self.model_ms, "total_ms": self.total_ms}
 
 
 @dataclass

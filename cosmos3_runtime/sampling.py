@@ -349,6 +349,18 @@ class Cosmos3Sampler:
 
         dtype = self.transformer.dtype
         timestep = t.item()
+
+        def modality_inputs(modality, tokens):  # the transformer's vision_* or action_* arguments, built alike
+            noisy_tokens = sum(pack[f"num_noisy_{modality}_tokens"] for pack, _, _ in packs)
+            return {
+                f"{modality}_tokens": [x.to(dtype) for x in tokens],
+                f"{modality}_token_shapes": per_item(f"{modality}_token_shapes"),
+                f"{modality}_sequence_indexes": moved(f"{modality}_sequence_indexes"),
+                f"{modality}_mse_loss_indexes": moved(f"{modality}_mse_loss_indexes"),
+                f"{modality}_timesteps": torch.full((noisy_tokens,), timestep, device=self.device),
+                f"{modality}_noisy_frame_indexes": per_item(f"{modality}_noisy_frame_indexes"),
+            }
+
         position_ids = torch.cat(
             [pack["position_ids"][:, :und_len] for pack, und_len, _ in packs]
             + [pack["position_ids"][:, und_len:] for pack, und_len, _ in packs], dim=1)
@@ -361,20 +373,8 @@ class Cosmos3Sampler:
                     position_ids=position_ids,
                     und_len=und_total,
                     sequence_length=und_total + gen_at,
-                    vision_tokens=[it.latents.to(dtype) for it in items],
-                    vision_token_shapes=per_item("vision_token_shapes"),
-                    vision_sequence_indexes=moved("vision_sequence_indexes"),
-                    vision_mse_loss_indexes=moved("vision_mse_loss_indexes"),
-                    vision_timesteps=torch.full((sum(pack["num_noisy_vision_tokens"] for pack, _, _ in packs),),
-                                                timestep, device=self.device),
-                    vision_noisy_frame_indexes=per_item("vision_noisy_frame_indexes"),
-                    action_tokens=[it.action_latents.to(dtype) for it in items],
-                    action_token_shapes=per_item("action_token_shapes"),
-                    action_sequence_indexes=moved("action_sequence_indexes"),
-                    action_mse_loss_indexes=moved("action_mse_loss_indexes"),
-                    action_timesteps=torch.full((sum(pack["num_noisy_action_tokens"] for pack, _, _ in packs),),
-                                                timestep, device=self.device),
-                    action_noisy_frame_indexes=per_item("action_noisy_frame_indexes"),
+                    **modality_inputs("vision", [it.latents for it in items]),
+                    **modality_inputs("action", [it.action_latents for it in items]),
                     action_domain_ids=[it.domain_id for it in items],
                     return_dict=False,
                 )

@@ -24,6 +24,8 @@ import json
 import shutil
 from pathlib import Path
 
+from .wan_vae import WAN22_VAE_CONFIG
+
 VARIANTS = ("base", "edge", "distilled", "edge-distilled")
 
 # The fixed schedule of the tiny distilled checkpoints: four sigmas, one transformer forward each.
@@ -64,6 +66,18 @@ _TINY_TRANSFORMER = dict(
     action_gen=True,
     num_embodiment_domains=32,
     vocab_size=512,
+)
+
+# Wan2.2's VAE (same patching and compression) at a few channels' width, with unit latent statistics.
+TINY_VAE_CONFIG = dict(
+    WAN22_VAE_CONFIG,
+    base_dim=8,
+    decoder_base_dim=None,
+    z_dim=_TINY_TRANSFORMER["latent_channel"],
+    dim_mult=[1, 2, 2, 2],
+    num_res_blocks=1,
+    latents_mean=[0.0] * _TINY_TRANSFORMER["latent_channel"],
+    latents_std=[1.0] * _TINY_TRANSFORMER["latent_channel"],
 )
 
 # Per-embodiment profiles the tiny checkpoint ships, to exercise "read from the checkpoint":
@@ -152,20 +166,7 @@ def build_tiny_checkpoint(
         # pathway is exercised the way a trained one is.
         if with_action_head:
             torch.nn.init.normal_(transformer.action_modality_embed, std=0.02)
-        vae = AutoencoderKLWan(
-            base_dim=8,
-            z_dim=_TINY_TRANSFORMER["latent_channel"],
-            dim_mult=[1, 2, 2, 2],
-            num_res_blocks=1,
-            is_residual=True,
-            patch_size=2,
-            in_channels=12,
-            out_channels=12,
-            scale_factor_spatial=16,
-            scale_factor_temporal=4,
-            latents_mean=[0.0] * _TINY_TRANSFORMER["latent_channel"],
-            latents_std=[1.0] * _TINY_TRANSFORMER["latent_channel"],
-        )
+        vae = AutoencoderKLWan(**TINY_VAE_CONFIG)
     transformer.save_pretrained(out / "transformer")
     vae.save_pretrained(out / "vae")
 

@@ -18,8 +18,9 @@ import subprocess
 import tempfile
 import threading
 import time
+from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 import pytest
 
@@ -88,18 +89,28 @@ def gated_loader(gate: threading.Event):
     return load
 
 
-def test_a_full_results_disk_fails_the_job_with_storage_full_and_the_server_carries_on(small_disk):
+@contextmanager
+def gated_sidecar(disk: Path) -> Iterator[tuple[SidecarServer, threading.Event]]:
+    """A sidecar keeping its data on ``disk``, whose engine starts a video only once the gate is set; the
+    gate is set on the way out, so a job left waiting does not hold the shutdown."""
     gate = threading.Event()
-    data_dir = small_disk / "data"
-    with SidecarServer(gated_loader(gate), data_dir=data_dir) as server:
+    with SidecarServer(gated_loader(gate), data_dir=disk / "data") as server:
         try:
-            check_full_disk(server, gate, small_disk, data_dir)
+            yield server, gate
         finally:
             gate.set()
 
 
-def check_full_disk(server: SidecarServer, gate: threading.Event, small_disk: Path, data_dir: Path) -> None:
-    if True:
+def assert_serving_robots(server: SidecarServer) -> None:
+    """Health checks answer ready and a one-shot action request is answered."""
+    assert http_get(server.health_url)[1]["status"] == "ready"
+    generation = server.client.post("/v1/actions/generations", json={
+        "domain_name": "bridge_orig_lerobot", "image": video_body()["input_reference"]})
+    assert generation.status_code == 200, generation.text
+
+
+def test_a_full_results_disk_fails_the_job_with_storage_full_and_the_server_carries_on(small_disk):
+    with gated_sidecar(small_disk) as (server, gate):
         client = server.client
         job = client.post("/v1/videos", json=video_body(steps=8)).json()
         assert job["status"] in ("queued", "in_progress"), job
@@ -115,15 +126,11 @@ def check_full_disk(server: SidecarServer, gate: threading.Event, small_disk: Pa
         assert failed["status"] == "failed", failed
         assert failed["error"]["code"] == "storage_full" and "full" in failed["error"]["message"]
         assert client.get(f"/v1/videos/{job['id']}/content").status_code == 409
-        leftovers = [p.name for p in (data_dir / "videos").rglob("*") if p.name.endswith(".partial")
+        leftovers = [p.name for p in (small_disk / "data" / "videos").rglob("*") if p.name.endswith(".partial")
                      or p.name.startswith(".staging-")]
         assert leftovers == []
 
-        # The server keeps serving robots and health checks meanwhile.
-        assert http_get(server.health_url)[1]["status"] == "ready"
-        generation = client.post("/v1/actions/generations", json={
-            "domain_name": "bridge_orig_lerobot", "image": video_body()["input_reference"]})
-        assert generation.status_code == 200, generation.text
+        assert_serving_robots(server)  # meanwhile
 
         # Space freed: the store is consistent and jobs run to completion again.
         filler.unlink()
@@ -137,14 +144,13 @@ def check_full_disk(server: SidecarServer, gate: threading.Event, small_disk: Pa
 
 def test_a_submission_with_little_free_space_is_refused_with_507_not_500(small_disk):
     """3 MiB free and a first frame that does not compress to less (random pixels): once a 500."""
-    data_dir = small_disk / "data"
-    with SidecarServer(gated_loader(threading.Event()), data_dir=data_dir) as server:
+    with gated_sidecar(small_disk) as (server, _):
         fill(small_disk, 3 * 2**20)
         refused = server.client.post("/v1/videos", json=video_body(steps=8, input_reference=png_b64(rgb(1100))))
         assert refused.status_code == 507, refused.text
         assert error_of(refused)["code"] == "storage_full"
         assert server.client.get("/v1/videos").json()["data"] == []
-        assert [p.name for p in (data_dir / "videos").iterdir()] == []  # no half-written job
+        assert [p.name for p in (small_disk / "data" / "videos").iterdir()] == []  # no half-written job
 
 
 def _fail_unrecordably(server: SidecarServer, gate: threading.Event, disk: Path) -> tuple[dict[str, Any], Path]:
@@ -162,34 +168,21 @@ def _fail_unrecordably(server: SidecarServer, gate: threading.Event, disk: Path)
 
 
 def test_a_failure_the_disk_refused_is_recorded_once_space_returns(small_disk):
-    gate = threading.Event()
-    data_dir = small_disk / "data"
-    with SidecarServer(gated_loader(gate), data_dir=data_dir) as server:
-        try:
-            job, filler = _fail_unrecordably(server, gate, small_disk)
-            assert server.client.get(f"/v1/videos/{job['id']}").json()["status"] == "in_progress"
-            assert http_get(server.health_url)[1]["status"] == "ready"  # robots are served meanwhile
-            filler.unlink()
-            failed = wait_for_job(server.client, job["id"], timeout=30)
-            assert failed["status"] == "failed" and failed["error"]["code"] == "storage_full", failed
-        finally:
-            gate.set()
+    with gated_sidecar(small_disk) as (server, gate):
+        job, filler = _fail_unrecordably(server, gate, small_disk)
+        assert server.client.get(f"/v1/videos/{job['id']}").json()["status"] == "in_progress"
+        assert http_get(server.health_url)[1]["status"] == "ready"  # robots are served meanwhile
+        filler.unlink()
+        failed = wait_for_job(server.client, job["id"], timeout=30)
+        assert failed["status"] == "failed" and failed["error"]["code"] == "storage_full", failed
 
 
 def test_a_server_restarted_on_a_full_disk_serves_and_finishes_the_job_once_space_returns(small_disk):
-    gate = threading.Event()
-    data_dir = small_disk / "data"
-    with SidecarServer(gated_loader(gate), data_dir=data_dir) as server:
-        try:
-            job, filler = _fail_unrecordably(server, gate, small_disk)
-        finally:
-            gate.set()
-    # Stopped while the disk is full: the job is still in_progress in the store.
-    with SidecarServer(gated_loader(gate), data_dir=data_dir) as restarted:  # starts on the full disk
-        assert http_get(restarted.health_url)[1]["status"] == "ready"
-        generation = restarted.client.post("/v1/actions/generations", json={
-            "domain_name": "bridge_orig_lerobot", "image": video_body()["input_reference"]})
-        assert generation.status_code == 200, generation.text
+    with gated_sidecar(small_disk) as (server, gate):
+        job, filler = _fail_unrecordably(server, gate, small_disk)
+    # Stopped while the disk is full: the job is still in_progress in the store. The gate stays open.
+    with SidecarServer(gated_loader(gate), data_dir=small_disk / "data") as restarted:  # starts on the full disk
+        assert_serving_robots(restarted)
         assert restarted.client.get(f"/v1/videos/{job['id']}").json()["status"] == "in_progress"
         filler.unlink()
         done = wait_for_job(restarted.client, job["id"], timeout=60)

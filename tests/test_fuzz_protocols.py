@@ -122,6 +122,16 @@ class Channel:
         self.closes.append((exc.rcvd.code, exc.rcvd.reason))
         self.ws = None
 
+    def exchange(self, payload: bytes | str, read):
+        """Send ``payload`` and return ``read(ws)``; None if the server closed instead (with a reason, checked)."""
+        ws = self.open()
+        try:
+            ws.send(payload)
+            return read(ws)
+        except ConnectionClosed as exc:
+            self.closed(exc)
+            return None
+
 
 @pytest.fixture(scope="module")
 def fuzz_server():
@@ -143,11 +153,10 @@ def native_round(channel: Channel, payload: bytes | str) -> list[dict]:
     unique name) is answered ``unknown_type`` quoting that name, which marks the end of this round even
     when the payload itself was a ``reset`` (whose ``reset_done`` would otherwise look like ours).
     """
-    ws = channel.open()
     channel.rounds = getattr(channel, "rounds", 0) + 1
     sentinel = f"sentinel-{channel.rounds}"
-    try:
-        ws.send(payload)
+
+    def replies_before_sentinel(ws):
         ws.send(packb({"type": "reset"}))
         ws.send(packb({"type": sentinel}))
         replies = []
@@ -158,9 +167,8 @@ def native_round(channel: Channel, payload: bytes | str) -> list[dict]:
                 return [f for f in replies if f.get("type") != "reset_done"] + \
                     [f for f in replies if f.get("type") == "reset_done"][1:]  # ours is one of them
             replies.append(frame)
-    except ConnectionClosed as exc:
-        channel.closed(exc)
-        return []
+
+    return channel.exchange(payload, replies_before_sentinel) or []
 
 
 def _decoded_type(payload: bytes | str):
@@ -191,13 +199,8 @@ def test_native_protocol_answers_every_hostile_frame_and_stays_up(fuzz_server, p
 @FUZZ_SETTINGS
 @given(payload=payloads)
 def test_openpi_protocol_answers_every_hostile_frame_once(fuzz_server, payload):
-    channel = fuzz_server.openpi
-    ws = channel.open()
-    try:
-        ws.send(payload)
-        reply = ws.recv(timeout=60)
-    except ConnectionClosed as exc:
-        channel.closed(exc)
+    reply = fuzz_server.openpi.exchange(payload, lambda ws: ws.recv(timeout=60))
+    if reply is None:
         return
     if isinstance(reply, str):
         code = reply.split(":", 1)[0]
@@ -267,17 +270,15 @@ observer_frames = st.one_of(
 @FUZZ_SETTINGS
 @given(frame=observer_frames)
 def test_observer_channel_answers_every_hostile_frame(fuzz_server, frame):
-    channel = fuzz_server.observer
-    ws = channel.open()
-    try:
-        ws.send(frame)
+    def first_answer(ws):
         deadline = time.monotonic() + 30
         while True:
             reply = json.loads(ws.recv(timeout=max(0.1, deadline - time.monotonic())))
             if reply["type"] not in ("sessions", "session_detail"):  # periodic snapshots interleave
-                break
-    except ConnectionClosed as exc:
-        channel.closed(exc)
+                return reply
+
+    reply = fuzz_server.observer.exchange(frame, first_answer)
+    if reply is None:
         return
     assert reply["type"] in ("error", "subscribed", "control_result"), reply
     if reply["type"] == "error":

@@ -123,7 +123,22 @@ class QueueClosed(Exception):
     """The queue was closed (server shutting down); nothing more is accepted."""
 
 
-class RequestQueue:
+class ClosableQueue:
+    """The shutdown state every request queue shares: once ``close()`` sets it, nothing more is accepted."""
+
+    _closed = False
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    def _refuse_if_closed(self) -> None:
+        """Raise :class:`QueueClosed` if the queue is closed (the caller holds the queue's lock)."""
+        if self._closed:
+            raise QueueClosed("the server is shutting down")
+
+
+class RequestQueue(ClosableQueue):
     """Thread-safe, per-session single-slot, round-robin queue of :class:`PendingObservation`."""
 
     def __init__(self) -> None:
@@ -136,15 +151,13 @@ class RequestQueue:
         self._rejoining: list[Hashable] = []
         # Background tasks with the time each was queued; lower priority than every observation.
         self._background: deque[tuple[EngineTask, float]] = deque()
-        self._closed = False
         # Called after every put, outside the lock (the engine's host-prep thread watches for arrivals).
         self._listeners: list[Callable[[], None]] = []
 
     def put(self, item: PendingObservation) -> PendingObservation | None:
         """Queue ``item``; return the observation of the same session it replaced, if any."""
         with self._lock:
-            if self._closed:
-                raise QueueClosed("the server is shutting down")
+            self._refuse_if_closed()
             replaced = self._slots.get(item.session_id)
             self._slots[item.session_id] = item
             if replaced is None:
@@ -180,8 +193,7 @@ class RequestQueue:
     def put_background(self, task: EngineTask) -> None:
         """Queue a background task behind every observation (and behind earlier background tasks)."""
         with self._lock:
-            if self._closed:
-                raise QueueClosed("the server is shutting down")
+            self._refuse_if_closed()
             self._background.append((task, time.monotonic()))
             self._ready.notify()
 
@@ -299,10 +311,6 @@ class RequestQueue:
             self._background.clear()
             self._ready.notify_all()
             return left
-
-    @property
-    def closed(self) -> bool:
-        return self._closed
 
     @property
     def background_waiting(self) -> int:

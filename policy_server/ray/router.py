@@ -26,7 +26,7 @@ import threading
 from dataclasses import dataclass, field
 from typing import Any, Callable, Collection, Hashable
 
-from ..engine.request_queue import BackgroundTask, PendingObservation, QueueClosed, RequestQueue
+from ..engine.request_queue import BackgroundTask, ClosableQueue, PendingObservation, QueueClosed, RequestQueue
 
 
 class NoReplicaAvailable(QueueClosed):
@@ -43,7 +43,7 @@ class Failover:
     background: list[BackgroundTask] = field(default_factory=list)
 
 
-class ReplicaRouter:
+class ReplicaRouter(ClosableQueue):
     """One request queue per replica behind the single-queue interface; sessions pinned to replicas."""
 
     def __init__(self, num_replicas: int, open_sessions: Callable[[], Collection[Hashable]] | None = None) -> None:
@@ -56,7 +56,6 @@ class ReplicaRouter:
         # Which sessions still exist; assignments of others are forgotten when loads are counted
         # (sessions only tell the queue that they ended by cancelling, which is not a reliable signal).
         self._open_sessions = open_sessions
-        self._closed = False
 
     def set_open_sessions(self, open_sessions: Callable[[], Collection[Hashable]]) -> None:
         """Tell the router which sessions are open (assignments of others are forgotten)."""
@@ -111,8 +110,7 @@ class ReplicaRouter:
     def put(self, item: PendingObservation) -> PendingObservation | None:
         """Queue ``item`` on its session's replica (assigning one first); return what it replaced."""
         with self._lock:
-            if self._closed:
-                raise QueueClosed("the server is shutting down")
+            self._refuse_if_closed()
             return self.queues[self._replica_for(item.session_id)].put(item)
 
     def requeue(self, item: PendingObservation) -> PendingObservation | None:
@@ -122,8 +120,7 @@ class ReplicaRouter:
         ``superseded``, or None.
         """
         with self._lock:
-            if self._closed:
-                raise QueueClosed("the server is shutting down")
+            self._refuse_if_closed()
             queue = self.queues[self._replica_for(item.session_id)]
             replaced = queue.put(item)
             if replaced is not None and replaced.seq > item.seq:
@@ -134,8 +131,7 @@ class ReplicaRouter:
     def put_background(self, task: BackgroundTask) -> None:
         """Queue a background task on the live replica with the least background work waiting."""
         with self._lock:
-            if self._closed:
-                raise QueueClosed("the server is shutting down")
+            self._refuse_if_closed()
             live = [i for i in range(self.num_replicas) if self._live[i]]
             if not live:
                 raise NoReplicaAvailable("no engine replica is available right now")
@@ -156,10 +152,6 @@ class ReplicaRouter:
             for queue in self.queues:
                 left.extend(queue.close())
             return left
-
-    @property
-    def closed(self) -> bool:
-        return self._closed
 
     @property
     def background_waiting(self) -> int:

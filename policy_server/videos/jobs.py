@@ -26,10 +26,20 @@ MAX_ATTEMPTS = 3
 
 
 class VideoJobStatus(str, enum.Enum):
-    QUEUED = "queued"
-    IN_PROGRESS = "in_progress"
-    COMPLETED = "completed"
-    FAILED = "failed"
+    """Where a job stands; each value (the member's name in lower case) is what the store and the API say."""
+
+    # enum.StrEnum does this from Python 3.11; the package supports 3.10.
+    @staticmethod
+    def _generate_next_value_(name: str, start: int, count: int, last_values: list) -> str:
+        return name.lower()
+
+    def __str__(self) -> str:
+        return self.value
+
+    QUEUED = enum.auto()
+    IN_PROGRESS = enum.auto()
+    COMPLETED = enum.auto()
+    FAILED = enum.auto()
 
 
 FINISHED = (VideoJobStatus.COMPLETED, VideoJobStatus.FAILED)
