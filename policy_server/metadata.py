@@ -18,6 +18,7 @@ from typing import Any, Mapping
 from robot_clients import protocol
 
 from .engine.description import ModelDescription
+from .media.image_decoding import ENCODED_FORMATS
 from .sessions.config import SessionConfig
 from .sessions.host import SessionHost
 from .sessions.openpi_observation import CameraMapping
@@ -33,7 +34,15 @@ NATIVE_CAPABILITIES = {
     "deadlines": True,
     "prefix_actions": True,
     "session_controls": True,
+    # A camera frame may be these formats' bytes in place of its array (a clip: a list of them).
+    "encoded_images": sorted(ENCODED_FORMATS.values()),
 }
+
+
+def canvases(d: ModelDescription) -> dict[str, list[dict[str, Any]]]:
+    """Each served tier's canvases (aspect-ratio bins), so a robot can size its frames before sending
+    (``robot_clients.frame_sizing.canvas_bins``)."""
+    return {str(tier): [dict(entry) for entry in bins] for tier, bins in d.raw.get("canvases", {}).items()}
 
 
 def native_metadata(host: SessionHost, session_id: str) -> dict[str, Any]:
@@ -62,6 +71,7 @@ def native_metadata(host: SessionHost, session_id: str) -> dict[str, Any]:
         "defaults": d.raw.get("defaults", {}),
         "action_horizon": d.raw.get("action_horizon", {}),
         "resolution_tiers": list(d.resolution_tiers),
+        "canvases": canvases(d),
         "view_points": list(d.view_points),
         "domains": {
             name: {"domain_id": domain.domain_id, "raw_action_dim": domain.raw_action_dim,
@@ -91,6 +101,9 @@ def openpi_metadata(d: ModelDescription | None, session_id: str, config: Session
         "action_dim": resolved.get("raw_action_dim"),
         "view_point": resolved.get("view_point"),
         "cameras": cameras.describe().get(resolved.get("view_point"), []),
+        "resolution_tier": resolved.get("resolution_tier"),
+        "canvases": canvases(d),
+        "encoded_images": sorted(ENCODED_FORMATS.values()),
         "error": error,
     }
 
