@@ -375,8 +375,9 @@ class AsyncPolicyClient:
             await self._send(frame, timeout)
             self._observation_sent(seq, 0)
         else:
-            await self._wait_connected(timeout)
-            self._sender.put(seq, packb(frame))
+            if not self._connected.is_set() and (self._closing or self._reader is None or self._reader.done()):
+                raise ConnectionLost("not connected (call connect() first)")
+            self._sender.put(seq, packb(frame))  # while reconnecting, the newest waits for the new connection
         self.stats.buffered_bytes = self.buffered_bytes
         self.stats.buffered_bytes_max = max(self.stats.buffered_bytes_max, self.stats.buffered_bytes)
         return seq

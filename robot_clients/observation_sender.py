@@ -38,7 +38,7 @@ def buffered_bytes(ws: Any) -> int:
     if sock is not None and fcntl is not None and sys.platform.startswith("linux"):
         try:
             total += struct.unpack("i", fcntl.ioctl(sock.fileno(), _TIOCOUTQ, b"\0\0\0\0"))[0]
-        except OSError:
+        except (OSError, ValueError):  # the socket is closed (its descriptor is -1)
             pass
     return total
 
