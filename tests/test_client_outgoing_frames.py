@@ -4,6 +4,8 @@ observation waiting to be sent, replaced by a newer one; the bytes buffered in t
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import io
 
 import numpy as np
 import pytest
@@ -51,7 +53,6 @@ def test_named_cameras_in_concat_view_are_sized_as_the_composed_frame(server):
         frame = client._client._frames.prepare(  # noqa: SLF001 - what went on the wire for each camera
             {"images": {"left": camera(), "right": camera()}}, client.metadata, client.session, {})
         from PIL import Image
-        import io
         sizes = {Image.open(io.BytesIO(data)).size for data in frame["images"].values()}
         assert len(sizes) == 1 and sizes.pop()[0] < 640  # each camera shrunk to its half of the canvas
 
@@ -63,19 +64,25 @@ def test_resize_without_canvases_in_the_metadata_says_what_is_missing():
         OutgoingFrames("raw", resize=True).prepare({"image": camera()}, {"defaults": {}}, {}, {})
 
 
-async def test_a_link_that_does_not_drain_holds_one_frame_and_the_newest_replaces_the_waiting_one():
-    """A server that stops reading (a saturated link): the client writes until the socket is full, then keeps
-    exactly one observation waiting, the newest; submit never blocks; the bytes held show in its stats."""
+@contextlib.asynccontextmanager
+async def stalled_server():
+    """A WebSocket server that sends the hello, then never reads again (a link that does not drain)."""
     stop = asyncio.Event()
 
-    async def stalled(ws):  # sends the hello, then never reads again
+    async def stalled(ws):
         await ws.send(packb({"type": "metadata", "protocol_version": PROTOCOL_VERSION, "defaults": {}}))
         await stop.wait()
 
     async with serve(stalled, "127.0.0.1", 0, max_size=None) as listener:
-        port = listener.sockets[0].getsockname()[1]
-        frame = np.random.default_rng(0).integers(0, 256, (480, 640, 3), dtype=np.uint8)
-        client = AsyncPolicyClient(f"ws://127.0.0.1:{port}", reconnect=False)
+        yield f"ws://127.0.0.1:{listener.sockets[0].getsockname()[1]}", stop
+
+
+async def test_a_link_that_does_not_drain_holds_one_frame_and_the_newest_replaces_the_waiting_one():
+    """A server that stops reading (a saturated link): the client writes until the socket is full, then keeps
+    exactly one observation waiting, the newest; submit never blocks; the bytes held show in its stats."""
+    frame = np.random.default_rng(0).integers(0, 256, (480, 640, 3), dtype=np.uint8)
+    async with stalled_server() as (url, stop):
+        client = AsyncPolicyClient(url, reconnect=False)
         await client.connect()
         try:
             waiting = []
@@ -102,16 +109,9 @@ async def test_a_link_that_does_not_drain_holds_one_frame_and_the_newest_replace
 
 
 async def test_without_the_bound_submit_waits_for_the_link():
-    stop = asyncio.Event()
-
-    async def stalled(ws):
-        await ws.send(packb({"type": "metadata", "protocol_version": PROTOCOL_VERSION, "defaults": {}}))
-        await stop.wait()
-
-    async with serve(stalled, "127.0.0.1", 0, max_size=None) as listener:
-        port = listener.sockets[0].getsockname()[1]
-        frame = np.random.default_rng(0).integers(0, 256, (480, 640, 3), dtype=np.uint8)
-        client = AsyncPolicyClient(f"ws://127.0.0.1:{port}", reconnect=False, max_buffered_bytes=None)
+    frame = np.random.default_rng(0).integers(0, 256, (480, 640, 3), dtype=np.uint8)
+    async with stalled_server() as (url, stop):
+        client = AsyncPolicyClient(url, reconnect=False, max_buffered_bytes=None)
         await client.connect()
         try:
             with pytest.raises(asyncio.TimeoutError):
