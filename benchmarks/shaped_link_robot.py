@@ -162,8 +162,9 @@ async def run_stream(row: Row, url: str, hz: float, seconds: float, reconnect: b
             task.add_done_callback(sending.discard)
             submit_ms.append((time.monotonic() - captured) * 1e3)
         tick = max(tick + 1, int((time.monotonic() - started) * hz))  # ticks that passed while blocked are gone
-    sent = client.stats.sent
-    frame_bytes = [client.stats.bytes_sent / max(1, sent)] if row.client != "stream-unbounded" else []
+    # stream-nowait: the robot handed every tick's frame over (most still queued when the row ends).
+    sent = client.stats.sent if wait else tick
+    frame_bytes = [client.stats.bytes_sent / max(1, sent)] if row.client == "stream" else []
     deadline = time.monotonic() + (15 if wait else 5)
     while time.monotonic() < deadline:  # every observation gets its one terminal reply (or the row ends)
         stats = client.stats

@@ -378,6 +378,9 @@ class AsyncPolicyClient:
             if not self._connected.is_set() and (self._closing or self._reader is None or self._reader.done()):
                 raise ConnectionLost("not connected (call connect() first)")
             self._sender.put(seq, packb(frame))  # while reconnecting, the newest waits for the new connection
+            # Let the sender write it now: a robot loop that is behind its schedule may never await otherwise,
+            # and then nothing would leave (and the keepalive would go unanswered) until it caught up.
+            await asyncio.sleep(0)
         self.stats.buffered_bytes = self.buffered_bytes
         self.stats.buffered_bytes_max = max(self.stats.buffered_bytes_max, self.stats.buffered_bytes)
         return seq
