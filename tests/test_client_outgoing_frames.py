@@ -117,7 +117,7 @@ async def test_without_the_bound_submit_waits_for_the_link():
             with pytest.raises(asyncio.TimeoutError):
                 for _ in range(200):
                     await asyncio.wait_for(client.submit({"image": frame}), 1.0)
-            assert client.buffered_bytes > 4 * frame.nbytes  # every frame written queues on the robot
+            assert client.buffered_bytes > 2 * frame.nbytes  # every frame written queues on the robot
         finally:
             stop.set()
             await client.close()
