@@ -2,21 +2,29 @@
 
 Runs as root. Builds a shaped link between a ``server`` and a ``robot`` network namespace
 (:mod:`netns_link`: netem where the kernel has it, a packet relay otherwise), starts in the server
-namespace the policy server (``python -m policy_server.cli --tiny distilled``) and the openpi-style
-lock-step server (``benchmarks/lockstep_baseline.py lockstep``, the same engine), and for each row runs
-a robot process (``shaped_link_robot.py``) in the robot namespace that captures one or two cameras at
-``--hz`` for ``--seconds``:
+namespace the policy server (``python -m policy_server.cli --tiny distilled``, its openpi endpoint composing
+LIBERO's two cameras side by side), and for each row runs a robot process (``shaped_link_robot.py``) in the
+robot namespace that captures one or two cameras at ``--hz`` for ``--seconds``:
 
-* ``stream``: :class:`robot_clients.AsyncPolicyClient` on the native protocol, as a robot uses it: every
-  tick it captures and awaits ``submit`` (which returns once the frame is handed to the socket; while the
-  socket is full it waits, and the robot's loop with it) and chunks are read as they come;
-* ``stream-nowait``: the same client, but the robot's loop never waits for the link: each tick's
-  ``submit`` runs as its own task (a robot that must not block its control loop). Nothing bounds what is
-  in flight, so frames queue behind each other on the robot; one camera by default (the queue holds
-  every frame not yet sent: ~280 MB after 20 s of raw frames), and the row stops 5 s after the last tick
-  whatever is still queued;
-* ``lockstep``: openpi's client loop against the lock-step server: capture, send, wait for the actions,
-  then the next tick (a tick that has passed meanwhile is skipped, as a blocking ``infer`` does).
+* ``stream``: :class:`robot_clients.AsyncPolicyClient` on the native protocol as it ships: every tick the
+  robot captures and calls ``submit``, which returns at once; the client keeps at most one observation
+  waiting to be sent (a newer one replaces it) and writes it once the socket holds less than
+  ``max_buffered_bytes`` of earlier ones; chunks are read as they come;
+* ``stream-unbounded``: the same client with the bound off (``max_buffered_bytes=None``): ``submit`` writes
+  every frame and waits while the socket's buffer is full, and the robot's loop with it;
+* ``stream-nowait``: the bound off and the robot's loop never waits for the link: each tick's ``submit``
+  runs as its own task (a robot that must not block its control loop). Nothing bounds what is in flight,
+  so frames queue behind each other on the robot; one camera by default (the queue holds every frame not
+  yet sent: ~280 MB after 20 s of raw frames), and the row stops 5 s after the last tick whatever is
+  still queued;
+* ``lockstep``: openpi's client loop against the server's openpi endpoint (``/openpi``, LIBERO's keys):
+  capture, send, wait for the actions, then the next tick (a tick that has passed meanwhile is skipped,
+  as a blocking ``infer`` does). Its encoded rows put the JPEG bytes under the camera keys by hand, as an
+  openpi client would (``docs/openpi.md``).
+
+Images (``--images``): ``raw`` arrays; ``jpeg`` (quality ``--quality``); ``jpeg-resized``, shrunk on the
+robot to the served canvas first (the native client's ``images=`` and ``resize=True`` options; the
+lock-step robot with :mod:`robot_clients.frame_encoding` and :mod:`robot_clients.frame_sizing`).
 
 Per row it prints:
 
@@ -24,26 +32,26 @@ Per row it prints:
 * ``bytes/frame``: the observation frame as packed on the wire (msgpack, all cameras);
 * ``latency``: capture to chunk in the robot's hand (p50, p99);
 * ``age@server``: how old the observation was when it reached the server: latency minus the server's
-  own time for it (arrival to reply sent: ``timing.observation_age_ms``; the lock-step server's
-  ``infer_ms``) minus the reply's trip down (taken as the link's one-way delay: the downlink carries only
-  replies and acknowledgements). Shown over the whole run (p50, p99) and as the median of the first and
-  of the last third of the run: if it grows, frames are queueing on the way;
+  own time for it (arrival to reply sent: ``timing.observation_age_ms``; openpi's ``server_timing.total_ms``)
+  minus the reply's trip down (taken as the link's one-way delay: the downlink carries only replies and
+  acknowledgements). It includes encoding and resizing on the robot. Shown over the whole run (p50,
+  p99) and as the median of the first and of the last third of the run: if it grows, frames are queueing
+  on the way;
 * ``wire``: the floor of that age: one frame's time on the link (its bytes, with TCP/IP and Ethernet
-  headers, at the link's rate, plus the one-way delay). Age above it is time spent waiting behind
-  earlier frames;
-* ``queued@robot``: bytes written by the robot and not yet acknowledged by the server (the socket's
-  send queue plus the client's write buffer), sampled every tick (p50, max): the backlog itself;
-* ``superseded``: observations the server replaced by a newer one before running them (latest wins).
+  headers, at the link's rate, plus the one-way delay). Age above it is time spent encoding or waiting
+  behind earlier frames;
+* ``queued@robot``: bytes written by the robot and not yet acknowledged by the server (the client's
+  ``buffered_bytes``: the socket's send queue plus the transport's buffer), sampled every tick (p50, max);
+* ``superseded``: observations replaced by a newer one before they ran: on the server (latest wins) or,
+  for ``stream``, on the robot before they were sent.
 
-Rows: ``--images raw`` today. ``jpeg`` and ``jpeg-resized`` (encoded on the robot with
-:mod:`robot_clients.frame_encoding`, shrunk to the served canvas with :mod:`robot_clients.frame_sizing`)
-are ready here and need the server to accept encoded frames (until then they are answered
-``invalid_image``, which the row shows). When the client bounds what it has in flight, its option goes
-in ``shaped_link_robot.stream_client``.
+``--outage AT,FOR``: one more row, ``stream`` with two cameras and resized JPEG, whose link is cut ``AT``
+seconds into the row for ``FOR`` seconds; the robot (keepalive 0.5 s, timeout 1 s) reconnects, re-sends
+its configuration, and the row counts reconnects and chunks older than one already delivered (must be 0).
 
 Run::
 
-    sudo .venv/bin/python benchmarks/shaped_link.py                      # 4 rows, 20 s each
+    sudo .venv/bin/python benchmarks/shaped_link.py                      # every row, 20 s each
     sudo .venv/bin/python benchmarks/shaped_link.py --seconds 30 --cameras 2 --images raw,jpeg-resized
 """
 
@@ -68,9 +76,9 @@ sys.path.insert(0, str(REPO_ROOT))
 sys.path.insert(0, str(BENCHMARKS))
 
 from netns_link import LinkShape, ShapedLink  # noqa: E402
-from shaped_link_robot import CAMERA_NAMES, CLIENTS, IMAGE_FORMS, Row  # noqa: E402
+from shaped_link_robot import CLIENTS, IMAGE_FORMS, Row  # noqa: E402
 
-NATIVE_PORT, LOCKSTEP_PORT = 8000, 8010
+NATIVE_PORT = 8000
 
 
 # -- the servers (in the server namespace) and the rows ---------------------------------------------------------
@@ -110,32 +118,40 @@ class NamespacedServer:
 
 
 def start_servers(link: ShapedLink, clients: set[str], logdir: Path) -> dict[str, NamespacedServer]:
-    servers = {}
-    if clients & {"stream", "stream-nowait"}:
-        servers["stream"] = NamespacedServer(link, "policy_server", [
-            sys.executable, "-m", "policy_server.cli", "--tiny", "distilled", "--host", link.server_ip,
-            "--port", str(NATIVE_PORT), "--no-http", "--log-level", "warning"], NATIVE_PORT, logdir)
-    if "lockstep" in clients:
-        servers["lockstep"] = NamespacedServer(link, "lockstep", [
-            sys.executable, str(BENCHMARKS / "lockstep_baseline.py"), "lockstep", "--host", link.server_ip,
-            "--port", str(LOCKSTEP_PORT), "--cameras", ",".join(CAMERA_NAMES), "--view-point", "concat_view"],
-            LOCKSTEP_PORT, logdir)
-    for server in servers.values():  # they load in parallel; wait for each
-        server.wait_ready()
-    return servers
+    """The policy server: native robots on its realtime path, the lock-step (openpi) robot on ``/openpi``,
+    whose sessions compose LIBERO's two cameras side by side (one camera: the first alone)."""
+    server = NamespacedServer(link, "policy_server", [
+        sys.executable, "-m", "policy_server.cli", "--tiny", "distilled", "--host", link.server_ip,
+        "--port", str(NATIVE_PORT), "--no-http", "--log-level", "warning", "--openpi-view-point", "concat_view"],
+        NATIVE_PORT, logdir)
+    server.wait_ready()
+    return {"policy_server": server}
 
 
-def run_row(link: ShapedLink, row: Row, hz: float, seconds: float) -> dict[str, Any]:
-    """One robot process in the robot namespace; its measurements as a dict."""
-    port = LOCKSTEP_PORT if row.client == "lockstep" else NATIVE_PORT
-    url = f"ws://{link.server_ip}:{port}/"
+def run_row(link: ShapedLink, row: Row, hz: float, seconds: float,
+            outage: tuple[float, float] | None = None) -> dict[str, Any]:
+    """One robot process in the robot namespace; its measurements as a dict. ``outage`` (at, for): the link
+    is cut ``at`` seconds into the row for ``for`` seconds (the robot reconnects)."""
+    url = f"ws://{link.server_ip}:{NATIVE_PORT}/" + ("openpi" if row.client == "lockstep" else "")
     argv = [sys.executable, str(BENCHMARKS / "shaped_link_robot.py"), "--client", row.client, "--cameras",
             str(row.cameras), "--images", row.images, "--quality", str(row.quality), "--hz", str(hz),
-            "--seconds", str(seconds), "--url", url]
-    done = link.run("robot", argv, check=False, timeout=seconds + 120, cwd=REPO_ROOT)
-    if done.returncode != 0:
-        raise RuntimeError(f"the robot for {row.label} failed:\n{done.stderr[-3000:]}")
-    return json.loads(done.stdout.strip().splitlines()[-1])
+            "--seconds", str(seconds), "--url", url] + (["--reconnect"] if outage else [])
+    robot = link.popen("robot", argv, cwd=REPO_ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        if outage is not None:
+            robot.stdout.readline()  # "started": connected and configured, its loop begins
+            time.sleep(outage[0])
+            link.cut()
+            time.sleep(outage[1])
+            link.restore()
+        stdout, stderr = robot.communicate(timeout=seconds + 120)
+    finally:
+        if robot.poll() is None:
+            robot.kill()
+            robot.wait()
+    if robot.returncode != 0:
+        raise RuntimeError(f"the robot for {row.label} failed:\n{stderr[-3000:]}")
+    return json.loads(stdout.strip().splitlines()[-1])
 
 
 # Ethernet frame bytes per TCP payload byte at a 1500-byte MTU (1448 payload bytes with timestamps).
@@ -203,12 +219,21 @@ def print_table(summaries: list[RowSummary]) -> None:
           "waiting for the actions) kept the robot's loop from its next tick")
 
 
-def measure(rows: list[Row], shape: LinkShape, hz: float, seconds: float, backend: str = "auto") -> tuple[str, list[RowSummary]]:
-    """Every row over one shaped link (servers started once). Returns the link backend and the summaries."""
+OUTAGE_ROW = Row("stream", 2, "jpeg-resized")
+
+
+def measure(rows: list[Row], shape: LinkShape, hz: float, seconds: float, backend: str = "auto",
+            outage: tuple[float, float] | None = None) -> tuple[str, list[RowSummary], Any]:
+    """Every row over one shaped link (the server started once), then the outage row if ``outage``.
+    Returns the link backend, the summaries, and (summary, counts) of the outage row or None."""
     with tempfile.TemporaryDirectory(prefix="shaped-link-") as logdir, ShapedLink(shape, backend=backend) as link:
         start_servers(link, {row.client for row in rows}, Path(logdir))
         summaries = [summarize(row, run_row(link, row, hz, seconds), shape) for row in rows]
-        return link.backend or "", summaries
+        outage_row = None
+        if outage is not None:
+            result = run_row(link, OUTAGE_ROW, hz, max(seconds, outage[0] + outage[1] + 8), outage)
+            outage_row = (summarize(OUTAGE_ROW, result, shape), result["outage"])
+        return link.backend or "", summaries, outage_row
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -216,11 +241,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seconds", type=float, default=20.0, help="per row (default 20)")
     parser.add_argument("--hz", type=float, default=15.0, help="camera rate (default 15)")
     parser.add_argument("--cameras", default="1,2", help="camera counts to run (default 1,2)")
-    parser.add_argument("--images", default="raw", help=f"comma-separated, of {', '.join(IMAGE_FORMS)} (default raw)")
+    parser.add_argument("--images", default=",".join(IMAGE_FORMS),
+                        help=f"comma-separated, of {', '.join(IMAGE_FORMS)} (default: all)")
     parser.add_argument("--quality", type=int, default=90, help="JPEG quality of the encoded rows")
     parser.add_argument("--clients", default=",".join(CLIENTS), help=f"of {', '.join(CLIENTS)} (default: all)")
     parser.add_argument("--nowait-max-cameras", type=int, default=1,
                         help="stream-nowait rows only up to this many cameras (its queue is all in memory)")
+    parser.add_argument("--unbounded-images", default="raw",
+                        help="stream-unbounded and stream-nowait rows only for these image forms (default raw)")
+    parser.add_argument("--outage", default="4,2", help="AT,FOR seconds of the outage row ('' for none)")
     parser.add_argument("--backend", default="auto", choices=("auto", "netem", "relay"))
     parser.add_argument("--rate-mbit", type=float, default=LinkShape.rate_mbit)
     parser.add_argument("--delay-ms", type=float, default=LinkShape.delay_ms)
@@ -229,14 +258,21 @@ def main(argv: list[str] | None = None) -> int:
 
     rows = [Row(client, int(cameras), images, args.quality) for client in args.clients.split(",")
             for cameras in args.cameras.split(",") for images in args.images.split(",")
-            if client != "stream-nowait" or int(cameras) <= args.nowait_max_cameras]
+            if (client != "stream-nowait" or int(cameras) <= args.nowait_max_cameras)
+            and (client in ("stream", "lockstep") or images in args.unbounded_images.split(","))]
     shape = LinkShape(args.rate_mbit, args.delay_ms, args.loss)
     load = os.getloadavg()[0]
     started = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
-    backend, summaries = measure(rows, shape, args.hz, args.seconds, args.backend)
+    outage = tuple(float(x) for x in args.outage.split(",")) if args.outage else None
+    backend, summaries, outage_row = measure(rows, shape, args.hz, args.seconds, args.backend, outage)
     print(f"{started}; link {asdict(shape)} via {backend}; {args.hz:g} Hz, {args.seconds:g} s per row; "
           f"load average {load:.1f} before, {os.getloadavg()[0]:.1f} after")
     print_table(summaries)
+    if outage_row is not None:
+        summary, counts = outage_row
+        print(f"outage: link cut {outage[0]:g} s into the row for {outage[1]:g} s:")
+        print_table([summary])
+        print(f"    {json.dumps(counts)}")
     return 0
 
 

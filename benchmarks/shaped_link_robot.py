@@ -10,9 +10,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import fcntl
 import json
-import struct
 import sys
 import time
 from dataclasses import dataclass
@@ -23,16 +21,17 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-CLIENTS = ("stream", "stream-nowait", "lockstep")
+CLIENTS = ("stream", "stream-unbounded", "stream-nowait", "lockstep")
 IMAGE_FORMS = ("raw", "jpeg", "jpeg-resized")
 CAMERA_NAMES = ("cam0", "cam1")
+# The lock-step robot is an openpi client (LIBERO's keys) of the policy server's openpi endpoint.
+OPENPI_CAMERAS = ("observation/image", "observation/wrist_image")
 HEIGHT, WIDTH = 480, 640
-TIOCOUTQ = 0x5411  # bytes in a TCP socket's send queue (written, not yet acknowledged)
 
 
 @dataclass(frozen=True)
 class Row:
-    client: str  # "stream", "stream-nowait" or "lockstep"
+    client: str  # one of CLIENTS
     cameras: int  # 1 or 2 cameras of 480×640
     images: str = "raw"  # "raw", "jpeg" or "jpeg-resized"
     quality: int = 90
@@ -79,7 +78,8 @@ class FrameSource:
             from cosmos3_runtime.frame_preprocessing import canvas_table
 
             canvases = canvas_table()
-        tier = (metadata.get("defaults") or {}).get("resolution_tier", 256)
+        # The native hello carries the defaults; openpi's metadata the tier its sessions are served at.
+        tier = metadata.get("resolution_tier") or (metadata.get("defaults") or {}).get("resolution_tier", 256)
         size = send_size(HEIGHT, WIDTH * self.row.cameras, canvas_bins(canvases, tier), side_by_side=self.row.cameras)
         return size.height, size.width // self.row.cameras
 
@@ -92,36 +92,32 @@ class FrameSource:
         return [encode_frame(frame, self.encoding) for frame in frames]
 
 
-def queued_bytes(transport) -> int:
-    """Written by this end and not yet acknowledged by the other: the socket's send queue plus the
-    transport's own buffer. This is where stale frames wait on a slow link."""
-    sock = transport.get_extra_info("socket")
-    if sock is None:
-        return 0
-    kernel = struct.unpack("i", fcntl.ioctl(sock.fileno(), TIOCOUTQ, b"\0\0\0\0"))[0]
-    return kernel + transport.get_write_buffer_size()
-
-
-async def stream_client(url: str):
-    """The native client as a robot configures it (the place for its in-flight bound and image option)."""
+async def stream_client(url: str, row: Row, reconnect: bool = False):
+    """The native client as a robot configures it: its image option, its in-flight bound (``stream``; the
+    other two rows turn it off: ``max_buffered_bytes=None``)."""
     from robot_clients import AsyncPolicyClient
+    from robot_clients.frame_encoding import ImageEncoding
 
-    client = AsyncPolicyClient(url, reconnect=False, connect_timeout=60)
+    images = "raw" if row.images == "raw" else ImageEncoding("jpeg", row.quality)
+    bound = {} if row.client == "stream" else {"max_buffered_bytes": None}
+    # Reconnecting robots keep a short keepalive, so a dead link is noticed within a second or two.
+    keepalive = {"reconnect": True, "ping_interval": 0.5, "ping_timeout": 1.0} if reconnect else {"reconnect": False}
+    client = AsyncPolicyClient(url, connect_timeout=60, images=images, resize=row.images == "jpeg-resized",
+                               **keepalive, **bound)
     await client.connect()
     return client
 
 
-async def run_stream(row: Row, url: str, hz: float, seconds: float) -> dict[str, Any]:
-    wait = row.client == "stream"
-    from robot_clients import ServerError
-    from robot_clients.wire_codec import packb
+async def run_stream(row: Row, url: str, hz: float, seconds: float, reconnect: bool = False) -> dict[str, Any]:
+    wait = row.client != "stream-nowait"
+    from robot_clients import ConnectionLost, ServerError
 
-    client = await stream_client(url)
+    client = await stream_client(url, row, reconnect)
     settings = {"domain_name": client.metadata["defaults"]["domain_name"]}
     if row.cameras > 1:
         settings["view_point"] = "concat_view"  # the cameras side by side, as the lock-step server composes them
     await client.configure(**settings)
-    source = FrameSource(row, client.metadata)
+    source = FrameSource(Row(row.client, row.cameras), client.metadata)  # raw: the client encodes and resizes
     records: list[dict[str, Any]] = []
     errors: list[str] = []
 
@@ -132,11 +128,14 @@ async def run_stream(row: Row, url: str, hz: float, seconds: float) -> dict[str,
             except ServerError as exc:
                 errors.append(f"{exc.code}: {exc}")
                 continue
-            records.append({"t": time.monotonic(), "latency_ms": chunk.round_trip_ms,
-                            "server_ms": chunk.timing.get("observation_age_ms")})
+            records.append({"t": time.monotonic(), "latency_ms": chunk.round_trip_ms, "seq": chunk.seq,
+                            "server_ms": chunk.timing.get("observation_age_ms"), "domain": chunk.domain_name})
 
     receiver = asyncio.create_task(receive())
+    if reconnect:
+        print("started", flush=True)  # the parent times the outage from here
     queued, submit_ms, frame_bytes = [], [], []
+    reconnected_at: list[float] = []
     sending: set[asyncio.Task] = set()
     started = time.monotonic()
     tick = 0
@@ -144,15 +143,18 @@ async def run_stream(row: Row, url: str, hz: float, seconds: float) -> dict[str,
         target = started + tick / hz
         if target > time.monotonic():
             await asyncio.sleep(target - time.monotonic())
-        queued.append(queued_bytes(client._ws.transport))  # noqa: SLF001 - until the client's stats show it
+        queued.append(client.buffered_bytes)
         captured = time.monotonic()
         frames = source.capture(tick)
         obs = {"image": frames[0]} if row.cameras == 1 else {"images": dict(zip(CAMERA_NAMES, frames))}
         obs["timestamp"] = captured
-        if tick < 8:
-            frame_bytes.append(len(packb({"type": "observation", "seq": tick, **obs})))
+        if client.stats.reconnects > len(reconnected_at):
+            reconnected_at.append(time.monotonic())
         if wait:
-            await client.submit(obs)
+            try:
+                await client.submit(obs)
+            except ConnectionLost:
+                errors.append("connection lost while sending")
             submit_ms.append((time.monotonic() - captured) * 1e3)
         else:
             task = asyncio.create_task(client.submit(obs))
@@ -160,7 +162,9 @@ async def run_stream(row: Row, url: str, hz: float, seconds: float) -> dict[str,
             task.add_done_callback(sending.discard)
             submit_ms.append((time.monotonic() - captured) * 1e3)
         tick = max(tick + 1, int((time.monotonic() - started) * hz))  # ticks that passed while blocked are gone
-    sent = tick if not wait else client.stats.sent
+    # stream-nowait: the robot handed every tick's frame over (most still queued when the row ends).
+    sent = client.stats.sent if wait else tick
+    frame_bytes = [client.stats.bytes_sent / max(1, sent)] if row.client == "stream" else []
     deadline = time.monotonic() + (15 if wait else 5)
     while time.monotonic() < deadline:  # every observation gets its one terminal reply (or the row ends)
         stats = client.stats
@@ -171,14 +175,35 @@ async def run_stream(row: Row, url: str, hz: float, seconds: float) -> dict[str,
     for task in list(sending):
         task.cancel()
     await client.close()
+    seqs = [r["seq"] for r in records]
+    outage = {"reconnected_at_s": [round(t - started, 2) for t in reconnected_at],
+              "reconnects": client.stats.reconnects, "stale_filtered": client.stats.stale,
+              # A chunk handed to the robot for an older seq than one handed before: the client must make it 0.
+              "older_than_delivered": sum(1 for a, b in zip(seqs, seqs[1:]) if b <= a),
+              "answered_after_reconnect": sum(1 for r in records if reconnected_at and r["t"] > reconnected_at[0]),
+              "configured_after_reconnect": bool(reconnected_at) and all(
+                  r["domain"] == settings["domain_name"] for r in records if r["t"] > reconnected_at[0])}
+    for record in records:
+        del record["domain"]
     return {"seconds": seconds, "sent": sent, "records": records, "queued": queued, "submit_ms": submit_ms,
-            "frame_bytes": frame_bytes, "superseded": client.stats.dropped.get("superseded", 0),
+            "outage": outage, "frame_bytes": frame_bytes or [source_bytes(row, client.metadata)],
+            "superseded": client.stats.dropped.get("superseded", 0) + client.stats.dropped.get("unsent", 0),
             "errors": len(errors), "error_sample": errors[:1]}
+
+
+def source_bytes(row: Row, metadata: dict[str, Any]) -> float:
+    """An observation's packed size as this row's client sends it (when the client did not count it)."""
+    from robot_clients.wire_codec import packb
+
+    frames = FrameSource(row, metadata).capture(0)
+    obs = {"image": frames[0]} if row.cameras == 1 else {"images": dict(zip(CAMERA_NAMES, frames))}
+    return float(len(packb({"type": "observation", "seq": 0, **obs})))
 
 
 async def run_lockstep(row: Row, url: str, hz: float, seconds: float) -> dict[str, Any]:
     from websockets.asyncio.client import connect
 
+    from robot_clients.observation_sender import buffered_bytes
     from robot_clients.wire_codec import packb, unpackb
 
     records: list[dict[str, Any]] = []
@@ -193,9 +218,9 @@ async def run_lockstep(row: Row, url: str, hz: float, seconds: float) -> dict[st
             target = started + tick / hz
             if target > time.monotonic():
                 await asyncio.sleep(target - time.monotonic())
-            queued.append(queued_bytes(ws.transport))
+            queued.append(buffered_bytes(ws))
             captured = time.monotonic()
-            obs = dict(zip(CAMERA_NAMES, source.capture(tick)))
+            obs = dict(zip(OPENPI_CAMERAS, source.capture(tick)))  # arrays, or the JPEG bytes in their place
             obs["prompt"] = ""
             message = packb(obs)
             if tick < 8:
@@ -209,7 +234,7 @@ async def run_lockstep(row: Row, url: str, hz: float, seconds: float) -> dict[st
             else:
                 reply = unpackb(reply)
                 records.append({"t": time.monotonic(), "latency_ms": (time.monotonic() - captured) * 1e3,
-                                "server_ms": reply["server_timing"]["infer_ms"]})
+                                "server_ms": reply["server_timing"]["total_ms"]})
             tick = max(tick + 1, int((time.monotonic() - started) * hz))
     return {"seconds": seconds, "sent": sent, "records": records, "queued": queued, "submit_ms": held_ms,
             "frame_bytes": frame_bytes, "superseded": 0, "errors": len(errors), "error_sample": errors[:1]}
@@ -224,10 +249,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--hz", type=float, required=True)
     parser.add_argument("--seconds", type=float, required=True)
     parser.add_argument("--url", required=True)
+    parser.add_argument("--reconnect", action="store_true",
+                        help="stream rows: reconnect after an outage (keepalive 0.5 s, timeout 1 s)")
     args = parser.parse_args(argv)
     row = Row(args.client, args.cameras, args.images, args.quality)
-    run = run_lockstep if row.client == "lockstep" else run_stream
-    result = asyncio.run(run(row, args.url, args.hz, args.seconds))
+    if row.client == "lockstep":
+        result = asyncio.run(run_lockstep(row, args.url, args.hz, args.seconds))
+    else:
+        result = asyncio.run(run_stream(row, args.url, args.hz, args.seconds, args.reconnect))
     print(json.dumps(result))
     return 0
 

@@ -21,6 +21,7 @@ from typing import Any, Mapping
 from robot_clients import protocol
 
 from .engine.description import ModelDescription
+from .media.image_decoding import ENCODED_FORMATS
 from .recording_setup import recorder_health
 from .sessions.config import STATE_PROFILE_FIELDS, SessionConfig
 from .sglang.metadata import merge_metadata, sglang_metadata
@@ -38,7 +39,15 @@ NATIVE_CAPABILITIES = {
     "deadlines": True,
     "prefix_actions": True,
     "session_controls": True,
+    # A camera frame may be these formats' bytes in place of its array (a clip: a list of them).
+    "encoded_images": sorted(ENCODED_FORMATS.values()),
 }
+
+
+def canvases(d: ModelDescription) -> dict[str, list[dict[str, Any]]]:
+    """Each served tier's canvases (aspect-ratio bins), so a robot can size its frames before sending
+    (``robot_clients.frame_sizing.canvas_bins``)."""
+    return {str(tier): [dict(entry) for entry in bins] for tier, bins in d.raw.get("canvases", {}).items()}
 
 
 def native_metadata(host: SessionHost, session_id: str) -> dict[str, Any]:
@@ -67,6 +76,7 @@ def native_metadata(host: SessionHost, session_id: str) -> dict[str, Any]:
         "defaults": d.raw.get("defaults", {}),
         "action_horizon": d.raw.get("action_horizon", {}),
         "resolution_tiers": list(d.resolution_tiers),
+        "canvases": canvases(d),
         "view_points": list(d.view_points),
         "domains": {
             name: {"domain_id": domain.domain_id, "raw_action_dim": domain.raw_action_dim,
@@ -107,6 +117,9 @@ def openpi_metadata(d: ModelDescription | None, session_id: str, config: Session
         "view_point": resolved.get("view_point"),
         **{field: resolved.get(field) for field in STATE_PROFILE_FIELDS},
         "cameras": cameras.describe().get(resolved.get("view_point"), []),
+        "resolution_tier": resolved.get("resolution_tier"),
+        "canvases": canvases(d),
+        "encoded_images": sorted(ENCODED_FORMATS.values()),
         "error": error,
     }
 

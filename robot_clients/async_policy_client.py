@@ -40,6 +40,8 @@ from websockets.exceptions import ConnectionClosed
 
 from . import protocol
 from .client_connection import Backoff, connect_options, open_session, realtime_url
+from .observation_sender import LatestObservationSender, buffered_bytes
+from .outgoing_frames import OutgoingFrames
 from .protocol import DropReason, SessionState
 from .results import (
     ActionChunk, ClientStats, ConnectionLost, ObservationDropped, ServerError, SessionPaused, SessionStopped,
@@ -50,12 +52,14 @@ logger = logging.getLogger(__name__)
 
 # Session states an operator can set (server frame `session_state`).
 RUNNING, PAUSED, STOPPED = SessionState.RUNNING.value, SessionState.PAUSED.value, SessionState.STOPPED.value
+# The drop reason of an observation replaced on the robot, before it was sent (the in-flight bound).
+UNSENT = "unsent"
 
 
-def _observation_frame(seq: int, obs: Mapping[str, Any] | np.ndarray, settings: Mapping[str, Any],
+def _observation_frame(seq: int, obs: Mapping[str, Any], settings: Mapping[str, Any],
                        state: Any = None) -> dict[str, Any]:
     # ``settings`` are this observation's own (the server applies them to it alone).
-    frame = protocol.observation_frame(seq, {"image": obs} if isinstance(obs, np.ndarray) else obs, settings)
+    frame = protocol.observation_frame(seq, obs, settings)
     if state is not None:  # a list of joint readings travels as the float32 array the protocol names
         frame["state"] = np.ascontiguousarray(state, dtype=np.float32)
     # Opaque to the server, which echoes it in the chunk: this is how the client measures round trips.
@@ -77,6 +81,16 @@ class AsyncPolicyClient:
         backoff_initial, backoff_max: reconnect delays, doubling from the first to the cap (with jitter).
         proxy: websockets' proxy setting; ``None`` (the default) connects directly, ignoring the
             environment's proxy variables, which is what a robot on a LAN wants.
+        images: how camera frames go on the wire: ``"raw"`` (arrays, the default), ``"jpeg"``, ``"webp"`` or
+            ``"png"`` (quality 90), or a :class:`~robot_clients.frame_encoding.ImageEncoding` (another quality).
+            Encoding needs Pillow (the ``images`` extra).
+        resize: shrink every camera to the size the server would shrink it to (the served tier's canvas,
+            from the metadata frame) before sending, so the link carries no pixels the server throws away.
+        max_buffered_bytes: the in-flight bound. An observation is written to the socket only once what it
+            still holds from earlier ones (written, not yet acknowledged) is below this; meanwhile at most
+            one observation waits, and a newer one replaces it (counted in ``stats.dropped["unsent"]``), so
+            on a slow link the newest frame overtakes instead of queueing behind stale ones. ``submit``
+            returns at once. ``None``: no bound; ``submit`` waits while the socket's buffer is full.
     """
 
     def __init__(
@@ -94,6 +108,9 @@ class AsyncPolicyClient:
         ping_timeout: float | None = 20.0,
         max_message_bytes: int = 64 * 2**20,
         proxy: str | bool | None = None,
+        images: Any = "raw",
+        resize: bool = False,
+        max_buffered_bytes: int | None = 32 * 1024,
     ) -> None:
         self.url = realtime_url(url)
         self._connect_kwargs = connect_options(
@@ -122,6 +139,10 @@ class AsyncPolicyClient:
         self._control_lock = asyncio.Lock()  # one configure/reset at a time: their replies carry no seq
         self._control_reply: asyncio.Future | None = None
         self._stream: asyncio.Queue[ActionChunk | ServerError] = asyncio.Queue()
+        self._frames = OutgoingFrames(images, resize)
+        self._sender = None if max_buffered_bytes is None else LatestObservationSender(
+            lambda: self._ws if self._connected.is_set() else None, lambda: self._wait_connected(None),
+            self._replaced_unsent, self._observation_sent, max_buffered_bytes)
 
     # -- connection ------------------------------------------------------------------------------------
 
@@ -147,6 +168,8 @@ class AsyncPolicyClient:
         """Close the connection and stop reconnecting."""
         self._closing = True
         self._connected.clear()
+        if self._sender is not None:
+            await self._sender.close()
         if self._ws is not None:
             await self._ws.close()
         if self._reader is not None:
@@ -350,9 +373,37 @@ class AsyncPolicyClient:
         self._check_running()
         seq = self._next_seq
         self._next_seq += 1
-        await self._send(_observation_frame(seq, obs, settings, state), timeout)
-        self.stats.sent += 1
+        fields = self._frames.prepare({"image": obs} if isinstance(obs, np.ndarray) else obs, self.metadata,
+                                      self.session, settings)
+        frame = _observation_frame(seq, fields, settings, state)
+        if self._sender is None:
+            await self._send(frame, timeout)
+            self._observation_sent(seq, 0)
+        else:
+            if not self._connected.is_set() and (self._closing or self._reader is None or self._reader.done()):
+                raise ConnectionLost("not connected (call connect() first)")
+            self._sender.put(seq, packb(frame))  # while reconnecting, the newest waits for the new connection
+            # Let the sender write it now: a robot loop that is behind its schedule may never await otherwise,
+            # and then nothing would leave (and the keepalive would go unanswered) until it caught up.
+            await asyncio.sleep(0)
+        self.stats.buffered_bytes = self.buffered_bytes
+        self.stats.buffered_bytes_max = max(self.stats.buffered_bytes_max, self.stats.buffered_bytes)
         return seq
+
+    @property
+    def buffered_bytes(self) -> int:
+        """Bytes written to the connection and not yet acknowledged by the server (the socket's send queue
+        and the transport's buffer): what a slow link holds of this client's frames right now."""
+        return buffered_bytes(self._ws) if self._ws is not None else 0
+
+    def _observation_sent(self, seq: int, nbytes: int) -> None:
+        self.stats.sent += 1
+        self.stats.bytes_sent += nbytes
+
+    def _replaced_unsent(self, seq: int) -> None:
+        """A newer observation replaced ``seq`` before it was written: it never reaches the server."""
+        self.stats.dropped[UNSENT] += 1
+        self._fail_waiter(seq, ObservationDropped(seq, UNSENT, "a newer observation replaced it before it was sent"))
 
     async def receive(self, timeout: float | None = None) -> ActionChunk:
         """The next streamed chunk newer than any already delivered. Raises :class:`ServerError` when the

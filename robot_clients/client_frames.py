@@ -75,11 +75,14 @@ MAX_STATE_VALUES = 4096
 
 @dataclass
 class ObservationFrame:
+    """One observation. A camera may hold encoded bytes (an image, each named image) or a list of them (a
+    video) as parsed; the server decodes them to arrays before the observation is queued."""
+
     seq: int
-    image: np.ndarray | None = None
-    video: np.ndarray | None = None
+    image: np.ndarray | bytes | None = None
+    video: np.ndarray | list[bytes] | None = None
     # Named cameras (H×W×3 each), composed into ``image`` per the session's view point.
-    images: dict[str, np.ndarray] | None = None
+    images: dict[str, np.ndarray | bytes] | None = None
     prefix_actions: np.ndarray | None = None
     # The robot's proprioceptive state, float32: one row ``[state_dim]`` or history rows
     # ``[history_length, state_dim]`` (oldest first), for a domain whose profile conditions on it.
@@ -128,13 +131,48 @@ def _check_type(frame: Mapping[str, Any], name: str, types: tuple[type, ...], se
     return value
 
 
-def _check_frames(array: Any, name: str, rank: int, limits: FrameLimits, seq: int) -> np.ndarray:
-    """Validate an image (rank 3: H×W×3) or a video (rank 4: T×H×W×3) of uint8."""
+def is_encoded_frame(value: Any) -> bool:
+    """True for a frame sent as encoded bytes (PNG, JPEG or WebP) in place of an H×W×3 array."""
+    return isinstance(value, (bytes, bytearray, memoryview))
+
+
+def is_encoded_clip(value: Any) -> bool:
+    """True for a clip sent as a list of encoded frames in place of a T×H×W×3 array."""
+    return isinstance(value, (list, tuple)) and bool(value) and all(is_encoded_frame(frame) for frame in value)
+
+
+def has_encoded_frames(obs: "ObservationFrame") -> bool:
+    """Whether any camera of ``obs`` still carries encoded bytes (the server decodes them before queueing)."""
+    images = obs.images.values() if obs.images is not None else ()
+    return (is_encoded_frame(obs.image) or isinstance(obs.video, list)
+            or any(is_encoded_frame(image) for image in images))
+
+
+def _check_encoded(value: Any, name: str, rank: int, limits: FrameLimits, seq: int) -> bytes | list[bytes]:
+    """An encoded frame (rank 3) or clip (rank 4: a list of encoded frames), as bytes. Only what needs no
+    image library is checked here (non-empty, the clip's frame count); the server reads each header and
+    checks its size against the limits before decoding a pixel (``policy_server.media.image_decoding``)."""
+    frames = [value] if rank == 3 else list(value)
+    if rank == 4 and not 1 <= len(frames) <= limits.max_clip_frames:
+        raise ProtocolError(ErrorCode.INVALID_IMAGE,
+                            f"`{name}` has {len(frames)} frames; between 1 and {limits.max_clip_frames} are allowed",
+                            name, seq)
+    if not all(frames):
+        raise ProtocolError(ErrorCode.INVALID_IMAGE, f"`{name}` holds an empty encoded frame", name, seq)
+    return bytes(value) if rank == 3 else [bytes(frame) for frame in frames]
+
+
+def _check_frames(array: Any, name: str, rank: int, limits: FrameLimits, seq: int) -> np.ndarray | bytes | list[bytes]:
+    """Validate an image (rank 3: H×W×3) or a video (rank 4: T×H×W×3) of uint8, or its encoded form: PNG,
+    JPEG or WebP bytes for an image, a list of them for a video."""
     shape_text = "H×W×3" if rank == 3 else "T×H×W×3"
+    if (is_encoded_frame(array) if rank == 3 else is_encoded_clip(array)):
+        return _check_encoded(array, name, rank, limits, seq)
     if not isinstance(array, np.ndarray):
+        encoded = "PNG/JPEG/WebP bytes" if rank == 3 else "a list of PNG/JPEG/WebP bytes"
         raise ProtocolError(
             ErrorCode.INVALID_IMAGE,
-            f"`{name}` must be a numpy array ({shape_text} uint8), got {type(array).__name__}",
+            f"`{name}` must be a numpy array ({shape_text} uint8) or {encoded}, got {type(array).__name__}",
             name,
             seq,
         )

@@ -119,6 +119,11 @@ class PolicyClient:
         return self._client.stats
 
     @property
+    def buffered_bytes(self) -> int:
+        """Bytes written and not yet acknowledged by the server (see ``AsyncPolicyClient.buffered_bytes``)."""
+        return self._client.buffered_bytes
+
+    @property
     def connected(self) -> bool:
         return self._client.connected
 

@@ -120,4 +120,7 @@ class ClientStats:
     errors: int = 0
     stale: int = 0  # chunks discarded because a newer seq had already been delivered
     reconnects: int = 0
-    dropped: Counter = field(default_factory=Counter)  # by reason
+    dropped: Counter = field(default_factory=Counter)  # by reason ("unsent": replaced on the robot, never sent)
+    bytes_sent: int = 0  # observation frames written to the socket
+    buffered_bytes: int = 0  # written and not yet acknowledged by the server, at the last submit
+    buffered_bytes_max: int = 0

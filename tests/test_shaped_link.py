@@ -55,7 +55,7 @@ def test_robots_reach_the_real_servers_over_the_shaped_link():
     the server namespace, a streaming and a lock-step robot in the robot namespace, raw 480×640 frames."""
     from shaped_link import Row, measure
 
-    backend, summaries = measure([Row("stream", 1), Row("lockstep", 1)], SHAPE, hz=15, seconds=8)
+    backend, summaries, _ = measure([Row("stream-unbounded", 1), Row("lockstep", 1)], SHAPE, hz=15, seconds=8)
     print(backend, *summaries, sep="\n")
     for row in summaries:
         assert row.errors == 0 and row.answered_hz > 0, row
@@ -65,6 +65,32 @@ def test_robots_reach_the_real_servers_over_the_shaped_link():
         assert row.latency_p50 > row.age_p50
     stream, lockstep = summaries
     assert stream.sent_hz < 15 / 2  # the link, not the camera, sets the pace of raw frames
+
+
+@pytest.mark.slow
+def test_encoded_frames_and_a_reconnect_over_the_shaped_link():
+    """benchmarks/shaped_link.py in short, with what robots on real networks do: two cameras as JPEG resized
+    on the robot (the native client's options, and by hand for the openpi lock-step client), raw frames
+    with and without the client's in-flight bound, then a 2 s outage mid-episode that the client rides out:
+    it reconnects, re-sends its configuration, and never hands the robot a chunk older than one it had."""
+    from shaped_link import Row, measure
+
+    rows = [Row("stream", 2, "jpeg-resized"), Row("lockstep", 2, "jpeg-resized"), Row("stream", 1, "raw"),
+            Row("stream-nowait", 1, "raw")]
+    backend, summaries, (outage, counts) = measure(rows, SHAPE, hz=15, seconds=8, outage=(3.0, 2.0))
+    print(backend, *summaries, outage, counts, sep="\n")
+    encoded, lockstep, bounded, unbounded = summaries
+    for row in (encoded, lockstep):
+        assert row.errors == 0 and row.answered_hz > 0, row
+        assert row.bytes_per_frame < 2 * 480 * 640 * 3 / 20, row  # resized JPEG: a small fraction of raw
+    # Raw frames: the bound keeps the robot's backlog to about one frame; without it, frames pile up.
+    assert bounded.errors == 0 and bounded.superseded > 0, bounded
+    assert bounded.queued_max_kb < 2 * 921_600 / 1024, bounded
+    assert unbounded.queued_max_kb > 3 * bounded.queued_max_kb, (bounded, unbounded)
+    # The outage: reconnected, configured again, answered after it, never an older chunk after a newer one.
+    assert counts["reconnects"] >= 1 and counts["configured_after_reconnect"], counts
+    assert counts["answered_after_reconnect"] > 0, counts
+    assert counts["older_than_delivered"] == 0, counts
 
 
 def test_the_link_can_be_cut_and_restored():

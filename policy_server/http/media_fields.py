@@ -6,7 +6,8 @@ array. Errors name the field (:class:`~policy_server.http.errors.ApiError`, ``in
 ``payload_too_large`` for media over the request's pixel budget).
 
 Sizes are checked before anything big is built, because a few kilobytes can claim gigabytes: every
-encoded image's sides come from its header (Pillow opens lazily), every clip's frame count and sides from
+encoded image's sides come from its header (the one decoder of encoded frames, shared with the WebSocket
+sessions: :mod:`policy_server.media.image_decoding`), every clip's frame count and sides from
 its container or from ffmpeg's stream header, and the pixels they would decode to are checked against
 :attr:`FrameLimits.max_decoded_bytes` before the first pixel is decoded.
 """
@@ -15,7 +16,6 @@ from __future__ import annotations
 
 import base64
 import binascii
-import io
 from contextlib import contextmanager
 from typing import Any, Iterator
 
@@ -23,12 +23,10 @@ import numpy as np
 
 from robot_clients.protocol import ErrorCode, FrameLimits
 
+from ..media.image_decoding import InvalidImage, decode_clip, decode_image, read_header
 from ..videos.encoding import VideoEncodingError, read_video_bytes
 from .codecs import Upload
 from .errors import ApiError, HttpErrorCode
-
-# Encoded image formats Pillow may decode here (by content, not by what the client claims).
-IMAGE_FORMATS = ("PNG", "JPEG", "WEBP")
 
 
 def _check_sides(height: int, width: int, field: str, limits: FrameLimits) -> None:
@@ -83,61 +81,30 @@ def encoded_image(value: Any, field: str) -> bytes | None:
 
 
 @contextmanager
-def _opened_image(data: bytes, field: str, limits: FrameLimits) -> Iterator[Any]:
-    """A lazily opened Pillow image: format and sides checked from its header, no pixel decoded yet."""
-    from PIL import Image, UnidentifiedImageError
-
-    undecodable = ApiError(ErrorCode.INVALID_IMAGE,
-                           f"`{field}` is not an image Pillow can decode (PNG, JPEG or WebP)", field)
+def _as_api_error() -> Iterator[None]:
+    """The one decoder's refusals (:class:`InvalidImage`) as this API's errors."""
     try:
-        image = Image.open(io.BytesIO(data), formats=IMAGE_FORMATS)
-    except (UnidentifiedImageError, OSError, ValueError, Image.DecompressionBombError):
-        raise undecodable from None
-    with image:
-        width, height = image.size
-        _check_sides(height, width, field, limits)
-        try:
-            yield image
-        except (OSError, ValueError, Image.DecompressionBombError):  # a header that promised more than the data
-            raise undecodable from None
-
-
-def _decode_into(image: Any, out: np.ndarray) -> None:
-    """Decode an opened image into ``out`` (H×W×3 uint8), one RGB conversion and one copy."""
-    rgb = image.convert("RGB")
-    try:
-        out[...] = np.asarray(rgb, dtype=np.uint8)
-    finally:
-        rgb.close()
+        yield
+    except InvalidImage as error:
+        raise ApiError(error.code, error.message, error.field) from None
 
 
 def decode_image_bytes(data: bytes, field: str, limits: FrameLimits) -> np.ndarray:
-    """An encoded PNG/JPEG/WebP image to H×W×3 uint8 RGB, its size checked before it is decoded."""
-    with _opened_image(data, field, limits) as image:
-        width, height = image.size
-        _check_decoded_bytes(1, height, width, field, limits)
-        out = np.empty((height, width, 3), dtype=np.uint8)
-        _decode_into(image, out)
-    return out
+    """An encoded PNG/JPEG/WebP image to H×W×3 uint8 RGB, its size checked before it is decoded (with
+    :mod:`policy_server.media.image_decoding`, the decoder the WebSocket sessions use)."""
+    with _as_api_error():
+        header = read_header(data, field, limits)
+        _check_decoded_bytes(1, header.height, header.width, field, limits)
+        return decode_image(data, field, limits)
 
 
 def _decode_frames(blobs: list[bytes], field: str, limits: FrameLimits) -> np.ndarray:
-    """Encoded frames to one T×H×W×3 clip: every header read and the whole size checked first, then each
-    frame decoded straight into its slot (no list of frames to stack)."""
+    """Encoded frames to one T×H×W×3 clip: every header read and the whole size checked first."""
     _check_frames(len(blobs), field, limits)
-    sizes = set()
-    for blob in blobs:
-        with _opened_image(blob, field, limits) as image:
-            sizes.add(image.size)
-    if len(sizes) != 1:
-        raise ApiError(ErrorCode.INVALID_IMAGE, f"every frame of `{field}` must have the same size", field)
-    width, height = sizes.pop()
-    _check_decoded_bytes(len(blobs), height, width, field, limits)
-    clip = np.empty((len(blobs), height, width, 3), dtype=np.uint8)
-    for index, blob in enumerate(blobs):
-        with _opened_image(blob, field, limits) as image:
-            _decode_into(image, clip[index])
-    return clip
+    with _as_api_error():
+        headers = [read_header(blob, f"{field}/{index}", limits) for index, blob in enumerate(blobs)]
+        _check_decoded_bytes(len(blobs), headers[0].height, headers[0].width, field, limits)
+        return decode_clip(blobs, field, limits)
 
 
 def _pixel_array(value: Any, rank: int, field: str, limits: FrameLimits) -> np.ndarray:

@@ -29,10 +29,11 @@ import asyncio
 import io
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Sequence
 
 import numpy as np
 
+from robot_clients.client_frames import is_encoded_clip, is_encoded_frame as is_encoded_image
 from robot_clients.protocol import CodedError, ErrorCode, FrameLimits
 
 __all__ = ["ENCODED_FORMATS", "MAX_JPEG_SCANS", "ImageDecodePool", "ImageHeader", "InvalidImage",
@@ -60,16 +61,6 @@ class ImageHeader:
     format: str
     height: int
     width: int
-
-
-def is_encoded_image(value: Any) -> bool:
-    """True for a frame sent as encoded bytes (rather than as an array)."""
-    return isinstance(value, (bytes, bytearray, memoryview))
-
-
-def is_encoded_clip(value: Any) -> bool:
-    """True for a clip sent as a list of encoded frames."""
-    return isinstance(value, (list, tuple)) and bool(value) and all(is_encoded_image(frame) for frame in value)
 
 
 def _open(data: bytes | bytearray | memoryview, field: str, bounds: FrameLimits):

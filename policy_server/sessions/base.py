@@ -22,7 +22,7 @@ import asyncio
 import logging
 import time
 import uuid
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, ClassVar, Protocol
 
@@ -38,6 +38,7 @@ from ..engine.outcome import EngineOutcome
 from ..engine.request_queue import PendingObservation, QueueClosed
 from .config import SessionConfig
 from .controls import ControlError, ControlErrorCode, OperatorControl
+from .frame_decoding import DecodeSlot
 from .host import SessionHost
 from .outbox import OutboxFull, paced
 from .telemetry import SessionTelemetry
@@ -166,6 +167,8 @@ class Session:
         # (SGLang's lock-step mode on /v1/actions/realtime): run() then returns, once the replies queued so
         # far (the metadata) left, and the server hands the connection and that frame to its session kind.
         self.handover: Any = None
+        # Observations whose encoded camera frames are being decoded off the event loop (one at a time).
+        self.decoding = DecodeSlot(self._guard, self.drop)
 
     @property
     def remote(self) -> str | None:
@@ -195,6 +198,7 @@ class Session:
 
     def _close(self) -> None:
         self.closed = True
+        self.decoding.close()
         # A waiting observation is simply forgotten; a running one finishes and is discarded (the
         # worker never blocks on a session), so a vanished client costs at most one inference.
         self.host.queue.cancel(self.id)
@@ -221,10 +225,16 @@ class Session:
         :attr:`frame_seq` as soon as the seq it is about is known)."""
         raise NotImplementedError
 
-    def decode_observation(self, frame: ObservationFrame) -> ObservationFrame:
-        """The one step every observation takes from its parsed frame to the request (encoded camera
-        frames are decoded here)."""
-        return frame
+    def observe(self, seq: int, received_at: float, admit: Callable[[Any, float], None], observation: Any,
+                decode: Callable[[], Any] | None = None) -> None:
+        """The one step every observation takes from its parsed frame to its admission (``admit``: rate,
+        seq, queue). ``decode`` (its encoded camera frames to pixels, headers already checked) runs on the
+        decode pool, never here; an observation with nothing to decode is admitted at once unless one is
+        still decoding ahead of it (:class:`~.frame_decoding.DecodeSlot`: latest wins, order kept)."""
+        if decode is None and not self.decoding.busy:
+            admit(observation, received_at)
+            return
+        self.decoding.submit(seq, received_at, decode, observation, admit)
 
     def encode_error(self, code: str, message: str, field: str | None, seq: int | None) -> bytes | str:
         raise NotImplementedError
@@ -309,10 +319,13 @@ class Session:
     # -- frames from the client ----------------------------------------------------------------------
 
     def _receive(self, message: bytes | str) -> None:
-        received_at = time.monotonic()
-        self.frame_seq = None
+        self._guard(None, self.handle, message, time.monotonic())
+
+    def _guard(self, seq: int | None, function: Callable[..., None], *args: Any) -> None:
+        """``function(*args)`` for a frame about ``seq`` (None: not known yet); an error is answered."""
+        self.frame_seq = seq
         try:
-            self.handle(message, received_at)
+            function(*args)
         except ProtocolError as exc:
             self.send_error(exc.code, exc.message, exc.field, exc.seq if exc.seq is not None else self.frame_seq)
         except Exception:  # noqa: BLE001 - a bug of ours must not end the session, nor reach the client
@@ -389,6 +402,8 @@ class Session:
 
     def cancel_in_flight(self, seq: int | None, reason: str = DropReason.CANCELLED) -> None:
         """Drop ``seq`` (None: every observation in flight) with ``reason``, now."""
+        for decoding in self.decoding.cancel(seq):
+            self.drop(decoding, reason)
         for item in [item for s, item in self.in_flight.items() if seq is None or s == seq]:
             # Waiting: take it out of the queue. Running: it cannot be stopped mid-forward, so mark it;
             # its result will be discarded. Either way the client hears `dropped` now, not later.

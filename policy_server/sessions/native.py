@@ -40,6 +40,7 @@ from ..sglang.realtime import SGLANG, connection_mode
 from .base import UNREAD_CHUNK_MESSAGE, ChunkReply, Session, cameras_of
 from .config import merge_session_config, observation_request, settings_used
 from .controls import ControlAction, ControlError, ControlErrorCode, OperatorControl
+from .frame_decoding import native_decode
 from .supervisor import close_connection
 from .telemetry import SessionTelemetry
 
@@ -106,7 +107,8 @@ class RealtimeSession(Session):
             self.frame_seq = decoded["seq"]  # so that even an early error names the observation it is about
         frame = client_frames.parse_client_frame(decoded, self.host.frame_limits)
         if isinstance(frame, client_frames.ObservationFrame):
-            self._on_observation(self.decode_observation(frame), received_at)
+            decode = native_decode(frame, self.host.frame_limits)  # headers checked now, pixels on the pool
+            self.observe(frame.seq, received_at, self._on_observation, frame, decode)
         elif isinstance(frame, client_frames.ConfigureFrame):
             self._on_configure(frame)
         elif isinstance(frame, client_frames.CancelFrame):

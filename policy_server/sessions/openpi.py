@@ -43,8 +43,9 @@ from ..log_hygiene import printable
 from ..metadata import openpi_metadata
 from .base import UNREAD_CHUNK_MESSAGE, ChunkReply, Session, cameras_of
 from .config import observation_request
+from .frame_decoding import openpi_decode
 from .host import SessionHost
-from .openpi_observation import detect_convention, parse_openpi_observation
+from .openpi_observation import OpenpiObservation, detect_convention, parse_openpi_observation
 from .openpi_settings import OpenpiSettings
 
 __all__ = ["OPENPI_PATHS", "OpenpiSession", "OpenpiSettings", "error_text", "openpi_arrays"]
@@ -148,10 +149,17 @@ class OpenpiSession(Session):
             self.convention = detect_convention(decoded)
             logger.info("openpi session %s: %s observations, cameras %s", self.id,
                         self.convention or "custom", printable("+".join(obs.cameras))[:200])
+        # Encoded cameras: headers checked now, decoded and composed on the decode pool, then admitted.
+        decode = openpi_decode(obs, self.config.action_mode == "inverse_dynamics", self.host.frame_limits, seq)
+        self.observe(seq, received_at, self._admit, obs, decode)
+
+    def _admit(self, obs: OpenpiObservation, received_at: float) -> None:
+        seq = self.frame_seq
+        assert seq is not None and self.config is not None
         overrides = {"prompt": obs.prompt} if obs.prompt else {}
-        frame = self.decode_observation(ObservationFrame(
+        frame = ObservationFrame(
             seq=seq, image=obs.image, video=obs.video, prefix_actions=obs.prefix_actions, state=obs.state,
-            overrides=overrides))
+            overrides=overrides)
         request = observation_request(self.config, frame, self.host.description)
         self.enqueue(seq, request, received_at, cameras_of(frame))
 

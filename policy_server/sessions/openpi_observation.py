@@ -32,7 +32,9 @@ string, for example ``{"third_person_view": ["images/cam_low"], "concat_view": [
 "images/cam_left_wrist"]]}``. A key is looked up as written first (openpi's flat keys contain ``/``),
 then as a path into nested dicts.
 
-Images may arrive H×W×3 or 3×H×W (channel-first, ALOHA's layout), as uint8, or as floats in [0, 1].
+Images may arrive H×W×3 or 3×H×W (channel-first, ALOHA's layout), as uint8, or as floats in [0, 1], or
+encoded: PNG, JPEG or WebP bytes in place of the array (a list of them for a clip), decoded by the
+session off the event loop before the cameras are composed.
 Pure data: no sockets, no model.
 """
 
@@ -45,7 +47,9 @@ from typing import Any, Mapping
 
 import numpy as np
 
-from robot_clients.client_frames import SESSION_SETTINGS, check_image_size, parse_state, str_keys
+from robot_clients.client_frames import (
+    SESSION_SETTINGS, check_image_size, is_encoded_clip, is_encoded_frame, parse_state, str_keys,
+)
 from robot_clients.protocol import ErrorCode, FrameLimits, ProtocolError
 
 from ..engine.description import DomainProfile
@@ -176,6 +180,9 @@ class OpenpiObservation:
     prefix_actions: np.ndarray | None = None
     state: np.ndarray | None = None  # float32 [D] or [rows, D], from the convention's state keys
     cameras: Alternative = ()  # the keys whose images were used, left to right
+    # The chosen cameras as sent when one of them is encoded (bytes, or a list of bytes for a clip): the
+    # server decodes them off the event loop, then composes them (:func:`compose_cameras`).
+    encoded: list[Any] | None = None
 
 
 def lookup(obs: Mapping[str, Any], key: str) -> Any:
@@ -222,13 +229,11 @@ def parse_openpi_observation(
             alternatives[0][0] if alternatives else None,
         )
     frames = [_frames(lookup(obs, key), key, video, limits) for key in chosen]
-    composed = side_by_side(frames) if len(frames) > 1 else frames[0]
     result = OpenpiObservation(cameras=chosen)
-    if video:
-        result.video = composed
+    if any(isinstance(frame, (bytes, list)) for frame in frames):
+        result.encoded = frames
     else:
-        result.image = composed
-    check_image_size(composed, "+".join(chosen), limits)
+        compose_cameras(result, frames, video, limits)
 
     prompt = obs.get("prompt")
     if isinstance(prompt, bytes):
@@ -292,6 +297,16 @@ def openpi_state(obs: Mapping[str, Any]) -> tuple[np.ndarray | None, str | None,
     return (state[0] if joints.ndim == 1 else state), DROID_JOINTS, shown
 
 
+def compose_cameras(result: OpenpiObservation, frames: list[np.ndarray], video: bool, limits: FrameLimits) -> None:
+    """The chosen cameras' pixels side by side (left to right) as the observation's image or clip."""
+    composed = side_by_side(frames) if len(frames) > 1 else frames[0]
+    if video:
+        result.video = composed
+    else:
+        result.image = composed
+    check_image_size(composed, "+".join(result.cameras), limits)
+
+
 # Conventions nest at most one level (ALOHA's images/cam_high); deeper maps are nobody's observation.
 MAX_NESTING = 4
 
@@ -335,13 +350,18 @@ def _keys(obs: Mapping[str, Any], prefix: str = "") -> list[str]:
     return keys
 
 
-def _frames(array: Any, key: str, video: bool, limits: FrameLimits) -> np.ndarray:
-    """One camera's image as H×W×3 uint8 (or clip as T×H×W×3), from HWC or CHW, uint8 or [0, 1] floats."""
+def _frames(array: Any, key: str, video: bool, limits: FrameLimits) -> np.ndarray | bytes | list[bytes]:
+    """One camera's image as H×W×3 uint8 (or clip as T×H×W×3), from HWC or CHW, uint8 or [0, 1] floats;
+    an encoded image (clip) stays bytes (a list of bytes)."""
     rank = 4 if video else 3
     layout = "T×H×W×3 (or T×3×H×W)" if video else "H×W×3 (or 3×H×W)"
+    if is_encoded_frame(array) if not video else is_encoded_clip(array):
+        # PNG/JPEG/WebP bytes (a list of them for a clip): the server checks each header, then decodes.
+        return bytes(array) if not video else [bytes(frame) for frame in array]
     if not isinstance(array, np.ndarray):
-        raise ProtocolError(ErrorCode.INVALID_IMAGE, f"`{key}` must be an array ({layout}), got {type(array).__name__}",
-                            key)
+        encoded = "a list of PNG/JPEG/WebP bytes" if video else "PNG/JPEG/WebP bytes"
+        raise ProtocolError(ErrorCode.INVALID_IMAGE,
+                            f"`{key}` must be an array ({layout}) or {encoded}, got {type(array).__name__}", key)
     if array.ndim != rank:
         raise ProtocolError(ErrorCode.INVALID_IMAGE, f"`{key}` must be {layout}, got shape {list(array.shape)}", key)
     if array.shape[-1] != 3:
