@@ -99,9 +99,14 @@ def tiny_engine_loader(variant: str = "distilled", delay_s: float = 0.0, droid: 
 
 
 class ServerThread:
-    """A :class:`PolicyServer` on its own event loop and thread. ``with ServerThread(loader) as s:``."""
+    """A :class:`PolicyServer` on its own event loop and thread. ``with ServerThread(loader) as s:``.
+
+    Unlike the command line, it does not warm the engine up unless asked (``warmup=True``): the warm-up
+    runs a 17-frame inverse-dynamics clip at the default tier, several CPU-seconds per server, and only
+    tests that time the first requests need it (the CLI's warm-up is tested in test_server_lifecycle)."""
 
     def __init__(self, load_engine: Callable[[], Any], port: int = 0, **settings: Any) -> None:
+        settings.setdefault("warmup", False)
         self.settings = ServerSettings(host="127.0.0.1", port=port, **settings)
         self.server = PolicyServer(load_engine, self.settings)
         self.loop = asyncio.new_event_loop()

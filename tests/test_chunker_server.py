@@ -15,7 +15,8 @@ from robot_clients.policy_client import PolicyClient
 
 @pytest.fixture(scope="module")
 def server():
-    with ServerThread(tiny_engine_loader("distilled")) as running:
+    # Warmed up: the chunker's latency estimate starts from the first chunks, which a cold call would skew.
+    with ServerThread(tiny_engine_loader("distilled"), warmup=True) as running:
         yield running
 
 

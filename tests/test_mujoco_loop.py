@@ -51,7 +51,8 @@ def test_observation_is_rendered_offscreen_and_the_arm_follows_actions(env):
 
 def test_closed_loop_against_the_server(env, tmp_path):
     recorder = RolloutRecorder()
-    with ServerThread(tiny_engine_loader("distilled")) as server, PolicyClient(server.url) as client:
+    # Warmed up: a 20 Hz loop that must not stall, so the first chunk may not pay the cold-start costs.
+    with ServerThread(tiny_engine_loader("distilled"), warmup=True) as server, PolicyClient(server.url) as client:
         client.configure(domain_name=DOMAIN, action_horizon=16, seed=0)
         config = ChunkerConfig(strategy="rtc", control_hz=20.0, execute_horizon=8)
         with ActionChunker(RemoteChunkPolicy(client), config, on_chunk=recorder.on_chunk) as chunker:

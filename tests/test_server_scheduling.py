@@ -25,7 +25,9 @@ IMAGE = rgb_image(64)
 def server():
     # Short keepalive interval/timeout: a server whose event loop stalled during inference would miss
     # pongs and the connection would die within a second.
-    with ServerThread(tiny_engine_loader("distilled", delay_s=ENGINE_DELAY_S), ping_interval=0.2, ping_timeout=0.5) as s:
+    # Warmed up: these tests time requests against ENGINE_DELAY_S, which a cold first call would blur.
+    with ServerThread(tiny_engine_loader("distilled", delay_s=ENGINE_DELAY_S), warmup=True, ping_interval=0.2,
+                      ping_timeout=0.5) as s:
         yield s
 
 
