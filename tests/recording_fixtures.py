@@ -140,3 +140,15 @@ def assert_frames_match(decoded: np.ndarray, originals: list[np.ndarray], index:
     assert errors[index] < 6.0, f"frame {index} decodes {errors[index]:.1f} levels away from what was sent"
     neighbours = [errors[j] for j in (index - 1, index + 1) if 0 <= j < len(originals)]
     assert all(errors[index] < e for e in neighbours), (index, errors[max(0, index - 1):index + 2])
+
+
+def wait_until_published(server, timeout: float = 60.0) -> bool:
+    """Wait until a recording server has ended every session (a client's close reaches the server a little
+    later than the client returns) and its writer has handled what those sessions queued, so that their
+    episodes are published. Call it on a thread, not on the event loop the test's robot runs on."""
+    import time
+
+    deadline = time.monotonic() + timeout
+    while server.server.sessions and time.monotonic() < deadline:
+        time.sleep(0.02)
+    return not server.server.sessions and server.server.recorder.sync(max(0.0, deadline - time.monotonic()))

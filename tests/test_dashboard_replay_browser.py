@@ -16,7 +16,7 @@ from policy_server.auth import TokenSet
 from policy_server.http.sidecar import SidecarSettings
 from policy_server.recording_setup import RecordingOptions
 from robot_clients.wire_codec import packb, unpackb
-from recording_fixtures import frame
+from recording_fixtures import frame, wait_until_published
 from server_fixtures import DOMAIN, ServerThread, tiny_engine_loader
 from test_dashboard_browser import CHROMIUM, eventually, page  # noqa: F401 - the browser fixture
 
@@ -60,7 +60,7 @@ async def record_session(server, observations: int) -> tuple[str, list[dict]]:
         for seq in range(observations):
             await ws.send(packb({"type": "observation", "seq": seq, "images": {"front": frame(seq, 96, 128)}}))
             replies.append(unpackb(await asyncio.wait_for(ws.recv(), 60)))
-    assert await asyncio.to_thread(server.server.recorder.sync, 60)
+    assert await asyncio.to_thread(wait_until_published, server)
     return session_id, replies
 
 
@@ -90,13 +90,14 @@ def test_a_recorded_session_is_replayed_with_play_speed_and_seek(server, page):
     assert page.get_attribute("#replay-latency-plot", "data-samples") == "6"
     page.wait_for_selector("#replay-camera[data-index='5']")
 
-    # Seek back to the third observation's arrival: the view is that moment's, not the end's.
+    # Seek back to just after the third observation's arrival: the view is that moment's, not the end's.
     page.evaluate("""async () => {
         const name = document.querySelector('#replay').dataset.name;
         const headers = { Authorization: 'Bearer ' + new URLSearchParams(location.hash.slice(1)).get('token') };
         const episode = await (await fetch('../v1/recordings/' + name, { headers })).json();
         const seek = document.querySelector('#replay-seek');
-        seek.value = String(episode.rows[2].received_at);
+        // Between the third and fourth arrivals (the range input may round a value given exactly at one).
+        seek.value = String((episode.rows[2].received_at + episode.rows[3].received_at) / 2);
         seek.dispatchEvent(new Event('input'));
     }""")
     page.wait_for_selector("#replay[data-index='2']")

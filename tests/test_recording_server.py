@@ -18,7 +18,7 @@ from policy_server.recording import RecordingStore
 from policy_server.recording.reader import RecordedEpisode
 from policy_server.recording_setup import RecordingOptions
 from robot_clients.wire_codec import packb, unpackb
-from recording_fixtures import frame
+from recording_fixtures import frame, wait_until_published
 from server_fixtures import DOMAIN, ServerThread, http_get, tiny_engine_loader
 
 pytestmark = pytest.mark.timeout(300)
@@ -211,7 +211,7 @@ async def test_recordings_are_served_only_with_the_token_and_only_by_their_safe_
         sent = [await robot.observe(seq) for seq in range(2)]
         await ws.close()
         # The episode is published when the session's end reaches the writer; wait for it.
-        assert await asyncio.to_thread(server.server.recorder.sync, 60)
+        assert await asyncio.to_thread(wait_until_published, server)
         base = f"http://127.0.0.1:{server.server.sidecar.port}/v1/recordings"
         for url in (base, base + "/anything", base + "/anything/frames"):
             status, body = await asyncio.to_thread(_get, url)

@@ -136,6 +136,10 @@ def test_openapi_schema_describes_what_is_served(server):
         "/healthz": {"get"},
         "/readyz": {"get"},
         "/metrics": {"get"},
+        # Recordings (404 on a server started without --record-dir).
+        "/v1/recordings": {"get"},
+        "/v1/recordings/{name}": {"get"},
+        "/v1/recordings/{name}/frames": {"get"},
     }
     assert {path: set(ops) for path, ops in paths.items()} == expected
     for path in ("/v1/videos", "/v1/actions/generations"):
