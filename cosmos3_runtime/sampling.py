@@ -27,9 +27,10 @@ serving runtime changes, and why:
 - **No decode for action modes.** Action chunks come from the action stream; the VAE decoder is only
   called for ``forward_dynamics`` video.
 - **Batching.** Several jobs on the same schedule share each transformer call: their sequences are
-  packed into one joint sequence (diffusers' transformer takes per-item lists) and attention is kept
-  per item (:mod:`cosmos3_runtime.packed_attention`). Each job keeps its own noise, scheduler and
-  generator, so a batched chunk equals the unbatched one up to float rounding.
+  packed into one joint sequence (:mod:`cosmos3_runtime.packed_batch`; diffusers' transformer takes
+  per-item lists) and attention is kept per item (:mod:`cosmos3_runtime.packed_attention`). Each job
+  keeps its own noise, scheduler and generator, so a batched chunk equals the unbatched one up to float
+  rounding.
 - **Text prefix cache.** A job whose text keys/values are cached runs its generation tokens only
   (:mod:`cosmos3_runtime.prefix_cache`).
 """
@@ -47,9 +48,10 @@ from diffusers.utils.torch_utils import randn_tensor
 
 from .denoise_jobs import DenoiseJob, DenoiseOutput
 from .frame_preprocessing import prepare_frames
-from .packed_attention import PackedItem, PrefixMode, install_packed_attention
+from .packed_attention import install_packed_attention
+from .packed_batch import pack_batch
 from .prepared_inputs import ConditioningFrames, condition_frames
-from .prefix_cache import PrefixEntry, TextPrefixCache
+from .prefix_cache import TextPrefixCache
 from .prompts import action_caption
 from .sequence_packing import SequencePass, pack_sequence
 
@@ -314,73 +316,19 @@ class Cosmos3Sampler:
         return SequencePass(key, full, entry)
 
     def _forward(self, items: list[_Item], name: str, t, step: int, sigma: float, num_steps: int) -> None:
-        """One transformer call for pass ``name`` of every item; stores each item's masked velocities.
-
-        The joint sequence is [text of items that need it] + [generation tokens of every item]: text the
-        prefix cache holds is not sent at all, text it does not hold yet is recorded on the way.
-        """
-        packs, layout, recording = [], [], []
-        und_total = sum(0 if it.passes[name].entry is not None else it.passes[name].full["und_len"] for it in items)
-        und_at, gen_at = 0, 0
-        for it in items:
-            p = it.passes[name]
-            if p.entry is not None:
-                pack, mode, entry = p.generation_only, PrefixMode.REPLAY, p.entry
-            elif self.prefix_cache is not None:
-                pack, mode, entry = p.full, PrefixMode.RECORD, PrefixEntry()
-                recording.append((p, entry))
-            else:
-                pack, mode, entry = p.full, PrefixMode.OFF, None
-            und_len = pack["und_len"]
-            gen_len = pack["sequence_length"] - und_len
-            layout.append(PackedItem(und_at, und_len, gen_at, gen_len, mode, entry))
-            packs.append((pack, und_len, und_total + gen_at))
-            und_at += und_len
-            gen_at += gen_len
-
-        def cat(key):
-            return torch.cat([pack[key] for pack, _, _ in packs])
-
-        def moved(key):  # an item's sequence positions, moved to where its tokens sit in the joint sequence
-            return torch.cat([pack[key] - und_len + gen_start for pack, und_len, gen_start in packs])
-
-        def per_item(key):
-            return [x for pack, _, _ in packs for x in pack[key]]
-
-        dtype = self.transformer.dtype
-        timestep = t.item()
-
-        def modality_inputs(modality, tokens):  # the transformer's vision_* or action_* arguments, built alike
-            noisy_tokens = sum(pack[f"num_noisy_{modality}_tokens"] for pack, _, _ in packs)
-            return {
-                f"{modality}_tokens": [x.to(dtype) for x in tokens],
-                f"{modality}_token_shapes": per_item(f"{modality}_token_shapes"),
-                f"{modality}_sequence_indexes": moved(f"{modality}_sequence_indexes"),
-                f"{modality}_mse_loss_indexes": moved(f"{modality}_mse_loss_indexes"),
-                f"{modality}_timesteps": torch.full((noisy_tokens,), timestep, device=self.device),
-                f"{modality}_noisy_frame_indexes": per_item(f"{modality}_noisy_frame_indexes"),
-            }
-
-        position_ids = torch.cat(
-            [pack["position_ids"][:, :und_len] for pack, und_len, _ in packs]
-            + [pack["position_ids"][:, und_len:] for pack, und_len, _ in packs], dim=1)
-        self._attention.items = layout
+        """One transformer call for pass ``name`` of every item, joined by :func:`~.packed_batch.pack_batch`;
+        stores each item's masked velocities and the text keys/values the call recorded."""
+        batch = pack_batch([it.passes[name] for it in items], [it.latents for it in items],
+                           [it.action_latents for it in items], [it.domain_id for it in items],
+                           record=self.prefix_cache is not None, timestep=t.item(), dtype=self.transformer.dtype,
+                           device=self.device)
+        self._attention.items = batch.layout
         try:
             with self.transformer.cache_context(name, step_index=step, sigma=sigma, num_inference_steps=num_steps):
-                preds_vision, _, preds_action = self.transformer(
-                    input_ids=cat("input_ids"),
-                    text_indexes=torch.arange(und_total, dtype=torch.long, device=self.device),
-                    position_ids=position_ids,
-                    und_len=und_total,
-                    sequence_length=und_total + gen_at,
-                    **modality_inputs("vision", [it.latents for it in items]),
-                    **modality_inputs("action", [it.action_latents for it in items]),
-                    action_domain_ids=[it.domain_id for it in items],
-                    return_dict=False,
-                )
+                preds_vision, _, preds_action = self.transformer(**batch.arguments, return_dict=False)
         finally:
             self._attention.items = None
-        for p, entry in recording:
+        for p, entry in batch.recording:
             p.entry = entry
             self.prefix_cache.put(p.key, entry)
         for it, pred_vision, pred_action in zip(items, preds_vision, preds_action):

@@ -37,7 +37,7 @@ class SessionRecorder(Protocol):
     """The server's recorder as sessions, health and metrics see it (``policy_server.recording.Recorder``)."""
 
     def session(self, session_id: str, protocol: str) -> Any:
-        """A new ``SessionRecording`` for that session (the calls of ``sessions.base.RecordingHooks``)."""
+        """A new ``SessionRecording`` for that session (the calls of ``sessions.recording_hooks.RecordingHooks``)."""
         ...
 
     def stats(self) -> dict[str, Any]:

@@ -9,11 +9,12 @@ in its place.
 
 A subclass is one protocol: it parses its client's frames (:meth:`Session.handle`) and encodes its own
 replies (:meth:`Session.encode_chunk`, :meth:`Session.encode_drop`, :meth:`Session.encode_error`,
-:meth:`Session.pack_chunk`). The native protocol is :mod:`.native`, openpi's :mod:`.openpi`.
+:meth:`Session.pack_chunk`). The native protocol is :mod:`.native`, openpi's :mod:`.openpi`. What a reply
+is before a protocol encodes it (:class:`~.replies.ChunkReply`, the drop messages) is :mod:`.replies`.
 
 Because every observation, chunk, drop, error, configuration, reset and close passes through here, this
-is where a session is recorded (``docs/recording.md``): :attr:`Session.recording` defaults to
-:data:`NOT_RECORDED`, which does nothing.
+is where a session is recorded (``docs/recording.md``): :attr:`Session.recording` (the hooks of
+:mod:`.recording_hooks`) defaults to :data:`NOT_RECORDED`, which does nothing.
 """
 
 from __future__ import annotations
@@ -23,15 +24,13 @@ import logging
 import time
 import uuid
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
-from typing import Any, ClassVar, Protocol
+from typing import Any, ClassVar
 
 import numpy as np
 from websockets.asyncio.server import ServerConnection
 from websockets.exceptions import ConnectionClosed
 
 from cosmos3_runtime.requests import ActionRequest
-from robot_clients.client_frames import ObservationFrame
 from robot_clients.protocol import DropReason, ErrorCode, ProtocolError, SessionState
 
 from ..engine.outcome import EngineOutcome
@@ -41,95 +40,18 @@ from .controls import ControlError, ControlErrorCode, OperatorControl
 from .frame_decoding import DecodeSlot
 from .host import SessionHost
 from .outbox import OutboxFull, paced
+from .recording_hooks import NOT_RECORDED, RecordingHooks, cameras_of
+from .replies import DROP_MESSAGES, UNREAD_CHUNK_MESSAGE, ChunkReply, payload_size
 from .telemetry import SessionTelemetry
+
+# The reply and recording types live in their own modules; importers of this module still find them here.
+__all__ = ["Session", "ChunkReply", "DROP_MESSAGES", "UNREAD_CHUNK_MESSAGE", "NOT_RECORDED", "RecordingHooks",
+           "cameras_of"]
 
 logger = logging.getLogger(__name__)
 
-DROP_MESSAGES = {
-    DropReason.SUPERSEDED: "a newer observation of this session replaced it before the engine reached it",
-    DropReason.DEADLINE: "its deadline_ms passed before the engine reached it",
-    DropReason.CANCELLED: "cancelled by the client",
-    DropReason.SHUTDOWN: "the server is shutting down",
-    DropReason.PAUSED: "an operator paused this session; hold until it is resumed",
-    DropReason.STOPPED: "an operator stopped this session",
-}
-# An unread chunk replaced by a newer one in the outbox (the client is behind on its replies).
-UNREAD_CHUNK_MESSAGE = "a newer chunk of this session replaced it before the client read it"
 # The outbox key of action chunks: a newer one replaces an unread one (latest wins for replies too).
 _CHUNK = "chunk"
-
-
-class RecordingHooks(Protocol):
-    """What a session tells its recording (``policy_server.recording.SessionRecording`` provides it)."""
-
-    def start_episode(self, config: Mapping[str, Any], model: Mapping[str, Any], fps: int | None = None) -> None: ...
-
-    def configured(self, config: Mapping[str, Any]) -> None: ...
-
-    def observation(self, seq: int, cameras: Mapping[str, np.ndarray], request: Any = None, **details: Any) -> bool: ...
-
-    def chunk(self, seq: int, actions: np.ndarray, timing: Mapping[str, float | None], seed: int | None = None) -> None: ...
-
-    def dropped(self, seq: int, reason: str, message: str = "") -> None: ...
-
-    def error(self, seq: int | None, code: str, message: str, field: str | None = None) -> None: ...
-
-    def note(self, kind: str, **details: Any) -> None: ...
-
-    def end_episode(self, reason: str) -> None: ...
-
-
-class _NotRecorded:
-    """A session that is not recorded. (``policy_server.recording`` has the same no-op, but importing that
-    package loads its writer and video encoder, which a server that records nothing must not pay for.)"""
-
-    def start_episode(self, config: Mapping[str, Any], model: Mapping[str, Any], fps: int | None = None) -> None: ...
-
-    def configured(self, config: Mapping[str, Any]) -> None: ...
-
-    def observation(self, seq: int, cameras: Mapping[str, np.ndarray], request: Any = None, **details: Any) -> bool:
-        return False
-
-    def chunk(self, seq: int, actions: np.ndarray, timing: Mapping[str, float | None], seed: int | None = None) -> None: ...
-
-    def dropped(self, seq: int, reason: str, message: str = "") -> None: ...
-
-    def error(self, seq: int | None, code: str, message: str, field: str | None = None) -> None: ...
-
-    def note(self, kind: str, **details: Any) -> None: ...
-
-    def end_episode(self, reason: str) -> None: ...
-
-
-NOT_RECORDED: RecordingHooks = _NotRecorded()
-
-
-@dataclass
-class ChunkReply:
-    """An action chunk on its way out. It is packed when it leaves (:meth:`Session.pack_chunk`), so its
-    ``observation_age_ms`` is measured then; until then a newer chunk may replace it."""
-
-    seq: int
-    actions: np.ndarray
-    seed: int | None
-    timing: dict[str, float | None]  # the server's breakdown; observation_age_ms is set as it leaves
-    received_at: float
-    body: Any  # what the subclass packs (the native frame, openpi's packed reply)
-    nbytes: int
-
-
-def cameras_of(frame: ObservationFrame) -> Mapping[str, np.ndarray]:
-    """An observation's cameras as a recording names them: its named images, its image, or a clip's first
-    frame (``video``)."""
-    if frame.images is not None:
-        return frame.images
-    if frame.image is not None:
-        return {"image": frame.image}
-    return {"video": frame.video[0]} if frame.video is not None and len(frame.video) else {}
-
-
-def _size(payload: bytes | str) -> int:
-    return len(payload) if isinstance(payload, bytes) else len(payload.encode())
 
 
 class Session:
@@ -270,7 +192,7 @@ class Session:
             if isinstance(payload, ChunkReply):
                 self.outbox.put(payload, payload.nbytes, latest=_CHUNK, replaced=self._unread_chunk_dropped)
             else:
-                self.outbox.put(payload, _size(payload))
+                self.outbox.put(payload, payload_size(payload))
         except OutboxFull as full:
             self.host.supervisor.overflowed(self, full)
 
@@ -301,7 +223,7 @@ class Session:
             self.telemetry.record_drop(reply.seq, DropReason.SUPERSEDED)
         self.recording.dropped(reply.seq, DropReason.SUPERSEDED, UNREAD_CHUNK_MESSAGE)
         payload = self.encode_drop(reply.seq, DropReason.SUPERSEDED, UNREAD_CHUNK_MESSAGE)
-        return payload, _size(payload)
+        return payload, payload_size(payload)
 
     async def _send_loop(self) -> None:
         try:

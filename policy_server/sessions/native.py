@@ -37,10 +37,12 @@ from robot_clients.wire_codec import WireFormatError, packb, unpackb
 from ..engine.outcome import EngineOutcome
 from ..engine.request_queue import PendingObservation
 from ..sglang.realtime import SGLANG, connection_mode
-from .base import UNREAD_CHUNK_MESSAGE, ChunkReply, Session, cameras_of
+from .base import Session
 from .config import merge_session_config, observation_request, settings_used
 from .controls import ControlAction, ControlError, ControlErrorCode, OperatorControl
 from .frame_decoding import native_decode
+from .recording_hooks import cameras_of
+from .replies import UNREAD_CHUNK_MESSAGE, ChunkReply
 from .supervisor import close_connection
 from .telemetry import SessionTelemetry
 

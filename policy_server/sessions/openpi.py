@@ -41,12 +41,14 @@ from ..engine.outcome import EngineOutcome
 from ..engine.request_queue import PendingObservation
 from ..log_hygiene import printable
 from ..metadata import openpi_metadata
-from .base import UNREAD_CHUNK_MESSAGE, ChunkReply, Session, cameras_of
+from .base import Session
 from .config import observation_request
 from .frame_decoding import openpi_decode
 from .host import SessionHost
 from .openpi_observation import OpenpiObservation, detect_convention, parse_openpi_observation
 from .openpi_settings import OpenpiSettings
+from .recording_hooks import cameras_of
+from .replies import UNREAD_CHUNK_MESSAGE, ChunkReply
 
 __all__ = ["OPENPI_PATHS", "OpenpiSession", "OpenpiSettings", "error_text", "openpi_arrays"]
 

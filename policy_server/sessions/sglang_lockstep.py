@@ -31,7 +31,8 @@ from ..http.errors import ApiError, HttpErrorCode
 from ..http.sglang_bodies import item_requests
 from ..sglang.actions import ActionCall
 from ..sglang.realtime import LockstepSession
-from .base import ChunkReply, Session
+from .base import Session
+from .replies import ChunkReply
 
 
 class SglangLockstepSession(Session):
