@@ -25,7 +25,7 @@ Guarantees:
   client's own, also after a reconnect.
 
 The connection and the session on it (reconnecting, routing the server's frames, the operator's controls)
-are :class:`~robot_clients.realtime_session.RealtimeSession`'s, which this class extends with the
+are :class:`~robot_clients.realtime_connection.RealtimeConnection`'s, which this class extends with the
 requests; how an observation reaches the socket (resized, encoded, held under the in-flight bound) is
 this module's. Imports only numpy, msgpack (through the wire codec) and websockets: it runs on the robot.
 """
@@ -43,7 +43,7 @@ from .client_connection import connect_options
 from .observation_sender import LatestObservationSender, buffered_bytes
 from .outgoing_frames import OutgoingFrames
 from .protocol import DropReason
-from .realtime_session import RealtimeSession
+from .realtime_connection import RealtimeConnection
 from .results import ActionChunk, ConnectionLost, ObservationDropped, ServerError
 from .wire_codec import packb
 
@@ -65,7 +65,7 @@ def _observation_frame(seq: int, obs: Mapping[str, Any], settings: Mapping[str, 
 
 
 
-class AsyncPolicyClient(RealtimeSession):
+class AsyncPolicyClient(RealtimeConnection):
     """Client of ``/v1/actions/realtime``. Not thread-safe: use it from one event loop.
 
     Args:

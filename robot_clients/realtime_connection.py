@@ -1,6 +1,6 @@
-"""One session of the native realtime protocol, across reconnects: the client side of the connection.
+"""The client side of the native realtime protocol: one session on one connection, kept across reconnects.
 
-:class:`RealtimeSession` is what :class:`~robot_clients.async_policy_client.AsyncPolicyClient` builds its
+:class:`RealtimeConnection` is what :class:`~robot_clients.async_policy_client.AsyncPolicyClient` builds its
 requests on. It connects (retrying while the server loads), reads every frame the server sends and routes
 it: a chunk to the ``infer`` call waiting for its ``seq`` or to the stream ``receive`` reads, a drop or an
 error to the call it ends, a ``session``/``reset_done`` to the control request waiting for it. It follows
@@ -29,7 +29,7 @@ from .results import (
 )
 from .wire_codec import packb, unpackb
 
-__all__ = ["PAUSED", "RUNNING", "STOPPED", "RealtimeSession"]
+__all__ = ["PAUSED", "RUNNING", "STOPPED", "RealtimeConnection"]
 
 # The client's one logger, named as before the session was a module of its own (logging configs name it).
 logger = logging.getLogger("robot_clients.async_policy_client")
@@ -37,10 +37,10 @@ logger = logging.getLogger("robot_clients.async_policy_client")
 # Session states an operator can set (server frame `session_state`).
 RUNNING, PAUSED, STOPPED = SessionState.RUNNING.value, SessionState.PAUSED.value, SessionState.STOPPED.value
 
-_Session = TypeVar("_Session", bound="RealtimeSession")
+_Connection = TypeVar("_Connection", bound="RealtimeConnection")
 
 
-class RealtimeSession:
+class RealtimeConnection:
     """The connection to ``/v1/actions/realtime`` and the session on it. Not thread-safe: use it from one
     event loop. ``connect_kwargs`` are websockets' ``connect`` options
     (:func:`~robot_clients.client_connection.connect_options`); the other arguments are
@@ -110,7 +110,7 @@ class RealtimeSession:
     async def _stop_sending(self) -> None:
         """Stop what is still held to be sent, before the socket closes (the client's in-flight bound)."""
 
-    async def __aenter__(self: _Session) -> _Session:
+    async def __aenter__(self: _Connection) -> _Connection:
         await self.connect()
         return self
 
