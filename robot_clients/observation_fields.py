@@ -96,7 +96,11 @@ def _check_frames(array: Any, name: str, rank: int, limits: FrameLimits, seq: in
 
 def check_image_size(frames: np.ndarray, name: str, limits: FrameLimits, seq: int | None = None) -> None:
     """Each side of an H×W×3 frame (or T×H×W×3 clip) within the limits; both protocols use this."""
-    height, width = frames.shape[-3], frames.shape[-2]
+    check_image_sides(frames.shape[-3], frames.shape[-2], name, limits, seq)
+
+
+def check_image_sides(height: int, width: int, name: str, limits: FrameLimits, seq: int | None = None) -> None:
+    """A frame's height and width within the limits (read from an encoded frame's header, before decoding)."""
     if min(height, width) < limits.min_image_side or max(height, width) > limits.max_image_side:
         raise ProtocolError(
             ErrorCode.INVALID_IMAGE,

@@ -21,7 +21,8 @@ from typing import Any, Iterator
 
 import numpy as np
 
-from robot_clients.protocol import ErrorCode, FrameLimits
+from robot_clients.observation_fields import check_image_sides
+from robot_clients.protocol import ErrorCode, FrameLimits, ProtocolError
 
 from ..media.image_decoding import InvalidImage, decode_clip, decode_image, read_header
 from ..videos.encoding import VideoEncodingError, read_video_bytes
@@ -30,13 +31,10 @@ from .errors import ApiError, HttpErrorCode
 
 
 def _check_sides(height: int, width: int, field: str, limits: FrameLimits) -> None:
-    if min(height, width) < limits.min_image_side or max(height, width) > limits.max_image_side:
-        raise ApiError(
-            ErrorCode.INVALID_IMAGE,
-            f"`{field}` is {height}×{width} pixels; each side must be between {limits.min_image_side} and "
-            f"{limits.max_image_side}",
-            field,
-        )
+    try:
+        check_image_sides(height, width, field, limits)
+    except ProtocolError as exc:
+        raise ApiError.of(exc) from None
 
 
 def _check_frames(frames: int, field: str, limits: FrameLimits) -> None:
