@@ -31,6 +31,7 @@ from typing import Any, Callable
 import numpy as np
 
 from policy_server.server import PolicyServer, ServerSettings
+from robot_clients.protocol import HEALTH_PATH, REALTIME_PATH
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 DOMAIN = "bridge_orig_lerobot"
@@ -98,7 +99,21 @@ def tiny_engine_loader(variant: str = "distilled", delay_s: float = 0.0, droid: 
     return load
 
 
-class ServerThread:
+class LoopbackUrls:
+    """The robot endpoint and /healthz of a server listening on 127.0.0.1:``port``."""
+
+    port: int | None
+
+    @property
+    def url(self) -> str:
+        return f"ws://127.0.0.1:{self.port}{REALTIME_PATH}"
+
+    @property
+    def health_url(self) -> str:
+        return f"http://127.0.0.1:{self.port}{HEALTH_PATH}"
+
+
+class ServerThread(LoopbackUrls):
     """A :class:`PolicyServer` on its own event loop and thread. ``with ServerThread(loader) as s:``.
 
     Unlike the command line, it does not warm the engine up unless asked (``warmup=True``): the warm-up
@@ -115,14 +130,6 @@ class ServerThread:
         self._stop: asyncio.Event | None = None
         self._thread = threading.Thread(target=self._run, name="test-server", daemon=True)
         self.port: int | None = None
-
-    @property
-    def url(self) -> str:
-        return f"ws://127.0.0.1:{self.port}/v1/actions/realtime"
-
-    @property
-    def health_url(self) -> str:
-        return f"http://127.0.0.1:{self.port}/healthz"
 
     def _run(self) -> None:
         asyncio.set_event_loop(self.loop)
@@ -174,7 +181,7 @@ _LISTENING = re.compile(r"listening on wss?://[^:]+:(\d+)/")
 _HTTP_LISTENING = re.compile(r"HTTP sidecar listening on https?://[^ ]+:(\d+) ")
 
 
-class ServerProcess:
+class ServerProcess(LoopbackUrls):
     """``python -m policy_server.cli`` in a subprocess, its stderr collected; the port parsed from it."""
 
     def __init__(self, *args: str, env: dict[str, str] | None = None) -> None:
@@ -217,14 +224,6 @@ class ServerProcess:
     @property
     def log(self) -> str:
         return "".join(self.lines)
-
-    @property
-    def url(self) -> str:
-        return f"ws://127.0.0.1:{self.port}/v1/actions/realtime"
-
-    @property
-    def health_url(self) -> str:
-        return f"http://127.0.0.1:{self.port}/healthz"
 
     def wait_for_log(self, text: str, timeout: float = 60.0) -> None:
         deadline = time.monotonic() + timeout
