@@ -74,8 +74,16 @@ class RemoteVideoRollout:
         self.progress = 0.0
 
     def step(self) -> bool:
-        self.done, self.progress = self._engine.call(self._engine.handle.video_step, self._id)
+        self.done, self.progress = self._call(self._engine.handle.video_step)
         return self.done
 
     def result(self) -> Any:
-        return self._engine.call(self._engine.handle.video_result, self._id)
+        return self._call(self._engine.handle.video_result)
+
+    def _call(self, method: Any) -> Any:
+        try:
+            return self._engine.call(method, self._id)
+        except KeyError as exc:
+            # The replica answering does not hold this rollout: the one that started it died between two
+            # steps and Serve replaced it. The rollout went with it, like in a death mid-step.
+            raise ReplicaLost(f"replica {self._engine.app_name} lost video rollout {self._id}") from exc
