@@ -62,7 +62,11 @@ def test_blocking_client_streaming(server):
             chunks.append(client.receive(timeout=30))
         seqs = [c.seq for c in chunks]
         assert seqs == sorted(set(seqs))  # increasing, never an older one after a newer one
-        time.sleep(0.1)  # let the last `dropped` notices arrive
+        # Every observation is accounted for, answered or dropped, once the last `dropped` notices arrived
+        # (they may trail the last chunk).
+        deadline = time.monotonic() + 10
+        while client.stats.answered + sum(client.stats.dropped.values()) < len(sent) and time.monotonic() < deadline:
+            time.sleep(0.01)
         assert client.stats.answered + sum(client.stats.dropped.values()) == len(sent)
 
 
