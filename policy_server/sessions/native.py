@@ -109,6 +109,9 @@ class RealtimeSession(Session):
             self.frame_seq = decoded["seq"]  # so that even an early error names the observation it is about
         frame = client_frames.parse_client_frame(decoded, self.host.frame_limits)
         if isinstance(frame, client_frames.ObservationFrame):
+            # Its rate token is spent on arrival, before any decoding (as openpi's): a flood of encoded
+            # frames that keep replacing the one waiting to be decoded is refused like any other flood.
+            self.take_rate(received_at, frame.seq)
             decode = native_decode(frame, self.host.frame_limits)  # headers checked now, pixels on the pool
             self.observe(frame.seq, received_at, self._on_observation, frame, decode)
         elif isinstance(frame, client_frames.ConfigureFrame):
@@ -133,7 +136,6 @@ class RealtimeSession(Session):
         )
 
     def _on_observation(self, obs: client_frames.ObservationFrame, received_at: float) -> None:
-        self.take_rate(received_at, obs.seq)
         if self.operator_prompt:
             obs.overrides.pop("prompt", None)  # the operator steers; the chunk echoes the prompt used
         # Its own settings over the session's, checked like a `configure`; refused before it takes a seq.
