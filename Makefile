@@ -23,7 +23,8 @@ BROWSER_PACKAGES := chromium
 # The shaped-link test and benchmark (benchmarks/netns_link.py): `ip netns`, veth pairs and `tc netem`.
 NET_PACKAGES := iproute2
 
-.PHONY: demo test test-slow install clean system-deps test-system-deps net-system-deps bench-gpu bench-gpu-smoke gpu-wheels
+
+.PHONY: lint demo test test-slow install clean system-deps test-system-deps net-system-deps bench-gpu bench-gpu-smoke gpu-wheels
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -72,7 +73,12 @@ demo: $(STAMP) $(LEROBOT_STAMP) system-deps
 	$(VENV)/bin/cosmos3-demo-mujoco --duration 10 --record-dir demo-output/recordings
 	$(LEROBOT_VENV)/bin/python tests/lerobot_dataset_script.py --out demo-output/lerobot-read.npz demo-output/recordings/2*
 
-test: $(STAMP) $(OPENPI_STAMP) $(LEROBOT_STAMP) test-system-deps
+# The rules tools hold: ruff's format and lint at 120 columns, mypy --strict over the rooms pyproject.toml names.
+lint: $(STAMP)
+	$(PY) -m ruff format --check .
+	$(PY) -m ruff check .
+
+test: lint $(STAMP) $(OPENPI_STAMP) $(LEROBOT_STAMP) test-system-deps
 	$(PY) -m pytest -q
 
 test-slow: $(STAMP) net-system-deps

@@ -37,6 +37,7 @@ import numpy as np
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 from lockstep_robot import lockstep_chunks  # noqa: E402
+
 from robot_clients.protocol import REALTIME_PATH  # noqa: E402
 
 DOMAIN = "bridge_orig_lerobot"
@@ -45,8 +46,24 @@ _HTTP = re.compile(r"HTTP sidecar listening on https?://[^ ]+:(\d+) ")
 
 
 def start_server(repo: Path, data_dir: str, extra: list[str]) -> tuple[subprocess.Popen, int, int, list[str]]:
-    cmd = [sys.executable, "-m", "policy_server.cli", "--tiny", "distilled", "--host", "127.0.0.1", "--port", "0",
-           "--http-port", "0", "--log-level", "info", "--data-dir", data_dir, *extra]
+    cmd = [
+        sys.executable,
+        "-m",
+        "policy_server.cli",
+        "--tiny",
+        "distilled",
+        "--host",
+        "127.0.0.1",
+        "--port",
+        "0",
+        "--http-port",
+        "0",
+        "--log-level",
+        "info",
+        "--data-dir",
+        data_dir,
+        *extra,
+    ]
     proc = subprocess.Popen(cmd, cwd=repo, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     ports: dict[str, int] = {}
     log: list[str] = []
@@ -102,8 +119,9 @@ def attacker(http_port: int, in_flight: int, image_side: int, horizon: int, back
 
     async def main() -> None:
         limits = httpx.Limits(max_connections=in_flight, max_keepalive_connections=in_flight)
-        async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{http_port}", trust_env=False, timeout=300,
-                                     limits=limits) as client:
+        async with httpx.AsyncClient(
+            base_url=f"http://127.0.0.1:{http_port}", trust_env=False, timeout=300, limits=limits
+        ) as client:
             await asyncio.gather(*(one(client) for _ in range(in_flight)))
 
     asyncio.run(main())
@@ -111,11 +129,19 @@ def attacker(http_port: int, in_flight: int, image_side: int, horizon: int, back
 
 def robot_loop(ws_port: int, seconds: float, image: np.ndarray, horizon: int) -> dict[str, list[float]]:
     """Closed loop for ``seconds``; per chunk (ms): the round trip, and the server's queue and engine time."""
-    chunks = lockstep_chunks(f"ws://127.0.0.1:{ws_port}{REALTIME_PATH}", image, seconds,
-                             {"domain_name": DOMAIN, "action_horizon": horizon}, warmup=3, timeout=300)
-    return {"round_trip": [round_trip for round_trip, _ in chunks],
-            "queue": [timing["queue_ms"] for _, timing in chunks],
-            "engine": [timing["engine_ms"] for _, timing in chunks]}
+    chunks = lockstep_chunks(
+        f"ws://127.0.0.1:{ws_port}{REALTIME_PATH}",
+        image,
+        seconds,
+        {"domain_name": DOMAIN, "action_horizon": horizon},
+        warmup=3,
+        timeout=300,
+    )
+    return {
+        "round_trip": [round_trip for round_trip, _ in chunks],
+        "queue": [timing["queue_ms"] for _, timing in chunks],
+        "engine": [timing["engine_ms"] for _, timing in chunks],
+    }
 
 
 def pct(values: list[float], q: float) -> float:
@@ -128,10 +154,15 @@ def main() -> int:
     parser.add_argument("--in-flight", type=int, default=16, help="requests the attacker keeps outstanding")
     parser.add_argument("--image-side", type=int, default=224, help="camera frame side (robot and attacker)")
     parser.add_argument("--horizon", type=int, default=16)
-    parser.add_argument("--no-backoff", dest="backoff", action="store_false",
-                        help="retry a 429 at once instead of after its Retry-After")
-    parser.add_argument("--server-repo", type=Path, default=REPO,
-                        help="checkout whose server to run (default: this one)")
+    parser.add_argument(
+        "--no-backoff",
+        dest="backoff",
+        action="store_false",
+        help="retry a 429 at once instead of after its Retry-After",
+    )
+    parser.add_argument(
+        "--server-repo", type=Path, default=REPO, help="checkout whose server to run (default: this one)"
+    )
     parser.add_argument("--server-arg", action="append", default=[], help="extra argument for the server (repeatable)")
     args = parser.parse_args()
 
@@ -143,8 +174,9 @@ def main() -> int:
         manager = multiprocessing.Manager()
         counts = manager.dict(ok=0, refused=0, errors=0)
         stop = manager.Event()
-        attack = multiprocessing.Process(target=attacker, args=(http_port, args.in_flight, args.image_side,
-                                                                args.horizon, args.backoff, stop, counts))
+        attack = multiprocessing.Process(
+            target=attacker, args=(http_port, args.in_flight, args.image_side, args.horizon, args.backoff, stop, counts)
+        )
         attack.start()
         time.sleep(2.0)  # the attack is under way
         ok_before = counts["ok"]
@@ -161,19 +193,27 @@ def main() -> int:
         data_dir.cleanup()
 
     load = os.getloadavg()
-    print(f"server: {args.server_repo}; tiny distilled, {args.image_side}px frames, horizon {args.horizon}; "
-          f"attacker: {args.in_flight} requests in flight ({'honours' if args.backoff else 'ignores'} Retry-After); "
-          f"load average {load[0]:.2f} {load[1]:.2f} {load[2]:.2f}")
+    print(
+        f"server: {args.server_repo}; tiny distilled, {args.image_side}px frames, horizon {args.horizon}; "
+        f"attacker: {args.in_flight} requests in flight ({'honours' if args.backoff else 'ignores'} Retry-After); "
+        f"load average {load[0]:.2f} {load[1]:.2f} {load[2]:.2f}"
+    )
     for name, phase, seconds in (("alone", alone, args.seconds), ("attacked", attacked, elapsed)):
         rt, queue, engine = phase["round_trip"], phase["queue"], phase["engine"]
-        print(f"robot {name:9s} n={len(rt):4d}  round trip p50 {pct(rt, 50):7.1f}  p99 {pct(rt, 99):7.1f} ms  "
-              f"{len(rt) / seconds:5.1f} chunks/s | server queue p50 {pct(queue, 50):6.1f} p99 {pct(queue, 99):6.1f} "
-              f"| engine p50 {pct(engine, 50):6.1f} p99 {pct(engine, 99):6.1f} ms")
-    print(f"attacker:        {ok_during / elapsed:5.1f} chunks/s while the robot ran; {refused} refused (429), "
-          f"{errors} other errors")
+        print(
+            f"robot {name:9s} n={len(rt):4d}  round trip p50 {pct(rt, 50):7.1f}  p99 {pct(rt, 99):7.1f} ms  "
+            f"{len(rt) / seconds:5.1f} chunks/s | server queue p50 {pct(queue, 50):6.1f} p99 {pct(queue, 99):6.1f} "
+            f"| engine p50 {pct(engine, 50):6.1f} p99 {pct(engine, 99):6.1f} ms"
+        )
+    print(
+        f"attacker:        {ok_during / elapsed:5.1f} chunks/s while the robot ran; {refused} refused (429), "
+        f"{errors} other errors"
+    )
     a, b = alone["round_trip"], attacked["round_trip"]
-    print(f"ratio attacked/alone: p50 {pct(b, 50) / pct(a, 50):.2f}x  p99 {pct(b, 99) / pct(a, 99):.2f}x  "
-          f"(target: p99 within 2x)")
+    print(
+        f"ratio attacked/alone: p50 {pct(b, 50) / pct(a, 50):.2f}x  p99 {pct(b, 99) / pct(a, 99):.2f}x  "
+        f"(target: p99 within 2x)"
+    )
     return 0
 
 

@@ -45,15 +45,15 @@ REPO_ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO_ROOT))
 sys.path.insert(0, str(REPO_ROOT / "benchmarks"))
 
+from realtime_roundtrip import ServerProcess, percentile  # noqa: E402
 from websockets.asyncio.client import connect  # noqa: E402
 from websockets.exceptions import ConnectionClosed, InvalidStatus  # noqa: E402
 
-from realtime_roundtrip import ServerProcess, percentile  # noqa: E402
 from robot_clients.protocol import REALTIME_PATH  # noqa: E402
 from robot_clients.wire_codec import packb, unpackb  # noqa: E402
 
-
 # -- the robot ---------------------------------------------------------------------------------------
+
 
 class Robot:
     """One native session in closed loop; ``run(n)`` returns n round trips in ms."""
@@ -93,6 +93,7 @@ class Robot:
 
 # -- the attacker (a process of its own) -----------------------------------------------------------------
 
+
 def count_outcome(stats: dict, exc: Exception) -> None:
     """Count how an attacking connection ended: refused (HTTP status), closed (code), or a socket error."""
     if isinstance(exc, InvalidStatus):
@@ -130,8 +131,9 @@ async def attack_non_reading(port: int, count: int, retry_s: float, stats: dict)
             try:
                 sock.connect(("127.0.0.1", port))
                 sock.setblocking(False)
-                async with connect(f"ws://127.0.0.1:{port}{REALTIME_PATH}", sock=sock, max_queue=1,
-                                   proxy=None, ping_interval=None) as ws:
+                async with connect(
+                    f"ws://127.0.0.1:{port}{REALTIME_PATH}", sock=sock, max_queue=1, proxy=None, ping_interval=None
+                ) as ws:
                     stats["accepted"] += 1
                     while True:
                         await ws.send(bogus)
@@ -154,8 +156,11 @@ def attacker_main(argv: list[str]) -> int:
         loop = asyncio.get_running_loop()
         stop = asyncio.Event()
         loop.add_signal_handler(signal.SIGTERM, stop.set)
-        attack = attack_observers(port, count, session_id, retry_s, stats) if kind == "observers" \
+        attack = (
+            attack_observers(port, count, session_id, retry_s, stats)
+            if kind == "observers"
             else attack_non_reading(port, count, retry_s, stats)
+        )
         asyncio.ensure_future(attack)
         await stop.wait()
         # Report and go at once: an attacker does not close politely (its sockets just vanish).
@@ -167,6 +172,7 @@ def attacker_main(argv: list[str]) -> int:
 
 
 # -- the run ---------------------------------------------------------------------------------------------
+
 
 class RssSampler:
     """Peak resident memory of a process, sampled every 0.1 s while ``running``."""
@@ -182,7 +188,7 @@ class RssSampler:
             self.peak = max(self.peak, self.process.memory_info().rss)
             time.sleep(0.1)
 
-    def __enter__(self) -> "RssSampler":
+    def __enter__(self) -> RssSampler:
         self._thread.start()
         return self
 
@@ -200,8 +206,10 @@ async def measure(args: argparse.Namespace, server: ServerProcess) -> None:
     await robot.open()
     await robot.run(args.warmup)
     count = args.observers if args.attack == "observers" else args.clients
-    sides: dict[str, dict] = {name: {"rt": [], "rss": 0, "server_cpu": 0.0, "attacker_cpu": 0.0, "wall": 0.0}
-                              for name in ("unattacked", "attacked")}
+    sides: dict[str, dict] = {
+        name: {"rt": [], "rss": 0, "server_cpu": 0.0, "attacker_cpu": 0.0, "wall": 0.0}
+        for name in ("unattacked", "attacked")
+    }
     attacker_stats = []
     server_process = psutil.Process(server.proc.pid)
 
@@ -217,9 +225,20 @@ async def measure(args: argparse.Namespace, server: ServerProcess) -> None:
         sides["unattacked"]["server_cpu"] += cpu(server_process) - server_cpu
         sides["unattacked"]["wall"] += time.monotonic() - started
         attacker = subprocess.Popen(
-            [sys.executable, __file__, "_attacker", args.attack, str(server.port), str(count), robot.session_id,
-             str(args.retry_s)],
-            cwd=REPO_ROOT, stdout=subprocess.PIPE, text=True)
+            [
+                sys.executable,
+                __file__,
+                "_attacker",
+                args.attack,
+                str(server.port),
+                str(count),
+                robot.session_id,
+                str(args.retry_s),
+            ],
+            cwd=REPO_ROOT,
+            stdout=subprocess.PIPE,
+            text=True,
+        )
         await asyncio.sleep(args.ramp_s)  # let the attack reach its steady state
         attacker_process = psutil.Process(attacker.pid)
         started, server_cpu, attacker_cpu = time.monotonic(), cpu(server_process), cpu(attacker_process)
@@ -237,18 +256,24 @@ async def measure(args: argparse.Namespace, server: ServerProcess) -> None:
     await robot.ws.close()
 
     load = os.getloadavg()
-    print(f"\nattack: {args.attack} ({count} {'observers' if args.attack == 'observers' else 'clients'}, "
-          f"retrying every {args.retry_s:g} s), "
-          f"server args {args.server_args!r}, {args.size}x{args.size} frames, {args.rounds} rounds of "
-          f"{args.requests} round trips per side; load average {load[0]:.2f} {load[1]:.2f} {load[2]:.2f}, "
-          f"{os.cpu_count()} cores")
+    print(
+        f"\nattack: {args.attack} ({count} {'observers' if args.attack == 'observers' else 'clients'}, "
+        f"retrying every {args.retry_s:g} s), "
+        f"server args {args.server_args!r}, {args.size}x{args.size} frames, {args.rounds} rounds of "
+        f"{args.requests} round trips per side; load average {load[0]:.2f} {load[1]:.2f} {load[2]:.2f}, "
+        f"{os.cpu_count()} cores"
+    )
     for name, side in sides.items():
-        print(f"{name:<11} {summary(side['rt'])}   server RSS peak {side['rss'] / 2**20:7.1f} MiB   "
-              f"CPU cores busy: server {side['server_cpu'] / side['wall']:.2f}, "
-              f"attacker {side['attacker_cpu'] / side['wall']:.2f}")
+        print(
+            f"{name:<11} {summary(side['rt'])}   server RSS peak {side['rss'] / 2**20:7.1f} MiB   "
+            f"CPU cores busy: server {side['server_cpu'] / side['wall']:.2f}, "
+            f"attacker {side['attacker_cpu'] / side['wall']:.2f}"
+        )
     base, hit = sides["unattacked"]["rt"], sides["attacked"]["rt"]
-    print(f"ratio attacked/unattacked: p50 {percentile(hit, 50) / percentile(base, 50):.2f}x, "
-          f"p99 {percentile(hit, 99) / percentile(base, 99):.2f}x (target: p99 within 2x)")
+    print(
+        f"ratio attacked/unattacked: p50 {percentile(hit, 50) / percentile(base, 50):.2f}x, "
+        f"p99 {percentile(hit, 99) / percentile(base, 99):.2f}x (target: p99 within 2x)"
+    )
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -259,8 +284,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("attack", choices=("observers", "non-reading"))
     parser.add_argument("--observers", type=int, default=1000, help="observers the attacker keeps trying to hold")
     parser.add_argument("--clients", type=int, default=4, help="non-reading connections")
-    parser.add_argument("--retry-s", type=float, default=1.0,
-                        help="a refused or closed attacking connection tries again after this long (default 1)")
+    parser.add_argument(
+        "--retry-s",
+        type=float,
+        default=1.0,
+        help="a refused or closed attacking connection tries again after this long (default 1)",
+    )
     parser.add_argument("--rounds", type=int, default=3, help="unattacked/attacked phase pairs (default 3)")
     parser.add_argument("--requests", type=int, default=60, help="round trips per phase (default 60)")
     parser.add_argument("--warmup", type=int, default=10)

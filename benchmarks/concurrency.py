@@ -42,8 +42,9 @@ sys.path.insert(0, str(BENCHMARKS))
 
 from lockstep_baseline import BaselineProcess, serving  # noqa: E402
 from realtime_roundtrip import ServerProcess, percentile  # noqa: E402
-from robot_clients.wire_codec import packb, unpackb  # noqa: E402
 from transport import CONNECT, PROMPT, SCENARIOS, VIEW_POINT, machine_description  # noqa: E402
+
+from robot_clients.wire_codec import packb, unpackb  # noqa: E402
 
 TARGETS = ("ours", "ours mb1", "lock-step")
 OURS = ["--tiny", "distilled", "--no-http", "--openpi-view-point", VIEW_POINT]  # the sidecar is not measured
@@ -72,8 +73,16 @@ class Cell:
         return [x for client in self.latencies_ms for x in client]
 
 
-async def closed_loop(url: str, frames: list[bytes], warmup: int, ready: asyncio.Event, start: asyncio.Event,
-                      until: list[float], latencies: list[float], engine_ms: list[float]) -> float:
+async def closed_loop(
+    url: str,
+    frames: list[bytes],
+    warmup: int,
+    ready: asyncio.Event,
+    start: asyncio.Event,
+    until: list[float],
+    latencies: list[float],
+    engine_ms: list[float],
+) -> float:
     """One robot: connect, warm up, then send / await reply until the window ends; returns chunks/s."""
     from websockets.asyncio.client import connect
 
@@ -131,8 +140,10 @@ async def run_cell(port: int, target: str, clients: int, seconds: float, frames:
     start, until = asyncio.Event(), [float("inf")]
     readies = [asyncio.Event() for _ in range(clients)]
     url = f"ws://127.0.0.1:{port}/"
-    robots = [asyncio.create_task(closed_loop(url, frames, 2, readies[i], start, until, cell.latencies_ms[i],
-                                              cell.engine_ms)) for i in range(clients)]
+    robots = [
+        asyncio.create_task(closed_loop(url, frames, 2, readies[i], start, until, cell.latencies_ms[i], cell.engine_ms))
+        for i in range(clients)
+    ]
     # The window opens once every robot is connected and warm (two round trips each).
     while not all(ready.is_set() for ready in readies):
         failed = [task for task in robots if task.done()]
@@ -183,9 +194,11 @@ def merge(cells: list[Cell]) -> dict[tuple[int, str], Cell]:
 
 def report(cells: list[Cell], counts: list[int]) -> None:
     merged = merge(cells)
-    header = (f"{'clients':>7} {'server':<10} | {'chunks/s':>8} {'per client':>10} {'slowest':>7} | "
-              f"{'rt p50':>7} {'rt p99':>7} {'engine p50':>10} | {'healthz p50':>11} {'p99':>7} {'n':>4} | "
-              f"{'x lock rate':>11} {'x lock rt p99':>13} {'x lock hz p99':>13}")
+    header = (
+        f"{'clients':>7} {'server':<10} | {'chunks/s':>8} {'per client':>10} {'slowest':>7} | "
+        f"{'rt p50':>7} {'rt p99':>7} {'engine p50':>10} | {'healthz p50':>11} {'p99':>7} {'n':>4} | "
+        f"{'x lock rate':>11} {'x lock rt p99':>13} {'x lock hz p99':>13}"
+    )
     print(header)
     print("-" * len(header))
     for clients in counts:
@@ -194,18 +207,25 @@ def report(cells: list[Cell], counts: list[int]) -> None:
             cell = merged[(clients, target)]
             rt = cell.all_latencies
             total = sum(cell.rates)
-            print(f"{clients:>7} {target:<10} | {total:8.2f} {np.mean(cell.rates):10.2f} {min(cell.rates):7.2f} | "
-                  f"{percentile(rt, 50):7.0f} {percentile(rt, 99):7.0f} {percentile(cell.engine_ms, 50):10.0f} | "
-                  f"{percentile(cell.health_ms, 50):11.1f} {percentile(cell.health_ms, 99):7.1f} "
-                  f"{len(cell.health_ms):>4} | {total / sum(lock.rates):11.2f} "
-                  f"{percentile(rt, 99) / percentile(lock.all_latencies, 99):13.2f} "
-                  f"{percentile(cell.health_ms, 99) / percentile(lock.health_ms, 99):13.3f}")
+            print(
+                f"{clients:>7} {target:<10} | {total:8.2f} {np.mean(cell.rates):10.2f} {min(cell.rates):7.2f} | "
+                f"{percentile(rt, 50):7.0f} {percentile(rt, 99):7.0f} {percentile(cell.engine_ms, 50):10.0f} | "
+                f"{percentile(cell.health_ms, 50):11.1f} {percentile(cell.health_ms, 99):7.1f} "
+                f"{len(cell.health_ms):>4} | {total / sum(lock.rates):11.2f} "
+                f"{percentile(rt, 99) / percentile(lock.all_latencies, 99):13.2f} "
+                f"{percentile(cell.health_ms, 99) / percentile(lock.health_ms, 99):13.3f}"
+            )
         print()
-    busy = {t: sum(merged[(c, t)].health_busy for c in counts) / sum(len(merged[(c, t)].health_ms) for c in counts)
-            for t in TARGETS if t != "lock-step"}
-    print("share of /healthz probes answered while the engine was busy: "
-          + ", ".join(f"{t} {share:.0%}" for t, share in busy.items())
-          + " (the lock-step server cannot answer during inference, so it cannot say)")
+    busy = {
+        t: sum(merged[(c, t)].health_busy for c in counts) / sum(len(merged[(c, t)].health_ms) for c in counts)
+        for t in TARGETS
+        if t != "lock-step"
+    }
+    print(
+        "share of /healthz probes answered while the engine was busy: "
+        + ", ".join(f"{t} {share:.0%}" for t, share in busy.items())
+        + " (the lock-step server cannot answer during inference, so it cannot say)"
+    )
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -220,11 +240,12 @@ def main(argv: list[str] | None = None) -> int:
     print(machine_description())
     with serving(STARTERS) as servers:
         started = time.monotonic()
-        cells = run_grid({name: process.port for name, process in servers.items()}, counts, args.seconds,
-                         args.passes)
+        cells = run_grid({name: process.port for name, process in servers.items()}, counts, args.seconds, args.passes)
         print(f"measured in {time.monotonic() - started:.0f} s; after: {machine_description()}")
-    print(f"openpi endpoint, {SCENARIOS[0].description}, closed loop per client, {args.seconds:g} s per cell "
-          f"x {args.passes} pass(es); prompt {PROMPT!r}")
+    print(
+        f"openpi endpoint, {SCENARIOS[0].description}, closed loop per client, {args.seconds:g} s per cell "
+        f"x {args.passes} pass(es); prompt {PROMPT!r}"
+    )
     report(cells, counts)
     if args.json:
         Path(args.json).write_text(json.dumps([vars(c) for c in cells]))

@@ -66,15 +66,21 @@ class Tokens:
     action: int
 
 
-def tokens_for(geometry: Geometry, config: dict, text_tokens: int = DEFAULT_TEXT_TOKENS,
-               vae_spatial: int = 16, vae_temporal: int = 4) -> Tokens:
+def tokens_for(
+    geometry: Geometry,
+    config: dict,
+    text_tokens: int = DEFAULT_TEXT_TOKENS,
+    vae_spatial: int = 16,
+    vae_temporal: int = 4,
+) -> Tokens:
     """Token counts of a policy request: the content's latent (canvas padding removed), patched 2x2."""
     from cosmos3_runtime.frame_preprocessing import canvas_for
 
     canvas = canvas_for(geometry.height, geometry.width, geometry.tier)
     patch = config["latent_patch_size"]
-    per_frame = (math.ceil(max(canvas.content_height // vae_spatial, 1) / patch)
-                 * math.ceil(max(canvas.content_width // vae_spatial, 1) / patch))
+    per_frame = math.ceil(max(canvas.content_height // vae_spatial, 1) / patch) * math.ceil(
+        max(canvas.content_width // vae_spatial, 1) / patch
+    )
     latent_frames = geometry.horizon // vae_temporal + 1
     return Tokens(text_tokens, per_frame * latent_frames, per_frame * (latent_frames - 1), geometry.horizon)
 
@@ -139,16 +145,30 @@ class ChunkCost:
         """max(compute, memory) per forward, plus the encode's compute, in ms on an H200."""
         per_forward_compute = self.transformer_flops / self.forwards / H200_BF16_FLOPS
         per_forward_memory = self.weight_bytes / self.forwards / H200_BYTES_PER_S
-        return (self.encode_flops / H200_BF16_FLOPS + self.forwards * max(per_forward_compute, per_forward_memory)) * 1e3
+        return (
+            self.encode_flops / H200_BF16_FLOPS + self.forwards * max(per_forward_compute, per_forward_memory)
+        ) * 1e3
 
     @property
     def bound(self) -> str:
-        return "memory" if self.weight_bytes / H200_BYTES_PER_S > self.transformer_flops / H200_BF16_FLOPS else "compute"
+        return (
+            "memory" if self.weight_bytes / H200_BYTES_PER_S > self.transformer_flops / H200_BF16_FLOPS else "compute"
+        )
 
 
-def chunk_cost(shape_name: str, config: dict, vae_config: dict, geometry: Geometry, *, steps: int,
-               guided_steps: int = 0, prefix_cache: bool = True, text_tokens: int = DEFAULT_TEXT_TOKENS,
-               schedule: str = "", batch: int = 1) -> ChunkCost:
+def chunk_cost(
+    shape_name: str,
+    config: dict,
+    vae_config: dict,
+    geometry: Geometry,
+    *,
+    steps: int,
+    guided_steps: int = 0,
+    prefix_cache: bool = True,
+    text_tokens: int = DEFAULT_TEXT_TOKENS,
+    schedule: str = "",
+    batch: int = 1,
+) -> ChunkCost:
     """The cost of ``batch`` policy chunks run together: ``steps`` forwards, ``guided_steps`` of them
     with a second (unconditional) pass; text computed on each pass's first forward only if cached."""
     from cosmos3_runtime.frame_preprocessing import canvas_for
@@ -173,21 +193,44 @@ def table(batch: int = 1) -> list[ChunkCost]:
     rows = []
     for name, shape in PUBLISHED_SHAPES.items():
         for geometry in GEOMETRIES:
-            rows.append(chunk_cost(name, shape.transformer_config, shape.vae_config, geometry, steps=4,
-                                   schedule="distilled, 4 steps", batch=batch))
-            rows.append(chunk_cost(name, shape.transformer_config, shape.vae_config, geometry, steps=35,
-                                   guided_steps=35, schedule="base, 35 steps, guidance", batch=batch))
+            rows.append(
+                chunk_cost(
+                    name,
+                    shape.transformer_config,
+                    shape.vae_config,
+                    geometry,
+                    steps=4,
+                    schedule="distilled, 4 steps",
+                    batch=batch,
+                )
+            )
+            rows.append(
+                chunk_cost(
+                    name,
+                    shape.transformer_config,
+                    shape.vae_config,
+                    geometry,
+                    steps=35,
+                    guided_steps=35,
+                    schedule="base, 35 steps, guidance",
+                    batch=batch,
+                )
+            )
     return rows
 
 
 def markdown(rows: list[ChunkCost]) -> str:
-    lines = ["| shape | geometry | schedule | tokens (text + vision + action) | forwards | encode TFLOP | "
-             "transformer TFLOP | H200 floor ms | bound |",
-             "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+    lines = [
+        "| shape | geometry | schedule | tokens (text + vision + action) | forwards | encode TFLOP | "
+        "transformer TFLOP | H200 floor ms | bound |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- |",
+    ]
     for r in rows:
         t = r.tokens
-        lines.append(f"| {r.shape} | {r.geometry} | {r.schedule} | {t.text} + {t.vision} + {t.action} | {r.forwards} | "
-                     f"{r.encode_flops / 1e12:.2f} | {r.transformer_flops / 1e12:.2f} | {r.floor_ms:.1f} | {r.bound} |")
+        lines.append(
+            f"| {r.shape} | {r.geometry} | {r.schedule} | {t.text} + {t.vision} + {t.action} | {r.forwards} | "
+            f"{r.encode_flops / 1e12:.2f} | {r.transformer_flops / 1e12:.2f} | {r.floor_ms:.1f} | {r.bound} |"
+        )
     return "\n".join(lines)
 
 

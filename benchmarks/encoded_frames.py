@@ -40,9 +40,9 @@ REPO_ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO_ROOT))
 
 from policy_server.media.image_decoding import decode_image  # noqa: E402
-from robot_clients.protocol import FrameLimits  # noqa: E402
 from robot_clients.frame_encoding import ImageEncoding, encode_frame  # noqa: E402
 from robot_clients.frame_sizing import canvas_bins, resize_frame, send_size  # noqa: E402
+from robot_clients.protocol import FrameLimits  # noqa: E402
 
 DEFAULT_TIER = 256
 LIMITS = FrameLimits(min_image_side=32, max_image_side=4096, max_clip_frames=65)
@@ -81,8 +81,10 @@ def camera_frames(count: int, height: int = 480, width: int = 640) -> tuple[str,
         source = "MuJoCo arm, front camera"
     except Exception as exc:  # noqa: BLE001 - no EGL here: a synthetic scene instead, said in the output
         y, x = np.mgrid[0:height, 0:width].astype(np.float32)
-        frames = [np.stack([128 + 100 * np.sin(x / (31 + i)), 128 + 100 * np.cos(y / 23), (x + y) % 256], -1)
-                  for i in range(count)]
+        frames = [
+            np.stack([128 + 100 * np.sin(x / (31 + i)), 128 + 100 * np.cos(y / 23), (x + y) % 256], -1)
+            for i in range(count)
+        ]
         source = f"synthetic scene (MuJoCo unavailable: {exc})"
     noisy = [np.clip(f.astype(np.float32) + rng.normal(0, 2.0, f.shape), 0, 255).astype(np.uint8) for f in frames]
     return source + ", sensor noise sigma 2 levels", noisy
@@ -109,8 +111,9 @@ def main() -> None:
     size = send_size(*frames[0].shape[:2], canvas_bins(canvas_table(), args.tier))
 
     def actions(image: np.ndarray, seed: int = 0) -> np.ndarray:
-        return engine.predict_actions(ActionRequest(domain_name=domain, image=image, resolution_tier=args.tier,
-                                                    seed=seed)).actions
+        return engine.predict_actions(
+            ActionRequest(domain_name=domain, image=image, resolution_tier=args.tier, seed=seed)
+        ).actions
 
     def canvas(image: np.ndarray) -> torch.Tensor:
         return engine.sampler.preprocess(image[None], args.tier, 1)[0]
@@ -144,14 +147,21 @@ def main() -> None:
             row["max"].append(float(np.abs(difference).max()))
             row["mean"].append(float(np.abs(difference).mean()))
 
-    print(f"frames: {len(frames)} × {frames[0].shape[0]}×{frames[0].shape[1]} ({scene_source}); tier {args.tier}, seed 0, "
-          f"{engine.describe()['variant']} checkpoint {args.model or '(tiny, random)'}, domain {domain}; resized = {size.height}×{size.width}"
-          f" (exact: {size.exact})")
-    print(f"yardsticks: mean |action| {np.mean(reference_abs):.3g}; seed 1 instead of 0 (same frame): max abs "
-          f"{np.mean(seed_max):.3g}, mean abs {np.mean(seed_mean):.3g}; the next frame instead (same seed; canvas Δ "
-          f"{np.mean(pose_pixels):.3g} levels): max abs {np.mean(pose_max):.3g}, mean abs {np.mean(pose_mean):.3g}")
-    header = f"{'form on the wire':<18} | {'bytes/frame':>11} {'x raw':>6} | {'canvas Δ':>8} | {'actions Δ max':>13} " \
-             f"{'Δ mean':>9} | {'Δ mean / next Δ':>15}"
+    print(
+        f"frames: {len(frames)} × {frames[0].shape[0]}×{frames[0].shape[1]} ({scene_source}); tier {args.tier}, "
+        f"seed 0, {engine.describe()['variant']} checkpoint {args.model or '(tiny, random)'}, domain {domain}; "
+        f"resized = {size.height}×{size.width}"
+        f" (exact: {size.exact})"
+    )
+    print(
+        f"yardsticks: mean |action| {np.mean(reference_abs):.3g}; seed 1 instead of 0 (same frame): max abs "
+        f"{np.mean(seed_max):.3g}, mean abs {np.mean(seed_mean):.3g}; the next frame instead (same seed; canvas Δ "
+        f"{np.mean(pose_pixels):.3g} levels): max abs {np.mean(pose_max):.3g}, mean abs {np.mean(pose_mean):.3g}"
+    )
+    header = (
+        f"{'form on the wire':<18} | {'bytes/frame':>11} {'x raw':>6} | {'canvas Δ':>8} | {'actions Δ max':>13} "
+        f"{'Δ mean':>9} | {'Δ mean / next Δ':>15}"
+    )
     print(header)
     print("-" * len(header))
     raw_bytes = frames[0].nbytes
@@ -159,11 +169,15 @@ def main() -> None:
     for label, _, _ in VARIANTS:
         row = rows[label]
         mean_bytes = float(np.mean(row["bytes"]))
-        print(f"{label:<18} | {mean_bytes:>11,.0f} {mean_bytes / raw_bytes:>6.3f} | {np.mean(row['pixels']):>8.3f} | "
-              f"{np.mean(row['max']):>13.3g} {np.mean(row['mean']):>9.3g} | "
-              f"{np.mean(row['mean']) / np.mean(pose_mean):>15.3g}")
-    print("canvas Δ: mean |pixel difference| of the VAE's input canvas, in uint8 levels; action columns: mean over "
-          "the frames of each frame's max / mean |Δ| against raw")
+        print(
+            f"{label:<18} | {mean_bytes:>11,.0f} {mean_bytes / raw_bytes:>6.3f} | {np.mean(row['pixels']):>8.3f} | "
+            f"{np.mean(row['max']):>13.3g} {np.mean(row['mean']):>9.3g} | "
+            f"{np.mean(row['mean']) / np.mean(pose_mean):>15.3g}"
+        )
+    print(
+        "canvas Δ: mean |pixel difference| of the VAE's input canvas, in uint8 levels; action columns: mean over "
+        "the frames of each frame's max / mean |Δ| against raw"
+    )
 
 
 if __name__ == "__main__":

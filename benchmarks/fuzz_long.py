@@ -39,17 +39,32 @@ def main(argv: list[str] | None = None) -> int:
     seed = args.seed if args.seed is not None else random.randrange(2**32)
     rounds = 0
     while time.monotonic() < deadline:
-        env = {**os.environ, "FUZZ_SEED": str(seed), "FUZZ_EXAMPLES": str(args.examples),
-               "HYPOTHESIS_SEED": str(seed)}
+        env = {**os.environ, "FUZZ_SEED": str(seed), "FUZZ_EXAMPLES": str(args.examples), "HYPOTHESIS_SEED": str(seed)}
         print(f"round {rounds + 1}: seed {seed}, {args.examples} examples per property", flush=True)
         started = time.monotonic()
-        result = subprocess.run([sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider",
-                                 f"--hypothesis-seed={seed}", *args.tests], cwd=REPO, env=env)
+        result = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "pytest",
+                "-q",
+                "-x",
+                "-p",
+                "no:cacheprovider",
+                f"--hypothesis-seed={seed}",
+                *args.tests,
+            ],
+            cwd=REPO,
+            env=env,
+        )
         rounds += 1
         print(f"round {rounds}: exit {result.returncode} in {time.monotonic() - started:.0f} s", flush=True)
         if result.returncode != 0:
-            print(f"FAILED with seed {seed}; replay: FUZZ_SEED={seed} FUZZ_EXAMPLES={args.examples} "
-                  f".venv/bin/python -m pytest --hypothesis-seed={seed} {' '.join(args.tests)}", flush=True)
+            print(
+                f"FAILED with seed {seed}; replay: FUZZ_SEED={seed} FUZZ_EXAMPLES={args.examples} "
+                f".venv/bin/python -m pytest --hypothesis-seed={seed} {' '.join(args.tests)}",
+                flush=True,
+            )
             return result.returncode
         seed = random.randrange(2**32)
     print(f"{rounds} round(s), no failure", flush=True)

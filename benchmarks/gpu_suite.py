@@ -53,7 +53,6 @@ sys.path.insert(0, str(BENCHMARKS))
 import cost_model  # noqa: E402
 import host_prep_overlap  # noqa: E402
 
-
 Geometry = cost_model.Geometry
 # The 256 tier with a 224x224 camera and chunk 16, and DROID's geometry (180x320 cameras, 480 tier, chunk 32).
 GEOMETRIES = (cost_model.GEOMETRIES[0], cost_model.GEOMETRIES[2])
@@ -104,8 +103,10 @@ def build_checkpoints(workdir: Path, smoke: bool, device: str, log) -> dict[str,
 
     started = time.perf_counter()
     if smoke:
-        paths = {"distilled": build_tiny_checkpoint(workdir / "edge-distilled", "edge-distilled"),
-                 "base": build_tiny_checkpoint(workdir / "edge", "edge")}
+        paths = {
+            "distilled": build_tiny_checkpoint(workdir / "edge-distilled", "edge-distilled"),
+            "base": build_tiny_checkpoint(workdir / "edge", "edge"),
+        }
     else:
         from cosmos3_runtime.checkpoint_shapes import build_shaped_checkpoint
 
@@ -129,8 +130,18 @@ def packed_tokens(engine, request) -> dict:
     return {"text": int(full["und_len"]), "vision": int(full["num_vision_tokens"]), "action": int(full["action_len"])}
 
 
-def measure(engine, geometry: Geometry, *, batch: int, repeats: int, warmup: int, cell: Cell, device: str,
-            peak_flops: float | None, num_steps: int | None = None) -> Cell:
+def measure(
+    engine,
+    geometry: Geometry,
+    *,
+    batch: int,
+    repeats: int,
+    warmup: int,
+    cell: Cell,
+    device: str,
+    peak_flops: float | None,
+    num_steps: int | None = None,
+) -> Cell:
     """p50/p99 of ``predict_actions_batch`` over ``repeats`` calls of ``batch`` distinct requests."""
     import torch
 
@@ -141,8 +152,17 @@ def measure(engine, geometry: Geometry, *, batch: int, repeats: int, warmup: int
     images = [rng.integers(0, 256, (geometry.height, geometry.width, 3), dtype=np.uint8) for _ in range(batch)]
 
     def requests(seed: int):
-        return [ActionRequest(domain_name=domain, image=image, seed=seed + i, action_horizon=geometry.horizon,
-                              resolution_tier=geometry.tier, num_steps=num_steps) for i, image in enumerate(images)]
+        return [
+            ActionRequest(
+                domain_name=domain,
+                image=image,
+                seed=seed + i,
+                action_horizon=geometry.horizon,
+                resolution_tier=geometry.tier,
+                num_steps=num_steps,
+            )
+            for i, image in enumerate(images)
+        ]
 
     for i in range(warmup):
         engine.predict_actions_batch(requests(1000 + i))
@@ -168,8 +188,16 @@ def measure(engine, geometry: Geometry, *, batch: int, repeats: int, warmup: int
     config = dict(engine.pipe.transformer.config)
     steps = len(engine.info.distilled_sigmas) if engine.info.is_distilled else forwards // 2
     cost = cost_model.chunk_cost(
-        "edge", config, dict(engine.pipe.vae.config), geometry, steps=steps, guided_steps=forwards - steps, prefix_cache=cell.prefix_cache, text_tokens=tokens["text"],
-        batch=batch)
+        "edge",
+        config,
+        dict(engine.pipe.vae.config),
+        geometry,
+        steps=steps,
+        guided_steps=forwards - steps,
+        prefix_cache=cell.prefix_cache,
+        text_tokens=tokens["text"],
+        batch=batch,
+    )
     cell.flops = cost.flops
     cell.achieved_tflops = cost.flops / (cell.p50_ms / 1000.0) / 1e12
     if peak_flops:  # the H200's: on another device these columns stay empty
@@ -179,16 +207,27 @@ def measure(engine, geometry: Geometry, *, batch: int, repeats: int, warmup: int
     return cell
 
 
-def serving_overhead(checkpoint: Path, geometry: Geometry, requests: int, device: str, log,
-                     warmup: bool = True) -> dict:
+def serving_overhead(
+    checkpoint: Path, geometry: Geometry, requests: int, device: str, log, warmup: bool = True
+) -> dict:
     """Round trips through ``python -m policy_server.cli`` on this machine, minus the engine's own time."""
     from realtime_roundtrip import ServerProcess
 
     from robot_clients.policy_client import PolicyClient
 
     started = time.perf_counter()
-    server = ServerProcess(["--model", str(checkpoint), "--device", device, "--max-batch", "1", "--no-openpi",
-                            *([] if warmup else ["--no-warmup"])])
+    server = ServerProcess(
+        [
+            "--model",
+            str(checkpoint),
+            "--device",
+            device,
+            "--max-batch",
+            "1",
+            "--no-openpi",
+            *([] if warmup else ["--no-warmup"]),
+        ]
+    )
     try:
         server.wait_ready(timeout=600)
         ready_s = time.perf_counter() - started
@@ -196,8 +235,11 @@ def serving_overhead(checkpoint: Path, geometry: Geometry, requests: int, device
         images = [rng.integers(0, 256, (geometry.height, geometry.width, 3), dtype=np.uint8) for _ in range(4)]
         round_trip, engine_ms = [], []
         with PolicyClient(f"ws://127.0.0.1:{server.port}") as client:
-            client.configure(domain_name=client.metadata["defaults"]["domain_name"],
-                             action_horizon=geometry.horizon, resolution_tier=geometry.tier)
+            client.configure(
+                domain_name=client.metadata["defaults"]["domain_name"],
+                action_horizon=geometry.horizon,
+                resolution_tier=geometry.tier,
+            )
             unmeasured = min(3, requests)  # the first requests pay one-time costs
             for i in range(requests + unmeasured):
                 sent = time.perf_counter()
@@ -208,27 +250,38 @@ def serving_overhead(checkpoint: Path, geometry: Geometry, requests: int, device
     finally:
         server.stop()
     over = [r - e for r, e in zip(round_trip, engine_ms)]
-    figures = {"geometry": geometry.name, "requests": requests, "server_ready_s": ready_s,
-               "round_trip_p50_ms": statistics.median(round_trip), "round_trip_p99_ms": percentile(round_trip, 99),
-               "engine_p50_ms": statistics.median(engine_ms), "overhead_p50_ms": statistics.median(over),
-               "overhead_p99_ms": percentile(over, 99)}
+    figures = {
+        "geometry": geometry.name,
+        "requests": requests,
+        "server_ready_s": ready_s,
+        "round_trip_p50_ms": statistics.median(round_trip),
+        "round_trip_p99_ms": percentile(round_trip, 99),
+        "engine_p50_ms": statistics.median(engine_ms),
+        "overhead_p50_ms": statistics.median(over),
+        "overhead_p99_ms": percentile(over, 99),
+    }
     figures["overhead_share_p50"] = figures["overhead_p50_ms"] / figures["round_trip_p50_ms"]
-    log(f"serving: rt p50 {figures['round_trip_p50_ms']:.1f} ms, engine p50 {figures['engine_p50_ms']:.1f} ms, "
-        f"overhead p50 {figures['overhead_p50_ms']:.2f} ms")
+    log(
+        f"serving: rt p50 {figures['round_trip_p50_ms']:.1f} ms, engine p50 {figures['engine_p50_ms']:.1f} ms, "
+        f"overhead p50 {figures['overhead_p50_ms']:.2f} ms"
+    )
     return figures
 
 
 def markdown(report: dict) -> str:
     env = report["environment"]
     loaded = env.get("memory_allocated_after_load_gib")
-    lines = [f"GPU suite: {env['device_name']}, torch {env['torch']}, {env['dtype']}, "
-             f"{'SMOKE (tiny checkpoints)' if report['smoke'] else 'Edge shape (3.37 B, random weights)'}, "
-             f"{report['started']}; total {report['total_s']:.0f} s"
-             + (f"; {loaded:.1f} GiB allocated once both engines loaded" if loaded else ""), "",
-             "| group | schedule | geometry | batch | prefix cache | compile | n | p50 ms | p99 ms | chunks/s | "
-             "forwards | tokens t+v+a | TFLOP/chunk | achieved TFLOP/s | of peak | floor ms | p50/floor | "
-             "peak GiB | note |",
-             "| " + " | ".join(["---"] * 19) + " |"]
+    lines = [
+        f"GPU suite: {env['device_name']}, torch {env['torch']}, {env['dtype']}, "
+        f"{'SMOKE (tiny checkpoints)' if report['smoke'] else 'Edge shape (3.37 B, random weights)'}, "
+        f"{report['started']}; total {report['total_s']:.0f} s"
+        + (f"; {loaded:.1f} GiB allocated once both engines loaded" if loaded else ""),
+        "",
+        "| group | schedule | geometry | batch | prefix cache | compile | n | p50 ms | p99 ms | chunks/s | "
+        "forwards | tokens t+v+a | TFLOP/chunk | achieved TFLOP/s | of peak | floor ms | p50/floor | "
+        "peak GiB | note |",
+        "| " + " | ".join(["---"] * 19) + " |",
+    ]
 
     def fmt(value, spec):
         return "-" if value is None else format(value, spec)
@@ -237,25 +290,35 @@ def markdown(report: dict) -> str:
         t = c["tokens"]
         tokens = f"{t['text']}+{t['vision']}+{t['action']}" if t else "-"
         lines.append(
-            f"| {c['group']} | {c['schedule']} | {c['geometry']} | {c['batch']} | {'on' if c['prefix_cache'] else 'off'} "
-            f"| {'on' if c['compiled'] else 'off'} | {c['repeats']} | {fmt(c['p50_ms'], '.1f')} | "
+            f"| {c['group']} | {c['schedule']} | {c['geometry']} | {c['batch']} "
+            f"| {'on' if c['prefix_cache'] else 'off'} | {'on' if c['compiled'] else 'off'} | {c['repeats']} | "
+            f"{fmt(c['p50_ms'], '.1f')} | "
             f"{fmt(c['p99_ms'], '.1f')} | {fmt(c['chunks_per_s'], '.1f')} | {fmt(c['forwards'], 'd')} | {tokens} | "
             f"{fmt(c['flops'] and c['flops'] / 1e12, '.2f')} | {fmt(c['achieved_tflops'], '.1f')} | "
             f"{fmt(c['fraction_of_peak'], '.1%')} | {fmt(c['floor_ms'], '.2f')} | {fmt(c['p50_over_floor'], '.1f')} | "
-            f"{fmt(c['peak_memory_gib'], '.1f')} | {c['note']} |")
+            f"{fmt(c['peak_memory_gib'], '.1f')} | {c['note']} |"
+        )
     overlap = report.get("host_prep_overlap")
     if overlap:
-        lines += ["", f"Host-prep overlap ({overlap['robots']} robots in closed loop, 480x640 frames, 256 tier, "
-                      f"batch {overlap['max_batch']}, {overlap['rounds']} rounds of {overlap['observations']} "
-                      f"observations each):", "", host_prep_overlap.table(overlap)]
+        lines += [
+            "",
+            f"Host-prep overlap ({overlap['robots']} robots in closed loop, 480x640 frames, 256 tier, "
+            f"batch {overlap['max_batch']}, {overlap['rounds']} rounds of {overlap['observations']} "
+            f"observations each):",
+            "",
+            host_prep_overlap.table(overlap),
+        ]
     serving = report.get("serving")
     if serving:
-        lines += ["", f"Serving through a real server ({serving['geometry']}, {serving['requests']} sequential "
-                      f"requests): round trip p50 {serving['round_trip_p50_ms']:.1f} ms (p99 "
-                      f"{serving['round_trip_p99_ms']:.1f}), engine p50 {serving['engine_p50_ms']:.1f} ms, overhead "
-                      f"p50 {serving['overhead_p50_ms']:.2f} ms (p99 {serving['overhead_p99_ms']:.2f}), "
-                      f"{serving['overhead_share_p50']:.1%} of the round trip; server ready in "
-                      f"{serving['server_ready_s']:.0f} s."]
+        lines += [
+            "",
+            f"Serving through a real server ({serving['geometry']}, {serving['requests']} sequential "
+            f"requests): round trip p50 {serving['round_trip_p50_ms']:.1f} ms (p99 "
+            f"{serving['round_trip_p99_ms']:.1f}), engine p50 {serving['engine_p50_ms']:.1f} ms, overhead "
+            f"p50 {serving['overhead_p50_ms']:.2f} ms (p99 {serving['overhead_p99_ms']:.2f}), "
+            f"{serving['overhead_share_p50']:.1%} of the round trip; server ready in "
+            f"{serving['server_ready_s']:.0f} s.",
+        ]
     return "\n".join(lines) + "\n"
 
 
@@ -264,8 +327,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, default=Path("bench-gpu-results"), help="folder for JSON and markdown")
     parser.add_argument("--smoke", action="store_true", help="tiny checkpoints, few repeats (CPU is fine)")
     parser.add_argument("--workdir", type=Path, default=None, help="where checkpoints are built (default: a temp dir)")
-    parser.add_argument("--budget-s", type=float, default=420.0,
-                        help="cells that would start past this many seconds are skipped (default 420)")
+    parser.add_argument(
+        "--budget-s",
+        type=float,
+        default=420.0,
+        help="cells that would start past this many seconds are skipped (default 420)",
+    )
     parser.add_argument("--no-compile", action="store_true", help="skip the torch.compile cells")
     args = parser.parse_args(argv)
 
@@ -285,12 +352,21 @@ def main(argv: list[str] | None = None) -> int:
     from cosmos3_runtime.engine import Cosmos3Engine
 
     peak = cost_model.H200_BF16_FLOPS if device == "cuda" else None
-    environment = {"device": device, "device_name": torch.cuda.get_device_name() if device == "cuda" else
-                   platform.processor() or platform.machine(), "torch": torch.__version__,
-                   "dtype": "bfloat16" if device == "cuda" else "float32", "python": platform.python_version(),
-                   "peak_bf16_flops_used": peak}
-    report = {"smoke": args.smoke, "started": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()),
-              "environment": environment, "cells": [], "serving": None}
+    environment = {
+        "device": device,
+        "device_name": torch.cuda.get_device_name() if device == "cuda" else platform.processor() or platform.machine(),
+        "torch": torch.__version__,
+        "dtype": "bfloat16" if device == "cuda" else "float32",
+        "python": platform.python_version(),
+        "peak_bf16_flops_used": peak,
+    }
+    report = {
+        "smoke": args.smoke,
+        "started": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()),
+        "environment": environment,
+        "cells": [],
+        "serving": None,
+    }
     workdir = args.workdir or Path(tempfile.mkdtemp(prefix="cosmos3-gpu-suite-"))
     # The smoke run proves the script end to end in seconds: one or two calls per cell, a 3-step base.
     repeats = {"distilled": 1, "base": 1, "batch": 1} if args.smoke else {"distilled": 30, "base": 8, "batch": 15}
@@ -315,14 +391,24 @@ def main(argv: list[str] | None = None) -> int:
         if device == "cuda":  # both engines' weights (the base twin's are a second copy of the same shape)
             environment["memory_allocated_after_load_gib"] = torch.cuda.memory_allocated() / 2**30
 
-        def run_cell(cell: Cell, engine, geometry: Geometry, reps: int, batch: int = 1,
-                     num_steps: int | None = None) -> None:
+        def run_cell(
+            cell: Cell, engine, geometry: Geometry, reps: int, batch: int = 1, num_steps: int | None = None
+        ) -> None:
             if budget.left() < 10:
                 cell.note = "skipped: time budget"
             else:
                 try:
-                    measure(engine, geometry, batch=batch, repeats=reps, warmup=warmup, cell=cell, device=device,
-                            peak_flops=peak, num_steps=num_steps)
+                    measure(
+                        engine,
+                        geometry,
+                        batch=batch,
+                        repeats=reps,
+                        warmup=warmup,
+                        cell=cell,
+                        device=device,
+                        peak_flops=peak,
+                        num_steps=num_steps,
+                    )
                 except Exception as exc:  # record and go on: the other cells still count
                     cell.note = f"failed: {type(exc).__name__}: {exc}"[:200]
             report["cells"].append(asdict(cell))
@@ -330,24 +416,43 @@ def main(argv: list[str] | None = None) -> int:
             write()
 
         for geometry in GEOMETRIES:
-            run_cell(Cell("schedule", "distilled, 4 steps", geometry.name), engines["distilled"], geometry,
-                     repeats["distilled"])
-            run_cell(Cell("schedule", f"base, {base_steps or 35} steps, guidance 6", geometry.name), engines["base"],
-                     geometry, repeats["base"], num_steps=base_steps)
+            run_cell(
+                Cell("schedule", "distilled, 4 steps", geometry.name),
+                engines["distilled"],
+                geometry,
+                repeats["distilled"],
+            )
+            run_cell(
+                Cell("schedule", f"base, {base_steps or 35} steps, guidance 6", geometry.name),
+                engines["base"],
+                geometry,
+                repeats["base"],
+                num_steps=base_steps,
+            )
         for geometry in swept:
             for batch in batches:
-                run_cell(Cell("batch", "distilled, 4 steps", geometry.name, batch=batch), engines["distilled"],
-                         geometry, repeats["batch"], batch=batch)
+                run_cell(
+                    Cell("batch", "distilled, 4 steps", geometry.name, batch=batch),
+                    engines["distilled"],
+                    geometry,
+                    repeats["batch"],
+                    batch=batch,
+                )
         cache = engines["distilled"].sampler.prefix_cache
         engines["distilled"].sampler.prefix_cache = None
         for geometry in swept:
-            run_cell(Cell("prefix cache", "distilled, 4 steps", geometry.name, prefix_cache=False),
-                     engines["distilled"], geometry, repeats["distilled"])
+            run_cell(
+                Cell("prefix cache", "distilled, 4 steps", geometry.name, prefix_cache=False),
+                engines["distilled"],
+                geometry,
+                repeats["distilled"],
+            )
         engines["distilled"].sampler.prefix_cache = cache
 
         if args.smoke or budget.left() > 150:
-            report["serving"] = serving_overhead(paths["distilled"], GEOMETRIES[0], 3 if args.smoke else 50,
-                                                 device, log, warmup=not args.smoke)
+            report["serving"] = serving_overhead(
+                paths["distilled"], GEOMETRIES[0], 3 if args.smoke else 50, device, log, warmup=not args.smoke
+            )
             write()
         else:
             report["serving_note"] = "skipped: time budget"
@@ -358,26 +463,41 @@ def main(argv: list[str] | None = None) -> int:
             engine = engines["distilled"]
             robots, batch = (2, 1) if args.smoke else (4, 2)
             requests = host_prep_overlap.camera_requests(engine, robots, 480, 640, 256, None)
-            report["host_prep_overlap"] = asyncio.run(host_prep_overlap.compare(
-                engine, requests, max_batch=batch, observations=2 if args.smoke else 20,
-                rounds=1 if args.smoke else 2, log=log))
+            report["host_prep_overlap"] = asyncio.run(
+                host_prep_overlap.compare(
+                    engine,
+                    requests,
+                    max_batch=batch,
+                    observations=2 if args.smoke else 20,
+                    rounds=1 if args.smoke else 2,
+                    log=log,
+                )
+            )
             write()
         else:
             report["host_prep_overlap_note"] = "skipped: time budget"
 
         if args.smoke or args.no_compile:
-            report["cells"].append(asdict(Cell("compile", "distilled, 4 steps", "-", compiled=True,
-                                               note="skipped: --smoke or --no-compile")))
+            report["cells"].append(
+                asdict(
+                    Cell("compile", "distilled, 4 steps", "-", compiled=True, note="skipped: --smoke or --no-compile")
+                )
+            )
         elif budget.left() < 120:
-            report["cells"].append(asdict(Cell("compile", "distilled, 4 steps", "-", compiled=True,
-                                               note="skipped: time budget")))
+            report["cells"].append(
+                asdict(Cell("compile", "distilled, 4 steps", "-", compiled=True, note="skipped: time budget"))
+            )
         else:
             del engines["base"]
             compiled = Cosmos3Engine.load(paths["distilled"], compile=True)
             for geometry in GEOMETRIES:
                 started = time.perf_counter()
-                run_cell(Cell("compile", "distilled, 4 steps", geometry.name, compiled=True), compiled, geometry,
-                         repeats["distilled"])
+                run_cell(
+                    Cell("compile", "distilled, 4 steps", geometry.name, compiled=True),
+                    compiled,
+                    geometry,
+                    repeats["distilled"],
+                )
                 report["cells"][-1]["note"] += f" (with compilation: {time.perf_counter() - started:.0f} s)"
         write()
     finally:

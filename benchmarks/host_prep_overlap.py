@@ -47,8 +47,11 @@ class _Robot:
         from policy_server.engine.request_queue import PendingObservation
 
         self.left -= 1
-        self.queue.put(PendingObservation(session_id=self.name, seq=self.left, request=self.request, owner=self,
-                                          received_at=time.monotonic()))
+        self.queue.put(
+            PendingObservation(
+                session_id=self.name, seq=self.left, request=self.request, owner=self, received_at=time.monotonic()
+            )
+        )
 
     def on_result(self, item, outcome) -> None:
         if outcome.error is not None:
@@ -71,8 +74,9 @@ async def run_once(engine, requests: list, *, overlap: bool, max_batch: int, obs
 
     loop = asyncio.get_running_loop()
     queue, done, finished = RequestQueue(), asyncio.Event(), set()
-    worker = EngineWorker(lambda: engine, queue, loop, warmup=False,
-                          batching=BatchPolicy(max_batch=max_batch, overlap_host_prep=overlap))
+    worker = EngineWorker(
+        lambda: engine, queue, loop, warmup=False, batching=BatchPolicy(max_batch=max_batch, overlap_host_prep=overlap)
+    )
     worker.start()
     await worker.wait_ready()
 
@@ -91,10 +95,13 @@ async def run_once(engine, requests: list, *, overlap: bool, max_batch: int, obs
     await loop.run_in_executor(None, worker.stop, 60)
     outcomes = [o for robot in robots for o in robot.outcomes]
     counters = worker.counters
-    return {"gaps_ms": [g * 1e3 for g in worker.idle_gaps.samples],
-            "prep_ms": [o.chunk.timing.preprocess_ms for o in outcomes],
-            "overlapped": counters.overlapped_preps, "inline": counters.inline_preps,
-            "chunks_per_s": len(outcomes) / elapsed}
+    return {
+        "gaps_ms": [g * 1e3 for g in worker.idle_gaps.samples],
+        "prep_ms": [o.chunk.timing.preprocess_ms for o in outcomes],
+        "overlapped": counters.overlapped_preps,
+        "inline": counters.inline_preps,
+        "chunks_per_s": len(outcomes) / elapsed,
+    }
 
 
 async def compare(engine, requests: list, *, max_batch: int, observations: int, rounds: int, log=print) -> dict:
@@ -102,10 +109,13 @@ async def compare(engine, requests: list, *, max_batch: int, observations: int, 
     runs: dict[str, list[dict]] = {"on": [], "off": []}
     for index in range(rounds):
         for mode in ("on", "off") if index % 2 == 0 else ("off", "on"):
-            runs[mode].append(await run_once(engine, requests, overlap=mode == "on", max_batch=max_batch,
-                                             observations=observations))
-            log(f"round {index + 1} {mode}: median gap {statistics.median(runs[mode][-1]['gaps_ms']):.2f} ms, "
-                f"{runs[mode][-1]['chunks_per_s']:.2f} chunks/s")
+            runs[mode].append(
+                await run_once(engine, requests, overlap=mode == "on", max_batch=max_batch, observations=observations)
+            )
+            log(
+                f"round {index + 1} {mode}: median gap {statistics.median(runs[mode][-1]['gaps_ms']):.2f} ms, "
+                f"{runs[mode][-1]['chunks_per_s']:.2f} chunks/s"
+            )
     figures = {}
     for mode, results in runs.items():
         figures[mode] = {
@@ -117,7 +127,11 @@ async def compare(engine, requests: list, *, max_batch: int, observations: int, 
         }
     figures["throughput_on_over_off"] = figures["on"]["chunks_per_s"] / figures["off"]["chunks_per_s"]
     figures["robots"], figures["max_batch"], figures["observations"], figures["rounds"] = (
-        len(requests), max_batch, observations, rounds)
+        len(requests),
+        max_batch,
+        observations,
+        rounds,
+    )
     return figures
 
 
@@ -126,19 +140,33 @@ def camera_requests(engine, robots: int, height: int, width: int, tier: int | No
 
     rng = np.random.default_rng(0)
     domain = engine.default_domain()
-    return [ActionRequest(domain_name=domain, image=rng.integers(0, 256, (height, width, 3), dtype=np.uint8),
-                          seed=i, resolution_tier=tier, action_horizon=horizon) for i in range(robots)]
+    return [
+        ActionRequest(
+            domain_name=domain,
+            image=rng.integers(0, 256, (height, width, 3), dtype=np.uint8),
+            seed=i,
+            resolution_tier=tier,
+            action_horizon=horizon,
+        )
+        for i in range(robots)
+    ]
 
 
 def table(figures: dict) -> str:
-    lines = ["| overlap | median gap ms | median prep ms | overlapped / inline preps | chunks/s |",
-             "| --- | --- | --- | --- | --- |"]
+    lines = [
+        "| overlap | median gap ms | median prep ms | overlapped / inline preps | chunks/s |",
+        "| --- | --- | --- | --- | --- |",
+    ]
     for mode in ("on", "off"):
         f = figures[mode]
-        lines.append(f"| {mode} | {f['median_gap_ms']:.2f} | {f['median_prep_ms']:.2f} | "
-                     f"{f['overlapped_preps']} / {f['inline_preps']} | {f['chunks_per_s']:.2f} |")
-    lines.append(f"\nthroughput on/off {figures['throughput_on_over_off']:.3f}; gap off/on "
-                 f"{figures['off']['median_gap_ms'] / max(figures['on']['median_gap_ms'], 1e-9):.1f}x")
+        lines.append(
+            f"| {mode} | {f['median_gap_ms']:.2f} | {f['median_prep_ms']:.2f} | "
+            f"{f['overlapped_preps']} / {f['inline_preps']} | {f['chunks_per_s']:.2f} |"
+        )
+    lines.append(
+        f"\nthroughput on/off {figures['throughput_on_over_off']:.3f}; gap off/on "
+        f"{figures['off']['median_gap_ms'] / max(figures['on']['median_gap_ms'], 1e-9):.1f}x"
+    )
     return "\n".join(lines)
 
 
@@ -166,10 +194,13 @@ def main(argv: list[str] | None = None) -> int:
         engine = Cosmos3Engine.load(model, device=args.device)
         requests = camera_requests(engine, args.robots, args.height, args.width, args.tier, args.horizon)
         engine.predict_actions_batch(requests[:1])  # one-time costs out of the way
-        print(f"load: {os.getloadavg()[0]:.2f} (1 min), {os.cpu_count()} CPUs; {args.robots} robots, "
-              f"--max-batch {args.max_batch}, {args.height}x{args.width} frames, tier {args.tier}")
-        figures = asyncio.run(compare(engine, requests, max_batch=args.max_batch, observations=args.observations,
-                                      rounds=args.rounds))
+        print(
+            f"load: {os.getloadavg()[0]:.2f} (1 min), {os.cpu_count()} CPUs; {args.robots} robots, "
+            f"--max-batch {args.max_batch}, {args.height}x{args.width} frames, tier {args.tier}"
+        )
+        figures = asyncio.run(
+            compare(engine, requests, max_batch=args.max_batch, observations=args.observations, rounds=args.rounds)
+        )
     print(table(figures))
     print(f"load after: {os.getloadavg()[0]:.2f}")
     return 0

@@ -25,8 +25,6 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(ROOT), str(ROOT / "tests")]  # this checkout's code, not an installed copy
 
-import policy_server  # noqa: E402,F401  (first: sets OMP_WAIT_POLICY=PASSIVE before torch loads)
-
 import argparse  # noqa: E402
 import base64  # noqa: E402
 import http.client  # noqa: E402
@@ -38,9 +36,9 @@ import tempfile  # noqa: E402
 import time  # noqa: E402
 
 import numpy as np  # noqa: E402
-
 from server_fixtures import DOMAIN, ServerThread, tiny_engine_loader  # noqa: E402
 
+import policy_server  # noqa: E402,F401  (first: sets OMP_WAIT_POLICY=PASSIVE before torch loads)
 from policy_server.http.connections import ConnectionLimits  # noqa: E402
 from policy_server.http.sidecar import SidecarSettings  # noqa: E402
 
@@ -83,10 +81,12 @@ def main() -> None:
         for server in servers.values():
             server.start()
         try:
-            connections = {name: http.client.HTTPConnection("127.0.0.1", server.server.sidecar.port, timeout=60)
-                           for name, server in servers.items()}
+            connections = {
+                name: http.client.HTTPConnection("127.0.0.1", server.server.sidecar.port, timeout=60)
+                for name, server in servers.items()
+            }
             results: dict[str, dict[str, list[float]]] = {name: {"healthz": [], "actions": []} for name in servers}
-            for name, connection in connections.items():  # open each connection and warm the model up
+            for connection in connections.values():  # open each connection and warm the model up
                 _timed(connection, "GET", "/healthz")
                 _timed(connection, "POST", "/v1/actions/generations", body)
             for _ in range(args.healthz):
@@ -100,8 +100,10 @@ def main() -> None:
                 server.stop()
 
     load = os.getloadavg()
-    print(f"keep-alive latency, one connection per server, requests alternating (load {load[0]:.2f} "
-          f"{load[1]:.2f} {load[2]:.2f}, {os.cpu_count()} CPUs)")
+    print(
+        f"keep-alive latency, one connection per server, requests alternating (load {load[0]:.2f} "
+        f"{load[1]:.2f} {load[2]:.2f}, {os.cpu_count()} CPUs)"
+    )
     print(f"{'request (ms: p50 / p90)':<32} {'TCP_NODELAY on':>18} {'off (before)':>18} {'off / on':>9}")
     for kind, label in (("healthz", "GET /healthz"), ("actions", "POST /v1/actions/generations")):
         on, off = results["TCP_NODELAY on"][kind], results["off (before)"][kind]

@@ -42,9 +42,10 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Callable
 from http import HTTPStatus
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
 
@@ -54,8 +55,9 @@ sys.path.insert(0, str(REPO_ROOT))
 sys.path.insert(0, str(BENCHMARKS))
 
 # Importing the server package sets OMP_WAIT_POLICY=PASSIVE before torch loads, as the real server does.
-from policy_server.engine.cpu_threads import configure_worker_threads  # noqa: E402
 from realtime_roundtrip import ServerProcess  # noqa: E402
+
+from policy_server.engine.cpu_threads import configure_worker_threads  # noqa: E402
 from robot_clients.wire_codec import packb, unpackb  # noqa: E402
 
 logger = logging.getLogger("lockstep_baseline")
@@ -103,8 +105,13 @@ class LockstepPolicy:
         return {"actions": chunk.actions, "server_timing": {"infer_ms": infer_ms, "model_ms": chunk.timing.model_ms}}
 
     def metadata(self) -> dict[str, Any]:
-        return {"server": "lockstep-baseline", "domain_name": self.domain, "action_horizon": self.horizon,
-                "cameras": list(self.cameras), "view_point": self.view_point}
+        return {
+            "server": "lockstep-baseline",
+            "domain_name": self.domain,
+            "action_horizon": self.horizon,
+            "cameras": list(self.cameras),
+            "view_point": self.view_point,
+        }
 
 
 def load_policy(args: argparse.Namespace, workdir: Path) -> LockstepPolicy:
@@ -167,8 +174,9 @@ async def serve(args: argparse.Namespace, handler) -> None:
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
-    async with ws_serve(handler, args.host, args.port, compression=None, max_size=MAX_FRAME_BYTES,
-                        process_request=health_hook) as server:
+    async with ws_serve(
+        handler, args.host, args.port, compression=None, max_size=MAX_FRAME_BYTES, process_request=health_hook
+    ) as server:
         port = server.sockets[0].getsockname()[1]
         # The line ServerProcess (benchmarks/realtime_roundtrip.py) waits for.
         logger.info("listening on ws://%s:%d/", args.host, port)
@@ -181,12 +189,19 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=0, help="0 picks a free port (default)")
     parser.add_argument("--tiny", default="distilled", help="lockstep: tiny checkpoint variant (default distilled)")
-    parser.add_argument("--cameras", default=",".join(DEFAULT_CAMERAS),
-                        help="lockstep: camera keys composed side by side, left to right (those present)")
+    parser.add_argument(
+        "--cameras",
+        default=",".join(DEFAULT_CAMERAS),
+        help="lockstep: camera keys composed side by side, left to right (those present)",
+    )
     parser.add_argument("--view-point", default=None, help="lockstep: view point of every request")
     parser.add_argument("--horizon", type=int, default=16, help="lockstep: actions per chunk (default 16)")
-    parser.add_argument("--torch-threads", type=int, default=None,
-                        help="lockstep: torch threads (default: every core but one, as the policy server)")
+    parser.add_argument(
+        "--torch-threads",
+        type=int,
+        default=None,
+        help="lockstep: torch threads (default: every core but one, as the policy server)",
+    )
     args = parser.parse_args(argv)
     logging.basicConfig(level="INFO", format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stderr)
     logging.getLogger("websockets").setLevel(logging.WARNING)
@@ -213,10 +228,19 @@ class BaselineProcess(ServerProcess):
     """
 
     def __init__(self, kind: str, args: list[str] | None = None) -> None:
-        command = [sys.executable, str(Path(__file__).resolve()), kind, "--host", "127.0.0.1", "--port", "0",
-                   *(args or [])]
-        self.proc = subprocess.Popen(command, cwd=REPO_ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-                                     text=True)
+        command = [
+            sys.executable,
+            str(Path(__file__).resolve()),
+            kind,
+            "--host",
+            "127.0.0.1",
+            "--port",
+            "0",
+            *(args or []),
+        ]
+        self.proc = subprocess.Popen(
+            command, cwd=REPO_ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True
+        )
         self.port: int | None = None
         self.log: list[str] = []
         self._port_known = threading.Event()

@@ -8,7 +8,8 @@ between the two clocks.
 from __future__ import annotations
 
 import time
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 import numpy as np
 import websockets.sync.client as ws_client
@@ -17,8 +18,9 @@ from robot_clients import protocol
 from robot_clients.wire_codec import packb, unpackb
 
 
-def lockstep_chunks(url: str, image: np.ndarray, seconds: float, settings: Mapping[str, Any], *,
-                    warmup: int = 0, timeout: float = 120.0) -> list[tuple[float, dict[str, float]]]:
+def lockstep_chunks(
+    url: str, image: np.ndarray, seconds: float, settings: Mapping[str, Any], *, warmup: int = 0, timeout: float = 120.0
+) -> list[tuple[float, dict[str, float]]]:
     """Configure with ``settings``, send ``warmup`` unmeasured observations (first frames pay one-time
     costs), then loop for ``seconds``. Returns, per chunk, its round trip in ms and the server's timing."""
     chunks = []

@@ -44,9 +44,9 @@ import shutil
 import signal
 import subprocess
 import sys
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Sequence
 
 RELAY_FILE = Path(__file__).resolve().parent / "netns_relay.py"
 SIDES = ("server", "robot")
@@ -63,8 +63,16 @@ class LinkShape:
     limit_packets: int = 1000  # netem's default queue limit; beyond it, tail drop
 
     def netem_args(self) -> list[str]:
-        return ["delay", f"{self.delay_ms}ms", "rate", f"{self.rate_mbit}mbit", "loss", f"{self.loss * 100}%",
-                "limit", str(self.limit_packets)]
+        return [
+            "delay",
+            f"{self.delay_ms}ms",
+            "rate",
+            f"{self.rate_mbit}mbit",
+            "loss",
+            f"{self.loss * 100}%",
+            "limit",
+            str(self.limit_packets),
+        ]
 
 
 class LinkUnavailable(RuntimeError):
@@ -98,8 +106,11 @@ def netem_available() -> bool:
     _ip("netns", "add", probe)
     try:
         _ip("-n", probe, "link", "add", "p0", "type", "veth", "peer", "name", "p1")
-        result = subprocess.run(["ip", "netns", "exec", probe, "tc", "qdisc", "add", "dev", "p0", "root", "netem",
-                                 "delay", "1ms"], capture_output=True, text=True)
+        result = subprocess.run(
+            ["ip", "netns", "exec", probe, "tc", "qdisc", "add", "dev", "p0", "root", "netem", "delay", "1ms"],
+            capture_output=True,
+            text=True,
+        )
         return result.returncode == 0
     finally:
         _ip("netns", "del", probe, check=False)
@@ -129,7 +140,7 @@ class ShapedLink:
 
     # -- lifecycle ---------------------------------------------------------------------------------------
 
-    def __enter__(self) -> "ShapedLink":
+    def __enter__(self) -> ShapedLink:
         reason = unavailable_reason()
         if reason is not None:
             raise LinkUnavailable(reason)
@@ -148,8 +159,9 @@ class ShapedLink:
         self._made.append(name)
         _ip("-n", name, "link", "set", "lo", "up")
         # Quiet links: no IPv6 autoconfiguration traffic (router solicitations, DAD) on the shaped wire.
-        self.exec_in(name, ["sysctl", "-q", "-w", "net.ipv6.conf.all.disable_ipv6=1",
-                            "net.ipv6.conf.default.disable_ipv6=1"])
+        self.exec_in(
+            name, ["sysctl", "-q", "-w", "net.ipv6.conf.all.disable_ipv6=1", "net.ipv6.conf.default.disable_ipv6=1"]
+        )
 
     def _build(self) -> None:
         backend = self.requested_backend
@@ -164,10 +176,21 @@ class ShapedLink:
         else:
             link_ns = self.namespaces["link"] = f"{self.prefix}-link"
             self._add_namespace(link_ns)
-            _ip("link", "add", "link0", "netns", server_ns, "type", "veth", "peer", "name", "to-server",
-                "netns", link_ns)
-            _ip("link", "add", "link0", "netns", robot_ns, "type", "veth", "peer", "name", "to-robot",
-                "netns", link_ns)
+            _ip(
+                "link",
+                "add",
+                "link0",
+                "netns",
+                server_ns,
+                "type",
+                "veth",
+                "peer",
+                "name",
+                "to-server",
+                "netns",
+                link_ns,
+            )
+            _ip("link", "add", "link0", "netns", robot_ns, "type", "veth", "peer", "name", "to-robot", "netns", link_ns)
             for port in ("to-server", "to-robot"):
                 _ip("-n", link_ns, "link", "set", port, "promisc", "on", "up")
         for side, address in (("server", self.server_ip), ("robot", self.robot_ip)):
@@ -185,13 +208,30 @@ class ShapedLink:
 
     def _start_relay(self) -> None:
         shape = self.shape
-        command = ["ip", "netns", "exec", self.namespaces["link"], sys.executable, str(RELAY_FILE), "relay",
-                   "to-server", "to-robot", "--rate-mbit", str(shape.rate_mbit), "--delay-ms", str(shape.delay_ms),
-                   "--loss", str(shape.loss), "--limit-packets", str(shape.limit_packets)]
+        command = [
+            "ip",
+            "netns",
+            "exec",
+            self.namespaces["link"],
+            sys.executable,
+            str(RELAY_FILE),
+            "relay",
+            "to-server",
+            "to-robot",
+            "--rate-mbit",
+            str(shape.rate_mbit),
+            "--delay-ms",
+            str(shape.delay_ms),
+            "--loss",
+            str(shape.loss),
+            "--limit-packets",
+            str(shape.limit_packets),
+        ]
         if self.relay_seed is not None:
             command += ["--seed", str(self.relay_seed)]
-        self._relay = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                                       start_new_session=True)
+        self._relay = subprocess.Popen(
+            command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True
+        )
         ready = self._relay.stdout.readline()  # the relay prints one line once its sockets are bound
         if not ready.startswith("relay ready"):
             self._relay.wait(5)
@@ -204,8 +244,12 @@ class ShapedLink:
         try:
             if receiver.stdout.readline().strip() != "bound":
                 raise LinkUnavailable("the reachability probe could not bind in the server namespace")
-            sender = self.run("robot", [sys.executable, "-c", PROBE_SENDER, self.server_ip, str(PROBE_PORT),
-                                        str(timeout)], check=False, timeout=timeout + 5)
+            sender = self.run(
+                "robot",
+                [sys.executable, "-c", PROBE_SENDER, self.server_ip, str(PROBE_PORT), str(timeout)],
+                check=False,
+                timeout=timeout + 5,
+            )
             if sender.returncode != 0:
                 raise LinkUnavailable(f"{self.server_ip} not reachable from the robot namespace over the link")
         finally:
@@ -262,8 +306,9 @@ class ShapedLink:
         self._processes.append(proc)
         return proc
 
-    def run(self, side: str, argv: Sequence[str], check: bool = True, timeout: float | None = None,
-            **kwargs) -> subprocess.CompletedProcess:
+    def run(
+        self, side: str, argv: Sequence[str], check: bool = True, timeout: float | None = None, **kwargs
+    ) -> subprocess.CompletedProcess:
         kwargs.setdefault("capture_output", True)
         kwargs.setdefault("text", True)
         return subprocess.run(self.command(side, argv), check=check, timeout=timeout, **kwargs)
@@ -339,11 +384,15 @@ class LinkMeasurement:
 def measure_link(link: ShapedLink, pings: int = 40, bulk_bytes: int = 4 * 2**20) -> LinkMeasurement:
     """Round trip of a small TCP message (p50, min, p90 of ``pings``) and the goodput of one bulk
     transfer of ``bulk_bytes`` from the robot to the server, between the two namespaces."""
-    server = link.popen("server", [sys.executable, "-c", ECHO_SERVER, link.server_ip, str(ECHO_PORT)],
-                        stdout=subprocess.PIPE, text=True)
+    server = link.popen(
+        "server", [sys.executable, "-c", ECHO_SERVER, link.server_ip, str(ECHO_PORT)], stdout=subprocess.PIPE, text=True
+    )
     assert server.stdout.readline().strip() == "listening"
-    client = link.run("robot", [sys.executable, "-c", ECHO_CLIENT, link.server_ip, str(ECHO_PORT), str(pings),
-                                str(bulk_bytes)], timeout=120)
+    client = link.run(
+        "robot",
+        [sys.executable, "-c", ECHO_CLIENT, link.server_ip, str(ECHO_PORT), str(pings), str(bulk_bytes)],
+        timeout=120,
+    )
     return LinkMeasurement(**json.loads(client.stdout))
 
 

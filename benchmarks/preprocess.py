@@ -56,15 +56,18 @@ def main() -> None:
     pipe, cpu = engine.pipe, torch.device("cpu")
 
     def before(frames, tier, num_frames):
-        return pipe._prepare_action_video_conditioning(frames.astype(np.float32) / 255.0, tier, num_frames,
-                                                       device=cpu, dtype=torch.float32)
+        return pipe._prepare_action_video_conditioning(
+            frames.astype(np.float32) / 255.0, tier, num_frames, device=cpu, dtype=torch.float32
+        )
 
     def after(frames, tier, num_frames):
         return prepare_frames(frames, tier, num_frames, cpu)
 
     rng = np.random.default_rng(0)
-    print(f"torch {torch.__version__}, {torch.get_num_threads()} thread; load average "
-          f"{os.getloadavg()[0]:.2f}; {args.repeats} interleaved calls per cell")
+    print(
+        f"torch {torch.__version__}, {torch.get_num_threads()} thread; load average "
+        f"{os.getloadavg()[0]:.2f}; {args.repeats} interleaved calls per cell"
+    )
     print(f"{'frames':<34} {'before ms':>10} {'after ms':>10} {'speedup':>8} {'max diff (uint8 levels)':>24}")
     for label, t, h, w, tier, num_frames in CASES:
         frames = rng.integers(0, 256, (t, h, w, 3), dtype=np.uint8)
@@ -92,9 +95,11 @@ def main() -> None:
         reported[name].append(chunk.timing.preprocess_ms)
     del sampler.preprocess
     b, a = (statistics.median(reported[k]) for k in ("before", "after"))
-    print(f"\nengine preprocess_ms, policy chunk, 480x640 frame at tier {engine.spec.default_tier}, "
-          f"{args.chunks} chunks per path: before {b:.2f} ms, after {a:.2f} ms, speedup {b / a:.1f}x "
-          f"(p90 before {np.percentile(reported['before'], 90):.2f}, after {np.percentile(reported['after'], 90):.2f})")
+    print(
+        f"\nengine preprocess_ms, policy chunk, 480x640 frame at tier {engine.spec.default_tier}, "
+        f"{args.chunks} chunks per path: before {b:.2f} ms, after {a:.2f} ms, speedup {b / a:.1f}x "
+        f"(p90 before {np.percentile(reported['before'], 90):.2f}, after {np.percentile(reported['after'], 90):.2f})"
+    )
 
 
 if __name__ == "__main__":

@@ -12,8 +12,6 @@ On a GPU machine the engine time shrinks and the hop's absolute cost stays: read
 
 from __future__ import annotations
 
-import policy_server  # noqa: F401  (first: OMP_WAIT_POLICY=PASSIVE before torch loads)
-
 import argparse
 import asyncio
 import statistics
@@ -24,6 +22,7 @@ from pathlib import Path
 import numpy as np
 from websockets.asyncio.client import connect
 
+import policy_server  # noqa: F401  (first: OMP_WAIT_POLICY=PASSIVE before torch loads)
 from policy_server.server import PolicyServer, ServerSettings
 from robot_clients.protocol import REALTIME_PATH
 from robot_clients.wire_codec import packb, unpackb
@@ -65,8 +64,10 @@ def summary(name: str, measured: tuple[list[float], list[float]]) -> tuple[float
     p50 = statistics.median(times)
     p90 = sorted(times)[int(0.9 * (len(times) - 1))]
     engine = statistics.median(inside)
-    print(f"{name:>6}: round trip p50 {p50:7.1f} ms  p90 {p90:7.1f} ms; engine inside p50 {engine:6.1f} ms; "
-          f"outside the engine p50 {p50 - engine:6.1f} ms  ({len(times)} round trips)")
+    print(
+        f"{name:>6}: round trip p50 {p50:7.1f} ms  p90 {p90:7.1f} ms; engine inside p50 {engine:6.1f} ms; "
+        f"outside the engine p50 {p50 - engine:6.1f} ms  ({len(times)} round trips)"
+    )
     return p50, p90, engine
 
 
@@ -102,9 +103,11 @@ def main() -> None:
 
     local_p50, local_p90, local_engine = summary("local", local_times)
     ray_p50, ray_p90, ray_engine = summary("ray", ray_times)
-    print(f"ratio ray/local: p50 {ray_p50 / local_p50:.2f}x  p90 {ray_p90 / local_p90:.2f}x; round trip "
-          f"p50 {ray_p50 - local_p50:+.1f} ms, of which outside the engine "
-          f"{(ray_p50 - ray_engine) - (local_p50 - local_engine):+.1f} ms (the hop)")
+    print(
+        f"ratio ray/local: p50 {ray_p50 / local_p50:.2f}x  p90 {ray_p90 / local_p90:.2f}x; round trip "
+        f"p50 {ray_p50 - local_p50:+.1f} ms, of which outside the engine "
+        f"{(ray_p50 - ray_engine) - (local_p50 - local_engine):+.1f} ms (the hop)"
+    )
 
 
 if __name__ == "__main__":

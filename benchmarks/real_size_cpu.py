@@ -56,8 +56,9 @@ def process_memory_gib(pid: int) -> dict[str, float]:
     return values
 
 
-def run(checkpoint: Path, *, size: int = 224, timeout_s: float = 1800.0, min_available_gib: float = 17.0,
-        log=print) -> dict:
+def run(
+    checkpoint: Path, *, size: int = 224, timeout_s: float = 1800.0, min_available_gib: float = 17.0, log=print
+) -> dict:
     """Serve one chunk of ``checkpoint`` through a real server; returns the figures (see the module doc)."""
     from robot_clients.policy_client import PolicyClient
 
@@ -67,12 +68,18 @@ def run(checkpoint: Path, *, size: int = 224, timeout_s: float = 1800.0, min_ava
     from cosmos3_runtime.inspection import inspect_checkpoint
 
     info = inspect_checkpoint(checkpoint)
-    figures: dict = {"checkpoint": str(checkpoint), "variant": info.variant, "parameters": info.parameters,
-                     "bytes_on_disk": info.parameter_bytes, "available_gib_before": round(free, 1),
-                     "load_average_before": os.getloadavg()[0]}
+    figures: dict = {
+        "checkpoint": str(checkpoint),
+        "variant": info.variant,
+        "parameters": info.parameters,
+        "bytes_on_disk": info.parameter_bytes,
+        "available_gib_before": round(free, 1),
+        "load_average_before": os.getloadavg()[0],
+    }
     started = time.perf_counter()
-    server = ServerProcess(["--model", str(checkpoint), "--no-warmup", "--engine-timeout-s", "0", "--max-batch", "1",
-                            "--no-openpi"])
+    server = ServerProcess(
+        ["--model", str(checkpoint), "--no-warmup", "--engine-timeout-s", "0", "--max-batch", "1", "--no-openpi"]
+    )
     try:
         health = server.wait_ready(timeout=timeout_s)
         figures["ready_s"] = time.perf_counter() - started
@@ -81,8 +88,10 @@ def run(checkpoint: Path, *, size: int = 224, timeout_s: float = 1800.0, min_ava
             figures["engine_load_s"] = float(loaded[-1].rsplit(" in ", 1)[1].split()[0])
         figures["memory_after_load_gib"] = process_memory_gib(server.proc.pid)
         figures["worker"] = health.get("worker")
-        log(f"ready in {figures['ready_s']:.1f} s (engine load {figures.get('engine_load_s', float('nan')):.1f} s), "
-            f"RSS {figures['memory_after_load_gib']}")
+        log(
+            f"ready in {figures['ready_s']:.1f} s (engine load {figures.get('engine_load_s', float('nan')):.1f} s), "
+            f"RSS {figures['memory_after_load_gib']}"
+        )
         image = np.random.default_rng(0).integers(0, 256, (size, size, 3), dtype=np.uint8)
         with PolicyClient(f"ws://127.0.0.1:{server.port}") as client:
             domain = client.metadata["defaults"]["domain_name"]
@@ -90,12 +99,18 @@ def run(checkpoint: Path, *, size: int = 224, timeout_s: float = 1800.0, min_ava
             sent = time.perf_counter()
             chunk = client.infer({"image": image}, timeout=timeout_s)
             figures["round_trip_s"] = time.perf_counter() - sent
-        figures.update(domain=domain, num_steps=chunk.num_steps, actions_shape=list(chunk.actions.shape),
-                       actions_finite=bool(np.isfinite(chunk.actions).all()),
-                       timing_ms={k: v for k, v in chunk.timing.items() if v is not None})
+        figures.update(
+            domain=domain,
+            num_steps=chunk.num_steps,
+            actions_shape=list(chunk.actions.shape),
+            actions_finite=bool(np.isfinite(chunk.actions).all()),
+            timing_ms={k: v for k, v in chunk.timing.items() if v is not None},
+        )
         figures["memory_after_chunk_gib"] = process_memory_gib(server.proc.pid)
-        log(f"chunk: {chunk.actions.shape} in {figures['round_trip_s']:.1f} s, {chunk.num_steps} steps, "
-            f"timing {figures['timing_ms']}")
+        log(
+            f"chunk: {chunk.actions.shape} in {figures['round_trip_s']:.1f} s, {chunk.num_steps} steps, "
+            f"timing {figures['timing_ms']}"
+        )
     finally:
         figures["server_exit_code"] = server.stop()
     figures["encode"] = time_vae_encode(checkpoint, size)
@@ -131,8 +146,12 @@ def time_vae_encode(checkpoint: Path, size: int, repeats: int = 3) -> dict:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--checkpoint", type=Path, default=Path("/tmp/cosmos3-edge-distilled"),
-                        help="an Edge checkpoint folder; built there (random weights) if missing")
+    parser.add_argument(
+        "--checkpoint",
+        type=Path,
+        default=Path("/tmp/cosmos3-edge-distilled"),
+        help="an Edge checkpoint folder; built there (random weights) if missing",
+    )
     parser.add_argument("--size", type=int, default=224, help="camera frame side (square), default 224")
     parser.add_argument("--min-available-gib", type=float, default=17.0)
     parser.add_argument("--delete", action="store_true", help="delete the checkpoint afterwards (8 GB)")

@@ -44,7 +44,10 @@ def percentile(values, q: float) -> float:
 
 
 def summarize(name: str, values) -> str:
-    return f"{name:<22} p50 {percentile(values, 50):8.2f} ms   p99 {percentile(values, 99):8.2f} ms   mean {np.mean(values):8.2f} ms"
+    return (
+        f"{name:<22} p50 {percentile(values, 50):8.2f} ms   p99 {percentile(values, 99):8.2f} ms   "
+        f"mean {np.mean(values):8.2f} ms"
+    )
 
 
 class ServerProcess:
@@ -53,11 +56,14 @@ class ServerProcess:
     def __init__(self, args: list[str], env: dict[str, str] | None = None) -> None:
         # No HTTP sidecar: these benchmarks need only the WebSocket port, and a fixed sidecar port (8001)
         # would collide with any other server on the machine.
-        command = [sys.executable, "-m", "policy_server.cli", "--host", "127.0.0.1", "--port", "0", "--no-http",
-                   *args]
+        command = [sys.executable, "-m", "policy_server.cli", "--host", "127.0.0.1", "--port", "0", "--no-http", *args]
         self.proc = subprocess.Popen(
-            command, cwd=REPO_ROOT, env={**os.environ, **(env or {})},
-            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+            command,
+            cwd=REPO_ROOT,
+            env={**os.environ, **(env or {})},
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+            text=True,
         )
         self.port: int | None = None
         self.log: list[str] = []
@@ -132,8 +138,10 @@ def run_round_trips(url: str, domain: str | None, size: int, requests: int, warm
 
 def report(result: dict, size: int) -> None:
     meta = result["metadata"]
-    print(f"model {meta.get('model')} ({meta.get('variant')}), domain {result['domain']}, "
-          f"{size}x{size} RGB, {len(result['round_trip_ms'])} sequential requests")
+    print(
+        f"model {meta.get('model')} ({meta.get('variant')}), domain {result['domain']}, "
+        f"{size}x{size} RGB, {len(result['round_trip_ms'])} sequential requests"
+    )
     print(summarize("round trip (client)", result["round_trip_ms"]))
     print(summarize("model (server)", result["model_ms"]))
     print(summarize("engine call (server)", result["engine_ms"]))
@@ -141,7 +149,10 @@ def report(result: dict, size: int) -> None:
     print(summarize("overhead = rt - model", result["overhead_ms"]))
     print(summarize("rt - engine call", result["outside_engine_ms"]))
     p50_rt, p50_model = percentile(result["round_trip_ms"], 50), percentile(result["model_ms"], 50)
-    print(f"serving overhead at p50: {p50_rt - p50_model:.2f} ms ({(p50_rt / p50_model - 1) * 100:.1f}% on top of the model)")
+    print(
+        f"serving overhead at p50: {p50_rt - p50_model:.2f} ms "
+        f"({(p50_rt / p50_model - 1) * 100:.1f}% on top of the model)"
+    )
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -29,6 +29,7 @@ sys.path.insert(0, str(REPO_ROOT))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from realtime_roundtrip import ServerProcess, get_health, percentile  # noqa: E402
+
 from robot_clients import protocol  # noqa: E402
 from robot_clients.wire_codec import packb, unpackb  # noqa: E402
 
@@ -38,7 +39,7 @@ DOMAIN = "bridge_orig_lerobot"
 def cameras(seq: int) -> dict[str, np.ndarray]:
     rng = np.random.default_rng(seq)
     front = np.full((480, 640, 3), 90, np.uint8)
-    front[:, (7 * seq) % 600:(7 * seq) % 600 + 40] = 255  # something that moves, like a robot's arm
+    front[:, (7 * seq) % 600 : (7 * seq) % 600 + 40] = 255  # something that moves, like a robot's arm
     front += rng.integers(0, 12, front.shape, dtype=np.uint8)  # camera noise
     wrist = rng.integers(0, 256, (224, 224, 3), dtype=np.uint8)
     return {"front": front, "wrist": wrist}
@@ -79,7 +80,7 @@ def main(argv: list[str] | None = None) -> int:
             url = f"ws://127.0.0.1:{server.port}{protocol.REALTIME_PATH}"
             trips: dict[bool, list[float]] = {True: [], False: []}
             for pair in range(args.pairs):
-                for record in ((True, False) if pair % 2 == 0 else (False, True)):  # neither always goes first
+                for record in (True, False) if pair % 2 == 0 else (False, True):  # neither always goes first
                     trips[record] += session(url, record, args.seconds, args.warmup)
             health = get_health(f"http://127.0.0.1:{server.port}/healthz")
         finally:
@@ -87,8 +88,10 @@ def main(argv: list[str] | None = None) -> int:
     print(f"load average at the end: {os.getloadavg()[0]:.1f} (2-core machine shared with other jobs)")
     for record in (False, True):
         values = trips[record]
-        print(f"recording {'on ' if record else 'off'}: {len(values):4d} round trips   p50 {percentile(values, 50):7.1f} ms"
-              f"   p99 {percentile(values, 99):7.1f} ms")
+        print(
+            f"recording {'on ' if record else 'off'}: {len(values):4d} round trips"
+            f"   p50 {percentile(values, 50):7.1f} ms   p99 {percentile(values, 99):7.1f} ms"
+        )
     for q in (50, 99):
         print(f"p{q} ratio on/off: {percentile(trips[True], q) / percentile(trips[False], q):.2f}")
     print(f"recorder: {health.get('recording')}")

@@ -53,10 +53,11 @@ def camera_pool(height: int, width: int, seed: int) -> list[np.ndarray]:
     y, x = np.mgrid[0:height, 0:width].astype(np.float32)
     frames = []
     for i in range(POOL):
-        base = np.stack([80 + 60 * np.sin((x + 7 * i) / 90), 90 + 50 * np.cos((y - 5 * i) / 70),
-                         100 + 0.1 * (x + y)], axis=-1)
+        base = np.stack(
+            [80 + 60 * np.sin((x + 7 * i) / 90), 90 + 50 * np.cos((y - 5 * i) / 70), 100 + 0.1 * (x + y)], axis=-1
+        )
         cx, cy = 100 + 20 * i, 200 + 5 * i
-        base[(x - cx) ** 2 + (y - cy) ** 2 < 40 ** 2] = (220, 40, 40)
+        base[(x - cx) ** 2 + (y - cy) ** 2 < 40**2] = (220, 40, 40)
         base += rng.normal(0, 3, base.shape)
         frames.append(base.clip(0, 255).astype(np.uint8))
     return frames
@@ -79,8 +80,12 @@ def caller_cost(recording, pools: dict[str, list[np.ndarray]], count: int) -> di
         observe.append((middle - started) / 1e3)
         answer.append((time.perf_counter_ns() - middle) / 1e3)
         time.sleep(0.001)  # a robot's observations do not come back to back
-    return {"observation_p50_us": statistics.median(observe), "observation_p99_us": percentile(observe, 99),
-            "chunk_p50_us": statistics.median(answer), "chunk_p99_us": percentile(answer, 99)}
+    return {
+        "observation_p50_us": statistics.median(observe),
+        "observation_p99_us": percentile(observe, 99),
+        "chunk_p50_us": statistics.median(answer),
+        "chunk_p99_us": percentile(answer, 99),
+    }
 
 
 def run_caller(root: Path, pools, count: int) -> dict:
@@ -93,8 +98,12 @@ def run_caller(root: Path, pools, count: int) -> dict:
     recording.end_episode("closed")
     recorder.close(timeout=600)
     stats = recorder.stats()
-    return {"null": floor, "recording": measured, "dropped": stats["frames_dropped_queue_full"],
-            "recorded": stats["frames_recorded"]}
+    return {
+        "null": floor,
+        "recording": measured,
+        "dropped": stats["frames_dropped_queue_full"],
+        "recorded": stats["frames_recorded"],
+    }
 
 
 def run_writer(root: Path, pools, count: int) -> dict:
@@ -116,8 +125,13 @@ def run_writer(root: Path, pools, count: int) -> dict:
     recorder.close()
     stats = recorder.stats()
     assert stats["frames_recorded"] == count, stats
-    return {"frames": count, "seconds": elapsed, "frames_per_s": count / elapsed,
-            "camera_frames_per_s": count * len(pools) / elapsed, "bytes": stats["bytes_written"]}
+    return {
+        "frames": count,
+        "seconds": elapsed,
+        "frames_per_s": count / elapsed,
+        "camera_frames_per_s": count * len(pools) / elapsed,
+        "bytes": stats["bytes_written"],
+    }
 
 
 def run_realtime(root: Path, pools, seconds: float, hz: float = 30.0) -> dict:
@@ -141,8 +155,12 @@ def run_realtime(root: Path, pools, seconds: float, hz: float = 30.0) -> dict:
     assert recorder.sync(timeout=1200)
     recorder.close()
     stats = recorder.stats()
-    return {"offered": seq, "recorded": stats["frames_recorded"], "dropped": stats["frames_dropped_queue_full"],
-            "late_offers": late}
+    return {
+        "offered": seq,
+        "recorded": stats["frames_recorded"],
+        "dropped": stats["frames_dropped_queue_full"],
+        "late_offers": late,
+    }
 
 
 def run_encoder(root: Path, pool: list[np.ndarray], fps: int = 10) -> dict:
@@ -158,18 +176,27 @@ def run_encoder(root: Path, pool: list[np.ndarray], fps: int = 10) -> dict:
         results[f"encode_mp4 quality {quality}"] = (time.perf_counter() - started, encoded.num_bytes)
     for preset in ("medium", "veryfast", "ultrafast"):
         path = root / f"{preset}.mp4"
-        writer = imageio_ffmpeg.write_frames(str(path), (frames.shape[2], frames.shape[1]), fps=fps, codec="libx264",
-                                             pix_fmt_out="yuv420p", quality=None, macro_block_size=1,
-                                             ffmpeg_log_level="error",
-                                             output_params=["-crf", "25", "-preset", preset])
+        writer = imageio_ffmpeg.write_frames(
+            str(path),
+            (frames.shape[2], frames.shape[1]),
+            fps=fps,
+            codec="libx264",
+            pix_fmt_out="yuv420p",
+            quality=None,
+            macro_block_size=1,
+            ffmpeg_log_level="error",
+            output_params=["-crf", "25", "-preset", preset],
+        )
         started = time.perf_counter()
         writer.send(None)
         for frame in frames:
             writer.send(frame)
         writer.close()
         results[f"crf 25 preset {preset}"] = (time.perf_counter() - started, path.stat().st_size)
-    return {name: {"seconds": seconds, "frames_per_s": len(frames) / seconds, "bytes": size}
-            for name, (seconds, size) in results.items()}
+    return {
+        name: {"seconds": seconds, "frames_per_s": len(frames) / seconds, "bytes": size}
+        for name, (seconds, size) in results.items()
+    }
 
 
 def main() -> None:
@@ -196,22 +223,28 @@ def main() -> None:
         shutil.rmtree(root, ignore_errors=True)
     results["load_after"] = os.getloadavg()
 
-    print(f"recording benchmark, {args.height}x{args.width} cameras; load {results['load_before'][0]:.2f} -> "
-          f"{results['load_after'][0]:.2f} on {results['cpus']} cpus")
+    print(
+        f"recording benchmark, {args.height}x{args.width} cameras; load {results['load_before'][0]:.2f} -> "
+        f"{results['load_after'][0]:.2f} on {results['cpus']} cpus"
+    )
     print(f"{'':6} {'call':12} {'null p50/p99 us':>18} {'recording p50/p99 us':>22} {'ratio p50':>10}")
     for cameras in (1, 2):
         caller = results[f"{cameras}cam"]["caller"]
         for call in ("observation", "chunk"):
             null, rec = caller["null"], caller["recording"]
-            print(f"{cameras}cam   {call:12} {null[call + '_p50_us']:8.2f} / {null[call + '_p99_us']:7.2f} "
-                  f"{rec[call + '_p50_us']:11.2f} / {rec[call + '_p99_us']:8.2f} "
-                  f"{rec[call + '_p50_us'] / max(null[call + '_p50_us'], 1e-9):10.1f}")
+            print(
+                f"{cameras}cam   {call:12} {null[call + '_p50_us']:8.2f} / {null[call + '_p99_us']:7.2f} "
+                f"{rec[call + '_p50_us']:11.2f} / {rec[call + '_p99_us']:8.2f} "
+                f"{rec[call + '_p50_us'] / max(null[call + '_p50_us'], 1e-9):10.1f}"
+            )
         print(f"{'':6} (calls 1 ms apart: {caller['recorded']} frames recorded, {caller['dropped']} dropped)")
     print(f"{'':6} {'writer frames/s':>16} {'camera frames/s':>16} {'MB written':>11} {'30 Hz: dropped/offered':>24}")
     for cameras in (1, 2):
         writer, realtime = results[f"{cameras}cam"]["writer"], results[f"{cameras}cam"]["realtime_30hz"]
-        print(f"{cameras}cam   {writer['frames_per_s']:16.1f} {writer['camera_frames_per_s']:16.1f} "
-              f"{writer['bytes'] / 1e6:11.1f} {realtime['dropped']:>12} / {realtime['offered']}")
+        print(
+            f"{cameras}cam   {writer['frames_per_s']:16.1f} {writer['camera_frames_per_s']:16.1f} "
+            f"{writer['bytes'] / 1e6:11.1f} {realtime['dropped']:>12} / {realtime['offered']}"
+        )
     print(f"{'encoder, one 32-frame segment':34} {'s':>6} {'frames/s':>9} {'KB':>8}")
     for name, row in results["encoder"].items():
         print(f"{name:34} {row['seconds']:6.2f} {row['frames_per_s']:9.1f} {row['bytes'] / 1e3:8.0f}")

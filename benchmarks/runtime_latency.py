@@ -56,18 +56,24 @@ def main() -> None:
         build_s.append(time.perf_counter() - started)
         sizes.append(sum(f.stat().st_size for f in path.rglob("*") if f.is_file()))
     print(f"torch {torch.__version__}, {torch.get_num_threads()} threads")
-    print(f"tiny checkpoint build: median {_median_ms(build_s):.0f} ms (first, with imports: {build_s[0]:.2f} s), "
-          f"size {sizes[0] / 1e6:.2f} MB")
+    print(
+        f"tiny checkpoint build: median {_median_ms(build_s):.0f} ms (first, with imports: {build_s[0]:.2f} s), "
+        f"size {sizes[0] / 1e6:.2f} MB"
+    )
 
     distilled = Cosmos3Engine.load(build_tiny_checkpoint(workdir / "distilled", "distilled"))
     base = Cosmos3Engine.load(build_tiny_checkpoint(workdir / "base", "base"))
     image = np.random.default_rng(0).integers(0, 256, (224, 224, 3), dtype=np.uint8)
-    common = dict(domain_name="bridge_orig_lerobot", image=image, action_horizon=args.horizon,
-                  resolution_tier=args.tier, prompt="pick up the red cube")
+    common = dict(
+        domain_name="bridge_orig_lerobot",
+        image=image,
+        action_horizon=args.horizon,
+        resolution_tier=args.tier,
+        prompt="pick up the red cube",
+    )
     requests = {
         "distilled": (distilled, ActionRequest(seed=0, **common)),
-        "base": (base, ActionRequest(seed=0, num_steps=args.base_steps, guidance_scale=args.base_guidance,
-                                     **common)),
+        "base": (base, ActionRequest(seed=0, num_steps=args.base_steps, guidance_scale=args.base_guidance, **common)),
     }
     for engine, request in requests.values():  # warm-up
         engine.predict_actions(request)
@@ -81,8 +87,10 @@ def main() -> None:
             samples[name].append(time.perf_counter() - started)
             forwards[name] = (chunk.num_steps, chunk.transformer_forwards)
 
-    print(f"\npredict_actions, policy, horizon {args.horizon}, tier {args.tier}, 224x224 image, "
-          f"{args.repeats} interleaved runs")
+    print(
+        f"\npredict_actions, policy, horizon {args.horizon}, tier {args.tier}, 224x224 image, "
+        f"{args.repeats} interleaved runs"
+    )
     print(f"{'checkpoint':<12}{'steps':>6}{'forwards':>10}{'median ms':>12}{'p90 ms':>10}")
     for name, values in samples.items():
         steps, fwd = forwards[name]
@@ -101,10 +109,12 @@ def main() -> None:
                 sampler.encode(clip, size)
                 encode[name].append(time.perf_counter() - started)
     (one_name, one_vals), (full_name, full_vals) = encode.items()
-    print(f"\nconditioning encode at tier {args.tier}: {one_name} {_median_ms(one_vals):.1f} ms, "
-          f"{full_name} {_median_ms(full_vals):.1f} ms, ratio {_median_ms(full_vals) / _median_ms(one_vals):.1f}x; "
-          f"saving per distilled chunk {_median_ms(full_vals) - _median_ms(one_vals):.1f} ms "
-          f"(chunk median {_median_ms(samples['distilled']):.1f} ms with the saving)")
+    print(
+        f"\nconditioning encode at tier {args.tier}: {one_name} {_median_ms(one_vals):.1f} ms, "
+        f"{full_name} {_median_ms(full_vals):.1f} ms, ratio {_median_ms(full_vals) / _median_ms(one_vals):.1f}x; "
+        f"saving per distilled chunk {_median_ms(full_vals) - _median_ms(one_vals):.1f} ms "
+        f"(chunk median {_median_ms(samples['distilled']):.1f} ms with the saving)"
+    )
 
     more_tables(workdir, args.repeats, args.horizon, args.tier)
 
@@ -129,12 +139,21 @@ def more_tables(workdir: Path, repeats: int, horizon: int, tier: int) -> None:
     image = np.random.default_rng(0).integers(0, 256, (224, 224, 3), dtype=np.uint8)
     distilled = Cosmos3Engine.load(workdir / "distilled")
     actions = np.zeros((horizon, 10), np.float32)
-    samples = _interleaved({
-        "policy (actions only)": lambda: distilled.predict_actions(ActionRequest(
-            domain_name="bridge_orig_lerobot", image=image, action_horizon=horizon, resolution_tier=tier, seed=0)),
-        "forward_dynamics (decodes video)": lambda: distilled.rollout_video(VideoRequest(
-            domain_name="bridge_orig_lerobot", image=image, actions=actions, resolution_tier=tier, seed=0)),
-    }, repeats)
+    samples = _interleaved(
+        {
+            "policy (actions only)": lambda: distilled.predict_actions(
+                ActionRequest(
+                    domain_name="bridge_orig_lerobot", image=image, action_horizon=horizon, resolution_tier=tier, seed=0
+                )
+            ),
+            "forward_dynamics (decodes video)": lambda: distilled.rollout_video(
+                VideoRequest(
+                    domain_name="bridge_orig_lerobot", image=image, actions=actions, resolution_tier=tier, seed=0
+                )
+            ),
+        },
+        repeats,
+    )
     print(f"\naction only vs decoding the video (distilled, horizon {horizon}, tier {tier})")
     for name, values in samples.items():
         print(f"  {name:<34}{_median_ms(values):>10.1f} ms")
@@ -146,26 +165,45 @@ def more_tables(workdir: Path, repeats: int, horizon: int, tier: int) -> None:
     for variant, extra in (("distilled", {}), ("base", dict(num_steps=8, guidance_scale=4.0))):
         off = Cosmos3Engine.load(workdir / variant, prefix_cache_mb=0)
         on = Cosmos3Engine.load(workdir / variant, prefix_cache_mb=64)
-        request = ActionRequest(domain_name="bridge_orig_lerobot", image=image, action_horizon=horizon,
-                                resolution_tier=tier, seed=0, prompt="pick up the red cube and put it in the bowl",
-                                **extra)
-        samples = _interleaved({"off": lambda: off.predict_actions(request),
-                                "on": lambda: on.predict_actions(request)}, repeats)
+        request = ActionRequest(
+            domain_name="bridge_orig_lerobot",
+            image=image,
+            action_horizon=horizon,
+            resolution_tier=tier,
+            seed=0,
+            prompt="pick up the red cube and put it in the bowl",
+            **extra,
+        )
+        samples = _interleaved(
+            {"off": lambda: off.predict_actions(request), "on": lambda: on.predict_actions(request)}, repeats
+        )
         label = variant + (" (8 steps, CFG)" if extra else "")
-        print(f"  {label:<22}{_median_ms(samples['off']):>12.1f}{_median_ms(samples['on']):>11.1f}"
-              f"{_median_ms(samples['off']) / _median_ms(samples['on']):>8.2f}x")
+        print(
+            f"  {label:<22}{_median_ms(samples['off']):>12.1f}{_median_ms(samples['on']):>11.1f}"
+            f"{_median_ms(samples['off']) / _median_ms(samples['on']):>8.2f}x"
+        )
 
     print(f"\nbatching (distilled, horizon {horizon}, tier {tier}, distinct images and seeds)")
     print(f"  {'requests':>8}{'one by one ms':>15}{'batched ms':>12}{'throughput gain':>17}")
     rng = np.random.default_rng(1)
     for n in (1, 2, 4, 8):
-        requests = [ActionRequest(domain_name="bridge_orig_lerobot", action_horizon=horizon, resolution_tier=tier,
-                                  image=rng.integers(0, 256, (224, 224, 3), dtype=np.uint8), seed=i)
-                    for i in range(n)]
-        samples = _interleaved({
-            "serial": lambda: [distilled.predict_actions(r) for r in requests],
-            "batched": lambda: distilled.predict_actions_batch(requests),
-        }, max(3, repeats // 3))
+        requests = [
+            ActionRequest(
+                domain_name="bridge_orig_lerobot",
+                action_horizon=horizon,
+                resolution_tier=tier,
+                image=rng.integers(0, 256, (224, 224, 3), dtype=np.uint8),
+                seed=i,
+            )
+            for i in range(n)
+        ]
+        samples = _interleaved(
+            {
+                "serial": lambda: [distilled.predict_actions(r) for r in requests],
+                "batched": lambda: distilled.predict_actions_batch(requests),
+            },
+            max(3, repeats // 3),
+        )
         serial, batched = _median_ms(samples["serial"]), _median_ms(samples["batched"])
         print(f"  {n:>8}{serial:>15.1f}{batched:>12.1f}{serial / batched:>16.2f}x")
 

@@ -111,8 +111,9 @@ class NamespacedServer:
 
     def wait_ready(self, timeout: float = 300.0) -> None:
         url = f"http://{self.link.server_ip}:{self.port}/healthz"
-        poll = self.link.run("server", [sys.executable, "-c", HEALTH_POLL, url, str(timeout)], check=False,
-                             timeout=timeout + 10)
+        poll = self.link.run(
+            "server", [sys.executable, "-c", HEALTH_POLL, url, str(timeout)], check=False, timeout=timeout + 10
+        )
         if poll.returncode != 0 or self.proc.poll() is not None:
             raise RuntimeError(f"{self.name} did not become ready:\n{self.log_path.read_text()[-3000:]}")
 
@@ -120,22 +121,56 @@ class NamespacedServer:
 def start_servers(link: ShapedLink, clients: set[str], logdir: Path) -> dict[str, NamespacedServer]:
     """The policy server: native robots on its realtime path, the lock-step (openpi) robot on ``/openpi``,
     whose sessions compose LIBERO's two cameras side by side (one camera: the first alone)."""
-    server = NamespacedServer(link, "policy_server", [
-        sys.executable, "-m", "policy_server.cli", "--tiny", "distilled", "--host", link.server_ip,
-        "--port", str(NATIVE_PORT), "--no-http", "--log-level", "warning", "--openpi-view-point", "concat_view"],
-        NATIVE_PORT, logdir)
+    server = NamespacedServer(
+        link,
+        "policy_server",
+        [
+            sys.executable,
+            "-m",
+            "policy_server.cli",
+            "--tiny",
+            "distilled",
+            "--host",
+            link.server_ip,
+            "--port",
+            str(NATIVE_PORT),
+            "--no-http",
+            "--log-level",
+            "warning",
+            "--openpi-view-point",
+            "concat_view",
+        ],
+        NATIVE_PORT,
+        logdir,
+    )
     server.wait_ready()
     return {"policy_server": server}
 
 
-def run_row(link: ShapedLink, row: Row, hz: float, seconds: float,
-            outage: tuple[float, float] | None = None) -> dict[str, Any]:
+def run_row(
+    link: ShapedLink, row: Row, hz: float, seconds: float, outage: tuple[float, float] | None = None
+) -> dict[str, Any]:
     """One robot process in the robot namespace; its measurements as a dict. ``outage`` (at, for): the link
     is cut ``at`` seconds into the row for ``for`` seconds (the robot reconnects)."""
     url = f"ws://{link.server_ip}:{NATIVE_PORT}/" + ("openpi" if row.client == "lockstep" else "")
-    argv = [sys.executable, str(BENCHMARKS / "shaped_link_robot.py"), "--client", row.client, "--cameras",
-            str(row.cameras), "--images", row.images, "--quality", str(row.quality), "--hz", str(hz),
-            "--seconds", str(seconds), "--url", url] + (["--reconnect"] if outage else [])
+    argv = [
+        sys.executable,
+        str(BENCHMARKS / "shaped_link_robot.py"),
+        "--client",
+        row.client,
+        "--cameras",
+        str(row.cameras),
+        "--images",
+        row.images,
+        "--quality",
+        str(row.quality),
+        "--hz",
+        str(hz),
+        "--seconds",
+        str(seconds),
+        "--url",
+        url,
+    ] + (["--reconnect"] if outage else [])
     robot = link.popen("robot", argv, cwd=REPO_ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         if outage is not None:
@@ -191,39 +226,63 @@ def summarize(row: Row, result: dict[str, Any], shape: LinkShape) -> RowSummary:
     queued = np.array(result["queued"], dtype=np.float64) / 1024
     frame_bytes = float(np.mean(result["frame_bytes"])) if result["frame_bytes"] else float("nan")
     return RowSummary(
-        label=row.label, sent_hz=result["sent"] / result["seconds"], answered_hz=len(records) / result["seconds"],
-        bytes_per_frame=frame_bytes, wire_ms=frame_bytes * WIRE_OVERHEAD * 8 / (shape.rate_mbit * 1e3) + shape.delay_ms,
-        latency_p50=pct(latency, 50), latency_p99=pct(latency, 99), age_p50=pct(age, 50), age_p99=pct(age, 99),
-        age_first=pct(age[:third], 50), age_last=pct(age[-third:], 50),
-        queued_p50_kb=pct(queued, 50), queued_max_kb=float(queued.max()) if queued.size else float("nan"),
+        label=row.label,
+        sent_hz=result["sent"] / result["seconds"],
+        answered_hz=len(records) / result["seconds"],
+        bytes_per_frame=frame_bytes,
+        wire_ms=frame_bytes * WIRE_OVERHEAD * 8 / (shape.rate_mbit * 1e3) + shape.delay_ms,
+        latency_p50=pct(latency, 50),
+        latency_p99=pct(latency, 99),
+        age_p50=pct(age, 50),
+        age_p99=pct(age, 99),
+        age_first=pct(age[:third], 50),
+        age_last=pct(age[-third:], 50),
+        queued_p50_kb=pct(queued, 50),
+        queued_max_kb=float(queued.max()) if queued.size else float("nan"),
         submit_p50=pct(np.array(result["submit_ms"], dtype=np.float64), 50),
-        superseded=result["superseded"], errors=result["errors"], error_sample=result["error_sample"])
+        superseded=result["superseded"],
+        errors=result["errors"],
+        error_sample=result["error_sample"],
+    )
 
 
 def print_table(summaries: list[RowSummary]) -> None:
-    header = (f"{'row':<26} | {'sent/s':>6} {'answ/s':>6} | {'bytes/frame':>11} | {'latency p50':>11} {'p99':>6} | "
-              f"{'wire':>5} | {'age@server p50':>14} {'p99':>6} {'1st 3rd':>7} {'last':>6} | "
-              f"{'queued KB p50':>13} {'max':>6} | {'loop held':>9} | {'superseded':>10} {'errors':>6}")
+    header = (
+        f"{'row':<26} | {'sent/s':>6} {'answ/s':>6} | {'bytes/frame':>11} | {'latency p50':>11} {'p99':>6} | "
+        f"{'wire':>5} | {'age@server p50':>14} {'p99':>6} {'1st 3rd':>7} {'last':>6} | "
+        f"{'queued KB p50':>13} {'max':>6} | {'loop held':>9} | {'superseded':>10} {'errors':>6}"
+    )
     print(header)
     print("-" * len(header))
     for s in summaries:
-        print(f"{s.label:<26} | {s.sent_hz:>6.1f} {s.answered_hz:>6.1f} | {s.bytes_per_frame:>11,.0f} | "
-              f"{s.latency_p50:>11.0f} {s.latency_p99:>6.0f} | {s.wire_ms:>5.0f} | "
-              f"{s.age_p50:>14.0f} {s.age_p99:>6.0f} {s.age_first:>7.0f} {s.age_last:>6.0f} | "
-              f"{s.queued_p50_kb:>13.0f} {s.queued_max_kb:>6.0f} | {s.submit_p50:>9.0f} | {s.superseded:>10} {s.errors:>6}")
+        print(
+            f"{s.label:<26} | {s.sent_hz:>6.1f} {s.answered_hz:>6.1f} | {s.bytes_per_frame:>11,.0f} | "
+            f"{s.latency_p50:>11.0f} {s.latency_p99:>6.0f} | {s.wire_ms:>5.0f} | "
+            f"{s.age_p50:>14.0f} {s.age_p99:>6.0f} {s.age_first:>7.0f} {s.age_last:>6.0f} | "
+            f"{s.queued_p50_kb:>13.0f} {s.queued_max_kb:>6.0f} | "
+            f"{s.submit_p50:>9.0f} | {s.superseded:>10} {s.errors:>6}"
+        )
         if s.error_sample:
             print(f"    first error: {s.error_sample[0][:160]}")
-    print("times in ms. wire: one frame's time on the link (the floor of its age); age@server = latency - server time "
-          "- one-way delay, p50, p99, and the p50 of the first and last third of the run; queued: bytes sent and "
-          "not yet acknowledged, on the robot, at each tick; loop held: p50 of how long sending (lockstep: sending and "
-          "waiting for the actions) kept the robot's loop from its next tick")
+    print(
+        "times in ms. wire: one frame's time on the link (the floor of its age); age@server = latency - server time "
+        "- one-way delay, p50, p99, and the p50 of the first and last third of the run; queued: bytes sent and "
+        "not yet acknowledged, on the robot, at each tick; loop held: p50 of how long sending (lockstep: sending and "
+        "waiting for the actions) kept the robot's loop from its next tick"
+    )
 
 
 OUTAGE_ROW = Row("stream", 2, "jpeg-resized")
 
 
-def measure(rows: list[Row], shape: LinkShape, hz: float, seconds: float, backend: str = "auto",
-            outage: tuple[float, float] | None = None) -> tuple[str, list[RowSummary], Any]:
+def measure(
+    rows: list[Row],
+    shape: LinkShape,
+    hz: float,
+    seconds: float,
+    backend: str = "auto",
+    outage: tuple[float, float] | None = None,
+) -> tuple[str, list[RowSummary], Any]:
     """Every row over one shaped link (the server started once), then the outage row if ``outage``.
     Returns the link backend, the summaries, and (summary, counts) of the outage row or None."""
     with tempfile.TemporaryDirectory(prefix="shaped-link-") as logdir, ShapedLink(shape, backend=backend) as link:
@@ -241,14 +300,22 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seconds", type=float, default=20.0, help="per row (default 20)")
     parser.add_argument("--hz", type=float, default=15.0, help="camera rate (default 15)")
     parser.add_argument("--cameras", default="1,2", help="camera counts to run (default 1,2)")
-    parser.add_argument("--images", default=",".join(IMAGE_FORMS),
-                        help=f"comma-separated, of {', '.join(IMAGE_FORMS)} (default: all)")
+    parser.add_argument(
+        "--images", default=",".join(IMAGE_FORMS), help=f"comma-separated, of {', '.join(IMAGE_FORMS)} (default: all)"
+    )
     parser.add_argument("--quality", type=int, default=90, help="JPEG quality of the encoded rows")
     parser.add_argument("--clients", default=",".join(CLIENTS), help=f"of {', '.join(CLIENTS)} (default: all)")
-    parser.add_argument("--nowait-max-cameras", type=int, default=1,
-                        help="stream-nowait rows only up to this many cameras (its queue is all in memory)")
-    parser.add_argument("--unbounded-images", default="raw",
-                        help="stream-unbounded and stream-nowait rows only for these image forms (default raw)")
+    parser.add_argument(
+        "--nowait-max-cameras",
+        type=int,
+        default=1,
+        help="stream-nowait rows only up to this many cameras (its queue is all in memory)",
+    )
+    parser.add_argument(
+        "--unbounded-images",
+        default="raw",
+        help="stream-unbounded and stream-nowait rows only for these image forms (default raw)",
+    )
     parser.add_argument("--outage", default="4,2", help="AT,FOR seconds of the outage row ('' for none)")
     parser.add_argument("--backend", default="auto", choices=("auto", "netem", "relay"))
     parser.add_argument("--rate-mbit", type=float, default=LinkShape.rate_mbit)
@@ -256,17 +323,23 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--loss", type=float, default=LinkShape.loss)
     args = parser.parse_args(argv)
 
-    rows = [Row(client, int(cameras), images, args.quality) for client in args.clients.split(",")
-            for cameras in args.cameras.split(",") for images in args.images.split(",")
-            if (client != "stream-nowait" or int(cameras) <= args.nowait_max_cameras)
-            and (client in ("stream", "lockstep") or images in args.unbounded_images.split(","))]
+    rows = [
+        Row(client, int(cameras), images, args.quality)
+        for client in args.clients.split(",")
+        for cameras in args.cameras.split(",")
+        for images in args.images.split(",")
+        if (client != "stream-nowait" or int(cameras) <= args.nowait_max_cameras)
+        and (client in ("stream", "lockstep") or images in args.unbounded_images.split(","))
+    ]
     shape = LinkShape(args.rate_mbit, args.delay_ms, args.loss)
     load = os.getloadavg()[0]
     started = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
     outage = tuple(float(x) for x in args.outage.split(",")) if args.outage else None
     backend, summaries, outage_row = measure(rows, shape, args.hz, args.seconds, args.backend, outage)
-    print(f"{started}; link {asdict(shape)} via {backend}; {args.hz:g} Hz, {args.seconds:g} s per row; "
-          f"load average {load:.1f} before, {os.getloadavg()[0]:.1f} after")
+    print(
+        f"{started}; link {asdict(shape)} via {backend}; {args.hz:g} Hz, {args.seconds:g} s per row; "
+        f"load average {load:.1f} before, {os.getloadavg()[0]:.1f} after"
+    )
     print_table(summaries)
     if outage_row is not None:
         summary, counts = outage_row

@@ -102,8 +102,9 @@ async def stream_client(url: str, row: Row, reconnect: bool = False):
     bound = {} if row.client == "stream" else {"max_buffered_bytes": None}
     # Reconnecting robots keep a short keepalive, so a dead link is noticed within a second or two.
     keepalive = {"reconnect": True, "ping_interval": 0.5, "ping_timeout": 1.0} if reconnect else {"reconnect": False}
-    client = AsyncPolicyClient(url, connect_timeout=60, images=images, resize=row.images == "jpeg-resized",
-                               **keepalive, **bound)
+    client = AsyncPolicyClient(
+        url, connect_timeout=60, images=images, resize=row.images == "jpeg-resized", **keepalive, **bound
+    )
     await client.connect()
     return client
 
@@ -128,8 +129,15 @@ async def run_stream(row: Row, url: str, hz: float, seconds: float, reconnect: b
             except ServerError as exc:
                 errors.append(f"{exc.code}: {exc}")
                 continue
-            records.append({"t": time.monotonic(), "latency_ms": chunk.round_trip_ms, "seq": chunk.seq,
-                            "server_ms": chunk.timing.get("observation_age_ms"), "domain": chunk.domain_name})
+            records.append(
+                {
+                    "t": time.monotonic(),
+                    "latency_ms": chunk.round_trip_ms,
+                    "seq": chunk.seq,
+                    "server_ms": chunk.timing.get("observation_age_ms"),
+                    "domain": chunk.domain_name,
+                }
+            )
 
     receiver = asyncio.create_task(receive())
     if reconnect:
@@ -176,19 +184,30 @@ async def run_stream(row: Row, url: str, hz: float, seconds: float, reconnect: b
         task.cancel()
     await client.close()
     seqs = [r["seq"] for r in records]
-    outage = {"reconnected_at_s": [round(t - started, 2) for t in reconnected_at],
-              "reconnects": client.stats.reconnects, "stale_filtered": client.stats.stale,
-              # A chunk handed to the robot for an older seq than one handed before: the client must make it 0.
-              "older_than_delivered": sum(1 for a, b in zip(seqs, seqs[1:]) if b <= a),
-              "answered_after_reconnect": sum(1 for r in records if reconnected_at and r["t"] > reconnected_at[0]),
-              "configured_after_reconnect": bool(reconnected_at) and all(
-                  r["domain"] == settings["domain_name"] for r in records if r["t"] > reconnected_at[0])}
+    outage = {
+        "reconnected_at_s": [round(t - started, 2) for t in reconnected_at],
+        "reconnects": client.stats.reconnects,
+        "stale_filtered": client.stats.stale,
+        # A chunk handed to the robot for an older seq than one handed before: the client must make it 0.
+        "older_than_delivered": sum(1 for a, b in zip(seqs, seqs[1:]) if b <= a),
+        "answered_after_reconnect": sum(1 for r in records if reconnected_at and r["t"] > reconnected_at[0]),
+        "configured_after_reconnect": bool(reconnected_at)
+        and all(r["domain"] == settings["domain_name"] for r in records if r["t"] > reconnected_at[0]),
+    }
     for record in records:
         del record["domain"]
-    return {"seconds": seconds, "sent": sent, "records": records, "queued": queued, "submit_ms": submit_ms,
-            "outage": outage, "frame_bytes": frame_bytes or [source_bytes(row, client.metadata)],
-            "superseded": client.stats.dropped.get("superseded", 0) + client.stats.dropped.get("unsent", 0),
-            "errors": len(errors), "error_sample": errors[:1]}
+    return {
+        "seconds": seconds,
+        "sent": sent,
+        "records": records,
+        "queued": queued,
+        "submit_ms": submit_ms,
+        "outage": outage,
+        "frame_bytes": frame_bytes or [source_bytes(row, client.metadata)],
+        "superseded": client.stats.dropped.get("superseded", 0) + client.stats.dropped.get("unsent", 0),
+        "errors": len(errors),
+        "error_sample": errors[:1],
+    }
 
 
 def source_bytes(row: Row, metadata: dict[str, Any]) -> float:
@@ -233,11 +252,25 @@ async def run_lockstep(row: Row, url: str, hz: float, seconds: float) -> dict[st
                 errors.append(reply)
             else:
                 reply = unpackb(reply)
-                records.append({"t": time.monotonic(), "latency_ms": (time.monotonic() - captured) * 1e3,
-                                "server_ms": reply["server_timing"]["total_ms"]})
+                records.append(
+                    {
+                        "t": time.monotonic(),
+                        "latency_ms": (time.monotonic() - captured) * 1e3,
+                        "server_ms": reply["server_timing"]["total_ms"],
+                    }
+                )
             tick = max(tick + 1, int((time.monotonic() - started) * hz))
-    return {"seconds": seconds, "sent": sent, "records": records, "queued": queued, "submit_ms": held_ms,
-            "frame_bytes": frame_bytes, "superseded": 0, "errors": len(errors), "error_sample": errors[:1]}
+    return {
+        "seconds": seconds,
+        "sent": sent,
+        "records": records,
+        "queued": queued,
+        "submit_ms": held_ms,
+        "frame_bytes": frame_bytes,
+        "superseded": 0,
+        "errors": len(errors),
+        "error_sample": errors[:1],
+    }
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -249,8 +282,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--hz", type=float, required=True)
     parser.add_argument("--seconds", type=float, required=True)
     parser.add_argument("--url", required=True)
-    parser.add_argument("--reconnect", action="store_true",
-                        help="stream rows: reconnect after an outage (keepalive 0.5 s, timeout 1 s)")
+    parser.add_argument(
+        "--reconnect", action="store_true", help="stream rows: reconnect after an outage (keepalive 0.5 s, timeout 1 s)"
+    )
     args = parser.parse_args(argv)
     row = Row(args.client, args.cameras, args.images, args.quality)
     if row.client == "lockstep":

@@ -73,13 +73,19 @@ class Window:
     def summary(self, t0: float) -> dict:
         lat = np.asarray(self.latencies_ms) if self.latencies_ms else None
         return {
-            "t_s": round(self.start - t0, 1), "sent": self.sent, "served": self.served,
-            "errors": sum(self.errors.values()), "error_codes": dict(self.errors),
-            "dropped": sum(self.dropped.values()), "dropped_reasons": dict(self.dropped),
+            "t_s": round(self.start - t0, 1),
+            "sent": self.sent,
+            "served": self.served,
+            "errors": sum(self.errors.values()),
+            "error_codes": dict(self.errors),
+            "dropped": sum(self.dropped.values()),
+            "dropped_reasons": dict(self.dropped),
             "p50_ms": round(float(np.percentile(lat, 50)), 1) if lat is not None else None,
             "p99_ms": round(float(np.percentile(lat, 99)), 1) if lat is not None else None,
-            "queue_p50_ms": _pct(self.queue_ms, 50), "queue_p99_ms": _pct(self.queue_ms, 99),
-            "rss_mib": self.rss_mib, "videos_done": self.videos_done,
+            "queue_p50_ms": _pct(self.queue_ms, 50),
+            "queue_p99_ms": _pct(self.queue_ms, 99),
+            "rss_mib": self.rss_mib,
+            "videos_done": self.videos_done,
         }
 
 
@@ -91,9 +97,14 @@ def _phase(windows: list[Window], seconds: float) -> dict:
     """Round trip and queue wait over a run of windows (a phase of the soak)."""
     lat = [x for w in windows for x in w.latencies_ms]
     queue = [x for w in windows for x in w.queue_ms]
-    return {"windows": len(windows), "served_per_s": round(sum(w.served for w in windows) / max(seconds, 1e-9), 1),
-            "p50_ms": _pct(lat, 50), "p99_ms": _pct(lat, 99),
-            "queue_p50_ms": _pct(queue, 50), "queue_p99_ms": _pct(queue, 99)}
+    return {
+        "windows": len(windows),
+        "served_per_s": round(sum(w.served for w in windows) / max(seconds, 1e-9), 1),
+        "p50_ms": _pct(lat, 50),
+        "p99_ms": _pct(lat, 99),
+        "queue_p50_ms": _pct(queue, 50),
+        "queue_p99_ms": _pct(queue, 99),
+    }
 
 
 class Soak:
@@ -120,11 +131,29 @@ class Soak:
 
     def start_server(self, data_dir: str) -> None:
         a = self.args
-        cmd = [sys.executable, "-m", "policy_server.cli", "--tiny", a.variant, "--host", "127.0.0.1", "--port", "0",
-               "--http-port", "0", "--data-dir", data_dir, "--log-level", "info",
-               "--max-sessions", str(a.sessions + 4), *a.server_arg]
-        self.proc = subprocess.Popen(cmd, cwd=a.server_repo, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-                                     text=True)
+        cmd = [
+            sys.executable,
+            "-m",
+            "policy_server.cli",
+            "--tiny",
+            a.variant,
+            "--host",
+            "127.0.0.1",
+            "--port",
+            "0",
+            "--http-port",
+            "0",
+            "--data-dir",
+            data_dir,
+            "--log-level",
+            "info",
+            "--max-sessions",
+            str(a.sessions + 4),
+            *a.server_arg,
+        ]
+        self.proc = subprocess.Popen(
+            cmd, cwd=a.server_repo, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True
+        )
         ready = threading.Event()
 
         def read() -> None:
@@ -157,8 +186,16 @@ class Soak:
             try:
                 async with connect(url, compression=None, max_size=None, proxy=None) as ws:
                     await ws.recv()
-                    await ws.send(packb({"type": "configure", "domain_name": DOMAIN,
-                                         "action_horizon": self.args.horizon, "control_hz": self.args.hz}))
+                    await ws.send(
+                        packb(
+                            {
+                                "type": "configure",
+                                "domain_name": DOMAIN,
+                                "action_horizon": self.args.horizon,
+                                "control_hz": self.args.hz,
+                            }
+                        )
+                    )
                     await ws.recv()
                     sent_at: dict[int, float] = {}
                     reader = asyncio.create_task(self.read_native(ws, sent_at))
@@ -206,15 +243,21 @@ class Soak:
 
         buffer = io.BytesIO()
         Image.fromarray(np.zeros((64, 64, 3), np.uint8)).save(buffer, "PNG")
-        body = {"domain_name": DOMAIN, "input_reference": base64.b64encode(buffer.getvalue()).decode(),
-                "action": np.zeros((8, 10)).tolist(), "seed": 0}
+        body = {
+            "domain_name": DOMAIN,
+            "input_reference": base64.b64encode(buffer.getvalue()).decode(),
+            "action": np.zeros((8, 10)).tolist(),
+            "seed": 0,
+        }
         try:  # the first phase runs without video jobs (--video-start-s)
             await asyncio.wait_for(self.stop.wait(), max(0.0, self.t0 + self.args.video_start_s - time.monotonic()))
             return
         except asyncio.TimeoutError:
             pass
         self.video_started_at = time.monotonic()
-        async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{self.http_port}", trust_env=False, timeout=30) as client:
+        async with httpx.AsyncClient(
+            base_url=f"http://127.0.0.1:{self.http_port}", trust_env=False, timeout=30
+        ) as client:
             pending: dict[str, float] = {}  # job id -> when it was submitted
             next_submit = time.monotonic()
             while not self.stop.is_set():
@@ -256,10 +299,13 @@ class Soak:
 
     def print_window(self, w: Window) -> None:
         s = w.summary(self.t0)
-        print(f"t={s['t_s']:>6}s sent={s['sent']:>5} served={s['served']:>5} errors={s['errors']:>3} "
-              f"dropped={s['dropped']:>5} p50={s['p50_ms']} ms p99={s['p99_ms']} ms "
-              f"queue p50={s['queue_p50_ms']} p99={s['queue_p99_ms']} ms rss={s['rss_mib']} MiB "
-              f"videos={s['videos_done']} {s['error_codes'] or ''}", flush=True)
+        print(
+            f"t={s['t_s']:>6}s sent={s['sent']:>5} served={s['served']:>5} errors={s['errors']:>3} "
+            f"dropped={s['dropped']:>5} p50={s['p50_ms']} ms p99={s['p99_ms']} ms "
+            f"queue p50={s['queue_p50_ms']} p99={s['queue_p99_ms']} ms rss={s['rss_mib']} MiB "
+            f"videos={s['videos_done']} {s['error_codes'] or ''}",
+            flush=True,
+        )
 
     async def run(self) -> dict:
         self.t0 = time.monotonic()  # the clock starts with the sessions, not with the model loading
@@ -290,27 +336,40 @@ class Soak:
             after = [w for w in self.windows if w.start >= split]
             without = _phase(before, self.args.video_start_s)
             with_videos = _phase(after, time.monotonic() - self.t0 - self.args.video_start_s)
-            added = {key: round(with_videos[key] - without[key], 1)
-                     if with_videos[key] is not None and without[key] is not None else None
-                     for key in ("queue_p50_ms", "queue_p99_ms", "p50_ms", "p99_ms")}
+            added = {
+                key: round(with_videos[key] - without[key], 1)
+                if with_videos[key] is not None and without[key] is not None
+                else None
+                for key in ("queue_p50_ms", "queue_p99_ms", "p50_ms", "p99_ms")
+            }
             phases = {"without_videos": without, "with_videos": with_videos, "added_wait_ms": added}
         return {
-            "sessions": self.args.sessions, "hz": self.args.hz, "duration_s": round(time.monotonic() - self.t0, 1),
-            "variant": self.args.variant, "image_side": self.args.image_side,
-            "sent": sum(w["sent"] for w in windows), "served": sum(w["served"] for w in windows),
-            "errors": sum(errors.values()), "error_codes": dict(errors),
-            "dropped": sum(dropped.values()), "dropped_reasons": dict(dropped),
+            "sessions": self.args.sessions,
+            "hz": self.args.hz,
+            "duration_s": round(time.monotonic() - self.t0, 1),
+            "variant": self.args.variant,
+            "image_side": self.args.image_side,
+            "sent": sum(w["sent"] for w in windows),
+            "served": sum(w["served"] for w in windows),
+            "errors": sum(errors.values()),
+            "error_codes": dict(errors),
+            "dropped": sum(dropped.values()),
+            "dropped_reasons": dict(dropped),
             # In flight when the soak stopped (sent in its last moments), not lost.
-            "unanswered_at_stop": sum(w["sent"] for w in windows) - sum(w["served"] for w in windows)
-            - sum(dropped.values()) - sum(v for k, v in errors.items() if not k.startswith("video")),
+            "unanswered_at_stop": sum(w["sent"] for w in windows)
+            - sum(w["served"] for w in windows)
+            - sum(dropped.values())
+            - sum(v for k, v in errors.items() if not k.startswith("video")),
             "videos_submitted": self.videos_submitted,
             "videos_done": sum(w["videos_done"] for w in windows),
-            "video_job_s_p50": _pct(self.video_job_s, 50), "video_job_s_max": _pct(self.video_job_s, 100),
+            "video_job_s_p50": _pct(self.video_job_s, 50),
+            "video_job_s_max": _pct(self.video_job_s, 100),
             "phases": phases,
             "disconnects": self.disconnects,
             "p50_ms": round(float(np.percentile(lat, 50)), 1) if lat.size else None,
             "p99_ms": round(float(np.percentile(lat, 99)), 1) if lat.size else None,
-            "rss_first_window_mib": rss[0] if rss else None, "rss_last_window_mib": rss[-1] if rss else None,
+            "rss_first_window_mib": rss[0] if rss else None,
+            "rss_last_window_mib": rss[-1] if rss else None,
             "rss_drift_mib": round(rss[-1] - rss[0], 1) if len(rss) > 1 else None,
             "windows": windows,
         }
@@ -327,20 +386,35 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--image-side", type=int, default=64)
     parser.add_argument("--horizon", type=int, default=8)
     parser.add_argument("--video-every-s", type=float, default=0.0, help="submit a video job this often (0: none)")
-    parser.add_argument("--video-start-s", type=float, default=0.0,
-                        help="submit video jobs only from this many seconds on (the time before is the baseline)")
-    parser.add_argument("--server-repo", type=Path, default=REPO,
-                        help="checkout whose server to run (default: this one), e.g. /work/main for a before/after")
-    parser.add_argument("--server-arg", action="append", default=[],
-                        help="extra argument for cosmos3-serve, e.g. --server-arg=--video-step-interval-s=0.5")
+    parser.add_argument(
+        "--video-start-s",
+        type=float,
+        default=0.0,
+        help="submit video jobs only from this many seconds on (the time before is the baseline)",
+    )
+    parser.add_argument(
+        "--server-repo",
+        type=Path,
+        default=REPO,
+        help="checkout whose server to run (default: this one), e.g. /work/main for a before/after",
+    )
+    parser.add_argument(
+        "--server-arg",
+        action="append",
+        default=[],
+        help="extra argument for cosmos3-serve, e.g. --server-arg=--video-step-interval-s=0.5",
+    )
     parser.add_argument("--json", type=Path, default=None, help="write the summary here")
     args = parser.parse_args(argv)
 
     soak = Soak(args)
     with tempfile.TemporaryDirectory(prefix="soak-") as data_dir:
         soak.start_server(data_dir)
-        print(f"server ready on ports {soak.port}/{soak.http_port}, rss={soak.rss_mib()} MiB; "
-              f"{args.sessions} sessions at {args.hz:g} Hz for {args.duration_s:g} s", flush=True)
+        print(
+            f"server ready on ports {soak.port}/{soak.http_port}, rss={soak.rss_mib()} MiB; "
+            f"{args.sessions} sessions at {args.hz:g} Hz for {args.duration_s:g} s",
+            flush=True,
+        )
         try:
             report = asyncio.run(soak.run())
         finally:

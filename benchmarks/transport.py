@@ -43,9 +43,10 @@ import platform
 import random
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
 
@@ -55,6 +56,7 @@ sys.path.insert(0, str(BENCHMARKS))
 
 from lockstep_baseline import BaselineProcess, serving  # noqa: E402
 from realtime_roundtrip import ServerProcess, percentile  # noqa: E402
+
 from robot_clients.protocol import REALTIME_PATH  # noqa: E402
 from robot_clients.wire_codec import packb, unpackb  # noqa: E402
 
@@ -91,12 +93,28 @@ class Scenario:
 
 
 SCENARIOS = (
-    Scenario("2cam", "two 224x224 RGB cameras + 8-float state (LIBERO keys)",
-             {"observation/image": (224, 224, 3), "observation/wrist_image": (224, 224, 3)}, openpi=True, native=False),
-    Scenario("480x640", "one 480x640 RGB camera + 8-float state",
-             {"observation/image": (480, 640, 3)}, openpi=True, native=True),
-    Scenario("clip17", "17-frame 256x256 clip, inverse_dynamics, horizon 16",
-             {"observation/image": (17, 256, 256, 3)}, openpi=False, native=True, mode="inverse_dynamics"),
+    Scenario(
+        "2cam",
+        "two 224x224 RGB cameras + 8-float state (LIBERO keys)",
+        {"observation/image": (224, 224, 3), "observation/wrist_image": (224, 224, 3)},
+        openpi=True,
+        native=False,
+    ),
+    Scenario(
+        "480x640",
+        "one 480x640 RGB camera + 8-float state",
+        {"observation/image": (480, 640, 3)},
+        openpi=True,
+        native=True,
+    ),
+    Scenario(
+        "clip17",
+        "17-frame 256x256 clip, inverse_dynamics, horizon 16",
+        {"observation/image": (17, 256, 256, 3)},
+        openpi=False,
+        native=True,
+        mode="inverse_dynamics",
+    ),
 )
 
 
@@ -150,9 +168,18 @@ class NativeConnection(Connection):
     def __init__(self, url: str, mode: str) -> None:
         super().__init__(url)
         self.metadata = unpackb(self.ws.recv())
-        self.ws.send(packb({"type": "configure", "domain_name": self.metadata["defaults"]["domain_name"],
-                            "action_mode": mode, "action_horizon": HORIZON, "prompt": PROMPT,
-                            "view_point": VIEW_POINT}))
+        self.ws.send(
+            packb(
+                {
+                    "type": "configure",
+                    "domain_name": self.metadata["defaults"]["domain_name"],
+                    "action_mode": mode,
+                    "action_horizon": HORIZON,
+                    "prompt": PROMPT,
+                    "view_point": VIEW_POINT,
+                }
+            )
+        )
         reply = unpackb(self.ws.recv())
         if reply.get("type") != "session":
             raise RuntimeError(f"configure refused: {reply}")
@@ -252,9 +279,11 @@ def machine_description() -> str:
     import websockets
 
     load = ", ".join(f"{x:.2f}" for x in os.getloadavg())
-    return (f"{datetime.datetime.now().astimezone():%Y-%m-%d %H:%M %Z}; {platform.node()}: "
-            f"{len(os.sched_getaffinity(0))} cores, load average {load}; Python {platform.python_version()}, "
-            f"websockets {websockets.__version__}")
+    return (
+        f"{datetime.datetime.now().astimezone():%Y-%m-%d %H:%M %Z}; {platform.node()}: "
+        f"{len(os.sched_getaffinity(0))} cores, load average {load}; Python {platform.python_version()}, "
+        f"websockets {websockets.__version__}"
+    )
 
 
 def overhead(sample: Sample) -> float:
@@ -262,15 +291,19 @@ def overhead(sample: Sample) -> float:
 
 
 def report(pairs: list[Pair]) -> None:
-    header = (f"{'target':<18} {'n':>3} | {'rt p50':>7} {'rt p99':>7} | {'engine p50':>10} | "
-              f"{'over p50':>8} {'over p99':>8} | {'p50 x ack':>9} {'p50 x lock':>10} {'p99 x lock':>10}")
+    header = (
+        f"{'target':<18} {'n':>3} | {'rt p50':>7} {'rt p99':>7} | {'engine p50':>10} | "
+        f"{'over p50':>8} {'over p99':>8} | {'p50 x ack':>9} {'p50 x lock':>10} {'p99 x lock':>10}"
+    )
     for scenario in SCENARIOS:
         rows = [p for p in pairs if p.scenario is scenario]
         by_target = {p.target: p for p in rows}
         ack = [overhead(s) for s in by_target["ack (reply-sized)"].samples]
         lock = [overhead(s) for s in by_target["lock-step"].samples]
-        print(f"\n{scenario.name}: {scenario.description}; observation frame "
-              f"{by_target['lock-step'].frame_bytes / 1024:.0f} KiB (openpi dict)")
+        print(
+            f"\n{scenario.name}: {scenario.description}; observation frame "
+            f"{by_target['lock-step'].frame_bytes / 1024:.0f} KiB (openpi dict)"
+        )
         print(header)
         print("-" * len(header))
         for target in TARGETS:
@@ -282,24 +315,31 @@ def report(pairs: list[Pair]) -> None:
             engine = [s.engine_ms for s in pair.samples]
             p50, p99 = percentile(over, 50), percentile(over, 99)
             engine_text = f"{percentile(engine, 50):10.1f}" if any(engine) else f"{'-':>10}"
-            print(f"{target:<18} {len(rt):>3} | {percentile(rt, 50):7.1f} {percentile(rt, 99):7.1f} | {engine_text} | "
-                  f"{p50:8.2f} {p99:8.2f} | {p50 / percentile(ack, 50):9.2f} "
-                  f"{p50 / percentile(lock, 50):10.2f} {p99 / percentile(lock, 99):10.2f}")
+            print(
+                f"{target:<18} {len(rt):>3} | {percentile(rt, 50):7.1f} {percentile(rt, 99):7.1f} | {engine_text} | "
+                f"{p50:8.2f} {p99:8.2f} | {p50 / percentile(ack, 50):9.2f} "
+                f"{p50 / percentile(lock, 50):10.2f} {p99 / percentile(lock, 99):10.2f}"
+            )
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--rounds", type=int, default=45, help="measured rounds (default 45)")
     parser.add_argument("--warmup", type=int, default=3, help="unrecorded rounds first (default 3)")
-    parser.add_argument("--clip-every", type=int, default=3,
-                        help="send the 1.5 s clip only every Nth round, to keep the run short (default 3)")
+    parser.add_argument(
+        "--clip-every",
+        type=int,
+        default=3,
+        help="send the 1.5 s clip only every Nth round, to keep the run short (default 3)",
+    )
     parser.add_argument("--json", help="also write every sample to this file")
     args = parser.parse_args(argv)
 
     print(machine_description())
     starters = {
-        "ours": lambda: ServerProcess(["--tiny", "distilled", "--no-http", "--openpi-view-point", VIEW_POINT,
-                                       "--openpi-prompt", PROMPT]),
+        "ours": lambda: ServerProcess(
+            ["--tiny", "distilled", "--no-http", "--openpi-view-point", VIEW_POINT, "--openpi-prompt", PROMPT]
+        ),
         "lockstep": lambda: BaselineProcess("lockstep", ["--view-point", VIEW_POINT]),
         "echo": lambda: BaselineProcess("echo"),
     }
@@ -314,9 +354,19 @@ def main(argv: list[str] | None = None) -> int:
                 pair.connection.close()
     report(pairs)
     if args.json:
-        Path(args.json).write_text(json.dumps([
-            {"scenario": p.scenario.name, "target": p.target, "frame_bytes": p.frame_bytes,
-             "samples": [vars(s) for s in p.samples]} for p in pairs]))
+        Path(args.json).write_text(
+            json.dumps(
+                [
+                    {
+                        "scenario": p.scenario.name,
+                        "target": p.target,
+                        "frame_bytes": p.frame_bytes,
+                        "samples": [vars(s) for s in p.samples],
+                    }
+                    for p in pairs
+                ]
+            )
+        )
     return 0
 
 

@@ -14,8 +14,6 @@ Run (real tiny model, CPU)::
 
 from __future__ import annotations
 
-import policy_server  # noqa: F401  (first: sets OMP_WAIT_POLICY=PASSIVE before torch loads)
-
 import argparse
 import base64
 import io
@@ -27,6 +25,8 @@ from pathlib import Path
 
 import httpx
 import numpy as np
+
+import policy_server  # noqa: F401  (first: sets OMP_WAIT_POLICY=PASSIVE before torch loads)
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 from lockstep_robot import lockstep_chunks  # noqa: E402
@@ -51,8 +51,10 @@ def _percentiles(values: list[float]) -> str:
     def pick(q: float) -> float:
         return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
 
-    return (f"n={len(values):4d}  p50 {pick(0.5):7.1f}  p90 {pick(0.9):7.1f}  p99 {pick(0.99):7.1f}  "
-            f"max {ordered[-1]:7.1f} ms")
+    return (
+        f"n={len(values):4d}  p50 {pick(0.5):7.1f}  p90 {pick(0.9):7.1f}  p99 {pick(0.99):7.1f}  "
+        f"max {ordered[-1]:7.1f} ms"
+    )
 
 
 def robot_loop(url: str, seconds: float, image: np.ndarray) -> tuple[list[float], list[float]]:
@@ -71,11 +73,16 @@ def main() -> None:
 
     image = np.random.default_rng(0).integers(0, 256, (args.image_size, args.image_size, 3), dtype=np.uint8)
     first_frame = np.random.default_rng(1).integers(0, 256, (args.video_size, args.video_size, 3), dtype=np.uint8)
-    video_body = {"action": np.zeros((args.video_actions, 10)).tolist(), "input_reference": _png_b64(first_frame),
-                  "domain_name": DOMAIN, "seed": 0}
-    with tempfile.TemporaryDirectory() as data_dir, ServerThread(
-        tiny_engine_loader("distilled"), http=SidecarSettings(data_dir=Path(data_dir), port=0)
-    ) as server:
+    video_body = {
+        "action": np.zeros((args.video_actions, 10)).tolist(),
+        "input_reference": _png_b64(first_frame),
+        "domain_name": DOMAIN,
+        "seed": 0,
+    }
+    with (
+        tempfile.TemporaryDirectory() as data_dir,
+        ServerThread(tiny_engine_loader("distilled"), http=SidecarSettings(data_dir=Path(data_dir), port=0)) as server,
+    ):
         http = httpx.Client(base_url=f"http://127.0.0.1:{server.server.sidecar.port}", trust_env=False, timeout=60)
         # Warm the video path: the first rollout pays one-time costs.
         for _ in range(2):
@@ -90,8 +97,11 @@ def main() -> None:
         def submit_jobs() -> None:  # keep two jobs waiting at all times
             while not stop.is_set():
                 counts = http.get("/metrics").text
-                waiting = sum(float(line.split()[-1]) for line in counts.splitlines()
-                              if line.startswith('cosmos3_video_jobs{status="queued"}'))
+                waiting = sum(
+                    float(line.split()[-1])
+                    for line in counts.splitlines()
+                    if line.startswith('cosmos3_video_jobs{status="queued"}')
+                )
                 if waiting < 2:
                     submitted.append(http.post("/v1/videos", json=video_body).json()["id"])
                 time.sleep(0.05)
@@ -110,9 +120,11 @@ def main() -> None:
         model_count = float(samples['cosmos3_request_model_seconds_count{kind="video"}'])
         http.close()  # the data directory goes away with the server
 
-    print(f"video job: T={args.video_actions} actions, {args.video_size}px first frame; "
-          f"engine time per job (mean of {int(model_count)}): {model_sum / max(model_count, 1) * 1e3:.0f} ms; "
-          f"{len(finished)} jobs completed during the busy phase")
+    print(
+        f"video job: T={args.video_actions} actions, {args.video_size}px first frame; "
+        f"engine time per job (mean of {int(model_count)}): {model_sum / max(model_count, 1) * 1e3:.0f} ms; "
+        f"{len(finished)} jobs completed during the busy phase"
+    )
     print(f"robot round trip, alone:           {_percentiles(alone[0])}")
     print(f"robot round trip, with video jobs: {_percentiles(busy[0])}")
     print(f"server queue time, alone:          {_percentiles(alone[1])}")

@@ -116,14 +116,19 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     cores = len(os.sched_getaffinity(0))
     print(f"{cores} cores available; tiny distilled checkpoint, 224x224 RGB, closed loop")
-    header = f"{'threads':>7} {'wait':>8} {'scenario':>10} | {'rt p50':>8} {'rt p99':>8} | {'model p50':>9} {'model p99':>9} | {'healthz p50':>11} {'p99':>7}"
+    header = (
+        f"{'threads':>7} {'wait':>8} {'scenario':>10} | {'rt p50':>8} {'rt p99':>8} | "
+        f"{'model p50':>9} {'model p99':>9} | {'healthz p50':>11} {'p99':>7}"
+    )
     print(header)
     print("-" * len(header))
     for threads in sorted({cores, 1}, reverse=True):
         for policy in ("PASSIVE", "ACTIVE"):
             for scenario, result, health in measure(threads, policy, args.requests):
                 rt, model = result["round_trip_ms"], result["model_ms"]
-                health_text = f"{percentile(health, 50):11.1f} {percentile(health, 99):7.1f}" if health else f"{'':>11} {'':>7}"
+                health_text = (
+                    f"{percentile(health, 50):11.1f} {percentile(health, 99):7.1f}" if health else f"{'':>11} {'':>7}"
+                )
                 print(
                     f"{threads:>7} {policy:>8} {scenario:>10} | {percentile(rt, 50):8.1f} {percentile(rt, 99):8.1f} | "
                     f"{percentile(model, 50):9.1f} {percentile(model, 99):9.1f} | {health_text}",

@@ -24,9 +24,22 @@ from .errors import (
 from .requests import ActionChunk, ActionRequest, Timing, VideoRequest, VideoResult
 
 __all__ = [
-    "ActionChunk", "ActionRequest", "CheckpointError", "Cosmos3Engine", "EngineError", "InvalidFieldError",
-    "InvalidRequestError", "MissingFieldError", "RuntimeErrorBase", "Timing", "UnknownDomainError",
-    "UnsupportedModeError", "UnsupportedTierError", "VideoRequest", "VideoResult", "build_tiny_checkpoint",
+    "ActionChunk",
+    "ActionRequest",
+    "CheckpointError",
+    "Cosmos3Engine",
+    "EngineError",
+    "InvalidFieldError",
+    "InvalidRequestError",
+    "MissingFieldError",
+    "RuntimeErrorBase",
+    "Timing",
+    "UnknownDomainError",
+    "UnsupportedModeError",
+    "UnsupportedTierError",
+    "VideoRequest",
+    "VideoResult",
+    "build_tiny_checkpoint",
     "inspect_checkpoint",
 ]
 

@@ -111,20 +111,41 @@ class CheckpointShape:
 PUBLISHED_SHAPES = {
     "edge": CheckpointShape(
         "edge",
-        dict(_SHARED_TRANSFORMER, **_NEMOTRON_DENSE, hidden_size=2048, intermediate_size=9216, num_hidden_layers=28,
-             num_attention_heads=16, num_key_value_heads=8),
+        dict(
+            _SHARED_TRANSFORMER,
+            **_NEMOTRON_DENSE,
+            hidden_size=2048,
+            intermediate_size=9216,
+            num_hidden_layers=28,
+            num_attention_heads=16,
+            num_key_value_heads=8,
+        ),
         transformer_parameters=3_369_657_024,
     ),
     "nano": CheckpointShape(
         "nano",
-        dict(_SHARED_TRANSFORMER, **_QWEN3_VL, hidden_size=4096, intermediate_size=12288, num_hidden_layers=36,
-             num_attention_heads=32, num_key_value_heads=8),
+        dict(
+            _SHARED_TRANSFORMER,
+            **_QWEN3_VL,
+            hidden_size=4096,
+            intermediate_size=12288,
+            num_hidden_layers=36,
+            num_attention_heads=32,
+            num_key_value_heads=8,
+        ),
         transformer_parameters=15_173_669_120,
     ),
     "super": CheckpointShape(
         "super",
-        dict(_SHARED_TRANSFORMER, **_QWEN3_VL, hidden_size=5120, intermediate_size=25600, num_hidden_layers=64,
-             num_attention_heads=64, num_key_value_heads=8),
+        dict(
+            _SHARED_TRANSFORMER,
+            **_QWEN3_VL,
+            hidden_size=5120,
+            intermediate_size=25600,
+            num_hidden_layers=64,
+            num_attention_heads=64,
+            num_key_value_heads=8,
+        ),
         transformer_parameters=64_019_736_832,
     ),
 }
@@ -132,10 +153,10 @@ PUBLISHED_SHAPES = {
 
 def transformer_on_meta(shape: CheckpointShape):
     """diffusers' ``Cosmos3OmniTransformer`` of ``shape`` with every tensor on the meta device (no memory)."""
+    import inspect
+
     import torch
     from diffusers import Cosmos3OmniTransformer
-
-    import inspect
 
     accepted = inspect.signature(Cosmos3OmniTransformer.__init__).parameters
     with torch.device("meta"):
@@ -156,8 +177,10 @@ def resolve_variant(shape: CheckpointShape, variant: str | None) -> str:
     if variant is None:
         return shape.variants()[1]
     if variant not in shape.variants():
-        raise ValueError(f"shape {shape.name} is {'an Edge' if shape.is_edge else 'a Qwen3-VL'} backbone: "
-                         f"variant {variant!r} does not fit it; use one of {', '.join(shape.variants())}")
+        raise ValueError(
+            f"shape {shape.name} is {'an Edge' if shape.is_edge else 'a Qwen3-VL'} backbone: "
+            f"variant {variant!r} does not fit it; use one of {', '.join(shape.variants())}"
+        )
     return variant
 
 
@@ -197,14 +220,16 @@ def build_shaped_checkpoint(
             config = json.loads(config_path.read_text())
             config.update({k: v for k, v in spec.transformer_config.items() if k not in config})
             config_path.write_text(json.dumps(config, indent=2, sort_keys=True))
-        write_random_weights(model, folder, seed=seed + (component == "vae"), device=device,
-                             max_shard_bytes=max_shard_bytes)
+        write_random_weights(
+            model, folder, seed=seed + (component == "vae"), device=device, max_shard_bytes=max_shard_bytes
+        )
         del model
     return out
 
 
-def write_random_weights(model, folder: Path, *, seed: int = 0, device: str = "cpu",
-                         max_shard_bytes: int = DEFAULT_MAX_SHARD_BYTES) -> int:
+def write_random_weights(
+    model, folder: Path, *, seed: int = 0, device: str = "cpu", max_shard_bytes: int = DEFAULT_MAX_SHARD_BYTES
+) -> int:
     """Draw every tensor of ``model`` (on the meta device) and write it as bf16 diffusers shards in ``folder``.
 
     Returns the bytes written. Norm weights are ones and biases zeros, as a fresh model has them; other
@@ -215,8 +240,9 @@ def write_random_weights(model, folder: Path, *, seed: int = 0, device: str = "c
     from safetensors.torch import save_file
 
     fan_ins = _domain_fan_ins(model)
-    entries = [(name, tuple(t.shape), _init_std(name, tuple(t.shape), fan_ins))
-               for name, t in model.state_dict().items()]
+    entries = [
+        (name, tuple(t.shape), _init_std(name, tuple(t.shape), fan_ins)) for name, t in model.state_dict().items()
+    ]
     shards: list[list[tuple]] = [[]]
     shard_bytes = 0
     for entry in entries:
@@ -227,8 +253,11 @@ def write_random_weights(model, folder: Path, *, seed: int = 0, device: str = "c
         shards[-1].append(entry)
         shard_bytes += size
     count = len(shards)
-    names = (["diffusion_pytorch_model.safetensors"] if count == 1 else
-             [f"diffusion_pytorch_model-{i + 1:05d}-of-{count:05d}.safetensors" for i in range(count)])
+    names = (
+        ["diffusion_pytorch_model.safetensors"]
+        if count == 1
+        else [f"diffusion_pytorch_model-{i + 1:05d}-of-{count:05d}.safetensors" for i in range(count)]
+    )
     generator = torch.Generator(device=device).manual_seed(seed)
     weight_map, total = {}, 0
     for file_name, shard in zip(names, shards):
@@ -267,5 +296,8 @@ def _init_std(name: str, shape: tuple[int, ...], fan_in_of: dict[str, int]) -> f
 
 def _domain_fan_ins(model) -> dict[str, int]:
     """Fan-in of each DomainAwareLinear: its weights live in embedding rows of input x output values."""
-    return {name: module.input_size for name, module in model.named_modules() if hasattr(module, "num_domains")
-            and hasattr(module, "input_size")}
+    return {
+        name: module.input_size
+        for name, module in model.named_modules()
+        if hasattr(module, "num_domains") and hasattr(module, "input_size")
+    }

@@ -33,7 +33,7 @@ class CheckpointSource:
         return self.local_path is not None
 
     @classmethod
-    def parse(cls, source: str | Path, revision: str | None = None) -> "CheckpointSource":
+    def parse(cls, source: str | Path, revision: str | None = None) -> CheckpointSource:
         text = str(source)
         path = Path(text).expanduser()
         if path.exists():

@@ -19,27 +19,42 @@ def tiny_main(argv: list[str] | None = None) -> int:
 
     parser = argparse.ArgumentParser(prog="cosmos3-tiny", description=tiny_main.__doc__)
     parser.add_argument("out", type=Path, help="folder to write (replaced if it exists)")
-    parser.add_argument("--shape", choices=SHAPES, default="tiny",
-                        help="tiny (0.7 M parameters, default) or a published size with random bf16 weights: "
-                             "edge (3.4 B, 8 GB on disk), nano (15.2 B), super (64 B)")
-    parser.add_argument("--variant", choices=VARIANTS, default=None,
-                        help="default: distilled (edge-distilled for --shape edge)")
+    parser.add_argument(
+        "--shape",
+        choices=SHAPES,
+        default="tiny",
+        help="tiny (0.7 M parameters, default) or a published size with random bf16 weights: "
+        "edge (3.4 B, 8 GB on disk), nano (15.2 B), super (64 B)",
+    )
+    parser.add_argument(
+        "--variant", choices=VARIANTS, default=None, help="default: distilled (edge-distilled for --shape edge)"
+    )
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--device", default=None,
-                        help="where published-shape weights are drawn: cpu (default) or cuda")
-    parser.add_argument("--legacy-class-name", action="store_true",
-                        help="write the older Cosmos3OmniDiffusersPipeline _class_name")
+    parser.add_argument("--device", default=None, help="where published-shape weights are drawn: cpu (default) or cuda")
+    parser.add_argument(
+        "--legacy-class-name", action="store_true", help="write the older Cosmos3OmniDiffusersPipeline _class_name"
+    )
     parser.add_argument("--no-action-head", action="store_true", help="a video-only transformer")
-    parser.add_argument("--droid", action="store_true", help="ship a DROID joint-position profile (state-conditioned, "
-                        "chunk 32 x 8) for droid_lerobot, the default domain; see docs/runtime.md")
+    parser.add_argument(
+        "--droid",
+        action="store_true",
+        help="ship a DROID joint-position profile (state-conditioned, "
+        "chunk 32 x 8) for droid_lerobot, the default domain; see docs/runtime.md",
+    )
     args = parser.parse_args(argv)
     started = time.perf_counter()
     if args.shape == "tiny":
         if args.device is not None:
             parser.error("--device applies to the published shapes (edge, nano, super) only")
         variant = args.variant or "distilled"
-        path = build_tiny_checkpoint(args.out, variant, seed=args.seed, legacy_class_name=args.legacy_class_name,
-                                     with_action_head=not args.no_action_head, droid=args.droid)
+        path = build_tiny_checkpoint(
+            args.out,
+            variant,
+            seed=args.seed,
+            legacy_class_name=args.legacy_class_name,
+            with_action_head=not args.no_action_head,
+            droid=args.droid,
+        )
     else:
         from .checkpoint_shapes import PUBLISHED_SHAPES, build_shaped_checkpoint, resolve_variant
 
@@ -51,8 +66,10 @@ def tiny_main(argv: list[str] | None = None) -> int:
             parser.error(str(exc))
         path = build_shaped_checkpoint(args.out, args.shape, variant, seed=args.seed, device=args.device or "cpu")
     size = sum(f.stat().st_size for f in path.rglob("*") if f.is_file())
-    print(f"built {args.shape} {variant} checkpoint at {path} in {time.perf_counter() - started:.2f} s, "
-          f"{size / 1e6:,.2f} MB")
+    print(
+        f"built {args.shape} {variant} checkpoint at {path} in {time.perf_counter() - started:.2f} s, "
+        f"{size / 1e6:,.2f} MB"
+    )
     return 0
 
 
@@ -85,16 +102,24 @@ def inspect_main(argv: list[str] | None = None) -> int:
     print(f"checkpoint        {args.checkpoint}")
     print(f"pipeline class    {info.pipeline_class}")
     print(f"variant           {info.variant} (edge: {info.is_edge}, distilled: {info.is_distilled})")
-    print(f"variant defaults  {spec.default_steps} steps, guidance {spec.default_guidance:.1f}, "
-          f"tier {spec.default_tier}")
+    print(
+        f"variant defaults  {spec.default_steps} steps, guidance {spec.default_guidance:.1f}, tier {spec.default_tier}"
+    )
     if spec.default_domain:
         r = summary["defaults"]
-        print(f"default domain    {spec.default_domain}: chunk {r['action_horizon']}, tier {r['resolution_tier']}, "
-              f"{r['fps']:g} fps, {r['view_point']}"
-              + (f", guidance in sigmas {r['guidance_interval']}" if r["guidance_interval"] else ""))
-    print(f"scheduler         {info.scheduler_class}"
-          + (f" (keys it does not accept, ignored: {', '.join(info.ignored_scheduler_keys)})"
-             if info.ignored_scheduler_keys else ""))
+        print(
+            f"default domain    {spec.default_domain}: chunk {r['action_horizon']}, tier {r['resolution_tier']}, "
+            f"{r['fps']:g} fps, {r['view_point']}"
+            + (f", guidance in sigmas {r['guidance_interval']}" if r["guidance_interval"] else "")
+        )
+    print(
+        f"scheduler         {info.scheduler_class}"
+        + (
+            f" (keys it does not accept, ignored: {', '.join(info.ignored_scheduler_keys)})"
+            if info.ignored_scheduler_keys
+            else ""
+        )
+    )
     print(f"distilled sigmas  {info.distilled_sigmas if info.distilled_sigmas else '-'}")
     print(f"action head       {'yes, action_dim ' + str(info.action_dim) if info.has_action_head else 'no'}")
     print(f"embodiment slots  {info.num_embodiment_domains}")
@@ -113,15 +138,19 @@ def _domain_line(name: str, d: dict) -> str:
     """One domain of ``cosmos3-inspect``: id, width, chunk, fps, tier, view, prompt format, stats; then what
     only some domains have: action space, state, gripper flip, guidance interval, view layout."""
     r = d["defaults"]
-    line = (f"{name:<30} id {d['domain_id']:>2}  width {d['raw_action_dim']:>2}  chunk {r['action_horizon']:>2}  "
-            f"{r['fps']:g} fps  tier {r['resolution_tier']}  {r['view_point']:<17}  {d['prompt_format']:<5}  "
-            f"stats: {d['normalization'] or '-'}")
+    line = (
+        f"{name:<30} id {d['domain_id']:>2}  width {d['raw_action_dim']:>2}  chunk {r['action_horizon']:>2}  "
+        f"{r['fps']:g} fps  tier {r['resolution_tier']}  {r['view_point']:<17}  {d['prompt_format']:<5}  "
+        f"stats: {d['normalization'] or '-'}"
+    )
     extras = []
     if d["action_space"]:
         extras.append(f"space {d['action_space']}")
     if d["state_dim"] is not None:
-        extras.append(f"state {d['history_length']} x {d['state_dim']}"
-                      + (" (last row: the current state)" if d["use_state"] else " (history only)"))
+        extras.append(
+            f"state {d['history_length']} x {d['state_dim']}"
+            + (" (last row: the current state)" if d["use_state"] else " (history only)")
+        )
     if d["gripper_flip_index"] is not None:
         extras.append(f"gripper flipped at {d['gripper_flip_index']}")
     if r["guidance_interval"] is not None:
@@ -141,8 +170,11 @@ def demo_main(argv: list[str] | None = None) -> int:
 
     parser = argparse.ArgumentParser(prog="cosmos3-demo", description=demo_main.__doc__)
     parser.add_argument("--workdir", type=Path, default=Path(os.environ.get("COSMOS3_DEMO_DIR", "demo-output")))
-    parser.add_argument("--droid", action="store_true",
-                        help="the DROID-profile checkpoint: the chunk is conditioned on a joint state (32 x 8)")
+    parser.add_argument(
+        "--droid",
+        action="store_true",
+        help="the DROID-profile checkpoint: the chunk is conditioned on a joint state (32 x 8)",
+    )
     args = parser.parse_args(argv)
     started = time.perf_counter()
     name = "tiny-distilled-droid" if args.droid else "tiny-distilled"
@@ -160,17 +192,23 @@ def demo_main(argv: list[str] | None = None) -> int:
         request["state"] = np.tile(state, (profile.history_length, 1))
     chunk = engine.predict_actions(ActionRequest(**request))
     np.set_printoptions(precision=3, suppress=True, linewidth=120)
-    print(f"variant {engine.info.variant}, domain {domain} (id {chunk.domain_id}), "
-          f"{chunk.num_steps} steps, {chunk.transformer_forwards} transformer forwards")
+    print(
+        f"variant {engine.info.variant}, domain {domain} (id {chunk.domain_id}), "
+        f"{chunk.num_steps} steps, {chunk.transformer_forwards} transformer forwards"
+    )
     if state is not None:
         print(f"state {state} ({profile.history_length} row(s), gripper flipped at {profile.gripper_flip_index})")
     print(f"action chunk {chunk.actions.shape[0]} x {chunk.actions.shape[1]} float32:")
     print(chunk.actions)
     if state is not None:
         moved = engine.predict_actions(ActionRequest(**{**request, "state": request["state"] + 0.1})).actions
-        print(f"with every joint moved by 0.1, same seed: the chunk changes by up to "
-              f"{np.abs(moved - chunk.actions).max():.3f}")
+        print(
+            f"with every joint moved by 0.1, same seed: the chunk changes by up to "
+            f"{np.abs(moved - chunk.actions).max():.3f}"
+        )
     t = chunk.timing
-    print(f"timing: preprocess {t.preprocess_ms:.1f} ms, encode {t.encode_ms:.1f} ms, denoise {t.denoise_ms:.1f} ms, "
-          f"postprocess {t.postprocess_ms:.1f} ms, total {t.total_ms:.1f} ms")
+    print(
+        f"timing: preprocess {t.preprocess_ms:.1f} ms, encode {t.encode_ms:.1f} ms, denoise {t.denoise_ms:.1f} ms, "
+        f"postprocess {t.postprocess_ms:.1f} ms, total {t.total_ms:.1f} ms"
+    )
     return 0

@@ -59,8 +59,14 @@ def _engine_failures(jobs: list[DenoiseJob]):
 
 def _provenance(job: DenoiseJob, profile: PolicyProfile, output: DenoiseOutput, timing: Timing) -> dict:
     """What every result reports of how it was made: ActionChunk and VideoResult share these fields."""
-    return dict(domain_name=profile.domain_name, domain_id=profile.domain_id, num_steps=output.num_steps,
-                transformer_forwards=output.transformer_forwards, seed=job.seed, timing=timing)
+    return dict(
+        domain_name=profile.domain_name,
+        domain_id=profile.domain_id,
+        num_steps=output.num_steps,
+        transformer_forwards=output.transformer_forwards,
+        seed=job.seed,
+        timing=timing,
+    )
 
 
 class Cosmos3Engine:
@@ -92,7 +98,7 @@ class Cosmos3Engine:
         limits: EngineLimits | None = None,
         prefix_cache_mb: float = DEFAULT_PREFIX_CACHE_MB,
         compile: bool = False,
-    ) -> "Cosmos3Engine":
+    ) -> Cosmos3Engine:
         """Resolve ``source`` (folder or Hub id), inspect it once, and load it onto ``device``.
 
         ``prefix_cache_mb`` bounds the text prefix cache (0 turns it off). ``compile`` compiles the
@@ -108,8 +114,14 @@ class Cosmos3Engine:
             pipe.transformer.compile_repeated_blocks(dynamic=True)
         profiles = profiles_for_checkpoint(local, info, profiles_path)
         spec = EngineSpec.for_checkpoint(info, profiles, limits or EngineLimits())
-        logger.info("loaded %s (%s) on %s/%s in %.2f s", source, info.variant, torch_device, torch_dtype,
-                    time.perf_counter() - started)
+        logger.info(
+            "loaded %s (%s) on %s/%s in %.2f s",
+            source,
+            info.variant,
+            torch_device,
+            torch_dtype,
+            time.perf_counter() - started,
+        )
         return cls(str(source), pipe, torch_device, torch_dtype, spec, prefix_cache_mb=prefix_cache_mb)
 
     # ------------------------------------------------------------------ requests
@@ -171,14 +183,21 @@ class Cosmos3Engine:
                 continue
             for (index, ready), output in zip(members, outputs):
                 try:
-                    results[index] = self._chunk(ready.job, ready.profile, output, ready.validate_s,
-                                                 ready.request.prefix_actions)
+                    results[index] = self._chunk(
+                        ready.job, ready.profile, output, ready.validate_s, ready.request.prefix_actions
+                    )
                 except RuntimeErrorBase as exc:
                     results[index] = exc
         return results
 
-    def _chunk(self, job: DenoiseJob, profile: PolicyProfile, output: DenoiseOutput, validate_s: float,
-               prefix: np.ndarray | None = None) -> ActionChunk:
+    def _chunk(
+        self,
+        job: DenoiseJob,
+        profile: PolicyProfile,
+        output: DenoiseOutput,
+        validate_s: float,
+        prefix: np.ndarray | None = None,
+    ) -> ActionChunk:
         post = time.perf_counter()
         actions = np.array(profile.to_robot(output.actions), dtype=np.float32, order="C")
         if prefix is not None:
@@ -189,14 +208,19 @@ class Cosmos3Engine:
             raise EngineError("the model produced non-finite actions")
         timing = self._timing(output, validate_s)
         timing.postprocess_ms = (time.perf_counter() - post) * 1000.0
-        return ActionChunk(actions=actions, action_mode=job.mode, raw_action_dim=profile.raw_action_dim,
-                           batch_size=output.batch_size, **_provenance(job, profile, output, timing))
+        return ActionChunk(
+            actions=actions,
+            action_mode=job.mode,
+            raw_action_dim=profile.raw_action_dim,
+            batch_size=output.batch_size,
+            **_provenance(job, profile, output, timing),
+        )
 
     def rollout_video(self, request: VideoRequest) -> VideoResult:
         """Answer a ``forward_dynamics`` request: a first frame plus raw actions in, frames out."""
         return self.start_video(request).run()
 
-    def start_video(self, request: VideoRequest) -> "VideoRollout":
+    def start_video(self, request: VideoRequest) -> VideoRollout:
         """Validate a ``forward_dynamics`` request and return it as a rollout to advance step by step.
 
         Between two :meth:`VideoRollout.step` calls the caller may run other requests on this engine
@@ -241,9 +265,16 @@ class Cosmos3Engine:
             profile = self.spec.profiles.get(domain)
             if profile is not None and profile.history_length:  # the same sequence length as a robot's request
                 media["state"] = np.zeros((profile.history_length, profile.state_dim), np.float32)
-            self.predict_actions(ActionRequest(domain_name=domain, action_mode=shape.action_mode,
-                                               action_horizon=shape.action_horizon,
-                                               resolution_tier=shape.resolution_tier, seed=0, **media))
+            self.predict_actions(
+                ActionRequest(
+                    domain_name=domain,
+                    action_mode=shape.action_mode,
+                    action_horizon=shape.action_horizon,
+                    resolution_tier=shape.resolution_tier,
+                    seed=0,
+                    **media,
+                )
+            )
         self.warmed_up = True
 
     def default_domain(self) -> str | None:
@@ -341,5 +372,8 @@ class VideoRollout:
         if self._output is None:
             raise RuntimeError("the rollout is not finished: call step() until it returns True")
         output, job = self._output, self._job
-        return VideoResult(frames=output.video, fps=job.fps, **_provenance(
-            job, self._profile, output, Cosmos3Engine._timing(output, self._validate_s)))
+        return VideoResult(
+            frames=output.video,
+            fps=job.fps,
+            **_provenance(job, self._profile, output, Cosmos3Engine._timing(output, self._validate_s)),
+        )

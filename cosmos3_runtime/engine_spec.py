@@ -82,8 +82,9 @@ class EngineSpec:
     default_domain: str | None = None
 
     @classmethod
-    def for_checkpoint(cls, info: CheckpointInfo, profiles: ProfileTable,
-                       limits: EngineLimits | None = None) -> "EngineSpec":
+    def for_checkpoint(
+        cls, info: CheckpointInfo, profiles: ProfileTable, limits: EngineLimits | None = None
+    ) -> EngineSpec:
         """The variant's defaults, from the checkpoint's config files alone (no weights needed).
 
         Raises :class:`CheckpointError` for a profile this variant cannot serve as written (a tier it
@@ -109,8 +110,10 @@ class EngineSpec:
             where = f"profile for domain {profile.domain_name!r}"
             if profile.resolution_tier is not None and profile.resolution_tier not in info.resolution_tiers:
                 tiers = ", ".join(map(str, info.resolution_tiers))
-                raise CheckpointError(f"{where}: resolution_tier {profile.resolution_tier} is not one this "
-                                      f"{info.variant} checkpoint supports ({tiers})")
+                raise CheckpointError(
+                    f"{where}: resolution_tier {profile.resolution_tier} is not one this "
+                    f"{info.variant} checkpoint supports ({tiers})"
+                )
             try:
                 check_horizon(profile.default_horizon, spec)
             except InvalidRequestError as exc:
@@ -136,16 +139,25 @@ class EngineSpec:
 
     def describe_domains(self) -> dict[str, dict]:
         """Each domain's profile and the defaults it resolves to (JSON-able, sorted by name)."""
-        return {name: {**p.describe(), "defaults": self.defaults_for(p).as_dict()}
-                for name, p in sorted(self.profiles.items())}
+        return {
+            name: {**p.describe(), "defaults": self.defaults_for(p).as_dict()}
+            for name, p in sorted(self.profiles.items())
+        }
 
     def describe_defaults(self) -> dict:
         """What a request that names nothing runs with: the default domain's resolved defaults."""
         profile = self.profiles.get(self.default_domain) if self.default_domain is not None else None
         if profile is None:  # no action head: only the variant's own values exist
-            return {"num_steps": self.default_steps, "guidance_scale": self.default_guidance,
-                    "guidance_interval": None, "resolution_tier": self.default_tier, "action_horizon": None,
-                    "view_point": None, "fps": None, "domain_name": None}
+            return {
+                "num_steps": self.default_steps,
+                "guidance_scale": self.default_guidance,
+                "guidance_interval": None,
+                "resolution_tier": self.default_tier,
+                "action_horizon": None,
+                "view_point": None,
+                "fps": None,
+                "domain_name": None,
+            }
         return {**self.defaults_for(profile).as_dict(), "domain_name": profile.domain_name}
 
 

@@ -63,7 +63,9 @@ def canvas_for(frame_height: int, frame_width: int, tier: int, size_multiple: in
 
     bins = _ACTION_RESOLUTION_BINS.get(str(tier))
     if bins is None:
-        raise ValueError(f"unsupported resolution tier {tier!r}; expected one of {sorted(map(int, _ACTION_RESOLUTION_BINS))}")
+        raise ValueError(
+            f"unsupported resolution tier {tier!r}; expected one of {sorted(map(int, _ACTION_RESOLUTION_BINS))}"
+        )
     h, w = snapped_side(frame_height, size_multiple), snapped_side(frame_width, size_multiple)
     target_h, target_w = VideoProcessor.classify_height_width_bin(h, w, ratios=bins)
     scale = min(target_w / w, target_h / h, 1.0)
@@ -85,8 +87,9 @@ def canvas_table(size_multiple: int = DEFAULT_SIZE_MULTIPLE) -> dict[str, list[d
     }
 
 
-def prepare_frames(frames: np.ndarray, tier: int, num_frames: int, device: torch.device,
-                   size_multiple: int = DEFAULT_SIZE_MULTIPLE):
+def prepare_frames(
+    frames: np.ndarray, tier: int, num_frames: int, device: torch.device, size_multiple: int = DEFAULT_SIZE_MULTIPLE
+):
     """uint8 ``(T, H, W, 3)`` frames -> ``(vision, image_size, canvas_h, canvas_w)`` as diffusers returns them.
 
     ``vision`` is ``(1, 3, num_frames, canvas_h, canvas_w)`` float32 in [-1, 1] on ``device`` (the clip
@@ -121,8 +124,9 @@ def prepare_frames(frames: np.ndarray, tier: int, num_frames: int, device: torch
     elif device.type == "cpu":
         resized = _banded_resize(pixels, content)
     else:
-        resized = F.interpolate(pixels.permute(0, 3, 1, 2).float(), size=content, mode="bicubic",
-                                align_corners=False, antialias=True)
+        resized = F.interpolate(
+            pixels.permute(0, 3, 1, 2).float(), size=content, mode="bicubic", align_corners=False, antialias=True
+        )
     # One pass writes the content into the canvas (layout change and float conversion included), one
     # maps it to [-1, 1], and the padding is filled from it: diffusers' reflect (replicate when the pad
     # is wider than the content), done as slice copies, which cost a third of F.pad's generic kernel.
@@ -171,4 +175,3 @@ def _resize_matrix(size_in: int, size_out: int) -> torch.Tensor:
     identity = torch.eye(size_in, dtype=torch.float32).view(1, 1, size_in, size_in)
     dense = F.interpolate(identity, size=(size_out, size_in), mode="bicubic", align_corners=False, antialias=True)
     return dense[0, 0].to_sparse().coalesce()
-

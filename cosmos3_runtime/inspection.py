@@ -27,8 +27,21 @@ EDGE_BACKBONE_TYPE = "cosmos3_edge_nemotron_dense"
 EDGE_HIDDEN_ACT = "relu2"
 
 _SAFETENSORS_DTYPE_BYTES = {
-    "F64": 8, "F32": 4, "F16": 2, "BF16": 2, "I64": 8, "I32": 4, "I16": 2, "I8": 1, "U8": 1, "BOOL": 1,
-    "F8_E4M3": 1, "F8_E5M2": 1, "U16": 2, "U32": 4, "U64": 8,
+    "F64": 8,
+    "F32": 4,
+    "F16": 2,
+    "BF16": 2,
+    "I64": 8,
+    "I32": 4,
+    "I16": 2,
+    "I8": 1,
+    "U8": 1,
+    "BOOL": 1,
+    "F8_E4M3": 1,
+    "F8_E5M2": 1,
+    "U16": 2,
+    "U32": 4,
+    "U64": 8,
 }
 
 
@@ -97,8 +110,10 @@ def inspect_checkpoint(path: str | Path) -> CheckpointInfo:
     scheduler_config = _read_json(root / "scheduler" / "scheduler_config.json")
     scheduler_class = scheduler_config.get("_class_name", "")
 
-    is_edge = (transformer_config.get("backbone_type") == EDGE_BACKBONE_TYPE
-               or transformer_config.get("hidden_act") == EDGE_HIDDEN_ACT)
+    is_edge = (
+        transformer_config.get("backbone_type") == EDGE_BACKBONE_TYPE
+        or transformer_config.get("hidden_act") == EDGE_HIDDEN_ACT
+    )
 
     distilled_sigmas = _distilled_sigmas(root, scheduler_class, scheduler_config)
     is_distilled = distilled_sigmas is not None
@@ -107,7 +122,9 @@ def inspect_checkpoint(path: str | Path) -> CheckpointInfo:
     )
 
     accepted = _accepted_scheduler_keys(scheduler_class)
-    ignored = sorted(k for k in scheduler_config if not k.startswith("_") and accepted is not None and k not in accepted)
+    ignored = sorted(
+        k for k in scheduler_config if not k.startswith("_") and accepted is not None and k not in accepted
+    )
 
     has_action_head = bool(transformer_config.get("action_gen", False))
     weights = {

@@ -23,8 +23,14 @@ def resolve_device_and_dtype(device: str | None, dtype: str | None):
     if dtype is None:
         resolved_dtype = torch.bfloat16 if resolved_device.type == "cuda" else torch.float32
     else:
-        names = {"bf16": torch.bfloat16, "bfloat16": torch.bfloat16, "fp16": torch.float16,
-                 "float16": torch.float16, "fp32": torch.float32, "float32": torch.float32}
+        names = {
+            "bf16": torch.bfloat16,
+            "bfloat16": torch.bfloat16,
+            "fp16": torch.float16,
+            "float16": torch.float16,
+            "fp32": torch.float32,
+            "float32": torch.float32,
+        }
         if dtype not in names:
             raise CheckpointError(f"unknown dtype {dtype!r}; expected one of {', '.join(names)}")
         resolved_dtype = names[dtype]
@@ -74,8 +80,11 @@ def load_pipeline(info: CheckpointInfo, device, dtype):
         raise CheckpointError(f"scheduler class {info.scheduler_class!r} is not in diffusers {diffusers.__version__}")
     accepted = {k: v for k, v in info.scheduler_config.items() if k not in info.ignored_scheduler_keys}
     if info.ignored_scheduler_keys:
-        logger.info("scheduler keys not accepted by %s (kept for inspection only): %s",
-                    info.scheduler_class, ", ".join(info.ignored_scheduler_keys))
+        logger.info(
+            "scheduler keys not accepted by %s (kept for inspection only): %s",
+            info.scheduler_class,
+            ", ".join(info.ignored_scheduler_keys),
+        )
     if info.is_distilled:
         # The fixed sigma list is final: set_timesteps(sigmas=...) would apply the configured shift
         # on top of it, so the shift is neutralised here, once.

@@ -96,8 +96,9 @@ class PackedAttnProcessor(Cosmos3AttnProcessor):
                     item.entry.keys[self.layer_index] = prefix_k.clone()
                     item.entry.values[self.layer_index] = prefix_v.clone()
             g = slice(item.gen_start, item.gen_start + item.gen_len)
-            gen_parts.append(self._attend(q_gen[g], torch.cat([prefix_k, k_gen[g]]), torch.cat([prefix_v, v_gen[g]]),
-                                          causal=False))
+            gen_parts.append(
+                self._attend(q_gen[g], torch.cat([prefix_k, k_gen[g]]), torch.cat([prefix_v, v_gen[g]]), causal=False)
+            )
 
         und_out = attn.to_out(torch.cat(und_parts)) if und_parts else torch.zeros_like(und_seq)
         gen_out = attn.to_add_out(torch.cat(gen_parts))
@@ -105,8 +106,13 @@ class PackedAttnProcessor(Cosmos3AttnProcessor):
 
     def _attend(self, q, k, v, causal: bool) -> torch.Tensor:
         out = dispatch_attention_fn(
-            q.unsqueeze(0), k.unsqueeze(0), v.unsqueeze(0), is_causal=causal, enable_gqa=True,
-            backend=self._attention_backend, parallel_config=self._parallel_config,
+            q.unsqueeze(0),
+            k.unsqueeze(0),
+            v.unsqueeze(0),
+            is_causal=causal,
+            enable_gqa=True,
+            backend=self._attention_backend,
+            parallel_config=self._parallel_config,
         )
         return out.squeeze(0).flatten(-2, -1)
 

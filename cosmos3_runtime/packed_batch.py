@@ -28,9 +28,17 @@ class PackedBatch:
     recording: list[tuple[SequencePass, PrefixEntry]]  # passes whose text keys/values this call records
 
 
-def pack_batch(passes: Sequence[SequencePass], vision_tokens: Sequence[torch.Tensor],
-               action_tokens: Sequence[torch.Tensor], domain_ids: Sequence[torch.Tensor], *, record: bool,
-               timestep: float, dtype: torch.dtype, device: torch.device) -> PackedBatch:
+def pack_batch(
+    passes: Sequence[SequencePass],
+    vision_tokens: Sequence[torch.Tensor],
+    action_tokens: Sequence[torch.Tensor],
+    domain_ids: Sequence[torch.Tensor],
+    *,
+    record: bool,
+    timestep: float,
+    dtype: torch.dtype,
+    device: torch.device,
+) -> PackedBatch:
     """The joint call of the jobs whose passes, current latents and domain ids are given (in one order).
 
     ``record``: a prefix cache is on, so text it does not hold yet is recorded into a new entry.
@@ -75,7 +83,9 @@ def pack_batch(passes: Sequence[SequencePass], vision_tokens: Sequence[torch.Ten
 
     position_ids = torch.cat(
         [pack["position_ids"][:, :und_len] for pack, und_len, _ in packs]
-        + [pack["position_ids"][:, und_len:] for pack, und_len, _ in packs], dim=1)
+        + [pack["position_ids"][:, und_len:] for pack, und_len, _ in packs],
+        dim=1,
+    )
     arguments = dict(
         input_ids=cat("input_ids"),
         text_indexes=torch.arange(und_total, dtype=torch.long, device=device),

@@ -73,5 +73,11 @@ class TextPrefixCache:
         return len(self._entries)
 
     def stats(self) -> dict:
-        return {"entries": len(self), "bytes": self.bytes, "budget_bytes": self.budget_bytes,
-                "hits": self.hits, "misses": self.misses, "evictions": self.evictions}
+        return {
+            "entries": len(self),
+            "bytes": self.bytes,
+            "budget_bytes": self.budget_bytes,
+            "hits": self.hits,
+            "misses": self.misses,
+            "evictions": self.evictions,
+        }

@@ -14,8 +14,9 @@ the model's stream waits for before it reads them.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
 import torch
 
@@ -47,8 +48,9 @@ class ConditioningFrames:
         self.image_size.record_stream(stream)
 
 
-def condition_frames(preprocess: Callable, job: DenoiseJob, clock: Callable[[], float],
-                     stream: Any = None) -> ConditioningFrames:
+def condition_frames(
+    preprocess: Callable, job: DenoiseJob, clock: Callable[[], float], stream: Any = None
+) -> ConditioningFrames:
     """``job``'s conditioning frames through ``preprocess(frames, tier, num_frames)``: the whole clip for
     ``inverse_dynamics``, else frame 0 alone (the VAE is causal: its first latent is frame 0's encoding).
 

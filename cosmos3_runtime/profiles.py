@@ -53,9 +53,22 @@ DEFAULT_FPS = 24.0  # diffusers' Cosmos3 pipeline default
 MAX_HISTORY_LENGTH = 16
 _EPS = 1e-8
 _PROFILE_KEYS = (
-    "domain_id", "raw_action_dim", "action_space", "default_horizon", "fps", "resolution_tier", "view_point",
-    "view_description", "prompt_format", "guidance_interval", "gripper_flip_index", "normalization",
-    "normalization_file", "use_state", "history_length", "state_dim",
+    "domain_id",
+    "raw_action_dim",
+    "action_space",
+    "default_horizon",
+    "fps",
+    "resolution_tier",
+    "view_point",
+    "view_description",
+    "prompt_format",
+    "guidance_interval",
+    "gripper_flip_index",
+    "normalization",
+    "normalization_file",
+    "use_state",
+    "history_length",
+    "state_dim",
 )
 
 
@@ -71,7 +84,7 @@ class NormalizationStats:
     scale: np.ndarray  # raw units per normalized unit
 
     @classmethod
-    def from_mapping(cls, data: dict, where: str) -> "NormalizationStats":
+    def from_mapping(cls, data: dict, where: str) -> NormalizationStats:
         for nested in ("global", "action"):
             if isinstance(data.get(nested), dict):
                 data = data[nested]
@@ -166,7 +179,7 @@ class ProfileTable:
     default_domain: str | None  # None only when there are no domains
 
     @classmethod
-    def build(cls, domains: dict[str, PolicyProfile], named_default: str | None) -> "ProfileTable":
+    def build(cls, domains: dict[str, PolicyProfile], named_default: str | None) -> ProfileTable:
         if named_default is not None:
             if named_default not in domains:
                 raise CheckpointError(
@@ -180,14 +193,19 @@ class ProfileTable:
         return cls(domains, ranked[0] if ranked else None)
 
 
-def profiles_for_checkpoint(checkpoint_dir: Path, info: CheckpointInfo,
-                            override_file: str | Path | None = None) -> ProfileTable:
+def profiles_for_checkpoint(
+    checkpoint_dir: Path, info: CheckpointInfo, override_file: str | Path | None = None
+) -> ProfileTable:
     """The profile table of an inspected checkpoint (empty without an action head), an operator file merged in."""
     if not info.has_action_head:
         return ProfileTable({}, None)
-    return load_profiles(checkpoint_dir, action_dim=info.action_dim, num_domains=info.num_embodiment_domains,
-                         override_file=override_file,
-                         num_train_timesteps=int(info.scheduler_config.get("num_train_timesteps", 1000)))
+    return load_profiles(
+        checkpoint_dir,
+        action_dim=info.action_dim,
+        num_domains=info.num_embodiment_domains,
+        override_file=override_file,
+        num_train_timesteps=int(info.scheduler_config.get("num_train_timesteps", 1000)),
+    )
 
 
 def load_profiles(
@@ -235,8 +253,10 @@ def _merge_profile_file(fields: dict[str, dict], path: Path) -> str | None:
         raise CheckpointError(f"profile file {path} must hold a JSON object")
     unknown = sorted(set(data) - {"domains", "default_domain"})
     if unknown:
-        raise CheckpointError(f"profile file {path}: unknown top-level key(s) {', '.join(unknown)}; "
-                              "expected 'domains' and optionally 'default_domain'")
+        raise CheckpointError(
+            f"profile file {path}: unknown top-level key(s) {', '.join(unknown)}; "
+            "expected 'domains' and optionally 'default_domain'"
+        )
     domains = data.get("domains")
     if not isinstance(domains, dict):
         raise CheckpointError(f"profile file {path} needs a top-level 'domains' mapping")
@@ -248,8 +268,10 @@ def _merge_profile_file(fields: dict[str, dict], path: Path) -> str | None:
             raise CheckpointError(f"profile file {path}: domain {name!r} must map to an object")
         unknown = sorted(set(entry) - set(_PROFILE_KEYS))
         if unknown:
-            raise CheckpointError(f"profile file {path}: domain {name!r} has unknown key(s) {', '.join(unknown)}; "
-                                  f"known keys: {', '.join(_PROFILE_KEYS)}")
+            raise CheckpointError(
+                f"profile file {path}: domain {name!r} has unknown key(s) {', '.join(unknown)}; "
+                f"known keys: {', '.join(_PROFILE_KEYS)}"
+            )
         entry = dict(entry)
         stats_file = entry.pop("normalization_file", None)
         if stats_file is not None:
@@ -265,8 +287,10 @@ def _merge_profile_file(fields: dict[str, dict], path: Path) -> str | None:
             elif isinstance(stats, dict):
                 entry["normalization"] = NormalizationStats.from_mapping(stats, f"{path}:{name}")
             else:
-                raise CheckpointError(f"profile file {path}: domain {name!r} normalization must be statistics "
-                                      "(q01/q99, mean/std or min/max), \"none\" or null")
+                raise CheckpointError(
+                    f"profile file {path}: domain {name!r} normalization must be statistics "
+                    '(q01/q99, mean/std or min/max), "none" or null'
+                )
         fields.setdefault(name, {}).update(entry)
     return default
 
@@ -282,12 +306,14 @@ def _profile_from_fields(name: str, entry: dict, num_train_timesteps: int) -> Po
         raise CheckpointError(f"{where}: unknown view_point {view_point!r}; expected one of {', '.join(VIEW_POINTS)}")
     prompt_format = entry.get("prompt_format", "json")
     if prompt_format not in PROMPT_FORMATS:
-        raise CheckpointError(f"{where}: prompt_format must be one of {', '.join(PROMPT_FORMATS)}, "
-                              f"got {prompt_format!r}")
+        raise CheckpointError(
+            f"{where}: prompt_format must be one of {', '.join(PROMPT_FORMATS)}, got {prompt_format!r}"
+        )
     tier = entry.get("resolution_tier")
     if tier is not None and (isinstance(tier, bool) or tier not in RESOLUTION_TIERS):
-        raise CheckpointError(f"{where}: resolution_tier must be one of {', '.join(map(str, RESOLUTION_TIERS))}, "
-                              f"got {tier!r}")
+        raise CheckpointError(
+            f"{where}: resolution_tier must be one of {', '.join(map(str, RESOLUTION_TIERS))}, got {tier!r}"
+        )
     fps = entry.get("fps", DEFAULT_FPS)
     if isinstance(fps, bool) or not isinstance(fps, (int, float)) or not 1.0 <= fps <= 240.0:
         raise CheckpointError(f"{where}: fps must be a number in [1, 240], got {fps!r}")
@@ -303,7 +329,8 @@ def _profile_from_fields(name: str, entry: dict, num_train_timesteps: int) -> Po
         domain_id=_integer(entry, "domain_id", where, low=0),
         raw_action_dim=width,
         action_space=_optional_text(entry, "action_space", where),
-        default_horizon=_integer(entry, "default_horizon", where, low=1) if "default_horizon" in entry
+        default_horizon=_integer(entry, "default_horizon", where, low=1)
+        if "default_horizon" in entry
         else DEFAULT_ACTION_HORIZON,
         fps=float(fps),
         resolution_tier=tier,
@@ -324,19 +351,25 @@ def _state_conditioning(entry: dict, where: str, width: int) -> tuple[bool, int,
     use_state = entry.get("use_state", False)
     if not isinstance(use_state, bool):
         raise CheckpointError(f"{where}: use_state must be true or false, got {use_state!r}")
-    history = _integer(entry, "history_length", where, low=0, high=MAX_HISTORY_LENGTH) \
-        if "history_length" in entry else int(use_state)
+    history = (
+        _integer(entry, "history_length", where, low=0, high=MAX_HISTORY_LENGTH)
+        if "history_length" in entry
+        else int(use_state)
+    )
     if use_state and history < 1:
         raise CheckpointError(f"{where}: use_state needs history_length >= 1 (the state row is one of them)")
     if not history:
         if entry.get("state_dim") is not None:
-            raise CheckpointError(f"{where}: state_dim is set but the domain takes no state "
-                                  "(set use_state or history_length)")
+            raise CheckpointError(
+                f"{where}: state_dim is set but the domain takes no state (set use_state or history_length)"
+            )
         return False, 0, None
     state_dim = _integer(entry, "state_dim", where, low=1) if entry.get("state_dim") is not None else width
     if state_dim != width:
-        raise CheckpointError(f"{where}: state_dim {state_dim} differs from raw_action_dim {width}; state rows are "
-                              "conditioned as action frames, so they have the action width")
+        raise CheckpointError(
+            f"{where}: state_dim {state_dim} differs from raw_action_dim {width}; state rows are "
+            "conditioned as action frames, so they have the action width"
+        )
     return use_state, history, state_dim
 
 

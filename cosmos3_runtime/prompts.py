@@ -24,20 +24,30 @@ import json
 from diffusers.pipelines.cosmos.pipeline_cosmos3_omni import _ACTION_VIEWPOINT_TEMPLATES
 
 
-def action_caption(pipe, prompt: str, *, prompt_format: str, view_point: str, view_description: str | None,
-                   num_frames: int, fps: float, height: int, width: int) -> str:
+def action_caption(
+    pipe,
+    prompt: str,
+    *,
+    prompt_format: str,
+    view_point: str,
+    view_description: str | None,
+    num_frames: int,
+    fps: float,
+    height: int,
+    width: int,
+) -> str:
     """The conditional caption for one action request, ``height`` x ``width`` being the padded canvas."""
     if prompt_format == "prose":
         return _prose(pipe, prompt, view_point, view_description, num_frames, fps, height, width)
-    caption = pipe._build_action_json_prompt(prompt, view_point=view_point, num_frames=num_frames, fps=fps,
-                                             height=height, width=width)
+    caption = pipe._build_action_json_prompt(
+        prompt, view_point=view_point, num_frames=num_frames, fps=fps, height=height, width=width
+    )
     if not view_description:
         return caption
     data = json.loads(caption)
     framing = data.get("cinematography", {}).get("framing")
     # json.dumps of the parsed caption reproduces diffusers' text byte for byte, the framing aside.
-    data.setdefault("cinematography", {})["framing"] = _join(framing, view_description) if framing \
-        else view_description
+    data.setdefault("cinematography", {})["framing"] = _join(framing, view_description) if framing else view_description
     return json.dumps(data)
 
 

@@ -50,8 +50,8 @@ from .denoise_jobs import DenoiseJob, DenoiseOutput
 from .frame_preprocessing import prepare_frames
 from .packed_attention import install_packed_attention
 from .packed_batch import pack_batch
-from .prepared_inputs import ConditioningFrames, condition_frames
 from .prefix_cache import TextPrefixCache
+from .prepared_inputs import ConditioningFrames, condition_frames
 from .prompts import action_caption
 from .sequence_packing import SequencePass, pack_sequence
 
@@ -110,8 +110,9 @@ class Cosmos3Sampler:
         The pipeline's own conditioning preprocessing, reordered to touch the fewest bytes (uint8 to the
         device, resize, then normalise): see :mod:`cosmos3_runtime.frame_preprocessing`.
         """
-        return prepare_frames(frames, tier, num_frames, self.device,
-                              size_multiple=self.pipe.video_processor.config.vae_scale_factor)
+        return prepare_frames(
+            frames, tier, num_frames, self.device, size_multiple=self.pipe.video_processor.config.vae_scale_factor
+        )
 
     def condition_frames(self, job: DenoiseJob, clock) -> ConditioningFrames:
         """The job's conditioning frames through :meth:`preprocess` (:func:`~cosmos3_runtime.prepared_inputs.
@@ -131,16 +132,40 @@ class Cosmos3Sampler:
         own metadata templates off (the caption carries that metadata already), exactly as diffusers does
         for an action mode.
         """
-        key = (job.prompt, job.prompt_format, job.horizon, canvas_h, canvas_w, job.fps, job.view_point,
-               job.view_description)
+        key = (
+            job.prompt,
+            job.prompt_format,
+            job.horizon,
+            canvas_h,
+            canvas_w,
+            job.fps,
+            job.view_point,
+            job.view_description,
+        )
         ids = self._token_cache.get(key)
         if ids is None:
             num_frames = job.horizon + 1
-            caption = action_caption(self.pipe, job.prompt, prompt_format=job.prompt_format, view_point=job.view_point,
-                                     view_description=job.view_description, num_frames=num_frames, fps=job.fps,
-                                     height=canvas_h, width=canvas_w)
-            ids = self.pipe.tokenize_prompt(caption, None, num_frames=num_frames, height=canvas_h, width=canvas_w,
-                                            fps=job.fps, add_resolution_template=False, add_duration_template=False)
+            caption = action_caption(
+                self.pipe,
+                job.prompt,
+                prompt_format=job.prompt_format,
+                view_point=job.view_point,
+                view_description=job.view_description,
+                num_frames=num_frames,
+                fps=job.fps,
+                height=canvas_h,
+                width=canvas_w,
+            )
+            ids = self.pipe.tokenize_prompt(
+                caption,
+                None,
+                num_frames=num_frames,
+                height=canvas_h,
+                width=canvas_w,
+                fps=job.fps,
+                add_resolution_template=False,
+                add_duration_template=False,
+            )
             self._token_cache[key] = ids
             if len(self._token_cache) > _TOKEN_CACHE_SIZE:
                 self._token_cache.popitem(last=False)
@@ -154,8 +179,9 @@ class Cosmos3Sampler:
         """Condition, denoise and (for video) decode one job. ``clock()`` returns seconds."""
         return self.run_batch([job], clock)[0]
 
-    def run_batch(self, jobs: list[DenoiseJob], clock,
-                  frames: list[ConditioningFrames | None] | None = None) -> list[DenoiseOutput]:
+    def run_batch(
+        self, jobs: list[DenoiseJob], clock, frames: list[ConditioningFrames | None] | None = None
+    ) -> list[DenoiseOutput]:
         """Run jobs that share a schedule (equal :attr:`DenoiseJob.schedule_key`) through shared forwards.
 
         ``frames``: each job's :meth:`condition_frames` made ahead of time (None: made here)."""
@@ -209,12 +235,14 @@ class Cosmos3Sampler:
                 v_vision = u_vision + job.guidance_scale * (v_vision - u_vision)
                 v_action = u_action + job.guidance_scale * (v_action - u_action)
             kwargs = {"generator": item.generator} if self._step_takes_generator else {}
-            latents = item.scheduler.step(v_vision.unsqueeze(0), t, item.latents.unsqueeze(0), return_dict=False,
-                                          **kwargs)[0].squeeze(0)
+            latents = item.scheduler.step(
+                v_vision.unsqueeze(0), t, item.latents.unsqueeze(0), return_dict=False, **kwargs
+            )[0].squeeze(0)
             item.latents = item.vision_mask * item.x0_vision + (1.0 - item.vision_mask) * latents
             if item.has_noisy_action:
-                actions = item.action_scheduler.step(v_action.unsqueeze(0), t, item.action_latents.unsqueeze(0),
-                                                     return_dict=False, **kwargs)[0].squeeze(0)
+                actions = item.action_scheduler.step(
+                    v_action.unsqueeze(0), t, item.action_latents.unsqueeze(0), return_dict=False, **kwargs
+                )[0].squeeze(0)
                 actions = item.action_mask * item.x0_action + (1.0 - item.action_mask) * actions
                 actions[:, job.raw_action_dim :] = 0
                 item.action_latents = actions
@@ -231,8 +259,19 @@ class Cosmos3Sampler:
             actions = None
             if item.job.mode != "forward_dynamics":  # the chunk: the state rows in front are not the robot's to run
                 actions = item.action_latents[item.job.leading_rows :, : item.job.raw_action_dim].float().cpu().numpy()
-            outputs.append(DenoiseOutput(actions, video, item.forwards, len(timesteps), item.preprocess_s,
-                                         item.encode_s, denoise_s, decode_s, batch_size=len(items)))
+            outputs.append(
+                DenoiseOutput(
+                    actions,
+                    video,
+                    item.forwards,
+                    len(timesteps),
+                    item.preprocess_s,
+                    item.encode_s,
+                    denoise_s,
+                    decode_s,
+                    batch_size=len(items),
+                )
+            )
         return outputs
 
     def _prepare(self, job: DenoiseJob, clock, frames: ConditioningFrames | None = None) -> _Item:
@@ -289,8 +328,9 @@ class Cosmos3Sampler:
         cond_ids, uncond_ids = self.tokenize(job, canvas_h, canvas_w)
         passes = {"cond": self._pass(cond_ids, latents, action_latents, vision_condition_frames, clean_frames, job)}
         if job.guidance_scale != 1.0:
-            passes["uncond"] = self._pass(uncond_ids, latents, action_latents, vision_condition_frames, clean_frames,
-                                          job)
+            passes["uncond"] = self._pass(
+                uncond_ids, latents, action_latents, vision_condition_frames, clean_frames, job
+            )
 
         scheduler = copy.deepcopy(pipe.scheduler)
         if job.sigmas is not None:
@@ -301,16 +341,27 @@ class Cosmos3Sampler:
         else:
             scheduler.set_timesteps(job.num_steps, device=device)
         return _Item(
-            job=job, x0_vision=x0_vision, vision_mask=vision_mask, latents=latents, x0_action=x0_action,
-            action_mask=action_mask, action_latents=action_latents,
-            domain_id=torch.tensor([job.domain_id], dtype=torch.long, device=device), generator=generator,
-            scheduler=scheduler, action_scheduler=copy.deepcopy(scheduler), passes=passes,
-            has_noisy_action=len(clean_frames) < rows, preprocess_s=preprocess_s, encode_s=encode_s,
+            job=job,
+            x0_vision=x0_vision,
+            vision_mask=vision_mask,
+            latents=latents,
+            x0_action=x0_action,
+            action_mask=action_mask,
+            action_latents=action_latents,
+            domain_id=torch.tensor([job.domain_id], dtype=torch.long, device=device),
+            generator=generator,
+            scheduler=scheduler,
+            action_scheduler=copy.deepcopy(scheduler),
+            passes=passes,
+            has_noisy_action=len(clean_frames) < rows,
+            preprocess_s=preprocess_s,
+            encode_s=encode_s,
         )
 
     def _pass(self, input_ids, latents, action_latents, vision_frames, clean_action_frames, job) -> SequencePass:
-        full = pack_sequence(self.pipe, self.device, input_ids, latents, action_latents, vision_frames,
-                             clean_action_frames, job)
+        full = pack_sequence(
+            self.pipe, self.device, input_ids, latents, action_latents, vision_frames, clean_action_frames, job
+        )
         key = tuple(input_ids)
         entry = self.prefix_cache.get(key) if self.prefix_cache is not None else None
         return SequencePass(key, full, entry)
@@ -318,10 +369,16 @@ class Cosmos3Sampler:
     def _forward(self, items: list[_Item], name: str, t, step: int, sigma: float, num_steps: int) -> None:
         """One transformer call for pass ``name`` of every item, joined by :func:`~.packed_batch.pack_batch`;
         stores each item's masked velocities and the text keys/values the call recorded."""
-        batch = pack_batch([it.passes[name] for it in items], [it.latents for it in items],
-                           [it.action_latents for it in items], [it.domain_id for it in items],
-                           record=self.prefix_cache is not None, timestep=t.item(), dtype=self.transformer.dtype,
-                           device=self.device)
+        batch = pack_batch(
+            [it.passes[name] for it in items],
+            [it.latents for it in items],
+            [it.action_latents for it in items],
+            [it.domain_id for it in items],
+            record=self.prefix_cache is not None,
+            timestep=t.item(),
+            dtype=self.transformer.dtype,
+            device=self.device,
+        )
         self._attention.items = batch.layout
         try:
             with self.transformer.cache_context(name, step_index=step, sigma=sigma, num_inference_steps=num_steps):
@@ -333,8 +390,12 @@ class Cosmos3Sampler:
             self.prefix_cache.put(p.key, entry)
         for it, pred_vision, pred_action in zip(items, preds_vision, preds_action):
             v_vision, _, v_action = self.pipe._mask_velocity_predictions(
-                [pred_vision], None, vision_condition_mask=[it.vision_mask], preds_action=[pred_action],
-                action_condition_mask=[it.action_mask], raw_action_dim=it.job.raw_action_dim,
+                [pred_vision],
+                None,
+                vision_condition_mask=[it.vision_mask],
+                preds_action=[pred_action],
+                action_condition_mask=[it.action_mask],
+                raw_action_dim=it.job.raw_action_dim,
             )
             it.velocities[name] = (v_vision.float(), v_action.float())
             it.forwards += 1

@@ -19,8 +19,12 @@ from .denoise_jobs import DenoiseJob
 from .prefix_cache import PrefixEntry
 
 # Pack fields holding positions in the joint sequence; they move when items are packed together.
-_SEQUENCE_INDEX_FIELDS = ("vision_sequence_indexes", "vision_mse_loss_indexes", "action_sequence_indexes",
-                          "action_mse_loss_indexes")
+_SEQUENCE_INDEX_FIELDS = (
+    "vision_sequence_indexes",
+    "vision_mse_loss_indexes",
+    "action_sequence_indexes",
+    "action_mse_loss_indexes",
+)
 
 
 @dataclass
@@ -39,16 +43,20 @@ class SequencePass:
             und_len = self.full["und_len"]
             shifted = {k: self.full[k] - und_len for k in _SEQUENCE_INDEX_FIELDS}
             self._generation_only = {
-                **self.full, **shifted, "input_ids": self.full["input_ids"][:0],
-                "text_indexes": self.full["text_indexes"][:0], "und_len": 0,
+                **self.full,
+                **shifted,
+                "input_ids": self.full["input_ids"][:0],
+                "text_indexes": self.full["text_indexes"][:0],
+                "und_len": 0,
                 "position_ids": self.full["position_ids"][:, und_len:],
                 "sequence_length": self.full["sequence_length"] - und_len,
             }
         return self._generation_only
 
 
-def pack_sequence(pipe, device, input_ids, latents, action_latents, vision_frames, clean_action_frames,
-                  job: DenoiseJob) -> dict:
+def pack_sequence(
+    pipe, device, input_ids, latents, action_latents, vision_frames, clean_action_frames, job: DenoiseJob
+) -> dict:
     """The step-invariant part of one job's joint sequence, built by the pipeline's own segment helpers."""
     fps = job.fps
     text = pipe._prepare_text_segment(input_ids, device=device)
@@ -70,8 +78,9 @@ def pack_sequence(pipe, device, input_ids, latents, action_latents, vision_frame
         device=device,
     )
     if job.leading_rows:
-        action["action_mrope_ids"] = state_action_positions(pipe, device, action["action_len"], job.leading_rows,
-                                                           text["vision_start_temporal_offset"], fps)
+        action["action_mrope_ids"] = state_action_positions(
+            pipe, device, action["action_len"], job.leading_rows, text["vision_start_temporal_offset"], fps
+        )
     return {
         **text,
         **vision,
@@ -92,10 +101,15 @@ def state_action_positions(pipe, device, action_len: int, leading_rows: int, mro
     """
     config = pipe.transformer.config
     ids, _ = get_3d_mrope_ids_vae_tokens(
-        grid_t=action_len, grid_h=1, grid_w=1, temporal_offset=mrope_offset,
+        grid_t=action_len,
+        grid_h=1,
+        grid_w=1,
+        temporal_offset=mrope_offset,
         reset_spatial_indices=config.unified_3d_mrope_reset_spatial_ids,
-        fps=fps if config.enable_fps_modulation else None, base_fps=float(config.base_fps),
-        temporal_compression_factor=1, base_temporal_compression_factor=pipe.vae_scale_factor_temporal,
+        fps=fps if config.enable_fps_modulation else None,
+        base_fps=float(config.base_fps),
+        temporal_compression_factor=1,
+        base_temporal_compression_factor=pipe.vae_scale_factor_temporal,
         start_frame_offset=1 - leading_rows,
     )
     return ids.to(device)

@@ -102,13 +102,22 @@ _TINY_PROFILES = {
 # The profile ``droid=True`` ships instead for droid_lerobot, named the default domain: the settings of
 # NVIDIA's DROID joint-position policy (docs/runtime.md, "Worked example").
 TINY_DROID_PROFILE = {
-    "action_space": "joint_pos", "raw_action_dim": 8, "default_horizon": 32,
-    "use_state": True, "history_length": 1, "state_dim": 8, "gripper_flip_index": 7,
-    "normalization": "none", "fps": 15, "resolution_tier": 480, "view_point": "concat_view",
+    "action_space": "joint_pos",
+    "raw_action_dim": 8,
+    "default_horizon": 32,
+    "use_state": True,
+    "history_length": 1,
+    "state_dim": 8,
+    "gripper_flip_index": 7,
+    "normalization": "none",
+    "fps": 15,
+    "resolution_tier": 480,
+    "view_point": "concat_view",
     "view_description": "The top row is from the wrist-mounted camera. The bottom row contains two horizontally "
-                        "concatenated third-person perspective views of the scene from opposite sides, with the "
-                        "robot visible.",
-    "prompt_format": "json", "guidance_interval": [960, 1001],
+    "concatenated third-person perspective views of the scene from opposite sides, with the "
+    "robot visible.",
+    "prompt_format": "json",
+    "guidance_interval": [960, 1001],
 }
 _TINY_DROID_STATS = {
     "global": {
@@ -180,9 +189,7 @@ def build_tiny_checkpoint(
         config_path.write_text(json.dumps(config, indent=2, sort_keys=True))
         scheduler_class = "FlowMatchEulerDiscreteScheduler"
     else:
-        scheduler = UniPCMultistepScheduler(
-            prediction_type="flow_prediction", use_flow_sigmas=True, flow_shift=3.0
-        )
+        scheduler = UniPCMultistepScheduler(prediction_type="flow_prediction", use_flow_sigmas=True, flow_shift=3.0)
         scheduler.save_pretrained(out / "scheduler")
         scheduler_class = "UniPCMultistepScheduler"
 
@@ -204,10 +211,14 @@ def build_tiny_checkpoint(
     if with_action_head:
         (out / "stats").mkdir()
         (out / "stats" / "droid_lerobot.json").write_text(json.dumps(_TINY_DROID_STATS, indent=2))
-        profiles = _TINY_PROFILES if not droid else {
-            "default_domain": "droid_lerobot",
-            "domains": {**_TINY_PROFILES["domains"], "droid_lerobot": TINY_DROID_PROFILE},
-        }
+        profiles = (
+            _TINY_PROFILES
+            if not droid
+            else {
+                "default_domain": "droid_lerobot",
+                "domains": {**_TINY_PROFILES["domains"], "droid_lerobot": TINY_DROID_PROFILE},
+            }
+        )
         (out / "policy_profiles.json").write_text(json.dumps(profiles, indent=2))
     return out
 

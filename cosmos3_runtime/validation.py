@@ -63,8 +63,9 @@ def job_for_actions(request: ActionRequest, spec: EngineSpec) -> tuple[DenoiseJo
     clean = None
     if request.prefix_actions is not None:
         if mode != "policy":
-            raise InvalidRequestError("prefix_actions (real-time chunking) apply to policy requests only",
-                                      "prefix_actions")
+            raise InvalidRequestError(
+                "prefix_actions (real-time chunking) apply to policy requests only", "prefix_actions"
+            )
         prefix = _actions(request.prefix_actions, profile, "prefix_actions")
         if prefix.shape[0] >= horizon:
             raise InvalidRequestError(
@@ -101,11 +102,13 @@ def _job(request, spec, profile, mode, frames, horizon, clean, decode_video, sta
         )
     view_point = request.view_point or defaults.view_point
     if view_point not in VIEW_POINTS:
-        raise InvalidRequestError(f"unknown view_point {view_point!r}; expected one of {', '.join(VIEW_POINTS)}",
-                                  "view_point")
+        raise InvalidRequestError(
+            f"unknown view_point {view_point!r}; expected one of {', '.join(VIEW_POINTS)}", "view_point"
+        )
     if not isinstance(request.prompt, str) or len(request.prompt) > spec.limits.max_prompt_chars:
-        raise InvalidRequestError(f"prompt must be a string of at most {spec.limits.max_prompt_chars} characters",
-                                  "prompt")
+        raise InvalidRequestError(
+            f"prompt must be a string of at most {spec.limits.max_prompt_chars} characters", "prompt"
+        )
     lim = spec.limits
     fps = request.fps if request.fps is not None else defaults.fps
     if isinstance(fps, bool) or not isinstance(fps, (int, float)) or not lim.min_fps <= float(fps) <= lim.max_fps:
@@ -156,17 +159,23 @@ def _sampling(request, spec: EngineSpec, defaults: DomainDefaults):
                 "guidance_scale",
             )
         if interval is not None:
-            raise InvalidRequestError("a distilled checkpoint runs without guidance; guidance_interval must be unset",
-                                      "guidance_interval")
+            raise InvalidRequestError(
+                "a distilled checkpoint runs without guidance; guidance_interval must be unset", "guidance_interval"
+            )
         return fixed, 1.0, None
     steps = defaults.num_steps if steps is None else steps
     if isinstance(steps, bool) or not isinstance(steps, (int, np.integer)) or not 1 <= steps <= spec.limits.max_steps:
         raise InvalidRequestError(f"num_steps must be an integer in [1, {spec.limits.max_steps}]", "num_steps")
     guidance = defaults.guidance_scale if guidance is None else guidance
-    if isinstance(guidance, bool) or not isinstance(guidance, (int, float)) or not math.isfinite(guidance) \
-            or not 0.0 <= guidance <= spec.limits.max_guidance_scale:
-        raise InvalidRequestError(f"guidance_scale must be a number in [0, {spec.limits.max_guidance_scale:g}]",
-                                  "guidance_scale")
+    if (
+        isinstance(guidance, bool)
+        or not isinstance(guidance, (int, float))
+        or not math.isfinite(guidance)
+        or not 0.0 <= guidance <= spec.limits.max_guidance_scale
+    ):
+        raise InvalidRequestError(
+            f"guidance_scale must be a number in [0, {spec.limits.max_guidance_scale:g}]", "guidance_scale"
+        )
     if interval is not None:
         try:
             lo, hi = (float(v) for v in interval)
@@ -185,22 +194,32 @@ def _state(state, profile: PolicyProfile, spec: EngineSpec) -> np.ndarray | None
     rows, name = profile.history_length, profile.domain_name
     if not rows:
         if state is not None:
-            raise InvalidFieldError(f"domain {name!r} does not condition on the robot's state; leave state unset",
-                                    "state")
+            raise InvalidFieldError(
+                f"domain {name!r} does not condition on the robot's state; leave state unset", "state"
+            )
         return None
     shape = f"[{profile.state_dim}]" if rows == 1 else f"[{rows}, {profile.state_dim}]"
     if state is None:
-        raise MissingFieldError(f"domain {name!r} conditions on the robot's state: send state, a float array "
-                                f"{shape}" + (" (oldest row first)" if rows > 1 else ""), "state")
+        raise MissingFieldError(
+            f"domain {name!r} conditions on the robot's state: send state, a float array "
+            f"{shape}" + (" (oldest row first)" if rows > 1 else ""),
+            "state",
+        )
     if not isinstance(state, np.ndarray) or state.dtype.kind not in "fiu":
         raise InvalidFieldError(f"state must be a numeric array {shape}", "state")
     matrix = state[None] if state.ndim == 1 else state
     if matrix.ndim != 2 or matrix.shape[1] != profile.state_dim:
-        raise InvalidFieldError(f"state has shape {list(state.shape)}; domain {name!r} has state_dim "
-                                f"{profile.state_dim}, so state must be {shape}", "state")
+        raise InvalidFieldError(
+            f"state has shape {list(state.shape)}; domain {name!r} has state_dim "
+            f"{profile.state_dim}, so state must be {shape}",
+            "state",
+        )
     if matrix.shape[0] != rows:
-        raise InvalidFieldError(f"state has {matrix.shape[0]} row(s); domain {name!r} conditions on {rows} "
-                                f"(history_length), so state must be {shape}", "state")
+        raise InvalidFieldError(
+            f"state has {matrix.shape[0]} row(s); domain {name!r} conditions on {rows} "
+            f"(history_length), so state must be {shape}",
+            "state",
+        )
     matrix = matrix.astype(np.float32)
     if not np.isfinite(matrix).all():
         raise InvalidFieldError(f"state contains NaN or infinity; send finite values {shape}", "state")
@@ -219,8 +238,9 @@ def _mode_name(mode) -> str:
 
 def _check_mode(mode: str, spec: EngineSpec) -> None:
     if mode not in ACTION_MODES:
-        raise UnsupportedModeError(f"unknown action_mode {mode!r}; expected one of {', '.join(ACTION_MODES)}",
-                                   "action_mode")
+        raise UnsupportedModeError(
+            f"unknown action_mode {mode!r}; expected one of {', '.join(ACTION_MODES)}", "action_mode"
+        )
     if not spec.info.has_action_head:
         raise UnsupportedModeError(
             f"this checkpoint has no action head (transformer action_gen is false): it cannot serve {mode}",
@@ -296,5 +316,7 @@ def _normalize(actions: np.ndarray, profile: PolicyProfile, spec: EngineSpec, fi
     if not (np.isfinite(normalized).all() and np.abs(normalized).max(initial=0.0) <= bound):
         raise InvalidRequestError(
             f"{field_name} lie too far outside domain {profile.domain_name!r}'s action range: normalized by its "
-            f"statistics they must stay within ±{bound:g} (its recorded actions lie within about ±1)", field_name)
+            f"statistics they must stay within ±{bound:g} (its recorded actions lie within about ±1)",
+            field_name,
+        )
     return normalized

@@ -38,9 +38,9 @@ from __future__ import annotations
 import hashlib
 import hmac
 import json
+from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Awaitable, Callable, Iterable
 from urllib.parse import parse_qsl, urlsplit
 
 # Paths anyone may fetch: liveness, and the dashboard's static files (no data in them).
@@ -100,15 +100,17 @@ class TokenSet:
             raise TokenConfigError("no usable token: every configured token is empty")
         for token in cleaned:
             if any(c.isspace() for c in token):
-                raise TokenConfigError("a token contains whitespace; use e.g. `python -c 'import secrets; "
-                                       "print(secrets.token_urlsafe(32))'`")
+                raise TokenConfigError(
+                    "a token contains whitespace; use e.g. `python -c 'import secrets; "
+                    "print(secrets.token_urlsafe(32))'`"
+                )
         self._digests = tuple(_digest(t) for t in cleaned)
 
     def __len__(self) -> int:
         return len(self._digests)
 
     @classmethod
-    def load(cls, token: str | None = None, token_file: str | Path | None = None) -> "TokenSet | None":
+    def load(cls, token: str | None = None, token_file: str | Path | None = None) -> TokenSet | None:
         """Tokens from a flag value and/or a file (one per line, ``#`` comments); None when neither is given."""
         tokens: list[str] = []
         if token:
@@ -155,13 +157,16 @@ class TokenSet:
                 entry = entry.strip()
                 if entry.lower().startswith(SUBPROTOCOL_PREFIX):
                     offered = True
-                    candidate = entry[len(SUBPROTOCOL_PREFIX):]
+                    candidate = entry[len(SUBPROTOCOL_PREFIX) :]
                     if self.matches(candidate):
                         return AuthResult(True, subprotocol=entry, token_id=_token_id(candidate))
         if offered:
             return AuthResult(False, reason="the token is not valid for this server")
-        return AuthResult(False, reason="this server requires a token: send `Authorization: Bearer <token>` "
-                                        "(browsers: `?access_token=<token>` or the subprotocol `bearer.<token>`)")
+        return AuthResult(
+            False,
+            reason="this server requires a token: send `Authorization: Bearer <token>` "
+            "(browsers: `?access_token=<token>` or the subprotocol `bearer.<token>`)",
+        )
 
 
 def bearer_subprotocol(offered: Iterable[str]) -> str | None:
@@ -183,8 +188,7 @@ class BearerAuthMiddleware:
     limit) and costs no body reading. ``on_refused(path)`` is called for every refusal (metrics).
     """
 
-    def __init__(self, app: Callable, *, tokens: TokenSet,
-                 on_refused: Callable[[str], None] | None = None) -> None:
+    def __init__(self, app: Callable, *, tokens: TokenSet, on_refused: Callable[[str], None] | None = None) -> None:
         self.app = app
         self.tokens = tokens
         self.on_refused = on_refused
@@ -207,12 +211,18 @@ class BearerAuthMiddleware:
         if self.on_refused is not None:
             self.on_refused(scope.get("path", ""))
         body = json.dumps({"error": {"code": UNAUTHORIZED_CODE, "message": result.reason, "field": None}}).encode()
-        await send({"type": "http.response.start", "status": 401, "headers": [
-            (b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()),
-            (b"www-authenticate", CHALLENGE.encode()),
-        ]})
+        await send(
+            {
+                "type": "http.response.start",
+                "status": 401,
+                "headers": [
+                    (b"content-type", b"application/json"),
+                    (b"content-length", str(len(body)).encode()),
+                    (b"www-authenticate", CHALLENGE.encode()),
+                ],
+            }
+        )
         await send({"type": "http.response.body", "body": body})
-
 
 
 class OriginConfigError(ValueError):
@@ -227,8 +237,13 @@ def _origin_key(origin: str) -> tuple[str, str, int] | None:
     except ValueError:
         return None
     scheme = parts.scheme.lower()
-    if scheme not in ("http", "https") or not parts.hostname or parts.path not in ("", "/") or parts.query \
-            or parts.username is not None:
+    if (
+        scheme not in ("http", "https")
+        or not parts.hostname
+        or parts.path not in ("", "/")
+        or parts.query
+        or parts.username is not None
+    ):
         return None
     return scheme, parts.hostname.lower(), port if port is not None else _DEFAULT_PORTS[scheme]
 
@@ -264,8 +279,10 @@ class OriginPolicy:
             else:
                 key = _origin_key(origin)
                 if key is None:
-                    raise OriginConfigError(f"--allowed-origin {origin!r} is not an origin: write it as a browser "
-                                            "sends it, scheme://host[:port] (e.g. https://ops.example.com)")
+                    raise OriginConfigError(
+                        f"--allowed-origin {origin!r} is not an origin: write it as a browser "
+                        "sends it, scheme://host[:port] (e.g. https://ops.example.com)"
+                    )
                 keys.add(key)
         self.allowed = frozenset(keys)
 
@@ -298,8 +315,14 @@ class OriginCheckMiddleware:
     ``own_ports()`` gives the server's ports at request time; ``on_refused(path)`` counts refusals.
     """
 
-    def __init__(self, app: Callable, *, policy: OriginPolicy, own_ports: Callable[[], Iterable[int]],
-                 on_refused: Callable[[str], None] | None = None) -> None:
+    def __init__(
+        self,
+        app: Callable,
+        *,
+        policy: OriginPolicy,
+        own_ports: Callable[[], Iterable[int]],
+        on_refused: Callable[[str], None] | None = None,
+    ) -> None:
         self.app = app
         self.policy = policy
         self.own_ports = own_ports
@@ -317,7 +340,14 @@ class OriginCheckMiddleware:
         if self.on_refused is not None:
             self.on_refused(scope.get("path", ""))
         body = json.dumps({"error": {"code": FORBIDDEN_ORIGIN_CODE, "message": reason, "field": None}}).encode()
-        await send({"type": "http.response.start", "status": 403, "headers": [
-            (b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()),
-        ]})
+        await send(
+            {
+                "type": "http.response.start",
+                "status": 403,
+                "headers": [
+                    (b"content-type", b"application/json"),
+                    (b"content-length", str(len(body)).encode()),
+                ],
+            }
+        )
         await send({"type": "http.response.body", "body": body})

@@ -12,9 +12,6 @@ stops the server gracefully and the process exits 0.
 
 from __future__ import annotations
 
-# policy_server's package import sets OMP_WAIT_POLICY=PASSIVE; it must happen before torch loads.
-import policy_server  # noqa: F401  (imported for that side effect, first)
-
 import argparse
 import asyncio
 import logging
@@ -22,6 +19,9 @@ import signal
 import sys
 import tempfile
 from pathlib import Path
+
+# policy_server's package import sets OMP_WAIT_POLICY=PASSIVE; it must happen before torch loads.
+import policy_server  # noqa: F401  (imported for that side effect, first)
 
 from . import log_hygiene
 from .auth import OriginConfigError, OriginPolicy, TokenConfigError, TokenSet
@@ -45,8 +45,12 @@ def _openpi_settings(args: argparse.Namespace) -> OpenpiSettings | None:
     if not args.openpi:
         return None
     return OpenpiSettings(
-        domain_name=args.openpi_domain, action_horizon=args.openpi_horizon, action_mode=args.openpi_mode,
-        view_point=args.openpi_view_point, prompt=args.openpi_prompt, cameras=CameraMapping.load(args.openpi_cameras),
+        domain_name=args.openpi_domain,
+        action_horizon=args.openpi_horizon,
+        action_mode=args.openpi_mode,
+        view_point=args.openpi_view_point,
+        prompt=args.openpi_prompt,
+        cameras=CameraMapping.load(args.openpi_cameras),
     )
 
 
@@ -79,8 +83,13 @@ def _sidecar_settings(args: argparse.Namespace) -> SidecarSettings | None:
 def _recording_options(args: argparse.Namespace) -> RecordingOptions | None:
     if args.record_dir is None:
         return None
-    return RecordingOptions(root=args.record_dir, max_bytes=args.record_max_bytes, max_age_s=args.record_max_age_s,
-                            every_session=not args.record_opt_in, close_timeout_s=max(1.0, args.shutdown_grace))
+    return RecordingOptions(
+        root=args.record_dir,
+        max_bytes=args.record_max_bytes,
+        max_age_s=args.record_max_age_s,
+        every_session=not args.record_opt_in,
+        close_timeout_s=max(1.0, args.shutdown_grace),
+    )
 
 
 def _engine_loader(args: argparse.Namespace, workdir: Path):
@@ -95,8 +104,14 @@ def _engine_loader(args: argparse.Namespace, workdir: Path):
 
             source = build_tiny_checkpoint(workdir / f"tiny-{args.tiny}", variant=args.tiny)
             logger.info("built a tiny %s checkpoint at %s", args.tiny, source)
-        return Cosmos3Engine.load(source, device=args.device, dtype=args.dtype, profiles_path=args.profiles,
-                                  prefix_cache_mb=args.prefix_cache_mb, compile=args.compile)
+        return Cosmos3Engine.load(
+            source,
+            device=args.device,
+            dtype=args.dtype,
+            profiles_path=args.profiles,
+            prefix_cache_mb=args.prefix_cache_mb,
+            compile=args.compile,
+        )
 
     return load
 
@@ -111,11 +126,19 @@ def _ray_backend(args: argparse.Namespace, workdir: Path):
         from cosmos3_runtime.tiny import build_tiny_checkpoint
 
         source = str(build_tiny_checkpoint(workdir / f"tiny-{args.tiny}", variant=args.tiny))
-    spec = EngineSpec(source=source, device=args.device, dtype=args.dtype, profiles_path=args.profiles,
-                      prefix_cache_mb=args.prefix_cache_mb, compile=args.compile, torch_threads=args.torch_threads,
-                      warmup=args.warmup)
-    settings = RayBackendSettings(replicas=max(1, args.replicas), address=args.ray_address,
-                                  num_gpus=args.replica_gpus, num_cpus=args.replica_cpus)
+    spec = EngineSpec(
+        source=source,
+        device=args.device,
+        dtype=args.dtype,
+        profiles_path=args.profiles,
+        prefix_cache_mb=args.prefix_cache_mb,
+        compile=args.compile,
+        torch_threads=args.torch_threads,
+        warmup=args.warmup,
+    )
+    settings = RayBackendSettings(
+        replicas=max(1, args.replicas), address=args.ray_address, num_gpus=args.replica_gpus, num_cpus=args.replica_cpus
+    )
     return RayBackendFactory(settings, spec)
 
 
@@ -155,8 +178,11 @@ async def serve_until_stopped(args: argparse.Namespace) -> int:
             max_pending_handshakes_per_peer=max(1, args.max_pending_handshakes_per_peer),
             max_observers=max(1, args.max_observers),
             connection_limits=SessionLimits(
-                max_outbox_frames=max(1, args.max_outbox_frames), max_outbox_bytes=int(args.max_outbox_mib * 2**20),
-                reply_timeout_s=max(0.0, args.reply_timeout_s), idle_timeout_s=max(0.0, args.idle_timeout_s)),
+                max_outbox_frames=max(1, args.max_outbox_frames),
+                max_outbox_bytes=int(args.max_outbox_mib * 2**20),
+                reply_timeout_s=max(0.0, args.reply_timeout_s),
+                idle_timeout_s=max(0.0, args.idle_timeout_s),
+            ),
             allowed_origins=tuple(args.allowed_origin),
             recording=_recording_options(args),
         )
@@ -173,8 +199,11 @@ async def serve_until_stopped(args: argparse.Namespace) -> int:
             await server.start()
         except OSError as exc:  # a port already taken, an address this host does not have
             # Nothing was loaded yet (the sidecar binds before the model worker starts): just exit.
-            logger.error("cannot start (%s); choose other ports with --port / --http-port, or --no-http, "
-                         "and a writable --record-dir", exc)
+            logger.error(
+                "cannot start (%s); choose other ports with --port / --http-port, or --no-http, "
+                "and a writable --record-dir",
+                exc,
+            )
             return 2
         dashboard_port = server.sidecar.port if server.sidecar is not None else server.port
         logger.info("teleop dashboard: http://%s:%d/dashboard/", args.host, dashboard_port)
@@ -206,8 +235,9 @@ def main(argv: list[str] | None = None) -> int:
         CameraMapping.load(args.openpi_cameras)  # a bad mapping is a usage error, before anything starts
     except CameraMappingError as exc:
         parser.error(str(exc))
-    if (args.record_opt_in or args.record_max_bytes is not None or args.record_max_age_s is not None) \
-            and args.record_dir is None:
+    if (
+        args.record_opt_in or args.record_max_bytes is not None or args.record_max_age_s is not None
+    ) and args.record_dir is None:
         parser.error("--record-opt-in, --record-max-bytes and --record-max-age-s need --record-dir")
     if args.tls_key and not args.tls_cert:
         parser.error("--tls-key needs --tls-cert")

@@ -130,7 +130,14 @@ def capped_to_descriptors(requested: int, reserved: int, what: str, **context: A
     if requested <= budget:
         return requested
     allowed = max(8, budget)
-    logger.warning("the open-file limit (%d) leaves room for %d %s, not %d, after %d kept for %s; raise it "
-                   "(ulimit -n) to allow more", descriptor_budget(), allowed, what, requested, reserved,
-                   ", ".join(f"{name} {value}" for name, value in context.items()) or "the robots")
+    logger.warning(
+        "the open-file limit (%d) leaves room for %d %s, not %d, after %d kept for %s; raise it "
+        "(ulimit -n) to allow more",
+        descriptor_budget(),
+        allowed,
+        what,
+        requested,
+        reserved,
+        ", ".join(f"{name} {value}" for name, value in context.items()) or "the robots",
+    )
     return allowed

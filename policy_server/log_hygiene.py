@@ -94,8 +94,9 @@ class LogHygieneFilter(logging.Filter):
                     self._report(window)
                 if window is None and len(self._windows) >= MAX_KINDS:
                     self._windows.pop(next(iter(self._windows)))
-                window = self._windows[key] = _Window(now, template=template[:200], name=record.name,
-                                                      level=record.levelno)
+                window = self._windows[key] = _Window(
+                    now, template=template[:200], name=record.name, level=record.levelno
+                )
             if window.passed < self.burst:
                 window.passed += 1
                 return True
@@ -136,8 +137,15 @@ class LogHygieneFilter(logging.Filter):
     def _report(self, window: _Window) -> None:
         # Logged through a logger of its own (never limited); the lock is not needed for that, but the
         # counts must not change under us, and handlers do not call back into this filter for it.
-        logger.log(window.level, "suppressed %d similar lines in %.0f s (%s, level %s): %s", window.suppressed,
-                   self.interval_s, window.name, logging.getLevelName(window.level), printable(window.template))
+        logger.log(
+            window.level,
+            "suppressed %d similar lines in %.0f s (%s, level %s): %s",
+            window.suppressed,
+            self.interval_s,
+            window.name,
+            logging.getLevelName(window.level),
+            printable(window.template),
+        )
         window.suppressed = 0
 
 

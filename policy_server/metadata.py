@@ -16,7 +16,8 @@ Nothing here imports FastAPI or a session: the WebSocket-only server uses it too
 from __future__ import annotations
 
 import time
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 from robot_clients import protocol
 
@@ -24,9 +25,9 @@ from .engine.description import ModelDescription
 from .media.image_decoding import ENCODED_FORMATS
 from .recording_setup import recorder_health
 from .sessions.config import STATE_PROFILE_FIELDS, SessionConfig
-from .sglang.metadata import merge_metadata, sglang_metadata
 from .sessions.host import SessionHost
 from .sessions.openpi_observation import CameraMapping
+from .sglang.metadata import merge_metadata, sglang_metadata
 
 SERVER_NAME = "cosmos3-policy-server"
 
@@ -64,30 +65,37 @@ def native_metadata(host: SessionHost, session_id: str) -> dict[str, Any]:
     connection_limits = settings.connection_limits
     limits["reply_timeout_s"] = connection_limits.reply_timeout_s or None
     limits["idle_timeout_s"] = connection_limits.idle_timeout_s or None
-    return merge_metadata({
-        "type": protocol.METADATA,
-        "protocol_version": protocol.PROTOCOL_VERSION,
-        "server": SERVER_NAME,
-        "session_id": session_id,
-        "model": d.model,
-        "variant": d.variant,
-        "modes": list(d.realtime_modes),
-        "capabilities": dict(NATIVE_CAPABILITIES),
-        "defaults": d.raw.get("defaults", {}),
-        "action_horizon": d.raw.get("action_horizon", {}),
-        "resolution_tiers": list(d.resolution_tiers),
-        "canvases": canvases(d),
-        "view_points": list(d.view_points),
-        "domains": {
-            name: {"domain_id": domain.domain_id, "raw_action_dim": domain.raw_action_dim,
-                   "default_horizon": domain.default_horizon, "view_point": domain.view_point,
-                   **{field: getattr(domain, field) for field in STATE_PROFILE_FIELDS}}
-            for name, domain in d.domains.items()
+    return merge_metadata(
+        {
+            "type": protocol.METADATA,
+            "protocol_version": protocol.PROTOCOL_VERSION,
+            "server": SERVER_NAME,
+            "session_id": session_id,
+            "model": d.model,
+            "variant": d.variant,
+            "modes": list(d.realtime_modes),
+            "capabilities": dict(NATIVE_CAPABILITIES),
+            "defaults": d.raw.get("defaults", {}),
+            "action_horizon": d.raw.get("action_horizon", {}),
+            "resolution_tiers": list(d.resolution_tiers),
+            "canvases": canvases(d),
+            "view_points": list(d.view_points),
+            "domains": {
+                name: {
+                    "domain_id": domain.domain_id,
+                    "raw_action_dim": domain.raw_action_dim,
+                    "default_horizon": domain.default_horizon,
+                    "view_point": domain.view_point,
+                    **{field: getattr(domain, field) for field in STATE_PROFILE_FIELDS},
+                }
+                for name, domain in d.domains.items()
+            },
+            "limits": limits,
+            "device": d.device,
+            "dtype": d.dtype,
         },
-        "limits": limits,
-        "device": d.device,
-        "dtype": d.dtype,
-    }, sglang_keys(host))
+        sglang_keys(host),
+    )
 
 
 def sglang_keys(host: SessionHost) -> dict[str, Any]:
@@ -95,12 +103,17 @@ def sglang_keys(host: SessionHost) -> dict[str, Any]:
     is the engine's batch size, its default rate a session's default ``fps``)."""
     assert host.description is not None, "answered once the model is ready"
     settings = host.settings
-    return sglang_metadata(host.description, max_batch_size=settings.max_batch,
-                           openpi_websocket=settings.openpi is not None, default_fps=SessionConfig.fps)
+    return sglang_metadata(
+        host.description,
+        max_batch_size=settings.max_batch,
+        openpi_websocket=settings.openpi is not None,
+        default_fps=SessionConfig.fps,
+    )
 
 
-def openpi_metadata(d: ModelDescription | None, session_id: str, config: SessionConfig | None,
-                    cameras: CameraMapping, error: str | None) -> dict[str, Any]:
+def openpi_metadata(
+    d: ModelDescription | None, session_id: str, config: SessionConfig | None, cameras: CameraMapping, error: str | None
+) -> dict[str, Any]:
     """openpi's hello: what the server's ``--openpi-*`` settings resolved to (``error``: why they do not fit)."""
     assert d is not None, "sessions open once the model is ready"
     resolved = config.resolved(d) if config is not None else {}
@@ -124,8 +137,9 @@ def openpi_metadata(d: ModelDescription | None, session_id: str, config: Session
     }
 
 
-def http_action_metadata(host: SessionHost, http_limits: Mapping[str, Any],
-                         http_capabilities: Mapping[str, Any]) -> dict[str, Any]:
+def http_action_metadata(
+    host: SessionHost, http_limits: Mapping[str, Any], http_capabilities: Mapping[str, Any]
+) -> dict[str, Any]:
     """The fields of ``GET /v1/actions/metadata`` (the sidecar's ``ActionMetadata``): the model's, with
     the sidecar's own limits and capabilities (body sizes, formats, video retention) merged in."""
     d = host.description
@@ -149,13 +163,24 @@ def http_action_metadata(host: SessionHost, http_limits: Mapping[str, Any],
         **http_capabilities,
     }
     return dict(
-        model=d.model, variant=d.variant, is_distilled=d.is_distilled, is_edge=d.is_edge,
-        modes=list(d.modes), action_modes=action_modes, video_modes=video_modes, endpoints=endpoints,
+        model=d.model,
+        variant=d.variant,
+        is_distilled=d.is_distilled,
+        is_edge=d.is_edge,
+        modes=list(d.modes),
+        action_modes=action_modes,
+        video_modes=video_modes,
+        endpoints=endpoints,
         domains={name: dict(domain.raw) for name, domain in d.domains.items()},
-        action_horizon=d.raw.get("action_horizon", {}), resolution_tiers=list(d.resolution_tiers),
-        view_points=list(d.view_points), defaults=d.raw.get("defaults", {}),
-        distilled_sigmas=d.raw.get("distilled_sigmas"), limits=limits, capabilities=capabilities,
-        device=d.device, dtype=d.dtype,
+        action_horizon=d.raw.get("action_horizon", {}),
+        resolution_tiers=list(d.resolution_tiers),
+        view_points=list(d.view_points),
+        defaults=d.raw.get("defaults", {}),
+        distilled_sigmas=d.raw.get("distilled_sigmas"),
+        limits=limits,
+        capabilities=capabilities,
+        device=d.device,
+        dtype=d.dtype,
         topology=host.worker.topology() if host.worker is not None else {},
     )
 

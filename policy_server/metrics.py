@@ -23,8 +23,9 @@ from __future__ import annotations
 import threading
 import time
 from collections import deque
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from typing import Any, Callable, Iterable
+from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, disable_created_metrics, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
@@ -113,7 +114,8 @@ class _StateCollector(Collector):
             value=r.dropped_observations(),
         )
         yield CounterMetricFamily(
-            f"{NAMESPACE}_engine_busy_seconds", "seconds the engine worker spent running requests",
+            f"{NAMESPACE}_engine_busy_seconds",
+            "seconds the engine worker spent running requests",
             value=r.engine_busy_seconds(),
         )
         yield GaugeMetricFamily(
@@ -137,8 +139,9 @@ def _recording_metrics(stats: dict[str, Any] | None) -> Iterable[Any]:
     """``cosmos3_recording_*``: what the recorder wrote, dropped and holds, and its state (1 for the current one)."""
     if stats is None:
         return
-    state = GaugeMetricFamily(f"{NAMESPACE}_recording_state", "the recorder's state (1: the current one)",
-                              labels=["state"])
+    state = GaugeMetricFamily(
+        f"{NAMESPACE}_recording_state", "the recorder's state (1: the current one)", labels=["state"]
+    )
     for name in ("recording", "disk_full", "stopped"):
         state.add_metric([name], int(stats.get("state") == name))
     yield state
@@ -153,11 +156,15 @@ def _replica_metrics(replicas: list[dict[str, Any]]) -> Iterable[Any]:
     """Per-replica series, labelled ``replica`` (its index): up, pinned sessions, work done, failovers."""
     up = GaugeMetricFamily(f"{NAMESPACE}_replica_up", "1 while the engine replica is in service", labels=["replica"])
     sessions = GaugeMetricFamily(f"{NAMESPACE}_replica_sessions", "sessions pinned to the replica", labels=["replica"])
-    completed = CounterMetricFamily(f"{NAMESPACE}_replica_completed", "requests the replica answered", labels=["replica"])
-    busy = CounterMetricFamily(f"{NAMESPACE}_replica_busy_seconds", "seconds the replica spent running requests",
-                               labels=["replica"])
-    failovers = CounterMetricFamily(f"{NAMESPACE}_replica_failovers", "times the replica was lost and its sessions moved",
-                                    labels=["replica"])
+    completed = CounterMetricFamily(
+        f"{NAMESPACE}_replica_completed", "requests the replica answered", labels=["replica"]
+    )
+    busy = CounterMetricFamily(
+        f"{NAMESPACE}_replica_busy_seconds", "seconds the replica spent running requests", labels=["replica"]
+    )
+    failovers = CounterMetricFamily(
+        f"{NAMESPACE}_replica_failovers", "times the replica was lost and its sessions moved", labels=["replica"]
+    )
     for replica in replicas:
         label = [str(replica.get("replica", 0))]
         up.add_metric(label, int(replica.get("state") in ("live", "ready")))
@@ -174,32 +181,57 @@ class ServerMetrics:
     def __init__(self, readers: ServerStateReaders) -> None:
         self.registry = CollectorRegistry(auto_describe=True)
         self.http_requests = Counter(
-            "http_requests", "HTTP requests answered by the sidecar, by route, method and status",
-            ["endpoint", "method", "status"], namespace=NAMESPACE, registry=self.registry,
+            "http_requests",
+            "HTTP requests answered by the sidecar, by route, method and status",
+            ["endpoint", "method", "status"],
+            namespace=NAMESPACE,
+            registry=self.registry,
         )
         self.http_errors = Counter(
-            "http_errors", "HTTP error answers by route and error code",
-            ["endpoint", "code"], namespace=NAMESPACE, registry=self.registry,
+            "http_errors",
+            "HTTP error answers by route and error code",
+            ["endpoint", "code"],
+            namespace=NAMESPACE,
+            registry=self.registry,
         )
         self.http_duration = Histogram(
-            "http_request_duration_seconds", "time to answer an HTTP request, by route",
-            ["endpoint"], namespace=NAMESPACE, registry=self.registry, buckets=LATENCY_BUCKETS_S,
+            "http_request_duration_seconds",
+            "time to answer an HTTP request, by route",
+            ["endpoint"],
+            namespace=NAMESPACE,
+            registry=self.registry,
+            buckets=LATENCY_BUCKETS_S,
         )
         self.queue_seconds = Histogram(
-            "request_queue_seconds", "time a request waited for the engine", ["kind"],
-            namespace=NAMESPACE, registry=self.registry, buckets=LATENCY_BUCKETS_S,
+            "request_queue_seconds",
+            "time a request waited for the engine",
+            ["kind"],
+            namespace=NAMESPACE,
+            registry=self.registry,
+            buckets=LATENCY_BUCKETS_S,
         )
         self.model_seconds = Histogram(
-            "request_model_seconds", "time the engine spent on a request (its batch's engine call)", ["kind"],
-            namespace=NAMESPACE, registry=self.registry, buckets=LATENCY_BUCKETS_S,
+            "request_model_seconds",
+            "time the engine spent on a request (its batch's engine call)",
+            ["kind"],
+            namespace=NAMESPACE,
+            registry=self.registry,
+            buckets=LATENCY_BUCKETS_S,
         )
         self.total_seconds = Histogram(
-            "request_total_seconds", "time from receiving a request to its result being ready", ["kind"],
-            namespace=NAMESPACE, registry=self.registry, buckets=LATENCY_BUCKETS_S,
+            "request_total_seconds",
+            "time from receiving a request to its result being ready",
+            ["kind"],
+            namespace=NAMESPACE,
+            registry=self.registry,
+            buckets=LATENCY_BUCKETS_S,
         )
         self.engine_errors = Counter(
-            "engine_errors", "requests the engine answered with an error, by kind and code", ["kind", "code"],
-            namespace=NAMESPACE, registry=self.registry,
+            "engine_errors",
+            "requests the engine answered with an error, by kind and code",
+            ["kind", "code"],
+            namespace=NAMESPACE,
+            registry=self.registry,
         )
         self.registry.register(_StateCollector(readers))
 
@@ -212,8 +244,9 @@ class ServerMetrics:
     def observe_http_error(self, endpoint: str, code: str) -> None:
         self.http_errors.labels(endpoint, code).inc()
 
-    def observe_request(self, kind: str, queue_s: float, model_s: float, total_s: float,
-                        error_code: str | None = None) -> None:
+    def observe_request(
+        self, kind: str, queue_s: float, model_s: float, total_s: float, error_code: str | None = None
+    ) -> None:
         self.queue_seconds.labels(kind).observe(max(0.0, queue_s))
         self.model_seconds.labels(kind).observe(max(0.0, model_s))
         self.total_seconds.labels(kind).observe(max(0.0, total_s))

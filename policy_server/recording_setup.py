@@ -45,7 +45,7 @@ class SessionRecorder(Protocol):
         ...
 
 
-def start_recorder(options: RecordingOptions) -> "Recorder":
+def start_recorder(options: RecordingOptions) -> Recorder:
     """A started recorder writing under ``options.root`` (a directory that cannot be made fails here)."""
     from .recording import Recorder, RecorderSettings
 

@@ -17,10 +17,10 @@ import json
 import logging
 import socket
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from http import HTTPStatus
 from types import MappingProxyType
-from typing import TYPE_CHECKING, Any, Callable
+from typing import TYPE_CHECKING, Any
 
 from websockets.asyncio.server import Server, ServerConnection, serve
 from websockets.datastructures import Headers
@@ -32,9 +32,9 @@ from robot_clients.protocol import REALTIME_PATH, DropReason, FrameLimits
 from .auth import CHALLENGE, OriginPolicy, bearer_subprotocol, is_open_path
 from .connection_limits import ACCEPT_BURST, PeerCounter, handshake_limited_connection
 from .engine.backend import BackendFactory, EngineBackend
+from .engine.batching import BackgroundShare, BatchPolicy
 from .engine.description import ModelDescription
 from .engine.request_queue import RequestQueue
-from .engine.batching import BackgroundShare, BatchPolicy
 from .engine.watchdog import EngineWatchdog
 from .engine.worker import ActionEngine, EngineWorker, WorkerState
 from .http.dashboard import CONFIG_NAME, DASHBOARD_HEADERS, DASHBOARD_PATH, dashboard_asset, dashboard_config
@@ -50,7 +50,11 @@ from .sessions.observer import DEFAULT_INTERVAL_S, OBSERVER_MAX_MESSAGE_BYTES, O
 from .sessions.openpi import OpenpiSession
 from .sessions.sglang_lockstep import SglangLockstepSession
 from .sessions.supervisor import (
-    MAX_QUEUED_FRAMES, SOCKET_SEND_BUFFER_BYTES, WRITE_LIMIT_BYTES, ConnectionSupervisor, close_connection,
+    MAX_QUEUED_FRAMES,
+    SOCKET_SEND_BUFFER_BYTES,
+    WRITE_LIMIT_BYTES,
+    ConnectionSupervisor,
+    close_connection,
 )
 
 if TYPE_CHECKING:  # imported when started with a sidecar, so a WebSocket-only server never loads FastAPI
@@ -73,8 +77,12 @@ class PolicyServer:
     backend runs it; the backend then also supplies the queue.
     """
 
-    def __init__(self, load_engine: Callable[[], ActionEngine] | None, settings: ServerSettings | None = None,
-                 backend: BackendFactory | None = None) -> None:
+    def __init__(
+        self,
+        load_engine: Callable[[], ActionEngine] | None,
+        settings: ServerSettings | None = None,
+        backend: BackendFactory | None = None,
+    ) -> None:
         self.settings = settings or ServerSettings()
         self._load_engine = load_engine
         self._backend = backend
@@ -84,8 +92,9 @@ class PolicyServer:
         self.observers: dict[str, ObserverSession] = {}
         self.observer_snapshots = SnapshotCache(max_age_s=DEFAULT_INTERVAL_S)
         self.origins = OriginPolicy(self.settings.allowed_origins)
-        self.supervisor = ConnectionSupervisor(lambda: [*self._sessions.values(), *self.observers.values()],
-                                               self.settings.connection_limits)
+        self.supervisor = ConnectionSupervisor(
+            lambda: [*self._sessions.values(), *self.observers.values()], self.settings.connection_limits
+        )
         # What the loaded model offers; None until it is loaded and warm.
         self.description: ModelDescription | None = None
         self.frame_limits = FrameLimits()
@@ -116,8 +125,11 @@ class PolicyServer:
                 loop,
                 torch_threads=self.settings.torch_threads,
                 warmup=self.settings.warmup,
-                batching=BatchPolicy(self.settings.max_batch, self.settings.max_batch_wait_ms,
-                                     overlap_host_prep=self.settings.overlap_host_prep),
+                batching=BatchPolicy(
+                    self.settings.max_batch,
+                    self.settings.max_batch_wait_ms,
+                    overlap_host_prep=self.settings.overlap_host_prep,
+                ),
                 background=BackgroundShare(self.settings.video_step_interval_s),
             )
         self._ws_server = await serve(
@@ -128,7 +140,8 @@ class PolicyServer:
             open_timeout=self.settings.handshake_timeout_s,
             backlog=ACCEPT_BURST,
             create_connection=handshake_limited_connection(
-                PeerCounter(self.settings.max_pending_handshakes, self.settings.max_pending_handshakes_per_peer)),
+                PeerCounter(self.settings.max_pending_handshakes, self.settings.max_pending_handshakes_per_peer)
+            ),
             max_size=self.settings.max_message_bytes,
             # Compression costs 30-40 ms per camera frame and buys nothing on incompressible pixels.
             compression=None,
@@ -141,8 +154,9 @@ class PolicyServer:
             server_header=SERVER_NAME,
             ssl=self.settings.ssl_context,
             # A browser that sent its token as the subprotocol `bearer.<token>` needs it selected back.
-            select_subprotocol=lambda _connection, offered: bearer_subprotocol(offered)
-            if self.settings.auth_tokens is not None else None,
+            select_subprotocol=lambda _connection, offered: (
+                bearer_subprotocol(offered) if self.settings.auth_tokens is not None else None
+            ),
         )
         if self.settings.http is not None:
             # Imported here so a WebSocket-only server never loads FastAPI. Started before the worker so
@@ -154,13 +168,20 @@ class PolicyServer:
         self.worker.start()
         self.supervisor.start()
         # Only the local worker can restart its engine; a backend's replicas are replaced by their own platform.
-        self.watchdog = EngineWatchdog(self.worker if isinstance(self.worker, EngineWorker) else None,
-                                       self.settings.engine_timeout_s)
+        self.watchdog = EngineWatchdog(
+            self.worker if isinstance(self.worker, EngineWorker) else None, self.settings.engine_timeout_s
+        )
         self.watchdog.start()
         scheme = "wss" if self.settings.ssl_context is not None else "ws"
         tokens = self.settings.auth_tokens
-        logger.info("listening on %s://%s:%d%s (%s)", scheme, self.settings.host, self.port, REALTIME_PATH,
-                    f"bearer token required, {len(tokens)} accepted" if tokens is not None else "no authentication")
+        logger.info(
+            "listening on %s://%s:%d%s (%s)",
+            scheme,
+            self.settings.host,
+            self.port,
+            REALTIME_PATH,
+            f"bearer token required, {len(tokens)} accepted" if tokens is not None else "no authentication",
+        )
 
     async def wait_ready(self) -> ModelDescription:
         """Wait for the model to be loaded and warm; raise if it failed to load."""
@@ -170,8 +191,12 @@ class PolicyServer:
         self.frame_limits = description.frame_limits
         side = self.frame_limits.max_image_side
         if self.settings.max_message_bytes < side * side * 3 + 2**20:
-            logger.warning("a %dx%d camera frame does not fit --max-message-mib %.1f: the frame limit wins (1009)",
-                           side, side, self.settings.max_message_bytes / 2**20)
+            logger.warning(
+                "a %dx%d camera frame does not fit --max-message-mib %.1f: the frame limit wins (1009)",
+                side,
+                side,
+                self.settings.max_message_bytes / 2**20,
+            )
         logger.info("ready: serving %s (%s)", description.model, description.variant)
         if self.settings.openpi is not None:
             try:  # the operator's --openpi-* flags, checked against the model once, loudly
@@ -227,8 +252,9 @@ class PolicyServer:
             # Each connection closed by us first: websockets' own close() waits forever for a client that
             # does not read (its write buffer never drains); close_connection drops it after a grace.
             grace = self.settings.connection_limits.close_grace_s
-            await asyncio.gather(*(close_connection(c, 1001, "server shutting down", grace)
-                                   for c in self._ws_server.connections))
+            await asyncio.gather(
+                *(close_connection(c, 1001, "server shutting down", grace) for c in self._ws_server.connections)
+            )
             self._ws_server.close(close_connections=True, code=1001, reason="server shutting down")
             await self._ws_server.wait_closed()
         if self.recorder is not None:  # every session has ended its episode: publish them, stop the writer
@@ -236,7 +262,7 @@ class PolicyServer:
         self._stopped.set()
         logger.info("shut down")
 
-    async def __aenter__(self) -> "PolicyServer":
+    async def __aenter__(self) -> PolicyServer:
         await self.start()
         await self.wait_ready()
         return self
@@ -280,11 +306,17 @@ class PolicyServer:
         # Everything below is a WebSocket upgrade: a page of another site must not open it (its browser
         # would carry the user's network position and any token in its URL).
         origins, hosts = request.headers.get_all("Origin"), request.headers.get_all("Host")
-        refusal = "more than one Origin header" if len(origins) > 1 else self.origins.refusal(
-            origins[0] if origins else None, hosts[0] if len(hosts) == 1 else None, self.own_ports())
+        refusal = (
+            "more than one Origin header"
+            if len(origins) > 1
+            else self.origins.refusal(
+                origins[0] if origins else None, hosts[0] if len(hosts) == 1 else None, self.own_ports()
+            )
+        )
         if refusal is not None:
-            logger.info("refused a handshake to %s from %s: %s", printable(path[:200]), connection.remote_address,
-                        refusal)
+            logger.info(
+                "refused a handshake to %s from %s: %s", printable(path[:200]), connection.remote_address, refusal
+            )
             return connection.respond(HTTPStatus.FORBIDDEN, refusal + "\n")
         sock = connection.transport.get_extra_info("socket")
         if sock is not None:  # replies wait in the bounded outbox, not in megabytes of kernel buffer
@@ -293,8 +325,12 @@ class PolicyServer:
             # Before anything else (even the 404 for an unknown path): no token, no information.
             result = self.settings.auth_tokens.check(request.headers.get_all, request.path.partition("?")[2])
             if not result.ok:
-                logger.info("refused a handshake to %s from %s: %s", printable(path[:200]), connection.remote_address,
-                            result.reason)
+                logger.info(
+                    "refused a handshake to %s from %s: %s",
+                    printable(path[:200]),
+                    connection.remote_address,
+                    result.reason,
+                )
                 response = connection.respond(HTTPStatus.UNAUTHORIZED, result.reason + "\n")
                 response.headers["WWW-Authenticate"] = CHALLENGE
                 return response
@@ -311,7 +347,9 @@ class PolicyServer:
             connection.protocol.max_message_size = OBSERVER_MAX_MESSAGE_BYTES
             return None
         if not kind.is_session:
-            return connection.respond(HTTPStatus.NOT_FOUND, f"no endpoint at {path}; the policy endpoint is {REALTIME_PATH}\n")
+            return connection.respond(
+                HTTPStatus.NOT_FOUND, f"no endpoint at {path}; the policy endpoint is {REALTIME_PATH}\n"
+            )
         if self.stopping:
             return connection.respond(HTTPStatus.SERVICE_UNAVAILABLE, "server is shutting down\n")
         if not self.ready:
@@ -331,7 +369,7 @@ class PolicyServer:
             response.headers["Location"] = DASHBOARD_PATH + "/"
             response.headers.update(DASHBOARD_HEADERS)
             return response
-        name = path[len(DASHBOARD_PATH) + 1:]
+        name = path[len(DASHBOARD_PATH) + 1 :]
         if name == CONFIG_NAME:
             response = _json_response(connection, HTTPStatus.OK, dashboard_config(self.port))
             response.headers.update(DASHBOARD_HEADERS)
@@ -339,8 +377,14 @@ class PolicyServer:
         asset = dashboard_asset(name)
         if asset is None:
             return connection.respond(HTTPStatus.NOT_FOUND, f"no dashboard file {name!r}\n")
-        headers = Headers([("Content-Type", asset.content_type), ("Content-Length", str(len(asset.body))),
-                           ("Server", SERVER_NAME), *DASHBOARD_HEADERS.items()])
+        headers = Headers(
+            [
+                ("Content-Type", asset.content_type),
+                ("Content-Length", str(len(asset.body))),
+                ("Server", SERVER_NAME),
+                *DASHBOARD_HEADERS.items(),
+            ]
+        )
         return Response(HTTPStatus.OK.value, "OK", headers, asset.body)
 
     async def _handle_connection(self, connection: ServerConnection) -> None:
@@ -371,8 +415,13 @@ class PolicyServer:
             await session.run()
             if session.handover is not None:  # its first frame chose SGLang's lock-step mode (docs/sglang.md)
                 self.unregister(session)
-                session = SglangLockstepSession(connection, self, session_id=session.id,
-                                                first_frame=session.handover, hello_sent_at=session.last_observation_at)
+                session = SglangLockstepSession(
+                    connection,
+                    self,
+                    session_id=session.id,
+                    first_frame=session.handover,
+                    hello_sent_at=session.last_observation_at,
+                )
                 self.register(session)
                 logger.info("session %s speaks SGLang's lock-step protocol", session.id)
                 await session.run()
@@ -380,7 +429,10 @@ class PolicyServer:
             self.unregister(session)
             logger.info(
                 "session %s closed (code %s): %d answered, %d dropped",
-                session.id, connection.close_code, session.answered, session.dropped,
+                session.id,
+                connection.close_code,
+                session.answered,
+                session.dropped,
             )
 
 
@@ -393,7 +445,8 @@ def _json_response(connection: ServerConnection, status: HTTPStatus, body: dict[
 
 def _limit_reached(connection: ServerConnection, what: str, limit: int) -> Response:
     """503 with Retry-After: ``limit`` connections of this kind (``session``, ``observer``) are open."""
-    response = connection.respond(HTTPStatus.SERVICE_UNAVAILABLE,
-                                  f"{what} limit reached: {limit} {what}s are open; retry later\n")
+    response = connection.respond(
+        HTTPStatus.SERVICE_UNAVAILABLE, f"{what} limit reached: {limit} {what}s are open; retry later\n"
+    )
     response.headers["Retry-After"] = "5"
     return response

@@ -7,10 +7,13 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from .auth import TokenSet
-from .connection_limits import (DEFAULT_HANDSHAKE_TIMEOUT_S, DEFAULT_MAX_PENDING_HANDSHAKES,
-                                DEFAULT_MAX_PENDING_HANDSHAKES_PER_PEER)
-from .engine.watchdog import DEFAULT_ENGINE_TIMEOUT_S
+from .connection_limits import (
+    DEFAULT_HANDSHAKE_TIMEOUT_S,
+    DEFAULT_MAX_PENDING_HANDSHAKES,
+    DEFAULT_MAX_PENDING_HANDSHAKES_PER_PEER,
+)
 from .engine.batching import DEFAULT_VIDEO_STEP_INTERVAL_S
+from .engine.watchdog import DEFAULT_ENGINE_TIMEOUT_S
 from .recording_setup import RecordingOptions
 from .sessions.observer import DEFAULT_MAX_OBSERVERS, OBSERVER_FRAME_RATE
 from .sessions.openpi_settings import OpenpiSettings

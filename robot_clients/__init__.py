@@ -30,13 +30,31 @@ _EXPORTS = {
     "SessionStopped": "results",
 }
 
-__all__ = sorted(_EXPORTS)
+__all__ = [
+    "ActionChunk",
+    "AsyncPolicyClient",
+    "ClientStats",
+    "ConnectionLost",
+    "ObservationDropped",
+    "PolicyClient",
+    "PolicyClientError",
+    "ServerError",
+    "SessionPaused",
+    "SessionStopped",
+]
+assert sorted(__all__) == sorted(_EXPORTS)
 
 if TYPE_CHECKING:
     from .async_policy_client import AsyncPolicyClient
     from .policy_client import PolicyClient
     from .results import (
-        ActionChunk, ClientStats, ConnectionLost, ObservationDropped, PolicyClientError, ServerError, SessionPaused,
+        ActionChunk,
+        ClientStats,
+        ConnectionLost,
+        ObservationDropped,
+        PolicyClientError,
+        ServerError,
+        SessionPaused,
         SessionStopped,
     )
 

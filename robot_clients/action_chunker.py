@@ -51,7 +51,8 @@ import logging
 import math
 import time
 from collections import deque
-from typing import Any, Callable, Mapping
+from collections.abc import Callable, Mapping
+from typing import Any
 
 import numpy as np
 
@@ -184,8 +185,9 @@ class ActionChunker:
         deadline = time.monotonic() + self.config.startup_timeout_s
         while self.session_state == "paused":
             if time.monotonic() > deadline:
-                raise ChunkerError(f"the session stayed paused for {self.config.startup_timeout_s} s before "
-                                   "the first action")
+                raise ChunkerError(
+                    f"the session stayed paused for {self.config.startup_timeout_s} s before the first action"
+                )
             time.sleep(0.01)
         if self.session_state == "stopped":
             raise ChunkerError("the session was stopped by an operator before the first action")
@@ -210,7 +212,7 @@ class ActionChunker:
     def close(self) -> None:
         self._worker.close()
 
-    def __enter__(self) -> "ActionChunker":
+    def __enter__(self) -> ActionChunker:
         return self
 
     def __exit__(self, *exc_info: object) -> None:
@@ -243,11 +245,10 @@ class ActionChunker:
         if self.config.strategy is ChunkStrategy.REAL_TIME_CHUNKING and self._plan is not None:
             # The actions that will run while the model thinks: the latency in steps plus the margin,
             # never more than what is planned nor a whole chunk (the model must add at least one).
-            length = min(self.latency_steps + self.config.latency_margin_steps, self._plan_end - t,
-                         len(self._plan) - 1)
+            length = min(self.latency_steps + self.config.latency_margin_steps, self._plan_end - t, len(self._plan) - 1)
             if length > 0:
                 start = t - self._origin
-                prefix = np.ascontiguousarray(self._plan[start:start + length], dtype=np.float32)
+                prefix = np.ascontiguousarray(self._plan[start : start + length], dtype=np.float32)
         request = ChunkRequest(self._generation, t, observation, prefix)
         self._worker.submit(request)
         self._in_flight = request
@@ -300,8 +301,13 @@ class ActionChunker:
             return
         prefix = outcome.request.prefix
         record = ChunkRecord(
-            index=self._applied, requested_at_step=s, arrived_at_step=arrived_at, applied_at_step=t,
-            latency_s=outcome.latency_s, actions=actions, prefix_length=0 if prefix is None else len(prefix),
+            index=self._applied,
+            requested_at_step=s,
+            arrived_at_step=arrived_at,
+            applied_at_step=t,
+            latency_s=outcome.latency_s,
+            actions=actions,
+            prefix_length=0 if prefix is None else len(prefix),
         )
         plan = actions
         if strategy is ChunkStrategy.BLEND and self._plan is not None:
@@ -329,7 +335,7 @@ class ActionChunker:
             return actions
         blended = np.array(actions, dtype=np.float32, copy=True)
         weights = (np.arange(1, overlap + 1, dtype=np.float32) / (overlap + 1))[:, None]
-        old = self._plan[t - self._origin: t - self._origin + overlap]
-        new = blended[t - s: t - s + overlap]
-        blended[t - s: t - s + overlap] = (1.0 - weights) * old + weights * new
+        old = self._plan[t - self._origin : t - self._origin + overlap]
+        new = blended[t - s : t - s + overlap]
+        blended[t - s : t - s + overlap] = (1.0 - weights) * old + weights * new
         return blended

@@ -34,7 +34,8 @@ from __future__ import annotations
 
 import asyncio
 import time
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 import numpy as np
 
@@ -53,8 +54,9 @@ __all__ = ["AsyncPolicyClient"]
 UNSENT = "unsent"
 
 
-def _observation_frame(seq: int, obs: Mapping[str, Any], settings: Mapping[str, Any],
-                       state: Any = None) -> dict[str, Any]:
+def _observation_frame(
+    seq: int, obs: Mapping[str, Any], settings: Mapping[str, Any], state: Any = None
+) -> dict[str, Any]:
     # ``settings`` are this observation's own (the server applies them to it alone).
     frame = protocol.observation_frame(seq, obs, settings)
     if state is not None:  # a list of joint readings travels as the float32 array the protocol names
@@ -62,7 +64,6 @@ def _observation_frame(seq: int, obs: Mapping[str, Any], settings: Mapping[str, 
     # Opaque to the server, which echoes it in the chunk: this is how the client measures round trips.
     frame.setdefault("timestamp", time.monotonic())
     return frame
-
 
 
 class AsyncPolicyClient(RealtimeConnection):
@@ -111,16 +112,35 @@ class AsyncPolicyClient(RealtimeConnection):
         max_buffered_bytes: int | None = 32 * 1024,
     ) -> None:
         super().__init__(
-            url, connect_options(headers=headers, token=token, ssl=ssl, connect_timeout=connect_timeout,
-                                 ping_interval=ping_interval, ping_timeout=ping_timeout,
-                                 max_message_bytes=max_message_bytes, proxy=proxy),
-            connect_timeout=connect_timeout, reconnect=reconnect, backoff_initial=backoff_initial,
-            backoff_max=backoff_max)
+            url,
+            connect_options(
+                headers=headers,
+                token=token,
+                ssl=ssl,
+                connect_timeout=connect_timeout,
+                ping_interval=ping_interval,
+                ping_timeout=ping_timeout,
+                max_message_bytes=max_message_bytes,
+                proxy=proxy,
+            ),
+            connect_timeout=connect_timeout,
+            reconnect=reconnect,
+            backoff_initial=backoff_initial,
+            backoff_max=backoff_max,
+        )
         self._next_seq = 0
         self._frames = OutgoingFrames(images, resize)
-        self._sender = None if max_buffered_bytes is None else LatestObservationSender(
-            lambda: self._ws if self._connected.is_set() else None, lambda: self._wait_connected(None),
-            self._replaced_unsent, self._observation_sent, max_buffered_bytes)
+        self._sender = (
+            None
+            if max_buffered_bytes is None
+            else LatestObservationSender(
+                lambda: self._ws if self._connected.is_set() else None,
+                lambda: self._wait_connected(None),
+                self._replaced_unsent,
+                self._observation_sent,
+                max_buffered_bytes,
+            )
+        )
 
     async def _stop_sending(self) -> None:
         if self._sender is not None:
@@ -149,20 +169,23 @@ class AsyncPolicyClient(RealtimeConnection):
         """Ask the server not to answer ``seq`` (or any outstanding observation when ``None``)."""
         await self._send(protocol.cancel_frame(seq))
 
-    async def submit(self, obs: Mapping[str, Any] | np.ndarray, timeout: float | None = None, *,
-                     state: Any = None, **settings: Any) -> int:
+    async def submit(
+        self, obs: Mapping[str, Any] | np.ndarray, timeout: float | None = None, *, state: Any = None, **settings: Any
+    ) -> int:
         """Send an observation without waiting for its chunk; return its ``seq``. See :meth:`receive`.
 
         ``state`` is the robot's proprio state (``[state_dim]`` or ``[history_length, state_dim]``, sent as
-        float32) for a domain that conditions on it (``state_dim`` in the metadata's ``domains``). ``settings`` (``domain_name``, ``action_horizon``, ``action_mode``, ``prompt``, ``seed``, ...) apply
-        to this observation only, over the session's configuration; the chunk reports what was used.
+        float32) for a domain that conditions on it (``state_dim`` in the metadata's ``domains``).
+        ``settings`` (``domain_name``, ``action_horizon``, ``action_mode``, ``prompt``, ``seed``, ...) apply to
+        this observation only, over the session's configuration; the chunk reports what was used.
         Raises :class:`SessionPaused` (nothing is sent) while an operator has the session paused.
         """
         self._check_running()
         seq = self._next_seq
         self._next_seq += 1
-        fields = self._frames.prepare({"image": obs} if isinstance(obs, np.ndarray) else obs, self.metadata,
-                                      self.session, settings)
+        fields = self._frames.prepare(
+            {"image": obs} if isinstance(obs, np.ndarray) else obs, self.metadata, self.session, settings
+        )
         frame = _observation_frame(seq, fields, settings, state)
         if self._sender is None:
             await self._send(frame, timeout)
@@ -213,8 +236,9 @@ class AsyncPolicyClient(RealtimeConnection):
             self._latest_delivered = item.seq
             return item
 
-    async def infer(self, obs: Mapping[str, Any] | np.ndarray, timeout: float | None = 10.0, *,
-                    state: Any = None, **settings: Any) -> ActionChunk:
+    async def infer(
+        self, obs: Mapping[str, Any] | np.ndarray, timeout: float | None = 10.0, *, state: Any = None, **settings: Any
+    ) -> ActionChunk:
         """Send one observation and wait for its chunk (one round trip).
 
         ``obs`` is a map of observation fields (``image``, ``images``, ``video``, ``deadline_ms``,

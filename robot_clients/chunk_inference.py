@@ -9,8 +9,9 @@ from __future__ import annotations
 import threading
 import time
 from collections import deque
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, Mapping
+from typing import Any
 
 import numpy as np
 
@@ -94,4 +95,3 @@ class InferenceThread:
             with self._cv:
                 self._outbox.append(outcome)
                 self._cv.notify_all()
-

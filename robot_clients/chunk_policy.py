@@ -12,7 +12,8 @@ can stand in for it.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Mapping, Protocol, runtime_checkable
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 import numpy as np
 
@@ -50,8 +51,9 @@ class RemoteChunkPolicy:
     again with a fresh one.
     """
 
-    def __init__(self, client: PolicyClient, *, timeout: float = 5.0,
-                 fields: tuple[str, ...] = NATIVE_OBSERVATION_FIELDS) -> None:
+    def __init__(
+        self, client: PolicyClient, *, timeout: float = 5.0, fields: tuple[str, ...] = NATIVE_OBSERVATION_FIELDS
+    ) -> None:
         self.client = client
         self.timeout = timeout
         self.fields = fields

@@ -70,4 +70,3 @@ class ChunkerConfig:
             raise ValueError(f"blend_steps must be >= 1, got {self.blend_steps}")
         if not 0.0 < self.latency_quantile <= 1.0:
             raise ValueError(f"latency_quantile must be in (0, 1], got {self.latency_quantile}")
-

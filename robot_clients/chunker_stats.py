@@ -66,4 +66,3 @@ class ChunkerStats:
             "holds": self.holds,
             "startup_s": self.startup_s,
         }
-

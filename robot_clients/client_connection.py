@@ -12,8 +12,9 @@ import asyncio
 import logging
 import random
 import time
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any, Callable, Mapping
+from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
 from websockets.asyncio.client import ClientConnection, connect
@@ -39,9 +40,17 @@ def realtime_url(url: str) -> str:
     return urlunsplit(parts)
 
 
-def connect_options(*, headers: Mapping[str, str] | None, token: str | None, ssl: Any, connect_timeout: float,
-                    ping_interval: float | None, ping_timeout: float | None, max_message_bytes: int,
-                    proxy: str | bool | None) -> dict[str, Any]:
+def connect_options(
+    *,
+    headers: Mapping[str, str] | None,
+    token: str | None,
+    ssl: Any,
+    connect_timeout: float,
+    ping_interval: float | None,
+    ping_timeout: float | None,
+    max_message_bytes: int,
+    proxy: str | bool | None,
+) -> dict[str, Any]:
     """The keyword arguments of ``websockets.connect`` for these client options."""
     handshake_headers = dict(headers or {})
     if token is not None:
@@ -81,8 +90,14 @@ class Backoff:
         return min(self.maximum, self.initial * 2**attempt) * random.uniform(0.8, 1.2)
 
 
-async def open_session(url: str, options: Mapping[str, Any], settings: Mapping[str, Any], backoff: Backoff,
-                       deadline: float | None, closing: Callable[[], bool]) -> OpenedSession:
+async def open_session(
+    url: str,
+    options: Mapping[str, Any],
+    settings: Mapping[str, Any],
+    backoff: Backoff,
+    deadline: float | None,
+    closing: Callable[[], bool],
+) -> OpenedSession:
     """Connect with backoff until ``deadline`` (None: forever), read metadata, re-send ``settings``.
 
     Gives up at once on what retrying cannot fix (HTTP 401, another HTTP status, a bad URL, another
@@ -95,8 +110,9 @@ async def open_session(url: str, options: Mapping[str, Any], settings: Mapping[s
         except InvalidStatus as exc:
             status = exc.response.status_code
             if status == 401:  # retrying cannot help: the token is missing or wrong
-                raise ConnectionError(f"{url}: the server requires a valid bearer token (HTTP 401); "
-                                      "pass token=...") from None
+                raise ConnectionError(
+                    f"{url}: the server requires a valid bearer token (HTTP 401); pass token=..."
+                ) from None
             if status not in (502, 503, 504):
                 raise ConnectionError(f"{url}: the server answered HTTP {status}") from None
             error: Exception = exc

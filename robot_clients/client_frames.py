@@ -11,29 +11,58 @@ numpy and nothing else. ``docs/protocol.md`` is the user-facing description; kee
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, Mapping
+from typing import Any
 
 import numpy as np
 
 from .frame_fields import check_field_type, str_keys
 from .observation_fields import (
-    MAX_NAMED_CAMERAS, MAX_STATE_VALUES, check_image_size, is_encoded_clip, is_encoded_frame, parse_cameras,
-    parse_prefix_actions, parse_state,
+    MAX_NAMED_CAMERAS,
+    MAX_STATE_VALUES,
+    check_image_size,
+    is_encoded_clip,
+    is_encoded_frame,
+    parse_cameras,
+    parse_prefix_actions,
+    parse_state,
 )
 from .protocol import CANCEL, CLIENT_FRAME_TYPES, CONFIGURE, OBSERVATION, RESET, ErrorCode, FrameLimits, ProtocolError
 from .session_settings import (
-    CONFIGURE_FIELDS, OBSERVATION_SETTINGS, SESSION_ONLY_SETTINGS, SESSION_SETTINGS, SETTING_ALIASES, parse_settings,
+    CONFIGURE_FIELDS,
+    OBSERVATION_SETTINGS,
+    SESSION_ONLY_SETTINGS,
+    SESSION_SETTINGS,
+    SETTING_ALIASES,
+    parse_settings,
 )
 
 __all__ = [
     # the typed frames and their parser
-    "CancelFrame", "ClientFrame", "ConfigureFrame", "ObservationFrame", "ResetFrame", "has_encoded_frames",
-    "parse_client_frame", "CANCEL_FIELDS", "OBSERVATION_FIELDS", "RECORD_FIELD",
+    "CancelFrame",
+    "ClientFrame",
+    "ConfigureFrame",
+    "ObservationFrame",
+    "ResetFrame",
+    "has_encoded_frames",
+    "parse_client_frame",
+    "CANCEL_FIELDS",
+    "OBSERVATION_FIELDS",
+    "RECORD_FIELD",
     # re-exported from the modules that define them (the server and the tests import them from here)
-    "CONFIGURE_FIELDS", "OBSERVATION_SETTINGS", "SESSION_ONLY_SETTINGS", "SESSION_SETTINGS", "SETTING_ALIASES",
-    "MAX_NAMED_CAMERAS", "MAX_STATE_VALUES", "check_image_size", "is_encoded_clip", "is_encoded_frame",
-    "parse_state", "str_keys",
+    "CONFIGURE_FIELDS",
+    "OBSERVATION_SETTINGS",
+    "SESSION_ONLY_SETTINGS",
+    "SESSION_SETTINGS",
+    "SETTING_ALIASES",
+    "MAX_NAMED_CAMERAS",
+    "MAX_STATE_VALUES",
+    "check_image_size",
+    "is_encoded_clip",
+    "is_encoded_frame",
+    "parse_state",
+    "str_keys",
 ]
 
 # An observation's own fields (besides `type` and the session settings it may carry).
@@ -92,8 +121,9 @@ ClientFrame = ConfigureFrame | ObservationFrame | CancelFrame | ResetFrame
 def has_encoded_frames(obs: ObservationFrame) -> bool:
     """Whether any camera of ``obs`` still carries encoded bytes (the server decodes them before queueing)."""
     images = obs.images.values() if obs.images is not None else ()
-    return (is_encoded_frame(obs.image) or isinstance(obs.video, list)
-            or any(is_encoded_frame(image) for image in images))
+    return (
+        is_encoded_frame(obs.image) or isinstance(obs.video, list) or any(is_encoded_frame(image) for image in images)
+    )
 
 
 def _refuse_unknown(frame: Mapping[str, Any], frame_type: str, known: tuple[str, ...], seq: int | None = None) -> None:
@@ -102,8 +132,9 @@ def _refuse_unknown(frame: Mapping[str, Any], frame_type: str, known: tuple[str,
     if unknown:
         name = unknown[0]
         if frame_type == OBSERVATION and name in SESSION_ONLY_SETTINGS:
-            raise ProtocolError(ErrorCode.INVALID_FIELD, f"{SESSION_ONLY_SETTINGS[name]}, not in an observation",
-                                name, seq)
+            raise ProtocolError(
+                ErrorCode.INVALID_FIELD, f"{SESSION_ONLY_SETTINGS[name]}, not in an observation", name, seq
+            )
         raise ProtocolError(
             ErrorCode.INVALID_FIELD,
             f"`{frame_type}` has unknown field `{name}`; known fields: {', '.join(known) or 'none'}",
@@ -116,8 +147,11 @@ def _parse_configure(frame: Mapping[str, Any]) -> ConfigureFrame:
     _refuse_unknown(frame, CONFIGURE, tuple(CONFIGURE_FIELDS) + tuple(SETTING_ALIASES) + (RECORD_FIELD,))
     record = frame.get(RECORD_FIELD)
     if record is not None and not isinstance(record, bool):
-        raise ProtocolError(ErrorCode.INVALID_FIELD, f"`{RECORD_FIELD}` must be true or false, got {type(record).__name__}",
-                            RECORD_FIELD)
+        raise ProtocolError(
+            ErrorCode.INVALID_FIELD,
+            f"`{RECORD_FIELD}` must be true or false, got {type(record).__name__}",
+            RECORD_FIELD,
+        )
     return ConfigureFrame(parse_settings(frame, tuple(CONFIGURE_FIELDS), None, keep_null=True), record)
 
 
@@ -171,9 +205,7 @@ def _parse_cancel(frame: Mapping[str, Any]) -> CancelFrame:
 def parse_client_frame(message: Any, limits: FrameLimits) -> ClientFrame:
     """Turn one decoded client frame into a typed frame, or raise :class:`ProtocolError`."""
     if not isinstance(message, dict):
-        raise ProtocolError(
-            ErrorCode.BAD_FRAME, f"a frame must be a msgpack map, got {type(message).__name__}", None
-        )
+        raise ProtocolError(ErrorCode.BAD_FRAME, f"a frame must be a msgpack map, got {type(message).__name__}", None)
     message = str_keys(message, None)
     frame_type = message.get("type")
     if frame_type is None:

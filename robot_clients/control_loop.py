@@ -23,8 +23,9 @@ from __future__ import annotations
 import abc
 import logging
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any, Sequence
+from typing import Any
 
 import numpy as np
 
@@ -195,8 +196,11 @@ class ControlLoop:
                 startup_s = ended - episode_start
                 next_tick = ended
             else:
-                records.append(StepRecord(step, next_tick - episode_start, started - episode_start, agent_ms,
-                                          (ended - started) * 1e3))
+                records.append(
+                    StepRecord(
+                        step, next_tick - episode_start, started - episode_start, agent_ms, (ended - started) * 1e3
+                    )
+                )
                 if ended - started > period:
                     overruns += 1
             step += 1
@@ -224,8 +228,9 @@ class ControlLoop:
             report.stopped_by_operator = agent.chunker.session_state == "stopped"
         return report
 
-    def _report(self, records: list[StepRecord], steps: int, startup_s: float, overruns: int,
-                missed: int) -> EpisodeReport:
+    def _report(
+        self, records: list[StepRecord], steps: int, startup_s: float, overruns: int, missed: int
+    ) -> EpisodeReport:
         step_ms = np.array([r.step_ms for r in records]) if records else np.zeros(1)
         jitter_ms = np.array([(r.started_s - r.scheduled_s) * 1e3 for r in records]) if records else np.zeros(1)
         if len(records) >= 2:

@@ -21,8 +21,8 @@ libwebp's fastest method); PNG is lossless and large, for when pixels must arriv
 from __future__ import annotations
 
 import io
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Sequence
 
 import numpy as np
 
@@ -74,8 +74,10 @@ def _pillow():
 def encode_frame(frame: np.ndarray, encoding: ImageEncoding) -> bytes:
     """An H×W×3 uint8 RGB frame as ``encoding.format`` bytes (shrunk to ``encoding.size`` first if set)."""
     if not isinstance(frame, np.ndarray) or frame.dtype != np.uint8 or frame.ndim != 3 or frame.shape[-1] != 3:
-        raise ValueError(f"expected an H×W×3 uint8 RGB frame, got {getattr(frame, 'dtype', type(frame).__name__)} "
-                         f"{getattr(frame, 'shape', '')}")
+        raise ValueError(
+            f"expected an H×W×3 uint8 RGB frame, got {getattr(frame, 'dtype', type(frame).__name__)} "
+            f"{getattr(frame, 'shape', '')}"
+        )
     Image = _pillow()
     if encoding.size is not None and tuple(encoding.size) != frame.shape[:2]:
         frame = resize_frame(frame, *encoding.size)

@@ -8,7 +8,8 @@ frames) and :mod:`robot_clients.session_settings` (the settings a frame may carr
 from __future__ import annotations
 
 import math
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 import numpy as np
 
@@ -51,7 +52,11 @@ def str_keys(frame: dict[Any, Any], where: str | None, seq: int | None = None) -
         name = key.decode("utf-8", errors="backslashreplace") if isinstance(key, bytes) else str(key)
         if name in decoded:
             inside = f" in `{where}`" if where else ""
-            raise ProtocolError(ErrorCode.INVALID_FIELD, f"`{name}` is sent twice{inside} (once as bytes)",
-                                f"{where}/{name}" if where else name, seq)
+            raise ProtocolError(
+                ErrorCode.INVALID_FIELD,
+                f"`{name}` is sent twice{inside} (once as bytes)",
+                f"{where}/{name}" if where else name,
+                seq,
+            )
         decoded[name] = value
     return decoded

@@ -22,13 +22,22 @@ The canvases come from the server's metadata frame (``canvases``: for each tier,
 from __future__ import annotations
 
 import functools
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Mapping, Sequence
+from typing import Any
 
 import numpy as np
 
-__all__ = ["CanvasBin", "Placement", "SendSize", "canvas_bins", "placement", "send_size", "resize_frame",
-           "fit_to_canvas"]
+__all__ = [
+    "CanvasBin",
+    "Placement",
+    "SendSize",
+    "canvas_bins",
+    "placement",
+    "send_size",
+    "resize_frame",
+    "fit_to_canvas",
+]
 
 # Every Cosmos3 VAE downsamples by 16: the server snaps frame sides to multiples of it.
 SIZE_MULTIPLE = 16
@@ -90,8 +99,9 @@ def placement(height: int, width: int, bins: Sequence[CanvasBin], multiple: int 
     return Placement(canvas.height, canvas.width, max(1, int(scale * h + 0.5)), max(1, int(scale * w + 0.5)))
 
 
-def send_size(height: int, width: int, bins: Sequence[CanvasBin], side_by_side: int = 1,
-              multiple: int = SIZE_MULTIPLE) -> SendSize:
+def send_size(
+    height: int, width: int, bins: Sequence[CanvasBin], side_by_side: int = 1, multiple: int = SIZE_MULTIPLE
+) -> SendSize:
     """The smallest size to send a ``height`` × ``width`` frame at, that the server places as the full frame.
 
     ``side_by_side``: the number of equal cameras the server composes left to right (view point
@@ -103,8 +113,11 @@ def send_size(height: int, width: int, bins: Sequence[CanvasBin], side_by_side: 
     content = (target.content_height, target.content_width)
     if content == (height - height % multiple, width - width % multiple):
         return SendSize(height, width, side_by_side == 1, target)  # the server does not shrink it: keep it
-    if all(side % multiple == 0 for side in content) and content[1] % side_by_side == 0 \
-            and placement(*content, bins, multiple) == target:
+    if (
+        all(side % multiple == 0 for side in content)
+        and content[1] % side_by_side == 0
+        and placement(*content, bins, multiple) == target
+    ):
         return SendSize(*content, side_by_side == 1, target)
     # The content is not a multiple of 16: the smallest multiple-of-16 frame the server shrinks to it.
     best: tuple[int, int] | None = None

@@ -26,8 +26,9 @@ adapter is tested against a stand-in vectorized environment with Isaac Lab's API
 
 from __future__ import annotations
 
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any
 
 import numpy as np
 
@@ -69,8 +70,14 @@ def camera_frames(batch: Any, key: str) -> np.ndarray:
 class IsaacVecEnvironment(Environment):
     """An Isaac Lab style vectorized environment as one control-loop Environment of N robots."""
 
-    def __init__(self, env: Any, *, image_key: str = "policy/rgb", action_dim: int | None = None,
-                 to_env_actions: Callable[[np.ndarray], Any] | None = None) -> None:
+    def __init__(
+        self,
+        env: Any,
+        *,
+        image_key: str = "policy/rgb",
+        action_dim: int | None = None,
+        to_env_actions: Callable[[np.ndarray], Any] | None = None,
+    ) -> None:
         self.env = env
         self.num_envs = int(env.num_envs)
         self.image_key = image_key
@@ -167,8 +174,9 @@ def connect_sessions(url: str, num_envs: int, settings: Mapping[str, Any], **cli
     return clients
 
 
-def build_agent(clients: Sequence[PolicyClient], config: ChunkerConfig, action_dim: int, *,
-                timeout: float = 5.0) -> VectorizedChunkingAgent:
+def build_agent(
+    clients: Sequence[PolicyClient], config: ChunkerConfig, action_dim: int, *, timeout: float = 5.0
+) -> VectorizedChunkingAgent:
     """A :class:`VectorizedChunkingAgent` with one chunker per client (close the chunkers when done)."""
     chunkers = [ActionChunker(RemoteChunkPolicy(client, timeout=timeout), config) for client in clients]
     return VectorizedChunkingAgent(chunkers, action_dim)

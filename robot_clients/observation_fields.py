@@ -10,7 +10,8 @@ every protocol refuses the same things in the same words. Each raises
 
 from __future__ import annotations
 
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 import numpy as np
 
@@ -18,8 +19,14 @@ from .frame_fields import str_keys
 from .protocol import ErrorCode, FrameLimits, ProtocolError
 
 __all__ = [
-    "MAX_NAMED_CAMERAS", "MAX_STATE_VALUES", "check_image_size", "is_encoded_clip", "is_encoded_frame",
-    "parse_cameras", "parse_prefix_actions", "parse_state",
+    "MAX_NAMED_CAMERAS",
+    "MAX_STATE_VALUES",
+    "check_image_size",
+    "is_encoded_clip",
+    "is_encoded_frame",
+    "parse_cameras",
+    "parse_prefix_actions",
+    "parse_state",
 ]
 
 # More cameras than a robot has, fewer than a frame-size attack would want.
@@ -50,9 +57,12 @@ def _check_encoded(value: Any, name: str, rank: int, limits: FrameLimits, seq: i
     checks its size against the limits before decoding a pixel (``policy_server.media.image_decoding``)."""
     frames = [value] if rank == 3 else list(value)
     if rank == 4 and not 1 <= len(frames) <= limits.max_clip_frames:
-        raise ProtocolError(ErrorCode.INVALID_IMAGE,
-                            f"`{name}` has {len(frames)} frames; between 1 and {limits.max_clip_frames} are allowed",
-                            name, seq)
+        raise ProtocolError(
+            ErrorCode.INVALID_IMAGE,
+            f"`{name}` has {len(frames)} frames; between 1 and {limits.max_clip_frames} are allowed",
+            name,
+            seq,
+        )
     if not all(frames):
         raise ProtocolError(ErrorCode.INVALID_IMAGE, f"`{name}` holds an empty encoded frame", name, seq)
     return bytes(value) if rank == 3 else [bytes(frame) for frame in frames]
@@ -62,7 +72,7 @@ def _check_frames(array: Any, name: str, rank: int, limits: FrameLimits, seq: in
     """Validate an image (rank 3: H×W×3) or a video (rank 4: T×H×W×3) of uint8, or its encoded form: PNG,
     JPEG or WebP bytes for an image, a list of them for a video."""
     shape_text = "H×W×3" if rank == 3 else "T×H×W×3"
-    if (is_encoded_frame(array) if rank == 3 else is_encoded_clip(array)):
+    if is_encoded_frame(array) if rank == 3 else is_encoded_clip(array):
         return _check_encoded(array, name, rank, limits, seq)
     if not isinstance(array, np.ndarray):
         encoded = "PNG/JPEG/WebP bytes" if rank == 3 else "a list of PNG/JPEG/WebP bytes"
@@ -73,9 +83,7 @@ def _check_frames(array: Any, name: str, rank: int, limits: FrameLimits, seq: in
             seq,
         )
     if array.dtype != np.uint8:
-        raise ProtocolError(
-            ErrorCode.INVALID_IMAGE, f"`{name}` must have dtype uint8, got {array.dtype}", name, seq
-        )
+        raise ProtocolError(ErrorCode.INVALID_IMAGE, f"`{name}` must have dtype uint8, got {array.dtype}", name, seq)
     if array.ndim != rank or array.shape[-1] != 3:
         raise ProtocolError(
             ErrorCode.INVALID_IMAGE,
@@ -161,9 +169,12 @@ def parse_prefix_actions(prefix: Any, seq: int) -> np.ndarray:
     with np.errstate(over="ignore"):
         prefix = prefix.astype(np.float32)
     if not np.isfinite(prefix).all():
-        raise ProtocolError(ErrorCode.INVALID_FIELD,
-                            "`prefix_actions` must be finite float32 values (no NaN, no infinity, |x| < 3.4e38)",
-                            "prefix_actions", seq)
+        raise ProtocolError(
+            ErrorCode.INVALID_FIELD,
+            "`prefix_actions` must be finite float32 values (no NaN, no infinity, |x| < 3.4e38)",
+            "prefix_actions",
+            seq,
+        )
     return prefix
 
 
@@ -179,17 +190,26 @@ def parse_state(value: Any, name: str = "state", seq: int | None = None) -> np.n
         try:
             value = np.asarray(value, dtype=np.float64)
         except (ValueError, TypeError):
-            raise ProtocolError(ErrorCode.INVALID_FIELD, f"{wanted}, of numbers in rows of equal length", name,
-                                seq) from None
+            raise ProtocolError(
+                ErrorCode.INVALID_FIELD, f"{wanted}, of numbers in rows of equal length", name, seq
+            ) from None
     if not isinstance(value, np.ndarray) or value.dtype.kind not in "fiu":
         got = f"dtype {value.dtype}" if isinstance(value, np.ndarray) else type(value).__name__
         raise ProtocolError(ErrorCode.INVALID_FIELD, f"{wanted}, got {got}", name, seq)
     if value.ndim not in (1, 2) or value.size == 0 or value.size > MAX_STATE_VALUES:
-        raise ProtocolError(ErrorCode.INVALID_FIELD, f"{wanted} of 1 to {MAX_STATE_VALUES} values, got shape "
-                            f"{list(value.shape)}", name, seq)
+        raise ProtocolError(
+            ErrorCode.INVALID_FIELD,
+            f"{wanted} of 1 to {MAX_STATE_VALUES} values, got shape {list(value.shape)}",
+            name,
+            seq,
+        )
     with np.errstate(over="ignore"):
         state = value.astype(np.float32)
     if not np.isfinite(state).all():
-        raise ProtocolError(ErrorCode.INVALID_FIELD,
-                            f"`{name}` must be finite float32 values (no NaN, no infinity, |x| < 3.4e38)", name, seq)
+        raise ProtocolError(
+            ErrorCode.INVALID_FIELD,
+            f"`{name}` must be finite float32 values (no NaN, no infinity, |x| < 3.4e38)",
+            name,
+            seq,
+        )
     return np.ascontiguousarray(state)

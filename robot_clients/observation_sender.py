@@ -16,7 +16,8 @@ from __future__ import annotations
 import asyncio
 import struct
 import sys
-from typing import Any, Awaitable, Callable
+from collections.abc import Awaitable, Callable
+from typing import Any
 
 try:
     import fcntl
@@ -51,9 +52,15 @@ class LatestObservationSender:
     nbytes)`` of each one written. At any moment one observation is being written and one waits.
     """
 
-    def __init__(self, current: Callable[[], Any], connection: Callable[[], Awaitable[Any]],
-                 replaced: Callable[[int], None], sent: Callable[[int, int], None],
-                 max_buffered_bytes: int = 32 * 1024, poll_s: float = 0.002) -> None:
+    def __init__(
+        self,
+        current: Callable[[], Any],
+        connection: Callable[[], Awaitable[Any]],
+        replaced: Callable[[int], None],
+        sent: Callable[[int, int], None],
+        max_buffered_bytes: int = 32 * 1024,
+        poll_s: float = 0.002,
+    ) -> None:
         self._current = current
         self._connection = connection
         self._replaced = replaced

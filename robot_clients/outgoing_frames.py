@@ -13,8 +13,9 @@ Encoding needs Pillow (the ``images`` extra); resizing needs numpy only.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import replace
-from typing import Any, Mapping
+from typing import Any
 
 import numpy as np
 
@@ -41,16 +42,24 @@ class OutgoingFrames:
     def active(self) -> bool:
         return self.encoding is not None or self.resize
 
-    def prepare(self, obs: Mapping[str, Any], metadata: Mapping[str, Any], session: Mapping[str, Any],
-                settings: Mapping[str, Any]) -> dict[str, Any]:
+    def prepare(
+        self,
+        obs: Mapping[str, Any],
+        metadata: Mapping[str, Any],
+        session: Mapping[str, Any],
+        settings: Mapping[str, Any],
+    ) -> dict[str, Any]:
         """``obs`` with its cameras resized and encoded (a new map; the caller's arrays are not touched).
         ``session``: the server's resolved configuration; ``settings``: this observation's own."""
         fields = dict(obs)
         if not self.active:
             return fields
         view_point = settings.get("view_point") or session.get("view_point")
-        tier = settings.get("resolution_tier") or session.get("resolution_tier") \
+        tier = (
+            settings.get("resolution_tier")
+            or session.get("resolution_tier")
             or (metadata.get("defaults") or {}).get("resolution_tier")
+        )
         if isinstance(fields.get("image"), np.ndarray):
             fields["image"] = self._frame(fields["image"], metadata, tier, 1)
         if isinstance(fields.get("video"), np.ndarray):
@@ -60,8 +69,10 @@ class OutgoingFrames:
         if isinstance(fields.get("images"), Mapping):
             cameras = fields["images"]
             side_by_side = len(cameras) if view_point == "concat_view" else 1
-            fields["images"] = {name: self._frame(frame, metadata, tier, side_by_side)
-                                if isinstance(frame, np.ndarray) else frame for name, frame in cameras.items()}
+            fields["images"] = {
+                name: self._frame(frame, metadata, tier, side_by_side) if isinstance(frame, np.ndarray) else frame
+                for name, frame in cameras.items()
+            }
         return fields
 
     def _size(self, frame: np.ndarray, metadata: Mapping[str, Any], tier: Any, side_by_side: int) -> tuple[int, int]:
@@ -70,8 +81,10 @@ class OutgoingFrames:
         if key not in self._sizes:
             canvases = metadata.get("canvases")
             if not canvases or tier is None:
-                raise ValueError("resize=True needs the server's canvases and resolution tier in its metadata frame "
-                                 "(servers with encoded-frame support send them); pass resize=False")
+                raise ValueError(
+                    "resize=True needs the server's canvases and resolution tier in its metadata frame "
+                    "(servers with encoded-frame support send them); pass resize=False"
+                )
             size = send_size(height, width * side_by_side, canvas_bins(canvases, int(tier)), side_by_side=side_by_side)
             self._sizes[key] = (size.height, size.width // side_by_side)
         return self._sizes[key]

@@ -17,7 +17,8 @@ from __future__ import annotations
 
 import asyncio
 import threading
-from typing import Any, Coroutine, Mapping, TypeVar
+from collections.abc import Coroutine, Mapping
+from typing import Any, TypeVar
 
 import numpy as np
 
@@ -59,14 +60,16 @@ class PolicyClient:
     def configure(self, timeout: float | None = 10.0, **settings: Any) -> dict[str, Any]:
         return self._call(self._client.configure(timeout=timeout, **settings))
 
-    def infer(self, obs: Mapping[str, Any] | np.ndarray, timeout: float | None = 10.0, *, state: Any = None,
-              **settings: Any) -> ActionChunk:
+    def infer(
+        self, obs: Mapping[str, Any] | np.ndarray, timeout: float | None = 10.0, *, state: Any = None, **settings: Any
+    ) -> ActionChunk:
         """One round trip; ``state`` is the robot's proprio state and ``settings`` apply to this observation
         only (see ``AsyncPolicyClient.infer``)."""
         return self._call(self._client.infer(obs, timeout=timeout, state=state, **settings))
 
-    def submit(self, obs: Mapping[str, Any] | np.ndarray, timeout: float | None = None, *, state: Any = None,
-               **settings: Any) -> int:
+    def submit(
+        self, obs: Mapping[str, Any] | np.ndarray, timeout: float | None = None, *, state: Any = None, **settings: Any
+    ) -> int:
         return self._call(self._client.submit(obs, timeout=timeout, state=state, **settings))
 
     def receive(self, timeout: float | None = None) -> ActionChunk:
@@ -127,7 +130,7 @@ class PolicyClient:
     def connected(self) -> bool:
         return self._client.connected
 
-    def __enter__(self) -> "PolicyClient":
+    def __enter__(self) -> PolicyClient:
         self.connect()
         return self
 

@@ -11,8 +11,9 @@ description of everything here; keep the two in step.
 from __future__ import annotations
 
 import enum
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, Mapping
+from typing import Any
 
 PROTOCOL_VERSION = 1
 
@@ -123,12 +124,14 @@ class FrameLimits:
     max_decoded_bytes: int | None = None
 
     @classmethod
-    def from_limits(cls, limits: Mapping[str, Any], max_decoded_bytes: int | None = None) -> "FrameLimits":
+    def from_limits(cls, limits: Mapping[str, Any], max_decoded_bytes: int | None = None) -> FrameLimits:
         """From the engine's ``describe()["limits"]`` (missing bounds keep their defaults)."""
-        return cls(min_image_side=int(limits.get("min_image_side", cls.min_image_side)),
-                   max_image_side=int(limits.get("max_image_side", cls.max_image_side)),
-                   max_clip_frames=int(limits.get("max_clip_frames", cls.max_clip_frames)),
-                   max_decoded_bytes=max_decoded_bytes)
+        return cls(
+            min_image_side=int(limits.get("min_image_side", cls.min_image_side)),
+            max_image_side=int(limits.get("max_image_side", cls.max_image_side)),
+            max_clip_frames=int(limits.get("max_clip_frames", cls.max_clip_frames)),
+            max_decoded_bytes=max_decoded_bytes,
+        )
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -181,16 +184,21 @@ def reset_done_frame(session_id: str) -> dict[str, Any]:
 
 def session_state_frame(session_id: str, state: SessionState, reason: str, source: str = "operator") -> dict[str, Any]:
     """The session is now ``state`` (``reason`` is for people, may be empty)."""
-    return {"type": SESSION_STATE, "session_id": session_id, "state": state.value, "reason": reason,
-            "source": source}
+    return {"type": SESSION_STATE, "session_id": session_id, "state": state.value, "reason": reason, "source": source}
 
 
 def session_updated_frame(
     session_id: str, config: Mapping[str, Any], changed: list[str], reason: str, source: str = "operator"
 ) -> dict[str, Any]:
     """Someone other than the robot changed settings ``changed``; ``config`` is the result."""
-    return {"type": SESSION_UPDATED, "session_id": session_id, "config": dict(config), "changed": changed,
-            "reason": reason, "source": source}
+    return {
+        "type": SESSION_UPDATED,
+        "session_id": session_id,
+        "config": dict(config),
+        "changed": changed,
+        "reason": reason,
+        "source": source,
+    }
 
 
 def session_event_frame(session_id: str, event: str, details: Mapping[str, Any]) -> dict[str, Any]:

@@ -25,7 +25,13 @@ from . import protocol
 from .client_connection import Backoff, open_session, realtime_url
 from .protocol import DropReason, SessionState
 from .results import (
-    ActionChunk, ClientStats, ConnectionLost, ObservationDropped, ServerError, SessionPaused, SessionStopped,
+    ActionChunk,
+    ClientStats,
+    ConnectionLost,
+    ObservationDropped,
+    ServerError,
+    SessionPaused,
+    SessionStopped,
 )
 from .wire_codec import packb, unpackb
 
@@ -46,8 +52,16 @@ class RealtimeConnection:
     (:func:`~robot_clients.client_connection.connect_options`); the other arguments are
     :class:`~robot_clients.async_policy_client.AsyncPolicyClient`'s of the same names."""
 
-    def __init__(self, url: str, connect_kwargs: dict[str, Any], *, connect_timeout: float, reconnect: bool,
-                 backoff_initial: float, backoff_max: float) -> None:
+    def __init__(
+        self,
+        url: str,
+        connect_kwargs: dict[str, Any],
+        *,
+        connect_timeout: float,
+        reconnect: bool,
+        backoff_initial: float,
+        backoff_max: float,
+    ) -> None:
         self.url = realtime_url(url)
         self._connect_kwargs = connect_kwargs
         self.connect_timeout = connect_timeout
@@ -84,8 +98,14 @@ class RealtimeConnection:
 
     async def _open(self, deadline: float | None) -> None:
         """Connect with backoff until ``deadline`` (None: forever), read metadata, re-send the config."""
-        opened = await open_session(self.url, self._connect_kwargs, self._settings,
-                                    Backoff(self.backoff_initial, self.backoff_max), deadline, lambda: self._closing)
+        opened = await open_session(
+            self.url,
+            self._connect_kwargs,
+            self._settings,
+            Backoff(self.backoff_initial, self.backoff_max),
+            deadline,
+            lambda: self._closing,
+        )
         self.metadata = opened.metadata
         if opened.session is not None:
             self.session = opened.session
@@ -133,7 +153,9 @@ class RealtimeConnection:
             if self.session_state == STOPPED:  # an operator ended the session: reconnecting would undo that
                 self._fail_waiters(SessionStopped(f"the session was stopped by an operator ({self.state_reason})"))
                 return
-            self._fail_waiters(ConnectionLost(f"connection closed (code {ws.close_code}: {ws.close_reason or 'no reason'})"))
+            self._fail_waiters(
+                ConnectionLost(f"connection closed (code {ws.close_code}: {ws.close_reason or 'no reason'})")
+            )
             if self._closing or not self.reconnect:
                 return
             logger.info("connection lost (code %s); reconnecting", ws.close_code)

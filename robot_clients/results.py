@@ -42,7 +42,7 @@ class ActionChunk:
         return int(self.actions.shape[0])
 
     @classmethod
-    def from_frame(cls, frame: dict[str, Any], round_trip_ms: float | None) -> "ActionChunk":
+    def from_frame(cls, frame: dict[str, Any], round_trip_ms: float | None) -> ActionChunk:
         return cls(
             seq=frame["seq"],
             # The wire codec gives a read-only view on the received bytes; a robot may want to edit it.

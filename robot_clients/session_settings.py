@@ -7,13 +7,18 @@ them for users; keep the two in step. It imports numpy (through the field checks
 
 from __future__ import annotations
 
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 from .frame_fields import check_field_type
 from .protocol import ErrorCode, ProtocolError
 
 __all__ = [
-    "CONFIGURE_FIELDS", "OBSERVATION_SETTINGS", "SESSION_ONLY_SETTINGS", "SESSION_SETTINGS", "SETTING_ALIASES",
+    "CONFIGURE_FIELDS",
+    "OBSERVATION_SETTINGS",
+    "SESSION_ONLY_SETTINGS",
+    "SESSION_SETTINGS",
+    "SETTING_ALIASES",
     "parse_settings",
 ]
 
@@ -39,7 +44,7 @@ SETTING_ALIASES = {"num_inference_steps": "num_steps"}
 # Settings of the session as a whole that an observation may not carry, and why.
 SESSION_ONLY_SETTINGS = {
     "control_hz": "`control_hz` is the robot's control rate, shown to operators for the whole session; set it "
-                  "with `configure`",
+    "with `configure`",
 }
 # Settings an observation may carry for itself only.
 OBSERVATION_SETTINGS = tuple(name for name in SESSION_SETTINGS if name not in SESSION_ONLY_SETTINGS)
@@ -57,8 +62,9 @@ def parse_settings(
     for alias, name in SETTING_ALIASES.items():
         if alias in frame and name in names:
             if name in frame and frame[name] != frame[alias]:
-                raise ProtocolError(ErrorCode.INVALID_FIELD,
-                                    f"`{alias}` is another name for `{name}`; send one of them", alias, seq)
+                raise ProtocolError(
+                    ErrorCode.INVALID_FIELD, f"`{alias}` is another name for `{name}`; send one of them", alias, seq
+                )
             if frame[alias] is not None or keep_null:
                 types = SESSION_SETTINGS[name]
                 settings[name] = None if frame[alias] is None else _setting(frame, alias, types, seq)

@@ -187,8 +187,12 @@ def unpackb(data: bytes | bytearray | memoryview, max_values: int | None = None)
     hooks: dict[str, Any] = {"object_hook": _object_hook}
     if max_values is not None:
         budget = _ElementBudget(max_values)
-        hooks = {"object_hook": budget.object_hook, "list_hook": budget.list_hook,
-                 "max_array_len": max_values, "max_map_len": max_values}
+        hooks = {
+            "object_hook": budget.object_hook,
+            "list_hook": budget.list_hook,
+            "max_array_len": max_values,
+            "max_map_len": max_values,
+        }
     try:
         return msgpack.unpackb(data, ext_hook=_refuse_ext, raw=False, strict_map_key=True, **hooks)
     except WireFormatError:

@@ -26,8 +26,17 @@ class Dropped(Exception):
 
 
 class SimulatedLatencyPolicy:
-    def __init__(self, latency_s: float, horizon: int = 16, dim: int = 3, *, chunk_offsets: bool = False,
-                 honour_prefix: bool = True, fail_every: int = 0, seed: int = 0) -> None:
+    def __init__(
+        self,
+        latency_s: float,
+        horizon: int = 16,
+        dim: int = 3,
+        *,
+        chunk_offsets: bool = False,
+        honour_prefix: bool = True,
+        fail_every: int = 0,
+        seed: int = 0,
+    ) -> None:
         self.latency_s = latency_s
         self.horizon = horizon
         self.dim = dim

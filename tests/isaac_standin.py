@@ -17,8 +17,9 @@ import torch
 
 
 class StandInVecEnv:
-    def __init__(self, num_envs: int, action_dim: int = 4, image_size: int = 64,
-                 episode_lengths: list[int] | None = None) -> None:
+    def __init__(
+        self, num_envs: int, action_dim: int = 4, image_size: int = 64, episode_lengths: list[int] | None = None
+    ) -> None:
         self.num_envs = num_envs
         self.action_space = SimpleNamespace(shape=(num_envs, action_dim))
         self.image_size = image_size

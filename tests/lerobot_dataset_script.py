@@ -40,10 +40,19 @@ def read(root: Path, prefix: str, arrays: dict[str, np.ndarray]) -> dict:
     dataset = LeRobotDataset(repo_id=f"local/{root.name}", root=root)
     items = [dataset[i] for i in range(len(dataset))]
     for key in dataset.meta.video_keys:
-        arrays[f"{prefix}/{key}"] = np.stack([
-            (item[key].permute(1, 2, 0).numpy() * 255).round().astype(np.uint8) for item in items])
-    for key in ("action", "timestamp", "frame_index", "index", "episode_index", "observation.seq",
-                "observation.state", "response.timing_ms"):
+        arrays[f"{prefix}/{key}"] = np.stack(
+            [(item[key].permute(1, 2, 0).numpy() * 255).round().astype(np.uint8) for item in items]
+        )
+    for key in (
+        "action",
+        "timestamp",
+        "frame_index",
+        "index",
+        "episode_index",
+        "observation.seq",
+        "observation.state",
+        "response.timing_ms",
+    ):
         if key in dataset.features:
             arrays[f"{prefix}/{key}"] = np.stack([item[key].numpy() for item in items])
     episode = dataset.meta.episodes[0]
@@ -56,8 +65,10 @@ def read(root: Path, prefix: str, arrays: dict[str, np.ndarray]) -> dict:
         "features": list(dataset.features),
         "tasks": [item["task"] for item in items],
         "kinds": [item["response.kind"] for item in items],
-        "video_spans": {key: [episode[f"videos/{key}/from_timestamp"], episode[f"videos/{key}/to_timestamp"]]
-                        for key in dataset.meta.video_keys},
+        "video_spans": {
+            key: [episode[f"videos/{key}/from_timestamp"], episode[f"videos/{key}/to_timestamp"]]
+            for key in dataset.meta.video_keys
+        },
     }
 
 

@@ -128,8 +128,11 @@ def main() -> None:
         first = policy.infer({**frame, "observation/joint_position": np.zeros(7)})["actions"]
         moved = policy.infer({**frame, "observation/joint_position": np.full(7, 0.5)})["actions"]
         again = policy.infer({**frame, "observation/joint_position": np.zeros(7)})["actions"]
-        out["state_probe"] = {"shape": list(first.shape), "moved_max_abs": float(np.abs(moved - first).max()),
-                              "repeat_max_abs": float(np.abs(again - first).max())}
+        out["state_probe"] = {
+            "shape": list(first.shape),
+            "moved_max_abs": float(np.abs(moved - first).max()),
+            "repeat_max_abs": float(np.abs(again - first).max()),
+        }
         try:
             policy.infer({**frame, "observation/joint_position": np.zeros(6)})
             out["state_probe"]["short_error"] = None

@@ -17,8 +17,9 @@ import json
 import time
 from pathlib import Path
 
-from policy_server.recording import Recorder, RecorderSettings
 from recording_fixtures import CONFIG, MODEL, record_traffic
+
+from policy_server.recording import Recorder, RecorderSettings
 
 
 def main() -> None:
@@ -28,8 +29,9 @@ def main() -> None:
     parser.add_argument("--flush-interval", type=float, default=1.0)
     args = parser.parse_args()
     root = Path(args.root)
-    recorder = Recorder(RecorderSettings(root=root, segment_frames=args.segment_frames,
-                                         flush_interval_s=args.flush_interval))
+    recorder = Recorder(
+        RecorderSettings(root=root, segment_frames=args.segment_frames, flush_interval_s=args.flush_interval)
+    )
     recorder.start()
     recording = recorder.session("killed")
     recording.start_episode(CONFIG, MODEL)

@@ -20,11 +20,22 @@ from policy_server.recording import Recorder, RecorderSettings
 REPO_ROOT = Path(__file__).resolve().parent.parent
 DOMAIN = "bridge_orig_lerobot"
 HORIZON, ACTION_DIM = 4, 3
-CONFIG = {"domain_name": DOMAIN, "action_horizon": HORIZON, "raw_action_dim": ACTION_DIM,
-          "prompt": "pick up the cube", "control_hz": 10.0}
+CONFIG = {
+    "domain_name": DOMAIN,
+    "action_horizon": HORIZON,
+    "raw_action_dim": ACTION_DIM,
+    "prompt": "pick up the cube",
+    "control_hz": 10.0,
+}
 MODEL = {"model": "synthetic", "variant": "none"}
-TIMING = {"decode_ms": 0.5, "queue_ms": 1.0, "model_ms": 20.0, "engine_ms": 22.0, "total_ms": 25.0,
-          "observation_age_ms": 26.0}
+TIMING = {
+    "decode_ms": 0.5,
+    "queue_ms": 1.0,
+    "model_ms": 20.0,
+    "engine_ms": 22.0,
+    "total_ms": 25.0,
+    "observation_age_ms": 26.0,
+}
 
 
 def frame(i: int, height: int = 48, width: int = 64, channel_shift: int = 0) -> np.ndarray:
@@ -36,7 +47,7 @@ def frame(i: int, height: int = 48, width: int = 64, channel_shift: int = 0) -> 
     image[..., 1] = (x + 0 * y).astype(np.uint8)
     image[..., 2] = ((x + y) / 2 + channel_shift).clip(0, 255).astype(np.uint8)
     column = (3 * i) % (width - 4)
-    image[:, column:column + 4, :] = 255
+    image[:, column : column + 4, :] = 255
     return image
 
 
@@ -67,10 +78,19 @@ class Traffic:
         return [s for s in self.sent if s.queued]
 
 
-def record_traffic(recording, count: int, *, start_seq: int = 0, cameras: dict[str, tuple[int, int]] | None = None,
-                   with_state: bool = True, drop_every: int = 4, error_at: tuple[int, ...] = (),
-                   unanswered: tuple[int, ...] = (), prompts: tuple[str, ...] = ("pick up the cube",),
-                   noise: bool = False) -> Traffic:
+def record_traffic(
+    recording,
+    count: int,
+    *,
+    start_seq: int = 0,
+    cameras: dict[str, tuple[int, int]] | None = None,
+    with_state: bool = True,
+    drop_every: int = 4,
+    error_at: tuple[int, ...] = (),
+    unanswered: tuple[int, ...] = (),
+    prompts: tuple[str, ...] = ("pick up the cube",),
+    noise: bool = False,
+) -> Traffic:
     """Play ``count`` observations into ``recording`` (a SessionRecording), each answered once.
     ``noise``: random pixels instead of :func:`frame` (hard to compress: big MP4s)."""
     cameras = cameras or {"front": (48, 64), "wrist": (32, 40)}
@@ -129,8 +149,11 @@ def leftovers(root: Path) -> list[str]:
     """Files a finished recorder must not leave: partial episodes, temporary and segment files."""
     root = Path(root)
     found = [str(p.relative_to(root)) for p in (root / ".partial").iterdir()] if (root / ".partial").exists() else []
-    found += [str(p.relative_to(root)) for p in root.rglob("*")
-              if (p.is_file() and p.name.endswith((".tmp", ".partial"))) or p.name == "segments"]
+    found += [
+        str(p.relative_to(root))
+        for p in root.rglob("*")
+        if (p.is_file() and p.name.endswith((".tmp", ".partial"))) or p.name == "segments"
+    ]
     return found
 
 
@@ -139,7 +162,7 @@ def assert_frames_match(decoded: np.ndarray, originals: list[np.ndarray], index:
     errors = [float(np.abs(decoded.astype(np.int16) - o.astype(np.int16)).mean()) for o in originals]
     assert errors[index] < 6.0, f"frame {index} decodes {errors[index]:.1f} levels away from what was sent"
     neighbours = [errors[j] for j in (index - 1, index + 1) if 0 <= j < len(originals)]
-    assert all(errors[index] < e for e in neighbours), (index, errors[max(0, index - 1):index + 2])
+    assert all(errors[index] < e for e in neighbours), (index, errors[max(0, index - 1) : index + 2])
 
 
 def wait_until_published(server, timeout: float = 60.0) -> bool:

@@ -12,8 +12,6 @@ a conftest so that it stays out of the way of other test suites in this reposito
 
 from __future__ import annotations
 
-import policy_server  # noqa: F401  (first: sets OMP_WAIT_POLICY=PASSIVE before torch loads)
-
 import asyncio
 import atexit
 import os
@@ -25,11 +23,13 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
 
+import policy_server  # noqa: F401  (first: sets OMP_WAIT_POLICY=PASSIVE before torch loads)
 from policy_server.server import PolicyServer, ServerSettings
 from robot_clients.protocol import HEALTH_PATH, REALTIME_PATH
 
@@ -149,7 +149,7 @@ class ServerThread(LoopbackUrls):
         await self._stop.wait()
         await self.server.shutdown()
 
-    def start(self, timeout: float = 120.0) -> "ServerThread":
+    def start(self, timeout: float = 120.0) -> ServerThread:
         self._thread.start()
         if not self._ready.wait(timeout):
             raise TimeoutError("the test server did not become ready")
@@ -170,7 +170,7 @@ class ServerThread(LoopbackUrls):
 
         return asyncio.run_coroutine_threadsafe(call(), self.loop).result(10)
 
-    def __enter__(self) -> "ServerThread":
+    def __enter__(self) -> ServerThread:
         return self.start()
 
     def __exit__(self, *exc_info: object) -> None:
@@ -199,7 +199,7 @@ class ServerProcess(LoopbackUrls):
         self.http_port: int | None = None  # the sidecar's, once its log line appears (it precedes `port`)
         self._port_known = threading.Event()
 
-    def start(self, timeout: float = 60.0) -> "ServerProcess":
+    def start(self, timeout: float = 60.0) -> ServerProcess:
         self.proc = subprocess.Popen(
             self.args, cwd=REPO_ROOT, env=self.env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True
         )

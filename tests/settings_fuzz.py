@@ -13,7 +13,6 @@ from typing import Any
 
 import numpy as np
 from hypothesis import strategies as st
-
 from server_fixtures import DOMAIN, rgb_image
 
 IMAGE = rgb_image(64, seed=2)
@@ -96,8 +95,9 @@ def _expected(name: str, value: Any) -> tuple[str, Any]:
     return name, value
 
 
-def check_honoured_or_refused(sent: dict[str, Any], reply: dict[str, Any], error: dict[str, Any] | None,
-                              defaults: dict[str, Any]) -> None:
+def check_honoured_or_refused(
+    sent: dict[str, Any], reply: dict[str, Any], error: dict[str, Any] | None, defaults: dict[str, Any]
+) -> None:
     """``reply`` (the chunk's or session's fields) honours every field ``sent``, or ``error`` refused it.
 
     ``defaults``: what a setting sent as null must show (the session's value, or the model's default).
@@ -110,7 +110,9 @@ def check_honoured_or_refused(sent: dict[str, Any], reply: dict[str, Any], error
             top = named.split("/", 1)[0]
             alias = top == "num_steps" and "num_inference_steps" in sent
             assert top in sent or alias or top in ("image", "video", "images", "seq", "domain_name"), (
-                named, sorted(sent))
+                named,
+                sorted(sent),
+            )
         return
     unknown = [name for name in sent if name in UNKNOWN_FIELDS]
     assert not unknown, f"accepted a frame with unknown fields {unknown}: {reply}"

@@ -7,7 +7,6 @@ parameters and the multipart form).
 from __future__ import annotations
 
 import pytest
-
 from sidecar_fixtures import png_b64, rgb
 
 from policy_server.http.errors import ApiError
@@ -19,8 +18,10 @@ POLICY = {"action_mode": "policy", "domain_name": "droid_lerobot"}
 
 def envelope(image=None, *, parameters=None, **inputs):
     observation = {} if image is None else {"image": image}
-    return {"input": {"task": "pick up the block", "observation": observation, **inputs},
-            "parameters": {**POLICY, **(parameters or {})}}
+    return {
+        "input": {"task": "pick up the block", "observation": observation, **inputs},
+        "parameters": {**POLICY, **(parameters or {})},
+    }
 
 
 def parse(body, description, max_items=4, **options):

@@ -69,13 +69,27 @@ def sglang_unpackb(data: bytes) -> Any:
     return msgpack.unpackb(data, object_hook=hook, raw=False)
 
 
-def chunk(actions: np.ndarray, *, domain_name: str = "droid_lerobot", domain_id: int = 8, mode: str = "policy",
-          num_steps: int = 4, seed: int = 0) -> ActionChunk:
+def chunk(
+    actions: np.ndarray,
+    *,
+    domain_name: str = "droid_lerobot",
+    domain_id: int = 8,
+    mode: str = "policy",
+    num_steps: int = 4,
+    seed: int = 0,
+) -> ActionChunk:
     """An engine result as the worker hands it over (for reply tests that need no model)."""
     actions = np.asarray(actions, dtype=np.float32)
-    return ActionChunk(actions=actions, action_mode=mode, domain_name=domain_name, domain_id=domain_id,
-                       raw_action_dim=int(actions.shape[-1]), num_steps=num_steps, transformer_forwards=num_steps,
-                       seed=seed)
+    return ActionChunk(
+        actions=actions,
+        action_mode=mode,
+        domain_name=domain_name,
+        domain_id=domain_id,
+        raw_action_dim=int(actions.shape[-1]),
+        num_steps=num_steps,
+        transformer_forwards=num_steps,
+        seed=seed,
+    )
 
 
 @pytest.fixture(scope="module")

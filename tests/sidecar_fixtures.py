@@ -13,12 +13,12 @@ import base64
 import io
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import httpx
 import numpy as np
-
 from server_fixtures import DOMAIN, ServerThread, tiny_checkpoint
 
 from policy_server.http.sidecar import SidecarSettings
@@ -62,9 +62,15 @@ def engine_loader(video_delay_s: float = 0.0, gate: Any = None) -> Callable[[], 
 class SidecarServer(ServerThread):
     """A ``PolicyServer`` with its HTTP sidecar; ``client`` is an httpx client on the sidecar."""
 
-    def __init__(self, load_engine: Callable[[], Any], data_dir: str | Path | None = None,
-                 retention: RetentionPolicy | None = None, max_body_bytes: int | None = None,
-                 wait_ready: bool = True, **settings: Any) -> None:
+    def __init__(
+        self,
+        load_engine: Callable[[], Any],
+        data_dir: str | Path | None = None,
+        retention: RetentionPolicy | None = None,
+        max_body_bytes: int | None = None,
+        wait_ready: bool = True,
+        **settings: Any,
+    ) -> None:
         self._tmp = None
         if data_dir is None:
             self._tmp = tempfile.TemporaryDirectory(prefix="sidecar-test-")
@@ -93,7 +99,7 @@ class SidecarServer(ServerThread):
         ready.cancel()
         await self.server.shutdown()
 
-    def start(self, timeout: float = 120.0) -> "SidecarServer":
+    def start(self, timeout: float = 120.0) -> SidecarServer:
         super().start(timeout)
         self.client = httpx.Client(base_url=self.http_url, trust_env=False, timeout=60)
         return self
@@ -134,8 +140,9 @@ def video_body(steps: int = 8, **extra: Any) -> dict[str, Any]:
     return {"action": actions(steps), "input_reference": png_b64(rgb()), "domain_name": DOMAIN, "seed": 7, **extra}
 
 
-def wait_for_job(client: httpx.Client, job_id: str, statuses=("completed", "failed"), timeout: float = 60.0,
-                 interval: float = 0.05) -> dict[str, Any]:
+def wait_for_job(
+    client: httpx.Client, job_id: str, statuses=("completed", "failed"), timeout: float = 60.0, interval: float = 0.05
+) -> dict[str, Any]:
     deadline = time.monotonic() + timeout
     while True:
         job = client.get(f"/v1/videos/{job_id}").json()

@@ -10,8 +10,8 @@ import time
 
 import numpy as np
 import pytest
-
 from chunk_fixtures import SimulatedLatencyPolicy
+
 from robot_clients.action_chunker import ActionChunker, ChunkerConfig, ChunkerError, ChunkRecord, ChunkStrategy
 
 HZ = 50.0
@@ -106,7 +106,7 @@ def test_real_time_chunking_sends_the_leftover_actions_and_keeps_them():
         assert record.prefix_error == 0.0
         s = record.requested_at_step
         k = min(record.prefix_length, len(executed) - s)  # the run may end inside the last prefix
-        np.testing.assert_array_equal(executed[s:s + k], record.actions[:k])
+        np.testing.assert_array_equal(executed[s : s + k], record.actions[:k])
     # So the commanded trajectory never jumps at a switch: it keeps the clock's one-step ramp.
     assert max(switch_jumps(executed, records)) < 1e-5
 
@@ -134,7 +134,7 @@ def test_blend_ramps_from_the_current_chunk_to_the_new_one():
         old = float(previous.actions[0, 0] - previous.requested_at_step)
         new = float(record.actions[0, 0] - record.requested_at_step)
         expected = [old + (i / 5.0) * (new - old) for i in range(1, 5)]  # weights 1/5 .. 4/5
-        np.testing.assert_allclose(offsets[t:t + 4], expected, atol=1e-3)
+        np.testing.assert_allclose(offsets[t : t + 4], expected, atol=1e-3)
         assert abs(offsets[t + 4] - new) < 1e-3  # after the overlap: the new chunk alone
 
 

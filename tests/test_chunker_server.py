@@ -6,8 +6,8 @@ import time
 
 import numpy as np
 import pytest
-
 from server_fixtures import DOMAIN, ServerThread, rgb_image, tiny_engine_loader
+
 from robot_clients.action_chunker import ActionChunker, ChunkerConfig, ChunkRecord
 from robot_clients.chunk_policy import RemoteChunkPolicy
 from robot_clients.policy_client import PolicyClient
@@ -45,7 +45,7 @@ def test_server_keeps_the_real_time_chunking_prefix(server):
         # ...and those are the actions it did execute while the model was thinking.
         s = record.requested_at_step
         k = min(record.prefix_length, len(executed) - s)  # the run may end inside the last prefix
-        np.testing.assert_allclose(executed[s:s + k], record.actions[:k], atol=1e-4)
+        np.testing.assert_allclose(executed[s : s + k], record.actions[:k], atol=1e-4)
     # A tiny model on this CPU answers in well under the 8 steps (400 ms) executed per chunk. A chunk
     # slower than the latency estimate (p90 + 2 steps) outruns its prefix; that is rare, and counted.
     assert stats.stalls == 0 and stats.prefix_overruns <= 1

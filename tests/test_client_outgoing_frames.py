@@ -9,13 +9,13 @@ import io
 
 import numpy as np
 import pytest
+from server_fixtures import DOMAIN, ServerThread, tiny_engine_loader
 from websockets.asyncio.server import serve
 
 from robot_clients import AsyncPolicyClient, ObservationDropped, PolicyClient
 from robot_clients.frame_encoding import ImageEncoding
 from robot_clients.protocol import PROTOCOL_VERSION
 from robot_clients.wire_codec import packb
-from server_fixtures import DOMAIN, ServerThread, tiny_engine_loader
 
 
 @pytest.fixture(scope="module")
@@ -30,12 +30,15 @@ def camera(height: int = 480, width: int = 640) -> np.ndarray:
     return np.clip(rgb, 0, 255).astype(np.uint8)
 
 
-@pytest.mark.parametrize("images,resize,most_bytes", [
-    ("raw", False, 930_000),
-    ("raw", True, 240 * 320 * 3 + 1000),  # the served canvas's content: 240×320 at the tiny model's tier
-    ("jpeg", True, 20_000),
-    (ImageEncoding("webp", quality=75), False, 60_000),
-])
+@pytest.mark.parametrize(
+    "images,resize,most_bytes",
+    [
+        ("raw", False, 930_000),
+        ("raw", True, 240 * 320 * 3 + 1000),  # the served canvas's content: 240×320 at the tiny model's tier
+        ("jpeg", True, 20_000),
+        (ImageEncoding("webp", quality=75), False, 60_000),
+    ],
+)
 def test_frames_go_out_as_the_image_option_says(server, images, resize, most_bytes):
     with PolicyClient(server.url, images=images, resize=resize) as client:
         assert client.metadata["capabilities"]["encoded_images"] == ["jpeg", "png", "webp"]
@@ -51,8 +54,10 @@ def test_named_cameras_in_concat_view_are_sized_as_the_composed_frame(server):
         chunk = client.infer({"images": {"left": camera(), "right": camera()}}, timeout=60)
         assert chunk.actions.ndim == 2
         frame = client._client._frames.prepare(  # noqa: SLF001 - what went on the wire for each camera
-            {"images": {"left": camera(), "right": camera()}}, client.metadata, client.session, {})
+            {"images": {"left": camera(), "right": camera()}}, client.metadata, client.session, {}
+        )
         from PIL import Image
+
         sizes = {Image.open(io.BytesIO(data)).size for data in frame["images"].values()}
         assert len(sizes) == 1 and sizes.pop()[0] < 640  # each camera shrunk to its half of the canvas
 

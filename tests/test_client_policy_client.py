@@ -11,6 +11,8 @@ import time
 
 import numpy as np
 import pytest
+from server_fixtures import DOMAIN, ServerThread, rgb_image, tiny_engine_loader
+from tls_fixtures import self_signed_certificate
 
 from robot_clients import (
     ActionChunk,
@@ -20,8 +22,6 @@ from robot_clients import (
     PolicyClient,
     ServerError,
 )
-from server_fixtures import DOMAIN, ServerThread, rgb_image, tiny_engine_loader
-from tls_fixtures import self_signed_certificate
 
 IMAGE = rgb_image(64)
 
@@ -48,8 +48,9 @@ def test_blocking_client_round_trip(server):
         # A bare image is accepted as an observation too.
         assert client.infer(IMAGE, timeout=30).seq == chunk.seq + 1
         # The extra headers reached the server's handshake.
-        headers = server.run(lambda: [s.connection.request.headers.get("Authorization")
-                                      for s in server.server.sessions.values()])
+        headers = server.run(
+            lambda: [s.connection.request.headers.get("Authorization") for s in server.server.sessions.values()]
+        )
         assert "Bearer robot-7" in headers
 
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 import time
 
 import numpy as np
-
 from chunk_fixtures import CountingEnvironment, SimulatedLatencyPolicy
+
 from robot_clients.action_chunker import ActionChunker, ChunkerConfig
 from robot_clients.control_loop import Agent, ChunkingAgent, ControlLoop, Subscriber
 
@@ -29,8 +29,9 @@ class RecordingSubscriber(Subscriber):
 def test_chunked_episode_runs_at_the_control_rate_and_reports_chunks():
     env = CountingEnvironment(episode_steps=60)
     subscriber = RecordingSubscriber()
-    chunker = ActionChunker(SimulatedLatencyPolicy(latency_s=0.03, horizon=16),
-                            ChunkerConfig(strategy="rtc", control_hz=40.0))
+    chunker = ActionChunker(
+        SimulatedLatencyPolicy(latency_s=0.03, horizon=16), ChunkerConfig(strategy="rtc", control_hz=40.0)
+    )
     with chunker:
         report = ControlLoop(env, ChunkingAgent(chunker), [subscriber], control_hz=40.0).run_episode()
 
@@ -52,8 +53,9 @@ def test_chunked_episode_runs_at_the_control_rate_and_reports_chunks():
 
 def test_episode_limits_and_reset_between_episodes():
     env = CountingEnvironment()
-    chunker = ActionChunker(SimulatedLatencyPolicy(latency_s=0.01, horizon=8),
-                            ChunkerConfig(strategy="replace", control_hz=50.0))
+    chunker = ActionChunker(
+        SimulatedLatencyPolicy(latency_s=0.01, horizon=8), ChunkerConfig(strategy="replace", control_hz=50.0)
+    )
     loop = ControlLoop(env, ChunkingAgent(chunker), control_hz=50.0, max_episode_steps=25)
     with chunker:
         reports = loop.run(num_episodes=2)
@@ -62,9 +64,12 @@ def test_episode_limits_and_reset_between_episodes():
     # Stats are per episode: the chunker's counters started afresh for the second one.
     assert reports[1].chunker["steps"] == 25
 
-    timed = ControlLoop(CountingEnvironment(), ChunkingAgent(ActionChunker(
-        SimulatedLatencyPolicy(latency_s=0.01, horizon=8), ChunkerConfig(control_hz=50.0))),
-        control_hz=50.0, max_episode_s=0.3)
+    timed = ControlLoop(
+        CountingEnvironment(),
+        ChunkingAgent(ActionChunker(SimulatedLatencyPolicy(latency_s=0.01, horizon=8), ChunkerConfig(control_hz=50.0))),
+        control_hz=50.0,
+        max_episode_s=0.3,
+    )
     report = timed.run_episode()
     timed.agent.chunker.close()
     assert 10 <= report.steps <= 17

@@ -30,14 +30,20 @@ def _matrix_flops(counter: FlopCounterMode) -> int:
     return sum(v for op, v in counts.items() if str(op) in ("aten.mm", "aten.addmm", "aten.bmm"))
 
 
-@pytest.mark.parametrize("variant, height, width, horizon", [("distilled", 224, 224, 16), ("edge", 480, 640, 16),
-                                                             ("distilled", 180, 320, 32)])
+@pytest.mark.parametrize(
+    "variant, height, width, horizon",
+    [("distilled", 224, 224, 16), ("edge", 480, 640, 16), ("distilled", 180, 320, 32)],
+)
 def test_forward_flops_match_torchs_count(tiny_checkpoint, variant, height, width, horizon):
     engine = Cosmos3Engine.load(tiny_checkpoint(variant), prefix_cache_mb=16)
     tier = 480 if height == 180 else 256
     image = np.random.default_rng(0).integers(0, 256, (height, width, 3), dtype=np.uint8)
-    job, _ = job_for_actions(ActionRequest(domain_name=engine.default_domain(), image=image, seed=0,
-                                           action_horizon=horizon, resolution_tier=tier), engine.spec)
+    job, _ = job_for_actions(
+        ActionRequest(
+            domain_name=engine.default_domain(), image=image, seed=0, action_horizon=horizon, resolution_tier=tier
+        ),
+        engine.spec,
+    )
     sampler = engine.sampler
     item = sampler._prepare(job, time.perf_counter)
     full = item.passes["cond"].full
@@ -50,16 +56,26 @@ def test_forward_flops_match_torchs_count(tiny_checkpoint, variant, height, widt
     with torch.no_grad():
         for step, cached in ((0, False), (1, True)):  # the first forward records the text, the next replays it
             with FlopCounterMode(display=False) as counter:
-                sampler._forward([item], "cond", timesteps[step], step, float(item.scheduler.sigmas[step]),
-                                 len(timesteps))
+                sampler._forward(
+                    [item], "cond", timesteps[step], step, float(item.scheduler.sigmas[step]), len(timesteps)
+                )
             expected = cost_model.forward_flops(config, tokens, text_cached=cached)["matrix"]
             assert _matrix_flops(counter) == pytest.approx(expected, rel=0.03)
 
 
 def test_attention_and_floor_arithmetic():
-    config = {"hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2, "num_attention_heads": 4,
-              "num_key_value_heads": 2, "head_dim": 16, "hidden_act": "relu2", "patch_latent_dim": 32,
-              "action_dim": 64, "latent_patch_size": 2}
+    config = {
+        "hidden_size": 64,
+        "intermediate_size": 128,
+        "num_hidden_layers": 2,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "head_dim": 16,
+        "hidden_act": "relu2",
+        "patch_latent_dim": 32,
+        "action_dim": 64,
+        "latent_patch_size": 2,
+    }
     tokens = cost_model.Tokens(text=10, vision=20, noisy_vision=16, action=4)
     full, cached = cost_model.forward_flops(config, tokens), cost_model.forward_flops(config, tokens, text_cached=True)
     # causal text attention (10 * 11 / 2 pairs) plus generation tokens over all 34 keys, 2 products x 2 FLOPs

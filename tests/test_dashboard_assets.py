@@ -7,10 +7,10 @@ import re
 import urllib.request
 
 import pytest
+from server_fixtures import ServerThread, http_get, tiny_engine_loader
 
 from policy_server.http.dashboard import DASHBOARD_DIR
 from policy_server.http.sidecar import SidecarSettings
-from server_fixtures import ServerThread, http_get, tiny_engine_loader
 
 
 @pytest.fixture(scope="module")
@@ -43,8 +43,11 @@ def test_both_ports_serve_the_dashboard(server, port_of):
     assert status in (301, 307, 308) and location.endswith("/dashboard/")
     status, content_type, body = fetch(base + "/")
     assert status == 200 and content_type.startswith("text/html") and b'src="dashboard.js"' in body
-    for name, kind in (("dashboard.js", "text/javascript"), ("plots.js", "text/javascript"),
-                       ("dashboard.css", "text/css")):
+    for name, kind in (
+        ("dashboard.js", "text/javascript"),
+        ("plots.js", "text/javascript"),
+        ("dashboard.css", "text/css"),
+    ):
         status, content_type, _ = fetch(f"{base}/{name}")
         assert status == 200 and content_type.startswith(kind), name
     status, config, _ = http_get(base + "/config.json")

@@ -18,22 +18,30 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from server_fixtures import DOMAIN, ServerThread, tiny_engine_loader
 
 from policy_server.http.sidecar import SidecarSettings
 from robot_clients import PolicyClient
 from robot_clients.action_chunker import ActionChunker, ChunkerConfig
 from robot_clients.chunk_policy import RemoteChunkPolicy
 from robot_clients.control_loop import ChunkingAgent, ControlLoop, Environment, EpisodeReport
-from server_fixtures import DOMAIN, ServerThread, tiny_engine_loader
 
 CHROMIUM = Path("/usr/bin/chromium")
 # Debian's chromium as root in a sandboxed machine: no sandbox, no GPU, and nothing that phones home
 # (the closed network refuses those connections, noisily).
-CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run", "--disable-background-networking",
-                 "--disable-component-update", "--disable-sync"]
+CHROMIUM_ARGS = [
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+]
 
-pytestmark = pytest.mark.skipif(not CHROMIUM.exists(),
-                                reason="Debian's chromium is not installed at /usr/bin/chromium (apt-get install chromium)")
+pytestmark = pytest.mark.skipif(
+    not CHROMIUM.exists(), reason="Debian's chromium is not installed at /usr/bin/chromium (apt-get install chromium)"
+)
 
 
 class DrawnScene(Environment):
@@ -72,8 +80,9 @@ class Robot:
     def __init__(self, url: str) -> None:
         self.client = PolicyClient(url)
         self.client.connect()
-        self.client.configure(domain_name=DOMAIN, action_horizon=16, prompt="put the carrot in the pot",
-                              control_hz=20, seed=0)
+        self.client.configure(
+            domain_name=DOMAIN, action_horizon=16, prompt="put the carrot in the pot", control_hz=20, seed=0
+        )
         self.session_id = self.client.metadata["session_id"]
         self.scene = DrawnScene(self.client)
         config = ChunkerConfig(strategy="rtc", control_hz=20, execute_horizon=8)
@@ -119,8 +128,10 @@ def page():
         errors: list[str] = []
         page.on("pageerror", lambda exc: errors.append(str(exc)))
         # The page runs under the server's Content-Security-Policy: anything it refuses is a bug of the page.
-        page.on("console", lambda message: errors.append(message.text)
-                if "Content Security Policy" in message.text else None)
+        page.on(
+            "console",
+            lambda message: errors.append(message.text) if "Content Security Policy" in message.text else None,
+        )
         page.on("dialog", lambda dialog: dialog.accept())  # "Stop session ...?" -> yes
         yield page
         browser.close()

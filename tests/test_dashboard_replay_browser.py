@@ -10,18 +10,20 @@ import threading
 
 import numpy as np
 import pytest
+from recording_fixtures import frame, wait_until_published
+from server_fixtures import DOMAIN, ServerThread, tiny_engine_loader
+from test_dashboard_browser import CHROMIUM, eventually, page  # noqa: F401 - the browser fixture
 from websockets.asyncio.client import connect
 
 from policy_server.auth import TokenSet
 from policy_server.http.sidecar import SidecarSettings
 from policy_server.recording_setup import RecordingOptions
 from robot_clients.wire_codec import packb, unpackb
-from recording_fixtures import frame, wait_until_published
-from server_fixtures import DOMAIN, ServerThread, tiny_engine_loader
-from test_dashboard_browser import CHROMIUM, eventually, page  # noqa: F401 - the browser fixture
 
-pytestmark = [pytest.mark.skipif(not CHROMIUM.exists(), reason="Debian's chromium is not installed at /usr/bin/chromium"),
-              pytest.mark.timeout(300)]
+pytestmark = [
+    pytest.mark.skipif(not CHROMIUM.exists(), reason="Debian's chromium is not installed at /usr/bin/chromium"),
+    pytest.mark.timeout(300),
+]
 TOKEN = "replay-token-0123456789abcdef"
 
 
@@ -29,8 +31,9 @@ TOKEN = "replay-token-0123456789abcdef"
 def server(tmp_path_factory):
     sidecar = SidecarSettings(data_dir=tmp_path_factory.mktemp("sidecar-data"), host="127.0.0.1", port=0)
     options = RecordingOptions(root=tmp_path_factory.mktemp("recordings"), every_session=False)
-    with ServerThread(tiny_engine_loader("distilled"), http=sidecar, recording=options,
-                      auth_tokens=TokenSet([TOKEN])) as running:
+    with ServerThread(
+        tiny_engine_loader("distilled"), http=sidecar, recording=options, auth_tokens=TokenSet([TOKEN])
+    ) as running:
         yield running
 
 
@@ -53,8 +56,17 @@ class RobotLoop:
 async def record_session(server, observations: int) -> tuple[str, list[dict]]:
     async with connect(server.url + f"?access_token={TOKEN}", compression=None, proxy=None, max_size=None) as ws:
         session_id = unpackb(await ws.recv())["session_id"]
-        await ws.send(packb({"type": "configure", "domain_name": DOMAIN, "record": True, "control_hz": 10,
-                             "prompt": "put the carrot in the pot"}))
+        await ws.send(
+            packb(
+                {
+                    "type": "configure",
+                    "domain_name": DOMAIN,
+                    "record": True,
+                    "control_hz": 10,
+                    "prompt": "put the carrot in the pot",
+                }
+            )
+        )
         assert unpackb(await ws.recv())["recording"] is True
         replies = []
         for seq in range(observations):

@@ -11,9 +11,14 @@ PRODUCT_FOLDERS = ("docs", "cosmos3_runtime", "policy_server", "robot_clients", 
 
 
 def test_no_file_outside_the_repository_is_cited():
-    files = [ROOT / "README.md"] + [p for folder in PRODUCT_FOLDERS for p in sorted((ROOT / folder).rglob("*"))
-                                    if p.suffix in (".md", ".py")]
+    files = [ROOT / "README.md"] + [
+        p for folder in PRODUCT_FOLDERS for p in sorted((ROOT / folder).rglob("*")) if p.suffix in (".md", ".py")
+    ]
     assert len(files) > 20
-    citations = [f"{path.relative_to(ROOT)}: {needle}" for path in files
-                 for needle in OUTSIDE_FILES if needle in path.read_text(encoding="utf-8")]
+    citations = [
+        f"{path.relative_to(ROOT)}: {needle}"
+        for path in files
+        for needle in OUTSIDE_FILES
+        if needle in path.read_text(encoding="utf-8")
+    ]
     assert not citations, "say what is meant in place instead of citing: " + "; ".join(citations)

@@ -16,7 +16,13 @@ import pytest
 from PIL import Image
 
 from policy_server.media.image_decoding import (
-    MAX_JPEG_SCANS, ImageDecodePool, InvalidImage, decode_clip, decode_image, is_encoded_clip, is_encoded_image,
+    MAX_JPEG_SCANS,
+    ImageDecodePool,
+    InvalidImage,
+    decode_clip,
+    decode_image,
+    is_encoded_clip,
+    is_encoded_image,
     read_header,
 )
 from robot_clients.frame_encoding import ImageEncoding, ImageEncodingUnavailable, encode_clip, encode_frame
@@ -47,14 +53,18 @@ def png_chunk(kind: bytes, body: bytes) -> bytes:
 def png_header_only(width: int, height: int) -> bytes:
     """A 30-byte PNG whose header claims ``width`` × ``height`` RGB pixels, with almost no pixel data."""
     ihdr = struct.pack(">IIBBBBB", width, height, 8, 2, 0, 0, 0)
-    return (b"\x89PNG\r\n\x1a\n" + png_chunk(b"IHDR", ihdr) + png_chunk(b"IDAT", zlib.compress(b"\0" * 64))
-            + png_chunk(b"IEND", b""))
+    return (
+        b"\x89PNG\r\n\x1a\n"
+        + png_chunk(b"IHDR", ihdr)
+        + png_chunk(b"IDAT", zlib.compress(b"\0" * 64))
+        + png_chunk(b"IEND", b"")
+    )
 
 
 def with_jpeg_size(data: bytes, height: int, width: int) -> bytes:
     """A real JPEG whose start-of-frame header is rewritten to claim ``height`` × ``width``."""
     sof = data.index(b"\xff\xc0")
-    return data[: sof + 5] + struct.pack(">HH", height, width) + data[sof + 9:]
+    return data[: sof + 5] + struct.pack(">HH", height, width) + data[sof + 9 :]
 
 
 # -- the robot's encoder -----------------------------------------------------------------------------------
@@ -137,12 +147,16 @@ def test_a_header_claiming_a_huge_image_is_refused_before_any_pixel_is_allocated
 
 def test_sizes_outside_the_frame_limits_are_refused():
     assert "each side must be between 32" in refused(encode_frame(scene(16, 64), ImageEncoding("png"))).message
-    assert "between 32 and 200" in refused(encode_frame(scene(240, 320), ImageEncoding("jpeg")),
-                                           max_image_side=200).message
+    assert (
+        "between 32 and 200"
+        in refused(encode_frame(scene(240, 320), ImageEncoding("jpeg")), max_image_side=200).message
+    )
 
 
-@pytest.mark.parametrize("payload", [b"", b"not an image", b"\xff\xd8\xff\xe0" + b"\0" * 64,
-                                     png_header_only(64, 64)[:20], png_header_only(64, 64)])
+@pytest.mark.parametrize(
+    "payload",
+    [b"", b"not an image", b"\xff\xd8\xff\xe0" + b"\0" * 64, png_header_only(64, 64)[:20], png_header_only(64, 64)],
+)
 def test_corrupt_payloads_are_refused(payload):
     refused(payload)
 

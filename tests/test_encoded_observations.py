@@ -14,13 +14,13 @@ import zlib
 import numpy as np
 import pytest
 from PIL import Image
+from server_fixtures import DOMAIN, ServerThread, rgb_image, tiny_engine_loader
 from websockets.asyncio.client import connect
 
 from policy_server.sessions.frame_decoding import DecodeSlot
 from policy_server.sessions.openpi import OpenpiSettings, openpi_arrays
 from robot_clients.protocol import DropReason, ProtocolError
 from robot_clients.wire_codec import packb, unpackb
-from server_fixtures import DOMAIN, ServerThread, rgb_image, tiny_engine_loader
 
 OPENPI_DOMAIN = "droid_lerobot"
 
@@ -40,10 +40,16 @@ def encoded(frame: np.ndarray, fmt: str = "PNG", **options) -> bytes:
 
 def png_claiming(width: int, height: int) -> bytes:
     """A few dozen bytes of PNG whose header claims ``width`` × ``height`` pixels (a decompression bomb)."""
+
     def chunk(kind: bytes, body: bytes) -> bytes:
         return struct.pack(">I", len(body)) + kind + body + struct.pack(">I", zlib.crc32(kind + body))
-    return (b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", struct.pack(">IIBBBBB", width, height, 8, 2, 0, 0, 0))
-            + chunk(b"IDAT", zlib.compress(b"\0" * 64)) + chunk(b"IEND", b""))
+
+    return (
+        b"\x89PNG\r\n\x1a\n"
+        + chunk(b"IHDR", struct.pack(">IIBBBBB", width, height, 8, 2, 0, 0, 0))
+        + chunk(b"IDAT", zlib.compress(b"\0" * 64))
+        + chunk(b"IEND", b"")
+    )
 
 
 async def native(server):
@@ -82,12 +88,15 @@ async def test_a_png_frame_gives_the_actions_of_the_raw_frame(server):
     assert jpeg["actions"].shape == raw["actions"].shape
 
 
-@pytest.mark.parametrize("payload,field", [
-    (b"not an image at all", "image"),
-    (png_claiming(100_000, 100_000), "image"),  # refused from its header: no pixel is allocated
-    (encoded(rgb_image(64))[:80], "image"),  # truncated pixel data: found while decoding, on the pool
-    (encoded(rgb_image(64), "GIF"), "image"),
-])
+@pytest.mark.parametrize(
+    "payload,field",
+    [
+        (b"not an image at all", "image"),
+        (png_claiming(100_000, 100_000), "image"),  # refused from its header: no pixel is allocated
+        (encoded(rgb_image(64))[:80], "image"),  # truncated pixel data: found while decoding, on the pool
+        (encoded(rgb_image(64), "GIF"), "image"),
+    ],
+)
 async def test_hostile_payloads_get_invalid_image_and_the_session_goes_on(server, payload, field):
     ws, _ = await native(server)
     async with ws:
@@ -129,8 +138,11 @@ async def test_openpi_cameras_may_be_jpeg_bytes(server):
         raw_obs = {"observation/exterior_image_1_left": frame, "observation/wrist_image_left": frame, "prompt": "x"}
         await ws.send(packb(openpi_arrays(raw_obs)))
         raw = unpackb(await asyncio.wait_for(ws.recv(), 60))
-        png_obs = {**raw_obs, "observation/exterior_image_1_left": encoded(frame),
-                   "observation/wrist_image_left": encoded(frame)}
+        png_obs = {
+            **raw_obs,
+            "observation/exterior_image_1_left": encoded(frame),
+            "observation/wrist_image_left": encoded(frame),
+        }
         await ws.send(packb(openpi_arrays(png_obs)))
         png = unpackb(await asyncio.wait_for(ws.recv(), 60))
         assert png["actions"].shape == raw["actions"].shape
@@ -160,6 +172,7 @@ async def test_the_slot_decodes_one_at_a_time_off_the_loop_and_the_newest_waitin
             if wait:
                 release.wait(10)
             return value
+
         return run
 
     slot = DecodeSlot(guard, lambda seq, reason: dropped.append((seq, reason)))

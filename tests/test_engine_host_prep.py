@@ -37,8 +37,9 @@ def _image(seed: int) -> np.ndarray:
 
 def _observation(session: str, seq: int, owner, image: np.ndarray, **fields) -> PendingObservation:
     request = ActionRequest(domain_name=DOMAIN, image=image, seed=seq, action_horizon=8)
-    return PendingObservation(session_id=session, seq=seq, request=request, owner=owner,
-                              received_at=time.monotonic(), **fields)
+    return PendingObservation(
+        session_id=session, seq=seq, request=request, owner=owner, received_at=time.monotonic(), **fields
+    )
 
 
 class _Robot:
@@ -69,8 +70,13 @@ class _Robot:
 
 async def _closed_loop(engine, overlap: bool, robots: int = 3, observations: int = 6):
     queue, done, fleet = RequestQueue(), asyncio.Event(), []
-    worker = EngineWorker(lambda: engine, queue, asyncio.get_running_loop(), warmup=False,
-                          batching=BatchPolicy(max_batch=1, overlap_host_prep=overlap))
+    worker = EngineWorker(
+        lambda: engine,
+        queue,
+        asyncio.get_running_loop(),
+        warmup=False,
+        batching=BatchPolicy(max_batch=1, overlap_host_prep=overlap),
+    )
     worker.start()
     await worker.wait_ready()
     fleet.extend(_Robot(f"robot-{i}", queue, observations, done, fleet) for i in range(robots))
@@ -147,8 +153,13 @@ async def test_prepared_observations_superseded_expired_or_cancelled_are_never_s
 
     handle = engine.pipe.transformer.register_forward_pre_hook(hold)
     queue = RequestQueue()
-    worker = EngineWorker(lambda: engine, queue, asyncio.get_running_loop(), warmup=False,
-                          batching=BatchPolicy(max_batch=4, overlap_host_prep=True))
+    worker = EngineWorker(
+        lambda: engine,
+        queue,
+        asyncio.get_running_loop(),
+        warmup=False,
+        batching=BatchPolicy(max_batch=4, overlap_host_prep=True),
+    )
     try:
         worker.start()
         await worker.wait_ready()
@@ -195,8 +206,9 @@ async def test_a_hung_call_abandoned_by_the_watchdog_takes_its_host_prep_with_it
         return engine
 
     owner, queue = _Collector(), RequestQueue()
-    worker = EngineWorker(load, queue, asyncio.get_running_loop(), warmup=False,
-                          batching=BatchPolicy(max_batch=2, overlap_host_prep=True))
+    worker = EngineWorker(
+        load, queue, asyncio.get_running_loop(), warmup=False, batching=BatchPolicy(max_batch=2, overlap_host_prep=True)
+    )
     waiting = _observation("robot", 2, owner, _image(7))
     try:
         worker.start()

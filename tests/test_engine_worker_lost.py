@@ -104,8 +104,14 @@ async def test_a_lost_batch_goes_to_on_engine_lost_whole_and_unanswered(tiny_eng
     queue = RequestQueue()
     engine = _LosableEngine(tiny_engine("distilled"), lost_calls={1})
     handed_back: list = []
-    worker = EngineWorker(lambda: engine, queue, loop, warmup=False, batching=BatchPolicy(max_batch=2, max_wait_ms=500),
-                          on_engine_lost=lambda items, tasks: handed_back.append((items, tasks)))
+    worker = EngineWorker(
+        lambda: engine,
+        queue,
+        loop,
+        warmup=False,
+        batching=BatchPolicy(max_batch=2, max_wait_ms=500),
+        on_engine_lost=lambda items, tasks: handed_back.append((items, tasks)),
+    )
     owner = _Owner()
     try:
         await _running(worker)
@@ -132,11 +138,19 @@ async def test_a_video_task_lets_the_loss_through_to_on_engine_lost(tiny_engine)
     queue = RequestQueue()
     engine = _LosableEngine(tiny_engine("distilled"), lost_calls={2})  # its second denoising step
     handed_back: list = []
-    worker = EngineWorker(lambda: engine, queue, loop, warmup=False,
-                          on_engine_lost=lambda items, tasks: handed_back.append((items, tasks)))
-    video = VideoRolloutTask("video_1", VideoRequest(domain_name=DOMAIN, image=IMAGE,
-                                                     actions=np.zeros((8, 10), np.float32)),
-                             loop, on_started=lambda job_id: None)
+    worker = EngineWorker(
+        lambda: engine,
+        queue,
+        loop,
+        warmup=False,
+        on_engine_lost=lambda items, tasks: handed_back.append((items, tasks)),
+    )
+    video = VideoRolloutTask(
+        "video_1",
+        VideoRequest(domain_name=DOMAIN, image=IMAGE, actions=np.zeros((8, 10), np.float32)),
+        loop,
+        on_started=lambda job_id: None,
+    )
     try:
         await _running(worker)
         queue.put_background(video)

@@ -18,12 +18,12 @@ import subprocess
 import tempfile
 import threading
 import time
+from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 import pytest
-
 from server_fixtures import http_get, tiny_checkpoint
 from sidecar_fixtures import SidecarServer, error_of, png_b64, rgb, video_body, wait_for_job
 
@@ -104,8 +104,9 @@ def gated_sidecar(disk: Path) -> Iterator[tuple[SidecarServer, threading.Event]]
 def assert_serving_robots(server: SidecarServer) -> None:
     """Health checks answer ready and a one-shot action request is answered."""
     assert http_get(server.health_url)[1]["status"] == "ready"
-    generation = server.client.post("/v1/actions/generations", json={
-        "domain_name": "bridge_orig_lerobot", "image": video_body()["input_reference"]})
+    generation = server.client.post(
+        "/v1/actions/generations", json={"domain_name": "bridge_orig_lerobot", "image": video_body()["input_reference"]}
+    )
     assert generation.status_code == 200, generation.text
 
 
@@ -126,8 +127,11 @@ def test_a_full_results_disk_fails_the_job_with_storage_full_and_the_server_carr
         assert failed["status"] == "failed", failed
         assert failed["error"]["code"] == "storage_full" and "full" in failed["error"]["message"]
         assert client.get(f"/v1/videos/{job['id']}/content").status_code == 409
-        leftovers = [p.name for p in (small_disk / "data" / "videos").rglob("*") if p.name.endswith(".partial")
-                     or p.name.startswith(".staging-")]
+        leftovers = [
+            p.name
+            for p in (small_disk / "data" / "videos").rglob("*")
+            if p.name.endswith(".partial") or p.name.startswith(".staging-")
+        ]
         assert leftovers == []
 
         assert_serving_robots(server)  # meanwhile

@@ -25,13 +25,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from server_fixtures import DOMAIN, ServerThread, http_get, rgb_image, tiny_checkpoint
 from websockets.asyncio.client import connect
 from websockets.exceptions import InvalidStatus
 
-from robot_clients.wire_codec import packb, unpackb
-from server_fixtures import DOMAIN, ServerThread, http_get, rgb_image, tiny_checkpoint
-
 from policy_server.http.sidecar import SidecarSettings
+from robot_clients.wire_codec import packb, unpackb
 
 ENGINE_TIMEOUT_S = 1.0
 
@@ -90,8 +89,9 @@ def faulty():
         return FaultyEngine(Cosmos3Engine.load(path, device="cpu", dtype="float32"), switch)
 
     with tempfile.TemporaryDirectory(prefix="faults-engine-") as data_dir:
-        with ServerThread(load, warmup=False, engine_timeout_s=ENGINE_TIMEOUT_S,
-                          http=SidecarSettings(data_dir=Path(data_dir), port=0)) as server:
+        with ServerThread(
+            load, warmup=False, engine_timeout_s=ENGINE_TIMEOUT_S, http=SidecarSettings(data_dir=Path(data_dir), port=0)
+        ) as server:
             server.switch = switch
             server.readyz_url = f"http://127.0.0.1:{server.server.sidecar.port}/readyz"
             try:

@@ -10,7 +10,12 @@ import torch.nn.functional as F
 
 from cosmos3_runtime.frame_preprocessing import canvas_for, canvas_table
 from robot_clients.frame_sizing import (
-    CanvasBin, canvas_bins, fit_to_canvas, placement, resize_frame, send_size,
+    CanvasBin,
+    canvas_bins,
+    fit_to_canvas,
+    placement,
+    resize_frame,
+    send_size,
 )
 
 TIERS = (256, 480, 704, 720)
@@ -21,8 +26,9 @@ def scene(height: int, width: int, seed: int = 0) -> np.ndarray:
     """Edges, gradients and noise: where resize filters differ, if they differ."""
     rng = np.random.default_rng(seed)
     y, x = np.mgrid[0:height, 0:width]
-    frame = np.stack([(x * 255 // max(1, width - 1)), (y * 255 // max(1, height - 1)), ((x // 16 + y // 16) % 2) * 255],
-                     axis=-1).astype(np.int16)
+    frame = np.stack(
+        [(x * 255 // max(1, width - 1)), (y * 255 // max(1, height - 1)), ((x // 16 + y // 16) % 2) * 255], axis=-1
+    ).astype(np.int16)
     return np.clip(frame + rng.integers(-40, 41, frame.shape), 0, 255).astype(np.uint8)
 
 
@@ -37,7 +43,11 @@ def test_the_metadata_canvases_place_frames_exactly_as_the_server_does():
                 server = canvas_for(height, width, tier)
                 robot = placement(height, width, bins)
                 assert (robot.canvas_height, robot.canvas_width, robot.content_height, robot.content_width) == (
-                    server.height, server.width, server.content_height, server.content_width), (tier, height, width)
+                    server.height,
+                    server.width,
+                    server.content_height,
+                    server.content_width,
+                ), (tier, height, width)
 
 
 def test_canvas_bins_names_the_tiers_it_has():
@@ -45,9 +55,16 @@ def test_canvas_bins_names_the_tiers_it_has():
         canvas_bins(canvas_table(), 333)
 
 
-@pytest.mark.parametrize("size_in,size_out", [((480, 640), (240, 320)), ((480, 640), (144, 192)),
-                                              ((720, 1280), (288, 512)), ((500, 650), (240, 320)),
-                                              ((473, 611), (230, 301))])
+@pytest.mark.parametrize(
+    "size_in,size_out",
+    [
+        ((480, 640), (240, 320)),
+        ((480, 640), (144, 192)),
+        ((720, 1280), (288, 512)),
+        ((500, 650), (240, 320)),
+        ((473, 611), (230, 301)),
+    ],
+)
 def test_resize_frame_is_torchs_antialiased_bicubic(size_in, size_out):
     frame = scene(*size_in)
     ours = resize_frame(frame, *size_out)
@@ -67,8 +84,9 @@ def test_resize_frame_only_shrinks():
 
 
 @pytest.mark.parametrize("tier", TIERS)
-@pytest.mark.parametrize("size", [(480, 640), (720, 1280), (1080, 1920), (224, 224), (400, 400), (600, 800),
-                                  (480, 1280), (333, 517)])
+@pytest.mark.parametrize(
+    "size", [(480, 640), (720, 1280), (1080, 1920), (224, 224), (400, 400), (600, 800), (480, 1280), (333, 517)]
+)
 def test_send_size_lands_on_the_same_canvas_with_no_more_pixels(tier, size):
     bins = canvas_bins(canvas_table(), tier)
     target = placement(*size, bins)
@@ -97,8 +115,9 @@ def test_placement_snaps_sides_below_sixteen_up_as_the_server_does():
     assert placement(8, 64, [CanvasBin(1.0, 256, 256)]) == placement(16, 64, [CanvasBin(1.0, 256, 256)])
 
 
-@pytest.mark.parametrize("tier,size", [(256, (480, 640)), (256, (400, 400)), (256, (720, 1280)), (480, (720, 1280)),
-                                       (256, (500, 650))])
+@pytest.mark.parametrize(
+    "tier,size", [(256, (480, 640)), (256, (400, 400)), (256, (720, 1280)), (480, (720, 1280)), (256, (500, 650))]
+)
 def test_a_frame_resized_on_the_robot_conditions_the_model_as_the_full_frame(tiny_engine, tier, size):
     """The tiny engine's own preprocessing (the pixels the VAE encodes) of the full frame and of the frame
     at send_size: the same canvas, and where the size is exact, the same pixels within one uint8 level.

@@ -33,7 +33,8 @@ import msgpack
 import numpy as np
 import psutil
 import pytest
-from hypothesis import HealthCheck, given, settings, strategies as st
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 from server_fixtures import DOMAIN, ServerThread, tiny_engine_loader
 from settings_fuzz import check_honoured_or_refused, requests
 from websockets.exceptions import ConnectionClosed
@@ -47,33 +48,78 @@ from robot_clients.wire_codec import packb, unpackb
 EXAMPLES = int(os.environ.get("FUZZ_EXAMPLES", "120"))
 MAX_MESSAGE_BYTES = 1 << 20
 KNOWN_CODES = {v for k, v in vars(ErrorCode).items() if k.isupper()}
-FUZZ_SETTINGS = settings(max_examples=EXAMPLES, deadline=None, database=None, derandomize="FUZZ_SEED" not in os.environ,
-                         suppress_health_check=list(HealthCheck))
+FUZZ_SETTINGS = settings(
+    max_examples=EXAMPLES,
+    deadline=None,
+    database=None,
+    derandomize="FUZZ_SEED" not in os.environ,
+    suppress_health_check=list(HealthCheck),
+)
 
 # -- strategies ---------------------------------------------------------------------------------------
 
-FIELD_NAMES = ["type", "seq", "image", "video", "images", "prompt", "deadline_ms", "prefix_actions", "timestamp",
-               "seed", "num_steps", "guidance_scale", "domain_name", "action_mode", "action_horizon",
-               "resolution_tier", "view_point", "fps", "control_hz", "__ndarray__", "__npgeneric__", "data", "dtype",
-               "shape", "observation/image", "observation/wrist_image", "observation/state", "session_id", "action"]
+FIELD_NAMES = [
+    "type",
+    "seq",
+    "image",
+    "video",
+    "images",
+    "prompt",
+    "deadline_ms",
+    "prefix_actions",
+    "timestamp",
+    "seed",
+    "num_steps",
+    "guidance_scale",
+    "domain_name",
+    "action_mode",
+    "action_horizon",
+    "resolution_tier",
+    "view_point",
+    "fps",
+    "control_hz",
+    "__ndarray__",
+    "__npgeneric__",
+    "data",
+    "dtype",
+    "shape",
+    "observation/image",
+    "observation/wrist_image",
+    "observation/state",
+    "session_id",
+    "action",
+]
 scalars = st.one_of(
-    st.none(), st.booleans(), st.integers(-(2**63), 2**64 - 1), st.floats(allow_nan=True, allow_infinity=True),
-    st.sampled_from([float("nan"), float("inf"), -float("inf"), -0.0, 1e308]), st.text(max_size=16),
-    st.binary(max_size=32), st.sampled_from(["configure", "observation", "cancel", "reset", DOMAIN, "policy"]),
+    st.none(),
+    st.booleans(),
+    st.integers(-(2**63), 2**64 - 1),
+    st.floats(allow_nan=True, allow_infinity=True),
+    st.sampled_from([float("nan"), float("inf"), -float("inf"), -0.0, 1e308]),
+    st.text(max_size=16),
+    st.binary(max_size=32),
+    st.sampled_from(["configure", "observation", "cancel", "reset", DOMAIN, "policy"]),
 )
 keys = st.sampled_from(FIELD_NAMES) | st.text(max_size=6)
-values = st.recursive(scalars, lambda inner: st.lists(inner, max_size=4) | st.dictionaries(keys, inner, max_size=4),
-                      max_leaves=12)
-ndarray_maps = st.fixed_dictionaries({
-    "__ndarray__": st.just(True) | values,
-    "data": st.binary(max_size=128) | values,
-    "dtype": st.sampled_from(["|u1", "<f4", "<f8", "|O", "<c8", "V8", "<M8[s]", "|b1", ">i4", "<U4", "S3", "zz"]) | values,
-    "shape": st.lists(st.integers(-3, 2**40) | st.sampled_from([0, 1, 3, 224]), max_size=5) | values,
-})
+values = st.recursive(
+    scalars, lambda inner: st.lists(inner, max_size=4) | st.dictionaries(keys, inner, max_size=4), max_leaves=12
+)
+ndarray_maps = st.fixed_dictionaries(
+    {
+        "__ndarray__": st.just(True) | values,
+        "data": st.binary(max_size=128) | values,
+        "dtype": st.sampled_from(["|u1", "<f4", "<f8", "|O", "<c8", "V8", "<M8[s]", "|b1", ">i4", "<U4", "S3", "zz"])
+        | values,
+        "shape": st.lists(st.integers(-3, 2**40) | st.sampled_from([0, 1, 3, 224]), max_size=5) | values,
+    }
+)
 frame_types = st.sampled_from(["configure", "observation", "cancel", "reset", "teleport"]) | scalars
-msgpack_maps = st.builds(lambda t, rest, arr, where: {**rest, "type": t, where: arr},
-                         frame_types, st.dictionaries(keys, values | ndarray_maps, max_size=6), ndarray_maps,
-                         st.sampled_from(["image", "video", "prefix_actions", "observation/image", "x"]))
+msgpack_maps = st.builds(
+    lambda t, rest, arr, where: {**rest, "type": t, where: arr},
+    frame_types,
+    st.dictionaries(keys, values | ndarray_maps, max_size=6),
+    ndarray_maps,
+    st.sampled_from(["image", "video", "prefix_actions", "observation/image", "x"]),
+)
 
 
 def _pack(obj) -> bytes:
@@ -85,19 +131,23 @@ nasty_bytes = st.one_of(
     st.builds(lambda m, cut: _pack(m)[: max(1, int(len(_pack(m)) * cut))], msgpack_maps, st.floats(0, 0.99)),
     st.integers(1, 20000).map(lambda depth: b"\x91" * depth + b"\xc0"),  # nested one-element arrays
     st.integers(1, 20000).map(lambda depth: b"\x81\xa1k" * depth + b"\xc0"),  # nested maps
-    st.sampled_from([
-        b"\xdd\xff\xff\xff\xff\xc0",  # array32 declaring 4 billion items, holding one
-        b"\xdf\xff\xff\xff\xff\xa1k\xc0",  # map32 declaring 4 billion pairs
-        b"\xdb\xff\xff\xff\xff" + b"x" * 16,  # str32 declaring 4 GiB
-        b"\xc6\xff\xff\xff\xff" + b"x" * 16,  # bin32 declaring 4 GiB
-        b"\xc7\x01\x05x", b"\xd4\x00\x00",  # ext types (refused by the codec)
-        b"\x81\x01\x02",  # an int map key
-    ]),
+    st.sampled_from(
+        [
+            b"\xdd\xff\xff\xff\xff\xc0",  # array32 declaring 4 billion items, holding one
+            b"\xdf\xff\xff\xff\xff\xa1k\xc0",  # map32 declaring 4 billion pairs
+            b"\xdb\xff\xff\xff\xff" + b"x" * 16,  # str32 declaring 4 GiB
+            b"\xc6\xff\xff\xff\xff" + b"x" * 16,  # bin32 declaring 4 GiB
+            b"\xc7\x01\x05x",
+            b"\xd4\x00\x00",  # ext types (refused by the codec)
+            b"\x81\x01\x02",  # an int map key
+        ]
+    ),
 )
 payloads = st.one_of(msgpack_maps.map(_pack), nasty_bytes, st.text(max_size=64))
 
 
 # -- the server and its connections --------------------------------------------------------------------
+
 
 class Channel:
     """One sync WebSocket to ``path``, reopened when the server closed it (after checking why)."""
@@ -135,8 +185,13 @@ class Channel:
 
 @pytest.fixture(scope="module")
 def fuzz_server():
-    with ServerThread(tiny_engine_loader("distilled"), warmup=False, max_message_bytes=MAX_MESSAGE_BYTES,
-                      observation_rate=RateLimit(0), observer_frame_rate=RateLimit(0)) as server:
+    with ServerThread(
+        tiny_engine_loader("distilled"),
+        warmup=False,
+        max_message_bytes=MAX_MESSAGE_BYTES,
+        observation_rate=RateLimit(0),
+        observer_frame_rate=RateLimit(0),
+    ) as server:
         server.native = Channel(server, "/v1/actions/realtime")
         server.openpi = Channel(server, "/openpi")
         server.observer = Channel(server, "/v1/observe")
@@ -164,8 +219,9 @@ def native_round(channel: Channel, payload: bytes | str) -> list[dict]:
         while True:
             frame = unpackb(ws.recv(timeout=max(0.1, deadline - time.monotonic())))
             if frame.get("type") == "error" and sentinel in str(frame.get("message")):
-                return [f for f in replies if f.get("type") != "reset_done"] + \
-                    [f for f in replies if f.get("type") == "reset_done"][1:]  # ours is one of them
+                return [f for f in replies if f.get("type") != "reset_done"] + [
+                    f for f in replies if f.get("type") == "reset_done"
+                ][1:]  # ours is one of them
             replies.append(frame)
 
     return channel.exchange(payload, replies_before_sentinel) or []
@@ -210,8 +266,13 @@ def test_openpi_protocol_answers_every_hostile_frame_once(fuzz_server, payload):
 
 
 # Each valid example runs the model once: fewer examples than the hostile-bytes properties.
-FIELD_SETTINGS = settings(max_examples=max(10, EXAMPLES // 4), deadline=None, database=None,
-                          derandomize="FUZZ_SEED" not in os.environ, suppress_health_check=list(HealthCheck))
+FIELD_SETTINGS = settings(
+    max_examples=max(10, EXAMPLES // 4),
+    deadline=None,
+    database=None,
+    derandomize="FUZZ_SEED" not in os.environ,
+    suppress_health_check=list(HealthCheck),
+)
 
 
 def _defaults(server: ServerThread, domain: str, reply: dict) -> dict:
@@ -258,12 +319,16 @@ def test_every_observation_field_is_honoured_or_refused(fuzz_server, fields, con
 observer_frames = st.one_of(
     st.text(max_size=64),
     st.binary(max_size=64),
-    st.builds(lambda t, rest: json.dumps({**rest, "type": t}, allow_nan=True),
-              st.sampled_from(["subscribe", "control", "observation", "configure", "hello", ""]) | scalars.filter(
-                  lambda v: not isinstance(v, bytes)),
-              st.dictionaries(st.sampled_from(["session_id", "action", "prompt", "reason", "x"]),
-                              st.none() | st.text(max_size=8) | st.integers() | st.floats() | st.lists(st.integers()),
-                              max_size=4)),
+    st.builds(
+        lambda t, rest: json.dumps({**rest, "type": t}, allow_nan=True),
+        st.sampled_from(["subscribe", "control", "observation", "configure", "hello", ""])
+        | scalars.filter(lambda v: not isinstance(v, bytes)),
+        st.dictionaries(
+            st.sampled_from(["session_id", "action", "prompt", "reason", "x"]),
+            st.none() | st.text(max_size=8) | st.integers() | st.floats() | st.lists(st.integers()),
+            max_size=4,
+        ),
+    ),
 )
 
 
@@ -292,19 +357,38 @@ def hostile_burst(rng: random.Random, count: int):
         if kind == 0:
             yield rng.randbytes(rng.randint(1, 4096))
         elif kind == 1:
-            yield packb({"type": "observation", "seq": i, "image": {"__ndarray__": True, "data": b"x" * 64,
-                                                                      "dtype": "|u1", "shape": [100000, 100000, 3]}})
+            yield packb(
+                {
+                    "type": "observation",
+                    "seq": i,
+                    "image": {"__ndarray__": True, "data": b"x" * 64, "dtype": "|u1", "shape": [100000, 100000, 3]},
+                }
+            )
         elif kind == 2:
             yield b"\x91" * rng.randint(100, 20000) + b"\xc0"
         elif kind == 3:
-            yield _pack({"type": "configure", "domain_name": DOMAIN, "action_horizon": rng.choice([8, 7, -1, 2**40]),
-                         "guidance_scale": float("nan"), "fps": float("inf")})
+            yield _pack(
+                {
+                    "type": "configure",
+                    "domain_name": DOMAIN,
+                    "action_horizon": rng.choice([8, 7, -1, 2**40]),
+                    "guidance_scale": float("nan"),
+                    "fps": float("inf"),
+                }
+            )
         elif kind == 4:
             frame = packb({"type": "observation", "seq": i, "image": np.zeros((16, 16, 3), np.uint8)})
             yield frame[: rng.randint(1, len(frame) - 1)]
         else:
-            yield packb({"type": "observation", "seq": i, "image": np.zeros((8, 8, 3), np.float32),
-                         "deadline_ms": float("nan"), "prefix_actions": np.full((2, 10), np.inf, np.float32)})
+            yield packb(
+                {
+                    "type": "observation",
+                    "seq": i,
+                    "image": np.zeros((8, 8, 3), np.float32),
+                    "deadline_ms": float("nan"),
+                    "prefix_actions": np.full((2, 10), np.inf, np.float32),
+                }
+            )
 
 
 def test_memory_stays_flat_under_a_burst_of_hostile_frames(fuzz_server):

@@ -22,10 +22,10 @@ from pathlib import Path
 import httpx
 import pytest
 import schemathesis
-from hypothesis import HealthCheck, given, settings, strategies as st
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 from schemathesis import GenerationMode
 from schemathesis.checks import not_a_server_error
-
 from server_fixtures import DOMAIN, ServerThread, tiny_engine_loader
 from sidecar_fixtures import png_b64, rgb
 
@@ -42,10 +42,13 @@ EXAMPLES = max(5, int(os.environ.get("FUZZ_EXAMPLES", "120")) // 5)
 def sidecar_server():
     with tempfile.TemporaryDirectory(prefix="fuzz-sidecar-") as tmp:
         server = ServerThread(
-            tiny_engine_loader("distilled"), warmup=False, auth_tokens=TokenSet([TOKEN]),
+            tiny_engine_loader("distilled"),
+            warmup=False,
+            auth_tokens=TokenSet([TOKEN]),
             # Few queued jobs: a schema-valid video request may be generated; it must not pile up work.
-            http=SidecarSettings(data_dir=Path(tmp), port=0, retention=RetentionPolicy(max_queued=2),
-                                 max_body_bytes=4 * 2**20),
+            http=SidecarSettings(
+                data_dir=Path(tmp), port=0, retention=RetentionPolicy(max_queued=2), max_body_bytes=4 * 2**20
+            ),
         )
         with server:
             server.http_url = f"http://127.0.0.1:{server.server.sidecar.port}"
@@ -53,8 +56,7 @@ def sidecar_server():
 
 
 def check_case(case, server: ServerThread) -> None:
-    response = case.call_and_validate(base_url=server.http_url, headers=AUTH, checks=[not_a_server_error],
-                                      timeout=60)
+    response = case.call_and_validate(base_url=server.http_url, headers=AUTH, checks=[not_a_server_error], timeout=60)
     if 400 <= response.status_code < 500:
         body = response.json()
         assert set(body) == {"error"} and set(body["error"]) == {"code", "message", "field"}, body
@@ -77,8 +79,13 @@ def test_the_sidecar_never_fails_on_generated_requests(sidecar_server):
         strategy = operation.as_strategy(GenerationMode.POSITIVE) | operation.as_strategy(GenerationMode.NEGATIVE)
 
         @given(case=strategy)
-        @settings(max_examples=EXAMPLES, deadline=None, database=None, derandomize="FUZZ_SEED" not in os.environ,
-                  suppress_health_check=list(HealthCheck))
+        @settings(
+            max_examples=EXAMPLES,
+            deadline=None,
+            database=None,
+            derandomize="FUZZ_SEED" not in os.environ,
+            suppress_health_check=list(HealthCheck),
+        )
         def fuzz(case):
             check_case(case, sidecar_server)
 
@@ -96,22 +103,46 @@ raw_bodies = st.one_of(
     st.binary(max_size=2048),
     st.builds(lambda depth: b"[" * depth + b"]" * depth, st.integers(1, 100000)),  # deep JSON nesting
     st.builds(lambda depth: b"\x91" * depth + b"\xc0", st.integers(1, 100000)),  # deep msgpack nesting
-    st.builds(lambda field, depth: b'{"' + field.encode() + b'": ' + b"[" * depth + b"1" + b"]" * depth + b"}",
-              st.sampled_from(["action", "image", "prefix_actions", "video", "domain_name"]), st.integers(1, 3000)),
-    st.sampled_from([b'{"action": [[NaN, Infinity]], "input_reference": "x"}', b"\xdd\xff\xff\xff\xff",
-                     b'{"image": {"__ndarray__": true, "data": "", "dtype": "|u1", "shape": [99999, 99999, 3]}}',
-                     b"--b\r\nContent-Disposition: form-data; name=\"image\"; filename=\"../../x\"\r\n\r\nzz\r\n--b--"]),
+    st.builds(
+        lambda field, depth: b'{"' + field.encode() + b'": ' + b"[" * depth + b"1" + b"]" * depth + b"}",
+        st.sampled_from(["action", "image", "prefix_actions", "video", "domain_name"]),
+        st.integers(1, 3000),
+    ),
+    st.sampled_from(
+        [
+            b'{"action": [[NaN, Infinity]], "input_reference": "x"}',
+            b"\xdd\xff\xff\xff\xff",
+            b'{"image": {"__ndarray__": true, "data": "", "dtype": "|u1", "shape": [99999, 99999, 3]}}',
+            b'--b\r\nContent-Disposition: form-data; name="image"; filename="../../x"\r\n\r\nzz\r\n--b--',
+        ]
+    ),
 )
-content_types = st.sampled_from(["application/json", "application/msgpack", "application/x-msgpack",
-                                 "multipart/form-data; boundary=b", "multipart/form-data", "text/plain", ""])
+content_types = st.sampled_from(
+    [
+        "application/json",
+        "application/msgpack",
+        "application/x-msgpack",
+        "multipart/form-data; boundary=b",
+        "multipart/form-data",
+        "text/plain",
+        "",
+    ]
+)
 
 
 def test_raw_hostile_bodies_get_typed_4xx(sidecar_server):
     with httpx.Client(base_url=sidecar_server.http_url, headers=AUTH, trust_env=False, timeout=60) as client:
-        @given(body=raw_bodies, content_type=content_types,
-               path=st.sampled_from(["/v1/videos", "/v1/actions/generations"]))
-        @settings(max_examples=EXAMPLES * 3, deadline=None, database=None,
-                  derandomize="FUZZ_SEED" not in os.environ, suppress_health_check=list(HealthCheck))
+
+        @given(
+            body=raw_bodies, content_type=content_types, path=st.sampled_from(["/v1/videos", "/v1/actions/generations"])
+        )
+        @settings(
+            max_examples=EXAMPLES * 3,
+            deadline=None,
+            database=None,
+            derandomize="FUZZ_SEED" not in os.environ,
+            suppress_health_check=list(HealthCheck),
+        )
         def fuzz(body, content_type, path):
             response = client.post(path, content=body, headers={"Content-Type": content_type})
             assert 400 <= response.status_code < 500, (response.status_code, response.text[:300])

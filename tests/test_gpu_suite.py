@@ -20,8 +20,13 @@ SUITE = REPO_ROOT / "benchmarks" / "gpu_suite.py"
 
 def test_smoke_run_writes_json_and_markdown(tmp_path):
     out = tmp_path / "results"
-    done = subprocess.run([sys.executable, str(SUITE), "--smoke", "--out", str(out)], cwd=REPO_ROOT,
-                          capture_output=True, text=True, timeout=600)
+    done = subprocess.run(
+        [sys.executable, str(SUITE), "--smoke", "--out", str(out)],
+        cwd=REPO_ROOT,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     report = json.loads((out / "gpu_suite.json").read_text())
     assert report["smoke"] is True and report["environment"]["device"] == "cpu"
@@ -32,13 +37,18 @@ def test_smoke_run_writes_json_and_markdown(tmp_path):
     schedules = {c["schedule"].split(",")[0]: c for c in measured if c["group"] == "schedule"}
     assert schedules["distilled"]["forwards"] == 4 and schedules["base"]["forwards"] == 6  # 3 steps x guidance
     assert {c["geometry"] for c in measured if c["group"] == "schedule"} == {
-        "256 tier, 224x224 camera, chunk 16", "DROID: 480 tier, 180x320 camera, chunk 32"}
+        "256 tier, 224x224 camera, chunk 16",
+        "DROID: 480 tier, 180x320 camera, chunk 32",
+    }
     assert any(c["batch"] == 2 for c in measured) and any(not c["prefix_cache"] for c in measured)
     assert all(c["flops"] > 0 and c["tokens"]["vision"] > 0 for c in measured)
     serving = report["serving"]
     assert serving["requests"] == 3 and 0 <= serving["overhead_p50_ms"] < serving["round_trip_p50_ms"]
     overlap = report["host_prep_overlap"]
-    assert overlap["on"]["inline_preps"] + overlap["on"]["overlapped_preps"] == 4 and overlap["off"]["overlapped_preps"] == 0
+    assert (
+        overlap["on"]["inline_preps"] + overlap["on"]["overlapped_preps"] == 4
+        and overlap["off"]["overlapped_preps"] == 0
+    )
     table = (out / "gpu_suite.md").read_text()
     assert "SMOKE" in table and "Serving through" in table and "Host-prep overlap" in table
     assert table.count("\n| ") == len(report["cells"]) + 2 + 4  # + the overlap table's header and two modes
@@ -46,7 +56,8 @@ def test_smoke_run_writes_json_and_markdown(tmp_path):
 
 @pytest.mark.skipif(__import__("torch").cuda.is_available(), reason="this machine has CUDA")
 def test_without_cuda_the_full_suite_refuses(tmp_path):
-    done = subprocess.run([sys.executable, str(SUITE), "--out", str(tmp_path)], cwd=REPO_ROOT,
-                          capture_output=True, text=True, timeout=120)
+    done = subprocess.run(
+        [sys.executable, str(SUITE), "--out", str(tmp_path)], cwd=REPO_ROOT, capture_output=True, text=True, timeout=120
+    )
     assert done.returncode == 2 and "--smoke" in done.stderr
     assert not (tmp_path / "gpu_suite.json").exists()

@@ -11,7 +11,6 @@ import base64
 
 import numpy as np
 import pytest
-
 from sglang_fixtures import base, distilled  # noqa: F401 - fixtures
 from sidecar_fixtures import png_b64, rgb
 
@@ -32,10 +31,16 @@ def refused(call, *args) -> ApiError:
 
 
 def test_an_image_becomes_a_policy_request_with_the_given_settings(distilled):
-    request = action_request({"domain_name": DOMAIN, "image": png_b64(rgb(32)), "action_horizon": 8, "seed": 5,
-                              "prompt": "pick"}, distilled)
-    assert (request.domain_name, request.action_mode, request.action_horizon, request.seed, request.prompt) == \
-        (DOMAIN, "policy", 8, 5, "pick")
+    request = action_request(
+        {"domain_name": DOMAIN, "image": png_b64(rgb(32)), "action_horizon": 8, "seed": 5, "prompt": "pick"}, distilled
+    )
+    assert (request.domain_name, request.action_mode, request.action_horizon, request.seed, request.prompt) == (
+        DOMAIN,
+        "policy",
+        8,
+        5,
+        "pick",
+    )
     assert request.image.shape == (32, 32, 3) and request.video is None
 
 
@@ -50,19 +55,25 @@ def test_an_unset_domain_takes_the_models_default(distilled):
     assert request.domain_name == distilled.defaults.domain_name
 
 
-@pytest.mark.parametrize("fields, code, field", [
-    ({"domain_name": "ur6", "image": "x"}, ErrorCode.UNKNOWN_DOMAIN, "domain_name"),
-    ({"domain_name": DOMAIN}, ErrorCode.MISSING_FIELD, "image"),
-    ({"domain_name": DOMAIN, "action_mode": "inverse_dynamics"}, ErrorCode.MISSING_FIELD, "video"),
-    ({"domain_name": DOMAIN, "image": "x", "action_mode": "forward_dynamics"}, ErrorCode.UNSUPPORTED_MODE,
-     "action_mode"),
-    ({"domain_name": DOMAIN, "image": "x", "colour": "red"}, ErrorCode.INVALID_FIELD, "colour"),
-    ({"domain_name": DOMAIN, "image": "x", "model": "another"}, ErrorCode.INVALID_FIELD, "model"),
-    ({"domain_name": DOMAIN, "image": "x", "resolution_tier": 123}, ErrorCode.UNSUPPORTED_TIER, "resolution_tier"),
-    ({"domain_name": DOMAIN, "image": "x", "view_point": "top"}, ErrorCode.INVALID_FIELD, "view_point"),
-    ({"domain_name": DOMAIN, "image": "x", "video": "y"}, ErrorCode.INVALID_FIELD, "video"),
-    ({"domain_name": DOMAIN, "image": "not base64!"}, ErrorCode.INVALID_IMAGE, "image"),
-])
+@pytest.mark.parametrize(
+    "fields, code, field",
+    [
+        ({"domain_name": "ur6", "image": "x"}, ErrorCode.UNKNOWN_DOMAIN, "domain_name"),
+        ({"domain_name": DOMAIN}, ErrorCode.MISSING_FIELD, "image"),
+        ({"domain_name": DOMAIN, "action_mode": "inverse_dynamics"}, ErrorCode.MISSING_FIELD, "video"),
+        (
+            {"domain_name": DOMAIN, "image": "x", "action_mode": "forward_dynamics"},
+            ErrorCode.UNSUPPORTED_MODE,
+            "action_mode",
+        ),
+        ({"domain_name": DOMAIN, "image": "x", "colour": "red"}, ErrorCode.INVALID_FIELD, "colour"),
+        ({"domain_name": DOMAIN, "image": "x", "model": "another"}, ErrorCode.INVALID_FIELD, "model"),
+        ({"domain_name": DOMAIN, "image": "x", "resolution_tier": 123}, ErrorCode.UNSUPPORTED_TIER, "resolution_tier"),
+        ({"domain_name": DOMAIN, "image": "x", "view_point": "top"}, ErrorCode.INVALID_FIELD, "view_point"),
+        ({"domain_name": DOMAIN, "image": "x", "video": "y"}, ErrorCode.INVALID_FIELD, "video"),
+        ({"domain_name": DOMAIN, "image": "not base64!"}, ErrorCode.INVALID_IMAGE, "image"),
+    ],
+)
 def test_action_requests_the_model_cannot_serve_name_the_field(distilled, fields, code, field):
     if fields.get("image") == "x":  # images are decoded before the settings are checked: send a real one
         fields = {**fields, "image": png_b64(rgb(16))}
@@ -76,8 +87,11 @@ def test_forward_dynamics_on_the_action_endpoint_names_the_video_endpoint(distil
 
 
 def test_prefix_actions_must_be_finite_numbers(distilled):
-    error = refused(action_request, {"domain_name": DOMAIN, "image": png_b64(rgb(16)),
-                                     "prefix_actions": [[float("inf")] * 10]}, distilled)
+    error = refused(
+        action_request,
+        {"domain_name": DOMAIN, "image": png_b64(rgb(16)), "prefix_actions": [[float("inf")] * 10]},
+        distilled,
+    )
     assert (error.code, error.field) == (ErrorCode.INVALID_FIELD, "prefix_actions")
 
 
@@ -113,22 +127,27 @@ def test_an_unseeded_submission_draws_and_stores_a_seed(distilled):
     assert isinstance(video_submission(_video_fields(), distilled).params["seed"], int)
 
 
-@pytest.mark.parametrize("extra, code, field", [
-    ({"action": [[0.0] * 9] * 8}, ErrorCode.INVALID_FIELD, "action"),  # not raw_action_dim wide
-    ({"action": [[0.0] * 10] * 7}, ErrorCode.INVALID_FIELD, "action"),  # not a multiple of 4 rows
-    ({"action_mode": "policy"}, ErrorCode.UNSUPPORTED_MODE, "action_mode"),  # names the action endpoint
-    ({"domain_name": "ur6"}, ErrorCode.UNKNOWN_DOMAIN, "domain_name"),
-    ({"input_reference": "not base64!"}, ErrorCode.INVALID_IMAGE, "input_reference"),
-    ({"prompt": "x" * 100_000}, ErrorCode.INVALID_FIELD, "prompt"),
-])
+@pytest.mark.parametrize(
+    "extra, code, field",
+    [
+        ({"action": [[0.0] * 9] * 8}, ErrorCode.INVALID_FIELD, "action"),  # not raw_action_dim wide
+        ({"action": [[0.0] * 10] * 7}, ErrorCode.INVALID_FIELD, "action"),  # not a multiple of 4 rows
+        ({"action_mode": "policy"}, ErrorCode.UNSUPPORTED_MODE, "action_mode"),  # names the action endpoint
+        ({"domain_name": "ur6"}, ErrorCode.UNKNOWN_DOMAIN, "domain_name"),
+        ({"input_reference": "not base64!"}, ErrorCode.INVALID_IMAGE, "input_reference"),
+        ({"prompt": "x" * 100_000}, ErrorCode.INVALID_FIELD, "prompt"),
+    ],
+)
 def test_video_submissions_the_model_cannot_serve_name_the_field(distilled, extra, code, field):
     error = refused(video_submission, _video_fields(**extra), distilled)
     assert (error.code, error.field) == (code, field), error.message
 
 
 def test_the_distilled_schedule_is_fixed_and_a_base_model_bounds_it(distilled, base):
-    assert refused(video_submission, _video_fields(num_steps=distilled.defaults.num_steps + 1), distilled).field \
+    assert (
+        refused(video_submission, _video_fields(num_steps=distilled.defaults.num_steps + 1), distilled).field
         == "num_steps"
+    )
     steps = base.limits.max_steps
     assert video_submission(_video_fields(num_steps=steps), base).params["num_steps"] == steps
     assert refused(video_submission, _video_fields(num_steps=steps + 1), base).field == "num_steps"

@@ -71,8 +71,10 @@ def import_graph() -> dict[str, set[str]]:
             elif isinstance(node, ast.ImportFrom):
                 source = _imported_from(node, module, path.name == "__init__.py")
                 # `from pkg import name` imports the submodule pkg.name when there is one, else pkg itself.
-                targets = [f"{source}.{alias.name}" if f"{source}.{alias.name}" in modules else _within(source, modules)
-                           for alias in node.names]
+                targets = [
+                    f"{source}.{alias.name}" if f"{source}.{alias.name}" in modules else _within(source, modules)
+                    for alias in node.names
+                ]
             else:
                 continue
             edges.update(target for target in targets if target is not None and target != module)
@@ -178,17 +180,32 @@ def test_only_the_cli_imports_the_policy_server():
 def third_party_modules(module: str) -> set[str]:
     """Top-level modules outside the standard library (and outside ``robot_clients``) that importing
     ``module`` loads, measured in a fresh interpreter."""
-    script = (f"import json, sys; import {module}; "
-              "print(json.dumps(sorted({name.split('.')[0] for name in sys.modules})))")
-    loaded = json.loads(subprocess.run([sys.executable, "-c", script], cwd=ROOT, capture_output=True, text=True,
-                                       check=True).stdout)
-    return {name for name in loaded if name not in sys.stdlib_module_names and not name.startswith("_")
-            and name not in ("robot_clients", "cython_runtime")}
+    script = (
+        f"import json, sys; import {module}; print(json.dumps(sorted({{name.split('.')[0] for name in sys.modules}})))"
+    )
+    loaded = json.loads(
+        subprocess.run([sys.executable, "-c", script], cwd=ROOT, capture_output=True, text=True, check=True).stdout
+    )
+    return {
+        name
+        for name in loaded
+        if name not in sys.stdlib_module_names
+        and not name.startswith("_")
+        and name not in ("robot_clients", "cython_runtime")
+    }
 
 
-@pytest.mark.parametrize("module", ["robot_clients.wire_codec", "robot_clients.protocol",
-                                    "robot_clients.client_frames", "robot_clients.session_settings",
-                                    "robot_clients.observation_fields", "robot_clients.frame_fields"])
+@pytest.mark.parametrize(
+    "module",
+    [
+        "robot_clients.wire_codec",
+        "robot_clients.protocol",
+        "robot_clients.client_frames",
+        "robot_clients.session_settings",
+        "robot_clients.observation_fields",
+        "robot_clients.frame_fields",
+    ],
+)
 def test_the_codec_and_the_protocol_import_nothing_but_numpy_and_msgpack(module):
     assert third_party_modules(module) <= {"numpy", "msgpack"}
 

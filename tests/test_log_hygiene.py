@@ -20,13 +20,13 @@ import socket
 import time
 
 import pytest
+from server_fixtures import DOMAIN, ServerProcess
 from websockets.exceptions import InvalidStatus
 from websockets.sync.client import connect
 
 from policy_server.log_hygiene import LogHygieneFilter, printable
 from policy_server.sessions.controls import parse_control
 from robot_clients.wire_codec import packb, unpackb
-from server_fixtures import DOMAIN, ServerProcess
 
 TOKEN = "hygiene-token-0123456789"
 
@@ -94,8 +94,13 @@ def test_asyncios_emfile_accept_errors_are_rate_limited():
     try:
         with socket.socket() as listener:
             for _ in range(200):
-                loop.call_exception_handler({"message": "socket.accept() out of system resource",
-                                             "exception": OSError(24, "Too many open files"), "socket": listener})
+                loop.call_exception_handler(
+                    {
+                        "message": "socket.accept() out of system resource",
+                        "exception": OSError(24, "Too many open files"),
+                        "socket": listener,
+                    }
+                )
         assert stream.getvalue().count("out of system resource") == 5
         assert log_filter.suppressed_total == 195
     finally:
@@ -108,8 +113,18 @@ def test_asyncios_emfile_accept_errors_are_rate_limited():
 
 @pytest.fixture(scope="module")
 def serving():
-    process = ServerProcess("--tiny", "distilled", "--no-http", "--no-warmup", "--auth-token", TOKEN,
-                            "--log-repeat-burst", "5", "--log-repeat-interval-s", "3")
+    process = ServerProcess(
+        "--tiny",
+        "distilled",
+        "--no-http",
+        "--no-warmup",
+        "--auth-token",
+        TOKEN,
+        "--log-repeat-burst",
+        "5",
+        "--log-repeat-interval-s",
+        "3",
+    )
     process.start(timeout=180)
     process.wait_for_log("ready: serving", timeout=180)
     yield process
@@ -128,13 +143,16 @@ def test_a_flood_of_refused_handshakes_writes_a_bounded_log(serving):
 def test_a_pause_reason_cannot_forge_a_log_line(serving):
     headers = {"Authorization": f"Bearer {TOKEN}"}
     forged = "2026-01-01 00:00:00,000 ERROR policy_server.server: forged"
-    with connect(serving.url, additional_headers=headers, proxy=None, max_size=None) as robot, \
-            connect(f"ws://127.0.0.1:{serving.port}/v1/observe", additional_headers=headers, proxy=None) as obs:
+    with (
+        connect(serving.url, additional_headers=headers, proxy=None, max_size=None) as robot,
+        connect(f"ws://127.0.0.1:{serving.port}/v1/observe", additional_headers=headers, proxy=None) as obs,
+    ):
         session_id = unpackb(robot.recv(timeout=10))["session_id"]
         robot.send(packb({"type": "configure", "domain_name": DOMAIN}))
         assert unpackb(robot.recv(timeout=10))["type"] == "session"
-        obs.send(json.dumps({"type": "control", "session_id": session_id, "action": "pause",
-                             "reason": "gripper\n" + forged}))
+        obs.send(
+            json.dumps({"type": "control", "session_id": session_id, "action": "pause", "reason": "gripper\n" + forged})
+        )
         state = unpackb(robot.recv(timeout=10))
         assert state["type"] == "session_state" and "\n" not in state["reason"]
     serving.wait_for_log("pause on session", timeout=10)

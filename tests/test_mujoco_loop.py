@@ -12,6 +12,7 @@ os.environ.setdefault("MUJOCO_GL", "egl")  # headless rendering; mujoco reads it
 pytest.importorskip("mujoco", reason="the `sim` extra (mujoco) is not installed")
 
 from server_fixtures import DOMAIN, ServerThread, tiny_engine_loader  # noqa: E402
+
 from robot_clients.action_chunker import ActionChunker, ChunkerConfig  # noqa: E402
 from robot_clients.chunk_policy import RemoteChunkPolicy  # noqa: E402
 from robot_clients.control_loop import ChunkingAgent, ControlLoop  # noqa: E402

@@ -13,14 +13,14 @@ import threading
 import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
+from server_fixtures import DOMAIN, ServerThread, rgb_image, tiny_engine_loader
+from settings_fuzz import check_honoured_or_refused, requests
+from sidecar_fixtures import SidecarServer, engine_loader, error_of
 from websockets.sync.client import connect
 
 from policy_server.sessions.config import SessionConfig
 from robot_clients import PolicyClient
 from robot_clients.wire_codec import packb, unpackb
-from server_fixtures import DOMAIN, ServerThread, rgb_image, tiny_engine_loader
-from settings_fuzz import check_honoured_or_refused, requests
-from sidecar_fixtures import SidecarServer, engine_loader, error_of
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -55,7 +55,7 @@ class Conn:
     def close(self) -> None:
         self.ws.close()
 
-    def __enter__(self) -> "Conn":
+    def __enter__(self) -> Conn:
         return self
 
     def __exit__(self, *exc) -> None:
@@ -114,29 +114,57 @@ def test_a_video_observation_is_inverse_dynamics_when_asked_or_when_no_mode_is_s
 def test_every_setting_an_observation_carries_is_visible_in_its_chunk(server):
     with Conn(server) as conn:
         conn.ask({"type": "configure", "domain_name": DOMAIN, "prompt": "session prompt"})
-        settings = {"prompt": "just this frame", "resolution_tier": 480, "view_point": "wrist_view", "seed": 5,
-                    "fps": 10, "guidance_scale": 1.0, "num_inference_steps": 4, "action_mode": "policy",
-                    "action_horizon": 12, "domain_name": DROID}
+        settings = {
+            "prompt": "just this frame",
+            "resolution_tier": 480,
+            "view_point": "wrist_view",
+            "seed": 5,
+            "fps": 10,
+            "guidance_scale": 1.0,
+            "num_inference_steps": 4,
+            "action_mode": "policy",
+            "action_horizon": 12,
+            "domain_name": DROID,
+        }
         chunk = chunk_of(conn.ask(obs(0, **settings)))
-        echoed = {name: chunk[name] for name in ("prompt", "resolution_tier", "view_point", "seed", "fps",
-                                                 "guidance_scale", "num_steps", "action_mode", "action_horizon",
-                                                 "domain_name")}
+        echoed = {
+            name: chunk[name]
+            for name in (
+                "prompt",
+                "resolution_tier",
+                "view_point",
+                "seed",
+                "fps",
+                "guidance_scale",
+                "num_steps",
+                "action_mode",
+                "action_horizon",
+                "domain_name",
+            )
+        }
         assert echoed == {**{k: v for k, v in settings.items() if k != "num_inference_steps"}, "num_steps": 4}
         session = chunk_of(conn.ask(obs(1)))
         assert (session["prompt"], session["resolution_tier"], session["view_point"], session["fps"]) == (
-            "session prompt", 256, "third_person_view", 24.0)
+            "session prompt",
+            256,
+            "third_person_view",
+            24.0,
+        )
 
 
 # -- nothing silently ignored --------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("frame, field", [
-    ({"type": "configure", "domain_name": DOMAIN, "horizon": 8}, "horizon"),
-    (obs(0, domain_name=DOMAIN, actionhorizon=8), "actionhorizon"),
-    (obs(0, domain_name=DOMAIN, control_hz=15), "control_hz"),
-    ({"type": "cancel", "seq": 0, "everything": True}, "everything"),
-    ({"type": "reset", "hard": True}, "hard"),
-])
+@pytest.mark.parametrize(
+    "frame, field",
+    [
+        ({"type": "configure", "domain_name": DOMAIN, "horizon": 8}, "horizon"),
+        (obs(0, domain_name=DOMAIN, actionhorizon=8), "actionhorizon"),
+        (obs(0, domain_name=DOMAIN, control_hz=15), "control_hz"),
+        ({"type": "cancel", "seq": 0, "everything": True}, "everything"),
+        ({"type": "reset", "hard": True}, "hard"),
+    ],
+)
 def test_an_unknown_field_in_any_frame_is_invalid_field_naming_it(server, frame, field):
     with Conn(server) as conn:
         error_with(conn.ask(frame), "invalid_field", field)
@@ -162,8 +190,17 @@ def test_null_unsets_a_setting_and_seed_null_is_random_again(server):
         assert len(seeds) == 3 and 7 not in seeds
 
 
-@pytest.mark.parametrize("setting, value", [("prompt", "x" * 5000), ("fps", 1e-300), ("num_steps", 10**9),
-                                            ("num_steps", 2), ("guidance_scale", 3.0), ("seed", 2**64 - 1)])
+@pytest.mark.parametrize(
+    "setting, value",
+    [
+        ("prompt", "x" * 5000),
+        ("fps", 1e-300),
+        ("num_steps", 10**9),
+        ("num_steps", 2),
+        ("guidance_scale", 3.0),
+        ("seed", 2**64 - 1),
+    ],
+)
 def test_configure_refuses_what_observations_would_then_fail_on(server, setting, value):
     with Conn(server) as conn:
         conn.ask({"type": "configure", "domain_name": DOMAIN})
@@ -194,17 +231,21 @@ def test_the_chunk_starts_with_exactly_the_prefix_actions_sent(server):
         assert chunk["actions"][:5].tobytes() == prefix.tobytes()
 
 
-@pytest.mark.parametrize("prefix", [
-    np.full((2, 10), 1e38, np.float32),  # finite, but overflows once normalized: judged by the engine
-    np.full((2, 10), np.nan, np.float32),
-    np.full((2, 10), np.inf, np.float32),
-    np.zeros((2, 7), np.float32),
-    np.zeros((16, 10), np.float32),
-])
+@pytest.mark.parametrize(
+    "prefix",
+    [
+        np.full((2, 10), 1e38, np.float32),  # finite, but overflows once normalized: judged by the engine
+        np.full((2, 10), np.nan, np.float32),
+        np.full((2, 10), np.inf, np.float32),
+        np.zeros((2, 7), np.float32),
+        np.zeros((16, 10), np.float32),
+    ],
+)
 def test_bad_prefix_actions_are_invalid_field_not_engine_error(server, prefix):
     with Conn(server) as conn:
-        error = error_with(conn.ask(obs(0, domain_name=DOMAIN, prefix_actions=prefix)), "invalid_field",
-                           "prefix_actions")
+        error = error_with(
+            conn.ask(obs(0, domain_name=DOMAIN, prefix_actions=prefix)), "invalid_field", "prefix_actions"
+        )
         assert error["seq"] == 0
         chunk_of(conn.ask(obs(1, domain_name=DOMAIN)))
 
@@ -227,14 +268,18 @@ def test_the_clients_take_per_call_settings(server):
 
 
 def test_openpi_refuses_keys_it_would_ignore_and_takes_its_conventions(server):
-    with connect(f"ws://127.0.0.1:{server.port}/openpi", compression=None, max_size=None, proxy=None,
-                 open_timeout=30) as ws:
+    with connect(
+        f"ws://127.0.0.1:{server.port}/openpi", compression=None, max_size=None, proxy=None, open_timeout=30
+    ) as ws:
         ws.recv(timeout=30)  # metadata
         libero = {"observation/image": IMAGE, "observation/wrist_image": IMAGE, "prompt": "put the bowl on the plate"}
-        # This domain takes no state: LIBERO's state is refused, not ignored (tests/test_state_wire.py has one that does).
-        for extra, field in (({"domain_name": DROID}, "domain_name"),
-                             ({"observation/imag": IMAGE}, "observation/imag"),
-                             ({"observation/state": np.zeros(8, np.float32)}, "observation/state")):
+        # This domain takes no state: LIBERO's state is refused, not ignored
+        # (tests/test_state_wire.py has one that does).
+        for extra, field in (
+            ({"domain_name": DROID}, "domain_name"),
+            ({"observation/imag": IMAGE}, "observation/imag"),
+            ({"observation/state": np.zeros(8, np.float32)}, "observation/state"),
+        ):
             ws.send(packb({**libero, **extra}))
             reply = ws.recv(timeout=60)
             assert isinstance(reply, str) and reply.startswith("invalid_field:") and f"(field: {field})" in reply
@@ -246,8 +291,11 @@ def test_openpi_refuses_keys_it_would_ignore_and_takes_its_conventions(server):
 
 
 def post(server, body: dict):
-    return server.client.post("/v1/actions/generations", content=packb(body),
-                              headers={"content-type": "application/msgpack", "accept": "application/msgpack"})
+    return server.client.post(
+        "/v1/actions/generations",
+        content=packb(body),
+        headers={"content-type": "application/msgpack", "accept": "application/msgpack"},
+    )
 
 
 def generation(response) -> dict:
@@ -256,12 +304,28 @@ def generation(response) -> dict:
 
 
 def test_http_honours_each_setting_and_says_so(server):
-    action = generation(post(server, {"domain_name": DROID, "image": IMAGE, "action_horizon": 8,
-                                      "prompt": "grab", "resolution_tier": 480, "view_point": "wrist_view",
-                                      "fps": 10, "action_mode": " POLICY"}))
+    action = generation(
+        post(
+            server,
+            {
+                "domain_name": DROID,
+                "image": IMAGE,
+                "action_horizon": 8,
+                "prompt": "grab",
+                "resolution_tier": 480,
+                "view_point": "wrist_view",
+                "fps": 10,
+                "action_mode": " POLICY",
+            },
+        )
+    )
     assert (action["domain_name"], action["shape"], action["action_mode"]) == (DROID, [8, 10], "policy")
     assert (action["prompt"], action["resolution_tier"], action["view_point"], action["fps"]) == (
-        "grab", 480, "wrist_view", 10.0)
+        "grab",
+        480,
+        "wrist_view",
+        10.0,
+    )
 
 
 def test_http_video_without_a_mode_is_inverse_dynamics(server):
@@ -275,15 +339,18 @@ def test_http_prefix_rows_come_back_exactly(server):
     assert np.asarray(action["values"], np.float32)[:3].tobytes() == prefix.tobytes()
 
 
-@pytest.mark.parametrize("fields, field", [
-    ({"actionhorizon": 8}, "actionhorizon"),
-    ({"prompt": "x" * 5000}, "prompt"),
-    ({"fps": 1e-300}, "fps"),
-    ({"num_steps": 10**9}, "num_steps"),
-    ({"seed": True}, "seed"),  # lax parsing would have read it as seed 1
-    ({"prefix_actions": np.full((2, 10), 1e38, np.float32)}, "prefix_actions"),
-    ({"prefix_actions": np.zeros((16, 10), np.float32)}, "prefix_actions"),
-])
+@pytest.mark.parametrize(
+    "fields, field",
+    [
+        ({"actionhorizon": 8}, "actionhorizon"),
+        ({"prompt": "x" * 5000}, "prompt"),
+        ({"fps": 1e-300}, "fps"),
+        ({"num_steps": 10**9}, "num_steps"),
+        ({"seed": True}, "seed"),  # lax parsing would have read it as seed 1
+        ({"prefix_actions": np.full((2, 10), 1e38, np.float32)}, "prefix_actions"),
+        ({"prefix_actions": np.zeros((16, 10), np.float32)}, "prefix_actions"),
+    ],
+)
 def test_http_refuses_what_it_would_otherwise_ignore_or_fail_on(server, fields, field):
     error = error_of(post(server, {"domain_name": DOMAIN, "image": IMAGE, **fields}))
     assert (error["code"], error["field"]) == ("invalid_field", field)
@@ -302,8 +369,13 @@ def test_every_http_field_is_honoured_or_refused(server, fields):
         return
     body = unpackb(response.content)
     action, usage = body["data"][0]["action"], body["usage"]
-    reply = {**action, "num_steps": usage["num_steps"], "seed": usage["seed"], "action_horizon": action["shape"][0],
-             "actions": action["values"]}
+    reply = {
+        **action,
+        "num_steps": usage["num_steps"],
+        "seed": usage["seed"],
+        "action_horizon": action["shape"][0],
+        "actions": action["values"],
+    }
     defaults = SessionConfig(domain_name=action["domain_name"]).resolved(server.server.description)
     if action["action_mode"] == "inverse_dynamics":
         defaults["action_horizon"] = action["shape"][0]
@@ -353,10 +425,27 @@ SCHEDULE = {"num_steps": 2, "guidance_scale": 1.0, "resolution_tier": 256}  # th
 
 def test_different_settings_on_one_schedule_share_forwards_and_match_their_solo_runs(batching_server):
     frames = [
-        obs(0, domain_name=DOMAIN, action_horizon=8, prompt="a", seed=1, fps=24,
-            prefix_actions=np.full((2, 10), 0.01, np.float32), **SCHEDULE),
-        {"type": "observation", "seq": 0, "video": CLIP, "domain_name": DROID, "prompt": "b",
-         "view_point": "wrist_view", "seed": 2, "fps": 10, **SCHEDULE},
+        obs(
+            0,
+            domain_name=DOMAIN,
+            action_horizon=8,
+            prompt="a",
+            seed=1,
+            fps=24,
+            prefix_actions=np.full((2, 10), 0.01, np.float32),
+            **SCHEDULE,
+        ),
+        {
+            "type": "observation",
+            "seq": 0,
+            "video": CLIP,
+            "domain_name": DROID,
+            "prompt": "b",
+            "view_point": "wrist_view",
+            "seed": 2,
+            "fps": 10,
+            **SCHEDULE,
+        },
         obs(0, domain_name="pusht", action_horizon=12, seed=3, view_point="concat_view", **SCHEDULE),
     ]
     before = _batched_items(batching_server)
@@ -368,8 +457,17 @@ def test_different_settings_on_one_schedule_share_forwards_and_match_their_solo_
             alone.append(chunk_of(conn.ask(frame)))
     assert _batched_items(batching_server) - before == 3  # the solo runs ran alone
     for together, solo in zip(batched, alone):
-        for name in ("domain_name", "action_mode", "action_horizon", "prompt", "resolution_tier", "view_point",
-                     "fps", "seed", "num_steps"):
+        for name in (
+            "domain_name",
+            "action_mode",
+            "action_horizon",
+            "prompt",
+            "resolution_tier",
+            "view_point",
+            "fps",
+            "seed",
+            "num_steps",
+        ):
             assert together[name] == solo[name], name
         np.testing.assert_allclose(together["actions"], solo["actions"], atol=1e-5)
     assert [c["action_mode"] for c in batched] == ["policy", "inverse_dynamics", "policy"]
@@ -379,8 +477,11 @@ def test_different_settings_on_one_schedule_share_forwards_and_match_their_solo_
 def test_observations_on_different_schedules_never_share_a_forward(batching_server):
     """Per-observation steps and guidance decide the schedule: such frames run apart, each with its own."""
     same = {"domain_name": DOMAIN, "seed": 1, "action_horizon": 4, "resolution_tier": 256}
-    frames = [obs(0, num_steps=2, guidance_scale=1.0, **same), obs(0, num_steps=3, guidance_scale=1.0, **same),
-              obs(0, num_steps=2, guidance_scale=2.0, **same)]
+    frames = [
+        obs(0, num_steps=2, guidance_scale=1.0, **same),
+        obs(0, num_steps=3, guidance_scale=1.0, **same),
+        obs(0, num_steps=2, guidance_scale=2.0, **same),
+    ]
     before = _batched_items(batching_server)
     chunks = _together(batching_server, frames)
     assert _batched_items(batching_server) == before

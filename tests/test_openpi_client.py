@@ -13,8 +13,8 @@ import subprocess
 from pathlib import Path
 
 import pytest
-
 from server_fixtures import REPO_ROOT, ServerThread, tiny_engine_loader
+
 from policy_server.sessions.openpi import OpenpiSettings
 
 OPENPI_PYTHON = Path(os.environ.get("OPENPI_CLIENT_PYTHON", REPO_ROOT / ".venv-openpi" / "bin" / "python"))
@@ -26,8 +26,9 @@ if not OPENPI_PYTHON.exists():
     # `make test` builds it; in CI a missing one is a broken set-up, not a reason to skip.
     if os.environ.get("CI"):
         raise RuntimeError(f"{OPENPI_PYTHON} is missing: `make test` should have built openpi-client's virtualenv")
-    pytest.skip(f"openpi-client's virtualenv is missing ({OPENPI_PYTHON}); `make test` builds it",
-                allow_module_level=True)
+    pytest.skip(
+        f"openpi-client's virtualenv is missing ({OPENPI_PYTHON}); `make test` builds it", allow_module_level=True
+    )
 
 
 @pytest.fixture(scope="module")
@@ -46,9 +47,21 @@ def droid_server():
 
 def run_openpi_client(uri: str, convention: str, *options: str, horizon: int = HORIZON) -> dict:
     result = subprocess.run(
-        [str(OPENPI_PYTHON), str(SCRIPT), "--uri", uri, "--convention", convention, "--horizon", str(horizon),
-         *options],
-        capture_output=True, text=True, timeout=120, env={**os.environ, "NO_PROXY": "*"},
+        [
+            str(OPENPI_PYTHON),
+            str(SCRIPT),
+            "--uri",
+            uri,
+            "--convention",
+            convention,
+            "--horizon",
+            str(horizon),
+            *options,
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, "NO_PROXY": "*"},
     )
     assert result.returncode == 0, result.stderr[-3000:]
     return json.loads(result.stdout)

@@ -23,23 +23,40 @@ def image(h: int, w: int, value: int) -> np.ndarray:
     return np.full((h, w, 3), value, dtype=np.uint8)
 
 
-LIBERO = {"observation/image": image(224, 224, 10), "observation/wrist_image": image(224, 224, 20),
-          "observation/state": np.zeros(8, np.float32), "prompt": "put the bowl on the plate"}
-DROID = {"observation/exterior_image_1_left": image(180, 320, 30), "observation/wrist_image_left": image(90, 160, 40),
-         "observation/joint_position": np.zeros(7), "observation/gripper_position": np.zeros(1), "prompt": "pick"}
-ALOHA = {"images": {name: np.full((3, 224, 224), v, np.uint8) for name, v in
-                    (("cam_high", 50), ("cam_low", 60), ("cam_left_wrist", 70), ("cam_right_wrist", 80))},
-         "state": np.zeros(14, np.float32), "prompt": "fold"}
+LIBERO = {
+    "observation/image": image(224, 224, 10),
+    "observation/wrist_image": image(224, 224, 20),
+    "observation/state": np.zeros(8, np.float32),
+    "prompt": "put the bowl on the plate",
+}
+DROID = {
+    "observation/exterior_image_1_left": image(180, 320, 30),
+    "observation/wrist_image_left": image(90, 160, 40),
+    "observation/joint_position": np.zeros(7),
+    "observation/gripper_position": np.zeros(1),
+    "prompt": "pick",
+}
+ALOHA = {
+    "images": {
+        name: np.full((3, 224, 224), v, np.uint8)
+        for name, v in (("cam_high", 50), ("cam_low", 60), ("cam_left_wrist", 70), ("cam_right_wrist", 80))
+    },
+    "state": np.zeros(14, np.float32),
+    "prompt": "fold",
+}
 
 
-@pytest.mark.parametrize("obs,convention,view,camera,value", [
-    (LIBERO, "libero", "third_person_view", "observation/image", 10),
-    (LIBERO, "libero", "wrist_view", "observation/wrist_image", 20),
-    (DROID, "droid", "ego_view", "observation/exterior_image_1_left", 30),
-    (DROID, "droid", "wrist_view", "observation/wrist_image_left", 40),
-    (ALOHA, "aloha", "ego_view", "images/cam_high", 50),
-    (ALOHA, "aloha", "wrist_view", "images/cam_left_wrist", 70),
-])
+@pytest.mark.parametrize(
+    "obs,convention,view,camera,value",
+    [
+        (LIBERO, "libero", "third_person_view", "observation/image", 10),
+        (LIBERO, "libero", "wrist_view", "observation/wrist_image", 20),
+        (DROID, "droid", "ego_view", "observation/exterior_image_1_left", 30),
+        (DROID, "droid", "wrist_view", "observation/wrist_image_left", 40),
+        (ALOHA, "aloha", "ego_view", "images/cam_high", 50),
+        (ALOHA, "aloha", "wrist_view", "images/cam_left_wrist", 70),
+    ],
+)
 def test_each_convention_feeds_the_camera_of_the_view_point(obs, convention, view, camera, value):
     assert detect_convention(obs) == convention
     parsed = parse_openpi_observation(obs, MAPPING, view, LIMITS)
@@ -62,8 +79,9 @@ def test_concat_view_composes_cameras_side_by_side_at_one_height():
 
 def test_operator_mapping_overrides_a_view_point(tmp_path):
     path = tmp_path / "cameras.json"
-    path.write_text(json.dumps({"ego_view": ["images/cam_low"],
-                                "concat_view": [["images/cam_low", "images/cam_high"]]}))
+    path.write_text(
+        json.dumps({"ego_view": ["images/cam_low"], "concat_view": [["images/cam_low", "images/cam_high"]]})
+    )
     mapping = CameraMapping.load(str(path))
     assert parse_openpi_observation(ALOHA, mapping, "ego_view", LIMITS).cameras == ("images/cam_low",)
     both = parse_openpi_observation(ALOHA, mapping, "concat_view", LIMITS)
@@ -71,7 +89,8 @@ def test_operator_mapping_overrides_a_view_point(tmp_path):
     # untouched view points keep the defaults; inline JSON works as well as a file
     assert mapping.alternatives("wrist_view") == MAPPING.alternatives("wrist_view")
     assert CameraMapping.load('{"wrist_view": "observation/wrist_image"}').alternatives("wrist_view") == (
-        ("observation/wrist_image",),)
+        ("observation/wrist_image",),
+    )
 
     with pytest.raises(CameraMappingError, match="unknown view point 'side_view'"):
         CameraMapping.load('{"side_view": ["image"]}')
@@ -100,8 +119,13 @@ def test_float_images_in_unit_range_are_accepted_and_bad_ones_are_named():
 
 def test_clips_for_inverse_dynamics_and_prefix_actions():
     clip = np.zeros((9, 3, 64, 64), np.uint8)  # T x C x H x W
-    parsed = parse_openpi_observation({"observation/image": clip, "prefix_actions": np.ones((3, 10))},
-                                      MAPPING, "third_person_view", LIMITS, video=True)
+    parsed = parse_openpi_observation(
+        {"observation/image": clip, "prefix_actions": np.ones((3, 10))},
+        MAPPING,
+        "third_person_view",
+        LIMITS,
+        video=True,
+    )
     assert parsed.video.shape == (9, 64, 64, 3) and parsed.image is None
     assert parsed.prefix_actions.dtype == np.float32 and parsed.prefix_actions.shape == (3, 10)
 
@@ -113,12 +137,15 @@ def test_every_key_of_the_conventions_is_known(obs):
         parse_openpi_observation(obs, MAPPING, view, LIMITS)
 
 
-@pytest.mark.parametrize("extra, field, hint", [
-    ({"observation/imagee": image(64, 64, 1)}, "observation/imagee", "unknown observation key"),
-    ({"images": {"cam_top": np.zeros((3, 64, 64), np.uint8)}}, "images/cam_top", "unknown observation key"),
-    ({"domain_name": "droid_lerobot"}, "domain_name", "--openpi-*"),
-    ({"action_horizon": 8}, "action_horizon", "native protocol"),
-])
+@pytest.mark.parametrize(
+    "extra, field, hint",
+    [
+        ({"observation/imagee": image(64, 64, 1)}, "observation/imagee", "unknown observation key"),
+        ({"images": {"cam_top": np.zeros((3, 64, 64), np.uint8)}}, "images/cam_top", "unknown observation key"),
+        ({"domain_name": "droid_lerobot"}, "domain_name", "--openpi-*"),
+        ({"action_horizon": 8}, "action_horizon", "native protocol"),
+    ],
+)
 def test_a_key_the_server_would_ignore_is_refused_naming_it(extra, field, hint):
     with pytest.raises(ProtocolError) as info:
         parse_openpi_observation({**LIBERO, **extra}, MAPPING, "third_person_view", LIMITS)
@@ -127,8 +154,9 @@ def test_a_key_the_server_would_ignore_is_refused_naming_it(extra, field, hint):
 
 
 def test_keys_may_be_bytes_and_maps_nest_only_so_deep():
-    parsed = parse_openpi_observation({b"observation/image": image(64, 64, 9), b"prompt": "go"}, MAPPING,
-                                      "third_person_view", LIMITS)
+    parsed = parse_openpi_observation(
+        {b"observation/image": image(64, 64, 9), b"prompt": "go"}, MAPPING, "third_person_view", LIMITS
+    )
     assert parsed.prompt == "go" and np.all(parsed.image == 9)
     deep: dict = {"x": 1}
     for _ in range(6):

@@ -11,16 +11,25 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from hypothesis import HealthCheck, given, settings, strategies as st
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from cosmos3_runtime.errors import InvalidRequestError
 from cosmos3_runtime.validation import job_for_actions
 from policy_server.engine.description import ModelDescription
 from policy_server.sessions.config import (
-    SessionConfig, merge_session_config, observation_request, settings_used,
+    SessionConfig,
+    merge_session_config,
+    observation_request,
+    settings_used,
 )
 from robot_clients.client_frames import (
-    OBSERVATION_SETTINGS, CancelFrame, ConfigureFrame, ObservationFrame, ResetFrame, parse_client_frame,
+    OBSERVATION_SETTINGS,
+    CancelFrame,
+    ConfigureFrame,
+    ObservationFrame,
+    ResetFrame,
+    parse_client_frame,
 )
 from robot_clients.protocol import ErrorCode, FrameLimits, ProtocolError
 
@@ -73,13 +82,16 @@ def test_bytes_keys_are_read_like_str_keys_as_the_codec_documents():
     assert (error.code, error.field) == (ErrorCode.INVALID_FIELD, "seq")
 
 
-@pytest.mark.parametrize("frame, field", [
-    ({"type": "configure", "domain_name": DOMAIN, "horizon": 8}, "horizon"),
-    (observation(actionhorizon=8), "actionhorizon"),
-    (observation(proprio=[0.0] * 7), "proprio"),  # the state is `state`: another name is refused, never dropped
-    ({"type": "cancel", "seq": 1, "all": True}, "all"),
-    ({"type": "reset", "hard": True}, "hard"),
-])
+@pytest.mark.parametrize(
+    "frame, field",
+    [
+        ({"type": "configure", "domain_name": DOMAIN, "horizon": 8}, "horizon"),
+        (observation(actionhorizon=8), "actionhorizon"),
+        (observation(proprio=[0.0] * 7), "proprio"),  # the state is `state`: another name is refused, never dropped
+        ({"type": "cancel", "seq": 1, "all": True}, "all"),
+        ({"type": "reset", "hard": True}, "hard"),
+    ],
+)
 def test_an_unknown_field_in_any_frame_is_refused_naming_it(frame, field):
     error = refused(parse_client_frame, frame, LIMITS)
     assert (error.code, error.field) == (ErrorCode.INVALID_FIELD, field)
@@ -93,9 +105,18 @@ def test_a_session_wide_setting_in_an_observation_says_where_it_belongs():
 
 
 def test_an_observation_carries_every_session_setting_but_control_hz():
-    values = {"domain_name": "droid_lerobot", "action_mode": " Inverse_Dynamics ", "action_horizon": 8,
-              "prompt": "p", "resolution_tier": 480, "view_point": "wrist_view", "seed": 9, "num_steps": 4,
-              "guidance_scale": 1, "fps": 15}
+    values = {
+        "domain_name": "droid_lerobot",
+        "action_mode": " Inverse_Dynamics ",
+        "action_horizon": 8,
+        "prompt": "p",
+        "resolution_tier": 480,
+        "view_point": "wrist_view",
+        "seed": 9,
+        "num_steps": 4,
+        "guidance_scale": 1,
+        "fps": 15,
+    }
     assert set(values) == set(OBSERVATION_SETTINGS)
     obs = parse_client_frame(observation(**values), LIMITS)
     assert obs.overrides == {**values, "action_mode": "inverse_dynamics", "guidance_scale": 1.0, "fps": 15.0}
@@ -127,14 +148,17 @@ def test_timestamp_that_is_not_a_scalar_is_refused(stamp):
     assert (error.code, error.field) == (ErrorCode.INVALID_FIELD, "timestamp")
 
 
-@pytest.mark.parametrize("prefix", [
-    np.full((2, 10), 1e39),  # float64 that overflows float32
-    np.full((2, 10), np.nan, np.float32),
-    np.full((2, 10), -np.inf, np.float32),
-    np.zeros((2, 10), np.int32),
-    np.zeros((0, 10), np.float32),
-    np.zeros(10, np.float32),
-])
+@pytest.mark.parametrize(
+    "prefix",
+    [
+        np.full((2, 10), 1e39),  # float64 that overflows float32
+        np.full((2, 10), np.nan, np.float32),
+        np.full((2, 10), -np.inf, np.float32),
+        np.zeros((2, 10), np.int32),
+        np.zeros((0, 10), np.float32),
+        np.zeros(10, np.float32),
+    ],
+)
 def test_malformed_prefix_actions_are_invalid_field(prefix):
     error = refused(parse_client_frame, observation(prefix_actions=prefix), LIMITS)
     assert (error.code, error.field, error.seq) == (ErrorCode.INVALID_FIELD, "prefix_actions", 3)
@@ -156,30 +180,37 @@ def test_the_first_configure_needs_a_domain_that_cannot_be_unset(distilled):
 
 
 def test_null_returns_a_setting_to_the_model_default(distilled):
-    config = merge_session_config(None, {"domain_name": DOMAIN, "seed": 5, "prompt": "p", "fps": 10.0,
-                                         "action_mode": "policy", "action_horizon": 8}, distilled)
-    cleared = merge_session_config(config, {"seed": None, "prompt": None, "fps": None, "action_mode": None,
-                                            "action_horizon": None}, distilled)
+    config = merge_session_config(
+        None,
+        {"domain_name": DOMAIN, "seed": 5, "prompt": "p", "fps": 10.0, "action_mode": "policy", "action_horizon": 8},
+        distilled,
+    )
+    cleared = merge_session_config(
+        config, {"seed": None, "prompt": None, "fps": None, "action_mode": None, "action_horizon": None}, distilled
+    )
     assert cleared == SessionConfig(domain_name=DOMAIN)
     assert cleared.resolved(distilled)["action_horizon"] == 16 and cleared.seed is None
 
 
-@pytest.mark.parametrize("variant, setting, value", [
-    ("distilled", "prompt", "x" * 5000),
-    ("distilled", "fps", 1e-300),
-    ("distilled", "fps", 241.0),
-    ("distilled", "num_steps", 10**9),
-    ("distilled", "num_steps", 2),  # the distilled model runs its fixed 4 steps
-    ("distilled", "guidance_scale", 2.0),
-    ("base", "num_steps", 10**9),
-    ("base", "num_steps", 0),
-    ("base", "guidance_scale", 31.0),
-    ("base", "seed", -1),
-    ("base", "seed", 2**63),
-    ("base", "action_horizon", 7),
-    ("base", "view_point", "top_down"),
-    ("base", "control_hz", 0.0),
-])
+@pytest.mark.parametrize(
+    "variant, setting, value",
+    [
+        ("distilled", "prompt", "x" * 5000),
+        ("distilled", "fps", 1e-300),
+        ("distilled", "fps", 241.0),
+        ("distilled", "num_steps", 10**9),
+        ("distilled", "num_steps", 2),  # the distilled model runs its fixed 4 steps
+        ("distilled", "guidance_scale", 2.0),
+        ("base", "num_steps", 10**9),
+        ("base", "num_steps", 0),
+        ("base", "guidance_scale", 31.0),
+        ("base", "seed", -1),
+        ("base", "seed", 2**63),
+        ("base", "action_horizon", 7),
+        ("base", "view_point", "top_down"),
+        ("base", "control_hz", 0.0),
+    ],
+)
 def test_configure_refuses_what_the_engine_would_refuse(request, variant, setting, value):
     description = request.getfixturevalue(variant)
     error = refused(merge_session_config, None, {"domain_name": DOMAIN, setting: value}, description)
@@ -187,28 +218,32 @@ def test_configure_refuses_what_the_engine_would_refuse(request, variant, settin
 
 
 def test_mode_tier_and_domain_keep_their_own_codes(distilled):
-    for setting, value, code in (("action_mode", "forward_dynamics", ErrorCode.UNSUPPORTED_MODE),
-                                 ("resolution_tier", 333, ErrorCode.UNSUPPORTED_TIER),
-                                 ("domain_name", "spaceship", ErrorCode.UNKNOWN_DOMAIN)):
+    for setting, value, code in (
+        ("action_mode", "forward_dynamics", ErrorCode.UNSUPPORTED_MODE),
+        ("resolution_tier", 333, ErrorCode.UNSUPPORTED_TIER),
+        ("domain_name", "spaceship", ErrorCode.UNKNOWN_DOMAIN),
+    ):
         error = refused(merge_session_config, None, {"domain_name": DOMAIN, setting: value}, distilled)
         assert (error.code, error.field) == (code, setting)
 
 
-settings_strategy = st.fixed_dictionaries({}, optional={
-    "action_mode": st.sampled_from(["policy", "inverse_dynamics", "forward_dynamics", "dance"]),
-    "action_horizon": st.integers(-4, 80),
-    "prompt": st.text(max_size=3) | st.just("x" * 2001) | st.just("x" * 2000),
-    "resolution_tier": st.sampled_from([256, 480, 704, 720, 333, 0]),
-    "view_point": st.sampled_from(["ego_view", "third_person_view", "wrist_view", "concat_view", "top"]),
-    "seed": st.integers(-2, 2**64),
-    "num_steps": st.integers(-1, 300),
-    "guidance_scale": st.floats(-1, 40, allow_nan=False),
-    "fps": st.floats(0, 300, allow_nan=False) | st.just(1e-300),
-})
+settings_strategy = st.fixed_dictionaries(
+    {},
+    optional={
+        "action_mode": st.sampled_from(["policy", "inverse_dynamics", "forward_dynamics", "dance"]),
+        "action_horizon": st.integers(-4, 80),
+        "prompt": st.text(max_size=3) | st.just("x" * 2001) | st.just("x" * 2000),
+        "resolution_tier": st.sampled_from([256, 480, 704, 720, 333, 0]),
+        "view_point": st.sampled_from(["ego_view", "third_person_view", "wrist_view", "concat_view", "top"]),
+        "seed": st.integers(-2, 2**64),
+        "num_steps": st.integers(-1, 300),
+        "guidance_scale": st.floats(-1, 40, allow_nan=False),
+        "fps": st.floats(0, 300, allow_nan=False) | st.just(1e-300),
+    },
+)
 
 
-@settings(max_examples=150, deadline=None, database=None, derandomize=True,
-          suppress_health_check=list(HealthCheck))
+@settings(max_examples=150, deadline=None, database=None, derandomize=True, suppress_health_check=list(HealthCheck))
 @given(values=settings_strategy, variant=st.sampled_from(["distilled", "base"]))
 def test_every_configure_accepted_is_accepted_by_the_engine(tiny_engine, values, variant):
     """Validate fully at `configure`: what it accepts, the engine's own validation accepts too."""
@@ -220,8 +255,11 @@ def test_every_configure_accepted_is_accepted_by_the_engine(tiny_engine, values,
         return
     mode = config.action_mode or "policy"
     horizon = config.action_horizon or 16
-    obs = ObservationFrame(seq=0, image=IMAGE if mode == "policy" else None,
-                           video=np.zeros((horizon + 1, 32, 32, 3), np.uint8) if mode != "policy" else None)
+    obs = ObservationFrame(
+        seq=0,
+        image=IMAGE if mode == "policy" else None,
+        video=np.zeros((horizon + 1, 32, 32, 3), np.uint8) if mode != "policy" else None,
+    )
     try:
         job_for_actions(config.action_request(obs, description), engine.spec)
     except InvalidRequestError as exc:  # pragma: no cover - the failure message is the point
@@ -261,17 +299,34 @@ def test_a_video_without_a_mode_asks_for_inverse_dynamics(distilled):
 def test_media_and_prefix_are_checked_against_the_settings(distilled):
     session = merge_session_config(None, {"domain_name": DOMAIN, "action_horizon": 8}, distilled)
     cases = [
-        (ObservationFrame(seq=1, video=np.zeros((5, 64, 64, 3), np.uint8),
-                          overrides={"action_mode": "inverse_dynamics"}), ErrorCode.INVALID_FIELD, "video"),
-        (ObservationFrame(seq=2, image=IMAGE, overrides={"action_mode": "inverse_dynamics"}),
-         ErrorCode.MISSING_FIELD, "video"),
+        (
+            ObservationFrame(
+                seq=1, video=np.zeros((5, 64, 64, 3), np.uint8), overrides={"action_mode": "inverse_dynamics"}
+            ),
+            ErrorCode.INVALID_FIELD,
+            "video",
+        ),
+        (
+            ObservationFrame(seq=2, image=IMAGE, overrides={"action_mode": "inverse_dynamics"}),
+            ErrorCode.MISSING_FIELD,
+            "video",
+        ),
         (ObservationFrame(seq=3, video=np.zeros((7, 64, 64, 3), np.uint8)), ErrorCode.INVALID_FIELD, "video"),
-        (ObservationFrame(seq=4, image=IMAGE, prefix_actions=np.zeros((2, 7), np.float32)),
-         ErrorCode.INVALID_FIELD, "prefix_actions"),
-        (ObservationFrame(seq=5, image=IMAGE, prefix_actions=np.zeros((8, 10), np.float32)),
-         ErrorCode.INVALID_FIELD, "prefix_actions"),
-        (ObservationFrame(seq=6, video=CLIP, prefix_actions=np.zeros((2, 10), np.float32)),
-         ErrorCode.INVALID_FIELD, "prefix_actions"),
+        (
+            ObservationFrame(seq=4, image=IMAGE, prefix_actions=np.zeros((2, 7), np.float32)),
+            ErrorCode.INVALID_FIELD,
+            "prefix_actions",
+        ),
+        (
+            ObservationFrame(seq=5, image=IMAGE, prefix_actions=np.zeros((8, 10), np.float32)),
+            ErrorCode.INVALID_FIELD,
+            "prefix_actions",
+        ),
+        (
+            ObservationFrame(seq=6, video=CLIP, prefix_actions=np.zeros((2, 10), np.float32)),
+            ErrorCode.INVALID_FIELD,
+            "prefix_actions",
+        ),
     ]
     for obs, code, field in cases:
         error = refused(observation_request, session, obs, distilled)
@@ -301,8 +356,13 @@ def test_a_single_camera_is_used_whatever_its_name_and_the_view_point(distilled)
 def test_settings_used_resolves_the_defaults_the_engine_applies(distilled):
     session = merge_session_config(None, {"domain_name": DOMAIN}, distilled)
     used = settings_used(observation_request(session, ObservationFrame(seq=0, image=IMAGE), distilled), distilled)
-    assert used == {"prompt": "", "resolution_tier": 256, "view_point": "third_person_view", "guidance_scale": 1.0,
-                    "fps": 24.0}
+    assert used == {
+        "prompt": "",
+        "resolution_tier": 256,
+        "view_point": "third_person_view",
+        "guidance_scale": 1.0,
+        "fps": 24.0,
+    }
 
 
 def test_the_openpi_mode_flag_is_trimmed_and_lower_cased(distilled):

@@ -15,11 +15,11 @@ import pytest
 
 pytest.importorskip("ray.serve", reason="the `ray` extra is not installed")
 
+from server_fixtures import DOMAIN, ServerThread, rgb_image, tiny_checkpoint, tiny_engine_loader  # noqa: E402
 from websockets.asyncio.client import connect  # noqa: E402
 
 from policy_server.server import PolicyServer  # noqa: E402
 from robot_clients.wire_codec import packb, unpackb  # noqa: E402
-from server_fixtures import DOMAIN, ServerThread, rgb_image, tiny_checkpoint, tiny_engine_loader  # noqa: E402
 
 SEED = 7
 
@@ -43,8 +43,9 @@ class RayServerThread(ServerThread):
         from policy_server.ray.backend import EngineSpec, RayBackendFactory, RayBackendSettings
 
         super().__init__(None, **settings)
-        spec = EngineSpec(source=str(tiny_checkpoint("distilled")), device="cpu", dtype="float32", torch_threads=1,
-                          warmup=False)
+        spec = EngineSpec(
+            source=str(tiny_checkpoint("distilled")), device="cpu", dtype="float32", torch_threads=1, warmup=False
+        )
         # num_cpus 0: two replicas plus Serve's controller fit a 2-core Ray instance.
         factory = RayBackendFactory(RayBackendSettings(replicas=replicas, num_cpus=0), spec)
         self.server = PolicyServer(None, self.settings, backend=factory)
@@ -155,8 +156,9 @@ async def test_video_job_survives_its_replica_and_metadata_shows_the_topology(ra
     backend = ray_server.server.worker
     await wait_until_all_live(ray_server)
     failovers = ray_server.run(lambda: backend.failovers)
-    with httpx.Client(base_url=f"http://127.0.0.1:{ray_server.server.sidecar.port}", trust_env=False,
-                      timeout=60) as client:
+    with httpx.Client(
+        base_url=f"http://127.0.0.1:{ray_server.server.sidecar.port}", trust_env=False, timeout=60
+    ) as client:
         metadata = client.get("/v1/actions/metadata").json()
         assert metadata["topology"]["backend"] == "ray" and len(metadata["topology"]["replicas"]) == 2
         job = client.post("/v1/videos", json=video_body(steps=16)).json()

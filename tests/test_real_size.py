@@ -18,7 +18,6 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-
 from server_fixtures import REPO_ROOT, ServerProcess, http_get
 
 pytestmark = pytest.mark.slow
@@ -48,9 +47,20 @@ def test_edge_shape_builds_in_bounded_memory_and_serves_a_chunk(tmp_path):
     from robot_clients.policy_client import PolicyClient
 
     checkpoint = tmp_path / "edge"
-    build = subprocess.run([sys.executable, "-c", "import sys; from cosmos3_runtime.cli import tiny_main; "
-                            "sys.exit(tiny_main(sys.argv[1:]))", str(checkpoint), "--shape", "edge"],
-                           cwd=REPO_ROOT, capture_output=True, text=True, timeout=1200)
+    build = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            "import sys; from cosmos3_runtime.cli import tiny_main; sys.exit(tiny_main(sys.argv[1:]))",
+            str(checkpoint),
+            "--shape",
+            "edge",
+        ],
+        cwd=REPO_ROOT,
+        capture_output=True,
+        text=True,
+        timeout=1200,
+    )
     assert build.returncode == 0, build.stderr[-2000:]
     builder_peak_gib = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 2**20
     assert builder_peak_gib < 3.0, f"the builder peaked at {builder_peak_gib:.1f} GiB: two copies in memory?"
@@ -60,8 +70,9 @@ def test_edge_shape_builds_in_bounded_memory_and_serves_a_chunk(tmp_path):
     assert info.weights["vae"].parameters == WAN22_VAE_PARAMETERS
     assert info.weights["transformer"].bytes == 2 * EDGE_TRANSFORMER_PARAMETERS  # bf16
 
-    server = ServerProcess("--model", str(checkpoint), "--no-http", "--no-warmup", "--engine-timeout-s", "0",
-                           "--max-batch", "1").start(timeout=300)
+    server = ServerProcess(
+        "--model", str(checkpoint), "--no-http", "--no-warmup", "--engine-timeout-s", "0", "--max-batch", "1"
+    ).start(timeout=300)
     try:
         deadline = time.monotonic() + 900
         while http_get(server.health_url)[1].get("status") != "ready":

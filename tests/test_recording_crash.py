@@ -17,30 +17,41 @@ from pathlib import Path
 
 import pyarrow.parquet as pq
 import pytest
+from recording_fixtures import REPO_ROOT, assert_frames_match, frame, leftovers, only_recording, recorders  # noqa: F401
 
 from policy_server.recording.assembly import assemble
 from policy_server.recording.reader import RecordedEpisode
-from recording_fixtures import REPO_ROOT, assert_frames_match, frame, leftovers, only_recording, recorders  # noqa: F401
 
 SCRIPT = Path(__file__).with_name("recording_crash_script.py")
 pytestmark = pytest.mark.timeout(180)
 
 
-def record_then_kill(root: Path, *, until_committed: int, segment_frames: int = 4,
-                     flush_interval: float = 1.0) -> dict:
+def record_then_kill(root: Path, *, until_committed: int, segment_frames: int = 4, flush_interval: float = 1.0) -> dict:
     """Run the script until its segments hold ``until_committed`` frames (0: until it sent 5), SIGKILL it
     and return its last progress line."""
     proc = subprocess.Popen(
-        [sys.executable, str(SCRIPT), str(root), "--segment-frames", str(segment_frames),
-         "--flush-interval", str(flush_interval)],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=REPO_ROOT,
-        env={**os.environ, "PYTHONPATH": f"{REPO_ROOT}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"})
+        [
+            sys.executable,
+            str(SCRIPT),
+            str(root),
+            "--segment-frames",
+            str(segment_frames),
+            "--flush-interval",
+            str(flush_interval),
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        cwd=REPO_ROOT,
+        env={**os.environ, "PYTHONPATH": f"{REPO_ROOT}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"},
+    )
     last = None
     try:
         for line in proc.stdout:
             last = json.loads(line)
-            if (until_committed and last["committed"] >= until_committed and last["sent"] > last["committed"]) \
-                    or (not until_committed and last["sent"] >= 5):
+            if (until_committed and last["committed"] >= until_committed and last["sent"] > last["committed"]) or (
+                not until_committed and last["sent"] >= 5
+            ):
                 break
         assert last is not None, proc.stderr.read()[-3000:]
         os.kill(proc.pid, signal.SIGKILL)

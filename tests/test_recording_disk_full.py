@@ -15,11 +15,11 @@ import time
 
 import pyarrow.parquet as pq
 import pytest
+from recording_fixtures import CONFIG, MODEL, leftovers, record_traffic, recorders  # noqa: F401
+from test_faults_disk_full import fill, small_disk  # noqa: F401 - the same real tmpfs and filler
 
 from policy_server.recording import RecordingStore
 from policy_server.recording.reader import RecordedEpisode
-from recording_fixtures import CONFIG, MODEL, leftovers, record_traffic, recorders  # noqa: F401
-from test_faults_disk_full import fill, small_disk  # noqa: F401 - the same real tmpfs and filler
 
 pytestmark = pytest.mark.timeout(120)
 CAMERA = {"front": (240, 320)}  # with random pixels a 4-frame segment is far bigger than what is left
@@ -33,7 +33,8 @@ def wait_for(condition, timeout: float = 20.0) -> bool:
 
 
 def test_a_full_disk_stops_recording_not_the_session_and_recording_resumes_when_space_is_freed(
-        small_disk, recorders, caplog):
+    small_disk, recorders, caplog
+):
     root = small_disk / "recordings"
     recorder = recorders(root, segment_frames=4, min_free_bytes=0, disk_retry_s=0.5)
     earlier = recorder.session("earlier")

@@ -12,27 +12,37 @@ import json
 
 import numpy as np
 import pytest
+from recording_fixtures import DOMAIN, frame, only_recording, recorders  # noqa: F401 - fixture
 
 from cosmos3_runtime.requests import ActionRequest
 from policy_server.media.camera_composition import side_by_side
 from policy_server.recording import model_identity
 from policy_server.recording.replay import main as replay_main
-from recording_fixtures import DOMAIN, frame, only_recording, recorders  # noqa: F401 - fixture
 
 pytestmark = pytest.mark.timeout(300)
 
 
 def chunk_timing(chunk) -> dict:
-    return {"queue_ms": 0.0, "model_ms": chunk.timing.model_ms, "engine_ms": chunk.timing.total_ms,
-            "total_ms": chunk.timing.total_ms, "observation_age_ms": chunk.timing.total_ms}
+    return {
+        "queue_ms": 0.0,
+        "model_ms": chunk.timing.model_ms,
+        "engine_ms": chunk.timing.total_ms,
+        "total_ms": chunk.timing.total_ms,
+        "observation_age_ms": chunk.timing.total_ms,
+    }
 
 
 def test_engine_chunks_are_recorded_and_replayed_against_the_same_and_another_checkpoint(
-        tmp_path, tiny_checkpoint, tiny_engine, recorders, capsys):
+    tmp_path, tiny_checkpoint, tiny_engine, recorders, capsys
+):
     engine = tiny_engine("distilled")
     description = engine.describe()
-    config = {"domain_name": DOMAIN, "action_horizon": description["domains"][DOMAIN]["default_horizon"],
-              "raw_action_dim": description["domains"][DOMAIN]["raw_action_dim"], "prompt": "stack the cups"}
+    config = {
+        "domain_name": DOMAIN,
+        "action_horizon": description["domains"][DOMAIN]["default_horizon"],
+        "raw_action_dim": description["domains"][DOMAIN]["raw_action_dim"],
+        "prompt": "stack the cups",
+    }
     recorder = recorders(tmp_path / "rec", segment_frames=4)
     recording = recorder.session("engine")
     recording.start_episode(config, model_identity(description))
@@ -58,7 +68,9 @@ def test_engine_chunks_are_recorded_and_replayed_against_the_same_and_another_ch
     path = only_recording(tmp_path / "rec")
 
     same_json, other_json = tmp_path / "same.json", tmp_path / "other.json"
-    assert replay_main([str(path), "--model", str(tiny_checkpoint("distilled")), "--all", "--json", str(same_json)]) == 0
+    assert (
+        replay_main([str(path), "--model", str(tiny_checkpoint("distilled")), "--all", "--json", str(same_json)]) == 0
+    )
     same_table = capsys.readouterr().out
     other_checkpoint = tiny_checkpoint("distilled", seed=1)
     assert replay_main([str(path), "--model", str(other_checkpoint), "--json", str(other_json)]) == 0
@@ -84,14 +96,34 @@ def test_engine_chunks_are_recorded_and_replayed_against_the_same_and_another_ch
     # A setting changed instead of the checkpoint (another seed) answers differently: the replay fails
     # the regression gate (exit 1).
     gate = same["summary"]["max_abs_diff"] * 2
-    assert replay_main([str(path), "--model", str(tiny_checkpoint("distilled")), "--limit", "1", "--seed", "7",
-                        "--fail-above", str(gate), "--json", str(tmp_path / "seed.json")]) == 1
+    assert (
+        replay_main(
+            [
+                str(path),
+                "--model",
+                str(tiny_checkpoint("distilled")),
+                "--limit",
+                "1",
+                "--seed",
+                "7",
+                "--fail-above",
+                str(gate),
+                "--json",
+                str(tmp_path / "seed.json"),
+            ]
+        )
+        == 1
+    )
     other_seed = json.loads((tmp_path / "seed.json").read_text())
     assert other_seed["overrides"] == {"seed": 7} and other_seed["summary"]["max_abs_diff"] > gate
     # A setting the checkpoint refuses is reported per chunk, with the engine's error code (JSON on stdout).
     capsys.readouterr()
-    assert replay_main([str(path), "--model", str(tiny_checkpoint("distilled")), "--limit", "1", "--num-steps", "1",
-                        "--json", "-"]) == 0
+    assert (
+        replay_main(
+            [str(path), "--model", str(tiny_checkpoint("distilled")), "--limit", "1", "--num-steps", "1", "--json", "-"]
+        )
+        == 0
+    )
     refused = json.loads(capsys.readouterr().out)
     assert refused["chunks"][0]["status"] == "error" and refused["chunks"][0]["note"].startswith("invalid_request")
     assert refused["summary"]["errors"] == 1

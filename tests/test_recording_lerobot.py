@@ -4,7 +4,8 @@ are what the session sent and answered.
 
 Two recordings are read: one recorded to its end (two cameras, a state, chunks, drops, an error, two
 tasks, a last segment padded past the episode's end) and one cut short by SIGKILL and recovered at the
-next start; then both merged into one dataset by LeRobot's ``aggregate_datasets``. ``make test`` builds ``.venv-lerobot``; tests/lerobot_dataset_script.py runs inside it.
+next start; then both merged into one dataset by LeRobot's ``aggregate_datasets``. ``make test`` builds
+``.venv-lerobot``; tests/lerobot_dataset_script.py runs inside it.
 """
 
 from __future__ import annotations
@@ -16,9 +17,14 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-
 from recording_fixtures import (
-    CONFIG, MODEL, REPO_ROOT, assert_frames_match, frame, only_recording, record_traffic,
+    CONFIG,
+    MODEL,
+    REPO_ROOT,
+    assert_frames_match,
+    frame,
+    only_recording,
+    record_traffic,
     recorders,  # noqa: F401 - fixture
 )
 from test_recording_crash import record_then_kill
@@ -37,9 +43,21 @@ if not LEROBOT_PYTHON.exists():
 def read_with_lerobot(tmp_path: Path, roots: list[Path]) -> tuple[dict, dict[str, np.ndarray]]:
     out = tmp_path / "read.npz"
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_HOME": str(tmp_path / "hf"), "NO_PROXY": "*"}
-    result = subprocess.run([str(LEROBOT_PYTHON), str(SCRIPT), "--out", str(out),
-                             "--aggregate", str(tmp_path / "merged"), *map(str, roots)],
-                            capture_output=True, text=True, timeout=240, env=env)
+    result = subprocess.run(
+        [
+            str(LEROBOT_PYTHON),
+            str(SCRIPT),
+            "--out",
+            str(out),
+            "--aggregate",
+            str(tmp_path / "merged"),
+            *map(str, roots),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=240,
+        env=env,
+    )
     assert result.returncode == 0, result.stderr[-4000:]
     with np.load(out) as arrays:
         return json.loads(result.stdout.strip().splitlines()[-1]), dict(arrays)
@@ -50,8 +68,9 @@ def test_lerobot_loads_a_recording_and_a_recovered_one_with_what_was_sent_and_an
     recorder = recorders(finished_root, segment_frames=8)
     recording = recorder.session("lerobot")
     recording.start_episode(CONFIG, MODEL)
-    traffic = record_traffic(recording, 18, error_at=(9,), prompts=("pick", "place"),
-                             cameras={"front": (48, 64), "wrist": (32, 40)})  # segments of 8, 8, then 2 (padded)
+    traffic = record_traffic(
+        recording, 18, error_at=(9,), prompts=("pick", "place"), cameras={"front": (48, 64), "wrist": (32, 40)}
+    )  # segments of 8, 8, then 2 (padded)
     recording.end_episode("closed")
     assert recorder.sync()
     record_then_kill(killed_root, until_committed=6)

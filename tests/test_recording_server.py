@@ -12,14 +12,14 @@ import json
 
 import numpy as np
 import pytest
+from recording_fixtures import frame, wait_until_published
+from server_fixtures import DOMAIN, ServerThread, http_get, tiny_engine_loader
 from websockets.asyncio.client import connect
 
 from policy_server.recording import RecordingStore
 from policy_server.recording.reader import RecordedEpisode
 from policy_server.recording_setup import RecordingOptions
 from robot_clients.wire_codec import packb, unpackb
-from recording_fixtures import frame, wait_until_published
-from server_fixtures import DOMAIN, ServerThread, http_get, tiny_engine_loader
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -31,7 +31,7 @@ class Robot:
         self.ws = ws
 
     @classmethod
-    async def open(cls, server: ServerThread) -> "Robot":
+    async def open(cls, server: ServerThread) -> Robot:
         robot = cls(await connect(server.url, compression=None, proxy=None, max_size=None))
         hello = await robot.recv()
         assert hello["type"] == "metadata"
@@ -55,8 +55,9 @@ def episodes(root) -> list[RecordedEpisode]:
 
 
 def recording_server(root, every_session: bool = True, **settings) -> ServerThread:
-    return ServerThread(tiny_engine_loader("distilled"),
-                        recording=RecordingOptions(root=root, every_session=every_session), **settings)
+    return ServerThread(
+        tiny_engine_loader("distilled"), recording=RecordingOptions(root=root, every_session=every_session), **settings
+    )
 
 
 async def test_a_sessions_chunks_drops_and_errors_are_recorded_with_the_actions_it_received(tmp_path):
@@ -150,8 +151,11 @@ async def test_an_operator_toggles_recording_through_the_observer_channel(tmp_pa
             assert hello["recording"] is True and "record" in hello["controls"]
 
             async def control(action: str) -> dict:
-                await observer.send(json.dumps({"type": "control", "session_id": robot.session_id, "action": action,
-                                                "reason": "look at this"}))
+                await observer.send(
+                    json.dumps(
+                        {"type": "control", "session_id": robot.session_id, "action": action, "reason": "look at this"}
+                    )
+                )
                 while True:
                     reply = json.loads(await asyncio.wait_for(observer.recv(), 10))
                     if reply["type"] in ("control_result", "error"):
@@ -165,8 +169,9 @@ async def test_an_operator_toggles_recording_through_the_observer_channel(tmp_pa
         await robot.ws.close()
     [episode] = episodes(root)
     np.testing.assert_array_equal(episode.rows()[0].actions, chunk["actions"])
-    assert any(event.get("action") == "stop" and event.get("reason") == "look at this" for event in episode.events()), \
+    assert any(event.get("action") == "stop" and event.get("reason") == "look at this" for event in episode.events()), (
         episode.events()
+    )
 
     with ServerThread(tiny_engine_loader("distilled")) as plain:
         robot = await Robot.open(plain)

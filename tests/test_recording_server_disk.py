@@ -10,7 +10,6 @@ otherwise), filled with a plain file before the server starts. The recorder keep
 from __future__ import annotations
 
 import pytest
-
 from server_fixtures import DOMAIN, http_get
 from test_faults_disk_full import fill, small_disk  # noqa: F401 - the same real tmpfs and filler
 from test_recording_server import Robot, recording_server

@@ -14,15 +14,24 @@ import time
 import numpy as np
 import pyarrow.parquet as pq
 import pytest
+from recording_fixtures import (
+    CONFIG,
+    HORIZON,
+    MODEL,
+    TIMING,
+    assert_frames_match,
+    chunk,
+    frame,
+    leftovers,
+    only_recording,
+    record_traffic,
+    recorders,  # noqa: F401 - fixture
+)
 
 from policy_server.recording import InvalidRecordingName, RecordingStore
 from policy_server.recording.reader import RecordedEpisode
 from policy_server.recording.video_segments import join_segments
 from policy_server.videos.encoding import VideoEncodingError, encode_mp4, read_mp4
-from recording_fixtures import (
-    CONFIG, HORIZON, MODEL, TIMING, assert_frames_match, chunk, frame, leftovers, only_recording, record_traffic,
-    recorders,  # noqa: F401 - fixture
-)
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -31,8 +40,14 @@ def test_an_episode_is_a_lerobot_v3_dataset_of_what_was_sent_and_answered(tmp_pa
     recorder = recorders(tmp_path / "rec", segment_frames=8)
     recording = recorder.session("3f2a9c0d11aa")
     recording.start_episode(CONFIG, MODEL)
-    traffic = record_traffic(recording, 21, error_at=(5,), unanswered=(20,), prompts=("pick", "place"),
-                             cameras={"front": (48, 64), "wrist": (31, 41)})  # odd sides are padded in the MP4
+    traffic = record_traffic(
+        recording,
+        21,
+        error_at=(5,),
+        unanswered=(20,),
+        prompts=("pick", "place"),
+        cameras={"front": (48, 64), "wrist": (31, 41)},
+    )  # odd sides are padded in the MP4
     recording.note("operator", action="pause", reason="check")
     recording.end_episode("closed")
     assert recorder.sync()
@@ -87,13 +102,16 @@ def test_an_episode_is_a_lerobot_v3_dataset_of_what_was_sent_and_answered(tmp_pa
     session = json.loads((path / "meta/cosmos3/session.json").read_text())
     assert session["session_id"] == "3f2a9c0d11aa" and session["config"] == CONFIG and session["model"] == MODEL
     assert session["end_reason"] == "closed" and session["frames"] == 21 and session["frames_not_queued"] == 0
-    assert session["layout"]["camera_names"] == {"observation.images.front": "front",
-                                                 "observation.images.wrist": "wrist"}
+    assert session["layout"]["camera_names"] == {
+        "observation.images.front": "front",
+        "observation.images.wrist": "wrist",
+    }
     kinds = [e["kind"] for e in episode.events()]
     assert kinds[0] == "episode_start" and kinds[-1] == "episode_end"
     assert kinds.count("dropped") == sum(s.kind == "dropped" for s in sent) and kinds.count("error") == 1
-    assert {"kind": "note", "note": "operator", "action": "pause", "reason": "check"}.items() <= \
-        next(e for e in episode.events() if e["kind"] == "note").items()
+    assert {"kind": "note", "note": "operator", "action": "pause", "reason": "check"}.items() <= next(
+        e for e in episode.events() if e["kind"] == "note"
+    ).items()
     request = json.loads(data["observation.request"][0])
     assert request["image_source"] == {"camera": "front"} and request["seed"] == 0 and request["prompt"] == "pick"
     assert leftovers(tmp_path / "rec") == []
@@ -108,8 +126,9 @@ def test_a_full_queue_drops_frames_and_counts_them_instead_of_waiting(tmp_path, 
     recording.start_episode(CONFIG, MODEL)
     sent, peak_bytes = [], 0
     for seq in range(60):
-        sent += record_traffic(recording, 1, start_seq=seq, drop_every=0,
-                               cameras={"front": (480, 640), "wrist": (480, 640)}).sent
+        sent += record_traffic(
+            recording, 1, start_seq=seq, drop_every=0, cameras={"front": (480, 640), "wrist": (480, 640)}
+        ).sent
         peak_bytes = max(peak_bytes, recorder.stats()["queue_bytes"])
     queued = [s for s in sent if s.queued]
     assert 0 < len(queued) < 60
@@ -130,8 +149,16 @@ def test_a_full_queue_drops_frames_and_counts_them_instead_of_waiting(tmp_path, 
 
 def test_names_and_camera_keys_cannot_escape_the_directory(tmp_path, recorders):
     store = RecordingStore(tmp_path / "rec")
-    for bad in ("../etc", "..", "/etc/passwd", "20260101T000000Z_x_000/..", "20260101T000000Z_a/b_000", "",
-                "20260101T000000Z_x_000\x00", ".partial"):
+    for bad in (
+        "../etc",
+        "..",
+        "/etc/passwd",
+        "20260101T000000Z_x_000/..",
+        "20260101T000000Z_a/b_000",
+        "",
+        "20260101T000000Z_x_000\x00",
+        ".partial",
+    ):
         with pytest.raises(InvalidRecordingName):
             store.path(bad)
     recorder = recorders(tmp_path / "rec", segment_frames=4)
@@ -278,7 +305,7 @@ def test_segments_join_into_one_mp4_whose_frame_i_is_at_i_over_fps(tmp_path, siz
     originals = [frame(i) for i in range(sum(sizes))]
     segments, start = [], 0
     for k, size in enumerate(sizes):
-        encode_mp4(np.stack(originals[start:start + size]), 10, tmp_path / f"{k}.mp4")
+        encode_mp4(np.stack(originals[start : start + size]), 10, tmp_path / f"{k}.mp4")
         segments.append((tmp_path / f"{k}.mp4", size))
         start += size
     join_segments(segments, tmp_path / "joined.mp4")

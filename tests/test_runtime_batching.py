@@ -25,9 +25,17 @@ def _requests(n, **common):
     """Different robots: different images (and sizes), prompts, domains, horizons, seeds, one schedule."""
     domains = ["bridge_orig_lerobot", "droid_lerobot", "fractal", "pusht"]
     prompts = ["pick up the cube", "open the drawer", "", "push the T"]
-    return [ActionRequest(domain_name=domains[i % 4], image=img, prompt=prompts[i % 4], seed=100 + i,
-                          action_horizon=[16, 8, 16, 12][i % 4], **common)
-            for i, img in enumerate(_images(n))]
+    return [
+        ActionRequest(
+            domain_name=domains[i % 4],
+            image=img,
+            prompt=prompts[i % 4],
+            seed=100 + i,
+            action_horizon=[16, 8, 16, 12][i % 4],
+            **common,
+        )
+        for i, img in enumerate(_images(n))
+    ]
 
 
 @pytest.mark.parametrize("guidance", [1.0, 3.0])
@@ -68,10 +76,24 @@ def test_mixed_modes_and_prefixes_in_one_batch(engine):
     requests = [
         # The 256 tier and a 5-frame clip: mixing modes is the point, not the size (the default tier's
         # 9-frame clip costs six times the CPU).
-        ActionRequest(domain_name="droid_lerobot", action_mode="inverse_dynamics", video=np.stack([img] * 5),
-                      seed=1, num_steps=3, guidance_scale=1.0, resolution_tier=256),
-        ActionRequest(domain_name="bridge_orig_lerobot", image=img, seed=2, num_steps=3, guidance_scale=1.0,
-                      resolution_tier=256, prefix_actions=np.full((4, 10), 0.02, np.float32)),
+        ActionRequest(
+            domain_name="droid_lerobot",
+            action_mode="inverse_dynamics",
+            video=np.stack([img] * 5),
+            seed=1,
+            num_steps=3,
+            guidance_scale=1.0,
+            resolution_tier=256,
+        ),
+        ActionRequest(
+            domain_name="bridge_orig_lerobot",
+            image=img,
+            seed=2,
+            num_steps=3,
+            guidance_scale=1.0,
+            resolution_tier=256,
+            prefix_actions=np.full((4, 10), 0.02, np.float32),
+        ),
     ]
     together = engine.predict_actions_batch(requests)
     for request, chunk in zip(requests, together):
@@ -84,10 +106,28 @@ def test_mixed_tiers_view_points_and_fps_in_one_batch(engine):
     point and fps share one and each chunk equals its unbatched run."""
     img = _images(1)[0]
     requests = [
-        ActionRequest(domain_name="bridge_orig_lerobot", image=img, seed=5, num_steps=2, guidance_scale=1.0,
-                      resolution_tier=256, view_point="wrist_view", fps=10.0, action_horizon=4),
-        ActionRequest(domain_name="bridge_orig_lerobot", image=img, seed=5, num_steps=2, guidance_scale=1.0,
-                      resolution_tier=480, view_point="concat_view", fps=30.0, action_horizon=4),
+        ActionRequest(
+            domain_name="bridge_orig_lerobot",
+            image=img,
+            seed=5,
+            num_steps=2,
+            guidance_scale=1.0,
+            resolution_tier=256,
+            view_point="wrist_view",
+            fps=10.0,
+            action_horizon=4,
+        ),
+        ActionRequest(
+            domain_name="bridge_orig_lerobot",
+            image=img,
+            seed=5,
+            num_steps=2,
+            guidance_scale=1.0,
+            resolution_tier=480,
+            view_point="concat_view",
+            fps=30.0,
+            action_horizon=4,
+        ),
     ]
     together = engine.predict_actions_batch(requests)
     for request, chunk in zip(requests, together):

@@ -28,8 +28,9 @@ def _count(model) -> int:
     return sum(p.numel() for p in model.parameters())
 
 
-@pytest.mark.parametrize("shape, expected", [("edge", 3_369_657_024), ("nano", 15_173_669_120),
-                                             ("super", 64_019_736_832)])
+@pytest.mark.parametrize(
+    "shape, expected", [("edge", 3_369_657_024), ("nano", 15_173_669_120), ("super", 64_019_736_832)]
+)
 def test_published_shapes_have_the_published_parameter_counts(shape, expected):
     model = transformer_on_meta(PUBLISHED_SHAPES[shape])
     assert all(p.is_meta for p in model.parameters())  # nothing materialised: Super would need 128 GB
@@ -39,21 +40,43 @@ def test_published_shapes_have_the_published_parameter_counts(shape, expected):
 def test_published_shape_details():
     edge = transformer_on_meta(PUBLISHED_SHAPES["edge"])
     cfg = edge.config
-    assert (cfg.hidden_size, cfg.intermediate_size, cfg.num_hidden_layers, cfg.num_attention_heads,
-            cfg.num_key_value_heads, cfg.vocab_size) == (2048, 9216, 28, 16, 8, 131072)
+    assert (
+        cfg.hidden_size,
+        cfg.intermediate_size,
+        cfg.num_hidden_layers,
+        cfg.num_attention_heads,
+        cfg.num_key_value_heads,
+        cfg.vocab_size,
+    ) == (2048, 9216, 28, 16, 8, 131072)
     assert cfg.hidden_act == "relu2" and not hasattr(edge.layers[0].mlp, "gate_proj")
     assert cfg.qk_norm_for_text is False and cfg.use_und_k_norm_for_gen is True
     assert (cfg.rope_theta, cfg.rms_norm_eps) == (1e8, 1e-5)
     for name in ("edge", "nano", "super"):
         c = transformer_on_meta(PUBLISHED_SHAPES[name]).config
-        assert (c.head_dim, c.latent_channel, c.latent_patch_size, c.patch_latent_dim, list(c.rope_axes_dim),
-                c.action_dim, c.num_embodiment_domains, c.base_fps, c.timestep_scale, c.attention_bias) == (
-            128, 48, 2, 192, [24, 20, 20], 64, 32, 24, 0.001, False)
+        assert (
+            c.head_dim,
+            c.latent_channel,
+            c.latent_patch_size,
+            c.patch_latent_dim,
+            list(c.rope_axes_dim),
+            c.action_dim,
+            c.num_embodiment_domains,
+            c.base_fps,
+            c.timestep_scale,
+            c.attention_bias,
+        ) == (128, 48, 2, 192, [24, 20, 20], 64, 32, 24, 0.001, False)
     nano = transformer_on_meta(PUBLISHED_SHAPES["nano"]).config
     assert (nano.hidden_act, nano.rope_theta, nano.rms_norm_eps, nano.qk_norm_for_text) == ("silu", 5e6, 1e-6, True)
     vae = vae_on_meta()
-    assert (vae.config.z_dim, vae.config.base_dim, vae.config.decoder_base_dim, vae.config.in_channels,
-            vae.config.out_channels, vae.config.patch_size, vae.config.is_residual) == (48, 160, 256, 12, 12, 2, True)
+    assert (
+        vae.config.z_dim,
+        vae.config.base_dim,
+        vae.config.decoder_base_dim,
+        vae.config.in_channels,
+        vae.config.out_channels,
+        vae.config.patch_size,
+        vae.config.is_residual,
+    ) == (48, 160, 256, 12, 12, 2, True)
     assert (vae.config.scale_factor_spatial, vae.config.scale_factor_temporal) == (16, 4)
     assert len(vae.config.latents_mean) == len(vae.config.latents_std) == 48
 
@@ -92,8 +115,15 @@ def _safetensors_headers(folder):
 # An Edge-keyed shape small enough to build in a fast test, with a small VAE of the Wan2.2 layout.
 _MINI_EDGE = CheckpointShape(
     "mini-edge",
-    dict(PUBLISHED_SHAPES["edge"].transformer_config, hidden_size=128, intermediate_size=256, num_hidden_layers=2,
-         num_attention_heads=2, num_key_value_heads=1, vocab_size=1024),
+    dict(
+        PUBLISHED_SHAPES["edge"].transformer_config,
+        hidden_size=128,
+        intermediate_size=256,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        vocab_size=1024,
+    ),
     transformer_parameters=0,  # not a published size
     vae_config=dict(WAN22_VAE_CONFIG, base_dim=8, decoder_base_dim=16, dim_mult=[1, 2, 2, 2], num_res_blocks=1),
 )
@@ -142,9 +172,10 @@ def test_weights_are_drawn_like_a_fresh_model(tmp_path):
     assert (tensors["proj_in.bias"].float() == 0).all()
     assert (tensors["action_proj_in.bias.weight"].float() == 0).all()
     up = tensors["layers.0.mlp.up_proj.weight"].float()
-    assert abs(up.std().item() - 128 ** -0.5) < 0.01
-    assert abs(tensors["action_proj_in.fc.weight"].float().std().item() - 64 ** -0.5) < 0.01
+    assert abs(up.std().item() - 128**-0.5) < 0.01
+    assert abs(tensors["action_proj_in.fc.weight"].float().std().item() - 64**-0.5) < 0.01
     again = write_random_weights(meta, tmp_path / "again", seed=3) if (tmp_path / "again").mkdir() is None else 0
     assert again == written
     assert load_file(str(tmp_path / "again" / "diffusion_pytorch_model.safetensors"))["lm_head.weight"].equal(
-        tensors["lm_head.weight"])  # deterministic for a seed
+        tensors["lm_head.weight"]
+    )  # deterministic for a seed

@@ -27,9 +27,16 @@ def _digest(folder):
 
 def test_tiny_checkpoint_has_the_diffusers_layout_and_is_small(tiny_checkpoint):
     path = tiny_checkpoint("distilled")
-    for rel in ("model_index.json", "transformer/config.json", "transformer/diffusion_pytorch_model.safetensors",
-                "vae/config.json", "vae/diffusion_pytorch_model.safetensors", "scheduler/scheduler_config.json",
-                "text_tokenizer/tokenizer.json", "text_tokenizer/tokenizer_config.json"):
+    for rel in (
+        "model_index.json",
+        "transformer/config.json",
+        "transformer/diffusion_pytorch_model.safetensors",
+        "vae/config.json",
+        "vae/diffusion_pytorch_model.safetensors",
+        "scheduler/scheduler_config.json",
+        "text_tokenizer/tokenizer.json",
+        "text_tokenizer/tokenizer_config.json",
+    ):
         assert (path / rel).is_file(), rel
     size = sum(f.stat().st_size for f in path.rglob("*") if f.is_file())
     assert size < 50e6
@@ -87,8 +94,9 @@ def test_a_distilled_sigma_list_on_unipc_is_refused_at_load(tiny_checkpoint, tmp
     import diffusers
 
     weights_read = []
-    monkeypatch.setattr(diffusers.Cosmos3OmniTransformer, "from_pretrained",
-                        classmethod(lambda cls, *a, **k: weights_read.append(a)))
+    monkeypatch.setattr(
+        diffusers.Cosmos3OmniTransformer, "from_pretrained", classmethod(lambda cls, *a, **k: weights_read.append(a))
+    )
     with pytest.raises(CheckpointError) as err:
         Cosmos3Engine.load(path)
     assert "UniPCMultistepScheduler" in err.value.message and "FlowMatchEulerDiscreteScheduler" in err.value.message
@@ -193,8 +201,17 @@ def test_offline_hub_id_gives_an_error_naming_the_id(monkeypatch, tmp_path):
 def test_inspect_cli_prints_everything(tiny_checkpoint, capsys):
     assert inspect_main([str(tiny_checkpoint("edge-distilled"))]) == 0
     out = capsys.readouterr().out
-    for needle in ("edge-distilled", "FlowMatchEulerDiscreteScheduler", "0.9997", "action_dim 64",
-                   "bridge_orig_lerobot", "quantile", "mean_std", "parameters", "256, 480"):
+    for needle in (
+        "edge-distilled",
+        "FlowMatchEulerDiscreteScheduler",
+        "0.9997",
+        "action_dim 64",
+        "bridge_orig_lerobot",
+        "quantile",
+        "mean_std",
+        "parameters",
+        "256, 480",
+    ):
         assert needle in out, needle
     assert inspect_main([str(tiny_checkpoint("base")), "--json"]) == 0
     data = json.loads(capsys.readouterr().out)
@@ -205,11 +222,22 @@ def test_inspect_prints_each_domains_profile_and_the_defaults_it_resolves_to(tin
     assert inspect_main([str(tiny_checkpoint("base", droid=True))]) == 0
     out = capsys.readouterr().out
     assert "variant defaults  35 steps, guidance 6.0, tier 480" in out
-    assert "default domain    droid_lerobot: chunk 32, tier 480, 15 fps, concat_view, guidance in sigmas [0.96, 1.0]" \
+    assert (
+        "default domain    droid_lerobot: chunk 32, tier 480, 15 fps, concat_view, guidance in sigmas [0.96, 1.0]"
         in out
+    )
     droid = next(line for line in out.splitlines() if line.strip().startswith("droid_lerobot"))
-    for needle in ("width  8", "chunk 32", "15 fps", "tier 480", "concat_view", "space joint_pos",
-                   "state 1 x 8 (last row: the current state)", "gripper flipped at 7", "The top row is from the wrist"):
+    for needle in (
+        "width  8",
+        "chunk 32",
+        "15 fps",
+        "tier 480",
+        "concat_view",
+        "space joint_pos",
+        "state 1 x 8 (last row: the current state)",
+        "gripper flipped at 7",
+        "The top row is from the wrist",
+    ):
         assert needle in droid, needle
     assert inspect_main([str(tiny_checkpoint("edge"))]) == 0
     assert "variant defaults  35 steps, guidance 5.0, tier 256" in capsys.readouterr().out
@@ -225,7 +253,16 @@ def test_cosmos3_tiny_droid_ships_the_droid_profile(tmp_path, capsys):
     profiles = json.loads((tmp_path / "droid" / "policy_profiles.json").read_text())
     assert profiles["default_domain"] == "droid_lerobot"
     droid = profiles["domains"]["droid_lerobot"]
-    assert (droid["default_horizon"], droid["raw_action_dim"], droid["state_dim"], droid["use_state"],
-            droid["history_length"], droid["gripper_flip_index"], droid["normalization"], droid["fps"],
-            droid["resolution_tier"], droid["view_point"]) == (32, 8, 8, True, 1, 7, "none", 15, 480, "concat_view")
+    assert (
+        droid["default_horizon"],
+        droid["raw_action_dim"],
+        droid["state_dim"],
+        droid["use_state"],
+        droid["history_length"],
+        droid["gripper_flip_index"],
+        droid["normalization"],
+        droid["fps"],
+        droid["resolution_tier"],
+        droid["view_point"],
+    ) == (32, 8, 8, True, 1, 7, "none", 15, 480, "concat_view")
     assert "bridge_orig_lerobot" in profiles["domains"]  # the other tiny profiles stay

@@ -51,8 +51,12 @@ def count_vae(monkeypatch):
     def start(engine):
         counts = {"decode": 0, "encode": 0}
         hooks = [
-            engine.pipe.vae.decoder.register_forward_pre_hook(lambda *a: counts.__setitem__("decode", counts["decode"] + 1)),
-            engine.pipe.vae.encoder.register_forward_pre_hook(lambda *a: counts.__setitem__("encode", counts["encode"] + 1)),
+            engine.pipe.vae.decoder.register_forward_pre_hook(
+                lambda *a: counts.__setitem__("decode", counts["decode"] + 1)
+            ),
+            engine.pipe.vae.encoder.register_forward_pre_hook(
+                lambda *a: counts.__setitem__("encode", counts["encode"] + 1)
+            ),
         ]
         return counts, hooks
 
@@ -74,8 +78,9 @@ def test_policy_chunk_shape_dtype_and_metadata(tiny_engine, camera_image):
 def test_inverse_dynamics_chunk(tiny_engine, camera_image):
     engine = tiny_engine("distilled")
     clip = np.stack([np.roll(camera_image, 4 * i, axis=1) for i in range(9)])
-    chunk = engine.predict_actions(ActionRequest(domain_name="droid_lerobot", action_mode="inverse_dynamics",
-                                                 video=clip, seed=2))
+    chunk = engine.predict_actions(
+        ActionRequest(domain_name="droid_lerobot", action_mode="inverse_dynamics", video=clip, seed=2)
+    )
     assert chunk.actions.shape == (8, 10) and np.isfinite(chunk.actions).all()
     assert chunk.action_mode == "inverse_dynamics"
 
@@ -122,20 +127,30 @@ def test_distilled_refuses_other_steps_or_guidance(tiny_engine, camera_image):
 def test_base_with_guidance_runs_two_forwards_per_step(tiny_engine, camera_image, record_forwards):
     engine = tiny_engine("base")
     recorder = record_forwards(engine)
-    chunk = engine.predict_actions(ActionRequest(domain_name="fractal", image=camera_image, num_steps=5,
-                                                 guidance_scale=4.0, seed=0))
+    chunk = engine.predict_actions(
+        ActionRequest(domain_name="fractal", image=camera_image, num_steps=5, guidance_scale=4.0, seed=0)
+    )
     assert chunk.num_steps == 5 and chunk.transformer_forwards == len(recorder.calls) == 10
     recorder.calls.clear()
-    chunk = engine.predict_actions(ActionRequest(domain_name="fractal", image=camera_image, num_steps=5,
-                                                 guidance_scale=1.0, seed=0))
+    chunk = engine.predict_actions(
+        ActionRequest(domain_name="fractal", image=camera_image, num_steps=5, guidance_scale=1.0, seed=0)
+    )
     assert chunk.transformer_forwards == len(recorder.calls) == 5
 
 
 def test_guidance_interval_applies_cfg_only_inside_it(tiny_engine, camera_image, record_forwards):
     engine = tiny_engine("base")
     recorder = record_forwards(engine)
-    chunk = engine.predict_actions(ActionRequest(domain_name="fractal", image=camera_image, num_steps=6,
-                                                 guidance_scale=4.0, guidance_interval=(0.5, 1.0), seed=0))
+    chunk = engine.predict_actions(
+        ActionRequest(
+            domain_name="fractal",
+            image=camera_image,
+            num_steps=6,
+            guidance_scale=4.0,
+            guidance_interval=(0.5, 1.0),
+            seed=0,
+        )
+    )
     sigmas = [t / 1000.0 for t in recorder.calls]
     distinct = sorted(set(sigmas), reverse=True)
     doubled = [s for s in distinct if sigmas.count(s) == 2]
@@ -149,11 +164,15 @@ def test_action_modes_never_call_the_vae_decoder(tiny_engine, camera_image, coun
     counts, hooks = count_vae(engine)
     try:
         engine.predict_actions(ActionRequest(domain_name="fractal", image=camera_image, seed=0))
-        engine.predict_actions(ActionRequest(domain_name="fractal", action_mode="inverse_dynamics",
-                                             video=np.stack([camera_image] * 5), seed=0))
+        engine.predict_actions(
+            ActionRequest(
+                domain_name="fractal", action_mode="inverse_dynamics", video=np.stack([camera_image] * 5), seed=0
+            )
+        )
         assert counts["decode"] == 0 and counts["encode"] > 0
-        engine.rollout_video(VideoRequest(domain_name="fractal", image=camera_image,
-                                          actions=np.zeros((4, 10), np.float32), seed=0))
+        engine.rollout_video(
+            VideoRequest(domain_name="fractal", image=camera_image, actions=np.zeros((4, 10), np.float32), seed=0)
+        )
         assert counts["decode"] > 0
     finally:
         for h in hooks:
@@ -184,16 +203,33 @@ def test_actions_equal_diffusers_own_pipeline(tiny_engine, tiny_checkpoint, mode
     rng = np.random.default_rng(5)
     image = rng.integers(0, 256, (200, 240, 3), dtype=np.uint8)
     ours = dict(image=image) if mode == "policy" else dict(video=np.stack([image] * 9))
-    chunk = engine.predict_actions(ActionRequest(domain_name="fractal", action_mode=mode, action_horizon=8,
-                                                 resolution_tier=256, seed=7, num_steps=5, guidance_scale=3.0,
-                                                 prompt="pick the cube", **ours))
+    chunk = engine.predict_actions(
+        ActionRequest(
+            domain_name="fractal",
+            action_mode=mode,
+            action_horizon=8,
+            resolution_tier=256,
+            seed=7,
+            num_steps=5,
+            guidance_scale=3.0,
+            prompt="pick the cube",
+            **ours,
+        )
+    )
     theirs = {k: v.astype(np.float32) / 255.0 for k, v in ours.items()}
-    reference = stock(
-        prompt="pick the cube",
-        action=CosmosActionCondition(mode=mode, chunk_size=8, domain_name="fractal", resolution_tier=256, **theirs),
-        num_inference_steps=5, guidance_scale=3.0, generator=torch.Generator().manual_seed(7),
-        output_type="latent", enable_safety_check=False,
-    ).action[0].numpy()
+    reference = (
+        stock(
+            prompt="pick the cube",
+            action=CosmosActionCondition(mode=mode, chunk_size=8, domain_name="fractal", resolution_tier=256, **theirs),
+            num_inference_steps=5,
+            guidance_scale=3.0,
+            generator=torch.Generator().manual_seed(7),
+            output_type="latent",
+            enable_safety_check=False,
+        )
+        .action[0]
+        .numpy()
+    )
     np.testing.assert_allclose(chunk.actions, reference, atol=1e-4)
 
 
@@ -205,8 +241,7 @@ def test_normalization_stats_denormalize_the_chunk(tiny_engine, camera_image):
     model_space = stats.normalize(chunk.actions)
     np.testing.assert_allclose(stats.denormalize(model_space), chunk.actions, atol=1e-5)
     # The engine's output is exactly the model-space chunk mapped through the profile's stats.
-    job, _ = job_for_actions(ActionRequest(domain_name="bridge_orig_lerobot", image=camera_image, seed=3),
-                             engine.spec)
+    job, _ = job_for_actions(ActionRequest(domain_name="bridge_orig_lerobot", image=camera_image, seed=3), engine.spec)
     raw_model = engine.sampler.run(job, time.perf_counter).actions
     np.testing.assert_allclose(chunk.actions, raw_model * stats.scale + stats.offset, atol=1e-5)
 
@@ -214,13 +249,19 @@ def test_normalization_stats_denormalize_the_chunk(tiny_engine, camera_image):
 def test_real_time_chunking_prefix_is_kept(tiny_engine, camera_image):
     engine = tiny_engine("distilled")
     prefix = np.linspace(-0.04, 0.04, 30, dtype=np.float32).reshape(3, 10)
-    chunk = engine.predict_actions(ActionRequest(domain_name="bridge_orig_lerobot", image=camera_image, seed=4,
-                                                 prefix_actions=prefix))
+    chunk = engine.predict_actions(
+        ActionRequest(domain_name="bridge_orig_lerobot", image=camera_image, seed=4, prefix_actions=prefix)
+    )
     assert chunk.actions.shape == (16, 10)
     # Exactly the rows given, not their round trip through the domain's normalization.
     np.testing.assert_array_equal(chunk.actions[:3], prefix)
-    batched = engine.predict_actions_batch([ActionRequest(domain_name="bridge_orig_lerobot", image=camera_image,
-                                                          seed=4, prefix_actions=prefix.astype(np.float64))])[0]
+    batched = engine.predict_actions_batch(
+        [
+            ActionRequest(
+                domain_name="bridge_orig_lerobot", image=camera_image, seed=4, prefix_actions=prefix.astype(np.float64)
+            )
+        ]
+    )[0]
     np.testing.assert_array_equal(batched.actions[:3], prefix)
 
 
@@ -233,8 +274,11 @@ def test_describe_exposes_every_limit_validation_applies(tiny_engine):
 
 def test_forward_dynamics_rollout_returns_frames(tiny_engine, camera_image):
     engine = tiny_engine("distilled")
-    result = engine.rollout_video(VideoRequest(domain_name="bridge_orig_lerobot", image=camera_image,
-                                               actions=np.zeros((8, 10), np.float32), seed=0))
+    result = engine.rollout_video(
+        VideoRequest(
+            domain_name="bridge_orig_lerobot", image=camera_image, actions=np.zeros((8, 10), np.float32), seed=0
+        )
+    )
     assert result.frames.dtype == np.uint8 and result.frames.shape == (9, 224, 224, 3)
     assert result.transformer_forwards == len(TINY_DISTILLED_SIGMAS) and result.timing.decode_ms > 0
 
@@ -245,8 +289,11 @@ def test_edge_defaults_to_its_lowest_tier_and_explicit_values_win(tiny_engine, c
     # SGLang's Edge default guidance (the base variant's diffusers default is 6.0).
     assert edge.describe()["defaults"]["guidance_scale"] == 5.0
     assert tiny_engine("base").describe()["defaults"]["guidance_scale"] == 6.0
-    chunk = edge.predict_actions(ActionRequest(domain_name="fractal", image=camera_image, resolution_tier=480,
-                                               num_steps=3, guidance_scale=1.0, seed=0))
+    chunk = edge.predict_actions(
+        ActionRequest(
+            domain_name="fractal", image=camera_image, resolution_tier=480, num_steps=3, guidance_scale=1.0, seed=0
+        )
+    )
     assert chunk.num_steps == 3 and chunk.transformer_forwards == 3
 
 
@@ -255,12 +302,30 @@ def test_describe_reports_what_the_checkpoint_offers(tiny_engine):
     assert d["variant"] == "distilled" and d["modes"] == ["policy", "inverse_dynamics", "forward_dynamics"]
     assert d["defaults"]["num_steps"] == 4 and d["defaults"]["guidance_scale"] == 1.0
     assert d["domains"]["bridge_orig_lerobot"] == {
-        "domain_id": 7, "action_space": None, "raw_action_dim": 10, "default_horizon": 16, "fps": 24.0,
-        "resolution_tier": None, "view_point": "third_person_view", "view_description": None,
-        "prompt_format": "json", "guidance_interval": None, "gripper_flip_index": None, "normalization": "quantile",
-        "state_dim": None, "use_state": False, "history_length": 0,
-        "defaults": {"action_horizon": 16, "resolution_tier": 256, "view_point": "third_person_view", "fps": 24.0,
-                     "num_steps": 4, "guidance_scale": 1.0, "guidance_interval": None},
+        "domain_id": 7,
+        "action_space": None,
+        "raw_action_dim": 10,
+        "default_horizon": 16,
+        "fps": 24.0,
+        "resolution_tier": None,
+        "view_point": "third_person_view",
+        "view_description": None,
+        "prompt_format": "json",
+        "guidance_interval": None,
+        "gripper_flip_index": None,
+        "normalization": "quantile",
+        "state_dim": None,
+        "use_state": False,
+        "history_length": 0,
+        "defaults": {
+            "action_horizon": 16,
+            "resolution_tier": 256,
+            "view_point": "third_person_view",
+            "fps": 24.0,
+            "num_steps": 4,
+            "guidance_scale": 1.0,
+            "guidance_interval": None,
+        },
     }
     # The top-level defaults are the default domain's: its view point, not a fixed "ego_view".
     assert d["defaults"]["domain_name"] == "bridge_orig_lerobot"
@@ -292,14 +357,16 @@ def test_compiled_transformer_gives_the_same_chunk(tiny_checkpoint, camera_image
     compiled = Cosmos3Engine.load(tiny_checkpoint("distilled"), compile=True)
     compiled.warmup()
     request = ActionRequest(domain_name="fractal", image=camera_image, seed=3)
-    np.testing.assert_allclose(compiled.predict_actions(request).actions, eager.predict_actions(request).actions,
-                               atol=1e-4)
+    np.testing.assert_allclose(
+        compiled.predict_actions(request).actions, eager.predict_actions(request).actions, atol=1e-4
+    )
 
 
 def test_video_rollout_advances_step_by_step_and_lets_other_requests_run_between(tiny_engine, camera_image):
     engine = tiny_engine("distilled")
-    request = VideoRequest(domain_name="bridge_orig_lerobot", image=camera_image,
-                           actions=np.zeros((8, 10), np.float32), seed=5)
+    request = VideoRequest(
+        domain_name="bridge_orig_lerobot", image=camera_image, actions=np.zeros((8, 10), np.float32), seed=5
+    )
     whole = engine.rollout_video(request)
     rollout = engine.start_video(request)
     policy = ActionRequest(domain_name="fractal", image=camera_image, seed=1)

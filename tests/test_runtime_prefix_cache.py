@@ -33,8 +33,14 @@ def test_engines_use_packed_attention_through_diffusers_processor_mechanism(engi
 def test_cached_chunks_equal_uncached(engines, camera_image, guidance):
     uncached, cached = engines
     for seed in range(3):  # the first request records, the next ones replay (within and across requests)
-        request = ActionRequest(domain_name="fractal", image=camera_image, prompt="stack the blocks", seed=seed,
-                                num_steps=4, guidance_scale=guidance)
+        request = ActionRequest(
+            domain_name="fractal",
+            image=camera_image,
+            prompt="stack the blocks",
+            seed=seed,
+            num_steps=4,
+            guidance_scale=guidance,
+        )
         a = uncached.predict_actions(request).actions
         b = cached.predict_actions(request).actions
         assert np.abs(a - b).max() < 1e-5
@@ -46,13 +52,27 @@ def test_inverse_dynamics_and_prefix_actions_through_the_cache(engines, camera_i
     # at the domain's default tier costs this test six times the CPU.
     clip = np.stack([np.roll(camera_image, 3 * i, axis=0) for i in range(5)])
     for request in (
-        ActionRequest(domain_name="droid_lerobot", action_mode="inverse_dynamics", video=clip, seed=1, num_steps=3,
-                      resolution_tier=256),
-        ActionRequest(domain_name="bridge_orig_lerobot", image=camera_image, seed=2, num_steps=3,
-                      resolution_tier=256, prefix_actions=np.full((2, 10), 0.01, np.float32)),
+        ActionRequest(
+            domain_name="droid_lerobot",
+            action_mode="inverse_dynamics",
+            video=clip,
+            seed=1,
+            num_steps=3,
+            resolution_tier=256,
+        ),
+        ActionRequest(
+            domain_name="bridge_orig_lerobot",
+            image=camera_image,
+            seed=2,
+            num_steps=3,
+            resolution_tier=256,
+            prefix_actions=np.full((2, 10), 0.01, np.float32),
+        ),
     ):
         for _ in range(2):
-            assert np.abs(uncached.predict_actions(request).actions - cached.predict_actions(request).actions).max() < 1e-5
+            assert (
+                np.abs(uncached.predict_actions(request).actions - cached.predict_actions(request).actions).max() < 1e-5
+            )
 
 
 def test_hits_when_the_prefix_repeats_and_misses_when_it_changes(tiny_checkpoint, camera_image):
@@ -69,8 +89,12 @@ def test_hits_when_the_prefix_repeats_and_misses_when_it_changes(tiny_checkpoint
     assert (first["misses"], first["hits"], first["entries"]) == (1, 0, 1)
     again = run(seed=5)  # a new seed does not change the text
     assert (again["misses"], again["hits"], again["entries"]) == (1, 1, 1)
-    for change in (dict(prompt="close the drawer"), dict(view_point="wrist_view"), dict(action_horizon=8),
-                   dict(fps=10.0)):
+    for change in (
+        dict(prompt="close the drawer"),
+        dict(view_point="wrist_view"),
+        dict(action_horizon=8),
+        dict(fps=10.0),
+    ):
         before = cache.stats()
         after = run(**change)
         assert after["misses"] == before["misses"] + 1, change

@@ -30,10 +30,12 @@ def _requests(seed_base: int) -> list[ActionRequest]:
     prefix = rng.uniform(-0.5, 0.5, (3, 10)).astype(np.float32)
     return [
         ActionRequest(domain_name="bridge_orig_lerobot", image=image, prompt="pick up the cube", seed=seed_base),
-        ActionRequest(domain_name="droid_lerobot", image=square, seed=seed_base + 1, resolution_tier=480,
-                      action_horizon=8),
-        ActionRequest(domain_name="bridge_orig_lerobot", action_mode="inverse_dynamics", video=clip,
-                      seed=seed_base + 2),
+        ActionRequest(
+            domain_name="droid_lerobot", image=square, seed=seed_base + 1, resolution_tier=480, action_horizon=8
+        ),
+        ActionRequest(
+            domain_name="bridge_orig_lerobot", action_mode="inverse_dynamics", video=clip, seed=seed_base + 2
+        ),
         ActionRequest(domain_name="bridge_orig_lerobot", image=image, prefix_actions=prefix, seed=seed_base + 3),
     ]
 

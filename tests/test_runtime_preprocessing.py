@@ -29,8 +29,9 @@ def _natural_frames(t: int, h: int, w: int, seed: int) -> np.ndarray:
 
 
 def _reference(pipe, frames: np.ndarray, tier: int, num_frames: int):
-    return pipe._prepare_action_video_conditioning(frames.astype(np.float32) / 255.0, tier, num_frames,
-                                                   device=torch.device("cpu"), dtype=torch.float32)
+    return pipe._prepare_action_video_conditioning(
+        frames.astype(np.float32) / 255.0, tier, num_frames, device=torch.device("cpu"), dtype=torch.float32
+    )
 
 
 @pytest.mark.parametrize(
@@ -88,7 +89,7 @@ def test_sides_below_sixteen_pixels_snap_up_where_diffusers_would_fail(tiny_engi
     """diffusers snaps an 8-pixel side to 0 and raises; it is served as the 16-pixel frame it becomes."""
     pipe = tiny_engine("distilled").pipe
     small = _natural_frames(1, 8, 12, seed=3)
-    with pytest.raises(Exception):
+    with pytest.raises(Exception):  # noqa: B017 - whatever diffusers raises; it is not ours to name
         _reference(pipe, small, 256, 1)
     upscaled = small[:, np.arange(16) * 8 // 16][:, :, np.arange(16) * 12 // 16]  # torch's "nearest"
     ours, size, *_ = prepare_frames(small, 256, 1, torch.device("cpu"))

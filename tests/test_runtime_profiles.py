@@ -19,9 +19,17 @@ from cosmos3_runtime.validation import EngineSpec, job_for_actions
 IMAGE = np.zeros((64, 64, 3), np.uint8)
 WRIST_ON_TOP = "The top row is from the wrist-mounted camera."
 DROID_LIKE = {
-    "action_space": "joint_pos", "raw_action_dim": 8, "default_horizon": 32, "fps": 15, "resolution_tier": 480,
-    "view_point": "concat_view", "view_description": WRIST_ON_TOP, "prompt_format": "json",
-    "guidance_interval": [960, 1001], "gripper_flip_index": 7, "normalization": "none",
+    "action_space": "joint_pos",
+    "raw_action_dim": 8,
+    "default_horizon": 32,
+    "fps": 15,
+    "resolution_tier": 480,
+    "view_point": "concat_view",
+    "view_description": WRIST_ON_TOP,
+    "prompt_format": "json",
+    "guidance_interval": [960, 1001],
+    "gripper_flip_index": 7,
+    "normalization": "none",
 }
 
 
@@ -43,26 +51,42 @@ def test_a_droid_profile_parses_with_every_field(tiny_checkpoint, tmp_path):
     p = table.domains["droid_lerobot"]
     assert table.default_domain == "droid_lerobot"
     assert (p.domain_id, p.action_space, p.raw_action_dim, p.default_horizon, p.fps, p.resolution_tier) == (
-        8, "joint_pos", 8, 32, 15.0, 480)  # the domain id comes from diffusers' table
+        8,
+        "joint_pos",
+        8,
+        32,
+        15.0,
+        480,
+    )  # the domain id comes from diffusers' table
     assert (p.view_point, p.view_description, p.prompt_format, p.gripper_flip_index) == (
-        "concat_view", WRIST_ON_TOP, "json", 7)
+        "concat_view",
+        WRIST_ON_TOP,
+        "json",
+        7,
+    )
     # "none" overrides the mean/std statistics the tiny checkpoint ships for this domain.
     assert p.normalization is None
     # NVIDIA's Edge DROID interval, written in timesteps, is kept in sigmas (none exceeds 1).
     assert p.guidance_interval == pytest.approx((0.96, 1.0))
 
 
-@pytest.mark.parametrize("normalization, kind", [
-    ("none", None),
-    (None, None),
-    ({"q01": [-1.0] * 8, "q99": [1.0] * 8}, "quantile"),
-    ({"global": {"action": {"mean": [0.0] * 8, "std": [2.0] * 8}}}, "mean_std"),
-    ({"min": [0.0] * 8, "max": [4.0] * 8}, "min_max"),
-])
+@pytest.mark.parametrize(
+    "normalization, kind",
+    [
+        ("none", None),
+        (None, None),
+        ({"q01": [-1.0] * 8, "q99": [1.0] * 8}, "quantile"),
+        ({"global": {"action": {"mean": [0.0] * 8, "std": [2.0] * 8}}}, "mean_std"),
+        ({"min": [0.0] * 8, "max": [4.0] * 8}, "min_max"),
+    ],
+)
 def test_normalization_none_quantile_and_mean_std(tiny_checkpoint, tmp_path, normalization, kind):
     override = _profile_file(tmp_path, {"droid_lerobot": {**DROID_LIKE, "normalization": normalization}})
-    stats = load_profiles(tiny_checkpoint("base"), action_dim=64, num_domains=32,
-                          override_file=override).domains["droid_lerobot"].normalization
+    stats = (
+        load_profiles(tiny_checkpoint("base"), action_dim=64, num_domains=32, override_file=override)
+        .domains["droid_lerobot"]
+        .normalization
+    )
     assert (stats.kind if stats is not None else None) == kind
 
 
@@ -70,8 +94,9 @@ def test_normalization_from_its_own_file(tiny_checkpoint, tmp_path):
     (tmp_path / "stats.json").write_text(json.dumps({"action": {"q01": [0.0] * 8, "q99": [2.0] * 8}}))
     droid = {key: value for key, value in DROID_LIKE.items() if key != "normalization"}
     override = _profile_file(tmp_path, {"droid_lerobot": {**droid, "normalization_file": "stats.json"}})
-    p = load_profiles(tiny_checkpoint("base"), action_dim=64, num_domains=32,
-                      override_file=override).domains["droid_lerobot"]
+    p = load_profiles(tiny_checkpoint("base"), action_dim=64, num_domains=32, override_file=override).domains[
+        "droid_lerobot"
+    ]
     assert p.normalization.kind == "quantile"
     np.testing.assert_allclose(p.normalization.normalize(np.full((1, 8), 2.0)), 1.0)
 
@@ -94,8 +119,9 @@ BAD_PROFILES = [
 ]
 
 
-@pytest.mark.parametrize("domains, top, match", BAD_PROFILES, ids=[m + str(i) for i, (_, _, m) in
-                                                                   enumerate(BAD_PROFILES)])
+@pytest.mark.parametrize(
+    "domains, top, match", BAD_PROFILES, ids=[m + str(i) for i, (_, _, m) in enumerate(BAD_PROFILES)]
+)
 def test_bad_profiles_are_refused_naming_the_problem(tiny_checkpoint, tmp_path, domains, top, match):
     override = _profile_file(tmp_path, domains, **top)
     with pytest.raises(CheckpointError, match=match):
@@ -111,36 +137,62 @@ def test_a_profile_the_variant_cannot_serve_is_refused_at_load(tiny_checkpoint, 
 
 
 def test_profile_settings_are_the_domain_defaults_and_requests_still_win(tiny_checkpoint, tmp_path):
-    spec = _spec(tiny_checkpoint("base"),
-                 _profile_file(tmp_path, {"droid_lerobot": DROID_LIKE}, default_domain="droid_lerobot"))
+    spec = _spec(
+        tiny_checkpoint("base"), _profile_file(tmp_path, {"droid_lerobot": DROID_LIKE}, default_domain="droid_lerobot")
+    )
     job, _ = job_for_actions(ActionRequest(domain_name="droid_lerobot", image=IMAGE, seed=0), spec)
     assert (job.horizon, job.fps, job.resolution_tier, job.view_point, job.prompt_format) == (
-        32, 15.0, 480, "concat_view", "json")
+        32,
+        15.0,
+        480,
+        "concat_view",
+        "json",
+    )
     assert job.view_description == WRIST_ON_TOP and job.guidance_interval == pytest.approx((0.96, 1.0))
     assert (job.num_steps, job.guidance_scale) == (35, 6.0)  # the variant's
-    job, _ = job_for_actions(ActionRequest(domain_name="droid_lerobot", image=IMAGE, seed=0, action_horizon=8,
-                                           fps=30.0, resolution_tier=256, view_point="wrist_view",
-                                           guidance_interval=(0.0, 1.0)), spec)
+    job, _ = job_for_actions(
+        ActionRequest(
+            domain_name="droid_lerobot",
+            image=IMAGE,
+            seed=0,
+            action_horizon=8,
+            fps=30.0,
+            resolution_tier=256,
+            view_point="wrist_view",
+            guidance_interval=(0.0, 1.0),
+        ),
+        spec,
+    )
     assert (job.horizon, job.fps, job.resolution_tier, job.view_point, job.guidance_interval) == (
-        8, 30.0, 256, "wrist_view", (0.0, 1.0))
+        8,
+        30.0,
+        256,
+        "wrist_view",
+        (0.0, 1.0),
+    )
     assert job.view_description is None  # it describes the concat layout, not the wrist camera
     # A request that names nothing runs the named default domain, with its own view point and tier.
     defaults = spec.describe_defaults()
     assert (defaults["domain_name"], defaults["view_point"], defaults["resolution_tier"]) == (
-        "droid_lerobot", "concat_view", 480)
+        "droid_lerobot",
+        "concat_view",
+        480,
+    )
     # Distilled checkpoints run without guidance, so a profile's interval does not apply there.
     distilled = _spec(tiny_checkpoint("distilled"), _profile_file(tmp_path, {"droid_lerobot": DROID_LIKE}))
     assert distilled.describe_domains()["droid_lerobot"]["defaults"]["guidance_interval"] is None
 
 
 def test_the_profiles_guidance_interval_is_the_one_run(tiny_checkpoint, tmp_path, camera_image):
-    engine = Cosmos3Engine.load(tiny_checkpoint("base"),
-                                profiles_path=_profile_file(tmp_path, {"fractal": {"guidance_interval": [0.9, 1.0]}}))
+    engine = Cosmos3Engine.load(
+        tiny_checkpoint("base"), profiles_path=_profile_file(tmp_path, {"fractal": {"guidance_interval": [0.9, 1.0]}})
+    )
     forwards = []
     hook = engine.pipe.transformer.register_forward_pre_hook(lambda *a: forwards.append(1))
     try:
-        request = dict(domain_name="fractal", image=camera_image, seed=2, num_steps=4, guidance_scale=3.0,
-                       action_horizon=8)
+        request = dict(
+            domain_name="fractal", image=camera_image, seed=2, num_steps=4, guidance_scale=3.0, action_horizon=8
+        )
         by_profile = engine.predict_actions(ActionRequest(**request))
         count = len(forwards)
         explicit = engine.predict_actions(ActionRequest(**request, guidance_interval=(0.9, 1.0)))
@@ -154,8 +206,9 @@ def test_the_profiles_guidance_interval_is_the_one_run(tiny_checkpoint, tmp_path
 
 def test_a_flipped_gripper_is_flipped_on_the_way_in_and_out(tiny_engine, tiny_checkpoint, tmp_path, camera_image):
     plain = tiny_engine("distilled")
-    flipped = Cosmos3Engine.load(tiny_checkpoint("distilled"),
-                                 profiles_path=_profile_file(tmp_path, {"fractal": {"gripper_flip_index": 9}}))
+    flipped = Cosmos3Engine.load(
+        tiny_checkpoint("distilled"), profiles_path=_profile_file(tmp_path, {"fractal": {"gripper_flip_index": 9}})
+    )
     request = dict(domain_name="fractal", image=camera_image, seed=4)
     a = plain.predict_actions(ActionRequest(**request)).actions
     b = flipped.predict_actions(ActionRequest(**request)).actions
@@ -169,11 +222,21 @@ def test_a_flipped_gripper_is_flipped_on_the_way_in_and_out(tiny_engine, tiny_ch
 
 def test_json_captions_tokenize_exactly_as_diffusers_does(tiny_engine):
     engine = tiny_engine("distilled")
-    job, _ = job_for_actions(ActionRequest(domain_name="bridge_orig_lerobot", image=IMAGE, seed=0,
-                                           prompt="pick up the red cube"), engine.spec)
+    job, _ = job_for_actions(
+        ActionRequest(domain_name="bridge_orig_lerobot", image=IMAGE, seed=0, prompt="pick up the red cube"),
+        engine.spec,
+    )
     ours = engine.sampler.tokenize(job, 256, 256)
-    theirs = engine.pipe.tokenize_prompt("pick up the red cube", None, num_frames=17, height=256, width=256, fps=24.0,
-                                         action_mode="policy", action_view_point="third_person_view")
+    theirs = engine.pipe.tokenize_prompt(
+        "pick up the red cube",
+        None,
+        num_frames=17,
+        height=256,
+        width=256,
+        fps=24.0,
+        action_mode="policy",
+        action_view_point="third_person_view",
+    )
     assert ours == theirs
 
 
@@ -181,11 +244,13 @@ def test_a_view_description_extends_the_json_framing(tiny_engine):
     pipe = tiny_engine("distilled").pipe
     settings = dict(view_point="concat_view", num_frames=33, fps=15.0, height=480, width=832)
     plain = json.loads(action_caption(pipe, "open the drawer", prompt_format="json", view_description=None, **settings))
-    described = json.loads(action_caption(pipe, "open the drawer", prompt_format="json",
-                                          view_description=WRIST_ON_TOP, **settings))
+    described = json.loads(
+        action_caption(pipe, "open the drawer", prompt_format="json", view_description=WRIST_ON_TOP, **settings)
+    )
     assert described["cinematography"]["framing"] == plain["cinematography"]["framing"] + " " + WRIST_ON_TOP
     assert {k: v for k, v in described.items() if k != "cinematography"} == {
-        k: v for k, v in plain.items() if k != "cinematography"}
+        k: v for k, v in plain.items() if k != "cinematography"
+    }
 
 
 def test_prose_captions_are_cosmos_frameworks_sentences(tiny_engine):
@@ -194,20 +259,27 @@ def test_prose_captions_are_cosmos_frameworks_sentences(tiny_engine):
     assert action_caption(pipe, "pick up the cube", view_description=WRIST_ON_TOP, **settings) == (
         "pick up the cube. This video contains concatenated views from multiple camera perspectives. "
         "The top row is from the wrist-mounted camera. The video is 2.0 seconds long and is of 15 FPS. "
-        "This video is of 480x832 resolution.")
+        "This video is of 480x832 resolution."
+    )
     assert action_caption(pipe, "Open the drawer. ", view_description=None, **settings).startswith(
-        "Open the drawer. This video contains")
+        "Open the drawer. This video contains"
+    )
     assert action_caption(pipe, "", view_description=None, **settings) == ""
 
 
 def test_the_profiles_prompt_format_is_what_the_model_reads(tiny_checkpoint, tmp_path):
-    spec = _spec(tiny_checkpoint("distilled"),
-                 _profile_file(tmp_path, {"fractal": {"prompt_format": "prose", "view_point": "wrist_view"}}))
+    spec = _spec(
+        tiny_checkpoint("distilled"),
+        _profile_file(tmp_path, {"fractal": {"prompt_format": "prose", "view_point": "wrist_view"}}),
+    )
     job, _ = job_for_actions(ActionRequest(domain_name="fractal", image=IMAGE, seed=0, prompt="wipe the table"), spec)
     assert job.prompt_format == "prose"
     engine = Cosmos3Engine.load(tiny_checkpoint("distilled"))
     cond, uncond = engine.sampler.tokenize(job, 256, 256)
     text = engine.pipe.text_tokenizer.decode(cond)
     assert "wipe the table. This video is captured from a wrist-mounted camera. The video is 0.0 seconds" in text
-    assert "{" not in text and uncond == engine.pipe.tokenize_prompt("", None, num_frames=17, height=256, width=256,
-                                                                     action_mode="policy")[1]
+    assert (
+        "{" not in text
+        and uncond
+        == engine.pipe.tokenize_prompt("", None, num_frames=17, height=256, width=256, action_mode="policy")[1]
+    )

@@ -24,9 +24,21 @@ STATS = {"q01": [-2.0] * 10, "q99": [2.0] * 10}
 
 def _engine(checkpoint, tmp_path, history_length, **profile) -> Cosmos3Engine:
     path = tmp_path / f"profiles-{history_length}.json"
-    path.write_text(json.dumps({"domains": {"fractal": {
-        "use_state": True, "history_length": history_length, "gripper_flip_index": 9, "normalization": STATS,
-        **profile}}}))
+    path.write_text(
+        json.dumps(
+            {
+                "domains": {
+                    "fractal": {
+                        "use_state": True,
+                        "history_length": history_length,
+                        "gripper_flip_index": 9,
+                        "normalization": STATS,
+                        **profile,
+                    }
+                }
+            }
+        )
+    )
     return Cosmos3Engine.load(checkpoint, profiles_path=path, prefix_cache_mb=0)
 
 
@@ -76,23 +88,43 @@ def _reference(pipe, monkeypatch, state_rows, **call):
 
 
 @pytest.mark.parametrize("history_length", [1, 2])
-def test_state_conditioning_equals_diffusers_pipeline_given_the_same_conditioning(tiny_checkpoint, tmp_path,
-                                                                                 monkeypatch, history_length):
+def test_state_conditioning_equals_diffusers_pipeline_given_the_same_conditioning(
+    tiny_checkpoint, tmp_path, monkeypatch, history_length
+):
     engine = _engine(tiny_checkpoint("base"), tmp_path, history_length)
     rng = np.random.default_rng(5)
     image = rng.integers(0, 256, (200, 240, 3), dtype=np.uint8)
     state = rng.uniform(-1.0, 1.0, (history_length, 10)).astype(np.float32)
-    request = ActionRequest(domain_name="fractal", image=image, state=state, seed=7, num_steps=3, guidance_scale=1.0,
-                            action_horizon=8, resolution_tier=256, prompt="pick the cube")
+    request = ActionRequest(
+        domain_name="fractal",
+        image=image,
+        state=state,
+        seed=7,
+        num_steps=3,
+        guidance_scale=1.0,
+        action_horizon=8,
+        resolution_tier=256,
+        prompt="pick the cube",
+    )
     job, profile = job_for_actions(request, engine.spec)
     np.testing.assert_allclose(job.state_rows, _by_hand(state), atol=1e-7)
     ours = engine.sampler.run(job, time.perf_counter).actions
 
     reference = _reference(
-        engine.pipe, monkeypatch, _by_hand(state), prompt="pick the cube", num_inference_steps=3, guidance_scale=1.0,
+        engine.pipe,
+        monkeypatch,
+        _by_hand(state),
+        prompt="pick the cube",
+        num_inference_steps=3,
+        guidance_scale=1.0,
         generator=torch.Generator().manual_seed(7),
-        action=CosmosActionCondition(mode="policy", chunk_size=8, domain_name="fractal", resolution_tier=256,
-                                     image=image.astype(np.float32) / 255.0),
+        action=CosmosActionCondition(
+            mode="policy",
+            chunk_size=8,
+            domain_name="fractal",
+            resolution_tier=256,
+            image=image.astype(np.float32) / 255.0,
+        ),
     )
     assert reference.shape == (history_length + 8, 10) and ours.shape == (8, 10)
     np.testing.assert_allclose(reference[:history_length], _by_hand(state), atol=1e-6)  # held clean
@@ -113,8 +145,13 @@ def test_the_state_changes_the_actions_under_a_fixed_seed(state_engine, camera_i
 
 
 def test_the_reply_drops_the_state_rows_and_flips_the_gripper_back(state_engine, camera_image):
-    request = ActionRequest(domain_name="fractal", image=camera_image, seed=3, action_horizon=8,
-                            state=np.linspace(0, 1, 10, dtype=np.float32))
+    request = ActionRequest(
+        domain_name="fractal",
+        image=camera_image,
+        seed=3,
+        action_horizon=8,
+        state=np.linspace(0, 1, 10, dtype=np.float32),
+    )
     job, profile = job_for_actions(request, state_engine.spec)
     model = state_engine.sampler.run(job, time.perf_counter).actions
     chunk = state_engine.predict_actions(request).actions
@@ -125,8 +162,11 @@ def test_the_reply_drops_the_state_rows_and_flips_the_gripper_back(state_engine,
 
 def test_state_and_a_real_time_chunking_prefix_together(state_engine, camera_image):
     prefix = np.tile(np.linspace(-0.5, 0.5, 10, dtype=np.float32), (3, 1))
-    chunk = state_engine.predict_actions(ActionRequest(domain_name="fractal", image=camera_image, seed=5,
-                                                       state=np.zeros(10, np.float32), prefix_actions=prefix))
+    chunk = state_engine.predict_actions(
+        ActionRequest(
+            domain_name="fractal", image=camera_image, seed=5, state=np.zeros(10, np.float32), prefix_actions=prefix
+        )
+    )
     assert chunk.actions.shape == (16, 10)
     np.testing.assert_allclose(chunk.actions[:3], prefix, atol=1e-5)
 
@@ -163,16 +203,20 @@ BAD_STATE = [
 @pytest.mark.parametrize("name, state, error", BAD_STATE, ids=[case[0] for case in BAD_STATE])
 def test_bad_or_missing_state_gets_its_typed_error(state_engine, name, state, error):
     with pytest.raises(error) as err:
-        state_engine.predict_actions(ActionRequest(domain_name="fractal", image=np.zeros((64, 64, 3), np.uint8),
-                                                   state=state))
+        state_engine.predict_actions(
+            ActionRequest(domain_name="fractal", image=np.zeros((64, 64, 3), np.uint8), state=state)
+        )
     assert err.value.field == "state" and err.value.code == error.code
     assert err.value.code in ("missing_field", "invalid_field") and "[10]" in err.value.message
 
 
 def test_state_for_a_domain_that_takes_none_is_refused(state_engine):
     with pytest.raises(InvalidFieldError) as err:
-        state_engine.predict_actions(ActionRequest(domain_name="bridge_orig_lerobot", state=np.zeros(10, np.float32),
-                                                   image=np.zeros((64, 64, 3), np.uint8)))
+        state_engine.predict_actions(
+            ActionRequest(
+                domain_name="bridge_orig_lerobot", state=np.zeros(10, np.float32), image=np.zeros((64, 64, 3), np.uint8)
+            )
+        )
     assert err.value.field == "state" and "does not condition" in err.value.message
 
 
@@ -183,12 +227,16 @@ def test_warmup_sends_state_to_a_domain_that_needs_it(state_engine):
 
 def test_describe_advertises_each_domains_state(state_engine):
     domains = state_engine.describe()["domains"]
-    assert (domains["fractal"]["state_dim"], domains["fractal"]["use_state"], domains["fractal"]["history_length"]) \
-        == (10, True, 1)
+    assert (domains["fractal"]["state_dim"], domains["fractal"]["use_state"], domains["fractal"]["history_length"]) == (
+        10,
+        True,
+        1,
+    )
     assert (domains["bridge_orig_lerobot"]["state_dim"], domains["bridge_orig_lerobot"]["history_length"]) == (None, 0)
 
 
 # ---------------------------------------------------------------------------------------------- the DROID profile
+
 
 @pytest.fixture(scope="module")
 def droid_engine(tiny_checkpoint):
@@ -203,11 +251,21 @@ def test_a_droid_profile_returns_32_by_8_chunks_that_follow_the_joint_state(droi
     d = droid_engine.describe()
     droid = d["domains"]["droid_lerobot"]
     assert d["defaults"]["domain_name"] == "droid_lerobot" and d["defaults"]["view_point"] == "concat_view"
-    assert (droid["action_space"], droid["raw_action_dim"], droid["state_dim"], droid["use_state"],
-            droid["history_length"], droid["gripper_flip_index"], droid["normalization"]) == (
-        "joint_pos", 8, 8, True, 1, 7, None)
+    assert (
+        droid["action_space"],
+        droid["raw_action_dim"],
+        droid["state_dim"],
+        droid["use_state"],
+        droid["history_length"],
+        droid["gripper_flip_index"],
+        droid["normalization"],
+    ) == ("joint_pos", 8, 8, True, 1, 7, None)
     assert {k: droid["defaults"][k] for k in ("action_horizon", "fps", "resolution_tier", "view_point")} == {
-        "action_horizon": 32, "fps": 15.0, "resolution_tier": 480, "view_point": "concat_view"}
+        "action_horizon": 32,
+        "fps": 15.0,
+        "resolution_tier": 480,
+        "view_point": "concat_view",
+    }
     # The whole path at the profile's own settings: chunk 32, tier 480, 15 fps, the concat caption.
     state = np.concatenate([JOINTS, [0.0]]).astype(np.float32)
     request = dict(domain_name="droid_lerobot", image=camera_image, seed=0, prompt="put the marker in the cup")
@@ -220,8 +278,13 @@ def test_a_droid_profile_returns_32_by_8_chunks_that_follow_the_joint_state(droi
 
 
 def test_a_droid_chunk_is_in_raw_joint_units_with_the_gripper_flipped_back(droid_engine, camera_image):
-    request = ActionRequest(domain_name="droid_lerobot", image=camera_image, seed=1, resolution_tier=256,
-                            state=np.concatenate([JOINTS, [1.0]]).astype(np.float32))
+    request = ActionRequest(
+        domain_name="droid_lerobot",
+        image=camera_image,
+        seed=1,
+        resolution_tier=256,
+        state=np.concatenate([JOINTS, [1.0]]).astype(np.float32),
+    )
     job, _ = job_for_actions(request, droid_engine.spec)
     assert job.state_rows[0, 7] == 0.0  # a closed gripper (1.0) is 0 to the model, as NVIDIA's server sends it
     model = droid_engine.sampler.run(job, time.perf_counter).actions

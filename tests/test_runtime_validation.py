@@ -52,18 +52,23 @@ CASES = [
     ("prompt not text", _policy(prompt=b"bytes"), InvalidRequestError, "prompt"),
     ("fps zero", _policy(fps=0), InvalidRequestError, "fps"),
     ("inverse without clip", _policy(action_mode="inverse_dynamics"), InvalidRequestError, "video"),
-    ("inverse clip length", _policy(action_mode="inverse_dynamics", image=None, action_horizon=8,
-                                    video=np.zeros((5, 64, 64, 3), np.uint8)), InvalidRequestError, "video"),
-    ("clip rank", _policy(action_mode="inverse_dynamics", image=None, video=np.zeros((5, 64, 64), np.uint8)),
-     InvalidRequestError, "video"),
+    (
+        "inverse clip length",
+        _policy(action_mode="inverse_dynamics", image=None, action_horizon=8, video=np.zeros((5, 64, 64, 3), np.uint8)),
+        InvalidRequestError,
+        "video",
+    ),
+    (
+        "clip rank",
+        _policy(action_mode="inverse_dynamics", image=None, video=np.zeros((5, 64, 64), np.uint8)),
+        InvalidRequestError,
+        "video",
+    ),
     ("prefix width", _policy(prefix_actions=np.zeros((2, 7), np.float32)), InvalidRequestError, "prefix_actions"),
-    ("prefix too long", _policy(prefix_actions=np.zeros((16, 10), np.float32)), InvalidRequestError,
-     "prefix_actions"),
-    ("prefix NaN", _policy(prefix_actions=np.full((2, 10), np.nan, np.float32)), InvalidRequestError,
-     "prefix_actions"),
+    ("prefix too long", _policy(prefix_actions=np.zeros((16, 10), np.float32)), InvalidRequestError, "prefix_actions"),
+    ("prefix NaN", _policy(prefix_actions=np.full((2, 10), np.nan, np.float32)), InvalidRequestError, "prefix_actions"),
     # Finite in float32, but it overflows once normalized (scale < 1): the caller's mistake, not engine_error.
-    ("prefix 1e38", _policy(prefix_actions=np.full((2, 10), 1e38, np.float32)), InvalidRequestError,
-     "prefix_actions"),
+    ("prefix 1e38", _policy(prefix_actions=np.full((2, 10), 1e38, np.float32)), InvalidRequestError, "prefix_actions"),
     ("fps above the limit", _policy(fps=1e9), InvalidRequestError, "fps"),
     ("fps tiny", _policy(fps=1e-300), InvalidRequestError, "fps"),
 ]
@@ -97,8 +102,11 @@ def test_edge_refuses_tiers_it_does_not_have(tiny_engine):
 
 def test_base_bounds_steps_guidance_and_interval(tiny_engine):
     base = tiny_engine("base")
-    for bad, field in [(dict(num_steps=0), "num_steps"), (dict(guidance_scale=float("nan")), "guidance_scale"),
-                       (dict(guidance_interval=(0.8, 0.2)), "guidance_interval")]:
+    for bad, field in [
+        (dict(num_steps=0), "num_steps"),
+        (dict(guidance_scale=float("nan")), "guidance_scale"),
+        (dict(guidance_interval=(0.8, 0.2)), "guidance_interval"),
+    ]:
         with pytest.raises(InvalidRequestError) as err:
             base.predict_actions(_policy(**bad))
         assert err.value.field == field
@@ -130,10 +138,16 @@ def test_operator_profile_file_overrides_the_checkpoint(tiny_checkpoint, tmp_pat
     stats = tmp_path / "my_stats.json"
     stats.write_text(json.dumps({"global": {"min": [0.0] * 10, "max": [2.0] * 10}}))
     override = tmp_path / "profiles.json"
-    override.write_text(json.dumps({"domains": {
-        "bridge_orig_lerobot": {"default_horizon": 8, "normalization_file": "my_stats.json"},
-        "my_arm": {"domain_id": 30, "raw_action_dim": 7, "view_point": "wrist_view"},
-    }}))
+    override.write_text(
+        json.dumps(
+            {
+                "domains": {
+                    "bridge_orig_lerobot": {"default_horizon": 8, "normalization_file": "my_stats.json"},
+                    "my_arm": {"domain_id": 30, "raw_action_dim": 7, "view_point": "wrist_view"},
+                }
+            }
+        )
+    )
     engine = Cosmos3Engine.load(tiny_checkpoint("distilled"), profiles_path=override)
     bridge = engine.spec.profiles["bridge_orig_lerobot"]
     assert bridge.default_horizon == 8 and bridge.normalization.kind == "min_max"
@@ -144,21 +158,29 @@ def test_operator_profile_file_overrides_the_checkpoint(tiny_checkpoint, tmp_pat
 
 def test_profiles_that_the_action_head_cannot_represent_are_left_out(tiny_checkpoint, tmp_path):
     override = tmp_path / "profiles.json"
-    override.write_text(json.dumps({"domains": {"wide": {"domain_id": 3, "raw_action_dim": 99},
-                                                "far": {"domain_id": 40, "raw_action_dim": 4}}}))
-    profiles = load_profiles(tiny_checkpoint("distilled"), action_dim=64, num_domains=32,
-                             override_file=override).domains
+    override.write_text(
+        json.dumps(
+            {"domains": {"wide": {"domain_id": 3, "raw_action_dim": 99}, "far": {"domain_id": 40, "raw_action_dim": 4}}}
+        )
+    )
+    profiles = load_profiles(
+        tiny_checkpoint("distilled"), action_dim=64, num_domains=32, override_file=override
+    ).domains
     assert "wide" not in profiles and "far" not in profiles and "fractal" in profiles
 
 
 def test_broken_profile_files_are_checkpoint_errors(tiny_checkpoint, tmp_path):
     bad = tmp_path / "bad.json"
-    for content in ("{not json", json.dumps({"nope": 1}),
-                    json.dumps({"domains": {"x": {"domain_id": 1}}}),
-                    json.dumps({"domains": {"fractal": {"normalization": {"q01": [0.0], "q99": [1.0]}}}})):
+    for content in (
+        "{not json",
+        json.dumps({"nope": 1}),
+        json.dumps({"domains": {"x": {"domain_id": 1}}}),
+        json.dumps({"domains": {"fractal": {"normalization": {"q01": [0.0], "q99": [1.0]}}}}),
+    ):
         bad.write_text(content)
         with pytest.raises(CheckpointError):
             load_profiles(tiny_checkpoint("distilled"), action_dim=64, num_domains=32, override_file=bad)
     with pytest.raises(CheckpointError, match="does not exist"):
-        load_profiles(tiny_checkpoint("distilled"), action_dim=64, num_domains=32,
-                      override_file=tmp_path / "missing.json")
+        load_profiles(
+            tiny_checkpoint("distilled"), action_dim=64, num_domains=32, override_file=tmp_path / "missing.json"
+        )

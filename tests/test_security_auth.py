@@ -25,17 +25,16 @@ from pathlib import Path
 
 import httpx
 import pytest
-from websockets.asyncio.client import connect
-from websockets.exceptions import InvalidStatus
-
-from robot_clients import AsyncPolicyClient
-from robot_clients.wire_codec import packb, unpackb
 from server_fixtures import DOMAIN, ServerThread, rgb_image, tiny_engine_loader
 from tls_fixtures import self_signed_certificate
+from websockets.asyncio.client import connect
+from websockets.exceptions import InvalidStatus
 
 from policy_server.auth import TokenConfigError, TokenSet
 from policy_server.cli import _ssl_context, build_parser
 from policy_server.http.sidecar import SidecarSettings
+from robot_clients import AsyncPolicyClient
+from robot_clients.wire_codec import packb, unpackb
 
 TOKEN = "tok-A_3f9c1d2e7b"
 FILE_TOKEN = "tok-B_from-the-file"
@@ -54,15 +53,21 @@ def secured():
         # The CLI's own flags and context builder, so the documented names are what is tested.
         args = build_parser().parse_args(["--tiny", "distilled", "--tls-cert", cert, "--tls-key", key])
         server = ServerThread(
-            tiny_engine_loader("distilled"), warmup=False, ssl_context=_ssl_context(args),
+            tiny_engine_loader("distilled"),
+            warmup=False,
+            ssl_context=_ssl_context(args),
             auth_tokens=TokenSet.load(TOKEN, token_file),
             http=SidecarSettings(data_dir=tmp_path / "data", port=0),
         )
         with server:
             server.cert = cert
             server.client_ssl = ssl.create_default_context(cafile=cert)
-            server.https = httpx.Client(base_url=f"https://127.0.0.1:{server.server.sidecar.port}", verify=server.client_ssl,
-                                        trust_env=False, timeout=30)
+            server.https = httpx.Client(
+                base_url=f"https://127.0.0.1:{server.server.sidecar.port}",
+                verify=server.client_ssl,
+                trust_env=False,
+                timeout=30,
+            )
             try:
                 yield server
             finally:
@@ -80,7 +85,9 @@ async def refused(server: ServerThread, url: str, **kwargs) -> InvalidStatus:
 
 
 def engine_and_sessions(server: ServerThread) -> tuple[int, int, int]:
-    return server.run(lambda: (server.server.worker.completed, server.server.worker.failed, len(server.server.sessions)))
+    return server.run(
+        lambda: (server.server.worker.completed, server.server.worker.failed, len(server.server.sessions))
+    )
 
 
 async def test_every_websocket_endpoint_refuses_a_missing_or_wrong_token_before_the_upgrade(secured):
@@ -109,8 +116,14 @@ async def test_a_token_opens_the_realtime_endpoint_from_header_query_or_subproto
             assert ws.subprotocol == subprotocol
             assert unpackb(await ws.recv())["type"] == "metadata"
     # A full round trip over wss with a token.
-    async with connect(wss(secured), ssl=secured.client_ssl, proxy=None, compression=None, max_size=None,
-                       additional_headers={"Authorization": f"Bearer {TOKEN}"}) as ws:
+    async with connect(
+        wss(secured),
+        ssl=secured.client_ssl,
+        proxy=None,
+        compression=None,
+        max_size=None,
+        additional_headers={"Authorization": f"Bearer {TOKEN}"},
+    ) as ws:
         await ws.recv()
         await ws.send(packb({"type": "configure", "domain_name": DOMAIN, "action_horizon": 8}))
         assert unpackb(await ws.recv())["type"] == "session"
@@ -119,8 +132,9 @@ async def test_a_token_opens_the_realtime_endpoint_from_header_query_or_subproto
 
 
 async def test_the_observer_channel_takes_the_dashboards_access_token(secured):
-    async with connect(wss(secured, "/v1/observe") + f"?access_token={TOKEN}", ssl=secured.client_ssl,
-                       proxy=None) as ws:
+    async with connect(
+        wss(secured, "/v1/observe") + f"?access_token={TOKEN}", ssl=secured.client_ssl, proxy=None
+    ) as ws:
         hello = json.loads(await ws.recv())
         assert hello["type"] == "hello"
 
@@ -150,11 +164,22 @@ def test_open_paths_stay_open_without_a_token(secured):
     assert secured.https.get("/dashboard/").status_code == 200
 
 
-@pytest.mark.parametrize("method,path", [
-    ("GET", "/readyz"), ("GET", "/metrics"), ("GET", "/v1/actions/metadata"), ("GET", "/openapi.json"),
-    ("GET", "/docs"), ("GET", "/v1/videos"), ("GET", "/v1/videos/video_0123"), ("POST", "/v1/videos"),
-    ("POST", "/v1/actions/generations"), ("DELETE", "/v1/videos/video_0123"), ("GET", "/no/such/route"),
-])
+@pytest.mark.parametrize(
+    "method,path",
+    [
+        ("GET", "/readyz"),
+        ("GET", "/metrics"),
+        ("GET", "/v1/actions/metadata"),
+        ("GET", "/openapi.json"),
+        ("GET", "/docs"),
+        ("GET", "/v1/videos"),
+        ("GET", "/v1/videos/video_0123"),
+        ("POST", "/v1/videos"),
+        ("POST", "/v1/actions/generations"),
+        ("DELETE", "/v1/videos/video_0123"),
+        ("GET", "/no/such/route"),
+    ],
+)
 def test_every_sidecar_route_but_healthz_wants_a_token(secured, method, path):
     for headers in ({}, {"Authorization": "Bearer nope"}):
         response = secured.https.request(method, path, headers=headers, json={})
@@ -171,9 +196,15 @@ def test_the_sidecar_refuses_before_reading_the_body(secured):
     big = b"x" * (80 * 2**20)  # over the 64 MiB body limit: with a token this would be 413
     response = secured.https.post("/v1/videos", content=big, headers={"Content-Type": "application/json"})
     assert response.status_code == 401
-    response = secured.https.post("/v1/videos", headers={"Content-Type": "application/json",
-                                                         "Content-Length": str(len(big)),
-                                                         "Authorization": f"Bearer {TOKEN}"}, content=big)
+    response = secured.https.post(
+        "/v1/videos",
+        headers={
+            "Content-Type": "application/json",
+            "Content-Length": str(len(big)),
+            "Authorization": f"Bearer {TOKEN}",
+        },
+        content=big,
+    )
     assert response.status_code == 413
 
 

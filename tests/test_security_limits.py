@@ -13,13 +13,12 @@ import asyncio
 import time
 
 import pytest
+from server_fixtures import DOMAIN, ServerThread, rgb_image, tiny_engine_loader
 from websockets.asyncio.client import connect
 from websockets.exceptions import ConnectionClosed, InvalidStatus
 
-from robot_clients.wire_codec import packb, unpackb
-from server_fixtures import DOMAIN, ServerThread, rgb_image, tiny_engine_loader
-
 from policy_server.sessions.rate_limits import RateLimit, TokenBucket
+from robot_clients.wire_codec import packb, unpackb
 
 MAX_SESSIONS = 2
 RATE_HZ, BURST = 5.0, 3
@@ -27,8 +26,12 @@ RATE_HZ, BURST = 5.0, 3
 
 @pytest.fixture(scope="module")
 def limited():
-    with ServerThread(tiny_engine_loader("distilled"), warmup=False, max_sessions=MAX_SESSIONS,
-                      observation_rate=RateLimit(RATE_HZ, BURST)) as server:
+    with ServerThread(
+        tiny_engine_loader("distilled"),
+        warmup=False,
+        max_sessions=MAX_SESSIONS,
+        observation_rate=RateLimit(RATE_HZ, BURST),
+    ) as server:
         yield server
 
 

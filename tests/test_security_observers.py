@@ -18,13 +18,13 @@ import socket
 import time
 
 import pytest
+from server_fixtures import DOMAIN, ServerThread, rgb_image, tiny_engine_loader
 from websockets.asyncio.client import connect
 from websockets.exceptions import ConnectionClosed, InvalidStatus
 
-from policy_server.sessions.supervisor import SessionLimits
 from policy_server.sessions.observer import DETAIL_PROMPT_CHARS, LIST_PROMPT_CHARS
+from policy_server.sessions.supervisor import SessionLimits
 from robot_clients.wire_codec import packb, unpackb
-from server_fixtures import DOMAIN, ServerThread, rgb_image, tiny_engine_loader
 
 MAX_OBSERVERS = 3
 MAX_FRAMES = 64
@@ -33,8 +33,9 @@ MAX_FRAMES = 64
 @pytest.fixture(scope="module")
 def server():
     limits = SessionLimits(max_outbox_frames=MAX_FRAMES, reply_timeout_s=3.0, idle_timeout_s=0, close_grace_s=30)
-    with ServerThread(tiny_engine_loader("distilled"), warmup=False, max_observers=MAX_OBSERVERS,
-                      connection_limits=limits) as running:
+    with ServerThread(
+        tiny_engine_loader("distilled"), warmup=False, max_observers=MAX_OBSERVERS, connection_limits=limits
+    ) as running:
         yield running
 
 

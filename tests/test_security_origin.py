@@ -19,13 +19,13 @@ import urllib.error
 import urllib.request
 
 import pytest
+from server_fixtures import ServerThread, tiny_engine_loader
 from websockets.asyncio.client import connect
 from websockets.exceptions import InvalidStatus
 
 from policy_server.auth import OriginConfigError, OriginPolicy
 from policy_server.http.sidecar import SidecarSettings
 from robot_clients.wire_codec import unpackb
-from server_fixtures import ServerThread, tiny_engine_loader
 
 ALLOWED = "https://ops.example.com"
 FOREIGN = "http://evil.example"
@@ -35,14 +35,20 @@ WEBSOCKET_PATHS = ("/v1/actions/realtime", "/openpi", "/v1/observe")
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
     sidecar = SidecarSettings(data_dir=tmp_path_factory.mktemp("sidecar-data"), host="127.0.0.1", port=0)
-    with ServerThread(tiny_engine_loader("distilled"), warmup=False, http=sidecar,
-                      allowed_origins=(ALLOWED,)) as running:
+    with ServerThread(
+        tiny_engine_loader("distilled"), warmup=False, http=sidecar, allowed_origins=(ALLOWED,)
+    ) as running:
         running.http_port = running.server.sidecar.port
         yield running
 
 
-def request(url: str, method: str = "GET", origin: str | None = None, body: bytes | None = None,
-            content_type: str = "application/json") -> tuple[int, dict[str, str], bytes]:
+def request(
+    url: str,
+    method: str = "GET",
+    origin: str | None = None,
+    body: bytes | None = None,
+    content_type: str = "application/json",
+) -> tuple[int, dict[str, str], bytes]:
     headers = {"Content-Type": content_type} if body is not None else {}
     if origin is not None:
         headers["Origin"] = origin
@@ -65,8 +71,13 @@ async def test_a_foreign_origin_cannot_open_any_websocket(server, path, origin):
 
 @pytest.mark.parametrize("path", WEBSOCKET_PATHS)
 async def test_robots_the_servers_own_pages_and_allowed_origins_can(server, path):
-    own = [None, f"http://127.0.0.1:{server.port}", f"http://127.0.0.1:{server.http_port}", ALLOWED,
-           "HTTPS://OPS.EXAMPLE.COM:443"]
+    own = [
+        None,
+        f"http://127.0.0.1:{server.port}",
+        f"http://127.0.0.1:{server.http_port}",
+        ALLOWED,
+        "HTTPS://OPS.EXAMPLE.COM:443",
+    ]
     for origin in own:
         async with connect(f"ws://127.0.0.1:{server.port}{path}", origin=origin, proxy=None, max_size=None) as ws:
             first = await ws.recv()
@@ -77,8 +88,10 @@ async def test_robots_the_servers_own_pages_and_allowed_origins_can(server, path
                 assert unpackb(first)
 
 
-@pytest.mark.parametrize("method,path", [("POST", "/v1/videos"), ("POST", "/v1/actions/generations"),
-                                         ("DELETE", "/v1/videos/video_0123456789abcdef")])
+@pytest.mark.parametrize(
+    "method,path",
+    [("POST", "/v1/videos"), ("POST", "/v1/actions/generations"), ("DELETE", "/v1/videos/video_0123456789abcdef")],
+)
 def test_state_changing_requests_from_a_foreign_origin_get_403_before_anything_runs(server, method, path):
     url = f"http://127.0.0.1:{server.http_port}{path}"
     # A "no-cors" form POST: text/plain or multipart, no preflight; the browser still sends Origin.

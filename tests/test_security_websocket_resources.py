@@ -27,15 +27,15 @@ import time
 import numpy as np
 import psutil
 import pytest
+from server_fixtures import DOMAIN, ServerThread, rgb_image, tiny_engine_loader
 from websockets.asyncio.client import connect
 from websockets.exceptions import ConnectionClosed, InvalidStatus
 from websockets.protocol import State
 
-from policy_server.sessions.supervisor import WRITE_LIMIT_BYTES, SessionLimits
-from policy_server.sessions.rate_limits import RateLimit
 from policy_server.sessions.native import UNREAD_CHUNK_MESSAGE
+from policy_server.sessions.rate_limits import RateLimit
+from policy_server.sessions.supervisor import WRITE_LIMIT_BYTES, SessionLimits
 from robot_clients.wire_codec import packb, unpackb
-from server_fixtures import DOMAIN, ServerThread, rgb_image, tiny_engine_loader
 
 MAX_FRAMES, MAX_BYTES = 64, 64 * 1024
 # Keepalive would close a silent peer 3 + 1.5 s after it opened; the reply timeout comes later, so a close
@@ -48,11 +48,21 @@ BOGUS = packb({"type": "bogus"})  # answered with an `unknown_type` error: a rep
 @pytest.fixture(scope="module")
 def strict():
     """Small outbox, short reply timeout, fast keepalive; idle timeout off (tested on its own server)."""
-    limits = SessionLimits(max_outbox_frames=MAX_FRAMES, max_outbox_bytes=MAX_BYTES,
-                              reply_timeout_s=REPLY_TIMEOUT_S, idle_timeout_s=0, close_grace_s=30)
-    with ServerThread(tiny_engine_loader("distilled"), warmup=False, connection_limits=limits,
-                      observation_rate=RateLimit(0), ping_interval=PING_INTERVAL_S,
-                      ping_timeout=PING_TIMEOUT_S) as server:
+    limits = SessionLimits(
+        max_outbox_frames=MAX_FRAMES,
+        max_outbox_bytes=MAX_BYTES,
+        reply_timeout_s=REPLY_TIMEOUT_S,
+        idle_timeout_s=0,
+        close_grace_s=30,
+    )
+    with ServerThread(
+        tiny_engine_loader("distilled"),
+        warmup=False,
+        connection_limits=limits,
+        observation_rate=RateLimit(0),
+        ping_interval=PING_INTERVAL_S,
+        ping_timeout=PING_TIMEOUT_S,
+    ) as server:
         yield server
 
 
@@ -63,8 +73,15 @@ async def open_unread(server: ServerThread, path: str = "/v1/actions/realtime"):
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)  # before connect: a small window
     sock.connect(("127.0.0.1", server.port))
     sock.setblocking(False)
-    ws = await connect(f"ws://127.0.0.1:{server.port}{path}", sock=sock, max_queue=1, compression=None,
-                       proxy=None, max_size=None, ping_interval=None)
+    ws = await connect(
+        f"ws://127.0.0.1:{server.port}{path}",
+        sock=sock,
+        max_queue=1,
+        compression=None,
+        proxy=None,
+        max_size=None,
+        ping_interval=None,
+    )
     session_id = unpackb(await ws.recv())["session_id"]
 
     def thin_link():
@@ -87,11 +104,13 @@ def probe(server: ServerThread, session_id: str) -> dict:
         if session is None:
             return {"open": False}
         outbox = getattr(session, "outbox", None)
-        return {"open": session.connection.state is State.OPEN,
-                "frames": len(outbox) if outbox is not None else None,
-                "bytes": outbox.nbytes if outbox is not None else None,
-                "transport_bytes": session.connection.transport.get_write_buffer_size(),
-                "errors": session.telemetry.errors}
+        return {
+            "open": session.connection.state is State.OPEN,
+            "frames": len(outbox) if outbox is not None else None,
+            "bytes": outbox.nbytes if outbox is not None else None,
+            "transport_bytes": session.connection.transport.get_write_buffer_size(),
+            "errors": session.telemetry.errors,
+        }
 
     return server.run(read)
 
@@ -188,10 +207,10 @@ async def wait_gone(server: ServerThread, session_id: str, timeout: float = 15.0
 @pytest.fixture(scope="module")
 def patient():
     """A roomy outbox and a long reply timeout: a robot may fall behind for a while."""
-    limits = SessionLimits(max_outbox_frames=100_000, max_outbox_bytes=64 * 2**20, reply_timeout_s=60,
-                              idle_timeout_s=0)
-    with ServerThread(tiny_engine_loader("distilled"), warmup=False, connection_limits=limits,
-                      observation_rate=RateLimit(0)) as server:
+    limits = SessionLimits(max_outbox_frames=100_000, max_outbox_bytes=64 * 2**20, reply_timeout_s=60, idle_timeout_s=0)
+    with ServerThread(
+        tiny_engine_loader("distilled"), warmup=False, connection_limits=limits, observation_rate=RateLimit(0)
+    ) as server:
         yield server
 
 
@@ -246,8 +265,9 @@ IDLE_S = 2.0
 @pytest.fixture(scope="module")
 def idle_limited():
     limits = SessionLimits(idle_timeout_s=IDLE_S)
-    with ServerThread(tiny_engine_loader("distilled"), warmup=False, connection_limits=limits,
-                      max_sessions=2) as server:
+    with ServerThread(
+        tiny_engine_loader("distilled"), warmup=False, connection_limits=limits, max_sessions=2
+    ) as server:
         yield server
 
 
@@ -294,8 +314,9 @@ async def test_a_4096_square_camera_frame_fits_the_default_frame_limit(patient):
 async def test_shutdown_does_not_wait_forever_for_a_client_that_does_not_read():
     """websockets' own close() waits for the write buffer to drain, which never happens here."""
     limits = SessionLimits(reply_timeout_s=0, idle_timeout_s=0, close_grace_s=1)  # shutdown on its own
-    server = ServerThread(tiny_engine_loader("distilled"), warmup=False, connection_limits=limits,
-                          ping_interval=None).start()
+    server = ServerThread(
+        tiny_engine_loader("distilled"), warmup=False, connection_limits=limits, ping_interval=None
+    ).start()
     try:
         ws, session_id = await open_unread(server)
         await stall_writes(server, ws, session_id)

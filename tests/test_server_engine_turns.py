@@ -15,8 +15,8 @@ import numpy as np
 import pytest
 
 from cosmos3_runtime.requests import ActionRequest, VideoRequest
-from policy_server.engine.request_queue import PendingObservation, RequestQueue
 from policy_server.engine.batching import BackgroundShare
+from policy_server.engine.request_queue import PendingObservation, RequestQueue
 from policy_server.engine.worker import EngineWorker
 from policy_server.videos.runner import VideoRolloutTask
 
@@ -43,8 +43,9 @@ class _Owner:
 def _observation(session: str, seq: int, owner, turn=None) -> PendingObservation:
     # The prompt names the session, so the recording engine can tell whose request it runs.
     request = ActionRequest(domain_name=DOMAIN, image=IMAGE, prompt=session, action_horizon=8)
-    return PendingObservation(session_id=session, seq=seq, request=request, owner=owner,
-                              received_at=time.monotonic(), turn=turn)
+    return PendingObservation(
+        session_id=session, seq=seq, request=request, owner=owner, received_at=time.monotonic(), turn=turn
+    )
 
 
 class _RecordingEngine:
@@ -117,9 +118,12 @@ async def test_a_video_job_advances_and_completes_while_robots_wait_continuously
             queue.put(_observation(name, 0, owner))
         while not engine.log:
             await asyncio.sleep(0.005)  # robots are being served: the load is on
-        video = VideoRolloutTask("video_1", VideoRequest(domain_name=DOMAIN, image=IMAGE,
-                                                         actions=np.zeros((8, 10), np.float32)),
-                                 loop, on_started=lambda job_id: None)
+        video = VideoRolloutTask(
+            "video_1",
+            VideoRequest(domain_name=DOMAIN, image=IMAGE, actions=np.zeros((8, 10), np.float32)),
+            loop,
+            on_started=lambda job_id: None,
+        )
         queue.put_background(video)
         queued_at = time.monotonic()
         result = await asyncio.wait_for(video.done, 60)
@@ -156,9 +160,12 @@ async def test_without_a_share_the_video_waits_for_the_robots(tiny_engine):
     await worker.wait_ready()
     try:
         queue.put(_observation("robot-a", 0, robots["robot-a"]))
-        video = VideoRolloutTask("video_1", VideoRequest(domain_name=DOMAIN, image=IMAGE,
-                                                         actions=np.zeros((8, 10), np.float32)),
-                                 loop, on_started=lambda job_id: None)
+        video = VideoRolloutTask(
+            "video_1",
+            VideoRequest(domain_name=DOMAIN, image=IMAGE, actions=np.zeros((8, 10), np.float32)),
+            loop,
+            on_started=lambda job_id: None,
+        )
         queue.put_background(video)
         deadline = time.monotonic() + 60
         while robots["robot-a"].results < 4 and time.monotonic() < deadline:

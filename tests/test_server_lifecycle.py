@@ -11,11 +11,11 @@ import signal
 import time
 
 import pytest
+from server_fixtures import DOMAIN, ServerProcess, http_get, rgb_image, tiny_checkpoint
 from websockets.asyncio.client import connect
 from websockets.exceptions import ConnectionClosed
 
 from robot_clients.wire_codec import packb, unpackb
-from server_fixtures import DOMAIN, ServerProcess, http_get, rgb_image, tiny_checkpoint
 
 
 def wait_ready(proc: ServerProcess, timeout: float = 90.0) -> dict:

@@ -11,11 +11,11 @@ import asyncio
 import msgpack
 import numpy as np
 import pytest
+from server_fixtures import DOMAIN, ServerThread, http_get, rgb_image, tiny_engine_loader
 from websockets.asyncio.client import connect
 from websockets.exceptions import ConnectionClosed, InvalidStatus
 
 from robot_clients.wire_codec import packb, unpackb
-from server_fixtures import DOMAIN, ServerThread, http_get, rgb_image, tiny_engine_loader
 
 MAX_MESSAGE_BYTES = 2 * 2**20  # small, so the oversized-frame test sends only a few MB
 
@@ -164,8 +164,12 @@ async def test_cancel_and_reset(server):
         # Cancel by seq: answered `dropped` at once, whether it was still waiting or already running.
         await conn.send({"type": "observation", "seq": 0, "image": rgb_image()})
         await conn.send({"type": "cancel", "seq": 0})
-        assert await conn.recv() == {"type": "dropped", "seq": 0, "reason": "cancelled",
-                                     "message": "cancelled by the client"}
+        assert await conn.recv() == {
+            "type": "dropped",
+            "seq": 0,
+            "reason": "cancelled",
+            "message": "cancelled by the client",
+        }
         # Cancel without a seq: everything outstanding.
         await conn.send({"type": "observation", "seq": 1, "image": rgb_image()})
         await conn.send({"type": "cancel"})
@@ -208,14 +212,26 @@ BAD_FRAMES = {
     "text frame": ("hello", "bad_frame", None),
     "not a map": (packb([1, 2, 3]), "bad_frame", None),
     "malformed array": (
-        msgpack.packb({"type": "observation", "seq": 5, "image": {"__ndarray__": True, "data": b"\0" * 10,
-                                                                  "dtype": "|u1", "shape": [2, 2, 3]}}),
-        "bad_frame", "shape",
+        msgpack.packb(
+            {
+                "type": "observation",
+                "seq": 5,
+                "image": {"__ndarray__": True, "data": b"\0" * 10, "dtype": "|u1", "shape": [2, 2, 3]},
+            }
+        ),
+        "bad_frame",
+        "shape",
     ),
     "object dtype": (
-        msgpack.packb({"type": "observation", "seq": 5, "image": {"__ndarray__": True, "data": b"\0" * 8,
-                                                                  "dtype": "|O", "shape": [1]}}),
-        "bad_frame", "dtype",
+        msgpack.packb(
+            {
+                "type": "observation",
+                "seq": 5,
+                "image": {"__ndarray__": True, "data": b"\0" * 8, "dtype": "|O", "shape": [1]},
+            }
+        ),
+        "bad_frame",
+        "dtype",
     ),
     "no type": ({"seq": 1}, "unknown_type", "type"),
     "unknown type": ({"type": "teleport"}, "unknown_type", "type"),
@@ -226,24 +242,59 @@ BAD_FRAMES = {
     "image is a list": ({"type": "observation", "seq": 5, "image": [[1, 2, 3]]}, "invalid_image", "image"),
     "image float32": ({"type": "observation", "seq": 5, "image": IMAGE.astype(np.float32)}, "invalid_image", "image"),
     "image rank 2": ({"type": "observation", "seq": 5, "image": IMAGE[..., 0]}, "invalid_image", "image"),
-    "image rgba": ({"type": "observation", "seq": 5, "image": np.zeros((64, 64, 4), np.uint8)}, "invalid_image", "image"),
-    "image too small": ({"type": "observation", "seq": 5, "image": np.zeros((4, 4, 3), np.uint8)}, "invalid_image", "image"),
-    "image too large": ({"type": "observation", "seq": 5, "image": np.zeros((1, 5000, 3), np.uint8)}, "invalid_image", "image"),
+    "image rgba": (
+        {"type": "observation", "seq": 5, "image": np.zeros((64, 64, 4), np.uint8)},
+        "invalid_image",
+        "image",
+    ),
+    "image too small": (
+        {"type": "observation", "seq": 5, "image": np.zeros((4, 4, 3), np.uint8)},
+        "invalid_image",
+        "image",
+    ),
+    "image too large": (
+        {"type": "observation", "seq": 5, "image": np.zeros((1, 5000, 3), np.uint8)},
+        "invalid_image",
+        "image",
+    ),
     "video rank 3": ({"type": "observation", "seq": 5, "video": IMAGE}, "invalid_image", "video"),
-    "deadline is a string": ({"type": "observation", "seq": 5, "image": IMAGE, "deadline_ms": "soon"}, "invalid_field", "deadline_ms"),
-    "prefix actions int": ({"type": "observation", "seq": 5, "image": IMAGE, "prefix_actions": np.zeros((2, 3), np.int32)},
-                           "invalid_field", "prefix_actions"),
+    "deadline is a string": (
+        {"type": "observation", "seq": 5, "image": IMAGE, "deadline_ms": "soon"},
+        "invalid_field",
+        "deadline_ms",
+    ),
+    "prefix actions int": (
+        {"type": "observation", "seq": 5, "image": IMAGE, "prefix_actions": np.zeros((2, 3), np.int32)},
+        "invalid_field",
+        "prefix_actions",
+    ),
     "unknown domain": ({"type": "configure", "domain_name": "spaceship"}, "unknown_domain", "domain_name"),
     "configure without domain": ({"type": "configure", "seed": 1}, "missing_field", "domain_name"),
-    "unsupported mode": ({"type": "configure", "domain_name": DOMAIN, "action_mode": "forward_dynamics"},
-                         "unsupported_mode", "action_mode"),
-    "made-up mode": ({"type": "configure", "domain_name": DOMAIN, "action_mode": "dance"}, "unsupported_mode", "action_mode"),
-    "unsupported tier": ({"type": "configure", "domain_name": DOMAIN, "resolution_tier": 333}, "unsupported_tier",
-                         "resolution_tier"),
-    "horizon not a multiple": ({"type": "configure", "domain_name": DOMAIN, "action_horizon": 7}, "invalid_field",
-                               "action_horizon"),
-    "horizon is a bool": ({"type": "configure", "domain_name": DOMAIN, "action_horizon": True}, "invalid_field",
-                          "action_horizon"),
+    "unsupported mode": (
+        {"type": "configure", "domain_name": DOMAIN, "action_mode": "forward_dynamics"},
+        "unsupported_mode",
+        "action_mode",
+    ),
+    "made-up mode": (
+        {"type": "configure", "domain_name": DOMAIN, "action_mode": "dance"},
+        "unsupported_mode",
+        "action_mode",
+    ),
+    "unsupported tier": (
+        {"type": "configure", "domain_name": DOMAIN, "resolution_tier": 333},
+        "unsupported_tier",
+        "resolution_tier",
+    ),
+    "horizon not a multiple": (
+        {"type": "configure", "domain_name": DOMAIN, "action_horizon": 7},
+        "invalid_field",
+        "action_horizon",
+    ),
+    "horizon is a bool": (
+        {"type": "configure", "domain_name": DOMAIN, "action_horizon": True},
+        "invalid_field",
+        "action_horizon",
+    ),
     "unknown configure field": ({"type": "configure", "domain_name": DOMAIN, "speed": 3}, "invalid_field", "speed"),
 }
 
@@ -296,8 +347,9 @@ async def test_engine_side_validation_error_reaches_the_client_with_its_code(ser
     async with conn.ws:
         await conn.configure(action_horizon=8)
         width = meta["domains"][DOMAIN]["raw_action_dim"]
-        await conn.send({"type": "observation", "seq": 0, "image": IMAGE,
-                         "prefix_actions": np.full((2, width), 1e38, np.float32)})
+        await conn.send(
+            {"type": "observation", "seq": 0, "image": IMAGE, "prefix_actions": np.full((2, width), 1e38, np.float32)}
+        )
         error = await conn.recv()
         assert error["type"] == "error" and error["seq"] == 0
         assert (error["code"], error["field"]) == ("invalid_field", "prefix_actions")

@@ -97,8 +97,13 @@ def test_close_returns_what_waited_and_wakes_the_worker():
 def _obs(session, seq, **request):
     from cosmos3_runtime.requests import ActionRequest
 
-    return PendingObservation(session_id=session, seq=seq, owner=None, received_at=time.monotonic(),
-                              request=ActionRequest(domain_name="fractal", **request))
+    return PendingObservation(
+        session_id=session,
+        seq=seq,
+        owner=None,
+        received_at=time.monotonic(),
+        request=ActionRequest(domain_name="fractal", **request),
+    )
 
 
 def test_take_batch_groups_compatible_sessions_in_ring_order():
@@ -147,8 +152,16 @@ def test_many_requests_of_one_client_share_one_turn_with_a_robot():
         served.append(taken.session_id)
         if taken.session_id == "robot":
             queue.put(item("robot", seq))  # the robot sends again once answered
-    assert served == ["http-client-0", "robot", "http-client-1", "robot", "http-client-2", "robot",
-                      "http-client-3", "robot"]
+    assert served == [
+        "http-client-0",
+        "robot",
+        "http-client-1",
+        "robot",
+        "http-client-2",
+        "robot",
+        "http-client-3",
+        "robot",
+    ]
     assert len(queue) == 16 - 4 + 1
 
 
@@ -199,7 +212,11 @@ def test_a_robots_batch_never_carries_a_one_shot_request():
     queue.put(_http("client", 0))
     queue.put(_http("other", 0))
     queue.put(item("robot-b", 0))
-    assert [taken.session_id for taken in queue.take_batch(4, compatible=BatchPolicy.compatible)] == ["robot-a",
-                                                                                                      "robot-b"]
     assert [taken.session_id for taken in queue.take_batch(4, compatible=BatchPolicy.compatible)] == [
-        "http-client-0", "http-other-0"]  # one-shot requests of different clients still batch together
+        "robot-a",
+        "robot-b",
+    ]
+    assert [taken.session_id for taken in queue.take_batch(4, compatible=BatchPolicy.compatible)] == [
+        "http-client-0",
+        "http-other-0",
+    ]  # one-shot requests of different clients still batch together

@@ -12,10 +12,10 @@ import asyncio
 import time
 
 import pytest
+from server_fixtures import DOMAIN, ServerThread, http_get, rgb_image, tiny_engine_loader
 from websockets.asyncio.client import connect
 
 from robot_clients.wire_codec import packb, unpackb
-from server_fixtures import DOMAIN, ServerThread, http_get, rgb_image, tiny_engine_loader
 
 ENGINE_DELAY_S = 0.4
 IMAGE = rgb_image(64)
@@ -26,8 +26,9 @@ def server():
     # Short keepalive interval/timeout: a server whose event loop stalled during inference would miss
     # pongs and the connection would die within a second.
     # Warmed up: these tests time requests against ENGINE_DELAY_S, which a cold first call would blur.
-    with ServerThread(tiny_engine_loader("distilled", delay_s=ENGINE_DELAY_S), warmup=True, ping_interval=0.2,
-                      ping_timeout=0.5) as s:
+    with ServerThread(
+        tiny_engine_loader("distilled", delay_s=ENGINE_DELAY_S), warmup=True, ping_interval=0.2, ping_timeout=0.5
+    ) as s:
         yield s
 
 

@@ -43,16 +43,19 @@ def test_none_unsets_a_setting_but_never_the_domain(described, domain):
     assert (error.code, error.field, error.seq) == (ErrorCode.INVALID_FIELD, "domain_name", 4)
 
 
-@pytest.mark.parametrize("settings,code,field", [
-    ({"domain_name": "no_such_robot"}, ErrorCode.UNKNOWN_DOMAIN, "domain_name"),
-    ({"action_mode": "forward_dynamics"}, ErrorCode.UNSUPPORTED_MODE, "action_mode"),
-    ({"resolution_tier": 12345}, ErrorCode.UNSUPPORTED_TIER, "resolution_tier"),
-    ({"view_point": "from_the_moon"}, ErrorCode.INVALID_FIELD, "view_point"),
-    ({"seed": -1}, ErrorCode.INVALID_FIELD, "seed"),
-    ({"fps": 0.0}, ErrorCode.INVALID_FIELD, "fps"),
-    ({"control_hz": -5.0}, ErrorCode.INVALID_FIELD, "control_hz"),
-    ({"prompt": "p" * 1_000_000}, ErrorCode.INVALID_FIELD, "prompt"),
-])
+@pytest.mark.parametrize(
+    "settings,code,field",
+    [
+        ({"domain_name": "no_such_robot"}, ErrorCode.UNKNOWN_DOMAIN, "domain_name"),
+        ({"action_mode": "forward_dynamics"}, ErrorCode.UNSUPPORTED_MODE, "action_mode"),
+        ({"resolution_tier": 12345}, ErrorCode.UNSUPPORTED_TIER, "resolution_tier"),
+        ({"view_point": "from_the_moon"}, ErrorCode.INVALID_FIELD, "view_point"),
+        ({"seed": -1}, ErrorCode.INVALID_FIELD, "seed"),
+        ({"fps": 0.0}, ErrorCode.INVALID_FIELD, "fps"),
+        ({"control_hz": -5.0}, ErrorCode.INVALID_FIELD, "control_hz"),
+        ({"prompt": "p" * 1_000_000}, ErrorCode.INVALID_FIELD, "prompt"),
+    ],
+)
 def test_each_bad_setting_is_refused_naming_its_field(described, domain, settings, code, field):
     error = refused({"domain_name": domain, **settings}, described, seq=9)
     assert (error.code, error.field, error.seq) == (code, field, 9)
@@ -76,17 +79,20 @@ def test_resolved_names_no_ids_for_an_unknown_domain(described):
     assert resolved["domain_id"] is None and resolved["raw_action_dim"] is None
 
 
-@pytest.mark.parametrize("target,openpi,expected", [
-    ("/healthz", True, Route.HEALTH),
-    ("/dashboard", True, Route.DASHBOARD),
-    ("/dashboard/app.js", True, Route.DASHBOARD),
-    ("/v1/observe?access_token=t", True, Route.OBSERVER),
-    ("/v1/actions/realtime", True, Route.NATIVE),
-    ("/", True, Route.OPENPI),
-    ("/openpi", True, Route.OPENPI),
-    ("/openpi", False, Route.UNKNOWN),
-    ("/dashboardx", True, Route.UNKNOWN),
-    ("/nowhere", True, Route.UNKNOWN),
-])
+@pytest.mark.parametrize(
+    "target,openpi,expected",
+    [
+        ("/healthz", True, Route.HEALTH),
+        ("/dashboard", True, Route.DASHBOARD),
+        ("/dashboard/app.js", True, Route.DASHBOARD),
+        ("/v1/observe?access_token=t", True, Route.OBSERVER),
+        ("/v1/actions/realtime", True, Route.NATIVE),
+        ("/", True, Route.OPENPI),
+        ("/openpi", True, Route.OPENPI),
+        ("/openpi", False, Route.UNKNOWN),
+        ("/dashboardx", True, Route.UNKNOWN),
+        ("/nowhere", True, Route.UNKNOWN),
+    ],
+)
 def test_the_routing_table(target, openpi, expected):
     assert route(target, openpi) is expected

@@ -7,10 +7,12 @@ import base64
 import contextlib
 import json
 import time
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 import pytest
+from server_fixtures import DOMAIN, ServerThread, rgb_image, tiny_engine_loader
 from websockets.exceptions import InvalidStatus
 from websockets.sync.client import connect
 
@@ -18,7 +20,6 @@ from robot_clients import PolicyClient, SessionPaused, SessionStopped
 from robot_clients.action_chunker import ActionChunker, ChunkerConfig
 from robot_clients.chunk_policy import RemoteChunkPolicy
 from robot_clients.wire_codec import packb, unpackb
-from server_fixtures import DOMAIN, ServerThread, rgb_image, tiny_engine_loader
 
 
 @pytest.fixture(scope="module")
@@ -76,8 +77,13 @@ def test_observer_sees_the_session_its_chunk_frame_and_latencies(server):
         for i in range(3):
             last = client.infer({"image": rgb_image(96, seed=i)})
 
-        listed = wait_for(obs, lambda f: f["type"] == "sessions" and any(
-            s["session_id"] == session_id and s["answered"] == 3 for s in f["sessions"]))
+        listed = wait_for(
+            obs,
+            lambda f: (
+                f["type"] == "sessions"
+                and any(s["session_id"] == session_id and s["answered"] == 3 for s in f["sessions"])
+            ),
+        )
         summary = next(s for s in listed["sessions"] if s["session_id"] == session_id)
         assert summary["protocol"] == "native" and summary["controllable"] is True
         # No mode configured: each observation's media decide it (the dashboard shows "—").
@@ -99,8 +105,13 @@ def test_a_paused_session_drops_observations_until_resumed(server):
     with raw_robot(server) as (robot, session_id), observer(server) as obs:
         assert control(obs, session_id, "pause", reason="checking the gripper")["state"] == "paused"
         state = unpackb(robot.recv(timeout=10))
-        assert state == {"type": "session_state", "session_id": session_id, "state": "paused",
-                         "reason": "checking the gripper", "source": "operator"}
+        assert state == {
+            "type": "session_state",
+            "session_id": session_id,
+            "state": "paused",
+            "reason": "checking the gripper",
+            "source": "operator",
+        }
         robot.send(observation(0))
         dropped = unpackb(robot.recv(timeout=10))
         assert (dropped["type"], dropped["seq"], dropped["reason"]) == ("dropped", 0, "paused")
@@ -113,8 +124,13 @@ def test_a_paused_session_drops_observations_until_resumed(server):
         assert (chunk["type"], chunk["seq"]) == ("action_chunk", 1)
 
         # Frames read from here on may be older snapshots still buffered: wait for a current one.
-        wait_for(obs, lambda f: f["type"] == "sessions" and any(
-            (s["session_id"], s["dropped"], s["answered"]) == (session_id, 1, 1) for s in f["sessions"]))
+        wait_for(
+            obs,
+            lambda f: (
+                f["type"] == "sessions"
+                and any((s["session_id"], s["dropped"], s["answered"]) == (session_id, 1, 1) for s in f["sessions"])
+            ),
+        )
 
 
 def test_the_client_raises_session_paused_and_waits_for_the_resume(server):
@@ -186,9 +202,14 @@ def test_the_observer_channel_cannot_send_observations(server):
 
 
 def test_openpi_sessions_are_listed_but_not_controllable(server):
-    with connect(f"ws://127.0.0.1:{server.port}/openpi", compression=None, proxy=None) as openpi, observer(server) as obs:
+    with (
+        connect(f"ws://127.0.0.1:{server.port}/openpi", compression=None, proxy=None) as openpi,
+        observer(server) as obs,
+    ):
         unpackb(openpi.recv(timeout=10))  # openpi's metadata
-        listed = wait_for(obs, lambda f: f["type"] == "sessions" and any(s["protocol"] == "openpi" for s in f["sessions"]))
+        listed = wait_for(
+            obs, lambda f: f["type"] == "sessions" and any(s["protocol"] == "openpi" for s in f["sessions"])
+        )
         session_id = next(s["session_id"] for s in listed["sessions"] if s["protocol"] == "openpi")
         assert control(obs, session_id, "pause")["code"] == "not_controllable"
 

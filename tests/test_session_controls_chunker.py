@@ -7,8 +7,8 @@ import threading
 import time
 
 import pytest
-
 from chunk_fixtures import CountingEnvironment, SimulatedLatencyPolicy
+
 from robot_clients.action_chunker import ActionChunker, ChunkerConfig, ChunkerError
 from robot_clients.control_loop import ChunkingAgent, ControlLoop
 
@@ -62,6 +62,8 @@ def test_the_control_loop_ends_the_episode_when_an_operator_stops_the_session():
     policy = OperatedPolicy(latency_s=0.0, horizon=8, dim=2)
     threading.Timer(0.3, lambda: setattr(policy, "session_state", "stopped")).start()
     with ActionChunker(policy, ChunkerConfig(control_hz=50)) as chunker:
-        report = ControlLoop(CountingEnvironment(), ChunkingAgent(chunker), control_hz=50, max_episode_s=10).run_episode()
+        report = ControlLoop(
+            CountingEnvironment(), ChunkingAgent(chunker), control_hz=50, max_episode_s=10
+        ).run_episode()
     assert report.stopped_by_operator and report.duration_s < 5
     assert report.summary()["stopped_by_operator"] is True

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-
 from sglang_envelopes import IMAGE, POLICY, envelope, parse, refused, requests_of
 from sglang_fixtures import base, case, distilled, droid, load_cases, materialize, sglang_packb  # noqa: F401
 from sidecar_fixtures import png_b64, png_bytes, rgb
@@ -18,7 +17,6 @@ from policy_server.http.codecs import Upload
 from policy_server.sglang.action_form import envelope_from_form
 from policy_server.sglang.actions import is_sglang_envelope
 from robot_clients.wire_codec import unpackb
-
 
 # -- SGLang's own test requests, replayed ----------------------------------------------------------------
 
@@ -64,8 +62,10 @@ def test_an_image_below_the_models_smallest_side_is_refused_naming_its_path(base
     assert "between 8" in error.message
 
 
-@pytest.mark.parametrize("name, max_items", [("batched_policy_tensor_prompts", 2), ("batched_policy_scalar_prompt", 2),
-                                             ("single_item_batch", 1)])
+@pytest.mark.parametrize(
+    "name, max_items",
+    [("batched_policy_tensor_prompts", 2), ("batched_policy_scalar_prompt", 2), ("single_item_batch", 1)],
+)
 def test_sglang_batch_requests_pair_one_prompt_with_each_image(distilled, name, max_items):
     recorded = case(name)
     call = parse(_decoded(recorded), distilled, max_items)
@@ -127,38 +127,59 @@ def test_sglang_inverse_dynamics_runs_on_frames(distilled):
 
 # -- image and video forms -------------------------------------------------------------------------------
 
-@pytest.mark.parametrize("form", [
-    {"b64_json": png_b64(IMAGE)},
-    {"base64": png_b64(IMAGE)},
-    {"b64_json": "data:image/png;base64," + png_b64(IMAGE)},
-    png_b64(IMAGE),
-    {"values": IMAGE.tolist(), "dtype": "uint8", "shape": [32, 32, 3]},
-    {"data": IMAGE.reshape(-1).tolist(), "dtype": "uint8", "shape": [32, 32, 3]},
-    {"values": IMAGE.tolist()},
-    IMAGE.tolist(),
-    IMAGE,
-    [IMAGE.tolist()],  # a batch of one
-    png_bytes(IMAGE),  # msgpack bodies carry encoded bytes
-], ids=["b64_json", "base64", "data_url", "b64_string", "values", "data_flat", "values_no_dtype", "nested_lists",
-        "ndarray", "list_of_one", "bytes"])
+
+@pytest.mark.parametrize(
+    "form",
+    [
+        {"b64_json": png_b64(IMAGE)},
+        {"base64": png_b64(IMAGE)},
+        {"b64_json": "data:image/png;base64," + png_b64(IMAGE)},
+        png_b64(IMAGE),
+        {"values": IMAGE.tolist(), "dtype": "uint8", "shape": [32, 32, 3]},
+        {"data": IMAGE.reshape(-1).tolist(), "dtype": "uint8", "shape": [32, 32, 3]},
+        {"values": IMAGE.tolist()},
+        IMAGE.tolist(),
+        IMAGE,
+        [IMAGE.tolist()],  # a batch of one
+        png_bytes(IMAGE),  # msgpack bodies carry encoded bytes
+    ],
+    ids=[
+        "b64_json",
+        "base64",
+        "data_url",
+        "b64_string",
+        "values",
+        "data_flat",
+        "values_no_dtype",
+        "nested_lists",
+        "ndarray",
+        "list_of_one",
+        "bytes",
+    ],
+)
 def test_every_sglang_image_form_reaches_the_engine_as_the_same_pixels(distilled, form):
     _, (request,) = requests_of(envelope(form), distilled)
     np.testing.assert_array_equal(request.image, IMAGE)
 
 
 def test_image_forms_travel_in_sglang_msgpack_bodies(distilled):
-    body = envelope({"values": IMAGE.tobytes(), "dtype": "uint8", "shape": [32, 32, 3]},
-                    parameters={"seed": np.int64(3)})
+    body = envelope(
+        {"values": IMAGE.tobytes(), "dtype": "uint8", "shape": [32, 32, 3]}, parameters={"seed": np.int64(3)}
+    )
     _, (request,) = requests_of(unpackb(sglang_packb(body)), distilled)
     np.testing.assert_array_equal(request.image, IMAGE)
     assert request.seed == 3
 
 
-@pytest.mark.parametrize("array, expected", [
-    (IMAGE[:, :, 0], np.repeat(IMAGE[:, :, :1], 3, axis=2)),
-    (IMAGE[:, :, :1], np.repeat(IMAGE[:, :, :1], 3, axis=2)),
-    (np.concatenate([IMAGE, np.full((32, 32, 1), 255, np.uint8)], axis=2), IMAGE),
-], ids=["gray", "one_channel", "rgba"])
+@pytest.mark.parametrize(
+    "array, expected",
+    [
+        (IMAGE[:, :, 0], np.repeat(IMAGE[:, :, :1], 3, axis=2)),
+        (IMAGE[:, :, :1], np.repeat(IMAGE[:, :, :1], 3, axis=2)),
+        (np.concatenate([IMAGE, np.full((32, 32, 1), 255, np.uint8)], axis=2), IMAGE),
+    ],
+    ids=["gray", "one_channel", "rgba"],
+)
 def test_gray_and_rgba_arrays_become_rgb(distilled, array, expected):
     _, (request,) = requests_of(envelope(array), distilled)
     np.testing.assert_array_equal(request.image, expected)
@@ -192,16 +213,22 @@ def test_the_observation_may_sit_in_input_as_sglang_allows(distilled):
         np.testing.assert_array_equal(request.image, IMAGE)
 
 
-@pytest.mark.parametrize("form", [
-    [png_b64(frame) for frame in np.stack([IMAGE] * 5)],
-    [{"b64_json": png_b64(IMAGE)}] * 5,
-    np.stack([IMAGE] * 5),
-    np.stack([IMAGE] * 5).tolist(),
-    {"values": np.stack([IMAGE] * 5).tolist(), "dtype": "uint8", "shape": [5, 32, 32, 3]},
-], ids=["b64_frames", "b64_json_frames", "ndarray", "nested_lists", "values"])
+@pytest.mark.parametrize(
+    "form",
+    [
+        [png_b64(frame) for frame in np.stack([IMAGE] * 5)],
+        [{"b64_json": png_b64(IMAGE)}] * 5,
+        np.stack([IMAGE] * 5),
+        np.stack([IMAGE] * 5).tolist(),
+        {"values": np.stack([IMAGE] * 5).tolist(), "dtype": "uint8", "shape": [5, 32, 32, 3]},
+    ],
+    ids=["b64_frames", "b64_json_frames", "ndarray", "nested_lists", "values"],
+)
 def test_every_video_form_reaches_inverse_dynamics(distilled, form):
-    body = {"input": {"observation": {"video": form}},
-            "parameters": {"action_mode": "inverse_dynamics", "domain_name": "av", "action_horizon": 4}}
+    body = {
+        "input": {"observation": {"video": form}},
+        "parameters": {"action_mode": "inverse_dynamics", "domain_name": "av", "action_horizon": 4},
+    }
     _, (request,) = requests_of(body, distilled)
     assert request.video.shape == (5, 32, 32, 3)
 
@@ -211,43 +238,73 @@ def test_a_video_upload_in_the_form_reaches_inverse_dynamics(distilled, tmp_path
 
     encode_mp4(np.stack([IMAGE] * 5), 5.0, tmp_path / "clip.mp4")
     upload = Upload((tmp_path / "clip.mp4").read_bytes(), "video/mp4")
-    body = envelope_from_form([("task", "infer"), ("input_reference", upload), ("action_mode", "inverse_dynamics"),
-                               ("domain_name", "av"), ("num_frames", "5")])
+    body = envelope_from_form(
+        [
+            ("task", "infer"),
+            ("input_reference", upload),
+            ("action_mode", "inverse_dynamics"),
+            ("domain_name", "av"),
+            ("num_frames", "5"),
+        ]
+    )
     assert "video" in body["input"]["observation"]
     _, (request,) = requests_of(body, distilled)
     assert request.video.shape == (5, 32, 32, 3)
 
 
-@pytest.mark.parametrize("image, code, field", [
-    ("observation.png", "invalid_image", "input.observation.image"),
-    ("https://example.com/frame.png", "invalid_image", "input.observation.image"),
-    ({"b64_json": "/tmp/frame.jpg"}, "invalid_image", "input.observation.image.b64_json"),
-    ({"b64_json": png_b64(IMAGE), "detail": "high"}, "invalid_image", "input.observation.image"),
-    ({"url": "https://example.com/x.png"}, "invalid_image", "input.observation.image"),
-    ({"values": IMAGE.tolist(), "dtype": "float32"}, "invalid_image", "input.observation.image.dtype"),
-    ({"values": [[[300, 0, 0]] * 32] * 32}, "invalid_image", "input.observation.image"),
-    ({"values": IMAGE.tolist(), "shape": [16, 16, 3]}, "invalid_image", "input.observation.image.shape"),
-    ({"values": IMAGE.tolist(), "data": IMAGE.tolist()}, "invalid_image", "input.observation.image"),
-    ({"values": [[1, 2], [3]]}, "invalid_image", "input.observation.image"),
-    (IMAGE.astype(np.float32), "invalid_image", "input.observation.image"),
-    (rgb(4), "invalid_image", "input.observation.image"),
-    ([], "invalid_image", "input.observation.image"),
-    ([png_b64(IMAGE), "frame.png"], "invalid_image", "input.observation.image[1]"),
-], ids=["path", "url", "b64_path", "b64_extra_key", "unknown_container", "float_dtype", "out_of_range",
-        "shape_mismatch", "values_and_data", "ragged", "float_array", "too_small", "empty_batch", "path_in_batch"])
+@pytest.mark.parametrize(
+    "image, code, field",
+    [
+        ("observation.png", "invalid_image", "input.observation.image"),
+        ("https://example.com/frame.png", "invalid_image", "input.observation.image"),
+        ({"b64_json": "/tmp/frame.jpg"}, "invalid_image", "input.observation.image.b64_json"),
+        ({"b64_json": png_b64(IMAGE), "detail": "high"}, "invalid_image", "input.observation.image"),
+        ({"url": "https://example.com/x.png"}, "invalid_image", "input.observation.image"),
+        ({"values": IMAGE.tolist(), "dtype": "float32"}, "invalid_image", "input.observation.image.dtype"),
+        ({"values": [[[300, 0, 0]] * 32] * 32}, "invalid_image", "input.observation.image"),
+        ({"values": IMAGE.tolist(), "shape": [16, 16, 3]}, "invalid_image", "input.observation.image.shape"),
+        ({"values": IMAGE.tolist(), "data": IMAGE.tolist()}, "invalid_image", "input.observation.image"),
+        ({"values": [[1, 2], [3]]}, "invalid_image", "input.observation.image"),
+        (IMAGE.astype(np.float32), "invalid_image", "input.observation.image"),
+        (rgb(4), "invalid_image", "input.observation.image"),
+        ([], "invalid_image", "input.observation.image"),
+        ([png_b64(IMAGE), "frame.png"], "invalid_image", "input.observation.image[1]"),
+    ],
+    ids=[
+        "path",
+        "url",
+        "b64_path",
+        "b64_extra_key",
+        "unknown_container",
+        "float_dtype",
+        "out_of_range",
+        "shape_mismatch",
+        "values_and_data",
+        "ragged",
+        "float_array",
+        "too_small",
+        "empty_batch",
+        "path_in_batch",
+    ],
+)
 def test_bad_images_are_refused_naming_the_field(distilled, image, code, field):
     error = refused(envelope(image), distilled)
     assert (error.code, error.field) == (code, field), error.message
 
 
-@pytest.mark.parametrize("video, field", [
-    ("observation.mp4", "input.observation.video"),
-    ({"b64_json": "AAAA"}, "input.observation.video"),
-    (IMAGE, "input.observation.video"),
-])
+@pytest.mark.parametrize(
+    "video, field",
+    [
+        ("observation.mp4", "input.observation.video"),
+        ({"b64_json": "AAAA"}, "input.observation.video"),
+        (IMAGE, "input.observation.video"),
+    ],
+)
 def test_videos_must_be_frames(distilled, video, field):
-    body = {"input": {"observation": {"video": video}},
-            "parameters": {"action_mode": "inverse_dynamics", "domain_name": "av", "action_horizon": 4}}
+    body = {
+        "input": {"observation": {"video": video}},
+        "parameters": {"action_mode": "inverse_dynamics", "domain_name": "av", "action_horizon": 4},
+    }
     error = refused(body, distilled)
     assert (error.code, error.field) == ("invalid_image", field)
 
@@ -262,20 +319,39 @@ def test_paths_and_urls_sglang_would_read_are_refused(distilled):
 # -- the envelope's structure ----------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("body, code, field", [
-    ({"parameters": POLICY}, "missing_field", "input"),
-    ({"input": [], "parameters": POLICY}, "invalid_field", "input"),
-    ({"input": {"observation": {}}, "parameters": POLICY, "stream": True}, "invalid_field", "stream"),
-    ({"input": {"observation": {}, "noise": [0.0]}, "parameters": POLICY}, "invalid_field", "input.noise"),
-    ({"input": {"observation": {"image_masks": {}}}, "parameters": POLICY}, "invalid_field",
-     "input.observation.image_masks"),
-    ({"input": {}, "parameters": {**POLICY, "flow_shift": 3.0}}, "invalid_field", "parameters.flow_shift"),
-    ({"input": {}, "parameters": POLICY, "runtime": {"stream": True}}, "invalid_field", "runtime.stream"),
-    ({"input": {"observation": {}}, "parameters": POLICY}, "missing_field", "input.observation.image"),
-    ({"input": {}, "parameters": {**POLICY, "action_mode": "inverse_dynamics"}}, "missing_field",
-     "input.observation.video"),
-], ids=["no_input", "input_not_object", "unknown_top", "unknown_input", "unknown_observation", "unknown_parameter",
-        "unknown_runtime", "no_image", "no_video"])
+@pytest.mark.parametrize(
+    "body, code, field",
+    [
+        ({"parameters": POLICY}, "missing_field", "input"),
+        ({"input": [], "parameters": POLICY}, "invalid_field", "input"),
+        ({"input": {"observation": {}}, "parameters": POLICY, "stream": True}, "invalid_field", "stream"),
+        ({"input": {"observation": {}, "noise": [0.0]}, "parameters": POLICY}, "invalid_field", "input.noise"),
+        (
+            {"input": {"observation": {"image_masks": {}}}, "parameters": POLICY},
+            "invalid_field",
+            "input.observation.image_masks",
+        ),
+        ({"input": {}, "parameters": {**POLICY, "flow_shift": 3.0}}, "invalid_field", "parameters.flow_shift"),
+        ({"input": {}, "parameters": POLICY, "runtime": {"stream": True}}, "invalid_field", "runtime.stream"),
+        ({"input": {"observation": {}}, "parameters": POLICY}, "missing_field", "input.observation.image"),
+        (
+            {"input": {}, "parameters": {**POLICY, "action_mode": "inverse_dynamics"}},
+            "missing_field",
+            "input.observation.video",
+        ),
+    ],
+    ids=[
+        "no_input",
+        "input_not_object",
+        "unknown_top",
+        "unknown_input",
+        "unknown_observation",
+        "unknown_parameter",
+        "unknown_runtime",
+        "no_image",
+        "no_video",
+    ],
+)
 def test_envelope_structure_is_checked(distilled, body, code, field):
     error = refused(body, distilled)
     assert (error.code, error.field) == (code, field), error.message
@@ -292,8 +368,10 @@ def test_both_image_fields_or_image_and_video_are_refused(distilled):
     body = envelope(png_b64(IMAGE))
     body["input"]["observation"]["video"] = [png_b64(IMAGE)] * 17
     assert refused(body, distilled).field == "input.observation.video"
-    body = {"input": {"observation": {"image": png_b64(IMAGE)}},
-            "parameters": {"action_mode": "inverse_dynamics", "domain_name": "av"}}
+    body = {
+        "input": {"observation": {"image": png_b64(IMAGE)}},
+        "parameters": {"action_mode": "inverse_dynamics", "domain_name": "av"},
+    }
     assert refused(body, distilled).field == "input.observation.image"
 
 
@@ -327,8 +405,10 @@ def test_model_must_be_the_served_one(distilled):
 
 def test_state_is_honoured_or_refused_naming_its_path(distilled, droid):
     # A domain that takes no state refuses one, wherever SGLang puts it (it is never dropped with a warning).
-    for body, path in ((envelope(png_b64(IMAGE), state=[0.1] * 8), "input.state"),
-                       (envelope({"b64_json": png_b64(IMAGE)}), None)):
+    for body, path in (
+        (envelope(png_b64(IMAGE), state=[0.1] * 8), "input.state"),
+        (envelope({"b64_json": png_b64(IMAGE)}), None),
+    ):
         if path is None:
             assert parse(body, distilled).unused == () and requests_of(body, distilled)[1][0].state is None
         else:
@@ -341,10 +421,13 @@ def test_state_is_honoured_or_refused_naming_its_path(distilled, droid):
     for body in (envelope(png_b64(IMAGE), state=joints), tensor):
         _, (request,) = requests_of(body, droid)
         np.testing.assert_array_equal(request.state.reshape(-1), np.float32(joints))
-    for state, code in ((joints[:7], "invalid_field"), (["a"] * 8, "invalid_field"), ([float("nan")] * 8, "invalid_field"),
-                        (list(range(5000)), "invalid_field")):
+    for state, code in (
+        (joints[:7], "invalid_field"),
+        (["a"] * 8, "invalid_field"),
+        ([float("nan")] * 8, "invalid_field"),
+        (list(range(5000)), "invalid_field"),
+    ):
         error = refused(envelope(png_b64(IMAGE), state=state), droid)
         assert (error.code, error.field) == (code, "input.state"), error.message
     error = refused(envelope(png_b64(IMAGE)), droid)
     assert (error.code, error.field) == ("missing_field", "input.observation.state"), error.message
-

@@ -7,7 +7,6 @@ import json
 
 import numpy as np
 import pytest
-
 from sglang_fixtures import chunk, distilled, load_cases, sglang_packb, sglang_unpackb  # noqa: F401
 from sidecar_fixtures import png_b64, rgb
 
@@ -31,8 +30,15 @@ def _recorded_chunks(output: dict) -> list:
     actions = np.zeros(shape, np.float32) if kind == "zeros" else np.arange(np.prod(shape), dtype=np.float32)
     actions = actions.reshape(shape)
     batch = actions if actions.ndim == 3 else actions[None]
-    return [chunk(a, domain_id=output.get("domain_id", 8), mode=output.get("action_mode", "policy"),
-                  num_steps=output.get("num_inference_steps", 4)) for a in batch]
+    return [
+        chunk(
+            a,
+            domain_id=output.get("domain_id", 8),
+            mode=output.get("action_mode", "policy"),
+            num_steps=output.get("num_inference_steps", 4),
+        )
+        for a in batch
+    ]
 
 
 def _lookup(reply: dict, key: str):
@@ -48,8 +54,9 @@ def _lookup(reply: dict, key: str):
     return value
 
 
-@pytest.mark.parametrize("recorded", [c for c in load_cases("action_replies") if c["name"] != "empty"],
-                         ids=lambda c: c["name"])
+@pytest.mark.parametrize(
+    "recorded", [c for c in load_cases("action_replies") if c["name"] != "empty"], ids=lambda c: c["name"]
+)
 def test_reply_envelope_satisfies_sglangs_own_assertions(recorded):
     chunks = _recorded_chunks(recorded["output"])
     reply = build_reply(_call(len(chunks), request_id=recorded["output"]["request_id"]), chunks, model="m")
@@ -97,8 +104,9 @@ def test_raw_response_format():
 
 def test_timings_warnings_and_prefix_cache():
     call = ActionCall(None, (ActionItem(),), return_timing=True, unused=("input.state",))
-    reply = build_reply(call, [chunk(np.zeros((4, 3)))], model="m", prefix_cache_hit=True,
-                        timings={"queue_ms": 1.0, "model_ms": 2.0})
+    reply = build_reply(
+        call, [chunk(np.zeros((4, 3)))], model="m", prefix_cache_hit=True, timings={"queue_ms": 1.0, "model_ms": 2.0}
+    )
     assert reply["timings"] == {"queue_ms": 1.0, "model_ms": 2.0}
     assert reply["usage"]["prefix_cache_hit"] is True
     assert reply["warnings"][0]["field"] == "input.state"
@@ -109,9 +117,14 @@ def test_timings_warnings_and_prefix_cache():
 def test_an_sglang_request_runs_through_the_real_engine_end_to_end(tiny_engine, distilled):
     engine = tiny_engine("distilled")
     images = [rgb(32, seed) for seed in range(2)]
-    body = {"request_id": "e2e", "input": {"task": ["pick", "place"], "observation": {
-        "image": [{"b64_json": png_b64(image)} for image in images]}},
-        "parameters": {"action_mode": "policy", "domain_id": 7, "raw_action_dim": 10, "num_frames": 9, "seed": 3}}
+    body = {
+        "request_id": "e2e",
+        "input": {
+            "task": ["pick", "place"],
+            "observation": {"image": [{"b64_json": png_b64(image)} for image in images]},
+        },
+        "parameters": {"action_mode": "policy", "domain_id": 7, "raw_action_dim": 10, "num_frames": 9, "seed": 3},
+    }
     call = parse_action_envelope(unpackb(sglang_packb(body)), distilled, max_items=4, msgpack_reply=True)
     chunks = engine.predict_actions_batch([action_request(item.fields, distilled) for item in call.items])
     reply = sglang_unpackb(packb(build_reply(call, chunks, model=distilled.model)))
@@ -123,8 +136,13 @@ def test_an_sglang_request_runs_through_the_real_engine_end_to_end(tiny_engine, 
         assert np.isfinite(action["values"]).all()
         assert (action["domain_name"], action["domain_id"], action["raw_action_dim"]) == ("bridge_orig_lerobot", 7, 10)
         assert action["seed"] == 3
-    assert reply["usage"] == {"batch_size": 2, "action_horizon": 8, "action_dim": 10, "denoise_steps": 4,
-                              "prefix_cache_hit": None}
+    assert reply["usage"] == {
+        "batch_size": 2,
+        "action_horizon": 8,
+        "action_dim": 10,
+        "denoise_steps": 4,
+        "prefix_cache_hit": None,
+    }
 
 
 # -- metadata --------------------------------------------------------------------------------------------
@@ -132,8 +150,12 @@ def test_an_sglang_request_runs_through_the_real_engine_end_to_end(tiny_engine, 
 
 @pytest.mark.parametrize("recorded", load_cases("action_metadata"), ids=lambda c: str(c["sglang_server"]))
 def test_metadata_satisfies_sglangs_own_assertions(distilled, recorded):
-    metadata = sglang_metadata(distilled, max_batch_size=recorded["sglang_server"]["batching_max_size"],
-                               openpi_websocket=False, default_fps=24.0)
+    metadata = sglang_metadata(
+        distilled,
+        max_batch_size=recorded["sglang_server"]["batching_max_size"],
+        openpi_websocket=False,
+        default_fps=24.0,
+    )
     for key, expected in recorded["sglang_expects"].items():
         assert _lookup(metadata, key) == expected, key
 
@@ -151,48 +173,71 @@ def test_metadata_comes_from_the_checkpoint(distilled, tiny_engine):
     tiers = distilled.resolution_tiers
     sizes = dict.fromkeys((w, h) for t in tiers for h, w in distilled.resolution_canvases[t])  # once each
     assert metadata["input"]["supported_resolutions"] == [list(size) for size in sizes] != []
-    base = sglang_metadata(ModelDescription.from_describe(tiny_engine("base").describe()), max_batch_size=1,
-                           openpi_websocket=False, default_fps=24.0)
+    base = sglang_metadata(
+        ModelDescription.from_describe(tiny_engine("base").describe()),
+        max_batch_size=1,
+        openpi_websocket=False,
+        default_fps=24.0,
+    )
     assert base["defaults"]["num_inference_steps"] == 35 and base["capabilities"]["multiple_candidates"] is False
     domains = distilled.raw["domains"]
     one_width = ModelDescription.from_describe({**distilled.raw, "domains": {"umi": domains["umi"]}})
-    assert sglang_metadata(one_width, max_batch_size=1, openpi_websocket=False, default_fps=24.0)["output"][
-        "action_dim"] == 10
-    with_state = ModelDescription.from_describe({**distilled.raw,
-                                                 "domains": {"droid": {**domains["droid_lerobot"], "state_dim": 8}}})
-    assert sglang_metadata(with_state, max_batch_size=1, openpi_websocket=False, default_fps=24.0)["input"][
-        "state_dim"] == 8
+    assert (
+        sglang_metadata(one_width, max_batch_size=1, openpi_websocket=False, default_fps=24.0)["output"]["action_dim"]
+        == 10
+    )
+    with_state = ModelDescription.from_describe(
+        {**distilled.raw, "domains": {"droid": {**domains["droid_lerobot"], "state_dim": 8}}}
+    )
+    assert (
+        sglang_metadata(with_state, max_batch_size=1, openpi_websocket=False, default_fps=24.0)["input"]["state_dim"]
+        == 8
+    )
 
 
 def test_metadata_lists_the_engines_canvases_when_described(distilled):
     bins = lambda *sizes: [{"aspect_ratio": h / w, "height": h, "width": w} for h, w in sizes]  # noqa: E731
-    described = ModelDescription.from_describe({**distilled.raw, "resolution_tiers": [256],
-                                                "canvases": {"256": bins((256, 256), (192, 320)),
-                                                             "480": bins((480, 832))}})
+    described = ModelDescription.from_describe(
+        {
+            **distilled.raw,
+            "resolution_tiers": [256],
+            "canvases": {"256": bins((256, 256), (192, 320)), "480": bins((480, 832))},
+        }
+    )
     metadata = sglang_metadata(described, max_batch_size=1, openpi_websocket=False, default_fps=24.0)
     assert metadata["input"]["supported_resolutions"] == [[256, 256], [320, 192]]  # [width, height], tier 256 only
 
 
 def test_merged_metadata_keeps_every_key_of_ours(distilled):
-    ours = {"type": "metadata", "object": "actions.metadata", "model": distilled.model,
-            "defaults": dict(distilled.raw["defaults"]), "capabilities": {"realtime_websocket": True, "cancel": True}}
-    merged = merge_metadata(ours, sglang_metadata(distilled, max_batch_size=4, openpi_websocket=False,
-                                                  default_fps=24.0))
+    ours = {
+        "type": "metadata",
+        "object": "actions.metadata",
+        "model": distilled.model,
+        "defaults": dict(distilled.raw["defaults"]),
+        "capabilities": {"realtime_websocket": True, "cancel": True},
+    }
+    merged = merge_metadata(
+        ours, sglang_metadata(distilled, max_batch_size=4, openpi_websocket=False, default_fps=24.0)
+    )
     assert merged["object"] == "action.metadata" and merged["type"] == "metadata"
     assert merged["defaults"]["num_steps"] == 4 and merged["defaults"]["num_inference_steps"] == 4
     assert merged["capabilities"]["cancel"] is True and merged["capabilities"]["max_batch_size"] == 4
     assert merged["policy_family"] == "cosmos3" and merged["output"]["padded_action_dim"] == 64
     for key, value in ours.items():
         if key != "object":
-            assert all(merged[key][k] == v for k, v in value.items()) if isinstance(value, dict) else merged[key] == value
+            assert (
+                all(merged[key][k] == v for k, v in value.items()) if isinstance(value, dict) else merged[key] == value
+            )
 
 
 # -- the lock-step WebSocket mode ------------------------------------------------------------------------
 
 
 def _frame(**parameters) -> dict:
-    return {"input": {"task": "pick", "observation": {"image": rgb(32)}},
-            "parameters": {"action_mode": "policy", "domain_name": "droid_lerobot", **parameters}}
+    return {
+        "input": {"task": "pick", "observation": {"image": rgb(32)}},
+        "parameters": {"action_mode": "policy", "domain_name": "droid_lerobot", **parameters},
+    }
 
 
 def test_the_first_frame_chooses_the_protocol():
@@ -225,14 +270,21 @@ def test_lockstep_replies_carry_server_timing(distilled):
     assert reply["server_timing"]["prev_total_ms"] == pytest.approx(500.0)
 
 
-@pytest.mark.parametrize("frame, code, field", [
-    ("{\"input\": {}}", "bad_frame", None),
-    (b"\xc1", "bad_frame", None),
-    (packb([1, 2]), "bad_frame", None),
-    (packb({"type": "observation", "seq": 1}), "invalid_field", "type"),
-    (packb({"input": {"observation": {"image": "frame.png"}}, "parameters": {"domain_name": "umi"}}),
-     "invalid_image", "input.observation.image"),
-], ids=["text", "not_msgpack", "not_a_map", "native_frame", "path"])
+@pytest.mark.parametrize(
+    "frame, code, field",
+    [
+        ('{"input": {}}', "bad_frame", None),
+        (b"\xc1", "bad_frame", None),
+        (packb([1, 2]), "bad_frame", None),
+        (packb({"type": "observation", "seq": 1}), "invalid_field", "type"),
+        (
+            packb({"input": {"observation": {"image": "frame.png"}}, "parameters": {"domain_name": "umi"}}),
+            "invalid_image",
+            "input.observation.image",
+        ),
+    ],
+    ids=["text", "not_msgpack", "not_a_map", "native_frame", "path"],
+)
 def test_lockstep_errors_are_typed_and_keep_the_connection(distilled, frame, code, field):
     session = LockstepSession(distilled, max_items=4, started_at=0.0)
     with pytest.raises(ApiError) as info:

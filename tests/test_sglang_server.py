@@ -13,7 +13,6 @@ import json
 
 import numpy as np
 import pytest
-
 from sglang_fixtures import case, load_cases, materialize, sglang_packb, sglang_unpackb
 from sidecar_fixtures import SidecarServer, actions, engine_loader, error_of, png_b64, png_bytes, rgb, wait_for_job
 
@@ -119,15 +118,19 @@ def test_raw_response_and_output_formats(server):
     reply = unpackb(listed.content)
     assert isinstance(reply["data"][0]["action"]["values"], list)
     assert reply["timings"]["total_ms"] >= reply["timings"]["model_ms"] > 0
-    as_json = server.client.post(GENERATIONS, content=packb(body),
-                                 headers={"content-type": MSGPACK, "accept": "application/json"})
+    as_json = server.client.post(
+        GENERATIONS, content=packb(body), headers={"content-type": MSGPACK, "accept": "application/json"}
+    )
     assert as_json.headers["content-type"].startswith("application/json")
     _check_envelope(as_json.json(), 1, request_id="cosmos-action-1")
 
 
 def test_candidates_are_items_with_their_own_seeds(server):
-    body = {"request_id": 5, "input": {"task": "pick", "observation": {"image": {"b64_json": png_b64(rgb(32))}}},
-            "parameters": {"domain_name": "droid_lerobot", "candidate_count": 2, "seed": 11}}
+    body = {
+        "request_id": 5,
+        "input": {"task": "pick", "observation": {"image": {"b64_json": png_b64(rgb(32))}}},
+        "parameters": {"domain_name": "droid_lerobot", "candidate_count": 2, "seed": 11},
+    }
     reply = server.client.post(GENERATIONS, json=body)
     assert reply.status_code == 200, reply.text
     data = reply.json()["data"]
@@ -136,10 +139,16 @@ def test_candidates_are_items_with_their_own_seeds(server):
 
 
 def test_sglangs_multipart_action_form(server):
-    form = {"request_id": "form-1", "prompt": "pick up the block", "domain_name": "droid_lerobot",
-            "action_horizon": "8", "extra_params": json.dumps({"seed": 3})}
-    response = server.client.post(GENERATIONS, data=form,
-                                  files={"image_reference": ("frame.png", png_bytes(rgb(32)), "image/png")})
+    form = {
+        "request_id": "form-1",
+        "prompt": "pick up the block",
+        "domain_name": "droid_lerobot",
+        "action_horizon": "8",
+        "extra_params": json.dumps({"seed": 3}),
+    }
+    response = server.client.post(
+        GENERATIONS, data=form, files={"image_reference": ("frame.png", png_bytes(rgb(32)), "image/png")}
+    )
     assert response.status_code == 200, response.text
     reply = response.json()
     _check_envelope(reply, 1, request_id="form-1")
@@ -158,8 +167,9 @@ def test_errors_name_the_clients_field(server):
 
 
 def test_our_flat_form_is_unchanged(server):
-    response = server.client.post(GENERATIONS, json={"domain_name": "droid_lerobot", "image": png_b64(rgb(32)),
-                                                     "seed": 3, "num_steps": 4})
+    response = server.client.post(
+        GENERATIONS, json={"domain_name": "droid_lerobot", "image": png_b64(rgb(32)), "seed": 3, "num_steps": 4}
+    )
     assert response.status_code == 200, response.text
     body = response.json()
     assert body["usage"]["num_steps"] == 4 and body["data"][0]["action"]["domain_name"] == "droid_lerobot"
@@ -189,9 +199,19 @@ def test_metadata_carries_sglangs_keys_from_the_checkpoint(server):
 
 
 def test_an_sglang_video_job_runs_and_its_object_has_sglangs_fields(server):
-    body = {"prompt": "push the block", "input_reference": png_b64(rgb(64)), "action": actions(8),
-            "domain_id": 7, "raw_action_dim": 10, "num_inference_steps": 4, "num_frames": 9, "fps": 12,
-            "seconds": 0.75, "action_view_point": "ego_view", "extra_body": {"seed": 3}}
+    body = {
+        "prompt": "push the block",
+        "input_reference": png_b64(rgb(64)),
+        "action": actions(8),
+        "domain_id": 7,
+        "raw_action_dim": 10,
+        "num_inference_steps": 4,
+        "num_frames": 9,
+        "fps": 12,
+        "seconds": 0.75,
+        "action_view_point": "ego_view",
+        "extra_body": {"seed": 3},
+    }
     response = server.client.post("/v1/videos", json=body)
     assert response.status_code == 200, response.text
     job = response.json()
@@ -203,19 +223,30 @@ def test_an_sglang_video_job_runs_and_its_object_has_sglangs_fields(server):
 
 
 def test_sglangs_video_form_and_its_errors(server):
-    form = {"prompt": "push", "action": json.dumps(actions(8)), "num_inference_steps": "4",
-            "extra_params": json.dumps({"seed": 5, "action_normalization": "quantile"}), "size": ""}
-    response = server.client.post("/v1/videos", data=form,
-                                  files={"input_reference": ("f.png", png_bytes(rgb(64)), "image/png")})
+    form = {
+        "prompt": "push",
+        "action": json.dumps(actions(8)),
+        "num_inference_steps": "4",
+        "extra_params": json.dumps({"seed": 5, "action_normalization": "quantile"}),
+        "size": "",
+    }
+    response = server.client.post(
+        "/v1/videos", data=form, files={"input_reference": ("f.png", png_bytes(rgb(64)), "image/png")}
+    )
     assert response.status_code == 200, response.text
     assert response.json()["seed"] == 5
     # our checks, named as the client wrote the field
-    error = error_of(server.client.post("/v1/videos", json={**form, "action": actions(8), "num_inference_steps": 30,
-                                                            "input_reference": png_b64(rgb(64))}))
+    error = error_of(
+        server.client.post(
+            "/v1/videos",
+            json={**form, "action": actions(8), "num_inference_steps": 30, "input_reference": png_b64(rgb(64))},
+        )
+    )
     assert (error["code"], error["field"]) == ("invalid_field", "num_inference_steps")
     # our own name still works, as an alias
-    ours = server.client.post("/v1/videos", json={"action": actions(8), "input_reference": png_b64(rgb(64)),
-                                                  "num_steps": 4})
+    ours = server.client.post(
+        "/v1/videos", json={"action": actions(8), "input_reference": png_b64(rgb(64)), "num_steps": 4}
+    )
     assert ours.status_code == 200, ours.text
 
 
@@ -250,8 +281,12 @@ def test_sglangs_realtime_client_is_served_lock_step(server):
             body = _runnable(materialize(case(name)["body"]))
             ws.send(sglang_packb(body))
             reply = sglang_unpackb(ws.recv(timeout=60))
-            _check_envelope(reply, len(case(name)["sglang_expects"].get("prompts", [None])),
-                            request_id=body.get("request_id"), numpy=True)
+            _check_envelope(
+                reply,
+                len(case(name)["sglang_expects"].get("prompts", [None])),
+                request_id=body.get("request_id"),
+                numpy=True,
+            )
             timing = reply["server_timing"]
             assert timing["infer_ms"] > 0
             assert ("prev_total_ms" in timing) == (name != RUNS[0])

@@ -75,8 +75,12 @@ def test_encoded_frames_and_a_reconnect_over_the_shaped_link():
     it reconnects, re-sends its configuration, and never hands the robot a chunk older than one it had."""
     from shaped_link import Row, measure
 
-    rows = [Row("stream", 2, "jpeg-resized"), Row("lockstep", 2, "jpeg-resized"), Row("stream", 1, "raw"),
-            Row("stream-nowait", 1, "raw")]
+    rows = [
+        Row("stream", 2, "jpeg-resized"),
+        Row("lockstep", 2, "jpeg-resized"),
+        Row("stream", 1, "raw"),
+        Row("stream-nowait", 1, "raw"),
+    ]
     backend, summaries, (outage, counts) = measure(rows, SHAPE, hz=15, seconds=8, outage=(3.0, 2.0))
     print(backend, *summaries, outage, counts, sep="\n")
     encoded, lockstep, bounded, unbounded = summaries

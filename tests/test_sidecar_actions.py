@@ -6,7 +6,6 @@ import base64
 
 import numpy as np
 import pytest
-
 from server_fixtures import DOMAIN
 from sidecar_fixtures import ACTION_DIM, SidecarServer, engine_loader, error_of, png_b64, png_bytes, rgb
 
@@ -41,13 +40,15 @@ def _check_generation(body: dict, horizon: int = 16, mode: str = "policy") -> np
 
 def test_json_base64_image_and_nested_lists_agree(server):
     image = rgb(64, seed=5)
-    as_b64 = server.client.post("/v1/actions/generations",
-                                json={"domain_name": DOMAIN, "image": png_b64(image), "seed": 3, "prompt": "pick"})
+    as_b64 = server.client.post(
+        "/v1/actions/generations", json={"domain_name": DOMAIN, "image": png_b64(image), "seed": 3, "prompt": "pick"}
+    )
     assert as_b64.status_code == 200, as_b64.text
     assert as_b64.headers["content-type"].startswith("application/json")
     first = _check_generation(as_b64.json())
-    as_lists = server.client.post("/v1/actions/generations",
-                                  json={"domain_name": DOMAIN, "image": image.tolist(), "seed": 3, "prompt": "pick"})
+    as_lists = server.client.post(
+        "/v1/actions/generations", json={"domain_name": DOMAIN, "image": image.tolist(), "seed": 3, "prompt": "pick"}
+    )
     assert as_lists.status_code == 200, as_lists.text
     np.testing.assert_allclose(_check_generation(as_lists.json()), first, atol=1e-5)  # same pixels, same seed
 
@@ -63,20 +64,23 @@ def test_msgpack_round_trip(server):
     assert isinstance(values, np.ndarray) and values.dtype == np.float32 and values.shape == (8, ACTION_DIM)
     _check_generation(decoded, horizon=8)
     # The same request asking for JSON gets the same actions as lists.
-    as_json = server.client.post("/v1/actions/generations", content=body,
-                                 headers={"content-type": MSGPACK, "accept": "application/json"})
+    as_json = server.client.post(
+        "/v1/actions/generations", content=body, headers={"content-type": MSGPACK, "accept": "application/json"}
+    )
     assert as_json.headers["content-type"].startswith("application/json")
     np.testing.assert_allclose(_check_generation(as_json.json(), horizon=8), values, atol=1e-6)
     # And a JSON request may ask for msgpack back.
-    json_in = server.client.post("/v1/actions/generations", json={"domain_name": DOMAIN, "image": png_b64(image)},
-                                 headers={"accept": MSGPACK})
+    json_in = server.client.post(
+        "/v1/actions/generations", json={"domain_name": DOMAIN, "image": png_b64(image)}, headers={"accept": MSGPACK}
+    )
     assert json_in.headers["content-type"] == MSGPACK
     _check_generation(unpackb(json_in.content))
 
 
 def test_multipart_image_and_video_uploads(server, tmp_path):
     image = server.client.post(
-        "/v1/actions/generations", data={"domain_name": DOMAIN, "seed": "1"},
+        "/v1/actions/generations",
+        data={"domain_name": DOMAIN, "seed": "1"},
         files={"image": ("camera.jpg", png_bytes(rgb(64)), "image/png")},
     )
     assert image.status_code == 200, image.text
@@ -85,15 +89,17 @@ def test_multipart_image_and_video_uploads(server, tmp_path):
     clip = np.stack([rgb(64, seed=i) for i in range(9)])
     encoded = encode_mp4(clip, 8, tmp_path / "clip.mp4")
     video = server.client.post(
-        "/v1/actions/generations", data={"domain_name": DOMAIN, "action_mode": "inverse_dynamics"},
+        "/v1/actions/generations",
+        data={"domain_name": DOMAIN, "action_mode": "inverse_dynamics"},
         files={"video": ("clip.mp4", encoded.path.read_bytes(), "video/mp4")},
     )
     assert video.status_code == 200, video.text
     _check_generation(video.json(), horizon=8, mode="inverse_dynamics")
 
     frames = [png_b64(frame) for frame in clip]
-    as_frames = server.client.post("/v1/actions/generations",
-                                   json={"domain_name": DOMAIN, "action_mode": "inverse_dynamics", "video": frames})
+    as_frames = server.client.post(
+        "/v1/actions/generations", json={"domain_name": DOMAIN, "action_mode": "inverse_dynamics", "video": frames}
+    )
     assert as_frames.status_code == 200, as_frames.text
     _check_generation(as_frames.json(), horizon=8, mode="inverse_dynamics")
 
@@ -125,20 +131,28 @@ def test_bad_action_requests_are_typed_400s(server, body, code, field):
 
 
 def test_forward_dynamics_on_actions_names_the_video_endpoint(server):
-    response = server.client.post("/v1/actions/generations",
-                                  json={"domain_name": DOMAIN, "action_mode": "forward_dynamics"})
+    response = server.client.post(
+        "/v1/actions/generations", json={"domain_name": DOMAIN, "action_mode": "forward_dynamics"}
+    )
     assert response.status_code == 400 and "/v1/videos" in error_of(response)["message"]
 
 
 def test_wrong_upload_type_is_415(server):
-    response = server.client.post("/v1/actions/generations", data={"domain_name": DOMAIN},
-                                  files={"video": ("clip.mp4", b"\x00" * 100, "text/plain")})
+    response = server.client.post(
+        "/v1/actions/generations",
+        data={"domain_name": DOMAIN},
+        files={"video": ("clip.mp4", b"\x00" * 100, "text/plain")},
+    )
     assert response.status_code == 415 and error_of(response) == {
-        "code": "unsupported_media_type", "field": "video",
-        "message": error_of(response)["message"]}
-    garbage_video = server.client.post("/v1/actions/generations",
-                                       data={"domain_name": DOMAIN, "action_mode": "inverse_dynamics"},
-                                       files={"video": ("clip.mp4", b"\x00" * 100, "video/mp4")})
+        "code": "unsupported_media_type",
+        "field": "video",
+        "message": error_of(response)["message"],
+    }
+    garbage_video = server.client.post(
+        "/v1/actions/generations",
+        data={"domain_name": DOMAIN, "action_mode": "inverse_dynamics"},
+        files={"video": ("clip.mp4", b"\x00" * 100, "video/mp4")},
+    )
     assert garbage_video.status_code == 400 and error_of(garbage_video)["code"] == "invalid_image"
 
 

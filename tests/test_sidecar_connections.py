@@ -19,10 +19,9 @@ import socket
 import time
 
 import pytest
-from websockets.asyncio.client import connect
-
 from server_fixtures import DOMAIN, ServerProcess, http_get, tiny_checkpoint
 from sidecar_fixtures import SidecarServer, engine_loader, png_b64, rgb
+from websockets.asyncio.client import connect
 
 from policy_server.http.connections import ConnectionLimits
 
@@ -53,7 +52,7 @@ def _answer(sock: socket.socket, timeout: float = PATIENCE_S) -> tuple[int | Non
                 closed = True
                 break
             received += chunk
-    except socket.timeout:
+    except TimeoutError:
         pass
     except ConnectionResetError:
         closed = True
@@ -78,7 +77,8 @@ async def _robot_connects(url: str) -> None:
 def server():
     running = SidecarServer(engine_loader())
     running.settings.http.connections = ConnectionLimits(
-        header_timeout_s=1.0, body_timeout_s=1.0, max_connections=24, max_connections_per_peer=8)
+        header_timeout_s=1.0, body_timeout_s=1.0, max_connections=24, max_connections_per_peer=8
+    )
     running.settings.http.max_buffered_body_bytes = 8 * 2**20
     running.settings.handshake_timeout_s = 1.0
     running.settings.max_pending_handshakes = 12
@@ -125,8 +125,10 @@ def test_an_idle_kept_alive_connection_is_closed(server):
 def test_uploads_stalled_mid_body_get_408_and_are_closed(server):
     port = _sidecar_port(server)
     declared = 40 * 2**20
-    head = (f"POST /v1/actions/generations HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
-            f"Content-Length: {declared}\r\n\r\n").encode()
+    head = (
+        f"POST /v1/actions/generations HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+        f"Content-Length: {declared}\r\n\r\n"
+    ).encode()
     # Three uploads per address: within the per-client bound on action generations in flight (4), which
     # would otherwise answer the later ones 429 before their bodies are read.
     socks = [_open(port, f"127.0.0.{5 + n % 4}", head + b'{"image": "' + b"A" * 2**19) for n in range(12)]
@@ -148,8 +150,10 @@ def test_bodies_held_together_are_bounded_and_let_go_at_the_body_deadline():
     running.settings.http.max_buffered_body_bytes = 8 * 2**20
     with running:
         port, budget = _sidecar_port(running), running.server.sidecar.body_budget
-        head = (f"POST /v1/actions/generations HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
-                f"Content-Length: {7 * 2**20}\r\n\r\n").encode()
+        head = (
+            f"POST /v1/actions/generations HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+            f"Content-Length: {7 * 2**20}\r\n\r\n"
+        ).encode()
         first = _open(port, "127.0.0.23", head + b'{"image": "' + b"A" * (6 * 2**20))
         deadline = time.monotonic() + PATIENCE_S
         while running.run(lambda: budget.held) < 6 * 2**20:
@@ -163,7 +167,9 @@ def test_bodies_held_together_are_bounded_and_let_go_at_the_body_deadline():
         first.close()
         time.sleep(0.2)
         assert running.run(lambda: budget.held) == 0
-        response = running.client.post("/v1/actions/generations", json={"domain_name": DOMAIN, "image": png_b64(rgb(64))})
+        response = running.client.post(
+            "/v1/actions/generations", json={"domain_name": DOMAIN, "image": png_b64(rgb(64))}
+        )
         assert response.status_code == 200, response.text
 
 
@@ -205,8 +211,9 @@ def test_connections_past_the_sidecar_cap_are_refused(server):
 
 
 def test_headers_longer_than_the_bound_get_431(server):
-    sock = _open(_sidecar_port(server), "127.0.0.21",
-                 b"GET /healthz HTTP/1.1\r\n" + b"X-Padding: " + b"a" * 100_000 + b"\r\n")
+    sock = _open(
+        _sidecar_port(server), "127.0.0.21", b"GET /healthz HTTP/1.1\r\n" + b"X-Padding: " + b"a" * 100_000 + b"\r\n"
+    )
     status, _, closed = _answer(sock)
     sock.close()
     assert closed and status in (431, 400)  # 400: h11's own bound, where uvicorn runs without httptools
@@ -219,8 +226,11 @@ def test_the_sidecar_sets_tcp_nodelay_on_its_connections(server):
 
         def flags():
             connections = server.server.sidecar.serving.connections()
-            return [c.transport.get_extra_info("socket").getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY)
-                    for c in connections if c.transport.get_extra_info("peername")[0] == "127.0.0.22"]
+            return [
+                c.transport.get_extra_info("socket").getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY)
+                for c in connections
+                if c.transport.get_extra_info("peername")[0] == "127.0.0.22"
+            ]
 
         assert server.run(flags) == [1]
     finally:

@@ -18,7 +18,6 @@ import time
 import httpx
 import pytest
 import websockets.sync.client as ws_client
-
 from server_fixtures import DOMAIN
 from sidecar_fixtures import SidecarServer, engine_loader, png_b64, rgb, video_body, wait_for_job
 
@@ -62,9 +61,14 @@ def test_an_http_client_with_16_requests_in_flight_takes_turns_with_a_robot(serv
         with httpx.Client(base_url=server.http_url, trust_env=False, timeout=60) as client:
             while not stop.is_set():
                 response = client.post("/v1/actions/generations", json=body)
-                statuses.append((time.monotonic(), response.status_code,
-                                 dict(response.headers) | ({"error": response.json()["error"]}
-                                                           if response.status_code != 200 else {})))
+                statuses.append(
+                    (
+                        time.monotonic(),
+                        response.status_code,
+                        dict(response.headers)
+                        | ({"error": response.json()["error"]} if response.status_code != 200 else {}),
+                    )
+                )
                 if response.status_code == 429:
                     time.sleep(0.5)
 
@@ -114,6 +118,7 @@ def wait_until(condition, timeout: float) -> bool:
             return False
         time.sleep(0.005)
     return True
+
 
 def test_video_jobs_complete_while_robots_keep_an_observation_waiting(server):
     """Three robots streaming at 50 Hz without waiting for answers (faster than the engine: one of them

@@ -31,7 +31,6 @@ import httpx
 import msgpack
 import psutil
 import pytest
-
 from server_fixtures import DOMAIN, ServerProcess, tiny_checkpoint
 
 pytestmark = pytest.mark.timeout(300)
@@ -68,7 +67,7 @@ class PeakRss:
             self.peak = max(self.peak, self.process.memory_info().rss)
             time.sleep(0.001)
 
-    def __enter__(self) -> "PeakRss":
+    def __enter__(self) -> PeakRss:
         try:
             with open(f"/proc/{self.pid}/clear_refs", "w") as clear:
                 clear.write("5")
@@ -201,8 +200,27 @@ def huge_clips(tmp_path_factory) -> dict[str, bytes]:
     folder = tmp_path_factory.mktemp("huge-clips")
     ffmpeg = imageio_ffmpeg.get_ffmpeg_exe()
     mp4, mkv = folder / "huge.mp4", folder / "huge.mkv"
-    subprocess.run([ffmpeg, "-y", "-loglevel", "error", "-f", "lavfi", "-i", "color=c=gray:s=8192x8192:d=0.2:r=10",
-                    "-c:v", "libx264", "-preset", "ultrafast", "-pix_fmt", "yuv420p", str(mp4)], check=True, timeout=120)
+    subprocess.run(
+        [
+            ffmpeg,
+            "-y",
+            "-loglevel",
+            "error",
+            "-f",
+            "lavfi",
+            "-i",
+            "color=c=gray:s=8192x8192:d=0.2:r=10",
+            "-c:v",
+            "libx264",
+            "-preset",
+            "ultrafast",
+            "-pix_fmt",
+            "yuv420p",
+            str(mp4),
+        ],
+        check=True,
+        timeout=120,
+    )
     subprocess.run([ffmpeg, "-y", "-loglevel", "error", "-i", str(mp4), "-c", "copy", str(mkv)], check=True, timeout=60)
     return {"video/mp4": mp4.read_bytes(), "video/x-matroska": mkv.read_bytes()}
 
@@ -211,8 +229,14 @@ def huge_clips(tmp_path_factory) -> dict[str, bytes]:
 def test_a_small_video_of_8192_frames_is_refused_before_decoding(server, huge_clips, container):
     data = huge_clips[container]
     assert len(data) < MIB
-    result = _attack(server, _post(server, data={"domain_name": DOMAIN, "action_mode": "inverse_dynamics"},
-                                   files={"video": ("clip", data, container)}))
+    result = _attack(
+        server,
+        _post(
+            server,
+            data={"domain_name": DOMAIN, "action_mode": "inverse_dynamics"},
+            files={"video": ("clip", data, container)},
+        ),
+    )
     error = _check_refused(result, code="invalid_image")
     assert "8192×8192" in error["message"]
 
@@ -220,7 +244,7 @@ def test_a_small_video_of_8192_frames_is_refused_before_decoding(server, huge_cl
 def test_59_mib_of_nested_list_json_is_refused_before_parsing(server):
     row = "[" + ",".join(["[0,0,0]"] * 4096) + "]"
     image = "[" + ",".join([row] * 1900) + "]"
-    body = ('{"domain_name": "%s", "image": %s}' % (DOMAIN, image)).encode()
+    body = f'{{"domain_name": "{DOMAIN}", "image": {image}}}'.encode()
     assert len(body) > 59 * MIB
     result = _attack(server, _post(server, content=body, headers={"content-type": "application/json"}))
     error = _check_refused(result, code="payload_too_large")

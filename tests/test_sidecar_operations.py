@@ -8,7 +8,6 @@ import threading
 import httpx
 import pytest
 import websockets.sync.client as ws_client
-
 from server_fixtures import DOMAIN
 from sidecar_fixtures import SidecarServer, engine_loader, error_of, png_b64, rgb, video_body, wait_for_job
 
@@ -61,7 +60,11 @@ def test_health_and_readiness_while_loading_and_after():
             assert time.monotonic() < deadline, "never became ready"
             time.sleep(0.05)
         assert client.get("/readyz").json() == {
-            "ready": True, "status": "ready", "model": loading.server.description.model, "variant": "distilled"}
+            "ready": True,
+            "status": "ready",
+            "model": loading.server.description.model,
+            "variant": "distilled",
+        }
 
 
 def test_metrics_move_when_requests_are_made(server):
@@ -71,8 +74,9 @@ def test_metrics_move_when_requests_are_made(server):
     text = before.text
     assert _sample(text, "cosmos3_ready") == 1
     generations_ok = _sample(text, "cosmos3_http_requests_total", endpoint="/v1/actions/generations", status="200")
-    unknown_domain = _sample(text, "cosmos3_http_errors_total", endpoint="/v1/actions/generations",
-                             code="unknown_domain")
+    unknown_domain = _sample(
+        text, "cosmos3_http_errors_total", endpoint="/v1/actions/generations", code="unknown_domain"
+    )
     action_latencies = _sample(text, "cosmos3_request_total_seconds_count", kind="action_generation")
     realtime_latencies = _sample(text, "cosmos3_request_model_seconds_count", kind="realtime")
     video_latencies = _sample(text, "cosmos3_request_queue_seconds_count", kind="video")
@@ -80,8 +84,12 @@ def test_metrics_move_when_requests_are_made(server):
     busy = _sample(text, "cosmos3_engine_busy_seconds_total")
     dropped = _sample(text, "cosmos3_dropped_observations_total")
 
-    assert client.post("/v1/actions/generations", json={"domain_name": DOMAIN, "image": png_b64(rgb())}).status_code == 200
-    assert client.post("/v1/actions/generations", json={"domain_name": "nope", "image": png_b64(rgb())}).status_code == 400
+    assert (
+        client.post("/v1/actions/generations", json={"domain_name": DOMAIN, "image": png_b64(rgb())}).status_code == 200
+    )
+    assert (
+        client.post("/v1/actions/generations", json={"domain_name": "nope", "image": png_b64(rgb())}).status_code == 400
+    )
     job = client.post("/v1/videos", json=video_body(steps=4)).json()
     wait_for_job(client, job["id"])
     with ws_client.connect(server.url, compression=None, proxy=None, max_size=2**24) as ws:
@@ -98,10 +106,14 @@ def test_metrics_move_when_requests_are_made(server):
         cancelled = sum(reply["type"] == "dropped" for reply in replies)
 
     after = client.get("/metrics").text
-    assert _sample(after, "cosmos3_http_requests_total", endpoint="/v1/actions/generations",
-                   status="200") == generations_ok + 1
-    assert _sample(after, "cosmos3_http_errors_total", endpoint="/v1/actions/generations",
-                   code="unknown_domain") == unknown_domain + 1
+    assert (
+        _sample(after, "cosmos3_http_requests_total", endpoint="/v1/actions/generations", status="200")
+        == generations_ok + 1
+    )
+    assert (
+        _sample(after, "cosmos3_http_errors_total", endpoint="/v1/actions/generations", code="unknown_domain")
+        == unknown_domain + 1
+    )
     assert _sample(after, "cosmos3_request_total_seconds_count", kind="action_generation") == action_latencies + 1
     assert _sample(after, "cosmos3_request_model_seconds_count", kind="realtime") >= realtime_latencies + 1
     assert _sample(after, "cosmos3_request_queue_seconds_count", kind="video") == video_latencies + 1
@@ -147,8 +159,12 @@ def test_openapi_schema_describes_what_is_served(server):
         assert set(content) == {"application/json", "application/msgpack", "multipart/form-data"}
     video_body_schema = paths["/v1/videos"]["post"]["requestBody"]["content"]["application/json"]["schema"]
     assert set(video_body_schema["required"]) == {"action", "input_reference"}
-    assert paths["/v1/videos"]["post"]["requestBody"]["content"]["multipart/form-data"]["schema"][
-        "properties"]["input_reference"]["format"] == "binary"
+    assert (
+        paths["/v1/videos"]["post"]["requestBody"]["content"]["multipart/form-data"]["schema"]["properties"][
+            "input_reference"
+        ]["format"]
+        == "binary"
+    )
     assert "video/mp4" in paths["/v1/videos/{video_id}/content"]["get"]["responses"]["200"]["content"]
 
     # The documented job object is exactly what the API returns.

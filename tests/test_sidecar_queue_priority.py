@@ -102,15 +102,26 @@ async def test_a_robot_is_served_between_the_steps_of_a_running_video(tiny_engin
             finished.append(("robot-dropped", reason))
 
     image = np.random.default_rng(0).integers(0, 256, (64, 64, 3), dtype=np.uint8)
-    video = VideoRolloutTask("video_1", VideoRequest(domain_name="fractal", image=image, num_steps=30,
-                                                     guidance_scale=3.0, actions=np.zeros((8, 10), np.float32)),
-                             loop, on_started=lambda job_id: None)
+    video = VideoRolloutTask(
+        "video_1",
+        VideoRequest(
+            domain_name="fractal", image=image, num_steps=30, guidance_scale=3.0, actions=np.zeros((8, 10), np.float32)
+        ),
+        loop,
+        on_started=lambda job_id: None,
+    )
     queue.put_background(video)
     while worker.current_task is None:
         await asyncio.sleep(0.005)
-    queue.put(PendingObservation(session_id="robot", seq=0, owner=Robot(), received_at=time.monotonic(),
-                                 request=ActionRequest(domain_name="fractal", image=image, num_steps=2,
-                                                       guidance_scale=1.0)))
+    queue.put(
+        PendingObservation(
+            session_id="robot",
+            seq=0,
+            owner=Robot(),
+            received_at=time.monotonic(),
+            request=ActionRequest(domain_name="fractal", image=image, num_steps=2, guidance_scale=1.0),
+        )
+    )
     result = await asyncio.wait_for(video.done, 120)
     queue.close()
     await asyncio.to_thread(worker.stop, 10)

@@ -9,7 +9,6 @@ import time
 
 import httpx
 import pytest
-
 from server_fixtures import ServerProcess
 from sidecar_fixtures import video_body, wait_for_job
 

@@ -2,8 +2,8 @@
 
 The attack run: with a 2 MiB limit, eight 58 KB PNG uploads (4096² flat frames) left 387 MB of raw
 ``.npy`` inputs on disk, because only finished MP4s were counted. Here the same uploads go to a real
-server with a 512 KiB limit (room for those eight) whose engine holds every video job (so they all stay queued), until the limit
-refuses them twice: the
+server with a 512 KiB limit (room for those eight) whose engine holds every video job (so they all stay
+queued), until the limit refuses them twice: the
 store keeps each upload as received, refuses what does not fit with 507 ``storage_full``, and the
 bytes on disk stay under the limit.
 """
@@ -15,7 +15,6 @@ import threading
 from pathlib import Path
 
 import pytest
-
 from server_fixtures import DOMAIN, tiny_checkpoint
 from sidecar_fixtures import SidecarServer, actions, error_of
 from test_faults_disk_full import GatedVideoEngine
@@ -58,8 +57,10 @@ def test_stored_inputs_count_toward_the_storage_limit_and_are_kept_as_uploaded()
                 if len(refused) == 2:
                     break
                 response = server.client.post(
-                    "/v1/videos", data={"domain_name": DOMAIN, "action": str(actions(8, seed=n)), "seed": str(n)},
-                    files={"input_reference": ("frame.png", upload, "image/png")})
+                    "/v1/videos",
+                    data={"domain_name": DOMAIN, "action": str(actions(8, seed=n)), "seed": str(n)},
+                    files={"input_reference": ("frame.png", upload, "image/png")},
+                )
                 if response.status_code == 200:
                     accepted.append(response.json()["id"])
                 else:

@@ -31,7 +31,11 @@ def test_lifecycle_and_inputs_round_trip(tmp_path):
     np.testing.assert_array_equal(inputs.action, np.ones((4, 2)))
     store.fail(job.id, "invalid_request", "bad", "action")
     failed = store.get(job.id)
-    assert (failed.status, failed.error_code, failed.error_field) == (VideoJobStatus.FAILED, "invalid_request", "action")
+    assert (failed.status, failed.error_code, failed.error_field) == (
+        VideoJobStatus.FAILED,
+        "invalid_request",
+        "action",
+    )
     assert store.count_by_status()["failed"] == 1
 
 
@@ -94,7 +98,9 @@ def test_retention_by_age_then_by_size_oldest_first(tmp_path):
     assert store.expires_at(store.get(waiting.id)) is None  # queued jobs never expire
 
 
-@pytest.mark.parametrize("bad", ["../video_jobs.sqlite3", "video_../../x", "VIDEO_" + "a" * 32, "", "video_" + "g" * 32])
+@pytest.mark.parametrize(
+    "bad", ["../video_jobs.sqlite3", "video_../../x", "VIDEO_" + "a" * 32, "", "video_" + "g" * 32]
+)
 def test_ids_that_could_name_a_path_are_refused(tmp_path, bad):
     store = VideoJobStore(tmp_path)
     with pytest.raises(JobNotFound):

@@ -7,7 +7,6 @@ import json
 import numpy as np
 import pytest
 import websockets.sync.client as ws_client
-
 from server_fixtures import DOMAIN
 from sidecar_fixtures import (
     ACTION_DIM,
@@ -26,9 +25,32 @@ from robot_clients.wire_codec import packb, unpackb
 
 pytestmark = pytest.mark.timeout(120)
 
-JOB_KEYS = {"id", "object", "status", "progress", "created_at", "started_at", "completed_at", "expires_at", "model",
-            "prompt", "domain_name", "action_shape", "fps", "seed", "num_steps", "guidance_scale",
-            "resolution_tier", "size", "frames", "seconds", "bytes", "attempts", "error", "url"}
+JOB_KEYS = {
+    "id",
+    "object",
+    "status",
+    "progress",
+    "created_at",
+    "started_at",
+    "completed_at",
+    "expires_at",
+    "model",
+    "prompt",
+    "domain_name",
+    "action_shape",
+    "fps",
+    "seed",
+    "num_steps",
+    "guidance_scale",
+    "resolution_tier",
+    "size",
+    "frames",
+    "seconds",
+    "bytes",
+    "attempts",
+    "error",
+    "url",
+}
 
 
 @pytest.fixture(scope="module")
@@ -96,11 +118,17 @@ def test_multipart_upload_and_listing_and_delete(server):
     deleted = client.delete(f"/v1/videos/{job_id}")
     assert deleted.status_code == 200 and deleted.json() == {"id": job_id, "object": "video.deleted", "deleted": True}
     assert not folder.exists()
-    for method, path in (("GET", f"/v1/videos/{job_id}"), ("GET", f"/v1/videos/{job_id}/content"),
-                         ("DELETE", f"/v1/videos/{job_id}")):
+    for method, path in (
+        ("GET", f"/v1/videos/{job_id}"),
+        ("GET", f"/v1/videos/{job_id}/content"),
+        ("DELETE", f"/v1/videos/{job_id}"),
+    ):
         gone = client.request(method, path)
         assert gone.status_code == 404 and error_of(gone) == {
-            "code": "not_found", "message": f"no video job {job_id!r}", "field": "video_id"}
+            "code": "not_found",
+            "message": f"no video job {job_id!r}",
+            "field": "video_id",
+        }
 
 
 def test_msgpack_body_and_delete_while_running(server):
@@ -191,16 +219,25 @@ def test_missing_fields_and_bad_bodies(server):
 def test_upload_content_type_and_size_limits(server):
     client = server.client
     data = {"action": json.dumps(actions(4)), "domain_name": DOMAIN}
-    wrong_type = client.post("/v1/videos", data=data,
-                             files={"input_reference": ("x.png", png_bytes(rgb()), "application/octet-stream")})
+    wrong_type = client.post(
+        "/v1/videos", data=data, files={"input_reference": ("x.png", png_bytes(rgb()), "application/octet-stream")}
+    )
     assert wrong_type.status_code == 415 and error_of(wrong_type)["field"] == "input_reference"
-    lying = client.post("/v1/videos", data=data, files={"input_reference": ("x.png", b"GIF89a" + b"0" * 64, "image/png")})
+    lying = client.post(
+        "/v1/videos", data=data, files={"input_reference": ("x.png", b"GIF89a" + b"0" * 64, "image/png")}
+    )
     assert lying.status_code == 400 and error_of(lying)["code"] == "invalid_image"
-    not_a_file_field = client.post("/v1/videos", data=data, files={
-        "input_reference": ("x.png", png_bytes(rgb()), "image/png"), "action": ("a.json", b"[]", "image/png")})
+    not_a_file_field = client.post(
+        "/v1/videos",
+        data=data,
+        files={"input_reference": ("x.png", png_bytes(rgb()), "image/png"), "action": ("a.json", b"[]", "image/png")},
+    )
     assert not_a_file_field.status_code == 400 and error_of(not_a_file_field)["field"] == "action"
-    bad_action_text = client.post("/v1/videos", data={**data, "action": "[[1, 2"},
-                                  files={"input_reference": ("x.png", png_bytes(rgb()), "image/png")})
+    bad_action_text = client.post(
+        "/v1/videos",
+        data={**data, "action": "[[1, 2"},
+        files={"input_reference": ("x.png", png_bytes(rgb()), "image/png")},
+    )
     assert bad_action_text.status_code == 400 and error_of(bad_action_text)["field"] == "action"
 
 
@@ -213,6 +250,7 @@ def test_bodies_over_the_limit_are_413_and_the_server_carries_on():
         def chunks():  # no Content-Length: the limit is enforced while reading
             for _ in range(40):
                 yield b" " * 4096
+
         streamed = client.post("/v1/videos", content=chunks(), headers={"content-type": "application/json"})
         assert streamed.status_code == 413 and error_of(streamed)["code"] == "payload_too_large"
         ok = client.post("/v1/videos", json=video_body(steps=4))

@@ -14,6 +14,8 @@ import json
 
 import numpy as np
 import pytest
+from server_fixtures import rgb_image, tiny_engine_loader
+from sidecar_fixtures import SidecarServer, error_of, png_b64, png_bytes
 from websockets.sync.client import connect
 
 from policy_server.engine.description import ModelDescription
@@ -27,8 +29,6 @@ from robot_clients.client_frames import ObservationFrame, parse_client_frame
 from robot_clients.protocol import ErrorCode, FrameLimits, ProtocolError
 from robot_clients.results import ServerError
 from robot_clients.wire_codec import packb, unpackb
-from server_fixtures import rgb_image, tiny_engine_loader
-from sidecar_fixtures import SidecarServer, error_of, png_b64, png_bytes
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -58,19 +58,35 @@ def observation(**fields) -> dict:
     return {"type": "observation", "seq": 3, "image": IMAGE, **fields}
 
 
-@pytest.mark.parametrize("value, shape", [
-    ([0.5] * 8, (8,)), (np.zeros((1, 8), np.float64), (1, 8)), (np.arange(8, dtype=np.int32), (8,)),
-    ([[0.5] * 8, [0.1] * 8], (2, 8)),
-])
+@pytest.mark.parametrize(
+    "value, shape",
+    [
+        ([0.5] * 8, (8,)),
+        (np.zeros((1, 8), np.float64), (1, 8)),
+        (np.arange(8, dtype=np.int32), (8,)),
+        ([[0.5] * 8, [0.1] * 8], (2, 8)),
+    ],
+)
 def test_state_is_parsed_to_float32_rows(value, shape):
     frame = parse_client_frame(observation(state=value), LIMITS)
     assert frame.state.dtype == np.float32 and frame.state.shape == shape
 
 
-@pytest.mark.parametrize("value", [
-    "joints", ["a"] * 8, [[1.0, 2.0], [3.0]], np.zeros((1, 1, 8)), np.zeros(0, np.float32), np.full(8, np.nan),
-    np.full(8, 1e39), np.zeros(5000, np.float32), np.array(["x"] * 8), {"joints": [0.0] * 7},
-])
+@pytest.mark.parametrize(
+    "value",
+    [
+        "joints",
+        ["a"] * 8,
+        [[1.0, 2.0], [3.0]],
+        np.zeros((1, 1, 8)),
+        np.zeros(0, np.float32),
+        np.full(8, np.nan),
+        np.full(8, 1e39),
+        np.zeros(5000, np.float32),
+        np.array(["x"] * 8),
+        {"joints": [0.0] * 7},
+    ],
+)
 def test_a_malformed_state_is_invalid_field(value):
     error = refused(parse_client_frame, observation(state=value), LIMITS)
     assert (error.code, error.field, error.seq) == (ErrorCode.INVALID_FIELD, "state", 3), error.message
@@ -97,7 +113,11 @@ def test_the_state_is_checked_against_the_domains_profile(droid):
 def test_unset_settings_take_the_domains_own_defaults(droid):
     resolved = SessionConfig(domain_name=DROID).resolved(droid)
     assert {k: resolved[k] for k in ("fps", "resolution_tier", "action_horizon", "view_point")} == {
-        "fps": 15.0, "resolution_tier": 480, "action_horizon": 32, "view_point": "concat_view"}
+        "fps": 15.0,
+        "resolution_tier": 480,
+        "action_horizon": 32,
+        "view_point": "concat_view",
+    }
     assert (resolved["state_dim"], resolved["use_state"], resolved["history_length"]) == (8, True, 1)
     other = SessionConfig(domain_name=OTHER).resolved(droid)
     assert (other["fps"], other["resolution_tier"], other["state_dim"]) == (24.0, 256, None)
@@ -110,9 +130,13 @@ def test_unset_settings_take_the_domains_own_defaults(droid):
 
 
 def droid_observation(**changes) -> dict:
-    obs = {"observation/exterior_image_1_left": IMAGE, "observation/wrist_image_left": IMAGE,
-           "observation/joint_position": JOINTS.astype(np.float64), "observation/gripper_position": np.array([0.25]),
-           "prompt": "put the marker in the cup"}
+    obs = {
+        "observation/exterior_image_1_left": IMAGE,
+        "observation/wrist_image_left": IMAGE,
+        "observation/joint_position": JOINTS.astype(np.float64),
+        "observation/gripper_position": np.array([0.25]),
+        "prompt": "put the marker in the cup",
+    }
     obs.update(changes)
     return {key: value for key, value in obs.items() if value is not None}
 
@@ -124,24 +148,38 @@ def openpi(obs: dict, description: ModelDescription, domain: str = DROID):
 def test_droids_joints_and_gripper_become_one_state_row(droid):
     # As the robot reports it: the engine flips the gripper (the profile's index 7), both ways.
     np.testing.assert_array_equal(openpi(droid_observation(), droid).state, STATE)
-    np.testing.assert_array_equal(openpi(droid_observation(**{"observation/gripper_position": 0.25}), droid).state,
-                                  STATE)
-    rows = openpi(droid_observation(**{"observation/joint_position": JOINTS[None],
-                                       "observation/gripper_position": np.array([[0.25]])}), droid)
+    np.testing.assert_array_equal(
+        openpi(droid_observation(**{"observation/gripper_position": 0.25}), droid).state, STATE
+    )
+    rows = openpi(
+        droid_observation(
+            **{"observation/joint_position": JOINTS[None], "observation/gripper_position": np.array([[0.25]])}
+        ),
+        droid,
+    )
     np.testing.assert_array_equal(rows.state, STATE[None])
 
 
-@pytest.mark.parametrize("changes, code, key", [
-    ({"observation/joint_position": JOINTS[:6]}, ErrorCode.INVALID_FIELD, "observation/joint_position"),
-    ({"observation/joint_position": np.full(7, np.nan)}, ErrorCode.INVALID_FIELD, "observation/joint_position"),
-    ({"observation/joint_position": np.zeros((2, 7)), "observation/gripper_position": np.zeros(2)},
-     ErrorCode.INVALID_FIELD, "observation/joint_position"),  # two rows; the profile takes one
-    ({"observation/gripper_position": np.zeros(2)}, ErrorCode.INVALID_FIELD, "observation/gripper_position"),
-    ({"observation/gripper_position": None}, ErrorCode.MISSING_FIELD, "observation/gripper_position"),
-    ({"observation/joint_position": None, "observation/gripper_position": None}, ErrorCode.MISSING_FIELD,
-     "observation/joint_position"),
-    ({"observation/state": np.zeros(8)}, ErrorCode.INVALID_FIELD, "observation/state"),  # two conventions' states
-])
+@pytest.mark.parametrize(
+    "changes, code, key",
+    [
+        ({"observation/joint_position": JOINTS[:6]}, ErrorCode.INVALID_FIELD, "observation/joint_position"),
+        ({"observation/joint_position": np.full(7, np.nan)}, ErrorCode.INVALID_FIELD, "observation/joint_position"),
+        (
+            {"observation/joint_position": np.zeros((2, 7)), "observation/gripper_position": np.zeros(2)},
+            ErrorCode.INVALID_FIELD,
+            "observation/joint_position",
+        ),  # two rows; the profile takes one
+        ({"observation/gripper_position": np.zeros(2)}, ErrorCode.INVALID_FIELD, "observation/gripper_position"),
+        ({"observation/gripper_position": None}, ErrorCode.MISSING_FIELD, "observation/gripper_position"),
+        (
+            {"observation/joint_position": None, "observation/gripper_position": None},
+            ErrorCode.MISSING_FIELD,
+            "observation/joint_position",
+        ),
+        ({"observation/state": np.zeros(8)}, ErrorCode.INVALID_FIELD, "observation/state"),  # two conventions' states
+    ],
+)
 def test_a_wrong_droid_state_names_its_openpi_key(droid, changes, code, key):
     error = refused(openpi, droid_observation(**changes), droid)
     assert (error.code, error.field) == (code, key), error.message
@@ -165,9 +203,13 @@ def test_http_state_is_a_list_or_an_array_checked_like_the_websockets(droid):
     np.testing.assert_array_equal(action_request({**body, "state": STATE.tolist()}, droid).state, STATE)
     assert action_request({**body, "state": [STATE.tolist()]}, droid).state.shape == (1, 8)
     np.testing.assert_array_equal(action_request({**body, "state": STATE}, droid).state, STATE)
-    for state, domain, code in ((STATE[:7].tolist(), DROID, "invalid_field"), (None, DROID, "missing_field"),
-                                ("joints", DROID, "invalid_field"), ([float("inf")] * 8, DROID, "invalid_field"),
-                                (STATE.tolist(), OTHER, "invalid_field")):
+    for state, domain, code in (
+        (STATE[:7].tolist(), DROID, "invalid_field"),
+        (None, DROID, "missing_field"),
+        ("joints", DROID, "invalid_field"),
+        ([float("inf")] * 8, DROID, "invalid_field"),
+        (STATE.tolist(), OTHER, "invalid_field"),
+    ):
         error = refused(action_request, {**body, "domain_name": domain, "state": state}, droid)
         assert (error.code, error.field) == (code, "state"), error.message
 
@@ -185,7 +227,11 @@ def test_a_native_droid_session_follows_the_joint_state(server):
     with PolicyClient(server.url) as client:
         domains = client.metadata["domains"]
         assert {k: domains[DROID][k] for k in ("raw_action_dim", "state_dim", "use_state", "history_length")} == {
-            "raw_action_dim": 8, "state_dim": 8, "use_state": True, "history_length": 1}
+            "raw_action_dim": 8,
+            "state_dim": 8,
+            "use_state": True,
+            "history_length": 1,
+        }
         assert domains[OTHER]["state_dim"] is None
         client.configure(domain_name=DROID, seed=0)
         first = client.infer(IMAGE, state=STATE, timeout=120)
@@ -199,8 +245,12 @@ def test_a_native_droid_session_follows_the_joint_state(server):
 def test_a_wrong_or_missing_state_is_a_typed_error_and_the_session_goes_on(server):
     with PolicyClient(server.url) as client:
         client.configure(domain_name=DROID, seed=0)
-        for state, code in ((None, "missing_field"), (STATE[:7], "invalid_field"), (np.full(8, np.nan), "invalid_field"),
-                            (np.stack([STATE, STATE]), "invalid_field")):
+        for state, code in (
+            (None, "missing_field"),
+            (STATE[:7], "invalid_field"),
+            (np.full(8, np.nan), "invalid_field"),
+            (np.stack([STATE, STATE]), "invalid_field"),
+        ):
             with pytest.raises(ServerError) as info:
                 client.infer(IMAGE, state=state, timeout=60)
             assert (info.value.code, info.value.field) == (code, "state"), info.value
@@ -211,8 +261,9 @@ def test_a_wrong_or_missing_state_is_a_typed_error_and_the_session_goes_on(serve
 
 
 def test_an_openpi_droid_session_follows_the_joint_state(server):
-    with connect(f"ws://127.0.0.1:{server.port}/openpi", compression=None, max_size=None, proxy=None,
-                 open_timeout=30) as ws:
+    with connect(
+        f"ws://127.0.0.1:{server.port}/openpi", compression=None, max_size=None, proxy=None, open_timeout=30
+    ) as ws:
         metadata = unpackb(ws.recv(timeout=30))
         assert (metadata["domain_name"], metadata["action_dim"], metadata["state_dim"]) == (DROID, 8, 8)
 
@@ -236,19 +287,25 @@ def test_http_takes_the_state_and_advertises_it(server):
     assert domains[OTHER]["state_dim"] is None
 
     def post(**fields):
-        return server.client.post("/v1/actions/generations",
-                                  json={"domain_name": DROID, "image": png_b64(IMAGE), "seed": 0, **fields})
+        return server.client.post(
+            "/v1/actions/generations", json={"domain_name": DROID, "image": png_b64(IMAGE), "seed": 0, **fields}
+        )
 
     first, moved = (post(state=state.tolist()) for state in (STATE, MOVED))
     assert first.status_code == moved.status_code == 200, first.text
     a, b = (np.asarray(r.json()["data"][0]["action"]["values"], np.float32) for r in (first, moved))
     assert a.shape == (32, 8) and np.abs(a - b).max() > 1e-4
-    form = server.client.post("/v1/actions/generations", files={"image": ("i.png", png_bytes(IMAGE), "image/png")},
-                              data={"domain_name": DROID, "seed": "0", "state": json.dumps(STATE.tolist())})
+    form = server.client.post(
+        "/v1/actions/generations",
+        files={"image": ("i.png", png_bytes(IMAGE), "image/png")},
+        data={"domain_name": DROID, "seed": "0", "state": json.dumps(STATE.tolist())},
+    )
     assert form.status_code == 200, form.text  # a form's `state` is JSON text
     np.testing.assert_array_equal(np.asarray(form.json()["data"][0]["action"]["values"], np.float32), a)
     for fields, code in (({"state": STATE[:7].tolist()}, "invalid_field"), ({}, "missing_field")):
         response = post(**fields)
         assert response.status_code == 400 and (error_of(response)["code"], error_of(response)["field"]) == (
-            code, "state"), response.text
+            code,
+            "state",
+        ), response.text
     assert post(state=STATE.tolist()).json()["data"][0]["action"]["shape"] == [32, 8]  # and it goes on

@@ -53,13 +53,26 @@ def test_decoded_arrays_are_read_only_views():
 
 
 def test_plain_values_round_trip():
-    frame = {"type": "observation", "seq": 3, "prompt": "pick", "deadline_ms": 50.5, "blob": b"\x00\x01", "l": [1, None]}
+    frame = {
+        "type": "observation",
+        "seq": 3,
+        "prompt": "pick",
+        "deadline_ms": 50.5,
+        "blob": b"\x00\x01",
+        "l": [1, None],
+    }
     assert unpackb(packb(frame)) == frame
 
 
 @pytest.mark.parametrize(
-    "value", [np.array([object()], dtype=object), np.zeros(2, dtype=np.complex64), np.zeros(2, dtype="V4"),
-              np.zeros(2, dtype=[("a", "<f4")]), np.array(["ab"])],
+    "value",
+    [
+        np.array([object()], dtype=object),
+        np.zeros(2, dtype=np.complex64),
+        np.zeros(2, dtype="V4"),
+        np.zeros(2, dtype=[("a", "<f4")]),
+        np.array(["ab"]),
+    ],
 )
 def test_encoder_refuses_disallowed_dtypes(value):
     with pytest.raises(WireFormatError, match="only bool, integer and float"):

@@ -18,7 +18,8 @@ narrow :class:`BackendHost` face of itself.
 from __future__ import annotations
 
 import asyncio
-from typing import TYPE_CHECKING, Any, Callable, Hashable, Mapping, Protocol
+from collections.abc import Callable, Hashable, Mapping
+from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
     from .outcome import EngineOutcome
@@ -34,7 +35,7 @@ class EngineBackend(Protocol):
     calls :meth:`stop`. Counters are totals since the start, over every engine the backend runs.
     """
 
-    state: "WorkerState"
+    state: WorkerState
     description: dict[str, Any] | None
     thread_settings: dict[str, object]
     # Seconds spent running the engine; busy_since is when the running call started (None when idle).
@@ -46,7 +47,7 @@ class EngineBackend(Protocol):
     batches: int
     batched_items: int
     # Set by the HTTP sidecar before start(); called on a backend thread after every batch.
-    on_batch_done: Callable[[list["PendingObservation"], list["EngineOutcome"]], None] | None
+    on_batch_done: Callable[[list[PendingObservation], list[EngineOutcome]], None] | None
 
     def start(self) -> None: ...
 
@@ -65,11 +66,11 @@ class EngineBackend(Protocol):
 class QueueLike(Protocol):
     """The request queue's interface as sessions and the sidecar use it (RequestQueue provides it)."""
 
-    def put(self, item: "PendingObservation") -> "PendingObservation | None": ...
+    def put(self, item: PendingObservation) -> PendingObservation | None: ...
 
     def put_background(self, task: Any) -> None: ...
 
-    def cancel(self, session_id: Any, seq: int | None = None) -> "PendingObservation | None": ...
+    def cancel(self, session_id: Any, seq: int | None = None) -> PendingObservation | None: ...
 
     def close(self) -> list[Any]: ...
 
@@ -112,5 +113,4 @@ class BackendFactory(Protocol):
 
     def make_queue(self) -> QueueLike: ...
 
-    def make_backend(self, host: BackendHost, queue: QueueLike,
-                     loop: asyncio.AbstractEventLoop) -> EngineBackend: ...
+    def make_backend(self, host: BackendHost, queue: QueueLike, loop: asyncio.AbstractEventLoop) -> EngineBackend: ...

@@ -11,8 +11,9 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable
 from dataclasses import astuple, dataclass
-from typing import TYPE_CHECKING, Any, Callable, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from cosmos3_runtime.requests import ActionChunk, ActionRequest
 
@@ -51,7 +52,7 @@ class EngineCounters:
     idle_gaps: int = 0
     idle_gap_s: float = 0.0
 
-    def __add__(self, other: "EngineCounters") -> "EngineCounters":
+    def __add__(self, other: EngineCounters) -> EngineCounters:
         return EngineCounters(*(mine + theirs for mine, theirs in zip(astuple(self), astuple(other))))
 
 
@@ -68,8 +69,9 @@ class CounterReadouts:
     busy_s = property(lambda self: self.counters.busy_s)
 
 
-def predict_batch(engine: Predictor, batch: list["PendingObservation"], counters: EngineCounters,
-                  prepared: list[Any] | None = None) -> list[EngineOutcome]:
+def predict_batch(
+    engine: Predictor, batch: list[PendingObservation], counters: EngineCounters, prepared: list[Any] | None = None
+) -> list[EngineOutcome]:
     """Run ``batch`` (one observation or more) through ``engine``; an outcome per observation, in order.
 
     ``prepared``: each observation's ``engine.prepare_actions`` (an engine that splits its work,
@@ -85,6 +87,7 @@ def predict_batch(engine: Predictor, batch: list["PendingObservation"], counters
 
         def run_one(one: Any) -> Any:
             return engine.predict_prepared([one])[0]
+
     if len(batch) == 1:
         results: list[Any] = [_call(run_one, inputs[0])]
     else:
@@ -102,8 +105,9 @@ def predict_batch(engine: Predictor, batch: list["PendingObservation"], counters
     return [_outcome(item, result, (done - t0) * 1e3, done, counters) for item, result in zip(batch, results)]
 
 
-def _outcome(item: "PendingObservation", result: Any, engine_ms: float, done: float,
-             counters: EngineCounters) -> EngineOutcome:
+def _outcome(
+    item: PendingObservation, result: Any, engine_ms: float, done: float, counters: EngineCounters
+) -> EngineOutcome:
     if isinstance(result, BaseException):
         counters.failed += 1
         error = engine_failure(result, "observation", f"seq {item.seq} of session {item.session_id}")

@@ -15,8 +15,9 @@ engine adds later reaches them without a change here.
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, Mapping
+from typing import Any
 
 from robot_clients.protocol import FrameLimits
 
@@ -42,13 +43,18 @@ class Defaults:
     domain_name: str | None = None  # the model's default domain (None in a domain's own defaults)
 
     @classmethod
-    def from_describe(cls, values: Mapping[str, Any] | None) -> "Defaults":
+    def from_describe(cls, values: Mapping[str, Any] | None) -> Defaults:
         values = values or {}
-        return cls(action_horizon=values.get("action_horizon"), resolution_tier=values.get("resolution_tier"),
-                   view_point=values.get("view_point"), fps=values.get("fps"), num_steps=values.get("num_steps"),
-                   guidance_scale=values.get("guidance_scale"),
-                   guidance_interval=_interval(values.get("guidance_interval")),
-                   domain_name=values.get("domain_name"))
+        return cls(
+            action_horizon=values.get("action_horizon"),
+            resolution_tier=values.get("resolution_tier"),
+            view_point=values.get("view_point"),
+            fps=values.get("fps"),
+            num_steps=values.get("num_steps"),
+            guidance_scale=values.get("guidance_scale"),
+            guidance_interval=_interval(values.get("guidance_interval")),
+            domain_name=values.get("domain_name"),
+        )
 
 
 @dataclass(frozen=True)
@@ -75,16 +81,26 @@ class DomainProfile:
     raw: Mapping[str, Any] = field(default_factory=dict, repr=False, compare=False)
 
     @classmethod
-    def from_describe(cls, name: str, values: Mapping[str, Any]) -> "DomainProfile":
-        return cls(name=name, domain_id=values.get("domain_id"), raw_action_dim=values.get("raw_action_dim"),
-                   default_horizon=values.get("default_horizon"), view_point=values.get("view_point"),
-                   fps=values.get("fps"), resolution_tier=values.get("resolution_tier"),
-                   action_space=values.get("action_space"), view_description=values.get("view_description"),
-                   prompt_format=values.get("prompt_format"),
-                   guidance_interval=_interval(values.get("guidance_interval")),
-                   normalization=values.get("normalization"), state_dim=values.get("state_dim"),
-                   use_state=bool(values.get("use_state")), history_length=values.get("history_length"),
-                   defaults=Defaults.from_describe(values.get("defaults")), raw=dict(values))
+    def from_describe(cls, name: str, values: Mapping[str, Any]) -> DomainProfile:
+        return cls(
+            name=name,
+            domain_id=values.get("domain_id"),
+            raw_action_dim=values.get("raw_action_dim"),
+            default_horizon=values.get("default_horizon"),
+            view_point=values.get("view_point"),
+            fps=values.get("fps"),
+            resolution_tier=values.get("resolution_tier"),
+            action_space=values.get("action_space"),
+            view_description=values.get("view_description"),
+            prompt_format=values.get("prompt_format"),
+            guidance_interval=_interval(values.get("guidance_interval")),
+            normalization=values.get("normalization"),
+            state_dim=values.get("state_dim"),
+            use_state=bool(values.get("use_state")),
+            history_length=values.get("history_length"),
+            defaults=Defaults.from_describe(values.get("defaults")),
+            raw=dict(values),
+        )
 
 
 @dataclass(frozen=True)
@@ -118,7 +134,7 @@ class ModelLimits:
     max_normalized_action: float | None = None
 
     @classmethod
-    def from_describe(cls, values: Mapping[str, Any] | None) -> "ModelLimits":
+    def from_describe(cls, values: Mapping[str, Any] | None) -> ModelLimits:
         values = values or {}
         known = {name: values[name] for name in cls.__dataclass_fields__ if values.get(name) is not None}
         return cls(**known)
@@ -155,28 +171,41 @@ class ModelDescription:
     raw: Mapping[str, Any] = field(default_factory=dict, repr=False, compare=False)
 
     @classmethod
-    def from_describe(cls, description: Mapping[str, Any]) -> "ModelDescription":
+    def from_describe(cls, description: Mapping[str, Any]) -> ModelDescription:
         """Read an engine's ``describe()`` (keys it lacks keep their defaults)."""
         d = description
         horizon = d.get("action_horizon") or {}
         # ``canvases``: tier -> [{aspect_ratio, height, width}, ...], the aspect-ratio bins a frame is placed in.
         canvases = d.get("canvases")
         return cls(
-            model=d.get("model"), variant=d.get("variant"), is_distilled=bool(d.get("is_distilled")),
-            is_edge=bool(d.get("is_edge")), modes=tuple(d.get("modes") or ()),
-            action_modes=tuple(d.get("action_modes") or ()), video_modes=tuple(d.get("video_modes") or ()),
+            model=d.get("model"),
+            variant=d.get("variant"),
+            is_distilled=bool(d.get("is_distilled")),
+            is_edge=bool(d.get("is_edge")),
+            modes=tuple(d.get("modes") or ()),
+            action_modes=tuple(d.get("action_modes") or ()),
+            video_modes=tuple(d.get("video_modes") or ()),
             resolution_tiers=tuple(int(t) for t in d.get("resolution_tiers") or ()),
-            resolution_canvases=None if canvases is None else {
-                int(tier): tuple((int(b["height"]), int(b["width"])) for b in bins) for tier, bins in canvases.items()},
+            resolution_canvases=None
+            if canvases is None
+            else {
+                int(tier): tuple((int(b["height"]), int(b["width"])) for b in bins) for tier, bins in canvases.items()
+            },
             distilled_sigmas=None if d.get("distilled_sigmas") is None else tuple(d["distilled_sigmas"]),
             defaults=Defaults.from_describe(d.get("defaults")),
-            action_horizon=HorizonRange(min=horizon.get("min") or 1, max=horizon.get("max"),
-                                        multiple_of=horizon.get("multiple_of") or 1),
-            domains={name: DomainProfile.from_describe(name, values)
-                     for name, values in (d.get("domains") or {}).items()},
-            view_points=tuple(d.get("view_points") or ()), limits=ModelLimits.from_describe(d.get("limits")),
-            device=d.get("device"), dtype=d.get("dtype"), parameters=d.get("parameters"),
-            action_dim=d.get("action_dim"), raw=dict(d),
+            action_horizon=HorizonRange(
+                min=horizon.get("min") or 1, max=horizon.get("max"), multiple_of=horizon.get("multiple_of") or 1
+            ),
+            domains={
+                name: DomainProfile.from_describe(name, values) for name, values in (d.get("domains") or {}).items()
+            },
+            view_points=tuple(d.get("view_points") or ()),
+            limits=ModelLimits.from_describe(d.get("limits")),
+            device=d.get("device"),
+            dtype=d.get("dtype"),
+            parameters=d.get("parameters"),
+            action_dim=d.get("action_dim"),
+            raw=dict(d),
         )
 
     @property

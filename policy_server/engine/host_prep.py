@@ -21,8 +21,9 @@ import logging
 import threading
 import time
 from collections import deque
+from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import TYPE_CHECKING, Any, Iterator, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from cosmos3_runtime.requests import ActionChunk, ActionRequest
 
@@ -64,7 +65,7 @@ class HostPrep:
     in :meth:`overlapping` and takes prepared inputs with :meth:`claim`. :meth:`stop` ends the thread.
     """
 
-    def __init__(self, engine: PreparingEngine, queue: "RequestQueue", lookahead: int, name: str) -> None:
+    def __init__(self, engine: PreparingEngine, queue: RequestQueue, lookahead: int, name: str) -> None:
         self._engine = engine
         self._queue = queue
         self._lookahead = max(1, lookahead)
@@ -100,7 +101,7 @@ class HostPrep:
             with self._lock:
                 self._calls_running -= 1
 
-    def claim(self, batch: list["PendingObservation"]) -> list[Any | None]:
+    def claim(self, batch: list[PendingObservation]) -> list[Any | None]:
         """The prepared inputs of each observation of ``batch`` (None: not prepared), handed over once.
 
         If one of them is being prepared right now, waits for it: the engine thread would only do the
@@ -110,7 +111,7 @@ class HostPrep:
                 self._changed.wait()
             return [self._ready.pop(item, None) for item in batch]
 
-    def holds(self, item: "PendingObservation") -> bool:
+    def holds(self, item: PendingObservation) -> bool:
         """Whether inputs prepared for ``item`` are held, ready to be claimed."""
         with self._lock:
             return self._ready.get(item) is not None
@@ -122,7 +123,7 @@ class HostPrep:
         with self._lock:
             self._changed.notify_all()
 
-    def _next(self) -> "PendingObservation | None":
+    def _next(self) -> PendingObservation | None:
         """Wait until an engine call runs and a waiting observation is not prepared yet; None once stopped."""
         with self._lock:
             while not self._stopped:
@@ -156,8 +157,9 @@ class HostPrep:
                 self._changed.notify_all()
 
 
-def host_inputs(engine: object, taken: list[tuple["PendingObservation", Any]],
-                counters: EngineCounters) -> list[Any] | None:
+def host_inputs(
+    engine: object, taken: list[tuple[PendingObservation, Any]], counters: EngineCounters
+) -> list[Any] | None:
     """Each taken observation's prepared inputs: those made ahead (claimed), the rest made now on the
     engine thread (the engine idle meanwhile); None for an engine that does not split its work, or if
     preparing raised (a bug, not a bad request: the request path then reports it per observation)."""
@@ -195,7 +197,7 @@ class IdleGaps:
     def call_ended(self) -> None:
         self._ended_at = time.monotonic()
 
-    def call_starting(self, batch: list["PendingObservation"]) -> None:
+    def call_starting(self, batch: list[PendingObservation]) -> None:
         if self._ended_at is None:
             return
         gap = time.monotonic() - max(self._ended_at, min(item.enqueued_at for item in batch))

@@ -52,8 +52,9 @@ def engine_failure(exc: BaseException, what: str, context: str) -> CodedError:
         return CodedError(engine_error_code(exc.code, exc.field), exc.message, exc.field)
     reference = uuid.uuid4().hex[:12]
     logger.error("the engine failed on %s (ref %s)", context, reference, exc_info=exc)
-    return CodedError(ErrorCode.ENGINE_ERROR,
-                      f"the model failed on this {what}; the server log has details (ref {reference})")
+    return CodedError(
+        ErrorCode.ENGINE_ERROR, f"the model failed on this {what}; the server log has details (ref {reference})"
+    )
 
 
 @dataclass

@@ -43,8 +43,9 @@ from __future__ import annotations
 import threading
 import time
 from collections import deque
+from collections.abc import Callable, Hashable
 from dataclasses import dataclass, field
-from typing import Any, Callable, Hashable, Protocol
+from typing import Any, Protocol
 
 from cosmos3_runtime.requests import ActionRequest
 
@@ -302,7 +303,8 @@ class RequestQueue(ClosableQueue):
         with self._lock:
             self._closed = True
             left: list[PendingObservation | EngineTask] = [
-                self._slots[s] for turn in [*self._ring, *self._rejoining] for s in self._turns[turn]]
+                self._slots[s] for turn in [*self._ring, *self._rejoining] for s in self._turns[turn]
+            ]
             left.extend(task for task, _ in self._background)
             self._slots.clear()
             self._turns.clear()

@@ -33,8 +33,9 @@ import logging
 import threading
 import time
 import uuid
+from collections.abc import Callable
 from contextlib import nullcontext
-from typing import Any, Callable, Protocol
+from typing import Any, Protocol
 
 from robot_clients.protocol import CodedError, DropReason, ErrorCode
 
@@ -148,9 +149,19 @@ class EngineWorker(CounterReadouts):
     def topology(self) -> dict[str, Any]:
         """One engine, in this process (the Ray backend reports its replicas the same way)."""
         # failovers: engines the watchdog abandoned and reloaded (cosmos3_replica_failovers{replica="0"}).
-        return {"backend": "local", "replicas": [{"replica": 0, "state": self.state.value, "completed": self.completed,
-                                                  "failed": self.failed, "busy_s": self.busy_s,
-                                                  "failovers": self.restarts}]}
+        return {
+            "backend": "local",
+            "replicas": [
+                {
+                    "replica": 0,
+                    "state": self.state.value,
+                    "completed": self.completed,
+                    "failed": self.failed,
+                    "busy_s": self.busy_s,
+                    "failovers": self.restarts,
+                }
+            ],
+        }
 
     def abandon_hung_call(self, timeout_s: float) -> None:
         """On the event loop: fail the hung call's requests with ``engine_timeout`` and reload the engine.
@@ -167,21 +178,39 @@ class EngineWorker(CounterReadouts):
         self.restarts += 1
         self.state = WorkerState.RESTARTING
         reference = uuid.uuid4().hex[:12]
-        logger.error("engine call stuck for %.1f s (limit %g s, ref %s): failing %d request(s)%s, abandoning thread %s "
-                     "and loading a fresh engine", stuck_for, timeout_s, reference, len(items),
-                     " and a background task" if task is not None else "", self._thread.name)
-        error = CodedError(ErrorCode.ENGINE_TIMEOUT, f"the engine did not finish within {timeout_s:g} s; the server is "
-                           f"restarting it (ref {reference}). Retry once it is ready")
+        logger.error(
+            "engine call stuck for %.1f s (limit %g s, ref %s): failing %d request(s)%s, abandoning thread %s "
+            "and loading a fresh engine",
+            stuck_for,
+            timeout_s,
+            reference,
+            len(items),
+            " and a background task" if task is not None else "",
+            self._thread.name,
+        )
+        error = CodedError(
+            ErrorCode.ENGINE_TIMEOUT,
+            f"the engine did not finish within {timeout_s:g} s; the server is "
+            f"restarting it (ref {reference}). Retry once it is ready",
+        )
         self._fail(items, [task] if task is not None else [], error, stuck_for * 1e3, _call_now)
         self._thread = threading.Thread(target=self._run, name=f"{self.name}-{self.restarts}", daemon=True)
         self._thread.start()
 
-    def _fail(self, items: list[PendingObservation], tasks: list[BackgroundTask], error: CodedError, engine_ms: float,
-              deliver: Callable[..., Any]) -> None:
+    def _fail(
+        self,
+        items: list[PendingObservation],
+        tasks: list[BackgroundTask],
+        error: CodedError,
+        engine_ms: float,
+        deliver: Callable[..., Any],
+    ) -> None:
         """Answer work that will not be done with ``error`` (``deliver(callback, *args)`` calls its owners)."""
         self.counters.failed += len(items) + len(tasks)
         for item in items:
-            deliver(item.owner.on_result, item, EngineOutcome(error=error, engine_ms=engine_ms, done_at=time.monotonic()))
+            deliver(
+                item.owner.on_result, item, EngineOutcome(error=error, engine_ms=engine_ms, done_at=time.monotonic())
+            )
         for task in tasks:
             deliver(task.owner.on_timeout, task, error)
 

@@ -22,7 +22,7 @@ def build_app(parts: SidecarParts) -> FastAPI:
         title="Cosmos3 policy server: HTTP sidecar",
         version="1",
         description="forward_dynamics video jobs, one-shot action generations, metadata, health and metrics. "
-                    "Realtime control uses the WebSocket on the other port (/v1/actions/realtime).",
+        "Realtime control uses the WebSocket on the other port (/v1/actions/realtime).",
     )
     metrics, host = parts.metrics, parts.host
     install_error_handlers(app, metrics)
@@ -35,9 +35,16 @@ def build_app(parts: SidecarParts) -> FastAPI:
     app.add_middleware(SidecarMiddleware, metrics=metrics, max_body_bytes=parts.settings.max_body_bytes)
     tokens = host.settings.auth_tokens
     if tokens is not None:  # added last: the outermost layer, so nothing runs for a request without a token
-        app.add_middleware(BearerAuthMiddleware, tokens=tokens,
-                           on_refused=lambda path: metrics.observe_http_error(UNMATCHED, UNAUTHORIZED_CODE))
+        app.add_middleware(
+            BearerAuthMiddleware,
+            tokens=tokens,
+            on_refused=lambda path: metrics.observe_http_error(UNMATCHED, UNAUTHORIZED_CODE),
+        )
     # Outermost of all: a state-changing request from another site's page is refused before anything reads it.
-    app.add_middleware(OriginCheckMiddleware, policy=host.origins, own_ports=host.own_ports,
-                       on_refused=lambda path: metrics.observe_http_error(UNMATCHED, FORBIDDEN_ORIGIN_CODE))
+    app.add_middleware(
+        OriginCheckMiddleware,
+        policy=host.origins,
+        own_ports=host.own_ports,
+        on_refused=lambda path: metrics.observe_http_error(UNMATCHED, FORBIDDEN_ORIGIN_CODE),
+    )
     return app

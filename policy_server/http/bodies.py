@@ -49,10 +49,12 @@ class BodyBudget:
 
     def take(self, size: int) -> None:
         if self.held + size > self.limit:
-            raise ApiError(HttpErrorCode.SERVER_BUSY,
-                           f"the server is holding {self.held / 2**20:.0f} MiB of other requests' bodies, its limit "
-                           f"(--http-max-buffered-mib {self.limit / 2**20:.0f}); retry shortly",
-                           headers={"Retry-After": "5"})
+            raise ApiError(
+                HttpErrorCode.SERVER_BUSY,
+                f"the server is holding {self.held / 2**20:.0f} MiB of other requests' bodies, its limit "
+                f"(--http-max-buffered-mib {self.limit / 2**20:.0f}); retry shortly",
+                headers={"Retry-After": "5"},
+            )
         self.held += size
 
     def give_back(self, size: int) -> None:
@@ -94,8 +96,9 @@ class _BodyReader:
         self.held = 0
 
 
-async def read_fields(request: Request, file_fields: dict[str, tuple[str, ...]], max_values: int,
-                      budget: BodyBudget) -> tuple[dict[str, Any], str]:
+async def read_fields(
+    request: Request, file_fields: dict[str, tuple[str, ...]], max_values: int, budget: BodyBudget
+) -> tuple[dict[str, Any], str]:
     """The request's fields, whatever its format; also returns the body's media type. ``max_values``
     bounds the elements a JSON/msgpack body (or a multipart JSON text field) may hold; ``budget`` the
     body bytes held by all requests together."""
@@ -111,8 +114,11 @@ async def read_fields(request: Request, file_fields: dict[str, tuple[str, ...]],
     if kind == http_codecs.MULTIPART_TYPE:
         # Starlette spools file parts beyond 1 MiB to disk while it parses; the uploads' bytes are taken
         # from the budget when they are read back (the caller decodes them before this request ends).
-        form = await request.form(max_files=http_codecs.MAX_MULTIPART_FILES, max_fields=http_codecs.MAX_MULTIPART_FIELDS,
-                                  max_part_size=http_codecs.MAX_MULTIPART_TEXT_BYTES)
+        form = await request.form(
+            max_files=http_codecs.MAX_MULTIPART_FILES,
+            max_fields=http_codecs.MAX_MULTIPART_FIELDS,
+            max_part_size=http_codecs.MAX_MULTIPART_TEXT_BYTES,
+        )
         reader = _BodyReader(budget)
         try:
             items: list[tuple[str, Any]] = []
@@ -139,10 +145,14 @@ def body_schema(model: type, files: dict[str, str]) -> dict[str, Any]:
     multipart = {
         "type": "object",
         "properties": {
-            **{name: {"type": "string", "description": f"{prop.get('description', '')} (as text)"}
-               for name, prop in schema["properties"].items()},
-            **{name: {"type": "string", "format": "binary", "description": description}
-               for name, description in files.items()},
+            **{
+                name: {"type": "string", "description": f"{prop.get('description', '')} (as text)"}
+                for name, prop in schema["properties"].items()
+            },
+            **{
+                name: {"type": "string", "format": "binary", "description": description}
+                for name, description in files.items()
+            },
         },
         "required": schema.get("required", []),
     }

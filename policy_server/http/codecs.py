@@ -27,9 +27,10 @@ from __future__ import annotations
 
 import gc
 import json
+from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any, Iterator
+from typing import Any
 
 import numpy as np
 
@@ -141,9 +142,11 @@ def decode_msgpack_body(body: bytes | bytearray, max_values: int = DEFAULT_MAX_J
         with _collector_paused():
             decoded = unpackb(body, max_values=max_values)
     except WireLimitError as exc:
-        raise ApiError(HttpErrorCode.PAYLOAD_TOO_LARGE, f"the body {exc.message[len('frame '):]}") from None
+        raise ApiError(HttpErrorCode.PAYLOAD_TOO_LARGE, f"the body {exc.message[len('frame ') :]}") from None
     except WireFormatError as exc:
-        raise ApiError(HttpErrorCode.BAD_BODY, f"the body is not a valid msgpack map: {exc.message}", exc.field) from None
+        raise ApiError(
+            HttpErrorCode.BAD_BODY, f"the body is not a valid msgpack map: {exc.message}", exc.field
+        ) from None
     except Exception:  # noqa: BLE001 - msgpack raises several types for truncated or corrupt input
         raise ApiError(HttpErrorCode.BAD_BODY, "the body is not valid msgpack") from None
     return _as_fields(decoded, "msgpack")
@@ -162,8 +165,9 @@ def _as_fields(decoded: Any, what: str) -> dict[str, Any]:
     return fields
 
 
-def decode_multipart_fields(items: list[tuple[str, Any]], file_fields: dict[str, tuple[str, ...]],
-                            max_values: int = DEFAULT_MAX_JSON_VALUES) -> dict[str, Any]:
+def decode_multipart_fields(
+    items: list[tuple[str, Any]], file_fields: dict[str, tuple[str, ...]], max_values: int = DEFAULT_MAX_JSON_VALUES
+) -> dict[str, Any]:
     """Turn parsed form items into fields; ``file_fields`` maps each upload field to its accepted types.
 
     ``items`` are ``(name, value)`` pairs where an upload's value is an :class:`Upload`.
@@ -193,8 +197,9 @@ def decode_multipart_fields(items: list[tuple[str, Any]], file_fields: dict[str,
             try:
                 fields[name] = json.loads(value)
             except ValueError:
-                raise ApiError(ErrorCode.INVALID_FIELD, f"`{name}` must be JSON text (nested lists of numbers)",
-                               name) from None
+                raise ApiError(
+                    ErrorCode.INVALID_FIELD, f"`{name}` must be JSON text (nested lists of numbers)", name
+                ) from None
         else:
             fields[name] = value
     return fields
@@ -216,7 +221,9 @@ def to_actions(value: Any, field: str) -> np.ndarray:
     """T×D numbers (nested lists or a float/int array) to float32, every value finite."""
     if isinstance(value, np.ndarray):
         if value.dtype.kind not in "fiu":
-            raise ApiError(ErrorCode.INVALID_FIELD, f"`{field}` must be a numeric array, got dtype {value.dtype}", field)
+            raise ApiError(
+                ErrorCode.INVALID_FIELD, f"`{field}` must be a numeric array, got dtype {value.dtype}", field
+            )
         array = value.astype(np.float32)
     else:
         if not isinstance(value, list):
@@ -224,8 +231,9 @@ def to_actions(value: Any, field: str) -> np.ndarray:
         try:
             array = np.asarray(value, dtype=np.float64)
         except (ValueError, TypeError):
-            raise ApiError(ErrorCode.INVALID_FIELD,
-                           f"`{field}` must be T×D nested lists of numbers (rows of equal length)", field) from None
+            raise ApiError(
+                ErrorCode.INVALID_FIELD, f"`{field}` must be T×D nested lists of numbers (rows of equal length)", field
+            ) from None
         array = array.astype(np.float32)
     if array.ndim != 2 or array.shape[0] == 0 or array.shape[1] == 0:
         raise ApiError(ErrorCode.INVALID_FIELD, f"`{field}` must have shape T×D, got {list(array.shape)}", field)

@@ -28,9 +28,10 @@ import asyncio
 import json
 import logging
 import socket
+from collections.abc import Callable
 from dataclasses import dataclass
 from http import HTTPStatus
-from typing import Any, Callable
+from typing import Any
 
 from ..connection_limits import PeerCounter, peer_address
 from .errors import HttpErrorCode
@@ -60,8 +61,12 @@ class ConnectionLimits:
 def error_response(status: int, code: str, message: str, headers: dict[str, str] | None = None) -> bytes:
     """A whole ``Connection: close`` HTTP/1.1 response carrying the sidecar's error body."""
     body = json.dumps({"error": {"code": code, "message": message, "field": None}}).encode()
-    lines = [f"HTTP/1.1 {status} {HTTPStatus(status).phrase}", "content-type: application/json",
-             f"content-length: {len(body)}", "connection: close"]
+    lines = [
+        f"HTTP/1.1 {status} {HTTPStatus(status).phrase}",
+        "content-type: application/json",
+        f"content-length: {len(body)}",
+        "connection: close",
+    ]
     lines += [f"{name}: {value}" for name, value in (headers or {}).items()]
     return ("\r\n".join(lines) + "\r\n\r\n").encode() + body
 
@@ -75,8 +80,9 @@ def set_nodelay(transport: asyncio.BaseTransport) -> None:
             pass
 
 
-def guarded_protocol(base: type, limits: ConnectionLimits, counter: PeerCounter,
-                     on_refused: Callable[[str], None] = lambda code: None) -> type:
+def guarded_protocol(
+    base: type, limits: ConnectionLimits, counter: PeerCounter, on_refused: Callable[[str], None] = lambda code: None
+) -> type:
     """A subclass of uvicorn's HTTP protocol class ``base`` with the deadlines and caps of ``limits``.
 
     It relies on what uvicorn's two HTTP/1.1 protocols (httptools and h11) share: ``cycle`` (the
@@ -100,8 +106,12 @@ def guarded_protocol(base: type, limits: ConnectionLimits, counter: PeerCounter,
             super().connection_made(transport)
             if refusal is not None:
                 logger.debug("refused an HTTP connection from %s: %s", peer, refusal)
-                self._refuse(HTTPStatus.SERVICE_UNAVAILABLE, HttpErrorCode.TOO_MANY_CONNECTIONS,
-                             f"too many connections: {refusal}; retry later", {"retry-after": "5"})
+                self._refuse(
+                    HTTPStatus.SERVICE_UNAVAILABLE,
+                    HttpErrorCode.TOO_MANY_CONNECTIONS,
+                    f"too many connections: {refusal}; retry later",
+                    {"retry-after": "5"},
+                )
                 return
             self._peer = peer
             self._await_headers()
@@ -119,8 +129,11 @@ def guarded_protocol(base: type, limits: ConnectionLimits, counter: PeerCounter,
             super().data_received(data)
             self._follow()
             if self._phase == "headers" and self._header_bytes > limits.max_header_bytes:
-                self._refuse(HTTPStatus.REQUEST_HEADER_FIELDS_TOO_LARGE, HttpErrorCode.BAD_BODY,
-                             f"the request line and headers are longer than {limits.max_header_bytes} bytes")
+                self._refuse(
+                    HTTPStatus.REQUEST_HEADER_FIELDS_TOO_LARGE,
+                    HttpErrorCode.BAD_BODY,
+                    f"the request line and headers are longer than {limits.max_header_bytes} bytes",
+                )
 
         def on_response_complete(self) -> None:
             super().on_response_complete()
@@ -154,15 +167,21 @@ def guarded_protocol(base: type, limits: ConnectionLimits, counter: PeerCounter,
             self._arm(limits.header_timeout_s, self._headers_late)
 
         def _headers_late(self) -> None:
-            self._refuse(HTTPStatus.REQUEST_TIMEOUT, HttpErrorCode.REQUEST_TIMEOUT,
-                         f"the request's headers did not arrive within {limits.header_timeout_s:g} s")
+            self._refuse(
+                HTTPStatus.REQUEST_TIMEOUT,
+                HttpErrorCode.REQUEST_TIMEOUT,
+                f"the request's headers did not arrive within {limits.header_timeout_s:g} s",
+            )
 
         def _body_late(self) -> None:
             if self.cycle is not None and self.cycle.response_started:
                 self._close(HttpErrorCode.REQUEST_TIMEOUT)  # answered already; the client is still sending
                 return
-            self._refuse(HTTPStatus.REQUEST_TIMEOUT, HttpErrorCode.REQUEST_TIMEOUT,
-                         f"the request's body did not arrive within {limits.body_timeout_s:g} s of its headers")
+            self._refuse(
+                HTTPStatus.REQUEST_TIMEOUT,
+                HttpErrorCode.REQUEST_TIMEOUT,
+                f"the request's body did not arrive within {limits.body_timeout_s:g} s of its headers",
+            )
 
         # -- deadlines and refusals ----------------------------------------------------------------
 

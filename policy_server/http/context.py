@@ -8,11 +8,11 @@ from robot_clients.protocol import FrameLimits
 
 from ..engine.description import ModelDescription
 from ..metrics import ServerMetrics
+from ..sessions.host import SessionHost
 from ..videos.job_store import VideoJobStore
 from ..videos.runner import VideoJobRunner
 from .bodies import BodyBudget
 from .errors import ApiError, HttpErrorCode
-from ..sessions.host import SessionHost
 from .settings import SidecarSettings
 from .turns import InFlightLimit
 

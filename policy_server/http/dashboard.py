@@ -13,9 +13,10 @@ sniffing types.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from ..sessions.observer import OBSERVE_PATH
 
@@ -26,8 +27,10 @@ CONFIG_NAME = "config.json"
 # The page's own script, style and images (camera previews arrive as data: URLs); no inline code; fetches
 # to itself and WebSockets to any host (the observer channel is on the WebSocket port, another origin, and
 # `?observer=` may name another host). No framing: a page that frames the dashboard could click its buttons.
-DASHBOARD_CSP = ("default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self' data:; "
-                 "connect-src 'self' ws: wss:; base-uri 'none'; form-action 'none'; frame-ancestors 'none'")
+DASHBOARD_CSP = (
+    "default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self' data:; "
+    "connect-src 'self' ws: wss:; base-uri 'none'; form-action 'none'; frame-ancestors 'none'"
+)
 DASHBOARD_HEADERS = {
     "Content-Security-Policy": DASHBOARD_CSP,
     "X-Frame-Options": "DENY",

@@ -5,8 +5,8 @@ Every error the sidecar answers has the same body, whatever went wrong::
     {"error": {"code": "unknown_domain", "message": "unknown domain 'x'; ...", "field": "domain_name"}}
 
 ``code`` is stable (clients branch on it; never rename one, only add), ``message`` says what to fix,
-``field`` names the offending request field when there is one. :class:`ApiError` is the protocol's :class:`~robot_clients.protocol.CodedError` with an HTTP status.
-The codes of the realtime protocol
+``field`` names the offending request field when there is one. :class:`ApiError` is the protocol's
+:class:`~robot_clients.protocol.CodedError` with an HTTP status. The codes of the realtime protocol
 (:class:`robot_clients.protocol.ErrorCode`) keep their meaning here; :class:`HttpErrorCode` adds the
 ones only HTTP has. Internals (tracebacks, paths, exception names) never reach the client: an
 unexpected failure is logged with a reference the client gets instead.
@@ -92,7 +92,7 @@ class ApiError(CodedError):
         self.headers = headers or {}
 
     @classmethod
-    def of(cls, error: CodedError) -> "ApiError":
+    def of(cls, error: CodedError) -> ApiError:
         """``error`` (a protocol or settings check's) as an HTTP answer: same code, message and field."""
         return error if isinstance(error, ApiError) else cls(error.code, error.message, error.field)
 

@@ -16,8 +16,9 @@ from __future__ import annotations
 
 import base64
 import binascii
+from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import Any, Iterator
+from typing import Any
 
 import numpy as np
 
@@ -39,8 +40,11 @@ def _check_sides(height: int, width: int, field: str, limits: FrameLimits) -> No
 
 def _check_frames(frames: int, field: str, limits: FrameLimits) -> None:
     if not 1 <= frames <= limits.max_clip_frames:
-        raise ApiError(ErrorCode.INVALID_IMAGE,
-                       f"`{field}` has {frames} frames; between 1 and {limits.max_clip_frames} are allowed", field)
+        raise ApiError(
+            ErrorCode.INVALID_IMAGE,
+            f"`{field}` has {frames} frames; between 1 and {limits.max_clip_frames} are allowed",
+            field,
+        )
 
 
 def _check_decoded_bytes(frames: int, height: int, width: int, field: str, limits: FrameLimits) -> None:
@@ -116,14 +120,17 @@ def _pixel_array(value: Any, rank: int, field: str, limits: FrameLimits) -> np.n
         try:
             array = np.asarray(value)
         except (ValueError, TypeError):
-            raise ApiError(ErrorCode.INVALID_IMAGE, f"`{field}` must be {shape_text} nested lists of integers",
-                           field) from None
+            raise ApiError(
+                ErrorCode.INVALID_IMAGE, f"`{field}` must be {shape_text} nested lists of integers", field
+            ) from None
         if array.dtype.kind not in "iu" or (array.size and (array.min() < 0 or array.max() > 255)):
-            raise ApiError(ErrorCode.INVALID_IMAGE,
-                           f"`{field}` must hold integers in [0, 255] ({shape_text} RGB)", field)
+            raise ApiError(
+                ErrorCode.INVALID_IMAGE, f"`{field}` must hold integers in [0, 255] ({shape_text} RGB)", field
+            )
     if array.ndim != rank or array.shape[-1] != 3:
-        raise ApiError(ErrorCode.INVALID_IMAGE, f"`{field}` must have shape {shape_text} (RGB), got "
-                       f"{list(array.shape)}", field)
+        raise ApiError(
+            ErrorCode.INVALID_IMAGE, f"`{field}` must have shape {shape_text} (RGB), got {list(array.shape)}", field
+        )
     frames = array.shape[0] if rank == 4 else 1
     if rank == 4:
         _check_frames(frames, field, limits)
@@ -139,8 +146,11 @@ def to_image(value: Any, field: str, limits: FrameLimits) -> np.ndarray:
         return decode_image_bytes(encoded, field, limits)
     if isinstance(value, (list, np.ndarray)):
         return _pixel_array(value, 3, field, limits)
-    raise ApiError(ErrorCode.INVALID_IMAGE, f"`{field}` must be an image (base64 string, nested lists or an "
-                   f"upload), got {type(value).__name__}", field)
+    raise ApiError(
+        ErrorCode.INVALID_IMAGE,
+        f"`{field}` must be an image (base64 string, nested lists or an upload), got {type(value).__name__}",
+        field,
+    )
 
 
 def _read_video_upload(data: bytes, field: str, limits: FrameLimits) -> np.ndarray:
@@ -154,8 +164,13 @@ def _read_video_upload(data: bytes, field: str, limits: FrameLimits) -> np.ndarr
         _check_decoded_bytes(frames or 1, height, width, field, limits)
 
     try:
-        return read_video_bytes(data, limits.max_clip_frames, max_bytes=limits.max_decoded_bytes, check=check,
-                                max_pixels=limits.max_image_side ** 2)
+        return read_video_bytes(
+            data,
+            limits.max_clip_frames,
+            max_bytes=limits.max_decoded_bytes,
+            check=check,
+            max_pixels=limits.max_image_side**2,
+        )
     except VideoEncodingError as exc:
         raise ApiError(ErrorCode.INVALID_IMAGE, f"`{field}`: {exc}", field) from None
 
@@ -176,8 +191,12 @@ def to_video(value: Any, field: str, limits: FrameLimits) -> np.ndarray:
     elif isinstance(value, (list, np.ndarray)):
         clip = _pixel_array(value, 4, field, limits)
     else:
-        raise ApiError(ErrorCode.INVALID_IMAGE, f"`{field}` must be a clip (a video upload, a list of base64 "
-                       f"frames or T×H×W×3 nested lists), got {type(value).__name__}", field)
+        raise ApiError(
+            ErrorCode.INVALID_IMAGE,
+            f"`{field}` must be a clip (a video upload, a list of base64 "
+            f"frames or T×H×W×3 nested lists), got {type(value).__name__}",
+            field,
+        )
     _check_frames(clip.shape[0], field, limits)
     _check_sides(clip.shape[1], clip.shape[2], field, limits)
     return np.ascontiguousarray(clip)

@@ -10,7 +10,7 @@ from __future__ import annotations
 import logging
 import time
 import uuid
-from typing import Callable
+from collections.abc import Callable
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
@@ -76,8 +76,10 @@ class SidecarMiddleware:
         try:
             declared = content_length(scope)
             if declared is not None and declared > limit:
-                error = ApiError(HttpErrorCode.PAYLOAD_TOO_LARGE,
-                                 f"the body is {declared} bytes; this server accepts at most {limit}")
+                error = ApiError(
+                    HttpErrorCode.PAYLOAD_TOO_LARGE,
+                    f"the body is {declared} bytes; this server accepts at most {limit}",
+                )
                 self.metrics.observe_http_error(endpoint(scope), error.code)
                 await error_response(error)(scope, receive, send_wrapper)
             else:
@@ -88,13 +90,16 @@ class SidecarMiddleware:
             reference = uuid.uuid4().hex[:12]
             logger.exception("HTTP %s %s failed (ref %s)", scope.get("method"), scope.get("path"), reference)
             if not state["sent"]:
-                error = ApiError(HttpErrorCode.INTERNAL_ERROR,
-                                 f"the server failed on this request; the log has details (ref {reference})")
+                error = ApiError(
+                    HttpErrorCode.INTERNAL_ERROR,
+                    f"the server failed on this request; the log has details (ref {reference})",
+                )
                 self.metrics.observe_http_error(endpoint(scope), error.code)
                 await error_response(error)(scope, receive, send_wrapper)
         finally:
-            self.metrics.observe_http(endpoint(scope), scope.get("method", ""), state["status"],
-                                      time.monotonic() - started)
+            self.metrics.observe_http(
+                endpoint(scope), scope.get("method", ""), state["status"], time.monotonic() - started
+            )
 
 
 def install_error_handlers(app: FastAPI, metrics: ServerMetrics) -> None:
@@ -110,8 +115,10 @@ def install_error_handlers(app: FastAPI, metrics: ServerMetrics) -> None:
         first = exc.errors()[0] if exc.errors() else {}
         loc = [str(part) for part in first.get("loc", ()) if part not in ("query", "path", "body")]
         field_name = ".".join(loc) or None
-        return await api_error(request, ApiError(ErrorCode.INVALID_FIELD,
-                                                 f"`{field_name}`: {first.get('msg', 'invalid value')}", field_name))
+        return await api_error(
+            request,
+            ApiError(ErrorCode.INVALID_FIELD, f"`{field_name}`: {first.get('msg', 'invalid value')}", field_name),
+        )
 
     @app.exception_handler(StarletteHTTPException)
     async def http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:

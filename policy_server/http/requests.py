@@ -87,13 +87,16 @@ def _schedule(num_steps: int | None, guidance: float | None, description: ModelD
 def _tier_and_view(tier: int | None, view_point: str | None, description: ModelDescription) -> None:
     tiers = list(description.resolution_tiers)
     if tier is not None and tier not in tiers:
-        raise ApiError(ErrorCode.UNSUPPORTED_TIER,
-                       f"resolution_tier {tier} is not supported by this {description.variant or ''} model; "
-                       f"choose one of {tiers}", "resolution_tier")
+        raise ApiError(
+            ErrorCode.UNSUPPORTED_TIER,
+            f"resolution_tier {tier} is not supported by this {description.variant or ''} model; choose one of {tiers}",
+            "resolution_tier",
+        )
     view_points = list(description.view_points)
     if view_point is not None and view_points and view_point not in view_points:
-        raise ApiError(ErrorCode.INVALID_FIELD, f"unknown view_point {view_point!r}; choose one of {view_points}",
-                       "view_point")
+        raise ApiError(
+            ErrorCode.INVALID_FIELD, f"unknown view_point {view_point!r}; choose one of {view_points}", "view_point"
+        )
 
 
 def _prompt(prompt: str, description: ModelDescription) -> None:
@@ -106,16 +109,22 @@ def _route_mode(fields: dict[str, Any], endpoint: str) -> None:
     """A mode served by the other endpoint is a 400 that names that endpoint."""
     mode = normalized_mode(fields.get("action_mode"))
     if endpoint == VIDEOS_PATH and mode in ACTION_MODES:
-        raise ApiError(ErrorCode.UNSUPPORTED_MODE,
-                       f"{mode} produces actions, not video: POST it to {ACTION_GENERATIONS_PATH}", "action_mode")
+        raise ApiError(
+            ErrorCode.UNSUPPORTED_MODE,
+            f"{mode} produces actions, not video: POST it to {ACTION_GENERATIONS_PATH}",
+            "action_mode",
+        )
     if endpoint == ACTION_GENERATIONS_PATH and mode == VIDEO_MODE:
-        raise ApiError(ErrorCode.UNSUPPORTED_MODE,
-                       f"forward_dynamics produces video, not actions: POST it to {VIDEOS_PATH} "
-                       "(an asynchronous job)", "action_mode")
+        raise ApiError(
+            ErrorCode.UNSUPPORTED_MODE,
+            f"forward_dynamics produces video, not actions: POST it to {VIDEOS_PATH} (an asynchronous job)",
+            "action_mode",
+        )
 
 
-def video_submission(fields: dict[str, Any], description: ModelDescription,
-                     media_limits: FrameLimits | None = None) -> VideoSubmission:
+def video_submission(
+    fields: dict[str, Any], description: ModelDescription, media_limits: FrameLimits | None = None
+) -> VideoSubmission:
     """Check a ``POST /v1/videos`` body and resolve what the job will run with.
 
     ``media_limits`` adds the sidecar's decoding bounds to the model's (default: the model's alone)."""
@@ -132,18 +141,26 @@ def video_submission(fields: dict[str, Any], description: ModelDescription,
     action = to_actions(params.action, "action")
     width = domain.raw_action_dim
     if width is not None and action.shape[1] != width:
-        raise ApiError(ErrorCode.INVALID_FIELD,
-                       f"`action` rows must have {width} values (raw_action_dim of {domain.name}), got "
-                       f"{action.shape[1]}", "action")
+        raise ApiError(
+            ErrorCode.INVALID_FIELD,
+            f"`action` rows must have {width} values (raw_action_dim of {domain.name}), got {action.shape[1]}",
+            "action",
+        )
     horizon, steps = description.action_horizon, action.shape[0]
     if not horizon.accepts(steps):
-        raise ApiError(ErrorCode.INVALID_FIELD,
-                       f"`action` has {steps} rows; this model rolls out between {horizon.min} and {horizon.max} "
-                       f"actions, a multiple of {horizon.multiple_of}", "action")
+        raise ApiError(
+            ErrorCode.INVALID_FIELD,
+            f"`action` has {steps} rows; this model rolls out between {horizon.min} and {horizon.max} "
+            f"actions, a multiple of {horizon.multiple_of}",
+            "action",
+        )
     limits = media_limits or description.limits.frame_limits(DEFAULT_MAX_DECODED_BYTES)
     encoded = encoded_image(params.input_reference, "input_reference")  # stored as received, not as pixels
-    image = (decode_image_bytes(encoded, "input_reference", limits) if encoded is not None
-             else to_image(params.input_reference, "input_reference", limits))
+    image = (
+        decode_image_bytes(encoded, "input_reference", limits)
+        if encoded is not None
+        else to_image(params.input_reference, "input_reference", limits)
+    )
 
     defaults = description.defaults
     resolved = {
@@ -161,15 +178,17 @@ def video_submission(fields: dict[str, Any], description: ModelDescription,
         "resolved": {  # what the engine's defaults make of the unset values, for the job object
             "num_steps": params.num_steps if params.num_steps is not None else defaults.num_steps,
             "guidance_scale": params.guidance_scale if params.guidance_scale is not None else defaults.guidance_scale,
-            "resolution_tier": (params.resolution_tier if params.resolution_tier is not None
-                                else defaults.resolution_tier),
+            "resolution_tier": (
+                params.resolution_tier if params.resolution_tier is not None else defaults.resolution_tier
+            ),
         },
     }
     return VideoSubmission(resolved, VideoJobInputs(image=image, action=action, encoded_image=encoded))
 
 
-def action_request(fields: dict[str, Any], description: ModelDescription,
-                   media_limits: FrameLimits | None = None) -> ActionRequest:
+def action_request(
+    fields: dict[str, Any], description: ModelDescription, media_limits: FrameLimits | None = None
+) -> ActionRequest:
     """Check a ``POST /v1/actions/generations`` body and build its engine request.
 
     The settings go through the realtime session's rules (:func:`merge_session_config`), so every field
@@ -183,8 +202,17 @@ def action_request(fields: dict[str, Any], description: ModelDescription,
     domain_name = _domain(params.domain_name, description).name
     settings = {
         name: getattr(params, name)
-        for name in ("action_mode", "action_horizon", "prompt", "resolution_tier", "view_point", "seed",
-                     "num_steps", "guidance_scale", "fps")
+        for name in (
+            "action_mode",
+            "action_horizon",
+            "prompt",
+            "resolution_tier",
+            "view_point",
+            "seed",
+            "num_steps",
+            "guidance_scale",
+            "fps",
+        )
         if getattr(params, name) is not None
     }
     settings["domain_name"] = domain_name
@@ -205,8 +233,9 @@ def action_request(fields: dict[str, Any], description: ModelDescription,
     try:
         state = None if params.state is None else parse_state(params.state)
         config = merge_session_config(None, settings, description)
-        return config.action_request(ObservationFrame(seq=0, image=image, video=video, prefix_actions=prefix,
-                                                      state=state), description)
+        return config.action_request(
+            ObservationFrame(seq=0, image=image, video=video, prefix_actions=prefix, state=state), description
+        )
     except ProtocolError as exc:
         raise ApiError.of(exc) from None
 

@@ -37,8 +37,13 @@ _VIDEO_SCHEMA = {
     ),
     "anyOf": [
         {"type": "array", "items": {"type": "string", "contentEncoding": "base64"}},
-        {"type": "array", "items": {"type": "array", "items": {"type": "array",
-                                                               "items": {"type": "array", "items": {"type": "integer"}}}}},
+        {
+            "type": "array",
+            "items": {
+                "type": "array",
+                "items": {"type": "array", "items": {"type": "array", "items": {"type": "integer"}}},
+            },
+        },
     ],
 }
 _ACTIONS_SCHEMA = {
@@ -105,8 +110,10 @@ class VideoCreateParams(_Strict):
     domain_name: str | None = Field(None, description="embodiment (default: the model's default domain)")
     prompt: str = Field("", description="text conditioning")
     action_mode: Literal["forward_dynamics"] = Field(
-        "forward_dynamics", description="only forward_dynamics here; policy and inverse_dynamics are served by "
-        "POST /v1/actions/generations")
+        "forward_dynamics",
+        description="only forward_dynamics here; policy and inverse_dynamics are served by "
+        "POST /v1/actions/generations",
+    )
     fps: float = Field(24.0, ge=1.0, le=240.0, description="frame rate of the actions and of the MP4")
     seed: int | None = Field(None, ge=0, lt=SEED_LIMIT, description="random seed (default: drawn and recorded)")
     num_steps: int | None = Field(None, ge=1, description="denoising steps (distilled: the fixed count or unset)")
@@ -121,11 +128,16 @@ class ActionGenerationParams(_Strict):
 
     domain_name: str | None = Field(None, description="embodiment (default: the model's default domain)")
     action_mode: Literal["policy", "inverse_dynamics"] | None = Field(
-        None, description="policy (image in) or inverse_dynamics (video in); forward_dynamics is POST /v1/videos. "
-        "Default: inverse_dynamics for a `video`, policy for an `image`")
+        None,
+        description="policy (image in) or inverse_dynamics (video in); forward_dynamics is POST /v1/videos. "
+        "Default: inverse_dynamics for a `video`, policy for an `image`",
+    )
     image: ImageInput = Field(None, description="the observation (policy)")
-    video: VideoInput = Field(None, description="a clip of action_horizon + 1 frames (inverse_dynamics), or a "
-                              "clip whose first frame conditions a policy chunk (action_mode policy)")
+    video: VideoInput = Field(
+        None,
+        description="a clip of action_horizon + 1 frames (inverse_dynamics), or a "
+        "clip whose first frame conditions a policy chunk (action_mode policy)",
+    )
     prompt: str | None = Field(None, description="text conditioning (default: none)")
     action_horizon: int | None = Field(None, description="actions per chunk (default: the domain's)")
     resolution_tier: int | None = Field(None, description="resolution tier, one of the model's `resolution_tiers`")
@@ -133,12 +145,19 @@ class ActionGenerationParams(_Strict):
     seed: int | None = Field(None, ge=0, lt=SEED_LIMIT, description="random seed (default: drawn)")
     num_steps: int | None = Field(None, ge=1, description="denoising steps (distilled: the fixed count or unset)")
     guidance_scale: float | None = Field(None, ge=0.0, description="classifier-free guidance (distilled: 1.0 or unset)")
-    fps: float | None = Field(None, gt=0.0, le=240.0, description="control rate the actions are meant for "
-                              "(default: the domain's profile, else the model's; 1 to 240)")
+    fps: float | None = Field(
+        None,
+        gt=0.0,
+        le=240.0,
+        description="control rate the actions are meant for "
+        "(default: the domain's profile, else the model's; 1 to 240)",
+    )
     prefix_actions: ActionsInput = Field(
-        None, description="K×D raw actions the chunk must start with (real-time chunking, policy only)")
-    state: StateInput = Field(None, description="the robot's proprio state (required by a domain with a state_dim, "
-                              "refused by any other)")
+        None, description="K×D raw actions the chunk must start with (real-time chunking, policy only)"
+    )
+    state: StateInput = Field(
+        None, description="the robot's proprio state (required by a domain with a state_dim, refused by any other)"
+    )
     model: str | None = Field(None, description="if given, must name the served model")
 
 
@@ -179,8 +198,11 @@ class VideoJobObject(BaseModel):
     bytes: int | None = Field(None, description="size of the finished MP4")
     attempts: int = Field(description="times the job was started (a restart mid-job starts it again)")
     error: ErrorDetail | None = None
-    url: str | None = Field(None, description="where the finished MP4 is downloaded (GET /v1/videos/{id}/content); "
-                                              "null until the job completed (SGLang's field)")
+    url: str | None = Field(
+        None,
+        description="where the finished MP4 is downloaded (GET /v1/videos/{id}/content); "
+        "null until the job completed (SGLang's field)",
+    )
 
 
 class VideoJobList(BaseModel):
@@ -284,10 +306,12 @@ class ActionMetadata(BaseModel):
     capabilities: dict[str, Any]
     device: str | None = None
     dtype: str | None = None
-    topology: dict[str, Any] = Field(default_factory=dict,
-                                     description="where the engine runs: backend (local, ray) and its replicas")
+    topology: dict[str, Any] = Field(
+        default_factory=dict, description="where the engine runs: backend (local, ray) and its replicas"
+    )
     # SGLang's keys (docs/sglang.md); its `defaults` and `capabilities` keys are merged into ours above.
     policy_family: str = Field(description="SGLang's model family: cosmos3")
     input: dict[str, Any] = Field(description="SGLang's input.{modalities, supported_resolutions, state_dim}")
     output: dict[str, Any] = Field(
-        description="SGLang's output.{action_type, action_horizon, action_dim, padded_action_dim, dtype}")
+        description="SGLang's output.{action_type, action_horizon, action_dim, padded_action_dim, dtype}"
+    )

@@ -11,7 +11,8 @@ from __future__ import annotations
 import asyncio
 import socket
 import ssl
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from ..connection_limits import ACCEPT_BURST, PeerCounter
 from .connections import ConnectionLimits, guarded_protocol
@@ -30,8 +31,16 @@ def bound_socket(host: str, port: int) -> socket.socket:
 class UvicornServing:
     """One uvicorn server for ``app`` on ``sock``: :meth:`start`, then :meth:`stop`."""
 
-    def __init__(self, app: Any, sock: socket.socket, *, limits: ConnectionLimits, counter: PeerCounter,
-                 on_refused: Callable[[str], None], tls: ssl.SSLContext | None = None) -> None:
+    def __init__(
+        self,
+        app: Any,
+        sock: socket.socket,
+        *,
+        limits: ConnectionLimits,
+        counter: PeerCounter,
+        on_refused: Callable[[str], None],
+        tls: ssl.SSLContext | None = None,
+    ) -> None:
         import uvicorn
         from uvicorn.protocols.http.auto import AutoHTTPProtocol
 
@@ -39,8 +48,14 @@ class UvicornServing:
         config = uvicorn.Config(
             # log_config=None: uvicorn's records go through the process's handlers (and their filters,
             # policy_server.log_hygiene), not a handler of its own.
-            app, lifespan="off", log_level="warning", log_config=None, access_log=False, server_header=False,
-            timeout_graceful_shutdown=5, backlog=ACCEPT_BURST,
+            app,
+            lifespan="off",
+            log_level="warning",
+            log_config=None,
+            access_log=False,
+            server_header=False,
+            timeout_graceful_shutdown=5,
+            backlog=ACCEPT_BURST,
             http=guarded_protocol(AutoHTTPProtocol, limits, counter, on_refused=on_refused),
         )
         config.load()

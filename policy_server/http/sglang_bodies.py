@@ -45,8 +45,9 @@ def sglang_envelope(fields: dict[str, Any], kind: str) -> dict[str, Any] | None:
     return dict(fields) if is_sglang_envelope(fields) else None
 
 
-def sglang_requests(envelope: dict[str, Any], description: ModelDescription, limits: FrameLimits, max_items: int,
-                    msgpack_reply: bool) -> tuple[ActionCall, list[ActionRequest]]:
+def sglang_requests(
+    envelope: dict[str, Any], description: ModelDescription, limits: FrameLimits, max_items: int, msgpack_reply: bool
+) -> tuple[ActionCall, list[ActionRequest]]:
     """The checked envelope and one engine request per item (images × candidates, at most ``max_items``).
 
     Raises :class:`ApiError` naming the client's field (``parameters.num_inference_steps``, not ``num_steps``).
@@ -55,8 +56,9 @@ def sglang_requests(envelope: dict[str, Any], description: ModelDescription, lim
     return call, item_requests(call, description, limits)
 
 
-def item_requests(call: ActionCall, description: ModelDescription,
-                  limits: FrameLimits | None = None) -> list[ActionRequest]:
+def item_requests(
+    call: ActionCall, description: ModelDescription, limits: FrameLimits | None = None
+) -> list[ActionRequest]:
     """One engine request per item of a checked envelope, by our own checks; an error names the client's field."""
     requests = []
     for item in call.items:

@@ -23,20 +23,21 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import sqlite3
 import socket
+import sqlite3
 import time
-from typing import Any, Awaitable
+from collections.abc import Awaitable
+from typing import Any
 
 from ..connection_limits import PeerCounter, capped_to_descriptors
 from ..metrics import ServerMetrics, ServerStateReaders
+from ..sessions.host import SessionHost
 from ..videos.job_store import VideoJobStore
 from ..videos.jobs import VideoJobStatus
 from ..videos.runner import VideoJobRunner
 from .app import build_app
 from .bodies import BodyBudget
 from .context import SidecarParts
-from ..sessions.host import SessionHost
 from .middleware import UNMATCHED
 from .serving import UvicornServing, bound_socket
 from .settings import SidecarSettings
@@ -46,24 +47,27 @@ logger = logging.getLogger(__name__)
 
 
 class HttpSidecar:
-    """The sidecar of one server (a :class:`~policy_server.sessions.host.SessionHost`): start, then shut down after the worker."""
+    """The sidecar of one server (a :class:`~policy_server.sessions.host.SessionHost`): start, then shut down
+    after the worker."""
 
     def __init__(self, host: SessionHost, settings: SidecarSettings) -> None:
         self.host = host
         self.settings = settings
         self.store: VideoJobStore | None = None
         self.runner: VideoJobRunner | None = None
-        self.metrics = ServerMetrics(ServerStateReaders(
-            queue_depth=lambda: len(host.queue),
-            background_depth=self._background_depth,
-            sessions_open=lambda: len(host.sessions),
-            dropped_observations=lambda: host.dropped_observations,
-            engine_busy_seconds=self._engine_busy_seconds,
-            video_jobs_by_status=lambda: self.store.count_by_status() if self.store else {},
-            ready=lambda: host.ready,
-            replicas=lambda: host.worker.topology().get("replicas", []) if host.worker is not None else [],
-            recording=lambda: host.recorder.stats() if host.recorder is not None else None,
-        ))
+        self.metrics = ServerMetrics(
+            ServerStateReaders(
+                queue_depth=lambda: len(host.queue),
+                background_depth=self._background_depth,
+                sessions_open=lambda: len(host.sessions),
+                dropped_observations=lambda: host.dropped_observations,
+                engine_busy_seconds=self._engine_busy_seconds,
+                video_jobs_by_status=lambda: self.store.count_by_status() if self.store else {},
+                ready=lambda: host.ready,
+                replicas=lambda: host.worker.topology().get("replicas", []) if host.worker is not None else [],
+                recording=lambda: host.recorder.stats() if host.recorder is not None else None,
+            )
+        )
         self.actions_in_flight = InFlightLimit(settings.max_actions_in_flight)
         self.body_budget = BodyBudget(max(settings.max_buffered_body_bytes, settings.max_body_bytes))
         self.connection_counter: PeerCounter | None = None
@@ -107,27 +111,46 @@ class HttpSidecar:
         self.runner = VideoJobRunner(self.store, self.host.queue, self.metrics, recover_pending=recover_pending)
         self.runner.start(engine_ready)
 
-        self.app = build_app(SidecarParts(
-            settings=self.settings, host=self.host, metrics=self.metrics, body_budget=self.body_budget,
-            turns=self.actions_in_flight, store=self.store, runner=self.runner,
-        ))
+        self.app = build_app(
+            SidecarParts(
+                settings=self.settings,
+                host=self.host,
+                metrics=self.metrics,
+                body_budget=self.body_budget,
+                turns=self.actions_in_flight,
+                store=self.store,
+                runner=self.runner,
+            )
+        )
         self._socket = bound_socket(self.settings.host, self.settings.port)
         tls = self.host.settings.ssl_context
         self.connection_counter = self._connection_counter()
         self.serving = UvicornServing(
-            self.app, self._socket, limits=self.settings.connections, counter=self.connection_counter,
-            on_refused=lambda code: self.metrics.observe_http_error(UNMATCHED, code), tls=tls)
+            self.app,
+            self._socket,
+            limits=self.settings.connections,
+            counter=self.connection_counter,
+            on_refused=lambda code: self.metrics.observe_http_error(UNMATCHED, code),
+            tls=tls,
+        )
         await self.serving.start()
-        logger.info("HTTP sidecar listening on %s://%s:%d (video jobs in %s)", "https" if tls is not None else "http",
-                    self.settings.host, self.port, self.settings.data_dir)
+        logger.info(
+            "HTTP sidecar listening on %s://%s:%d (video jobs in %s)",
+            "https" if tls is not None else "http",
+            self.settings.host,
+            self.port,
+            self.settings.data_dir,
+        )
 
     def _connection_counter(self) -> PeerCounter:
         """The sidecar's connection caps. The total leaves room, within the process's file-descriptor
         limit, for the robots' port (sessions, pending handshakes, observers)."""
         limits, robots = self.settings.connections, self.host.settings
-        reserved = {"sessions": robots.max_sessions,
-                    "pending handshakes": robots.max_pending_handshakes,
-                    "observers": robots.max_observers}
+        reserved = {
+            "sessions": robots.max_sessions,
+            "pending handshakes": robots.max_pending_handshakes,
+            "observers": robots.max_observers,
+        }
         cap = capped_to_descriptors(limits.max_connections, sum(reserved.values()), "HTTP connections", **reserved)
         return PeerCounter(cap, limits.max_connections_per_peer)
 

@@ -23,7 +23,7 @@ that setup; the server never trusts ``X-Forwarded-For``).
 from __future__ import annotations
 
 import contextlib
-from typing import Iterator
+from collections.abc import Iterator
 
 from ..auth import TOKEN_ID_SCOPE_KEY
 from .errors import ApiError, HttpErrorCode

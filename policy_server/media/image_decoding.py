@@ -27,17 +27,28 @@ from __future__ import annotations
 
 import asyncio
 import io
+from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Sequence
 
 import numpy as np
 
-from robot_clients.client_frames import is_encoded_clip, is_encoded_frame as is_encoded_image
+from robot_clients.client_frames import is_encoded_clip
+from robot_clients.client_frames import is_encoded_frame as is_encoded_image
 from robot_clients.protocol import CodedError, ErrorCode, FrameLimits
 
-__all__ = ["ENCODED_FORMATS", "MAX_JPEG_SCANS", "ImageDecodePool", "ImageHeader", "InvalidImage",
-           "decode_clip", "decode_image", "is_encoded_clip", "is_encoded_image", "read_header"]
+__all__ = [
+    "ENCODED_FORMATS",
+    "MAX_JPEG_SCANS",
+    "ImageDecodePool",
+    "ImageHeader",
+    "InvalidImage",
+    "decode_clip",
+    "decode_image",
+    "is_encoded_clip",
+    "is_encoded_image",
+    "read_header",
+]
 
 # Pillow's format names -> the names clients use.
 ENCODED_FORMATS = {"JPEG": "jpeg", "PNG": "png", "WEBP": "webp"}
@@ -70,8 +81,11 @@ def _open(data: bytes | bytearray | memoryview, field: str, bounds: FrameLimits)
     try:
         image = Image.open(io.BytesIO(data), formats=tuple(ENCODED_FORMATS))
     except Image.DecompressionBombError:  # a header claiming hundreds of millions of pixels
-        raise InvalidImage(f"`{field}` claims a size far beyond the limits; each side must be between "
-                           f"{bounds.min_image_side} and {bounds.max_image_side}", field) from None
+        raise InvalidImage(
+            f"`{field}` claims a size far beyond the limits; each side must be between "
+            f"{bounds.min_image_side} and {bounds.max_image_side}",
+            field,
+        ) from None
     except (UnidentifiedImageError, OSError, ValueError, SyntaxError):
         raise InvalidImage(f"`{field}` is not a PNG, JPEG or WebP image (or its header is corrupt)", field) from None
     try:
@@ -89,7 +103,9 @@ def _check_header(image, data, field: str, bounds: FrameLimits) -> None:
     if min(height, width) < bounds.min_image_side or max(height, width) > bounds.max_image_side:
         raise InvalidImage(
             f"`{field}` is {height}×{width} pixels; each side must be between {bounds.min_image_side} and "
-            f"{bounds.max_image_side}", field)
+            f"{bounds.max_image_side}",
+            field,
+        )
     if getattr(image, "is_animated", False) or getattr(image, "n_frames", 1) != 1:
         raise InvalidImage(f"`{field}` is an animated image; send a clip as a list of single frames", field)
     if image.format == "JPEG":
@@ -117,8 +133,9 @@ def decode_image(data: bytes | bytearray | memoryview, field: str, bounds: Frame
             pixels = np.asarray(rgb, dtype=np.uint8)
         except (OSError, ValueError, SyntaxError, Image.DecompressionBombError):
             # Truncated or corrupt pixel data, or a mode that has no RGB conversion.
-            raise InvalidImage(f"`{field}` could not be decoded: its pixel data is corrupt or truncated",
-                               field) from None
+            raise InvalidImage(
+                f"`{field}` could not be decoded: its pixel data is corrupt or truncated", field
+            ) from None
     return np.ascontiguousarray(pixels)
 
 
@@ -126,12 +143,15 @@ def decode_clip(frames: Sequence[bytes | bytearray | memoryview], field: str, bo
     """A list of encoded frames to T×H×W×3 uint8. The count and every frame's header are checked (all
     frames the same size) before the first frame is decoded."""
     if not 1 <= len(frames) <= bounds.max_clip_frames:
-        raise InvalidImage(f"`{field}` has {len(frames)} frames; between 1 and {bounds.max_clip_frames} are allowed",
-                           field)
-    sizes = {(h.height, h.width) for h in (read_header(frame, f"{field}/{i}", bounds) for i, frame in enumerate(frames))}
+        raise InvalidImage(
+            f"`{field}` has {len(frames)} frames; between 1 and {bounds.max_clip_frames} are allowed", field
+        )
+    sizes = {
+        (h.height, h.width) for h in (read_header(frame, f"{field}/{i}", bounds) for i, frame in enumerate(frames))
+    }
     if len(sizes) != 1:
         raise InvalidImage(f"every frame of `{field}` must have the same size, got {sorted(sizes)}", field)
-    (height, width), = sizes
+    ((height, width),) = sizes
     clip = np.empty((len(frames), height, width, 3), dtype=np.uint8)
     for i, frame in enumerate(frames):
         clip[i] = decode_image(frame, f"{field}/{i}", bounds)
@@ -160,15 +180,16 @@ class ImageDecodePool:
     async def decode_image(self, data: bytes | bytearray | memoryview, field: str, bounds: FrameLimits) -> np.ndarray:
         return await self.run(decode_image, data, field, bounds)
 
-    async def decode_clip(self, frames: Sequence[bytes | bytearray | memoryview], field: str,
-                          bounds: FrameLimits) -> np.ndarray:
+    async def decode_clip(
+        self, frames: Sequence[bytes | bytearray | memoryview], field: str, bounds: FrameLimits
+    ) -> np.ndarray:
         return await self.run(decode_clip, frames, field, bounds)
 
     def close(self) -> None:
         """Stop the threads once the frames being decoded are done (queued ones are dropped)."""
         self._executor.shutdown(wait=True, cancel_futures=True)
 
-    def __enter__(self) -> "ImageDecodePool":
+    def __enter__(self) -> ImageDecodePool:
         return self
 
     def __exit__(self, *exc_info: object) -> None:

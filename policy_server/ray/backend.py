@@ -38,9 +38,10 @@ import asyncio
 import logging
 import threading
 import time
+from collections.abc import Callable, Hashable
 from dataclasses import dataclass, field
 from functools import partial
-from typing import Any, Callable, Hashable
+from typing import Any
 
 from robot_clients.protocol import DropReason
 
@@ -84,9 +85,16 @@ class _Replica:
 class RayBackend(CounterReadouts):
     """:class:`~policy_server.engine.backend.EngineBackend` over N Ray Serve replicas."""
 
-    def __init__(self, settings: RayBackendSettings, spec: EngineSpec, host: BackendHost,
-                 router: ReplicaRouter, loop: asyncio.AbstractEventLoop, batching: BatchPolicy,
-                 background: BackgroundShare | None = None) -> None:
+    def __init__(
+        self,
+        settings: RayBackendSettings,
+        spec: EngineSpec,
+        host: BackendHost,
+        router: ReplicaRouter,
+        loop: asyncio.AbstractEventLoop,
+        batching: BatchPolicy,
+        background: BackgroundShare | None = None,
+    ) -> None:
         self.settings = settings
         self.spec = spec
         self._host = host
@@ -111,8 +119,9 @@ class RayBackend(CounterReadouts):
     def start(self) -> None:
         self._deployments.start()
         for replica in self._replicas:
-            replica.dispatcher = self._new_dispatcher(replica, self.router.queue_of(replica.index),
-                                                      partial(self._deployments.deploy, replica.index))
+            replica.dispatcher = self._new_dispatcher(
+                replica, self.router.queue_of(replica.index), partial(self._deployments.deploy, replica.index)
+            )
             replica.dispatcher.start()
         self.state = WorkerState.LOADING
         self._loop.create_task(self._become_ready(), name="ray-backend-ready")
@@ -131,8 +140,11 @@ class RayBackend(CounterReadouts):
         self.thread_settings = dict(self._replicas[0].identity.get("threads", {}))
         self.state = WorkerState.READY
         self._watchdog.start()
-        logger.info("ray backend ready: %d replica(s) %s", len(self._replicas),
-                    [r.identity.get("actor_name") for r in self._replicas])
+        logger.info(
+            "ray backend ready: %d replica(s) %s",
+            len(self._replicas),
+            [r.identity.get("actor_name") for r in self._replicas],
+        )
         self._ready.set_result(self.description)
 
     async def wait_ready(self) -> dict[str, Any]:
@@ -155,17 +167,26 @@ class RayBackend(CounterReadouts):
         self.state = WorkerState.STOPPED
         return finished
 
-    def _new_dispatcher(self, replica: _Replica, queue: RequestQueue,
-                        connect: Callable[[], RemoteEngine]) -> EngineWorker:
+    def _new_dispatcher(
+        self, replica: _Replica, queue: RequestQueue, connect: Callable[[], RemoteEngine]
+    ) -> EngineWorker:
         """A worker for ``replica`` that takes from ``queue``; ``connect`` (on its thread) finds the replica."""
+
         def load() -> RemoteEngine:
             replica.engine = connect()
             return replica.engine
 
-        dispatcher = EngineWorker(load, queue, self._loop, torch_threads=1, warmup=False, batching=self._batching,
-                                  background=self._background, name=f"replica-{replica.index}-dispatcher",
-                                  on_engine_lost=lambda items, tasks: self._replica_lost(replica, dispatcher,
-                                                                                         items, tasks))
+        dispatcher = EngineWorker(
+            load,
+            queue,
+            self._loop,
+            torch_threads=1,
+            warmup=False,
+            batching=self._batching,
+            background=self._background,
+            name=f"replica-{replica.index}-dispatcher",
+            on_engine_lost=lambda items, tasks: self._replica_lost(replica, dispatcher, items, tasks),
+        )
         dispatcher.on_batch_done = self._batch_done
         return dispatcher
 
@@ -194,21 +215,28 @@ class RayBackend(CounterReadouts):
         replicas = []
         for r in self._replicas:
             counters = r.counters
-            replicas.append({
-                "replica": r.index,
-                "app": r.app_name,
-                "state": r.state,
-                "actor_name": r.identity.get("actor_name"),
-                "actor_id": r.identity.get("actor_id"),
-                "node_id": r.identity.get("node_id"),
-                "sessions": sessions[r.index],
-                "completed": counters.completed,
-                "failed": counters.failed,
-                "busy_s": counters.busy_s,
-                "failovers": r.failovers,
-            })
-        return {"backend": "ray", "ray_address": self.settings.address or "local",
-                "num_gpus_per_replica": self._deployments.num_gpus, "failovers": self.failovers, "replicas": replicas}
+            replicas.append(
+                {
+                    "replica": r.index,
+                    "app": r.app_name,
+                    "state": r.state,
+                    "actor_name": r.identity.get("actor_name"),
+                    "actor_id": r.identity.get("actor_id"),
+                    "node_id": r.identity.get("node_id"),
+                    "sessions": sessions[r.index],
+                    "completed": counters.completed,
+                    "failed": counters.failed,
+                    "busy_s": counters.busy_s,
+                    "failovers": r.failovers,
+                }
+            )
+        return {
+            "backend": "ray",
+            "ray_address": self.settings.address or "local",
+            "num_gpus_per_replica": self._deployments.num_gpus,
+            "failovers": self.failovers,
+            "replicas": replicas,
+        }
 
     # -- failover ------------------------------------------------------------------------------------------
 
@@ -222,8 +250,13 @@ class RayBackend(CounterReadouts):
                 if self._deployments.actor_gone(name) and not self._stopping.is_set():
                     self._replica_lost(replica, replica.dispatcher, [], [])
 
-    def _replica_lost(self, replica: _Replica, dispatcher: EngineWorker | None, in_hand: list[PendingObservation],
-                      tasks: list[BackgroundTask]) -> None:
+    def _replica_lost(
+        self,
+        replica: _Replica,
+        dispatcher: EngineWorker | None,
+        in_hand: list[PendingObservation],
+        tasks: list[BackgroundTask],
+    ) -> None:
         """Move a dead replica's sessions and work elsewhere, tell the sessions, await its replacement.
 
         ``dispatcher`` is the worker that noticed (a late notice of an earlier worker only re-queues its work).
@@ -244,19 +277,34 @@ class RayBackend(CounterReadouts):
         self._requeue(in_hand, tasks)
         if not first_notice:
             return
-        logger.warning("replica %d (%s) lost: %d session(s) moved, %d observation(s) and %d task(s) re-queued",
-                       replica.index, replica.identity.get("actor_name"), len(moved), len(in_hand), len(tasks))
-        self._post(self._host.notify_sessions, REPLICA_MOVED, {
-            session_id: {
-                "from_replica": replica.index,
-                "to_replica": target,
-                "message": (f"engine replica {replica.index} was lost; this session now runs on replica {target}. "
-                            "Its state there (prefix cache, real-time chunking) starts afresh; observations are "
-                            "served as before"),
-            } for session_id, target in moved.items()})
+        logger.warning(
+            "replica %d (%s) lost: %d session(s) moved, %d observation(s) and %d task(s) re-queued",
+            replica.index,
+            replica.identity.get("actor_name"),
+            len(moved),
+            len(in_hand),
+            len(tasks),
+        )
+        self._post(
+            self._host.notify_sessions,
+            REPLICA_MOVED,
+            {
+                session_id: {
+                    "from_replica": replica.index,
+                    "to_replica": target,
+                    "message": (
+                        f"engine replica {replica.index} was lost; this session now runs on replica {target}. "
+                        "Its state there (prefix cache, real-time chunking) starts afresh; observations are "
+                        "served as before"
+                    ),
+                }
+                for session_id, target in moved.items()
+            },
+        )
         if not self._stopping.is_set():
-            threading.Thread(target=self._replace, args=(replica, dispatcher), name=f"replica-{replica.index}-replace",
-                             daemon=True).start()
+            threading.Thread(
+                target=self._replace, args=(replica, dispatcher), name=f"replica-{replica.index}-replace", daemon=True
+            ).start()
 
     def _requeue(self, observations: list[PendingObservation], tasks: list[BackgroundTask]) -> None:
         """Queue a lost replica's work again on the live ones (what cannot be queued is dropped ``shutdown``)."""
@@ -281,8 +329,9 @@ class RayBackend(CounterReadouts):
         lost.stop(timeout=60.0)  # its queue is closed: it exits once its call returned
         lost_actor_id = replica.identity.get("actor_id")
         queue = RequestQueue()
-        dispatcher = self._new_dispatcher(replica, queue,
-                                          lambda: self._deployments.replacement(replica.index, lost_actor_id))
+        dispatcher = self._new_dispatcher(
+            replica, queue, lambda: self._deployments.replacement(replica.index, lost_actor_id)
+        )
         with self._lock:
             replica.retired = replica.retired + lost.counters
             replica.dispatcher = dispatcher

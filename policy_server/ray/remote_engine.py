@@ -41,7 +41,7 @@ class RemoteEngine:
             raise ReplicaLost(f"replica {self.app_name} died: {exc}") from exc
         except RayTaskError as exc:
             # The engine raised: hand the runtime's own (typed) error to the worker, as the local one does.
-            raise exc.cause if isinstance(exc.cause, Exception) else exc
+            raise (exc.cause if isinstance(exc.cause, Exception) else exc) from None
 
     def describe(self) -> dict[str, Any]:
         description = dict(self.call(self.handle.describe))
@@ -60,7 +60,7 @@ class RemoteEngine:
     def rollout_video(self, request: Any) -> Any:
         return self.call(self.handle.rollout_video, request)
 
-    def start_video(self, request: Any) -> "RemoteVideoRollout":
+    def start_video(self, request: Any) -> RemoteVideoRollout:
         return RemoteVideoRollout(self, self.call(self.handle.start_video, request))
 
 

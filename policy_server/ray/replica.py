@@ -38,8 +38,14 @@ class EngineSpec:
     def load(self) -> Any:
         from cosmos3_runtime.engine import Cosmos3Engine
 
-        return Cosmos3Engine.load(self.source, device=self.device, dtype=self.dtype, profiles_path=self.profiles_path,
-                                  prefix_cache_mb=self.prefix_cache_mb, compile=self.compile)
+        return Cosmos3Engine.load(
+            self.source,
+            device=self.device,
+            dtype=self.dtype,
+            profiles_path=self.profiles_path,
+            prefix_cache_mb=self.prefix_cache_mb,
+            compile=self.compile,
+        )
 
 
 @serve.deployment(
@@ -52,8 +58,9 @@ class Cosmos3Replica:
     """The engine in a Serve replica. The constructor loads and warms it up; Serve reports ready after."""
 
     def __init__(self, spec: EngineSpec) -> None:
-        import policy_server  # noqa: F401  (OMP_WAIT_POLICY=PASSIVE before torch loads in this process)
         import ray
+
+        import policy_server  # noqa: F401  (OMP_WAIT_POLICY=PASSIVE before torch loads in this process)
 
         from ..engine.cpu_threads import configure_worker_threads
 
@@ -63,8 +70,11 @@ class Cosmos3Replica:
             self.engine.warmup()
         self.rollouts: dict[str, Any] = {}
         context = ray.get_runtime_context()
-        self.identity = {"actor_name": context.get_actor_name(), "actor_id": context.get_actor_id(),
-                         "node_id": context.get_node_id()}
+        self.identity = {
+            "actor_name": context.get_actor_name(),
+            "actor_id": context.get_actor_id(),
+            "node_id": context.get_node_id(),
+        }
 
     def describe(self) -> dict[str, Any]:
         description = dict(self.engine.describe())

@@ -23,8 +23,9 @@ each replica queue has its own.
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable, Collection, Hashable
 from dataclasses import dataclass, field
-from typing import Any, Callable, Collection, Hashable
+from typing import Any
 
 from ..engine.request_queue import BackgroundTask, ClosableQueue, PendingObservation, QueueClosed, RequestQueue
 
@@ -209,6 +210,11 @@ class ReplicaRouter(ClosableQueue):
         sessions = self.sessions_per_replica()
         with self._lock:
             return [
-                {"live": self._live[i], "sessions": sessions[i], "waiting": len(q), "background_waiting": q.background_waiting}
+                {
+                    "live": self._live[i],
+                    "sessions": sessions[i],
+                    "waiting": len(q),
+                    "background_waiting": q.background_waiting,
+                }
                 for i, q in enumerate(self.queues)
             ]

@@ -27,6 +27,14 @@ from .settings import RecorderSettings, RecorderState
 from .store import InvalidRecordingName, RecordingInfo, RecordingStore
 
 __all__ = [
-    "InvalidRecordingName", "NO_RECORDING", "NullSessionRecording", "Recorder", "RecorderSettings", "RecorderState",
-    "RecordingInfo", "RecordingStore", "SessionRecording", "model_identity",
+    "InvalidRecordingName",
+    "NO_RECORDING",
+    "NullSessionRecording",
+    "Recorder",
+    "RecorderSettings",
+    "RecorderState",
+    "RecordingInfo",
+    "RecordingStore",
+    "SessionRecording",
+    "model_identity",
 ]

@@ -21,8 +21,19 @@ from . import durable_files
 from .dataset_stats import image_stats, numeric_stats
 from .episode_files import SEGMENT_COMMIT, SEGMENT_ROWS, SEGMENTS_DIR, SESSION_JSON
 from .lerobot_format import (
-    DATA_PATH, EPISODES_PATH, INFO_PATH, NO_VALUE, STATS_PATH, TASKS_PATH, EpisodeLayout, column, data_schema,
-    episodes_table, info_json, tasks_table, video_path,
+    DATA_PATH,
+    EPISODES_PATH,
+    INFO_PATH,
+    NO_VALUE,
+    STATS_PATH,
+    TASKS_PATH,
+    EpisodeLayout,
+    column,
+    data_schema,
+    episodes_table,
+    info_json,
+    tasks_table,
+    video_path,
 )
 from .video_segments import join_segments
 
@@ -99,7 +110,8 @@ def assemble(folder: Path) -> AssembledEpisode | None:
     schema = data_schema(features)
     data = pa.Table.from_arrays(
         [column(defaults[name], features[name]) if name in defaults else rows.column(name) for name in schema.names],
-        schema=schema)
+        schema=schema,
+    )
     (folder / DATA_PATH).parent.mkdir(parents=True, exist_ok=True)
     durable_files.write_table(folder / DATA_PATH, data)
 
@@ -110,8 +122,12 @@ def assemble(folder: Path) -> AssembledEpisode | None:
 
     answered = np.array(rows.column("response.kind").to_pylist()) == "chunk"
     client_times = column_values(rows.column("observation.client_timestamp"), (1,))
-    kept = {"action": answered, "response.timing_ms": answered, "response.seed": answered,
-            "observation.client_timestamp": client_times != NO_VALUE}
+    kept = {
+        "action": answered,
+        "response.timing_ms": answered,
+        "response.seed": answered,
+        "observation.client_timestamp": client_times != NO_VALUE,
+    }
     stats = {}
     for name, feature in features.items():
         if feature["dtype"] == "video":
@@ -121,13 +137,19 @@ def assemble(folder: Path) -> AssembledEpisode | None:
             feature_stats = numeric_stats(values, kept.get(name))
             if feature_stats["count"][0] > 0:  # LeRobot's aggregate_stats divides by the count
                 stats[name] = feature_stats
-    durable_files.write_json(folder / STATS_PATH, {
-        feature: {stat: np.asarray(value).tolist() for stat, value in values.items()}
-        for feature, values in stats.items()})
+    durable_files.write_json(
+        folder / STATS_PATH,
+        {
+            feature: {stat: np.asarray(value).tolist() for stat, value in values.items()}
+            for feature, values in stats.items()
+        },
+    )
     durable_files.write_table(folder / TASKS_PATH, tasks_table(tasks))
     (folder / EPISODES_PATH).parent.mkdir(parents=True, exist_ok=True)
-    durable_files.write_table(folder / EPISODES_PATH, episodes_table(
-        tasks=tasks, frames=frames, fps=fps, video_keys=list(layout.cameras), stats=stats))
+    durable_files.write_table(
+        folder / EPISODES_PATH,
+        episodes_table(tasks=tasks, frames=frames, fps=fps, video_keys=list(layout.cameras), stats=stats),
+    )
     session.update(frames=frames, segments=len(segments))
     durable_files.write_json(session_path, session)
     robot_type = session.get("config", {}).get("domain_name")

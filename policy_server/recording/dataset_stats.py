@@ -36,8 +36,14 @@ def numeric_stats(values: np.ndarray, kept: np.ndarray | None = None) -> dict[st
     count = np.array([values.shape[0]], dtype=np.int64)
     if flat.shape[0] == 0:  # no frame has a value: only the count means anything
         zeros = np.zeros(width, dtype=np.float64)
-        return {"min": zeros, "max": zeros, "mean": zeros, "std": zeros, "count": count,
-                **{key: zeros for key in QUANTILE_KEYS}}
+        return {
+            "min": zeros,
+            "max": zeros,
+            "mean": zeros,
+            "std": zeros,
+            "count": count,
+            **{key: zeros for key in QUANTILE_KEYS},
+        }
     as_float = flat.astype(np.float64)
     stats = {
         "min": flat.min(axis=0),

@@ -61,8 +61,10 @@ def write_json(path: Path, value: Any) -> None:
 
 def write_table(path: Path, table: pa.Table) -> None:
     """A Parquet file the way LeRobot writes its own: snappy, dictionary encoding, one row group."""
-    with replacing(path) as tmp, pq.ParquetWriter(tmp, schema=table.schema, compression="snappy",
-                                                  use_dictionary=True) as writer:
+    with (
+        replacing(path) as tmp,
+        pq.ParquetWriter(tmp, schema=table.schema, compression="snappy", use_dictionary=True) as writer,
+    ):
         writer.write_table(table)
 
 

@@ -36,7 +36,13 @@ from ..videos.encoding import encode_mp4
 from . import durable_files
 from .dataset_stats import channel_histograms
 from .episode_files import (
-    EVENTS_JSONL, FORMAT_NAME, FORMAT_VERSION, SEGMENT_COMMIT, SEGMENT_ROWS, SEGMENTS_DIR, SESSION_JSON,
+    EVENTS_JSONL,
+    FORMAT_NAME,
+    FORMAT_VERSION,
+    SEGMENT_COMMIT,
+    SEGMENT_ROWS,
+    SEGMENTS_DIR,
+    SESSION_JSON,
 )
 from .events import EpisodeStart, ObservationRecord, RowOutcome
 from .lerobot_format import NO_VALUE, TIMING_NAMES, VIDEO_KEY_PREFIX, EpisodeLayout, column
@@ -45,8 +51,19 @@ from .video_segments import MIN_SEGMENT_FRAMES
 
 _KEY_UNSAFE = re.compile(r"[^A-Za-z0-9_]+")
 # The ActionRequest settings a row keeps (everything but the arrays), so a replay can send it again.
-REQUEST_FIELDS = ("domain_name", "action_mode", "prompt", "action_horizon", "resolution_tier", "view_point", "seed",
-                  "num_steps", "guidance_scale", "guidance_interval", "fps")
+REQUEST_FIELDS = (
+    "domain_name",
+    "action_mode",
+    "prompt",
+    "action_horizon",
+    "resolution_tier",
+    "view_point",
+    "seed",
+    "num_steps",
+    "guidance_scale",
+    "guidance_interval",
+    "fps",
+)
 
 
 class UnrecordableObservation(ValueError):
@@ -157,22 +174,25 @@ class EpisodeWriter:
 
     def write_session(self, end: Mapping[str, Any] | None = None) -> None:
         start = self.start
-        durable_files.write_json(self.folder / SESSION_JSON, {
-            "format": FORMAT_NAME,
-            "version": FORMAT_VERSION,
-            "name": self.name,
-            "session_id": start.session_id,
-            "protocol": start.protocol,
-            "episode": self.episode,
-            "started_at": iso_utc(start.started_wall),
-            "fps": start.fps,
-            "config": self.config,
-            "model": dict(start.model),
-            "layout": None if self.layout is None else self.layout.to_json(),
-            "counts": dict(self.counts),
-            "frames_lost": self.frames_lost,
-            **(end or {}),
-        })
+        durable_files.write_json(
+            self.folder / SESSION_JSON,
+            {
+                "format": FORMAT_NAME,
+                "version": FORMAT_VERSION,
+                "name": self.name,
+                "session_id": start.session_id,
+                "protocol": start.protocol,
+                "episode": self.episode,
+                "started_at": iso_utc(start.started_wall),
+                "fps": start.fps,
+                "config": self.config,
+                "model": dict(start.model),
+                "layout": None if self.layout is None else self.layout.to_json(),
+                "counts": dict(self.counts),
+                "frames_lost": self.frames_lost,
+                **(end or {}),
+            },
+        )
 
     def log(self, kind: str, at: float, **details: Any) -> None:
         line = {"t": round(at - self.start.started_at, 6), "kind": kind, **details}
@@ -204,8 +224,13 @@ class EpisodeWriter:
                 raise UnrecordableObservation("the state is not a numeric vector")
             state_dim = int(state.size)
         horizon, dim = self.config.get("action_horizon"), self.config.get("raw_action_dim")
-        return EpisodeLayout(cameras=cameras, frame_sizes=frame_sizes, camera_names=keys, state_dim=state_dim,
-                             action_shape=(int(horizon), int(dim)))
+        return EpisodeLayout(
+            cameras=cameras,
+            frame_sizes=frame_sizes,
+            camera_names=keys,
+            state_dim=state_dim,
+            action_shape=(int(horizon), int(dim)),
+        )
 
     def fits(self, obs: ObservationRecord) -> bool:
         """Whether ``obs`` has this episode's layout (``UnrecordableObservation`` if it has none)."""
@@ -217,8 +242,17 @@ class EpisodeWriter:
             self.layout = self._layout_of(obs)
             self.write_session()
         task = obs.request.prompt if obs.request is not None else str(self.config.get("prompt") or "")
-        row = _Row(obs.seq, obs.received_at - self.start.started_at, obs.client_timestamp, obs.request,
-                   obs.cameras, obs.state, task, obs.nbytes, RowOutcome())
+        row = _Row(
+            obs.seq,
+            obs.received_at - self.start.started_at,
+            obs.client_timestamp,
+            obs.request,
+            obs.cameras,
+            obs.state,
+            task,
+            obs.nbytes,
+            RowOutcome(),
+        )
         self.rows.append(row)
         self.by_seq[obs.seq] = row
         self.buffered_bytes += obs.nbytes
@@ -230,18 +264,28 @@ class EpisodeWriter:
         row = self.by_seq.get(seq)
         if row is None or row.outcome.kind != "unanswered":
             return False
-        if outcome.actions is not None and self.layout is not None and \
-                tuple(outcome.actions.shape) != tuple(self.layout.action_shape):
-            outcome = RowOutcome(outcome.kind, "shape_mismatch",
-                                 f"the chunk's shape {tuple(outcome.actions.shape)} is not the episode's "
-                                 f"{tuple(self.layout.action_shape)}", None, outcome.seed, outcome.timing)
+        if (
+            outcome.actions is not None
+            and self.layout is not None
+            and tuple(outcome.actions.shape) != tuple(self.layout.action_shape)
+        ):
+            outcome = RowOutcome(
+                outcome.kind,
+                "shape_mismatch",
+                f"the chunk's shape {tuple(outcome.actions.shape)} is not the episode's "
+                f"{tuple(self.layout.action_shape)}",
+                None,
+                outcome.seed,
+                outcome.timing,
+            )
         row.outcome = outcome
         return True
 
     def reconfigure(self, config: Mapping[str, Any]) -> bool:
         """Take a new configuration; ``False`` if it changes the chunk's shape (a new episode is needed)."""
-        if self.layout is not None and (int(config.get("action_horizon")), int(config.get("raw_action_dim"))) != \
-                tuple(self.layout.action_shape):
+        if self.layout is not None and (int(config.get("action_horizon")), int(config.get("raw_action_dim"))) != tuple(
+            self.layout.action_shape
+        ):
             return False
         self.config = dict(config)
         return True
@@ -280,12 +324,14 @@ class EpisodeWriter:
         padding = max(0, MIN_SEGMENT_FRAMES - len(rows))
         for key, name in layout.camera_names.items():
             frames = np.stack([row.cameras[name] for row in rows] + [rows[-1].cameras[name]] * padding)
-            histograms[key] = channel_histograms(frames[:len(rows)]).tolist()
+            histograms[key] = channel_histograms(frames[: len(rows)]).tolist()
             encode_mp4(frames, fps, folder / f"{key}.mp4", quality=self.quality)
             del frames
         durable_files.write_table(folder / SEGMENT_ROWS, self._rows_table(rows))
-        durable_files.write_json(folder / SEGMENT_COMMIT, {"frames": len(rows), "video_frames": len(rows) + padding,
-                                                           "histograms": histograms})
+        durable_files.write_json(
+            folder / SEGMENT_COMMIT,
+            {"frames": len(rows), "video_frames": len(rows) + padding, "histograms": histograms},
+        )
         self.segments += 1
         self.frames_flushed += len(rows)
         self._forget(rows)
@@ -302,7 +348,7 @@ class EpisodeWriter:
         return lost
 
     def _forget(self, rows: list[_Row]) -> None:
-        del self.rows[:len(rows)]
+        del self.rows[: len(rows)]
         for row in rows:
             self.by_seq.pop(row.seq, None)
             self.buffered_bytes -= row.nbytes
@@ -315,8 +361,10 @@ class EpisodeWriter:
         # (the chunk of an observation that got none); `response.kind` says which rows hold a chunk.
         no_chunk = np.zeros((horizon, dim), dtype=np.float32)
         outcomes = [row.outcome for row in rows]
-        timing = np.array([[NO_VALUE if o.timing.get(n) is None else float(o.timing[n]) for n in TIMING_NAMES]
-                           for o in outcomes], dtype=np.float32).reshape(len(rows), len(TIMING_NAMES))
+        timing = np.array(
+            [[NO_VALUE if o.timing.get(n) is None else float(o.timing[n]) for n in TIMING_NAMES] for o in outcomes],
+            dtype=np.float32,
+        ).reshape(len(rows), len(TIMING_NAMES))
         columns: dict[str, pa.Array] = {}
         if self.layout.state_dim is not None:
             states = np.stack([np.asarray(r.state, dtype=np.float32).reshape(-1) for r in rows])
@@ -327,7 +375,8 @@ class EpisodeWriter:
             "observation.seq": np.array([r.seq for r in rows], dtype=np.int64),
             "observation.received_at": np.array([r.received_at for r in rows], dtype=np.float64),
             "observation.client_timestamp": np.array(
-                [NO_VALUE if r.client_timestamp is None else r.client_timestamp for r in rows], dtype=np.float64),
+                [NO_VALUE if r.client_timestamp is None else r.client_timestamp for r in rows], dtype=np.float64
+            ),
             "observation.request": [request_json(r.request, r.cameras) for r in rows],
             "response.kind": [o.kind for o in outcomes],
             "response.reason": [o.reason for o in outcomes],
@@ -336,8 +385,9 @@ class EpisodeWriter:
             "response.timing_ms": timing,
         }
         for name, value in values.items():
-            columns[name] = column(value, features[name]) if isinstance(value, np.ndarray) else \
-                pa.array(value, pa.string())
+            columns[name] = (
+                column(value, features[name]) if isinstance(value, np.ndarray) else pa.array(value, pa.string())
+            )
         columns["task"] = pa.array([r.task for r in rows], pa.string())
         return pa.table(columns)
 
@@ -345,5 +395,6 @@ class EpisodeWriter:
         """Record why the episode ended (the rows must have been flushed or discarded)."""
         self.log("episode_end", at, reason=reason)
         self.close_files()
-        self.write_session({"ended_at": iso_utc(time.time()), "end_reason": reason,
-                            "frames_not_queued": frames_not_queued})
+        self.write_session(
+            {"ended_at": iso_utc(time.time()), "end_reason": reason, "frames_not_queued": frames_not_queued}
+        )

@@ -123,8 +123,7 @@ class EpisodeEnd:
 
 
 EpisodeEvent = (
-    EpisodeStart | Reconfigured | ObservationRecord | ChunkReturned | DropRecord | ErrorRecord | NoteRecord
-    | EpisodeEnd
+    EpisodeStart | Reconfigured | ObservationRecord | ChunkReturned | DropRecord | ErrorRecord | NoteRecord | EpisodeEnd
 )
 
 

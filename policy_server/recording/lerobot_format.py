@@ -77,8 +77,13 @@ SCALAR_FEATURES: dict[str, dict[str, Any]] = {
     "response.timing_ms": {"dtype": "float32", "shape": (len(TIMING_NAMES),), "names": list(TIMING_NAMES)},
 }
 
-_ARROW_SCALARS = {"int64": pa.int64(), "float64": pa.float64(), "float32": pa.float32(), "string": pa.string(),
-                  "bool": pa.bool_()}
+_ARROW_SCALARS = {
+    "int64": pa.int64(),
+    "float64": pa.float64(),
+    "float32": pa.float32(),
+    "string": pa.string(),
+    "bool": pa.bool_(),
+}
 
 
 @dataclass(frozen=True)
@@ -108,33 +113,50 @@ class EpisodeLayout:
             }
         if self.state_dim is not None:
             features["observation.state"] = {"dtype": "float32", "shape": (self.state_dim,), "names": None}
-        features["action"] = {"dtype": "float32", "shape": tuple(self.action_shape),
-                              "names": ["chunk_step", "action_dim"]}
+        features["action"] = {
+            "dtype": "float32",
+            "shape": tuple(self.action_shape),
+            "names": ["chunk_step", "action_dim"],
+        }
         features.update(SCALAR_FEATURES)
         features.update(DEFAULT_FEATURES)
         return features
 
     def to_json(self) -> dict[str, Any]:
-        return {"cameras": {k: list(v) for k, v in self.cameras.items()},
-                "frame_sizes": {k: list(v) for k, v in self.frame_sizes.items()},
-                "camera_names": dict(self.camera_names), "state_dim": self.state_dim,
-                "action_shape": list(self.action_shape)}
+        return {
+            "cameras": {k: list(v) for k, v in self.cameras.items()},
+            "frame_sizes": {k: list(v) for k, v in self.frame_sizes.items()},
+            "camera_names": dict(self.camera_names),
+            "state_dim": self.state_dim,
+            "action_shape": list(self.action_shape),
+        }
 
     @classmethod
-    def from_json(cls, value: Mapping[str, Any]) -> "EpisodeLayout":
+    def from_json(cls, value: Mapping[str, Any]) -> EpisodeLayout:
         def sizes(table: Mapping[str, Any]) -> dict[str, tuple[int, int]]:
             return {k: (int(v[0]), int(v[1])) for k, v in table.items()}
 
-        return cls(cameras=sizes(value["cameras"]), frame_sizes=sizes(value["frame_sizes"]),
-                   camera_names=dict(value["camera_names"]),
-                   state_dim=None if value["state_dim"] is None else int(value["state_dim"]),
-                   action_shape=(int(value["action_shape"][0]), int(value["action_shape"][1])))
+        return cls(
+            cameras=sizes(value["cameras"]),
+            frame_sizes=sizes(value["frame_sizes"]),
+            camera_names=dict(value["camera_names"]),
+            state_dim=None if value["state_dim"] is None else int(value["state_dim"]),
+            action_shape=(int(value["action_shape"][0]), int(value["action_shape"][1])),
+        )
 
 
 def video_info(height: int, width: int, fps: int) -> dict[str, Any]:
     """The ``info`` LeRobot reads from a feature's first MP4 (``get_video_info``), for ours."""
-    return {"video.height": height, "video.width": width, "video.codec": "h264", "video.pix_fmt": "yuv420p",
-            "video.is_depth_map": False, "video.fps": fps, "video.channels": 3, "has_audio": False}
+    return {
+        "video.height": height,
+        "video.width": width,
+        "video.codec": "h264",
+        "video.pix_fmt": "yuv420p",
+        "video.is_depth_map": False,
+        "video.fps": fps,
+        "video.channels": 3,
+        "has_audio": False,
+    }
 
 
 def video_path(video_key: str) -> str:
@@ -168,8 +190,9 @@ def data_schema(features: Mapping[str, Mapping[str, Any]]) -> pa.Schema:
     """The data file's schema: every non-video feature, with ``datasets``' metadata as LeRobot writes it."""
     columns = {name: ft for name, ft in features.items() if ft["dtype"] != "video"}
     metadata = {"info": {"features": {name: _hf_feature(ft) for name, ft in columns.items()}}}
-    return pa.schema([pa.field(name, arrow_type(ft)) for name, ft in columns.items()],
-                     metadata={"huggingface": json.dumps(metadata)})
+    return pa.schema(
+        [pa.field(name, arrow_type(ft)) for name, ft in columns.items()], metadata={"huggingface": json.dumps(metadata)}
+    )
 
 
 def column(values: np.ndarray, feature: Mapping[str, Any]) -> pa.Array:
@@ -191,26 +214,48 @@ def tasks_table(tasks: list[str]) -> pa.Table:
     same file (the index as ``__index_level_0__`` and the pandas metadata that makes it the index again)."""
     pandas_metadata = {
         "index_columns": ["__index_level_0__"],
-        "column_indexes": [{"name": None, "field_name": None, "pandas_type": "unicode", "numpy_type": "object",
-                            "metadata": {"encoding": "UTF-8"}}],
+        "column_indexes": [
+            {
+                "name": None,
+                "field_name": None,
+                "pandas_type": "unicode",
+                "numpy_type": "object",
+                "metadata": {"encoding": "UTF-8"},
+            }
+        ],
         "columns": [
-            {"name": "task_index", "field_name": "task_index", "pandas_type": "int64", "numpy_type": "int64",
-             "metadata": None},
-            {"name": None, "field_name": "__index_level_0__", "pandas_type": "unicode", "numpy_type": "object",
-             "metadata": None},
+            {
+                "name": "task_index",
+                "field_name": "task_index",
+                "pandas_type": "int64",
+                "numpy_type": "int64",
+                "metadata": None,
+            },
+            {
+                "name": None,
+                "field_name": "__index_level_0__",
+                "pandas_type": "unicode",
+                "numpy_type": "object",
+                "metadata": None,
+            },
         ],
         "attributes": {},
         "creator": {"library": "pyarrow", "version": pa.__version__},
         "pandas_version": "2.2.3",
     }
-    schema = pa.schema([pa.field("task_index", pa.int64()), pa.field("__index_level_0__", pa.string())],
-                       metadata={"pandas": json.dumps(pandas_metadata)})
-    return pa.table({"task_index": pa.array(range(len(tasks)), pa.int64()),
-                     "__index_level_0__": pa.array(tasks, pa.string())}, schema=schema)
+    schema = pa.schema(
+        [pa.field("task_index", pa.int64()), pa.field("__index_level_0__", pa.string())],
+        metadata={"pandas": json.dumps(pandas_metadata)},
+    )
+    return pa.table(
+        {"task_index": pa.array(range(len(tasks)), pa.int64()), "__index_level_0__": pa.array(tasks, pa.string())},
+        schema=schema,
+    )
 
 
-def info_json(features: Mapping[str, Mapping[str, Any]], fps: int, frames: int, tasks: int,
-              robot_type: str | None) -> dict[str, Any]:
+def info_json(
+    features: Mapping[str, Mapping[str, Any]], fps: int, frames: int, tasks: int, robot_type: str | None
+) -> dict[str, Any]:
     """``meta/info.json`` for a one-episode dataset (LeRobot's ``create_empty_dataset_info``, filled)."""
     return {
         "codebase_version": CODEBASE_VERSION,
@@ -229,8 +274,9 @@ def info_json(features: Mapping[str, Mapping[str, Any]], fps: int, frames: int, 
     }
 
 
-def episodes_table(*, tasks: list[str], frames: int, fps: int, video_keys: list[str],
-                   stats: Mapping[str, Mapping[str, np.ndarray]]) -> pa.Table:
+def episodes_table(
+    *, tasks: list[str], frames: int, fps: int, video_keys: list[str], stats: Mapping[str, Mapping[str, np.ndarray]]
+) -> pa.Table:
     """``meta/episodes/chunk-000/file-000.parquet``: the one episode's row, columns in LeRobot's order."""
     row: dict[str, Any] = {
         "episode_index": 0,

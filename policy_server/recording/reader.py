@@ -21,7 +21,13 @@ from .assembly import column_values
 from .durable_files import read_lines
 from .episode_files import EVENTS_JSONL, FORMAT_NAME, SESSION_JSON
 from .lerobot_format import (
-    CODEBASE_VERSION, DATA_PATH, INFO_PATH, NO_VALUE, TIMING_NAMES, EpisodeLayout, video_path,
+    CODEBASE_VERSION,
+    DATA_PATH,
+    INFO_PATH,
+    NO_VALUE,
+    TIMING_NAMES,
+    EpisodeLayout,
+    video_path,
 )
 
 
@@ -76,27 +82,42 @@ class RecordedEpisode:
         actions = column_values(data.column("action"), tuple(features["action"]["shape"]))
         timing = column_values(data.column("response.timing_ms"), (len(TIMING_NAMES),))
         tasks_by_index = self._tasks()
-        columns = {name: data.column(name).to_pylist() for name in (
-            "frame_index", "observation.seq", "observation.received_at", "observation.request", "response.kind",
-            "response.reason", "response.message", "response.seed", "task_index")}
+        columns = {
+            name: data.column(name).to_pylist()
+            for name in (
+                "frame_index",
+                "observation.seq",
+                "observation.received_at",
+                "observation.request",
+                "response.kind",
+                "response.reason",
+                "response.message",
+                "response.seed",
+                "task_index",
+            )
+        }
         rows = []
         for i in range(data.num_rows):
             kind = columns["response.kind"][i]
             seed = columns["response.seed"][i]
-            rows.append(RecordedRow(
-                frame_index=columns["frame_index"][i],
-                seq=columns["observation.seq"][i],
-                received_at=columns["observation.received_at"][i],
-                request=json.loads(columns["observation.request"][i]),
-                kind=kind,
-                reason=columns["response.reason"][i],
-                message=columns["response.message"][i],
-                actions=actions[i] if kind == "chunk" else None,
-                seed=None if seed < 0 else seed,
-                timing_ms={name: None if value == NO_VALUE else float(value)
-                           for name, value in zip(TIMING_NAMES, timing[i])},
-                task=tasks_by_index.get(columns["task_index"][i], ""),
-            ))
+            rows.append(
+                RecordedRow(
+                    frame_index=columns["frame_index"][i],
+                    seq=columns["observation.seq"][i],
+                    received_at=columns["observation.received_at"][i],
+                    request=json.loads(columns["observation.request"][i]),
+                    kind=kind,
+                    reason=columns["response.reason"][i],
+                    message=columns["response.message"][i],
+                    actions=actions[i] if kind == "chunk" else None,
+                    seed=None if seed < 0 else seed,
+                    timing_ms={
+                        name: None if value == NO_VALUE else float(value)
+                        for name, value in zip(TIMING_NAMES, timing[i])
+                    },
+                    task=tasks_by_index.get(columns["task_index"][i], ""),
+                )
+            )
         return rows
 
     def _tasks(self) -> dict[int, str]:

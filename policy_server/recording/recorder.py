@@ -109,11 +109,17 @@ class Recorder:
         self._thread.join(timeout)
         finished = not self._thread.is_alive()
         if not finished:
-            logger.warning("recording: the writer did not finish within %.0f s; the next start recovers "
-                           "what it committed", timeout)
+            logger.warning(
+                "recording: the writer did not finish within %.0f s; the next start recovers what it committed", timeout
+            )
         return finished
 
     def stats(self) -> dict[str, Any]:
-        return {**dataclasses.asdict(self.counters), "state": self.state.value, "queue_frames": self._queue.frames,
-                "queue_bytes": self._queue.bytes, "queue_events": self._queue.events,
-                "episodes_open": self._writer.episodes_open}
+        return {
+            **dataclasses.asdict(self.counters),
+            "state": self.state.value,
+            "queue_frames": self._queue.frames,
+            "queue_bytes": self._queue.bytes,
+            "queue_events": self._queue.events,
+            "episodes_open": self._writer.episodes_open,
+        }

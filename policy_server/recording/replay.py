@@ -37,8 +37,16 @@ from .reader import RecordedEpisode, RecordedRow, RecordingFormatError
 from .session_recording import model_identity
 
 # Settings the command line may change, as ActionRequest field -> type.
-OVERRIDABLE = {"num_steps": int, "guidance_scale": float, "resolution_tier": int, "action_horizon": int,
-               "seed": int, "prompt": str, "view_point": str, "domain_name": str}
+OVERRIDABLE = {
+    "num_steps": int,
+    "guidance_scale": float,
+    "resolution_tier": int,
+    "action_horizon": int,
+    "seed": int,
+    "prompt": str,
+    "view_point": str,
+    "domain_name": str,
+}
 
 
 class NotReplayable(ValueError):
@@ -89,8 +97,14 @@ class ReplayReport:
         }
 
     def to_json(self) -> dict[str, Any]:
-        return {"recording": self.recording, "recorded_model": self.recorded_model, "model": self.model,
-                "overrides": self.overrides, "summary": self.summary(), "chunks": [asdict(c) for c in self.chunks]}
+        return {
+            "recording": self.recording,
+            "recorded_model": self.recorded_model,
+            "model": self.model,
+            "overrides": self.overrides,
+            "summary": self.summary(),
+            "chunks": [asdict(c) for c in self.chunks],
+        }
 
 
 def rebuild_request(row: RecordedRow, frames: dict[str, np.ndarray], overrides: dict[str, Any]) -> ActionRequest:
@@ -117,8 +131,9 @@ def rebuild_request(row: RecordedRow, frames: dict[str, np.ndarray], overrides: 
         values["seed"] = row.seed  # the seed the engine drew for the recorded chunk
     values.update(overrides)
     prefix = spec.get("prefix_actions")
-    return ActionRequest(image=image, prefix_actions=None if prefix is None else np.asarray(prefix, np.float32),
-                         **values)
+    return ActionRequest(
+        image=image, prefix_actions=None if prefix is None else np.asarray(prefix, np.float32), **values
+    )
 
 
 def compare(recorded: np.ndarray, replayed: np.ndarray) -> tuple[float, float, str]:
@@ -129,19 +144,31 @@ def compare(recorded: np.ndarray, replayed: np.ndarray) -> tuple[float, float, s
     return float(diff.max()), float(diff.mean()), note
 
 
-def replay(episode: RecordedEpisode, engine: Any, overrides: dict[str, Any], *, all_observations: bool = False,
-           limit: int | None = None) -> ReplayReport:
+def replay(
+    episode: RecordedEpisode,
+    engine: Any,
+    overrides: dict[str, Any],
+    *,
+    all_observations: bool = False,
+    limit: int | None = None,
+) -> ReplayReport:
     """Send ``episode``'s observations through ``engine`` (a Cosmos3Engine) and compare the chunks."""
-    report = ReplayReport(episode.name, dict(episode.session.get("model", {})), model_identity(engine.describe()),
-                          dict(overrides))
+    report = ReplayReport(
+        episode.name, dict(episode.session.get("model", {})), model_identity(engine.describe()), dict(overrides)
+    )
     for row, frames in zip(episode.rows(), episode.frames()):
         if limit is not None and len(report.chunks) >= limit:
             break
         if row.kind != "chunk" and not all_observations:
             continue
-        entry = ChunkComparison(row.seq, row.frame_index, row.kind, "skipped",
-                                recorded_shape=None if row.actions is None else list(row.actions.shape),
-                                recorded_engine_ms=row.timing_ms.get("engine_ms"))
+        entry = ChunkComparison(
+            row.seq,
+            row.frame_index,
+            row.kind,
+            "skipped",
+            recorded_shape=None if row.actions is None else list(row.actions.shape),
+            recorded_engine_ms=row.timing_ms.get("engine_ms"),
+        )
         report.chunks.append(entry)
         try:
             request = rebuild_request(row, frames, overrides)
@@ -172,37 +199,65 @@ def format_table(report: ReplayReport) -> str:
     header = ("seq", "recorded", "replay", "max|Δ|", "mean|Δ|", "rec engine ms", "replay ms", "note")
     lines = [header]
     for c in report.chunks:
-        lines.append((str(c.seq), c.recorded, c.status, number(c.max_abs_diff, 5), number(c.mean_abs_diff, 5),
-                      number(c.recorded_engine_ms, 1), number(c.replay_engine_ms, 1), c.note))
+        lines.append(
+            (
+                str(c.seq),
+                c.recorded,
+                c.status,
+                number(c.max_abs_diff, 5),
+                number(c.mean_abs_diff, 5),
+                number(c.recorded_engine_ms, 1),
+                number(c.replay_engine_ms, 1),
+                c.note,
+            )
+        )
     widths = [max(len(line[i]) for line in lines) for i in range(len(header) - 1)]
-    text = ["  ".join(cell.rjust(widths[i]) if i < len(widths) else cell for i, cell in enumerate(line)).rstrip()
-            for line in lines]
+    text = [
+        "  ".join(cell.rjust(widths[i]) if i < len(widths) else cell for i, cell in enumerate(line)).rstrip()
+        for line in lines
+    ]
     s = report.summary()
     text.append("")
-    text.append(f"{report.recording}: {s['compared']} of {s['observations']} chunks compared, {s['errors']} errors, "
-                f"{s['skipped']} skipped; max |Δ| {number(s['max_abs_diff'], 5)}, mean |Δ| "
-                f"{number(s['mean_abs_diff'], 5)}; engine ms p50 recorded {number(s['recorded_engine_ms_p50'], 1)}, "
-                f"replay {number(s['replay_engine_ms_p50'], 1)}")
+    text.append(
+        f"{report.recording}: {s['compared']} of {s['observations']} chunks compared, {s['errors']} errors, "
+        f"{s['skipped']} skipped; max |Δ| {number(s['max_abs_diff'], 5)}, mean |Δ| "
+        f"{number(s['mean_abs_diff'], 5)}; engine ms p50 recorded {number(s['recorded_engine_ms_p50'], 1)}, "
+        f"replay {number(s['replay_engine_ms_p50'], 1)}"
+    )
     return "\n".join(text)
 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="cosmos3-replay",
-        description="Send a recorded session's observations through a checkpoint (offline) and compare the chunks.")
+        description="Send a recorded session's observations through a checkpoint (offline) and compare the chunks.",
+    )
     parser.add_argument("recording", help="a recording folder (one episode, as the server published it)")
     parser.add_argument("--model", required=True, help="checkpoint folder or Hub id to replay against")
     parser.add_argument("--device", default=None, help="torch device (default: cuda if available, else cpu)")
     parser.add_argument("--dtype", default=None, help="float32, bfloat16... (default: the engine's choice)")
     for name, kind in OVERRIDABLE.items():
-        parser.add_argument(f"--{name.replace('_', '-')}", type=kind, default=None,
-                            help=f"replay with this {name} instead of the recorded one")
-    parser.add_argument("--all", action="store_true", dest="all_observations",
-                        help="also send observations that were dropped or failed (nothing to compare them with)")
+        parser.add_argument(
+            f"--{name.replace('_', '-')}",
+            type=kind,
+            default=None,
+            help=f"replay with this {name} instead of the recorded one",
+        )
+    parser.add_argument(
+        "--all",
+        action="store_true",
+        dest="all_observations",
+        help="also send observations that were dropped or failed (nothing to compare them with)",
+    )
     parser.add_argument("--limit", type=int, default=None, help="at most this many observations")
     parser.add_argument("--json", default=None, metavar="PATH", help="write the report as JSON ('-': stdout)")
-    parser.add_argument("--fail-above", type=float, default=None, metavar="DIFF",
-                        help="exit 1 if a chunk differs by more than DIFF (max abs) or a request fails")
+    parser.add_argument(
+        "--fail-above",
+        type=float,
+        default=None,
+        metavar="DIFF",
+        help="exit 1 if a chunk differs by more than DIFF (max abs) or a request fails",
+    )
     return parser
 
 

@@ -15,12 +15,28 @@ from typing import Any, Protocol
 import numpy as np
 
 from .events import (
-    ChunkReturned, DropRecord, EpisodeEnd, EpisodeStart, ErrorRecord, NoteRecord, ObservationRecord, Reconfigured,
+    ChunkReturned,
+    DropRecord,
+    EpisodeEnd,
+    EpisodeStart,
+    ErrorRecord,
+    NoteRecord,
+    ObservationRecord,
+    Reconfigured,
 )
 
 # The parts of an engine's describe() that identify the model in a recording.
-MODEL_IDENTITY_KEYS = ("model", "variant", "is_distilled", "is_edge", "dtype", "device", "parameters", "action_dim",
-                       "num_embodiment_domains")
+MODEL_IDENTITY_KEYS = (
+    "model",
+    "variant",
+    "is_distilled",
+    "is_edge",
+    "dtype",
+    "device",
+    "parameters",
+    "action_dim",
+    "num_embodiment_domains",
+)
 
 
 def model_identity(description: Mapping[str, Any]) -> dict[str, Any]:
@@ -76,8 +92,12 @@ class SessionRecording:
             fps = max(1, round(control_hz)) if control_hz else self._sink.default_fps
         now = time.monotonic()
         self.active, self.frames_not_queued = True, 0
-        self._sink.put_control(self._key, EpisodeStart(self.session_id, self.protocol, dict(config), model_identity(model),
-                                                        int(fps), now, time.time()))
+        self._sink.put_control(
+            self._key,
+            EpisodeStart(
+                self.session_id, self.protocol, dict(config), model_identity(model), int(fps), now, time.time()
+            ),
+        )
 
     def configured(self, config: Mapping[str, Any]) -> None:
         """The resolved configuration changed (a new chunk shape starts a new episode)."""
@@ -85,16 +105,30 @@ class SessionRecording:
         if self.active:
             self._sink.put_control(self._key, Reconfigured(dict(config), time.monotonic()))
 
-    def observation(self, seq: int, cameras: Mapping[str, np.ndarray], request: Any = None, *,
-                    state: np.ndarray | None = None, received_at: float | None = None,
-                    client_timestamp: float | None = None) -> bool:
+    def observation(
+        self,
+        seq: int,
+        cameras: Mapping[str, np.ndarray],
+        request: Any = None,
+        *,
+        state: np.ndarray | None = None,
+        received_at: float | None = None,
+        client_timestamp: float | None = None,
+    ) -> bool:
         """Record one observation (``cameras``: name -> H×W×3 uint8; ``request``: the ActionRequest made of
         it; ``received_at``: its ``time.monotonic()`` arrival). ``False`` if it was not queued."""
         if not self.active:
             return False
         nbytes = sum(frame.nbytes for frame in cameras.values())
-        record = ObservationRecord(seq, cameras, request, state,
-                                   time.monotonic() if received_at is None else received_at, client_timestamp, nbytes)
+        record = ObservationRecord(
+            seq,
+            cameras,
+            request,
+            state,
+            time.monotonic() if received_at is None else received_at,
+            client_timestamp,
+            nbytes,
+        )
         if self._sink.offer_frame(self._key, record, nbytes):
             return True
         self.frames_not_queued += 1

@@ -135,15 +135,21 @@ class RecordingStore:
             match = NAME_PATTERN.match(entry.name)
             if not match or entry.is_symlink() or not entry.is_dir():
                 continue
-            found.append(RecordingInfo(entry.name, entry, match.group(2), match.group(1), directory_bytes(entry),
-                                       entry.stat().st_mtime))
+            found.append(
+                RecordingInfo(
+                    entry.name, entry, match.group(2), match.group(1), directory_bytes(entry), entry.stat().st_mtime
+                )
+            )
         return sorted(found, key=lambda info: (info.started_at, info.name), reverse=True)
 
     def partial_names(self) -> list[str]:
         if not self.partial_root.is_dir():
             return []
-        return sorted(e.name for e in self.partial_root.iterdir() if NAME_PATTERN.match(e.name) and e.is_dir()
-                      and not e.is_symlink())
+        return sorted(
+            e.name
+            for e in self.partial_root.iterdir()
+            if NAME_PATTERN.match(e.name) and e.is_dir() and not e.is_symlink()
+        )
 
     # -- accounting (writer thread) ----------------------------------------------------------------
 
@@ -195,8 +201,14 @@ class RecordingStore:
         shutil.rmtree(doomed, ignore_errors=True)
         self._published.pop(name, None)
 
-    def enforce(self, *, max_bytes: int | None, max_age_s: float | None, now: float | None = None,
-                protect: frozenset[str] = frozenset()) -> list[tuple[str, str]]:
+    def enforce(
+        self,
+        *,
+        max_bytes: int | None,
+        max_age_s: float | None,
+        now: float | None = None,
+        protect: frozenset[str] = frozenset(),
+    ) -> list[tuple[str, str]]:
         """Delete published recordings older than ``max_age_s``, then the oldest until the directory
         fits in ``max_bytes``. ``protect`` is never deleted. Returns ``(name, "age" | "quota")`` pairs."""
         now = time.time() if now is None else now
@@ -219,6 +231,9 @@ class RecordingStore:
             logger.warning("recording %s: could not delete it (%s): %s", name, reason, exc)
             self._published.pop(name, None)
             return
-        logger.info("recording %s deleted (%s)", name, "older than the retention age" if reason == "age"
-                    else "over the recording quota")
+        logger.info(
+            "recording %s deleted (%s)",
+            name,
+            "older than the retention age" if reason == "age" else "over the recording quota",
+        )
         deleted.append((name, reason))

@@ -27,7 +27,6 @@ from pathlib import Path
 from ..videos.encoding import VideoEncodingError, check_mp4_structure
 from . import durable_files
 
-
 MIN_SEGMENT_FRAMES = 3
 
 
@@ -54,9 +53,29 @@ def join_segments(segments: list[tuple[Path, int]], out: Path) -> None:
             listing.write_text("ffconcat version 1.0\n" + "".join(_concat_entry(p) for p in parts))
             try:
                 result = subprocess.run(
-                    [imageio_ffmpeg.get_ffmpeg_exe(), "-nostdin", "-y", "-loglevel", "error", "-f", "concat",
-                     "-safe", "0", "-i", str(listing), "-c", "copy", "-movflags", "+faststart", "-f", "mp4", str(tmp)],
-                    capture_output=True, text=True, timeout=600,
+                    [
+                        imageio_ffmpeg.get_ffmpeg_exe(),
+                        "-nostdin",
+                        "-y",
+                        "-loglevel",
+                        "error",
+                        "-f",
+                        "concat",
+                        "-safe",
+                        "0",
+                        "-i",
+                        str(listing),
+                        "-c",
+                        "copy",
+                        "-movflags",
+                        "+faststart",
+                        "-f",
+                        "mp4",
+                        str(tmp),
+                    ],
+                    capture_output=True,
+                    text=True,
+                    timeout=600,
                 )
             finally:
                 listing.unlink(missing_ok=True)

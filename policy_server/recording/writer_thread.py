@@ -22,7 +22,14 @@ from .assembly import assemble
 from .durable_files import is_out_of_space
 from .episode_writer import EpisodeWriter, UnrecordableObservation
 from .events import (
-    ChunkReturned, DropRecord, EpisodeEnd, EpisodeStart, ErrorRecord, NoteRecord, ObservationRecord, Reconfigured,
+    ChunkReturned,
+    DropRecord,
+    EpisodeEnd,
+    EpisodeStart,
+    ErrorRecord,
+    NoteRecord,
+    ObservationRecord,
+    Reconfigured,
     RowOutcome,
 )
 from .recovery import recover_partials
@@ -58,8 +65,9 @@ class WriterBarrier:
 class RecordingWriter:
     """The writer thread's state: open episodes per session key, the store, and the recorder's counters."""
 
-    def __init__(self, settings: RecorderSettings, store: RecordingStore, counters: RecorderCounters,
-                 queue: WriteQueue) -> None:
+    def __init__(
+        self, settings: RecorderSettings, store: RecordingStore, counters: RecorderCounters, queue: WriteQueue
+    ) -> None:
         self.settings = settings
         self.store = store
         self.counters = counters
@@ -115,8 +123,11 @@ class RecordingWriter:
 
     def _failed(self, exc: Exception, key: int | None) -> None:
         """A write failed: a full disk stops recording; anything else costs that session's episode."""
-        if is_out_of_space(exc) or isinstance(exc, DiskFull) or (
-                isinstance(exc, (OSError, VideoEncodingError)) and self._free_bytes() < self._resume_free_bytes):
+        if (
+            is_out_of_space(exc)
+            or isinstance(exc, DiskFull)
+            or (isinstance(exc, (OSError, VideoEncodingError)) and self._free_bytes() < self._resume_free_bytes)
+        ):
             self._halt(exc)
             return
         self.counters.write_errors += 1
@@ -139,8 +150,9 @@ class RecordingWriter:
         if isinstance(item, ObservationRecord):
             self._on_observation(key, item)
         elif isinstance(item, ChunkReturned):
-            if episode is not None and not episode.resolve(item.seq, RowOutcome(
-                    "chunk", actions=item.actions, seed=item.seed, timing=item.timing)):
+            if episode is not None and not episode.resolve(
+                item.seq, RowOutcome("chunk", actions=item.actions, seed=item.seed, timing=item.timing)
+            ):
                 episode.log("unmatched_chunk", item.at, seq=item.seq)
         elif isinstance(item, DropRecord):
             if episode is not None:
@@ -228,8 +240,11 @@ class RecordingWriter:
         if self.settings.max_bytes is not None:
             self._enforce()
             if self.store.used_bytes > self.settings.max_bytes:
-                logger.warning("recording %s: the recording quota (%d bytes) is full; this episode ends here",
-                               episode.name, self.settings.max_bytes)
+                logger.warning(
+                    "recording %s: the recording quota (%d bytes) is full; this episode ends here",
+                    episode.name,
+                    self.settings.max_bytes,
+                )
                 self._close(key, "quota", time.monotonic())
                 self._over_quota.add(key)
 
@@ -277,8 +292,13 @@ class RecordingWriter:
         self.state = RecorderState.DISK_FULL
         self._halted_at = time.monotonic()
         self.counters.disk_full += 1
-        logger.error("recording stopped: the disk under %s is full (%s). Serving goes on; recording resumes "
-                     "when %d bytes are free.", self.store.root, exc, self._resume_free_bytes)
+        logger.error(
+            "recording stopped: the disk under %s is full (%s). Serving goes on; recording resumes "
+            "when %d bytes are free.",
+            self.store.root,
+            exc,
+            self._resume_free_bytes,
+        )
         for episode in self._episodes.values():
             self.counters.frames_not_recorded += episode.discard_buffer()
             try:
@@ -329,8 +349,9 @@ class RecordingWriter:
         deletes older recordings first, and an episode over the quota on its own was cut short there."""
         self._last_retention = time.monotonic()
         protect = {e.name for e in self._episodes.values()} | ({self._newest} if self._newest else set())
-        deleted = self.store.enforce(max_bytes=self.settings.max_bytes, max_age_s=self.settings.max_age_s,
-                                     protect=frozenset(protect))
+        deleted = self.store.enforce(
+            max_bytes=self.settings.max_bytes, max_age_s=self.settings.max_age_s, protect=frozenset(protect)
+        )
         for _, reason in deleted:
             if reason == "age":
                 self.counters.recordings_deleted_age += 1

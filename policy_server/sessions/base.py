@@ -45,8 +45,15 @@ from .replies import DROP_MESSAGES, UNREAD_CHUNK_MESSAGE, ChunkReply, payload_si
 from .telemetry import SessionTelemetry
 
 # The reply and recording types live in their own modules; importers of this module still find them here.
-__all__ = ["Session", "ChunkReply", "DROP_MESSAGES", "UNREAD_CHUNK_MESSAGE", "NOT_RECORDED", "RecordingHooks",
-           "cameras_of"]
+__all__ = [
+    "Session",
+    "ChunkReply",
+    "DROP_MESSAGES",
+    "UNREAD_CHUNK_MESSAGE",
+    "NOT_RECORDED",
+    "RecordingHooks",
+    "cameras_of",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -147,8 +154,14 @@ class Session:
         :attr:`frame_seq` as soon as the seq it is about is known)."""
         raise NotImplementedError
 
-    def observe(self, seq: int, received_at: float, admit: Callable[[Any, float], None], observation: Any,
-                decode: Callable[[], Any] | None = None) -> None:
+    def observe(
+        self,
+        seq: int,
+        received_at: float,
+        admit: Callable[[Any, float], None],
+        observation: Any,
+        decode: Callable[[], Any] | None = None,
+    ) -> None:
         """The one step every observation takes from its parsed frame to its admission (``admit``: rate,
         seq, queue). ``decode`` (its encoded camera frames to pixels, headers already checked) runs on the
         decode pool, never here; an observation with nothing to decode is admitted at once unless one is
@@ -178,9 +191,11 @@ class Session:
 
     def apply_control(self, control: OperatorControl) -> SessionState:
         """An operator's control; only :attr:`controllable` sessions accept one."""
-        raise ControlError(ControlErrorCode.NOT_CONTROLLABLE,
-                           f"{self.protocol} clients cannot be told to pause or change prompt; only native sessions can",
-                           "session_id")
+        raise ControlError(
+            ControlErrorCode.NOT_CONTROLLABLE,
+            f"{self.protocol} clients cannot be told to pause or change prompt; only native sessions can",
+            "session_id",
+        )
 
     # -- replies --------------------------------------------------------------------------------------
 
@@ -287,8 +302,11 @@ class Session:
             self.recording = NOT_RECORDED
             return
         if self.host.recorder is None:
-            raise ProtocolError(ErrorCode.RECORDING_UNAVAILABLE,
-                                "this server records nothing: it was started without --record-dir", "record")
+            raise ProtocolError(
+                ErrorCode.RECORDING_UNAVAILABLE,
+                "this server records nothing: it was started without --record-dir",
+                "record",
+            )
         self.recording = self.host.recorder.session(self.id, self.protocol)
         if self.config is not None and self.host.description is not None:
             self.recording.start_episode(self.config.resolved(self.host.description), self.host.description.raw)
@@ -300,13 +318,26 @@ class Session:
         if self.config is not None and self.host.description is not None:
             self.recording.start_episode(self.config.resolved(self.host.description), self.host.description.raw)
 
-    def enqueue(self, seq: int, request: ActionRequest, received_at: float, cameras: Mapping[str, np.ndarray], *,
-                deadline_at: float | None = None, client_timestamp: float | None = None) -> None:
+    def enqueue(
+        self,
+        seq: int,
+        request: ActionRequest,
+        received_at: float,
+        cameras: Mapping[str, np.ndarray],
+        *,
+        deadline_at: float | None = None,
+        client_timestamp: float | None = None,
+    ) -> None:
         """Put an observation in the host's queue; the one it replaced (latest wins) is dropped ``superseded``."""
         self.recording.observation(seq, cameras, request, received_at=received_at, client_timestamp=client_timestamp)
         item = PendingObservation(
-            session_id=self.id, seq=seq, request=request, owner=self, received_at=received_at,
-            decode_ms=(time.monotonic() - received_at) * 1e3, deadline_at=deadline_at,
+            session_id=self.id,
+            seq=seq,
+            request=request,
+            owner=self,
+            received_at=received_at,
+            decode_ms=(time.monotonic() - received_at) * 1e3,
+            deadline_at=deadline_at,
             client_timestamp=client_timestamp,
         )
         try:

@@ -21,7 +21,6 @@ from robot_clients.protocol import ErrorCode, ProtocolError
 from ..engine.description import DomainProfile, ModelDescription
 from ..media.camera_composition import compose_named
 
-
 # What a domain's profile says about the proprio state its observations carry.
 STATE_PROFILE_FIELDS = ("state_dim", "use_state", "history_length")
 
@@ -72,27 +71,51 @@ class SessionConfig:
         horizon = self.action_horizon
         if mode == "inverse_dynamics":
             if obs.video is None:
-                raise ProtocolError(ErrorCode.MISSING_FIELD,
-                                    "inverse_dynamics needs a `video` (T×H×W×3 uint8, action_horizon + 1 frames)",
-                                    "video", obs.seq)
+                raise ProtocolError(
+                    ErrorCode.MISSING_FIELD,
+                    "inverse_dynamics needs a `video` (T×H×W×3 uint8, action_horizon + 1 frames)",
+                    "video",
+                    obs.seq,
+                )
             frames = obs.video.shape[0]
             if horizon is None:
-                _check_horizon(frames - 1, description, "video", obs.seq,
-                               f"a {frames}-frame `video` asks for {frames - 1} actions, ")
+                _check_horizon(
+                    frames - 1,
+                    description,
+                    "video",
+                    obs.seq,
+                    f"a {frames}-frame `video` asks for {frames - 1} actions, ",
+                )
             elif frames != horizon + 1:
-                raise ProtocolError(ErrorCode.INVALID_FIELD,
-                                    f"inverse_dynamics with action_horizon {horizon} needs a `video` of "
-                                    f"{horizon + 1} frames, got {frames}", "video", obs.seq)
+                raise ProtocolError(
+                    ErrorCode.INVALID_FIELD,
+                    f"inverse_dynamics with action_horizon {horizon} needs a `video` of "
+                    f"{horizon + 1} frames, got {frames}",
+                    "video",
+                    obs.seq,
+                )
         if obs.prefix_actions is not None:
             _check_prefix(obs.prefix_actions, mode, horizon or domain.default_horizon, domain.raw_action_dim, obs.seq)
         check_state(obs.state, domain, obs.seq)
         # Unset, the rate is the domain's (15 for DROID), named in the request as the chunk reports it.
-        fps = self.fps if self.fps is not None else _with_defaults({"domain_name": self.domain_name}, description)["fps"]
+        fps = (
+            self.fps if self.fps is not None else _with_defaults({"domain_name": self.domain_name}, description)["fps"]
+        )
         return ActionRequest(
-            domain_name=self.domain_name, action_mode=mode, image=image, video=obs.video, prompt=self.prompt,
-            action_horizon=horizon, resolution_tier=self.resolution_tier, view_point=self.view_point,
-            seed=self.seed, num_steps=self.num_steps, guidance_scale=self.guidance_scale, fps=fps,
-            prefix_actions=obs.prefix_actions, state=obs.state,
+            domain_name=self.domain_name,
+            action_mode=mode,
+            image=image,
+            video=obs.video,
+            prompt=self.prompt,
+            action_horizon=horizon,
+            resolution_tier=self.resolution_tier,
+            view_point=self.view_point,
+            seed=self.seed,
+            num_steps=self.num_steps,
+            guidance_scale=self.guidance_scale,
+            fps=fps,
+            prefix_actions=obs.prefix_actions,
+            state=obs.state,
         )
 
 
@@ -102,13 +125,22 @@ def _with_defaults(values: dict[str, Any], description: ModelDescription) -> dic
     defaults = description.defaults
     domain = description.domain(values.get("domain_name"))
     own = domain.defaults if domain is not None else None
-    profile = {"action_horizon": domain.default_horizon, "view_point": domain.view_point,
-               "fps": domain.fps} if domain is not None else {}
+    profile = (
+        {"action_horizon": domain.default_horizon, "view_point": domain.view_point, "fps": domain.fps}
+        if domain is not None
+        else {}
+    )
     values = dict(values)
     for name in ("action_horizon", "view_point", "resolution_tier", "num_steps", "guidance_scale", "fps"):
         if values.get(name) is None:
-            values[name] = next((value for value in (getattr(own, name, None), profile.get(name),
-                                                     getattr(defaults, name)) if value is not None), None)
+            values[name] = next(
+                (
+                    value
+                    for value in (getattr(own, name, None), profile.get(name), getattr(defaults, name))
+                    if value is not None
+                ),
+                None,
+            )
     return values
 
 
@@ -119,36 +151,52 @@ CHUNK_ECHOED_SETTINGS = ("prompt", "resolution_tier", "view_point", "guidance_sc
 
 def settings_used(request: ActionRequest, description: ModelDescription) -> dict[str, Any]:
     """The values of :data:`CHUNK_ECHOED_SETTINGS` the engine used for ``request`` (defaults resolved)."""
-    values = _with_defaults({name: getattr(request, name) for name in ("domain_name", *CHUNK_ECHOED_SETTINGS)},
-                            description)
+    values = _with_defaults(
+        {name: getattr(request, name) for name in ("domain_name", *CHUNK_ECHOED_SETTINGS)}, description
+    )
     return {name: values[name] for name in CHUNK_ECHOED_SETTINGS}
 
 
 def _check_horizon(value: int, description: ModelDescription, field: str, seq: int | None, what: str = "") -> None:
     horizon = description.action_horizon
     if not horizon.accepts(value):
-        raise ProtocolError(ErrorCode.INVALID_FIELD,
-                            f"{what or ''}action_horizon {value} is out of range: between {horizon.min} and "
-                            f"{horizon.max}, a multiple of {horizon.multiple_of}", field, seq)
+        raise ProtocolError(
+            ErrorCode.INVALID_FIELD,
+            f"{what or ''}action_horizon {value} is out of range: between {horizon.min} and "
+            f"{horizon.max}, a multiple of {horizon.multiple_of}",
+            field,
+            seq,
+        )
 
 
 def _check_prefix(prefix, mode: str, horizon: int | None, width: int | None, seq: int | None) -> None:
     """Real-time-chunking prefix against the settings (finite float32 is the parser's check)."""
     if mode != "policy":
-        raise ProtocolError(ErrorCode.INVALID_FIELD, f"`prefix_actions` apply to policy requests only, not {mode}",
-                            "prefix_actions", seq)
+        raise ProtocolError(
+            ErrorCode.INVALID_FIELD,
+            f"`prefix_actions` apply to policy requests only, not {mode}",
+            "prefix_actions",
+            seq,
+        )
     if width is not None and prefix.shape[1] != width:
-        raise ProtocolError(ErrorCode.INVALID_FIELD,
-                            f"`prefix_actions` rows must have {width} values (the domain's raw_action_dim), got "
-                            f"{prefix.shape[1]}", "prefix_actions", seq)
+        raise ProtocolError(
+            ErrorCode.INVALID_FIELD,
+            f"`prefix_actions` rows must have {width} values (the domain's raw_action_dim), got {prefix.shape[1]}",
+            "prefix_actions",
+            seq,
+        )
     if horizon is not None and prefix.shape[0] >= horizon:
-        raise ProtocolError(ErrorCode.INVALID_FIELD,
-                            f"`prefix_actions` must be shorter than the chunk ({horizon} actions), got "
-                            f"{prefix.shape[0]} rows", "prefix_actions", seq)
+        raise ProtocolError(
+            ErrorCode.INVALID_FIELD,
+            f"`prefix_actions` must be shorter than the chunk ({horizon} actions), got {prefix.shape[0]} rows",
+            "prefix_actions",
+            seq,
+        )
 
 
-def check_state(state, domain: DomainProfile, seq: int | None = None, field: str = "state",
-                shown: str | None = None) -> None:
+def check_state(
+    state, domain: DomainProfile, seq: int | None = None, field: str = "state", shown: str | None = None
+) -> None:
     """A parsed state (float32, ``[D]`` or ``[rows, D]``) against the domain's profile, or its absence.
 
     A domain whose profile has a ``state_dim`` conditions on the robot's state: it needs one, of that
@@ -159,21 +207,33 @@ def check_state(state, domain: DomainProfile, seq: int | None = None, field: str
     shown = shown or f"`{field}`"
     if domain.state_dim is None:
         if state is not None:
-            raise ProtocolError(ErrorCode.INVALID_FIELD,
-                                f"domain {domain.name!r} does not condition on the robot's state (its profile has no "
-                                f"state_dim, see the metadata's `domains`): leave {shown} out", field, seq)
+            raise ProtocolError(
+                ErrorCode.INVALID_FIELD,
+                f"domain {domain.name!r} does not condition on the robot's state (its profile has no "
+                f"state_dim, see the metadata's `domains`): leave {shown} out",
+                field,
+                seq,
+            )
         return
     rows = domain.history_length or 1
     shape = f"[{domain.state_dim}]" if rows == 1 else f"[{rows}, {domain.state_dim}]"
     if state is None:
-        raise ProtocolError(ErrorCode.MISSING_FIELD,
-                            f"domain {domain.name!r} conditions on the robot's state: send {shown}, a float array "
-                            f"{shape}" + (" (oldest row first)" if rows > 1 else ""), field, seq)
+        raise ProtocolError(
+            ErrorCode.MISSING_FIELD,
+            f"domain {domain.name!r} conditions on the robot's state: send {shown}, a float array "
+            f"{shape}" + (" (oldest row first)" if rows > 1 else ""),
+            field,
+            seq,
+        )
     matrix = state[None] if state.ndim == 1 else state
     if matrix.shape[1] != domain.state_dim or matrix.shape[0] != rows:
-        raise ProtocolError(ErrorCode.INVALID_FIELD,
-                            f"{shown} has shape {list(state.shape)}; domain {domain.name!r} has state_dim "
-                            f"{domain.state_dim} and history_length {rows}, so it must be {shape}", field, seq)
+        raise ProtocolError(
+            ErrorCode.INVALID_FIELD,
+            f"{shown} has shape {list(state.shape)}; domain {domain.name!r} has state_dim "
+            f"{domain.state_dim} and history_length {rows}, so it must be {shape}",
+            field,
+            seq,
+        )
 
 
 def merge_session_config(
@@ -184,9 +244,12 @@ def merge_session_config(
     refused later. A ``None`` value unsets that setting (back to the model's default). ``seq`` tags the
     errors of an observation's settings."""
     if "domain_name" in settings and settings["domain_name"] is None:
-        raise ProtocolError(ErrorCode.INVALID_FIELD,
-                            "`domain_name` cannot be unset: the embodiment decides the action width", "domain_name",
-                            seq)
+        raise ProtocolError(
+            ErrorCode.INVALID_FIELD,
+            "`domain_name` cannot be unset: the embodiment decides the action width",
+            "domain_name",
+            seq,
+        )
     if current is None:
         if "domain_name" not in settings:
             raise ProtocolError(
@@ -218,7 +281,9 @@ def _check(config: SessionConfig, description: ModelDescription, seq: int | None
         else:
             hint = f"this model serves {', '.join(modes) or 'no action modes'} here"
         raise ProtocolError(
-            ErrorCode.UNSUPPORTED_MODE, f"action_mode {config.action_mode!r} is not supported: {hint}", "action_mode",
+            ErrorCode.UNSUPPORTED_MODE,
+            f"action_mode {config.action_mode!r} is not supported: {hint}",
+            "action_mode",
             seq,
         )
     tiers = list(description.resolution_tiers)
@@ -242,19 +307,25 @@ def _check(config: SessionConfig, description: ModelDescription, seq: int | None
         _check_horizon(config.action_horizon, description, "action_horizon", seq)
     max_prompt = limits.max_prompt_chars
     if max_prompt is not None and len(config.prompt) > max_prompt:
-        raise ProtocolError(ErrorCode.INVALID_FIELD, f"prompt must be at most {max_prompt} characters, got "
-                            f"{len(config.prompt)}", "prompt", seq)
+        raise ProtocolError(
+            ErrorCode.INVALID_FIELD,
+            f"prompt must be at most {max_prompt} characters, got {len(config.prompt)}",
+            "prompt",
+            seq,
+        )
     max_seed = limits.max_seed
     if config.seed is not None and not 0 <= config.seed <= max_seed:
         raise ProtocolError(ErrorCode.INVALID_FIELD, f"seed must be in [0, {max_seed}], got {config.seed}", "seed", seq)
     check_schedule(config.num_steps, config.guidance_scale, description, seq)
     low_fps, high_fps = limits.min_fps, limits.max_fps
     if config.fps is not None and not (config.fps > 0 and low_fps <= config.fps <= high_fps):
-        raise ProtocolError(ErrorCode.INVALID_FIELD, f"fps must be in [{low_fps:g}, {high_fps:g}], got {config.fps:g}",
-                            "fps", seq)
+        raise ProtocolError(
+            ErrorCode.INVALID_FIELD, f"fps must be in [{low_fps:g}, {high_fps:g}], got {config.fps:g}", "fps", seq
+        )
     if config.control_hz is not None and config.control_hz <= 0:
-        raise ProtocolError(ErrorCode.INVALID_FIELD, f"control_hz must be > 0, got {config.control_hz}", "control_hz",
-                            seq)
+        raise ProtocolError(
+            ErrorCode.INVALID_FIELD, f"control_hz must be > 0, got {config.control_hz}", "control_hz", seq
+        )
 
 
 def check_schedule(
@@ -266,21 +337,32 @@ def check_schedule(
     if description.is_distilled:
         fixed = description.defaults.num_steps
         if steps is not None and steps != fixed:
-            raise ProtocolError(ErrorCode.INVALID_FIELD,
-                                f"this distilled model runs its fixed {fixed}-step schedule; num_steps must be "
-                                f"{fixed} or unset", "num_steps", seq)
+            raise ProtocolError(
+                ErrorCode.INVALID_FIELD,
+                f"this distilled model runs its fixed {fixed}-step schedule; num_steps must be {fixed} or unset",
+                "num_steps",
+                seq,
+            )
         if guidance is not None and guidance != 1.0:
-            raise ProtocolError(ErrorCode.INVALID_FIELD,
-                                "guidance is distilled into this model's weights; guidance_scale must be 1.0 or unset",
-                                "guidance_scale", seq)
+            raise ProtocolError(
+                ErrorCode.INVALID_FIELD,
+                "guidance is distilled into this model's weights; guidance_scale must be 1.0 or unset",
+                "guidance_scale",
+                seq,
+            )
     max_steps = limits.max_steps
     if steps is not None and not (1 <= steps and (max_steps is None or steps <= max_steps)):
-        raise ProtocolError(ErrorCode.INVALID_FIELD, f"num_steps must be in [1, {max_steps}], got {steps}", "num_steps",
-                            seq)
+        raise ProtocolError(
+            ErrorCode.INVALID_FIELD, f"num_steps must be in [1, {max_steps}], got {steps}", "num_steps", seq
+        )
     max_guidance = limits.max_guidance_scale
     if guidance is not None and not 0 <= guidance <= max_guidance:
-        raise ProtocolError(ErrorCode.INVALID_FIELD,
-                            f"guidance_scale must be in [0, {max_guidance:g}], got {guidance:g}", "guidance_scale", seq)
+        raise ProtocolError(
+            ErrorCode.INVALID_FIELD,
+            f"guidance_scale must be in [0, {max_guidance:g}], got {guidance:g}",
+            "guidance_scale",
+            seq,
+        )
 
 
 def observation_request(

@@ -11,8 +11,9 @@ frames the robot receives. :class:`~policy_server.sessions.native.RealtimeSessio
 from __future__ import annotations
 
 import enum
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, Mapping
+from typing import Any
 
 from robot_clients.protocol import CodedError
 
@@ -84,7 +85,8 @@ def parse_control(message: Mapping[str, Any], max_prompt_chars: int = DEFAULT_MA
             raise ControlError(ControlErrorCode.BAD_CONTROL, "`set_prompt` needs a `prompt` (a string)", "prompt")
         if len(prompt) > max_prompt_chars:
             raise ControlError(
-                ControlErrorCode.BAD_CONTROL, f"the prompt has {len(prompt)} characters; at most {max_prompt_chars}",
+                ControlErrorCode.BAD_CONTROL,
+                f"the prompt has {len(prompt)} characters; at most {max_prompt_chars}",
                 "prompt",
             )
     return OperatorControl(session_id, action, reason[:MAX_REASON_CHARS], prompt)

@@ -21,8 +21,9 @@ from __future__ import annotations
 import asyncio
 import logging
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any
 
 from robot_clients.protocol import DropReason, ErrorCode, FrameLimits, ProtocolError
 
@@ -31,8 +32,15 @@ from .openpi_observation import OpenpiObservation, compose_cameras
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["DecodeSlot", "Decoded", "check_encoded", "decode_pool", "decoded_frame", "decoded_image",
-           "native_decode", "openpi_decode"]
+__all__ = [
+    "DecodeSlot",
+    "check_encoded",
+    "decode_pool",
+    "decoded_frame",
+    "decoded_image",
+    "native_decode",
+    "openpi_decode",
+]
 
 _POOL: ImageDecodePool | None = None
 _POOL_LOCK = threading.Lock()
@@ -57,8 +65,12 @@ def check_encoded(value: Any, field: str, limits: FrameLimits, seq: int | None) 
     it against ``limits``; arrays pass. Cheap enough for the event loop."""
     frames = [value] if isinstance(value, bytes) else value if isinstance(value, list) else []
     if isinstance(value, list) and not 1 <= len(value) <= limits.max_clip_frames:
-        raise ProtocolError(ErrorCode.INVALID_IMAGE, f"`{field}` has {len(value)} frames; between 1 and "
-                            f"{limits.max_clip_frames} are allowed", field, seq)
+        raise ProtocolError(
+            ErrorCode.INVALID_IMAGE,
+            f"`{field}` has {len(value)} frames; between 1 and {limits.max_clip_frames} are allowed",
+            field,
+            seq,
+        )
     try:
         for index, frame in enumerate(frames):
             read_header(frame, field if isinstance(value, bytes) else f"{field}/{index}", limits)
@@ -83,8 +95,9 @@ def decoded_frame(frame: Any, limits: FrameLimits) -> Any:
     frame.image = decoded_image(frame.image, "image", limits, frame.seq)
     frame.video = decoded_image(frame.video, "video", limits, frame.seq)
     if frame.images is not None:
-        frame.images = {name: decoded_image(image, f"images/{name}", limits, frame.seq)
-                        for name, image in frame.images.items()}
+        frame.images = {
+            name: decoded_image(image, f"images/{name}", limits, frame.seq) for name, image in frame.images.items()
+        }
     return frame
 
 
@@ -146,8 +159,14 @@ class DecodeSlot:
     def busy(self) -> bool:
         return self._decoding is not None
 
-    def submit(self, seq: int, received_at: float, prepare: Callable[[], Any] | None, value: Any,
-               admit: Callable[[Any, float], None]) -> None:
+    def submit(
+        self,
+        seq: int,
+        received_at: float,
+        prepare: Callable[[], Any] | None,
+        value: Any,
+        admit: Callable[[Any, float], None],
+    ) -> None:
         """Admit ``prepare()`` (or ``value`` when there is nothing to decode) once it is this observation's
         turn; a newer submission replaces one still waiting, which is dropped ``superseded``."""
         pending = _Pending(seq, received_at, prepare, admit, value)

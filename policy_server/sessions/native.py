@@ -24,13 +24,19 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import time
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 import numpy as np
 
 from robot_clients import client_frames, protocol
 from robot_clients.protocol import (
-    DropReason, ErrorCode, ProtocolError, SessionState, session_state_frame, session_updated_frame,
+    DropReason,
+    ErrorCode,
+    ProtocolError,
+    SessionState,
+    session_state_frame,
+    session_updated_frame,
 )
 from robot_clients.wire_codec import WireFormatError, packb, unpackb
 
@@ -131,8 +137,13 @@ class RealtimeSession(Session):
         if "prompt" in frame.settings:
             self.operator_prompt = False
         self._send(
-            {"type": protocol.SESSION, "session_id": self.id, "config": self.config.resolved(self.host.description),
-             "state": self.state.value, "recording": self.recorded}
+            {
+                "type": protocol.SESSION,
+                "session_id": self.id,
+                "config": self.config.resolved(self.host.description),
+                "state": self.state.value,
+                "recording": self.recorded,
+            }
         )
 
     def _on_observation(self, obs: client_frames.ObservationFrame, received_at: float) -> None:
@@ -154,13 +165,19 @@ class RealtimeSession(Session):
         cameras = cameras_of(obs)
         if self.state is not SessionState.RUNNING:
             reason = DropReason.PAUSED if self.state is SessionState.PAUSED else DropReason.STOPPED
-            self.recording.observation(obs.seq, cameras, request, received_at=received_at,
-                                       client_timestamp=obs.client_timestamp)
+            self.recording.observation(
+                obs.seq, cameras, request, received_at=received_at, client_timestamp=obs.client_timestamp
+            )
             self.drop(obs.seq, reason)
             return
-        self.enqueue(obs.seq, request, received_at, cameras,
-                     deadline_at=received_at + obs.deadline_ms / 1e3 if obs.deadline_ms is not None else None,
-                     client_timestamp=obs.client_timestamp)
+        self.enqueue(
+            obs.seq,
+            request,
+            received_at,
+            cameras,
+            deadline_at=received_at + obs.deadline_ms / 1e3 if obs.deadline_ms is not None else None,
+            client_timestamp=obs.client_timestamp,
+        )
 
     # -- operator controls (from the observer channel, on the event loop) ---------------------------
 
@@ -196,18 +213,26 @@ class RealtimeSession(Session):
 
     def _set_operator_prompt(self, control: OperatorControl) -> None:
         if self.config is None:
-            raise ControlError(ControlErrorCode.INVALID_STATE,
-                               "the robot has not configured its session yet; there is no prompt to change", "prompt")
+            raise ControlError(
+                ControlErrorCode.INVALID_STATE,
+                "the robot has not configured its session yet; there is no prompt to change",
+                "prompt",
+            )
         self.set_config(dataclasses.replace(self.config, prompt=control.prompt or ""))
         self.operator_prompt = True
-        self._send(session_updated_frame(self.id, self.config.resolved(self.host.description), ["prompt"],
-                                         control.reason))
+        self._send(
+            session_updated_frame(self.id, self.config.resolved(self.host.description), ["prompt"], control.reason)
+        )
 
     async def _close_when_sent(self) -> None:
         """Close with 1000 once the ``session_state: stopped`` frame (and the drops before it) left."""
         await self.drain(timeout=2.0)
-        await close_connection(self.connection, STOPPED_CLOSE_CODE, STOPPED_CLOSE_REASON,
-                               self.host.settings.connection_limits.close_grace_s)
+        await close_connection(
+            self.connection,
+            STOPPED_CLOSE_CODE,
+            STOPPED_CLOSE_REASON,
+            self.host.settings.connection_limits.close_grace_s,
+        )
 
     # -- the chunk ------------------------------------------------------------------------------------
 
@@ -243,4 +268,3 @@ class RealtimeSession(Session):
         if item.client_timestamp is not None:
             frame["timestamp"] = item.client_timestamp
         return ChunkReply(item.seq, actions, chunk.seed, timing, item.received_at, frame, len(packb(frame)))
-

@@ -36,8 +36,8 @@ import json
 import logging
 import time
 import uuid
-from http import HTTPStatus
 from dataclasses import dataclass
+from http import HTTPStatus
 from typing import Any
 
 import numpy as np
@@ -47,11 +47,11 @@ from websockets.http11 import Request
 
 from robot_clients.protocol import ProtocolError
 
-from .supervisor import close_connection
-from .outbox import OutboxFull, paced
-from .rate_limits import RateLimit
 from .controls import RECORDING_ACTIONS, ControlAction, ControlError, ControlErrorCode, parse_control
 from .host import HostedSession, SessionHost
+from .outbox import OutboxFull, paced
+from .rate_limits import RateLimit
+from .supervisor import close_connection
 
 logger = logging.getLogger(__name__)
 
@@ -139,26 +139,42 @@ def session_detail(server: SessionHost, session: HostedSession) -> Detail:
     """``session``'s detail: summary (prompt up to DETAIL_PROMPT_CHARS), latest chunk, latencies, drops, and
     its latest camera frame as a JPEG."""
     telemetry = session.telemetry
-    detail: dict[str, Any] = {"type": "session_detail", "session_id": session.id, "t": time.time(),
-                              "summary": session_summary(server, session, DETAIL_PROMPT_CHARS),
-                              "chunk": None, "latency": [], "dropped": [], "frame": None}
+    detail: dict[str, Any] = {
+        "type": "session_detail",
+        "session_id": session.id,
+        "t": time.time(),
+        "summary": session_summary(server, session, DETAIL_PROMPT_CHARS),
+        "chunk": None,
+        "latency": [],
+        "dropped": [],
+        "frame": None,
+    }
     frame = telemetry.latest_frame if telemetry is not None else None
     if telemetry is not None:
         if telemetry.latest_actions is not None:
             actions = np.asarray(telemetry.latest_actions, dtype=np.float64)
-            detail["chunk"] = {"seq": telemetry.latest_actions_seq, "horizon": int(actions.shape[0]),
-                               "dim": int(actions.shape[1]),
-                               "actions": np.nan_to_num(actions).round(5).tolist()}
-        detail["latency"] = [{"t": round(c.t, 3), "seq": c.seq, "total_ms": round(c.total_ms, 2),
-                              "queue_ms": round(c.queue_ms, 2), "model_ms": round(c.model_ms, 2)}
-                             for c in telemetry.chunks]
+            detail["chunk"] = {
+                "seq": telemetry.latest_actions_seq,
+                "horizon": int(actions.shape[0]),
+                "dim": int(actions.shape[1]),
+                "actions": np.nan_to_num(actions).round(5).tolist(),
+            }
+        detail["latency"] = [
+            {
+                "t": round(c.t, 3),
+                "seq": c.seq,
+                "total_ms": round(c.total_ms, 2),
+                "queue_ms": round(c.queue_ms, 2),
+                "model_ms": round(c.model_ms, 2),
+            }
+            for c in telemetry.chunks
+        ]
         detail["dropped"] = [{"t": round(d.t, 3), "seq": d.seq, "reason": d.reason} for d in telemetry.drops]
     without_frame = json.dumps(detail, allow_nan=False).encode()
     if frame is None:
         return Detail(None, without_frame, without_frame)
     jpeg, width, height = telemetry.preview(frame)
-    detail["frame"] = {"seq": frame.seq, "t": round(frame.t, 3), "width": width, "height": height,
-                       "jpeg_base64": jpeg}
+    detail["frame"] = {"seq": frame.seq, "t": round(frame.t, 3), "width": width, "height": height, "jpeg_base64": jpeg}
     return Detail((session.id, frame.seq), json.dumps(detail, allow_nan=False).encode(), without_frame)
 
 
@@ -208,8 +224,14 @@ class ObserverSession:
     """One observer connection: a ticker that makes snapshots, a reader for subscribe/control, and a
     sender that drains the bounded outbox both write to."""
 
-    def __init__(self, connection: ServerConnection, server: SessionHost, snapshots: SnapshotCache,
-                 interval_s: float = DEFAULT_INTERVAL_S, sessions_interval_s: float = DEFAULT_SESSIONS_INTERVAL_S) -> None:
+    def __init__(
+        self,
+        connection: ServerConnection,
+        server: SessionHost,
+        snapshots: SnapshotCache,
+        interval_s: float = DEFAULT_INTERVAL_S,
+        sessions_interval_s: float = DEFAULT_SESSIONS_INTERVAL_S,
+    ) -> None:
         self.id = "observer-" + uuid.uuid4().hex[:8]
         self.connection = connection
         self.server = server
@@ -277,9 +299,11 @@ class ObserverSession:
     def _handle(self, message: str | bytes) -> None:
         try:
             if not self.rate.take():
-                raise ControlError(ObserverErrorCode.RATE_LIMITED,
-                                   f"more than {self.rate.rate_hz:g} frames a second on this observer "
-                                   f"(burst {self.rate.burst:g}); this one was not acted on")
+                raise ControlError(
+                    ObserverErrorCode.RATE_LIMITED,
+                    f"more than {self.rate.rate_hz:g} frames a second on this observer "
+                    f"(burst {self.rate.burst:g}); this one was not acted on",
+                )
             if not isinstance(message, str):
                 raise ControlError(ObserverErrorCode.BAD_FRAME, "the observer channel speaks JSON text frames")
             try:
@@ -301,8 +325,11 @@ class ObserverSession:
                     "type",
                 )
             else:
-                raise ControlError(ObserverErrorCode.UNKNOWN_TYPE,
-                                   f"unknown frame type {repr(kind)[:80]}; expected `subscribe` or `control`", "type")
+                raise ControlError(
+                    ObserverErrorCode.UNKNOWN_TYPE,
+                    f"unknown frame type {repr(kind)[:80]}; expected `subscribe` or `control`",
+                    "type",
+                )
         except ControlError as exc:
             self._send({"type": "error", "code": exc.code, "message": exc.message, "field": exc.field})
 
@@ -319,8 +346,9 @@ class ObserverSession:
         control = parse_control(frame, limits.max_prompt_chars or 2000 if limits is not None else 2000)
         session = self.server.sessions.get(control.session_id)
         if session is None:
-            raise ControlError(ControlErrorCode.UNKNOWN_SESSION, f"no live session {control.session_id[:64]!r}",
-                               "session_id")
+            raise ControlError(
+                ControlErrorCode.UNKNOWN_SESSION, f"no live session {control.session_id[:64]!r}", "session_id"
+            )
         if control.action in RECORDING_ACTIONS:
             try:
                 session.set_recording(RECORDING_ACTIONS[control.action], control.reason or "operator")
@@ -329,10 +357,21 @@ class ObserverSession:
             state = session.state
         else:
             state = session.apply_control(control)
-        logger.info("%s: %s on session %s (%s)", self.id, control.action.value, control.session_id,
-                    control.reason or "no reason given")
-        self._send({"type": "control_result", "session_id": control.session_id,
-                    "action": control.action.value, "state": state.value})
+        logger.info(
+            "%s: %s on session %s (%s)",
+            self.id,
+            control.action.value,
+            control.session_id,
+            control.reason or "no reason given",
+        )
+        self._send(
+            {
+                "type": "control_result",
+                "session_id": control.session_id,
+                "action": control.action.value,
+                "state": state.value,
+            }
+        )
 
     # -- snapshots to the observer ---------------------------------------------------------------
 
@@ -363,8 +402,9 @@ class ObserverSession:
         except Exception:  # noqa: BLE001 - a bug here must not go unnoticed, nor take the server down
             logger.exception("%s: snapshot failed; closing the observer", self.id)
             self.outbox.close()
-            await close_connection(self.connection, 1011, "observer snapshot failed",
-                                   self.server.settings.connection_limits.close_grace_s)
+            await close_connection(
+                self.connection, 1011, "observer snapshot failed", self.server.settings.connection_limits.close_grace_s
+            )
 
     def _send_detail(self, session: HostedSession, now: float) -> None:
         """The shared detail, with the camera frame only if this observer does not have it yet."""

@@ -62,8 +62,12 @@ def openpi_arrays(obj: Any) -> Any:
     if isinstance(obj, np.ndarray):
         if obj.dtype.kind not in "biuf":
             raise WireFormatError(f"cannot send an array of dtype {obj.dtype}")
-        return {b"__ndarray__": True, b"data": np.ascontiguousarray(obj).tobytes(), b"dtype": obj.dtype.str,
-                b"shape": list(obj.shape)}
+        return {
+            b"__ndarray__": True,
+            b"data": np.ascontiguousarray(obj).tobytes(),
+            b"dtype": obj.dtype.str,
+            b"shape": list(obj.shape),
+        }
     if isinstance(obj, np.generic):
         return {b"__npgeneric__": True, b"data": obj.item(), b"dtype": obj.dtype.str}
     if isinstance(obj, dict):
@@ -104,8 +108,12 @@ class OpenpiSession(Session):
     def metadata(self) -> dict[str, Any]:
         error = self.config_error
         return openpi_metadata(
-            self.host.description, self.id, self.config, self.settings.cameras,
-            None if error is None else error_text(error.code, error.message, error.field))
+            self.host.description,
+            self.id,
+            self.config,
+            self.settings.cameras,
+            None if error is None else error_text(error.code, error.message, error.field),
+        )
 
     # -- replies: openpi's client raises RuntimeError with a text frame ------------------------------
 
@@ -143,14 +151,21 @@ class OpenpiSession(Session):
             raise ProtocolError(ErrorCode.BAD_FRAME, exc.message, exc.field) from None
         resolved_view = self.config.resolved(self.host.description)["view_point"]
         obs = parse_openpi_observation(
-            decoded, self.settings.cameras, resolved_view, self.host.frame_limits,
+            decoded,
+            self.settings.cameras,
+            resolved_view,
+            self.host.frame_limits,
             video=self.config.action_mode == "inverse_dynamics",
             domain=self.host.description.domain(self.config.domain_name),
         )
         if self.convention is None:
             self.convention = detect_convention(decoded)
-            logger.info("openpi session %s: %s observations, cameras %s", self.id,
-                        self.convention or "custom", printable("+".join(obs.cameras))[:200])
+            logger.info(
+                "openpi session %s: %s observations, cameras %s",
+                self.id,
+                self.convention or "custom",
+                printable("+".join(obs.cameras))[:200],
+            )
         # Encoded cameras: headers checked now, decoded and composed on the decode pool, then admitted.
         decode = openpi_decode(obs, self.config.action_mode == "inverse_dynamics", self.host.frame_limits, seq)
         self.observe(seq, received_at, self._admit, obs, decode)
@@ -160,8 +175,13 @@ class OpenpiSession(Session):
         assert seq is not None and self.config is not None
         overrides = {"prompt": obs.prompt} if obs.prompt else {}
         frame = ObservationFrame(
-            seq=seq, image=obs.image, video=obs.video, prefix_actions=obs.prefix_actions, state=obs.state,
-            overrides=overrides)
+            seq=seq,
+            image=obs.image,
+            video=obs.video,
+            prefix_actions=obs.prefix_actions,
+            state=obs.state,
+            overrides=overrides,
+        )
         request = observation_request(self.config, frame, self.host.description)
         self.enqueue(seq, request, received_at, cameras_of(frame))
 
@@ -180,6 +200,10 @@ class OpenpiSession(Session):
         self._last_total_ms = total_ms
         actions = np.ascontiguousarray(chunk.actions, dtype=np.float32)
         body = packb(openpi_arrays({"actions": actions, "server_timing": server_timing}))
-        timing = {"queue_ms": item.queue_ms, "model_ms": chunk.timing.model_ms, "engine_ms": outcome.engine_ms,
-                  "total_ms": total_ms}
+        timing = {
+            "queue_ms": item.queue_ms,
+            "model_ms": chunk.timing.model_ms,
+            "engine_ms": outcome.engine_ms,
+            "total_ms": total_ms,
+        }
         return ChunkReply(item.seq, actions, chunk.seed, timing, item.received_at, body, len(body))

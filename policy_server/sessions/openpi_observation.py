@@ -41,14 +41,20 @@ Pure data: no sockets, no model.
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any
 
 import numpy as np
 
 from robot_clients.client_frames import (
-    SESSION_SETTINGS, check_image_size, is_encoded_clip, is_encoded_frame, parse_state, str_keys,
+    SESSION_SETTINGS,
+    check_image_size,
+    is_encoded_clip,
+    is_encoded_frame,
+    parse_state,
+    str_keys,
 )
 from robot_clients.protocol import ErrorCode, FrameLimits, ProtocolError
 
@@ -78,20 +84,31 @@ CONVENTIONS: dict[str, dict[str, tuple[str, ...]]] = {
 
 DEFAULT_VIEWS: dict[str, tuple[Alternative, ...]] = {
     "third_person_view": (
-        ("observation/image",), ("observation/exterior_image_1_left",), ("images/cam_high",), ("image",),
+        ("observation/image",),
+        ("observation/exterior_image_1_left",),
+        ("images/cam_high",),
+        ("image",),
     ),
     "ego_view": (
-        ("images/cam_high",), ("observation/image",), ("observation/exterior_image_1_left",), ("image",),
+        ("images/cam_high",),
+        ("observation/image",),
+        ("observation/exterior_image_1_left",),
+        ("image",),
     ),
     "wrist_view": (
-        ("observation/wrist_image",), ("observation/wrist_image_left",), ("images/cam_left_wrist",),
+        ("observation/wrist_image",),
+        ("observation/wrist_image_left",),
+        ("images/cam_left_wrist",),
         ("images/cam_right_wrist",),
     ),
     "concat_view": (
         ("observation/image", "observation/wrist_image"),
         ("observation/exterior_image_1_left", "observation/wrist_image_left"),
         ("images/cam_high", "images/cam_left_wrist", "images/cam_right_wrist"),
-        ("observation/image",), ("observation/exterior_image_1_left",), ("images/cam_high",), ("image",),
+        ("observation/image",),
+        ("observation/exterior_image_1_left",),
+        ("images/cam_high",),
+        ("image",),
     ),
 }
 
@@ -111,7 +128,7 @@ class CameraMapping:
     views: dict[str, tuple[Alternative, ...]] = field(default_factory=lambda: dict(DEFAULT_VIEWS))
 
     @classmethod
-    def load(cls, source: str | Path | None) -> "CameraMapping":
+    def load(cls, source: str | Path | None) -> CameraMapping:
         """The default mapping with ``source``'s entries replacing whole view points.
 
         ``source`` is a path to a JSON file, or the JSON text itself (it starts with ``{``).
@@ -206,7 +223,12 @@ def detect_convention(obs: Mapping[str, Any]) -> str | None:
 
 
 def parse_openpi_observation(
-    obs: Any, mapping: CameraMapping, view_point: str, limits: FrameLimits, *, video: bool = False,
+    obs: Any,
+    mapping: CameraMapping,
+    view_point: str,
+    limits: FrameLimits,
+    *,
+    video: bool = False,
     domain: DomainProfile | None = None,
 ) -> OpenpiObservation:
     """Pick and compose the cameras for ``view_point``; raise :class:`ProtocolError` naming the key.
@@ -239,16 +261,19 @@ def parse_openpi_observation(
     if isinstance(prompt, bytes):
         prompt = prompt.decode("utf-8", errors="replace")
     if prompt is not None and not isinstance(prompt, str):
-        raise ProtocolError(ErrorCode.INVALID_FIELD, f"`prompt` must be a string, got {type(prompt).__name__}",
-                            "prompt")
+        raise ProtocolError(
+            ErrorCode.INVALID_FIELD, f"`prompt` must be a string, got {type(prompt).__name__}", "prompt"
+        )
     result.prompt = prompt
 
     prefix = obs.get("prefix_actions")
     if prefix is not None:
         if not isinstance(prefix, np.ndarray) or prefix.ndim != 2 or prefix.dtype.kind not in "fiu":
-            raise ProtocolError(ErrorCode.INVALID_FIELD,
-                                "`prefix_actions` must be a K×D numeric array (the actions still to execute)",
-                                "prefix_actions")
+            raise ProtocolError(
+                ErrorCode.INVALID_FIELD,
+                "`prefix_actions` must be a K×D numeric array (the actions still to execute)",
+                "prefix_actions",
+            )
         result.prefix_actions = prefix.astype(np.float32)
 
     result.state, state_key, shown = openpi_state(obs)
@@ -275,15 +300,19 @@ def openpi_state(obs: Mapping[str, Any]) -> tuple[np.ndarray | None, str | None,
         return None, None, None
     droid = [key for key in sent if key in (DROID_JOINTS, DROID_GRIPPER)]
     if droid and len(droid) != len(sent) or len(sent) > (2 if droid else 1):
-        raise ProtocolError(ErrorCode.INVALID_FIELD, f"one robot state per observation: got {', '.join(sent)}",
-                            sent[-1])
+        raise ProtocolError(
+            ErrorCode.INVALID_FIELD, f"one robot state per observation: got {', '.join(sent)}", sent[-1]
+        )
     if not droid:
         return parse_state(lookup(obs, sent[0]), sent[0]), sent[0], None
     shown = f"the state built from `{DROID_JOINTS}` + `{DROID_GRIPPER}`"
     for key in (DROID_JOINTS, DROID_GRIPPER):
         if lookup(obs, key) is None:
-            raise ProtocolError(ErrorCode.MISSING_FIELD, f"DROID's state is `{DROID_JOINTS}` with "
-                                f"`{DROID_GRIPPER}`: `{key}` is missing", key)
+            raise ProtocolError(
+                ErrorCode.MISSING_FIELD,
+                f"DROID's state is `{DROID_JOINTS}` with `{DROID_GRIPPER}`: `{key}` is missing",
+                key,
+            )
     joints = parse_state(lookup(obs, DROID_JOINTS), DROID_JOINTS)
     gripper_value = lookup(obs, DROID_GRIPPER)
     if isinstance(gripper_value, (int, float, np.generic)) and not isinstance(gripper_value, bool):
@@ -291,8 +320,12 @@ def openpi_state(obs: Mapping[str, Any]) -> tuple[np.ndarray | None, str | None,
     gripper = parse_state(gripper_value, DROID_GRIPPER).reshape(-1, 1)
     rows = 1 if joints.ndim == 1 else joints.shape[0]
     if gripper.shape[0] != rows:
-        raise ProtocolError(ErrorCode.INVALID_FIELD, f"`{DROID_GRIPPER}` has {gripper.shape[0]} value(s) for "
-                            f"{rows} row(s) of `{DROID_JOINTS}`: send one gripper value per row", DROID_GRIPPER)
+        raise ProtocolError(
+            ErrorCode.INVALID_FIELD,
+            f"`{DROID_GRIPPER}` has {gripper.shape[0]} value(s) for "
+            f"{rows} row(s) of `{DROID_JOINTS}`: send one gripper value per row",
+            DROID_GRIPPER,
+        )
     state = np.concatenate([joints.reshape(rows, -1), gripper], axis=1)
     return (state[0] if joints.ndim == 1 else state), DROID_JOINTS, shown
 
@@ -317,8 +350,10 @@ def _decoded_keys(obs: Any, where: str | None = None, depth: int = 0) -> Any:
         return obs
     if depth >= MAX_NESTING:
         raise ProtocolError(ErrorCode.INVALID_FIELD, f"`{where}` nests maps more than {MAX_NESTING} deep", where)
-    return {key: _decoded_keys(value, f"{where}/{key}" if where else key, depth + 1)
-            for key, value in str_keys(obs, where).items()}
+    return {
+        key: _decoded_keys(value, f"{where}/{key}" if where else key, depth + 1)
+        for key, value in str_keys(obs, where).items()
+    }
 
 
 def check_keys(obs: Mapping[Any, Any], mapping: CameraMapping) -> None:
@@ -334,12 +369,16 @@ def check_keys(obs: Mapping[Any, Any], mapping: CameraMapping) -> None:
                 ErrorCode.INVALID_FIELD,
                 f"`{key}` cannot be set per observation on the openpi endpoint: its sessions take their settings "
                 "from the server's --openpi-* flags; send per-observation settings over the native protocol "
-                "(/v1/actions/realtime)", key)
+                "(/v1/actions/realtime)",
+                key,
+            )
         raise ProtocolError(
             ErrorCode.INVALID_FIELD,
             f"unknown observation key `{key}`: this endpoint reads cameras "
             f"({', '.join(sorted(mapping.camera_keys()))}), state ({', '.join(sorted(state))}), `prompt` and "
-            "`prefix_actions` (docs/openpi.md)", key)
+            "`prefix_actions` (docs/openpi.md)",
+            key,
+        )
 
 
 def _keys(obs: Mapping[str, Any], prefix: str = "") -> list[str]:
@@ -360,21 +399,25 @@ def _frames(array: Any, key: str, video: bool, limits: FrameLimits) -> np.ndarra
         return bytes(array) if not video else [bytes(frame) for frame in array]
     if not isinstance(array, np.ndarray):
         encoded = "a list of PNG/JPEG/WebP bytes" if video else "PNG/JPEG/WebP bytes"
-        raise ProtocolError(ErrorCode.INVALID_IMAGE,
-                            f"`{key}` must be an array ({layout}) or {encoded}, got {type(array).__name__}", key)
+        raise ProtocolError(
+            ErrorCode.INVALID_IMAGE,
+            f"`{key}` must be an array ({layout}) or {encoded}, got {type(array).__name__}",
+            key,
+        )
     if array.ndim != rank:
         raise ProtocolError(ErrorCode.INVALID_IMAGE, f"`{key}` must be {layout}, got shape {list(array.shape)}", key)
     if array.shape[-1] != 3:
         if array.shape[-3] != 3:
-            raise ProtocolError(ErrorCode.INVALID_IMAGE,
-                                f"`{key}` must be {layout} RGB, got shape {list(array.shape)}", key)
+            raise ProtocolError(
+                ErrorCode.INVALID_IMAGE, f"`{key}` must be {layout} RGB, got shape {list(array.shape)}", key
+            )
         array = np.moveaxis(array, -3, -1)  # channel-first (ALOHA) to channel-last
     if array.dtype == np.uint8:
         return np.ascontiguousarray(array)
     if array.dtype.kind == "f":
         if not np.isfinite(array).all() or array.min() < 0.0 or array.max() > 1.0:
-            raise ProtocolError(ErrorCode.INVALID_IMAGE,
-                                f"`{key}` is a float image: its values must be in [0, 1] (or send uint8)", key)
+            raise ProtocolError(
+                ErrorCode.INVALID_IMAGE, f"`{key}` is a float image: its values must be in [0, 1] (or send uint8)", key
+            )
         return np.ascontiguousarray(np.round(array * 255.0).astype(np.uint8))
-    raise ProtocolError(ErrorCode.INVALID_IMAGE, f"`{key}` must be uint8 (or float in [0, 1]), got {array.dtype}",
-                        key)
+    raise ProtocolError(ErrorCode.INVALID_IMAGE, f"`{key}` must be uint8 (or float in [0, 1]), got {array.dtype}", key)

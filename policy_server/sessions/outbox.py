@@ -33,8 +33,9 @@ from __future__ import annotations
 import asyncio
 import time
 from collections import deque
+from collections.abc import AsyncIterable, AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
-from typing import Any, AsyncIterable, AsyncIterator, Awaitable, Callable
+from typing import Any
 
 # A reply that must be sent in place of a replaced one: (payload, its size in bytes), or None for none.
 Replacement = tuple[Any, int] | None
@@ -85,8 +86,14 @@ class Outbox:
     def closed(self) -> bool:
         return self._closed
 
-    def put(self, payload: Any, nbytes: int, *, latest: str | None = None,
-            replaced: Callable[[Any], Replacement] | None = None) -> None:
+    def put(
+        self,
+        payload: Any,
+        nbytes: int,
+        *,
+        latest: str | None = None,
+        replaced: Callable[[Any], Replacement] | None = None,
+    ) -> None:
         """Queue a reply of ``nbytes`` bytes. Raises :class:`OutboxFull` (and queues nothing) when full.
 
         With ``latest``, an unsent entry with the same key is replaced: ``replaced(old_payload)`` returns

@@ -4,9 +4,9 @@ Latest-observation-wins already bounds what a fast sender costs the *engine* (on
 per session). What it does not bound is the event loop: every frame is decoded (a 720p camera frame is
 2.8 MB of msgpack) before the queue sees it. A client streaming hundreds of frames a second would take
 the loop from every other robot; a refused observation at least costs no validation, no request building
-and no queue churn, and the client is told to slow down. The bucket refills at ``rate_hz`` and holds ``burst`` observations, so
-a robot at its control rate never notices it, and a burst after a network hiccup (frames that queued up
-in the socket) passes.
+and no queue churn, and the client is told to slow down. The bucket refills at ``rate_hz`` and holds
+``burst`` observations, so a robot at its control rate never notices it, and a burst after a network
+hiccup (frames that queued up in the socket) passes.
 
 An observation over the limit is answered ``error`` with code ``rate_limited`` (its ``seq`` when
 known); the session goes on. It is never queued, so it cannot replace the observation that waits.
@@ -34,7 +34,7 @@ class RateLimit:
     def enabled(self) -> bool:
         return self.rate_hz > 0
 
-    def bucket(self) -> "TokenBucket":
+    def bucket(self) -> TokenBucket:
         return TokenBucket(self.rate_hz, max(1, self.burst))
 
 
@@ -62,5 +62,7 @@ class TokenBucket:
         return False
 
     def message(self) -> str:
-        return (f"more than {self.rate_hz:g} observations per second (burst {self.burst:g}) on this session; "
-                "this one was not queued. Send at your control rate: the server always answers the latest")
+        return (
+            f"more than {self.rate_hz:g} observations per second (burst {self.burst:g}) on this session; "
+            "this one was not queued. Send at your control rate: the server always answers the latest"
+        )

@@ -40,14 +40,14 @@ class SglangLockstepSession(Session):
 
     protocol = "sglang"
 
-    def __init__(self, *args: Any, session_id: str, first_frame: dict[str, Any], hello_sent_at: float,
-                 **kwargs: Any) -> None:
+    def __init__(
+        self, *args: Any, session_id: str, first_frame: dict[str, Any], hello_sent_at: float, **kwargs: Any
+    ) -> None:
         super().__init__(*args, **kwargs)
         self.id = session_id  # the id the metadata frame already told the client
         host = self.host
         assert host.description is not None, "sessions open once the model is ready"
-        self.lockstep = LockstepSession(host.description, max_items=host.settings.max_batch,
-                                        started_at=hello_sent_at)
+        self.lockstep = LockstepSession(host.description, max_items=host.settings.max_batch, started_at=hello_sent_at)
         self._first_frame: dict[str, Any] | None = first_frame
         self._call: ActionCall | None = None
         self._chunks: dict[int, Any] = {}
@@ -63,8 +63,11 @@ class SglangLockstepSession(Session):
 
     def handle(self, message: bytes | str | dict, received_at: float) -> None:
         if self._call is not None:
-            raise ProtocolError(ErrorCode.RATE_LIMITED, "a request of this connection is still being answered: "
-                                "SGLang's lock-step mode takes the next request after the reply")
+            raise ProtocolError(
+                ErrorCode.RATE_LIMITED,
+                "a request of this connection is still being answered: "
+                "SGLang's lock-step mode takes the next request after the reply",
+            )
         self.take_rate(received_at)
         description = self.host.description
         try:
@@ -77,9 +80,15 @@ class SglangLockstepSession(Session):
         for request in requests:
             seq, self._next_seq = self._next_seq, self._next_seq + 1
             # Each item its own slot in the queue (a batch must not replace itself), all in this connection's turn.
-            item = PendingObservation(session_id=f"{self.id}/{seq}", seq=seq, request=request, owner=self,
-                                      received_at=received_at, decode_ms=(time.monotonic() - received_at) * 1e3,
-                                      turn=self.id)
+            item = PendingObservation(
+                session_id=f"{self.id}/{seq}",
+                seq=seq,
+                request=request,
+                owner=self,
+                received_at=received_at,
+                decode_ms=(time.monotonic() - received_at) * 1e3,
+                turn=self.id,
+            )
             try:
                 self.host.queue.put(item)
             except QueueClosed:
@@ -106,8 +115,11 @@ class SglangLockstepSession(Session):
         self.answered += 1
         chunks = [self._chunks[seq] for seq in sorted(self._chunks)]
         self._call = None
-        self.put(self.lockstep.reply(call, chunks, infer_ms=(time.monotonic() - self._started_at) * 1e3,
-                                     model=self.host.description.model))
+        self.put(
+            self.lockstep.reply(
+                call, chunks, infer_ms=(time.monotonic() - self._started_at) * 1e3, model=self.host.description.model
+            )
+        )
 
     def on_dropped(self, item: PendingObservation, reason: str) -> None:
         if self._expects(item):

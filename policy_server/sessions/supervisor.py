@@ -26,8 +26,9 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from typing import Callable, Iterable, Protocol
+from typing import Protocol
 
 from websockets.asyncio.server import ServerConnection
 
@@ -136,14 +137,18 @@ class ConnectionSupervisor:
                 continue
             stalled = conn.outbox.stalled_for(now)
             if limits.reply_timeout_s > 0 and stalled > limits.reply_timeout_s:
-                self.close(conn, "reply_timeout", f"not reading replies: the oldest waited {stalled:.0f} s "
-                                                  f"(limit {limits.reply_timeout_s:g} s)")
+                self.close(
+                    conn,
+                    "reply_timeout",
+                    f"not reading replies: the oldest waited {stalled:.0f} s (limit {limits.reply_timeout_s:g} s)",
+                )
                 continue
             if limits.idle_timeout_s > 0:
                 idle = conn.idle_for(now)
                 if idle > limits.idle_timeout_s:
-                    self.close(conn, "idle", f"idle: no observation for {idle:.0f} s "
-                                             f"(limit {limits.idle_timeout_s:g} s)")
+                    self.close(
+                        conn, "idle", f"idle: no observation for {idle:.0f} s (limit {limits.idle_timeout_s:g} s)"
+                    )
 
     def overflowed(self, conn: Supervised, full: OutboxFull) -> None:
         """``conn``'s outbox refused a reply: close it rather than lose the reply in silence."""
@@ -158,6 +163,7 @@ class ConnectionSupervisor:
         logger.warning("%s closed (%d): %s", conn.id, POLICY_CLOSE_CODE, reason)
         task = asyncio.get_running_loop().create_task(
             close_connection(conn.connection, POLICY_CLOSE_CODE, reason, self.limits.close_grace_s),
-            name=f"{conn.id}-close")
+            name=f"{conn.id}-close",
+        )
         self._closing.add(task)
         task.add_done_callback(self._closing.discard)

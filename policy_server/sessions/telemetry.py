@@ -87,8 +87,13 @@ class SessionTelemetry:
         self.answered += 1
         self.latest_actions, self.latest_actions_seq = actions, seq
         self.chunks.append(
-            ChunkSample(time.time(), seq, float(timing.get("total_ms") or 0.0), float(timing.get("queue_ms") or 0.0),
-                        float(timing.get("model_ms") or 0.0))
+            ChunkSample(
+                time.time(),
+                seq,
+                float(timing.get("total_ms") or 0.0),
+                float(timing.get("queue_ms") or 0.0),
+                float(timing.get("model_ms") or 0.0),
+            )
         )
 
     def record_drop(self, seq: int, reason: str) -> None:

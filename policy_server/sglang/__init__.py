@@ -15,7 +15,8 @@ results back into SGLang's answers, so the HTTP routes and the WebSocket server 
   candidate out (:mod:`.action_form`: SGLang's multipart form as that envelope); :mod:`.action_reply`:
   SGLang's reply envelope (``envelope`` or ``raw``, ``list`` or ``numpy``) back;
 * :mod:`.videos`: SGLang's ``/v1/videos`` field names onto ours;
-* :mod:`.metadata`: SGLang's ``/v1/actions/metadata`` keys from the typed model description (``policy_server.engine.description``);
+* :mod:`.metadata`: SGLang's ``/v1/actions/metadata`` keys from the typed model
+  description (``policy_server.engine.description``);
 * :mod:`.realtime`: the lock-step WebSocket mode (first frame without ``type``) as a sans-I/O session.
 
 Where SGLang is unsafe (server file paths and URLs, tracebacks to the client, closing on error,

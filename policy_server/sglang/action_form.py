@@ -8,10 +8,12 @@ SGLang's form flattens its envelope: ``request_id``, ``prompt``, the observation
 from __future__ import annotations
 
 import json
-from typing import Any, Iterable, Protocol, Sequence
+from collections.abc import Iterable, Sequence
+from typing import Any, Protocol
 
 from .actions import PARAMETER_KEYS, UNREAD_KEYS, check_known_keys
 from .parameters import invalid, merge_extra
+
 
 class FormUpload(Protocol):
     """A file part of the form (such as :class:`policy_server.http.codecs.Upload`)."""
@@ -39,7 +41,7 @@ def _form_value(value: str) -> Any:
         return value
 
 
-def envelope_from_form(items: Sequence[tuple[str, "str | FormUpload"]]) -> dict[str, Any]:
+def envelope_from_form(items: Sequence[tuple[str, str | FormUpload]]) -> dict[str, Any]:
     """SGLang's multipart action form as the envelope :func:`parse_action_envelope` reads.
 
     ``items`` are ``(name, value)`` pairs: text, or a :class:`FormUpload`. ``request_id``/``id`` and
@@ -62,7 +64,9 @@ def envelope_from_form(items: Sequence[tuple[str, "str | FormUpload"]]) -> dict[
         seen.add(name)
         if not isinstance(value, str):
             if name not in FORM_UPLOADS:
-                raise invalid(name, f"`{name}` cannot be a file upload; files are accepted for {', '.join(FORM_UPLOADS)}")
+                raise invalid(
+                    name, f"`{name}` cannot be a file upload; files are accepted for {', '.join(FORM_UPLOADS)}"
+                )
             uploads.append((name, value))
         elif name in ("request_id", "id"):
             body[name] = value
@@ -79,9 +83,12 @@ def envelope_from_form(items: Sequence[tuple[str, "str | FormUpload"]]) -> dict[
         elif name in PARAMETER_KEYS:
             parameters[name] = _form_value(value)
         else:
-            raise invalid(name, f"unknown field `{name}`; this form takes request_id, prompt, the uploads "
-                          f"{', '.join(FORM_UPLOADS)}, extra_body, extra_params and the parameters "
-                          f"{', '.join(PARAMETER_KEYS)}")
+            raise invalid(
+                name,
+                f"unknown field `{name}`; this form takes request_id, prompt, the uploads "
+                f"{', '.join(FORM_UPLOADS)}, extra_body, extra_params and the parameters "
+                f"{', '.join(PARAMETER_KEYS)}",
+            )
     for name, value in sorted(extras):  # extra_body, then extra_params
         merge_extra(parameters, value, name)
     if len(uploads) > 1:

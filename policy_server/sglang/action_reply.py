@@ -9,13 +9,15 @@ from __future__ import annotations
 
 import time
 import uuid
-from typing import Any, Mapping, Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 import numpy as np
 
 from cosmos3_runtime.requests import ActionChunk
 
 from .actions import ActionCall
+
 
 def build_reply(
     call: ActionCall,
@@ -88,6 +90,8 @@ def build_reply(
     if call.return_timing and timings is not None:
         reply["timings"] = dict(timings)
     if call.unused:
-        reply["warnings"] = [{"field": path, "message": "accepted and not used: this server does not pass it to "
-                                                       "the model yet"} for path in call.unused]
+        reply["warnings"] = [
+            {"field": path, "message": "accepted and not used: this server does not pass it to the model yet"}
+            for path in call.unused
+        ]
     return reply

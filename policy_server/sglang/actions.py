@@ -22,8 +22,9 @@ the loaded checkpoint's default, as every other request to this server does.
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Mapping, Sequence
+from typing import Any
 
 import numpy as np
 
@@ -40,7 +41,6 @@ from .parameters import (
     frame_rate,
     integer,
     invalid,
-    merge_extra,
     number,
     one_of,
     refuse_guardrails,
@@ -53,10 +53,26 @@ ENVELOPE_KEYS = ("request_id", "id", "input", "parameters", "runtime", "model")
 MEDIA_KEYS = ("image", "images", "input_reference", "video", "state")
 INPUT_KEYS = ("task", "prompt", "observation", *MEDIA_KEYS)
 PARAMETER_KEYS = (
-    "action_mode", "action_horizon", "num_frames", "domain_name", "domain_id", "raw_action_dim",
-    "num_inference_steps", "guidance_scale", "seed", "fps", "action_fps", "height", "width",
-    "action_view_point", "action_normalization", "candidate_count", "candidate_reducer", "return_candidates",
-    "use_guardrails", "output_format",
+    "action_mode",
+    "action_horizon",
+    "num_frames",
+    "domain_name",
+    "domain_id",
+    "raw_action_dim",
+    "num_inference_steps",
+    "guidance_scale",
+    "seed",
+    "fps",
+    "action_fps",
+    "height",
+    "width",
+    "action_view_point",
+    "action_normalization",
+    "candidate_count",
+    "candidate_reducer",
+    "return_candidates",
+    "use_guardrails",
+    "output_format",
 )
 RUNTIME_KEYS = ("response_format", "output_format", "return_timing", "prefix_cache", "cuda_graph")
 # SGLang reads these as files on its own disk or URLs to fetch; this server never does either.
@@ -118,8 +134,11 @@ def check_known_keys(section: Mapping[str, Any], known: Sequence[str], prefix: s
     for key in section:
         path = f"{prefix}{key}"
         if key in UNREAD_KEYS:
-            raise invalid(path, f"SGLang reads `{key}` as a path or URL on the server; this server never reads its "
-                          "own files or fetches URLs for a client: send the image or the frames themselves")
+            raise invalid(
+                path,
+                f"SGLang reads `{key}` as a path or URL on the server; this server never reads its "
+                "own files or fetches URLs for a client: send the image or the frames themselves",
+            )
         if key not in known:
             raise invalid(path, f"unknown field `{path}`; known here: {', '.join(known)}")
 
@@ -140,9 +159,12 @@ def _media(inputs: Mapping[str, Any], observation: Mapping[str, Any]) -> dict[st
 def _one_camera(value: Any, path: str) -> tuple[Any, str]:
     """SGLang's ``images`` map for Cosmos3: exactly one named camera, which is the observation image."""
     if not isinstance(value, dict) or len(value) != 1 or not all(isinstance(k, str) for k in value):
-        raise invalid(path, f"`{path}` must map exactly one camera name to its image: Cosmos3 conditions on one "
-                      "camera (send it as `image`, or compose cameras over the native WebSocket protocol)")
-    (name, image), = value.items()
+        raise invalid(
+            path,
+            f"`{path}` must map exactly one camera name to its image: Cosmos3 conditions on one "
+            "camera (send it as `image`, or compose cameras over the native WebSocket protocol)",
+        )
+    ((name, image),) = value.items()
     return image, f"{path}.{name}"
 
 
@@ -155,8 +177,11 @@ def _state(value: Any, path: str) -> Any:
         return value
     values, shape = value.get("values", value.get("data")), value.get("shape")
     try:
-        return values if shape is None else np.asarray(values, dtype=np.float64).reshape(
-            [integer(n, f"{path}.shape", low=1) for n in shape])
+        return (
+            values
+            if shape is None
+            else np.asarray(values, dtype=np.float64).reshape([integer(n, f"{path}.shape", low=1) for n in shape])
+        )
     except (ValueError, TypeError):
         raise invalid(path, f"`{path}` must hold numbers matching its `shape`") from None
 
@@ -173,16 +198,19 @@ def _prompts(value: Any, path: str | None, count: int) -> list[tuple[str, str]]:
     if len(value) == 1:
         return [(value[0], f"{path}[0]")] * count
     if len(value) != count:
-        raise invalid(path, f"`{path}` has {len(value)} prompts for {count} image(s); send one prompt per image, "
-                      "or one for all")
+        raise invalid(
+            path, f"`{path}` has {len(value)} prompts for {count} image(s); send one prompt per image, or one for all"
+        )
     return [(v, f"{path}[{i}]") for i, v in enumerate(value)]
 
 
 def _auto_only(runtime: Mapping[str, Any], name: str, what: str) -> None:
     value = runtime.get(name)
     if value is not None and not (isinstance(value, str) and value.strip().lower() == "auto"):
-        raise invalid(f"runtime.{name}", f"this server decides {what} for every request itself; "
-                      f"`runtime.{name}` must be \"auto\" or left out")
+        raise invalid(
+            f"runtime.{name}",
+            f'this server decides {what} for every request itself; `runtime.{name}` must be "auto" or left out',
+        )
 
 
 def _choice(value: Any, path: str, choices: Sequence[str]) -> str:
@@ -192,8 +220,9 @@ def _choice(value: Any, path: str, choices: Sequence[str]) -> str:
     return choice
 
 
-def _settings(parameters: Mapping[str, Any], body: Mapping[str, Any], description: ModelDescription,
-              mode: str) -> Mapped:
+def _settings(
+    parameters: Mapping[str, Any], body: Mapping[str, Any], description: ModelDescription, mode: str
+) -> Mapped:
     """The settings every item of the envelope shares, in our field names."""
     common = Mapped()
     common.put("action_mode", mode, "parameters.action_mode")
@@ -206,33 +235,55 @@ def _settings(parameters: Mapping[str, Any], body: Mapping[str, Any], descriptio
         if horizon is None:
             horizon, horizon_path = frames - 1, "parameters.num_frames"
         elif frames != horizon + 1:
-            raise invalid("parameters.num_frames", f"a chunk of {horizon} actions spans {horizon + 1} frames: "
-                          f"`parameters.num_frames` must be action_horizon + 1 = {horizon + 1}, got {frames}")
+            raise invalid(
+                "parameters.num_frames",
+                f"a chunk of {horizon} actions spans {horizon + 1} frames: "
+                f"`parameters.num_frames` must be action_horizon + 1 = {horizon + 1}, got {frames}",
+            )
     if horizon is not None:
         common.put("action_horizon", horizon, horizon_path)
 
     paths = {k: f"parameters.{k}" for k in ("domain_name", "domain_id", "raw_action_dim")}
-    domain = resolve_domain(description, name=parameters.get("domain_name"), domain_id=parameters.get("domain_id"),
-                            raw_action_dim=parameters.get("raw_action_dim"), paths=paths)
+    domain = resolve_domain(
+        description,
+        name=parameters.get("domain_name"),
+        domain_id=parameters.get("domain_id"),
+        raw_action_dim=parameters.get("raw_action_dim"),
+        paths=paths,
+    )
     by_name = parameters.get("domain_name") is not None
     common.put("domain_name", domain, paths["domain_name" if by_name else "domain_id"])
     if parameters.get("action_normalization") is not None:
         check_normalization(parameters["action_normalization"], domain, description, "parameters.action_normalization")
 
     if parameters.get("num_inference_steps") is not None:
-        common.put("num_steps", integer(parameters["num_inference_steps"], "parameters.num_inference_steps", low=1),
-                   "parameters.num_inference_steps")
+        common.put(
+            "num_steps",
+            integer(parameters["num_inference_steps"], "parameters.num_inference_steps", low=1),
+            "parameters.num_inference_steps",
+        )
     if parameters.get("guidance_scale") is not None:
-        common.put("guidance_scale", number(parameters["guidance_scale"], "parameters.guidance_scale"),
-                   "parameters.guidance_scale")
+        common.put(
+            "guidance_scale",
+            number(parameters["guidance_scale"], "parameters.guidance_scale"),
+            "parameters.guidance_scale",
+        )
     rate = frame_rate(parameters.get("fps"), parameters.get("action_fps"), "parameters.fps", "parameters.action_fps")
     if rate is not None:
         common.put("fps", *rate)
     if parameters.get("action_view_point") is not None:
-        common.put("view_point", text(parameters["action_view_point"], "parameters.action_view_point"),
-                   "parameters.action_view_point")
-    tier = canvas_tier(parameters.get("height"), parameters.get("width"), description,
-                       height_path="parameters.height", width_path="parameters.width")
+        common.put(
+            "view_point",
+            text(parameters["action_view_point"], "parameters.action_view_point"),
+            "parameters.action_view_point",
+        )
+    tier = canvas_tier(
+        parameters.get("height"),
+        parameters.get("width"),
+        description,
+        height_path="parameters.height",
+        width_path="parameters.width",
+    )
     if tier is not None:
         common.put("resolution_tier", tier, "parameters.height")
     refuse_guardrails(parameters.get("use_guardrails"), "parameters.use_guardrails")
@@ -270,13 +321,18 @@ def parse_action_envelope(
     mode = parameters.get("action_mode")
     mode = "policy" if mode is None else text(mode, "parameters.action_mode").strip().lower()
     if mode == "forward_dynamics":
-        raise ApiError(ErrorCode.UNSUPPORTED_MODE, "forward_dynamics produces video, not actions: submit it to "
-                       "POST /v1/videos (SGLang's field names are accepted there)", "parameters.action_mode")
+        raise ApiError(
+            ErrorCode.UNSUPPORTED_MODE,
+            "forward_dynamics produces video, not actions: submit it to "
+            "POST /v1/videos (SGLang's field names are accepted there)",
+            "parameters.action_mode",
+        )
     common = _settings(parameters, body, description, mode)
     prompt, prompt_path = one_of(inputs, ("task", "prompt"), "input.")
     if mode != "policy" and isinstance(prompt, list):  # checked before the media, as SGLang does
-        raise invalid(prompt_path, f"the {mode} prompt must be a string (`{prompt_path}`): only policy requests "
-                      "are batched")
+        raise invalid(
+            prompt_path, f"the {mode} prompt must be a string (`{prompt_path}`): only policy requests are batched"
+        )
 
     media = _media(inputs, observation)
     if "state" in media:  # the robot's, shared by every image of a batch
@@ -285,8 +341,11 @@ def parse_action_envelope(
         common.paths["state"] = "input.observation.state"
     image_names = [name for name in ("image", "input_reference", "images") if name in media]
     if len(image_names) > 1:
-        raise invalid(media[image_names[1]][1], f"`{media[image_names[0]][1]}` and `{media[image_names[1]][1]}` "
-                      "both hold the observation image; send it once")
+        raise invalid(
+            media[image_names[1]][1],
+            f"`{media[image_names[0]][1]}` and `{media[image_names[1]][1]}` "
+            "both hold the observation image; send it once",
+        )
     images: list[tuple[Any, str]] = []
     if image_names:
         value, path = media[image_names[0]]
@@ -297,8 +356,11 @@ def parse_action_envelope(
     if images and video:
         raise invalid(video[1], "send either an observation image or a video, not both")
     if mode == "inverse_dynamics" and images:
-        raise invalid(images[0][1], "inverse_dynamics infers actions from a clip: send `input.observation.video` "
-                      "(action_horizon + 1 frames), not an image")
+        raise invalid(
+            images[0][1],
+            "inverse_dynamics infers actions from a clip: send `input.observation.video` "
+            "(action_horizon + 1 frames), not an image",
+        )
     if not images and video is None:
         missing = "input.observation.video" if mode == "inverse_dynamics" else "input.observation.image"
         raise ApiError(ErrorCode.MISSING_FIELD, f"`{missing}` is required for {mode}", missing)
@@ -308,19 +370,29 @@ def parse_action_envelope(
 
     count = integer(parameters.get("candidate_count", 1), "parameters.candidate_count", low=1)
     if count > 1 and len(observations) > 1:
-        raise invalid("parameters.candidate_count", "candidates are alternatives for one observation: "
-                      "candidate_count > 1 takes exactly one image (as in SGLang)")
+        raise invalid(
+            "parameters.candidate_count",
+            "candidates are alternatives for one observation: "
+            "candidate_count > 1 takes exactly one image (as in SGLang)",
+        )
     if len(observations) * count > max_items:
-        raise invalid("parameters.candidate_count" if count > 1 else observations[0][1],
-                      f"this request asks for {len(observations) * count} action chunks; this server computes at "
-                      f"most {max_items} per request")
+        raise invalid(
+            "parameters.candidate_count" if count > 1 else observations[0][1],
+            f"this request asks for {len(observations) * count} action chunks; this server computes at "
+            f"most {max_items} per request",
+        )
     reducer = parameters.get("candidate_reducer")
     if reducer is not None and (count > 1 or text(reducer, "parameters.candidate_reducer") != "none"):
         raise invalid("parameters.candidate_reducer", f"{REDUCTION_REFUSED}; leave `parameters.candidate_reducer` out")
-    if parameters.get("return_candidates") is not None and count > 1 and not flag(
-            parameters["return_candidates"], "parameters.return_candidates"):
-        raise invalid("parameters.return_candidates", f"{REDUCTION_REFUSED}; `parameters.return_candidates` must be "
-                      "true or left out")
+    if (
+        parameters.get("return_candidates") is not None
+        and count > 1
+        and not flag(parameters["return_candidates"], "parameters.return_candidates")
+    ):
+        raise invalid(
+            "parameters.return_candidates",
+            f"{REDUCTION_REFUSED}; `parameters.return_candidates` must be true or left out",
+        )
     seed = parameters.get("seed")
     if seed is not None:
         seed = integer(seed, "parameters.seed", low=0)
@@ -335,12 +407,18 @@ def parse_action_envelope(
                 item.put("seed", seed + candidate, "parameters.seed")
             items.append(item)
 
-    formats = {path: _choice(value, path, OUTPUT_FORMATS) for path, value in
-               (("runtime.output_format", runtime.get("output_format")),
-                ("parameters.output_format", parameters.get("output_format"))) if value is not None}
+    formats = {
+        path: _choice(value, path, OUTPUT_FORMATS)
+        for path, value in (
+            ("runtime.output_format", runtime.get("output_format")),
+            ("parameters.output_format", parameters.get("output_format")),
+        )
+        if value is not None
+    }
     if len(set(formats.values())) > 1:
-        raise invalid("parameters.output_format", "`runtime.output_format` and `parameters.output_format` differ; "
-                      "send one")
+        raise invalid(
+            "parameters.output_format", "`runtime.output_format` and `parameters.output_format` differ; send one"
+        )
     output_format = next(iter(formats.values()), "numpy") if msgpack_reply else "list"
     response_format = _choice(runtime.get("response_format", "envelope"), "runtime.response_format", RESPONSE_FORMATS)
     _auto_only(runtime, "prefix_cache", "whether to use its prefix cache")

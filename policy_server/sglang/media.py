@@ -46,8 +46,11 @@ def looks_like_path(value: str) -> bool:
 def refuse_paths(value: str, path: str) -> str:
     """``value`` unchanged, unless it names a path or URL: those are refused."""
     if looks_like_path(value):
-        raise _refuse(path, f"`{path}` looks like a file path or URL; this server never reads its own files or fetches "
-                      "URLs for a client: send the image itself (base64, pixels, or a multipart upload)")
+        raise _refuse(
+            path,
+            f"`{path}` looks like a file path or URL; this server never reads its own files or fetches "
+            "URLs for a client: send the image itself (base64, pixels, or a multipart upload)",
+        )
     return value
 
 
@@ -68,8 +71,10 @@ def tensor_payload(value: dict[str, Any], path: str) -> np.ndarray:
     """
     unknown = sorted(set(value) - set(TENSOR_KEYS))
     if unknown:
-        raise _refuse(f"{path}.{unknown[0]}", f"`{path}` has unknown key `{unknown[0]}`; an array payload has "
-                      f"`values` (or `data`), `dtype` and `shape`")
+        raise _refuse(
+            f"{path}.{unknown[0]}",
+            f"`{path}` has unknown key `{unknown[0]}`; an array payload has `values` (or `data`), `dtype` and `shape`",
+        )
     if all(k in value for k in TENSOR_VALUE_KEYS):
         raise _refuse(path, f"`{path}` has both `values` and `data`; send one")
     values = value.get("values", value.get("data"))
@@ -97,8 +102,9 @@ def tensor_payload(value: dict[str, Any], path: str) -> np.ndarray:
         array = array.astype(np.uint8)
     if shape is not None:
         if math.prod(shape) != array.size:
-            raise _refuse(f"{path}.shape", f"`{path}` holds {array.size} values but its shape {shape} needs "
-                          f"{math.prod(shape)}")
+            raise _refuse(
+                f"{path}.shape", f"`{path}` holds {array.size} values but its shape {shape} needs {math.prod(shape)}"
+            )
         array = array.reshape(shape)
     return array
 
@@ -109,16 +115,18 @@ def _container(value: dict[str, Any], path: str) -> Any:
     if b64:
         extra = sorted(set(value) - {b64[0]})
         if extra:
-            raise _refuse(path, f"`{path}` has `{b64[0]}` and `{extra[0]}`; a base64 image has only `b64_json` "
-                          "(or `base64`)")
+            raise _refuse(
+                path, f"`{path}` has `{b64[0]}` and `{extra[0]}`; a base64 image has only `b64_json` (or `base64`)"
+            )
         data = value[b64[0]]
         if not isinstance(data, str) or not data:
             raise _refuse(f"{path}.{b64[0]}", f"`{path}.{b64[0]}` must be a non-empty base64 string")
         return refuse_paths(data, f"{path}.{b64[0]}")
     if any(k in value for k in TENSOR_VALUE_KEYS):
         return tensor_payload(value, path)
-    raise _refuse(path, f"`{path}` must be `{{\"b64_json\": ...}}` or `{{\"values\": ..., \"dtype\": \"uint8\", "
-                  "\"shape\": [H, W, 3]}}`")
+    raise _refuse(
+        path, f'`{path}` must be `{{"b64_json": ...}}` or `{{"values": ..., "dtype": "uint8", "shape": [H, W, 3]}}}}`'
+    )
 
 
 def _single(value: Any, path: str) -> Any:
@@ -159,8 +167,11 @@ def image_batch(value: Any, path: str, *, max_items: int) -> list[tuple[Any, str
     else:
         return [(_single(value, path), path)]
     if len(items) > max_items:
-        raise ApiError(ErrorCode.INVALID_FIELD, f"`{path}` holds {len(items)} images; this server takes at most "
-                       f"{max_items} per request", path)
+        raise ApiError(
+            ErrorCode.INVALID_FIELD,
+            f"`{path}` holds {len(items)} images; this server takes at most {max_items} per request",
+            path,
+        )
     return [(_single(item, f"{path}[{i}]"), f"{path}[{i}]") for i, item in enumerate(items)]
 
 
@@ -168,12 +179,18 @@ def video_clip(value: Any, path: str) -> Any:
     """One clip in a form :func:`policy_server.http.media_fields.to_video` decodes: frames, not a file."""
     if isinstance(value, str):
         refuse_paths(value, path)  # a path or URL is refused; anything else is not a clip either
-        raise _refuse(path, f"`{path}` must be the clip's frames: a list of base64 images, T×H×W×3 pixels, or a "
-                      "video file as a multipart upload")
+        raise _refuse(
+            path,
+            f"`{path}` must be the clip's frames: a list of base64 images, T×H×W×3 pixels, or a "
+            "video file as a multipart upload",
+        )
     if isinstance(value, dict):
         if any(k in value for k in B64_KEYS):
-            raise _refuse(path, f"`{path}`: an encoded video file is accepted as a multipart upload; in JSON or "
-                          "msgpack send its frames (a list of base64 images or T×H×W×3 pixels)")
+            raise _refuse(
+                path,
+                f"`{path}`: an encoded video file is accepted as a multipart upload; in JSON or "
+                "msgpack send its frames (a list of base64 images or T×H×W×3 pixels)",
+            )
         value = _container(value, path)
     if isinstance(value, np.ndarray) and value.ndim != 4:
         raise _refuse(path, f"`{path}` must be one T×H×W×3 clip, got shape {list(value.shape)}")

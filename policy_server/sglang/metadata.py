@@ -16,7 +16,8 @@ which becomes SGLang's).
 
 from __future__ import annotations
 
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 from ..engine.description import ModelDescription
 

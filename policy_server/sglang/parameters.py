@@ -19,8 +19,9 @@ from __future__ import annotations
 
 import json
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, Mapping
+from typing import Any
 
 import numpy as np
 
@@ -84,8 +85,11 @@ def integer(value: Any, path: str, *, low: int | None = None, high: int | None =
     if isinstance(value, bool) or not isinstance(value, int):
         raise invalid(path, f"`{path}` must be an integer, got {_shown(value)}")
     if (low is not None and value < low) or (high is not None and value > high):
-        bounds = f"between {low} and {high}" if low is not None and high is not None else (
-            f">= {low}" if low is not None else f"<= {high}")
+        bounds = (
+            f"between {low} and {high}"
+            if low is not None and high is not None
+            else (f">= {low}" if low is not None else f"<= {high}")
+        )
         raise invalid(path, f"`{path}` must be {bounds}, got {value}")
     return value
 
@@ -174,37 +178,51 @@ def resolve_domain(
     if name is not None:
         name = text(name, paths["domain_name"])
         if name not in domains:
-            raise ApiError(ErrorCode.UNKNOWN_DOMAIN, f"unknown domain {name!r}; this model knows: {known}",
-                           paths["domain_name"])
+            raise ApiError(
+                ErrorCode.UNKNOWN_DOMAIN, f"unknown domain {name!r}; this model knows: {known}", paths["domain_name"]
+            )
         profile = domains[name]
         if domain_id is not None and domain_id != profile.domain_id:
             raise invalid(paths["domain_id"], f"domain {name!r} has domain_id {profile.domain_id}, not {domain_id}")
         if raw_action_dim is not None and raw_action_dim != profile.raw_action_dim:
-            raise invalid(paths["raw_action_dim"],
-                          f"domain {name!r} acts with {profile.raw_action_dim} values per step, not {raw_action_dim}")
+            raise invalid(
+                paths["raw_action_dim"],
+                f"domain {name!r} acts with {profile.raw_action_dim} values per step, not {raw_action_dim}",
+            )
         return name
     if domain_id is None:
-        raise ApiError(ErrorCode.MISSING_FIELD,
-                       f"name the embodiment: `{paths['domain_name']}`, or `{paths['domain_id']}` with "
-                       f"`{paths['raw_action_dim']}`; this model knows: {known}", paths["domain_name"])
+        raise ApiError(
+            ErrorCode.MISSING_FIELD,
+            f"name the embodiment: `{paths['domain_name']}`, or `{paths['domain_id']}` with "
+            f"`{paths['raw_action_dim']}`; this model knows: {known}",
+            paths["domain_name"],
+        )
     sharing = [n for n, d in sorted(domains.items()) if d.domain_id == domain_id]
     if not sharing:
-        raise ApiError(ErrorCode.UNKNOWN_DOMAIN, f"no domain of this model has domain_id {domain_id}; it knows: {known}",
-                       paths["domain_id"])
+        raise ApiError(
+            ErrorCode.UNKNOWN_DOMAIN,
+            f"no domain of this model has domain_id {domain_id}; it knows: {known}",
+            paths["domain_id"],
+        )
     if raw_action_dim is None:
-        raise ApiError(ErrorCode.MISSING_FIELD,
-                       f"`{paths['raw_action_dim']}` is required with `{paths['domain_id']}` (as in SGLang), or send "
-                       f"`{paths['domain_name']}`: domain_id {domain_id} is {', '.join(sharing)}",
-                       paths["raw_action_dim"])
+        raise ApiError(
+            ErrorCode.MISSING_FIELD,
+            f"`{paths['raw_action_dim']}` is required with `{paths['domain_id']}` (as in SGLang), or send "
+            f"`{paths['domain_name']}`: domain_id {domain_id} is {', '.join(sharing)}",
+            paths["raw_action_dim"],
+        )
     matching = [n for n in sharing if domains[n].raw_action_dim == raw_action_dim]
     if not matching:
         widths = ", ".join(f"{n}: {domains[n].raw_action_dim}" for n in sharing)
-        raise invalid(paths["raw_action_dim"],
-                      f"domain_id {domain_id} acts with another width ({widths}), not {raw_action_dim}")
+        raise invalid(
+            paths["raw_action_dim"], f"domain_id {domain_id} acts with another width ({widths}), not {raw_action_dim}"
+        )
     if any(dict(domains[n].raw) != dict(domains[matching[0]].raw) for n in matching[1:]):
-        raise invalid(paths["domain_id"],
-                      f"domain_id {domain_id} with raw_action_dim {raw_action_dim} is any of {', '.join(matching)}, "
-                      f"whose profiles differ (view point, horizon or normalization); send `{paths['domain_name']}`")
+        raise invalid(
+            paths["domain_id"],
+            f"domain_id {domain_id} with raw_action_dim {raw_action_dim} is any of {', '.join(matching)}, "
+            f"whose profiles differ (view point, horizon or normalization); send `{paths['domain_name']}`",
+        )
     return matching[0]
 
 
@@ -220,11 +238,17 @@ def check_normalization(value: Any, domain_name: str, description: ModelDescript
     domain = description.domain(domain_name)
     actual = domain.normalization if domain is not None else None
     if actual is None:
-        raise invalid(path, f"domain {domain_name!r} has no normalization statistics on this server: its actions are "
-                      f"the model's normalized values; leave `{path}` out")
+        raise invalid(
+            path,
+            f"domain {domain_name!r} has no normalization statistics on this server: its actions are "
+            f"the model's normalized values; leave `{path}` out",
+        )
     if kind != actual:
-        raise invalid(path, f"domain {domain_name!r} is denormalized with its {actual} statistics on this server; "
-                      f"`{path}` must name those or be left out")
+        raise invalid(
+            path,
+            f"domain {domain_name!r} is denormalized with its {actual} statistics on this server; "
+            f"`{path}` must name those or be left out",
+        )
 
 
 def frame_rate(fps: Any, action_fps: Any, fps_path: str, action_fps_path: str) -> tuple[float, str] | None:
@@ -232,11 +256,15 @@ def frame_rate(fps: Any, action_fps: Any, fps_path: str, action_fps_path: str) -
 
     Returns the rate and the path it came from, or None when neither was given.
     """
-    rates = [(number(v, p, positive=True), p) for v, p in ((fps, fps_path), (action_fps, action_fps_path))
-             if v is not None]
+    rates = [
+        (number(v, p, positive=True), p) for v, p in ((fps, fps_path), (action_fps, action_fps_path)) if v is not None
+    ]
     if len(rates) == 2 and rates[0][0] != rates[1][0]:
-        raise invalid(action_fps_path, f"this runtime conditions actions and video frames at one rate: "
-                      f"`{action_fps_path}` must equal `{fps_path}` or be left out")
+        raise invalid(
+            action_fps_path,
+            f"this runtime conditions actions and video frames at one rate: "
+            f"`{action_fps_path}` must equal `{fps_path}` or be left out",
+        )
     return rates[0] if rates else None
 
 
@@ -252,15 +280,19 @@ def parse_size(value: Any, path: str) -> tuple[int, int]:
     return height, width
 
 
-def canvas_tier(height: Any, width: Any, description: ModelDescription, *, height_path: str,
-                width_path: str) -> int | None:
+def canvas_tier(
+    height: Any, width: Any, description: ModelDescription, *, height_path: str, width_path: str
+) -> int | None:
     """The tier a ``height`` + ``width`` pair names (:func:`tier_for_size`), None when neither is given."""
     if height is None and width is None:
         return None
     if height is None or width is None:
         missing = height_path if height is None else width_path
-        raise ApiError(ErrorCode.MISSING_FIELD, f"`{height_path}` and `{width_path}` name a canvas together; "
-                       f"`{missing}` is missing", missing)
+        raise ApiError(
+            ErrorCode.MISSING_FIELD,
+            f"`{height_path}` and `{width_path}` name a canvas together; `{missing}` is missing",
+            missing,
+        )
     size = integer(height, height_path, low=1), integer(width, width_path, low=1)
     return tier_for_size(*size, description, height_path)
 
@@ -279,12 +311,19 @@ def tier_for_size(height: int, width: int, description: ModelDescription, path: 
         if matches:
             return min(matches)
         offered = sorted({f"{w}x{h}" for t, sizes in canvases.items() if t in tiers for h, w in sizes})
-        raise ApiError(ErrorCode.UNSUPPORTED_TIER, f"{width}x{height} is not a canvas of this model; choose one of "
-                       f"{', '.join(offered)} (WIDTHxHEIGHT)", path)
+        raise ApiError(
+            ErrorCode.UNSUPPORTED_TIER,
+            f"{width}x{height} is not a canvas of this model; choose one of {', '.join(offered)} (WIDTHxHEIGHT)",
+            path,
+        )
     if min(height, width) in tiers:
         return min(height, width)
-    raise ApiError(ErrorCode.UNSUPPORTED_TIER, f"{width}x{height} names no resolution tier of this model: a tier is "
-                   f"named by its canvas's short side, one of {tiers}", path)
+    raise ApiError(
+        ErrorCode.UNSUPPORTED_TIER,
+        f"{width}x{height} names no resolution tier of this model: a tier is "
+        f"named by its canvas's short side, one of {tiers}",
+        path,
+    )
 
 
 def refuse_guardrails(value: Any, path: str) -> None:

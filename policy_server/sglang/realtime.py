@@ -22,7 +22,8 @@ open: SGLang sends a traceback and closes.
 
 from __future__ import annotations
 
-from typing import Any, Mapping, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 from cosmos3_runtime.requests import ActionChunk
 from robot_clients.protocol import ErrorCode
@@ -68,12 +69,18 @@ class LockstepSession:
             try:
                 frame = unpackb(frame)
             except WireFormatError as exc:
-                raise ApiError(ErrorCode.BAD_FRAME, f"the frame is not valid msgpack: {exc.message}", exc.field) from None
+                raise ApiError(
+                    ErrorCode.BAD_FRAME, f"the frame is not valid msgpack: {exc.message}", exc.field
+                ) from None
         if not isinstance(frame, dict):
             raise ApiError(ErrorCode.BAD_FRAME, f"a frame must be a msgpack map, got {type(frame).__name__}")
         if "type" in frame:
-            raise ApiError(ErrorCode.INVALID_FIELD, "this connection speaks SGLang's lock-step protocol (its first "
-                           "frame had no `type`); send protocol v1 frames on a new connection", "type")
+            raise ApiError(
+                ErrorCode.INVALID_FIELD,
+                "this connection speaks SGLang's lock-step protocol (its first "
+                "frame had no `type`); send protocol v1 frames on a new connection",
+                "type",
+            )
         return parse_action_envelope(frame, self._description, max_items=self._max_items, msgpack_reply=True)
 
     def reply(

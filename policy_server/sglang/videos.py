@@ -18,7 +18,8 @@ guardrails, video-to-video inputs) is refused rather than ignored.
 
 from __future__ import annotations
 
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 import numpy as np
 
@@ -40,14 +41,39 @@ from .parameters import (
 )
 
 # Our VideoCreateParams fields: they keep their meaning.
-NATIVE_FIELDS = ("action", "input_reference", "domain_name", "prompt", "action_mode", "fps", "seed", "num_steps",
-                 "guidance_scale", "resolution_tier", "view_point", "model")
+NATIVE_FIELDS = (
+    "action",
+    "input_reference",
+    "domain_name",
+    "prompt",
+    "action_mode",
+    "fps",
+    "seed",
+    "num_steps",
+    "guidance_scale",
+    "resolution_tier",
+    "view_point",
+    "model",
+)
 # SGLang's names for two of them.
 RENAMED = {"num_inference_steps": "num_steps", "action_view_point": "view_point"}
 # SGLang's fields that are resolved or checked here, never passed on.
-CHECKED_FIELDS = ("action_fps", "domain_id", "raw_action_dim", "action_normalization", "num_frames", "seconds",
-                  "size", "width", "height", "negative_prompt", "n", "num_outputs_per_prompt", "use_guardrails",
-                  "guardrails")
+CHECKED_FIELDS = (
+    "action_fps",
+    "domain_id",
+    "raw_action_dim",
+    "action_normalization",
+    "num_frames",
+    "seconds",
+    "size",
+    "width",
+    "height",
+    "negative_prompt",
+    "n",
+    "num_outputs_per_prompt",
+    "use_guardrails",
+    "guardrails",
+)
 EXTRA_FIELDS = ("extra_body", "extra_json", "extra_params")  # extra_json: how OpenAI's SDK may send extra_body
 # SGLang reads these as server paths or URLs (or takes a video to continue): never read here.
 UNREAD_FIELDS = ("reference_url", "video_path", "video_url", "video_reference")
@@ -85,8 +111,11 @@ def video_fields(fields: Mapping[str, Any], description: ModelDescription, *, de
     _promote_extras(body)
     for name in body:
         if name in UNREAD_FIELDS:
-            raise invalid(name, f"`{name}` is not read here: this server never reads its own files or fetches URLs "
-                          "for a client, and forward_dynamics starts from one image (`input_reference`)")
+            raise invalid(
+                name,
+                f"`{name}` is not read here: this server never reads its own files or fetches URLs "
+                "for a client, and forward_dynamics starts from one image (`input_reference`)",
+            )
         if name not in KNOWN_FIELDS:
             raise invalid(name, f"unknown field `{name}`; known fields: {', '.join(KNOWN_FIELDS)}")
 
@@ -109,8 +138,11 @@ def video_fields(fields: Mapping[str, Any], description: ModelDescription, *, de
         name = description.defaults.domain_name  # our /v1/videos default; width still checked
     if name is not None or domain_id is not None:
         domain = resolve_domain(description, name=name, domain_id=domain_id, raw_action_dim=width, paths=paths)
-        mapped.put("domain_name", domain, "domain_name" if body.get("domain_name") is not None or domain_id is None
-                   else "domain_id")
+        mapped.put(
+            "domain_name",
+            domain,
+            "domain_name" if body.get("domain_name") is not None or domain_id is None else "domain_id",
+        )
         if body.get("action_normalization") is not None:
             check_normalization(body["action_normalization"], domain, description, "action_normalization")
 
@@ -123,16 +155,25 @@ def video_fields(fields: Mapping[str, Any], description: ModelDescription, *, de
     if body.get("num_frames") is not None and rows is not None:
         frames = integer(body["num_frames"], "num_frames", low=2)
         if frames != rows + 1:
-            raise invalid("num_frames", f"{rows} actions roll out {rows + 1} frames (the first frame plus one per "
-                          f"action): `num_frames` must be {rows + 1} or left out, got {frames}")
+            raise invalid(
+                "num_frames",
+                f"{rows} actions roll out {rows + 1} frames (the first frame plus one per "
+                f"action): `num_frames` must be {rows + 1} or left out, got {frames}",
+            )
     if body.get("seconds") is not None and rows is not None:
         seconds = number(body["seconds"], "seconds", positive=True)
         if abs(seconds * fps - (rows + 1)) >= 1.0:
-            raise invalid("seconds", f"the video's length is set by `action`: {rows + 1} frames at {fps:g} fps = "
-                          f"{(rows + 1) / fps:.3f} s; `seconds` must agree or be left out, got {seconds:g}")
+            raise invalid(
+                "seconds",
+                f"the video's length is set by `action`: {rows + 1} frames at {fps:g} fps = "
+                f"{(rows + 1) / fps:.3f} s; `seconds` must agree or be left out, got {seconds:g}",
+            )
 
-    tiers = [(tier_for_size(*parse_size(body["size"], "size"), description, "size"), "size")] \
-        if body.get("size") not in (None, "") else []
+    tiers = (
+        [(tier_for_size(*parse_size(body["size"], "size"), description, "size"), "size")]
+        if body.get("size") not in (None, "")
+        else []
+    )
     tier = canvas_tier(body.get("height"), body.get("width"), description, height_path="height", width_path="width")
     if tier is not None:
         tiers.append((tier, "height"))
@@ -141,8 +182,11 @@ def video_fields(fields: Mapping[str, Any], description: ModelDescription, *, de
     if tiers:
         tier, path = tiers[0]
         if mapped.fields.get("resolution_tier", tier) != tier:
-            raise invalid(path, f"`{path}` is a canvas of resolution tier {tier}, not of `resolution_tier` "
-                          f"{mapped.fields['resolution_tier']}")
+            raise invalid(
+                path,
+                f"`{path}` is a canvas of resolution tier {tier}, not of `resolution_tier` "
+                f"{mapped.fields['resolution_tier']}",
+            )
         mapped.put("resolution_tier", tier, path)
 
     if body.get("negative_prompt") not in (None, ""):
@@ -153,4 +197,3 @@ def video_fields(fields: Mapping[str, Any], description: ModelDescription, *, de
     for name in ("use_guardrails", "guardrails"):
         refuse_guardrails(body.get(name), name)
     return mapped
-

@@ -17,9 +17,10 @@ from __future__ import annotations
 
 import os
 import re
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any
 
 import numpy as np
 
@@ -123,7 +124,8 @@ def check_mp4_structure(path: str | Path) -> None:
     if offset != size or missing:
         raise VideoEncodingError(
             f"ffmpeg wrote an incomplete MP4 ({size} bytes; boxes end at {offset}; missing "
-            f"{sorted(m.decode() for m in missing) or 'none'}): was the disk full?")
+            f"{sorted(m.decode() for m in missing) or 'none'}): was the disk full?"
+        )
 
 
 def read_mp4(path: str | Path) -> np.ndarray:
@@ -158,10 +160,10 @@ def _boxes(data: bytes, start: int, end: int) -> Iterator[tuple[bytes, int, int]
     first box whose size does not fit."""
     offset = start
     while offset + 8 <= end:
-        size, kind = int.from_bytes(data[offset:offset + 4], "big"), data[offset + 4:offset + 8]
+        size, kind = int.from_bytes(data[offset : offset + 4], "big"), data[offset + 4 : offset + 8]
         header = 8
         if size == 1 and offset + 16 <= end:
-            size, header = int.from_bytes(data[offset + 8:offset + 16], "big"), 16
+            size, header = int.from_bytes(data[offset + 8 : offset + 16], "big"), 16
         elif size == 0:
             size = end - offset
         if size < header or offset + size > end:
@@ -179,15 +181,17 @@ def _track_header(data: bytes, start: int, end: int) -> VideoHeader | None:
             if kind in (b"mdia", b"minf", b"stbl") and depth < 3:
                 walk(inner, inner_end, depth + 1)
             elif kind == b"hdlr" and depth == 1 and inner_end - inner >= 12:  # mdia's: the track's media type
-                found["handler"] = data[inner + 8:inner + 12]
+                found["handler"] = data[inner + 8 : inner + 12]
             elif kind == b"stsd" and inner_end - inner >= 8 + 36:
                 # full box (4) + entry count (4), then the first entry: size, format, 6 reserved bytes, data
                 # reference index, 16 bytes of visual-entry fields, then width and height (16 bits each).
                 entry = inner + 8
-                found["sides"] = (int.from_bytes(data[entry + 32:entry + 34], "big"),
-                                  int.from_bytes(data[entry + 34:entry + 36], "big"))
+                found["sides"] = (
+                    int.from_bytes(data[entry + 32 : entry + 34], "big"),
+                    int.from_bytes(data[entry + 34 : entry + 36], "big"),
+                )
             elif kind in (b"stsz", b"stz2") and inner_end - inner >= 12:
-                found["frames"] = int.from_bytes(data[inner + 8:inner + 12], "big")
+                found["frames"] = int.from_bytes(data[inner + 8 : inner + 12], "big")
 
     walk(start, end, 0)
     if found.get("handler") != b"vide" or "sides" not in found:
@@ -206,9 +210,12 @@ def probe_video_header(data: bytes) -> VideoHeader | None:
         return None
     tracks = [
         track
-        for kind, begin, stop in _boxes(data, 0, len(data)) if kind == b"moov"
-        for inner_kind, inner, inner_end in _boxes(data, begin, stop) if inner_kind == b"trak"
-        for track in [_track_header(data, inner, inner_end)] if track is not None
+        for kind, begin, stop in _boxes(data, 0, len(data))
+        if kind == b"moov"
+        for inner_kind, inner, inner_end in _boxes(data, begin, stop)
+        if inner_kind == b"trak"
+        for track in [_track_header(data, inner, inner_end)]
+        if track is not None
     ]
     if not tracks:
         return None
@@ -253,8 +260,9 @@ def read_video_bytes(
     with tempfile.NamedTemporaryFile(prefix="upload-", suffix=".video", dir=workdir) as handle:
         handle.write(data)
         handle.flush()
-        reader = imageio_ffmpeg.read_frames(handle.name, pix_fmt="rgb24", input_params=input_params,
-                                            output_params=["-frames:v", str(max_frames + 1)])
+        reader = imageio_ffmpeg.read_frames(
+            handle.name, pix_fmt="rgb24", input_params=input_params, output_params=["-frames:v", str(max_frames + 1)]
+        )
         try:
             try:
                 meta = reader.__next__()

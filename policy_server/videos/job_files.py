@@ -117,8 +117,11 @@ def has_inputs(folder: Path) -> bool:
 
 
 def stored_input_bytes(folder: Path) -> int:
-    return sum(path.stat().st_size for path in (stored_image(folder), folder / ACTION_FILE)
-               if path is not None and path.is_file())
+    return sum(
+        path.stat().st_size
+        for path in (stored_image(folder), folder / ACTION_FILE)
+        if path is not None and path.is_file()
+    )
 
 
 def read_inputs(folder: Path) -> VideoJobInputs:

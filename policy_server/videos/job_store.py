@@ -32,10 +32,30 @@ import time
 from pathlib import Path
 from typing import Any
 
-from .job_files import (FREE_SPACE_MARGIN_BYTES, JOB_ID_PATTERN, JOBS_DIRNAME, VIDEO_FILE, has_inputs, input_files,
-                        new_job_id, read_inputs, remove_inputs, stored_input_bytes, write_folder)
-from .jobs import (FINISHED, MAX_ATTEMPTS, JobNotFound, RetentionPolicy, StorageFull, VideoJob, VideoJobInputs,
-                   VideoJobStatus, disk_full)
+from .job_files import (
+    FREE_SPACE_MARGIN_BYTES,
+    JOB_ID_PATTERN,
+    JOBS_DIRNAME,
+    VIDEO_FILE,
+    has_inputs,
+    input_files,
+    new_job_id,
+    read_inputs,
+    remove_inputs,
+    stored_input_bytes,
+    write_folder,
+)
+from .jobs import (
+    FINISHED,
+    MAX_ATTEMPTS,
+    JobNotFound,
+    RetentionPolicy,
+    StorageFull,
+    VideoJob,
+    VideoJobInputs,
+    VideoJobStatus,
+    disk_full,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -68,7 +88,6 @@ CREATE INDEX IF NOT EXISTS video_jobs_status_created ON video_jobs (status, crea
 _MIGRATIONS = {  # from schema version N to N + 1
     1: "ALTER TABLE video_jobs ADD COLUMN input_bytes INTEGER NOT NULL DEFAULT 0",
 }
-
 
 
 class VideoJobStore:
@@ -106,8 +125,10 @@ class VideoJobStore:
 
     def _count_stored_inputs(self) -> None:
         with self._lock:
-            rows = self._db.execute("SELECT id FROM video_jobs WHERE status IN (?, ?)",
-                                    (VideoJobStatus.QUEUED.value, VideoJobStatus.IN_PROGRESS.value)).fetchall()
+            rows = self._db.execute(
+                "SELECT id FROM video_jobs WHERE status IN (?, ?)",
+                (VideoJobStatus.QUEUED.value, VideoJobStatus.IN_PROGRESS.value),
+            ).fetchall()
         for row in rows:
             self._update(row["id"], input_bytes=stored_input_bytes(self.jobs_dir / row["id"]))
 
@@ -166,8 +187,10 @@ class VideoJobStore:
             except OSError:
                 free = None
             if free is not None and free < job.input_bytes + FREE_SPACE_MARGIN_BYTES:
-                raise StorageFull(f"the data directory's disk has {free} bytes free; this job's inputs need "
-                                  f"{job.input_bytes} and the job table some room to grow")
+                raise StorageFull(
+                    f"the data directory's disk has {free} bytes free; this job's inputs need "
+                    f"{job.input_bytes} and the job table some room to grow"
+                )
             try:
                 write_folder(staging, final, files)
                 with self._lock:
@@ -200,7 +223,8 @@ class VideoJobStore:
                 f"the video store is at its limit (--video-storage-mib, {limit / 2**20:.1f} MiB): jobs still to "
                 f"run and finished videos take {stored / 2**20:.1f} MiB and this job's inputs "
                 f"{needed / 2**20:.2f} MiB. Retry once queued jobs have run, or delete finished ones",
-                cap=True)
+                cap=True,
+            )
 
     def get(self, job_id: str) -> VideoJob:
         self.job_dir(job_id)  # validates the id
@@ -262,14 +286,21 @@ class VideoJobStore:
                     self._db.execute(
                         "UPDATE video_jobs SET status = ?, completed_at = ?, error_code = ?, error_message = ?, "
                         "input_bytes = 0 WHERE id = ?",
-                        (VideoJobStatus.FAILED.value, time.time(), "interrupted",
-                         f"the server stopped while running this job {job.attempts} times; it will not run again",
-                         job.id),
+                        (
+                            VideoJobStatus.FAILED.value,
+                            time.time(),
+                            "interrupted",
+                            f"the server stopped while running this job {job.attempts} times; it will not run again",
+                            job.id,
+                        ),
                     )
                     self._drop_inputs(job.id)
                     continue
                 job.status, job.started_at, job.attempts, job.progress = (
-                    VideoJobStatus.IN_PROGRESS, time.time(), job.attempts + 1, 0,
+                    VideoJobStatus.IN_PROGRESS,
+                    time.time(),
+                    job.attempts + 1,
+                    0,
                 )
                 self._db.execute(
                     "UPDATE video_jobs SET status = ?, started_at = ?, attempts = ?, progress = 0 WHERE id = ?",
@@ -290,12 +321,20 @@ class VideoJobStore:
     def set_progress(self, job_id: str, progress: int) -> bool:
         return self._update(job_id, progress=int(progress))
 
-    def complete(self, job_id: str, *, result_bytes: int, frames: int, width: int, height: int,
-                 timing: dict[str, float]) -> bool:
+    def complete(
+        self, job_id: str, *, result_bytes: int, frames: int, width: int, height: int, timing: dict[str, float]
+    ) -> bool:
         """Record a finished video (already at :meth:`video_path`). False if the job was deleted meanwhile."""
         recorded = self._update(
-            job_id, status=VideoJobStatus.COMPLETED, progress=100, completed_at=time.time(),
-            result_bytes=result_bytes, result_frames=frames, width=width, height=height, timing=timing,
+            job_id,
+            status=VideoJobStatus.COMPLETED,
+            progress=100,
+            completed_at=time.time(),
+            result_bytes=result_bytes,
+            result_frames=frames,
+            width=width,
+            height=height,
+            timing=timing,
             input_bytes=0,
         )
         if recorded:
@@ -304,8 +343,13 @@ class VideoJobStore:
 
     def fail(self, job_id: str, code: str, message: str, field: str | None = None) -> bool:
         recorded = self._update(
-            job_id, status=VideoJobStatus.FAILED, completed_at=time.time(),
-            error_code=code, error_message=message, error_field=field, input_bytes=0,
+            job_id,
+            status=VideoJobStatus.FAILED,
+            completed_at=time.time(),
+            error_code=code,
+            error_message=message,
+            error_field=field,
+            input_bytes=0,
         )
         if recorded:
             self._drop_inputs(job_id)
@@ -348,8 +392,12 @@ class VideoJobStore:
             elif (entry / (VIDEO_FILE + ".partial")).exists():
                 (entry / (VIDEO_FILE + ".partial")).unlink(missing_ok=True)
         if requeued or failed or strays:
-            logger.info("video jobs recovered: %d re-queued, %d failed (inputs lost), %d stray folder(s) removed",
-                        requeued, failed, strays)
+            logger.info(
+                "video jobs recovered: %d re-queued, %d failed (inputs lost), %d stray folder(s) removed",
+                requeued,
+                failed,
+                strays,
+            )
         return {"requeued": requeued, "failed": failed, "strays": strays}
 
     def expires_at(self, job: VideoJob) -> float | None:

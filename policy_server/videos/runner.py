@@ -32,8 +32,9 @@ import shutil
 import sqlite3
 import time
 import uuid
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import Any, Awaitable, Callable
+from typing import Any
 
 import numpy as np
 
@@ -105,8 +106,9 @@ def video_request(params: dict[str, Any], image: np.ndarray, action: np.ndarray)
 class VideoRolloutTask:
     """One job's rollout, as a background task of the request queue (runs on the engine worker)."""
 
-    def __init__(self, job_id: str, request: VideoRequest, loop: asyncio.AbstractEventLoop,
-                 on_started: Callable[[str], None]) -> None:
+    def __init__(
+        self, job_id: str, request: VideoRequest, loop: asyncio.AbstractEventLoop, on_started: Callable[[str], None]
+    ) -> None:
         self.job_id = job_id
         self.request = request
         self.owner = self  # the queue reports back to the task's owner, like to a session
@@ -137,21 +139,27 @@ class VideoRolloutTask:
         except EngineLost:
             raise  # not the job's failure: the worker queues the job again on another engine
         except Exception as exc:  # noqa: BLE001 - a failure is the result (the client's, or ours with a reference)
-            return VideoRolloutResult(error=engine_failure(exc, "job", f"video job {self.job_id}"),
-                                      engine_s=time.monotonic() - t0)
-        return VideoRolloutResult(frames=result.frames, fps=result.fps, seed=result.seed,
-                                  timing=result.timing.as_dict(), engine_s=time.monotonic() - t0)
+            return VideoRolloutResult(
+                error=engine_failure(exc, "job", f"video job {self.job_id}"), engine_s=time.monotonic() - t0
+            )
+        return VideoRolloutResult(
+            frames=result.frames,
+            fps=result.fps,
+            seed=result.seed,
+            timing=result.timing.as_dict(),
+            engine_s=time.monotonic() - t0,
+        )
 
     # The queue's owner interface, called on the event loop.
-    def on_result(self, task: "VideoRolloutTask", result: VideoRolloutResult) -> None:
+    def on_result(self, task: VideoRolloutTask, result: VideoRolloutResult) -> None:
         if not self.done.done():
             self.done.set_result(result)
 
-    def on_dropped(self, task: "VideoRolloutTask", reason: str) -> None:
+    def on_dropped(self, task: VideoRolloutTask, reason: str) -> None:
         if not self.done.done():
             self.done.set_result(None)  # never ran (the queue closed): the job goes back to queued
 
-    def on_timeout(self, task: "VideoRolloutTask", error: CodedError) -> None:
+    def on_timeout(self, task: VideoRolloutTask, error: CodedError) -> None:
         """The watchdog abandoned the hung engine call of this rollout: the job fails (not re-queued, so a
         job that hangs the engine cannot do it again and again)."""
         if not self.done.done():
@@ -162,8 +170,14 @@ class VideoRolloutTask:
 class VideoJobRunner:
     """Feeds the store's queued jobs to the engine worker, one at a time, and records their outcomes."""
 
-    def __init__(self, store: VideoJobStore, queue: RequestQueue, metrics: ServerMetrics | None = None,
-                 sweep_interval_s: float = SWEEP_INTERVAL_S, recover_pending: bool = False) -> None:
+    def __init__(
+        self,
+        store: VideoJobStore,
+        queue: RequestQueue,
+        metrics: ServerMetrics | None = None,
+        sweep_interval_s: float = SWEEP_INTERVAL_S,
+        recover_pending: bool = False,
+    ) -> None:
         self.store = store
         self.queue = queue
         self.metrics = metrics
@@ -198,14 +212,19 @@ class VideoJobRunner:
         try:
             await asyncio.wait_for(asyncio.shield(self._task), timeout)
         except asyncio.TimeoutError:
-            logger.warning("video job %s did not finish before shutdown; it will run again at the next start",
-                           self.current.job_id if self.current else "?")
+            logger.warning(
+                "video job %s did not finish before shutdown; it will run again at the next start",
+                self.current.job_id if self.current else "?",
+            )
             self._task.cancel()
         except Exception:  # noqa: BLE001 - already logged by _main
             pass
         if self.unrecorded:
-            logger.warning("%d video job(s) failed while the disk was full and could not be recorded so; they "
-                           "stay in_progress and run again at the next start", len(self.unrecorded))
+            logger.warning(
+                "%d video job(s) failed while the disk was full and could not be recorded so; they "
+                "stay in_progress and run again at the next start",
+                len(self.unrecorded),
+            )
 
     async def _main(self, engine_ready: Awaitable[Any]) -> None:
         try:
@@ -244,9 +263,9 @@ class VideoJobRunner:
     async def _settle(self) -> bool:
         """Write what the disk refused before: final outcomes first, then the recovery at start (which
         would otherwise put those jobs back in the queue). True once nothing is left to write."""
-        for job_id, (code, message, field) in list(self.unrecorded.items()):
+        for job_id, (code, message, field_name) in list(self.unrecorded.items()):
             try:
-                await asyncio.to_thread(self.store.fail, job_id, code, message, field)
+                await asyncio.to_thread(self.store.fail, job_id, code, message, field_name)
             except (sqlite3.Error, OSError) as exc:
                 self._disk_is_full(exc)
                 return False
@@ -260,8 +279,11 @@ class VideoJobRunner:
                 return False
             self.recover_pending = False
         if self._disk_full_since is not None:
-            logger.info("the data directory %s has room again after %.0f s", self.store.data_dir,
-                        time.monotonic() - self._disk_full_since)
+            logger.info(
+                "the data directory %s has room again after %.0f s",
+                self.store.data_dir,
+                time.monotonic() - self._disk_full_since,
+            )
             self._disk_full_since = None
         return True
 
@@ -269,9 +291,14 @@ class VideoJobRunner:
         """Log the moment the store stops accepting writes (once, not at every retry)."""
         if self._disk_full_since is None:
             self._disk_full_since = time.monotonic()
-            logger.warning("the data directory %s refuses writes (%s): video jobs wait, and %d outcome(s) will be "
-                           "recorded once it has room (retried every %.0f s)", self.store.data_dir, exc,
-                           len(self.unrecorded), RECHECK_INTERVAL_S)
+            logger.warning(
+                "the data directory %s refuses writes (%s): video jobs wait, and %d outcome(s) will be "
+                "recorded once it has room (retried every %.0f s)",
+                self.store.data_dir,
+                exc,
+                len(self.unrecorded),
+                RECHECK_INTERVAL_S,
+            )
 
     async def _fail(self, job_id: str, code: str, message: str, field: str | None = None) -> None:
         """Record a job's failure; if the disk refuses even that, keep it for :meth:`_settle` (a job always
@@ -304,7 +331,9 @@ class VideoJobRunner:
             inputs = await asyncio.to_thread(self.store.load_inputs, job.id)
         except (OSError, ValueError, JobNotFound):
             if await self._exists(job.id):
-                await self._fail(job.id, "inputs_lost", "this job's input files could not be read from the data directory")
+                await self._fail(
+                    job.id, "inputs_lost", "this job's input files could not be read from the data directory"
+                )
                 self.failed += 1
             return
         request = video_request(job.params, inputs.image, inputs.action)
@@ -343,8 +372,9 @@ class VideoJobRunner:
         try:
             encode_started = time.monotonic()
             encoded = await asyncio.to_thread(encode_mp4, result.frames, result.fps, self.store.video_path(job.id))
-            timing = dict(result.timing, encode_mp4_ms=(time.monotonic() - encode_started) * 1e3,
-                          queue_ms=queue_s * 1e3)
+            timing = dict(
+                result.timing, encode_mp4_ms=(time.monotonic() - encode_started) * 1e3, queue_ms=queue_s * 1e3
+            )
         except (VideoEncodingError, OSError) as exc:
             if not await self._exists(job.id):
                 return  # deleted while it ran: its folder is gone, nothing to record
@@ -352,20 +382,38 @@ class VideoJobRunner:
             self.failed += 1
             if storage_full(exc, self.store.data_dir):
                 # encode_mp4 removed its partial file: no half-written result is left behind.
-                logger.error("video job %s: the data directory %s is full (ref %s): %s", job.id, self.store.data_dir,
-                             reference, exc)
-                code, message = STORAGE_FULL, (f"the server's disk for results is full; the video was not stored "
-                                               f"(ref {reference}). Resubmit once space is freed")
+                logger.error(
+                    "video job %s: the data directory %s is full (ref %s): %s",
+                    job.id,
+                    self.store.data_dir,
+                    reference,
+                    exc,
+                )
+                code, message = (
+                    STORAGE_FULL,
+                    (
+                        f"the server's disk for results is full; the video was not stored "
+                        f"(ref {reference}). Resubmit once space is freed"
+                    ),
+                )
             else:
                 logger.error("video job %s: encoding failed (ref %s): %s", job.id, reference, exc)
-                code, message = ErrorCode.ENGINE_ERROR, f"the video could not be encoded; the server log has details (ref {reference})"
+                code, message = (
+                    ErrorCode.ENGINE_ERROR,
+                    f"the video could not be encoded; the server log has details (ref {reference})",
+                )
             await self._fail(job.id, code, message)
             self._observe(job, queue_s, result, code)
             return
         try:
             recorded = await asyncio.to_thread(
-                self.store.complete, job.id, result_bytes=encoded.num_bytes, frames=encoded.frames,
-                width=encoded.width, height=encoded.height, timing=timing,
+                self.store.complete,
+                job.id,
+                result_bytes=encoded.num_bytes,
+                frames=encoded.frames,
+                width=encoded.width,
+                height=encoded.height,
+                timing=timing,
             )
         except (sqlite3.Error, OSError) as exc:
             # The disk filled up between the MP4 and its record: drop the unrecorded file (it frees the
@@ -375,8 +423,13 @@ class VideoJobRunner:
             self.store.video_path(job.id).unlink(missing_ok=True)
             self.failed += 1
             code = STORAGE_FULL if storage_full(exc, self.store.data_dir) else ErrorCode.ENGINE_ERROR
-            await self._fail(job.id, code, f"the result could not be stored (ref {reference}); the server's disk is full"
-                             if code == STORAGE_FULL else f"the result could not be stored (ref {reference})")
+            await self._fail(
+                job.id,
+                code,
+                f"the result could not be stored (ref {reference}); the server's disk is full"
+                if code == STORAGE_FULL
+                else f"the result could not be stored (ref {reference})",
+            )
             self._observe(job, queue_s, result, code)
             return
         if not recorded:  # deleted while it was being encoded: drop the file the delete missed

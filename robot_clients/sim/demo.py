@@ -86,8 +86,12 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="cosmos3-demo-mujoco", description=__doc__.split("\n\n")[0])
     parser.add_argument("--duration", type=float, default=20.0, help="seconds of closed-loop control (default 20)")
     parser.add_argument("--control-hz", type=float, default=20.0, help="control rate (default 20)")
-    parser.add_argument("--strategy", default="rtc", choices=[s.value for s in ChunkStrategy],
-                        help="how chunks are merged (default rtc: real-time chunking)")
+    parser.add_argument(
+        "--strategy",
+        default="rtc",
+        choices=[s.value for s in ChunkStrategy],
+        help="how chunks are merged (default rtc: real-time chunking)",
+    )
     parser.add_argument("--horizon", type=int, default=16, help="actions per chunk (default 16)")
     parser.add_argument("--execute-horizon", type=int, default=8, help="actions executed of each chunk (default 8)")
     parser.add_argument("--domain", default="bridge_orig_lerobot", help="embodiment the model acts as")
@@ -98,8 +102,11 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--no-video", dest="video", action="store_false", help="skip writing the video")
     parser.add_argument("--image-size", type=int, default=224, help="camera resolution, square (default 224)")
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--record-dir", default=None,
-                        help="the started server records the session there, as a LeRobot dataset (docs/recording.md)")
+    parser.add_argument(
+        "--record-dir",
+        default=None,
+        help="the started server records the session there, as a LeRobot dataset (docs/recording.md)",
+    )
     return parser
 
 
@@ -118,20 +125,33 @@ def run_demo(args: argparse.Namespace) -> dict:
         started = time.monotonic()
         # connect() retries while the server builds and warms the model (it answers 503 until then).
         with PolicyClient(url, connect_timeout=300.0) as client:
-            print(f"connected to {url} after {time.monotonic() - started:.1f} s "
-                  f"({client.metadata.get('variant')} model)", flush=True)
-            client.configure(domain_name=args.domain, action_horizon=args.horizon, prompt=args.prompt,
-                             seed=args.seed)
-            env = MujocoArmEnv(ArmEnvConfig(control_hz=args.control_hz, image_height=args.image_size,
-                                            image_width=args.image_size, wrist_camera=False, seed=args.seed))
+            print(
+                f"connected to {url} after {time.monotonic() - started:.1f} s ({client.metadata.get('variant')} model)",
+                flush=True,
+            )
+            client.configure(domain_name=args.domain, action_horizon=args.horizon, prompt=args.prompt, seed=args.seed)
+            env = MujocoArmEnv(
+                ArmEnvConfig(
+                    control_hz=args.control_hz,
+                    image_height=args.image_size,
+                    image_width=args.image_size,
+                    wrist_camera=False,
+                    seed=args.seed,
+                )
+            )
             recorder = RolloutRecorder()
-            config = ChunkerConfig(strategy=args.strategy, control_hz=args.control_hz,
-                                   execute_horizon=args.execute_horizon)
+            config = ChunkerConfig(
+                strategy=args.strategy, control_hz=args.control_hz, execute_horizon=args.execute_horizon
+            )
             with env, ActionChunker(RemoteChunkPolicy(client), config, on_chunk=recorder.on_chunk) as chunker:
-                loop = ControlLoop(env, ChunkingAgent(chunker), [recorder], control_hz=args.control_hz,
-                                   max_episode_s=args.duration)
-                print(f"running the arm for {args.duration:.0f} s at {args.control_hz:g} Hz "
-                      f"({args.strategy}, {args.execute_horizon} of {args.horizon} actions per chunk)...", flush=True)
+                loop = ControlLoop(
+                    env, ChunkingAgent(chunker), [recorder], control_hz=args.control_hz, max_episode_s=args.duration
+                )
+                print(
+                    f"running the arm for {args.duration:.0f} s at {args.control_hz:g} Hz "
+                    f"({args.strategy}, {args.execute_horizon} of {args.horizon} actions per chunk)...",
+                    flush=True,
+                )
                 report = loop.run_episode()
                 client_dropped = dict(client.stats.dropped)
     finally:
@@ -141,8 +161,12 @@ def run_demo(args: argparse.Namespace) -> dict:
     summary = report.summary()
     if args.record_dir and server is not None:  # stopped gracefully: the recorder published the episode
         summary["recordings"] = sorted(str(p) for p in Path(args.record_dir).iterdir() if not p.name.startswith("."))
-    summary.update(strategy=args.strategy, horizon=args.horizon, execute_horizon=args.execute_horizon,
-                   server_dropped_by_reason=client_dropped)
+    summary.update(
+        strategy=args.strategy,
+        horizon=args.horizon,
+        execute_horizon=args.execute_horizon,
+        server_dropped_by_reason=client_dropped,
+    )
     output = Path(args.output_dir)
     output.mkdir(parents=True, exist_ok=True)
     if args.video:
@@ -161,7 +185,8 @@ def format_summary(summary: dict) -> str:
         "closed-loop MuJoCo demo",
         f"  control rate achieved   {summary['achieved_hz']:.2f} Hz (target {summary['target_hz']:g} Hz, "
         f"{summary['steps']} steps in {summary['duration_s']:.1f} s, {summary['missed_ticks']} missed ticks)",
-        f"  chunk latency           p50 {ms(summary['chunk_latency_p50_ms'])}, p99 {ms(summary['chunk_latency_p99_ms'])} "
+        f"  chunk latency           p50 {ms(summary['chunk_latency_p50_ms'])}, "
+        f"p99 {ms(summary['chunk_latency_p99_ms'])} "
         f"({summary['chunks']} chunks)",
         f"  boundary stalls         {summary['stalls']} ({summary['stall_steps']} steps held)",
         f"  dropped observations    {summary['dropped']} (errors {summary['errors']}, "

@@ -114,7 +114,7 @@ class MujocoArmEnv(Environment):
         mujoco = self._mujoco
         mujoco.mj_resetDataKeyframe(self.model, self.data, self._home_key)
         jitter = self._rng.uniform(-self.config.cube_jitter, self.config.cube_jitter, size=2)
-        self.data.qpos[self._cube_qpos:self._cube_qpos + 2] += jitter
+        self.data.qpos[self._cube_qpos : self._cube_qpos + 2] += jitter
         mujoco.mj_forward(self.model, self.data)
         self.steps = 0
 
@@ -164,7 +164,7 @@ class MujocoArmEnv(Environment):
     def close(self) -> None:
         self._renderer.close()
 
-    def __enter__(self) -> "MujocoArmEnv":
+    def __enter__(self) -> MujocoArmEnv:
         return self
 
     def __exit__(self, *exc_info: object) -> None:

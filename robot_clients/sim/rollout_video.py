@@ -50,8 +50,17 @@ class RolloutRecorder(Subscriber):
     def on_chunk(self, record: ChunkRecord) -> None:
         self.chunks.append(record)
 
-    def write_video(self, path: str | Path, fps: float, *, dims: int = 4, past_steps: int = 40,
-                    future_steps: int = 20, panel_height: int = 448, title: str = "") -> Path:
+    def write_video(
+        self,
+        path: str | Path,
+        fps: float,
+        *,
+        dims: int = 4,
+        past_steps: int = 40,
+        future_steps: int = 20,
+        panel_height: int = 448,
+        title: str = "",
+    ) -> Path:
         """Write the rollout as an H.264 MP4 at ``fps`` (the control rate plays it in real time)."""
         import imageio.v2 as imageio
 
@@ -62,12 +71,21 @@ class RolloutRecorder(Subscriber):
         executed = np.stack(self.actions)
         dims = min(dims, executed.shape[1])
         ranges = self._value_ranges(executed, dims)
-        with imageio.get_writer(path, fps=fps, codec="libx264", quality=7, macro_block_size=16,
-                                ffmpeg_log_level="error") as writer:
+        with imageio.get_writer(
+            path, fps=fps, codec="libx264", quality=7, macro_block_size=16, ffmpeg_log_level="error"
+        ) as writer:
             for step, frame in enumerate(self.frames):
                 camera = _resize(frame, panel_height)
-                plot = self._plot(step, executed, dims, ranges, past_steps, future_steps,
-                                  (camera.shape[1] // 16 * 16 or 16, panel_height), title)
+                plot = self._plot(
+                    step,
+                    executed,
+                    dims,
+                    ranges,
+                    past_steps,
+                    future_steps,
+                    (camera.shape[1] // 16 * 16 or 16, panel_height),
+                    title,
+                )
                 writer.append_data(np.concatenate([camera[:, : camera.shape[1] // 16 * 16], plot], axis=1))
         return path
 
@@ -77,8 +95,17 @@ class RolloutRecorder(Subscriber):
         low, high = np.percentile(stacked, 1, axis=0), np.percentile(stacked, 99, axis=0)
         return [(float(lo) - 0.1, float(hi) + 0.1) for lo, hi in zip(low, high)]
 
-    def _plot(self, step: int, executed: np.ndarray, dims: int, ranges: list[tuple[float, float]],
-              past: int, future: int, size: tuple[int, int], title: str) -> np.ndarray:
+    def _plot(
+        self,
+        step: int,
+        executed: np.ndarray,
+        dims: int,
+        ranges: list[tuple[float, float]],
+        past: int,
+        future: int,
+        size: tuple[int, int],
+        title: str,
+    ) -> np.ndarray:
         from PIL import Image, ImageDraw
 
         width, height = size
@@ -104,7 +131,7 @@ class RolloutRecorder(Subscriber):
             top = header + d * row_height
             low, high = ranges[d]
 
-            def y_of(v: float) -> float:
+            def y_of(v: float, top: float = top, low: float = low, high: float = high) -> float:
                 return top + row_height - 4 - (v - low) / (high - low) * (row_height - 8)
 
             draw.rectangle([margin, top + 2, width - margin, top + row_height - 2], outline=(60, 62, 68))

@@ -11,13 +11,13 @@ import asyncio
 import contextlib
 import time
 import uuid
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
 
 from cosmos3_runtime.requests import ActionRequest
-
 from robot_clients.protocol import DropReason
 from robot_clients.wire_codec import packb
 
@@ -26,14 +26,21 @@ from ...engine.outcome import EngineOutcome
 from ...engine.request_queue import PendingObservation, QueueClosed
 from ...sessions.config import settings_used
 from ...sglang.action_reply import build_reply
-from .. import codecs as http_codecs, requests as http_requests, turns as http_turns
+from .. import codecs as http_codecs
+from .. import requests as http_requests
+from .. import turns as http_turns
 from ..bodies import ERROR_RESPONSES, body_schema, read_fields
 from ..context import SidecarParts
-from ..sglang_bodies import ACTION_UPLOADS, sglang_envelope, sglang_requests
 from ..errors import ApiError, HttpErrorCode
 from ..schemas import (
-    ActionArray, ActionGeneration, ActionGenerationItem, ActionGenerationParams, ActionUsage, ErrorResponse,
+    ActionArray,
+    ActionGeneration,
+    ActionGenerationItem,
+    ActionGenerationParams,
+    ActionUsage,
+    ErrorResponse,
 )
+from ..sglang_bodies import ACTION_UPLOADS, sglang_envelope, sglang_requests
 
 
 class OneShotActionWaiter:
@@ -59,11 +66,14 @@ def router(parts: SidecarParts) -> APIRouter:
     settings = parts.settings
 
     @routes.post(
-        "/v1/actions/generations", response_model=ActionGeneration,
+        "/v1/actions/generations",
+        response_model=ActionGeneration,
         summary="One chunk of actions for one observation (policy or inverse_dynamics)",
-        responses={**ERROR_RESPONSES, 200: {"content": {http_codecs.MSGPACK_TYPE: {}},
-                                            "description": "JSON, or msgpack when Accept asks for it"},
-                   429: {"model": ErrorResponse, "description": "this client has too many requests in flight"}},
+        responses={
+            **ERROR_RESPONSES,
+            200: {"content": {http_codecs.MSGPACK_TYPE: {}}, "description": "JSON, or msgpack when Accept asks for it"},
+            429: {"model": ErrorResponse, "description": "this client has too many requests in flight"},
+        },
         openapi_extra=body_schema(ActionGenerationParams, {"image": "PNG, JPEG or WebP", "video": "MP4/WebM clip"}),
     )
     async def generate_actions(request: Request) -> Any:
@@ -79,23 +89,29 @@ def router(parts: SidecarParts) -> APIRouter:
         envelope = sglang_envelope(fields, kind)
         if envelope is not None:
             return await _generate_for_sglang(envelope, description, client, received, as_msgpack)
-        action_request = await asyncio.to_thread(http_requests.action_request, fields, description,
-                                                 parts.media_limits(description))
+        action_request = await asyncio.to_thread(
+            http_requests.action_request, fields, description, parts.media_limits(description)
+        )
         item, outcome = await _run(action_request, client, received)
         chunk = outcome.chunk
         generation = ActionGeneration(
             id=f"actgen_{uuid.uuid4().hex}",
             created=int(time.time()),
             model=description.model,
-            data=[ActionGenerationItem(index=0, action=ActionArray(
-                shape=list(chunk.actions.shape),
-                values=http_requests.actions_payload(chunk.actions, as_msgpack),
-                action_mode=chunk.action_mode,
-                domain_name=chunk.domain_name,
-                domain_id=chunk.domain_id,
-                raw_action_dim=chunk.raw_action_dim,
-                **settings_used(action_request, description),
-            ))],
+            data=[
+                ActionGenerationItem(
+                    index=0,
+                    action=ActionArray(
+                        shape=list(chunk.actions.shape),
+                        values=http_requests.actions_payload(chunk.actions, as_msgpack),
+                        action_mode=chunk.action_mode,
+                        domain_name=chunk.domain_name,
+                        domain_id=chunk.domain_id,
+                        raw_action_dim=chunk.raw_action_dim,
+                        **settings_used(action_request, description),
+                    ),
+                )
+            ],
             usage=ActionUsage(
                 num_steps=chunk.num_steps,
                 seed=chunk.seed,
@@ -111,43 +127,56 @@ def router(parts: SidecarParts) -> APIRouter:
             return Response(packb(body), media_type=http_codecs.MSGPACK_TYPE)
         return generation
 
-    async def _generate_for_sglang(envelope: dict[str, Any], description: ModelDescription, client: str,
-                                   received: float, as_msgpack: bool) -> Any:
+    async def _generate_for_sglang(
+        envelope: dict[str, Any], description: ModelDescription, client: str, received: float, as_msgpack: bool
+    ) -> Any:
         """SGLang's envelope: one engine request per batch item and candidate, answered in its reply.
 
         Every item waits in the calling client's one turn, and each item past the first takes one more of
         the client's places in flight (the request's own place covers the first), so a batch is bounded
         by the same per-client limit as separate requests."""
         limits = parts.media_limits(description)
-        call, requests = await asyncio.to_thread(sglang_requests, envelope, description, limits,
-                                                 parts.host.settings.max_batch, as_msgpack)
+        call, requests = await asyncio.to_thread(
+            sglang_requests, envelope, description, limits, parts.host.settings.max_batch, as_msgpack
+        )
         with contextlib.ExitStack() as places:
             for _ in requests[1:]:
                 places.enter_context(parts.turns.admit(client))
-            runs = [asyncio.ensure_future(_run(action_request, client, received, item.relabel))
-                    for action_request, item in zip(requests, call.items)]
+            runs = [
+                asyncio.ensure_future(_run(action_request, client, received, item.relabel))
+                for action_request, item in zip(requests, call.items)
+            ]
             try:
                 results = await asyncio.gather(*runs)
             finally:
                 for run in runs:
                     run.cancel()
-        timings = {"queue_ms": max(item.queue_ms for item, _ in results),
-                   "model_ms": max(outcome.engine_ms for _, outcome in results),
-                   "total_ms": (time.monotonic() - received) * 1e3}
-        reply = build_reply(call, [outcome.chunk for _, outcome in results], model=description.model,
-                            timings=timings)
+        timings = {
+            "queue_ms": max(item.queue_ms for item, _ in results),
+            "model_ms": max(outcome.engine_ms for _, outcome in results),
+            "total_ms": (time.monotonic() - received) * 1e3,
+        }
+        reply = build_reply(call, [outcome.chunk for _, outcome in results], model=description.model, timings=timings)
         if as_msgpack:
             return Response(packb(reply), media_type=http_codecs.MSGPACK_TYPE)
         return JSONResponse(reply)
 
-    async def _run(action_request: ActionRequest, client: str, received: float,
-                   relabel: Callable[[ApiError], ApiError] = lambda error: error,
-                   ) -> tuple[PendingObservation, EngineOutcome]:
+    async def _run(
+        action_request: ActionRequest,
+        client: str,
+        received: float,
+        relabel: Callable[[ApiError], ApiError] = lambda error: error,
+    ) -> tuple[PendingObservation, EngineOutcome]:
         """Put one request in the queue in ``client``'s turn and wait for its chunk (or raise its error)."""
         waiter = OneShotActionWaiter(asyncio.get_running_loop())
         item = PendingObservation(
-            session_id=f"http-{uuid.uuid4().hex[:12]}", seq=0, request=action_request, owner=waiter,
-            received_at=received, decode_ms=(time.monotonic() - received) * 1e3, turn=client,
+            session_id=f"http-{uuid.uuid4().hex[:12]}",
+            seq=0,
+            request=action_request,
+            owner=waiter,
+            received_at=received,
+            decode_ms=(time.monotonic() - received) * 1e3,
+            turn=client,
         )
         queue = parts.host.queue
         try:
@@ -161,8 +190,9 @@ def router(parts: SidecarParts) -> APIRouter:
             item.cancelled = True
             if isinstance(exc, asyncio.CancelledError):  # another item of its batch failed: nobody waits
                 raise
-            raise ApiError(HttpErrorCode.TIMEOUT,
-                           f"no engine slot within {settings.action_timeout_s:.0f} s; retry later") from None
+            raise ApiError(
+                HttpErrorCode.TIMEOUT, f"no engine slot within {settings.action_timeout_s:.0f} s; retry later"
+            ) from None
         if isinstance(outcome, str):  # dropped
             code = HttpErrorCode.SHUTTING_DOWN if outcome == DropReason.SHUTDOWN else HttpErrorCode.TIMEOUT
             raise ApiError(code, f"the request was dropped ({outcome})")

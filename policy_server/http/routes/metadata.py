@@ -14,11 +14,11 @@ from fastapi.responses import JSONResponse, Response
 
 from ...metadata import engine_state, health, http_action_metadata, sglang_keys
 from ...metrics import PROMETHEUS_CONTENT_TYPE
+from ...sessions.host import SessionHost
 from ...sglang.metadata import merge_metadata
 from ...videos.encoding import MP4_MEDIA_TYPE
 from .. import codecs as http_codecs
 from ..context import SidecarParts
-from ...sessions.host import SessionHost
 from ..schemas import ActionMetadata, ErrorResponse, Health, Readiness
 from ..settings import SidecarSettings
 
@@ -27,22 +27,34 @@ def http_metadata(host: SessionHost, settings: SidecarSettings, max_buffered_bod
     """The ``/v1/actions/metadata`` body: the model's description (the one builder in
     :mod:`policy_server.metadata`, shared with the WebSocket hello and openpi's metadata), with this
     sidecar's own limits and capabilities (``settings``) and SGLang's keys (``docs/sglang.md``) merged in."""
-    return ActionMetadata(**merge_metadata(http_action_metadata(host, dict(
-        max_body_bytes=settings.max_body_bytes,
-        max_decoded_bytes=settings.max_decoded_bytes,
-        max_json_values=settings.max_json_values,
-        max_buffered_body_bytes=max_buffered_body_bytes,
-        http_header_timeout_s=settings.connections.header_timeout_s,
-        http_body_timeout_s=settings.connections.body_timeout_s,
-        http_max_connections_per_peer=settings.connections.max_connections_per_peer,
-        max_queued_video_jobs=settings.retention.max_queued,
-        max_action_generations_in_flight=settings.max_actions_in_flight,
-    ), dict(
-        request_formats=[http_codecs.JSON_TYPE, http_codecs.MSGPACK_TYPE, http_codecs.MULTIPART_TYPE],
-        response_formats=[http_codecs.JSON_TYPE, http_codecs.MSGPACK_TYPE],
-        video_container=MP4_MEDIA_TYPE,
-        video_retention={"max_age_s": settings.retention.max_age_s, "max_bytes": settings.retention.max_bytes},
-    )), sglang_keys(host)))
+    return ActionMetadata(
+        **merge_metadata(
+            http_action_metadata(
+                host,
+                dict(
+                    max_body_bytes=settings.max_body_bytes,
+                    max_decoded_bytes=settings.max_decoded_bytes,
+                    max_json_values=settings.max_json_values,
+                    max_buffered_body_bytes=max_buffered_body_bytes,
+                    http_header_timeout_s=settings.connections.header_timeout_s,
+                    http_body_timeout_s=settings.connections.body_timeout_s,
+                    http_max_connections_per_peer=settings.connections.max_connections_per_peer,
+                    max_queued_video_jobs=settings.retention.max_queued,
+                    max_action_generations_in_flight=settings.max_actions_in_flight,
+                ),
+                dict(
+                    request_formats=[http_codecs.JSON_TYPE, http_codecs.MSGPACK_TYPE, http_codecs.MULTIPART_TYPE],
+                    response_formats=[http_codecs.JSON_TYPE, http_codecs.MSGPACK_TYPE],
+                    video_container=MP4_MEDIA_TYPE,
+                    video_retention={
+                        "max_age_s": settings.retention.max_age_s,
+                        "max_bytes": settings.retention.max_bytes,
+                    },
+                ),
+            ),
+            sglang_keys(host),
+        )
+    )
 
 
 def router(parts: SidecarParts) -> APIRouter:
@@ -50,32 +62,56 @@ def router(parts: SidecarParts) -> APIRouter:
     routes = APIRouter()
     host = parts.host
 
-    @routes.get("/v1/actions/metadata", response_model=ActionMetadata, tags=["actions"],
-                summary="What the loaded checkpoint offers", responses={503: {"model": ErrorResponse}})
+    @routes.get(
+        "/v1/actions/metadata",
+        response_model=ActionMetadata,
+        tags=["actions"],
+        summary="What the loaded checkpoint offers",
+        responses={503: {"model": ErrorResponse}},
+    )
     async def action_metadata() -> ActionMetadata:
         parts.require_ready()
         return http_metadata(host, parts.settings, parts.body_budget.limit)
 
-    @routes.get("/healthz", response_model=Health, tags=["operations"], summary="Alive (answers while loading)",
-                responses={503: {"model": Health, "description": "the engine failed to load"}})
+    @routes.get(
+        "/healthz",
+        response_model=Health,
+        tags=["operations"],
+        summary="Alive (answers while loading)",
+        responses={503: {"model": Health, "description": "the engine failed to load"}},
+    )
     async def healthz() -> Any:
         status, body = health(host, liveness=True)
         return JSONResponse(body, status_code=status)
 
-    @routes.get("/readyz", response_model=Readiness, tags=["operations"], summary="Model loaded and warmed up",
-                responses={503: {"model": Readiness, "description": "not ready (yet)"}})
+    @routes.get(
+        "/readyz",
+        response_model=Readiness,
+        tags=["operations"],
+        summary="Model loaded and warmed up",
+        responses={503: {"model": Readiness, "description": "not ready (yet)"}},
+    )
     async def readyz() -> Any:
         ready = host.ready and not host.stopping
         status = "ready" if ready else engine_state(host)
         if status == "ready" and not ready:
             status = "warming_up"
         described = host.description
-        body = Readiness(ready=ready, status=status, model=described.model if described is not None else None,
-                         variant=described.variant if described is not None else None)
+        body = Readiness(
+            ready=ready,
+            status=status,
+            model=described.model if described is not None else None,
+            variant=described.variant if described is not None else None,
+        )
         return JSONResponse(body.model_dump(), status_code=200 if ready else 503)
 
-    @routes.get("/metrics", tags=["operations"], summary="Prometheus metrics",
-                response_class=Response, responses={200: {"content": {PROMETHEUS_CONTENT_TYPE: {}}}})
+    @routes.get(
+        "/metrics",
+        tags=["operations"],
+        summary="Prometheus metrics",
+        response_class=Response,
+        responses={200: {"content": {PROMETHEUS_CONTENT_TYPE: {}}}},
+    )
     async def prometheus_metrics() -> Response:
         return Response(await asyncio.to_thread(parts.metrics.render), media_type=PROMETHEUS_CONTENT_TYPE)
 

@@ -52,8 +52,16 @@ def _episode(root: Path, name: str) -> Any:
 def list_recordings(root: Path) -> list[dict[str, Any]]:
     from ...recording import RecordingStore
 
-    return [{"name": info.name, "session": info.session, "started_at": info.started_at, "bytes": info.num_bytes,
-             "published_at": info.published_at} for info in RecordingStore(root).list()]
+    return [
+        {
+            "name": info.name,
+            "session": info.session,
+            "started_at": info.started_at,
+            "bytes": info.num_bytes,
+            "published_at": info.published_at,
+        }
+        for info in RecordingStore(root).list()
+    ]
 
 
 def episode_body(root: Path, name: str) -> dict[str, Any]:
@@ -64,9 +72,15 @@ def episode_body(root: Path, name: str) -> dict[str, Any]:
         body = dataclasses.asdict(row)
         body["actions"] = row.actions.tolist() if row.actions is not None else None
         rows.append(body)
-    return {"name": episode.name, "fps": episode.fps, "num_frames": episode.num_frames,
-            "cameras": list(episode.layout.camera_names.values()), "session": episode.session, "rows": rows,
-            "events": episode.events()}
+    return {
+        "name": episode.name,
+        "fps": episode.fps,
+        "num_frames": episode.num_frames,
+        "cameras": list(episode.layout.camera_names.values()),
+        "session": episode.session,
+        "rows": rows,
+        "events": episode.events(),
+    }
 
 
 def frame_page(root: Path, name: str, start: int, count: int) -> dict[str, Any]:
@@ -77,10 +91,16 @@ def frame_page(root: Path, name: str, start: int, count: int) -> dict[str, Any]:
     frames = []
     try:
         for cameras in itertools.islice(episode.frames(), start, start + count):
-            frames.append({camera: dict(zip(("jpeg_base64", "width", "height"), encode_preview(image)))
-                           for camera, image in cameras.items()})
+            frames.append(
+                {
+                    camera: dict(zip(("jpeg_base64", "width", "height"), encode_preview(image)))
+                    for camera, image in cameras.items()
+                }
+            )
     except RecordingFormatError as exc:
-        raise ApiError(HttpErrorCode.INTERNAL_ERROR, f"the recording's videos cannot be read: {exc}", status=500) from None
+        raise ApiError(
+            HttpErrorCode.INTERNAL_ERROR, f"the recording's videos cannot be read: {exc}", status=500
+        ) from None
     return {"name": name, "start": start, "frames": frames}
 
 
@@ -96,8 +116,9 @@ def router(parts: SidecarParts) -> APIRouter:
         return await asyncio.to_thread(episode_body, _root(parts), name)
 
     @routes.get(RECORDINGS_PATH + "/{name}/frames", tags=["recordings"], summary="A page of an episode's frames")
-    async def recording_frames(name: str, start: int = Query(0, ge=0),
-                               count: int = Query(MAX_FRAMES_PER_PAGE, ge=1, le=MAX_FRAMES_PER_PAGE)) -> dict[str, Any]:
+    async def recording_frames(
+        name: str, start: int = Query(0, ge=0), count: int = Query(MAX_FRAMES_PER_PAGE, ge=1, le=MAX_FRAMES_PER_PAGE)
+    ) -> dict[str, Any]:
         return await asyncio.to_thread(frame_page, _root(parts), name, start, count)
 
     return routes

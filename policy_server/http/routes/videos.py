@@ -10,18 +10,19 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
-from fastapi import APIRouter, Path as PathParam, Query, Request
+from fastapi import APIRouter, Query, Request
+from fastapi import Path as PathParam
 from fastapi.responses import FileResponse
 
 from robot_clients.protocol import ErrorCode, FrameLimits
 
 from ...engine.description import ModelDescription
 from ...sglang.videos import video_fields
-
 from ...videos.encoding import MP4_MEDIA_TYPE
 from ...videos.job_store import VideoJobStore
 from ...videos.jobs import JobNotFound, StorageFull, VideoJob, VideoJobStatus
-from .. import codecs as http_codecs, requests as http_requests
+from .. import codecs as http_codecs
+from .. import requests as http_requests
 from ..bodies import ERROR_RESPONSES, body_schema, read_fields
 from ..context import SidecarParts
 from ..errors import ApiError, HttpErrorCode
@@ -56,14 +57,16 @@ def job_object(job: VideoJob, store: VideoJobStore) -> VideoJobObject:
         bytes=job.result_bytes or None,
         attempts=job.attempts,
         error=ErrorDetail(code=job.error_code, message=job.error_message or "", field=job.error_field)
-        if job.error_code else None,
+        if job.error_code
+        else None,
         # SGLang's clients download the video from `url` once it is set.
         url=f"/v1/videos/{job.id}/content" if job.status is VideoJobStatus.COMPLETED else None,
     )
 
 
-def _submission(fields: dict[str, Any], description: ModelDescription,
-                limits: FrameLimits) -> http_requests.VideoSubmission:
+def _submission(
+    fields: dict[str, Any], description: ModelDescription, limits: FrameLimits
+) -> http_requests.VideoSubmission:
     """A submission with SGLang's field names or ours (:func:`~policy_server.sglang.videos.video_fields`),
     checked by our own rules; an error names the field as the client wrote it."""
     mapped = video_fields(fields, description, default_fps=VideoCreateParams.model_fields["fps"].default)
@@ -86,26 +89,39 @@ def router(parts: SidecarParts) -> APIRouter:
     store = parts.store
 
     @routes.post(
-        "/v1/videos", response_model=VideoJobObject, status_code=200,
+        "/v1/videos",
+        response_model=VideoJobObject,
+        status_code=200,
         summary="Submit a forward_dynamics rollout (asynchronous job)",
         responses={**ERROR_RESPONSES, 429: {"model": ErrorResponse, "description": "too many queued jobs"}},
         openapi_extra=body_schema(VideoCreateParams, {"input_reference": "first frame: PNG, JPEG or WebP"}),
     )
     async def create_video(request: Request) -> VideoJobObject:
         description = parts.require_ready()
-        fields, _ = await read_fields(request, {"input_reference": http_codecs.IMAGE_UPLOAD_TYPES},
-                                      parts.settings.max_json_values, parts.body_budget)
+        fields, _ = await read_fields(
+            request,
+            {"input_reference": http_codecs.IMAGE_UPLOAD_TYPES},
+            parts.settings.max_json_values,
+            parts.body_budget,
+        )
         submission = await asyncio.to_thread(_submission, fields, description, parts.media_limits(description))
         if await asyncio.to_thread(store.queued_count) >= store.retention.max_queued:
-            raise ApiError(HttpErrorCode.QUEUE_FULL,
-                           f"{store.retention.max_queued} video jobs are already queued; retry later",
-                           headers={"Retry-After": "10"})
+            raise ApiError(
+                HttpErrorCode.QUEUE_FULL,
+                f"{store.retention.max_queued} video jobs are already queued; retry later",
+                headers={"Retry-After": "10"},
+            )
         try:
             job = await asyncio.to_thread(store.create, submission.params, submission.inputs)
         except StorageFull as exc:  # store.create removed its half-written files; nothing was recorded
-            message = exc.message if exc.cap else (
-                "the server's disk for video jobs is full; the job was not stored. Retry after finished jobs "
-                "expire or are deleted")
+            message = (
+                exc.message
+                if exc.cap
+                else (
+                    "the server's disk for video jobs is full; the job was not stored. Retry after finished jobs "
+                    "expire or are deleted"
+                )
+            )
             raise ApiError(HttpErrorCode.STORAGE_FULL, message, headers={"Retry-After": "60"}) from None
         parts.runner.notify()
         return job_object(job, store)
@@ -130,31 +146,49 @@ def router(parts: SidecarParts) -> APIRouter:
 
     video_id_param = PathParam(description="the job's id, as returned by POST /v1/videos")
 
-    @routes.get("/v1/videos/{video_id}", response_model=VideoJobObject, summary="One video job",
-                responses={404: {"model": ErrorResponse}})
+    @routes.get(
+        "/v1/videos/{video_id}",
+        response_model=VideoJobObject,
+        summary="One video job",
+        responses={404: {"model": ErrorResponse}},
+    )
     async def get_video(video_id: str = video_id_param) -> VideoJobObject:
         return job_object(await _stored_job(store, video_id), store)
 
     @routes.get(
-        "/v1/videos/{video_id}/content", summary="The finished video (MP4, H.264)", response_class=FileResponse,
-        responses={200: {"content": {MP4_MEDIA_TYPE: {}}, "description": "the MP4"},
-                   404: {"model": ErrorResponse}, 409: {"model": ErrorResponse, "description": "not completed"}},
+        "/v1/videos/{video_id}/content",
+        summary="The finished video (MP4, H.264)",
+        response_class=FileResponse,
+        responses={
+            200: {"content": {MP4_MEDIA_TYPE: {}}, "description": "the MP4"},
+            404: {"model": ErrorResponse},
+            409: {"model": ErrorResponse, "description": "not completed"},
+        },
     )
     async def video_content(video_id: str = video_id_param) -> FileResponse:
         job = await _stored_job(store, video_id)
         if job.status is VideoJobStatus.FAILED:
-            raise ApiError(HttpErrorCode.VIDEO_FAILED,
-                           f"video job {video_id} failed ({job.error_code}): {job.error_message}", "video_id")
+            raise ApiError(
+                HttpErrorCode.VIDEO_FAILED,
+                f"video job {video_id} failed ({job.error_code}): {job.error_message}",
+                "video_id",
+            )
         path = store.video_path(video_id)
         if job.status is not VideoJobStatus.COMPLETED or not path.is_file():
-            raise ApiError(HttpErrorCode.VIDEO_NOT_READY,
-                           f"video job {video_id} is {job.status.value} ({job.progress}%); poll GET /v1/videos/{video_id}",
-                           "video_id", headers={"Retry-After": "2"})
+            raise ApiError(
+                HttpErrorCode.VIDEO_NOT_READY,
+                f"video job {video_id} is {job.status.value} ({job.progress}%); poll GET /v1/videos/{video_id}",
+                "video_id",
+                headers={"Retry-After": "2"},
+            )
         return FileResponse(path, media_type=MP4_MEDIA_TYPE, filename=f"{video_id}.mp4")
 
-    @routes.delete("/v1/videos/{video_id}", response_model=VideoDeleted,
-                   summary="Delete a job and its files (a running job's result is discarded)",
-                   responses={404: {"model": ErrorResponse}})
+    @routes.delete(
+        "/v1/videos/{video_id}",
+        response_model=VideoDeleted,
+        summary="Delete a job and its files (a running job's result is discarded)",
+        responses={404: {"model": ErrorResponse}},
+    )
     async def delete_video(video_id: str = video_id_param) -> VideoDeleted:
         try:
             deleted = await asyncio.to_thread(store.delete, video_id)
