@@ -201,9 +201,6 @@ def third_party_modules(module: str) -> set[str]:
         "robot_clients.wire_codec",
         "robot_clients.protocol",
         "robot_clients.client_frames",
-        "robot_clients.session_settings",
-        "robot_clients.observation_fields",
-        "robot_clients.frame_fields",
     ],
 )
 def test_the_codec_and_the_protocol_import_nothing_but_numpy_and_msgpack(module):

@@ -22,7 +22,7 @@ from typing import Any
 
 import numpy as np
 
-from robot_clients.observation_fields import check_image_sides
+from robot_clients.client_frames import check_image_sides
 from robot_clients.protocol import ErrorCode, FrameLimits, ProtocolError
 
 from ..media.image_decoding import InvalidImage, decode_clip, decode_image, read_header
