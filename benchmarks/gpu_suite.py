@@ -213,7 +213,7 @@ def serving_overhead(
     """Round trips through ``python -m policy_server.cli`` on this machine, minus the engine's own time."""
     from realtime_roundtrip import ServerProcess
 
-    from robot_clients.policy_client import PolicyClient
+    from robot_clients.client import PolicyClient
 
     started = time.perf_counter()
     server = ServerProcess(

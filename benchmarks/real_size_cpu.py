@@ -60,7 +60,7 @@ def run(
     checkpoint: Path, *, size: int = 224, timeout_s: float = 1800.0, min_available_gib: float = 17.0, log=print
 ) -> dict:
     """Serve one chunk of ``checkpoint`` through a real server; returns the figures (see the module doc)."""
-    from robot_clients.policy_client import PolicyClient
+    from robot_clients.client import PolicyClient
 
     free = available_gib()
     if free < min_available_gib:

@@ -222,7 +222,7 @@ def source_bytes(row: Row, metadata: dict[str, Any]) -> float:
 async def run_lockstep(row: Row, url: str, hz: float, seconds: float) -> dict[str, Any]:
     from websockets.asyncio.client import connect
 
-    from robot_clients.observation_sender import buffered_bytes
+    from robot_clients.client import buffered_bytes
     from robot_clients.wire_codec import packb, unpackb
 
     records: list[dict[str, Any]] = []

@@ -16,20 +16,7 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
-# Each public name and the module that defines it.
-_EXPORTS = {
-    "AsyncPolicyClient": "async_policy_client",
-    "ClientStats": "results",
-    "PolicyClient": "policy_client",
-    "ActionChunk": "results",
-    "ConnectionLost": "results",
-    "ObservationDropped": "results",
-    "PolicyClientError": "results",
-    "ServerError": "results",
-    "SessionPaused": "results",
-    "SessionStopped": "results",
-}
-
+# The public names, all defined in robot_clients.client.
 __all__ = [
     "ActionChunk",
     "AsyncPolicyClient",
@@ -42,16 +29,15 @@ __all__ = [
     "SessionPaused",
     "SessionStopped",
 ]
-assert sorted(__all__) == sorted(_EXPORTS)
 
 if TYPE_CHECKING:
-    from .async_policy_client import AsyncPolicyClient
-    from .policy_client import PolicyClient
-    from .results import (
+    from .client import (
         ActionChunk,
+        AsyncPolicyClient,
         ClientStats,
         ConnectionLost,
         ObservationDropped,
+        PolicyClient,
         PolicyClientError,
         ServerError,
         SessionPaused,
@@ -60,9 +46,8 @@ if TYPE_CHECKING:
 
 
 def __getattr__(name: str) -> Any:
-    module = _EXPORTS.get(name)
-    if module is None:
+    if name not in __all__:
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    value = getattr(importlib.import_module(f".{module}", __name__), name)
+    value = getattr(importlib.import_module(".client", __name__), name)
     globals()[name] = value
     return value

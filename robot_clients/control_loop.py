@@ -29,7 +29,7 @@ from typing import Any
 
 import numpy as np
 
-from .action_chunker import ActionChunker
+from .chunker import ActionChunker
 
 logger = logging.getLogger(__name__)
 

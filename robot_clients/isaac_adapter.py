@@ -5,7 +5,7 @@ Isaac Lab steps N environments in lockstep: ``reset() -> (obs, extras)`` and
 (``obs["policy"]["rgb"]``, ...) of batched tensors with the environment index first, and an environment
 whose episode ends is reset by the simulator itself. The policy server serves one robot per session
 (latest observation wins per session, sessions take fair turns), so each environment gets its own
-session and its own :class:`~robot_clients.action_chunker.ActionChunker`: inference for the N robots
+session and its own :class:`~robot_clients.chunker.ActionChunker`: inference for the N robots
 overlaps, and each robot's chunks are timed and merged for that robot alone.
 
 * :class:`IsaacVecEnvironment` wraps the simulator as a control-loop
@@ -32,10 +32,9 @@ from typing import Any
 
 import numpy as np
 
-from .action_chunker import ActionChunker, ChunkerConfig, ChunkerStats
-from .chunk_policy import RemoteChunkPolicy
+from .chunker import ActionChunker, ChunkerConfig, ChunkerStats, RemoteChunkPolicy
+from .client import PolicyClient
 from .control_loop import Agent, Environment
-from .policy_client import PolicyClient
 
 
 def as_numpy(value: Any) -> np.ndarray:

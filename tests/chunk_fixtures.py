@@ -18,7 +18,7 @@ from robot_clients.control_loop import Environment
 
 
 class Dropped(Exception):
-    """Stands for robot_clients.results.ObservationDropped: the chunker only looks at ``reason``."""
+    """Stands for robot_clients.client.ObservationDropped: the chunker only looks at ``reason``."""
 
     def __init__(self, reason: str = "superseded") -> None:
         super().__init__(reason)

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 from chunk_fixtures import SimulatedLatencyPolicy
 
-from robot_clients.action_chunker import ActionChunker, ChunkerConfig, ChunkerError, ChunkRecord, ChunkStrategy
+from robot_clients.chunker import ActionChunker, ChunkerConfig, ChunkerError, ChunkRecord, ChunkStrategy
 
 HZ = 50.0
 

@@ -8,9 +8,8 @@ import numpy as np
 import pytest
 from server_fixtures import DOMAIN, ServerThread, rgb_image, tiny_engine_loader
 
-from robot_clients.action_chunker import ActionChunker, ChunkerConfig, ChunkRecord
-from robot_clients.chunk_policy import RemoteChunkPolicy
-from robot_clients.policy_client import PolicyClient
+from robot_clients.chunker import ActionChunker, ChunkerConfig, ChunkRecord, RemoteChunkPolicy
+from robot_clients.client import PolicyClient
 
 
 @pytest.fixture(scope="module")

@@ -63,7 +63,7 @@ def test_named_cameras_in_concat_view_are_sized_as_the_composed_frame(server):
 
 
 def test_resize_without_canvases_in_the_metadata_says_what_is_missing():
-    from robot_clients.outgoing_frames import OutgoingFrames
+    from robot_clients.client import OutgoingFrames
 
     with pytest.raises(ValueError, match="canvases"):
         OutgoingFrames("raw", resize=True).prepare({"image": camera()}, {"defaults": {}}, {}, {})

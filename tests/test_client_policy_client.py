@@ -169,7 +169,7 @@ async def test_wss_with_a_private_certificate(tmp_path):
 def test_robot_clients_import_nothing_of_the_server_side():
     """The client runs on the robot: importing it must not pull in torch, the runtime or the server."""
     code = (
-        "import sys, robot_clients, robot_clients.wire_codec, robot_clients.policy_client\n"
+        "import sys, robot_clients, robot_clients.wire_codec, robot_clients.client\n"
         "heavy = [m for m in ('torch', 'diffusers', 'cosmos3_runtime', 'policy_server') if m in sys.modules]\n"
         "print(','.join(heavy))"
     )

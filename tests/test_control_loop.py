@@ -7,7 +7,7 @@ import time
 import numpy as np
 from chunk_fixtures import CountingEnvironment, SimulatedLatencyPolicy
 
-from robot_clients.action_chunker import ActionChunker, ChunkerConfig
+from robot_clients.chunker import ActionChunker, ChunkerConfig
 from robot_clients.control_loop import Agent, ChunkingAgent, ControlLoop, Subscriber
 
 

@@ -22,8 +22,7 @@ from server_fixtures import DOMAIN, ServerThread, tiny_engine_loader
 
 from policy_server.http.sidecar import SidecarSettings
 from robot_clients import PolicyClient
-from robot_clients.action_chunker import ActionChunker, ChunkerConfig
-from robot_clients.chunk_policy import RemoteChunkPolicy
+from robot_clients.chunker import ActionChunker, ChunkerConfig, RemoteChunkPolicy
 from robot_clients.control_loop import ChunkingAgent, ControlLoop, Environment, EpisodeReport
 
 CHROMIUM = Path("/usr/bin/chromium")

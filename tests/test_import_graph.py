@@ -148,8 +148,8 @@ def _cycle_through(start: str, group: set[str], graph: dict[str, set[str]]) -> l
 def test_the_graph_sees_every_kind_of_import():
     """The reader itself: relative levels, submodules named in `from`, TYPE_CHECKING and function-local."""
     graph = import_graph()
-    assert "robot_clients.protocol" in graph["robot_clients.async_policy_client"]  # `from . import protocol`
-    assert "robot_clients.policy_client" in graph["robot_clients.chunk_policy"]  # under TYPE_CHECKING
+    assert "robot_clients.protocol" in graph["robot_clients.client"]  # `from . import protocol`
+    assert "robot_clients.client" in graph["robot_clients.chunker"]  # under TYPE_CHECKING
     assert "policy_server.engine.cpu_threads" in graph["policy_server"]  # a package's __init__
     assert "cosmos3_runtime.tiny" in graph["cosmos3_runtime.cli"]  # an import inside a function
 
@@ -212,4 +212,4 @@ def test_the_protocol_names_import_not_even_numpy():
 
 
 def test_the_chunker_imports_no_websockets():
-    assert third_party_modules("robot_clients.action_chunker") <= {"numpy"}
+    assert third_party_modules("robot_clients.chunker") <= {"numpy"}

@@ -8,7 +8,7 @@ import torch
 from isaac_standin import StandInVecEnv
 from server_fixtures import DOMAIN, ServerThread, tiny_engine_loader
 
-from robot_clients.action_chunker import ChunkerConfig
+from robot_clients.chunker import ChunkerConfig
 from robot_clients.control_loop import ControlLoop
 from robot_clients.isaac_adapter import IsaacVecEnvironment, build_agent, camera_frames, connect_sessions
 

@@ -13,10 +13,13 @@ pytest.importorskip("mujoco", reason="the `sim` extra (mujoco) is not installed"
 
 from server_fixtures import DOMAIN, ServerThread, tiny_engine_loader  # noqa: E402
 
-from robot_clients.action_chunker import ActionChunker, ChunkerConfig  # noqa: E402
-from robot_clients.chunk_policy import RemoteChunkPolicy  # noqa: E402
+from robot_clients.chunker import (  # noqa: E402
+    ActionChunker,
+    ChunkerConfig,
+    RemoteChunkPolicy,  # noqa: E402
+)
+from robot_clients.client import PolicyClient  # noqa: E402
 from robot_clients.control_loop import ChunkingAgent, ControlLoop  # noqa: E402
-from robot_clients.policy_client import PolicyClient  # noqa: E402
 from robot_clients.sim.mujoco_arm import ArmEnvConfig, MujocoArmEnv  # noqa: E402
 from robot_clients.sim.rollout_video import RolloutRecorder  # noqa: E402
 

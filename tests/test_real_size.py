@@ -44,7 +44,7 @@ def test_edge_shape_builds_in_bounded_memory_and_serves_a_chunk(tmp_path):
     if _available_gib() < 17:
         pytest.skip(f"needs 17 GiB of available memory, {_available_gib():.1f} GiB now")
     from cosmos3_runtime.inspection import inspect_checkpoint
-    from robot_clients.policy_client import PolicyClient
+    from robot_clients.client import PolicyClient
 
     checkpoint = tmp_path / "edge"
     build = subprocess.run(

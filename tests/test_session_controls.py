@@ -17,8 +17,7 @@ from websockets.exceptions import InvalidStatus
 from websockets.sync.client import connect
 
 from robot_clients import PolicyClient, SessionPaused, SessionStopped
-from robot_clients.action_chunker import ActionChunker, ChunkerConfig
-from robot_clients.chunk_policy import RemoteChunkPolicy
+from robot_clients.chunker import ActionChunker, ChunkerConfig, RemoteChunkPolicy
 from robot_clients.wire_codec import packb, unpackb
 
 

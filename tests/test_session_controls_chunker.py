@@ -9,7 +9,7 @@ import time
 import pytest
 from chunk_fixtures import CountingEnvironment, SimulatedLatencyPolicy
 
-from robot_clients.action_chunker import ActionChunker, ChunkerConfig, ChunkerError
+from robot_clients.chunker import ActionChunker, ChunkerConfig, ChunkerError
 from robot_clients.control_loop import ChunkingAgent, ControlLoop
 
 

@@ -25,9 +25,9 @@ from policy_server.sessions.config import SessionConfig, observation_request
 from policy_server.sessions.openpi import OpenpiSettings
 from policy_server.sessions.openpi_observation import CameraMapping, parse_openpi_observation
 from robot_clients import PolicyClient
+from robot_clients.client import ServerError
 from robot_clients.client_frames import ObservationFrame, parse_client_frame
 from robot_clients.protocol import ErrorCode, FrameLimits, ProtocolError
-from robot_clients.results import ServerError
 from robot_clients.wire_codec import packb, unpackb
 
 pytestmark = pytest.mark.timeout(300)

@@ -33,10 +33,9 @@ import threading
 import time
 from pathlib import Path
 
-from ..action_chunker import ActionChunker, ChunkerConfig, ChunkStrategy
-from ..chunk_policy import RemoteChunkPolicy
+from ..chunker import ActionChunker, ChunkerConfig, ChunkStrategy, RemoteChunkPolicy
+from ..client import PolicyClient
 from ..control_loop import ChunkingAgent, ControlLoop
-from ..policy_client import PolicyClient
 
 logger = logging.getLogger("cosmos3-demo-mujoco")
 

@@ -2,7 +2,7 @@
 
 :class:`RolloutRecorder` is a control-loop :class:`~robot_clients.control_loop.Subscriber` (it keeps each
 tick's camera frame and executed action) and an ``on_chunk`` callback of the
-:class:`~robot_clients.action_chunker.ActionChunker` (it keeps every chunk the robot used). The plot
+:class:`~robot_clients.chunker.ActionChunker` (it keeps every chunk the robot used). The plot
 beside each frame shows, for the first few action dimensions over a sliding window of steps: the
 actions executed so far (white), the chunk being executed (bright, over the steps it was predicted for)
 and the chunks before it (faded), and a marker at the current step. With real-time chunking the bright
@@ -19,7 +19,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ..action_chunker import ChunkRecord
+from ..chunker import ChunkRecord
 from ..control_loop import Subscriber
 
 PLOT_COLORS = [(255, 170, 40), (80, 200, 255), (140, 230, 120), (240, 110, 200)]

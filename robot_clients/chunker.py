@@ -36,34 +36,326 @@ request), the chunker repeats the last action, which holds a position-controlled
 counts a stall. Observations the server drops or refuses are counted and asked again at the next tick.
 
 An operator can pause the robot's session on the server (the teleop dashboard). When the policy has a
-``session_state`` that is not ``"running"`` (:class:`~robot_clients.chunk_policy.RemoteChunkPolicy`
+``session_state`` that is not ``"running"`` (:class:`~robot_clients.chunker.RemoteChunkPolicy`
 reads it from the client), the chunker **holds**: it repeats the last action without asking for
 chunks and forgets the plan, whose actions were planned for a moment that has passed. On resume it asks
 for a fresh chunk at once and holds (counted as a stall) until it comes. Held ticks are counted in
 ``stats.held_steps``; a stopped session holds for good (the control loop ends its episode).
 
-Imports only numpy and the standard library: it runs on the robot.
+Chunks come from a chunk policy, called on the chunker's own thread: :class:`RemoteChunkPolicy` asks the
+policy server through a blocking ``PolicyClient``; anything with the same ``infer_chunk`` method (a local
+model, a recorded trajectory, a test double with a known latency) can stand in for it.
+
+Imports only numpy and the standard library: it runs on the robot, and a chunker running a local policy
+never loads websockets.
 """
 
 from __future__ import annotations
 
+import enum
 import logging
 import math
+import threading
 import time
 from collections import deque
 from collections.abc import Callable, Mapping
-from typing import Any
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 import numpy as np
 
-from .chunk_inference import ChunkOutcome, ChunkRequest, InferenceThread
-from .chunk_policy import ChunkPolicy
-from .chunker_config import ChunkerConfig, ChunkerError, ChunkStrategy
-from .chunker_stats import ChunkerStats, ChunkRecord
+from .client_frames import OBSERVATION_SETTINGS
 
-__all__ = ["ActionChunker", "ChunkerConfig", "ChunkerError", "ChunkerStats", "ChunkRecord", "ChunkStrategy"]
+if TYPE_CHECKING:  # the chunker must not load websockets: the client is only named in annotations
+    from .client import PolicyClient
 
 logger = logging.getLogger(__name__)
+
+
+# ---------------------------------------------------------------------------------------------------
+# How chunks are executed
+# ---------------------------------------------------------------------------------------------------
+
+
+class ChunkStrategy(str, enum.Enum):
+    """How a new chunk is merged with the rest of the one being executed (see the module docstring)."""
+
+    OPEN_LOOP = "open_loop"
+    REPLACE = "replace"
+    BLEND = "blend"
+    REAL_TIME_CHUNKING = "rtc"
+
+
+class ChunkerError(RuntimeError):
+    """The chunker cannot produce actions (the first chunk never came, or the chunker is closed)."""
+
+
+@dataclass(frozen=True)
+class ChunkerConfig:
+    """How chunks are executed.
+
+    Args:
+        strategy: a :class:`ChunkStrategy` or its value (``open_loop``, ``replace``, ``blend``, ``rtc``).
+        control_hz: the rate the robot executes actions at; turns measured latency into steps.
+        execute_horizon: actions executed of each chunk before the next one should take over (k). ``None``:
+            the whole chunk. For ``open_loop`` it is a hard limit; the other strategies keep executing the
+            rest of the chunk if the next one is late, and stall only when it is exhausted.
+        request_threshold: ask for the next chunk when this many actions of the execution window remain.
+            ``None``: the latency estimate in steps plus ``latency_margin_steps``, re-measured every chunk.
+        latency_margin_steps: steps of slack added to the measured latency (jitter, the tick that picks the
+            chunk up).
+        blend_steps: ``blend`` cross-fades over at most this many steps; ``None``: the whole overlap.
+        latency_window: how many recent chunk latencies the estimate looks at.
+        latency_quantile: which quantile of them it takes (0.9: plan for a slow chunk, not the median).
+        startup_timeout_s: how long the first call waits for the first chunk.
+    """
+
+    strategy: ChunkStrategy | str = ChunkStrategy.REAL_TIME_CHUNKING
+    control_hz: float = 20.0
+    execute_horizon: int | None = None
+    request_threshold: int | None = None
+    latency_margin_steps: int = 2
+    blend_steps: int | None = None
+    latency_window: int = 16
+    latency_quantile: float = 0.9
+    startup_timeout_s: float = 60.0
+
+    def __post_init__(self) -> None:
+        try:
+            object.__setattr__(self, "strategy", ChunkStrategy(self.strategy))
+        except ValueError:
+            known = ", ".join(s.value for s in ChunkStrategy)
+            raise ValueError(f"unknown chunk strategy {self.strategy!r}; expected one of {known}") from None
+        if not self.control_hz > 0:
+            raise ValueError(f"control_hz must be > 0, got {self.control_hz}")
+        if self.execute_horizon is not None and self.execute_horizon < 1:
+            raise ValueError(f"execute_horizon must be >= 1, got {self.execute_horizon}")
+        if self.request_threshold is not None and self.request_threshold < 0:
+            raise ValueError(f"request_threshold must be >= 0, got {self.request_threshold}")
+        if self.latency_margin_steps < 0:
+            raise ValueError(f"latency_margin_steps must be >= 0, got {self.latency_margin_steps}")
+        if self.blend_steps is not None and self.blend_steps < 1:
+            raise ValueError(f"blend_steps must be >= 1, got {self.blend_steps}")
+        if not 0.0 < self.latency_quantile <= 1.0:
+            raise ValueError(f"latency_quantile must be in (0, 1], got {self.latency_quantile}")
+
+
+# ---------------------------------------------------------------------------------------------------
+# What the chunker reports
+# ---------------------------------------------------------------------------------------------------
+
+
+@dataclass
+class ChunkRecord:
+    """One chunk as the chunker used it (handed to ``on_chunk`` when it takes effect)."""
+
+    index: int
+    requested_at_step: int  # the tick whose observation it answers: its action 0 is for this step
+    arrived_at_step: int  # the tick that picked it up
+    applied_at_step: int  # the tick it started executing at (later than arrival for open_loop)
+    latency_s: float  # from sending the observation to the chunk coming back
+    actions: np.ndarray  # as received, H x D
+    prefix_length: int = 0  # rtc: actions sent as prefix_actions
+    prefix_error: float | None = None  # rtc: max |chunk[:K] - prefix|, 0 when the server honoured it
+
+
+@dataclass
+class ChunkerStats:
+    """What happened so far, across episodes."""
+
+    steps: int = 0
+    requests: int = 0
+    chunks: int = 0
+    stall_steps: int = 0  # ticks that had no planned action and repeated the last one
+    stalls: int = 0  # boundary stalls: runs of consecutive stall steps
+    dropped: int = 0  # observations the server dropped (superseded, deadline, cancelled) or timed out
+    errors: int = 0  # observations the server refused, or a failed connection
+    stale_chunks: int = 0  # chunks that arrived after every action in them was due
+    prefix_overruns: int = 0  # rtc: chunks that arrived after their prefix had been executed
+    held_steps: int = 0  # ticks that held the last action because an operator paused (or stopped) the session
+    holds: int = 0  # pauses: runs of consecutive held steps
+    startup_s: float | None = None
+    latencies_s: list[float] = field(default_factory=list)
+
+    def latency_ms(self, quantile: float) -> float | None:
+        """A quantile of the chunk latencies (``0.5``: p50), in milliseconds; None before any chunk."""
+        if not self.latencies_s:
+            return None
+        return float(np.quantile(np.asarray(self.latencies_s), quantile) * 1e3)
+
+    def summary(self) -> dict[str, Any]:
+        return {
+            "steps": self.steps,
+            "requests": self.requests,
+            "chunks": self.chunks,
+            "chunk_latency_p50_ms": self.latency_ms(0.5),
+            "chunk_latency_p99_ms": self.latency_ms(0.99),
+            "stalls": self.stalls,
+            "stall_steps": self.stall_steps,
+            "dropped": self.dropped,
+            "errors": self.errors,
+            "stale_chunks": self.stale_chunks,
+            "prefix_overruns": self.prefix_overruns,
+            "held_steps": self.held_steps,
+            "holds": self.holds,
+            "startup_s": self.startup_s,
+        }
+
+
+# ---------------------------------------------------------------------------------------------------
+# Where chunks come from
+# ---------------------------------------------------------------------------------------------------
+
+
+# The observation fields a chunk request forwards (the chunker adds `prefix_actions`; the client sets
+# `seq` and `timestamp`), and the settings an observation may carry for itself. Anything else the
+# environment reports (its step count, cameras under other keys, ...) stays on the robot.
+FORWARDED_FIELDS = ("image", "images", "video", "deadline_ms")
+FORWARDED_SETTINGS = OBSERVATION_SETTINGS
+
+
+@runtime_checkable
+class ChunkPolicy(Protocol):
+    """Anything that answers an observation with a chunk of actions."""
+
+    def infer_chunk(self, observation: Mapping[str, Any], prefix_actions: np.ndarray | None) -> np.ndarray:
+        """Return an H × D float32 chunk whose action ``i`` is meant for ``i`` steps after ``observation``.
+
+        ``prefix_actions`` (K × D, K < H), when given, are the actions the robot executes in the first K
+        steps regardless of the answer; a policy that supports real-time chunking returns a chunk that
+        starts with exactly them. Raise to report that no chunk will come for this observation.
+        """
+        ...
+
+    # Optional: a policy may also have a ``session_state`` attribute (``"running"``, ``"paused"``,
+    # ``"stopped"``); the chunker holds the robot whenever it is not ``"running"``.
+
+
+class RemoteChunkPolicy:
+    """Chunks from the policy server over ``/v1/actions/realtime``, through a blocking :class:`PolicyClient`.
+
+    The client must be connected and configured (domain, horizon, prompt) by the caller. Each chunk request
+    sends the observation's cameras (``image``, named ``images`` or a ``video``), its ``deadline_ms``, the
+    session settings it carries for itself (``prompt``, ``seed``, ``view_point``, ...: the protocol's
+    observation settings) and the robot's ``state`` when the observation's domain conditions on one (its
+    ``state_dim`` in the server's metadata); a state reported for a domain that takes none stays on the
+    robot, as the server would refuse it. ``timeout`` bounds one round trip: a chunk that takes longer is
+    no use to a robot that has already run out of actions, so the observation is cancelled and the chunker
+    asks again with a fresh one.
+    """
+
+    def __init__(self, client: PolicyClient, *, timeout: float = 5.0) -> None:
+        self.client = client
+        self.timeout = timeout
+
+    def infer_chunk(self, observation: Mapping[str, Any], prefix_actions: np.ndarray | None) -> np.ndarray:
+        fields = {key: observation[key] for key in FORWARDED_FIELDS if observation.get(key) is not None}
+        if prefix_actions is not None and len(prefix_actions):
+            fields["prefix_actions"] = np.ascontiguousarray(prefix_actions, dtype=np.float32)
+        settings = {name: observation[name] for name in FORWARDED_SETTINGS if observation.get(name) is not None}
+        state = observation.get("state")
+        if state is not None and not self._conditions_on_state(settings.get("domain_name")):
+            state = None
+        return self.client.infer(fields, timeout=self.timeout, state=state, **settings).actions
+
+    def _conditions_on_state(self, domain_name: str | None) -> bool:
+        """Whether ``domain_name`` (None: the session's) has a ``state_dim`` in the server's metadata."""
+        domain = domain_name or self.client.session.get("domain_name")
+        profile = (self.client.metadata.get("domains") or {}).get(domain) or {}
+        return profile.get("state_dim") is not None
+
+    @property
+    def session_state(self) -> str:
+        """What an operator set on the server: the chunker holds the robot unless ``"running"``."""
+        return self.client.session_state
+
+
+# ---------------------------------------------------------------------------------------------------
+# The chunker's inference thread
+# ---------------------------------------------------------------------------------------------------
+
+
+@dataclass
+class ChunkRequest:
+    generation: int
+    step: int
+    observation: Mapping[str, Any]
+    prefix: np.ndarray | None
+    sent_at: float = 0.0
+
+
+@dataclass
+class ChunkOutcome:
+    request: ChunkRequest
+    actions: np.ndarray | None
+    error: BaseException | None
+    latency_s: float
+
+
+class InferenceThread:
+    """Runs ``policy.infer_chunk`` off the control thread, one request at a time."""
+
+    def __init__(self, policy: ChunkPolicy) -> None:
+        self._policy = policy
+        self._cv = threading.Condition()
+        self._inbox: ChunkRequest | None = None
+        self._outbox: deque[ChunkOutcome] = deque()
+        self._closed = False
+        self._thread = threading.Thread(target=self._run, name="chunk-inference", daemon=True)
+        self._thread.start()
+
+    def submit(self, request: ChunkRequest) -> None:
+        with self._cv:
+            if self._closed:
+                raise ChunkerError("the chunker is closed")
+            request.sent_at = time.monotonic()
+            self._inbox = request
+            self._cv.notify_all()
+
+    def poll(self) -> ChunkOutcome | None:
+        with self._cv:
+            return self._outbox.popleft() if self._outbox else None
+
+    def wait(self, timeout: float) -> ChunkOutcome | None:
+        deadline = time.monotonic() + timeout
+        with self._cv:
+            while not self._outbox and not self._closed:
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    return None
+                self._cv.wait(remaining)
+            return self._outbox.popleft() if self._outbox else None
+
+    def close(self, timeout: float = 5.0) -> None:
+        with self._cv:
+            self._closed = True
+            self._cv.notify_all()
+        self._thread.join(timeout)
+
+    def _run(self) -> None:
+        while True:
+            with self._cv:
+                while self._inbox is None and not self._closed:
+                    self._cv.wait()
+                if self._closed:
+                    return
+                request, self._inbox = self._inbox, None
+            actions, error = None, None
+            try:
+                actions = np.asarray(self._policy.infer_chunk(request.observation, request.prefix), dtype=np.float32)
+                if actions.ndim != 2 or actions.shape[0] < 1:
+                    raise ValueError(f"a chunk must be H x D, got shape {list(actions.shape)}")
+            except Exception as exc:  # noqa: BLE001 - reported to the control thread, which counts it
+                actions, error = None, exc
+            outcome = ChunkOutcome(request, actions, error, time.monotonic() - request.sent_at)
+            with self._cv:
+                self._outbox.append(outcome)
+                self._cv.notify_all()
+
+
+# ---------------------------------------------------------------------------------------------------
+# The chunker
+# ---------------------------------------------------------------------------------------------------
 
 
 class ActionChunker:
