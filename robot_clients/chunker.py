@@ -337,7 +337,7 @@ class InferenceThread:
             with self._cv:
                 while self._inbox is None and not self._closed:
                     self._cv.wait()
-                if self._closed:
+                if self._closed or self._inbox is None:  # the wait ends with a request or a close
                     return
                 request, self._inbox = self._inbox, None
             actions, error = None, None

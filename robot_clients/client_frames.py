@@ -12,7 +12,7 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal, overload
 
 import numpy as np
 
@@ -182,7 +182,15 @@ def _check_encoded(value: Any, name: str, rank: int, limits: FrameLimits, seq: i
     return bytes(value) if rank == 3 else [bytes(frame) for frame in frames]
 
 
-def _check_frames(array: Any, name: str, rank: int, limits: FrameLimits, seq: int) -> np.ndarray | bytes | list[bytes]:
+@overload
+def _check_frames(array: Any, name: str, rank: Literal[3], limits: FrameLimits, seq: int) -> Frame: ...
+
+
+@overload
+def _check_frames(array: Any, name: str, rank: Literal[4], limits: FrameLimits, seq: int) -> Clip: ...
+
+
+def _check_frames(array: Any, name: str, rank: Literal[3, 4], limits: FrameLimits, seq: int) -> Frame | Clip:
     """Validate an image (rank 3: H×W×3) or a video (rank 4: T×H×W×3) of uint8, or its encoded form: PNG,
     JPEG or WebP bytes for an image, a list of them for a video."""
     shape_text = "H×W×3" if rank == 3 else "T×H×W×3"
@@ -281,15 +289,15 @@ def parse_prefix_actions(prefix: Any, seq: int) -> np.ndarray:
             seq,
         )
     with np.errstate(over="ignore"):
-        prefix = prefix.astype(np.float32)
-    if not np.isfinite(prefix).all():
+        actions: np.ndarray = prefix.astype(np.float32)
+    if not np.isfinite(actions).all():
         raise ProtocolError(
             ErrorCode.INVALID_FIELD,
             "`prefix_actions` must be finite float32 values (no NaN, no infinity, |x| < 3.4e38)",
             "prefix_actions",
             seq,
         )
-    return prefix
+    return actions
 
 
 def parse_state(value: Any, name: str = "state", seq: int | None = None) -> np.ndarray:

@@ -46,11 +46,11 @@ class Environment(abc.ABC):
         """True when the episode is over (success, failure or the environment's own time limit)."""
 
     @abc.abstractmethod
-    def get_observation(self) -> dict:
+    def get_observation(self) -> dict[str, Any]:
         """The current observation; fresh arrays every call (an agent may keep them while it thinks)."""
 
     @abc.abstractmethod
-    def apply_action(self, action: dict) -> None:
+    def apply_action(self, action: dict[str, Any]) -> None:
         """Apply one action (``action["actions"]``: one row of a chunk) and advance one control period."""
 
 
@@ -58,7 +58,7 @@ class Agent(abc.ABC):
     """Decides the action for an observation. Same contract as openpi's."""
 
     @abc.abstractmethod
-    def get_action(self, observation: dict) -> dict:
+    def get_action(self, observation: dict[str, Any]) -> dict[str, Any]:
         """The action for this tick, as ``{"actions": np.ndarray}``."""
 
     @abc.abstractmethod
@@ -73,7 +73,7 @@ class Subscriber(abc.ABC):
     def on_episode_start(self) -> None: ...
 
     @abc.abstractmethod
-    def on_step(self, observation: dict, action: dict) -> None: ...
+    def on_step(self, observation: dict[str, Any], action: dict[str, Any]) -> None: ...
 
     @abc.abstractmethod
     def on_episode_end(self) -> None: ...
@@ -85,7 +85,7 @@ class ChunkingAgent(Agent):
     def __init__(self, chunker: ActionChunker) -> None:
         self.chunker = chunker
 
-    def get_action(self, observation: dict) -> dict:
+    def get_action(self, observation: dict[str, Any]) -> dict[str, Any]:
         return {"actions": self.chunker.next_action(observation)}
 
     def reset(self) -> None:

@@ -23,6 +23,7 @@ from __future__ import annotations
 import io
 from collections.abc import Sequence
 from dataclasses import dataclass
+from types import ModuleType
 
 import numpy as np
 
@@ -60,7 +61,7 @@ class ImageEncoding:
             raise ValueError(f"image size must be (height, width) in pixels, got {self.size!r}")
 
 
-def _pillow():
+def _pillow() -> ModuleType:
     try:
         from PIL import Image
     except ImportError:

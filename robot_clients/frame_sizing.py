@@ -163,13 +163,17 @@ def resize_frame(frame: np.ndarray, height: int, width: int, multiple: int = SIZ
     x = _shrink_rows(frame.astype(np.float32), height)
     # Columns: the same on the transposed frame, where gathering whole rows is the fast access.
     x = _shrink_rows(np.ascontiguousarray(x.swapaxes(0, 1)), width).swapaxes(0, 1)
-    return np.clip(np.rint(x), 0, 255).astype(np.uint8)
+    shrunk: np.ndarray = np.clip(np.rint(x), 0, 255).astype(np.uint8)
+    return shrunk
 
 
 def _nearest_indices(size_in: int, size_out: int) -> np.ndarray:
     # torch's "nearest" (not "nearest-exact"): floor(i * in / out), the scale in float32 as torch has it.
     scale = np.float32(size_in / size_out)
-    return np.minimum(np.floor(np.arange(size_out, dtype=np.float32) * scale).astype(np.int64), size_in - 1)
+    indices: np.ndarray = np.minimum(
+        np.floor(np.arange(size_out, dtype=np.float32) * scale).astype(np.int64), size_in - 1
+    )
+    return indices
 
 
 def _shrink_rows(x: np.ndarray, size_out: int) -> np.ndarray:
@@ -179,7 +183,7 @@ def _shrink_rows(x: np.ndarray, size_out: int) -> np.ndarray:
         return x
     indices, weights = _bicubic_taps(x.shape[0], size_out)
     weights = weights.reshape(weights.shape + (1,) * (x.ndim - 1))
-    out = np.multiply(x[indices[:, 0]], weights[:, 0])
+    out: np.ndarray = np.multiply(x[indices[:, 0]], weights[:, 0])
     scratch = np.empty_like(out)
     for tap in range(1, indices.shape[1]):
         out += np.multiply(x[indices[:, tap]], weights[:, tap], out=scratch)

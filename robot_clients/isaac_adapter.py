@@ -95,12 +95,12 @@ class IsaacVecEnvironment(Environment):
     def is_episode_complete(self) -> bool:
         return False  # the simulator resets finished environments itself; the loop decides when to stop
 
-    def get_observation(self) -> dict:
+    def get_observation(self) -> dict[str, Any]:
         frames = camera_frames(lookup_path(self._obs, self.image_key), self.image_key)
         envs = [{"image": frames[i].copy(), "env_index": i} for i in range(self.num_envs)]
         return {"envs": envs, "just_reset": self._just_reset.copy()}
 
-    def apply_action(self, action: dict) -> None:
+    def apply_action(self, action: dict[str, Any]) -> None:
         actions = np.asarray(action["actions"], dtype=np.float32)
         if actions.shape != (self.num_envs, self.action_dim):
             raise ValueError(f"expected actions of shape {[self.num_envs, self.action_dim]}, got {list(actions.shape)}")
@@ -131,7 +131,7 @@ class VectorizedChunkingAgent(Agent):
     resets: int = 0
     _started: bool = field(default=False, repr=False)
 
-    def get_action(self, observation: dict) -> dict:
+    def get_action(self, observation: dict[str, Any]) -> dict[str, Any]:
         envs, just_reset = observation["envs"], observation["just_reset"]
         if len(envs) != len(self.chunkers):
             raise ValueError(f"{len(envs)} environments but {len(self.chunkers)} chunkers")

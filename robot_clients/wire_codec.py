@@ -69,11 +69,11 @@ class _ElementBudget:
         if self.seen > self.limit:
             raise WireLimitError(f"frame holds more than {self.limit} elements (lists, maps and their items)")
 
-    def list_hook(self, items: list) -> list:
+    def list_hook(self, items: list[Any]) -> list[Any]:
         self._count(len(items))
         return items
 
-    def object_hook(self, obj: dict) -> Any:
+    def object_hook(self, obj: dict[Any, Any]) -> Any:
         self._count(len(obj))
         return _object_hook(obj)
 
@@ -117,14 +117,14 @@ def _pack_default(obj: Any) -> Any:
     raise TypeError(f"cannot encode an object of type {type(obj).__name__} in a frame")
 
 
-def _get(obj: dict, key: str) -> Any:
+def _get(obj: dict[Any, Any], key: str) -> Any:
     """Read a key that the sender may have written as ``str`` or as ``bytes``."""
     if key in obj:
         return obj[key]
     return obj.get(key.encode("ascii"))
 
 
-def _decode_ndarray(obj: dict) -> np.ndarray:
+def _decode_ndarray(obj: dict[Any, Any]) -> np.ndarray:
     dtype = _checked_dtype(_get(obj, "dtype"), "dtype")
     shape = _get(obj, "shape")
     if not isinstance(shape, (list, tuple)) or not all(
@@ -143,18 +143,19 @@ def _decode_ndarray(obj: dict) -> np.ndarray:
     return np.frombuffer(data, dtype=dtype).reshape(shape)
 
 
-def _decode_npgeneric(obj: dict) -> np.generic:
+def _decode_npgeneric(obj: dict[Any, Any]) -> np.generic:
     dtype = _checked_dtype(_get(obj, "dtype"), "dtype")
     data = _get(obj, "data")
     if not isinstance(data, (bool, int, float)):
         raise WireFormatError(f"numpy scalar data must be a number, got {type(data).__name__}", "data")
     try:
-        return dtype.type(data)
+        scalar: np.generic = dtype.type(data)
+        return scalar
     except (OverflowError, ValueError) as exc:
         raise WireFormatError(f"numpy scalar {data!r} does not fit dtype {dtype.str} ({exc})", "data") from None
 
 
-def _object_hook(obj: dict) -> Any:
+def _object_hook(obj: dict[Any, Any]) -> Any:
     if _get(obj, _NDARRAY) is True:
         return _decode_ndarray(obj)
     if _get(obj, _NPGENERIC) is True:
@@ -169,7 +170,8 @@ def _refuse_ext(code: int, data: bytes) -> Any:
 def packb(obj: Any) -> bytes:
     """Encode ``obj`` (maps, lists, str, bytes, numbers, numpy arrays and scalars) as one msgpack frame."""
     try:
-        return msgpack.packb(obj, default=_pack_default, use_bin_type=True)
+        frame: bytes = msgpack.packb(obj, default=_pack_default, use_bin_type=True)
+        return frame
     except WireFormatError:
         raise
     except (TypeError, ValueError, OverflowError) as exc:

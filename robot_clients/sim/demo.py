@@ -32,6 +32,7 @@ import sys
 import threading
 import time
 from pathlib import Path
+from typing import Any
 
 from ..chunker import ActionChunker, ChunkerConfig, ChunkStrategy, RemoteChunkPolicy
 from ..client import PolicyClient
@@ -50,7 +51,7 @@ class ServerSubprocess:
         self.lines: list[str] = []
         self.port: int | None = None
         self._listening = threading.Event()
-        self.proc: subprocess.Popen | None = None
+        self.proc: subprocess.Popen[str] | None = None
 
     def start(self, timeout: float = 120.0) -> str:
         self.proc = subprocess.Popen(self.command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
@@ -109,7 +110,7 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def run_demo(args: argparse.Namespace) -> dict:
+def run_demo(args: argparse.Namespace) -> dict[str, Any]:
     from .mujoco_arm import ArmEnvConfig, MujocoArmEnv  # mujoco is needed from here on
     from .rollout_video import RolloutRecorder
 
@@ -175,8 +176,8 @@ def run_demo(args: argparse.Namespace) -> dict:
     return summary
 
 
-def format_summary(summary: dict) -> str:
-    def ms(value):
+def format_summary(summary: dict[str, Any]) -> str:
+    def ms(value: float | None) -> str:
         return "n/a" if value is None else f"{value:.0f} ms"
 
     lines = [

@@ -28,6 +28,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -106,7 +107,7 @@ class MujocoArmEnv(Environment):
         index = self._mujoco.mj_name2id(self.model, self._mujoco.mjtObj.mjOBJ_JOINT, name)
         if index < 0:
             raise ValueError(f"the arm model has no joint named {name!r}")
-        return index
+        return int(index)
 
     # -- Environment -----------------------------------------------------------------------------------
 
@@ -121,13 +122,13 @@ class MujocoArmEnv(Environment):
     def is_episode_complete(self) -> bool:
         return bool(self.config.episode_steps) and self.steps >= self.config.episode_steps
 
-    def get_observation(self) -> dict:
+    def get_observation(self) -> dict[str, Any]:
         observation = {"image": self.render("front"), "state": self.state(), "step": self.steps}
         if self.config.wrist_camera:
             observation["wrist_image"] = self.render("wrist")
         return observation
 
-    def apply_action(self, action: dict) -> None:
+    def apply_action(self, action: dict[str, Any]) -> None:
         self.data.ctrl[:] = self.actuator_targets(action["actions"])
         self._mujoco.mj_step(self.model, self.data, nstep=self.substeps)
         self.steps += 1
@@ -145,17 +146,20 @@ class MujocoArmEnv(Environment):
         targets = self.home_ctrl.copy()
         targets[:3] += np.asarray(self.config.action_scale) * squashed[:3]
         targets[3] = 0.02 + 0.02 * squashed[3]
-        return np.clip(targets, self._ctrl_low, self._ctrl_high)
+        clipped: np.ndarray = np.clip(targets, self._ctrl_low, self._ctrl_high)
+        return clipped
 
     def render(self, camera: str = "front") -> np.ndarray:
         if camera not in CAMERAS:
             raise ValueError(f"unknown camera {camera!r}; the arm scene has {', '.join(CAMERAS)}")
         self._renderer.update_scene(self.data, camera)
-        return self._renderer.render()  # a new array every call
+        frame: np.ndarray = self._renderer.render()  # a new array every call
+        return frame
 
     def state(self) -> np.ndarray:
         joints = [self.data.qpos[adr] for adr in self._arm_qpos]
-        return np.array([*joints, 2.0 * self.data.qpos[self._gripper_qpos]], dtype=np.float32)
+        state: np.ndarray = np.array([*joints, 2.0 * self.data.qpos[self._gripper_qpos]], dtype=np.float32)
+        return state
 
     @property
     def sim_time(self) -> float:

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -40,7 +41,7 @@ class RolloutRecorder(Subscriber):
         self.actions.clear()
         self.chunks.clear()
 
-    def on_step(self, observation: dict, action: dict) -> None:
+    def on_step(self, observation: dict[str, Any], action: dict[str, Any]) -> None:
         self.frames.append(observation[self.camera_key])
         self.actions.append(np.asarray(action["actions"], dtype=np.float32))
 
@@ -86,7 +87,10 @@ class RolloutRecorder(Subscriber):
                     (camera.shape[1] // 16 * 16 or 16, panel_height),
                     title,
                 )
-                writer.append_data(np.concatenate([camera[:, : camera.shape[1] // 16 * 16], plot], axis=1))
+                # imageio's v2 stubs type get_writer() as the base class; the ffmpeg writer has append_data.
+                writer.append_data(  # type: ignore[attr-defined]
+                    np.concatenate([camera[:, : camera.shape[1] // 16 * 16], plot], axis=1)
+                )
         return path
 
     def _value_ranges(self, executed: np.ndarray, dims: int) -> list[tuple[float, float]]:
@@ -137,7 +141,7 @@ class RolloutRecorder(Subscriber):
             draw.rectangle([margin, top + 2, width - margin, top + row_height - 2], outline=(60, 62, 68))
             draw.text((margin + 4, top + 4), f"a[{d}]", fill=(150, 150, 150))
             for chunk in visible[-4:]:
-                color = PLOT_COLORS[d % len(PLOT_COLORS)]
+                color: tuple[int, ...] = PLOT_COLORS[d % len(PLOT_COLORS)]
                 if chunk is not active:
                     color = tuple(int(c * 0.35 + b * 0.65) for c, b in zip(color, BACKGROUND))
                 steps = chunk.requested_at_step + np.arange(len(chunk.actions))
@@ -146,7 +150,7 @@ class RolloutRecorder(Subscriber):
                 if len(points) >= 2:
                     draw.line(points, fill=color, width=2)
             past_steps = np.arange(max(0, first), step + 1)
-            points = [(x_of(s), y_of(executed[s, d])) for s in past_steps]
+            points = [(x_of(int(s)), y_of(executed[s, d])) for s in past_steps]
             if len(points) >= 2:
                 draw.line(points, fill=(245, 245, 245), width=2)
             x_now = x_of(step)
@@ -160,4 +164,4 @@ def _resize(frame: np.ndarray, height: int) -> np.ndarray:
     if frame.shape[0] == height:
         return frame
     width = max(16, round(frame.shape[1] * height / frame.shape[0]))
-    return np.asarray(Image.fromarray(frame).resize((width, height), Image.BILINEAR))
+    return np.asarray(Image.fromarray(frame).resize((width, height), Image.Resampling.BILINEAR))
