@@ -9,8 +9,9 @@ its own frames with it before sending. Numpy only. ``docs/protocol.md`` is the u
 
 from __future__ import annotations
 
+import enum
 import math
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal, overload
 
@@ -72,32 +73,143 @@ def str_keys(frame: dict[Any, Any], where: str | None, seq: int | None = None) -
 # ---------------------------------------------------------------------------------------------------
 
 
-# Session settings, with the Python types each accepts: what `configure` sets for every later
-# observation, and what one observation may carry for itself only (docs/protocol.md).
+class SettingChannel(str, enum.Enum):
+    """Where a client may send a request setting."""
+
+    CONFIGURE = "configure"  # a native `configure` frame: for every later observation of the session
+    OBSERVATION = "observation"  # a native `observation`: for that observation only
+    HTTP_ACTIONS = "http_actions"  # POST /v1/actions/generations (policy_server.http.schemas)
+    HTTP_VIDEOS = "http_videos"  # POST /v1/videos, forward_dynamics rollouts
+    OPENPI = "openpi"  # the server's --openpi-* flags (openpi clients cannot send settings themselves)
+    SGLANG = "sglang"  # SGLang's request bodies, under SGLang's names (RequestSetting.sglang_names)
+
+
+_EVERYWHERE = frozenset(SettingChannel)
+_NOT_OPENPI = _EVERYWHERE - {SettingChannel.OPENPI}
+
+
+def _lower_mode(value: Any) -> Any:
+    return value.strip().lower()  # " Policy" is what a person typing a config file means by "policy"
+
+
+@dataclass(frozen=True)
+class RequestSetting:
+    """One setting of an action request: its name, what values it takes, where a client may send it."""
+
+    name: str
+    types: tuple[type, ...]  # the Python types a frame's value may have (a float setting takes ints too)
+    doc: str
+    channels: frozenset[SettingChannel]
+    # Other names the native protocol accepts for it (diffusers calls the step count num_inference_steps).
+    aliases: tuple[str, ...] = ()
+    # The names SGLang's bodies carry it under (one setting may be told by several: height + width).
+    sglang_names: tuple[str, ...] = ()
+    # Why an observation may not carry it (None: an observation may).
+    not_per_observation: str | None = None
+    # Whether each recorded row keeps the value the engine used (policy_server.recording), and whether an
+    # action chunk reports it (ActionChunk).
+    recorded: bool = True
+    in_chunk: bool = True
+    normalize: Callable[[Any], Any] | None = None
+
+    def check(self, frame: Mapping[str, Any], key: str, seq: int | None) -> Any:
+        """``frame[key]`` (the setting under its name or an alias) type-checked and normalized."""
+        value = check_field_type(frame, key, self.types, seq)
+        if float in self.types:
+            return float(value)
+        return self.normalize(value) if self.normalize is not None else value
+
+
+# The request settings, declared once: every protocol's form of them is checked against this table
+# (tests/test_request_settings_table.py). docs/protocol.md lists them for users.
+REQUEST_SETTINGS: tuple[RequestSetting, ...] = (
+    RequestSetting(
+        "action_mode",
+        (str,),
+        "policy, inverse_dynamics or forward_dynamics; unset: follows the media (a video asks inverse_dynamics)",
+        _EVERYWHERE,
+        sglang_names=("action_mode",),
+        normalize=_lower_mode,
+    ),
+    RequestSetting(
+        "domain_name",
+        (str,),
+        "the embodiment, one of the metadata's `domains`",
+        _EVERYWHERE,
+        sglang_names=("domain_name", "domain_id", "raw_action_dim"),
+    ),
+    RequestSetting(
+        "action_horizon",
+        (int,),
+        "actions per chunk (default: the domain's)",
+        _EVERYWHERE - {SettingChannel.HTTP_VIDEOS},  # a rollout's length is its actions'
+        sglang_names=("action_horizon", "num_frames"),
+        in_chunk=False,  # the chunk's actions have that many rows
+    ),
+    RequestSetting("prompt", (str,), "text conditioning", _EVERYWHERE, sglang_names=("prompt", "task")),
+    RequestSetting(
+        "resolution_tier",
+        (int,),
+        "the resolution tier, one of the metadata's `resolution_tiers`",
+        _EVERYWHERE,
+        sglang_names=("height", "width", "size"),
+    ),
+    RequestSetting(
+        "view_point",
+        (str,),
+        "how named cameras are composed, one of the metadata's `view_points` (default: the domain's)",
+        _EVERYWHERE,
+        sglang_names=("action_view_point",),
+    ),
+    RequestSetting("seed", (int,), "random seed (default: drawn)", _EVERYWHERE, sglang_names=("seed",)),
+    RequestSetting(
+        "num_steps",
+        (int,),
+        "denoising steps (distilled: the fixed count or unset)",
+        _NOT_OPENPI,
+        aliases=("num_inference_steps",),
+        sglang_names=("num_inference_steps",),
+    ),
+    RequestSetting(
+        "guidance_scale",
+        (float, int),
+        "classifier-free guidance (distilled: 1.0 or unset)",
+        _NOT_OPENPI,
+        sglang_names=("guidance_scale",),
+    ),
+    RequestSetting(
+        "fps",
+        (float, int),
+        "the rate the actions are meant for (default: the domain's profile, else the model's)",
+        _NOT_OPENPI,
+        sglang_names=("fps", "action_fps"),
+    ),
+    RequestSetting(
+        "control_hz",
+        (float, int),
+        "the robot's control rate, as it declares it: shown to operators, never used by the model",
+        frozenset({SettingChannel.CONFIGURE}),
+        not_per_observation="`control_hz` is the robot's control rate, shown to operators for the whole session; "
+        "set it with `configure`",
+        recorded=False,
+        in_chunk=False,
+    ),
+)
+SETTINGS_BY_NAME = {setting.name: setting for setting in REQUEST_SETTINGS}
+
+# What the native protocol's parser uses, derived from the table: the settings with the types each
+# accepts, the other names a client may use, the settings an observation may not carry (and why), and
+# those it may carry for itself only.
 SESSION_SETTINGS: dict[str, tuple[type, ...]] = {
-    "action_mode": (str,),
-    "domain_name": (str,),
-    "action_horizon": (int,),
-    "prompt": (str,),
-    "resolution_tier": (int,),
-    "view_point": (str,),
-    "seed": (int,),
-    "num_steps": (int,),
-    "guidance_scale": (float, int),
-    "fps": (float, int),
-    "control_hz": (float, int),
+    setting.name: setting.types for setting in REQUEST_SETTINGS if SettingChannel.CONFIGURE in setting.channels
 }
-# The fields `configure` takes (every session setting).
-CONFIGURE_FIELDS = SESSION_SETTINGS
-# Other names a client may use for a setting: diffusers calls the step count `num_inference_steps`.
-SETTING_ALIASES = {"num_inference_steps": "num_steps"}
-# Settings of the session as a whole that an observation may not carry, and why.
+SETTING_ALIASES = {alias: setting.name for setting in REQUEST_SETTINGS for alias in setting.aliases}
 SESSION_ONLY_SETTINGS = {
-    "control_hz": "`control_hz` is the robot's control rate, shown to operators for the whole session; set it "
-    "with `configure`",
+    setting.name: setting.not_per_observation for setting in REQUEST_SETTINGS if setting.not_per_observation is not None
 }
-# Settings an observation may carry for itself only.
-OBSERVATION_SETTINGS = tuple(name for name in SESSION_SETTINGS if name not in SESSION_ONLY_SETTINGS)
+OBSERVATION_SETTINGS = tuple(
+    setting.name for setting in REQUEST_SETTINGS if SettingChannel.OBSERVATION in setting.channels
+)
 
 
 def parse_settings(
@@ -116,8 +228,7 @@ def parse_settings(
                     ErrorCode.INVALID_FIELD, f"`{alias}` is another name for `{name}`; send one of them", alias, seq
                 )
             if frame[alias] is not None or keep_null:
-                types = SESSION_SETTINGS[name]
-                settings[name] = None if frame[alias] is None else _setting(frame, alias, types, seq)
+                settings[name] = None if frame[alias] is None else SETTINGS_BY_NAME[name].check(frame, alias, seq)
     for name in names:
         if name not in frame:
             continue
@@ -125,17 +236,8 @@ def parse_settings(
             if keep_null:
                 settings[name] = None
             continue
-        settings[name] = _setting(frame, name, SESSION_SETTINGS[name], seq)
+        settings[name] = SETTINGS_BY_NAME[name].check(frame, name, seq)
     return settings
-
-
-def _setting(frame: Mapping[str, Any], name: str, types: tuple[type, ...], seq: int | None) -> Any:
-    value = check_field_type(frame, name, types, seq)
-    if float in types:
-        return float(value)
-    if name == "action_mode":
-        return value.strip().lower()  # " Policy" is what a person typing a config file means by "policy"
-    return value
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -421,7 +523,7 @@ def _refuse_unknown(frame: Mapping[str, Any], frame_type: str, known: tuple[str,
 
 
 def _parse_configure(frame: Mapping[str, Any]) -> ConfigureFrame:
-    _refuse_unknown(frame, CONFIGURE, tuple(CONFIGURE_FIELDS) + tuple(SETTING_ALIASES) + (RECORD_FIELD,))
+    _refuse_unknown(frame, CONFIGURE, tuple(SESSION_SETTINGS) + tuple(SETTING_ALIASES) + (RECORD_FIELD,))
     record = frame.get(RECORD_FIELD)
     if record is not None and not isinstance(record, bool):
         raise ProtocolError(
@@ -429,7 +531,7 @@ def _parse_configure(frame: Mapping[str, Any]) -> ConfigureFrame:
             f"`{RECORD_FIELD}` must be true or false, got {type(record).__name__}",
             RECORD_FIELD,
         )
-    return ConfigureFrame(parse_settings(frame, tuple(CONFIGURE_FIELDS), None, keep_null=True), record)
+    return ConfigureFrame(parse_settings(frame, tuple(SESSION_SETTINGS), None, keep_null=True), record)
 
 
 def _parse_observation(frame: Mapping[str, Any], limits: FrameLimits) -> ObservationFrame:

@@ -1,0 +1,172 @@
+"""The request settings are declared once (``robot_clients.client_frames.REQUEST_SETTINGS``); every other
+form of them names exactly the settings the table says it carries.
+
+The forms: the native parser (``configure`` and ``observation``), the server's ``SessionConfig``, the HTTP
+sidecar's request schemas, the ``--openpi-*`` settings, SGLang's request keys, what each recorded row
+keeps (and what ``cosmos3-replay`` may override), what an action chunk reports, the engine's
+``ActionRequest`` and the user-facing table in ``docs/protocol.md``. A setting added to the table and
+missing from a form it claims, or added to a form and missing from the table, fails here.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from cosmos3_runtime.requests import ActionRequest
+from policy_server.http.schemas import ActionGenerationParams, VideoCreateParams
+from policy_server.recording.episode_writer import REQUEST_FIELDS
+from policy_server.recording.replay import OVERRIDABLE
+from policy_server.sessions.config import CHUNK_ECHOED_SETTINGS, SessionConfig
+from policy_server.sessions.openpi_settings import OpenpiSettings
+from policy_server.sglang import actions as sglang_actions
+from policy_server.sglang import videos as sglang_videos
+from robot_clients.client import ActionChunk
+from robot_clients.client_frames import (
+    OBSERVATION_SETTINGS,
+    REQUEST_SETTINGS,
+    SESSION_SETTINGS,
+    SETTING_ALIASES,
+    ConfigureFrame,
+    ObservationFrame,
+    SettingChannel,
+    parse_client_frame,
+)
+from robot_clients.protocol import ErrorCode, FrameLimits, ProtocolError
+
+ROOT = Path(__file__).resolve().parent.parent
+LIMITS = FrameLimits(min_image_side=8, max_image_side=4096, max_clip_frames=65)
+IMAGE = np.zeros((16, 16, 3), np.uint8)
+# A value of each primary type, for frames that carry every setting.
+SAMPLES = {str: "policy", int: 3, float: 2.5}
+
+
+def names(channel: SettingChannel) -> set[str]:
+    return {setting.name for setting in REQUEST_SETTINGS if channel in setting.channels}
+
+
+def test_the_table_names_each_setting_once_with_a_doc_and_a_type():
+    table = [setting.name for setting in REQUEST_SETTINGS]
+    assert len(table) == len(set(table))
+    for setting in REQUEST_SETTINGS:
+        assert setting.doc and setting.types and setting.channels, setting.name
+        assert (setting.not_per_observation is None) == (SettingChannel.OBSERVATION in setting.channels), setting.name
+    aliases = [alias for setting in REQUEST_SETTINGS for alias in setting.aliases]
+    assert not set(aliases) & set(table) and len(aliases) == len(set(aliases))
+
+
+def test_the_native_parser_takes_the_tables_settings_where_the_table_says():
+    assert set(SESSION_SETTINGS) == names(SettingChannel.CONFIGURE)
+    assert set(OBSERVATION_SETTINGS) == names(SettingChannel.OBSERVATION)
+    assert SETTING_ALIASES == {"num_inference_steps": "num_steps"}
+    values = {setting.name: SAMPLES[setting.types[0]] for setting in REQUEST_SETTINGS}
+
+    configure = parse_client_frame({"type": "configure", **values}, LIMITS)
+    assert isinstance(configure, ConfigureFrame) and set(configure.settings) == names(SettingChannel.CONFIGURE)
+    observed = {name: values[name] for name in names(SettingChannel.OBSERVATION)}
+    obs = parse_client_frame({"type": "observation", "seq": 0, "image": IMAGE, **observed}, LIMITS)
+    assert isinstance(obs, ObservationFrame) and set(obs.overrides) == set(observed)
+    for setting in REQUEST_SETTINGS:
+        if float in setting.types:  # a number setting takes an int and hands on a float
+            assert isinstance(configure.settings[setting.name], float), setting.name
+        if setting.not_per_observation is not None:
+            with pytest.raises(ProtocolError) as info:
+                parse_client_frame({"type": "observation", "seq": 0, "image": IMAGE, setting.name: 1}, LIMITS)
+            assert (info.value.code, info.value.field) == (ErrorCode.INVALID_FIELD, setting.name)
+            assert setting.not_per_observation in info.value.message
+        with pytest.raises(ProtocolError) as info:  # every setting is a scalar: a list is refused
+            parse_client_frame({"type": "configure", setting.name: [1]}, LIMITS)
+        assert info.value.field == setting.name
+
+
+def test_the_session_config_has_a_field_per_configure_setting_of_the_same_type():
+    fields = {field.name: str(field.type) for field in dataclasses.fields(SessionConfig)}
+    assert set(fields) == names(SettingChannel.CONFIGURE)
+    for setting in REQUEST_SETTINGS:
+        assert setting.types[0].__name__ in fields[setting.name], (setting.name, fields[setting.name])
+
+
+def test_the_http_schemas_name_the_settings_each_endpoint_takes():
+    # Besides the settings: the media, the real-time chunking prefix, the state, the model's name.
+    actions_media = {"image", "video", "prefix_actions", "state", "model"}
+    videos_media = {"action", "input_reference", "model"}
+    assert set(ActionGenerationParams.model_fields) - actions_media == names(SettingChannel.HTTP_ACTIONS)
+    assert set(VideoCreateParams.model_fields) - videos_media == names(SettingChannel.HTTP_VIDEOS)
+
+
+def test_the_openpi_settings_name_the_settings_openpi_sessions_take():
+    fields = {field.name for field in dataclasses.fields(OpenpiSettings)} - {"cameras"}
+    assert fields == names(SettingChannel.OPENPI)
+
+
+def sglang_names() -> dict[str, str]:
+    """SGLang's keys that carry a setting, each with the setting it carries (from the table)."""
+    return {
+        key: setting.name
+        for setting in REQUEST_SETTINGS
+        if SettingChannel.SGLANG in setting.channels
+        for key in setting.sglang_names
+    }
+
+
+def test_sglangs_keys_carry_the_tables_settings_under_the_tables_sglang_names():
+    carried = sglang_names()
+    assert set(carried.values()) == names(SettingChannel.SGLANG)
+    # SGLang's action keys that are no setting: media, the batch's candidates, output shaping, checks.
+    not_settings = {
+        "observation",
+        *sglang_actions.MEDIA_KEYS,
+        "action_normalization",
+        "candidate_count",
+        "candidate_reducer",
+        "return_candidates",
+        "use_guardrails",
+        "output_format",
+    }
+    action_keys = set(sglang_actions.PARAMETER_KEYS) | set(sglang_actions.INPUT_KEYS)
+    assert action_keys - not_settings == set(carried) - {"size"}  # `size` is the videos' way to say width+height
+    # /v1/videos takes our own names, SGLang's renamed ones and the keys it resolves into a setting.
+    native = set(sglang_videos.NATIVE_FIELDS) - {"action", "input_reference", "model"}
+    assert native == names(SettingChannel.HTTP_VIDEOS)
+    for key, name in sglang_videos.RENAMED.items():
+        assert carried[key] == name, key
+    # Its resolved keys say a setting another way; num_frames is only checked against the actions' length
+    # (a rollout has no horizon setting).
+    resolved = {carried[key] for key in sglang_videos.CHECKED_FIELDS if key in carried and key != "num_frames"}
+    assert resolved == {"domain_name", "resolution_tier", "fps"}
+    assert resolved <= names(SettingChannel.HTTP_VIDEOS)
+
+
+def test_recording_keeps_the_recorded_settings_and_replay_overrides_only_those():
+    recorded = {setting.name for setting in REQUEST_SETTINGS if setting.recorded}
+    # guidance_interval is the engine's, set by no client: recorded so that a replay sends the same request.
+    assert set(REQUEST_FIELDS) - {"guidance_interval"} == recorded
+    assert set(OVERRIDABLE) <= recorded
+    for name, kind in OVERRIDABLE.items():
+        assert kind in next(s for s in REQUEST_SETTINGS if s.name == name).types, name
+
+
+def test_the_chunk_reports_the_settings_it_was_made_with():
+    fields = {field.name for field in dataclasses.fields(ActionChunk)}
+    not_settings = {"seq", "actions", "domain_id", "raw_action_dim", "timing", "round_trip_ms"}
+    reported = {setting.name for setting in REQUEST_SETTINGS if setting.in_chunk}
+    assert fields - not_settings == reported
+    assert set(CHUNK_ECHOED_SETTINGS) <= reported
+
+
+def test_every_setting_the_model_uses_reaches_the_engine_request():
+    request_fields = {field.name for field in dataclasses.fields(ActionRequest)}
+    used = {setting.name for setting in REQUEST_SETTINGS if setting.recorded}
+    assert used <= request_fields
+    assert "control_hz" not in request_fields  # shown to operators, never the model's
+
+
+def test_the_protocol_docs_table_lists_the_configure_settings():
+    text = (ROOT / "docs" / "protocol.md").read_text()
+    table = text[text.index("| field | type | default |") :].split("\n\n", 1)[0]
+    documented = set(re.findall(r"^\| `([a-z_]+)`", table, flags=re.MULTILINE))
+    assert documented == names(SettingChannel.CONFIGURE)
