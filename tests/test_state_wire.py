@@ -25,6 +25,7 @@ from policy_server.sessions.config import SessionConfig, observation_request
 from policy_server.sessions.openpi import OpenpiSettings
 from policy_server.sessions.openpi_observation import CameraMapping, parse_openpi_observation
 from robot_clients import PolicyClient
+from robot_clients.chunker import ActionChunker, ChunkerConfig, ChunkRecord, RemoteChunkPolicy
 from robot_clients.client import ServerError
 from robot_clients.client_frames import ObservationFrame, parse_client_frame
 from robot_clients.protocol import ErrorCode, FrameLimits, ProtocolError
@@ -309,3 +310,43 @@ def test_http_takes_the_state_and_advertises_it(server):
             "state",
         ), response.text
     assert post(state=STATE.tolist()).json()["data"][0]["action"]["shape"] == [32, 8]  # and it goes on
+
+
+# -- the chunker through RemoteChunkPolicy -------------------------------------------------------------------
+
+
+def test_the_chunker_drives_a_state_conditioned_domain_with_named_cameras(server):
+    """RemoteChunkPolicy forwards the observation's state, its named cameras and its own settings: under a
+    fixed seed the chunks the chunker executes follow the state and the chosen camera, and a state reported
+    for a domain that takes none stays on the robot."""
+    wrist = rgb_image(64, seed=7)
+    records: list[ChunkRecord] = []
+
+    def first_chunk(chunker: ActionChunker, observation: dict) -> np.ndarray:
+        chunker.reset()
+        records.clear()
+        chunker.next_action(observation)  # waits for the episode's first chunk
+        assert len(records) == 1
+        return records[0].actions
+
+    with PolicyClient(server.url) as client:
+        assert "wrist_view" in client.metadata["view_points"]
+        client.configure(domain_name=DROID, seed=0)
+        config = ChunkerConfig(strategy="open_loop", control_hz=15.0, startup_timeout_s=120.0)
+        with ActionChunker(RemoteChunkPolicy(client, timeout=120.0), config, on_chunk=records.append) as chunker:
+            cameras = {"exterior": IMAGE, "wrist": wrist}
+            first = first_chunk(chunker, {"images": cameras, "state": STATE, "step": 0})
+            again = first_chunk(chunker, {"images": cameras, "state": STATE.tolist()})
+            moved = first_chunk(chunker, {"images": cameras, "state": MOVED})
+            # The same state through the wrist camera, chosen by the observation's own view_point.
+            wrist_view = first_chunk(chunker, {"images": cameras, "state": STATE, "view_point": "wrist_view"})
+            wrist_alone = first_chunk(chunker, {"image": wrist, "state": STATE, "view_point": "wrist_view"})
+            # OTHER conditions on no state: the state stays on the robot, and the chunk still comes.
+            other = first_chunk(chunker, {"image": IMAGE, "state": STATE, "domain_name": OTHER})
+            stats = chunker.stats
+    assert first.shape == (32, 8) and stats.errors == 0 and stats.dropped == 0
+    np.testing.assert_array_equal(again, first)  # same state, same camera, same seed: the same chunk
+    assert np.abs(moved - first).max() > 1e-4
+    np.testing.assert_array_equal(wrist_view, wrist_alone)
+    assert np.abs(wrist_view - first).max() > 1e-4
+    assert other.ndim == 2 and len(other) >= 1
