@@ -207,11 +207,10 @@ class ChunkerStats:
 # ---------------------------------------------------------------------------------------------------
 
 
-# The observation fields a chunk request forwards (the chunker adds `prefix_actions`; the client sets
-# `seq` and `timestamp`), and the settings an observation may carry for itself. Anything else the
-# environment reports (its step count, cameras under other keys, ...) stays on the robot.
+# The observation fields a chunk request forwards besides the settings an observation may carry for itself
+# (the chunker adds `prefix_actions`; the client sets `seq` and `timestamp`). Anything else the environment
+# reports (its step count, cameras under other keys, ...) stays on the robot.
 FORWARDED_FIELDS = ("image", "images", "video", "deadline_ms")
-FORWARDED_SETTINGS = OBSERVATION_SETTINGS
 
 
 @runtime_checkable
@@ -252,7 +251,7 @@ class RemoteChunkPolicy:
         fields = {key: observation[key] for key in FORWARDED_FIELDS if observation.get(key) is not None}
         if prefix_actions is not None and len(prefix_actions):
             fields["prefix_actions"] = np.ascontiguousarray(prefix_actions, dtype=np.float32)
-        settings = {name: observation[name] for name in FORWARDED_SETTINGS if observation.get(name) is not None}
+        settings = {name: observation[name] for name in OBSERVATION_SETTINGS if observation.get(name) is not None}
         state = observation.get("state")
         if state is not None and not self._conditions_on_state(settings.get("domain_name")):
             state = None

@@ -1,10 +1,10 @@
 """What a client frame of the native protocol may contain, and the typed frames it is parsed into.
 
-Pure data beside :mod:`robot_clients.protocol`: :func:`parse_client_frame` turns one decoded client frame
-into a typed dataclass, or raises :class:`ProtocolError` with a stable code and the offending field. The
-server parses every frame with it (the openpi protocol and the HTTP sidecar check their observations' fields
-with the same functions, so every protocol refuses the same things in the same words); a client may check
-its own frames with it before sending. Numpy only. ``docs/protocol.md`` is the user-facing description.
+:func:`parse_client_frame` turns one decoded frame into a typed dataclass, or raises :class:`ProtocolError`
+with a stable code and the offending field. :data:`REQUEST_SETTINGS` declares the request settings once,
+for every protocol; the field checks (cameras, state, prefix actions) serve every protocol too, so all of
+them refuse the same things in the same words. Numpy only, so a robot can check its frames before sending.
+``docs/protocol.md`` is the user-facing description.
 """
 
 from __future__ import annotations
