@@ -60,7 +60,7 @@ import time
 from collections import deque
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, Protocol, TypedDict, runtime_checkable
 
 import numpy as np
 
@@ -159,6 +159,25 @@ class ChunkRecord:
     prefix_error: float | None = None  # rtc: max |chunk[:K] - prefix|, 0 when the server honoured it
 
 
+class ChunkerSummary(TypedDict):
+    """:meth:`ChunkerStats.summary`: the counters and latency quantiles, as an episode report shows them."""
+
+    steps: int
+    requests: int
+    chunks: int
+    chunk_latency_p50_ms: float | None
+    chunk_latency_p99_ms: float | None
+    stalls: int
+    stall_steps: int
+    dropped: int
+    errors: int
+    stale_chunks: int
+    prefix_overruns: int
+    held_steps: int
+    holds: int
+    startup_s: float | None
+
+
 @dataclass
 class ChunkerStats:
     """What happened so far, across episodes."""
@@ -183,7 +202,7 @@ class ChunkerStats:
             return None
         return float(np.quantile(np.asarray(self.latencies_s), quantile) * 1e3)
 
-    def summary(self) -> dict[str, Any]:
+    def summary(self) -> ChunkerSummary:
         return {
             "steps": self.steps,
             "requests": self.requests,

@@ -29,7 +29,7 @@ from typing import Any
 
 import numpy as np
 
-from .chunker import ActionChunker
+from .chunker import ActionChunker, ChunkerSummary
 
 logger = logging.getLogger(__name__)
 
@@ -118,7 +118,7 @@ class EpisodeReport:
     jitter_ms_p99: float  # how late ticks started, p99
     overruns: int  # ticks that took longer than one period
     missed_ticks: int  # ticks skipped because a tick overran
-    chunker: dict[str, Any] | None = None
+    chunker: ChunkerSummary | None = None
     stopped_by_operator: bool = False  # an operator stopped the policy session (the robot held, then ended)
     records: list[StepRecord] = field(default_factory=list, repr=False)
 
