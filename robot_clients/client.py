@@ -43,7 +43,7 @@ import sys
 import threading
 import time
 from collections import Counter
-from collections.abc import Awaitable, Callable, Coroutine, Mapping
+from collections.abc import Awaitable, Callable, Coroutine, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from ssl import SSLContext
 from typing import Any, TypeVar
@@ -74,6 +74,9 @@ RUNNING, PAUSED, STOPPED = SessionState.RUNNING.value, SessionState.PAUSED.value
 UNSENT = "unsent"
 
 T = TypeVar("T")
+# The robot's proprio state as a caller hands it over: [state_dim] or [history_length, state_dim] numbers,
+# sent as float32.
+RobotState = np.ndarray | Sequence[float] | Sequence[Sequence[float]]
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -271,8 +274,10 @@ async def open_session(
 ) -> OpenedSession:
     """Connect with backoff until ``deadline`` (None: forever), read metadata, re-send ``settings``.
 
-    Gives up at once on what retrying cannot fix (HTTP 401, another HTTP status, a bad URL, another
-    protocol version), and when ``closing()`` says the client is being closed.
+    The one place a connection is made, for the first connect and every reconnect alike: it retries while
+    the server is loading (HTTP 502/503/504, refused connections). Gives up at once on what retrying cannot
+    fix (HTTP 401, another HTTP status, a bad URL, another protocol version), and when ``closing()`` says
+    the client is being closed.
     """
     attempt = 0
     while True:
@@ -327,7 +332,15 @@ async def _handshake(url: str, options: Mapping[str, Any], settings: Mapping[str
 
 
 class OutgoingFrames:
-    """A client's image options, applied to each observation's cameras (``prepare``)."""
+    """A client's image options, applied to each observation's cameras (``prepare``).
+
+    ``images``: ``"raw"`` (the arrays as they are), ``"jpeg"``, ``"webp"`` or ``"png"`` (quality 90), or an
+    :class:`~robot_clients.frame_encoding.ImageEncoding` for another quality. ``resize``: shrink every camera
+    to the size the server would shrink it to anyway (:func:`robot_clients.frame_sizing.send_size` of the
+    session's resolution tier, from the ``canvases`` of the server's metadata frame), so the link carries
+    only pixels the model conditions on. Named cameras under the ``concat_view`` view point are sized as the
+    composed frame the server makes of them (side by side). Encoding needs Pillow; resizing numpy only.
+    """
 
     def __init__(self, images: str | ImageEncoding = "raw", resize: bool = False) -> None:
         self.encoding: ImageEncoding | None = None
@@ -405,7 +418,8 @@ _TIOCOUTQ = 0x5411  # Linux: bytes in a TCP socket's send queue
 
 
 def buffered_bytes(ws: ClientConnection) -> int:
-    """Bytes written to ``ws`` and not yet acknowledged by the server."""
+    """Bytes written to ``ws`` and not yet acknowledged by the server: the transport's write buffer plus,
+    on Linux, the socket's send queue."""
     transport = ws.transport
     total = transport.get_write_buffer_size()
     sock = transport.get_extra_info("socket")
@@ -418,7 +432,13 @@ def buffered_bytes(ws: ClientConnection) -> int:
 
 
 class LatestObservationSender:
-    """Sends observations one at a time, latest wins (see the module docstring).
+    """Sends observations one at a time, latest wins.
+
+    On a slow link, a robot that writes every frame to its socket builds a queue there (the kernel's send
+    buffer, the transport's write buffer): the newest frame waits behind all the older ones, and the
+    server's "latest wins" cannot help because it never sees the newest. This sender holds at most one
+    observation that is not on the wire yet and sends it only once what the socket still holds is below
+    ``max_buffered_bytes``; an observation put while one waits replaces it.
 
     ``current()`` is the connection now (None while reconnecting), ``connection()`` waits for one;
     ``replaced(seq)`` is told of an observation a newer one replaced before it was sent, ``sent(seq,
@@ -506,7 +526,7 @@ class LatestObservationSender:
 
 
 def _observation_frame(
-    seq: int, obs: Mapping[str, Any], settings: Mapping[str, Any], state: Any = None
+    seq: int, obs: Mapping[str, Any], settings: Mapping[str, Any], state: RobotState | None = None
 ) -> dict[str, Any]:
     # ``settings`` are this observation's own (the server applies them to it alone).
     frame = protocol.observation_frame(seq, obs, settings)
@@ -859,7 +879,12 @@ class AsyncPolicyClient:
         await self._send(protocol.cancel_frame(seq))
 
     async def submit(
-        self, obs: Mapping[str, Any] | np.ndarray, timeout: float | None = None, *, state: Any = None, **settings: Any
+        self,
+        obs: Mapping[str, Any] | np.ndarray,
+        timeout: float | None = None,
+        *,
+        state: RobotState | None = None,
+        **settings: Any,
     ) -> int:
         """Send an observation without waiting for its chunk; return its ``seq``. See :meth:`receive`.
 
@@ -926,7 +951,12 @@ class AsyncPolicyClient:
             return item
 
     async def infer(
-        self, obs: Mapping[str, Any] | np.ndarray, timeout: float | None = 10.0, *, state: Any = None, **settings: Any
+        self,
+        obs: Mapping[str, Any] | np.ndarray,
+        timeout: float | None = 10.0,
+        *,
+        state: RobotState | None = None,
+        **settings: Any,
     ) -> ActionChunk:
         """Send one observation and wait for its chunk (one round trip).
 
@@ -995,14 +1025,24 @@ class PolicyClient:
         return self._call(self._client.configure(timeout=timeout, **settings))
 
     def infer(
-        self, obs: Mapping[str, Any] | np.ndarray, timeout: float | None = 10.0, *, state: Any = None, **settings: Any
+        self,
+        obs: Mapping[str, Any] | np.ndarray,
+        timeout: float | None = 10.0,
+        *,
+        state: RobotState | None = None,
+        **settings: Any,
     ) -> ActionChunk:
         """One round trip; ``state`` is the robot's proprio state and ``settings`` apply to this observation
         only (see ``AsyncPolicyClient.infer``)."""
         return self._call(self._client.infer(obs, timeout=timeout, state=state, **settings))
 
     def submit(
-        self, obs: Mapping[str, Any] | np.ndarray, timeout: float | None = None, *, state: Any = None, **settings: Any
+        self,
+        obs: Mapping[str, Any] | np.ndarray,
+        timeout: float | None = None,
+        *,
+        state: RobotState | None = None,
+        **settings: Any,
     ) -> int:
         return self._call(self._client.submit(obs, timeout=timeout, state=state, **settings))
 
