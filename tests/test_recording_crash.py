@@ -20,7 +20,7 @@ import pytest
 from recording_fixtures import REPO_ROOT, assert_frames_match, frame, leftovers, only_recording, recorders  # noqa: F401
 
 from policy_server.recording.assembly import assemble
-from policy_server.recording.reader import RecordedEpisode
+from policy_server.recording.replay import RecordedEpisode
 
 SCRIPT = Path(__file__).with_name("recording_crash_script.py")
 pytestmark = pytest.mark.timeout(180)

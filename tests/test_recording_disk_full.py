@@ -19,7 +19,7 @@ from recording_fixtures import CONFIG, MODEL, leftovers, record_traffic, recorde
 from test_faults_disk_full import fill, small_disk  # noqa: F401 - the same real tmpfs and filler
 
 from policy_server.recording import RecordingStore
-from policy_server.recording.reader import RecordedEpisode
+from policy_server.recording.replay import RecordedEpisode
 
 pytestmark = pytest.mark.timeout(120)
 CAMERA = {"front": (240, 320)}  # with random pixels a 4-frame segment is far bigger than what is left

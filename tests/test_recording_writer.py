@@ -29,8 +29,8 @@ from recording_fixtures import (
 )
 
 from policy_server.recording import InvalidRecordingName, RecordingStore
-from policy_server.recording.reader import RecordedEpisode
-from policy_server.recording.video_segments import join_segments
+from policy_server.recording.assembly import join_segments
+from policy_server.recording.replay import RecordedEpisode
 from policy_server.videos.encoding import VideoEncodingError, encode_mp4, read_mp4
 
 pytestmark = pytest.mark.timeout(120)

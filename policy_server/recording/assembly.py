@@ -1,14 +1,25 @@
 """An episode folder's committed segments into a LeRobotDataset v3.0 dataset, in the same folder.
 
-Used when an episode ends and, after a crash, by recovery at the next start: both read only what is on
-disk (``meta/cosmos3/session.json`` and the segments whose ``segment.json`` exists), so a crash during
-assembly is repaired by assembling again. Every file is written atomically and ``meta/info.json`` last;
-the recorder then publishes the folder with one rename and removes its ``segments/``.
+Used when an episode ends and, after a crash, at the next start: both read only what is on disk
+(``meta/cosmos3/session.json`` and the segments whose ``segment.json`` exists), so a crash during assembly
+is repaired by assembling again. Every file is written atomically and ``meta/info.json`` last.
+
+Each camera's MP4 segments are joined with ffmpeg's concat demuxer, copying the stream (every segment has
+the same size, frame rate and codec settings). Each segment restarts its timestamps at 0 and lasts
+exactly its frame count / fps, so frame *i* of the joined file is presented at *i*/fps, which is what
+LeRobot's decoder asks for. Decode timestamps must follow one another the same way in every segment:
+libx264 reorders frames for B-frames from 3 frames on, shifting a segment's decode times two frames
+before its presentation times, and a 1- or 2-frame segment has no such shift; joined, the two kinds make
+ffmpeg rewrite timestamps (the average frame rate LeRobot computes frame indices from goes off). So every
+segment has at least :data:`MIN_SEGMENT_FRAMES` frames: the recorder flushes no fewer, and an episode that
+ends on fewer repeats its last frame after its ``to_timestamp``, where no reader looks.
 """
 
 from __future__ import annotations
 
 import json
+import shutil
+import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -17,25 +28,85 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
+from ..videos.encoding import VideoEncodingError, check_mp4_structure
 from . import durable_files
-from .dataset_stats import image_stats, numeric_stats
-from .episode_files import SEGMENT_COMMIT, SEGMENT_ROWS, SEGMENTS_DIR, SESSION_JSON
 from .lerobot_format import (
     DATA_PATH,
     EPISODES_PATH,
     INFO_PATH,
     NO_VALUE,
+    SEGMENT_COMMIT,
+    SEGMENT_ROWS,
+    SEGMENTS_DIR,
+    SESSION_JSON,
     STATS_PATH,
     TASKS_PATH,
     EpisodeLayout,
     column,
     data_schema,
     episodes_table,
+    image_stats,
     info_json,
+    numeric_stats,
     tasks_table,
     video_path,
 )
-from .video_segments import join_segments
+
+MIN_SEGMENT_FRAMES = 3
+
+
+def _concat_entry(path: Path) -> str:
+    # ffconcat quoting: inside single quotes, a quote is written '\''.
+    return "file '" + str(path.resolve()).replace("'", "'\\''") + "'\n"
+
+
+def join_segments(segments: list[tuple[Path, int]], out: Path) -> None:
+    """Write ``segments`` (MP4 files encoded alike, in order, with their frame counts) as one MP4 at
+    ``out``, atomically."""
+    import imageio_ffmpeg
+
+    if not segments:
+        raise VideoEncodingError("no segments to join")
+    if any(frames < MIN_SEGMENT_FRAMES for _, frames in segments):
+        raise VideoEncodingError(f"every segment needs at least {MIN_SEGMENT_FRAMES} frames to be joined")
+    parts = [path for path, _ in segments]
+    with durable_files.replacing(out) as tmp:
+        if len(parts) == 1:
+            shutil.copyfile(parts[0], tmp)
+        else:
+            listing = out.with_name(out.name + ".segments.txt")
+            listing.write_text("ffconcat version 1.0\n" + "".join(_concat_entry(p) for p in parts))
+            try:
+                result = subprocess.run(
+                    [
+                        imageio_ffmpeg.get_ffmpeg_exe(),
+                        "-nostdin",
+                        "-y",
+                        "-loglevel",
+                        "error",
+                        "-f",
+                        "concat",
+                        "-safe",
+                        "0",
+                        "-i",
+                        str(listing),
+                        "-c",
+                        "copy",
+                        "-movflags",
+                        "+faststart",
+                        "-f",
+                        "mp4",
+                        str(tmp),
+                    ],
+                    capture_output=True,
+                    text=True,
+                    timeout=600,
+                )
+            finally:
+                listing.unlink(missing_ok=True)
+            if result.returncode != 0:
+                raise VideoEncodingError(f"ffmpeg could not join {len(parts)} segments: {result.stderr.strip()[-500:]}")
+        check_mp4_structure(tmp)
 
 
 class AssemblyError(RuntimeError):

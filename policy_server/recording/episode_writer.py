@@ -2,15 +2,14 @@
 
 An observation becomes a row when it arrives; the row waits in memory until the session reports its
 outcome (a chunk, a drop or an error: every observation gets exactly one), then goes to disk with the
-rows around it as one *segment*: one MP4 per camera (:func:`~policy_server.videos.encoding.encode_mp4`),
-the rows as Parquet, and ``segment.json`` last, which commits the segment. So a crash loses at most the
-rows not yet flushed, and what was flushed stays readable (:mod:`.assembly` builds the dataset from the
-committed segments, at the episode's end or at the next start).
+rows around it as one *segment*: one MP4 per camera, the rows as Parquet, and ``segment.json`` last,
+which commits the segment. So a crash loses at most the rows not yet flushed, and what was flushed stays
+readable: the dataset is assembled from the committed segments, at the episode's end or at the next start.
 
 A flush happens when a segment's worth of leading rows is answered, when the oldest row has waited
 ``flush_interval_s`` (rows still unanswered after twice that are recorded as ``unanswered``; a late
 answer goes to the event log), or when the recorder needs the memory back; never with fewer than
-``MIN_SEGMENT_FRAMES`` rows, except at the episode's end (see :mod:`.video_segments`).
+``MIN_SEGMENT_FRAMES`` rows, except at the episode's end.
 
 The episode's layout (cameras, their sizes, the state's width, the chunk's shape) is fixed by its first
 observation and its configuration; :meth:`EpisodeWriter.fits` tells the recorder when a later
@@ -34,20 +33,24 @@ import pyarrow as pa
 from ..media.camera_composition import side_by_side
 from ..videos.encoding import encode_mp4
 from . import durable_files
-from .dataset_stats import channel_histograms
-from .episode_files import (
+from .assembly import MIN_SEGMENT_FRAMES
+from .events import EpisodeStart, ObservationRecord, RowOutcome
+from .lerobot_format import (
     EVENTS_JSONL,
     FORMAT_NAME,
     FORMAT_VERSION,
+    NO_VALUE,
     SEGMENT_COMMIT,
     SEGMENT_ROWS,
     SEGMENTS_DIR,
     SESSION_JSON,
+    TIMING_NAMES,
+    VIDEO_KEY_PREFIX,
+    EpisodeLayout,
+    channel_histograms,
+    column,
 )
-from .events import EpisodeStart, ObservationRecord, RowOutcome
-from .lerobot_format import NO_VALUE, TIMING_NAMES, VIDEO_KEY_PREFIX, EpisodeLayout, column
 from .store import directory_bytes
-from .video_segments import MIN_SEGMENT_FRAMES
 
 _KEY_UNSAFE = re.compile(r"[^A-Za-z0-9_]+")
 # The ActionRequest settings a row keeps (everything but the arrays), so a replay can send it again.
@@ -320,7 +323,7 @@ class EpisodeWriter:
         folder.mkdir(parents=True, exist_ok=True)
         fps = self.start.fps
         histograms = {}
-        # Only the episode's last segment can be this short: it repeats its last frame (video_segments).
+        # Only the episode's last segment can be this short: it repeats its last frame (MIN_SEGMENT_FRAMES).
         padding = max(0, MIN_SEGMENT_FRAMES - len(rows))
         for key, name in layout.camera_names.items():
             frames = np.stack([row.cameras[name] for row in rows] + [rows[-1].cameras[name]] * padding)

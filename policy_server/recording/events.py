@@ -1,7 +1,7 @@
 """What a session tells the recorder: typed events that cross from the event loop to the writer thread.
 
-A session builds one of these per call (:class:`~policy_server.recording.recorder.SessionRecording` does
-it for the session) and the writer thread consumes them in order. They hold references, never copies:
+A session's ``SessionRecording`` builds one of these per call and the writer thread consumes them in
+order. They hold references, never copies:
 camera frames, states and action arrays are the very arrays the session decoded or the engine returned,
 and nobody mutates those after the fact (the session sends them and forgets them). Everything that costs
 more than a few attribute reads (JSON encoding, stacking frames, statistics) happens on the writer

@@ -1,4 +1,4 @@
-"""The LeRobotDataset v3.0 layout: paths, features, and the exact types and metadata LeRobot writes.
+"""An episode's files on disk: the LeRobotDataset v3.0 layout, its statistics, and the recorder's own files.
 
 This mirrors LeRobot's own writer (``lerobot/datasets/lerobot_dataset.py`` and ``utils.py``, published
 standalone as ``lerobot-dataset`` 0.4.4, ``CODEBASE_VERSION = "v3.0"``) so that LeRobot's
@@ -11,13 +11,23 @@ the real package):
     meta/episodes/chunk-000/file-000.parquet        one row per episode: lengths, file indices, stats
     data/chunk-000/file-000.parquet                 one row per frame
     videos/<video key>/chunk-000/file-000.mp4       one H.264 MP4 per camera
+    meta/cosmos3/session.json                       the recorder's own: session, configuration, model,
+                                                    layout, why and when the episode ended, frames lost
+    meta/cosmos3/events.jsonl                       drops, errors, reconfigurations, notes; one a line
+
+LeRobot reads nothing under ``meta/cosmos3/``. While an episode is recorded its flushed frames wait in
+``segments/NNNNNN/`` (``rows.parquet``, one MP4 per camera, and ``segment.json``, written last: a segment
+without it was cut short and is ignored); the folder is removed once the episode is published.
 
 A recording holds one episode, so every chunk and file index is 0. Frame *i* is at ``timestamp`` *i*/fps,
 which is also its presentation time in each MP4 (LeRobot decodes a frame by that time, to 0.1 ms).
+Columns are stored with the Arrow types Hugging Face ``datasets`` gives LeRobot's features, and the data
+file carries the same ``huggingface`` schema metadata; only pyarrow is needed.
 
-Columns are stored with the Arrow types Hugging Face ``datasets`` gives LeRobot's features (a vector
-is a fixed-size list, a 2-D array a list of lists), and the data file carries the same ``huggingface``
-schema metadata. Only pyarrow is needed: neither ``datasets`` nor pandas is imported here.
+Statistics follow LeRobot's ``compute_episode_stats`` (its ``aggregate_stats`` merges them across
+episodes): a numeric feature gets one value per last dimension over every frame; a camera one value per
+channel, shape (3, 1, 1), in [0, 1], computed exactly from one 256-bin histogram per channel so that no
+frame is kept. Frames with no value are masked out, and a feature no frame has a value for gets none.
 """
 
 from __future__ import annotations
@@ -298,3 +308,82 @@ def episodes_table(
     row["meta/episodes/chunk_index"] = 0
     row["meta/episodes/file_index"] = 0
     return pa.Table.from_pylist([row])
+
+
+SESSION_JSON = "meta/cosmos3/session.json"
+EVENTS_JSONL = "meta/cosmos3/events.jsonl"
+SEGMENTS_DIR = "segments"
+SEGMENT_ROWS = "rows.parquet"
+SEGMENT_COMMIT = "segment.json"
+FORMAT_NAME = "cosmos3-recording"
+FORMAT_VERSION = 1
+
+
+QUANTILES = (0.01, 0.10, 0.50, 0.90, 0.99)
+QUANTILE_KEYS = tuple(f"q{int(q * 100):02d}" for q in QUANTILES)
+# Pixels are sampled on a grid about this many pixels wide (LeRobot also downsamples to ~150 px).
+HISTOGRAM_TARGET_SIDE = 150
+
+
+def numeric_stats(values: np.ndarray, kept: np.ndarray | None = None) -> dict[str, np.ndarray]:
+    """Statistics of ``values`` (frames first) per last dimension, over the frames ``kept`` (a boolean
+    mask; default all)."""
+    values = np.asarray(values)
+    if kept is not None:
+        values = values[kept]
+    width = 1 if values.ndim == 1 else values.shape[-1]
+    flat = values.reshape(-1, width)
+    count = np.array([values.shape[0]], dtype=np.int64)
+    if flat.shape[0] == 0:  # no frame has a value: only the count means anything
+        zeros = np.zeros(width, dtype=np.float64)
+        return {
+            "min": zeros,
+            "max": zeros,
+            "mean": zeros,
+            "std": zeros,
+            "count": count,
+            **{key: zeros for key in QUANTILE_KEYS},
+        }
+    as_float = flat.astype(np.float64)
+    stats = {
+        "min": flat.min(axis=0),
+        "max": flat.max(axis=0),
+        "mean": as_float.mean(axis=0),
+        "std": as_float.std(axis=0),
+        "count": count,
+    }
+    for key, value in zip(QUANTILE_KEYS, np.quantile(as_float, QUANTILES, axis=0)):
+        stats[key] = value
+    return stats
+
+
+def channel_histograms(frames: np.ndarray) -> np.ndarray:
+    """Pixel counts per channel and value (3×256 int64) of T×H×W×3 uint8 ``frames``, on a sampled grid."""
+    height, width = frames.shape[1], frames.shape[2]
+    stride = max(1, max(height, width) // HISTOGRAM_TARGET_SIDE)
+    sample = frames[:, ::stride, ::stride, :]
+    return np.stack([np.bincount(sample[..., c].reshape(-1), minlength=256) for c in range(3)]).astype(np.int64)
+
+
+def image_stats(histograms: np.ndarray, frames: int) -> dict[str, np.ndarray]:
+    """LeRobot's per-channel camera statistics (each (3, 1, 1), in [0, 1]) from :func:`channel_histograms`."""
+    levels = np.arange(256, dtype=np.float64) / 255.0
+    totals = histograms.sum(axis=1).astype(np.float64)
+    seen = histograms > 0
+    mean = (histograms * levels).sum(axis=1) / totals
+    variance = (histograms * (levels[None, :] - mean[:, None]) ** 2).sum(axis=1) / totals
+    cumulative = np.cumsum(histograms, axis=1) / totals[:, None]
+
+    def per_channel(values: np.ndarray) -> np.ndarray:
+        return np.asarray(values, dtype=np.float64).reshape(3, 1, 1)
+
+    stats = {
+        "min": per_channel([levels[np.argmax(row)] for row in seen]),
+        "max": per_channel([levels[255 - np.argmax(row[::-1])] for row in seen]),
+        "mean": per_channel(mean),
+        "std": per_channel(np.sqrt(variance)),
+        "count": np.array([frames], dtype=np.int64),
+    }
+    for key, q in zip(QUANTILE_KEYS, QUANTILES):
+        stats[key] = per_channel([levels[min(255, int(np.searchsorted(row, q)))] for row in cumulative])
+    return stats

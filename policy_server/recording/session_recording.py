@@ -1,9 +1,9 @@
 """What one session holds to record itself: :class:`SessionRecording`, or :data:`NO_RECORDING`.
 
 A session calls these on the event loop. Every call is O(1) and never blocks: it builds one small event
-(:mod:`.events`) holding references to the session's arrays, and offers it to the recorder's bounded
-queue through a :class:`RecordingSink` (the :class:`~.recorder.Recorder`). A frame the queue has no room
-for is counted here and dropped; the session never waits.
+holding references to the session's arrays and offers it to the recorder's bounded queue through a
+:class:`RecordingSink` (the recorder; a Protocol so that the recorder may import this module). A frame the
+queue has no room for is counted here and dropped; the session never waits.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The recording directory: names that cannot escape it, what is in it, and what may be deleted.
+"""The recording directory: names that cannot escape it, what is in it, what may be deleted, and recovery.
 
 Layout of ``--record-dir DIR``::
 
@@ -12,24 +12,29 @@ id reduced to those characters.
 
 A recording appears under ``DIR`` by one ``rename`` from ``.partial`` once it is complete, so a reader
 never sees half of one. :meth:`RecordingStore.enforce` applies the retention age and the disk quota,
-oldest first; it never touches what is still being recorded.
+oldest first; it never touches what is still being recorded. After a crash, :func:`recover_partials`
+publishes every episode left in ``.partial`` up to its last committed segment (``"end_reason":
+"interrupted"`` unless it had recorded its own), or removes it: nothing that would break a loader stays.
 
 The directory is created private to the server's user (0700): recordings hold camera images.
 """
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import re
 import shutil
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
 
+from . import durable_files
+from .assembly import assemble
 from .durable_files import TMP_SUFFIX, fsync_dir
-from .episode_files import SEGMENTS_DIR
+from .lerobot_format import SEGMENTS_DIR, SESSION_JSON
 
 logger = logging.getLogger(__name__)
 
@@ -237,3 +242,42 @@ class RecordingStore:
             "older than the retention age" if reason == "age" else "over the recording quota",
         )
         deleted.append((name, reason))
+
+
+@dataclass
+class RecoveryReport:
+    recovered: list[str] = field(default_factory=list)
+    removed: list[str] = field(default_factory=list)
+
+
+def recover_partials(store: RecordingStore, skip: frozenset[str] = frozenset()) -> RecoveryReport:
+    """Publish or remove every partial episode except those in ``skip`` (being recorded right now)."""
+    report = RecoveryReport()
+    store.sweep()
+    for name in store.partial_names():
+        if name in skip:
+            continue
+        folder = store.partial_path(name)
+        try:
+            session_path = folder / SESSION_JSON
+            session = json.loads(session_path.read_text())
+            if not session.get("end_reason"):
+                session["end_reason"] = "interrupted"
+                durable_files.write_json(session_path, session)
+            assembled = assemble(folder)
+        except Exception as exc:  # noqa: BLE001 - whatever is wrong with it, it must not stay half-written
+            if durable_files.is_out_of_space(exc):
+                raise  # the episode is fine; the disk is not: try again when there is room
+            logger.warning("recording %s: cut short and not recoverable (%s); removed", name, exc)
+            store.discard_partial(name)
+            report.removed.append(name)
+            continue
+        if assembled is None:
+            logger.info("recording %s: cut short before its first frame reached the disk; removed", name)
+            store.discard_partial(name)
+            report.removed.append(name)
+            continue
+        store.publish(name)
+        logger.warning("recording %s: cut short; recovered its first %d frames", name, assembled.frames)
+        report.recovered.append(name)
+    return report

@@ -3,7 +3,7 @@
 Read-only, behind the server's token like every other route (the sidecar's auth layer runs first).
 Recordings are found through :class:`~policy_server.recording.RecordingStore` (only names of the
 recorder's own pattern become paths, never through a symlink) and read with
-:class:`~policy_server.recording.reader.RecordedEpisode`. Reading (Parquet, MP4 decoding) runs on a
+:class:`~policy_server.recording.replay.RecordedEpisode`. Reading (Parquet, MP4 decoding) runs on a
 helper thread, never on the event loop; frames come in bounded pages.
 
 * ``GET /v1/recordings``: the published recordings, newest first;
@@ -41,7 +41,7 @@ def _root(parts: SidecarParts) -> Path:
 
 def _episode(root: Path, name: str) -> Any:
     from ...recording import InvalidRecordingName, RecordingStore
-    from ...recording.reader import RecordedEpisode, RecordingFormatError
+    from ...recording.replay import RecordedEpisode, RecordingFormatError
 
     try:
         return RecordedEpisode(RecordingStore(root).path(name))
@@ -85,7 +85,7 @@ def episode_body(root: Path, name: str) -> dict[str, Any]:
 
 def frame_page(root: Path, name: str, start: int, count: int) -> dict[str, Any]:
     """Rows ``start..start+count-1``'s camera frames (fewer at the end), as JPEG previews."""
-    from ...recording.reader import RecordingFormatError
+    from ...recording.replay import RecordingFormatError
 
     episode = _episode(root, name)
     frames = []
