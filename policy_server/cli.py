@@ -34,7 +34,7 @@ from .sessions.openpi import OpenpiSettings
 from .sessions.openpi_observation import CameraMapping, CameraMappingError
 from .sessions.rate_limits import RateLimit
 from .sessions.supervisor import SessionLimits
-from .videos.jobs import RetentionPolicy
+from .videos.job_store import RetentionPolicy
 
 __all__ = ["build_parser", "main", "serve_until_stopped"]
 

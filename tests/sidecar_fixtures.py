@@ -22,7 +22,7 @@ import numpy as np
 from server_fixtures import DOMAIN, ServerThread, tiny_checkpoint
 
 from policy_server.http.sidecar import SidecarSettings
-from policy_server.videos.jobs import RetentionPolicy
+from policy_server.videos.job_store import RetentionPolicy
 
 ACTION_DIM = 10  # raw_action_dim of DOMAIN in the tiny checkpoints
 

@@ -31,7 +31,7 @@ from sidecar_fixtures import png_b64, rgb
 
 from policy_server.auth import TokenSet
 from policy_server.http.sidecar import SidecarSettings
-from policy_server.videos.jobs import RetentionPolicy
+from policy_server.videos.job_store import RetentionPolicy
 
 TOKEN = "fuzz-token-7d1c"
 AUTH = {"Authorization": f"Bearer {TOKEN}"}

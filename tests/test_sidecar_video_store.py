@@ -5,8 +5,14 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from policy_server.videos.job_store import VideoJobStore
-from policy_server.videos.jobs import MAX_ATTEMPTS, JobNotFound, RetentionPolicy, VideoJobInputs, VideoJobStatus
+from policy_server.videos.job_store import (
+    MAX_ATTEMPTS,
+    JobNotFound,
+    RetentionPolicy,
+    VideoJobInputs,
+    VideoJobStatus,
+    VideoJobStore,
+)
 
 
 def _inputs() -> VideoJobInputs:
@@ -130,7 +136,7 @@ def test_inputs_are_stored_as_uploaded_counted_and_dropped_when_the_job_finishes
 
 
 def test_a_submission_over_the_limit_first_retires_finished_jobs_then_is_refused(tmp_path):
-    from policy_server.videos.jobs import StorageFull
+    from policy_server.videos.job_store import StorageFull
 
     first = VideoJobStore(tmp_path).create({}, _inputs())
     size = first.input_bytes

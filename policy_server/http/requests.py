@@ -24,7 +24,7 @@ from robot_clients.protocol import ErrorCode, FrameLimits, ProtocolError
 
 from ..engine.description import DomainProfile, ModelDescription
 from ..sessions.config import check_schedule, merge_session_config
-from ..videos.jobs import VideoJobInputs
+from ..videos.job_store import VideoJobInputs
 from .codecs import DEFAULT_MAX_DECODED_BYTES, to_actions
 from .errors import ApiError
 from .media_fields import decode_image_bytes, encoded_image, to_image, to_video

@@ -32,8 +32,7 @@ from typing import Any
 from ..connection_limits import PeerCounter, capped_to_descriptors
 from ..metrics import ServerMetrics, ServerStateReaders
 from ..sessions.host import SessionHost
-from ..videos.job_store import VideoJobStore
-from ..videos.jobs import VideoJobStatus
+from ..videos.job_store import VideoJobStatus, VideoJobStore
 from ..videos.runner import VideoJobRunner
 from .app import build_app
 from .bodies import BodyBudget

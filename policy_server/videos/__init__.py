@@ -1,6 +1,3 @@
-"""``forward_dynamics`` video jobs: where they are stored (:mod:`.job_store`, SQLite plus files), what
-runs them on the engine (:mod:`.runner`) and how their frames become an MP4 (:mod:`.encoding`).
-
-The HTTP sidecar's ``/v1/videos`` routes create, list and serve jobs; the runner hands each to the
-engine worker's background lane and records its result.
+"""``forward_dynamics`` video jobs: stored durably, run on the engine behind the robots' observations, and
+encoded as MP4; the HTTP sidecar's ``/v1/videos`` routes create, list and serve them.
 """

@@ -1,14 +1,31 @@
-"""Where ``forward_dynamics`` video jobs live: a SQLite table plus one folder of files per job.
+"""Where ``forward_dynamics`` video jobs live: what a job is, a SQLite table, and one folder of files per job.
+
+Job states::
+
+    queued ──claim──► in_progress ──► completed
+       ▲                  │     └───► failed     (the model refused or failed the request)
+       └──── recover ─────┘                       (the server died while it ran)
 
 A job is accepted only once it is durable: its inputs (the first frame and the raw actions) are written
 and fsynced into a folder named after the job id, then its row is committed with SQLite's
-``synchronous=FULL``. After that, killing the server at any moment (SIGKILL included) loses
-nothing: on the next start :meth:`VideoJobStore.recover` puts every job that was running back in the
-queue, and queued jobs simply wait their turn.
+``synchronous=FULL``. After that, killing the server at any moment (SIGKILL included) loses nothing: on
+the next start :meth:`VideoJobStore.recover` puts every job that was running back in the queue, and queued
+jobs simply wait their turn. A job interrupted :data:`MAX_ATTEMPTS` times fails with ``interrupted``
+instead of running again, so one job that kills the process (out of memory, say) cannot crash-loop the
+server.
 
-The table is ``video_jobs.sqlite3`` (WAL mode) in the data directory; each job's files are a folder
-of ``videos/`` (:mod:`.job_files`), kept only while the job may still run: its inputs are deleted when
-it finishes. Job states and attempts: :mod:`.jobs`.
+The table is ``video_jobs.sqlite3`` (WAL mode) in the data directory. Each job's files, kept only while
+the job may still run (its inputs are deleted when it finishes), are under the data directory's
+``videos/`` folder::
+
+    <job id>/input_reference.png   the first frame as uploaded (.png, .jpg or .webp), or, sent as pixels,
+                                   encoded as a lossless PNG (older stores: .npy)
+    <job id>/action.npy            T×D float32
+    <job id>/video.mp4             once completed (written atomically)
+
+Inputs are kept compact (a 58 KB PNG of a 4096² frame stays 58 KB, not 48 MiB of raw pixels). Paths are
+built from job ids only, and only ids that match :data:`JOB_ID_PATTERN` are accepted, so no client input
+can name a path.
 
 Retention (:class:`RetentionPolicy`): finished jobs (completed or failed) are deleted, row and files,
 once older than ``max_age_s``, and the oldest finished ones go first whenever the store (inputs of jobs
@@ -17,47 +34,240 @@ running jobs are never deleted by retention: a submission whose inputs would not
 finished job made room is refused (:class:`StorageFull`), as is one the disk itself has no room for.
 ``max_queued`` bounds how many may wait.
 
-The store is thread-safe (one connection behind a lock); the sidecar calls
-it through ``asyncio.to_thread`` so disk waits never stall the event loop.
+The store is thread-safe (one connection behind a lock); the sidecar calls it through
+``asyncio.to_thread`` so disk waits never stall the event loop.
 """
 
 from __future__ import annotations
 
+import enum
+import errno
+import io
 import json
 import logging
+import os
+import re
 import shutil
 import sqlite3
 import threading
 import time
+import uuid
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .job_files import (
-    FREE_SPACE_MARGIN_BYTES,
-    JOB_ID_PATTERN,
-    JOBS_DIRNAME,
-    VIDEO_FILE,
-    has_inputs,
-    input_files,
-    new_job_id,
-    read_inputs,
-    remove_inputs,
-    stored_input_bytes,
-    write_folder,
-)
-from .jobs import (
-    FINISHED,
-    MAX_ATTEMPTS,
-    JobNotFound,
-    RetentionPolicy,
-    StorageFull,
-    VideoJob,
-    VideoJobInputs,
-    VideoJobStatus,
-    disk_full,
-)
+import numpy as np
 
 logger = logging.getLogger(__name__)
+
+# A job interrupted this many times (the server died while running it) fails instead of running again.
+MAX_ATTEMPTS = 3
+
+
+class VideoJobStatus(str, enum.Enum):
+    """Where a job stands; each value (the member's name in lower case) is what the store and the API say."""
+
+    # enum.StrEnum does this from Python 3.11; the package supports 3.10.
+    @staticmethod
+    def _generate_next_value_(name: str, start: int, count: int, last_values: list) -> str:
+        return name.lower()
+
+    def __str__(self) -> str:
+        return self.value
+
+    QUEUED = enum.auto()
+    IN_PROGRESS = enum.auto()
+    COMPLETED = enum.auto()
+    FAILED = enum.auto()
+
+
+FINISHED = (VideoJobStatus.COMPLETED, VideoJobStatus.FAILED)
+
+
+@dataclass(frozen=True)
+class RetentionPolicy:
+    """How long finished jobs are kept and how much disk their results may take."""
+
+    max_age_s: float = 24 * 3600.0
+    max_bytes: int = 2 * 2**30  # inputs of jobs still to run plus finished results
+    max_queued: int = 100
+
+
+@dataclass
+class VideoJob:
+    """One row of the job table. ``params`` are the request's scalar settings, as resolved at submission."""
+
+    id: str
+    status: VideoJobStatus
+    created_at: float
+    params: dict[str, Any]
+    progress: int = 0
+    started_at: float | None = None
+    completed_at: float | None = None
+    attempts: int = 0
+    error_code: str | None = None
+    error_message: str | None = None
+    error_field: str | None = None
+    result_bytes: int = 0
+    result_frames: int = 0
+    width: int | None = None
+    height: int | None = None
+    timing: dict[str, float] = field(default_factory=dict)
+    input_bytes: int = 0  # the stored inputs' size while the job may still run (0 once finished)
+
+
+@dataclass
+class VideoJobInputs:
+    """The arrays a job needs besides its params (kept in files, not in the table). ``encoded_image`` is
+    the first frame as the client sent it (PNG, JPEG or WebP bytes), stored instead of the pixels."""
+
+    image: np.ndarray
+    action: np.ndarray
+    encoded_image: bytes | None = None
+
+
+class JobNotFound(KeyError):
+    """No job with that id (or the id is not one this store could have made)."""
+
+
+class StorageFull(Exception):
+    """A job or its result could not be stored: the data directory's disk is full (``cap`` False), or the
+    store has reached its own size limit, ``RetentionPolicy.max_bytes`` (``cap`` True)."""
+
+    def __init__(self, message: str, *, cap: bool = False) -> None:
+        super().__init__(message)
+        self.message = message
+        self.cap = cap
+
+
+def disk_full(exc: BaseException) -> bool:
+    """Whether a failed write was the disk's fault: ENOSPC/EDQUOT anywhere in the exception's chain, or
+    SQLite's "database or disk is full" (it reports no errno)."""
+    seen: BaseException | None = exc
+    while seen is not None:
+        if isinstance(seen, StorageFull):
+            return True
+        if isinstance(seen, OSError) and seen.errno in (errno.ENOSPC, errno.EDQUOT):
+            return True
+        if isinstance(seen, sqlite3.Error) and "full" in str(seen):
+            return True
+        if "No space left on device" in str(seen):
+            return True
+        seen = seen.__cause__ or seen.__context__
+    return False
+
+
+JOB_ID_PREFIX = "video_"
+JOB_ID_PATTERN = re.compile(r"^video_[0-9a-f]{32}$")
+JOBS_DIRNAME = "videos"
+IMAGE_STEM = "input_reference"
+# The first frame's file, by what it holds: an upload kept as received, or pixels encoded losslessly.
+IMAGE_SUFFIXES = (".png", ".jpg", ".webp", ".npy")  # .npy: raw arrays, as stores before schema 2 kept them
+ACTION_FILE = "action.npy"
+VIDEO_FILE = "video.mp4"
+# Free space a submission must leave on the data directory's disk beyond its own files (SQLite's log).
+FREE_SPACE_MARGIN_BYTES = 1 << 20
+
+
+def new_job_id() -> str:
+    return JOB_ID_PREFIX + uuid.uuid4().hex
+
+
+def fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def write_durably(path: Path, data: bytes) -> None:
+    """Write ``data`` and fsync it; a full disk raises OSError(ENOSPC) here (numpy's writer hid it)."""
+    with open(path, "wb") as handle:
+        handle.write(data)
+        handle.flush()
+        os.fsync(handle.fileno())
+
+
+def npy_bytes(array: np.ndarray) -> bytes:
+    buffer = io.BytesIO()
+    np.save(buffer, array, allow_pickle=False)
+    return buffer.getvalue()
+
+
+def image_file(inputs: VideoJobInputs) -> tuple[str, bytes]:
+    """The first frame's file name and bytes: the upload as received, or the pixels as a lossless PNG."""
+    data = inputs.encoded_image
+    if data is not None:
+        if data.startswith(b"\x89PNG\r\n\x1a\n"):
+            return IMAGE_STEM + ".png", data
+        if data.startswith(b"\xff\xd8\xff"):
+            return IMAGE_STEM + ".jpg", data
+        if data[:4] == b"RIFF" and data[8:12] == b"WEBP":
+            return IMAGE_STEM + ".webp", data
+    from PIL import Image
+
+    buffer = io.BytesIO()
+    # compress_level 1: a few times faster than the default and most of its gain on camera frames.
+    Image.fromarray(np.ascontiguousarray(inputs.image, dtype=np.uint8)).save(buffer, "PNG", compress_level=1)
+    return IMAGE_STEM + ".png", buffer.getvalue()
+
+
+def read_image(path: Path) -> np.ndarray:
+    if path.suffix == ".npy":
+        return np.load(path, allow_pickle=False)
+    from PIL import Image
+
+    with Image.open(path) as image:
+        return np.ascontiguousarray(np.asarray(image.convert("RGB"), dtype=np.uint8))
+
+
+def stored_image(folder: Path) -> Path | None:
+    for suffix in IMAGE_SUFFIXES:
+        if (folder / (IMAGE_STEM + suffix)).is_file():
+            return folder / (IMAGE_STEM + suffix)
+    return None
+
+
+def input_files(inputs: VideoJobInputs) -> dict[str, bytes]:
+    """The files a job's inputs are kept in, by name: the first frame and the actions (T×D float32)."""
+    image_name, image_data = image_file(inputs)
+    return {image_name: image_data, ACTION_FILE: npy_bytes(np.ascontiguousarray(inputs.action, dtype=np.float32))}
+
+
+def write_folder(staging: Path, final: Path, files: dict[str, bytes]) -> None:
+    """Write ``files`` into ``staging``, fsync them, and rename the folder to ``final`` (durably)."""
+    staging.mkdir()
+    for name, data in files.items():
+        write_durably(staging / name, data)
+    fsync_dir(staging)
+    os.replace(staging, final)
+    fsync_dir(final.parent)
+
+
+def has_inputs(folder: Path) -> bool:
+    return stored_image(folder) is not None and (folder / ACTION_FILE).is_file()
+
+
+def stored_input_bytes(folder: Path) -> int:
+    return sum(
+        path.stat().st_size
+        for path in (stored_image(folder), folder / ACTION_FILE)
+        if path is not None and path.is_file()
+    )
+
+
+def read_inputs(folder: Path) -> VideoJobInputs:
+    image = stored_image(folder)
+    if image is None:
+        raise FileNotFoundError(f"{folder}: no {IMAGE_STEM} file")
+    return VideoJobInputs(image=read_image(image), action=np.load(folder / ACTION_FILE, allow_pickle=False))
+
+
+def remove_inputs(folder: Path) -> None:
+    for name in [IMAGE_STEM + suffix for suffix in IMAGE_SUFFIXES] + [ACTION_FILE]:
+        (folder / name).unlink(missing_ok=True)
+
 
 DATABASE_NAME = "video_jobs.sqlite3"
 SCHEMA_VERSION = 2  # 2: input_bytes

@@ -45,8 +45,7 @@ from ..engine.outcome import EngineLost, engine_failure
 from ..engine.request_queue import QueueClosed, RequestQueue, queued_for_s
 from ..metrics import ServerMetrics
 from .encoding import VideoEncodingError, encode_mp4
-from .job_store import VideoJobStore
-from .jobs import JobNotFound, VideoJob, disk_full
+from .job_store import JobNotFound, VideoJob, VideoJobStore, disk_full
 
 logger = logging.getLogger(__name__)
 

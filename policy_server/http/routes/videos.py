@@ -19,8 +19,7 @@ from robot_clients.protocol import ErrorCode, FrameLimits
 from ...engine.description import ModelDescription
 from ...sglang.videos import video_fields
 from ...videos.encoding import MP4_MEDIA_TYPE
-from ...videos.job_store import VideoJobStore
-from ...videos.jobs import JobNotFound, StorageFull, VideoJob, VideoJobStatus
+from ...videos.job_store import JobNotFound, StorageFull, VideoJob, VideoJobStatus, VideoJobStore
 from .. import codecs as http_codecs
 from .. import requests as http_requests
 from ..bodies import ERROR_RESPONSES, body_schema, read_fields
