@@ -91,11 +91,12 @@ def main() -> None:
         import ray
         from ray import serve
 
-        from policy_server.ray.backend import EngineSpec, RayBackendFactory, RayBackendSettings
+        from policy_server.ray.backend import RayBackendFactory
+        from policy_server.ray.deployment import EngineLoader, RayBackendSettings
 
         ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
         serve.start(proxy_location="Disabled")
-        spec = EngineSpec(source=checkpoint, device="cpu", dtype="float32", torch_threads=1)
+        spec = EngineLoader(source=checkpoint, device="cpu", dtype="float32", torch_threads=1)
         factory = RayBackendFactory(RayBackendSettings(replicas=1, num_cpus=0), spec)
         ray_times = asyncio.run(measure(PolicyServer(None, settings, backend=factory), args.rounds, args.warmup))
         serve.shutdown()

@@ -40,10 +40,11 @@ class RayServerThread(ServerThread):
     """A test server whose engine runs on Ray Serve replicas instead of the local worker thread."""
 
     def __init__(self, replicas: int, **settings) -> None:
-        from policy_server.ray.backend import EngineSpec, RayBackendFactory, RayBackendSettings
+        from policy_server.ray.backend import RayBackendFactory
+        from policy_server.ray.deployment import EngineLoader, RayBackendSettings
 
         super().__init__(None, **settings)
-        spec = EngineSpec(
+        spec = EngineLoader(
             source=str(tiny_checkpoint("distilled")), device="cpu", dtype="float32", torch_threads=1, warmup=False
         )
         # num_cpus 0: two replicas plus Serve's controller fit a 2-core Ray instance.

@@ -5,21 +5,15 @@ protocols and the clients are unchanged: sessions put observations in the server
 here that queue is a :class:`~policy_server.ray.router.ReplicaRouter` (one queue per replica, a map
 session -> replica) and every replica has a worker that takes its sessions' work and calls it.
 
-The rooms of the backend:
-
-* :mod:`.deployment`: Ray and Serve (one Serve application per replica, so that a session can be pinned
-  to one; why, there), deploying and finding replacements;
-* :mod:`.remote_engine`: the engine API over a replica's deployment handle;
-* :mod:`.router`: the queue, sessions pinned to replicas;
-* this module: the replicas' lifecycle (start, ready, failover, replacement, stop) and their counters.
+This module holds the replicas' lifecycle (start, ready, failover, replacement, stop) and their counters.
 
 **Dispatch.** Each replica is served by the local :class:`~policy_server.engine.worker.EngineWorker`,
 composed as it is (latest observation wins, fair turns, batching, deadlines, background lane), whose
-engine is the replica's :class:`~policy_server.ray.remote_engine.RemoteEngine`; its ``on_engine_lost``
+engine is the replica's :class:`~policy_server.ray.deployment.RemoteEngine`; its ``on_engine_lost``
 is this backend's failover. One call at a time per replica, like the local engine.
 
 **Failover.** A replica's death is noticed two ways: a call in flight raises
-:class:`~policy_server.ray.remote_engine.ReplicaLost` (the worker hands its work here instead of
+:class:`~policy_server.ray.deployment.ReplicaLost` (the worker hands its work here instead of
 answering it), or a watchdog finds the replica's actor name gone from Ray (an idle replica). Then: its
 sessions move to the least-loaded live replica, the observation that was running and those waiting are
 queued again there (the robot's next chunk comes from the new replica; nothing is answered with an
@@ -28,8 +22,7 @@ error), each moved native session gets a ``session_event`` frame (``replica_move
 recorded by the runner once a replica returns its frames, and the job store stays the source of truth
 across restarts). Serve starts a replacement; once it is up the replica takes new sessions.
 
-Ray is imported only by :mod:`.deployment`, :mod:`.remote_engine` and :mod:`.replica`; the local
-backend never loads any of them.
+Ray is imported only by :mod:`.deployment` (and so by this module); the local backend never loads it.
 """
 
 from __future__ import annotations
@@ -51,9 +44,7 @@ from ..engine.batching import BackgroundShare, BatchPolicy
 from ..engine.outcome import EngineOutcome
 from ..engine.request_queue import BackgroundTask, PendingObservation, QueueClosed, RequestQueue
 from ..engine.worker import EngineWorker, WorkerState
-from .deployment import RayBackendSettings, ReplicaDeployments
-from .remote_engine import RemoteEngine
-from .replica import EngineSpec
+from .deployment import EngineLoader, RayBackendSettings, RemoteEngine, ReplicaDeployments
 from .router import ReplicaRouter
 
 logger = logging.getLogger(__name__)
@@ -88,7 +79,7 @@ class RayBackend(CounterReadouts):
     def __init__(
         self,
         settings: RayBackendSettings,
-        spec: EngineSpec,
+        spec: EngineLoader,
         host: BackendHost,
         router: ReplicaRouter,
         loop: asyncio.AbstractEventLoop,
@@ -361,7 +352,7 @@ class RayBackendFactory:
     """What ``PolicyServer(backend=...)`` needs to run on Ray: the replicas' settings and engine spec."""
 
     settings: RayBackendSettings
-    spec: EngineSpec
+    spec: EngineLoader
 
     def make_queue(self) -> ReplicaRouter:
         return ReplicaRouter(self.settings.replicas)

@@ -1,13 +1,26 @@
-"""Ray and Serve as the Ray backend uses them: one connection, and one Serve application per replica.
+"""Engine replicas as Ray Serve applications: the replica that holds the engine, deploying it, and the
+engine API over its handle.
 
-**Why one Serve application per replica.** Serve's own router spreads requests over a deployment's
+**One Serve application per replica.** Serve's own router spreads requests over a deployment's
 replicas (power of two choices); a robot session must instead stay on one replica for its lifetime, since
 its text prefix cache, its seed stream and its real-time chunking state live in that engine. So each
-replica is its own application (``cosmos3-replica-0``, ``-1``, ...) running one
-:class:`~policy_server.ray.replica.Cosmos3Replica` with ``num_gpus=1`` (0 on CPU-only clusters), and
-its deployment handle addresses exactly that replica. Serve still does what we want from it: placement
-on any node of the cluster, health checks, and replacing a replica that died. Plain Ray actors would give
-pinning too, but then replacing, health checking and deploying onto a cluster would be ours to write.
+replica is its own application (``cosmos3-replica-0``, ``-1``, ...) running one :class:`Cosmos3Replica`
+with ``num_gpus=1`` (0 on CPU-only clusters), and its deployment handle addresses exactly that replica.
+Serve still does what we want from it: placement on any node of the cluster, health checks, and
+replacing a replica that died. Plain Ray actors would give pinning too, but then replacing, health
+checking and deploying onto a cluster would be ours to write.
+
+**The replica** loads and warms up the Cosmos3 engine in its Ray actor. Its methods are the engine's own
+API (``describe``, ``predict_actions``, ``predict_actions_batch``, ``rollout_video``, and a video rollout
+step by step), so it adds no protocol of its own: requests and results travel as the runtime's
+dataclasses, pickled by Ray, and typed runtime errors (``InvalidRequestError`` with its ``field``) reach
+the client unchanged. ``describe()`` adds a ``replica`` entry naming the Ray actor that answered: the
+backend uses its name to notice that the replica died, and its id to tell a replacement apart.
+
+**The remote engine** (:class:`RemoteEngine`) is the engine of the local worker that serves a replica:
+every call goes through the handle and waits for its answer, one at a time. A replica that dies under a
+call raises :class:`ReplicaLost`, an ``EngineLost``: the worker hands the call's work back to be queued
+again on another replica.
 
 **The connection** is made on a thread of its own that lives until :meth:`ReplicaDeployments.shutdown`:
 a local Ray instance's processes die with the thread that started them (parent-death signal), so it
@@ -19,16 +32,178 @@ from __future__ import annotations
 import logging
 import threading
 import time
+import uuid
 from dataclasses import dataclass
 from typing import Any
 
 import ray
 from ray import serve
+from ray.exceptions import ActorUnavailableError, RayActorError, RayTaskError
 
-from .remote_engine import RemoteEngine
-from .replica import Cosmos3Replica, EngineSpec
+from ..engine.outcome import EngineLost
 
 logger = logging.getLogger(__name__)
+
+# Serve's health check calls check_health() this often; a replica that fails it (or dies) is replaced.
+HEALTH_CHECK_PERIOD_S = 2.0
+
+
+@dataclass(frozen=True)
+class EngineLoader:
+    """How a replica loads its engine (pickled to the replica: paths must exist on its node)."""
+
+    source: str
+    device: str | None = None
+    dtype: str | None = None
+    profiles_path: str | None = None
+    prefix_cache_mb: float = 256.0
+    compile: bool = False
+    torch_threads: int | None = None
+    warmup: bool = True
+
+    def load(self) -> Any:
+        from cosmos3_runtime.engine import Cosmos3Engine
+
+        return Cosmos3Engine.load(
+            self.source,
+            device=self.device,
+            dtype=self.dtype,
+            profiles_path=self.profiles_path,
+            prefix_cache_mb=self.prefix_cache_mb,
+            compile=self.compile,
+        )
+
+
+@serve.deployment(
+    num_replicas=1,  # one application per replica, so that sessions can be pinned to it (see policy_server.ray.backend)
+    # The dispatcher sends one call at a time; a second can only be a describe() or a health probe.
+    max_ongoing_requests=4,
+    health_check_period_s=HEALTH_CHECK_PERIOD_S,
+)
+class Cosmos3Replica:
+    """The engine in a Serve replica. The constructor loads and warms it up; Serve reports ready after."""
+
+    def __init__(self, spec: EngineLoader) -> None:
+        import ray
+
+        import policy_server  # noqa: F401  (OMP_WAIT_POLICY=PASSIVE before torch loads in this process)
+
+        from ..engine.cpu_threads import configure_worker_threads
+
+        self.thread_settings = configure_worker_threads(spec.torch_threads)
+        self.engine = spec.load()
+        if spec.warmup:
+            self.engine.warmup()
+        self.rollouts: dict[str, Any] = {}
+        context = ray.get_runtime_context()
+        self.identity = {
+            "actor_name": context.get_actor_name(),
+            "actor_id": context.get_actor_id(),
+            "node_id": context.get_node_id(),
+        }
+
+    def describe(self) -> dict[str, Any]:
+        description = dict(self.engine.describe())
+        description["replica"] = dict(self.identity, threads=self.thread_settings)
+        return description
+
+    def predict_actions(self, request: Any) -> Any:
+        return self.engine.predict_actions(request)
+
+    def predict_actions_batch(self, requests: list[Any]) -> list[Any]:
+        return self.engine.predict_actions_batch(requests)
+
+    def rollout_video(self, request: Any) -> Any:
+        return self.engine.rollout_video(request)
+
+    # A video rollout step by step, so the dispatcher can serve robots between steps (as the local
+    # worker does). The rollout lives here, under an id; a replica's death loses it, and the job is
+    # queued again elsewhere from its stored request.
+    def start_video(self, request: Any) -> str:
+        rollout_id = uuid.uuid4().hex
+        self.rollouts[rollout_id] = self.engine.start_video(request)
+        return rollout_id
+
+    def video_step(self, rollout_id: str) -> tuple[bool, float]:
+        rollout = self.rollouts[rollout_id]
+        done = rollout.step()
+        return done, rollout.progress
+
+    def video_result(self, rollout_id: str) -> Any:
+        return self.rollouts.pop(rollout_id).result()
+
+    def check_health(self) -> None:
+        """Serve's health probe: the replica answers, so the engine is there (a dead actor cannot)."""
+
+
+class ReplicaLost(EngineLost):
+    """The replica died under a call: the work in hand is queued again on another replica."""
+
+
+class RemoteEngine:
+    """The engine API over one replica's deployment handle."""
+
+    def __init__(self, handle: Any, app_name: str) -> None:
+        self.handle = handle
+        self.app_name = app_name
+        # The Ray actor that answered describe() (name, id, node, threads): how the backend watches it.
+        self.identity: dict[str, Any] = {}
+
+    def call(self, method: Any, *arguments: Any) -> Any:
+        """Call ``method`` (an attribute of the handle: ``self.handle.predict_actions``) and wait for it."""
+        try:
+            return method.remote(*arguments).result()
+        except (RayActorError, ActorUnavailableError) as exc:
+            raise ReplicaLost(f"replica {self.app_name} died: {exc}") from exc
+        except RayTaskError as exc:
+            # The engine raised: hand the runtime's own (typed) error to the worker, as the local one does.
+            raise (exc.cause if isinstance(exc.cause, Exception) else exc) from None
+
+    def describe(self) -> dict[str, Any]:
+        description = dict(self.call(self.handle.describe))
+        self.identity = description.pop("replica", {})
+        return description
+
+    def warmup(self) -> None:
+        """The replica warmed up in its constructor, before Serve reported it running."""
+
+    def predict_actions(self, request: Any) -> Any:
+        return self.call(self.handle.predict_actions, request)
+
+    def predict_actions_batch(self, requests: list[Any]) -> list[Any]:
+        return self.call(self.handle.predict_actions_batch, requests)
+
+    def rollout_video(self, request: Any) -> Any:
+        return self.call(self.handle.rollout_video, request)
+
+    def start_video(self, request: Any) -> RemoteVideoRollout:
+        return RemoteVideoRollout(self, self.call(self.handle.start_video, request))
+
+
+class RemoteVideoRollout:
+    """A video rollout running on a replica, advanced one denoising step per call (like the local one)."""
+
+    def __init__(self, engine: RemoteEngine, rollout_id: str) -> None:
+        self._engine = engine
+        self._id = rollout_id
+        self.done = False
+        self.progress = 0.0
+
+    def step(self) -> bool:
+        self.done, self.progress = self._call(self._engine.handle.video_step)
+        return self.done
+
+    def result(self) -> Any:
+        return self._call(self._engine.handle.video_result)
+
+    def _call(self, method: Any) -> Any:
+        try:
+            return self._engine.call(method, self._id)
+        except KeyError as exc:
+            # The replica answering does not hold this rollout: the one that started it died between two
+            # steps and Serve replaced it. The rollout went with it, like in a death mid-step.
+            raise ReplicaLost(f"replica {self._engine.app_name} lost video rollout {self._id}") from exc
+
 
 SERVE_NAMESPACE = "serve"
 APP_PREFIX = "cosmos3-replica"
@@ -52,7 +227,7 @@ class RayBackendSettings:
 class ReplicaDeployments:
     """Deploys replicas as Serve applications, finds their replacements, and watches their actors."""
 
-    def __init__(self, settings: RayBackendSettings, spec: EngineSpec, stopping: threading.Event) -> None:
+    def __init__(self, settings: RayBackendSettings, spec: EngineLoader, stopping: threading.Event) -> None:
         self.settings = settings
         self.spec = spec
         self._stopping = stopping
