@@ -14,8 +14,7 @@ from sglang_fixtures import base, case, distilled, droid, load_cases, materializ
 from sidecar_fixtures import png_b64, png_bytes, rgb
 
 from policy_server.http.codecs import Upload
-from policy_server.sglang.action_form import envelope_from_form
-from policy_server.sglang.actions import is_sglang_envelope
+from policy_server.sglang.actions import envelope_from_form, is_sglang_envelope
 from robot_clients.wire_codec import unpackb
 
 # -- SGLang's own test requests, replayed ----------------------------------------------------------------

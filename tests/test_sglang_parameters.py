@@ -18,8 +18,7 @@ from sidecar_fixtures import png_b64, png_bytes
 from policy_server.engine.description import ModelDescription
 from policy_server.http.codecs import Upload
 from policy_server.http.errors import ApiError
-from policy_server.sglang.action_form import envelope_from_form, is_sglang_form
-from policy_server.sglang.actions import is_sglang_envelope
+from policy_server.sglang.actions import envelope_from_form, is_sglang_envelope, is_sglang_form
 
 # -- parameters ------------------------------------------------------------------------------------------
 

@@ -13,8 +13,7 @@ from sidecar_fixtures import png_b64, rgb
 from policy_server.engine.description import ModelDescription
 from policy_server.http.errors import ApiError
 from policy_server.http.requests import action_request
-from policy_server.sglang.action_reply import build_reply
-from policy_server.sglang.actions import ActionCall, ActionItem, parse_action_envelope
+from policy_server.sglang.actions import ActionCall, ActionItem, build_reply, parse_action_envelope
 from policy_server.sglang.metadata import merge_metadata, sglang_metadata
 from policy_server.sglang.realtime import NATIVE, SGLANG, LockstepSession, connection_mode
 from robot_clients.wire_codec import packb, unpackb

@@ -15,8 +15,14 @@ from cosmos3_runtime.requests import ActionRequest
 from robot_clients.protocol import FrameLimits
 
 from ..engine.description import ModelDescription
-from ..sglang.action_form import FORM_UPLOADS, envelope_from_form, is_sglang_form
-from ..sglang.actions import ActionCall, is_sglang_envelope, parse_action_envelope
+from ..sglang.actions import (
+    FORM_UPLOADS,
+    ActionCall,
+    envelope_from_form,
+    is_sglang_envelope,
+    is_sglang_form,
+    parse_action_envelope,
+)
 from . import codecs as http_codecs
 from .errors import ApiError
 from .requests import action_request

@@ -1,6 +1,7 @@
-"""SGLang's ``POST /v1/actions/generations`` envelope, parsed into our requests and answered in its reply.
+"""SGLang's ``POST /v1/actions/generations`` envelope: parsed into our requests, and answered in its reply.
 
-The request (JSON or msgpack; :func:`.action_form.envelope_from_form` turns SGLang's multipart form into the same)::
+The request (JSON or msgpack, or SGLang's multipart form, which :func:`envelope_from_form` rebuilds into
+the same envelope so that one parser checks both)::
 
     {"request_id": "r1",                                  # or "id": echoed as the reply's `id`
      "input": {"task": "pick up the block",               # or "prompt"; a list: one per image of a batch
@@ -12,9 +13,9 @@ The request (JSON or msgpack; :func:`.action_form.envelope_from_form` turns SGLa
 per image of a batch and per candidate. An item holds the fields of our own flat request (the names of
 ``ActionGenerationParams``), so the route builds each engine request with the checks it already makes
 (:func:`policy_server.http.requests.action_request`), and :meth:`ActionItem.relabel` turns an error
-about one of our fields into one about the client's. SGLang's multipart form becomes this envelope in
-:mod:`.action_form`; :func:`.action_reply.build_reply` answers with SGLang's envelope
-(``object: "action.generation"``) or its ``raw`` form.
+about one of our fields into one about the client's. :func:`build_reply` answers with SGLang's envelope
+(``object: "action.generation"``) or its ``raw`` form; ``values`` are nested lists, or float32 arrays when
+the client asked for ``output_format: numpy`` (then packed as msgpack).
 
 SGLang's defaults are its own literals (35 steps, fps 5, 480×832, seed 42); here an unset value takes
 the loaded checkpoint's default, as every other request to this server does.
@@ -22,12 +23,16 @@ the loaded checkpoint's default, as every other request to this server does.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+import json
+import time
+import uuid
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 
+from cosmos3_runtime.requests import ActionChunk
 from robot_clients.protocol import ErrorCode
 
 from ..engine.description import ModelDescription
@@ -41,6 +46,7 @@ from .parameters import (
     frame_rate,
     integer,
     invalid,
+    merge_extra,
     number,
     one_of,
     refuse_guardrails,
@@ -425,3 +431,172 @@ def parse_action_envelope(
     _auto_only(runtime, "cuda_graph", "how to run its engine")
     return_timing = runtime.get("return_timing") is not None and flag(runtime["return_timing"], "runtime.return_timing")
     return ActionCall(rid, tuple(items), response_format, output_format, return_timing)
+
+
+class FormUpload(Protocol):
+    """A file part of the form (such as :class:`policy_server.http.codecs.Upload`)."""
+
+    data: bytes
+    content_type: str
+
+
+FORM_UPLOADS = ("image_reference", "video_reference", "input_reference")
+FORM_RUNTIME_FIELDS = ("response_format", "output_format", "return_timing")
+
+
+def is_sglang_form(names: Iterable[str], native_fields: Iterable[str]) -> bool:
+    """Whether a multipart form is SGLang's: it has a field our flat form does not (``input_reference``, ...)."""
+    return bool(set(names) - set(native_fields))
+
+
+def _form_value(value: str) -> Any:
+    """A form field's text as SGLang reads it: JSON when it parses (``30``, ``true``), else the text."""
+    if not value.strip():
+        return None
+    try:
+        return json.loads(value)
+    except ValueError:
+        return value
+
+
+def envelope_from_form(items: Sequence[tuple[str, str | FormUpload]]) -> dict[str, Any]:
+    """SGLang's multipart action form as the envelope :func:`parse_action_envelope` reads.
+
+    ``items`` are ``(name, value)`` pairs: text, or a :class:`FormUpload`. ``request_id``/``id`` and
+    ``prompt``/``task`` are the envelope's; ``image_reference``, ``video_reference`` and
+    ``input_reference`` (an image, or a video for inverse_dynamics or a ``video/*`` upload) are the
+    observation; ``extra_body``/``extra_params`` are JSON objects of parameters; every other field is a
+    parameter, its text read as JSON when it parses.
+    """
+    body: dict[str, Any] = {}
+    inputs: dict[str, Any] = {}
+    observation: dict[str, Any] = {}
+    parameters: dict[str, Any] = {}
+    runtime: dict[str, Any] = {}
+    uploads: list[tuple[str, FormUpload]] = []
+    extras: list[tuple[str, str]] = []
+    seen: set[str] = set()
+    for name, value in items:
+        if name in seen:
+            raise invalid(name, f"field `{name}` appears more than once")
+        seen.add(name)
+        if not isinstance(value, str):
+            if name not in FORM_UPLOADS:
+                raise invalid(
+                    name, f"`{name}` cannot be a file upload; files are accepted for {', '.join(FORM_UPLOADS)}"
+                )
+            uploads.append((name, value))
+        elif name in ("request_id", "id"):
+            body[name] = value
+        elif name in ("prompt", "task"):
+            inputs[name] = value
+        elif name in ("extra_body", "extra_params"):
+            extras.append((name, value))
+        elif name in FORM_RUNTIME_FIELDS:
+            runtime[name] = _form_value(value)
+        elif name == "input_reference":
+            observation["input_reference"] = value  # text: base64 (a path is refused when parsed)
+        elif name in UNREAD_KEYS:
+            check_known_keys({name: value}, (), "")
+        elif name in PARAMETER_KEYS:
+            parameters[name] = _form_value(value)
+        else:
+            raise invalid(
+                name,
+                f"unknown field `{name}`; this form takes request_id, prompt, the uploads "
+                f"{', '.join(FORM_UPLOADS)}, extra_body, extra_params and the parameters "
+                f"{', '.join(PARAMETER_KEYS)}",
+            )
+    for name, value in sorted(extras):  # extra_body, then extra_params
+        merge_extra(parameters, value, name)
+    if len(uploads) > 1:
+        raise invalid(uploads[1][0], f"one observation per request: send one of {', '.join(FORM_UPLOADS)}")
+    mode = str(parameters.get("action_mode", "policy")).strip().lower()
+    for name, upload in uploads:
+        is_video = (upload.content_type or "").lower().startswith("video/")
+        if name == "video_reference" or (name == "input_reference" and (is_video or mode == "inverse_dynamics")):
+            observation["video"] = upload
+        else:
+            observation["image" if name == "image_reference" else "input_reference"] = upload
+    body.update(input={**inputs, "observation": observation}, parameters=parameters)
+    if runtime:
+        body["runtime"] = runtime
+    return body
+
+
+def build_reply(
+    call: ActionCall,
+    chunks: Sequence[ActionChunk],
+    *,
+    model: str | None,
+    created: float | None = None,
+    prefix_cache_hit: bool | None = None,
+    timings: Mapping[str, float] | None = None,
+) -> dict[str, Any]:
+    """SGLang's answer for ``call``, given one chunk per item (in :attr:`ActionCall.items` order).
+
+    ``values`` are float32 arrays for ``output_format: numpy`` (to be packed as msgpack), nested lists
+    otherwise. ``prefix_cache_hit`` is ``None`` (null) when the engine does not report it.
+    """
+    if len(chunks) != len(call.items) or not chunks:
+        raise ValueError(f"expected {len(call.items)} chunks, one per item, got {len(chunks)}")
+    numpy_values = call.output_format == "numpy"
+
+    def values(actions: np.ndarray) -> Any:
+        array = np.ascontiguousarray(actions, dtype=np.float32)
+        return array if numpy_values else array.tolist()
+
+    first = chunks[0]
+    if call.response_format == "raw":
+        actions = first.actions if len(chunks) == 1 else np.stack([chunk.actions for chunk in chunks])
+        return {
+            "request_id": call.request_id,
+            "actions": values(actions),
+            "action_mode": first.action_mode,
+            "domain_id": first.domain_id,
+            "raw_action_dim": first.raw_action_dim,
+            "parameters": {"num_inference_steps": first.num_steps},
+            "seeds": [chunk.seed for chunk in chunks],
+        }
+    data = [
+        {
+            "index": index,
+            "input_index": item.input_index,
+            "candidate_index": item.candidate_index,
+            "action": {
+                "type": "continuous",
+                "dtype": "float32",
+                "shape": list(chunk.actions.shape),
+                "values": values(chunk.actions),
+                "action_mode": chunk.action_mode,
+                "domain_id": chunk.domain_id,
+                "raw_action_dim": chunk.raw_action_dim,
+                "domain_name": chunk.domain_name,
+                "seed": chunk.seed,
+            },
+        }
+        for index, (item, chunk) in enumerate(zip(call.items, chunks))
+    ]
+    horizon, width = first.actions.shape
+    reply: dict[str, Any] = {
+        "id": call.request_id or f"actgen_{uuid.uuid4().hex}",
+        "object": "action.generation",
+        "created": int(time.time() if created is None else created),
+        "model": model,
+        "data": data,
+        "usage": {
+            "batch_size": len(data),
+            "action_horizon": int(horizon),
+            "action_dim": int(width),
+            "denoise_steps": first.num_steps,
+            "prefix_cache_hit": prefix_cache_hit,
+        },
+    }
+    if call.return_timing and timings is not None:
+        reply["timings"] = dict(timings)
+    if call.unused:
+        reply["warnings"] = [
+            {"field": path, "message": "accepted and not used: this server does not pass it to the model yet"}
+            for path in call.unused
+        ]
+    return reply

@@ -31,8 +31,7 @@ from robot_clients.wire_codec import WireFormatError, packb, unpackb
 
 from ..engine.description import ModelDescription
 from ..http.errors import ApiError
-from .action_reply import build_reply
-from .actions import ActionCall, is_sglang_envelope, parse_action_envelope
+from .actions import ActionCall, build_reply, is_sglang_envelope, parse_action_envelope
 
 NATIVE = "native"
 SGLANG = "sglang"

@@ -25,7 +25,7 @@ from ...engine.description import ModelDescription
 from ...engine.outcome import EngineOutcome
 from ...engine.request_queue import PendingObservation, QueueClosed
 from ...sessions.config import settings_used
-from ...sglang.action_reply import build_reply
+from ...sglang.actions import build_reply
 from .. import codecs as http_codecs
 from .. import requests as http_requests
 from .. import turns as http_turns
