@@ -138,7 +138,7 @@ def column_values(array: pa.ChunkedArray | pa.Array, shape: tuple[int, ...]) -> 
     rows = len(array)
     for _ in range(len(shape) if shape != (1,) else 0):
         array = pc.list_flatten(array)
-    values = array.to_numpy(zero_copy_only=False)
+    values: np.ndarray = array.to_numpy(zero_copy_only=False)
     return values if shape == (1,) else values.reshape(rows, *shape)
 
 

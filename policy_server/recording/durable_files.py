@@ -17,7 +17,7 @@ import os
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import Any, TextIO
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -68,7 +68,7 @@ def write_table(path: Path, table: pa.Table) -> None:
         writer.write_table(table)
 
 
-def append_line(handle, line: str) -> None:
+def append_line(handle: TextIO, line: str) -> None:
     """Append one whole line (``handle`` opened in text append mode) and push it to the OS."""
     handle.write(line + "\n")
     handle.flush()

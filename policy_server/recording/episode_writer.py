@@ -25,7 +25,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any
+from typing import Any, TextIO
 
 import numpy as np
 import pyarrow as pa
@@ -164,7 +164,7 @@ class EpisodeWriter:
         self.frames_flushed = 0
         self.frames_lost = 0
         self.counts = {"observations": 0, "chunks": 0, "dropped": 0, "errors": 0}
-        self._events = None
+        self._events: TextIO | None = None
 
     # -- files ---------------------------------------------------------------------------------------
 
@@ -199,6 +199,7 @@ class EpisodeWriter:
 
     def log(self, kind: str, at: float, **details: Any) -> None:
         line = {"t": round(at - self.start.started_at, 6), "kind": kind, **details}
+        assert self._events is not None, "the episode's files are not open"
         durable_files.append_line(self._events, json.dumps(line, default=str))
 
     def close_files(self) -> None:
@@ -226,7 +227,7 @@ class EpisodeWriter:
             if state.dtype.kind not in "fiub" or state.size == 0:
                 raise UnrecordableObservation("the state is not a numeric vector")
             state_dim = int(state.size)
-        horizon, dim = self.config.get("action_horizon"), self.config.get("raw_action_dim")
+        horizon, dim = self.config["action_horizon"], self.config["raw_action_dim"]
         return EpisodeLayout(
             cameras=cameras,
             frame_sizes=frame_sizes,
@@ -286,7 +287,7 @@ class EpisodeWriter:
 
     def reconfigure(self, config: Mapping[str, Any]) -> bool:
         """Take a new configuration; ``False`` if it changes the chunk's shape (a new episode is needed)."""
-        if self.layout is not None and (int(config.get("action_horizon")), int(config.get("raw_action_dim"))) != tuple(
+        if self.layout is not None and (int(config["action_horizon"]), int(config["raw_action_dim"])) != tuple(
             self.layout.action_shape
         ):
             return False
@@ -319,6 +320,7 @@ class EpisodeWriter:
     def flush(self, count: int) -> int:
         """Write the first ``count`` rows as the next segment; returns the bytes it took on disk."""
         rows, layout = self.rows[:count], self.layout
+        assert layout is not None, "an episode with rows has a layout"
         folder = self.folder / SEGMENTS_DIR / f"{self.segments:06d}"
         folder.mkdir(parents=True, exist_ok=True)
         fps = self.start.fps
@@ -357,19 +359,24 @@ class EpisodeWriter:
             self.buffered_bytes -= row.nbytes
 
     def _rows_table(self, rows: list[_Row]) -> pa.Table:
-        features = self.layout.features(self.start.fps)
-        horizon, dim = self.layout.action_shape
+        layout = self.layout
+        assert layout is not None, "an episode with rows has a layout"
+        features = layout.features(self.start.fps)
+        horizon, dim = layout.action_shape
         # No NaN anywhere: LeRobot's tools (aggregate_datasets goes through pandas) turn NaN into nulls,
         # which its loader cannot read. What has no value gets NO_VALUE (timings, timestamps) or zeros
         # (the chunk of an observation that got none); `response.kind` says which rows hold a chunk.
         no_chunk = np.zeros((horizon, dim), dtype=np.float32)
         outcomes = [row.outcome for row in rows]
         timing = np.array(
-            [[NO_VALUE if o.timing.get(n) is None else float(o.timing[n]) for n in TIMING_NAMES] for o in outcomes],
+            [
+                [NO_VALUE if (ms := o.timing.get(n)) is None else float(ms) for n in TIMING_NAMES]
+                for o in outcomes
+            ],
             dtype=np.float32,
         ).reshape(len(rows), len(TIMING_NAMES))
         columns: dict[str, pa.Array] = {}
-        if self.layout.state_dim is not None:
+        if layout.state_dim is not None:
             states = np.stack([np.asarray(r.state, dtype=np.float32).reshape(-1) for r in rows])
             columns["observation.state"] = column(states, features["observation.state"])
         actions = np.stack([no_chunk if o.actions is None else np.asarray(o.actions, np.float32) for o in outcomes])

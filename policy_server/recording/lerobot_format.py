@@ -38,6 +38,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
+import numpy.typing as npt
 import pyarrow as pa
 
 CODEBASE_VERSION = "v3.0"
@@ -374,7 +375,7 @@ def image_stats(histograms: np.ndarray, frames: int) -> dict[str, np.ndarray]:
     variance = (histograms * (levels[None, :] - mean[:, None]) ** 2).sum(axis=1) / totals
     cumulative = np.cumsum(histograms, axis=1) / totals[:, None]
 
-    def per_channel(values: np.ndarray) -> np.ndarray:
+    def per_channel(values: npt.ArrayLike) -> np.ndarray:
         return np.asarray(values, dtype=np.float64).reshape(3, 1, 1)
 
     stats = {

@@ -27,6 +27,7 @@ import shutil
 import threading
 import time
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass
 from enum import Enum
 from pathlib import Path
@@ -327,7 +328,7 @@ class RecordingWriter:
         except (AttributeError, OSError):
             pass
 
-    def _guarded(self, work, *args) -> None:
+    def _guarded(self, work: Callable[..., object], *args: Any) -> None:
         try:
             work(*args)
         except Exception as exc:  # noqa: BLE001 - the writer outlives any one failure; serving never notices

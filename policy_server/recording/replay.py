@@ -96,11 +96,11 @@ class RecordedEpisode:
 
     @property
     def name(self) -> str:
-        return self.session.get("name", self.path.name)
+        return str(self.session.get("name", self.path.name))
 
     @property
     def num_frames(self) -> int:
-        return self._data.num_rows
+        return int(self._data.num_rows)
 
     def rows(self) -> list[RecordedRow]:
         data = self._data
@@ -234,8 +234,10 @@ class ReplayReport:
             "compared": len(compared),
             "errors": sum(c.status == "error" for c in self.chunks),
             "skipped": sum(c.status == "skipped" for c in self.chunks),
-            "max_abs_diff": max((c.max_abs_diff for c in compared), default=None),
-            "mean_abs_diff": statistics.fmean([c.mean_abs_diff for c in compared]) if compared else None,
+            "max_abs_diff": max((c.max_abs_diff for c in compared if c.max_abs_diff is not None), default=None),
+            "mean_abs_diff": statistics.fmean([c.mean_abs_diff for c in compared if c.mean_abs_diff is not None])
+            if compared
+            else None,
             "recorded_engine_ms_p50": median([c.recorded_engine_ms for c in self.chunks]),
             "replay_engine_ms_p50": median([c.replay_engine_ms for c in self.chunks]),
         }
@@ -268,7 +270,7 @@ def rebuild_request(row: RecordedRow, frames: dict[str, np.ndarray], overrides: 
             image = side_by_side([frames[name] for name in source["side_by_side"]])
     except KeyError as exc:
         raise NotReplayable(f"camera {exc} is not in the recording") from None
-    values = {name: spec.get(name) for name in REQUEST_FIELDS}
+    values: dict[str, Any] = {name: spec.get(name) for name in REQUEST_FIELDS}
     if values["guidance_interval"] is not None:
         values["guidance_interval"] = tuple(values["guidance_interval"])
     if values["seed"] is None:

@@ -54,7 +54,8 @@ def _check_config(config: Mapping[str, Any]) -> None:
 class RecordingSink(Protocol):
     """Where a session's events go: the recorder's queue (see :class:`~.recorder.Recorder`)."""
 
-    default_fps: int
+    @property
+    def default_fps(self) -> int: ...
 
     def offer_frame(self, key: int, record: ObservationRecord, nbytes: int) -> bool: ...
 

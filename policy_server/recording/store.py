@@ -21,6 +21,7 @@ The directory is created private to the server's user (0700): recordings hold ca
 
 from __future__ import annotations
 
+import builtins
 import json
 import logging
 import os
@@ -147,7 +148,7 @@ class RecordingStore:
             )
         return sorted(found, key=lambda info: (info.started_at, info.name), reverse=True)
 
-    def partial_names(self) -> list[str]:
+    def partial_names(self) -> builtins.list[str]:
         if not self.partial_root.is_dir():
             return []
         return sorted(
@@ -213,7 +214,7 @@ class RecordingStore:
         max_age_s: float | None,
         now: float | None = None,
         protect: frozenset[str] = frozenset(),
-    ) -> list[tuple[str, str]]:
+    ) -> builtins.list[tuple[str, str]]:
         """Delete published recordings older than ``max_age_s``, then the oldest until the directory
         fits in ``max_bytes``. ``protect`` is never deleted. Returns ``(name, "age" | "quota")`` pairs."""
         now = time.time() if now is None else now
@@ -229,7 +230,7 @@ class RecordingStore:
                 self._delete_quietly(name, "quota", deleted)
         return deleted
 
-    def _delete_quietly(self, name: str, reason: str, deleted: list[tuple[str, str]]) -> None:
+    def _delete_quietly(self, name: str, reason: str, deleted: builtins.list[tuple[str, str]]) -> None:
         try:
             self.delete(name)
         except OSError as exc:
