@@ -40,6 +40,7 @@ The store is thread-safe (one connection behind a lock); the sidecar calls it th
 
 from __future__ import annotations
 
+import builtins
 import enum
 import errno
 import io
@@ -69,7 +70,7 @@ class VideoJobStatus(str, enum.Enum):
 
     # enum.StrEnum does this from Python 3.11; the package supports 3.10.
     @staticmethod
-    def _generate_next_value_(name: str, start: int, count: int, last_values: list) -> str:
+    def _generate_next_value_(name: str, start: int, count: int, last_values: list[Any]) -> str:
         return name.lower()
 
     def __str__(self) -> str:
@@ -215,7 +216,8 @@ def image_file(inputs: VideoJobInputs) -> tuple[str, bytes]:
 
 def read_image(path: Path) -> np.ndarray:
     if path.suffix == ".npy":
-        return np.load(path, allow_pickle=False)
+        array: np.ndarray = np.load(path, allow_pickle=False)
+        return array
     from PIL import Image
 
     with Image.open(path) as image:
@@ -419,7 +421,9 @@ class VideoJobStore:
     def stored_bytes(self) -> int:
         """What the store holds, as its table counts it: inputs of jobs still to run plus finished results."""
         with self._lock:
-            return self._db.execute("SELECT COALESCE(SUM(input_bytes + result_bytes), 0) FROM video_jobs").fetchone()[0]
+            return int(
+                self._db.execute("SELECT COALESCE(SUM(input_bytes + result_bytes), 0) FROM video_jobs").fetchone()[0]
+            )
 
     def _make_room(self, needed: int) -> None:
         """Make ``needed`` bytes fit under ``max_bytes`` by retiring finished jobs, or raise StorageFull."""
@@ -615,7 +619,7 @@ class VideoJobStore:
             return None
         return job.completed_at + self.retention.max_age_s
 
-    def sweep(self, now: float | None = None, reserve: int = 0) -> list[str]:
+    def sweep(self, now: float | None = None, reserve: int = 0) -> builtins.list[str]:
         """Apply the retention policy, leaving room for ``reserve`` more bytes; return the ids of the jobs
         it deleted. Only finished jobs go; inputs of jobs still to run count but stay."""
         now = time.time() if now is None else now
@@ -646,6 +650,7 @@ class VideoJobStore:
 
     def queued_count(self) -> int:
         with self._lock:
-            return self._db.execute(
+            count: int = self._db.execute(
                 "SELECT COUNT(*) FROM video_jobs WHERE status = ?", (VideoJobStatus.QUEUED.value,)
             ).fetchone()[0]
+            return count

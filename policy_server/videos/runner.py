@@ -42,6 +42,7 @@ from cosmos3_runtime.requests import VideoRequest
 from robot_clients.protocol import CodedError, ErrorCode
 
 from ..engine.outcome import EngineLost, engine_failure
+from ..engine.owner import TaskOwner
 from ..engine.request_queue import QueueClosed, RequestQueue, queued_for_s
 from ..metrics import ServerMetrics
 from .encoding import VideoEncodingError, encode_mp4
@@ -110,7 +111,7 @@ class VideoRolloutTask:
     ) -> None:
         self.job_id = job_id
         self.request = request
-        self.owner = self  # the queue reports back to the task's owner, like to a session
+        self.owner: TaskOwner = self  # the queue reports back to the task's owner, like to a session
         self.request_kind = "video"  # its metrics label
         self.enqueued_at = time.monotonic()
         self.started_at: float | None = None
@@ -186,7 +187,7 @@ class VideoJobRunner:
         self.failed = 0
         self._wake = asyncio.Event()
         self._stopping = False
-        self._task: asyncio.Task | None = None
+        self._task: asyncio.Task[None] | None = None
         self._next_sweep = 0.0
         # Writes the disk refused, kept until it has room: the recovery at start, and final outcomes
         # (job id -> error code, message, field) of jobs that are still `in_progress` in the store.
