@@ -117,16 +117,28 @@ class RayBackend(CounterReadouts):
         self.state = WorkerState.LOADING
         self._loop.create_task(self._become_ready(), name="ray-backend-ready")
 
+    @staticmethod
+    def _dispatcher(replica: _Replica) -> EngineWorker:
+        """The worker serving ``replica`` (every slot has one from :meth:`start` on)."""
+        assert replica.dispatcher is not None, f"replica {replica.index} was never started"
+        return replica.dispatcher
+
+    @staticmethod
+    def _engine(replica: _Replica) -> RemoteEngine:
+        """The engine of a replica whose worker has connected (it is ready, or back after a loss)."""
+        assert replica.engine is not None, f"replica {replica.index} has no engine yet"
+        return replica.engine
+
     async def _become_ready(self) -> None:
         try:
-            descriptions = await asyncio.gather(*(r.dispatcher.wait_ready() for r in self._replicas))
+            descriptions = await asyncio.gather(*(self._dispatcher(r).wait_ready() for r in self._replicas))
         except BaseException as exc:  # noqa: BLE001 - reported through wait_ready
             self.state = WorkerState.FAILED
             self._ready.set_exception(exc)
             return
         for replica in self._replicas:
             replica.state = "live"
-            replica.identity = dict(replica.engine.identity)
+            replica.identity = dict(self._engine(replica).identity)
         self.description = descriptions[0]
         self.thread_settings = dict(self._replicas[0].identity.get("threads", {}))
         self.state = WorkerState.READY
@@ -188,7 +200,7 @@ class RayBackend(CounterReadouts):
     # -- the EngineBackend counters, summed over replicas and their predecessors ----------------------------
 
     @property
-    def counters(self) -> EngineCounters:
+    def counters(self) -> EngineCounters:  # type: ignore[override]  # summed over replicas: read-only
         with self._lock:
             return sum((r.counters for r in self._replicas), EngineCounters())
 
@@ -335,7 +347,7 @@ class RayBackend(CounterReadouts):
             logger.error("replica %d could not be replaced", replica.index)
             return
         with self._lock:
-            replica.identity = dict(replica.engine.identity)
+            replica.identity = dict(self._engine(replica).identity)
             self.router.replica_back(replica.index, queue)
             replica.state = "live"
         logger.info("replica %d back in service as %s", replica.index, replica.identity.get("actor_name"))

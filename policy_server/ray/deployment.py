@@ -111,7 +111,7 @@ class Cosmos3Replica:
         return self.engine.predict_actions(request)
 
     def predict_actions_batch(self, requests: list[Any]) -> list[Any]:
-        return self.engine.predict_actions_batch(requests)
+        return list(self.engine.predict_actions_batch(requests))
 
     def rollout_video(self, request: Any) -> Any:
         return self.engine.rollout_video(request)
@@ -171,7 +171,7 @@ class RemoteEngine:
         return self.call(self.handle.predict_actions, request)
 
     def predict_actions_batch(self, requests: list[Any]) -> list[Any]:
-        return self.call(self.handle.predict_actions_batch, requests)
+        return list(self.call(self.handle.predict_actions_batch, requests))
 
     def rollout_video(self, request: Any) -> Any:
         return self.call(self.handle.rollout_video, request)
@@ -266,7 +266,7 @@ class ReplicaDeployments:
         # No Serve HTTP proxy: our own front end is the only caller, through deployment handles.
         serve.start(proxy_location="Disabled")
         gpus = self.settings.num_gpus
-        self.num_gpus = gpus if gpus is not None else (1.0 if ray.cluster_resources().get("GPU", 0) >= 1 else 0.0)
+        self.num_gpus = gpus if gpus is not None else (1.0 if ray.cluster_resources().get("GPU", 0) >= 1 else 0.0)  # type: ignore[no-untyped-call]
 
     def _wait_connected(self) -> None:
         """Wait for the driver thread to connect to Ray (raises what connecting raised)."""
@@ -279,7 +279,8 @@ class ReplicaDeployments:
         self._wait_connected()
         app_name = self.app_name(index)
         options = {"num_gpus": self.num_gpus, "num_cpus": self.settings.num_cpus}
-        application = Cosmos3Replica.options(ray_actor_options=options).bind(self.spec)
+        # serve.deployment made the class a Deployment; Ray's annotations still say it is the class.
+        application = Cosmos3Replica.options(ray_actor_options=options).bind(self.spec)  # type: ignore[attr-defined]
         handle = serve.run(application, name=app_name, route_prefix=None)
         return RemoteEngine(handle, app_name)
 
@@ -323,6 +324,6 @@ class ReplicaDeployments:
                 except Exception:  # noqa: BLE001 - best effort: the cluster may be gone already
                     logger.warning("could not delete Serve application %s", self.app_name(index), exc_info=True)
             if self._owns_ray:
-                serve.shutdown()
+                serve.shutdown()  # type: ignore[no-untyped-call]
                 ray.shutdown()
         self._release_driver.set()
