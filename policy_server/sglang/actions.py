@@ -337,7 +337,8 @@ def parse_action_envelope(
     prompt, prompt_path = one_of(inputs, ("task", "prompt"), "input.")
     if mode != "policy" and isinstance(prompt, list):  # checked before the media, as SGLang does
         raise invalid(
-            prompt_path, f"the {mode} prompt must be a string (`{prompt_path}`): only policy requests are batched"
+            prompt_path or "input.task",
+            f"the {mode} prompt must be a string (`{prompt_path}`): only policy requests are batched",
         )
 
     media = _media(inputs, observation)
@@ -370,7 +371,7 @@ def parse_action_envelope(
     if not images and video is None:
         missing = "input.observation.video" if mode == "inverse_dynamics" else "input.observation.image"
         raise ApiError(ErrorCode.MISSING_FIELD, f"`{missing}` is required for {mode}", missing)
-    observations = images or [video]
+    observations = images or ([video] if video is not None else [])
 
     prompts = _prompts(prompt, prompt_path, len(observations))
 

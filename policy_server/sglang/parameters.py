@@ -129,10 +129,10 @@ def request_id(value: Any, path: str) -> str:
     """A client's request id, echoed as the reply's ``id``: a string or an integer, bounded."""
     if isinstance(value, int) and not isinstance(value, bool):
         value = str(value)
-    value = text(value, path)
-    if not value or len(value) > MAX_REQUEST_ID_CHARS:
+    checked = text(value, path)
+    if not checked or len(checked) > MAX_REQUEST_ID_CHARS:
         raise invalid(path, f"`{path}` must be 1 to {MAX_REQUEST_ID_CHARS} characters")
-    return value
+    return checked
 
 
 def one_of(values: Mapping[str, Any], names: tuple[str, str], prefix: str) -> tuple[Any, str | None]:
@@ -189,7 +189,7 @@ def resolve_domain(
                 paths["raw_action_dim"],
                 f"domain {name!r} acts with {profile.raw_action_dim} values per step, not {raw_action_dim}",
             )
-        return name
+        return str(name)
     if domain_id is None:
         raise ApiError(
             ErrorCode.MISSING_FIELD,

@@ -60,7 +60,7 @@ class LockstepSession:
         self._prev_total_ms: float | None = None
         self._answered = False
 
-    def receive(self, frame: bytes | bytearray | memoryview | str | dict, now: float) -> ActionCall:
+    def receive(self, frame: bytes | bytearray | memoryview | str | dict[str, Any], now: float) -> ActionCall:
         """Check one client frame (raw bytes, or the first frame already decoded) into an :class:`ActionCall`."""
         if isinstance(frame, str):
             raise ApiError(ErrorCode.BAD_FRAME, "SGLang's lock-step mode takes binary msgpack frames, got a text frame")

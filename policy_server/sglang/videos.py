@@ -133,11 +133,11 @@ def video_fields(fields: Mapping[str, Any], description: ModelDescription, *, de
         mapped.put(ours, body[sglang_name], sglang_name)
 
     paths = {"domain_name": "domain_name", "domain_id": "domain_id", "raw_action_dim": "raw_action_dim"}
-    name, domain_id, width = body.get("domain_name"), body.get("domain_id"), body.get("raw_action_dim")
-    if name is None and domain_id is None:
-        name = description.defaults.domain_name  # our /v1/videos default; width still checked
-    if name is not None or domain_id is not None:
-        domain = resolve_domain(description, name=name, domain_id=domain_id, raw_action_dim=width, paths=paths)
+    named, domain_id, width = body.get("domain_name"), body.get("domain_id"), body.get("raw_action_dim")
+    if named is None and domain_id is None:
+        named = description.defaults.domain_name  # our /v1/videos default; width still checked
+    if named is not None or domain_id is not None:
+        domain = resolve_domain(description, name=named, domain_id=domain_id, raw_action_dim=width, paths=paths)
         mapped.put(
             "domain_name",
             domain,
