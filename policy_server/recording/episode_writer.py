@@ -369,10 +369,7 @@ class EpisodeWriter:
         no_chunk = np.zeros((horizon, dim), dtype=np.float32)
         outcomes = [row.outcome for row in rows]
         timing = np.array(
-            [
-                [NO_VALUE if (ms := o.timing.get(n)) is None else float(ms) for n in TIMING_NAMES]
-                for o in outcomes
-            ],
+            [[NO_VALUE if (ms := o.timing.get(n)) is None else float(ms) for n in TIMING_NAMES] for o in outcomes],
             dtype=np.float32,
         ).reshape(len(rows), len(TIMING_NAMES))
         columns: dict[str, pa.Array] = {}
