@@ -76,9 +76,10 @@ def tiny_main(argv: list[str] | None = None) -> int:
 def inspect_main(argv: list[str] | None = None) -> int:
     """Print what a Cosmos3 checkpoint is: variant, defaults, action head, each domain's profile, schedule, size."""
     from .checkpoint_source import CheckpointSource
+    from .description import ModelDescription
+    from .engine_spec import EngineSpec
     from .inspection import inspect_checkpoint
     from .profiles import profiles_for_checkpoint
-    from .validation import EngineSpec
 
     parser = argparse.ArgumentParser(prog="cosmos3-inspect", description=inspect_main.__doc__)
     parser.add_argument("checkpoint", help="local folder, Hub id (namespace/repo[/subfolder][@revision])")
@@ -94,8 +95,9 @@ def inspect_main(argv: list[str] | None = None) -> int:
         print(f"cosmos3-inspect: {exc}", file=sys.stderr)
         return 2
     summary = info.summary()
-    summary["defaults"] = spec.describe_defaults()
-    summary["domains"] = spec.describe_domains()
+    described = ModelDescription.of_spec(spec, args.checkpoint).as_json()
+    summary["defaults"] = described["defaults"]
+    summary["domains"] = described["domains"]
     if args.json:
         print(json.dumps(summary, indent=2))
         return 0

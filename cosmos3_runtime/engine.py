@@ -16,15 +16,16 @@ from pathlib import Path
 import numpy as np
 
 from .checkpoint_source import CheckpointSource
+from .description import ModelDescription
+from .engine_spec import EngineLimits, EngineSpec
 from .errors import EngineError, RuntimeErrorBase
-from .frame_preprocessing import canvas_table
 from .inspection import CheckpointInfo, inspect_checkpoint
 from .loading import load_pipeline, resolve_device_and_dtype
 from .prepared_inputs import PreparedActions
-from .profiles import VIEW_POINTS, PolicyProfile, profiles_for_checkpoint
-from .requests import ActionChunk, ActionRequest, Timing, VideoRequest, VideoResult
+from .profiles import PolicyProfile, profiles_for_checkpoint
+from .requests import ActionRequest, ActionResult, Timing, VideoRequest, VideoResult
 from .sampling import Cosmos3Sampler, DenoiseJob, DenoiseOutput
-from .validation import EngineLimits, EngineSpec, job_for_actions, job_for_video
+from .validation import job_for_actions, job_for_video
 
 logger = logging.getLogger(__name__)
 
@@ -58,7 +59,7 @@ def _engine_failures(jobs: list[DenoiseJob]):
 
 
 def _provenance(job: DenoiseJob, profile: PolicyProfile, output: DenoiseOutput, timing: Timing) -> dict:
-    """What every result reports of how it was made: ActionChunk and VideoResult share these fields."""
+    """What every result reports of how it was made: ActionResult and VideoResult share these fields."""
     return dict(
         domain_name=profile.domain_name,
         domain_id=profile.domain_id,
@@ -126,14 +127,14 @@ class Cosmos3Engine:
 
     # ------------------------------------------------------------------ requests
 
-    def predict_actions(self, request: ActionRequest) -> ActionChunk:
+    def predict_actions(self, request: ActionRequest) -> ActionResult:
         """Answer a ``policy`` or ``inverse_dynamics`` request with a chunk of raw actions."""
         result = self.predict_actions_batch([request])[0]
         if isinstance(result, Exception):
             raise result
         return result
 
-    def predict_actions_batch(self, requests: list[ActionRequest]) -> list[ActionChunk | RuntimeErrorBase]:
+    def predict_actions_batch(self, requests: list[ActionRequest]) -> list[ActionResult | RuntimeErrorBase]:
         """Answer several requests, sharing transformer calls among those on the same schedule.
 
         Returns one entry per request, in order: its chunk, or the typed error it failed with (one bad
@@ -163,11 +164,11 @@ class Cosmos3Engine:
             return PreparedActions(request, validate_s, error=exc)
         return PreparedActions(request, validate_s, job, profile, frames)
 
-    def predict_prepared(self, prepared: list[PreparedActions]) -> list[ActionChunk | RuntimeErrorBase]:
+    def predict_prepared(self, prepared: list[PreparedActions]) -> list[ActionResult | RuntimeErrorBase]:
         """The model's half: chunks for requests made ready by :meth:`prepare_actions`, one entry per
         request in order (its chunk or its typed error), sharing transformer calls as
         :meth:`predict_actions_batch` does. Call it on the engine's thread; each prepared request once."""
-        results: list[ActionChunk | RuntimeErrorBase | None] = [None] * len(prepared)
+        results: list[ActionResult | RuntimeErrorBase | None] = [None] * len(prepared)
         groups: dict[tuple, list[tuple[int, PreparedActions]]] = {}
         for index, ready in enumerate(prepared):
             if ready.error is not None:
@@ -197,7 +198,7 @@ class Cosmos3Engine:
         output: DenoiseOutput,
         validate_s: float,
         prefix: np.ndarray | None = None,
-    ) -> ActionChunk:
+    ) -> ActionResult:
         post = time.perf_counter()
         actions = np.array(profile.to_robot(output.actions), dtype=np.float32, order="C")
         if prefix is not None:
@@ -208,7 +209,7 @@ class Cosmos3Engine:
             raise EngineError("the model produced non-finite actions")
         timing = self._timing(output, validate_s)
         timing.postprocess_ms = (time.perf_counter() - post) * 1000.0
-        return ActionChunk(
+        return ActionResult(
             actions=actions,
             action_mode=job.mode,
             raw_action_dim=profile.raw_action_dim,
@@ -282,49 +283,16 @@ class Cosmos3Engine:
         checkpoint ships statistics for, else the first by name (None without an action head)."""
         return self.spec.default_domain
 
-    def describe(self) -> dict:
-        """What this engine offers, read from the loaded checkpoint (JSON-able)."""
-        spec, info, lim = self.spec, self.info, self.spec.limits
-        return {
-            "model": self.source,
-            "variant": info.variant,
-            "is_distilled": info.is_distilled,
-            "is_edge": info.is_edge,
-            "modes": spec.modes,
-            "action_modes": [m for m in spec.modes if m != "forward_dynamics"],
-            "video_modes": [m for m in spec.modes if m == "forward_dynamics"],
-            "resolution_tiers": list(info.resolution_tiers),
-            # Each tier's canvases (aspect-ratio bins): a client sizes its frames to these before sending.
-            "canvases": {tier: bins for tier, bins in canvas_table().items() if int(tier) in info.resolution_tiers},
-            "distilled_sigmas": info.distilled_sigmas,
-            "defaults": spec.describe_defaults(),
-            "action_horizon": {
-                "min": lim.min_action_horizon,
-                "max": lim.max_action_horizon,
-                "multiple_of": spec.horizon_multiple,
-            },
-            "domains": spec.describe_domains(),
-            "view_points": list(VIEW_POINTS),
-            "limits": {
-                "min_image_side": lim.min_image_side,
-                "max_image_side": lim.max_image_side,
-                "max_clip_frames": lim.max_clip_frames,
-                "max_steps": lim.max_steps,
-                "max_prompt_chars": lim.max_prompt_chars,
-                "min_fps": lim.min_fps,
-                "max_fps": lim.max_fps,
-                "max_guidance_scale": lim.max_guidance_scale,
-                "max_seed": lim.max_seed,
-                "max_normalized_action": lim.max_normalized_action,
-            },
-            "device": str(self.device),
-            "dtype": str(self.dtype).replace("torch.", ""),
-            "parameters": info.parameters,
-            "parameter_bytes": info.parameter_bytes,
-            "action_dim": info.action_dim,
-            "num_embodiment_domains": info.num_embodiment_domains,
-            "prefix_cache": self.sampler.prefix_cache.stats() if self.sampler.prefix_cache is not None else None,
-        }
+    def describe(self) -> ModelDescription:
+        """What this engine offers, read from the loaded checkpoint."""
+        cache = self.sampler.prefix_cache
+        return ModelDescription.of_spec(
+            self.spec,
+            self.source,
+            device=str(self.device),
+            dtype=str(self.dtype).replace("torch.", ""),
+            prefix_cache=cache.stats() if cache is not None else None,
+        )
 
 
 class VideoRollout:

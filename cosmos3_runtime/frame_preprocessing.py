@@ -25,11 +25,13 @@ from __future__ import annotations
 
 import functools
 import warnings
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 
 import numpy as np
 import torch
 import torch.nn.functional as F
+
+from .description import canvas_bins
 
 # The video processor snaps sizes down to a multiple of the VAE's spatial factor (16 for every Cosmos3 VAE);
 # the sampler passes its pipeline's own value.
@@ -72,19 +74,14 @@ def canvas_for(frame_height: int, frame_width: int, tier: int, size_multiple: in
     return Canvas(target_h, target_w, max(1, int(scale * h + 0.5)), max(1, int(scale * w + 0.5)))
 
 
-def canvas_table(size_multiple: int = DEFAULT_SIZE_MULTIPLE) -> dict[str, list[dict[str, float | int]]]:
+def canvas_table() -> dict[str, list[dict[str, float | int]]]:
     """Every tier's canvases, JSON-able, as a robot needs them to size its frames before sending.
 
     ``{"256": [{"aspect_ratio": 0.8, "height": 256, "width": 320}, ...], ...}``: the bins
     :func:`canvas_for` chooses among (closest ``aspect_ratio``, height / width). ``robot_clients.frame_sizing``
     reads this from the metadata frame and places a frame exactly as :func:`canvas_for` does.
     """
-    from diffusers.pipelines.cosmos.pipeline_cosmos3_omni import _ACTION_RESOLUTION_BINS
-
-    return {
-        tier: [{"aspect_ratio": float(ratio), "height": int(h), "width": int(w)} for ratio, (h, w) in bins.items()]
-        for tier, bins in _ACTION_RESOLUTION_BINS.items()
-    }
+    return {str(tier): [asdict(b) for b in bins] for tier, bins in canvas_bins().items()}
 
 
 def prepare_frames(

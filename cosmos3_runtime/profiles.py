@@ -72,7 +72,7 @@ _PROFILE_KEYS = (
 )
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)
 class NormalizationStats:
     """Per-dimension affine map between raw robot actions and the model's normalized space.
 
@@ -99,6 +99,18 @@ class NormalizationStats:
                     return cls(kind, a, np.maximum(b, _EPS))
                 return cls(kind, (a + b) / 2.0, np.maximum((b - a) / 2.0, _EPS))
         raise CheckpointError(f"{where}: no q01/q99, mean/std or min/max statistics found")
+
+    def __eq__(self, other: object) -> bool:
+        # By value, so that a profile (and a model description) equals its copy from another process.
+        if not isinstance(other, NormalizationStats):
+            return NotImplemented
+        return (
+            self.kind == other.kind
+            and np.array_equal(self.offset, other.offset)
+            and np.array_equal(self.scale, other.scale)
+        )
+
+    __hash__ = None  # type: ignore[assignment]  # arrays: equal by value, not hashable
 
     @property
     def dim(self) -> int:
@@ -150,25 +162,6 @@ class PolicyProfile:
         if self.gripper_flip_index is not None:
             rows[..., self.gripper_flip_index] = 1.0 - rows[..., self.gripper_flip_index]
         return rows
-
-    def describe(self) -> dict:
-        return {
-            "domain_id": self.domain_id,
-            "action_space": self.action_space,
-            "raw_action_dim": self.raw_action_dim,
-            "default_horizon": self.default_horizon,
-            "fps": self.fps,
-            "resolution_tier": self.resolution_tier,
-            "view_point": self.view_point,
-            "view_description": self.view_description,
-            "prompt_format": self.prompt_format,
-            "guidance_interval": list(self.guidance_interval) if self.guidance_interval is not None else None,
-            "gripper_flip_index": self.gripper_flip_index,
-            "normalization": self.normalization.kind if self.normalization else None,
-            "state_dim": self.state_dim,
-            "use_state": self.use_state,
-            "history_length": self.history_length,
-        }
 
 
 @dataclass(frozen=True)

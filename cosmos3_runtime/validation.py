@@ -13,7 +13,7 @@ import secrets
 import numpy as np
 
 from .denoise_jobs import DenoiseJob
-from .engine_spec import DomainDefaults, EngineLimits, EngineSpec, check_horizon
+from .engine_spec import EngineSpec, RequestDefaults, check_horizon
 from .errors import (
     InvalidFieldError,
     InvalidRequestError,
@@ -24,8 +24,6 @@ from .errors import (
 )
 from .profiles import VIEW_POINTS, PolicyProfile
 from .requests import ACTION_MODES, ActionRequest, VideoRequest
-
-__all__ = ["EngineLimits", "EngineSpec", "job_for_actions", "job_for_video"]
 
 
 def job_for_actions(request: ActionRequest, spec: EngineSpec) -> tuple[DenoiseJob, PolicyProfile]:
@@ -143,7 +141,7 @@ def _job(request, spec, profile, mode, frames, horizon, clean, decode_video, sta
     )
 
 
-def _sampling(request, spec: EngineSpec, defaults: DomainDefaults):
+def _sampling(request, spec: EngineSpec, defaults: RequestDefaults):
     """Steps, guidance and interval: the distilled schedule is fixed; base takes request values."""
     steps, guidance, interval = request.num_steps, request.guidance_scale, request.guidance_interval
     if spec.info.is_distilled:

@@ -43,17 +43,17 @@ from dataclasses import dataclass, field
 from functools import partial
 from typing import Any
 
+from cosmos3_runtime.description import ModelDescription
 from robot_clients.protocol import DropReason
 
 from ..engine.backend import BackendHost
-from ..engine.batch_call import CounterReadouts, EngineCounters
 from ..engine.batching import BackgroundShare, BatchPolicy
 from ..engine.outcome import EngineOutcome
-from ..engine.request_queue import BackgroundTask, PendingObservation, QueueClosed, RequestQueue
-from ..engine.worker import EngineWorker, WorkerState
+from ..engine.request_queue import EngineTask, PendingObservation, QueueClosed, RequestQueue
+from ..engine.worker import CounterReadouts, EngineCounters, EngineWorker, WorkerState
 from .deployment import RayBackendSettings, ReplicaDeployments
 from .remote_engine import RemoteEngine
-from .replica import EngineSpec
+from .replica import EngineLoader
 from .router import ReplicaRouter
 
 logger = logging.getLogger(__name__)
@@ -88,7 +88,7 @@ class RayBackend(CounterReadouts):
     def __init__(
         self,
         settings: RayBackendSettings,
-        spec: EngineSpec,
+        loader: EngineLoader,
         host: BackendHost,
         router: ReplicaRouter,
         loop: asyncio.AbstractEventLoop,
@@ -96,23 +96,23 @@ class RayBackend(CounterReadouts):
         background: BackgroundShare | None = None,
     ) -> None:
         self.settings = settings
-        self.spec = spec
+        self.loader = loader
         self._host = host
         self.router = router
         self._loop = loop
         self._batching = batching
         self._background = background or BackgroundShare()
         self.state = WorkerState.STARTING
-        self.description: dict[str, Any] | None = None
+        self.description: ModelDescription | None = None
         self.thread_settings: dict[str, object] = {}
         self.on_batch_done: Callable[[list[PendingObservation], list[EngineOutcome]], None] | None = None
         self.failovers = 0
         self._stopping = threading.Event()
-        self._deployments = ReplicaDeployments(settings, spec, self._stopping)
+        self._deployments = ReplicaDeployments(settings, loader, self._stopping)
         self._replicas = [_Replica(i, self._deployments.app_name(i)) for i in range(settings.replicas)]
         self._lock = threading.RLock()
         self._watchdog = threading.Thread(target=self._watch, name="ray-replica-watchdog", daemon=True)
-        self._ready: asyncio.Future[dict[str, Any]] = loop.create_future()
+        self._ready: asyncio.Future[ModelDescription] = loop.create_future()
 
     # -- lifecycle ----------------------------------------------------------------------------------
 
@@ -147,7 +147,7 @@ class RayBackend(CounterReadouts):
         )
         self._ready.set_result(self.description)
 
-    async def wait_ready(self) -> dict[str, Any]:
+    async def wait_ready(self) -> ModelDescription:
         """Wait until every replica is deployed, loaded and warm; return the model's ``describe()``."""
         return await asyncio.shield(self._ready)
 
@@ -255,7 +255,7 @@ class RayBackend(CounterReadouts):
         replica: _Replica,
         dispatcher: EngineWorker | None,
         in_hand: list[PendingObservation],
-        tasks: list[BackgroundTask],
+        tasks: list[EngineTask[Any]],
     ) -> None:
         """Move a dead replica's sessions and work elsewhere, tell the sessions, await its replacement.
 
@@ -306,7 +306,7 @@ class RayBackend(CounterReadouts):
                 target=self._replace, args=(replica, dispatcher), name=f"replica-{replica.index}-replace", daemon=True
             ).start()
 
-    def _requeue(self, observations: list[PendingObservation], tasks: list[BackgroundTask]) -> None:
+    def _requeue(self, observations: list[PendingObservation], tasks: list[EngineTask[Any]]) -> None:
         """Queue a lost replica's work again on the live ones (what cannot be queued is dropped ``shutdown``)."""
         for item in observations:
             if item.cancelled:
@@ -358,10 +358,10 @@ class RayBackend(CounterReadouts):
 
 @dataclass(frozen=True)
 class RayBackendFactory:
-    """What ``PolicyServer(backend=...)`` needs to run on Ray: the replicas' settings and engine spec."""
+    """What ``PolicyServer(backend=...)`` needs to run on Ray: the replicas' settings and how each loads its engine."""
 
     settings: RayBackendSettings
-    spec: EngineSpec
+    loader: EngineLoader
 
     def make_queue(self) -> ReplicaRouter:
         return ReplicaRouter(self.settings.replicas)
@@ -371,4 +371,4 @@ class RayBackendFactory:
         queue.set_open_sessions(lambda: list(host.sessions))
         batching = BatchPolicy(host.settings.max_batch, host.settings.max_batch_wait_ms)
         background = BackgroundShare(host.settings.video_step_interval_s)
-        return RayBackend(self.settings, self.spec, host, queue, loop, batching, background)
+        return RayBackend(self.settings, self.loader, host, queue, loop, batching, background)
