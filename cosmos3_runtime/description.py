@@ -35,7 +35,7 @@ VIDEO_MODES = ("forward_dynamics",)
 
 
 @dataclass(frozen=True)
-class CanvasBin:
+class TierCanvas:
     """One canvas of a resolution tier: frames whose aspect ratio is closest to ``aspect_ratio`` land on it."""
 
     aspect_ratio: float
@@ -43,12 +43,12 @@ class CanvasBin:
     width: int
 
 
-def canvas_bins() -> dict[int, tuple[CanvasBin, ...]]:
+def canvas_bins() -> dict[int, tuple[TierCanvas, ...]]:
     """Every tier's canvases, as diffusers' pipeline chooses among them (``frame_preprocessing.canvas_for``)."""
     from diffusers.pipelines.cosmos.pipeline_cosmos3_omni import _ACTION_RESOLUTION_BINS
 
     return {
-        int(tier): tuple(CanvasBin(float(ratio), int(h), int(w)) for ratio, (h, w) in bins.items())
+        int(tier): tuple(TierCanvas(float(ratio), int(h), int(w)) for ratio, (h, w) in bins.items())
         for tier, bins in _ACTION_RESOLUTION_BINS.items()
     }
 
@@ -88,7 +88,7 @@ class ModelDescription:
     modes: tuple[str, ...]
     resolution_tiers: tuple[int, ...]
     # Per served tier, its canvases (aspect-ratio bins): a client sizes its frames to these before sending.
-    canvases: Mapping[int, tuple[CanvasBin, ...]]
+    canvases: Mapping[int, tuple[TierCanvas, ...]]
     distilled_sigmas: tuple[float, ...] | None
     # What a request that names nothing runs with: the default domain's defaults (``domain_name``).
     defaults: RequestDefaults

@@ -16,6 +16,7 @@ from pathlib import Path
 import numpy as np
 
 from .checkpoint_source import CheckpointSource
+from .denoise_jobs import DenoiseJob, DenoiseOutput
 from .description import ModelDescription
 from .engine_spec import EngineLimits, EngineSpec
 from .errors import EngineError, RuntimeErrorBase
@@ -24,7 +25,7 @@ from .loading import load_pipeline, resolve_device_and_dtype
 from .prepared_inputs import PreparedActions
 from .profiles import PolicyProfile, profiles_for_checkpoint
 from .requests import ActionRequest, ActionResult, Timing, VideoRequest, VideoResult
-from .sampling import Cosmos3Sampler, DenoiseJob, DenoiseOutput
+from .sampling import Cosmos3Sampler
 from .validation import job_for_actions, job_for_video
 
 logger = logging.getLogger(__name__)

@@ -55,8 +55,6 @@ from .prepared_inputs import ConditioningFrames, condition_frames
 from .prompts import action_caption
 from .sequence_packing import SequencePass, pack_sequence
 
-__all__ = ["Cosmos3Sampler", "DenoiseJob", "DenoiseOutput"]
-
 _TOKEN_CACHE_SIZE = 64
 
 

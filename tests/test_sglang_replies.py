@@ -11,7 +11,7 @@ import pytest
 from sglang_fixtures import chunk, distilled, load_cases, sglang_packb, sglang_unpackb  # noqa: F401
 from sidecar_fixtures import png_b64, rgb
 
-from cosmos3_runtime.description import CanvasBin
+from cosmos3_runtime.description import TierCanvas
 from policy_server.http.errors import ApiError
 from policy_server.http.requests import action_request
 from policy_server.sglang.action_reply import build_reply
@@ -197,7 +197,7 @@ def test_metadata_comes_from_the_checkpoint(distilled, tiny_engine):
 
 
 def test_metadata_lists_the_engines_canvases_when_described(distilled):
-    bins = lambda *sizes: tuple(CanvasBin(h / w, h, w) for h, w in sizes)  # noqa: E731
+    bins = lambda *sizes: tuple(TierCanvas(h / w, h, w) for h, w in sizes)  # noqa: E731
     described = replace(
         distilled, resolution_tiers=(256,), canvases={256: bins((256, 256), (192, 320)), 480: bins((480, 832))}
     )
