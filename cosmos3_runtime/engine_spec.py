@@ -90,7 +90,7 @@ class EngineSpec:
         Raises :class:`CheckpointError` for a profile this variant cannot serve as written (a tier it
         lacks, a chunk it cannot take), so the operator learns it at load, not from every request.
         """
-        if info.is_distilled:
+        if info.distilled_sigmas is not None:  # set exactly when the checkpoint is distilled
             steps, guidance = len(info.distilled_sigmas), 1.0
         else:
             steps, guidance = BASE_DEFAULT_STEPS, EDGE_DEFAULT_GUIDANCE if info.is_edge else BASE_DEFAULT_GUIDANCE
@@ -145,17 +145,17 @@ class EngineSpec:
         return replace(self.defaults_for(profile), domain_name=profile.domain_name)
 
 
-def check_horizon(value, spec: EngineSpec, field_name: str = "action_horizon") -> int:
+def check_horizon(value: object, spec: EngineSpec, field_name: str = "action_horizon") -> int:
     """``value`` as an action horizon this model can take; raises :class:`InvalidRequestError` if it is not."""
     lim, multiple = spec.limits, spec.horizon_multiple
     if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
         raise InvalidRequestError(f"{field_name} must be an integer", field_name)
-    value = int(value)
-    if not lim.min_action_horizon <= value <= lim.max_action_horizon or value % multiple:
+    horizon = int(value)
+    if not lim.min_action_horizon <= horizon <= lim.max_action_horizon or horizon % multiple:
         raise InvalidRequestError(
-            f"action horizon {value} is not one this model can take: it must be a multiple of {multiple} "
+            f"action horizon {horizon} is not one this model can take: it must be a multiple of {multiple} "
             f"(the chunk spans horizon + 1 video frames and the VAE compresses time {multiple}x) "
             f"in [{lim.min_action_horizon}, {lim.max_action_horizon}]",
             field_name,
         )
-    return value
+    return horizon

@@ -84,9 +84,13 @@ def canvas_table() -> dict[str, list[dict[str, float | int]]]:
     return {str(tier): [asdict(b) for b in bins] for tier, bins in canvas_bins().items()}
 
 
+# What :func:`prepare_frames` returns: vision, image_size, canvas height and width.
+PreparedFrames = tuple[torch.Tensor, torch.Tensor, int, int]
+
+
 def prepare_frames(
     frames: np.ndarray, tier: int, num_frames: int, device: torch.device, size_multiple: int = DEFAULT_SIZE_MULTIPLE
-):
+) -> PreparedFrames:
     """uint8 ``(T, H, W, 3)`` frames -> ``(vision, image_size, canvas_h, canvas_w)`` as diffusers returns them.
 
     ``vision`` is ``(1, 3, num_frames, canvas_h, canvas_w)`` float32 in [-1, 1] on ``device`` (the clip
@@ -163,7 +167,8 @@ def _banded_resize(pixels: torch.Tensor, size: tuple[int, int]) -> torch.Tensor:
     x = torch.sparse.mm(rows, x).view(size[0], t, width, 3)  # (h, T, W, 3)
     x = x.permute(2, 1, 0, 3).reshape(width, t * size[0] * 3)  # W-major
     x = torch.sparse.mm(cols, x).view(size[1], t, size[0], 3)  # (w, T, h, 3)
-    return x.permute(1, 3, 2, 0)  # (T, 3, h, w), a view
+    view: torch.Tensor = x.permute(1, 3, 2, 0)  # (T, 3, h, w), a view
+    return view
 
 
 @functools.lru_cache(maxsize=64)
