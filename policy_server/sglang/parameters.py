@@ -30,7 +30,7 @@ from robot_clients.protocol import ErrorCode
 
 from ..http.errors import ApiError
 
-# SGLang's normalization names (and ours) -> the runtime's profile kinds (``describe()["domains"]``).
+# SGLang's normalization names (and ours) -> the runtime's profile kinds (``PolicyProfile.normalization.kind``).
 NORMALIZATION_KINDS = {
     "quantile": "quantile",
     "meanstd": "mean_std",
