@@ -19,20 +19,12 @@ the stuck one is abandoned (it keeps its engine's memory until its call returns,
 everything it does afterwards is discarded, because only the current thread may post outcomes, touch
 the worker's state or take from the queue.
 
-**Host work overlapped.** Every observation needs host work before its forwards start: validation, and its
-frames resized and normalised into the model's canvas (an engine's ``prepare_actions``). Done on the engine
-thread, it sits between two batches and the device waits. While an engine call runs, a small thread
-(:class:`HostPrep`) prepares the observations waiting next instead; the engine thread claims what is ready
-and prepares only the rest itself. The prep thread only *looks* at the queue, never takes from it, so
-which observation runs when does not change; prepared inputs belong to one ``PendingObservation`` object,
-so an observation superseded (latest wins) or cancelled is never served from them. The idle gaps between
-calls while an observation waits are counted (:class:`IdleGaps`).
-
-**One call per batch.** ``predict_prepared`` (or ``predict_actions_batch``) for several observations,
-and, when a batched call fails, each request alone, so that only the request at fault gets the error.
-Every failure becomes that observation's :class:`~policy_server.engine.outcome.EngineOutcome` except
-:class:`~policy_server.engine.outcome.EngineLost` (the engine went away, a Ray replica): the call's work
-then goes to ``on_engine_lost`` unanswered (the Ray backend queues it again elsewhere).
+While an engine call runs, :class:`HostPrep` (a small thread) prepares the observations waiting next
+(validation, frames into the canvas: ``prepare_actions``), so the device does not wait for the host
+between batches; it only looks at the queue, so turns, latest-wins and deadlines are unchanged. A batched
+call that fails is retried request by request, so only the request at fault gets the error; an engine
+that went away (a Ray replica) raises :class:`~.outcome.EngineLost` and the call's work goes to
+``on_engine_lost`` unanswered (the Ray backend queues it again elsewhere).
 """
 
 from __future__ import annotations
@@ -173,6 +165,8 @@ class HostPrep:
 
     Start it, register nothing: it listens to ``queue`` itself. The engine thread wraps each engine call
     in :meth:`overlapping` and takes prepared inputs with :meth:`claim`. :meth:`stop` ends the thread.
+    Prepared inputs belong to one :class:`PendingObservation` object: one superseded by a newer observation
+    of its session, or cancelled, is never served from them (they are dropped at the next look).
     """
 
     def __init__(self, engine: PreparingEngine, queue: RequestQueue, lookahead: int, name: str) -> None:
