@@ -53,7 +53,7 @@ from ..engine.request_queue import EngineTask, PendingObservation, QueueClosed, 
 from ..engine.worker import CounterReadouts, EngineCounters, EngineWorker, WorkerState
 from .deployment import RayBackendSettings, ReplicaDeployments
 from .remote_engine import RemoteEngine
-from .replica import EngineLoader
+from .replica import EngineLoader, ReplicaIdentity
 from .router import ReplicaRouter
 
 logger = logging.getLogger(__name__)
@@ -72,7 +72,7 @@ class _Replica:
     dispatcher: EngineWorker | None = None
     engine: RemoteEngine | None = None
     state: str = "loading"  # loading, live, replacing, failed, stopped
-    identity: dict[str, Any] = field(default_factory=dict)
+    identity: ReplicaIdentity | None = None  # None until its actor first answered
     failovers: int = 0
     # Counters of this slot's earlier workers (a replacement starts its own from zero).
     retired: EngineCounters = field(default_factory=EngineCounters)
@@ -80,6 +80,10 @@ class _Replica:
     @property
     def counters(self) -> EngineCounters:
         return self.retired + (self.dispatcher.counters if self.dispatcher is not None else EngineCounters())
+
+    @property
+    def actor_name(self) -> str | None:
+        return self.identity.actor_name if self.identity is not None else None
 
 
 class RayBackend(CounterReadouts):
@@ -135,15 +139,16 @@ class RayBackend(CounterReadouts):
             return
         for replica in self._replicas:
             replica.state = "live"
-            replica.identity = dict(replica.engine.identity)
+            replica.identity = replica.engine.identity if replica.engine is not None else None
         self.description = descriptions[0]
-        self.thread_settings = dict(self._replicas[0].identity.get("threads", {}))
+        first = self._replicas[0].identity
+        self.thread_settings = dict(first.threads) if first is not None else {}
         self.state = WorkerState.READY
         self._watchdog.start()
         logger.info(
             "ray backend ready: %d replica(s) %s",
             len(self._replicas),
-            [r.identity.get("actor_name") for r in self._replicas],
+            [r.actor_name for r in self._replicas],
         )
         self._ready.set_result(self.description)
 
@@ -220,9 +225,9 @@ class RayBackend(CounterReadouts):
                     "replica": r.index,
                     "app": r.app_name,
                     "state": r.state,
-                    "actor_name": r.identity.get("actor_name"),
-                    "actor_id": r.identity.get("actor_id"),
-                    "node_id": r.identity.get("node_id"),
+                    "actor_name": r.actor_name,
+                    "actor_id": r.identity.actor_id if r.identity is not None else None,
+                    "node_id": r.identity.node_id if r.identity is not None else None,
                     "sessions": sessions[r.index],
                     "completed": counters.completed,
                     "failed": counters.failed,
@@ -244,7 +249,7 @@ class RayBackend(CounterReadouts):
         """Notice replicas that died while idle (a call in flight notices by itself)."""
         while not self._stopping.wait(WATCHDOG_PERIOD_S):
             for replica in self._replicas:
-                name = replica.identity.get("actor_name")
+                name = replica.actor_name
                 if replica.state != "live" or not name:
                     continue
                 if self._deployments.actor_gone(name) and not self._stopping.is_set():
@@ -280,7 +285,7 @@ class RayBackend(CounterReadouts):
         logger.warning(
             "replica %d (%s) lost: %d session(s) moved, %d observation(s) and %d task(s) re-queued",
             replica.index,
-            replica.identity.get("actor_name"),
+            replica.actor_name,
             len(moved),
             len(in_hand),
             len(tasks),
@@ -327,7 +332,7 @@ class RayBackend(CounterReadouts):
     def _replace(self, replica: _Replica, lost: EngineWorker) -> None:
         """Wait for Serve's replacement, then put the replica back in service with a fresh worker."""
         lost.stop(timeout=60.0)  # its queue is closed: it exits once its call returned
-        lost_actor_id = replica.identity.get("actor_id")
+        lost_actor_id = replica.identity.actor_id if replica.identity is not None else None
         queue = RequestQueue()
         dispatcher = self._new_dispatcher(
             replica, queue, lambda: self._deployments.replacement(replica.index, lost_actor_id)
@@ -344,10 +349,10 @@ class RayBackend(CounterReadouts):
             logger.error("replica %d could not be replaced", replica.index)
             return
         with self._lock:
-            replica.identity = dict(replica.engine.identity)
+            replica.identity = replica.engine.identity if replica.engine is not None else None
             self.router.replica_back(replica.index, queue)
             replica.state = "live"
-        logger.info("replica %d back in service as %s", replica.index, replica.identity.get("actor_name"))
+        logger.info("replica %d back in service as %s", replica.index, replica.actor_name)
 
     def _post(self, callback: Callable[..., Any], *args: Any) -> None:
         try:

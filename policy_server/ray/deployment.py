@@ -116,7 +116,7 @@ class ReplicaDeployments:
                 handle = serve.get_app_handle(app_name)
                 engine = RemoteEngine(handle, app_name)
                 identity = handle.identity.remote().result(timeout_s=60.0)
-                if identity["actor_id"] != lost_actor_id:
+                if identity.actor_id != lost_actor_id:
                     return engine
             except Exception:  # noqa: BLE001 - not back yet, or the application is gone: deploy it again
                 logger.info("replica %d not back yet; (re)deploying", index, exc_info=True)

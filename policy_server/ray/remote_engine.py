@@ -20,6 +20,7 @@ from ray.exceptions import ActorUnavailableError, RayActorError, RayTaskError
 from cosmos3_runtime.description import ModelDescription
 
 from ..engine.outcome import EngineLost
+from .replica import ReplicaIdentity
 
 
 class ReplicaLost(EngineLost):
@@ -33,7 +34,7 @@ class RemoteEngine:
         self.handle = handle
         self.app_name = app_name
         # The Ray actor that answered the last describe() (name, id, node, threads): how the backend watches it.
-        self.identity: dict[str, Any] = {}
+        self.identity: ReplicaIdentity | None = None
 
     def call(self, method: Any, *arguments: Any) -> Any:
         """Call ``method`` (an attribute of the handle: ``self.handle.predict_actions``) and wait for it."""
@@ -46,7 +47,8 @@ class RemoteEngine:
             raise (exc.cause if isinstance(exc.cause, Exception) else exc) from None
 
     def describe(self) -> ModelDescription:
-        self.identity = self.call(self.handle.identity)
+        identity: ReplicaIdentity = self.call(self.handle.identity)
+        self.identity = identity
         description: ModelDescription = self.call(self.handle.describe)
         return description
 

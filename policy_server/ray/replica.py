@@ -25,6 +25,16 @@ HEALTH_CHECK_PERIOD_S = 2.0
 
 
 @dataclass(frozen=True)
+class ReplicaIdentity:
+    """The Ray actor serving a replica, as it reports itself (pickled back to the front end)."""
+
+    actor_name: str | None
+    actor_id: str | None
+    node_id: str
+    threads: dict[str, object]  # the engine thread's torch settings (cpu_threads.configure_worker_threads)
+
+
+@dataclass(frozen=True)
 class EngineLoader:
     """How a replica loads its engine (pickled to the replica: paths must exist on its node)."""
 
@@ -72,17 +82,15 @@ class Cosmos3Replica:
             self.engine.warmup()
         self.rollouts: dict[str, Any] = {}
         context = ray.get_runtime_context()
-        self.identity_fields = {
-            "actor_name": context.get_actor_name(),
-            "actor_id": context.get_actor_id(),
-            "node_id": context.get_node_id(),
-        }
+        self._identity = ReplicaIdentity(
+            context.get_actor_name(), context.get_actor_id(), context.get_node_id(), self.thread_settings
+        )
 
     def describe(self) -> ModelDescription:
         return self.engine.describe()
 
-    def identity(self) -> dict[str, Any]:
-        return dict(self.identity_fields, threads=self.thread_settings)
+    def identity(self) -> ReplicaIdentity:
+        return self._identity
 
     def predict_actions(self, request: Any) -> Any:
         return self.engine.predict_actions(request)
