@@ -91,12 +91,13 @@ def main() -> None:
         import ray
         from ray import serve
 
-        from policy_server.ray.backend import EngineSpec, RayBackendFactory, RayBackendSettings
+        from policy_server.ray.backend import RayBackendFactory, RayBackendSettings
+        from policy_server.ray.replica import EngineLoader
 
         ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
         serve.start(proxy_location="Disabled")
-        spec = EngineSpec(source=checkpoint, device="cpu", dtype="float32", torch_threads=1)
-        factory = RayBackendFactory(RayBackendSettings(replicas=1, num_cpus=0), spec)
+        loader = EngineLoader(source=checkpoint, device="cpu", dtype="float32", torch_threads=1)
+        factory = RayBackendFactory(RayBackendSettings(replicas=1, num_cpus=0), loader)
         ray_times = asyncio.run(measure(PolicyServer(None, settings, backend=factory), args.rounds, args.warmup))
         serve.shutdown()
         ray.shutdown()

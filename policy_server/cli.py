@@ -119,14 +119,15 @@ def _engine_loader(args: argparse.Namespace, workdir: Path):
 def _ray_backend(args: argparse.Namespace, workdir: Path):
     """The Ray backend's factory (imports Ray, so only for --backend ray). A --tiny checkpoint is built
     here, once, and its path handed to the replicas: fine for a local instance, not for remote nodes."""
-    from .ray.backend import EngineSpec, RayBackendFactory, RayBackendSettings
+    from .ray.backend import RayBackendFactory, RayBackendSettings
+    from .ray.replica import EngineLoader
 
     source = args.model
     if args.tiny:
         from cosmos3_runtime.tiny import build_tiny_checkpoint
 
         source = str(build_tiny_checkpoint(workdir / f"tiny-{args.tiny}", variant=args.tiny))
-    spec = EngineSpec(
+    loader = EngineLoader(
         source=source,
         device=args.device,
         dtype=args.dtype,
@@ -139,7 +140,7 @@ def _ray_backend(args: argparse.Namespace, workdir: Path):
     settings = RayBackendSettings(
         replicas=max(1, args.replicas), address=args.ray_address, num_gpus=args.replica_gpus, num_cpus=args.replica_cpus
     )
-    return RayBackendFactory(settings, spec)
+    return RayBackendFactory(settings, loader)
 
 
 def _ssl_context(args: argparse.Namespace):

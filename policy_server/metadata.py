@@ -1,4 +1,5 @@
-"""Every answer about what the server offers, built from the one typed :class:`ModelDescription`.
+"""Every answer about what the server offers, built from the one typed
+:class:`~cosmos3_runtime.description.ModelDescription` (its JSON form, ``as_json()``, where it is passed on).
 
 * :func:`native_metadata`: the ``metadata`` frame a native session sends first;
 * :func:`openpi_metadata`: the metadata dict an openpi session sends first;
@@ -19,9 +20,9 @@ import time
 from collections.abc import Mapping
 from typing import Any
 
+from cosmos3_runtime.description import ModelDescription
 from robot_clients import protocol
 
-from .engine.description import ModelDescription
 from .media.image_decoding import ENCODED_FORMATS
 from .recording_setup import recorder_health
 from .sessions.config import STATE_PROFILE_FIELDS, SessionConfig
@@ -45,18 +46,13 @@ NATIVE_CAPABILITIES = {
 }
 
 
-def canvases(d: ModelDescription) -> dict[str, list[dict[str, Any]]]:
-    """Each served tier's canvases (aspect-ratio bins), so a robot can size its frames before sending
-    (``robot_clients.frame_sizing.canvas_bins``)."""
-    return {str(tier): [dict(entry) for entry in bins] for tier, bins in d.raw.get("canvases", {}).items()}
-
-
 def native_metadata(host: SessionHost, session_id: str) -> dict[str, Any]:
     """The native protocol's hello: the model, its domains and every limit a session is held to."""
     d = host.description
     assert d is not None, "sessions open once the model is ready"
     settings = host.settings
-    limits = dict(d.raw.get("limits", {}))
+    described = d.as_json()
+    limits = described["limits"]
     limits["max_message_bytes"] = settings.max_message_bytes
     limits["max_sessions"] = settings.max_sessions
     rate = settings.observation_rate
@@ -73,12 +69,14 @@ def native_metadata(host: SessionHost, session_id: str) -> dict[str, Any]:
             "session_id": session_id,
             "model": d.model,
             "variant": d.variant,
-            "modes": list(d.realtime_modes),
+            "modes": list(d.action_modes),
             "capabilities": dict(NATIVE_CAPABILITIES),
-            "defaults": d.raw.get("defaults", {}),
-            "action_horizon": d.raw.get("action_horizon", {}),
+            "defaults": described["defaults"],
+            "action_horizon": described["action_horizon"],
             "resolution_tiers": list(d.resolution_tiers),
-            "canvases": canvases(d),
+            # Each served tier's canvases, so a robot can size its frames before sending
+            # (robot_clients.frame_sizing.canvas_bins).
+            "canvases": described["canvases"],
             "view_points": list(d.view_points),
             "domains": {
                 name: {
@@ -131,7 +129,7 @@ def openpi_metadata(
         **{field: resolved.get(field) for field in STATE_PROFILE_FIELDS},
         "cameras": cameras.describe().get(resolved.get("view_point"), []),
         "resolution_tier": resolved.get("resolution_tier"),
-        "canvases": canvases(d),
+        "canvases": d.as_json()["canvases"],
         "encoded_images": sorted(ENCODED_FORMATS.values()),
         "error": error,
     }
@@ -145,7 +143,8 @@ def http_action_metadata(
     d = host.description
     assert d is not None, "answered once the model is ready"
     settings = host.settings
-    limits = dict(d.raw.get("limits", {}))
+    described = d.as_json()
+    limits = described["limits"]
     limits.update(http_limits)
     limits["max_websocket_message_bytes"] = settings.max_message_bytes
     action_modes, video_modes = list(d.action_modes), list(d.video_modes)
@@ -171,12 +170,12 @@ def http_action_metadata(
         action_modes=action_modes,
         video_modes=video_modes,
         endpoints=endpoints,
-        domains={name: dict(domain.raw) for name, domain in d.domains.items()},
-        action_horizon=d.raw.get("action_horizon", {}),
+        domains=described["domains"],
+        action_horizon=described["action_horizon"],
         resolution_tiers=list(d.resolution_tiers),
         view_points=list(d.view_points),
-        defaults=d.raw.get("defaults", {}),
-        distilled_sigmas=d.raw.get("distilled_sigmas"),
+        defaults=described["defaults"],
+        distilled_sigmas=described["distilled_sigmas"],
         limits=limits,
         capabilities=capabilities,
         device=d.device,

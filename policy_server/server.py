@@ -26,6 +26,7 @@ from websockets.asyncio.server import Server, ServerConnection, serve
 from websockets.datastructures import Headers
 from websockets.http11 import Request, Response
 
+from cosmos3_runtime.description import ModelDescription
 from robot_clients import protocol
 from robot_clients.protocol import REALTIME_PATH, DropReason, FrameLimits
 
@@ -33,12 +34,12 @@ from .auth import CHALLENGE, OriginPolicy, bearer_subprotocol, is_open_path
 from .connection_limits import ACCEPT_BURST, PeerCounter, handshake_limited_connection
 from .engine.backend import BackendFactory, EngineBackend
 from .engine.batching import BackgroundShare, BatchPolicy
-from .engine.description import ModelDescription
 from .engine.request_queue import RequestQueue
 from .engine.watchdog import EngineWatchdog
 from .engine.worker import ActionEngine, EngineWorker, WorkerState
 from .http.dashboard import CONFIG_NAME, DASHBOARD_HEADERS, DASHBOARD_PATH, dashboard_asset, dashboard_config
 from .log_hygiene import printable
+from .media.image_decoding import model_frame_limits
 from .metadata import SERVER_NAME, health, native_metadata
 from .recording_setup import start_recorder
 from .routes import Route, route
@@ -186,9 +187,9 @@ class PolicyServer:
     async def wait_ready(self) -> ModelDescription:
         """Wait for the model to be loaded and warm; raise if it failed to load."""
         assert self.worker is not None, "start() first"
-        description = ModelDescription.from_describe(await self.worker.wait_ready())
+        description = await self.worker.wait_ready()
         self.description = description
-        self.frame_limits = description.frame_limits
+        self.frame_limits = model_frame_limits(description.limits)
         side = self.frame_limits.max_image_side
         if self.settings.max_message_bytes < side * side * 3 + 2**20:
             logger.warning(

@@ -40,14 +40,15 @@ class RayServerThread(ServerThread):
     """A test server whose engine runs on Ray Serve replicas instead of the local worker thread."""
 
     def __init__(self, replicas: int, **settings) -> None:
-        from policy_server.ray.backend import EngineSpec, RayBackendFactory, RayBackendSettings
+        from policy_server.ray.backend import RayBackendFactory, RayBackendSettings
+        from policy_server.ray.replica import EngineLoader
 
         super().__init__(None, **settings)
-        spec = EngineSpec(
+        loader = EngineLoader(
             source=str(tiny_checkpoint("distilled")), device="cpu", dtype="float32", torch_threads=1, warmup=False
         )
         # num_cpus 0: two replicas plus Serve's controller fit a 2-core Ray instance.
-        factory = RayBackendFactory(RayBackendSettings(replicas=replicas, num_cpus=0), spec)
+        factory = RayBackendFactory(RayBackendSettings(replicas=replicas, num_cpus=0), loader)
         self.server = PolicyServer(None, self.settings, backend=factory)
 
 

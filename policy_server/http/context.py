@@ -4,9 +4,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from cosmos3_runtime.description import ModelDescription
 from robot_clients.protocol import FrameLimits
 
-from ..engine.description import ModelDescription
+from ..media.image_decoding import model_frame_limits
 from ..metrics import ServerMetrics
 from ..sessions.host import SessionHost
 from ..videos.job_store import VideoJobStore
@@ -40,4 +41,4 @@ class SidecarParts:
 
     def media_limits(self, description: ModelDescription) -> FrameLimits:
         """The model's pixel and frame bounds plus this sidecar's decoding budget."""
-        return description.limits.frame_limits(self.settings.max_decoded_bytes)
+        return model_frame_limits(description.limits, self.settings.max_decoded_bytes)

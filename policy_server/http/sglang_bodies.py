@@ -11,10 +11,10 @@ from __future__ import annotations
 
 from typing import Any
 
+from cosmos3_runtime.description import ModelDescription
 from cosmos3_runtime.requests import ActionRequest
 from robot_clients.protocol import FrameLimits
 
-from ..engine.description import ModelDescription
 from ..sglang.action_form import FORM_UPLOADS, envelope_from_form, is_sglang_form
 from ..sglang.actions import ActionCall, is_sglang_envelope, parse_action_envelope
 from . import codecs as http_codecs

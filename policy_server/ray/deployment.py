@@ -26,7 +26,7 @@ import ray
 from ray import serve
 
 from .remote_engine import RemoteEngine
-from .replica import Cosmos3Replica, EngineSpec
+from .replica import Cosmos3Replica, EngineLoader
 
 logger = logging.getLogger(__name__)
 
@@ -52,9 +52,9 @@ class RayBackendSettings:
 class ReplicaDeployments:
     """Deploys replicas as Serve applications, finds their replacements, and watches their actors."""
 
-    def __init__(self, settings: RayBackendSettings, spec: EngineSpec, stopping: threading.Event) -> None:
+    def __init__(self, settings: RayBackendSettings, loader: EngineLoader, stopping: threading.Event) -> None:
         self.settings = settings
-        self.spec = spec
+        self.loader = loader
         self._stopping = stopping
         self._connected = threading.Event()
         self._connect_error: BaseException | None = None
@@ -104,7 +104,7 @@ class ReplicaDeployments:
         self._wait_connected()
         app_name = self.app_name(index)
         options = {"num_gpus": self.num_gpus, "num_cpus": self.settings.num_cpus}
-        application = Cosmos3Replica.options(ray_actor_options=options).bind(self.spec)
+        application = Cosmos3Replica.options(ray_actor_options=options).bind(self.loader)
         handle = serve.run(application, name=app_name, route_prefix=None)
         return RemoteEngine(handle, app_name)
 
@@ -115,8 +115,8 @@ class ReplicaDeployments:
             try:
                 handle = serve.get_app_handle(app_name)
                 engine = RemoteEngine(handle, app_name)
-                description = handle.describe.remote().result(timeout_s=60.0)
-                if description.get("replica", {}).get("actor_id") != lost_actor_id:
+                identity = handle.identity.remote().result(timeout_s=60.0)
+                if identity.actor_id != lost_actor_id:
                     return engine
             except Exception:  # noqa: BLE001 - not back yet, or the application is gone: deploy it again
                 logger.info("replica %d not back yet; (re)deploying", index, exc_info=True)

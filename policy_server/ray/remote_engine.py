@@ -17,7 +17,10 @@ from typing import Any
 
 from ray.exceptions import ActorUnavailableError, RayActorError, RayTaskError
 
+from cosmos3_runtime.description import ModelDescription
+
 from ..engine.outcome import EngineLost
+from .replica import ReplicaIdentity
 
 
 class ReplicaLost(EngineLost):
@@ -30,8 +33,8 @@ class RemoteEngine:
     def __init__(self, handle: Any, app_name: str) -> None:
         self.handle = handle
         self.app_name = app_name
-        # The Ray actor that answered describe() (name, id, node, threads): how the backend watches it.
-        self.identity: dict[str, Any] = {}
+        # The Ray actor that answered the last describe() (name, id, node, threads): how the backend watches it.
+        self.identity: ReplicaIdentity | None = None
 
     def call(self, method: Any, *arguments: Any) -> Any:
         """Call ``method`` (an attribute of the handle: ``self.handle.predict_actions``) and wait for it."""
@@ -43,9 +46,10 @@ class RemoteEngine:
             # The engine raised: hand the runtime's own (typed) error to the worker, as the local one does.
             raise (exc.cause if isinstance(exc.cause, Exception) else exc) from None
 
-    def describe(self) -> dict[str, Any]:
-        description = dict(self.call(self.handle.describe))
-        self.identity = description.pop("replica", {})
+    def describe(self) -> ModelDescription:
+        identity: ReplicaIdentity = self.call(self.handle.identity)
+        self.identity = identity
+        description: ModelDescription = self.call(self.handle.describe)
         return description
 
     def warmup(self) -> None:

@@ -6,8 +6,8 @@ and ``rollout_video`` are the engine's own API, so the replica adds no protocol 
 results travel as the runtime's dataclasses (numpy arrays inside), pickled by Ray; typed runtime errors
 (``InvalidRequestError`` with its ``field``) survive the trip and reach the client unchanged.
 
-``describe()`` adds a ``replica`` entry naming the Ray actor that answered (its name, id and node): the
-backend uses the actor name to notice that the replica died, and the id to tell a replacement apart.
+``identity()`` names the Ray actor that answers (its name, id, node and threads): the backend uses the
+actor name to notice that the replica died, and the id to tell a replacement apart.
 """
 
 from __future__ import annotations
@@ -18,12 +18,24 @@ from typing import Any
 
 from ray import serve
 
+from cosmos3_runtime.description import ModelDescription
+
 # Serve's health check calls check_health() this often; a replica that fails it (or dies) is replaced.
 HEALTH_CHECK_PERIOD_S = 2.0
 
 
 @dataclass(frozen=True)
-class EngineSpec:
+class ReplicaIdentity:
+    """The Ray actor serving a replica, as it reports itself (pickled back to the front end)."""
+
+    actor_name: str | None
+    actor_id: str | None
+    node_id: str
+    threads: dict[str, object]  # the engine thread's torch settings (cpu_threads.configure_worker_threads)
+
+
+@dataclass(frozen=True)
+class EngineLoader:
     """How a replica loads its engine (pickled to the replica: paths must exist on its node)."""
 
     source: str
@@ -50,36 +62,35 @@ class EngineSpec:
 
 @serve.deployment(
     num_replicas=1,  # one application per replica, so that sessions can be pinned to it (see policy_server.ray.backend)
-    # The dispatcher sends one call at a time; a second can only be a describe() or a health probe.
+    # The dispatcher sends one call at a time; a second can only be a describe(), identity() or a health probe.
     max_ongoing_requests=4,
     health_check_period_s=HEALTH_CHECK_PERIOD_S,
 )
 class Cosmos3Replica:
     """The engine in a Serve replica. The constructor loads and warms it up; Serve reports ready after."""
 
-    def __init__(self, spec: EngineSpec) -> None:
+    def __init__(self, loader: EngineLoader) -> None:
         import ray
 
         import policy_server  # noqa: F401  (OMP_WAIT_POLICY=PASSIVE before torch loads in this process)
 
         from ..engine.cpu_threads import configure_worker_threads
 
-        self.thread_settings = configure_worker_threads(spec.torch_threads)
-        self.engine = spec.load()
-        if spec.warmup:
+        self.thread_settings = configure_worker_threads(loader.torch_threads)
+        self.engine = loader.load()
+        if loader.warmup:
             self.engine.warmup()
         self.rollouts: dict[str, Any] = {}
         context = ray.get_runtime_context()
-        self.identity = {
-            "actor_name": context.get_actor_name(),
-            "actor_id": context.get_actor_id(),
-            "node_id": context.get_node_id(),
-        }
+        self._identity = ReplicaIdentity(
+            context.get_actor_name(), context.get_actor_id(), context.get_node_id(), self.thread_settings
+        )
 
-    def describe(self) -> dict[str, Any]:
-        description = dict(self.engine.describe())
-        description["replica"] = dict(self.identity, threads=self.thread_settings)
-        return description
+    def describe(self) -> ModelDescription:
+        return self.engine.describe()
+
+    def identity(self) -> ReplicaIdentity:
+        return self._identity
 
     def predict_actions(self, request: Any) -> Any:
         return self.engine.predict_actions(request)

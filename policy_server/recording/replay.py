@@ -34,7 +34,6 @@ from cosmos3_runtime.requests import ActionRequest
 from ..media.camera_composition import side_by_side
 from .episode_writer import REQUEST_FIELDS
 from .reader import RecordedEpisode, RecordedRow, RecordingFormatError
-from .session_recording import model_identity
 
 # Settings the command line may change, as ActionRequest field -> type.
 OVERRIDABLE = {
@@ -154,7 +153,7 @@ def replay(
 ) -> ReplayReport:
     """Send ``episode``'s observations through ``engine`` (a Cosmos3Engine) and compare the chunks."""
     report = ReplayReport(
-        episode.name, dict(episode.session.get("model", {})), model_identity(engine.describe()), dict(overrides)
+        episode.name, dict(episode.session.get("model", {})), engine.describe().identity(), dict(overrides)
     )
     for row, frames in zip(episode.rows(), episode.frames()):
         if limit is not None and len(report.chunks) >= limit:

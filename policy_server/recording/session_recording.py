@@ -14,6 +14,8 @@ from typing import Any, Protocol
 
 import numpy as np
 
+from cosmos3_runtime.description import MODEL_IDENTITY_KEYS
+
 from .events import (
     ChunkReturned,
     DropRecord,
@@ -24,24 +26,6 @@ from .events import (
     ObservationRecord,
     Reconfigured,
 )
-
-# The parts of an engine's describe() that identify the model in a recording.
-MODEL_IDENTITY_KEYS = (
-    "model",
-    "variant",
-    "is_distilled",
-    "is_edge",
-    "dtype",
-    "device",
-    "parameters",
-    "action_dim",
-    "num_embodiment_domains",
-)
-
-
-def model_identity(description: Mapping[str, Any]) -> dict[str, Any]:
-    """The model's identity for a recording, from an engine's ``describe()``."""
-    return {key: description.get(key) for key in MODEL_IDENTITY_KEYS if key in description}
 
 
 def _check_config(config: Mapping[str, Any]) -> None:
@@ -81,8 +65,8 @@ class SessionRecording:
 
     def start_episode(self, config: Mapping[str, Any], model: Mapping[str, Any], fps: int | None = None) -> None:
         """Begin an episode. ``config`` is the resolved configuration (JSON-able, with
-        ``action_horizon`` and ``raw_action_dim``); ``model`` the engine's ``describe()`` (or its identity: only
-        the keys of :func:`model_identity` are kept);
+        ``action_horizon`` and ``raw_action_dim``); ``model`` the model's identity (``ModelDescription.identity()``:
+        only its keys are kept);
         ``fps`` the dataset's frame rate (default: the config's ``control_hz``, else the recorder's)."""
         _check_config(config)
         if self.active:
@@ -95,7 +79,13 @@ class SessionRecording:
         self._sink.put_control(
             self._key,
             EpisodeStart(
-                self.session_id, self.protocol, dict(config), model_identity(model), int(fps), now, time.time()
+                self.session_id,
+                self.protocol,
+                dict(config),
+                {key: model[key] for key in MODEL_IDENTITY_KEYS if key in model},
+                int(fps),
+                now,
+                time.time(),
             ),
         )
 

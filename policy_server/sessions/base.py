@@ -282,7 +282,7 @@ class Session:
         assert self.host.description is not None, "sessions open once the model is ready"
         resolved = config.resolved(self.host.description)
         if first:
-            self.recording.start_episode(resolved, self.host.description.raw)
+            self.recording.start_episode(resolved, self.host.description.identity())
         else:
             self.recording.configured(resolved)
 
@@ -309,14 +309,14 @@ class Session:
             )
         self.recording = self.host.recorder.session(self.id, self.protocol)
         if self.config is not None and self.host.description is not None:
-            self.recording.start_episode(self.config.resolved(self.host.description), self.host.description.raw)
+            self.recording.start_episode(self.config.resolved(self.host.description), self.host.description.identity())
 
     def reset(self) -> None:
         """Forget what is in flight (dropped ``cancelled``); the recording starts a new episode."""
         self.cancel_in_flight(None)
         self.recording.end_episode("reset")
         if self.config is not None and self.host.description is not None:
-            self.recording.start_episode(self.config.resolved(self.host.description), self.host.description.raw)
+            self.recording.start_episode(self.config.resolved(self.host.description), self.host.description.identity())
 
     def enqueue(
         self,

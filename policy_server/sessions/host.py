@@ -13,11 +13,11 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any, Protocol
 
+from cosmos3_runtime.description import ModelDescription
 from robot_clients.protocol import FrameLimits, SessionState
 
 from ..auth import OriginPolicy, TokenSet
 from ..engine.backend import EngineBackend, QueueLike
-from ..engine.description import ModelDescription
 from ..recording_setup import RecordingOptions, SessionRecorder
 from .config import SessionConfig
 from .controls import OperatorControl

@@ -48,6 +48,7 @@ from typing import Any
 
 import numpy as np
 
+from cosmos3_runtime.profiles import PolicyProfile
 from robot_clients.client_frames import (
     SESSION_SETTINGS,
     check_image_size,
@@ -58,7 +59,6 @@ from robot_clients.client_frames import (
 )
 from robot_clients.protocol import ErrorCode, FrameLimits, ProtocolError
 
-from ..engine.description import DomainProfile
 from ..media.camera_composition import side_by_side
 from .config import check_state
 
@@ -229,7 +229,7 @@ def parse_openpi_observation(
     limits: FrameLimits,
     *,
     video: bool = False,
-    domain: DomainProfile | None = None,
+    domain: PolicyProfile | None = None,
 ) -> OpenpiObservation:
     """Pick and compose the cameras for ``view_point``; raise :class:`ProtocolError` naming the key.
 

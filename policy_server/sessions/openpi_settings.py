@@ -8,7 +8,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from ..engine.description import ModelDescription
+from cosmos3_runtime.description import ModelDescription
+
 from .config import SessionConfig, merge_session_config
 from .openpi_observation import CameraMapping
 

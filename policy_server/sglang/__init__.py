@@ -16,7 +16,7 @@ results back into SGLang's answers, so the HTTP routes and the WebSocket server 
   SGLang's reply envelope (``envelope`` or ``raw``, ``list`` or ``numpy``) back;
 * :mod:`.videos`: SGLang's ``/v1/videos`` field names onto ours;
 * :mod:`.metadata`: SGLang's ``/v1/actions/metadata`` keys from the typed model
-  description (``policy_server.engine.description``);
+  description (``cosmos3_runtime.description``);
 * :mod:`.realtime`: the lock-step WebSocket mode (first frame without ``type``) as a sans-I/O session.
 
 Where SGLang is unsafe (server file paths and URLs, tracebacks to the client, closing on error,

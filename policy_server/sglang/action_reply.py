@@ -14,14 +14,14 @@ from typing import Any
 
 import numpy as np
 
-from cosmos3_runtime.requests import ActionChunk
+from cosmos3_runtime.requests import ActionResult
 
 from .actions import ActionCall
 
 
 def build_reply(
     call: ActionCall,
-    chunks: Sequence[ActionChunk],
+    chunks: Sequence[ActionResult],
     *,
     model: str | None,
     created: float | None = None,

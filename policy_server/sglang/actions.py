@@ -28,9 +28,9 @@ from typing import Any
 
 import numpy as np
 
+from cosmos3_runtime.description import ModelDescription
 from robot_clients.protocol import ErrorCode
 
-from ..engine.description import ModelDescription
 from ..http.errors import ApiError
 from .media import TENSOR_VALUE_KEYS, image_batch, video_clip
 from .parameters import (
