@@ -1,5 +1,8 @@
 """The WebSocket server's settings (``cosmos3-serve`` flags): one typed dataclass, read by the server and,
-through :class:`~policy_server.sessions.host.HostSettings`, by sessions, the HTTP sidecar and backends."""
+through its context (:mod:`policy_server.context`), by sessions, the HTTP sidecar and backends.
+
+``http`` and ``recording`` configure features the command line attaches (``policy_server.cli.assemble_server``);
+the server itself acts on neither."""
 
 from __future__ import annotations
 
@@ -15,13 +18,12 @@ from .connection_limits import (
 from .engine.batching import DEFAULT_VIDEO_STEP_INTERVAL_S
 from .engine.watchdog import DEFAULT_ENGINE_TIMEOUT_S
 from .recording_setup import RecordingOptions
-from .sessions.observer import DEFAULT_MAX_OBSERVERS, OBSERVER_FRAME_RATE
-from .sessions.openpi_settings import OpenpiSettings
+from .sessions.openpi_observation import OpenpiSettings
 from .sessions.rate_limits import RateLimit
 from .sessions.supervisor import SessionLimits
 
 if TYPE_CHECKING:
-    from .http.sidecar import SidecarSettings
+    from .http.settings import SidecarSettings
 
 # A 720p RGB frame is 2.8 MB; a 65-frame 256x256 clip 12.8 MB. The default fits the largest single image
 # the models accept (4096x4096x3 = 48 MiB, `limits.max_image_side`) plus the msgpack around it, so the
@@ -29,6 +31,10 @@ if TYPE_CHECKING:
 # first (docs/security.md), and it keeps one client from making the server buffer arbitrary amounts.
 LARGEST_IMAGE_BYTES = 4096 * 4096 * 3
 DEFAULT_MAX_MESSAGE_BYTES = LARGEST_IMAGE_BYTES + 2**20
+# Observer channels (/v1/observe): how many at once, and the frames per second each may send (subscribe and
+# control frames of a few hundred bytes, at the pace of clicks).
+DEFAULT_MAX_OBSERVERS = 16
+OBSERVER_FRAME_RATE = RateLimit(rate_hz=20.0, burst=40)
 
 
 @dataclass

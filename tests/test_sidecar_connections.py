@@ -88,7 +88,7 @@ def server():
 
 
 def _sidecar_port(server) -> int:
-    return server.server.sidecar.port
+    return server.sidecar.port
 
 
 def test_headers_dripped_a_byte_at_a_time_get_408_and_are_closed(server):
@@ -149,7 +149,7 @@ def test_bodies_held_together_are_bounded_and_let_go_at_the_body_deadline():
     running.settings.http.connections = ConnectionLimits(body_timeout_s=6.0)
     running.settings.http.max_buffered_body_bytes = 8 * 2**20
     with running:
-        port, budget = _sidecar_port(running), running.server.sidecar.body_budget
+        port, budget = _sidecar_port(running), running.sidecar.body_budget
         head = (
             f"POST /v1/actions/generations HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
             f"Content-Length: {7 * 2**20}\r\n\r\n"
@@ -204,7 +204,7 @@ def test_connections_past_the_sidecar_cap_are_refused(server):
     held = [_open(port, f"127.0.0.{10 + n % 4}") for n in range(24)]
     try:
         _check_refused(port, "127.0.0.20")
-        assert server.server.sidecar.connection_counter.total == 24
+        assert server.sidecar.connection_counter.total == 24
     finally:
         for sock in held:
             sock.close()
@@ -225,7 +225,7 @@ def test_the_sidecar_sets_tcp_nodelay_on_its_connections(server):
         time.sleep(0.2)
 
         def flags():
-            connections = server.server.sidecar.serving.connections()
+            connections = server.sidecar.serving.connections()
             return [
                 c.transport.get_extra_info("socket").getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY)
                 for c in connections

@@ -22,8 +22,7 @@ from policy_server.engine.description import ModelDescription
 from policy_server.http.errors import ApiError
 from policy_server.http.requests import action_request
 from policy_server.sessions.config import SessionConfig, observation_request
-from policy_server.sessions.openpi import OpenpiSettings
-from policy_server.sessions.openpi_observation import CameraMapping, parse_openpi_observation
+from policy_server.sessions.openpi_observation import CameraMapping, OpenpiSettings, parse_openpi_observation
 from robot_clients import PolicyClient
 from robot_clients.client_frames import ObservationFrame, parse_client_frame
 from robot_clients.protocol import ErrorCode, FrameLimits, ProtocolError
