@@ -90,9 +90,12 @@ def assemble_server(
     load_engine: Callable[[], ActionEngine] | None,
     settings: ServerSettings,
     backend: BackendFactory | None = None,
+    *,
+    http: SidecarSettings | None = None,
+    recording: RecordingOptions | None = None,
 ) -> PolicyServer:
-    """The server with everything ``settings`` asks for attached at its edge: SGLang's lock-step dialect on
-    the robots' path, the recording (``settings.recording``) and the HTTP sidecar (``settings.http``).
+    """The server with its optional features attached at its edge: SGLang's lock-step dialect on the
+    robots' path, the recording (``recording``: ``--record-dir``) and the HTTP sidecar (``http``).
 
     The one place optional features are put together; each is imported only when it is wanted, so a
     WebSocket-only server that records nothing never loads FastAPI or the recorder.
@@ -100,14 +103,14 @@ def assemble_server(
     from .sglang.lockstep_session import SGLANG_DIALECT
 
     server = PolicyServer(load_engine, settings, backend=backend, dialects=(SGLANG_DIALECT,))
-    if settings.recording is not None:  # first: a directory that cannot be made fails the start
+    if recording is not None:  # first: a directory that cannot be made fails the start
         from .recording.server_feature import RecordingFeature
 
-        server.attach(RecordingFeature(server.context, settings.recording))
-    if settings.http is not None:
+        server.attach(RecordingFeature(server.context, recording))
+    if http is not None:
         from .http.sidecar import HttpSidecar
 
-        server.attach(HttpSidecar(server.context, settings.http))
+        server.attach(HttpSidecar(server.context, http))
     return server
 
 
@@ -204,7 +207,6 @@ async def serve_until_stopped(args: argparse.Namespace) -> int:
             overlap_host_prep=args.overlap_host_prep == "on",
             shutdown_grace_s=args.shutdown_grace,
             openpi=_openpi_settings(args),
-            http=_sidecar_settings(args),
             ssl_context=_ssl_context(args),
             auth_tokens=TokenSet.load(args.auth_token, args.auth_token_file),
             max_sessions=max(1, args.max_sessions),
@@ -222,12 +224,12 @@ async def serve_until_stopped(args: argparse.Namespace) -> int:
                 idle_timeout_s=max(0.0, args.idle_timeout_s),
             ),
             allowed_origins=tuple(args.allowed_origin),
-            recording=_recording_options(args),
         )
+        features = {"http": _sidecar_settings(args), "recording": _recording_options(args)}
         if args.backend == "ray":
-            server = assemble_server(None, settings, backend=_ray_backend(args, Path(workdir)))
+            server = assemble_server(None, settings, backend=_ray_backend(args, Path(workdir)), **features)
         else:
-            server = assemble_server(_engine_loader(args, Path(workdir)), settings)
+            server = assemble_server(_engine_loader(args, Path(workdir)), settings, **features)
         stop = asyncio.Event()
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGINT, signal.SIGTERM):

@@ -15,6 +15,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from pathlib import Path
 from types import MappingProxyType
 from typing import Any, Generic, Protocol, TypeVar
 
@@ -44,14 +45,16 @@ SessionT = TypeVar("SessionT", bound=RegisteredSession)
 
 @dataclass(frozen=True)
 class SessionRecordings:
-    """How sessions are recorded, when a recording feature is attached (``policy_server.recording_setup``).
+    """How sessions are recorded, when a recording feature is attached (``policy_server.recording.server_feature``).
 
     ``listener(session_id, protocol)`` is a new recording of that session, as a listener of its events;
-    ``every_session``: each session is recorded from its first ``configure`` (else only those that opt in).
+    ``every_session``: each session is recorded from its first ``configure`` (else only those that opt in);
+    ``root``: the directory the recordings are written to (the sidecar lists and replays them from there).
     """
 
     listener: Callable[[str, str], SessionListener]
     every_session: bool
+    root: Path
 
 
 class ServerContext(Generic[SessionT]):

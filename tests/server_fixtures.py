@@ -123,8 +123,10 @@ class ServerThread(LoopbackUrls):
 
     def __init__(self, load_engine: Callable[[], Any], port: int = 0, **settings: Any) -> None:
         settings.setdefault("warmup", False)
+        # The features' own settings (``http``: the sidecar, ``recording``), attached as the command line does.
+        self.http, self.recording = settings.pop("http", None), settings.pop("recording", None)
         self.settings = ServerSettings(host="127.0.0.1", port=port, **settings)
-        self.server = assemble_server(load_engine, self.settings)
+        self.server = assemble_server(load_engine, self.settings, http=self.http, recording=self.recording)
         self.loop = asyncio.new_event_loop()
         self._ready = threading.Event()
         self._error: BaseException | None = None

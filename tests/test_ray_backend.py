@@ -48,7 +48,7 @@ class RayServerThread(ServerThread):
         )
         # num_cpus 0: two replicas plus Serve's controller fit a 2-core Ray instance.
         factory = RayBackendFactory(RayBackendSettings(replicas=replicas, num_cpus=0), spec)
-        self.server = assemble_server(None, self.settings, backend=factory)
+        self.server = assemble_server(None, self.settings, backend=factory, http=self.http)
 
 
 @pytest.fixture(scope="module")

@@ -76,10 +76,10 @@ async def _robot_connects(url: str) -> None:
 @pytest.fixture(scope="module")
 def server():
     running = SidecarServer(engine_loader())
-    running.settings.http.connections = ConnectionLimits(
+    running.http.connections = ConnectionLimits(
         header_timeout_s=1.0, body_timeout_s=1.0, max_connections=24, max_connections_per_peer=8
     )
-    running.settings.http.max_buffered_body_bytes = 8 * 2**20
+    running.http.max_buffered_body_bytes = 8 * 2**20
     running.settings.handshake_timeout_s = 1.0
     running.settings.max_pending_handshakes = 12
     running.settings.max_pending_handshakes_per_peer = 4
@@ -146,8 +146,8 @@ def test_bodies_held_together_are_bounded_and_let_go_at_the_body_deadline():
     a second upload that would pass it is answered 503 server_busy at once; the first, stalled, is cut
     off at its deadline and its bytes are let go, so the next request gets through."""
     running = SidecarServer(engine_loader(), max_body_bytes=7 * 2**20)
-    running.settings.http.connections = ConnectionLimits(body_timeout_s=6.0)
-    running.settings.http.max_buffered_body_bytes = 8 * 2**20
+    running.http.connections = ConnectionLimits(body_timeout_s=6.0)
+    running.http.max_buffered_body_bytes = 8 * 2**20
     with running:
         port, budget = _sidecar_port(running), running.sidecar.body_budget
         head = (

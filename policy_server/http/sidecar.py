@@ -68,8 +68,9 @@ class HttpSidecar:
                 recording=lambda: host.stats["recording"]() if "recording" in host.stats else None,
             )
         )
-        self.actions_in_flight = InFlightLimit(settings.max_actions_in_flight)
-        self.body_budget = BodyBudget(max(settings.max_buffered_body_bytes, settings.max_body_bytes))
+        # Made from the settings when the sidecar starts (whoever attached it may still adjust them).
+        self.actions_in_flight: InFlightLimit | None = None
+        self.body_budget: BodyBudget | None = None
         self.connection_counter: PeerCounter | None = None
         self.app: Any = None
         self._socket: socket.socket | None = None
@@ -109,6 +110,9 @@ class HttpSidecar:
         except (sqlite3.Error, OSError) as exc:  # a full disk: serve anyway; the runner retries when it has room
             logger.warning("video jobs could not be recovered at start (%s); retrying once the disk has room", exc)
             recover_pending = True
+        settings = self.settings
+        self.actions_in_flight = turns = InFlightLimit(settings.max_actions_in_flight)
+        self.body_budget = budget = BodyBudget(max(settings.max_buffered_body_bytes, settings.max_body_bytes))
         worker.on_batch_done = self.metrics.observe_batch
         self.runner = VideoJobRunner(self.store, self.host.queue, self.metrics, recover_pending=recover_pending)
         self.runner.start(worker.wait_ready())
@@ -118,8 +122,8 @@ class HttpSidecar:
                 settings=self.settings,
                 host=self.host,
                 metrics=self.metrics,
-                body_budget=self.body_budget,
-                turns=self.actions_in_flight,
+                body_budget=budget,
+                turns=turns,
                 store=self.store,
                 runner=self.runner,
             )

@@ -40,7 +40,7 @@ class RecordingFeature:
         def listener(session_id: str, protocol: str) -> SessionListener:
             return RecordingListener(recorder.session(session_id, protocol))
 
-        self.context.recordings = SessionRecordings(listener, options.every_session)
+        self.context.recordings = SessionRecordings(listener, options.every_session, options.root)
         self.context.health_parts["recording"] = self.health
         self.context.stats["recording"] = recorder.stats
 

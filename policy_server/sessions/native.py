@@ -115,16 +115,21 @@ class RealtimeSession(Session):
 
     def handle(self, message: bytes | str, received_at: float) -> None:
         first, self.frames_read = self.frames_read == 0, self.frames_read + 1
-        if first and self.dialects and self._handed_over(message, received_at):
-            return
+        decoded: Any = None
+        refusal: ProtocolError | None = None
         if isinstance(message, str):
-            raise ProtocolError(
+            refusal = ProtocolError(
                 ErrorCode.BAD_FRAME, "text frames are not part of the protocol; send binary msgpack frames"
             )
-        try:
-            decoded = unpackb(message)
-        except WireFormatError as exc:
-            raise ProtocolError(ErrorCode.BAD_FRAME, exc.message, exc.field) from None
+        else:
+            try:
+                decoded = unpackb(message)
+            except WireFormatError as exc:
+                refusal = ProtocolError(ErrorCode.BAD_FRAME, exc.message, exc.field)
+        if first and self.dialects and self._handed_over(FirstFrame(message, decoded, received_at)):
+            return
+        if refusal is not None:
+            raise refusal
         if isinstance(decoded, dict) and isinstance(decoded.get("seq"), int):
             self.frame_seq = decoded["seq"]  # so that even an early error names the observation it is about
         frame = client_frames.parse_client_frame(decoded, self.context.frame_limits)
@@ -143,13 +148,8 @@ class RealtimeSession(Session):
             self.rules.restart()
             self._send({"type": protocol.RESET_DONE, "session_id": self.id})
 
-    def _handed_over(self, message: bytes | str, received_at: float) -> bool:
+    def _handed_over(self, first: FirstFrame) -> bool:
         """Offer the first frame to the dialects; the first that claims it takes the connection over."""
-        try:
-            decoded = unpackb(message) if isinstance(message, bytes) else None
-        except WireFormatError:
-            decoded = None
-        first = FirstFrame(message, decoded, received_at)
         self.dialect = next((dialect for dialect in self.dialects if dialect.claims(first)), None)
         if self.dialect is None:
             return False
