@@ -377,9 +377,9 @@ class PolicyServer:
         logger.info("session %s opened from %s", session.id, connection.remote_address)
         try:
             await session.run()
-            if isinstance(session, RealtimeSession) and session.dialect is not None:  # its first frame chose it
+            if isinstance(session, RealtimeSession) and session.handover is not None:  # its first frame chose it
                 context.unregister(session)
-                dialect, first = session.dialect, session.handover
+                dialect, first = session.handover
                 session = dialect.session(connection, context, session.id, first, session.last_observation_at)
                 context.register(session)
                 logger.info("session %s speaks %s", session.id, dialect.name)

@@ -81,7 +81,7 @@ class Session:
         # Set by handle() when the client's first frame speaks another dialect served on the same path
         # (:mod:`.dialects`): run() then returns, once the replies queued so far (the metadata) left, and
         # the server hands the connection to that dialect's session.
-        self.handover: Any = None
+        self.handed_over = False
         # Observations whose encoded camera frames are being decoded off the event loop (one at a time).
         self.decoding = DecodeSlot(self._guard, self.drop)
 
@@ -98,10 +98,6 @@ class Session:
     def dropped(self) -> int:
         return self.rules.dropped
 
-    @property
-    def in_flight(self) -> dict[int, PendingObservation]:
-        return self.rules.in_flight
-
     # -- the connection's life ---------------------------------------------------------------------
 
     async def run(self) -> None:
@@ -110,14 +106,14 @@ class Session:
             self.opened()
             async for message in paced(self.connection, self.outbox):
                 self._receive(message)
-                if self.handover is not None:
+                if self.handed_over:
                     break
         except ConnectionClosed:
             pass  # the client went away (or sent an oversized frame: websockets closed with 1009)
         finally:
             self._close()
             # The connection is gone (nobody will read what waits), or handed over (what waits still leaves).
-            self.outbox.close(discard=self.handover is None)
+            self.outbox.close(discard=not self.handed_over)
             try:
                 await asyncio.wait_for(sender, timeout=1.0)
             except (asyncio.TimeoutError, ConnectionClosed):

@@ -78,7 +78,8 @@ class RealtimeSession(Session):
         # The other protocols served on this path: the first frame may choose one (:mod:`.dialects`).
         self.dialects = dialects
         self.frames_read = 0
-        self.dialect: Dialect | None = None  # the one that claimed the first frame (then ``handover`` is set)
+        # The dialect that claimed the first frame, and that frame: the server hands the connection to it.
+        self.handover: tuple[Dialect, FirstFrame] | None = None
 
     @property
     def description(self) -> ModelDescription:
@@ -150,10 +151,10 @@ class RealtimeSession(Session):
 
     def _handed_over(self, first: FirstFrame) -> bool:
         """Offer the first frame to the dialects; the first that claims it takes the connection over."""
-        self.dialect = next((dialect for dialect in self.dialects if dialect.claims(first)), None)
-        if self.dialect is None:
+        dialect = next((dialect for dialect in self.dialects if dialect.claims(first)), None)
+        if dialect is None:
             return False
-        self.handover = first
+        self.handover, self.handed_over = (dialect, first), True
         return True
 
     def _on_configure(self, frame: client_frames.ConfigureFrame) -> None:

@@ -173,8 +173,7 @@ class SglangLockstepSession(Session):
         self.put(self.lockstep.reply(call, chunks, infer_ms=(time.monotonic() - self._started_at) * 1e3, model=model))
 
     def on_dropped(self, item: PendingObservation, reason: str) -> None:
-        if self.rules.expects(item):
-            self.rules.dropped += 1
+        if self.rules.engine_dropped(item, reason) is not None:  # counted; the request is answered with an error
             code = HttpErrorCode.SHUTTING_DOWN if reason == DropReason.SHUTDOWN else ErrorCode.ENGINE_ERROR
             self._fail(ApiError(code, f"the request was dropped ({reason})"))
 
