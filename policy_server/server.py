@@ -134,34 +134,41 @@ class PolicyServer:
         context.worker = worker
         # Before listening: a feature that cannot start (a taken HTTP port, a recording directory that
         # cannot be made) fails the start before any model loading begins.
-        for feature in self.features:
-            await feature.start()
-        self._ws_server = await serve(
-            self._handle_connection,
-            self.settings.host,
-            self.settings.port,
-            process_request=self._process_request,
-            open_timeout=self.settings.handshake_timeout_s,
-            backlog=ACCEPT_BURST,
-            create_connection=handshake_limited_connection(
-                PeerCounter(self.settings.max_pending_handshakes, self.settings.max_pending_handshakes_per_peer)
-            ),
-            max_size=self.settings.max_message_bytes,
-            # Compression costs 30-40 ms per camera frame and buys nothing on incompressible pixels.
-            compression=None,
-            # What the transport buffers before `send` waits; replies then wait in each connection's
-            # bounded outbox (policy_server.sessions.outbox), so a client that stops reading costs a bounded amount.
-            write_limit=WRITE_LIMIT_BYTES,
-            max_queue=MAX_QUEUED_FRAMES,
-            ping_interval=self.settings.ping_interval,
-            ping_timeout=self.settings.ping_timeout,
-            server_header=SERVER_NAME,
-            ssl=self.settings.ssl_context,
-            # A browser that sent its token as the subprotocol `bearer.<token>` needs it selected back.
-            select_subprotocol=lambda _connection, offered: (
-                bearer_subprotocol(offered) if self.settings.auth_tokens is not None else None
-            ),
-        )
+        started: list[ServerFeature] = []
+        try:
+            for feature in self.features:
+                await feature.start()
+                started.append(feature)
+            self._ws_server = await serve(
+                self._handle_connection,
+                self.settings.host,
+                self.settings.port,
+                process_request=self._process_request,
+                open_timeout=self.settings.handshake_timeout_s,
+                backlog=ACCEPT_BURST,
+                create_connection=handshake_limited_connection(
+                    PeerCounter(self.settings.max_pending_handshakes, self.settings.max_pending_handshakes_per_peer)
+                ),
+                max_size=self.settings.max_message_bytes,
+                # Compression costs 30-40 ms per camera frame and buys nothing on incompressible pixels.
+                compression=None,
+                # What the transport buffers before `send` waits; replies then wait in each connection's
+                # bounded outbox (policy_server.sessions.outbox), so a client that stops reading costs a bounded amount.
+                write_limit=WRITE_LIMIT_BYTES,
+                max_queue=MAX_QUEUED_FRAMES,
+                ping_interval=self.settings.ping_interval,
+                ping_timeout=self.settings.ping_timeout,
+                server_header=SERVER_NAME,
+                ssl=self.settings.ssl_context,
+                # A browser that sent its token as the subprotocol `bearer.<token>` needs it selected back.
+                select_subprotocol=lambda _connection, offered: (
+                    bearer_subprotocol(offered) if self.settings.auth_tokens is not None else None
+                ),
+            )
+        except BaseException:  # a taken port: what did start is stopped again, then the start fails
+            for feature in reversed(started):
+                await feature.stop(self.settings.shutdown_grace_s)
+            raise
         context.port = self._ws_server.sockets[0].getsockname()[1]
         worker.start()
         context.supervisor.start()

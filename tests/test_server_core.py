@@ -11,10 +11,12 @@ from __future__ import annotations
 
 import json
 import os
+import socket
 import subprocess
 import sys
 import textwrap
 
+import pytest
 from server_fixtures import DOMAIN, REPO_ROOT, tiny_checkpoint
 
 FEATURE_PACKAGES = ("policy_server.sglang", "policy_server.recording", "policy_server.videos", "policy_server.ray")
@@ -90,3 +92,24 @@ def test_a_websocket_only_server_serves_native_and_openpi_without_loading_a_feat
     assert seen["openpi_hello"] == "openpi" and seen["openpi_actions"][0] == 8
     assert not seen["sglang_keys_in_hello"]  # no dialect attached: the hello is the native protocol's alone
     assert seen["loaded"] == []
+
+
+async def test_a_start_that_fails_stops_the_features_it_had_started(tmp_path):
+    """A taken WebSocket port fails the start after the features started: they are stopped again (here
+    the recorder, whose writer thread would otherwise outlive the failed server)."""
+    from policy_server.cli import assemble_server
+    from policy_server.recording import RecorderState
+    from policy_server.recording.server_feature import RecordingFeature
+    from policy_server.recording_setup import RecordingOptions
+    from policy_server.server import ServerSettings
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        settings = ServerSettings(host="127.0.0.1", port=taken.getsockname()[1], warmup=False)
+        server = assemble_server(lambda: None, settings, recording=RecordingOptions(root=tmp_path / "rec"))
+        with pytest.raises(OSError):
+            await server.start()
+    (feature,) = server.features
+    assert isinstance(feature, RecordingFeature) and feature.recorder is not None
+    assert feature.recorder.state is RecorderState.STOPPED
