@@ -22,8 +22,7 @@ from cosmos3_runtime.description import ModelDescription
 from policy_server.http.errors import ApiError
 from policy_server.http.requests import action_request
 from policy_server.sessions.config import SessionConfig, observation_request
-from policy_server.sessions.openpi import OpenpiSettings
-from policy_server.sessions.openpi_observation import CameraMapping, parse_openpi_observation
+from policy_server.sessions.openpi_observation import CameraMapping, OpenpiSettings, parse_openpi_observation
 from robot_clients import PolicyClient
 from robot_clients.chunker import ActionChunker, ChunkerConfig, ChunkRecord, RemoteChunkPolicy
 from robot_clients.client import ServerError

@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 from cosmos3_runtime.description import ModelDescription
 from robot_clients.protocol import FrameLimits
 
+from ..context import ServerContext
 from ..media.image_decoding import model_frame_limits
 from ..metrics import ServerMetrics
-from ..sessions.host import SessionHost
 from ..videos.job_store import VideoJobStore
 from ..videos.runner import VideoJobRunner
 from .bodies import BodyBudget
@@ -23,7 +24,7 @@ class SidecarParts:
     """The sidecar's settings, the server it serves beside, and what the routes share."""
 
     settings: SidecarSettings
-    host: SessionHost
+    host: ServerContext[Any]
     metrics: ServerMetrics
     # Body bytes held by all requests together (.bodies), and each client's action generations in flight.
     body_budget: BodyBudget

@@ -1,4 +1,5 @@
-"""What one session holds to record itself: :class:`SessionRecording`, or :data:`NO_RECORDING`.
+"""What one session holds to record itself: :class:`SessionRecording` (or :data:`NO_RECORDING`), and the
+same as a listener of the session's events (:class:`RecordingListener`).
 
 A session calls these on the event loop. Every call is O(1) and never blocks: it builds one small event
 (:mod:`.events`) holding references to the session's arrays, and offers it to the recorder's bounded
@@ -16,6 +17,8 @@ import numpy as np
 
 from cosmos3_runtime.description import MODEL_IDENTITY_KEYS
 
+from ..sessions.listener import AcceptedObservation, SessionListener
+from ..sessions.observation_rules import ChunkReply
 from .events import (
     ChunkReturned,
     DropRecord,
@@ -181,3 +184,52 @@ class NullSessionRecording:
 
 
 NO_RECORDING = NullSessionRecording()
+
+
+class RecordingListener(SessionListener):
+    """A :class:`SessionRecording` as one of its session's listeners (:mod:`policy_server.sessions.listener`).
+
+    Episodes follow the session: one starts at its first configuration (or at once, when recording starts
+    on a configured session), a reset ends it and starts the next with the same configuration, and the
+    session's close (or recording stopped) ends it with that reason.
+    """
+
+    def __init__(self, recording: SessionRecording) -> None:
+        self.recording = recording
+        self._configured: tuple[Mapping[str, Any], Mapping[str, Any]] | None = None  # (config, model)
+
+    def configured(self, config: Mapping[str, Any], model: Mapping[str, Any]) -> None:
+        self._configured = (config, model)
+        if self.recording.active:
+            self.recording.configured(config)
+        else:
+            self.recording.start_episode(config, model)
+
+    def observation(self, event: AcceptedObservation) -> None:
+        self.recording.observation(
+            event.frame.seq,
+            event.cameras,
+            event.request,
+            received_at=event.received_at,
+            client_timestamp=event.frame.client_timestamp,
+        )
+
+    def chunk_sent(self, reply: ChunkReply) -> None:
+        self.recording.chunk(reply.seq, reply.actions, reply.timing, reply.seed)
+
+    def dropped(self, seq: int, reason: str, message: str) -> None:
+        self.recording.dropped(seq, reason, message)
+
+    def error(self, seq: int | None, code: str, message: str, field: str | None) -> None:
+        self.recording.error(seq, code, message, field)
+
+    def noted(self, kind: str, details: Mapping[str, Any]) -> None:
+        self.recording.note(kind, **details)
+
+    def reset(self) -> None:
+        self.recording.end_episode("reset")
+        if self._configured is not None:
+            self.recording.start_episode(*self._configured)
+
+    def closed(self, reason: str) -> None:
+        self.recording.end_episode(reason)

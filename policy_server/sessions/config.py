@@ -12,7 +12,9 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
+
+import numpy as np
 
 from cosmos3_runtime.description import ModelDescription
 from cosmos3_runtime.profiles import PolicyProfile
@@ -64,21 +66,27 @@ class SessionConfig:
         composed into one frame per the view point: :mod:`policy_server.media.camera_composition`.
         """
         mode = self.action_mode or ("inverse_dynamics" if obs.video is not None else "policy")
+        assert mode in ("policy", "inverse_dynamics"), "merge_session_config admits only the realtime modes"
+        action_mode: Literal["policy", "inverse_dynamics"] = "policy" if mode == "policy" else "inverse_dynamics"
         domain = description.domains[self.domain_name]  # checked by merge_session_config
         view_point = self.view_point or domain.view_point
-        image = obs.image
+        # The session decoded its encoded frames before asking for its request: arrays only from here.
+        image, video = obs.image, obs.video
+        assert not isinstance(image, bytes) and not isinstance(video, list), "frames are decoded first"
         if obs.images is not None:
-            image = compose_named(obs.images, view_point)
+            images = {name: frame for name, frame in obs.images.items() if isinstance(frame, np.ndarray)}
+            assert len(images) == len(obs.images), "frames are decoded first"
+            image = compose_named(images, view_point)
         horizon = self.action_horizon
         if mode == "inverse_dynamics":
-            if obs.video is None:
+            if video is None:
                 raise ProtocolError(
                     ErrorCode.MISSING_FIELD,
                     "inverse_dynamics needs a `video` (T×H×W×3 uint8, action_horizon + 1 frames)",
                     "video",
                     obs.seq,
                 )
-            frames = obs.video.shape[0]
+            frames = video.shape[0]
             if horizon is None:
                 _check_horizon(
                     frames - 1,
@@ -104,9 +112,9 @@ class SessionConfig:
         )
         return ActionRequest(
             domain_name=self.domain_name,
-            action_mode=mode,
+            action_mode=action_mode,
             image=image,
-            video=obs.video,
+            video=video,
             prompt=self.prompt,
             action_horizon=horizon,
             resolution_tier=self.resolution_tier,
@@ -170,7 +178,7 @@ def _check_horizon(value: int, description: ModelDescription, field: str, seq: i
         )
 
 
-def _check_prefix(prefix, mode: str, horizon: int | None, width: int | None, seq: int | None) -> None:
+def _check_prefix(prefix: np.ndarray, mode: str, horizon: int | None, width: int | None, seq: int | None) -> None:
     """Real-time-chunking prefix against the settings (finite float32 is the parser's check)."""
     if mode != "policy":
         raise ProtocolError(
@@ -196,7 +204,11 @@ def _check_prefix(prefix, mode: str, horizon: int | None, width: int | None, seq
 
 
 def check_state(
-    state, domain: PolicyProfile, seq: int | None = None, field: str = "state", shown: str | None = None
+    state: np.ndarray | None,
+    domain: PolicyProfile,
+    seq: int | None = None,
+    field: str = "state",
+    shown: str | None = None,
 ) -> None:
     """A parsed state (float32, ``[D]`` or ``[rows, D]``) against the domain's profile, or its absence.
 
