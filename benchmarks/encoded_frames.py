@@ -149,7 +149,7 @@ def main() -> None:
 
     print(
         f"frames: {len(frames)} × {frames[0].shape[0]}×{frames[0].shape[1]} ({scene_source}); tier {args.tier}, "
-        f"seed 0, {engine.describe()['variant']} checkpoint {args.model or '(tiny, random)'}, domain {domain}; "
+        f"seed 0, {engine.describe().variant} checkpoint {args.model or '(tiny, random)'}, domain {domain}; "
         f"resized = {size.height}×{size.width}"
         f" (exact: {size.exact})"
     )

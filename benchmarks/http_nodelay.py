@@ -82,7 +82,7 @@ def main() -> None:
             server.start()
         try:
             connections = {
-                name: http.client.HTTPConnection("127.0.0.1", server.server.sidecar.port, timeout=60)
+                name: http.client.HTTPConnection("127.0.0.1", server.sidecar.port, timeout=60)
                 for name, server in servers.items()
             }
             results: dict[str, dict[str, list[float]]] = {name: {"healthz": [], "actions": []} for name in servers}

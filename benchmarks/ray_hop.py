@@ -96,8 +96,8 @@ def main() -> None:
 
         ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
         serve.start(proxy_location="Disabled")
-        spec = EngineLoader(source=checkpoint, device="cpu", dtype="float32", torch_threads=1)
-        factory = RayBackendFactory(RayBackendSettings(replicas=1, num_cpus=0), spec)
+        loader = EngineLoader(source=checkpoint, device="cpu", dtype="float32", torch_threads=1)
+        factory = RayBackendFactory(RayBackendSettings(replicas=1, num_cpus=0), loader)
         ray_times = asyncio.run(measure(PolicyServer(None, settings, backend=factory), args.rounds, args.warmup))
         serve.shutdown()
         ray.shutdown()

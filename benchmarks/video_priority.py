@@ -83,7 +83,7 @@ def main() -> None:
         tempfile.TemporaryDirectory() as data_dir,
         ServerThread(tiny_engine_loader("distilled"), http=SidecarSettings(data_dir=Path(data_dir), port=0)) as server,
     ):
-        http = httpx.Client(base_url=f"http://127.0.0.1:{server.server.sidecar.port}", trust_env=False, timeout=60)
+        http = httpx.Client(base_url=f"http://127.0.0.1:{server.sidecar.port}", trust_env=False, timeout=60)
         # Warm the video path: the first rollout pays one-time costs.
         for _ in range(2):
             job_id = http.post("/v1/videos", json=video_body).json()["id"]

@@ -4,12 +4,14 @@ No networking lives here. The public API is the engine and its request/result ty
 
     from cosmos3_runtime import Cosmos3Engine, ActionRequest
     engine = Cosmos3Engine.load("nvidia/Cosmos3-...")   # or a local folder
-    chunk = engine.predict_actions(ActionRequest(domain_name="bridge_orig_lerobot", image=frame))
+    result = engine.predict_actions(ActionRequest(domain_name="bridge_orig_lerobot", image=frame))
 
 Heavy imports (torch, diffusers) happen when the engine module is first used, so importing the
 request types stays cheap.
 """
 
+from .description import ModelDescription
+from .engine_spec import EngineLimits, RequestDefaults
 from .errors import (
     CheckpointError,
     EngineError,
@@ -21,17 +23,20 @@ from .errors import (
     UnsupportedModeError,
     UnsupportedTierError,
 )
-from .requests import ActionChunk, ActionRequest, Timing, VideoRequest, VideoResult
+from .requests import ActionRequest, ActionResult, Timing, VideoRequest, VideoResult
 
 __all__ = [
-    "ActionChunk",
     "ActionRequest",
+    "ActionResult",
     "CheckpointError",
     "Cosmos3Engine",
     "EngineError",
+    "EngineLimits",
     "InvalidFieldError",
     "InvalidRequestError",
     "MissingFieldError",
+    "ModelDescription",
+    "RequestDefaults",
     "RuntimeErrorBase",
     "Timing",
     "UnknownDomainError",
@@ -44,7 +49,7 @@ __all__ = [
 ]
 
 
-def __getattr__(name):
+def __getattr__(name: str) -> object:
     if name == "Cosmos3Engine":
         from .engine import Cosmos3Engine
 

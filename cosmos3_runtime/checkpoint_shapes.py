@@ -31,6 +31,7 @@ import math
 import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from .wan_vae import WAN22_VAE_CONFIG
 
@@ -94,14 +95,14 @@ class CheckpointShape:
     """One published Cosmos3 size: its transformer config as the checkpoint stores it, and its size."""
 
     name: str
-    transformer_config: dict
+    transformer_config: dict[str, Any]
     # What diffusers' Cosmos3OmniTransformer built from ``transformer_config`` holds (checked in tests).
     transformer_parameters: int
-    vae_config: dict = field(default_factory=lambda: dict(WAN22_VAE_CONFIG))
+    vae_config: dict[str, Any] = field(default_factory=lambda: dict(WAN22_VAE_CONFIG))
 
     @property
     def is_edge(self) -> bool:
-        return self.transformer_config["hidden_act"] == "relu2"
+        return bool(self.transformer_config["hidden_act"] == "relu2")
 
     def variants(self) -> tuple[str, str]:
         """The two checkpoint variants of this backbone: its base and its distilled schedule."""
@@ -151,7 +152,7 @@ PUBLISHED_SHAPES = {
 }
 
 
-def transformer_on_meta(shape: CheckpointShape):
+def transformer_on_meta(shape: CheckpointShape) -> Any:
     """diffusers' ``Cosmos3OmniTransformer`` of ``shape`` with every tensor on the meta device (no memory)."""
     import inspect
 
@@ -163,7 +164,7 @@ def transformer_on_meta(shape: CheckpointShape):
         return Cosmos3OmniTransformer(**{k: v for k, v in shape.transformer_config.items() if k in accepted})
 
 
-def vae_on_meta(config: dict = WAN22_VAE_CONFIG):
+def vae_on_meta(config: dict[str, Any] = WAN22_VAE_CONFIG) -> Any:
     """diffusers' ``AutoencoderKLWan`` (Wan2.2's by default) on the meta device."""
     import torch
     from diffusers import AutoencoderKLWan
@@ -228,7 +229,7 @@ def build_shaped_checkpoint(
 
 
 def write_random_weights(
-    model, folder: Path, *, seed: int = 0, device: str = "cpu", max_shard_bytes: int = DEFAULT_MAX_SHARD_BYTES
+    model: Any, folder: Path, *, seed: int = 0, device: str = "cpu", max_shard_bytes: int = DEFAULT_MAX_SHARD_BYTES
 ) -> int:
     """Draw every tensor of ``model`` (on the meta device) and write it as bf16 diffusers shards in ``folder``.
 
@@ -243,7 +244,7 @@ def write_random_weights(
     entries = [
         (name, tuple(t.shape), _init_std(name, tuple(t.shape), fan_ins)) for name, t in model.state_dict().items()
     ]
-    shards: list[list[tuple]] = [[]]
+    shards: list[list[tuple[str, tuple[int, ...], float | None]]] = [[]]
     shard_bytes = 0
     for entry in entries:
         size = math.prod(entry[1]) * 2
@@ -294,7 +295,7 @@ def _init_std(name: str, shape: tuple[int, ...], fan_in_of: dict[str, int]) -> f
     return 1.0 / math.sqrt(max(1, fan_in))
 
 
-def _domain_fan_ins(model) -> dict[str, int]:
+def _domain_fan_ins(model: Any) -> dict[str, int]:
     """Fan-in of each DomainAwareLinear: its weights live in embedding rows of input x output values."""
     return {
         name: module.input_size

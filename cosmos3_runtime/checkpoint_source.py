@@ -67,6 +67,7 @@ class CheckpointSource:
         """
         if self.local_path is not None:
             return self.local_path
+        assert self.repo_id is not None, "parse() sets a local path or a repository"
         from huggingface_hub import snapshot_download
         from huggingface_hub.errors import LocalEntryNotFoundError, OfflineModeIsEnabled
 

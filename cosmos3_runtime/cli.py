@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 from .errors import CheckpointError
 
@@ -76,9 +78,10 @@ def tiny_main(argv: list[str] | None = None) -> int:
 def inspect_main(argv: list[str] | None = None) -> int:
     """Print what a Cosmos3 checkpoint is: variant, defaults, action head, each domain's profile, schedule, size."""
     from .checkpoint_source import CheckpointSource
+    from .description import ModelDescription
+    from .engine_spec import EngineSpec
     from .inspection import inspect_checkpoint
     from .profiles import profiles_for_checkpoint
-    from .validation import EngineSpec
 
     parser = argparse.ArgumentParser(prog="cosmos3-inspect", description=inspect_main.__doc__)
     parser.add_argument("checkpoint", help="local folder, Hub id (namespace/repo[/subfolder][@revision])")
@@ -94,8 +97,9 @@ def inspect_main(argv: list[str] | None = None) -> int:
         print(f"cosmos3-inspect: {exc}", file=sys.stderr)
         return 2
     summary = info.summary()
-    summary["defaults"] = spec.describe_defaults()
-    summary["domains"] = spec.describe_domains()
+    described = ModelDescription.of_spec(spec, args.checkpoint).as_json()
+    summary["defaults"] = described["defaults"]
+    summary["domains"] = described["domains"]
     if args.json:
         print(json.dumps(summary, indent=2))
         return 0
@@ -134,7 +138,7 @@ def inspect_main(argv: list[str] | None = None) -> int:
     return 0
 
 
-def _domain_line(name: str, d: dict) -> str:
+def _domain_line(name: str, d: dict[str, Any]) -> str:
     """One domain of ``cosmos3-inspect``: id, width, chunk, fps, tier, view, prompt format, stats; then what
     only some domains have: action space, state, gripper flip, guidance interval, view layout."""
     r = d["defaults"]
@@ -183,14 +187,15 @@ def demo_main(argv: list[str] | None = None) -> int:
     engine = Cosmos3Engine.load(path)
     engine.warmup()
     domain = engine.default_domain()
+    assert domain is not None, "the tiny checkpoint has an action head"
     profile = engine.spec.profiles[domain]
     image = np.random.default_rng(0).integers(0, 256, (224, 224, 3), dtype=np.uint8)
-    request = dict(domain_name=domain, image=image, prompt="pick up the red cube", seed=0)
+    request = ActionRequest(domain_name=domain, image=image, prompt="pick up the red cube", seed=0)
     state = None
     if profile.history_length:  # the robot's joint positions and gripper, as it reads them
         state = np.array([0.0, -0.6, 0.0, -2.2, 0.0, 1.6, 0.8, 0.0][: profile.state_dim], np.float32)
-        request["state"] = np.tile(state, (profile.history_length, 1))
-    chunk = engine.predict_actions(ActionRequest(**request))
+        request.state = np.tile(state, (profile.history_length, 1))
+    chunk = engine.predict_actions(request)
     np.set_printoptions(precision=3, suppress=True, linewidth=120)
     print(
         f"variant {engine.info.variant}, domain {domain} (id {chunk.domain_id}), "
@@ -200,8 +205,8 @@ def demo_main(argv: list[str] | None = None) -> int:
         print(f"state {state} ({profile.history_length} row(s), gripper flipped at {profile.gripper_flip_index})")
     print(f"action chunk {chunk.actions.shape[0]} x {chunk.actions.shape[1]} float32:")
     print(chunk.actions)
-    if state is not None:
-        moved = engine.predict_actions(ActionRequest(**{**request, "state": request["state"] + 0.1})).actions
+    if state is not None and request.state is not None:
+        moved = engine.predict_actions(dataclasses.replace(request, state=request.state + 0.1)).actions
         print(
             f"with every joint moved by 0.1, same seed: the chunk changes by up to "
             f"{np.abs(moved - chunk.actions).max():.3f}"

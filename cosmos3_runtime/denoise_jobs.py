@@ -7,6 +7,7 @@ validated request; :class:`cosmos3_runtime.sampling.Cosmos3Sampler` runs it into
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -44,7 +45,7 @@ class DenoiseJob:
         return 0 if self.state_rows is None else int(self.state_rows.shape[0])
 
     @property
-    def schedule_key(self) -> tuple:
+    def schedule_key(self) -> tuple[Any, ...]:
         """Jobs with equal keys step through the same timesteps and passes, so they can share forwards."""
         sigmas = tuple(self.sigmas) if self.sigmas is not None else None
         return (sigmas, self.num_steps, self.guidance_scale, self.guidance_interval)

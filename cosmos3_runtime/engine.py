@@ -9,22 +9,29 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from .checkpoint_source import CheckpointSource
+from .denoise_jobs import DenoiseJob, DenoiseOutput
+from .description import ModelDescription
+from .engine_spec import EngineLimits, EngineSpec
 from .errors import EngineError, RuntimeErrorBase
-from .frame_preprocessing import canvas_table
 from .inspection import CheckpointInfo, inspect_checkpoint
 from .loading import load_pipeline, resolve_device_and_dtype
-from .prepared_inputs import PreparedActions
-from .profiles import VIEW_POINTS, PolicyProfile, profiles_for_checkpoint
-from .requests import ActionChunk, ActionRequest, Timing, VideoRequest, VideoResult
-from .sampling import Cosmos3Sampler, DenoiseJob, DenoiseOutput
-from .validation import EngineLimits, EngineSpec, job_for_actions, job_for_video
+from .prepared_inputs import ConditioningFrames, PreparedActions
+from .profiles import PolicyProfile, profiles_for_checkpoint
+from .requests import ActionMode, ActionRequest, ActionResult, Timing, VideoRequest, VideoResult
+from .sampling import Cosmos3Sampler
+from .validation import job_for_actions, job_for_video
+
+if TYPE_CHECKING:
+    import torch
 
 logger = logging.getLogger(__name__)
 
@@ -37,7 +44,7 @@ DEFAULT_PREFIX_CACHE_MB = 256
 class WarmupShape:
     """A request shape to run once at warm-up: mode, horizon, image size, tier (None: the default)."""
 
-    action_mode: str = "policy"
+    action_mode: ActionMode = "policy"
     action_horizon: int = 16
     height: int = 224
     width: int = 224
@@ -46,7 +53,7 @@ class WarmupShape:
 
 
 @contextmanager
-def _engine_failures(jobs: list[DenoiseJob]):
+def _engine_failures(jobs: list[DenoiseJob]) -> Iterator[None]:
     """Typed errors pass; any other failure inside torch/diffusers becomes an :class:`EngineError`."""
     try:
         yield
@@ -57,8 +64,8 @@ def _engine_failures(jobs: list[DenoiseJob]):
         raise EngineError(f"the model failed on this request ({type(exc).__name__})") from exc
 
 
-def _provenance(job: DenoiseJob, profile: PolicyProfile, output: DenoiseOutput, timing: Timing) -> dict:
-    """What every result reports of how it was made: ActionChunk and VideoResult share these fields."""
+def _provenance(job: DenoiseJob, profile: PolicyProfile, output: DenoiseOutput, timing: Timing) -> dict[str, Any]:
+    """What every result reports of how it was made: ActionResult and VideoResult share these fields."""
     return dict(
         domain_name=profile.domain_name,
         domain_id=profile.domain_id,
@@ -69,10 +76,29 @@ def _provenance(job: DenoiseJob, profile: PolicyProfile, output: DenoiseOutput, 
     )
 
 
+@dataclass(frozen=True)
+class _Ready:
+    """A prepared request that passed validation, as :meth:`Cosmos3Engine.predict_prepared` runs it."""
+
+    job: DenoiseJob
+    profile: PolicyProfile
+    frames: ConditioningFrames | None
+    validate_s: float
+    prefix: np.ndarray | None
+
+
 class Cosmos3Engine:
     """A loaded Cosmos3 checkpoint. Build with :meth:`load`."""
 
-    def __init__(self, source: str, pipe, device, dtype, spec: EngineSpec, prefix_cache_mb: float = 0):
+    def __init__(
+        self,
+        source: str,
+        pipe: Any,
+        device: torch.device,
+        dtype: torch.dtype,
+        spec: EngineSpec,
+        prefix_cache_mb: float = 0,
+    ) -> None:
         self.source = source
         self.pipe = pipe
         self.device = device
@@ -126,14 +152,14 @@ class Cosmos3Engine:
 
     # ------------------------------------------------------------------ requests
 
-    def predict_actions(self, request: ActionRequest) -> ActionChunk:
+    def predict_actions(self, request: ActionRequest) -> ActionResult:
         """Answer a ``policy`` or ``inverse_dynamics`` request with a chunk of raw actions."""
         result = self.predict_actions_batch([request])[0]
         if isinstance(result, Exception):
             raise result
         return result
 
-    def predict_actions_batch(self, requests: list[ActionRequest]) -> list[ActionChunk | RuntimeErrorBase]:
+    def predict_actions_batch(self, requests: list[ActionRequest]) -> list[ActionResult | RuntimeErrorBase]:
         """Answer several requests, sharing transformer calls among those on the same schedule.
 
         Returns one entry per request, in order: its chunk, or the typed error it failed with (one bad
@@ -163,32 +189,32 @@ class Cosmos3Engine:
             return PreparedActions(request, validate_s, error=exc)
         return PreparedActions(request, validate_s, job, profile, frames)
 
-    def predict_prepared(self, prepared: list[PreparedActions]) -> list[ActionChunk | RuntimeErrorBase]:
+    def predict_prepared(self, prepared: list[PreparedActions]) -> list[ActionResult | RuntimeErrorBase]:
         """The model's half: chunks for requests made ready by :meth:`prepare_actions`, one entry per
         request in order (its chunk or its typed error), sharing transformer calls as
         :meth:`predict_actions_batch` does. Call it on the engine's thread; each prepared request once."""
-        results: list[ActionChunk | RuntimeErrorBase | None] = [None] * len(prepared)
-        groups: dict[tuple, list[tuple[int, PreparedActions]]] = {}
+        results: dict[int, ActionResult | RuntimeErrorBase] = {}
+        groups: dict[tuple[Any, ...], list[tuple[int, _Ready]]] = {}
         for index, ready in enumerate(prepared):
             if ready.error is not None:
                 results[index] = ready.error
             else:
-                groups.setdefault(ready.job.schedule_key, []).append((index, ready))
+                assert ready.job is not None and ready.profile is not None, "prepared without error: both are set"
+                member = _Ready(ready.job, ready.profile, ready.frames, ready.validate_s, ready.request.prefix_actions)
+                groups.setdefault(ready.job.schedule_key, []).append((index, member))
         for members in groups.values():
             try:
-                outputs = self._run([ready.job for _, ready in members], [ready.frames for _, ready in members])
+                outputs = self._run([m.job for _, m in members], [m.frames for _, m in members])
             except RuntimeErrorBase as exc:
                 for index, _ in members:
                     results[index] = exc
                 continue
-            for (index, ready), output in zip(members, outputs):
+            for (index, m), output in zip(members, outputs):
                 try:
-                    results[index] = self._chunk(
-                        ready.job, ready.profile, output, ready.validate_s, ready.request.prefix_actions
-                    )
+                    results[index] = self._chunk(m.job, m.profile, output, m.validate_s, m.prefix)
                 except RuntimeErrorBase as exc:
                     results[index] = exc
-        return results
+        return [results[index] for index in range(len(prepared))]
 
     def _chunk(
         self,
@@ -197,8 +223,9 @@ class Cosmos3Engine:
         output: DenoiseOutput,
         validate_s: float,
         prefix: np.ndarray | None = None,
-    ) -> ActionChunk:
+    ) -> ActionResult:
         post = time.perf_counter()
+        assert output.actions is not None, "an action job's output has actions"
         actions = np.array(profile.to_robot(output.actions), dtype=np.float32, order="C")
         if prefix is not None:
             # The robot executes these rows while the chunk is computed: hand them back exactly as given,
@@ -208,7 +235,7 @@ class Cosmos3Engine:
             raise EngineError("the model produced non-finite actions")
         timing = self._timing(output, validate_s)
         timing.postprocess_ms = (time.perf_counter() - post) * 1000.0
-        return ActionChunk(
+        return ActionResult(
             actions=actions,
             action_mode=job.mode,
             raw_action_dim=profile.raw_action_dim,
@@ -230,7 +257,9 @@ class Cosmos3Engine:
         job, profile = job_for_video(request, self.spec)
         return VideoRollout(self, job, profile, time.perf_counter() - started)
 
-    def _run(self, jobs: list[DenoiseJob], frames=None) -> list[DenoiseOutput]:
+    def _run(
+        self, jobs: list[DenoiseJob], frames: list[ConditioningFrames | None] | None = None
+    ) -> list[DenoiseOutput]:
         with _engine_failures(jobs):
             return self.sampler.run_batch(jobs, time.perf_counter, frames)
 
@@ -255,15 +284,18 @@ class Cosmos3Engine:
         if not self.info.has_action_head:
             self.warmed_up = True
             return
+        default = self.default_domain()
+        assert default is not None, "a checkpoint with an action head has a default domain"
         if shapes is None:
-            horizon = self.spec.profiles[self.default_domain()].default_horizon
+            horizon = self.spec.profiles[default].default_horizon
             shapes = [WarmupShape("policy", horizon), WarmupShape("inverse_dynamics", horizon)]
         for shape in shapes:
-            domain = shape.domain_name or self.default_domain()
+            domain = shape.domain_name or default
             frames = np.zeros((shape.action_horizon + 1, shape.height, shape.width, 3), dtype=np.uint8)
             media = dict(video=frames) if shape.action_mode == "inverse_dynamics" else dict(image=frames[0])
             profile = self.spec.profiles.get(domain)
-            if profile is not None and profile.history_length:  # the same sequence length as a robot's request
+            # The same sequence length as a robot's request (a domain with state history has a state width).
+            if profile is not None and profile.history_length and profile.state_dim is not None:
                 media["state"] = np.zeros((profile.history_length, profile.state_dim), np.float32)
             self.predict_actions(
                 ActionRequest(
@@ -282,49 +314,16 @@ class Cosmos3Engine:
         checkpoint ships statistics for, else the first by name (None without an action head)."""
         return self.spec.default_domain
 
-    def describe(self) -> dict:
-        """What this engine offers, read from the loaded checkpoint (JSON-able)."""
-        spec, info, lim = self.spec, self.info, self.spec.limits
-        return {
-            "model": self.source,
-            "variant": info.variant,
-            "is_distilled": info.is_distilled,
-            "is_edge": info.is_edge,
-            "modes": spec.modes,
-            "action_modes": [m for m in spec.modes if m != "forward_dynamics"],
-            "video_modes": [m for m in spec.modes if m == "forward_dynamics"],
-            "resolution_tiers": list(info.resolution_tiers),
-            # Each tier's canvases (aspect-ratio bins): a client sizes its frames to these before sending.
-            "canvases": {tier: bins for tier, bins in canvas_table().items() if int(tier) in info.resolution_tiers},
-            "distilled_sigmas": info.distilled_sigmas,
-            "defaults": spec.describe_defaults(),
-            "action_horizon": {
-                "min": lim.min_action_horizon,
-                "max": lim.max_action_horizon,
-                "multiple_of": spec.horizon_multiple,
-            },
-            "domains": spec.describe_domains(),
-            "view_points": list(VIEW_POINTS),
-            "limits": {
-                "min_image_side": lim.min_image_side,
-                "max_image_side": lim.max_image_side,
-                "max_clip_frames": lim.max_clip_frames,
-                "max_steps": lim.max_steps,
-                "max_prompt_chars": lim.max_prompt_chars,
-                "min_fps": lim.min_fps,
-                "max_fps": lim.max_fps,
-                "max_guidance_scale": lim.max_guidance_scale,
-                "max_seed": lim.max_seed,
-                "max_normalized_action": lim.max_normalized_action,
-            },
-            "device": str(self.device),
-            "dtype": str(self.dtype).replace("torch.", ""),
-            "parameters": info.parameters,
-            "parameter_bytes": info.parameter_bytes,
-            "action_dim": info.action_dim,
-            "num_embodiment_domains": info.num_embodiment_domains,
-            "prefix_cache": self.sampler.prefix_cache.stats() if self.sampler.prefix_cache is not None else None,
-        }
+    def describe(self) -> ModelDescription:
+        """What this engine offers, read from the loaded checkpoint."""
+        cache = self.sampler.prefix_cache
+        return ModelDescription.of_spec(
+            self.spec,
+            self.source,
+            device=str(self.device),
+            dtype=str(self.dtype).replace("torch.", ""),
+            prefix_cache=cache.stats() if cache is not None else None,
+        )
 
 
 class VideoRollout:
@@ -334,7 +333,7 @@ class VideoRollout:
     engine's thread only.
     """
 
-    def __init__(self, engine: Cosmos3Engine, job: DenoiseJob, profile: PolicyProfile, validate_s: float):
+    def __init__(self, engine: Cosmos3Engine, job: DenoiseJob, profile: PolicyProfile, validate_s: float) -> None:
         self._engine = engine
         self._job = job
         self._profile = profile
@@ -372,6 +371,7 @@ class VideoRollout:
         if self._output is None:
             raise RuntimeError("the rollout is not finished: call step() until it returns True")
         output, job = self._output, self._job
+        assert output.video is not None, "a video job decodes its frames"
         return VideoResult(
             frames=output.video,
             fps=job.fps,

@@ -1,13 +1,13 @@
 """What the loaded checkpoint can do, and the defaults that follow: built once at load, read by every check.
 
 :class:`EngineSpec` comes from the checkpoint's own config files and its domain profiles (no weights
-needed); :mod:`cosmos3_runtime.validation` checks each request against it and the engine's ``describe()``
-reports it.
+needed); :mod:`cosmos3_runtime.validation` checks each request against it and
+:class:`~cosmos3_runtime.description.ModelDescription` reports it.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 
@@ -51,21 +51,21 @@ class EngineLimits:
 
 
 @dataclass(frozen=True)
-class DomainDefaults:
-    """What each unset request field becomes for one domain on this checkpoint."""
+class RequestDefaults:
+    """What each unset request field becomes: for one domain, or for a request that names no domain.
 
-    action_horizon: int
-    resolution_tier: int
-    view_point: str
-    fps: float
+    ``domain_name`` is set in the model's defaults only: the domain a request that names none gets.
+    Without an action head there is no domain: then only the variant's own values are set.
+    """
+
     num_steps: int
     guidance_scale: float
-    guidance_interval: tuple[float, float] | None
-
-    def as_dict(self) -> dict:
-        data = dict(self.__dict__)
-        data["guidance_interval"] = list(self.guidance_interval) if self.guidance_interval is not None else None
-        return data
+    resolution_tier: int
+    guidance_interval: tuple[float, float] | None = None
+    action_horizon: int | None = None
+    view_point: str | None = None
+    fps: float | None = None
+    domain_name: str | None = None
 
 
 @dataclass(frozen=True)
@@ -90,7 +90,7 @@ class EngineSpec:
         Raises :class:`CheckpointError` for a profile this variant cannot serve as written (a tier it
         lacks, a chunk it cannot take), so the operator learns it at load, not from every request.
         """
-        if info.is_distilled:
+        if info.distilled_sigmas is not None:  # set exactly when the checkpoint is distilled
             steps, guidance = len(info.distilled_sigmas), 1.0
         else:
             steps, guidance = BASE_DEFAULT_STEPS, EDGE_DEFAULT_GUIDANCE if info.is_edge else BASE_DEFAULT_GUIDANCE
@@ -124,9 +124,9 @@ class EngineSpec:
     def modes(self) -> list[str]:
         return list(ACTION_MODES) if self.info.has_action_head else []
 
-    def defaults_for(self, profile: PolicyProfile) -> DomainDefaults:
+    def defaults_for(self, profile: PolicyProfile) -> RequestDefaults:
         """The domain's own settings where its profile has them, the variant's elsewhere."""
-        return DomainDefaults(
+        return RequestDefaults(
             action_horizon=profile.default_horizon,
             resolution_tier=profile.resolution_tier if profile.resolution_tier is not None else self.default_tier,
             view_point=profile.view_point,
@@ -137,41 +137,25 @@ class EngineSpec:
             guidance_interval=None if self.info.is_distilled else profile.guidance_interval,
         )
 
-    def describe_domains(self) -> dict[str, dict]:
-        """Each domain's profile and the defaults it resolves to (JSON-able, sorted by name)."""
-        return {
-            name: {**p.describe(), "defaults": self.defaults_for(p).as_dict()}
-            for name, p in sorted(self.profiles.items())
-        }
-
-    def describe_defaults(self) -> dict:
-        """What a request that names nothing runs with: the default domain's resolved defaults."""
+    def model_defaults(self) -> RequestDefaults:
+        """What a request that names nothing runs with: the default domain's defaults."""
         profile = self.profiles.get(self.default_domain) if self.default_domain is not None else None
         if profile is None:  # no action head: only the variant's own values exist
-            return {
-                "num_steps": self.default_steps,
-                "guidance_scale": self.default_guidance,
-                "guidance_interval": None,
-                "resolution_tier": self.default_tier,
-                "action_horizon": None,
-                "view_point": None,
-                "fps": None,
-                "domain_name": None,
-            }
-        return {**self.defaults_for(profile).as_dict(), "domain_name": profile.domain_name}
+            return RequestDefaults(self.default_steps, self.default_guidance, self.default_tier)
+        return replace(self.defaults_for(profile), domain_name=profile.domain_name)
 
 
-def check_horizon(value, spec: EngineSpec, field_name: str = "action_horizon") -> int:
+def check_horizon(value: object, spec: EngineSpec, field_name: str = "action_horizon") -> int:
     """``value`` as an action horizon this model can take; raises :class:`InvalidRequestError` if it is not."""
     lim, multiple = spec.limits, spec.horizon_multiple
     if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
         raise InvalidRequestError(f"{field_name} must be an integer", field_name)
-    value = int(value)
-    if not lim.min_action_horizon <= value <= lim.max_action_horizon or value % multiple:
+    horizon = int(value)
+    if not lim.min_action_horizon <= horizon <= lim.max_action_horizon or horizon % multiple:
         raise InvalidRequestError(
-            f"action horizon {value} is not one this model can take: it must be a multiple of {multiple} "
+            f"action horizon {horizon} is not one this model can take: it must be a multiple of {multiple} "
             f"(the chunk spans horizon + 1 video frames and the VAE compresses time {multiple}x) "
             f"in [{lim.min_action_horizon}, {lim.max_action_horizon}]",
             field_name,
         )
-    return value
+    return horizon

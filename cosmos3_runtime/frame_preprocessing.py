@@ -25,11 +25,13 @@ from __future__ import annotations
 
 import functools
 import warnings
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 
 import numpy as np
 import torch
 import torch.nn.functional as F
+
+from .description import canvas_bins
 
 # The video processor snaps sizes down to a multiple of the VAE's spatial factor (16 for every Cosmos3 VAE);
 # the sampler passes its pipeline's own value.
@@ -72,24 +74,23 @@ def canvas_for(frame_height: int, frame_width: int, tier: int, size_multiple: in
     return Canvas(target_h, target_w, max(1, int(scale * h + 0.5)), max(1, int(scale * w + 0.5)))
 
 
-def canvas_table(size_multiple: int = DEFAULT_SIZE_MULTIPLE) -> dict[str, list[dict[str, float | int]]]:
+def canvas_table() -> dict[str, list[dict[str, float | int]]]:
     """Every tier's canvases, JSON-able, as a robot needs them to size its frames before sending.
 
     ``{"256": [{"aspect_ratio": 0.8, "height": 256, "width": 320}, ...], ...}``: the bins
     :func:`canvas_for` chooses among (closest ``aspect_ratio``, height / width). ``robot_clients.frame_sizing``
     reads this from the metadata frame and places a frame exactly as :func:`canvas_for` does.
     """
-    from diffusers.pipelines.cosmos.pipeline_cosmos3_omni import _ACTION_RESOLUTION_BINS
+    return {str(tier): [asdict(b) for b in bins] for tier, bins in canvas_bins().items()}
 
-    return {
-        tier: [{"aspect_ratio": float(ratio), "height": int(h), "width": int(w)} for ratio, (h, w) in bins.items()]
-        for tier, bins in _ACTION_RESOLUTION_BINS.items()
-    }
+
+# What :func:`prepare_frames` returns: vision, image_size, canvas height and width.
+PreparedFrames = tuple[torch.Tensor, torch.Tensor, int, int]
 
 
 def prepare_frames(
     frames: np.ndarray, tier: int, num_frames: int, device: torch.device, size_multiple: int = DEFAULT_SIZE_MULTIPLE
-):
+) -> PreparedFrames:
     """uint8 ``(T, H, W, 3)`` frames -> ``(vision, image_size, canvas_h, canvas_w)`` as diffusers returns them.
 
     ``vision`` is ``(1, 3, num_frames, canvas_h, canvas_w)`` float32 in [-1, 1] on ``device`` (the clip
@@ -166,7 +167,8 @@ def _banded_resize(pixels: torch.Tensor, size: tuple[int, int]) -> torch.Tensor:
     x = torch.sparse.mm(rows, x).view(size[0], t, width, 3)  # (h, T, W, 3)
     x = x.permute(2, 1, 0, 3).reshape(width, t * size[0] * 3)  # W-major
     x = torch.sparse.mm(cols, x).view(size[1], t, size[0], 3)  # (w, T, h, 3)
-    return x.permute(1, 3, 2, 0)  # (T, 3, h, w), a view
+    view: torch.Tensor = x.permute(1, 3, 2, 0)  # (T, 3, h, w), a view
+    return view
 
 
 @functools.lru_cache(maxsize=64)

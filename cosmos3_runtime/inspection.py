@@ -17,6 +17,7 @@ import json
 import struct
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import Any
 
 from .errors import CheckpointError
 
@@ -65,14 +66,14 @@ class CheckpointInfo:
     is_distilled: bool
     distilled_sigmas: list[float] | None
     scheduler_class: str
-    scheduler_config: dict
+    scheduler_config: dict[str, Any]
     ignored_scheduler_keys: list[str]
     has_action_head: bool
     action_dim: int | None
     num_embodiment_domains: int
     resolution_tiers: tuple[int, ...]
-    transformer_config: dict
-    vae_config: dict
+    transformer_config: dict[str, Any]
+    vae_config: dict[str, Any]
     has_profiles: bool
     weights: dict[str, WeightStats] = field(default_factory=dict)
 
@@ -84,7 +85,7 @@ class CheckpointInfo:
     def parameter_bytes(self) -> int:
         return sum(w.bytes for w in self.weights.values())
 
-    def summary(self) -> dict:
+    def summary(self) -> dict[str, Any]:
         """A JSON-able digest for humans and the metadata endpoints."""
         data = asdict(self)
         for key in ("transformer_config", "vae_config", "scheduler_config"):
@@ -151,7 +152,7 @@ def inspect_checkpoint(path: str | Path) -> CheckpointInfo:
     )
 
 
-def _distilled_sigmas(root: Path, scheduler_class: str, scheduler_config: dict) -> list[float] | None:
+def _distilled_sigmas(root: Path, scheduler_class: str, scheduler_config: dict[str, Any]) -> list[float] | None:
     sigmas = None
     if scheduler_class == "FlowMatchEulerDiscreteScheduler":
         fixed = scheduler_config.get("fixed_step_sampler_config") or {}
@@ -206,9 +207,10 @@ def _weight_stats(folder: Path) -> WeightStats:
     return stats
 
 
-def _read_json(path: Path) -> dict:
+def _read_json(path: Path) -> dict[str, Any]:
     try:
-        return json.loads(path.read_text())
+        data: dict[str, Any] = json.loads(path.read_text())
+        return data
     except FileNotFoundError as exc:
         raise CheckpointError(f"checkpoint file missing: {path}") from exc
     except json.JSONDecodeError as exc:

@@ -8,14 +8,18 @@ breaking anything, and keeps the safety checker (which needs the ``cosmos_guardr
 from __future__ import annotations
 
 import logging
+from typing import TYPE_CHECKING, Any
 
 from .errors import CheckpointError
 from .inspection import CheckpointInfo
 
+if TYPE_CHECKING:
+    import torch
+
 logger = logging.getLogger(__name__)
 
 
-def resolve_device_and_dtype(device: str | None, dtype: str | None):
+def resolve_device_and_dtype(device: str | None, dtype: str | None) -> tuple[torch.device, torch.dtype]:
     """bf16 on CUDA, fp32 elsewhere (bf16 is 5-6x slower than fp32 on CPUs), unless told otherwise."""
     import torch
 
@@ -58,7 +62,7 @@ def _check_scheduler_fits_schedule(info: CheckpointInfo) -> None:
         )
 
 
-def load_pipeline(info: CheckpointInfo, device, dtype):
+def load_pipeline(info: CheckpointInfo, device: torch.device, dtype: torch.dtype) -> Any:
     """Load the transformer, VAE, tokenizer and scheduler of ``info`` and assemble the pipeline."""
     import diffusers
     from diffusers import AutoencoderKLWan, Cosmos3OmniPipeline, Cosmos3OmniTransformer

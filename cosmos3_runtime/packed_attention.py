@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 from diffusers.models.attention_dispatch import dispatch_attention_fn
@@ -53,14 +54,16 @@ class PackedAttentionState:
         self.items: list[PackedItem] | None = None
 
 
-class PackedAttnProcessor(Cosmos3AttnProcessor):
+class PackedAttnProcessor(Cosmos3AttnProcessor):  # type: ignore[misc]  # diffusers is read as Any
     """``Cosmos3AttnProcessor`` with per-item attention and text prefix record/replay."""
 
-    def __init__(self, layer_index: int, state: PackedAttentionState):
+    def __init__(self, layer_index: int, state: PackedAttentionState) -> None:
         self.layer_index = layer_index
         self.state = state
 
-    def __call__(self, attn, und_seq, gen_seq, rotary_emb):
+    def __call__(
+        self, attn: Any, und_seq: torch.Tensor, gen_seq: torch.Tensor, rotary_emb: tuple[torch.Tensor, ...]
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         items = self.state.items or [PackedItem(0, und_seq.shape[0], 0, gen_seq.shape[0])]
         cos_und, sin_und, cos_gen, sin_gen = rotary_emb
         heads, kv_heads, head_dim = attn.num_attention_heads, attn.num_key_value_heads, attn.head_dim
@@ -85,6 +88,7 @@ class PackedAttnProcessor(Cosmos3AttnProcessor):
         und_parts, gen_parts = [], []
         for item in items:
             if item.mode is PrefixMode.REPLAY:
+                assert item.entry is not None, "a replayed item reads its entry"
                 prefix_k = item.entry.keys[self.layer_index]
                 prefix_v = item.entry.values[self.layer_index]
             else:
@@ -92,6 +96,7 @@ class PackedAttnProcessor(Cosmos3AttnProcessor):
                 und_parts.append(self._attend(q_und[u], k_und[u], v_und[u], causal=True))
                 prefix_k, prefix_v = k_und_for_gen[u], v_und[u]
                 if item.mode is PrefixMode.RECORD:
+                    assert item.entry is not None, "a recorded item writes its entry"
                     # Copies, so a cached entry does not pin the whole packed batch's tensors.
                     item.entry.keys[self.layer_index] = prefix_k.clone()
                     item.entry.values[self.layer_index] = prefix_v.clone()
@@ -104,7 +109,7 @@ class PackedAttnProcessor(Cosmos3AttnProcessor):
         gen_out = attn.to_add_out(torch.cat(gen_parts))
         return und_out, gen_out
 
-    def _attend(self, q, k, v, causal: bool) -> torch.Tensor:
+    def _attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool) -> torch.Tensor:
         out = dispatch_attention_fn(
             q.unsqueeze(0),
             k.unsqueeze(0),
@@ -114,10 +119,11 @@ class PackedAttnProcessor(Cosmos3AttnProcessor):
             backend=self._attention_backend,
             parallel_config=self._parallel_config,
         )
-        return out.squeeze(0).flatten(-2, -1)
+        flat: torch.Tensor = out.squeeze(0).flatten(-2, -1)
+        return flat
 
 
-def install_packed_attention(transformer) -> PackedAttentionState:
+def install_packed_attention(transformer: Any) -> PackedAttentionState:
     """Give every attention layer of ``transformer`` a packed-attention processor sharing one state."""
     state = PackedAttentionState()
     names = list(transformer.attn_processors)

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
@@ -23,7 +24,7 @@ from .sequence_packing import SequencePass
 class PackedBatch:
     """One transformer call over several jobs."""
 
-    arguments: dict  # the transformer's keyword arguments, but return_dict
+    arguments: dict[str, Any]  # the transformer's keyword arguments, but return_dict
     layout: list[PackedItem]  # where each job's tokens sit, for the packed attention
     recording: list[tuple[SequencePass, PrefixEntry]]  # passes whose text keys/values this call records
 
@@ -43,7 +44,9 @@ def pack_batch(
 
     ``record``: a prefix cache is on, so text it does not hold yet is recorded into a new entry.
     """
-    packs, layout, recording = [], [], []
+    packs: list[tuple[dict[str, Any], int, int]] = []  # (pack, its und_len, where its generation tokens start)
+    layout: list[PackedItem] = []
+    recording: list[tuple[SequencePass, PrefixEntry]] = []
     und_total = sum(0 if p.entry is not None else p.full["und_len"] for p in passes)
     und_at, gen_at = 0, 0
     for p in passes:
@@ -61,16 +64,20 @@ def pack_batch(
         und_at += und_len
         gen_at += gen_len
 
-    def cat(key):
+    def cat(key: str) -> torch.Tensor:
         return torch.cat([pack[key] for pack, _, _ in packs])
 
-    def moved(key):  # an item's sequence positions, moved to where its tokens sit in the joint sequence
+    def moved(
+        key: str,
+    ) -> torch.Tensor:  # an item's sequence positions, moved to where its tokens sit in the joint sequence
         return torch.cat([pack[key] - und_len + gen_start for pack, und_len, gen_start in packs])
 
-    def per_item(key):
+    def per_item(key: str) -> list[Any]:
         return [x for pack, _, _ in packs for x in pack[key]]
 
-    def modality_inputs(modality, tokens):  # the transformer's vision_* or action_* arguments, built alike
+    def modality_inputs(
+        modality: str, tokens: Sequence[torch.Tensor]
+    ) -> dict[str, Any]:  # the transformer's vision_* or action_* arguments, built alike
         noisy_tokens = sum(pack[f"num_noisy_{modality}_tokens"] for pack, _, _ in packs)
         return {
             f"{modality}_tokens": [x.to(dtype) for x in tokens],

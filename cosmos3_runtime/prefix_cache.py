@@ -18,6 +18,8 @@ from dataclasses import dataclass, field
 
 import torch
 
+from .description import PrefixCacheStats
+
 
 @dataclass
 class PrefixEntry:
@@ -72,12 +74,5 @@ class TextPrefixCache:
     def __len__(self) -> int:
         return len(self._entries)
 
-    def stats(self) -> dict:
-        return {
-            "entries": len(self),
-            "bytes": self.bytes,
-            "budget_bytes": self.budget_bytes,
-            "hits": self.hits,
-            "misses": self.misses,
-            "evictions": self.evictions,
-        }
+    def stats(self) -> PrefixCacheStats:
+        return PrefixCacheStats(len(self), self.bytes, self.budget_bytes, self.hits, self.misses, self.evictions)

@@ -16,12 +16,13 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
 
+import numpy as np
 import torch
 
 from .denoise_jobs import DenoiseJob
 from .errors import RuntimeErrorBase
+from .frame_preprocessing import PreparedFrames
 from .profiles import PolicyProfile
 from .requests import ActionRequest
 
@@ -35,7 +36,7 @@ class ConditioningFrames:
     canvas_h: int
     canvas_w: int
     preprocess_s: float  # host seconds the preprocessing took
-    ready: Any = None  # a torch.cuda.Event recorded after the side stream's work; None on CPU
+    ready: torch.cuda.Event | None = None  # recorded after the side stream's work; None on CPU
 
     def await_on(self, device: torch.device) -> None:
         """Make ``device``'s current stream wait for frames made on the side stream (nothing on CPU)."""
@@ -49,7 +50,10 @@ class ConditioningFrames:
 
 
 def condition_frames(
-    preprocess: Callable, job: DenoiseJob, clock: Callable[[], float], stream: Any = None
+    preprocess: Callable[[np.ndarray, int, int], PreparedFrames],
+    job: DenoiseJob,
+    clock: Callable[[], float],
+    stream: torch.cuda.Stream | None = None,
 ) -> ConditioningFrames:
     """``job``'s conditioning frames through ``preprocess(frames, tier, num_frames)``: the whole clip for
     ``inverse_dynamics``, else frame 0 alone (the VAE is causal: its first latent is frame 0's encoding).
@@ -60,12 +64,13 @@ def condition_frames(
     frames, num_frames = (job.frames, job.horizon + 1) if job.mode == "inverse_dynamics" else (job.frames[:1], 1)
     t0 = clock()
     if stream is None:
-        return ConditioningFrames(*preprocess(frames, job.resolution_tier, num_frames), clock() - t0)
+        vision, image_size, canvas_h, canvas_w = preprocess(frames, job.resolution_tier, num_frames)
+        return ConditioningFrames(vision, image_size, canvas_h, canvas_w, clock() - t0)
     with torch.cuda.stream(stream):
-        made = preprocess(frames, job.resolution_tier, num_frames)
-        ready = torch.cuda.Event()
+        vision, image_size, canvas_h, canvas_w = preprocess(frames, job.resolution_tier, num_frames)
+        ready = torch.cuda.Event()  # type: ignore[no-untyped-call]  # torch leaves its constructor unannotated
         ready.record(stream)
-    return ConditioningFrames(*made, clock() - t0, ready)
+    return ConditioningFrames(vision, image_size, canvas_h, canvas_w, clock() - t0, ready)
 
 
 @dataclass

@@ -35,6 +35,7 @@ import json
 import math
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -72,7 +73,7 @@ _PROFILE_KEYS = (
 )
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)
 class NormalizationStats:
     """Per-dimension affine map between raw robot actions and the model's normalized space.
 
@@ -84,7 +85,7 @@ class NormalizationStats:
     scale: np.ndarray  # raw units per normalized unit
 
     @classmethod
-    def from_mapping(cls, data: dict, where: str) -> NormalizationStats:
+    def from_mapping(cls, data: dict[str, Any], where: str) -> NormalizationStats:
         for nested in ("global", "action"):
             if isinstance(data.get(nested), dict):
                 data = data[nested]
@@ -100,15 +101,29 @@ class NormalizationStats:
                 return cls(kind, (a + b) / 2.0, np.maximum((b - a) / 2.0, _EPS))
         raise CheckpointError(f"{where}: no q01/q99, mean/std or min/max statistics found")
 
+    def __eq__(self, other: object) -> bool:
+        # By value, so that a profile (and a model description) equals its copy from another process.
+        if not isinstance(other, NormalizationStats):
+            return NotImplemented
+        return (
+            self.kind == other.kind
+            and np.array_equal(self.offset, other.offset)
+            and np.array_equal(self.scale, other.scale)
+        )
+
+    __hash__ = None  # type: ignore[assignment]  # arrays: equal by value, not hashable
+
     @property
     def dim(self) -> int:
         return int(self.offset.shape[0])
 
     def normalize(self, raw: np.ndarray) -> np.ndarray:
-        return ((raw - self.offset) / self.scale).astype(np.float32)
+        normalized: np.ndarray = ((raw - self.offset) / self.scale).astype(np.float32)
+        return normalized
 
     def denormalize(self, normalized: np.ndarray) -> np.ndarray:
-        return (normalized * self.scale + self.offset).astype(np.float32)
+        raw: np.ndarray = (normalized * self.scale + self.offset).astype(np.float32)
+        return raw
 
 
 @dataclass(frozen=True)
@@ -151,25 +166,6 @@ class PolicyProfile:
             rows[..., self.gripper_flip_index] = 1.0 - rows[..., self.gripper_flip_index]
         return rows
 
-    def describe(self) -> dict:
-        return {
-            "domain_id": self.domain_id,
-            "action_space": self.action_space,
-            "raw_action_dim": self.raw_action_dim,
-            "default_horizon": self.default_horizon,
-            "fps": self.fps,
-            "resolution_tier": self.resolution_tier,
-            "view_point": self.view_point,
-            "view_description": self.view_description,
-            "prompt_format": self.prompt_format,
-            "guidance_interval": list(self.guidance_interval) if self.guidance_interval is not None else None,
-            "gripper_flip_index": self.gripper_flip_index,
-            "normalization": self.normalization.kind if self.normalization else None,
-            "state_dim": self.state_dim,
-            "use_state": self.use_state,
-            "history_length": self.history_length,
-        }
-
 
 @dataclass(frozen=True)
 class ProfileTable:
@@ -197,7 +193,7 @@ def profiles_for_checkpoint(
     checkpoint_dir: Path, info: CheckpointInfo, override_file: str | Path | None = None
 ) -> ProfileTable:
     """The profile table of an inspected checkpoint (empty without an action head), an operator file merged in."""
-    if not info.has_action_head:
+    if not info.has_action_head or info.action_dim is None:
         return ProfileTable({}, None)
     return load_profiles(
         checkpoint_dir,
@@ -222,7 +218,7 @@ def load_profiles(
     """
     from diffusers.pipelines.cosmos import pipeline_cosmos3_omni as cosmos3
 
-    fields: dict[str, dict] = {}
+    fields: dict[str, dict[str, Any]] = {}
     for name, domain_id in cosmos3._EMBODIMENT_TO_DOMAIN_ID.items():
         width = cosmos3._EMBODIMENT_TO_RAW_ACTION_DIM.get(name)
         if width is not None:
@@ -243,7 +239,7 @@ def load_profiles(
     return ProfileTable.build(profiles, named_default)
 
 
-def _merge_profile_file(fields: dict[str, dict], path: Path) -> str | None:
+def _merge_profile_file(fields: dict[str, dict[str, Any]], path: Path) -> str | None:
     """Merge one profile file into ``fields``; return the default domain it names, if any."""
     try:
         data = json.loads(path.read_text())
@@ -295,7 +291,7 @@ def _merge_profile_file(fields: dict[str, dict], path: Path) -> str | None:
     return default
 
 
-def _profile_from_fields(name: str, entry: dict, num_train_timesteps: int) -> PolicyProfile:
+def _profile_from_fields(name: str, entry: dict[str, Any], num_train_timesteps: int) -> PolicyProfile:
     where = f"profile for domain {name!r}"
     missing = [key for key in ("domain_id", "raw_action_dim") if key not in entry]
     if missing:
@@ -346,7 +342,7 @@ def _profile_from_fields(name: str, entry: dict, num_train_timesteps: int) -> Po
     )
 
 
-def _state_conditioning(entry: dict, where: str, width: int) -> tuple[bool, int, int | None]:
+def _state_conditioning(entry: dict[str, Any], where: str, width: int) -> tuple[bool, int, int | None]:
     """``use_state``, ``history_length`` and ``state_dim``, checked against each other and the width."""
     use_state = entry.get("use_state", False)
     if not isinstance(use_state, bool):
@@ -373,7 +369,7 @@ def _state_conditioning(entry: dict, where: str, width: int) -> tuple[bool, int,
     return use_state, history, state_dim
 
 
-def _integer(entry: dict, key: str, where: str, low: int, high: int | None = None) -> int:
+def _integer(entry: dict[str, Any], key: str, where: str, low: int, high: int | None = None) -> int:
     value = entry[key]
     if isinstance(value, bool) or not isinstance(value, int) or value < low or (high is not None and value > high):
         bound = f"in [{low}, {high}]" if high is not None else f">= {low}"
@@ -381,14 +377,14 @@ def _integer(entry: dict, key: str, where: str, low: int, high: int | None = Non
     return value
 
 
-def _optional_text(entry: dict, key: str, where: str) -> str | None:
+def _optional_text(entry: dict[str, Any], key: str, where: str) -> str | None:
     value = entry.get(key)
     if value is not None and (not isinstance(value, str) or not value.strip()):
         raise CheckpointError(f"{where}: {key} must be a non-empty string")
     return value.strip() if value is not None else None
 
 
-def _guidance_interval(value, where: str, num_train_timesteps: int) -> tuple[float, float] | None:
+def _guidance_interval(value: Any, where: str, num_train_timesteps: int) -> tuple[float, float] | None:
     """``[low, high]`` in sigmas, or in timesteps (values above 1, as cosmos-framework's servers take them).
 
     Timesteps are divided by ``num_train_timesteps``; ``[960, 1001]`` (NVIDIA's Edge DROID setting) becomes

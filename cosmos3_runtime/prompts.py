@@ -20,12 +20,13 @@ templates), so the text matches what the pipeline would write.
 from __future__ import annotations
 
 import json
+from typing import Any
 
 from diffusers.pipelines.cosmos.pipeline_cosmos3_omni import _ACTION_VIEWPOINT_TEMPLATES
 
 
 def action_caption(
-    pipe,
+    pipe: Any,
     prompt: str,
     *,
     prompt_format: str,
@@ -43,7 +44,7 @@ def action_caption(
         prompt, view_point=view_point, num_frames=num_frames, fps=fps, height=height, width=width
     )
     if not view_description:
-        return caption
+        return str(caption)
     data = json.loads(caption)
     framing = data.get("cinematography", {}).get("framing")
     # json.dumps of the parsed caption reproduces diffusers' text byte for byte, the framing aside.
@@ -51,7 +52,16 @@ def action_caption(
     return json.dumps(data)
 
 
-def _prose(pipe, prompt, view_point, view_description, num_frames, fps, height, width) -> str:
+def _prose(
+    pipe: Any,
+    prompt: str,
+    view_point: str,
+    view_description: str | None,
+    num_frames: int,
+    fps: float,
+    height: int,
+    width: int,
+) -> str:
     caption = prompt.rstrip()
     if not caption:
         return ""

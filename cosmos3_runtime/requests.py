@@ -40,7 +40,7 @@ class ActionRequest(RequestSettings):
 
     ``image`` is one H×W×3 uint8 frame (policy); ``video`` is a T×H×W×3 uint8 clip (inverse dynamics,
     or policy, which then uses only its first frame). ``None`` fields take the engine's defaults for the
-    domain (``describe()["domains"][name]["defaults"]``): steps and guidance from the variant; horizon,
+    domain (``describe().domain_defaults[name]``): steps and guidance from the variant; horizon,
     fps, view point, guidance interval and tier from the domain's profile where it sets them, else the
     variant's.
 
@@ -49,7 +49,7 @@ class ActionRequest(RequestSettings):
     conditioned as clean action frames, the mechanism diffusers uses for forward dynamics.
 
     ``state`` is the robot's proprioceptive state in raw units, for a domain whose profile conditions on
-    it (``describe()["domains"][name]["state_dim"]`` is set): float, ``[state_dim]`` or
+    it (``describe().domains[name].state_dim`` is set): float, ``[state_dim]`` or
     ``[history_length, state_dim]``, oldest row first; with ``use_state`` the last row is the state at the
     conditioning frame. The rows become clean action frames in front of the chunk; the chunk returned
     does not include them.
@@ -98,8 +98,9 @@ class Timing:
 
 
 @dataclass
-class ActionChunk:
-    """A chunk of continuous actions: float32, shape (action_horizon, raw_action_dim), in raw units."""
+class ActionResult:
+    """The engine's answer to an :class:`ActionRequest`: a chunk of continuous actions, float32, shape
+    (action_horizon, raw_action_dim), in raw units, and how it was made."""
 
     actions: np.ndarray
     action_mode: str

@@ -40,14 +40,16 @@ from __future__ import annotations
 import copy
 import inspect
 from collections import OrderedDict
+from collections.abc import Callable, Generator
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 import torch
 from diffusers.utils.torch_utils import randn_tensor
 
 from .denoise_jobs import DenoiseJob, DenoiseOutput
-from .frame_preprocessing import prepare_frames
+from .frame_preprocessing import PreparedFrames, prepare_frames
 from .packed_attention import install_packed_attention
 from .packed_batch import pack_batch
 from .prefix_cache import TextPrefixCache
@@ -55,9 +57,10 @@ from .prepared_inputs import ConditioningFrames, condition_frames
 from .prompts import action_caption
 from .sequence_packing import SequencePass, pack_sequence
 
-__all__ = ["Cosmos3Sampler", "DenoiseJob", "DenoiseOutput"]
-
 _TOKEN_CACHE_SIZE = 64
+
+# Returns seconds: the engine passes time.perf_counter.
+Clock = Callable[[], float]
 
 
 @dataclass
@@ -73,8 +76,8 @@ class _Item:
     action_latents: torch.Tensor
     domain_id: torch.Tensor
     generator: torch.Generator
-    scheduler: object
-    action_scheduler: object
+    scheduler: Any  # a diffusers scheduler, copied per job
+    action_scheduler: Any
     passes: dict[str, SequencePass]
     has_noisy_action: bool
     preprocess_s: float
@@ -90,21 +93,25 @@ class Cosmos3Sampler:
     token sequence and reused (see :mod:`cosmos3_runtime.prefix_cache`).
     """
 
-    def __init__(self, pipe, device: torch.device, prefix_cache_bytes: int = 0):
+    def __init__(self, pipe: Any, device: torch.device, prefix_cache_bytes: int = 0) -> None:
         self.pipe = pipe
         self.device = device
         self.transformer = pipe.transformer
         self.prefix_cache = TextPrefixCache(prefix_cache_bytes) if prefix_cache_bytes > 0 else None
         self._attention = install_packed_attention(self.transformer)
-        self._token_cache: OrderedDict[tuple, tuple[list[int], list[int]]] = OrderedDict()
+        self._token_cache: OrderedDict[tuple[Any, ...], tuple[list[int], list[int]]] = OrderedDict()
         self._step_takes_generator = "generator" in inspect.signature(pipe.scheduler.step).parameters
         # Frames prepared ahead of their batch are copied and resized on their own stream, so that work
         # runs beside the forwards on the default stream instead of queueing behind them.
-        self._frames_stream = torch.cuda.Stream(device) if device.type == "cuda" else None
+        self._frames_stream = (
+            torch.cuda.Stream(device)  # type: ignore[no-untyped-call]  # torch leaves its constructor unannotated
+            if device.type == "cuda"
+            else None
+        )
 
     # ------------------------------------------------------------------ conditioning
 
-    def preprocess(self, frames: np.ndarray, tier: int, num_frames: int):
+    def preprocess(self, frames: np.ndarray, tier: int, num_frames: int) -> PreparedFrames:
         """uint8 frames -> the pipeline's padded canvas in [-1, 1], plus the canvas and content sizes.
 
         The pipeline's own conditioning preprocessing, reordered to touch the fewest bytes (uint8 to the
@@ -114,7 +121,7 @@ class Cosmos3Sampler:
             frames, tier, num_frames, self.device, size_multiple=self.pipe.video_processor.config.vae_scale_factor
         )
 
-    def condition_frames(self, job: DenoiseJob, clock) -> ConditioningFrames:
+    def condition_frames(self, job: DenoiseJob, clock: Clock) -> ConditioningFrames:
         """The job's conditioning frames through :meth:`preprocess` (:func:`~cosmos3_runtime.prepared_inputs.
         condition_frames`); safe on another thread than the one running forwards."""
         return condition_frames(self.preprocess, job, clock, self._frames_stream)
@@ -122,9 +129,10 @@ class Cosmos3Sampler:
     def encode(self, vision: torch.Tensor, image_size: torch.Tensor) -> torch.Tensor:
         """VAE-encode a preprocessed clip to normalized latents with the canvas padding removed."""
         latents = self.pipe._encode_video(vision).contiguous().float()
-        return self.pipe._remove_action_video_padding_from_latent(latents, image_size)
+        unpadded: torch.Tensor = self.pipe._remove_action_video_padding_from_latent(latents, image_size)
+        return unpadded
 
-    def tokenize(self, job: DenoiseJob, canvas_h: int, canvas_w: int):
+    def tokenize(self, job: DenoiseJob, canvas_h: int, canvas_w: int) -> tuple[list[int], list[int]]:
         """Token ids of the job's action caption and of the empty unconditional prompt.
 
         Cached: a session's settings recur every control tick. The caption is built by
@@ -175,12 +183,12 @@ class Cosmos3Sampler:
 
     # ------------------------------------------------------------------ the loop
 
-    def run(self, job: DenoiseJob, clock) -> DenoiseOutput:
+    def run(self, job: DenoiseJob, clock: Clock) -> DenoiseOutput:
         """Condition, denoise and (for video) decode one job. ``clock()`` returns seconds."""
         return self.run_batch([job], clock)[0]
 
     def run_batch(
-        self, jobs: list[DenoiseJob], clock, frames: list[ConditioningFrames | None] | None = None
+        self, jobs: list[DenoiseJob], clock: Clock, frames: list[ConditioningFrames | None] | None = None
     ) -> list[DenoiseOutput]:
         """Run jobs that share a schedule (equal :attr:`DenoiseJob.schedule_key`) through shared forwards.
 
@@ -190,9 +198,12 @@ class Cosmos3Sampler:
             try:
                 next(steps)
             except StopIteration as finished:
-                return finished.value
+                outputs: list[DenoiseOutput] = finished.value
+                return outputs
 
-    def iterate_batch(self, jobs: list[DenoiseJob], clock, frames: list[ConditioningFrames | None] | None = None):
+    def iterate_batch(
+        self, jobs: list[DenoiseJob], clock: Clock, frames: list[ConditioningFrames | None] | None = None
+    ) -> Generator[int, None, list[DenoiseOutput]]:
         """:meth:`run_batch` as a generator that pauses after every denoising step.
 
         Yields the number of steps done; returns the outputs (``StopIteration.value``). Between steps
@@ -213,7 +224,7 @@ class Cosmos3Sampler:
         with torch.no_grad():
             return self._finish(items, denoise_s, clock)
 
-    def _start(self, jobs: list[DenoiseJob], clock, frames: list[ConditioningFrames | None]) -> list[_Item]:
+    def _start(self, jobs: list[DenoiseJob], clock: Clock, frames: list[ConditioningFrames | None]) -> list[_Item]:
         if len({job.schedule_key for job in jobs}) != 1:
             raise ValueError("a batch needs jobs with the same schedule (sigmas, steps, guidance, interval)")
         return [self._prepare(job, clock, prepared) for job, prepared in zip(jobs, frames)]
@@ -247,7 +258,7 @@ class Cosmos3Sampler:
                 actions[:, job.raw_action_dim :] = 0
                 item.action_latents = actions
 
-    def _finish(self, items: list[_Item], denoise_s: float, clock) -> list[DenoiseOutput]:
+    def _finish(self, items: list[_Item], denoise_s: float, clock: Clock) -> list[DenoiseOutput]:
         timesteps = items[0].scheduler.timesteps
         outputs = []
         for item in items:
@@ -274,7 +285,7 @@ class Cosmos3Sampler:
             )
         return outputs
 
-    def _prepare(self, job: DenoiseJob, clock, frames: ConditioningFrames | None = None) -> _Item:
+    def _prepare(self, job: DenoiseJob, clock: Clock, frames: ConditioningFrames | None = None) -> _Item:
         """Conditioning latents, initial noise, packed sequences and schedulers of one job."""
         pipe, device = self.pipe, self.device
         num_frames = job.horizon + 1
@@ -358,7 +369,15 @@ class Cosmos3Sampler:
             encode_s=encode_s,
         )
 
-    def _pass(self, input_ids, latents, action_latents, vision_frames, clean_action_frames, job) -> SequencePass:
+    def _pass(
+        self,
+        input_ids: list[int],
+        latents: torch.Tensor,
+        action_latents: torch.Tensor,
+        vision_frames: list[int],
+        clean_action_frames: list[int],
+        job: DenoiseJob,
+    ) -> SequencePass:
         full = pack_sequence(
             self.pipe, self.device, input_ids, latents, action_latents, vision_frames, clean_action_frames, job
         )
@@ -366,7 +385,7 @@ class Cosmos3Sampler:
         entry = self.prefix_cache.get(key) if self.prefix_cache is not None else None
         return SequencePass(key, full, entry)
 
-    def _forward(self, items: list[_Item], name: str, t, step: int, sigma: float, num_steps: int) -> None:
+    def _forward(self, items: list[_Item], name: str, t: torch.Tensor, step: int, sigma: float, num_steps: int) -> None:
         """One transformer call for pass ``name`` of every item, joined by :func:`~.packed_batch.pack_batch`;
         stores each item's masked velocities and the text keys/values the call recorded."""
         batch = pack_batch(
@@ -385,9 +404,10 @@ class Cosmos3Sampler:
                 preds_vision, _, preds_action = self.transformer(**batch.arguments, return_dict=False)
         finally:
             self._attention.items = None
-        for p, entry in batch.recording:
+        for p, entry in batch.recording:  # recorded only with a prefix cache
             p.entry = entry
-            self.prefix_cache.put(p.key, entry)
+            if self.prefix_cache is not None:
+                self.prefix_cache.put(p.key, entry)
         for it, pred_vision, pred_action in zip(items, preds_vision, preds_action):
             v_vision, _, v_action = self.pipe._mask_velocity_predictions(
                 [pred_vision],
@@ -408,7 +428,8 @@ class Cosmos3Sampler:
         inv_std = pipe._vae_latents_inv_std.to(device=latents.device, dtype=vae_dtype).view(1, -1, 1, 1, 1)
         decoded = pipe.vae.decode(latents.to(vae_dtype) / inv_std + mean).sample.float()
         frames = pipe.video_processor.postprocess_video(decoded, output_type="np")[0]
-        return (np.clip(frames, 0.0, 1.0) * 255.0 + 0.5).astype(np.uint8)
+        video: np.ndarray = (np.clip(frames, 0.0, 1.0) * 255.0 + 0.5).astype(np.uint8)
+        return video
 
 
 def _inside(sigma: float, interval: tuple[float, float] | None) -> bool:

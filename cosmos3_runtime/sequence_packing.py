@@ -11,6 +11,7 @@ pass whose text keys/values the prefix cache holds can drop its text segment
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 from diffusers.pipelines.cosmos.pipeline_cosmos3_omni import get_3d_mrope_ids_vae_tokens
@@ -32,12 +33,12 @@ class SequencePass:
     """One transformer pass of one job (cond, or uncond under guidance) and its text prefix."""
 
     key: tuple[int, ...]
-    full: dict  # the job's whole joint sequence, as the pipeline's segment helpers build it
+    full: dict[str, Any]  # the job's whole joint sequence, as the pipeline's segment helpers build it
     entry: PrefixEntry | None = None  # the text keys/values, once known
-    _generation_only: dict | None = None
+    _generation_only: dict[str, Any] | None = None
 
     @property
-    def generation_only(self) -> dict:
+    def generation_only(self) -> dict[str, Any]:
         """The same inputs with the text segment removed (its keys/values come from the cache)."""
         if self._generation_only is None:
             und_len = self.full["und_len"]
@@ -55,8 +56,15 @@ class SequencePass:
 
 
 def pack_sequence(
-    pipe, device, input_ids, latents, action_latents, vision_frames, clean_action_frames, job: DenoiseJob
-) -> dict:
+    pipe: Any,
+    device: torch.device,
+    input_ids: list[int],
+    latents: torch.Tensor,
+    action_latents: torch.Tensor,
+    vision_frames: list[int],
+    clean_action_frames: list[int],
+    job: DenoiseJob,
+) -> dict[str, Any]:
     """The step-invariant part of one job's joint sequence, built by the pipeline's own segment helpers."""
     fps = job.fps
     text = pipe._prepare_text_segment(input_ids, device=device)
@@ -90,7 +98,9 @@ def pack_sequence(
     }
 
 
-def state_action_positions(pipe, device, action_len: int, leading_rows: int, mrope_offset, fps: float) -> torch.Tensor:
+def state_action_positions(
+    pipe: Any, device: torch.device, action_len: int, leading_rows: int, mrope_offset: int, fps: float
+) -> torch.Tensor:
     """mRoPE ids of an action segment whose first ``leading_rows`` rows are the robot's state rows.
 
     diffusers places action row 0 at video frame 1: the first action follows the conditioning frame.
@@ -112,4 +122,5 @@ def state_action_positions(pipe, device, action_len: int, leading_rows: int, mro
         base_temporal_compression_factor=pipe.vae_scale_factor_temporal,
         start_frame_offset=1 - leading_rows,
     )
-    return ids.to(device)
+    positions: torch.Tensor = ids.to(device)
+    return positions

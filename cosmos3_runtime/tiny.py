@@ -23,6 +23,7 @@ from __future__ import annotations
 import json
 import shutil
 from pathlib import Path
+from typing import Any
 
 from .wan_vae import WAN22_VAE_CONFIG
 
@@ -51,7 +52,7 @@ _CHAT_TEMPLATE = (
     "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
 )
 
-_TINY_TRANSFORMER = dict(
+_TINY_TRANSFORMER: dict[str, Any] = dict(
     head_dim=16,
     hidden_size=64,
     intermediate_size=128,
@@ -223,7 +224,7 @@ def build_tiny_checkpoint(
     return out
 
 
-def _build_tokenizer():
+def _build_tokenizer() -> Any:
     """A byte-level BPE tokenizer with the special tokens and chat template the pipeline uses."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast

@@ -13,7 +13,7 @@ import secrets
 import numpy as np
 
 from .denoise_jobs import DenoiseJob
-from .engine_spec import DomainDefaults, EngineLimits, EngineSpec, check_horizon
+from .engine_spec import EngineSpec, RequestDefaults, check_horizon
 from .errors import (
     InvalidFieldError,
     InvalidRequestError,
@@ -24,8 +24,6 @@ from .errors import (
 )
 from .profiles import VIEW_POINTS, PolicyProfile
 from .requests import ACTION_MODES, ActionRequest, VideoRequest
-
-__all__ = ["EngineLimits", "EngineSpec", "job_for_actions", "job_for_video"]
 
 
 def job_for_actions(request: ActionRequest, spec: EngineSpec) -> tuple[DenoiseJob, PolicyProfile]:
@@ -90,7 +88,17 @@ def job_for_video(request: VideoRequest, spec: EngineSpec) -> tuple[DenoiseJob, 
     return job, profile
 
 
-def _job(request, spec, profile, mode, frames, horizon, clean, decode_video, state_rows=None) -> DenoiseJob:
+def _job(
+    request: ActionRequest | VideoRequest,
+    spec: EngineSpec,
+    profile: PolicyProfile,
+    mode: str,
+    frames: np.ndarray,
+    horizon: int,
+    clean: np.ndarray | None,
+    decode_video: bool,
+    state_rows: np.ndarray | None = None,
+) -> DenoiseJob:
     info = spec.info
     defaults = spec.defaults_for(profile)
     tier = request.resolution_tier if request.resolution_tier is not None else defaults.resolution_tier
@@ -143,10 +151,12 @@ def _job(request, spec, profile, mode, frames, horizon, clean, decode_video, sta
     )
 
 
-def _sampling(request, spec: EngineSpec, defaults: DomainDefaults):
+def _sampling(
+    request: ActionRequest | VideoRequest, spec: EngineSpec, defaults: RequestDefaults
+) -> tuple[int, float, tuple[float, float] | None]:
     """Steps, guidance and interval: the distilled schedule is fixed; base takes request values."""
     steps, guidance, interval = request.num_steps, request.guidance_scale, request.guidance_interval
-    if spec.info.is_distilled:
+    if spec.info.distilled_sigmas is not None:  # set exactly when the checkpoint is distilled
         fixed = len(spec.info.distilled_sigmas)
         if steps is not None and steps != fixed:
             raise InvalidRequestError(
@@ -189,7 +199,7 @@ def _sampling(request, spec: EngineSpec, defaults: DomainDefaults):
     return int(steps), float(guidance), interval
 
 
-def _state(state, profile: PolicyProfile, spec: EngineSpec) -> np.ndarray | None:
+def _state(state: object, profile: PolicyProfile, spec: EngineSpec) -> np.ndarray | None:
     """The request's state as model-space action rows, or None for a domain that takes no state."""
     rows, name = profile.history_length, profile.domain_name
     if not rows:
@@ -229,7 +239,7 @@ def _state(state, profile: PolicyProfile, spec: EngineSpec) -> np.ndarray | None
         raise InvalidFieldError(exc.message, "state") from None
 
 
-def _mode_name(mode) -> str:
+def _mode_name(mode: object) -> str:
     """The mode as the runtime spells it: clients send " Policy" or "POLICY" too, and mean "policy"."""
     if not isinstance(mode, str):
         raise UnsupportedModeError(f"action_mode must be a string, one of {', '.join(ACTION_MODES)}", "action_mode")
@@ -248,7 +258,7 @@ def _check_mode(mode: str, spec: EngineSpec) -> None:
         )
 
 
-def _profile(domain_name, spec: EngineSpec) -> PolicyProfile:
+def _profile(domain_name: object, spec: EngineSpec) -> PolicyProfile:
     profile = spec.profiles.get(domain_name) if isinstance(domain_name, str) else None
     if profile is None:
         known = ", ".join(sorted(spec.profiles))
@@ -256,20 +266,20 @@ def _profile(domain_name, spec: EngineSpec) -> PolicyProfile:
     return profile
 
 
-def _image(image, field_name: str, spec: EngineSpec) -> np.ndarray:
+def _image(image: object, field_name: str, spec: EngineSpec) -> np.ndarray:
     return _rgb(image, field_name, spec, layout="H x W x 3")
 
 
-def _clip(video, field_name: str, spec: EngineSpec) -> np.ndarray:
-    video = _rgb(video, field_name, spec, layout="T x H x W x 3")
-    if not 1 <= video.shape[0] <= spec.limits.max_clip_frames:
+def _clip(video: object, field_name: str, spec: EngineSpec) -> np.ndarray:
+    clip = _rgb(video, field_name, spec, layout="T x H x W x 3")
+    if not 1 <= clip.shape[0] <= spec.limits.max_clip_frames:
         raise InvalidRequestError(
-            f"{field_name} must have 1 to {spec.limits.max_clip_frames} frames, got {video.shape[0]}", field_name
+            f"{field_name} must have 1 to {spec.limits.max_clip_frames} frames, got {clip.shape[0]}", field_name
         )
-    return video
+    return clip
 
 
-def _rgb(array, field_name: str, spec: EngineSpec, layout: str) -> np.ndarray:
+def _rgb(array: object, field_name: str, spec: EngineSpec, layout: str) -> np.ndarray:
     """A uint8 RGB image (``H x W x 3``) or clip (``T x H x W x 3``) of an acceptable size."""
     if not isinstance(array, np.ndarray):
         raise InvalidRequestError(f"{field_name} must be an array ({layout} uint8)", field_name)
@@ -290,7 +300,7 @@ def _check_size(height: int, width: int, field_name: str, spec: EngineSpec) -> N
         )
 
 
-def _actions(actions, profile: PolicyProfile, field_name: str) -> np.ndarray:
+def _actions(actions: object, profile: PolicyProfile, field_name: str) -> np.ndarray:
     if not isinstance(actions, np.ndarray) or actions.dtype.kind not in "fiu":
         raise InvalidRequestError(f"{field_name} must be a numeric array (T x {profile.raw_action_dim})", field_name)
     if actions.ndim != 2 or actions.shape[0] < 1:
@@ -301,10 +311,10 @@ def _actions(actions, profile: PolicyProfile, field_name: str) -> np.ndarray:
             f"{profile.raw_action_dim} action dimensions",
             field_name,
         )
-    actions = actions.astype(np.float32)
-    if not np.isfinite(actions).all():
+    rows = actions.astype(np.float32)
+    if not np.isfinite(rows).all():
         raise InvalidRequestError(f"{field_name} contains NaN or infinity", field_name)
-    return actions
+    return rows
 
 
 def _normalize(actions: np.ndarray, profile: PolicyProfile, spec: EngineSpec, field_name: str) -> np.ndarray:

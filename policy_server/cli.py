@@ -18,7 +18,9 @@ import logging
 import signal
 import sys
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 # policy_server's package import sets OMP_WAIT_POLICY=PASSIVE; it must happen before torch loads.
 import policy_server  # noqa: F401  (imported for that side effect, first)
@@ -26,17 +28,21 @@ import policy_server  # noqa: F401  (imported for that side effect, first)
 from . import log_hygiene
 from .auth import OriginConfigError, OriginPolicy, TokenConfigError, TokenSet
 from .cli_arguments import build_parser
+from .engine.backend import BackendFactory
+from .engine.worker import ActionEngine
 from .http.connections import ConnectionLimits
 from .http.settings import SidecarSettings
 from .recording_setup import RecordingOptions
 from .server import PolicyServer, ServerSettings
-from .sessions.openpi import OpenpiSettings
-from .sessions.openpi_observation import CameraMapping, CameraMappingError
+from .sessions.openpi_observation import CameraMapping, CameraMappingError, OpenpiSettings
 from .sessions.rate_limits import RateLimit
 from .sessions.supervisor import SessionLimits
 from .videos.job_store import RetentionPolicy
 
-__all__ = ["build_parser", "main", "serve_until_stopped"]
+if TYPE_CHECKING:
+    from .http.sidecar import HttpSidecar
+
+__all__ = ["assemble_server", "build_parser", "main", "serve_until_stopped"]
 
 logger = logging.getLogger("policy_server")
 
@@ -78,6 +84,41 @@ def _sidecar_settings(args: argparse.Namespace) -> SidecarSettings | None:
             max_connections_per_peer=max(1, args.http_max_connections_per_peer),
         ),
     )
+
+
+def assemble_server(
+    load_engine: Callable[[], ActionEngine] | None,
+    settings: ServerSettings,
+    backend: BackendFactory | None = None,
+    *,
+    http: SidecarSettings | None = None,
+    recording: RecordingOptions | None = None,
+) -> PolicyServer:
+    """The server with its optional features attached at its edge: SGLang's lock-step dialect on the
+    robots' path, the recording (``recording``: ``--record-dir``) and the HTTP sidecar (``http``).
+
+    The one place optional features are put together; each is imported only when it is wanted, so a
+    WebSocket-only server that records nothing never loads FastAPI or the recorder.
+    """
+    from .sglang.lockstep_session import SGLANG_DIALECT
+
+    server = PolicyServer(load_engine, settings, backend=backend, dialects=(SGLANG_DIALECT,))
+    if recording is not None:  # first: a directory that cannot be made fails the start
+        from .recording.server_feature import RecordingFeature
+
+        server.attach(RecordingFeature(server.context, recording))
+    if http is not None:
+        from .http.sidecar import HttpSidecar
+
+        server.attach(HttpSidecar(server.context, http))
+    return server
+
+
+def sidecar_of(server: PolicyServer) -> HttpSidecar | None:
+    """The HTTP sidecar attached to ``server``, if any."""
+    from .http.sidecar import HttpSidecar
+
+    return next((feature for feature in server.features if isinstance(feature, HttpSidecar)), None)
 
 
 def _recording_options(args: argparse.Namespace) -> RecordingOptions | None:
@@ -127,7 +168,7 @@ def _ray_backend(args: argparse.Namespace, workdir: Path):
         from cosmos3_runtime.tiny import build_tiny_checkpoint
 
         source = str(build_tiny_checkpoint(workdir / f"tiny-{args.tiny}", variant=args.tiny))
-    spec = EngineLoader(
+    loader = EngineLoader(
         source=source,
         device=args.device,
         dtype=args.dtype,
@@ -140,7 +181,7 @@ def _ray_backend(args: argparse.Namespace, workdir: Path):
     settings = RayBackendSettings(
         replicas=max(1, args.replicas), address=args.ray_address, num_gpus=args.replica_gpus, num_cpus=args.replica_cpus
     )
-    return RayBackendFactory(settings, spec)
+    return RayBackendFactory(settings, loader)
 
 
 def _ssl_context(args: argparse.Namespace):
@@ -167,7 +208,6 @@ async def serve_until_stopped(args: argparse.Namespace) -> int:
             overlap_host_prep=args.overlap_host_prep == "on",
             shutdown_grace_s=args.shutdown_grace,
             openpi=_openpi_settings(args),
-            http=_sidecar_settings(args),
             ssl_context=_ssl_context(args),
             auth_tokens=TokenSet.load(args.auth_token, args.auth_token_file),
             max_sessions=max(1, args.max_sessions),
@@ -185,12 +225,12 @@ async def serve_until_stopped(args: argparse.Namespace) -> int:
                 idle_timeout_s=max(0.0, args.idle_timeout_s),
             ),
             allowed_origins=tuple(args.allowed_origin),
-            recording=_recording_options(args),
         )
+        features = {"http": _sidecar_settings(args), "recording": _recording_options(args)}
         if args.backend == "ray":
-            server = PolicyServer(None, settings, backend=_ray_backend(args, Path(workdir)))
+            server = assemble_server(None, settings, backend=_ray_backend(args, Path(workdir)), **features)
         else:
-            server = PolicyServer(_engine_loader(args, Path(workdir)), settings)
+            server = assemble_server(_engine_loader(args, Path(workdir)), settings, **features)
         stop = asyncio.Event()
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGINT, signal.SIGTERM):
@@ -206,7 +246,8 @@ async def serve_until_stopped(args: argparse.Namespace) -> int:
                 exc,
             )
             return 2
-        dashboard_port = server.sidecar.port if server.sidecar is not None else server.port
+        sidecar = sidecar_of(server)
+        dashboard_port = sidecar.port if sidecar is not None else server.port
         logger.info("teleop dashboard: http://%s:%d/dashboard/", args.host, dashboard_port)
         ready = asyncio.ensure_future(server.wait_ready())
         stopped = asyncio.ensure_future(stop.wait())

@@ -28,7 +28,7 @@ from .http.connections import (
 from .http.settings import DEFAULT_MAX_BODY_BYTES, DEFAULT_MAX_BUFFERED_BODY_BYTES
 from .http.turns import DEFAULT_MAX_IN_FLIGHT
 from .server import DEFAULT_MAX_MESSAGE_BYTES
-from .sessions.observer import DEFAULT_MAX_OBSERVERS
+from .server_settings import DEFAULT_MAX_OBSERVERS
 from .sessions.rate_limits import DEFAULT_BURST, DEFAULT_MAX_OBSERVATION_HZ
 from .sessions.supervisor import (
     DEFAULT_IDLE_TIMEOUT_S,

@@ -1,16 +1,16 @@
-"""Every answer about what the server offers, built from the one typed :class:`ModelDescription`.
+"""Every answer about what the server offers, built from the one typed
+:class:`~cosmos3_runtime.description.ModelDescription` (its JSON form, ``as_json()``, where it is passed on).
 
 * :func:`native_metadata`: the ``metadata`` frame a native session sends first;
 * :func:`openpi_metadata`: the metadata dict an openpi session sends first;
 * :func:`http_action_metadata`: the model's part of the sidecar's ``GET /v1/actions/metadata`` (the
   sidecar adds its own HTTP limits and capabilities);
-* :func:`sglang_keys`: SGLang's metadata keys (``object: "action.metadata"``, ``policy_family``, ``input``,
-  ``output``, its ``defaults`` and ``capabilities``), merged into the native hello and the sidecar's
-  answer so that SGLang's clients read them as their own (``docs/sglang.md``);
 * :func:`health`: the ``/healthz`` body, the same on the WebSocket port and the sidecar (the sidecar's
   ``status`` says whether the process is alive, ``engine`` what the engine is doing).
 
-Nothing here imports FastAPI or a session: the WebSocket-only server uses it too.
+SGLang's keys are added to the native hello by its dialect and to the sidecar's answer by the sidecar
+(``policy_server.sglang.lockstep_session.sglang_keys``). Nothing here imports FastAPI, a session or an
+optional feature: the WebSocket-only server uses it too.
 """
 
 from __future__ import annotations
@@ -19,15 +19,13 @@ import time
 from collections.abc import Mapping
 from typing import Any
 
+from cosmos3_runtime.description import ModelDescription
 from robot_clients import protocol
 
-from .engine.description import ModelDescription
+from .context import ServerContext
 from .media.image_decoding import ENCODED_FORMATS
-from .recording_setup import recorder_health
 from .sessions.config import STATE_PROFILE_FIELDS, SessionConfig
-from .sessions.host import SessionHost
 from .sessions.openpi_observation import CameraMapping
-from .sglang.metadata import merge_metadata, sglang_metadata
 
 SERVER_NAME = "cosmos3-policy-server"
 
@@ -45,18 +43,13 @@ NATIVE_CAPABILITIES = {
 }
 
 
-def canvases(d: ModelDescription) -> dict[str, list[dict[str, Any]]]:
-    """Each served tier's canvases (aspect-ratio bins), so a robot can size its frames before sending
-    (``robot_clients.frame_sizing.canvas_bins``)."""
-    return {str(tier): [dict(entry) for entry in bins] for tier, bins in d.raw.get("canvases", {}).items()}
-
-
-def native_metadata(host: SessionHost, session_id: str) -> dict[str, Any]:
+def native_metadata(host: ServerContext[Any], session_id: str) -> dict[str, Any]:
     """The native protocol's hello: the model, its domains and every limit a session is held to."""
     d = host.description
     assert d is not None, "sessions open once the model is ready"
     settings = host.settings
-    limits = dict(d.raw.get("limits", {}))
+    described = d.as_json()
+    limits = described["limits"]
     limits["max_message_bytes"] = settings.max_message_bytes
     limits["max_sessions"] = settings.max_sessions
     rate = settings.observation_rate
@@ -65,50 +58,36 @@ def native_metadata(host: SessionHost, session_id: str) -> dict[str, Any]:
     connection_limits = settings.connection_limits
     limits["reply_timeout_s"] = connection_limits.reply_timeout_s or None
     limits["idle_timeout_s"] = connection_limits.idle_timeout_s or None
-    return merge_metadata(
-        {
-            "type": protocol.METADATA,
-            "protocol_version": protocol.PROTOCOL_VERSION,
-            "server": SERVER_NAME,
-            "session_id": session_id,
-            "model": d.model,
-            "variant": d.variant,
-            "modes": list(d.realtime_modes),
-            "capabilities": dict(NATIVE_CAPABILITIES),
-            "defaults": d.raw.get("defaults", {}),
-            "action_horizon": d.raw.get("action_horizon", {}),
-            "resolution_tiers": list(d.resolution_tiers),
-            "canvases": canvases(d),
-            "view_points": list(d.view_points),
-            "domains": {
-                name: {
-                    "domain_id": domain.domain_id,
-                    "raw_action_dim": domain.raw_action_dim,
-                    "default_horizon": domain.default_horizon,
-                    "view_point": domain.view_point,
-                    **{field: getattr(domain, field) for field in STATE_PROFILE_FIELDS},
-                }
-                for name, domain in d.domains.items()
-            },
-            "limits": limits,
-            "device": d.device,
-            "dtype": d.dtype,
+    return {
+        "type": protocol.METADATA,
+        "protocol_version": protocol.PROTOCOL_VERSION,
+        "server": SERVER_NAME,
+        "session_id": session_id,
+        "model": d.model,
+        "variant": d.variant,
+        "modes": list(d.action_modes),
+        "capabilities": dict(NATIVE_CAPABILITIES),
+        "defaults": described["defaults"],
+        "action_horizon": described["action_horizon"],
+        "resolution_tiers": list(d.resolution_tiers),
+        # Each served tier's canvases, so a robot can size its frames before sending
+        # (robot_clients.frame_sizing.canvas_bins).
+        "canvases": described["canvases"],
+        "view_points": list(d.view_points),
+        "domains": {
+            name: {
+                "domain_id": domain.domain_id,
+                "raw_action_dim": domain.raw_action_dim,
+                "default_horizon": domain.default_horizon,
+                "view_point": domain.view_point,
+                **{field: getattr(domain, field) for field in STATE_PROFILE_FIELDS},
+            }
+            for name, domain in d.domains.items()
         },
-        sglang_keys(host),
-    )
-
-
-def sglang_keys(host: SessionHost) -> dict[str, Any]:
-    """SGLang's metadata keys for the loaded model and this server's settings (its most chunks per request
-    is the engine's batch size, its default rate a session's default ``fps``)."""
-    assert host.description is not None, "answered once the model is ready"
-    settings = host.settings
-    return sglang_metadata(
-        host.description,
-        max_batch_size=settings.max_batch,
-        openpi_websocket=settings.openpi is not None,
-        default_fps=SessionConfig.fps,
-    )
+        "limits": limits,
+        "device": d.device,
+        "dtype": d.dtype,
+    }
 
 
 def openpi_metadata(
@@ -131,21 +110,22 @@ def openpi_metadata(
         **{field: resolved.get(field) for field in STATE_PROFILE_FIELDS},
         "cameras": cameras.describe().get(resolved.get("view_point"), []),
         "resolution_tier": resolved.get("resolution_tier"),
-        "canvases": canvases(d),
+        "canvases": d.as_json()["canvases"],
         "encoded_images": sorted(ENCODED_FORMATS.values()),
         "error": error,
     }
 
 
 def http_action_metadata(
-    host: SessionHost, http_limits: Mapping[str, Any], http_capabilities: Mapping[str, Any]
+    host: ServerContext[Any], http_limits: Mapping[str, Any], http_capabilities: Mapping[str, Any]
 ) -> dict[str, Any]:
     """The fields of ``GET /v1/actions/metadata`` (the sidecar's ``ActionMetadata``): the model's, with
     the sidecar's own limits and capabilities (body sizes, formats, video retention) merged in."""
     d = host.description
     assert d is not None, "answered once the model is ready"
     settings = host.settings
-    limits = dict(d.raw.get("limits", {}))
+    described = d.as_json()
+    limits = described["limits"]
     limits.update(http_limits)
     limits["max_websocket_message_bytes"] = settings.max_message_bytes
     action_modes, video_modes = list(d.action_modes), list(d.video_modes)
@@ -171,12 +151,12 @@ def http_action_metadata(
         action_modes=action_modes,
         video_modes=video_modes,
         endpoints=endpoints,
-        domains={name: dict(domain.raw) for name, domain in d.domains.items()},
-        action_horizon=d.raw.get("action_horizon", {}),
+        domains=described["domains"],
+        action_horizon=described["action_horizon"],
         resolution_tiers=list(d.resolution_tiers),
         view_points=list(d.view_points),
-        defaults=d.raw.get("defaults", {}),
-        distilled_sigmas=d.raw.get("distilled_sigmas"),
+        defaults=described["defaults"],
+        distilled_sigmas=described["distilled_sigmas"],
         limits=limits,
         capabilities=capabilities,
         device=d.device,
@@ -185,7 +165,7 @@ def http_action_metadata(
     )
 
 
-def engine_state(host: SessionHost) -> str:
+def engine_state(host: ServerContext[Any]) -> str:
     """``starting``, the worker's state (``loading``, ``warming_up``, ``ready``, ``restarting``, ``failed``,
     ...), or ``stopping``."""
     if host.stopping:
@@ -193,7 +173,7 @@ def engine_state(host: SessionHost) -> str:
     return host.worker.state.value if host.worker is not None else "starting"
 
 
-def health(host: SessionHost, liveness: bool = False) -> tuple[int, dict[str, Any]]:
+def health(host: ServerContext[Any], liveness: bool = False) -> tuple[int, dict[str, Any]]:
     """The ``/healthz`` answer: (HTTP status, body). Answered from the first millisecond, while loading.
 
     On the WebSocket port ``status`` is the engine's state and a failed or stopping server answers 503;
@@ -215,8 +195,8 @@ def health(host: SessionHost, liveness: bool = False) -> tuple[int, dict[str, An
         "uptime_s": round(time.monotonic() - host.started_at, 3),
         "worker": worker.thread_settings if worker else {},
     }
-    if host.recorder is not None:
-        body["recording"] = recorder_health(host.recorder, host.settings.recording)
+    for name, part in host.health_parts.items():  # what the attached features report (the recording's state)
+        body[name] = part()
     if liveness:
         body["status"] = "ok" if engine != "failed" else "failed"
         return (200 if engine != "failed" else 503), body

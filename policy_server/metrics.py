@@ -46,7 +46,7 @@ LATENCY_BUCKETS_S = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10
 BUSY_WINDOW_S = 60.0
 
 # The ``kind`` label of WebSocket observations (native and openpi sessions); every owner names its own
-# (its ``request_kind``, policy_server.engine.owner).
+# (its ``request_kind``, policy_server.engine.request_queue.ObservationOwner).
 REALTIME = "realtime"
 
 

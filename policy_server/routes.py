@@ -4,7 +4,7 @@
 path                   served by
 =====================  ============================================================================
 ``/healthz``           plain HTTP: the health body (:func:`policy_server.metadata.health`)
-``/dashboard/...``     plain HTTP: the teleop dashboard's static files (:mod:`policy_server.http.dashboard`)
+``/dashboard/...``     plain HTTP: the teleop dashboard's static files (:mod:`policy_server.dashboard_files`)
 ``/v1/observe``        an observer (:class:`~policy_server.sessions.observer.ObserverSession`)
 ``/v1/actions/realtime``  a native session (:class:`~policy_server.sessions.native.RealtimeSession`)
 ``/``, ``/openpi``     an openpi session (:class:`~policy_server.sessions.openpi.OpenpiSession`), unless
@@ -21,7 +21,7 @@ import enum
 
 from robot_clients.protocol import HEALTH_PATH, REALTIME_PATH
 
-from .http.dashboard import DASHBOARD_PATH
+from .dashboard_files import DASHBOARD_PATH
 from .sessions.observer import OBSERVE_PATH
 from .sessions.openpi import OPENPI_PATHS
 

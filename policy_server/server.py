@@ -7,7 +7,12 @@ retry.
 
 Shutdown (:meth:`PolicyServer.shutdown`, wired to SIGINT/SIGTERM by the CLI): stop listening, stop the
 queue (waiting observations are answered ``dropped``/``shutdown``), let the running inference finish
-and its chunk leave, then close every session with 1001 (going away).
+and its chunk leave, then close every session with 1001 (going away), then stop the features.
+
+The server itself serves the native and openpi protocols and nothing optional. Whoever assembles it
+(``policy_server.cli``) hands it the dialects its robots' path also speaks (:mod:`.sessions.dialects`) and
+attaches the features (:class:`ServerFeature`: the recording, the HTTP sidecar); they see the server
+through its :class:`~policy_server.context.ServerContext`.
 """
 
 from __future__ import annotations
@@ -16,65 +21,67 @@ import asyncio
 import json
 import logging
 import socket
-import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from http import HTTPStatus
-from types import MappingProxyType
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from websockets.asyncio.server import Server, ServerConnection, serve
 from websockets.datastructures import Headers
 from websockets.http11 import Request, Response
 
+from cosmos3_runtime.description import ModelDescription
 from robot_clients import protocol
-from robot_clients.protocol import REALTIME_PATH, DropReason, FrameLimits
+from robot_clients.protocol import REALTIME_PATH, DropReason
 
-from .auth import CHALLENGE, OriginPolicy, bearer_subprotocol, is_open_path
+from .auth import CHALLENGE, bearer_subprotocol, is_open_path
 from .connection_limits import ACCEPT_BURST, PeerCounter, handshake_limited_connection
+from .context import ServerContext
+from .dashboard_files import CONFIG_NAME, DASHBOARD_HEADERS, DASHBOARD_PATH, dashboard_asset, dashboard_config
 from .engine.backend import BackendFactory, EngineBackend
 from .engine.batching import BackgroundShare, BatchPolicy
-from .engine.description import ModelDescription
 from .engine.request_queue import RequestQueue
 from .engine.watchdog import EngineWatchdog
-from .engine.worker import ActionEngine, EngineWorker, WorkerState
-from .http.dashboard import CONFIG_NAME, DASHBOARD_HEADERS, DASHBOARD_PATH, dashboard_asset, dashboard_config
+from .engine.worker import ActionEngine, EngineWorker
 from .log_hygiene import printable
-from .metadata import SERVER_NAME, health, native_metadata
-from .recording_setup import start_recorder
+from .media.image_decoding import model_frame_limits
+from .metadata import SERVER_NAME, health
 from .routes import Route, route
 from .server_settings import DEFAULT_MAX_MESSAGE_BYTES, LARGEST_IMAGE_BYTES, ServerSettings
 from .sessions.base import Session
-from .sessions.host import HostedSession
+from .sessions.dialects import Dialect
 from .sessions.native import RealtimeSession
 from .sessions.observer import DEFAULT_INTERVAL_S, OBSERVER_MAX_MESSAGE_BYTES, ObserverSession, SnapshotCache, authorize
 from .sessions.openpi import OpenpiSession
-from .sessions.sglang_lockstep import SglangLockstepSession
-from .sessions.supervisor import (
-    MAX_QUEUED_FRAMES,
-    SOCKET_SEND_BUFFER_BYTES,
-    WRITE_LIMIT_BYTES,
-    ConnectionSupervisor,
-    close_connection,
-)
+from .sessions.supervisor import MAX_QUEUED_FRAMES, SOCKET_SEND_BUFFER_BYTES, WRITE_LIMIT_BYTES, close_connection
 
-if TYPE_CHECKING:  # imported when started with a sidecar, so a WebSocket-only server never loads FastAPI
-    from .http.sidecar import HttpSidecar
-    from .recording import Recorder
-
-__all__ = ["DEFAULT_MAX_MESSAGE_BYTES", "LARGEST_IMAGE_BYTES", "PolicyServer", "ServerSettings"]
+__all__ = ["DEFAULT_MAX_MESSAGE_BYTES", "LARGEST_IMAGE_BYTES", "PolicyServer", "ServerFeature", "ServerSettings"]
 
 logger = logging.getLogger(__name__)
+
+
+class ServerFeature(Protocol):
+    """An optional part attached to the server by whoever assembles it (the recording, the HTTP sidecar).
+
+    It is built with the server's :class:`~policy_server.context.ServerContext`. :meth:`start` runs once
+    the engine backend exists (``context.worker``) and before the WebSocket port opens, in the order the
+    features were attached (a feature that cannot start fails the server's start); :meth:`stop` runs at
+    the end of shutdown, after every session has closed, in the reverse order.
+    """
+
+    async def start(self) -> None: ...
+
+    async def stop(self, grace_s: float) -> None: ...
 
 
 class PolicyServer:
     """Serves one engine to many WebSocket sessions. Use as ``async with PolicyServer(...) as s:``.
 
-    It is the :class:`~policy_server.sessions.host.SessionHost` of its sessions, its HTTP sidecar and its
-    backend: they see it through that protocol only.
+    Its sessions, features and backend see it through :attr:`context` only.
 
     The engine runs on the local worker thread (``load_engine`` is called there), or, given ``backend``
     (a :class:`~policy_server.engine.backend.BackendFactory`, e.g. the Ray backend's), wherever that
-    backend runs it; the backend then also supplies the queue.
+    backend runs it; the backend then also supplies the queue. ``dialects``: the other protocols served
+    on ``/v1/actions/realtime``, chosen by a connection's first frame.
     """
 
     def __init__(
@@ -82,46 +89,39 @@ class PolicyServer:
         load_engine: Callable[[], ActionEngine] | None,
         settings: ServerSettings | None = None,
         backend: BackendFactory | None = None,
+        dialects: tuple[Dialect, ...] = (),
     ) -> None:
         self.settings = settings or ServerSettings()
         self._load_engine = load_engine
         self._backend = backend
-        self.queue = backend.make_queue() if backend is not None else RequestQueue()
-        self._sessions: dict[str, Session] = {}
-        self.sessions: Mapping[str, Session] = MappingProxyType(self._sessions)
-        self.observers: dict[str, ObserverSession] = {}
-        self.observer_snapshots = SnapshotCache(max_age_s=DEFAULT_INTERVAL_S)
-        self.origins = OriginPolicy(self.settings.allowed_origins)
-        self.supervisor = ConnectionSupervisor(
-            lambda: [*self._sessions.values(), *self.observers.values()], self.settings.connection_limits
+        self.dialects = dialects
+        self.context: ServerContext[Session] = ServerContext(
+            self.settings, backend.make_queue() if backend is not None else RequestQueue()
         )
-        # What the loaded model offers; None until it is loaded and warm.
-        self.description: ModelDescription | None = None
-        self.frame_limits = FrameLimits()
-        self.worker: EngineBackend | None = None
-        self.sidecar: HttpSidecar | None = None
-        self.stopping = False
-        self._closed_sessions_dropped = 0
-        self.started_at = time.monotonic()
+        self.features: list[ServerFeature] = []
+        self.observer_snapshots = SnapshotCache(max_age_s=DEFAULT_INTERVAL_S)
         self._ws_server: Server | None = None
         self._stopped = asyncio.Event()
         self.watchdog: EngineWatchdog | None = None
-        self.recorder: Recorder | None = None  # started by start() when settings.recording is set
+
+    def attach(self, feature: ServerFeature) -> None:
+        """Attach a feature (before :meth:`start`)."""
+        self.features.append(feature)
 
     # -- lifecycle ------------------------------------------------------------------------------------
 
     async def start(self) -> None:
         """Listen, then start loading the model in the background. Returns as soon as the port is open."""
         loop = asyncio.get_running_loop()
-        if self.settings.recording is not None:  # first: a directory that cannot be made fails the start
-            self.recorder = start_recorder(self.settings.recording)
+        context = self.context
+        worker: EngineBackend
         if self._backend is not None:
-            self.worker = self._backend.make_backend(self, self.queue, loop)
+            worker = self._backend.make_backend(context, context.queue, loop)
         else:
             assert self._load_engine is not None, "a load_engine function or a backend"
-            self.worker = EngineWorker(
+            worker = EngineWorker(
                 self._load_engine,
-                self.queue,
+                context.queue,
                 loop,
                 torch_threads=self.settings.torch_threads,
                 warmup=self.settings.warmup,
@@ -132,44 +132,50 @@ class PolicyServer:
                 ),
                 background=BackgroundShare(self.settings.video_step_interval_s),
             )
-        self._ws_server = await serve(
-            self._handle_connection,
-            self.settings.host,
-            self.settings.port,
-            process_request=self._process_request,
-            open_timeout=self.settings.handshake_timeout_s,
-            backlog=ACCEPT_BURST,
-            create_connection=handshake_limited_connection(
-                PeerCounter(self.settings.max_pending_handshakes, self.settings.max_pending_handshakes_per_peer)
-            ),
-            max_size=self.settings.max_message_bytes,
-            # Compression costs 30-40 ms per camera frame and buys nothing on incompressible pixels.
-            compression=None,
-            # What the transport buffers before `send` waits; replies then wait in each connection's
-            # bounded outbox (policy_server.sessions.outbox), so a client that stops reading costs a bounded amount.
-            write_limit=WRITE_LIMIT_BYTES,
-            max_queue=MAX_QUEUED_FRAMES,
-            ping_interval=self.settings.ping_interval,
-            ping_timeout=self.settings.ping_timeout,
-            server_header=SERVER_NAME,
-            ssl=self.settings.ssl_context,
-            # A browser that sent its token as the subprotocol `bearer.<token>` needs it selected back.
-            select_subprotocol=lambda _connection, offered: (
-                bearer_subprotocol(offered) if self.settings.auth_tokens is not None else None
-            ),
-        )
-        if self.settings.http is not None:
-            # Imported here so a WebSocket-only server never loads FastAPI. Started before the worker so
-            # that a taken HTTP port fails the start before any model loading begins.
-            from .http.sidecar import HttpSidecar
-
-            self.sidecar = HttpSidecar(self, self.settings.http)
-            await self.sidecar.start(self.worker.wait_ready())
-        self.worker.start()
-        self.supervisor.start()
+        context.worker = worker
+        # Before listening: a feature that cannot start (a taken HTTP port, a recording directory that
+        # cannot be made) fails the start before any model loading begins.
+        started: list[ServerFeature] = []
+        try:
+            for feature in self.features:
+                await feature.start()
+                started.append(feature)
+            self._ws_server = await serve(
+                self._handle_connection,
+                self.settings.host,
+                self.settings.port,
+                process_request=self._process_request,
+                open_timeout=self.settings.handshake_timeout_s,
+                backlog=ACCEPT_BURST,
+                create_connection=handshake_limited_connection(
+                    PeerCounter(self.settings.max_pending_handshakes, self.settings.max_pending_handshakes_per_peer)
+                ),
+                max_size=self.settings.max_message_bytes,
+                # Compression costs 30-40 ms per camera frame and buys nothing on incompressible pixels.
+                compression=None,
+                # What the transport buffers before `send` waits; replies then wait in each connection's
+                # bounded outbox (policy_server.sessions.outbox), so a client that stops reading costs a bounded amount.
+                write_limit=WRITE_LIMIT_BYTES,
+                max_queue=MAX_QUEUED_FRAMES,
+                ping_interval=self.settings.ping_interval,
+                ping_timeout=self.settings.ping_timeout,
+                server_header=SERVER_NAME,
+                ssl=self.settings.ssl_context,
+                # A browser that sent its token as the subprotocol `bearer.<token>` needs it selected back.
+                select_subprotocol=lambda _connection, offered: (
+                    bearer_subprotocol(offered) if self.settings.auth_tokens is not None else None
+                ),
+            )
+        except BaseException:  # a taken port: what did start is stopped again, then the start fails
+            for feature in reversed(started):
+                await feature.stop(self.settings.shutdown_grace_s)
+            raise
+        context.port = self._ws_server.sockets[0].getsockname()[1]
+        worker.start()
+        context.supervisor.start()
         # Only the local worker can restart its engine; a backend's replicas are replaced by their own platform.
         self.watchdog = EngineWatchdog(
-            self.worker if isinstance(self.worker, EngineWorker) else None, self.settings.engine_timeout_s
+            worker if isinstance(worker, EngineWorker) else None, self.settings.engine_timeout_s
         )
         self.watchdog.start()
         scheme = "wss" if self.settings.ssl_context is not None else "ws"
@@ -185,11 +191,11 @@ class PolicyServer:
 
     async def wait_ready(self) -> ModelDescription:
         """Wait for the model to be loaded and warm; raise if it failed to load."""
-        assert self.worker is not None, "start() first"
-        description = ModelDescription.from_describe(await self.worker.wait_ready())
-        self.description = description
-        self.frame_limits = description.frame_limits
-        side = self.frame_limits.max_image_side
+        assert self.context.worker is not None, "start() first"
+        description = await self.context.worker.wait_ready()
+        self.context.description = description
+        self.context.frame_limits = model_frame_limits(description.limits)
+        side = self.context.frame_limits.max_image_side
         if self.settings.max_message_bytes < side * side * 3 + 2**20:
             logger.warning(
                 "a %dx%d camera frame does not fit --max-message-mib %.1f: the frame limit wins (1009)",
@@ -207,47 +213,31 @@ class PolicyServer:
 
     @property
     def port(self) -> int:
-        assert self._ws_server is not None, "start() first"
-        return self._ws_server.sockets[0].getsockname()[1]
-
-    def own_ports(self) -> list[int]:
-        """This server's ports (WebSocket, sidecar): a page on the same host and one of them is ours."""
-        ports = [self.port] if self._ws_server is not None else []
-        if self.sidecar is not None and self.sidecar._socket is not None:
-            ports.append(self.sidecar.port)
-        return ports
-
-    @property
-    def dropped_observations(self) -> int:
-        """Observations answered ``dropped`` since the start, by open and closed sessions."""
-        return self._closed_sessions_dropped + sum(s.dropped for s in list(self.sessions.values()))
-
-    @property
-    def ready(self) -> bool:
-        return self.worker is not None and self.worker.state is WorkerState.READY and self.description is not None
+        """The WebSocket port."""
+        assert self.context.port is not None, "start() first"
+        return self.context.port
 
     async def shutdown(self) -> None:
-        """Stop accepting, finish what is running, close every session with 1001. Idempotent."""
-        if self.stopping:
+        """Stop accepting, finish what is running, close every session with 1001, stop the features. Idempotent."""
+        context = self.context
+        if context.stopping:
             await self._stopped.wait()
             return
-        self.stopping = True
-        logger.info("shutting down: %d session(s), %d waiting", len(self.sessions), len(self.queue))
-        await self.supervisor.stop()
+        context.stopping = True
+        logger.info("shutting down: %d session(s), %d waiting", len(context.sessions), len(context.queue))
+        await context.supervisor.stop()
         if self.watchdog is not None:
             self.watchdog.stop()  # a slow last inference at shutdown is waited for, not restarted
         if self._ws_server is not None:
             self._ws_server.server.close()  # stop listening; open sessions carry on for now
-        for item in self.queue.close():
+        for item in context.queue.close():
             item.owner.on_dropped(item, DropReason.SHUTDOWN)
-        if self.worker is not None:
-            finished = await asyncio.to_thread(self.worker.stop, self.settings.shutdown_grace_s)
+        if context.worker is not None:
+            finished = await asyncio.to_thread(context.worker.stop, self.settings.shutdown_grace_s)
             if not finished:
                 logger.warning("the running inference did not finish within %.0f s", self.settings.shutdown_grace_s)
         await asyncio.sleep(0)  # let the worker's last call_soon_threadsafe callbacks run
-        if self.sidecar is not None:  # after the worker: the video job it just finished gets recorded
-            await self.sidecar.shutdown(self.settings.shutdown_grace_s)
-        await asyncio.gather(*(s.drain(timeout=2.0) for s in list(self.sessions.values())))
+        await asyncio.gather(*(s.drain(timeout=2.0) for s in list(context.sessions.values())))
         if self._ws_server is not None:
             # Each connection closed by us first: websockets' own close() waits forever for a client that
             # does not read (its write buffer never drains); close_connection drops it after a grace.
@@ -257,8 +247,10 @@ class PolicyServer:
             )
             self._ws_server.close(close_connections=True, code=1001, reason="server shutting down")
             await self._ws_server.wait_closed()
-        if self.recorder is not None:  # every session has ended its episode: publish them, stop the writer
-            await asyncio.to_thread(self.recorder.close, self.settings.recording.close_timeout_s)
+        # After the worker (the video job it just finished gets stored) and the sessions (each has ended
+        # its recorded episode).
+        for feature in reversed(self.features):
+            await feature.stop(self.settings.shutdown_grace_s)
         self._stopped.set()
         logger.info("shut down")
 
@@ -272,34 +264,12 @@ class PolicyServer:
 
     # -- HTTP on the WebSocket port --------------------------------------------------------------------
 
-    def health(self) -> dict[str, Any]:
-        return health(self)[1]
-
-    # -- the host's face to sessions (policy_server.sessions.host.SessionHost) --------------------------
-
-    def register(self, session: Session) -> None:  # type: ignore[override]
-        self._sessions[session.id] = session
-
-    def unregister(self, session: HostedSession) -> None:
-        if self._sessions.pop(session.id, None) is not None:
-            self._closed_sessions_dropped += session.dropped
-
-    def metadata(self, session_id: str, kind: str) -> dict[str, Any]:
-        if kind != "native":
-            raise ValueError(f"no hello for {kind!r} sessions here; an openpi session builds its own")
-        return native_metadata(self, session_id)
-
-    def notify_sessions(self, event: str, details: Mapping[str, Mapping[str, Any]]) -> None:
-        for session_id, fields in details.items():
-            session = self._sessions.get(session_id)
-            if session is not None:
-                session.notify(event, fields)
-
     def _process_request(self, connection: ServerConnection, request: Request) -> Response | None:
         path = request.path.split("?", 1)[0]
         kind = route(path, openpi=self.settings.openpi is not None)
+        context = self.context
         if kind is Route.HEALTH:
-            status, body = health(self)
+            status, body = health(context)
             return _json_response(connection, HTTPStatus(status), body)
         if kind is Route.DASHBOARD:
             return self._dashboard_response(connection, path)
@@ -309,8 +279,8 @@ class PolicyServer:
         refusal = (
             "more than one Origin header"
             if len(origins) > 1
-            else self.origins.refusal(
-                origins[0] if origins else None, hosts[0] if len(hosts) == 1 else None, self.own_ports()
+            else context.origins.refusal(
+                origins[0] if origins else None, hosts[0] if len(hosts) == 1 else None, context.own_ports()
             )
         )
         if refusal is not None:
@@ -335,9 +305,9 @@ class PolicyServer:
                 response.headers["WWW-Authenticate"] = CHALLENGE
                 return response
         if kind is Route.OBSERVER:
-            if self.stopping:
+            if context.stopping:
                 return connection.respond(HTTPStatus.SERVICE_UNAVAILABLE, "server is shutting down\n")
-            if len(self.observers) >= self.settings.max_observers:
+            if len(context.observers) >= self.settings.max_observers:
                 return _limit_reached(connection, "observer", self.settings.max_observers)
             denied = authorize(request)  # the observer channel's one access check
             if denied is not None:
@@ -350,13 +320,13 @@ class PolicyServer:
             return connection.respond(
                 HTTPStatus.NOT_FOUND, f"no endpoint at {path}; the policy endpoint is {REALTIME_PATH}\n"
             )
-        if self.stopping:
+        if context.stopping:
             return connection.respond(HTTPStatus.SERVICE_UNAVAILABLE, "server is shutting down\n")
-        if not self.ready:
+        if not context.ready:
             response = connection.respond(HTTPStatus.SERVICE_UNAVAILABLE, "model is loading; retry shortly\n")
             response.headers["Retry-After"] = "1"
             return response
-        if len(self.sessions) >= self.settings.max_sessions:
+        if len(context.sessions) >= self.settings.max_sessions:
             return _limit_reached(connection, "session", self.settings.max_sessions)
         return None
 
@@ -388,45 +358,42 @@ class PolicyServer:
         return Response(HTTPStatus.OK.value, "OK", headers, asset.body)
 
     async def _handle_connection(self, connection: ServerConnection) -> None:
+        context = self.context
         target = connection.request.path if connection.request is not None else REALTIME_PATH
         kind = route(target, openpi=self.settings.openpi is not None)
         if kind is Route.OBSERVER:  # an operator's dashboard: watches and steers, never a session itself
-            if len(self.observers) >= self.settings.max_observers:  # admitted together at the last slot
+            if len(context.observers) >= self.settings.max_observers:  # admitted together at the last slot
                 await connection.close(1013, f"observer limit reached ({self.settings.max_observers}); retry later")
                 return
-            observer = ObserverSession(connection, self, self.observer_snapshots)
-            self.observers[observer.id] = observer
+            observer = ObserverSession(connection, context, self.observer_snapshots)
+            context.observers[observer.id] = observer
             try:
                 await observer.run()
             finally:
-                self.observers.pop(observer.id, None)
+                context.observers.pop(observer.id, None)
             return
-        if len(self._sessions) >= self.settings.max_sessions:
+        if len(context.sessions) >= self.settings.max_sessions:
             # Handshakes that passed the check in _process_request together: the later ones go (1013).
             await connection.close(1013, f"session limit reached ({self.settings.max_sessions}); retry later")
             return
+        session: Session
         if kind is Route.OPENPI and self.settings.openpi is not None:
-            session: Session = OpenpiSession(connection, self, self.settings.openpi)
+            session = OpenpiSession(connection, context, self.settings.openpi)
         else:
-            session = RealtimeSession(connection, self)
-        self.register(session)
+            session = RealtimeSession(connection, context, self.dialects)
+        context.register(session)
         logger.info("session %s opened from %s", session.id, connection.remote_address)
         try:
             await session.run()
-            if session.handover is not None:  # its first frame chose SGLang's lock-step mode (docs/sglang.md)
-                self.unregister(session)
-                session = SglangLockstepSession(
-                    connection,
-                    self,
-                    session_id=session.id,
-                    first_frame=session.handover,
-                    hello_sent_at=session.last_observation_at,
-                )
-                self.register(session)
-                logger.info("session %s speaks SGLang's lock-step protocol", session.id)
+            if isinstance(session, RealtimeSession) and session.handover is not None:  # its first frame chose it
+                context.unregister(session)
+                dialect, first = session.handover
+                session = dialect.session(connection, context, session.id, first, session.last_observation_at)
+                context.register(session)
+                logger.info("session %s speaks %s", session.id, dialect.name)
                 await session.run()
         finally:
-            self.unregister(session)
+            context.unregister(session)
             logger.info(
                 "session %s closed (code %s): %d answered, %d dropped",
                 session.id,

@@ -1,10 +1,13 @@
 """The WebSocket server's settings (``cosmos3-serve`` flags): one typed dataclass, read by the server and,
-through :class:`~policy_server.sessions.host.HostSettings`, by sessions, the HTTP sidecar and backends."""
+through its context (:mod:`policy_server.context`), by sessions, the HTTP sidecar and backends.
+
+The optional features have settings of their own (``SidecarSettings``, ``RecordingOptions``), handed to them
+by whoever attaches them (``policy_server.cli.assemble_server``), not to the server."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from .auth import TokenSet
 from .connection_limits import (
@@ -14,14 +17,9 @@ from .connection_limits import (
 )
 from .engine.batching import DEFAULT_VIDEO_STEP_INTERVAL_S
 from .engine.watchdog import DEFAULT_ENGINE_TIMEOUT_S
-from .recording_setup import RecordingOptions
-from .sessions.observer import DEFAULT_MAX_OBSERVERS, OBSERVER_FRAME_RATE
-from .sessions.openpi_settings import OpenpiSettings
+from .sessions.openpi_observation import OpenpiSettings
 from .sessions.rate_limits import RateLimit
 from .sessions.supervisor import SessionLimits
-
-if TYPE_CHECKING:
-    from .http.sidecar import SidecarSettings
 
 # A 720p RGB frame is 2.8 MB; a 65-frame 256x256 clip 12.8 MB. The default fits the largest single image
 # the models accept (4096x4096x3 = 48 MiB, `limits.max_image_side`) plus the msgpack around it, so the
@@ -29,6 +27,10 @@ if TYPE_CHECKING:
 # first (docs/security.md), and it keeps one client from making the server buffer arbitrary amounts.
 LARGEST_IMAGE_BYTES = 4096 * 4096 * 3
 DEFAULT_MAX_MESSAGE_BYTES = LARGEST_IMAGE_BYTES + 2**20
+# Observer channels (/v1/observe): how many at once, and the frames per second each may send (subscribe and
+# control frames of a few hundred bytes, at the pace of clicks).
+DEFAULT_MAX_OBSERVERS = 16
+OBSERVER_FRAME_RATE = RateLimit(rate_hz=20.0, burst=40)
 
 
 @dataclass
@@ -53,8 +55,6 @@ class ServerSettings:
     shutdown_grace_s: float = 30.0
     # openpi's protocol on `/` and `/openpi` (domain, horizon, mode, cameras); None turns it off.
     openpi: OpenpiSettings | None = field(default_factory=OpenpiSettings)
-    # The HTTP sidecar (video jobs, one-shot actions, metrics) on its own port; None: WebSocket only.
-    http: SidecarSettings | None = None
     # Bearer tokens that open every endpoint but /healthz and the dashboard's static files (policy_server.auth);
     # None: no authentication (the server is as open as the network it listens on).
     auth_tokens: TokenSet | None = None
@@ -80,5 +80,3 @@ class ServerSettings:
     observer_frame_rate: RateLimit = field(default_factory=lambda: OBSERVER_FRAME_RATE)
     # Browser origins allowed besides the server's own (policy_server.auth.OriginPolicy; `*`: any).
     allowed_origins: tuple[str, ...] = ()
-    # Sessions recorded as LeRobot datasets (--record-dir; policy_server.recording_setup); None: none.
-    recording: RecordingOptions | None = None

@@ -115,23 +115,13 @@ class ProtocolError(CodedError):
 @dataclass(frozen=True)
 class FrameLimits:
     """What the server accepts in one observation or request: the pixel and frame bounds of the model
-    (``describe()["limits"]``), and, for HTTP bodies, the pixels one request may decode to (None: no
+    (the metadata's ``limits``), and, for HTTP bodies, the pixels one request may decode to (None: no
     such bound)."""
 
     min_image_side: int = 1
     max_image_side: int = 4096
     max_clip_frames: int = 65
     max_decoded_bytes: int | None = None
-
-    @classmethod
-    def from_limits(cls, limits: Mapping[str, Any], max_decoded_bytes: int | None = None) -> FrameLimits:
-        """From the engine's ``describe()["limits"]`` (missing bounds keep their defaults)."""
-        return cls(
-            min_image_side=int(limits.get("min_image_side", cls.min_image_side)),
-            max_image_side=int(limits.get("max_image_side", cls.max_image_side)),
-            max_clip_frames=int(limits.get("max_clip_frames", cls.max_clip_frames)),
-            max_decoded_bytes=max_decoded_bytes,
-        )
 
 
 # ---------------------------------------------------------------------------------------------------

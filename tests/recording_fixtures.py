@@ -172,6 +172,6 @@ def wait_until_published(server, timeout: float = 60.0) -> bool:
     import time
 
     deadline = time.monotonic() + timeout
-    while server.server.sessions and time.monotonic() < deadline:
+    while server.server.context.sessions and time.monotonic() < deadline:
         time.sleep(0.02)
-    return not server.server.sessions and server.server.recorder.sync(max(0.0, deadline - time.monotonic()))
+    return not server.server.context.sessions and server.recorder.sync(max(0.0, deadline - time.monotonic()))

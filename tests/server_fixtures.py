@@ -30,7 +30,8 @@ from typing import Any
 import numpy as np
 
 import policy_server  # noqa: F401  (first: sets OMP_WAIT_POLICY=PASSIVE before torch loads)
-from policy_server.server import PolicyServer, ServerSettings
+from policy_server.cli import assemble_server, sidecar_of
+from policy_server.server import ServerSettings
 from robot_clients.protocol import HEALTH_PATH, REALTIME_PATH
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
@@ -122,14 +123,29 @@ class ServerThread(LoopbackUrls):
 
     def __init__(self, load_engine: Callable[[], Any], port: int = 0, **settings: Any) -> None:
         settings.setdefault("warmup", False)
+        # The features' own settings (``http``: the sidecar, ``recording``), attached as the command line does.
+        self.http, self.recording = settings.pop("http", None), settings.pop("recording", None)
         self.settings = ServerSettings(host="127.0.0.1", port=port, **settings)
-        self.server = PolicyServer(load_engine, self.settings)
+        self.server = assemble_server(load_engine, self.settings, http=self.http, recording=self.recording)
         self.loop = asyncio.new_event_loop()
         self._ready = threading.Event()
         self._error: BaseException | None = None
         self._stop: asyncio.Event | None = None
         self._thread = threading.Thread(target=self._run, name="test-server", daemon=True)
         self.port: int | None = None
+
+    @property
+    def sidecar(self) -> Any:
+        """The server's HTTP sidecar (started with ``http=...``), or None."""
+        return sidecar_of(self.server)
+
+    @property
+    def recorder(self) -> Any:
+        """The server's recorder (started with ``recording=...``), or None."""
+        from policy_server.recording.server_feature import RecordingFeature
+
+        feature = next((f for f in self.server.features if isinstance(f, RecordingFeature)), None)
+        return feature.recorder if feature is not None else None
 
     def _run(self) -> None:
         asyncio.set_event_loop(self.loop)

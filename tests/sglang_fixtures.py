@@ -17,8 +17,8 @@ import msgpack
 import numpy as np
 import pytest
 
-from cosmos3_runtime.requests import ActionChunk
-from policy_server.engine.description import ModelDescription
+from cosmos3_runtime.description import ModelDescription
+from cosmos3_runtime.requests import ActionResult
 
 CASES_DIR = Path(__file__).parent / "sglang_requests"
 
@@ -77,10 +77,10 @@ def chunk(
     mode: str = "policy",
     num_steps: int = 4,
     seed: int = 0,
-) -> ActionChunk:
+) -> ActionResult:
     """An engine result as the worker hands it over (for reply tests that need no model)."""
     actions = np.asarray(actions, dtype=np.float32)
-    return ActionChunk(
+    return ActionResult(
         actions=actions,
         action_mode=mode,
         domain_name=domain_name,
@@ -95,16 +95,16 @@ def chunk(
 @pytest.fixture(scope="module")
 def distilled(tiny_engine) -> ModelDescription:
     """The tiny distilled engine's description: what every SGLang request is checked against."""
-    return ModelDescription.from_describe(tiny_engine("distilled").describe())
+    return tiny_engine("distilled").describe()
 
 
 @pytest.fixture(scope="module")
 def droid(tiny_engine) -> ModelDescription:
     """The tiny DROID-profile checkpoint's description: droid_lerobot conditions on an 8-wide state."""
-    return ModelDescription.from_describe(tiny_engine("distilled", droid=True).describe())
+    return tiny_engine("distilled", droid=True).describe()
 
 
 @pytest.fixture(scope="module")
 def base(tiny_engine) -> ModelDescription:
     """The tiny base (not distilled) engine's description: free step counts and guidance."""
-    return ModelDescription.from_describe(tiny_engine("base").describe())
+    return tiny_engine("base").describe()

@@ -106,7 +106,7 @@ class SidecarServer(ServerThread):
 
     @property
     def http_url(self) -> str:
-        return f"http://127.0.0.1:{self.server.sidecar.port}"
+        return f"http://127.0.0.1:{self.sidecar.port}"
 
     def stop(self, timeout: float = 60.0) -> None:
         if self.client is not None:

@@ -49,7 +49,7 @@ def test_blocking_client_round_trip(server):
         assert client.infer(IMAGE, timeout=30).seq == chunk.seq + 1
         # The extra headers reached the server's handshake.
         headers = server.run(
-            lambda: [s.connection.request.headers.get("Authorization") for s in server.server.sessions.values()]
+            lambda: [s.connection.request.headers.get("Authorization") for s in server.server.context.sessions.values()]
         )
         assert "Bearer robot-7" in headers
 

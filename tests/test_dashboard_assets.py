@@ -9,7 +9,7 @@ import urllib.request
 import pytest
 from server_fixtures import ServerThread, http_get, tiny_engine_loader
 
-from policy_server.http.dashboard import DASHBOARD_DIR
+from policy_server.dashboard_files import DASHBOARD_DIR
 from policy_server.http.sidecar import SidecarSettings
 
 
@@ -37,7 +37,7 @@ def fetch(url: str) -> tuple[int, str, bytes]:
 
 @pytest.mark.parametrize("port_of", ["sidecar", "websocket"])
 def test_both_ports_serve_the_dashboard(server, port_of):
-    port = server.server.sidecar.port if port_of == "sidecar" else server.port
+    port = server.sidecar.port if port_of == "sidecar" else server.port
     base = f"http://127.0.0.1:{port}/dashboard"
     status, location, _ = fetch(base)
     assert status in (301, 307, 308) and location.endswith("/dashboard/")
@@ -57,7 +57,7 @@ def test_both_ports_serve_the_dashboard(server, port_of):
 
 
 def test_the_dashboard_is_not_part_of_the_http_api_schema(server):
-    status, schema, _ = http_get(f"http://127.0.0.1:{server.server.sidecar.port}/openapi.json")
+    status, schema, _ = http_get(f"http://127.0.0.1:{server.sidecar.port}/openapi.json")
     assert status == 200 and not any(path.startswith("/dashboard") for path in schema["paths"])
 
 

@@ -145,7 +145,7 @@ def test_the_dashboard_watches_a_live_robot_and_pause_reaches_it(server, page, t
     robot = Robot(server.url)
     try:
         eventually(lambda: robot.chunker.stats.chunks >= 2, timeout=60)
-        response = page.goto(f"http://127.0.0.1:{server.server.sidecar.port}/dashboard")  # redirected to /dashboard/
+        response = page.goto(f"http://127.0.0.1:{server.sidecar.port}/dashboard")  # redirected to /dashboard/
         assert page.url.endswith("/dashboard/")
         assert "script-src 'self'" in response.headers["content-security-policy"]
         assert response.headers["x-frame-options"] == "DENY"

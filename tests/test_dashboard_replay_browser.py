@@ -83,7 +83,7 @@ def test_a_recorded_session_is_replayed_with_play_speed_and_seek(server, page):
     finally:
         robot_loop.close()
     assert all(reply["type"] == "action_chunk" for reply in replies)
-    page.goto(f"http://127.0.0.1:{server.server.sidecar.port}/dashboard/#token={TOKEN}")
+    page.goto(f"http://127.0.0.1:{server.sidecar.port}/dashboard/#token={TOKEN}")
     row = page.locator("#recordings tbody tr").first
     row.wait_for()
     assert session_id in row.inner_text()
@@ -132,12 +132,12 @@ def test_the_record_button_records_a_live_session(server, page):
     steps = robot()
     try:
         session_id = loop.run(steps.__anext__())
-        page.goto(f"http://127.0.0.1:{server.server.sidecar.port}/dashboard/#token={TOKEN}")
+        page.goto(f"http://127.0.0.1:{server.sidecar.port}/dashboard/#token={TOKEN}")
         page.locator(f"tr[data-session-id='{session_id}']").click()
         page.wait_for_selector("#record[data-recording='off']")
         page.click("#record")
         page.wait_for_selector("#record[data-recording='on']")
-        assert server.run(lambda: server.server.sessions[session_id].recorded)
+        assert server.run(lambda: server.server.context.sessions[session_id].recorded)
         reply = loop.run(steps.__anext__())
         assert reply["type"] == "action_chunk" and np.asarray(reply["actions"]).size
     finally:

@@ -18,7 +18,8 @@ from server_fixtures import DOMAIN, ServerThread, rgb_image, tiny_engine_loader
 from websockets.asyncio.client import connect
 
 from policy_server.sessions.frame_decoding import DecodeSlot
-from policy_server.sessions.openpi import OpenpiSettings, openpi_arrays
+from policy_server.sessions.openpi import openpi_arrays
+from policy_server.sessions.openpi_observation import OpenpiSettings
 from robot_clients.protocol import DropReason, ProtocolError
 from robot_clients.wire_codec import packb, unpackb
 
@@ -106,7 +107,7 @@ async def test_hostile_payloads_get_invalid_image_and_the_session_goes_on(server
         await ws.send(packb({"type": "observation", "seq": 1, "image": encoded(rgb_image(64))}))
         chunk = await reply(ws)
         assert (chunk["type"], chunk["seq"]) == ("action_chunk", 1)
-        decoded = server.run(lambda: max(s.decoding.decoded for s in server.server.sessions.values()))
+        decoded = server.run(lambda: max(s.decoding.decoded for s in server.server.context.sessions.values()))
         assert decoded >= 1
 
 

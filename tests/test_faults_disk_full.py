@@ -165,7 +165,7 @@ def _fail_unrecordably(server: SidecarServer, gate: threading.Event, disk: Path)
     filler = fill(disk, 0)
     gate.set()
     deadline = time.monotonic() + 60
-    while job["id"] not in server.server.sidecar.runner.unrecorded:
+    while job["id"] not in server.sidecar.runner.unrecorded:
         assert time.monotonic() < deadline, "the job's outcome never reached the runner"
         time.sleep(0.1)
     return job, filler

@@ -93,7 +93,7 @@ def faulty():
             load, warmup=False, engine_timeout_s=ENGINE_TIMEOUT_S, http=SidecarSettings(data_dir=Path(data_dir), port=0)
         ) as server:
             server.switch = switch
-            server.readyz_url = f"http://127.0.0.1:{server.server.sidecar.port}/readyz"
+            server.readyz_url = f"http://127.0.0.1:{server.sidecar.port}/readyz"
             try:
                 yield server
             finally:
@@ -141,7 +141,7 @@ async def test_an_engine_exception_fails_only_that_request(faulty):
 
 
 async def test_a_hung_engine_call_times_out_reports_not_ready_and_the_engine_is_reloaded(faulty):
-    loads_before, restarts_before = faulty.switch.loads, faulty.run(lambda: faulty.server.worker.restarts)
+    loads_before, restarts_before = faulty.switch.loads, faulty.run(lambda: faulty.server.context.worker.restarts)
     ws = await open_session(faulty)
     try:
         faulty.switch.hang_next.set()
@@ -162,13 +162,13 @@ async def test_a_hung_engine_call_times_out_reports_not_ready_and_the_engine_is_
         with pytest.raises(InvalidStatus) as refused:
             await connect(faulty.url, proxy=None)
         assert refused.value.response.status_code == 503
-        assert faulty.run(lambda: faulty.server.worker.restarts) == restarts_before + 1
+        assert faulty.run(lambda: faulty.server.context.worker.restarts) == restarts_before + 1
         faulty.switch.hold_loads.clear()
         faulty.switch.load_release.set()
         await wait_ready(faulty)
         assert http_get(faulty.readyz_url)[0] == 200
         metrics = http_get(faulty.readyz_url.replace("/readyz", "/metrics"))[1]["text"]
-        restarts = faulty.run(lambda: faulty.server.worker.restarts)
+        restarts = faulty.run(lambda: faulty.server.context.worker.restarts)
         assert f'cosmos3_replica_failovers_total{{replica="0"}} {float(restarts)}' in metrics  # operators see it
         assert faulty.switch.loads == loads_before + 1
         # The session that saw the timeout is served by the new engine.

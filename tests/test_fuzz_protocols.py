@@ -277,7 +277,7 @@ FIELD_SETTINGS = settings(
 
 def _defaults(server: ServerThread, domain: str, reply: dict) -> dict:
     """What a setting sent as null must show: the session's (here: the model's) value for this domain."""
-    defaults = SessionConfig(domain_name=domain).resolved(server.server.description)
+    defaults = SessionConfig(domain_name=domain).resolved(server.server.context.description)
     if reply.get("action_mode") == "inverse_dynamics":
         defaults["action_horizon"] = reply["action_horizon"]  # the clip's length decides it
     return defaults

@@ -51,7 +51,7 @@ def sidecar_server():
             ),
         )
         with server:
-            server.http_url = f"http://127.0.0.1:{server.server.sidecar.port}"
+            server.http_url = f"http://127.0.0.1:{server.sidecar.port}"
             yield server
 
 

@@ -16,6 +16,7 @@ from sidecar_fixtures import png_b64, rgb
 
 from policy_server.http.errors import ApiError, HttpErrorCode
 from policy_server.http.requests import action_request, actions_payload, video_submission
+from policy_server.media.image_decoding import model_frame_limits
 from robot_clients.protocol import ErrorCode, FrameLimits
 
 DOMAIN = "bridge_orig_lerobot"  # raw_action_dim 10 in the tiny checkpoints
@@ -96,7 +97,7 @@ def test_prefix_actions_must_be_finite_numbers(distilled):
 
 
 def test_the_sidecars_decoding_budget_is_applied(distilled):
-    tight = distilled.limits.frame_limits(1000)
+    tight = model_frame_limits(distilled.limits, 1000)
     error = refused(action_request, {"domain_name": DOMAIN, "image": png_b64(rgb(64))}, distilled, tight)
     assert (error.code, error.field) == (HttpErrorCode.PAYLOAD_TOO_LARGE, "image")
 

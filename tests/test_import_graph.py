@@ -4,7 +4,7 @@
   every import counts, those under ``if TYPE_CHECKING:`` and those inside functions included, since a
   cycle hidden there is still two modules that cannot be understood (or moved) one without the other.
 - Only the command line imports ``PolicyServer``: sessions, the sidecar and the backends see the server
-  through the narrow ``SessionHost`` face.
+  through the one ``ServerContext`` (``policy_server.context``) the server hands them.
 - What importing a module costs: a robot installs ``robot_clients`` for the codec and the protocol, and a
   chunker running a local policy must not pull websockets in. Those checks run in a fresh interpreter,
   since this one has loaded everything already.

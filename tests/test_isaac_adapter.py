@@ -34,7 +34,7 @@ def test_one_session_per_environment_in_lockstep():
         try:
             agent = build_agent(clients, ChunkerConfig(strategy="rtc", control_hz=hz), env.action_dim)
             report = ControlLoop(env, agent, control_hz=hz, max_episode_steps=30).run_episode()
-            sessions = server.run(lambda: len(server.server.sessions))
+            sessions = server.run(lambda: len(server.server.context.sessions))
             stats = agent.stats()
             for chunker in agent.chunkers:
                 chunker.close()

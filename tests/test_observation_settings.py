@@ -376,7 +376,7 @@ def test_every_http_field_is_honoured_or_refused(server, fields):
         "action_horizon": action["shape"][0],
         "actions": action["values"],
     }
-    defaults = SessionConfig(domain_name=action["domain_name"]).resolved(server.server.description)
+    defaults = SessionConfig(domain_name=action["domain_name"]).resolved(server.server.context.description)
     if action["action_mode"] == "inverse_dynamics":
         defaults["action_horizon"] = action["shape"][0]
     check_honoured_or_refused(fields, reply, None, defaults)
@@ -408,7 +408,7 @@ def _together(server: ServerThread, frames: list[dict]) -> list[dict]:
 
 
 def _batched_items(server: ServerThread) -> int:
-    return server.run(lambda: server.server.worker.batched_items)
+    return server.run(lambda: server.server.context.worker.batched_items)
 
 
 @pytest.fixture(scope="module")

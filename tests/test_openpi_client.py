@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 from server_fixtures import REPO_ROOT, ServerThread, tiny_engine_loader
 
-from policy_server.sessions.openpi import OpenpiSettings
+from policy_server.sessions.openpi_observation import OpenpiSettings
 
 OPENPI_PYTHON = Path(os.environ.get("OPENPI_CLIENT_PYTHON", REPO_ROOT / ".venv-openpi" / "bin" / "python"))
 SCRIPT = Path(__file__).with_name("openpi_client_script.py")

@@ -14,9 +14,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from cosmos3_runtime.description import ModelDescription
 from cosmos3_runtime.errors import InvalidRequestError
 from cosmos3_runtime.validation import job_for_actions
-from policy_server.engine.description import ModelDescription
 from policy_server.sessions.config import (
     SessionConfig,
     merge_session_config,
@@ -41,12 +41,12 @@ DOMAIN = "bridge_orig_lerobot"
 
 @pytest.fixture(scope="module")
 def distilled(tiny_engine):
-    return ModelDescription.from_describe(tiny_engine("distilled").describe())
+    return tiny_engine("distilled").describe()
 
 
 @pytest.fixture(scope="module")
 def base(tiny_engine):
-    return ModelDescription.from_describe(tiny_engine("base").describe())
+    return tiny_engine("base").describe()
 
 
 def refused(fn, *args, **kwargs) -> ProtocolError:
@@ -248,7 +248,7 @@ settings_strategy = st.fixed_dictionaries(
 def test_every_configure_accepted_is_accepted_by_the_engine(tiny_engine, values, variant):
     """Validate fully at `configure`: what it accepts, the engine's own validation accepts too."""
     engine = tiny_engine(variant)
-    description = ModelDescription.from_describe(engine.describe())
+    description = engine.describe()
     try:
         config = merge_session_config(None, {"domain_name": DOMAIN, **values}, description)
     except ProtocolError:
@@ -367,7 +367,7 @@ def test_settings_used_resolves_the_defaults_the_engine_applies(distilled):
 
 def test_the_openpi_mode_flag_is_trimmed_and_lower_cased(distilled):
     from policy_server.cli import build_parser
-    from policy_server.sessions.openpi import OpenpiSettings
+    from policy_server.sessions.openpi_observation import OpenpiSettings
 
     args = build_parser().parse_args(["--tiny", "distilled", "--openpi-mode", " Inverse_Dynamics "])
     assert args.openpi_mode == "inverse_dynamics"

@@ -18,7 +18,7 @@ pytest.importorskip("ray.serve", reason="the `ray` extra is not installed")
 from server_fixtures import DOMAIN, ServerThread, rgb_image, tiny_checkpoint, tiny_engine_loader  # noqa: E402
 from websockets.asyncio.client import connect  # noqa: E402
 
-from policy_server.server import PolicyServer  # noqa: E402
+from policy_server.cli import assemble_server  # noqa: E402
 from robot_clients.wire_codec import packb, unpackb  # noqa: E402
 
 SEED = 7
@@ -44,12 +44,12 @@ class RayServerThread(ServerThread):
         from policy_server.ray.deployment import EngineLoader, RayBackendSettings
 
         super().__init__(None, **settings)
-        spec = EngineLoader(
+        loader = EngineLoader(
             source=str(tiny_checkpoint("distilled")), device="cpu", dtype="float32", torch_threads=1, warmup=False
         )
         # num_cpus 0: two replicas plus Serve's controller fit a 2-core Ray instance.
-        factory = RayBackendFactory(RayBackendSettings(replicas=replicas, num_cpus=0), spec)
-        self.server = PolicyServer(None, self.settings, backend=factory)
+        factory = RayBackendFactory(RayBackendSettings(replicas=replicas, num_cpus=0), loader)
+        self.server = assemble_server(None, self.settings, backend=factory, http=self.http)
 
 
 @pytest.fixture(scope="module")
@@ -102,7 +102,7 @@ async def test_sessions_spread_over_replicas_and_match_the_local_backend(ray_ser
         assert chunk_a["type"] == chunk_b["type"] == "action_chunk"
         np.testing.assert_array_equal(chunk_a["actions"], expected)
         np.testing.assert_array_equal(chunk_b["actions"], expected)
-        topology = ray_server.run(lambda: ray_server.server.worker.topology())
+        topology = ray_server.run(lambda: ray_server.server.context.worker.topology())
         assert topology["backend"] == "ray"
         assert [r["sessions"] for r in topology["replicas"]] == [1, 1]
         assert len({r["actor_name"] for r in topology["replicas"]}) == 2
@@ -116,9 +116,9 @@ async def test_killed_replica_moves_its_session_which_carries_on(ray_server, ray
     async with ws:
         first = (await round_trip(ws, 0, image))[-1]
         assert first["type"] == "action_chunk"
-        router = ray_server.server.queue
+        router = ray_server.server.context.queue
         before = ray_server.run(lambda: router.replica_of(session["session_id"]))
-        topology = ray_server.run(lambda: ray_server.server.worker.topology())
+        topology = ray_server.run(lambda: ray_server.server.context.worker.topology())
         actor_name = topology["replicas"][before]["actor_name"]
 
         # Kill the session's replica while its next observation is on the way (in flight or waiting).
@@ -137,7 +137,7 @@ async def test_killed_replica_moves_its_session_which_carries_on(ray_server, ray
         assert after == events[0]["to_replica"]
         # And the session carries on there.
         assert (await round_trip(ws, 2, image))[-1]["type"] == "action_chunk"
-        assert ray_server.run(lambda: ray_server.server.worker.failovers) == 1
+        assert ray_server.run(lambda: ray_server.server.context.worker.failovers) == 1
 
     # Serve replaces the dead replica; it comes back into service for new sessions.
     await wait_until_all_live(ray_server)
@@ -145,7 +145,9 @@ async def test_killed_replica_moves_its_session_which_carries_on(ray_server, ray
 
 async def wait_until_all_live(ray_server, timeout: float = 90.0) -> None:
     deadline = time.monotonic() + timeout
-    while any(r["state"] != "live" for r in ray_server.run(lambda: ray_server.server.worker.topology())["replicas"]):
+    while any(
+        r["state"] != "live" for r in ray_server.run(lambda: ray_server.server.context.worker.topology())["replicas"]
+    ):
         assert time.monotonic() < deadline, "a lost replica was never replaced"
         await asyncio.sleep(0.5)
 
@@ -154,12 +156,10 @@ async def test_video_job_survives_its_replica_and_metadata_shows_the_topology(ra
     import httpx
     from sidecar_fixtures import video_body, wait_for_job
 
-    backend = ray_server.server.worker
+    backend = ray_server.server.context.worker
     await wait_until_all_live(ray_server)
     failovers = ray_server.run(lambda: backend.failovers)
-    with httpx.Client(
-        base_url=f"http://127.0.0.1:{ray_server.server.sidecar.port}", trust_env=False, timeout=60
-    ) as client:
+    with httpx.Client(base_url=f"http://127.0.0.1:{ray_server.sidecar.port}", trust_env=False, timeout=60) as client:
         metadata = client.get("/v1/actions/metadata").json()
         assert metadata["topology"]["backend"] == "ray" and len(metadata["topology"]["replicas"]) == 2
         job = client.post("/v1/videos", json=video_body(steps=16)).json()

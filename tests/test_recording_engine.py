@@ -16,7 +16,6 @@ from recording_fixtures import DOMAIN, frame, only_recording, recorders  # noqa:
 
 from cosmos3_runtime.requests import ActionRequest
 from policy_server.media.camera_composition import side_by_side
-from policy_server.recording import model_identity
 from policy_server.recording.replay import main as replay_main
 
 pytestmark = pytest.mark.timeout(300)
@@ -39,13 +38,13 @@ def test_engine_chunks_are_recorded_and_replayed_against_the_same_and_another_ch
     description = engine.describe()
     config = {
         "domain_name": DOMAIN,
-        "action_horizon": description["domains"][DOMAIN]["default_horizon"],
-        "raw_action_dim": description["domains"][DOMAIN]["raw_action_dim"],
+        "action_horizon": description.domains[DOMAIN].default_horizon,
+        "raw_action_dim": description.domains[DOMAIN].raw_action_dim,
         "prompt": "stack the cups",
     }
     recorder = recorders(tmp_path / "rec", segment_frames=4)
     recording = recorder.session("engine")
-    recording.start_episode(config, model_identity(description))
+    recording.start_episode(config, description.identity())
     recorded = {}
     for seq in range(4):
         cameras = {"front": frame(seq, 64, 80), "wrist": frame(seq + 50, 64, 64, channel_shift=30)}

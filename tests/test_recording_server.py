@@ -162,10 +162,10 @@ async def test_an_operator_toggles_recording_through_the_observer_channel(tmp_pa
                         return reply
 
             assert (await control("record"))["type"] == "control_result"
-            assert server.run(lambda: server.server.sessions[robot.session_id].recorded)
+            assert server.run(lambda: server.server.context.sessions[robot.session_id].recorded)
             chunk = await robot.observe(0)
             assert (await control("stop_recording"))["type"] == "control_result"
-            assert not server.run(lambda: server.server.sessions[robot.session_id].recorded)
+            assert not server.run(lambda: server.server.context.sessions[robot.session_id].recorded)
         await robot.ws.close()
     [episode] = episodes(root)
     np.testing.assert_array_equal(episode.rows()[0].actions, chunk["actions"])
@@ -217,7 +217,7 @@ async def test_recordings_are_served_only_with_the_token_and_only_by_their_safe_
         await ws.close()
         # The episode is published when the session's end reaches the writer; wait for it.
         assert await asyncio.to_thread(wait_until_published, server)
-        base = f"http://127.0.0.1:{server.server.sidecar.port}/v1/recordings"
+        base = f"http://127.0.0.1:{server.sidecar.port}/v1/recordings"
         for url in (base, base + "/anything", base + "/anything/frames"):
             status, body = await asyncio.to_thread(_get, url)
             assert status == 401 and body["error"]["code"] == "unauthorized", (url, body)
@@ -241,5 +241,5 @@ async def test_recordings_are_served_only_with_the_token_and_only_by_their_safe_
             assert status == 404, (bad, status, body)
     # Without --record-dir the routes say so.
     with ServerThread(tiny_engine_loader("distilled"), http=SidecarSettings(data_dir=tmp_path / "s2", port=0)) as plain:
-        status, body = await asyncio.to_thread(_get, f"http://127.0.0.1:{plain.server.sidecar.port}/v1/recordings")
+        status, body = await asyncio.to_thread(_get, f"http://127.0.0.1:{plain.sidecar.port}/v1/recordings")
         assert status == 404 and "--record-dir" in body["error"]["message"]

@@ -22,7 +22,7 @@ from policy_server.http.schemas import ActionGenerationParams, VideoCreateParams
 from policy_server.recording.episode_writer import REQUEST_FIELDS
 from policy_server.recording.replay import OVERRIDABLE
 from policy_server.sessions.config import CHUNK_ECHOED_SETTINGS, SessionConfig
-from policy_server.sessions.openpi_settings import OpenpiSettings
+from policy_server.sessions.openpi_observation import OpenpiSettings
 from policy_server.sglang import actions as sglang_actions
 from policy_server.sglang import videos as sglang_videos
 from robot_clients.client import ActionChunk

@@ -14,7 +14,6 @@ import pytest
 
 from cosmos3_runtime.checkpoint_shapes import (
     PUBLISHED_SHAPES,
-    WAN22_VAE_CONFIG,
     CheckpointShape,
     build_shaped_checkpoint,
     resolve_variant,
@@ -22,6 +21,7 @@ from cosmos3_runtime.checkpoint_shapes import (
     vae_on_meta,
     write_random_weights,
 )
+from cosmos3_runtime.wan_vae import WAN22_VAE_CONFIG
 
 
 def _count(model) -> int:

@@ -152,7 +152,7 @@ def test_distilled_keeps_the_unaccepted_schedule_key_for_inspection(tiny_checkpo
 
 def test_checkpoint_without_action_head_refuses_action_modes(tiny_checkpoint, camera_image):
     engine = Cosmos3Engine.load(tiny_checkpoint("distilled", with_action_head=False))
-    assert engine.describe()["modes"] == []
+    assert engine.describe().modes == ()
     with pytest.raises(UnsupportedModeError) as err:
         engine.predict_actions(ActionRequest(domain_name="fractal", image=camera_image))
     assert err.value.field == "action_mode" and "no action head" in err.value.message

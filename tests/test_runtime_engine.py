@@ -267,7 +267,7 @@ def test_real_time_chunking_prefix_is_kept(tiny_engine, camera_image):
 
 def test_describe_exposes_every_limit_validation_applies(tiny_engine):
     """The server validates a session's settings up front from describe(): every bound must be there."""
-    limits = tiny_engine("distilled").describe()["limits"]
+    limits = tiny_engine("distilled").describe().as_json()["limits"]
     assert (limits["min_fps"], limits["max_fps"], limits["max_guidance_scale"]) == (1.0, 240.0, 30.0)
     assert limits["max_seed"] == 2**63 - 1 and limits["max_prompt_chars"] == 2000 and limits["max_steps"] == 200
 
@@ -285,10 +285,10 @@ def test_forward_dynamics_rollout_returns_frames(tiny_engine, camera_image):
 
 def test_edge_defaults_to_its_lowest_tier_and_explicit_values_win(tiny_engine, camera_image):
     edge = tiny_engine("edge")
-    assert edge.describe()["defaults"]["resolution_tier"] == 256
+    assert edge.describe().defaults.resolution_tier == 256
     # SGLang's Edge default guidance (the base variant's diffusers default is 6.0).
-    assert edge.describe()["defaults"]["guidance_scale"] == 5.0
-    assert tiny_engine("base").describe()["defaults"]["guidance_scale"] == 6.0
+    assert edge.describe().defaults.guidance_scale == 5.0
+    assert tiny_engine("base").describe().defaults.guidance_scale == 6.0
     chunk = edge.predict_actions(
         ActionRequest(
             domain_name="fractal", image=camera_image, resolution_tier=480, num_steps=3, guidance_scale=1.0, seed=0
@@ -298,7 +298,7 @@ def test_edge_defaults_to_its_lowest_tier_and_explicit_values_win(tiny_engine, c
 
 
 def test_describe_reports_what_the_checkpoint_offers(tiny_engine):
-    d = tiny_engine("distilled").describe()
+    d = tiny_engine("distilled").describe().as_json()
     assert d["variant"] == "distilled" and d["modes"] == ["policy", "inverse_dynamics", "forward_dynamics"]
     assert d["defaults"]["num_steps"] == 4 and d["defaults"]["guidance_scale"] == 1.0
     assert d["domains"]["bridge_orig_lerobot"] == {

@@ -25,8 +25,8 @@ def test_engines_use_packed_attention_through_diffusers_processor_mechanism(engi
     uncached, cached = engines
     processors = cached.pipe.transformer.attn_processors
     assert processors and all(isinstance(p, PackedAttnProcessor) for p in processors.values())
-    assert uncached.describe()["prefix_cache"] is None
-    assert cached.describe()["prefix_cache"]["budget_bytes"] == 64 * 2**20
+    assert uncached.describe().prefix_cache is None
+    assert cached.describe().prefix_cache.budget_bytes == 64 * 2**20
 
 
 @pytest.mark.parametrize("guidance", [1.0, 4.0])
@@ -86,9 +86,9 @@ def test_hits_when_the_prefix_repeats_and_misses_when_it_changes(tiny_checkpoint
         return cache.stats()
 
     first = run()
-    assert (first["misses"], first["hits"], first["entries"]) == (1, 0, 1)
+    assert (first.misses, first.hits, first.entries) == (1, 0, 1)
     again = run(seed=5)  # a new seed does not change the text
-    assert (again["misses"], again["hits"], again["entries"]) == (1, 1, 1)
+    assert (again.misses, again.hits, again.entries) == (1, 1, 1)
     for change in (
         dict(prompt="close the drawer"),
         dict(view_point="wrist_view"),
@@ -97,8 +97,8 @@ def test_hits_when_the_prefix_repeats_and_misses_when_it_changes(tiny_checkpoint
     ):
         before = cache.stats()
         after = run(**change)
-        assert after["misses"] == before["misses"] + 1, change
-        assert after["entries"] == before["entries"] + 1, change
+        assert after.misses == before.misses + 1, change
+        assert after.entries == before.entries + 1, change
 
 
 def test_budget_is_bounded_in_bytes():

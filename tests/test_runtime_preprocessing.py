@@ -104,7 +104,7 @@ def test_an_eight_pixel_image_gets_a_chunk(tiny_engine):
     from cosmos3_runtime.requests import ActionRequest
 
     engine = tiny_engine("distilled")
-    domain = next(iter(engine.describe()["domains"]))
+    domain = next(iter(engine.describe().domains))
     chunk = engine.predict_actions(ActionRequest(image=_natural_frames(1, 8, 8, seed=5)[0], domain_name=domain))
     assert np.isfinite(chunk.actions).all()
-    assert engine.describe()["limits"]["min_image_side"] == 8
+    assert engine.describe().limits.min_image_side == 8

@@ -9,12 +9,13 @@ import numpy as np
 import pytest
 
 from cosmos3_runtime.engine import Cosmos3Engine
+from cosmos3_runtime.engine_spec import EngineSpec
 from cosmos3_runtime.errors import CheckpointError
 from cosmos3_runtime.inspection import inspect_checkpoint
 from cosmos3_runtime.profiles import load_profiles, profiles_for_checkpoint
 from cosmos3_runtime.prompts import action_caption
 from cosmos3_runtime.requests import ActionRequest
-from cosmos3_runtime.validation import EngineSpec, job_for_actions
+from cosmos3_runtime.validation import job_for_actions
 
 IMAGE = np.zeros((64, 64, 3), np.uint8)
 WRIST_ON_TOP = "The top row is from the wrist-mounted camera."
@@ -172,15 +173,15 @@ def test_profile_settings_are_the_domain_defaults_and_requests_still_win(tiny_ch
     )
     assert job.view_description is None  # it describes the concat layout, not the wrist camera
     # A request that names nothing runs the named default domain, with its own view point and tier.
-    defaults = spec.describe_defaults()
-    assert (defaults["domain_name"], defaults["view_point"], defaults["resolution_tier"]) == (
+    defaults = spec.model_defaults()
+    assert (defaults.domain_name, defaults.view_point, defaults.resolution_tier) == (
         "droid_lerobot",
         "concat_view",
         480,
     )
     # Distilled checkpoints run without guidance, so a profile's interval does not apply there.
     distilled = _spec(tiny_checkpoint("distilled"), _profile_file(tmp_path, {"droid_lerobot": DROID_LIKE}))
-    assert distilled.describe_domains()["droid_lerobot"]["defaults"]["guidance_interval"] is None
+    assert distilled.defaults_for(distilled.profiles["droid_lerobot"]).guidance_interval is None
 
 
 def test_the_profiles_guidance_interval_is_the_one_run(tiny_checkpoint, tmp_path, camera_image):

@@ -226,7 +226,7 @@ def test_warmup_sends_state_to_a_domain_that_needs_it(state_engine):
 
 
 def test_describe_advertises_each_domains_state(state_engine):
-    domains = state_engine.describe()["domains"]
+    domains = state_engine.describe().as_json()["domains"]
     assert (domains["fractal"]["state_dim"], domains["fractal"]["use_state"], domains["fractal"]["history_length"]) == (
         10,
         True,
@@ -248,7 +248,7 @@ JOINTS = np.array([0.0, -0.6, 0.0, -2.2, 0.0, 1.6, 0.8], np.float32)
 
 
 def test_a_droid_profile_returns_32_by_8_chunks_that_follow_the_joint_state(droid_engine, camera_image):
-    d = droid_engine.describe()
+    d = droid_engine.describe().as_json()
     droid = d["domains"]["droid_lerobot"]
     assert d["defaults"]["domain_name"] == "droid_lerobot" and d["defaults"]["view_point"] == "concat_view"
     assert (

@@ -63,7 +63,7 @@ def secured():
             server.cert = cert
             server.client_ssl = ssl.create_default_context(cafile=cert)
             server.https = httpx.Client(
-                base_url=f"https://127.0.0.1:{server.server.sidecar.port}",
+                base_url=f"https://127.0.0.1:{server.sidecar.port}",
                 verify=server.client_ssl,
                 trust_env=False,
                 timeout=30,
@@ -86,7 +86,11 @@ async def refused(server: ServerThread, url: str, **kwargs) -> InvalidStatus:
 
 def engine_and_sessions(server: ServerThread) -> tuple[int, int, int]:
     return server.run(
-        lambda: (server.server.worker.completed, server.server.worker.failed, len(server.server.sessions))
+        lambda: (
+            server.server.context.worker.completed,
+            server.server.context.worker.failed,
+            len(server.server.context.sessions),
+        )
     )
 
 

@@ -42,7 +42,7 @@ async def open_ws(server: ServerThread, path: str = "/v1/actions/realtime"):
 
 async def wait_sessions(server: ServerThread, count: int, timeout: float = 10.0) -> None:
     deadline = time.monotonic() + timeout
-    while server.run(lambda: len(server.server.sessions)) != count:
+    while server.run(lambda: len(server.server.context.sessions)) != count:
         assert time.monotonic() < deadline
         await asyncio.sleep(0.02)
 

@@ -57,7 +57,7 @@ async def open_robot(server: ServerThread, prompt: str = "pick up the cup"):
 
 async def wait_observers(server: ServerThread, count: int, timeout: float = 10.0) -> None:
     deadline = time.monotonic() + timeout
-    while server.run(lambda: len(getattr(server.server, "observers", {}))) != count:
+    while server.run(lambda: len(server.server.context.observers)) != count:
         assert time.monotonic() < deadline
         await asyncio.sleep(0.02)
 
@@ -164,7 +164,7 @@ async def test_an_observer_that_never_reads_is_bounded_and_closed_with_1008(serv
     observer_id = json.loads(await obs.recv())["observer_id"]
 
     def state():
-        observer = getattr(server.server, "observers", {}).get(observer_id)
+        observer = server.server.context.observers.get(observer_id)
         if observer is None:
             return None
         observer.connection.transport.get_extra_info("socket").setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 4096)

@@ -38,7 +38,7 @@ def server(tmp_path_factory):
     with ServerThread(
         tiny_engine_loader("distilled"), warmup=False, http=sidecar, allowed_origins=(ALLOWED,)
     ) as running:
-        running.http_port = running.server.sidecar.port
+        running.http_port = running.sidecar.port
         yield running
 
 

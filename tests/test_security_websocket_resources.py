@@ -32,7 +32,7 @@ from websockets.asyncio.client import connect
 from websockets.exceptions import ConnectionClosed, InvalidStatus
 from websockets.protocol import State
 
-from policy_server.sessions.native import UNREAD_CHUNK_MESSAGE
+from policy_server.sessions.observation_rules import UNREAD_CHUNK_MESSAGE
 from policy_server.sessions.rate_limits import RateLimit
 from policy_server.sessions.supervisor import WRITE_LIMIT_BYTES, SessionLimits
 from robot_clients.wire_codec import packb, unpackb
@@ -85,7 +85,7 @@ async def open_unread(server: ServerThread, path: str = "/v1/actions/realtime"):
     session_id = unpackb(await ws.recv())["session_id"]
 
     def thin_link():
-        connection = server.server.sessions[session_id].connection
+        connection = server.server.context.sessions[session_id].connection
         connection.transport.get_extra_info("socket").setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 4096)
 
     server.run(thin_link)
@@ -93,14 +93,14 @@ async def open_unread(server: ServerThread, path: str = "/v1/actions/realtime"):
 
 
 def session_of(server: ServerThread, session_id: str):
-    return server.run(lambda: server.server.sessions.get(session_id))
+    return server.run(lambda: server.server.context.sessions.get(session_id))
 
 
 def probe(server: ServerThread, session_id: str) -> dict:
     """What the server holds for this session right now (read on the server's loop)."""
 
     def read():
-        session = server.server.sessions.get(session_id)
+        session = server.server.context.sessions.get(session_id)
         if session is None:
             return {"open": False}
         outbox = getattr(session, "outbox", None)
@@ -236,7 +236,7 @@ async def test_a_robot_behind_on_its_replies_keeps_only_its_newest_chunk(patient
     for seq in sent:
         await ws.send(packb({"type": "observation", "seq": seq, "image": rgb_image(32, seed=seq)}))
         await asyncio.sleep(0.1)
-        most_chunks = max(most_chunks, patient.run(lambda: unread_chunks(patient.server.sessions[session_id])))
+        most_chunks = max(most_chunks, patient.run(lambda: unread_chunks(patient.server.context.sessions[session_id])))
     await asyncio.sleep(1.0)  # the last observation's chunk
     assert most_chunks <= 1, "the outbox held more than the newest unread chunk"
     replies: dict[int, dict] = {}
@@ -284,7 +284,7 @@ async def test_idle_connections_are_closed_and_cannot_fill_the_session_limit(idl
         assert closed.rcvd is not None and closed.rcvd.code == 1008 and closed.rcvd.reason.startswith("idle"), closed
     # A real robot gets in, and one that keeps sending observations is not idle.
     deadline = time.monotonic() + 10
-    while idle_limited.run(lambda: len(idle_limited.server.sessions)):
+    while idle_limited.run(lambda: len(idle_limited.server.context.sessions)):
         assert time.monotonic() < deadline
         await asyncio.sleep(0.05)
     async with connect(url + "/v1/actions/realtime", proxy=None, max_size=None) as robot:

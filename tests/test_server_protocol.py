@@ -46,7 +46,7 @@ class Conn:
 async def wait_until_busy(server: ServerThread, timeout: float = 10.0) -> None:
     """Until the engine worker is running a request (so the next observation has to wait)."""
     deadline = asyncio.get_running_loop().time() + timeout
-    while not server.run(lambda: server.server.worker.busy):
+    while not server.run(lambda: server.server.context.worker.busy):
         assert asyncio.get_running_loop().time() < deadline, "the worker never started the request"
         await asyncio.sleep(0.002)
 

@@ -107,7 +107,7 @@ async def test_healthz_and_a_new_clients_metadata_are_answered_while_an_inferenc
         await ws.send(packb({"type": "observation", "seq": 0, "image": IMAGE}))
         # Make sure the engine has it (the worker marks itself busy while it runs the model).
         deadline = time.monotonic() + 5
-        while not server.run(lambda: server.server.worker.busy):
+        while not server.run(lambda: server.server.context.worker.busy):
             assert time.monotonic() < deadline
             await asyncio.sleep(0.005)
         started = time.monotonic()
@@ -118,7 +118,7 @@ async def test_healthz_and_a_new_clients_metadata_are_answered_while_an_inferenc
         meta_s = time.monotonic() - started
         await other.close()
         assert meta["type"] == "metadata"
-        assert server.run(lambda: server.server.worker.busy), "the inference should still be running"
+        assert server.run(lambda: server.server.context.worker.busy), "the inference should still be running"
         # Sanity bounds only (the inference takes >= 0.4 s): neither waited for the model.
         assert health_s < 0.3 and meta_s < 0.35, (health_s, meta_s)
         assert (await recv(ws))["type"] == "action_chunk"
@@ -148,10 +148,10 @@ async def test_a_client_vanishing_mid_inference_costs_only_that_inference(server
     await ws.send(packb({"type": "observation", "seq": 0, "image": IMAGE}))
     await ws.send(packb({"type": "observation", "seq": 1, "image": IMAGE}))
     deadline = time.monotonic() + 5
-    while not server.run(lambda: server.server.worker.busy):
+    while not server.run(lambda: server.server.context.worker.busy):
         assert time.monotonic() < deadline
         await asyncio.sleep(0.005)
-    engine_calls = server.run(lambda: server.server.worker.completed + server.server.worker.failed)
+    engine_calls = server.run(lambda: server.server.context.worker.completed + server.server.context.worker.failed)
     ws.transport.abort()  # vanish: no close frame
     # The waiting observation is forgotten; the running one finishes; the worker carries on.
     other, _ = await open_session(server)
@@ -159,12 +159,14 @@ async def test_a_client_vanishing_mid_inference_costs_only_that_inference(server
         await other.send(packb({"type": "observation", "seq": 0, "image": IMAGE}))
         frame = await recv(other)
         assert frame["type"] == "action_chunk"
-    engine_calls_after = server.run(lambda: server.server.worker.completed + server.server.worker.failed)
+    engine_calls_after = server.run(
+        lambda: server.server.context.worker.completed + server.server.context.worker.failed
+    )
     # Exactly two engine calls since: the vanished client's running one and ours; its waiting seq 1
     # never reached the engine.
     assert engine_calls_after - engine_calls == 2
     deadline = time.monotonic() + 5
-    while server.run(lambda: len(server.server.sessions)) != 0:
+    while server.run(lambda: len(server.server.context.sessions)) != 0:
         assert time.monotonic() < deadline, "the vanished session was never cleaned up"
         await asyncio.sleep(0.05)
 
@@ -173,7 +175,7 @@ async def test_waiting_sessions_share_engine_calls(server):
     """Three robots that each have an observation waiting while the engine is busy are answered by one
     batched engine call, and each gets its own chunk (same as it would get alone, at the runtime level:
     tests/test_runtime_batching.py)."""
-    worker = server.server.worker
+    worker = server.server.context.worker
     batches_before = server.run(lambda: worker.batches)
     sessions = [await open_session(server, seed=7) for _ in range(3)]
     try:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from policy_server.engine.description import ModelDescription
+from cosmos3_runtime.description import ModelDescription
 from policy_server.routes import Route, route
 from policy_server.sessions.config import SessionConfig, merge_session_config
 from robot_clients.protocol import ErrorCode, ProtocolError
@@ -12,7 +12,7 @@ from robot_clients.protocol import ErrorCode, ProtocolError
 
 @pytest.fixture(scope="module")
 def described(tiny_engine) -> ModelDescription:
-    return ModelDescription.from_describe(tiny_engine("distilled").describe())
+    return tiny_engine("distilled").describe()
 
 
 @pytest.fixture(scope="module")

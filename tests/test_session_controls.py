@@ -158,7 +158,7 @@ def test_an_operator_prompt_reaches_the_client_and_the_session(server):
         session_id = client.metadata["session_id"]
         assert control(obs, session_id, "set_prompt", prompt="close the drawer")["state"] == "running"
         eventually(lambda: client.session.get("prompt") == "close the drawer")
-        session = server.server.sessions[session_id]
+        session = server.server.context.sessions[session_id]
         assert server.run(lambda: (session.config.prompt, session.operator_prompt)) == ("close the drawer", True)
         assert client.infer(rgb_image(64)).actions.shape == (8, 10)
         # The operator steers: an observation's own prompt gives way, and the chunk says which one was used.
@@ -175,7 +175,7 @@ def test_stop_ends_the_session_and_the_client_does_not_reconnect(server):
         client.configure(domain_name=DOMAIN, action_horizon=8)
         session_id = client.metadata["session_id"]
         assert control(obs, session_id, "stop", reason="end of shift")["state"] == "stopped"
-        eventually(lambda: not client.connected and session_id not in server.server.sessions)
+        eventually(lambda: not client.connected and session_id not in server.server.context.sessions)
         assert client.session_state == "stopped"
         with pytest.raises(SessionStopped):
             client.infer(rgb_image(64))
@@ -185,7 +185,7 @@ def test_stop_ends_the_session_and_the_client_does_not_reconnect(server):
 
 
 def test_the_observer_channel_cannot_send_observations(server):
-    completed = server.server.worker.completed
+    completed = server.server.context.worker.completed
     with observer(server) as obs:
         obs.send(json.dumps({"type": "observation", "seq": 0, "image": [[0, 0, 0]]}))
         assert wait_for(obs, lambda f: f["type"] == "error")["code"] == "read_only"
@@ -197,7 +197,7 @@ def test_the_observer_channel_cannot_send_observations(server):
         assert control(obs, "nobody", "teleport")["code"] == "bad_control"
         listed = wait_for(obs, lambda f: f["type"] == "sessions")
         assert all(s["session_id"].startswith("observer-") is False for s in listed["sessions"])
-    assert server.server.worker.completed == completed and len(server.server.queue) == 0
+    assert server.server.context.worker.completed == completed and len(server.server.context.queue) == 0
 
 
 def test_openpi_sessions_are_listed_but_not_controllable(server):

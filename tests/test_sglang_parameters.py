@@ -8,6 +8,7 @@ the real tiny checkpoints' ``describe()``, exactly as the route will.
 from __future__ import annotations
 
 import base64
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -15,7 +16,7 @@ from sglang_envelopes import IMAGE, envelope, parse, refused, requests_of, setti
 from sglang_fixtures import base, distilled  # noqa: F401
 from sidecar_fixtures import png_b64, png_bytes
 
-from policy_server.engine.description import ModelDescription
+from cosmos3_runtime.description import canvas_bins
 from policy_server.http.codecs import Upload
 from policy_server.http.errors import ApiError
 from policy_server.sglang.actions import envelope_from_form, is_sglang_envelope, is_sglang_form
@@ -147,10 +148,7 @@ def test_height_and_width_name_a_tier(distilled):
 
 
 def test_height_and_width_use_the_engines_canvases_when_described(distilled):
-    from diffusers.pipelines.cosmos.pipeline_cosmos3_omni import _ACTION_RESOLUTION_BINS
-
-    canvases = {t: [{"height": h, "width": w} for h, w in bins.values()] for t, bins in _ACTION_RESOLUTION_BINS.items()}
-    described = ModelDescription.from_describe({**distilled.raw, "canvases": canvases})
+    described = replace(distilled, canvases=canvas_bins())  # diffusers' bins of every tier
     assert settings(described, height=640, width=640).resolution_tier == 480  # square canvas of tier 480
     assert settings(described, height=960, width=960).resolution_tier == 704  # both 704 and 720: the smaller
     assert settings(described, height=192, width=320).resolution_tier == 256

@@ -4,13 +4,14 @@ and the lock-step WebSocket mode, plus one request run through the real tiny eng
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 
 import numpy as np
 import pytest
 from sglang_fixtures import chunk, distilled, load_cases, sglang_packb, sglang_unpackb  # noqa: F401
 from sidecar_fixtures import png_b64, rgb
 
-from policy_server.engine.description import ModelDescription
+from cosmos3_runtime.description import TierCanvas
 from policy_server.http.errors import ApiError
 from policy_server.http.requests import action_request
 from policy_server.sglang.actions import ActionCall, ActionItem, build_reply, parse_action_envelope
@@ -170,24 +171,24 @@ def test_metadata_comes_from_the_checkpoint(distilled, tiny_engine):
     assert metadata["capabilities"]["action_modes"] == ["policy", "inverse_dynamics"]
     assert metadata["input"]["state_dim"] is None
     tiers = distilled.resolution_tiers
-    sizes = dict.fromkeys((w, h) for t in tiers for h, w in distilled.resolution_canvases[t])  # once each
+    sizes = dict.fromkeys(
+        (w, h) for t in tiers for h, w in ((c.height, c.width) for c in distilled.canvases[t])
+    )  # once each
     assert metadata["input"]["supported_resolutions"] == [list(size) for size in sizes] != []
     base = sglang_metadata(
-        ModelDescription.from_describe(tiny_engine("base").describe()),
+        tiny_engine("base").describe(),
         max_batch_size=1,
         openpi_websocket=False,
         default_fps=24.0,
     )
     assert base["defaults"]["num_inference_steps"] == 35 and base["capabilities"]["multiple_candidates"] is False
-    domains = distilled.raw["domains"]
-    one_width = ModelDescription.from_describe({**distilled.raw, "domains": {"umi": domains["umi"]}})
+    domains = distilled.domains
+    one_width = replace(distilled, domains={"umi": domains["umi"]})
     assert (
         sglang_metadata(one_width, max_batch_size=1, openpi_websocket=False, default_fps=24.0)["output"]["action_dim"]
         == 10
     )
-    with_state = ModelDescription.from_describe(
-        {**distilled.raw, "domains": {"droid": {**domains["droid_lerobot"], "state_dim": 8}}}
-    )
+    with_state = replace(distilled, domains={"droid": replace(domains["droid_lerobot"], state_dim=8)})
     assert (
         sglang_metadata(with_state, max_batch_size=1, openpi_websocket=False, default_fps=24.0)["input"]["state_dim"]
         == 8
@@ -195,13 +196,9 @@ def test_metadata_comes_from_the_checkpoint(distilled, tiny_engine):
 
 
 def test_metadata_lists_the_engines_canvases_when_described(distilled):
-    bins = lambda *sizes: [{"aspect_ratio": h / w, "height": h, "width": w} for h, w in sizes]  # noqa: E731
-    described = ModelDescription.from_describe(
-        {
-            **distilled.raw,
-            "resolution_tiers": [256],
-            "canvases": {"256": bins((256, 256), (192, 320)), "480": bins((480, 832))},
-        }
+    bins = lambda *sizes: tuple(TierCanvas(h / w, h, w) for h, w in sizes)  # noqa: E731
+    described = replace(
+        distilled, resolution_tiers=(256,), canvases={256: bins((256, 256), (192, 320)), 480: bins((480, 832))}
     )
     metadata = sglang_metadata(described, max_batch_size=1, openpi_websocket=False, default_fps=24.0)
     assert metadata["input"]["supported_resolutions"] == [[256, 256], [320, 192]]  # [width, height], tier 256 only
@@ -212,7 +209,7 @@ def test_merged_metadata_keeps_every_key_of_ours(distilled):
         "type": "metadata",
         "object": "actions.metadata",
         "model": distilled.model,
-        "defaults": dict(distilled.raw["defaults"]),
+        "defaults": distilled.as_json()["defaults"],
         "capabilities": {"realtime_websocket": True, "cancel": True},
     }
     merged = merge_metadata(

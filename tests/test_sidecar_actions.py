@@ -160,7 +160,7 @@ def test_metadata_is_read_from_the_engine(server):
     response = server.client.get("/v1/actions/metadata")
     assert response.status_code == 200
     meta = response.json()
-    described = server.server.description.raw  # the engine's own describe(), as loaded
+    described = server.server.context.description.as_json()  # the engine's own describe(), as loaded
     assert meta["object"] == "action.metadata"  # SGLang's name (docs/sglang.md)
     assert meta["model"] == described["model"] and meta["variant"] == "distilled" and meta["is_distilled"]
     assert meta["modes"] == described["modes"]

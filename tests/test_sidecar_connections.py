@@ -76,10 +76,10 @@ async def _robot_connects(url: str) -> None:
 @pytest.fixture(scope="module")
 def server():
     running = SidecarServer(engine_loader())
-    running.settings.http.connections = ConnectionLimits(
+    running.http.connections = ConnectionLimits(
         header_timeout_s=1.0, body_timeout_s=1.0, max_connections=24, max_connections_per_peer=8
     )
-    running.settings.http.max_buffered_body_bytes = 8 * 2**20
+    running.http.max_buffered_body_bytes = 8 * 2**20
     running.settings.handshake_timeout_s = 1.0
     running.settings.max_pending_handshakes = 12
     running.settings.max_pending_handshakes_per_peer = 4
@@ -88,7 +88,7 @@ def server():
 
 
 def _sidecar_port(server) -> int:
-    return server.server.sidecar.port
+    return server.sidecar.port
 
 
 def test_headers_dripped_a_byte_at_a_time_get_408_and_are_closed(server):
@@ -146,10 +146,10 @@ def test_bodies_held_together_are_bounded_and_let_go_at_the_body_deadline():
     a second upload that would pass it is answered 503 server_busy at once; the first, stalled, is cut
     off at its deadline and its bytes are let go, so the next request gets through."""
     running = SidecarServer(engine_loader(), max_body_bytes=7 * 2**20)
-    running.settings.http.connections = ConnectionLimits(body_timeout_s=6.0)
-    running.settings.http.max_buffered_body_bytes = 8 * 2**20
+    running.http.connections = ConnectionLimits(body_timeout_s=6.0)
+    running.http.max_buffered_body_bytes = 8 * 2**20
     with running:
-        port, budget = _sidecar_port(running), running.server.sidecar.body_budget
+        port, budget = _sidecar_port(running), running.sidecar.body_budget
         head = (
             f"POST /v1/actions/generations HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
             f"Content-Length: {7 * 2**20}\r\n\r\n"
@@ -204,7 +204,7 @@ def test_connections_past_the_sidecar_cap_are_refused(server):
     held = [_open(port, f"127.0.0.{10 + n % 4}") for n in range(24)]
     try:
         _check_refused(port, "127.0.0.20")
-        assert server.server.sidecar.connection_counter.total == 24
+        assert server.sidecar.connection_counter.total == 24
     finally:
         for sock in held:
             sock.close()
@@ -225,7 +225,7 @@ def test_the_sidecar_sets_tcp_nodelay_on_its_connections(server):
         time.sleep(0.2)
 
         def flags():
-            connections = server.server.sidecar.serving.connections()
+            connections = server.sidecar.serving.connections()
             return [
                 c.transport.get_extra_info("socket").getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY)
                 for c in connections

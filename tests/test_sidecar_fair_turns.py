@@ -41,7 +41,7 @@ def _record_batches(server: SidecarServer) -> list[list[str]]:
     """From now on, the owner of every item of every batch the worker runs, in order
     (``http:<client>`` for an action generation, else the session id)."""
     batches: list[list[str]] = []
-    worker = server.server.worker
+    worker = server.server.context.worker
     previous = worker.on_batch_done
 
     def on_batch_done(batch, outcomes):
@@ -92,7 +92,7 @@ def test_an_http_client_with_16_requests_in_flight_takes_turns_with_a_robot(serv
         stop.set()
         for thread in attackers:
             thread.join(60)
-    server.server.worker.on_batch_done = server.server.sidecar.metrics.observe_batch
+    server.server.context.worker.on_batch_done = server.sidecar.metrics.observe_batch
 
     served_http = [t for t, status, _ in statuses if status == 200 and window_start <= t <= window_end]
     refusals = [headers for _, status, headers in statuses if status == 429]
@@ -104,9 +104,9 @@ def test_an_http_client_with_16_requests_in_flight_takes_turns_with_a_robot(serv
     assert batches and all(sum(owner.startswith("http:") for owner in batch) <= 1 for batch in batches), batches
     assert all(len(batch) == 1 for batch in batches if any(owner.startswith("http:") for owner in batch)), batches
     # Bounded in flight: never more than 4 admitted at once; the rest refused at once, typed, with Retry-After.
-    assert server.server.sidecar.actions_in_flight.peak == 4
+    assert server.sidecar.actions_in_flight.peak == 4
     assert refusals and all(h["error"]["code"] == "too_many_in_flight" and h["retry-after"] == "1" for h in refusals)
-    assert server.server.sidecar.actions_in_flight.in_flight("peer:127.0.0.1") == 0  # all released
+    assert server.sidecar.actions_in_flight.in_flight("peer:127.0.0.1") == 0  # all released
 
 
 def wait_until(condition, timeout: float) -> bool:
@@ -155,12 +155,12 @@ def test_video_jobs_complete_while_robots_keep_an_observation_waiting(server):
         deadline = time.monotonic() + 30
         while served["chunks"] < 3 and time.monotonic() < deadline:
             time.sleep(0.05)
-        assert wait_until(lambda: len(server.server.queue) >= 1, 10)  # robots are waiting
+        assert wait_until(lambda: len(server.server.context.queue) >= 1, 10)  # robots are waiting
         job = server.client.post("/v1/videos", json=video_body()).json()
         chunks_at_submit = served["chunks"]
         done = wait_for_job(server.client, job["id"], timeout=90)
         chunks_during_job = served["chunks"] - chunks_at_submit
-        assert wait_until(lambda: len(server.server.queue) >= 1, 10)  # and still were when it finished
+        assert wait_until(lambda: len(server.server.context.queue) >= 1, 10)  # and still were when it finished
     finally:
         stop.set()
         for thread in robots:

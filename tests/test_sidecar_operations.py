@@ -62,7 +62,7 @@ def test_health_and_readiness_while_loading_and_after():
         assert client.get("/readyz").json() == {
             "ready": True,
             "status": "ready",
-            "model": loading.server.description.model,
+            "model": loading.server.context.description.model,
             "variant": "distilled",
         }
 

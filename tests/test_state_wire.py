@@ -18,12 +18,11 @@ from server_fixtures import rgb_image, tiny_engine_loader
 from sidecar_fixtures import SidecarServer, error_of, png_b64, png_bytes
 from websockets.sync.client import connect
 
-from policy_server.engine.description import ModelDescription
+from cosmos3_runtime.description import ModelDescription
 from policy_server.http.errors import ApiError
 from policy_server.http.requests import action_request
 from policy_server.sessions.config import SessionConfig, observation_request
-from policy_server.sessions.openpi import OpenpiSettings
-from policy_server.sessions.openpi_observation import CameraMapping, parse_openpi_observation
+from policy_server.sessions.openpi_observation import CameraMapping, OpenpiSettings, parse_openpi_observation
 from robot_clients import PolicyClient
 from robot_clients.chunker import ActionChunker, ChunkerConfig, ChunkRecord, RemoteChunkPolicy
 from robot_clients.client import ServerError
@@ -43,7 +42,7 @@ MOVED = np.append(JOINTS + 0.5, np.float32(0.25))
 
 @pytest.fixture(scope="module")
 def droid(tiny_engine) -> ModelDescription:
-    return ModelDescription.from_describe(tiny_engine("distilled", droid=True).describe())
+    return tiny_engine("distilled", droid=True).describe()
 
 
 def refused(fn, *args, **kwargs):

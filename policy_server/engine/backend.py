@@ -22,8 +22,10 @@ from collections.abc import Callable, Hashable, Mapping
 from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
+    from cosmos3_runtime.description import ModelDescription
+
     from .outcome import EngineOutcome
-    from .request_queue import PendingObservation
+    from .request_queue import EngineTask, PendingObservation
     from .worker import WorkerState
 
 
@@ -36,7 +38,7 @@ class EngineBackend(Protocol):
     """
 
     state: WorkerState
-    description: dict[str, Any] | None
+    description: ModelDescription | None
     thread_settings: dict[str, object]
     # Seconds spent running the engine; busy_since is when the running call started (None when idle).
     busy_s: float
@@ -51,7 +53,7 @@ class EngineBackend(Protocol):
 
     def start(self) -> None: ...
 
-    async def wait_ready(self) -> dict[str, Any]: ...
+    async def wait_ready(self) -> ModelDescription: ...
 
     def stop(self, timeout: float | None = None) -> bool: ...
 
@@ -68,11 +70,11 @@ class QueueLike(Protocol):
 
     def put(self, item: PendingObservation) -> PendingObservation | None: ...
 
-    def put_background(self, task: Any) -> None: ...
+    def put_background(self, task: EngineTask[Any]) -> None: ...
 
-    def cancel(self, session_id: Any, seq: int | None = None) -> PendingObservation | None: ...
+    def cancel(self, session_id: Hashable, seq: int | None = None) -> PendingObservation | None: ...
 
-    def close(self) -> list[Any]: ...
+    def close(self) -> list[PendingObservation | EngineTask[Any]]: ...
 
     @property
     def closed(self) -> bool: ...

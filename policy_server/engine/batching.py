@@ -27,7 +27,7 @@ class BatchPolicy:
 
     ``overlap_host_prep``: while a batch runs, a host thread prepares the next ``max_batch`` waiting
     observations (validation, frames into the model's canvas), so the engine does not wait for that
-    work between batches (:mod:`policy_server.engine.host_prep`).
+    work between batches (``HostPrep`` in :mod:`policy_server.engine.worker`).
     """
 
     max_batch: int = 4

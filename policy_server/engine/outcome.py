@@ -14,7 +14,7 @@ import uuid
 from dataclasses import dataclass
 
 from cosmos3_runtime.errors import RuntimeErrorBase
-from cosmos3_runtime.requests import ActionChunk
+from cosmos3_runtime.requests import ActionResult
 from robot_clients.protocol import CodedError, ErrorCode
 
 logger = logging.getLogger(__name__)
@@ -61,7 +61,7 @@ def engine_failure(exc: BaseException, what: str, context: str) -> CodedError:
 class EngineOutcome:
     """What the engine made of one observation: a chunk, or (``chunk`` None) the error to send to the client."""
 
-    chunk: ActionChunk | None = None
+    chunk: ActionResult | None = None
     error: CodedError | None = None
     engine_ms: float = 0.0
     done_at: float = 0.0

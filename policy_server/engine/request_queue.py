@@ -45,11 +45,15 @@ import time
 from collections import deque
 from collections.abc import Callable, Hashable
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeVar
 
 from cosmos3_runtime.requests import ActionRequest
+from robot_clients.protocol import CodedError
 
-from .owner import ObservationOwner, TaskOwner
+from .outcome import EngineOutcome
+
+ResultT = TypeVar("ResultT")
+ResultT_contra = TypeVar("ResultT_contra", contravariant=True)
 
 
 def queued_for_s(enqueued_at: float, taken_at: float | None) -> float:
@@ -63,8 +67,7 @@ class PendingObservation:
     """One observation on its way to the engine, with the clocks needed for its timing breakdown.
 
     All times are ``time.monotonic()`` seconds. ``owner`` receives the outcome (a session, the HTTP
-    sidecar's action waiter; :class:`~policy_server.engine.owner.ObservationOwner`); the queue only uses
-    ``session_id``.
+    sidecar's action waiter: :class:`ObservationOwner`); the queue only uses ``session_id``.
     """
 
     session_id: Hashable
@@ -101,7 +104,44 @@ class PendingObservation:
         return self.queue_s * 1e3
 
 
-class EngineTask(Protocol):
+# -- the owner contracts ---------------------------------------------------------------------------------
+# Every item in the queue names its owner. The engine worker (or a backend's dispatcher) posts the outcome
+# back to that owner on the event loop; metrics label the request by the owner's ``request_kind``. Owners
+# are sessions (native, openpi, SGLang lockstep), the HTTP sidecar's action waiter, and the video
+# runner's tasks. These protocols are the whole of what the engine side may call on an owner, so nothing
+# probes an owner with ``getattr``/``hasattr``; nothing here imports sessions or the HTTP sidecar.
+
+
+class ObservationOwner(Protocol):
+    """The owner of a :class:`PendingObservation`.
+
+    ``request_kind`` is the metrics label of its requests (``realtime``, ``openpi``,
+    ``action_generation``, ...). ``on_result`` and ``on_dropped`` are called on the event loop, exactly one
+    of them per observation that reached the queue, unless the owner cancelled it first.
+    """
+
+    request_kind: str
+
+    def on_result(self, item: PendingObservation, outcome: EngineOutcome) -> None: ...
+
+    def on_dropped(self, item: PendingObservation, reason: str) -> None: ...
+
+
+class TaskOwner(Protocol[ResultT_contra]):
+    """The owner of a background :class:`EngineTask` (a video rollout), receiving what its ``run`` returned.
+
+    ``on_timeout`` is called instead of ``on_result`` when the watchdog abandoned the engine call that
+    ran the task (``error`` is the coded ``engine_timeout`` error).
+    """
+
+    def on_result(self, task: EngineTask[Any], result: ResultT_contra) -> None: ...
+
+    def on_dropped(self, task: EngineTask[Any], reason: str) -> None: ...
+
+    def on_timeout(self, task: EngineTask[Any], error: CodedError) -> None: ...
+
+
+class EngineTask(Protocol[ResultT]):
     """Work that runs on the engine behind the observations (a ``forward_dynamics`` video job).
 
     The worker calls ``run(engine, between_steps)`` on its thread (it must not raise: failures are
@@ -109,15 +149,12 @@ class EngineTask(Protocol):
     works in steps calls ``between_steps()`` after each: the worker then serves the observations
     waiting at that moment, so a robot waits for one step of the task, not all of it. If the queue
     closes first, ``owner.on_dropped(task, reason)`` is called instead, like for an observation.
+    ``engine`` is the worker's engine, whatever API of it the task uses (a video rollout: ``start_video``).
     """
 
-    owner: TaskOwner
+    owner: TaskOwner[ResultT]
 
-    def run(self, engine: Any, between_steps: Callable[[], None]) -> Any: ...
-
-
-# The name the worker, the Ray backend and the router used before the owner contract.
-BackgroundTask = EngineTask
+    def run(self, engine: Any, between_steps: Callable[[], None]) -> ResultT: ...
 
 
 class QueueClosed(Exception):
@@ -151,7 +188,7 @@ class RequestQueue(ClosableQueue):
         # Shared turns just served that still have observations waiting: back in the ring at the next take.
         self._rejoining: list[Hashable] = []
         # Background tasks with the time each was queued; lower priority than every observation.
-        self._background: deque[tuple[EngineTask, float]] = deque()
+        self._background: deque[tuple[EngineTask[Any], float]] = deque()
         # Called after every put, outside the lock (the engine's host-prep thread watches for arrivals).
         self._listeners: list[Callable[[], None]] = []
 
@@ -191,14 +228,14 @@ class RequestQueue(ClosableQueue):
             turns = [*self._ring, *self._rejoining][:max_items]
             return [self._slots[self._turns[turn][0]] for turn in turns]
 
-    def put_background(self, task: EngineTask) -> None:
+    def put_background(self, task: EngineTask[Any]) -> None:
         """Queue a background task behind every observation (and behind earlier background tasks)."""
         with self._lock:
             self._refuse_if_closed()
             self._background.append((task, time.monotonic()))
             self._ready.notify()
 
-    def take_background(self, even_if_observations_wait: bool = False) -> EngineTask | None:
+    def take_background(self, even_if_observations_wait: bool = False) -> EngineTask[Any] | None:
         """The oldest background task, if no observation is waiting or the caller says its turn is due
         (``even_if_observations_wait``); never blocks."""
         with self._lock:
@@ -298,11 +335,11 @@ class RequestQueue(ClosableQueue):
                 (self._ring if item.turn_key in self._ring else self._rejoining).remove(item.turn_key)
             return item
 
-    def close(self) -> list[PendingObservation | EngineTask]:
+    def close(self) -> list[PendingObservation | EngineTask[Any]]:
         """Stop accepting and wake the worker; return what was still waiting, for the caller to report."""
         with self._lock:
             self._closed = True
-            left: list[PendingObservation | EngineTask] = [
+            left: list[PendingObservation | EngineTask[Any]] = [
                 self._slots[s] for turn in [*self._ring, *self._rejoining] for s in self._turns[turn]
             ]
             left.extend(task for task, _ in self._background)

@@ -51,7 +51,7 @@ class EngineWatchdog:
         # Check often enough that the trip comes within ~10% of the limit, never busier than 20 Hz.
         self.interval_s = interval_s if interval_s is not None else min(1.0, max(0.05, self.timeout_s / 10))
         self.trips = 0
-        self._task: asyncio.Task | None = None
+        self._task: asyncio.Task[None] | None = None
 
     def start(self) -> None:
         if self.timeout_s > 0 and self.worker is not None:

@@ -1,14 +1,14 @@
-"""The one thread that owns the engine: it loads the model, warms it up, and runs requests one by one.
+"""The one thread that owns the engine: it loads the model, warms it up, and runs requests batch by batch.
 
 The asyncio event loop never runs model code. It puts observations in the :class:`RequestQueue`; this
 thread takes them in the queue's fair order (several sessions at once when their requests can share
 transformer calls: see :class:`~policy_server.engine.batching.BatchPolicy`), drops those whose deadline
-has passed, runs the rest through ``engine.predict_actions`` (``predict_actions_batch`` for a batch) and
-hands every outcome back to the event loop with ``loop.call_soon_threadsafe``: the session that owns the
-observation (``PendingObservation.owner``) gets ``on_result(item, outcome)`` or ``on_dropped(item,
-reason)`` on the loop's thread, where it is safe to touch sockets (a session gone away ignores it).
+has passed, runs the rest through the engine (:func:`predict_batch`) and hands every outcome back to the
+event loop with ``loop.call_soon_threadsafe``: the owner of the observation (``PendingObservation.owner``)
+gets ``on_result(item, outcome)`` or ``on_dropped(item, reason)`` on the loop's thread, where it is safe
+to touch sockets (a session gone away ignores it).
 
-Background tasks (video rollouts, :class:`~.request_queue.BackgroundTask`) run when no observation waits,
+Background tasks (video rollouts, :class:`~.request_queue.EngineTask`) run when no observation waits,
 and otherwise a bounded share (:class:`~.batching.BackgroundShare`): one step at least every interval, so
 a video finishes under any robot load while a robot waits at most one extra step per interval.
 
@@ -19,10 +19,12 @@ the stuck one is abandoned (it keeps its engine's memory until its call returns,
 everything it does afterwards is discarded, because only the current thread may post outcomes, touch
 the worker's state or take from the queue.
 
-While an engine call runs, a host-prep thread (:mod:`.host_prep`) prepares the observations waiting next,
-so the engine goes from one batch to the next without waiting for the host; the idle gaps between calls
-are counted. An engine that can be lost (a Ray replica) raises :class:`~.outcome.EngineLost`: the call's
-work goes to ``on_engine_lost`` unanswered (the Ray backend queues it again elsewhere).
+While an engine call runs, :class:`HostPrep` (a small thread) prepares the observations waiting next
+(validation, frames into the canvas: ``prepare_actions``), so the device does not wait for the host
+between batches; it only looks at the queue, so turns, latest-wins and deadlines are unchanged. A batched
+call that fails is retried request by request, so only the request at fault gets the error; an engine
+that went away (a Ray replica) raises :class:`~.outcome.EngineLost` and the call's work goes to
+``on_engine_lost`` unanswered (the Ray backend queues it again elsewhere).
 """
 
 from __future__ import annotations
@@ -33,32 +35,231 @@ import logging
 import threading
 import time
 import uuid
-from collections.abc import Callable
-from contextlib import nullcontext
-from typing import Any, Protocol
+from collections import deque
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import AbstractContextManager, contextmanager, nullcontext
+from dataclasses import astuple, dataclass
+from typing import TYPE_CHECKING, Any, Protocol, TypeGuard, TypeVar
 
+from cosmos3_runtime.description import ModelDescription
+from cosmos3_runtime.requests import ActionRequest, ActionResult
 from robot_clients.protocol import CodedError, DropReason, ErrorCode
 
-from .batch_call import CounterReadouts, EngineCounters, Predictor, predict_batch
 from .batching import BackgroundShare, BatchPolicy
 from .cpu_threads import configure_worker_threads
-from .host_prep import HostPrep, IdleGaps, host_inputs, splits_host_work
-from .outcome import EngineLost, EngineOutcome
-from .request_queue import BackgroundTask, PendingObservation, RequestQueue
+from .outcome import EngineLost, EngineOutcome, engine_failure
+from .request_queue import EngineTask, PendingObservation, RequestQueue
+
+if TYPE_CHECKING:
+    from cosmos3_runtime.prepared_inputs import PreparedActions
 
 logger = logging.getLogger(__name__)
 
+T = TypeVar("T")
 
-class ActionEngine(Predictor, Protocol):
-    """What the worker needs of an engine (``cosmos3_runtime.engine.Cosmos3Engine`` provides it)."""
+
+class ActionEngine(Protocol):
+    """What the worker needs of an engine (``cosmos3_runtime.engine.Cosmos3Engine`` provides it, and the
+    Ray backend's ``RemoteEngine``)."""
+
+    def predict_actions(self, request: ActionRequest) -> ActionResult: ...
+
+    def predict_actions_batch(self, requests: list[ActionRequest]) -> Sequence[ActionResult | Exception]: ...
 
     def warmup(self) -> None: ...
 
-    def describe(self) -> dict[str, Any]: ...
+    def describe(self) -> ModelDescription: ...
+
+
+class PreparingEngine(ActionEngine, Protocol):
+    """An engine whose requests can be prepared ahead (``Cosmos3Engine``; not a remote one).
+
+    ``prepare_actions`` is host work and may run on any thread; ``predict_prepared`` runs on the engine's
+    thread and answers each prepared request with its chunk or its error, in order.
+    """
+
+    def prepare_actions(self, request: ActionRequest) -> PreparedActions: ...
+
+    def predict_prepared(self, prepared: list[PreparedActions]) -> Sequence[ActionResult | Exception]: ...
+
+
+def splits_host_work(engine: ActionEngine) -> TypeGuard[PreparingEngine]:
+    """Whether ``engine``'s class defines both halves of :class:`PreparingEngine`.
+
+    The class, not the instance: a wrapper that forwards unknown attributes to an engine it wraps (one
+    that delays, fails or loses calls in tests) but overrides only ``predict_actions_batch`` must be
+    called through that override, not have its inner engine's halves used behind its back.
+    """
+    return all(callable(getattr(type(engine), name, None)) for name in ("prepare_actions", "predict_prepared"))
 
 
 # Called on the worker thread with the observations and background tasks of a call whose engine was lost.
-LostWorkHandler = Callable[[list[PendingObservation], list[BackgroundTask]], None]
+LostWorkHandler = Callable[[list[PendingObservation], list[EngineTask[Any]]], None]
+
+
+@dataclass
+class EngineCounters:
+    """What a worker has done since it started (the backend interface reads them one by one)."""
+
+    completed: int = 0
+    failed: int = 0
+    dropped_deadline: int = 0
+    batches: int = 0
+    batched_items: int = 0
+    # Seconds spent running the engine (observations and background tasks), for the busy fraction.
+    busy_s: float = 0.0
+    # Host inputs of observations (engine.prepare_actions): made while an earlier call ran (overlapped),
+    # or on the engine thread just before their own call (inline, the device idle meanwhile).
+    overlapped_preps: int = 0
+    inline_preps: int = 0
+    # Times the engine sat idle between two calls while an observation waited, and those seconds.
+    idle_gaps: int = 0
+    idle_gap_s: float = 0.0
+
+    def __add__(self, other: EngineCounters) -> EngineCounters:
+        return EngineCounters(*(mine + theirs for mine, theirs in zip(astuple(self), astuple(other))))
+
+
+class CounterReadouts:
+    """The counters of :class:`~policy_server.engine.backend.EngineBackend`, read from ``self.counters``."""
+
+    counters: EngineCounters
+
+    completed = property(lambda self: self.counters.completed)
+    failed = property(lambda self: self.counters.failed)
+    dropped_deadline = property(lambda self: self.counters.dropped_deadline)
+    batches = property(lambda self: self.counters.batches)
+    batched_items = property(lambda self: self.counters.batched_items)
+    busy_s = property(lambda self: self.counters.busy_s)
+
+
+class IdleGaps:
+    """How long the engine sits idle between two calls while an observation waits: what the overlap removes.
+
+    The worker calls :meth:`call_ended` when an engine call (or a video step) ends and
+    :meth:`call_starting` just before the next batch's call; a gap runs from the later of the last
+    call's end and the batch's oldest arrival. Counted in ``counters.idle_gaps`` and ``idle_gap_s``;
+    the recent ones, in seconds, in :attr:`samples`.
+    """
+
+    def __init__(self, counters: EngineCounters) -> None:
+        self.counters = counters
+        self.samples: deque[float] = deque(maxlen=1024)
+        self._ended_at: float | None = None  # None before the first call
+
+    def call_ended(self) -> None:
+        self._ended_at = time.monotonic()
+
+    def call_starting(self, batch: list[PendingObservation]) -> None:
+        if self._ended_at is None:
+            return
+        gap = time.monotonic() - max(self._ended_at, min(item.enqueued_at for item in batch))
+        if gap >= 0:
+            self.counters.idle_gaps += 1
+            self.counters.idle_gap_s += gap
+            self.samples.append(gap)
+
+
+class HostPrep:
+    """Prepares the next ``lookahead`` waiting observations while the engine thread runs a call.
+
+    Start it, register nothing: it listens to ``queue`` itself. The engine thread wraps each engine call
+    in :meth:`overlapping` and takes prepared inputs with :meth:`claim`. :meth:`stop` ends the thread.
+    Prepared inputs belong to one :class:`PendingObservation` object: one superseded by a newer observation
+    of its session, or cancelled, is never served from them (they are dropped at the next look).
+    """
+
+    def __init__(self, engine: PreparingEngine, queue: RequestQueue, lookahead: int, name: str) -> None:
+        self._engine = engine
+        self._queue = queue
+        self._lookahead = max(1, lookahead)
+        self._lock = threading.Lock()
+        self._changed = threading.Condition(self._lock)
+        # By identity (PendingObservation compares by id); None: preparing it failed (not tried again).
+        self._ready: dict[PendingObservation, PreparedActions | None] = {}
+        self._preparing: PendingObservation | None = None
+        self._calls_running = 0  # engine calls in progress (a video step can hold a robot batch's call)
+        self._stopped = False
+        self._thread = threading.Thread(target=self._run, name=name, daemon=True)
+
+    def start(self) -> None:
+        self._queue.add_listener(self._queue_changed)
+        self._thread.start()
+
+    def stop(self) -> None:
+        """Stop preparing (an item being prepared now finishes first); returns at once."""
+        self._queue.remove_listener(self._queue_changed)
+        with self._lock:
+            self._stopped = True
+            self._ready.clear()
+            self._changed.notify_all()
+
+    @contextmanager
+    def overlapping(self) -> Iterator[None]:
+        """Around an engine call on the engine thread: waiting observations are prepared meanwhile."""
+        with self._lock:
+            self._calls_running += 1
+            self._changed.notify_all()
+        try:
+            yield
+        finally:
+            with self._lock:
+                self._calls_running -= 1
+
+    def claim(self, batch: list[PendingObservation]) -> list[PreparedActions | None]:
+        """The prepared inputs of each observation of ``batch`` (None: not prepared), handed over once.
+
+        If one of them is being prepared right now, waits for it: the engine thread would only do the
+        same work again."""
+        with self._lock:
+            while self._preparing is not None and any(item is self._preparing for item in batch):
+                self._changed.wait()
+            return [self._ready.pop(item, None) for item in batch]
+
+    def holds(self, item: PendingObservation) -> bool:
+        """Whether inputs prepared for ``item`` are held, ready to be claimed."""
+        with self._lock:
+            return self._ready.get(item) is not None
+
+    # -- the prep thread ---------------------------------------------------------------------------
+
+    def _queue_changed(self) -> None:
+        """Called by the queue (after it let go of its lock, on any thread) when an observation arrives."""
+        with self._lock:
+            self._changed.notify_all()
+
+    def _next(self) -> PendingObservation | None:
+        """Wait until an engine call runs and a waiting observation is not prepared yet; None once stopped."""
+        with self._lock:
+            while not self._stopped:
+                if self._calls_running:
+                    waiting = self._queue.waiting(self._lookahead)
+                    # Inputs of an observation no longer waiting and never taken (superseded, cancelled)
+                    # are dropped; those of one taken stay until the engine thread claims them.
+                    for item in [item for item in self._ready if item.taken_at is None and item not in waiting]:
+                        del self._ready[item]
+                    todo = next((item for item in waiting if item not in self._ready), None)
+                    if todo is not None:
+                        self._preparing = todo
+                        return todo
+                self._changed.wait()
+            return None
+
+    def _run(self) -> None:
+        # One torch thread: the preparation of one frame is small, and the engine thread's pool has every
+        # core but one (cpu_threads); a second full pool here would take cores from the forward it overlaps.
+        configure_worker_threads(1)
+        while (item := self._next()) is not None:
+            try:
+                prepared = self._engine.prepare_actions(item.request)
+            except Exception:  # noqa: BLE001 - the engine thread prepares it itself and reports the failure
+                logger.exception("preparing seq %s of session %s ahead failed", item.seq, item.session_id)
+                prepared = None
+            with self._lock:
+                self._preparing = None
+                if not self._stopped:  # None (it failed) is kept too, so it is not tried again
+                    self._ready[item] = prepared
+                self._changed.notify_all()
 
 
 class WorkerState(str, enum.Enum):
@@ -105,13 +306,13 @@ class EngineWorker(CounterReadouts):
         self.on_engine_lost = on_engine_lost
         # When background work last had the engine (the end of its last step): its share is counted from there.
         self._background_turn_at = 0.0
-        self._ready = loop.create_future()
+        self._ready: asyncio.Future[ModelDescription] = loop.create_future()
         self._thread = threading.Thread(target=self._run, name=name, daemon=True)
         self.state = WorkerState.STARTING
-        self.description: dict[str, Any] | None = None
+        self.description: ModelDescription | None = None
         self.thread_settings: dict[str, object] = {}
         self.current: list[PendingObservation] = []
-        self.current_task: BackgroundTask | None = None
+        self.current_task: EngineTask[Any] | None = None
         self.counters = EngineCounters()
         # When the running call started, for the busy fraction (None when idle).
         self.busy_since: float | None = None
@@ -130,7 +331,7 @@ class EngineWorker(CounterReadouts):
     def start(self) -> None:
         self._thread.start()
 
-    async def wait_ready(self) -> dict[str, Any]:
+    async def wait_ready(self) -> ModelDescription:
         """Wait until the model is loaded and warm; return its ``describe()``. Raises if loading failed."""
         return await asyncio.shield(self._ready)
 
@@ -200,7 +401,7 @@ class EngineWorker(CounterReadouts):
     def _fail(
         self,
         items: list[PendingObservation],
-        tasks: list[BackgroundTask],
+        tasks: list[EngineTask[Any]],
         error: CodedError,
         engine_ms: float,
         deliver: Callable[..., Any],
@@ -235,8 +436,8 @@ class EngineWorker(CounterReadouts):
             self.state = WorkerState.LOADING
             t0 = time.monotonic()
             engine = self._load_engine()
-            self.description = engine.describe()
-            logger.info("model loaded in %.1f s: %s", time.monotonic() - t0, self.description.get("model"))
+            description = self.description = engine.describe()
+            logger.info("model loaded in %.1f s: %s", time.monotonic() - t0, description.model)
             if self._warmup:
                 self.state = WorkerState.WARMING_UP
                 t0 = time.monotonic()
@@ -252,7 +453,7 @@ class EngineWorker(CounterReadouts):
         if not self._is_current():
             return
         self.state = WorkerState.READY
-        self._post(_settle, self._ready, self.description)
+        self._post(_settle, self._ready, description)
         try:
             self._serve(engine)
         finally:
@@ -310,7 +511,9 @@ class EngineWorker(CounterReadouts):
 
     # -- one batch: prepared, then run --------------------------------------------------------------
 
-    def _prepare_batch(self, taken: list[PendingObservation]) -> list[tuple[PendingObservation, Any]]:
+    def _prepare_batch(
+        self, taken: list[PendingObservation]
+    ) -> list[tuple[PendingObservation, PreparedActions | None]]:
         """The observations of ``taken`` still worth running, each with its inputs prepared ahead (None
         if not): those past their deadline are dropped here."""
         ahead = self.host_prep.claim(taken) if self.host_prep is not None else [None] * len(taken)
@@ -324,7 +527,7 @@ class EngineWorker(CounterReadouts):
                 batch.append((item, prepared))
         return batch
 
-    def _run_batch(self, engine: ActionEngine, taken: list[tuple[PendingObservation, Any]]) -> None:
+    def _run_batch(self, engine: ActionEngine, taken: list[tuple[PendingObservation, PreparedActions | None]]) -> None:
         """Run one prepared batch through the engine and post every outcome to its owner."""
         if not taken:
             return
@@ -355,7 +558,7 @@ class EngineWorker(CounterReadouts):
             except Exception:  # noqa: BLE001 - metrics must never stop the worker
                 logger.exception("on_batch_done failed")
 
-    def _run_background(self, engine: ActionEngine, task: BackgroundTask) -> None:
+    def _run_background(self, engine: ActionEngine, task: EngineTask[Any]) -> None:
         self.current_task = task
         self.busy_since = self.call_started_at = time.monotonic()
 
@@ -385,7 +588,7 @@ class EngineWorker(CounterReadouts):
             self.counters.busy_s += time.monotonic() - self.busy_since
             self.busy_since = None
 
-    def _engine_lost(self, items: list[PendingObservation], tasks: list[BackgroundTask], exc: EngineLost) -> None:
+    def _engine_lost(self, items: list[PendingObservation], tasks: list[EngineTask[Any]], exc: EngineLost) -> None:
         """Hand the work of a call whose engine was lost to ``on_engine_lost``; without one, fail it."""
         if self.on_engine_lost is not None:
             self.on_engine_lost(items, tasks)
@@ -395,7 +598,9 @@ class EngineWorker(CounterReadouts):
         error = CodedError(ErrorCode.ENGINE_ERROR, f"the engine was lost while running this request (ref {reference})")
         self._fail(items, tasks, error, 0.0, self._post)
 
-    def _predict(self, engine: ActionEngine, taken: list[tuple[PendingObservation, Any]]) -> list[EngineOutcome]:
+    def _predict(
+        self, engine: ActionEngine, taken: list[tuple[PendingObservation, PreparedActions | None]]
+    ) -> list[EngineOutcome]:
         """One engine call for ``taken``, on the watchdog's clock. Raises EngineLost, and nothing else."""
         outer_call = self.call_started_at  # set inside a video step: the step's clock resumes afterwards
         self.call_started_at = time.monotonic()
@@ -410,7 +615,7 @@ class EngineWorker(CounterReadouts):
                 self.idle_gaps.call_ended()
                 self.call_started_at = time.monotonic() if outer_call is not None else None
 
-    def _overlapping(self):
+    def _overlapping(self) -> AbstractContextManager[None]:
         """Around an engine call: the host-prep thread prepares the next observations meanwhile."""
         return self.host_prep.overlapping() if self.host_prep is not None else nullcontext()
 
@@ -419,10 +624,105 @@ def _call_now(callback: Callable[..., Any], *args: Any) -> None:
     callback(*args)
 
 
-def _settle(future: asyncio.Future, value: Any) -> None:
+def _settle(future: asyncio.Future[ModelDescription], value: ModelDescription | BaseException) -> None:
     """Resolve the readiness future once: with the description, or with the load's exception."""
     if not future.done():
         if isinstance(value, BaseException):
             future.set_exception(value)
         else:
             future.set_result(value)
+
+
+def host_inputs(
+    engine: ActionEngine, taken: list[tuple[PendingObservation, PreparedActions | None]], counters: EngineCounters
+) -> list[PreparedActions] | None:
+    """Each taken observation's prepared inputs: those made ahead (claimed), the rest made now on the
+    engine thread (the engine idle meanwhile); None for an engine that does not split its work, or if
+    preparing raised (a bug, not a bad request: the request path then reports it per observation)."""
+    if not splits_host_work(engine):
+        return None
+    inputs = []
+    for item, prepared in taken:
+        if prepared is None:
+            counters.inline_preps += 1
+            try:
+                prepared = engine.prepare_actions(item.request)
+            except Exception:  # noqa: BLE001 - see above
+                logger.exception("preparing seq %s of session %s failed", item.seq, item.session_id)
+                return None
+        else:
+            counters.overlapped_preps += 1
+        inputs.append(prepared)
+    return inputs
+
+
+def predict_batch(
+    engine: ActionEngine,
+    batch: list[PendingObservation],
+    counters: EngineCounters,
+    prepared: list[PreparedActions] | None = None,
+) -> list[EngineOutcome]:
+    """Run ``batch`` (one observation or more) through ``engine``; an outcome per observation, in order.
+
+    ``prepared``: each observation's ``engine.prepare_actions`` (an engine that splits its work,
+    :class:`PreparingEngine`), run with ``predict_prepared``; None: the requests go to
+    ``predict_actions`` / ``predict_actions_batch``.
+    Raises :class:`~policy_server.engine.outcome.EngineLost`, and nothing else.
+    """
+    t0 = time.monotonic()
+    if prepared is not None and splits_host_work(engine):
+        preparing = engine
+
+        def one_prepared(one: PreparedActions) -> ActionResult | Exception:
+            return preparing.predict_prepared([one])[0]
+
+        results = _results(one_prepared, preparing.predict_prepared, prepared, counters)
+    else:
+        results = _results(engine.predict_actions, engine.predict_actions_batch, [i.request for i in batch], counters)
+    done = time.monotonic()
+    return [_outcome(item, result, (done - t0) * 1e3, done, counters) for item, result in zip(batch, results)]
+
+
+def _results(
+    run_one: Callable[[T], ActionResult | Exception],
+    run_all: Callable[[list[T]], Sequence[ActionResult | Exception]],
+    inputs: list[T],
+    counters: EngineCounters,
+) -> Sequence[ActionResult | Exception]:
+    """One result per input: a batched call for several, each alone if that call fails (only the request
+    at fault then gets the error)."""
+    if len(inputs) == 1:
+        return [_call(run_one, inputs[0])]
+    try:
+        results = run_all(inputs)
+    except EngineLost:
+        raise
+    except Exception:  # noqa: BLE001 - one bad request must not fail its batch mates
+        logger.warning("a batch of %d failed in the engine; running its requests one by one", len(inputs))
+        return [_call(run_one, one) for one in inputs]
+    counters.batches += 1
+    counters.batched_items += len(inputs)
+    return results
+
+
+def _outcome(
+    item: PendingObservation, result: ActionResult | Exception, engine_ms: float, done: float, counters: EngineCounters
+) -> EngineOutcome:
+    if isinstance(result, BaseException):
+        counters.failed += 1
+        error = engine_failure(result, "observation", f"seq {item.seq} of session {item.session_id}")
+        return EngineOutcome(error=error, engine_ms=engine_ms, done_at=done)
+    counters.completed += 1
+    return EngineOutcome(chunk=result, engine_ms=engine_ms, done_at=done)
+
+
+def _call(fn: Callable[[T], ActionResult | Exception], arg: T) -> ActionResult | Exception:
+    """``fn(arg)``, or the exception it raised, so single and batched calls report the same way.
+
+    :class:`EngineLost` is not the request's failure: it propagates."""
+    try:
+        return fn(arg)
+    except EngineLost:
+        raise
+    except Exception as exc:  # noqa: BLE001 - turned into an outcome by the caller
+        return exc

@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
+from cosmos3_runtime.description import ModelDescription
 from robot_clients.protocol import FrameLimits
 
-from ..engine.description import ModelDescription
+from ..context import ServerContext
+from ..media.image_decoding import model_frame_limits
 from ..metrics import ServerMetrics
-from ..sessions.host import SessionHost
 from ..videos.job_store import VideoJobStore
 from ..videos.runner import VideoJobRunner
 from .bodies import BodyBudget
@@ -22,7 +24,7 @@ class SidecarParts:
     """The sidecar's settings, the server it serves beside, and what the routes share."""
 
     settings: SidecarSettings
-    host: SessionHost
+    host: ServerContext[Any]
     metrics: ServerMetrics
     # Body bytes held by all requests together (.bodies), and each client's action generations in flight.
     body_budget: BodyBudget
@@ -40,4 +42,4 @@ class SidecarParts:
 
     def media_limits(self, description: ModelDescription) -> FrameLimits:
         """The model's pixel and frame bounds plus this sidecar's decoding budget."""
-        return description.limits.frame_limits(self.settings.max_decoded_bytes)
+        return model_frame_limits(description.limits, self.settings.max_decoded_bytes)

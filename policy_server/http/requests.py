@@ -18,11 +18,13 @@ from typing import Any
 import numpy as np
 from pydantic import BaseModel, ValidationError
 
+from cosmos3_runtime.description import ModelDescription
+from cosmos3_runtime.profiles import PolicyProfile
 from cosmos3_runtime.requests import ActionRequest
 from robot_clients.client_frames import ObservationFrame, parse_state
 from robot_clients.protocol import ErrorCode, FrameLimits, ProtocolError
 
-from ..engine.description import DomainProfile, ModelDescription
+from ..media.image_decoding import model_frame_limits
 from ..sessions.config import check_schedule, merge_session_config
 from ..videos.job_store import VideoJobInputs
 from .codecs import DEFAULT_MAX_DECODED_BYTES, to_actions
@@ -64,7 +66,7 @@ def _check_model(name: str | None, description: ModelDescription) -> None:
         raise ApiError(ErrorCode.INVALID_FIELD, f"this server serves {served!r}, not {name!r}", "model")
 
 
-def _domain(name: str | None, description: ModelDescription) -> DomainProfile:
+def _domain(name: str | None, description: ModelDescription) -> PolicyProfile:
     domains = description.domains
     name = name or description.defaults.domain_name
     if name not in domains:
@@ -143,7 +145,7 @@ def video_submission(
     if width is not None and action.shape[1] != width:
         raise ApiError(
             ErrorCode.INVALID_FIELD,
-            f"`action` rows must have {width} values (raw_action_dim of {domain.name}), got {action.shape[1]}",
+            f"`action` rows must have {width} values (raw_action_dim of {domain.domain_name}), got {action.shape[1]}",
             "action",
         )
     horizon, steps = description.action_horizon, action.shape[0]
@@ -154,7 +156,7 @@ def video_submission(
             f"actions, a multiple of {horizon.multiple_of}",
             "action",
         )
-    limits = media_limits or description.limits.frame_limits(DEFAULT_MAX_DECODED_BYTES)
+    limits = media_limits or model_frame_limits(description.limits, DEFAULT_MAX_DECODED_BYTES)
     encoded = encoded_image(params.input_reference, "input_reference")  # stored as received, not as pixels
     image = (
         decode_image_bytes(encoded, "input_reference", limits)
@@ -165,7 +167,7 @@ def video_submission(
     defaults = description.defaults
     resolved = {
         "model": description.model,
-        "domain_name": domain.name,
+        "domain_name": domain.domain_name,
         "prompt": params.prompt,
         "fps": float(params.fps),
         # A seed is drawn now and stored, so a job re-run after a restart gives the same video.
@@ -199,7 +201,7 @@ def action_request(
     _route_mode(fields, ACTION_GENERATIONS_PATH)
     params: ActionGenerationParams = _validate(ActionGenerationParams, fields)  # type: ignore[assignment]
     _check_model(params.model, description)
-    domain_name = _domain(params.domain_name, description).name
+    domain_name = _domain(params.domain_name, description).domain_name
     settings = {
         name: getattr(params, name)
         for name in (
@@ -216,7 +218,7 @@ def action_request(
         if getattr(params, name) is not None
     }
     settings["domain_name"] = domain_name
-    limits = media_limits or description.limits.frame_limits(DEFAULT_MAX_DECODED_BYTES)
+    limits = media_limits or model_frame_limits(description.limits, DEFAULT_MAX_DECODED_BYTES)
     image = video = prefix = None
     if params.image is not None and params.video is not None:
         raise ApiError(ErrorCode.INVALID_FIELD, "send either `image` or `video`, not both", "video")

@@ -11,10 +11,10 @@ from __future__ import annotations
 
 from typing import Any
 
+from cosmos3_runtime.description import ModelDescription
 from cosmos3_runtime.requests import ActionRequest
 from robot_clients.protocol import FrameLimits
 
-from ..engine.description import ModelDescription
 from ..sglang.actions import (
     FORM_UPLOADS,
     ActionCall,

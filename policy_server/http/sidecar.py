@@ -16,7 +16,8 @@ SQLite and MP4 encoding run on helper threads (``asyncio.to_thread``).
 
 :class:`HttpSidecar` is the lifecycle: it opens the job store, starts the job runner, builds the app
 (:func:`.app.build_app`, one router per resource in :mod:`.routes`) and serves it with uvicorn
-(:mod:`.serving`); it sees the server only through :class:`~policy_server.sessions.host.SessionHost`.
+(:mod:`.serving`). It is one of the server's features (``policy_server.server.ServerFeature``), attached by
+the command line; it sees the server only through its :class:`~policy_server.context.ServerContext`.
 """
 
 from __future__ import annotations
@@ -26,12 +27,11 @@ import logging
 import socket
 import sqlite3
 import time
-from collections.abc import Awaitable
 from typing import Any
 
 from ..connection_limits import PeerCounter, capped_to_descriptors
+from ..context import ServerContext
 from ..metrics import ServerMetrics, ServerStateReaders
-from ..sessions.host import SessionHost
 from ..videos.job_store import VideoJobStatus, VideoJobStore
 from ..videos.runner import VideoJobRunner
 from .app import build_app
@@ -46,10 +46,10 @@ logger = logging.getLogger(__name__)
 
 
 class HttpSidecar:
-    """The sidecar of one server (a :class:`~policy_server.sessions.host.SessionHost`): start, then shut down
-    after the worker."""
+    """The sidecar of the server whose context is ``host``: started before the server listens, stopped
+    after its worker and sessions."""
 
-    def __init__(self, host: SessionHost, settings: SidecarSettings) -> None:
+    def __init__(self, host: ServerContext[Any], settings: SidecarSettings) -> None:
         self.host = host
         self.settings = settings
         self.store: VideoJobStore | None = None
@@ -64,11 +64,12 @@ class HttpSidecar:
                 video_jobs_by_status=lambda: self.store.count_by_status() if self.store else {},
                 ready=lambda: host.ready,
                 replicas=lambda: host.worker.topology().get("replicas", []) if host.worker is not None else [],
-                recording=lambda: host.recorder.stats() if host.recorder is not None else None,
+                recording=lambda: host.stats["recording"]() if "recording" in host.stats else None,
             )
         )
-        self.actions_in_flight = InFlightLimit(settings.max_actions_in_flight)
-        self.body_budget = BodyBudget(max(settings.max_buffered_body_bytes, settings.max_body_bytes))
+        # Made from the settings when the sidecar starts (whoever attached it may still adjust them).
+        self.actions_in_flight: InFlightLimit | None = None
+        self.body_budget: BodyBudget | None = None
         self.connection_counter: PeerCounter | None = None
         self.app: Any = None
         self._socket: socket.socket | None = None
@@ -96,8 +97,11 @@ class HttpSidecar:
         assert self._socket is not None, "start() first"
         return self._socket.getsockname()[1]
 
-    async def start(self, engine_ready: Awaitable[Any]) -> None:
-        """Open the job store (re-queueing interrupted jobs), listen, and start the job runner."""
+    async def start(self) -> None:
+        """Open the job store (re-queueing interrupted jobs), listen, and start the job runner (its jobs
+        wait for the engine to be ready)."""
+        worker = self.host.worker
+        assert worker is not None, "the server makes its engine backend before it starts its features"
         self.store = await asyncio.to_thread(VideoJobStore, self.settings.data_dir, self.settings.retention)
         try:
             await asyncio.to_thread(self.store.recover)
@@ -105,23 +109,26 @@ class HttpSidecar:
         except (sqlite3.Error, OSError) as exc:  # a full disk: serve anyway; the runner retries when it has room
             logger.warning("video jobs could not be recovered at start (%s); retrying once the disk has room", exc)
             recover_pending = True
-        if self.host.worker is not None:
-            self.host.worker.on_batch_done = self.metrics.observe_batch
+        settings = self.settings
+        self.actions_in_flight = turns = InFlightLimit(settings.max_actions_in_flight)
+        self.body_budget = budget = BodyBudget(max(settings.max_buffered_body_bytes, settings.max_body_bytes))
+        worker.on_batch_done = self.metrics.observe_batch
         self.runner = VideoJobRunner(self.store, self.host.queue, self.metrics, recover_pending=recover_pending)
-        self.runner.start(engine_ready)
+        self.runner.start(worker.wait_ready())
 
         self.app = build_app(
             SidecarParts(
                 settings=self.settings,
                 host=self.host,
                 metrics=self.metrics,
-                body_budget=self.body_budget,
-                turns=self.actions_in_flight,
+                body_budget=budget,
+                turns=turns,
                 store=self.store,
                 runner=self.runner,
             )
         )
         self._socket = bound_socket(self.settings.host, self.settings.port)
+        self.host.other_ports.append(self.port)  # a page served from here may open the WebSocket port
         tls = self.host.settings.ssl_context
         self.connection_counter = self._connection_counter()
         self.serving = UvicornServing(
@@ -153,7 +160,7 @@ class HttpSidecar:
         cap = capped_to_descriptors(limits.max_connections, sum(reserved.values()), "HTTP connections", **reserved)
         return PeerCounter(cap, limits.max_connections_per_peer)
 
-    async def shutdown(self, grace_s: float = 30.0) -> None:
+    async def stop(self, grace_s: float = 30.0) -> None:
         """Record the video job in hand (the worker has finished it), then stop serving HTTP."""
         if self.runner is not None:
             await self.runner.stop(grace_s)

@@ -33,6 +33,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from cosmos3_runtime.engine_spec import EngineLimits
 from robot_clients.client_frames import is_encoded_clip
 from robot_clients.client_frames import is_encoded_frame as is_encoded_image
 from robot_clients.protocol import CodedError, ErrorCode, FrameLimits
@@ -47,6 +48,7 @@ __all__ = [
     "decode_image",
     "is_encoded_clip",
     "is_encoded_image",
+    "model_frame_limits",
     "read_header",
 ]
 
@@ -56,6 +58,12 @@ ENCODED_FORMATS = {"JPEG": "jpeg", "PNG": "png", "WEBP": "webp"}
 # a progressive image once per scan, so the scan count multiplies the cost of every pixel.
 MAX_JPEG_SCANS = 64
 _JPEG_START_OF_SCAN = b"\xff\xda"
+
+
+def model_frame_limits(limits: EngineLimits, max_decoded_bytes: int | None = None) -> FrameLimits:
+    """The model's pixel and frame bounds as the wire checks them, and for HTTP bodies the pixels one
+    request may decode to (None: no such bound)."""
+    return FrameLimits(limits.min_image_side, limits.max_image_side, limits.max_clip_frames, max_decoded_bytes)
 
 
 class InvalidImage(CodedError, ValueError):

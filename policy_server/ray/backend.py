@@ -36,15 +36,15 @@ from dataclasses import dataclass, field
 from functools import partial
 from typing import Any
 
+from cosmos3_runtime.description import ModelDescription
 from robot_clients.protocol import DropReason
 
 from ..engine.backend import BackendHost
-from ..engine.batch_call import CounterReadouts, EngineCounters
 from ..engine.batching import BackgroundShare, BatchPolicy
 from ..engine.outcome import EngineOutcome
-from ..engine.request_queue import BackgroundTask, PendingObservation, QueueClosed, RequestQueue
-from ..engine.worker import EngineWorker, WorkerState
-from .deployment import EngineLoader, RayBackendSettings, RemoteEngine, ReplicaDeployments
+from ..engine.request_queue import EngineTask, PendingObservation, QueueClosed, RequestQueue
+from ..engine.worker import CounterReadouts, EngineCounters, EngineWorker, WorkerState
+from .deployment import EngineLoader, RayBackendSettings, RemoteEngine, ReplicaDeployments, ReplicaIdentity
 from .router import ReplicaRouter
 
 logger = logging.getLogger(__name__)
@@ -63,7 +63,7 @@ class _Replica:
     dispatcher: EngineWorker | None = None
     engine: RemoteEngine | None = None
     state: str = "loading"  # loading, live, replacing, failed, stopped
-    identity: dict[str, Any] = field(default_factory=dict)
+    identity: ReplicaIdentity | None = None  # None until its actor first answered
     failovers: int = 0
     # Counters of this slot's earlier workers (a replacement starts its own from zero).
     retired: EngineCounters = field(default_factory=EngineCounters)
@@ -72,6 +72,10 @@ class _Replica:
     def counters(self) -> EngineCounters:
         return self.retired + (self.dispatcher.counters if self.dispatcher is not None else EngineCounters())
 
+    @property
+    def actor_name(self) -> str | None:
+        return self.identity.actor_name if self.identity is not None else None
+
 
 class RayBackend(CounterReadouts):
     """:class:`~policy_server.engine.backend.EngineBackend` over N Ray Serve replicas."""
@@ -79,7 +83,7 @@ class RayBackend(CounterReadouts):
     def __init__(
         self,
         settings: RayBackendSettings,
-        spec: EngineLoader,
+        loader: EngineLoader,
         host: BackendHost,
         router: ReplicaRouter,
         loop: asyncio.AbstractEventLoop,
@@ -87,23 +91,23 @@ class RayBackend(CounterReadouts):
         background: BackgroundShare | None = None,
     ) -> None:
         self.settings = settings
-        self.spec = spec
+        self.loader = loader
         self._host = host
         self.router = router
         self._loop = loop
         self._batching = batching
         self._background = background or BackgroundShare()
         self.state = WorkerState.STARTING
-        self.description: dict[str, Any] | None = None
+        self.description: ModelDescription | None = None
         self.thread_settings: dict[str, object] = {}
         self.on_batch_done: Callable[[list[PendingObservation], list[EngineOutcome]], None] | None = None
         self.failovers = 0
         self._stopping = threading.Event()
-        self._deployments = ReplicaDeployments(settings, spec, self._stopping)
+        self._deployments = ReplicaDeployments(settings, loader, self._stopping)
         self._replicas = [_Replica(i, self._deployments.app_name(i)) for i in range(settings.replicas)]
         self._lock = threading.RLock()
         self._watchdog = threading.Thread(target=self._watch, name="ray-replica-watchdog", daemon=True)
-        self._ready: asyncio.Future[dict[str, Any]] = loop.create_future()
+        self._ready: asyncio.Future[ModelDescription] = loop.create_future()
 
     # -- lifecycle ----------------------------------------------------------------------------------
 
@@ -123,12 +127,6 @@ class RayBackend(CounterReadouts):
         assert replica.dispatcher is not None, f"replica {replica.index} was never started"
         return replica.dispatcher
 
-    @staticmethod
-    def _engine(replica: _Replica) -> RemoteEngine:
-        """The engine of a replica whose worker has connected (it is ready, or back after a loss)."""
-        assert replica.engine is not None, f"replica {replica.index} has no engine yet"
-        return replica.engine
-
     async def _become_ready(self) -> None:
         try:
             descriptions = await asyncio.gather(*(self._dispatcher(r).wait_ready() for r in self._replicas))
@@ -138,19 +136,20 @@ class RayBackend(CounterReadouts):
             return
         for replica in self._replicas:
             replica.state = "live"
-            replica.identity = dict(self._engine(replica).identity)
+            replica.identity = replica.engine.identity if replica.engine is not None else None
         self.description = descriptions[0]
-        self.thread_settings = dict(self._replicas[0].identity.get("threads", {}))
+        first = self._replicas[0].identity
+        self.thread_settings = dict(first.threads) if first is not None else {}
         self.state = WorkerState.READY
         self._watchdog.start()
         logger.info(
             "ray backend ready: %d replica(s) %s",
             len(self._replicas),
-            [r.identity.get("actor_name") for r in self._replicas],
+            [r.actor_name for r in self._replicas],
         )
         self._ready.set_result(self.description)
 
-    async def wait_ready(self) -> dict[str, Any]:
+    async def wait_ready(self) -> ModelDescription:
         """Wait until every replica is deployed, loaded and warm; return the model's ``describe()``."""
         return await asyncio.shield(self._ready)
 
@@ -223,9 +222,9 @@ class RayBackend(CounterReadouts):
                     "replica": r.index,
                     "app": r.app_name,
                     "state": r.state,
-                    "actor_name": r.identity.get("actor_name"),
-                    "actor_id": r.identity.get("actor_id"),
-                    "node_id": r.identity.get("node_id"),
+                    "actor_name": r.actor_name,
+                    "actor_id": r.identity.actor_id if r.identity is not None else None,
+                    "node_id": r.identity.node_id if r.identity is not None else None,
                     "sessions": sessions[r.index],
                     "completed": counters.completed,
                     "failed": counters.failed,
@@ -247,7 +246,7 @@ class RayBackend(CounterReadouts):
         """Notice replicas that died while idle (a call in flight notices by itself)."""
         while not self._stopping.wait(WATCHDOG_PERIOD_S):
             for replica in self._replicas:
-                name = replica.identity.get("actor_name")
+                name = replica.actor_name
                 if replica.state != "live" or not name:
                     continue
                 if self._deployments.actor_gone(name) and not self._stopping.is_set():
@@ -258,7 +257,7 @@ class RayBackend(CounterReadouts):
         replica: _Replica,
         dispatcher: EngineWorker | None,
         in_hand: list[PendingObservation],
-        tasks: list[BackgroundTask],
+        tasks: list[EngineTask[Any]],
     ) -> None:
         """Move a dead replica's sessions and work elsewhere, tell the sessions, await its replacement.
 
@@ -283,7 +282,7 @@ class RayBackend(CounterReadouts):
         logger.warning(
             "replica %d (%s) lost: %d session(s) moved, %d observation(s) and %d task(s) re-queued",
             replica.index,
-            replica.identity.get("actor_name"),
+            replica.actor_name,
             len(moved),
             len(in_hand),
             len(tasks),
@@ -309,7 +308,7 @@ class RayBackend(CounterReadouts):
                 target=self._replace, args=(replica, dispatcher), name=f"replica-{replica.index}-replace", daemon=True
             ).start()
 
-    def _requeue(self, observations: list[PendingObservation], tasks: list[BackgroundTask]) -> None:
+    def _requeue(self, observations: list[PendingObservation], tasks: list[EngineTask[Any]]) -> None:
         """Queue a lost replica's work again on the live ones (what cannot be queued is dropped ``shutdown``)."""
         for item in observations:
             if item.cancelled:
@@ -330,7 +329,7 @@ class RayBackend(CounterReadouts):
     def _replace(self, replica: _Replica, lost: EngineWorker) -> None:
         """Wait for Serve's replacement, then put the replica back in service with a fresh worker."""
         lost.stop(timeout=60.0)  # its queue is closed: it exits once its call returned
-        lost_actor_id = replica.identity.get("actor_id")
+        lost_actor_id = replica.identity.actor_id if replica.identity is not None else None
         queue = RequestQueue()
         dispatcher = self._new_dispatcher(
             replica, queue, lambda: self._deployments.replacement(replica.index, lost_actor_id)
@@ -347,10 +346,10 @@ class RayBackend(CounterReadouts):
             logger.error("replica %d could not be replaced", replica.index)
             return
         with self._lock:
-            replica.identity = dict(self._engine(replica).identity)
+            replica.identity = replica.engine.identity if replica.engine is not None else None
             self.router.replica_back(replica.index, queue)
             replica.state = "live"
-        logger.info("replica %d back in service as %s", replica.index, replica.identity.get("actor_name"))
+        logger.info("replica %d back in service as %s", replica.index, replica.actor_name)
 
     def _post(self, callback: Callable[..., Any], *args: Any) -> None:
         try:
@@ -361,10 +360,10 @@ class RayBackend(CounterReadouts):
 
 @dataclass(frozen=True)
 class RayBackendFactory:
-    """What ``PolicyServer(backend=...)`` needs to run on Ray: the replicas' settings and engine spec."""
+    """What ``PolicyServer(backend=...)`` needs to run on Ray: the replicas' settings and how each loads its engine."""
 
     settings: RayBackendSettings
-    spec: EngineLoader
+    loader: EngineLoader
 
     def make_queue(self) -> ReplicaRouter:
         return ReplicaRouter(self.settings.replicas)
@@ -374,4 +373,4 @@ class RayBackendFactory:
         queue.set_open_sessions(lambda: list(host.sessions))
         batching = BatchPolicy(host.settings.max_batch, host.settings.max_batch_wait_ms)
         background = BackgroundShare(host.settings.video_step_interval_s)
-        return RayBackend(self.settings, self.spec, host, queue, loop, batching, background)
+        return RayBackend(self.settings, self.loader, host, queue, loop, batching, background)

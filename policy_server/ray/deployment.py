@@ -14,8 +14,8 @@ checking and deploying onto a cluster would be ours to write.
 API (``describe``, ``predict_actions``, ``predict_actions_batch``, ``rollout_video``, and a video rollout
 step by step), so it adds no protocol of its own: requests and results travel as the runtime's
 dataclasses, pickled by Ray, and typed runtime errors (``InvalidRequestError`` with its ``field``) reach
-the client unchanged. ``describe()`` adds a ``replica`` entry naming the Ray actor that answered: the
-backend uses its name to notice that the replica died, and its id to tell a replacement apart.
+the client unchanged. ``identity()`` names the Ray actor that answers (its name, id, node and threads):
+the backend uses its name to notice that the replica died, and its id to tell a replacement apart.
 
 **The remote engine** (:class:`RemoteEngine`) is the engine of the local worker that serves a replica:
 every call goes through the handle and waits for its answer, one at a time. A replica that dies under a
@@ -40,12 +40,24 @@ import ray
 from ray import serve
 from ray.exceptions import ActorUnavailableError, RayActorError, RayTaskError
 
+from cosmos3_runtime.description import ModelDescription
+
 from ..engine.outcome import EngineLost
 
 logger = logging.getLogger(__name__)
 
 # Serve's health check calls check_health() this often; a replica that fails it (or dies) is replaced.
 HEALTH_CHECK_PERIOD_S = 2.0
+
+
+@dataclass(frozen=True)
+class ReplicaIdentity:
+    """The Ray actor serving a replica, as it reports itself (pickled back to the front end)."""
+
+    actor_name: str | None
+    actor_id: str | None
+    node_id: str
+    threads: dict[str, object]  # the engine thread's torch settings (cpu_threads.configure_worker_threads)
 
 
 @dataclass(frozen=True)
@@ -76,36 +88,36 @@ class EngineLoader:
 
 @serve.deployment(
     num_replicas=1,  # one application per replica, so that sessions can be pinned to it (see policy_server.ray.backend)
-    # The dispatcher sends one call at a time; a second can only be a describe() or a health probe.
+    # The dispatcher sends one call at a time; a second can only be a describe(), identity() or a health probe.
     max_ongoing_requests=4,
     health_check_period_s=HEALTH_CHECK_PERIOD_S,
 )
 class Cosmos3Replica:
     """The engine in a Serve replica. The constructor loads and warms it up; Serve reports ready after."""
 
-    def __init__(self, spec: EngineLoader) -> None:
+    def __init__(self, loader: EngineLoader) -> None:
         import ray
 
         import policy_server  # noqa: F401  (OMP_WAIT_POLICY=PASSIVE before torch loads in this process)
 
         from ..engine.cpu_threads import configure_worker_threads
 
-        self.thread_settings = configure_worker_threads(spec.torch_threads)
-        self.engine = spec.load()
-        if spec.warmup:
+        self.thread_settings = configure_worker_threads(loader.torch_threads)
+        self.engine = loader.load()
+        if loader.warmup:
             self.engine.warmup()
         self.rollouts: dict[str, Any] = {}
         context = ray.get_runtime_context()
-        self.identity = {
-            "actor_name": context.get_actor_name(),
-            "actor_id": context.get_actor_id(),
-            "node_id": context.get_node_id(),
-        }
+        self._identity = ReplicaIdentity(
+            context.get_actor_name(), context.get_actor_id(), context.get_node_id(), self.thread_settings
+        )
 
-    def describe(self) -> dict[str, Any]:
-        description = dict(self.engine.describe())
-        description["replica"] = dict(self.identity, threads=self.thread_settings)
+    def describe(self) -> ModelDescription:
+        description: ModelDescription = self.engine.describe()
         return description
+
+    def identity(self) -> ReplicaIdentity:
+        return self._identity
 
     def predict_actions(self, request: Any) -> Any:
         return self.engine.predict_actions(request)
@@ -146,8 +158,8 @@ class RemoteEngine:
     def __init__(self, handle: Any, app_name: str) -> None:
         self.handle = handle
         self.app_name = app_name
-        # The Ray actor that answered describe() (name, id, node, threads): how the backend watches it.
-        self.identity: dict[str, Any] = {}
+        # The Ray actor that answered the last describe() (name, id, node, threads): how the backend watches it.
+        self.identity: ReplicaIdentity | None = None
 
     def call(self, method: Any, *arguments: Any) -> Any:
         """Call ``method`` (an attribute of the handle: ``self.handle.predict_actions``) and wait for it."""
@@ -159,9 +171,10 @@ class RemoteEngine:
             # The engine raised: hand the runtime's own (typed) error to the worker, as the local one does.
             raise (exc.cause if isinstance(exc.cause, Exception) else exc) from None
 
-    def describe(self) -> dict[str, Any]:
-        description = dict(self.call(self.handle.describe))
-        self.identity = description.pop("replica", {})
+    def describe(self) -> ModelDescription:
+        identity: ReplicaIdentity = self.call(self.handle.identity)
+        self.identity = identity
+        description: ModelDescription = self.call(self.handle.describe)
         return description
 
     def warmup(self) -> None:
@@ -227,9 +240,9 @@ class RayBackendSettings:
 class ReplicaDeployments:
     """Deploys replicas as Serve applications, finds their replacements, and watches their actors."""
 
-    def __init__(self, settings: RayBackendSettings, spec: EngineLoader, stopping: threading.Event) -> None:
+    def __init__(self, settings: RayBackendSettings, loader: EngineLoader, stopping: threading.Event) -> None:
         self.settings = settings
-        self.spec = spec
+        self.loader = loader
         self._stopping = stopping
         self._connected = threading.Event()
         self._connect_error: BaseException | None = None
@@ -280,7 +293,7 @@ class ReplicaDeployments:
         app_name = self.app_name(index)
         options = {"num_gpus": self.num_gpus, "num_cpus": self.settings.num_cpus}
         # serve.deployment made the class a Deployment; Ray's annotations still say it is the class.
-        application = Cosmos3Replica.options(ray_actor_options=options).bind(self.spec)  # type: ignore[attr-defined]
+        application = Cosmos3Replica.options(ray_actor_options=options).bind(self.loader)  # type: ignore[attr-defined]
         handle = serve.run(application, name=app_name, route_prefix=None)
         return RemoteEngine(handle, app_name)
 
@@ -291,8 +304,8 @@ class ReplicaDeployments:
             try:
                 handle = serve.get_app_handle(app_name)
                 engine = RemoteEngine(handle, app_name)
-                description = handle.describe.remote().result(timeout_s=60.0)
-                if description.get("replica", {}).get("actor_id") != lost_actor_id:
+                identity = handle.identity.remote().result(timeout_s=60.0)
+                if identity.actor_id != lost_actor_id:
                     return engine
             except Exception:  # noqa: BLE001 - not back yet, or the application is gone: deploy it again
                 logger.info("replica %d not back yet; (re)deploying", index, exc_info=True)

@@ -27,7 +27,7 @@ from collections.abc import Callable, Collection, Hashable
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..engine.request_queue import BackgroundTask, ClosableQueue, PendingObservation, QueueClosed, RequestQueue
+from ..engine.request_queue import ClosableQueue, EngineTask, PendingObservation, QueueClosed, RequestQueue
 
 
 class NoReplicaAvailable(QueueClosed):
@@ -41,7 +41,7 @@ class Failover:
     replica: int
     moved: dict[Hashable, int] = field(default_factory=dict)
     observations: list[PendingObservation] = field(default_factory=list)
-    background: list[BackgroundTask] = field(default_factory=list)
+    background: list[EngineTask[Any]] = field(default_factory=list)
 
 
 class ReplicaRouter(ClosableQueue):
@@ -129,7 +129,7 @@ class ReplicaRouter(ClosableQueue):
                 return item
             return replaced
 
-    def put_background(self, task: BackgroundTask) -> None:
+    def put_background(self, task: EngineTask[Any]) -> None:
         """Queue a background task on the live replica with the least background work waiting."""
         with self._lock:
             self._refuse_if_closed()
@@ -146,10 +146,10 @@ class ReplicaRouter(ClosableQueue):
                 return None
             return self.queues[replica].cancel(session_id, seq)
 
-    def close(self) -> list[PendingObservation | BackgroundTask]:
+    def close(self) -> list[PendingObservation | EngineTask[Any]]:
         with self._lock:
             self._closed = True
-            left: list[PendingObservation | BackgroundTask] = []
+            left: list[PendingObservation | EngineTask[Any]] = []
             for queue in self.queues:
                 left.extend(queue.close())
             return left

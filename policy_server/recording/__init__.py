@@ -5,7 +5,7 @@ What a session uses::
     recorder = Recorder(RecorderSettings(root=Path("recordings")))
     recorder.start()                                   # recovers what a crash left, then writes
     recording = recorder.session(session_id)           # or NO_RECORDING
-    recording.start_episode(resolved_config, model_identity(engine.describe()))
+    recording.start_episode(resolved_config, engine.describe().identity())
     recording.observation(seq, {"front": frame}, request, received_at=received_at)
     recording.chunk(seq, actions, timing, seed)        # or .dropped(seq, reason) / .error(seq, code, message)
     recording.end_episode("closed")
@@ -13,7 +13,7 @@ What a session uses::
 """
 
 from .recorder import Recorder, RecorderSettings, RecorderState
-from .session_recording import NO_RECORDING, NullSessionRecording, SessionRecording, model_identity
+from .session_recording import NO_RECORDING, NullSessionRecording, SessionRecording
 from .store import InvalidRecordingName, RecordingInfo, RecordingStore
 
 __all__ = [
@@ -26,5 +26,4 @@ __all__ = [
     "RecordingInfo",
     "RecordingStore",
     "SessionRecording",
-    "model_identity",
 ]

@@ -54,7 +54,6 @@ from .lerobot_format import (
     EpisodeLayout,
     video_path,
 )
-from .session_recording import model_identity
 
 
 class RecordingFormatError(ValueError):
@@ -300,7 +299,7 @@ def replay(
 ) -> ReplayReport:
     """Send ``episode``'s observations through ``engine`` (a Cosmos3Engine) and compare the chunks."""
     report = ReplayReport(
-        episode.name, dict(episode.session.get("model", {})), model_identity(engine.describe()), dict(overrides)
+        episode.name, dict(episode.session.get("model", {})), engine.describe().identity(), dict(overrides)
     )
     for row, frames in zip(episode.rows(), episode.frames()):
         if limit is not None and len(report.chunks) >= limit:

@@ -1,4 +1,5 @@
-"""What one session holds to record itself: :class:`SessionRecording`, or :data:`NO_RECORDING`.
+"""What one session holds to record itself: :class:`SessionRecording` (or :data:`NO_RECORDING`), and the
+same as a listener of the session's events (:class:`RecordingListener`).
 
 A session calls these on the event loop. Every call is O(1) and never blocks: it builds one small event
 holding references to the session's arrays and offers it to the recorder's bounded queue through a
@@ -14,6 +15,10 @@ from typing import Any, Protocol
 
 import numpy as np
 
+from cosmos3_runtime.description import MODEL_IDENTITY_KEYS
+
+from ..sessions.listener import AcceptedObservation, SessionListener
+from ..sessions.observation_rules import ChunkReply
 from .events import (
     ChunkReturned,
     DropRecord,
@@ -24,24 +29,6 @@ from .events import (
     ObservationRecord,
     Reconfigured,
 )
-
-# The parts of an engine's describe() that identify the model in a recording.
-MODEL_IDENTITY_KEYS = (
-    "model",
-    "variant",
-    "is_distilled",
-    "is_edge",
-    "dtype",
-    "device",
-    "parameters",
-    "action_dim",
-    "num_embodiment_domains",
-)
-
-
-def model_identity(description: Mapping[str, Any]) -> dict[str, Any]:
-    """The model's identity for a recording, from an engine's ``describe()``."""
-    return {key: description.get(key) for key in MODEL_IDENTITY_KEYS if key in description}
 
 
 def _check_config(config: Mapping[str, Any]) -> None:
@@ -82,8 +69,8 @@ class SessionRecording:
 
     def start_episode(self, config: Mapping[str, Any], model: Mapping[str, Any], fps: int | None = None) -> None:
         """Begin an episode. ``config`` is the resolved configuration (JSON-able, with
-        ``action_horizon`` and ``raw_action_dim``); ``model`` the engine's ``describe()`` (or its identity: only
-        the keys of :func:`model_identity` are kept);
+        ``action_horizon`` and ``raw_action_dim``); ``model`` the model's identity (``ModelDescription.identity()``:
+        only its keys are kept);
         ``fps`` the dataset's frame rate (default: the config's ``control_hz``, else the recorder's)."""
         _check_config(config)
         if self.active:
@@ -96,7 +83,13 @@ class SessionRecording:
         self._sink.put_control(
             self._key,
             EpisodeStart(
-                self.session_id, self.protocol, dict(config), model_identity(model), int(fps), now, time.time()
+                self.session_id,
+                self.protocol,
+                dict(config),
+                {key: model[key] for key in MODEL_IDENTITY_KEYS if key in model},
+                int(fps),
+                now,
+                time.time(),
             ),
         )
 
@@ -192,3 +185,52 @@ class NullSessionRecording:
 
 
 NO_RECORDING = NullSessionRecording()
+
+
+class RecordingListener(SessionListener):
+    """A :class:`SessionRecording` as one of its session's listeners (:mod:`policy_server.sessions.listener`).
+
+    Episodes follow the session: one starts at its first configuration (or at once, when recording starts
+    on a configured session), a reset ends it and starts the next with the same configuration, and the
+    session's close (or recording stopped) ends it with that reason.
+    """
+
+    def __init__(self, recording: SessionRecording) -> None:
+        self.recording = recording
+        self._configured: tuple[Mapping[str, Any], Mapping[str, Any]] | None = None  # (config, model)
+
+    def configured(self, config: Mapping[str, Any], model: Mapping[str, Any]) -> None:
+        self._configured = (config, model)
+        if self.recording.active:
+            self.recording.configured(config)
+        else:
+            self.recording.start_episode(config, model)
+
+    def observation(self, event: AcceptedObservation) -> None:
+        self.recording.observation(
+            event.frame.seq,
+            event.cameras,
+            event.request,
+            received_at=event.received_at,
+            client_timestamp=event.frame.client_timestamp,
+        )
+
+    def chunk_sent(self, reply: ChunkReply) -> None:
+        self.recording.chunk(reply.seq, reply.actions, reply.timing, reply.seed)
+
+    def dropped(self, seq: int, reason: str, message: str) -> None:
+        self.recording.dropped(seq, reason, message)
+
+    def error(self, seq: int | None, code: str, message: str, field: str | None) -> None:
+        self.recording.error(seq, code, message, field)
+
+    def noted(self, kind: str, details: Mapping[str, Any]) -> None:
+        self.recording.note(kind, **details)
+
+    def reset(self) -> None:
+        self.recording.end_episode("reset")
+        if self._configured is not None:
+            self.recording.start_episode(*self._configured)
+
+    def closed(self, reason: str) -> None:
+        self.recording.end_episode(reason)

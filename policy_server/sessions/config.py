@@ -2,7 +2,7 @@
 
 An observation may carry any setting for itself only (:func:`observation_request`): it is merged over
 the session's and checked the same way. Settings are checked here against the loaded model's
-description (:class:`~policy_server.engine.description.ModelDescription`), with the engine's own limits,
+description (:class:`~cosmos3_runtime.description.ModelDescription`), with the engine's own limits,
 as soon as they arrive, so a robot learns that its domain, tier or prompt length is wrong from the
 ``configure`` reply (or at once for an observation), never as a failure of every later observation. The
 engine checks requests again (it is the authority); this is the early, cheap answer.
@@ -12,13 +12,16 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
+import numpy as np
+
+from cosmos3_runtime.description import ModelDescription
+from cosmos3_runtime.profiles import PolicyProfile
 from cosmos3_runtime.requests import ActionRequest
 from robot_clients.client_frames import ObservationFrame
 from robot_clients.protocol import ErrorCode, ProtocolError
 
-from ..engine.description import DomainProfile, ModelDescription
 from ..media.camera_composition import compose_named
 
 # What a domain's profile says about the proprio state its observations carry.
@@ -63,21 +66,27 @@ class SessionConfig:
         composed into one frame per the view point: :mod:`policy_server.media.camera_composition`.
         """
         mode = self.action_mode or ("inverse_dynamics" if obs.video is not None else "policy")
+        assert mode in ("policy", "inverse_dynamics"), "merge_session_config admits only the realtime modes"
+        action_mode: Literal["policy", "inverse_dynamics"] = "policy" if mode == "policy" else "inverse_dynamics"
         domain = description.domains[self.domain_name]  # checked by merge_session_config
         view_point = self.view_point or domain.view_point
-        image = obs.image
+        # The session decoded its encoded frames before asking for its request: arrays only from here.
+        image, video = obs.image, obs.video
+        assert not isinstance(image, bytes) and not isinstance(video, list), "frames are decoded first"
         if obs.images is not None:
-            image = compose_named(obs.images, view_point)
+            images = {name: frame for name, frame in obs.images.items() if isinstance(frame, np.ndarray)}
+            assert len(images) == len(obs.images), "frames are decoded first"
+            image = compose_named(images, view_point)
         horizon = self.action_horizon
         if mode == "inverse_dynamics":
-            if obs.video is None:
+            if video is None:
                 raise ProtocolError(
                     ErrorCode.MISSING_FIELD,
                     "inverse_dynamics needs a `video` (T×H×W×3 uint8, action_horizon + 1 frames)",
                     "video",
                     obs.seq,
                 )
-            frames = obs.video.shape[0]
+            frames = video.shape[0]
             if horizon is None:
                 _check_horizon(
                     frames - 1,
@@ -103,9 +112,9 @@ class SessionConfig:
         )
         return ActionRequest(
             domain_name=self.domain_name,
-            action_mode=mode,
+            action_mode=action_mode,
             image=image,
-            video=obs.video,
+            video=video,
             prompt=self.prompt,
             action_horizon=horizon,
             resolution_tier=self.resolution_tier,
@@ -124,7 +133,7 @@ def _with_defaults(values: dict[str, Any], description: ModelDescription) -> dic
     domain's own (its profile's horizon, view point, fps, tier), else the model's."""
     defaults = description.defaults
     domain = description.domain(values.get("domain_name"))
-    own = domain.defaults if domain is not None else None
+    own = description.domain_defaults[domain.domain_name] if domain is not None else None
     profile = (
         {"action_horizon": domain.default_horizon, "view_point": domain.view_point, "fps": domain.fps}
         if domain is not None
@@ -169,7 +178,7 @@ def _check_horizon(value: int, description: ModelDescription, field: str, seq: i
         )
 
 
-def _check_prefix(prefix, mode: str, horizon: int | None, width: int | None, seq: int | None) -> None:
+def _check_prefix(prefix: np.ndarray, mode: str, horizon: int | None, width: int | None, seq: int | None) -> None:
     """Real-time-chunking prefix against the settings (finite float32 is the parser's check)."""
     if mode != "policy":
         raise ProtocolError(
@@ -195,7 +204,11 @@ def _check_prefix(prefix, mode: str, horizon: int | None, width: int | None, seq
 
 
 def check_state(
-    state, domain: DomainProfile, seq: int | None = None, field: str = "state", shown: str | None = None
+    state: np.ndarray | None,
+    domain: PolicyProfile,
+    seq: int | None = None,
+    field: str = "state",
+    shown: str | None = None,
 ) -> None:
     """A parsed state (float32, ``[D]`` or ``[rows, D]``) against the domain's profile, or its absence.
 
@@ -209,7 +222,7 @@ def check_state(
         if state is not None:
             raise ProtocolError(
                 ErrorCode.INVALID_FIELD,
-                f"domain {domain.name!r} does not condition on the robot's state (its profile has no "
+                f"domain {domain.domain_name!r} does not condition on the robot's state (its profile has no "
                 f"state_dim, see the metadata's `domains`): leave {shown} out",
                 field,
                 seq,
@@ -220,7 +233,7 @@ def check_state(
     if state is None:
         raise ProtocolError(
             ErrorCode.MISSING_FIELD,
-            f"domain {domain.name!r} conditions on the robot's state: send {shown}, a float array "
+            f"domain {domain.domain_name!r} conditions on the robot's state: send {shown}, a float array "
             f"{shape}" + (" (oldest row first)" if rows > 1 else ""),
             field,
             seq,
@@ -229,7 +242,7 @@ def check_state(
     if matrix.shape[1] != domain.state_dim or matrix.shape[0] != rows:
         raise ProtocolError(
             ErrorCode.INVALID_FIELD,
-            f"{shown} has shape {list(state.shape)}; domain {domain.name!r} has state_dim "
+            f"{shown} has shape {list(state.shape)}; domain {domain.domain_name!r} has state_dim "
             f"{domain.state_dim} and history_length {rows}, so it must be {shape}",
             field,
             seq,
@@ -274,7 +287,7 @@ def _check(config: SessionConfig, description: ModelDescription, seq: int | None
             "domain_name",
             seq,
         )
-    modes = description.realtime_modes
+    modes = description.action_modes
     if config.action_mode is not None and config.action_mode not in modes:
         if config.action_mode == "forward_dynamics":
             hint = "forward_dynamics produces video; use the HTTP /v1/videos API"

@@ -117,11 +117,12 @@ def openpi_decode(obs: OpenpiObservation, video: bool, limits: FrameLimits, seq:
     composition) to run on the pool (None: its image or clip is composed already)."""
     if obs.encoded is None:
         return None
-    for key, value in zip(obs.cameras, obs.encoded):
+    encoded = obs.encoded
+    for key, value in zip(obs.cameras, encoded):
         check_encoded(value, key, limits, seq)
 
     def decode() -> OpenpiObservation:
-        frames = [decoded_image(value, key, limits, seq) for key, value in zip(obs.cameras, obs.encoded)]
+        frames = [decoded_image(value, key, limits, seq) for key, value in zip(obs.cameras, encoded)]
         compose_cameras(obs, frames, video, limits)
         obs.encoded = None
         return obs
@@ -152,7 +153,7 @@ class DecodeSlot:
         self._drop = drop
         self._decoding: _Pending | None = None
         self._waiting: _Pending | None = None
-        self._task: asyncio.Task | None = None
+        self._task: asyncio.Task[None] | None = None
         self.decoded = 0
 
     @property
@@ -202,7 +203,7 @@ class DecodeSlot:
 
     async def _decode(self, pending: _Pending) -> None:
         try:
-            pending.value = await decode_pool().run(pending.prepare)
+            pending.value = await decode_pool().run(pending.prepare)  # type: ignore[no-untyped-call]
         except ProtocolError as error:
             if not pending.cancelled:
                 self._guard(pending.seq, _raise, error)

@@ -28,7 +28,9 @@ from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
+from websockets.asyncio.server import ServerConnection
 
+from cosmos3_runtime.description import ModelDescription
 from robot_clients import client_frames, protocol
 from robot_clients.protocol import (
     DropReason,
@@ -40,19 +42,18 @@ from robot_clients.protocol import (
 )
 from robot_clients.wire_codec import WireFormatError, packb, unpackb
 
+from ..context import ServerContext
 from ..engine.outcome import EngineOutcome
 from ..engine.request_queue import PendingObservation
-from ..sglang.realtime import SGLANG, connection_mode
+from ..metadata import native_metadata
 from .base import Session
 from .config import merge_session_config, observation_request, settings_used
 from .controls import ControlAction, ControlError, ControlErrorCode, OperatorControl
+from .dialects import Dialect, FirstFrame
 from .frame_decoding import native_decode
-from .recording_hooks import cameras_of
-from .replies import UNREAD_CHUNK_MESSAGE, ChunkReply
+from .observation_rules import ChunkReply
 from .supervisor import close_connection
 from .telemetry import SessionTelemetry
-
-__all__ = ["RealtimeSession", "UNREAD_CHUNK_MESSAGE", "STOPPED_CLOSE_CODE", "STOPPED_CLOSE_REASON"]
 
 # Close code and reason when an operator stops a session (the client does not reconnect after it).
 STOPPED_CLOSE_CODE = 1000
@@ -65,17 +66,32 @@ class RealtimeSession(Session):
     protocol = "native"
     controllable = True
 
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
-        self.last_seq: int | None = None
+    def __init__(
+        self, connection: ServerConnection, context: ServerContext[Session], dialects: tuple[Dialect, ...] = ()
+    ) -> None:
+        super().__init__(connection, context)
         self.telemetry = SessionTelemetry()
+        self.listeners.append(self.telemetry)
         # True while the prompt is the operator's: per-observation prompt overrides are then ignored,
         # until the robot's own `configure` sets a prompt again.
         self.operator_prompt = False
-        self.frames_read = 0  # the first one may choose SGLang's lock-step mode instead (docs/sglang.md)
+        # The other protocols served on this path: the first frame may choose one (:mod:`.dialects`).
+        self.dialects = dialects
+        self.frames_read = 0
+        # The dialect that claimed the first frame, and that frame: the server hands the connection to it.
+        self.handover: tuple[Dialect, FirstFrame] | None = None
+
+    @property
+    def description(self) -> ModelDescription:
+        description = self.context.description
+        assert description is not None, "sessions open once the model is ready"
+        return description
 
     def opened(self) -> None:
-        self.put(packb(self.host.metadata(self.id, self.protocol)))
+        hello = native_metadata(self.context, self.id)
+        for dialect in self.dialects:
+            hello = dialect.hello(self.context, hello)
+        self.put(packb(hello))
 
     # -- replies ---------------------------------------------------------------------------------------
 
@@ -99,26 +115,30 @@ class RealtimeSession(Session):
     # -- frames from the client ----------------------------------------------------------------------
 
     def handle(self, message: bytes | str, received_at: float) -> None:
+        first, self.frames_read = self.frames_read == 0, self.frames_read + 1
+        decoded: Any = None
+        refusal: ProtocolError | None = None
         if isinstance(message, str):
-            raise ProtocolError(
+            refusal = ProtocolError(
                 ErrorCode.BAD_FRAME, "text frames are not part of the protocol; send binary msgpack frames"
             )
-        try:
-            decoded = unpackb(message)
-        except WireFormatError as exc:
-            raise ProtocolError(ErrorCode.BAD_FRAME, exc.message, exc.field) from None
-        first, self.frames_read = self.frames_read == 0, self.frames_read + 1
-        if first and connection_mode(decoded) == SGLANG:  # SGLang's lock-step client: its session takes over
-            self.handover = decoded
+        else:
+            try:
+                decoded = unpackb(message)
+            except WireFormatError as exc:
+                refusal = ProtocolError(ErrorCode.BAD_FRAME, exc.message, exc.field)
+        if first and self.dialects and self._handed_over(FirstFrame(message, decoded, received_at)):
             return
+        if refusal is not None:
+            raise refusal
         if isinstance(decoded, dict) and isinstance(decoded.get("seq"), int):
             self.frame_seq = decoded["seq"]  # so that even an early error names the observation it is about
-        frame = client_frames.parse_client_frame(decoded, self.host.frame_limits)
+        frame = client_frames.parse_client_frame(decoded, self.context.frame_limits)
         if isinstance(frame, client_frames.ObservationFrame):
             # Its rate token is spent on arrival, before any decoding (as openpi's): a flood of encoded
             # frames that keep replacing the one waiting to be decoded is refused like any other flood.
             self.take_rate(received_at, frame.seq)
-            decode = native_decode(frame, self.host.frame_limits)  # headers checked now, pixels on the pool
+            decode = native_decode(frame, self.context.frame_limits)  # headers checked now, pixels on the pool
             self.observe(frame.seq, received_at, self._on_observation, frame, decode)
         elif isinstance(frame, client_frames.ConfigureFrame):
             self._on_configure(frame)
@@ -126,11 +146,19 @@ class RealtimeSession(Session):
             self.cancel_in_flight(frame.seq)
         elif isinstance(frame, client_frames.ResetFrame):
             self.reset()
-            self.last_seq = None
+            self.rules.restart()
             self._send({"type": protocol.RESET_DONE, "session_id": self.id})
 
+    def _handed_over(self, first: FirstFrame) -> bool:
+        """Offer the first frame to the dialects; the first that claims it takes the connection over."""
+        dialect = next((dialect for dialect in self.dialects if dialect.claims(first)), None)
+        if dialect is None:
+            return False
+        self.handover, self.handed_over = (dialect, first), True
+        return True
+
     def _on_configure(self, frame: client_frames.ConfigureFrame) -> None:
-        config = merge_session_config(self.config, frame.settings, self.host.description)  # refused: nothing changes
+        config = merge_session_config(self.config, frame.settings, self.description)  # refused: nothing changes
         if frame.record is not None:
             self.set_recording(frame.record, "configure")
         self.set_config(config)
@@ -140,7 +168,7 @@ class RealtimeSession(Session):
             {
                 "type": protocol.SESSION,
                 "session_id": self.id,
-                "config": self.config.resolved(self.host.description),
+                "config": config.resolved(self.description),
                 "state": self.state.value,
                 "recording": self.recorded,
             }
@@ -150,34 +178,15 @@ class RealtimeSession(Session):
         if self.operator_prompt:
             obs.overrides.pop("prompt", None)  # the operator steers; the chunk echoes the prompt used
         # Its own settings over the session's, checked like a `configure`; refused before it takes a seq.
-        request = observation_request(self.config, obs, self.host.description)
+        request = observation_request(self.config, obs, self.description)
         self.last_observation_at = received_at
-        if self.last_seq is not None and obs.seq <= self.last_seq:
-            raise ProtocolError(
-                ErrorCode.INVALID_FIELD,
-                f"`seq` must increase within a session: got {obs.seq} after {self.last_seq} (send `reset` to restart)",
-                "seq",
-                obs.seq,
-            )
-        self.last_seq = obs.seq
-        shown = obs.image if obs.images is None else next(iter(obs.images.values()))
-        self.telemetry.record_observation(obs.seq, shown, obs.video)
-        cameras = cameras_of(obs)
+        self.rules.check_order(obs.seq)
         if self.state is not SessionState.RUNNING:
-            reason = DropReason.PAUSED if self.state is SessionState.PAUSED else DropReason.STOPPED
-            self.recording.observation(
-                obs.seq, cameras, request, received_at=received_at, client_timestamp=obs.client_timestamp
-            )
-            self.drop(obs.seq, reason)
+            self.accepted(obs, request, received_at)
+            self.drop(obs.seq, DropReason.PAUSED if self.state is SessionState.PAUSED else DropReason.STOPPED)
             return
-        self.enqueue(
-            obs.seq,
-            request,
-            received_at,
-            cameras,
-            deadline_at=received_at + obs.deadline_ms / 1e3 if obs.deadline_ms is not None else None,
-            client_timestamp=obs.client_timestamp,
-        )
+        deadline_at = received_at + obs.deadline_ms / 1e3 if obs.deadline_ms is not None else None
+        self.enqueue(obs, request, received_at, deadline_at=deadline_at)
 
     # -- operator controls (from the observer channel, on the event loop) ---------------------------
 
@@ -191,7 +200,7 @@ class RealtimeSession(Session):
         if self.state is SessionState.STOPPED:
             raise ControlError(ControlErrorCode.INVALID_STATE, "the session is stopped", "session_id")
         action = control.action
-        self.recording.note("operator", action=action.value, reason=control.reason)
+        self.note("operator", {"action": action.value, "reason": control.reason})
         if action is ControlAction.SET_PROMPT:
             self._set_operator_prompt(control)
         elif action is ControlAction.RESUME:
@@ -218,11 +227,10 @@ class RealtimeSession(Session):
                 "the robot has not configured its session yet; there is no prompt to change",
                 "prompt",
             )
-        self.set_config(dataclasses.replace(self.config, prompt=control.prompt or ""))
+        config = dataclasses.replace(self.config, prompt=control.prompt or "")
+        self.set_config(config)
         self.operator_prompt = True
-        self._send(
-            session_updated_frame(self.id, self.config.resolved(self.host.description), ["prompt"], control.reason)
-        )
+        self._send(session_updated_frame(self.id, config.resolved(self.description), ["prompt"], control.reason))
 
     async def _close_when_sent(self) -> None:
         """Close with 1000 once the ``session_state: stopped`` frame (and the drops before it) left."""
@@ -231,7 +239,7 @@ class RealtimeSession(Session):
             self.connection,
             STOPPED_CLOSE_CODE,
             STOPPED_CLOSE_REASON,
-            self.host.settings.connection_limits.close_grace_s,
+            self.context.settings.connection_limits.close_grace_s,
         )
 
     # -- the chunk ------------------------------------------------------------------------------------
@@ -262,7 +270,7 @@ class RealtimeSession(Session):
             "action_horizon": chunk.action_horizon,
             "num_steps": chunk.num_steps,
             "seed": chunk.seed,
-            **settings_used(item.request, self.host.description),
+            **settings_used(item.request, self.description),
             "timing": timing,
         }
         if item.client_timestamp is not None:

@@ -18,8 +18,8 @@ frames (``observation``, ``configure``, ``cancel``, ``reset``) are refused with 
 
 What one observer may cost is bounded: observers at once (``--max-observers``, checked by the server at
 the handshake); the frames it may send (:data:`OBSERVER_MAX_MESSAGE_BYTES` each, at most
-:data:`OBSERVER_FRAME_RATE`, beyond which they are answered ``rate_limited``); what the server pushes to
-it (one ``sessions`` list per sessions interval and one ``session_detail`` per interval, none made while
+``observer_frame_rate`` a second, beyond which they are answered ``rate_limited``); what the server pushes
+to it (one ``sessions`` list per sessions interval and one ``session_detail`` per interval, none made while
 the previous one waits unsent; both built once per interval for all observers by :class:`SnapshotCache`,
 so the work does not grow with the observers; prompts cut to :data:`LIST_PROMPT_CHARS` in the list and
 :data:`DETAIL_PROMPT_CHARS` in the detail; the camera JPEG encoded once per frame); and what waits for it
@@ -47,10 +47,10 @@ from websockets.http11 import Request
 
 from robot_clients.protocol import ProtocolError
 
+from ..context import ServerContext
+from .base import Session
 from .controls import RECORDING_ACTIONS, ControlAction, ControlError, ControlErrorCode, parse_control
-from .host import HostedSession, SessionHost
 from .outbox import OutboxFull, paced
-from .rate_limits import RateLimit
 from .supervisor import close_connection
 
 logger = logging.getLogger(__name__)
@@ -59,10 +59,8 @@ OBSERVE_PATH = "/v1/observe"
 OBSERVER_PROTOCOL_VERSION = 1
 DEFAULT_INTERVAL_S = 0.25  # session_detail of the watched session
 DEFAULT_SESSIONS_INTERVAL_S = 1.0  # the sessions list (it changes at the pace of people, not of robots)
-DEFAULT_MAX_OBSERVERS = 16
 # Observers send subscribe and control frames of a few hundred bytes, at the pace of clicks.
 OBSERVER_MAX_MESSAGE_BYTES = 64 * 1024
-OBSERVER_FRAME_RATE = RateLimit(rate_hz=20.0, burst=40)
 # A prompt is shown whole (up to the model's usual prompt bound) only to whoever watches that session.
 LIST_PROMPT_CHARS = 200
 DETAIL_PROMPT_CHARS = 2000
@@ -76,7 +74,7 @@ class ObserverErrorCode:
     BAD_FRAME = "bad_frame"  # not a JSON object in a text frame
     UNKNOWN_TYPE = "unknown_type"
     READ_ONLY = "read_only"  # a robot frame: observers cannot send observations or drive a session
-    RATE_LIMITED = "rate_limited"  # more frames a second than OBSERVER_FRAME_RATE; this one was not acted on
+    RATE_LIMITED = "rate_limited"  # more frames a second than --observer-frame-rate allows; this one was not acted on
 
 
 def authorize(request: Request) -> tuple[HTTPStatus, str] | None:
@@ -117,7 +115,7 @@ class SnapshotCache:
         self._sessions: tuple[float, bytes] | None = None
         self._details: dict[str, tuple[float, Detail]] = {}
 
-    def sessions(self, server: SessionHost, now: float) -> bytes:
+    def sessions(self, server: ServerContext[Session], now: float) -> bytes:
         if self._sessions is None or now - self._sessions[0] >= self.max_age_s:
             sessions = [session_summary(server, s, LIST_PROMPT_CHARS) for s in list(server.sessions.values())]
             frame = {"type": "sessions", "t": time.time(), "sessions": sessions}
@@ -127,7 +125,7 @@ class SnapshotCache:
                 del self._details[session_id]
         return self._sessions[1]
 
-    def detail(self, server: SessionHost, session: HostedSession, now: float) -> Detail:
+    def detail(self, server: ServerContext[Session], session: Session, now: float) -> Detail:
         cached = self._details.get(session.id)
         if cached is None or now - cached[0] >= self.max_age_s:
             cached = (now, session_detail(server, session))
@@ -135,7 +133,7 @@ class SnapshotCache:
         return cached[1]
 
 
-def session_detail(server: SessionHost, session: HostedSession) -> Detail:
+def session_detail(server: ServerContext[Session], session: Session) -> Detail:
     """``session``'s detail: summary (prompt up to DETAIL_PROMPT_CHARS), latest chunk, latencies, drops, and
     its latest camera frame as a JPEG."""
     telemetry = session.telemetry
@@ -171,7 +169,7 @@ def session_detail(server: SessionHost, session: HostedSession) -> Detail:
         ]
         detail["dropped"] = [{"t": round(d.t, 3), "seq": d.seq, "reason": d.reason} for d in telemetry.drops]
     without_frame = json.dumps(detail, allow_nan=False).encode()
-    if frame is None:
+    if frame is None or telemetry is None:
         return Detail(None, without_frame, without_frame)
     jpeg, width, height = telemetry.preview(frame)
     detail["frame"] = {"seq": frame.seq, "t": round(frame.t, 3), "width": width, "height": height, "jpeg_base64": jpeg}
@@ -184,10 +182,11 @@ def _cut(text: str | None, limit: int) -> tuple[str | None, bool]:
     return text[:limit], True
 
 
-def session_summary(server: SessionHost, session: HostedSession, prompt_chars: int) -> dict[str, Any]:
+def session_summary(server: ServerContext[Session], session: Session, prompt_chars: int) -> dict[str, Any]:
     """One session as observers see it; the prompt cut to ``prompt_chars`` (``prompt_truncated`` says so)."""
     telemetry = session.telemetry
-    config = session.config.resolved(server.description) if session.config is not None else {}
+    description = server.description
+    config = session.config.resolved(description) if session.config is not None and description is not None else {}
     prompt, truncated = _cut(config.get("prompt"), prompt_chars)
     summary = {
         "session_id": session.id,
@@ -227,7 +226,7 @@ class ObserverSession:
     def __init__(
         self,
         connection: ServerConnection,
-        server: SessionHost,
+        server: ServerContext[Session],
         snapshots: SnapshotCache,
         interval_s: float = DEFAULT_INTERVAL_S,
         sessions_interval_s: float = DEFAULT_SESSIONS_INTERVAL_S,
@@ -291,7 +290,7 @@ class ObserverSession:
             "interval_s": self.interval_s,
             "sessions_interval_s": self.sessions_interval_s,
             "controls": [action.value for action in ControlAction],
-            "recording": self.server.recorder is not None,
+            "recording": self.server.recordings is not None,
         }
 
     # -- frames from the observer ----------------------------------------------------------------
@@ -406,7 +405,7 @@ class ObserverSession:
                 self.connection, 1011, "observer snapshot failed", self.server.settings.connection_limits.close_grace_s
             )
 
-    def _send_detail(self, session: HostedSession, now: float) -> None:
+    def _send_detail(self, session: Session, now: float) -> None:
         """The shared detail, with the camera frame only if this observer does not have it yet."""
         detail = self.snapshots.detail(self.server, session, now)
         if detail.frame_key is not None and detail.frame_key != self._frame_sent:

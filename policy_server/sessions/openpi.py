@@ -10,8 +10,8 @@ ALOHA eval scripts, Isaac Lab bridges) speak a minimal protocol:
   looks for **bytes** keys, so that is how this session writes them (the shared wire codec reads both).
 
 openpi clients never say which embodiment, horizon or mode they want, so those come from the server's
-settings (:class:`OpenpiSettings`, set by ``cosmos3-serve --openpi-*`` flags); which cameras feed the
-model comes from a :class:`~policy_server.sessions.openpi_observation.CameraMapping`.
+settings (:class:`~.openpi_observation.OpenpiSettings`, set by ``cosmos3-serve --openpi-*`` flags); which
+cameras feed the model comes from a :class:`~.openpi_observation.CameraMapping`.
 
 Errors: openpi's own server sends a traceback as a text frame and closes the connection. Here the
 error goes out as a text frame too (openpi's client raises ``RuntimeError`` with it), but the
@@ -32,25 +32,23 @@ import time
 from typing import Any
 
 import numpy as np
+from websockets.asyncio.server import ServerConnection
 
+from cosmos3_runtime.description import ModelDescription
 from robot_clients.client_frames import ObservationFrame
 from robot_clients.protocol import CodedError, DropReason, ErrorCode, ProtocolError
 from robot_clients.wire_codec import WireFormatError, packb, unpackb
 
+from ..context import ServerContext
 from ..engine.outcome import EngineOutcome
 from ..engine.request_queue import PendingObservation
 from ..log_hygiene import printable
 from ..metadata import openpi_metadata
 from .base import Session
-from .config import observation_request
+from .config import SessionConfig, observation_request
 from .frame_decoding import openpi_decode
-from .host import SessionHost
-from .openpi_observation import OpenpiObservation, detect_convention, parse_openpi_observation
-from .openpi_settings import OpenpiSettings
-from .recording_hooks import cameras_of
-from .replies import UNREAD_CHUNK_MESSAGE, ChunkReply
-
-__all__ = ["OPENPI_PATHS", "OpenpiSession", "OpenpiSettings", "error_text", "openpi_arrays"]
+from .observation_rules import UNREAD_CHUNK_MESSAGE, ChunkReply
+from .openpi_observation import OpenpiObservation, OpenpiSettings, detect_convention, parse_openpi_observation
 
 logger = logging.getLogger(__name__)
 
@@ -88,17 +86,23 @@ class OpenpiSession(Session):
     id_prefix = "openpi-"
     bug_message = "the server failed on this observation (ref {reference})"
 
-    def __init__(self, connection: Any, host: SessionHost, settings: OpenpiSettings) -> None:
-        super().__init__(connection, host)
+    def __init__(self, connection: ServerConnection, context: ServerContext[Session], settings: OpenpiSettings) -> None:
+        super().__init__(connection, context)
         self.settings = settings
         self.config_error: ProtocolError | None = None
         self.convention: str | None = None
         self._next_seq = 0
         self._last_total_ms: float | None = None
 
+    @property
+    def description(self) -> ModelDescription:
+        description = self.context.description
+        assert description is not None, "sessions open once the model is ready"
+        return description
+
     def opened(self) -> None:
         try:
-            self.set_config(self.settings.session_config(self.host.description))
+            self.set_config(self.settings.session_config(self.description))
         except ProtocolError as exc:
             # The operator's flags do not fit this model: every observation will be told why.
             self.config_error = exc
@@ -108,7 +112,7 @@ class OpenpiSession(Session):
     def metadata(self) -> dict[str, Any]:
         error = self.config_error
         return openpi_metadata(
-            self.host.description,
+            self.description,
             self.id,
             self.config,
             self.settings.cameras,
@@ -131,6 +135,7 @@ class OpenpiSession(Session):
         self.send_error(ErrorCode.ENGINE_ERROR, "the server is shutting down")
 
     def pack_chunk(self, reply: ChunkReply) -> bytes:
+        assert isinstance(reply.body, bytes)
         return reply.body  # packed when made: openpi's reply carries no age
 
     # -- observations --------------------------------------------------------------------------------
@@ -143,20 +148,20 @@ class OpenpiSession(Session):
         self.take_rate(received_at)  # every openpi frame is an observation: refused before decoding
         if self.config_error is not None:
             raise self.config_error
-        assert self.config is not None
+        config = self._config()
         self.last_observation_at = received_at
         try:
             decoded = unpackb(message)
         except WireFormatError as exc:
             raise ProtocolError(ErrorCode.BAD_FRAME, exc.message, exc.field) from None
-        resolved_view = self.config.resolved(self.host.description)["view_point"]
+        resolved_view = config.resolved(self.description)["view_point"]
         obs = parse_openpi_observation(
             decoded,
             self.settings.cameras,
             resolved_view,
-            self.host.frame_limits,
-            video=self.config.action_mode == "inverse_dynamics",
-            domain=self.host.description.domain(self.config.domain_name),
+            self.context.frame_limits,
+            video=config.action_mode == "inverse_dynamics",
+            domain=self.description.domain(config.domain_name),
         )
         if self.convention is None:
             self.convention = detect_convention(decoded)
@@ -167,12 +172,16 @@ class OpenpiSession(Session):
                 printable("+".join(obs.cameras))[:200],
             )
         # Encoded cameras: headers checked now, decoded and composed on the decode pool, then admitted.
-        decode = openpi_decode(obs, self.config.action_mode == "inverse_dynamics", self.host.frame_limits, seq)
+        decode = openpi_decode(obs, config.action_mode == "inverse_dynamics", self.context.frame_limits, seq)
         self.observe(seq, received_at, self._admit, obs, decode)
+
+    def _config(self) -> SessionConfig:
+        assert self.config is not None, "configured from the server's settings when it opened"
+        return self.config
 
     def _admit(self, obs: OpenpiObservation, received_at: float) -> None:
         seq = self.frame_seq
-        assert seq is not None and self.config is not None
+        assert seq is not None
         overrides = {"prompt": obs.prompt} if obs.prompt else {}
         frame = ObservationFrame(
             seq=seq,
@@ -182,8 +191,8 @@ class OpenpiSession(Session):
             state=obs.state,
             overrides=overrides,
         )
-        request = observation_request(self.config, frame, self.host.description)
-        self.enqueue(seq, request, received_at, cameras_of(frame))
+        request = observation_request(self._config(), frame, self.description)
+        self.enqueue(frame, request, received_at)
 
     def encode_chunk(self, item: PendingObservation, outcome: EngineOutcome) -> ChunkReply:
         chunk = outcome.chunk
@@ -200,7 +209,7 @@ class OpenpiSession(Session):
         self._last_total_ms = total_ms
         actions = np.ascontiguousarray(chunk.actions, dtype=np.float32)
         body = packb(openpi_arrays({"actions": actions, "server_timing": server_timing}))
-        timing = {
+        timing: dict[str, float | None] = {
             "queue_ms": item.queue_ms,
             "model_ms": chunk.timing.model_ms,
             "engine_ms": outcome.engine_ms,

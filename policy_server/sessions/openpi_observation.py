@@ -1,4 +1,5 @@
-"""openpi observations: which cameras feed the model, and how several become one frame.
+"""openpi observations: which cameras feed the model, how several become one frame, and the server's
+``--openpi-*`` settings that say what openpi clients cannot say for themselves (:class:`OpenpiSettings`).
 
 openpi clients send a flat (or, for ALOHA, nested) dict per observation, with key names set by their
 benchmark's convention, and never say which camera is which view. This module knows the conventions in
@@ -48,6 +49,8 @@ from typing import Any
 
 import numpy as np
 
+from cosmos3_runtime.description import ModelDescription
+from cosmos3_runtime.profiles import PolicyProfile
 from robot_clients.client_frames import (
     SESSION_SETTINGS,
     check_image_size,
@@ -58,9 +61,8 @@ from robot_clients.client_frames import (
 )
 from robot_clients.protocol import ErrorCode, FrameLimits, ProtocolError
 
-from ..engine.description import DomainProfile
 from ..media.camera_composition import side_by_side
-from .config import check_state
+from .config import SessionConfig, check_state, merge_session_config
 
 VIEW_POINTS = ("ego_view", "third_person_view", "wrist_view", "concat_view")
 
@@ -229,7 +231,7 @@ def parse_openpi_observation(
     limits: FrameLimits,
     *,
     video: bool = False,
-    domain: DomainProfile | None = None,
+    domain: PolicyProfile | None = None,
 ) -> OpenpiObservation:
     """Pick and compose the cameras for ``view_point``; raise :class:`ProtocolError` naming the key.
 
@@ -252,10 +254,11 @@ def parse_openpi_observation(
         )
     frames = [_frames(lookup(obs, key), key, video, limits) for key in chosen]
     result = OpenpiObservation(cameras=chosen)
-    if any(isinstance(frame, (bytes, list)) for frame in frames):
+    arrays = [frame for frame in frames if isinstance(frame, np.ndarray)]
+    if len(arrays) < len(frames):
         result.encoded = frames
     else:
-        compose_cameras(result, frames, video, limits)
+        compose_cameras(result, arrays, video, limits)
 
     prompt = obs.get("prompt")
     if isinstance(prompt, bytes):
@@ -421,3 +424,31 @@ def _frames(array: Any, key: str, video: bool, limits: FrameLimits) -> np.ndarra
             )
         return np.ascontiguousarray(np.round(array * 255.0).astype(np.uint8))
     raise ProtocolError(ErrorCode.INVALID_IMAGE, f"`{key}` must be uint8 (or float in [0, 1]), got {array.dtype}", key)
+
+
+@dataclass(frozen=True)
+class OpenpiSettings:
+    """What openpi clients cannot say for themselves. ``None``: the model's default for the domain."""
+
+    domain_name: str | None = None
+    action_horizon: int | None = None
+    action_mode: str = "policy"
+    view_point: str | None = None
+    prompt: str = ""  # used when an observation has no `prompt`
+    resolution_tier: int | None = None
+    seed: int | None = None
+    cameras: CameraMapping = field(default_factory=CameraMapping)
+
+    def session_config(self, description: ModelDescription) -> SessionConfig:
+        """Resolve against the loaded model; raises :class:`ProtocolError` naming a bad setting."""
+        domain = self.domain_name or description.defaults.domain_name
+        settings = {
+            "domain_name": domain,
+            "action_mode": self.action_mode.strip().lower(),
+            "action_horizon": self.action_horizon,
+            "view_point": self.view_point,
+            "prompt": self.prompt,
+            "resolution_tier": self.resolution_tier,
+            "seed": self.seed,
+        }
+        return merge_session_config(None, {k: v for k, v in settings.items() if v is not None}, description)

@@ -208,3 +208,8 @@ async def paced(messages: AsyncIterable[Any], outbox: Outbox) -> AsyncIterator[A
         if not outbox.has_room():
             await outbox.wait_for_room()
         await asyncio.sleep(0)
+
+
+def payload_size(payload: bytes | str) -> int:
+    """The bytes an encoded reply holds in the outbox."""
+    return len(payload) if isinstance(payload, bytes) else len(payload.encode())

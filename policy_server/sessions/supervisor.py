@@ -110,8 +110,8 @@ class ConnectionSupervisor:
         self.connections = connections
         self.limits = limits
         self.closed_for: dict[str, int] = {"reply_timeout": 0, "outbox_full": 0, "idle": 0}
-        self._task: asyncio.Task | None = None
-        self._closing: set[asyncio.Task] = set()
+        self._task: asyncio.Task[None] | None = None
+        self._closing: set[asyncio.Task[None]] = set()
 
     def start(self) -> None:
         self._task = asyncio.get_running_loop().create_task(self._run(), name="connection-supervisor")

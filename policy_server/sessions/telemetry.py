@@ -1,10 +1,11 @@
 """What an operator can see of one session: its latest camera frame and chunk, latencies, drops.
 
-Each :class:`~policy_server.sessions.native.RealtimeSession` owns a :class:`SessionTelemetry` and
-records into it as frames come and go. Recording is O(1) and copies nothing (the latest camera frame is
-kept by reference, one per session), because it runs on the event loop for every observation whether or
-not anybody watches. The expensive part, turning the frame into a JPEG, happens only when an observer
-asks for it (:meth:`SessionTelemetry.preview`), once per camera frame however many observers watch.
+Each :class:`~policy_server.sessions.native.RealtimeSession` owns a :class:`SessionTelemetry`, one of
+its listeners (:mod:`.listener`), which hears of frames as they come and go. Each event costs O(1) and
+copies nothing (the latest camera frame is kept by reference, one per session), because it runs on the
+event loop for every observation whether or not anybody watches. The expensive part, turning the frame
+into a JPEG, happens only when an observer asks for it (:meth:`SessionTelemetry.preview`), once per
+camera frame however many observers watch.
 
 All times here are wall-clock seconds (``time.time()``): they are shown to people and plotted against
 each other in a browser, not used for scheduling.
@@ -16,10 +17,12 @@ import base64
 import io
 import time
 from collections import deque
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
 
 import numpy as np
+
+from .listener import AcceptedObservation, SessionListener
 
 # How many recent chunks and drops a session remembers for the latency timeline.
 HISTORY = 200
@@ -56,7 +59,7 @@ class CameraFrame:
     image: np.ndarray
 
 
-class SessionTelemetry:
+class SessionTelemetry(SessionListener):
     """Recent history of one session, written on the event loop, read by observers on the same loop."""
 
     def __init__(self) -> None:
@@ -68,22 +71,25 @@ class SessionTelemetry:
         self.latest_actions_seq: int | None = None
         self.observations = 0
         self.answered = 0
-        self.dropped = 0
         self.errors = 0
         self._arrivals: deque[float] = deque(maxlen=RATE_WINDOW)
         self._preview: tuple[CameraFrame, tuple[str, int, int]] | None = None  # (frame, encode_preview's result)
 
-    # -- recording (from the session) ------------------------------------------------------------
+    # -- the session's events ----------------------------------------------------------------------
 
-    def record_observation(self, seq: int, image: np.ndarray | None, video: np.ndarray | None) -> None:
+    def observation(self, event: AcceptedObservation) -> None:
         now = time.time()
         self.observations += 1
         self._arrivals.append(now)
-        frame = image if image is not None else (video[-1] if video is not None and len(video) else None)
-        if frame is not None:
-            self.latest_frame = CameraFrame(seq, now, frame)
+        obs = event.frame
+        image = obs.image if obs.images is None else next(iter(obs.images.values()), None)
+        video = obs.video
+        if isinstance(image, np.ndarray):
+            self.latest_frame = CameraFrame(obs.seq, now, image)
+        elif isinstance(video, np.ndarray) and len(video):
+            self.latest_frame = CameraFrame(obs.seq, now, video[-1])
 
-    def record_chunk(self, seq: int, actions: np.ndarray, timing: dict[str, Any]) -> None:
+    def chunk_made(self, seq: int, actions: np.ndarray, timing: Mapping[str, float | None]) -> None:
         self.answered += 1
         self.latest_actions, self.latest_actions_seq = actions, seq
         self.chunks.append(
@@ -96,11 +102,10 @@ class SessionTelemetry:
             )
         )
 
-    def record_drop(self, seq: int, reason: str) -> None:
-        self.dropped += 1
+    def dropped(self, seq: int, reason: str, message: str) -> None:
         self.drops.append(DropSample(time.time(), seq, reason))
 
-    def record_error(self) -> None:
+    def error(self, seq: int | None, code: str, message: str, field: str | None) -> None:
         self.errors += 1
 
     # -- reading (for observers) -----------------------------------------------------------------

@@ -32,10 +32,10 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from cosmos3_runtime.requests import ActionChunk
+from cosmos3_runtime.description import ModelDescription
+from cosmos3_runtime.requests import ActionResult
 from robot_clients.protocol import ErrorCode
 
-from ..engine.description import ModelDescription
 from ..http.errors import ApiError
 from .media import TENSOR_VALUE_KEYS, image_batch, video_clip
 from .parameters import (
@@ -527,7 +527,7 @@ def envelope_from_form(items: Sequence[tuple[str, str | FormUpload]]) -> dict[st
 
 def build_reply(
     call: ActionCall,
-    chunks: Sequence[ActionChunk],
+    chunks: Sequence[ActionResult],
     *,
     model: str | None,
     created: float | None = None,

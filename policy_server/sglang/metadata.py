@@ -19,7 +19,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from ..engine.description import ModelDescription
+from cosmos3_runtime.description import ModelDescription
 
 # The runtime (cosmos3_runtime) serves Cosmos3 checkpoints only.
 POLICY_FAMILY = "cosmos3"
@@ -30,12 +30,11 @@ ACTION_DTYPE = "float32"
 def supported_resolutions(description: ModelDescription) -> list[list[int]]:
     """``[width, height]`` canvases of the model's tiers, when the engine describes them (SGLang's order)."""
     tiers = description.resolution_tiers
-    canvases = description.resolution_canvases or {}
     sizes: list[list[int]] = []
-    for tier, tier_sizes in sorted(canvases.items()):
-        for height, width in tier_sizes if tier in tiers else ():
-            if [width, height] not in sizes:
-                sizes.append([width, height])
+    for tier, bins in sorted(description.canvases.items()):
+        for canvas in bins if tier in tiers else ():
+            if [canvas.width, canvas.height] not in sizes:
+                sizes.append([canvas.width, canvas.height])
     return sizes
 
 
@@ -44,7 +43,7 @@ def sglang_metadata(
     *,
     max_batch_size: int,
     openpi_websocket: bool,
-    default_fps: float,
+    default_fps: float | None,
 ) -> dict[str, Any]:
     """SGLang's metadata keys for the loaded model.
 

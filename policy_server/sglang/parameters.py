@@ -25,12 +25,12 @@ from typing import Any
 
 import numpy as np
 
+from cosmos3_runtime.description import ModelDescription
 from robot_clients.protocol import ErrorCode
 
-from ..engine.description import ModelDescription
 from ..http.errors import ApiError
 
-# SGLang's normalization names (and ours) -> the runtime's profile kinds (``describe()["domains"]``).
+# SGLang's normalization names (and ours) -> the runtime's profile kinds (``PolicyProfile.normalization.kind``).
 NORMALIZATION_KINDS = {
     "quantile": "quantile",
     "meanstd": "mean_std",
@@ -217,7 +217,7 @@ def resolve_domain(
         raise invalid(
             paths["raw_action_dim"], f"domain_id {domain_id} acts with another width ({widths}), not {raw_action_dim}"
         )
-    if any(dict(domains[n].raw) != dict(domains[matching[0]].raw) for n in matching[1:]):
+    if any(description.domain_json(n) != description.domain_json(matching[0]) for n in matching[1:]):
         raise invalid(
             paths["domain_id"],
             f"domain_id {domain_id} with raw_action_dim {raw_action_dim} is any of {', '.join(matching)}, "
@@ -236,7 +236,7 @@ def check_normalization(value: Any, domain_name: str, description: ModelDescript
     if kind is None:
         raise invalid(path, f"`{path}` must be one of quantile, meanstd, minmax, got {_shown(value)}")
     domain = description.domain(domain_name)
-    actual = domain.normalization if domain is not None else None
+    actual = domain.normalization.kind if domain is not None and domain.normalization is not None else None
     if actual is None:
         raise invalid(
             path,
@@ -300,12 +300,12 @@ def canvas_tier(
 def tier_for_size(height: int, width: int, description: ModelDescription, path: str) -> int:
     """The resolution tier whose canvas a pixel size names.
 
-    When the engine describes its canvases (``canvases``: tier -> ``[{aspect_ratio, height, width}, ...]``)
+    When the engine describes its canvases (``canvases``: tier -> its canvas bins)
     the size must be one of them (two tiers with the same canvas: the smaller, the same work); otherwise
     a tier is named by its canvas's short side (480 for 480×832), as the runtime's tiers are.
     """
     tiers = list(description.resolution_tiers)
-    canvases = description.resolution_canvases
+    canvases = {tier: [(b.height, b.width) for b in bins] for tier, bins in description.canvases.items()}
     if canvases:
         matches = [t for t, sizes in canvases.items() if t in tiers and (height, width) in sizes]
         if matches:

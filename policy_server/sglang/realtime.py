@@ -25,11 +25,11 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from cosmos3_runtime.requests import ActionChunk
+from cosmos3_runtime.description import ModelDescription
+from cosmos3_runtime.requests import ActionResult
 from robot_clients.protocol import ErrorCode
 from robot_clients.wire_codec import WireFormatError, packb, unpackb
 
-from ..engine.description import ModelDescription
 from ..http.errors import ApiError
 from .actions import ActionCall, build_reply, is_sglang_envelope, parse_action_envelope
 
@@ -85,7 +85,7 @@ class LockstepSession:
     def reply(
         self,
         call: ActionCall,
-        chunks: Sequence[ActionChunk],
+        chunks: Sequence[ActionResult],
         *,
         infer_ms: float,
         model: str | None,

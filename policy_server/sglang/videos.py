@@ -23,7 +23,8 @@ from typing import Any
 
 import numpy as np
 
-from ..engine.description import ModelDescription
+from cosmos3_runtime.description import ModelDescription
+
 from .media import refuse_paths
 from .parameters import (
     Mapped,

@@ -42,8 +42,7 @@ from cosmos3_runtime.requests import VideoRequest
 from robot_clients.protocol import CodedError, ErrorCode
 
 from ..engine.outcome import EngineLost, engine_failure
-from ..engine.owner import TaskOwner
-from ..engine.request_queue import QueueClosed, RequestQueue, queued_for_s
+from ..engine.request_queue import EngineTask, QueueClosed, RequestQueue, TaskOwner, queued_for_s
 from ..metrics import ServerMetrics
 from .encoding import VideoEncodingError, encode_mp4
 from .job_store import JobNotFound, VideoJob, VideoJobStore, disk_full
@@ -111,7 +110,9 @@ class VideoRolloutTask:
     ) -> None:
         self.job_id = job_id
         self.request = request
-        self.owner: TaskOwner = self  # the queue reports back to the task's owner, like to a session
+        self.owner: TaskOwner[VideoRolloutResult] = (
+            self  # the queue reports back to the task's owner, like to a session
+        )
         self.request_kind = "video"  # its metrics label
         self.enqueued_at = time.monotonic()
         self.started_at: float | None = None
@@ -151,15 +152,15 @@ class VideoRolloutTask:
         )
 
     # The queue's owner interface, called on the event loop.
-    def on_result(self, task: VideoRolloutTask, result: VideoRolloutResult) -> None:
+    def on_result(self, task: EngineTask[Any], result: VideoRolloutResult) -> None:
         if not self.done.done():
             self.done.set_result(result)
 
-    def on_dropped(self, task: VideoRolloutTask, reason: str) -> None:
+    def on_dropped(self, task: EngineTask[Any], reason: str) -> None:
         if not self.done.done():
             self.done.set_result(None)  # never ran (the queue closed): the job goes back to queued
 
-    def on_timeout(self, task: VideoRolloutTask, error: CodedError) -> None:
+    def on_timeout(self, task: EngineTask[Any], error: CodedError) -> None:
         """The watchdog abandoned the hung engine call of this rollout: the job fails (not re-queued, so a
         job that hangs the engine cannot do it again and again)."""
         if not self.done.done():

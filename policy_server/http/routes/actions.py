@@ -17,11 +17,11 @@ from typing import Any
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
 
+from cosmos3_runtime.description import ModelDescription
 from cosmos3_runtime.requests import ActionRequest
 from robot_clients.protocol import DropReason
 from robot_clients.wire_codec import packb
 
-from ...engine.description import ModelDescription
 from ...engine.outcome import EngineOutcome
 from ...engine.request_queue import PendingObservation, QueueClosed
 from ...sessions.config import settings_used

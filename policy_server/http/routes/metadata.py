@@ -12,9 +12,10 @@ from typing import Any
 from fastapi import APIRouter
 from fastapi.responses import JSONResponse, Response
 
-from ...metadata import engine_state, health, http_action_metadata, sglang_keys
+from ...context import ServerContext
+from ...metadata import engine_state, health, http_action_metadata
 from ...metrics import PROMETHEUS_CONTENT_TYPE
-from ...sessions.host import SessionHost
+from ...sglang.lockstep_session import sglang_keys
 from ...sglang.metadata import merge_metadata
 from ...videos.encoding import MP4_MEDIA_TYPE
 from .. import codecs as http_codecs
@@ -23,7 +24,7 @@ from ..schemas import ActionMetadata, ErrorResponse, Health, Readiness
 from ..settings import SidecarSettings
 
 
-def http_metadata(host: SessionHost, settings: SidecarSettings, max_buffered_body_bytes: int) -> ActionMetadata:
+def http_metadata(host: ServerContext[Any], settings: SidecarSettings, max_buffered_body_bytes: int) -> ActionMetadata:
     """The ``/v1/actions/metadata`` body: the model's description (the one builder in
     :mod:`policy_server.metadata`, shared with the WebSocket hello and openpi's metadata), with this
     sidecar's own limits and capabilities (``settings``) and SGLang's keys (``docs/sglang.md``) merged in."""

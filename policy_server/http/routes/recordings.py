@@ -33,10 +33,10 @@ RECORDINGS_PATH = "/v1/recordings"
 
 
 def _root(parts: SidecarParts) -> Path:
-    options = parts.host.settings.recording
-    if options is None:
+    recordings = parts.host.recordings
+    if recordings is None:
         raise ApiError(HttpErrorCode.NOT_FOUND, "this server records nothing: it was started without --record-dir")
-    return options.root
+    return recordings.root
 
 
 def _episode(root: Path, name: str) -> Any:

@@ -14,9 +14,9 @@ from fastapi import APIRouter, Query, Request
 from fastapi import Path as PathParam
 from fastapi.responses import FileResponse
 
+from cosmos3_runtime.description import ModelDescription
 from robot_clients.protocol import ErrorCode, FrameLimits
 
-from ...engine.description import ModelDescription
 from ...sglang.videos import video_fields
 from ...videos.encoding import MP4_MEDIA_TYPE
 from ...videos.job_store import JobNotFound, StorageFull, VideoJob, VideoJobStatus, VideoJobStore

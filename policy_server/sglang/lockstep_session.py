@@ -1,9 +1,12 @@
-"""SGLang's lock-step clients on ``/v1/actions/realtime``: one request envelope in, one reply envelope out.
+"""SGLang's lock-step clients on ``/v1/actions/realtime``: a dialect of the robots' path, one request
+envelope in, one reply envelope out.
 
-The path's native session (:mod:`.native`) sends the metadata frame, which carries our keys and SGLang's,
-and reads the client's first frame. A map without ``type`` that is SGLang's request envelope
-(:func:`policy_server.sglang.realtime.connection_mode`) hands the connection over to a
-:class:`SglangLockstepSession`, which serves that frame and every later one SGLang's way:
+:data:`SGLANG_DIALECT` is registered by the command line (``policy_server.cli``) as one of the path's
+dialects (:mod:`policy_server.sessions.dialects`). The path's native session sends the metadata frame,
+to which this dialect adds SGLang's keys (:func:`sglang_keys`), and reads the client's first frame. A map
+without ``type`` that is SGLang's request envelope (:func:`policy_server.sglang.realtime.connection_mode`)
+is claimed: the connection is handed over to a :class:`SglangLockstepSession`, which serves that frame
+and every later one SGLang's way:
 
 * each binary msgpack frame is one envelope (:mod:`policy_server.sglang.actions`: a batch of images, or
   several candidates, is several engine requests, which share this connection's one turn in the queue);
@@ -22,17 +25,62 @@ from __future__ import annotations
 import time
 from typing import Any
 
+from websockets.asyncio.server import ServerConnection
+
 from robot_clients.protocol import CodedError, DropReason, ErrorCode, ProtocolError
 from robot_clients.wire_codec import packb
 
+from ..context import ServerContext
 from ..engine.outcome import EngineOutcome
 from ..engine.request_queue import PendingObservation, QueueClosed
 from ..http.errors import ApiError, HttpErrorCode
 from ..http.sglang_bodies import item_requests
-from ..sglang.actions import ActionCall
-from ..sglang.realtime import LockstepSession
-from .base import Session
-from .replies import ChunkReply
+from ..sessions.base import Session
+from ..sessions.config import SessionConfig
+from ..sessions.dialects import FirstFrame
+from ..sessions.observation_rules import ChunkReply
+from .actions import ActionCall
+from .metadata import merge_metadata, sglang_metadata
+from .realtime import SGLANG, LockstepSession, connection_mode
+
+
+def sglang_keys(context: ServerContext[Any]) -> dict[str, Any]:
+    """SGLang's metadata keys for the loaded model and this server's settings (its most chunks per request
+    is the engine's batch size, its default rate a session's default ``fps``)."""
+    assert context.description is not None, "answered once the model is ready"
+    settings = context.settings
+    return sglang_metadata(
+        context.description,
+        max_batch_size=settings.max_batch,
+        openpi_websocket=settings.openpi is not None,
+        default_fps=SessionConfig.fps,
+    )
+
+
+class SglangDialect:
+    """SGLang's lock-step mode as a dialect of ``/v1/actions/realtime``: chosen by a first frame without
+    ``type`` that is SGLang's request envelope; its keys join the native metadata frame."""
+
+    name = SGLANG
+
+    def hello(self, context: ServerContext[Session], metadata: dict[str, Any]) -> dict[str, Any]:
+        return merge_metadata(metadata, sglang_keys(context))
+
+    def claims(self, first: FirstFrame) -> bool:
+        return connection_mode(first.decoded) == SGLANG
+
+    def session(
+        self,
+        connection: ServerConnection,
+        context: ServerContext[Session],
+        session_id: str,
+        first: FirstFrame,
+        hello_sent_at: float,
+    ) -> Session:
+        return SglangLockstepSession(connection, context, session_id, first.decoded, hello_sent_at)
+
+
+SGLANG_DIALECT = SglangDialect()
 
 
 class SglangLockstepSession(Session):
@@ -41,13 +89,19 @@ class SglangLockstepSession(Session):
     protocol = "sglang"
 
     def __init__(
-        self, *args: Any, session_id: str, first_frame: dict[str, Any], hello_sent_at: float, **kwargs: Any
+        self,
+        connection: ServerConnection,
+        context: ServerContext[Session],
+        session_id: str,
+        first_frame: dict[str, Any],
+        hello_sent_at: float,
     ) -> None:
-        super().__init__(*args, **kwargs)
+        super().__init__(connection, context)
         self.id = session_id  # the id the metadata frame already told the client
-        host = self.host
-        assert host.description is not None, "sessions open once the model is ready"
-        self.lockstep = LockstepSession(host.description, max_items=host.settings.max_batch, started_at=hello_sent_at)
+        assert context.description is not None, "sessions open once the model is ready"
+        self.lockstep = LockstepSession(
+            context.description, max_items=context.settings.max_batch, started_at=hello_sent_at
+        )
         self._first_frame: dict[str, Any] | None = first_frame
         self._call: ActionCall | None = None
         self._chunks: dict[int, Any] = {}
@@ -61,7 +115,7 @@ class SglangLockstepSession(Session):
 
     # -- frames from the client ----------------------------------------------------------------------
 
-    def handle(self, message: bytes | str | dict, received_at: float) -> None:
+    def handle(self, message: bytes | str | dict[str, Any], received_at: float) -> None:
         if self._call is not None:
             raise ProtocolError(
                 ErrorCode.RATE_LIMITED,
@@ -69,7 +123,8 @@ class SglangLockstepSession(Session):
                 "SGLang's lock-step mode takes the next request after the reply",
             )
         self.take_rate(received_at)
-        description = self.host.description
+        description = self.context.description
+        assert description is not None, "sessions open once the model is ready"
         try:
             call = self.lockstep.receive(message, received_at)
             requests = item_requests(call, description)
@@ -90,18 +145,17 @@ class SglangLockstepSession(Session):
                 turn=self.id,
             )
             try:
-                self.host.queue.put(item)
+                self.context.queue.put(item)
             except QueueClosed:
                 self._fail(ApiError(HttpErrorCode.SHUTTING_DOWN, "the server is shutting down"))
                 return
-            self.in_flight[seq] = item
+            self.rules.admitted(item, None)
 
     # -- outcomes ---------------------------------------------------------------------------------------
 
     def on_result(self, item: PendingObservation, outcome: EngineOutcome) -> None:
-        if not self._expects(item):
+        if not self.rules.engine_answered(item):
             return
-        del self.in_flight[item.seq]
         call = self._call
         assert call is not None
         if outcome.chunk is None:
@@ -110,35 +164,30 @@ class SglangLockstepSession(Session):
             self._fail(call.items[item.seq - self._first_seq].relabel(ApiError.of(error)))
             return
         self._chunks[item.seq] = outcome.chunk
-        if self.in_flight:
+        if self.rules.in_flight:
             return
-        self.answered += 1
+        self.rules.chunk_made()
         chunks = [self._chunks[seq] for seq in sorted(self._chunks)]
         self._call = None
-        self.put(
-            self.lockstep.reply(
-                call, chunks, infer_ms=(time.monotonic() - self._started_at) * 1e3, model=self.host.description.model
-            )
-        )
+        model = self.context.description.model if self.context.description is not None else None
+        self.put(self.lockstep.reply(call, chunks, infer_ms=(time.monotonic() - self._started_at) * 1e3, model=model))
 
     def on_dropped(self, item: PendingObservation, reason: str) -> None:
-        if self._expects(item):
-            self.dropped += 1
+        if self.rules.engine_dropped(item, reason) is not None:  # counted; the request is answered with an error
             code = HttpErrorCode.SHUTTING_DOWN if reason == DropReason.SHUTDOWN else ErrorCode.ENGINE_ERROR
             self._fail(ApiError(code, f"the request was dropped ({reason})"))
 
     def _fail(self, error: CodedError) -> None:
         """Answer the request being served with ``error``; its other items are no longer wanted."""
-        for item in list(self.in_flight.values()):
-            self.host.queue.cancel(item.session_id)
-            item.cancelled = True
-        self.in_flight.clear()
+        for item in self.rules.cancel(None):
+            self.context.queue.cancel(item.session_id)
+        self.rules.in_flight.clear()
         self._call = None
         self.send_error(error.code, error.message, error.field)
 
     def _close(self) -> None:
-        for item in self.in_flight.values():
-            self.host.queue.cancel(item.session_id)
+        for item in self.rules.in_flight.values():
+            self.context.queue.cancel(item.session_id)
         super()._close()
 
     # -- replies ----------------------------------------------------------------------------------------

@@ -3,7 +3,7 @@
 The dashboard is plain HTML, CSS and JavaScript shipped as package data: no build step, nothing fetched
 from elsewhere. Its live data comes from the observer channel on the WebSocket port
 (:mod:`policy_server.sessions.observer`); ``config.json`` tells the page where that is, so the same files
-work when the HTTP sidecar serves them on its own port (:func:`mount_dashboard`) and when the WebSocket
+work when the HTTP sidecar serves them on its own port (``policy_server.http.app``) and when the WebSocket
 port does (``PolicyServer``, so a server started with ``--no-http`` still has its dashboard).
 
 Both ports send every dashboard file with :data:`DASHBOARD_HEADERS`: a Content-Security-Policy that lets
@@ -13,15 +13,14 @@ sniffing types.
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ..sessions.observer import OBSERVE_PATH
+from .sessions.observer import OBSERVE_PATH
 
 DASHBOARD_PATH = "/dashboard"
-DASHBOARD_DIR = Path(__file__).parent.parent / "dashboard"
+DASHBOARD_DIR = Path(__file__).parent / "dashboard"
 CONFIG_NAME = "config.json"
 
 # The page's own script, style and images (camera previews arrive as data: URLs); no inline code; fetches
@@ -73,28 +72,3 @@ def dashboard_asset(name: str) -> DashboardAsset | None:
 def dashboard_config(observer_port: int) -> dict[str, Any]:
     """What ``/dashboard/config.json`` says: where the observer channel is (same host as the page)."""
     return {"observer_path": OBSERVE_PATH, "observer_port": observer_port}
-
-
-def mount_dashboard(app: Any, observer_port: Callable[[], int]) -> None:
-    """Serve the dashboard on a FastAPI ``app`` (the HTTP sidecar) at ``/dashboard/``.
-
-    ``observer_port`` gives the WebSocket port (where ``/v1/observe`` is) at request time. The routes are
-    left out of the OpenAPI schema: they are a web page, not part of the HTTP API.
-    """
-    from fastapi import HTTPException  # only the sidecar loads FastAPI
-    from fastapi.responses import JSONResponse, RedirectResponse, Response
-
-    @app.get(DASHBOARD_PATH, include_in_schema=False)
-    async def dashboard_root() -> Response:
-        # Relative asset URLs need the slash.
-        return RedirectResponse(DASHBOARD_PATH + "/", status_code=301, headers=DASHBOARD_HEADERS)
-
-    @app.get(DASHBOARD_PATH + "/{name}", include_in_schema=False)
-    @app.get(DASHBOARD_PATH + "/", include_in_schema=False)
-    async def dashboard_file(name: str = "") -> Response:
-        if name == CONFIG_NAME:
-            return JSONResponse(dashboard_config(observer_port()), headers=DASHBOARD_HEADERS)
-        asset = dashboard_asset(name)
-        if asset is None:
-            raise HTTPException(status_code=404)  # the sidecar's handler answers in its usual error shape
-        return Response(asset.body, media_type=asset.content_type, headers=DASHBOARD_HEADERS)

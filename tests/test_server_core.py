@@ -1,0 +1,115 @@
+"""The server's core serves robots with none of the optional features loaded.
+
+In a fresh interpreter, :class:`~policy_server.server.PolicyServer` is built directly (no command line, so
+no dialect, no recording, no sidecar) on 127.0.0.1 with the tiny distilled checkpoint; a native session
+and an openpi session each get one observation answered with actions; then the interpreter's
+``sys.modules`` must hold no module of SGLang's API, the recording, video jobs, Ray or the HTTP sidecar,
+and no pydantic: those are attached at the edge (``policy_server.cli.assemble_server``) or not at all.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import textwrap
+
+import pytest
+from server_fixtures import DOMAIN, REPO_ROOT, tiny_checkpoint
+
+FEATURE_PACKAGES = ("policy_server.sglang", "policy_server.recording", "policy_server.videos", "policy_server.ray")
+FEATURE_PACKAGES += ("policy_server.http", "pydantic")
+
+SCRIPT = textwrap.dedent(
+    """
+    import asyncio, json, sys
+
+    import numpy as np
+    from websockets.asyncio.client import connect
+
+    from policy_server.server import PolicyServer, ServerSettings
+    from policy_server.sessions.openpi import openpi_arrays
+    from policy_server.sessions.openpi_observation import OpenpiSettings
+    from robot_clients.wire_codec import packb, unpackb
+
+    checkpoint, domain, features = sys.argv[1], sys.argv[2], json.loads(sys.argv[3])
+
+
+    def load():
+        from cosmos3_runtime.engine import Cosmos3Engine
+
+        return Cosmos3Engine.load(checkpoint, device="cpu", dtype="float32")
+
+
+    async def main():
+        image = np.random.default_rng(0).integers(0, 256, (64, 64, 3), dtype=np.uint8)
+        openpi = OpenpiSettings(domain_name="droid_lerobot", action_horizon=8)
+        settings = ServerSettings(host="127.0.0.1", port=0, warmup=False, openpi=openpi)
+        async with PolicyServer(load, settings) as server:
+            base = f"ws://127.0.0.1:{server.port}"
+            async with connect(base + "/v1/actions/realtime", compression=None, max_size=None) as ws:
+                hello = unpackb(await ws.recv())
+                await ws.send(packb({"type": "configure", "domain_name": domain, "action_horizon": 8, "seed": 0}))
+                session = unpackb(await ws.recv())
+                await ws.send(packb({"type": "observation", "seq": 1, "image": image}))
+                chunk = unpackb(await asyncio.wait_for(ws.recv(), 120))
+            async with connect(base + "/openpi", compression=None, max_size=None) as ws:
+                openpi_hello = unpackb(await ws.recv())
+                obs = {"observation/exterior_image_1_left": image, "observation/wrist_image_left": image}
+                await ws.send(packb(openpi_arrays({**obs, "prompt": "pick"})))
+                reply = unpackb(await asyncio.wait_for(ws.recv(), 120))
+        loaded = sorted(m for m in sys.modules if any(m == f or m.startswith(f + ".") for f in features))
+        print(json.dumps({
+            "hello": hello["type"], "session": session["type"],
+            "chunk": [chunk["type"], chunk["seq"], list(np.asarray(chunk["actions"]).shape)],
+            "openpi_hello": openpi_hello["protocol"], "openpi_actions": list(np.asarray(reply["actions"]).shape),
+            "sglang_keys_in_hello": "policy_family" in hello,
+            "loaded": loaded,
+        }))
+
+
+    asyncio.run(main())
+    """
+)
+
+
+def test_a_websocket_only_server_serves_native_and_openpi_without_loading_a_feature():
+    env = {**os.environ, "PYTHONPATH": str(REPO_ROOT), "OMP_WAIT_POLICY": "PASSIVE"}
+    result = subprocess.run(
+        [sys.executable, "-c", SCRIPT, str(tiny_checkpoint("distilled")), DOMAIN, json.dumps(FEATURE_PACKAGES)],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env=env,
+        cwd=REPO_ROOT,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    seen = json.loads(result.stdout.strip().splitlines()[-1])
+    assert (seen["hello"], seen["session"]) == ("metadata", "session")
+    assert seen["chunk"][:2] == ["action_chunk", 1] and seen["chunk"][2][0] == 8
+    assert seen["openpi_hello"] == "openpi" and seen["openpi_actions"][0] == 8
+    assert not seen["sglang_keys_in_hello"]  # no dialect attached: the hello is the native protocol's alone
+    assert seen["loaded"] == []
+
+
+async def test_a_start_that_fails_stops_the_features_it_had_started(tmp_path):
+    """A taken WebSocket port fails the start after the features started: they are stopped again (here
+    the recorder, whose writer thread would otherwise outlive the failed server)."""
+    from policy_server.cli import assemble_server
+    from policy_server.recording import RecorderState
+    from policy_server.recording.server_feature import RecordingFeature
+    from policy_server.recording_setup import RecordingOptions
+    from policy_server.server import ServerSettings
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        settings = ServerSettings(host="127.0.0.1", port=taken.getsockname()[1], warmup=False)
+        server = assemble_server(lambda: None, settings, recording=RecordingOptions(root=tmp_path / "rec"))
+        with pytest.raises(OSError):
+            await server.start()
+    (feature,) = server.features
+    assert isinstance(feature, RecordingFeature) and feature.recorder is not None
+    assert feature.recorder.state is RecorderState.STOPPED
