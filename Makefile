@@ -77,6 +77,7 @@ demo: $(STAMP) $(LEROBOT_STAMP) system-deps
 lint: $(STAMP)
 	$(PY) -m ruff format --check .
 	$(PY) -m ruff check .
+	$(PY) -m mypy
 
 test: lint $(STAMP) $(OPENPI_STAMP) $(LEROBOT_STAMP) test-system-deps
 	$(PY) -m pytest -q
