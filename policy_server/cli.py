@@ -51,6 +51,7 @@ def _openpi_settings(args: argparse.Namespace) -> OpenpiSettings | None:
         view_point=args.openpi_view_point,
         prompt=args.openpi_prompt,
         cameras=CameraMapping.load(args.openpi_cameras),
+        strict_state=args.openpi_strict_state,
     )
 
 

@@ -376,6 +376,12 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="FILE_OR_JSON",
         help="camera mapping overriding the defaults per view point (see docs/openpi.md)",
     )
+    openpi.add_argument(
+        "--openpi-strict-state",
+        action="store_true",
+        help="refuse a robot state sent to a domain that does not condition on it (default: accept it, unused, "
+        "counted in /metrics)",
+    )
     recording = parser.add_argument_group(
         "recording",
         "sessions recorded as LeRobot datasets, replayed on the dashboard and by cosmos3-replay; see docs/recording.md",

@@ -17,6 +17,7 @@ import json
 import logging
 import socket
 import time
+from collections import Counter
 from collections.abc import Callable, Mapping
 from http import HTTPStatus
 from types import MappingProxyType
@@ -102,6 +103,8 @@ class PolicyServer:
         self.sidecar: HttpSidecar | None = None
         self.stopping = False
         self._closed_sessions_dropped = 0
+        # Observations whose robot state the served domain does not use, by protocol (`/metrics`).
+        self.unused_state: Counter[str] = Counter()
         self.started_at = time.monotonic()
         self._ws_server: Server | None = None
         self._stopped = asyncio.Event()

@@ -66,6 +66,7 @@ class HttpSidecar:
                 ready=lambda: host.ready,
                 replicas=lambda: host.worker.topology().get("replicas", []) if host.worker is not None else [],
                 recording=lambda: host.recorder.stats() if host.recorder is not None else None,
+                unused_state=lambda: dict(host.unused_state),
             )
         )
         self.actions_in_flight = InFlightLimit(settings.max_actions_in_flight)

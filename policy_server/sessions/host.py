@@ -10,6 +10,7 @@ server can import every session kind without a cycle.
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Mapping
 from typing import Any, Protocol
 
@@ -93,6 +94,8 @@ class SessionHost(Protocol):
     started_at: float
     stopping: bool
     recorder: SessionRecorder | None  # started with --record-dir; None: nothing can be recorded
+    # Observations accepted with a robot state their domain does not condition on, by protocol.
+    unused_state: Counter[str]
 
     @property
     def ready(self) -> bool:

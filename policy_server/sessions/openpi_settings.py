@@ -25,6 +25,8 @@ class OpenpiSettings:
     resolution_tier: int | None = None
     seed: int | None = None
     cameras: CameraMapping = field(default_factory=CameraMapping)
+    # A state sent to a domain that does not condition on it: refused (True), or accepted and counted unused.
+    strict_state: bool = False
 
     def session_config(self, description: ModelDescription) -> SessionConfig:
         """Resolve against the loaded model; raises :class:`ProtocolError` naming a bad setting."""
