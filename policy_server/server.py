@@ -57,6 +57,8 @@ from .sessions.supervisor import (
     ConnectionSupervisor,
     close_connection,
 )
+from .vla_eval.control import config_answer, health_answer
+from .vla_eval.session import VlaEvalSession
 
 if TYPE_CHECKING:  # imported when started with a sidecar, so a WebSocket-only server never loads FastAPI
     from .http.sidecar import HttpSidecar
@@ -300,9 +302,9 @@ class PolicyServer:
 
     def _process_request(self, connection: ServerConnection, request: Request) -> Response | None:
         path = request.path.split("?", 1)[0]
-        kind = route(path, openpi=self.settings.openpi is not None)
-        if kind is Route.HEALTH:
-            status, body = health(self)
+        kind = route(path, openpi=self.settings.openpi is not None, vla_eval=self.settings.vla_eval is not None)
+        if kind is Route.HEALTH or kind is Route.VLA_EVAL_HEALTH:
+            status, body = health(self) if kind is Route.HEALTH else health_answer(self)
             return _json_response(connection, HTTPStatus(status), body)
         if kind is Route.DASHBOARD:
             return self._dashboard_response(connection, path)
@@ -337,6 +339,9 @@ class PolicyServer:
                 response = connection.respond(HTTPStatus.UNAUTHORIZED, result.reason + "\n")
                 response.headers["WWW-Authenticate"] = CHALLENGE
                 return response
+        if kind is Route.VLA_EVAL_CONFIG and self.settings.vla_eval is not None:
+            status, body = config_answer(self, self.settings.vla_eval, request.path.partition("?")[2])
+            return _json_response(connection, HTTPStatus(status), body)
         if kind is Route.OBSERVER:
             if self.stopping:
                 return connection.respond(HTTPStatus.SERVICE_UNAVAILABLE, "server is shutting down\n")
@@ -392,7 +397,7 @@ class PolicyServer:
 
     async def _handle_connection(self, connection: ServerConnection) -> None:
         target = connection.request.path if connection.request is not None else REALTIME_PATH
-        kind = route(target, openpi=self.settings.openpi is not None)
+        kind = route(target, openpi=self.settings.openpi is not None, vla_eval=self.settings.vla_eval is not None)
         if kind is Route.OBSERVER:  # an operator's dashboard: watches and steers, never a session itself
             if len(self.observers) >= self.settings.max_observers:  # admitted together at the last slot
                 await connection.close(1013, f"observer limit reached ({self.settings.max_observers}); retry later")
@@ -410,6 +415,8 @@ class PolicyServer:
             return
         if kind is Route.OPENPI and self.settings.openpi is not None:
             session: Session = OpenpiSession(connection, self, self.settings.openpi)
+        elif kind is Route.VLA_EVAL and self.settings.vla_eval is not None:
+            session = VlaEvalSession(connection, self, self.settings.vla_eval)
         else:
             session = RealtimeSession(connection, self)
         self.register(session)

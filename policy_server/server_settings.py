@@ -19,6 +19,7 @@ from .sessions.observer import DEFAULT_MAX_OBSERVERS, OBSERVER_FRAME_RATE
 from .sessions.openpi_settings import OpenpiSettings
 from .sessions.rate_limits import RateLimit
 from .sessions.supervisor import SessionLimits
+from .vla_eval.settings import VlaEvalSettings
 
 if TYPE_CHECKING:
     from .http.sidecar import SidecarSettings
@@ -53,6 +54,8 @@ class ServerSettings:
     shutdown_grace_s: float = 30.0
     # openpi's protocol on `/` and `/openpi` (domain, horizon, mode, cameras); None turns it off.
     openpi: OpenpiSettings | None = field(default_factory=OpenpiSettings)
+    # vla-eval's model-server protocol on `/v1/vla-eval` (domain, horizon, chunk plan, mapping); None turns it off.
+    vla_eval: VlaEvalSettings | None = field(default_factory=VlaEvalSettings)
     # The HTTP sidecar (video jobs, one-shot actions, metrics) on its own port; None: WebSocket only.
     http: SidecarSettings | None = None
     # Bearer tokens that open every endpoint but /healthz and the dashboard's static files (policy_server.auth);
