@@ -229,3 +229,20 @@ def test_vla_eval_episodes_are_recorded_like_other_sessions(tmp_path):
     for episode in recorded:
         assert [row.kind for row in episode.rows()] == ["chunk", "chunk"]  # two chunks played per episode
         assert "episode_end" in [event["kind"] for event in episode.events()]
+
+
+def test_with_a_token_health_stays_open_and_the_rest_is_closed():
+    from websockets.exceptions import InvalidStatus
+
+    from policy_server.auth import TokenSet
+
+    with ServerThread(tiny_engine_loader("distilled"), auth_tokens=TokenSet.load("s3cret", None)) as closed:
+        assert http_get(f"http://127.0.0.1:{closed.port}/health")[:2] == (200, {"status": "ok"})
+        assert http_get(f"http://127.0.0.1:{closed.port}/config")[0] == 401
+        with pytest.raises(InvalidStatus) as info:
+            with connect(f"ws://127.0.0.1:{closed.port}/v1/vla-eval", proxy=None, open_timeout=30):
+                pass
+        assert info.value.response.status_code == 401
+        with connect(f"ws://127.0.0.1:{closed.port}/v1/vla-eval?token=s3cret", proxy=None, open_timeout=30) as ws:
+            ws.send(packb({"type": "hello", "payload": {"protocol_version": 1}, "seq": 1, "timestamp": 0.0}))
+            assert unpackb(ws.recv(timeout=30))["type"] == "hello"
