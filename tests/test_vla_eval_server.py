@@ -246,3 +246,18 @@ def test_with_a_token_health_stays_open_and_the_rest_is_closed():
         with connect(f"ws://127.0.0.1:{closed.port}/v1/vla-eval?token=s3cret", proxy=None, open_timeout=30) as ws:
             ws.send(packb({"type": "hello", "payload": {"protocol_version": 1}, "seq": 1, "timestamp": 0.0}))
             assert unpackb(ws.recv(timeout=30))["type"] == "hello"
+
+
+def test_the_rate_limit_counts_the_observations_that_reach_the_engine():
+    from policy_server.sessions.rate_limits import RateLimit
+
+    settings = VlaEvalSettings(action_horizon=8, plan=ChunkPlan(ask_ahead=0))
+    limited = RateLimit(rate_hz=1.0, burst=2)
+    with ServerThread(tiny_engine_loader("distilled"), vla_eval=settings, observation_rate=limited) as server:
+        with Harness(server) as harness:
+            harness.send("episode_start", {"task": {"task_description": "reach"}})
+            # Eight steps of one chunk, faster than 1/s: one engine call, every step answered.
+            assert [harness.act(observation(step))["type"] for step in range(8)] == ["action"] * 8
+            harness.send("episode_start", {"task": {}, "settings": {"chunk": "whole"}})
+            codes = [harness.act(observation(step))["payload"].get("code") for step in range(4)]
+            assert "rate_limited" in codes and codes[0] is None, codes  # every one of these is an engine call

@@ -91,12 +91,10 @@ class ChunkPlayer:
     def _usable(self, chunk: np.ndarray) -> int:
         return min(self.plan.execute or chunk.shape[0], chunk.shape[0])
 
-    def observe(self) -> StepDecision:
-        """The next observation of the episode arrived."""
+    def peek(self) -> StepDecision:
+        """What :meth:`observe` would decide for the next observation, deciding nothing."""
         t = self.step
-        self.step += 1
         if self.plan.chunk == "whole":
-            self.pending_step = t
             return StepDecision(t, None, ask=True)
         action = None
         remaining = 0
@@ -107,9 +105,15 @@ class ChunkPlayer:
                 action = self._chunk[index]
                 remaining = usable - index - 1  # actions left after this one
         ask = self.pending_step is None and (action is None or remaining < self.plan.ask_ahead)
-        if ask:
-            self.pending_step = t
         return StepDecision(t, action, ask)
+
+    def observe(self) -> StepDecision:
+        """The next observation of the episode arrived."""
+        decision = self.peek()
+        self.step += 1
+        if decision.ask:
+            self.pending_step = decision.step
+        return decision
 
     def arrived(self, actions: np.ndarray, step: int, awaiting: bool) -> np.ndarray | None:
         """The engine's chunk for the observation of ``step``. Returns what answers the observation that

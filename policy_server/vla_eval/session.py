@@ -267,7 +267,6 @@ class VlaEvalSession(Session):
 
     def _observation(self, parsed: VlaEvalFrame, received_at: float) -> None:
         seq = parsed.seq
-        self.take_rate(received_at, seq)
         self.last_observation_at = received_at
         if self.deferred is not None:
             error, self.deferred = self.deferred, None
@@ -292,6 +291,10 @@ class VlaEvalSession(Session):
         )
         if obs.unused_state:
             self._note_unused_state(obs.unused_state, episode.config.domain_name)
+        if episode.player.peek().ask:
+            # Observations that go to the engine spend the session's rate; those answered from the chunk
+            # already here cost a parse, so a simulator stepping faster than real time is not refused.
+            self.take_rate(received_at, seq)
         if obs.encoded:  # headers now, before the observation counts as a step
             for name, value in zip(obs.cameras, obs.frames):
                 check_encoded(value, f"{IMAGES_KEY}/{name}", self.host.frame_limits, seq)
