@@ -261,3 +261,19 @@ def test_the_rate_limit_counts_the_observations_that_reach_the_engine():
             harness.send("episode_start", {"task": {}, "settings": {"chunk": "whole"}})
             codes = [harness.act(observation(step))["payload"].get("code") for step in range(4)]
             assert "rate_limited" in codes and codes[0] is None, codes  # every one of these is an engine call
+
+
+def test_a_live_run_is_answered_with_the_freshest_chunk_for_its_latest_observation(server):
+    """Real time: observations do not wait for replies; latest wins in the queue, and every chunk the engine
+    makes goes to the newest observation (vla-eval's live runner keeps the newest action it received)."""
+    with Harness(server) as harness:
+        harness.send(
+            "episode_start", {"task": {"task_description": "reach"}, "mode": "live", "settings": {"chunk": "whole"}}
+        )
+        sent = [harness.send("observation", observation(step)) for step in range(6)]
+        replies = []
+        while not replies or replies[-1]["seq"] != sent[-1]:
+            replies.append(harness.recv())
+        assert all(reply["type"] == "action" for reply in replies), replies
+        assert all(reply["payload"]["actions"].shape == (HORIZON, 10) for reply in replies)
+        assert len(replies) < len(sent)  # the ones replaced while they waited were not run

@@ -93,6 +93,7 @@ class VlaEvalSession(Session):
         self.episode: Episode | None = None
         self.episodes = 0
         self.awaiting: int | None = None  # the latest observation's seq while it has no reply
+        self.latest: int | None = None  # the latest observation's seq
         self.deferred: ProtocolError | None = None  # answered in place of the next observation's action
         self._asks: dict[int, Ask] = {}  # engine seq -> the observation it is
         self._next_engine_seq = ENGINE_SEQ_BASE
@@ -239,7 +240,7 @@ class VlaEvalSession(Session):
         prompt = text if text is not None else config.prompt
         # A new episode: nothing of the last one is answered any more.
         self.cancel_in_flight(None)
-        self.awaiting, self.deferred = None, None
+        self.awaiting, self.deferred, self.latest = None, None, None
         first = self.config is None
         self.set_config(config)
         if not first:
@@ -262,7 +263,7 @@ class VlaEvalSession(Session):
         success = self.last_metrics.get("success") if self.last_metrics else None
         self.recording.note("episode_end", success=bool(success) if isinstance(success, (bool, np.bool_)) else None)
         self.cancel_in_flight(None)
-        self.awaiting = None
+        self.awaiting = self.latest = None
         self.episode = None
 
     def _observation(self, parsed: VlaEvalFrame, received_at: float) -> None:
@@ -299,6 +300,7 @@ class VlaEvalSession(Session):
             for name, value in zip(obs.cameras, obs.frames):
                 check_encoded(value, f"{IMAGES_KEY}/{name}", self.host.frame_limits, seq)
         decision = episode.player.observe()
+        self.latest = seq
         if decision.action is not None:
             self.put(action_frame(decision.action, seq))
             self.awaiting = None
@@ -374,7 +376,11 @@ class VlaEvalSession(Session):
             "total_ms": (time.monotonic() - item.received_at) * 1e3,
         }
         self.recording.chunk(item.seq, actions, timing, chunk.seed)
-        reply = episode.player.arrived(actions, ask.step, awaiting=self.awaiting is not None)
-        if reply is not None and self.awaiting is not None:
-            seq, self.awaiting = self.awaiting, None
+        # A live run's whole chunks all go out, each to the latest observation (the harness keeps the newest
+        # action it received); otherwise only an observation still waiting is answered.
+        fresh = episode.live and episode.plan.chunk == "whole"
+        seq = self.awaiting if self.awaiting is not None else self.latest if fresh else None
+        reply = episode.player.arrived(actions, ask.step, awaiting=seq is not None)
+        if reply is not None and seq is not None:
+            self.awaiting = None
             self.put(action_frame(reply, seq, {"server_timing": timing}))
