@@ -26,7 +26,6 @@ METAWORLD_VENV := .venv-metaworld
 METAWORLD_STAMP := $(METAWORLD_VENV)/.installed
 PUSHT_VENV := .venv-pusht
 PUSHT_STAMP := $(PUSHT_VENV)/.installed
-ROBOT_CLIENT_DEPS := numpy msgpack websockets
 FFMPEG_LIBRARIES := libavutil57 libavcodec59 libavformat59 libavdevice59 libavfilter8 libswscale6 libswresample4
 # Headless OpenGL for MuJoCo's offscreen rendering: EGL on Mesa's software rasterizer (no GPU, no display).
 GL_PACKAGES := libegl1 libegl-mesa0 libgl1 libgl1-mesa-dri
@@ -57,22 +56,21 @@ $(LEROBOT_STAMP):
 	$(LEROBOT_VENV)/bin/python -m pip install --quiet torchvision==0.28.0 torchcodec==0.13.0 lerobot-dataset==0.4.4
 	touch $(LEROBOT_STAMP)
 
+# Each: this package (its base install is the light robot_clients: numpy, msgpack, websockets), editable, with
+# the extra of the same name (pyproject.toml pins them).
 $(VLAEVAL_STAMP): pyproject.toml
 	test -x $(VLAEVAL_VENV)/bin/python || $(PYTHON) -m venv $(VLAEVAL_VENV)
-	$(VLAEVAL_VENV)/bin/python -m pip install --quiet vla-eval==0.8.0 mujoco==4.0.0 $(ROBOT_CLIENT_DEPS)
-	$(VLAEVAL_VENV)/bin/python -m pip install --quiet --no-deps -e .
+	$(VLAEVAL_VENV)/bin/python -m pip install --quiet -e '.[vla-eval]'
 	touch $(VLAEVAL_STAMP)
 
 $(METAWORLD_STAMP): pyproject.toml
 	test -x $(METAWORLD_VENV)/bin/python || $(PYTHON) -m venv $(METAWORLD_VENV)
-	$(METAWORLD_VENV)/bin/python -m pip install --quiet metaworld==3.1.1 packaging $(ROBOT_CLIENT_DEPS)
-	$(METAWORLD_VENV)/bin/python -m pip install --quiet --no-deps -e .
+	$(METAWORLD_VENV)/bin/python -m pip install --quiet -e '.[metaworld]'
 	touch $(METAWORLD_STAMP)
 
 $(PUSHT_STAMP): pyproject.toml
 	test -x $(PUSHT_VENV)/bin/python || $(PYTHON) -m venv $(PUSHT_VENV)
-	$(PUSHT_VENV)/bin/python -m pip install --quiet gym-pusht==0.1.8 $(ROBOT_CLIENT_DEPS)
-	$(PUSHT_VENV)/bin/python -m pip install --quiet --no-deps -e .
+	$(PUSHT_VENV)/bin/python -m pip install --quiet -e '.[pusht]'
 	touch $(PUSHT_STAMP)
 
 # Installs Debian packages only when one is missing (apt needs root; elsewhere it says what to install).
