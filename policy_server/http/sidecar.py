@@ -66,6 +66,7 @@ class HttpSidecar:
                 ready=lambda: host.ready,
                 replicas=lambda: host.worker.topology().get("replicas", []) if host.worker is not None else [],
                 recording=lambda: host.stats["recording"]() if "recording" in host.stats else None,
+                unused_state=lambda: dict(host.unused_state),
             )
         )
         # Made from the settings when the sidecar starts (whoever attached it may still adjust them).
