@@ -42,7 +42,7 @@ from ..log_hygiene import printable
 from ..sessions.base import Session
 from ..sessions.config import SessionConfig, observation_request
 from ..sessions.frame_decoding import check_encoded, decoded_image
-from ..sessions.replies import ChunkReply
+from ..sessions.observation_rules import ChunkReply
 from .chunks import ChunkPlan, ChunkPlayer
 from .frames import PROTOCOL_VERSION, FrameType, VlaEvalFrame, action_frame, error_frame, frame, parse_frame
 from .mapping import IMAGES_KEY, VlaEvalObservation, parse_observation
