@@ -15,6 +15,17 @@ OPENPI_STAMP := $(OPENPI_VENV)/.installed
 # the system's FFmpeg libraries. Never `lerobot` itself: it pins an older torch and pulls a CUDA build.
 LEROBOT_VENV := .venv-lerobot
 LEROBOT_STAMP := $(LEROBOT_VENV)/.installed
+# vla-eval's own orchestrator (allenai/vla-evaluation-harness, PyPI, pulls no torch) scores the server from its
+# own virtual environment, with mujoco and this package's light robot_clients for the MuJoCo arm benchmark.
+VLAEVAL_VENV := .venv-vlaeval
+VLAEVAL_STAMP := $(VLAEVAL_VENV)/.installed
+# Third-party simulators driven through robot_clients.sim.gym_bridge, each unchanged in a virtual environment of
+# its own with the light robot_clients installed there: MetaWorld 3.1.1 pins mujoco==3.3.0 (this project's
+# environment has 4.0.0) and uses `packaging` without declaring it; gym-pusht (pymunk) is Push-T.
+METAWORLD_VENV := .venv-metaworld
+METAWORLD_STAMP := $(METAWORLD_VENV)/.installed
+PUSHT_VENV := .venv-pusht
+PUSHT_STAMP := $(PUSHT_VENV)/.installed
 FFMPEG_LIBRARIES := libavutil57 libavcodec59 libavformat59 libavdevice59 libavfilter8 libswscale6 libswresample4
 # Headless OpenGL for MuJoCo's offscreen rendering: EGL on Mesa's software rasterizer (no GPU, no display).
 GL_PACKAGES := libegl1 libegl-mesa0 libgl1 libgl1-mesa-dri
@@ -44,6 +55,23 @@ $(LEROBOT_STAMP):
 	$(LEROBOT_VENV)/bin/python -m pip install --quiet torch==2.13.0
 	$(LEROBOT_VENV)/bin/python -m pip install --quiet torchvision==0.28.0 torchcodec==0.13.0 lerobot-dataset==0.4.4
 	touch $(LEROBOT_STAMP)
+
+# Each: this package (its base install is the light robot_clients: numpy, msgpack, websockets), editable, with
+# the extra of the same name (pyproject.toml pins them).
+$(VLAEVAL_STAMP): pyproject.toml
+	test -x $(VLAEVAL_VENV)/bin/python || $(PYTHON) -m venv $(VLAEVAL_VENV)
+	$(VLAEVAL_VENV)/bin/python -m pip install --quiet -e '.[vla-eval]'
+	touch $(VLAEVAL_STAMP)
+
+$(METAWORLD_STAMP): pyproject.toml
+	test -x $(METAWORLD_VENV)/bin/python || $(PYTHON) -m venv $(METAWORLD_VENV)
+	$(METAWORLD_VENV)/bin/python -m pip install --quiet -e '.[metaworld]'
+	touch $(METAWORLD_STAMP)
+
+$(PUSHT_STAMP): pyproject.toml
+	test -x $(PUSHT_VENV)/bin/python || $(PYTHON) -m venv $(PUSHT_VENV)
+	$(PUSHT_VENV)/bin/python -m pip install --quiet -e '.[pusht]'
+	touch $(PUSHT_STAMP)
 
 # Installs Debian packages only when one is missing (apt needs root; elsewhere it says what to install).
 define apt_ensure
@@ -77,8 +105,9 @@ demo: $(STAMP) $(LEROBOT_STAMP) system-deps
 lint: $(STAMP)
 	$(PY) -m ruff format --check .
 	$(PY) -m ruff check .
+	$(PY) -m mypy
 
-test: lint $(STAMP) $(OPENPI_STAMP) $(LEROBOT_STAMP) test-system-deps
+test: lint $(STAMP) $(OPENPI_STAMP) $(LEROBOT_STAMP) $(VLAEVAL_STAMP) $(METAWORLD_STAMP) $(PUSHT_STAMP) test-system-deps
 	$(PY) -m pytest -q
 
 test-slow: $(STAMP) net-system-deps
@@ -116,4 +145,4 @@ gpu-wheels:
 		-d $(GPU_WHEELS) -r benchmarks/gpu_requirements.txt
 
 clean:
-	rm -rf $(VENV) $(OPENPI_VENV) $(LEROBOT_VENV) $(GPU_SITE) build *.egg-info
+	rm -rf $(VENV) $(OPENPI_VENV) $(LEROBOT_VENV) $(VLAEVAL_VENV) $(METAWORLD_VENV) $(PUSHT_VENV) $(GPU_SITE) build *.egg-info

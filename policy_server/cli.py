@@ -38,6 +38,7 @@ from .sessions.openpi_observation import CameraMapping, CameraMappingError, Open
 from .sessions.rate_limits import RateLimit
 from .sessions.supervisor import SessionLimits
 from .videos.job_store import RetentionPolicy
+from .vla_eval import ChunkPlan, MappingFileError, ObservationMapping, VlaEvalSettings
 
 if TYPE_CHECKING:
     from .http.sidecar import HttpSidecar
@@ -57,6 +58,21 @@ def _openpi_settings(args: argparse.Namespace) -> OpenpiSettings | None:
         view_point=args.openpi_view_point,
         prompt=args.openpi_prompt,
         cameras=CameraMapping.load(args.openpi_cameras),
+        strict_state=args.openpi_strict_state,
+    )
+
+
+def _vla_eval_settings(args: argparse.Namespace) -> VlaEvalSettings | None:
+    if not args.vla_eval:
+        return None
+    return VlaEvalSettings(
+        domain_name=args.vla_eval_domain,
+        action_horizon=args.vla_eval_horizon,
+        view_point=args.vla_eval_view_point,
+        prompt=args.vla_eval_prompt,
+        plan=ChunkPlan(chunk=args.vla_eval_chunk, ask_ahead=args.vla_eval_ask_ahead, execute=args.vla_eval_execute),
+        mapping=ObservationMapping.load(args.vla_eval_mapping),
+        strict_state=args.vla_eval_strict_state,
     )
 
 
@@ -208,6 +224,7 @@ async def serve_until_stopped(args: argparse.Namespace) -> int:
             overlap_host_prep=args.overlap_host_prep == "on",
             shutdown_grace_s=args.shutdown_grace,
             openpi=_openpi_settings(args),
+            vla_eval=_vla_eval_settings(args),
             ssl_context=_ssl_context(args),
             auth_tokens=TokenSet.load(args.auth_token, args.auth_token_file),
             max_sessions=max(1, args.max_sessions),
@@ -276,6 +293,10 @@ def main(argv: list[str] | None = None) -> int:
     try:
         CameraMapping.load(args.openpi_cameras)  # a bad mapping is a usage error, before anything starts
     except CameraMappingError as exc:
+        parser.error(str(exc))
+    try:
+        ObservationMapping.load(args.vla_eval_mapping)
+    except MappingFileError as exc:
         parser.error(str(exc))
     if (
         args.record_opt_in or args.record_max_bytes is not None or args.record_max_age_s is not None

@@ -376,6 +376,51 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="FILE_OR_JSON",
         help="camera mapping overriding the defaults per view point (see docs/openpi.md)",
     )
+    openpi.add_argument(
+        "--openpi-strict-state",
+        action="store_true",
+        help="refuse a robot state sent to a domain that does not condition on it (default: accept it, unused, "
+        "counted in /metrics)",
+    )
+    vla_eval = parser.add_argument_group(
+        "vla-eval endpoint",
+        "vla-eval's harness connects to ws://HOST:PORT/v1/vla-eval; an episode_start's `settings` override these",
+    )
+    vla_eval.add_argument("--no-vla-eval", dest="vla_eval", action="store_false", help="do not serve /v1/vla-eval")
+    vla_eval.add_argument("--vla-eval-domain", default=None, help="embodiment (default: the model's default domain)")
+    vla_eval.add_argument(
+        "--vla-eval-horizon", type=int, default=None, help="actions per chunk (default: the domain's)"
+    )
+    vla_eval.add_argument(
+        "--vla-eval-view-point", default=None, help="which camera view feeds the model (default: the domain's profile)"
+    )
+    vla_eval.add_argument("--vla-eval-prompt", default="", help="prompt when neither observation nor task has a text")
+    vla_eval.add_argument(
+        "--vla-eval-chunk",
+        default="step",
+        choices=("step", "whole"),
+        help="one action per observation from the current chunk (step, default), or the whole chunk per reply",
+    )
+    vla_eval.add_argument(
+        "--vla-eval-ask-ahead",
+        type=int,
+        default=1,
+        help="ask for the next chunk when this many actions of the current one remain (default 1)",
+    )
+    vla_eval.add_argument(
+        "--vla-eval-execute", type=int, default=None, help="actions of each chunk played before the next (default: all)"
+    )
+    vla_eval.add_argument(
+        "--vla-eval-mapping",
+        default=None,
+        metavar="FILE_OR_JSON",
+        help="cameras, state, prompt and unused keys of vla-eval observations (see docs/vla_eval.md)",
+    )
+    vla_eval.add_argument(
+        "--vla-eval-strict-state",
+        action="store_true",
+        help="refuse a robot state sent to a domain that does not condition on it (default: accept it, unused)",
+    )
     recording = parser.add_argument_group(
         "recording",
         "sessions recorded as LeRobot datasets, replayed on the dashboard and by cosmos3-replay; see docs/recording.md",

@@ -13,6 +13,7 @@ module alone.
 from __future__ import annotations
 
 import time
+from collections import Counter
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -83,6 +84,8 @@ class ServerContext(Generic[SessionT]):
             lambda: [*self._sessions.values(), *self.observers.values()], settings.connection_limits
         )
         self._closed_sessions_dropped = 0
+        # Observations whose robot state the served domain does not use, by protocol (`/metrics`).
+        self.unused_state: Counter[str] = Counter()
 
     @property
     def ready(self) -> bool:

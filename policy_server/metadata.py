@@ -25,7 +25,7 @@ from robot_clients import protocol
 from .context import ServerContext
 from .media.image_decoding import ENCODED_FORMATS
 from .sessions.config import STATE_PROFILE_FIELDS, SessionConfig
-from .sessions.openpi_observation import CameraMapping
+from .sessions.openpi_observation import ALL_STATE_KEYS, CameraMapping
 
 SERVER_NAME = "cosmos3-policy-server"
 
@@ -91,11 +91,21 @@ def native_metadata(host: ServerContext[Any], session_id: str) -> dict[str, Any]
 
 
 def openpi_metadata(
-    d: ModelDescription | None, session_id: str, config: SessionConfig | None, cameras: CameraMapping, error: str | None
+    d: ModelDescription | None,
+    session_id: str,
+    config: SessionConfig | None,
+    cameras: CameraMapping,
+    error: str | None,
+    strict_state: bool = False,
 ) -> dict[str, Any]:
-    """openpi's hello: what the server's ``--openpi-*`` settings resolved to (``error``: why they do not fit)."""
+    """openpi's hello: what the server's ``--openpi-*`` settings resolved to (``error``: why they do not fit).
+
+    ``unused_state_keys``: the conventions' state keys this endpoint accepts and does not use (its domain has
+    no ``state_dim``); empty where the domain conditions on state, or where ``strict_state`` refuses them.
+    """
     assert d is not None, "sessions open once the model is ready"
     resolved = config.resolved(d) if config is not None else {}
+    stateless = config is not None and resolved.get("state_dim") is None
     return {
         "server": SERVER_NAME,
         "protocol": "openpi",
@@ -108,6 +118,7 @@ def openpi_metadata(
         "action_dim": resolved.get("raw_action_dim"),
         "view_point": resolved.get("view_point"),
         **{field: resolved.get(field) for field in STATE_PROFILE_FIELDS},
+        "unused_state_keys": list(ALL_STATE_KEYS) if stateless and not strict_state else [],
         "cameras": cameras.describe().get(resolved.get("view_point"), []),
         "resolution_tier": resolved.get("resolution_tier"),
         "canvases": d.as_json()["canvases"],

@@ -65,6 +65,8 @@ class ServerStateReaders:
     replicas: Callable[[], list[dict[str, Any]]] = lambda: []
     # The recorder's counters and state (Recorder.stats()); None while the server records nothing.
     recording: Callable[[], dict[str, Any] | None] = lambda: None
+    # Observations accepted with a robot state their domain does not condition on, by protocol.
+    unused_state: Callable[[], dict[str, int]] = lambda: {}
 
 
 class BusyFraction:
@@ -123,6 +125,14 @@ class _StateCollector(Collector):
             f"fraction of the last {BUSY_WINDOW_S:.0f} s the engine worker spent running requests",
             value=self._busy.read(),
         )
+        unused = CounterMetricFamily(
+            f"{NAMESPACE}_unused_state_observations",
+            "observations whose robot state was accepted and not used (the domain does not condition on state)",
+            labels=["protocol"],
+        )
+        for protocol, count in sorted(r.unused_state().items()):
+            unused.add_metric([protocol], count)
+        yield unused
         yield from _replica_metrics(r.replicas())
         yield from _recording_metrics(r.recording())
         jobs = GaugeMetricFamily(f"{NAMESPACE}_video_jobs", "video jobs in the store, by status", labels=["status"])

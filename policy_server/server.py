@@ -53,6 +53,8 @@ from .sessions.native import RealtimeSession
 from .sessions.observer import DEFAULT_INTERVAL_S, OBSERVER_MAX_MESSAGE_BYTES, ObserverSession, SnapshotCache, authorize
 from .sessions.openpi import OpenpiSession
 from .sessions.supervisor import MAX_QUEUED_FRAMES, SOCKET_SEND_BUFFER_BYTES, WRITE_LIMIT_BYTES, close_connection
+from .vla_eval.control import config_answer, health_answer
+from .vla_eval.session import VlaEvalSession
 
 __all__ = ["DEFAULT_MAX_MESSAGE_BYTES", "LARGEST_IMAGE_BYTES", "PolicyServer", "ServerFeature", "ServerSettings"]
 
@@ -266,10 +268,10 @@ class PolicyServer:
 
     def _process_request(self, connection: ServerConnection, request: Request) -> Response | None:
         path = request.path.split("?", 1)[0]
-        kind = route(path, openpi=self.settings.openpi is not None)
+        kind = route(path, openpi=self.settings.openpi is not None, vla_eval=self.settings.vla_eval is not None)
         context = self.context
-        if kind is Route.HEALTH:
-            status, body = health(context)
+        if kind is Route.HEALTH or kind is Route.VLA_EVAL_HEALTH:
+            status, body = health(context) if kind is Route.HEALTH else health_answer(context)
             return _json_response(connection, HTTPStatus(status), body)
         if kind is Route.DASHBOARD:
             return self._dashboard_response(connection, path)
@@ -304,6 +306,9 @@ class PolicyServer:
                 response = connection.respond(HTTPStatus.UNAUTHORIZED, result.reason + "\n")
                 response.headers["WWW-Authenticate"] = CHALLENGE
                 return response
+        if kind is Route.VLA_EVAL_CONFIG and self.settings.vla_eval is not None:
+            status, body = config_answer(self, self.settings.vla_eval, request.path.partition("?")[2])
+            return _json_response(connection, HTTPStatus(status), body)
         if kind is Route.OBSERVER:
             if context.stopping:
                 return connection.respond(HTTPStatus.SERVICE_UNAVAILABLE, "server is shutting down\n")
@@ -360,7 +365,7 @@ class PolicyServer:
     async def _handle_connection(self, connection: ServerConnection) -> None:
         context = self.context
         target = connection.request.path if connection.request is not None else REALTIME_PATH
-        kind = route(target, openpi=self.settings.openpi is not None)
+        kind = route(target, openpi=self.settings.openpi is not None, vla_eval=self.settings.vla_eval is not None)
         if kind is Route.OBSERVER:  # an operator's dashboard: watches and steers, never a session itself
             if len(context.observers) >= self.settings.max_observers:  # admitted together at the last slot
                 await connection.close(1013, f"observer limit reached ({self.settings.max_observers}); retry later")
@@ -379,6 +384,8 @@ class PolicyServer:
         session: Session
         if kind is Route.OPENPI and self.settings.openpi is not None:
             session = OpenpiSession(connection, context, self.settings.openpi)
+        elif kind is Route.VLA_EVAL and self.settings.vla_eval is not None:
+            session = VlaEvalSession(connection, context, self.settings.vla_eval)
         else:
             session = RealtimeSession(connection, context, self.dialects)
         context.register(session)

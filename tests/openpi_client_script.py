@@ -8,8 +8,9 @@ convention, and one bad observation in the middle to see the error and the conne
 
     python openpi_client_script.py --uri ws://127.0.0.1:8000/openpi --convention libero --horizon 8
 
-``--no-state`` leaves the convention's state keys out (for a domain that takes no state, which refuses
-them); ``--state-probe`` (DROID) also sends one image twice with two joint states, and a 6-joint state.
+``--no-state`` leaves the convention's state keys out; ``--state-probe`` (DROID) also sends one image
+twice with two joint states, and a 6-joint state. ``--example`` only sends the convention's example
+observation (state included) three times and reports the actions or the error of each.
 """
 
 from __future__ import annotations
@@ -75,6 +76,14 @@ class CountingPolicy:
         self.inner.reset()
 
 
+def example_reply(policy, obs: dict) -> dict:
+    try:
+        actions = policy.infer(obs)["actions"]
+    except RuntimeError as exc:
+        return {"error": str(exc)}
+    return {"shape": list(actions.shape), "finite": bool(np.isfinite(actions).all())}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--uri", required=True)
@@ -82,6 +91,7 @@ def main() -> None:
     parser.add_argument("--horizon", type=int, required=True)
     parser.add_argument("--no-state", action="store_true")
     parser.add_argument("--state-probe", action="store_true")
+    parser.add_argument("--example", action="store_true")
     args = parser.parse_args()
     make = stateless if args.no_state else observation
     rng = np.random.default_rng(0)
@@ -89,6 +99,10 @@ def main() -> None:
 
     policy = websocket_client_policy.WebsocketClientPolicy(host=args.uri)
     out["metadata"] = policy.get_server_metadata()
+    if args.example:
+        out["replies"] = [example_reply(policy, observation(args.convention, rng)) for _ in range(3)]
+        json.dump(out, sys.stdout, default=str)
+        return
 
     result = policy.infer(make(args.convention, rng))
     actions = result["actions"]

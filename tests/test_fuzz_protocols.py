@@ -10,6 +10,8 @@ dtypes and short data, NaN and infinity everywhere. What must hold, frame after 
   message, or the reply its valid content asks for), and the connection stays open unless the server
   closed it with a code and a reason;
 * openpi protocol: every frame gets exactly one reply (an action frame or an error text frame);
+* vla-eval protocol: every frame is answered (``error`` with a known code, ``action`` or ``hello``) or
+  is one that expects no reply, and the session still answers a ``hello`` after it;
 * observer channel: every text frame gets an ``error``, ``subscribed`` or ``control_result``;
 * every field of a well-formed ``configure`` or ``observation`` (session settings, valid, invalid or null,
   the observation's own fields, an unknown field now and then) is honoured, its value visible in the
@@ -195,8 +197,9 @@ def fuzz_server():
         server.native = Channel(server, "/v1/actions/realtime")
         server.openpi = Channel(server, "/openpi")
         server.observer = Channel(server, "/v1/observe")
+        server.vla_eval = Channel(server, "/v1/vla-eval", first_frames=0)
         yield server
-        for channel in (server.native, server.openpi, server.observer):
+        for channel in (server.native, server.openpi, server.observer, server.vla_eval):
             if channel.ws is not None:
                 channel.ws.close()
 
@@ -263,6 +266,73 @@ def test_openpi_protocol_answers_every_hostile_frame_once(fuzz_server, payload):
         assert code in KNOWN_CODES, reply
     else:
         assert "actions" in unpackb(reply)
+
+
+VLA_EVAL_KEYS = [
+    "images", "states", "state", "task_description", "task", "mode", "settings", "recording", "protocol_version",
+    "front", "wrist", "agentview", "__image__", "format", "chunk", "ask_ahead", "execute", "action_horizon",
+]  # fmt: skip
+vla_eval_keys = st.sampled_from(VLA_EVAL_KEYS) | keys
+image_maps = st.fixed_dictionaries(
+    {
+        "__image__": st.just(True) | values,
+        "format": st.sampled_from(["png", "jpeg", "raw", "gif"]) | values,
+        "data": st.binary(max_size=128) | st.sampled_from([b"\x89PNG\r\n\x1a\n" + b"\x00" * 40]) | values,
+        "shape": st.lists(st.integers(-3, 2**40), max_size=4) | values,
+        "dtype": st.sampled_from(["|u1", "<f4", "|O"]) | values,
+    }
+)
+vla_eval_values = st.recursive(
+    scalars | ndarray_maps | image_maps,
+    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(vla_eval_keys, inner, max_size=4),
+    max_leaves=10,
+)
+vla_eval_frames = st.builds(
+    lambda kind, payload, seq, stamp, extra: {
+        **extra,
+        "type": kind,
+        "payload": payload,
+        "seq": seq,
+        "timestamp": stamp,
+    },
+    st.sampled_from(["hello", "episode_start", "observation", "episode_end", "error", "action", "launch"]) | scalars,
+    st.dictionaries(vla_eval_keys, vla_eval_values, max_size=5) | values,
+    st.integers(-5, 2**40) | scalars,
+    st.floats(allow_nan=True) | scalars,
+    st.dictionaries(keys, values, max_size=1),
+)
+vla_eval_payloads = st.one_of(vla_eval_frames.map(_pack), nasty_bytes, st.text(max_size=64))
+
+
+@FUZZ_SETTINGS
+@given(payload=vla_eval_payloads)
+def test_vla_eval_protocol_answers_every_hostile_frame_and_stays_up(fuzz_server, payload):
+    channel = fuzz_server.vla_eval
+    channel.rounds = getattr(channel, "rounds", 0) + 1
+    sentinel = 10**9 + channel.rounds
+
+    def replies_before_hello(ws):
+        # episode_end forgets what a valid hostile observation sent to the engine; the hello marks the end.
+        ws.send(packb({"type": "episode_end", "payload": {}, "seq": sentinel - 1, "timestamp": 0.0}))
+        ws.send(packb({"type": "hello", "payload": {"protocol_version": 1}, "seq": sentinel, "timestamp": 0.0}))
+        replies, deadline = [], time.monotonic() + 60
+        while True:
+            frame = unpackb(ws.recv(timeout=max(0.1, deadline - time.monotonic())))
+            if frame.get("type") == "hello" and frame.get("seq") == sentinel:
+                return replies
+            replies.append(frame)
+
+    replies = channel.exchange(payload, replies_before_hello)
+    if replies is None:
+        return
+    if not replies:  # only a frame vla-eval expects no reply to: episode_start/_end, error, a valid hello's twin
+        assert _decoded_type(payload) in ("episode_start", "episode_end", "error", "hello", "observation"), payload
+    for frame in replies:
+        assert frame["type"] in ("error", "action", "hello"), frame
+        if frame["type"] == "error":
+            body = frame["payload"]
+            assert (body["code"] in KNOWN_CODES or body["code"] == "dropped") and body["error"], frame
+            assert body["code"] != ErrorCode.ENGINE_ERROR or "ref " in body["message"], frame
 
 
 # Each valid example runs the model once: fewer examples than the hostile-bytes properties.

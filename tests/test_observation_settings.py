@@ -19,6 +19,7 @@ from sidecar_fixtures import SidecarServer, engine_loader, error_of
 from websockets.sync.client import connect
 
 from policy_server.sessions.config import SessionConfig
+from policy_server.sessions.openpi_observation import OpenpiSettings
 from robot_clients import PolicyClient
 from robot_clients.wire_codec import packb, unpackb
 
@@ -273,18 +274,41 @@ def test_openpi_refuses_keys_it_would_ignore_and_takes_its_conventions(server):
     ) as ws:
         ws.recv(timeout=30)  # metadata
         libero = {"observation/image": IMAGE, "observation/wrist_image": IMAGE, "prompt": "put the bowl on the plate"}
-        # This domain takes no state: LIBERO's state is refused, not ignored
-        # (tests/test_state_wire.py has one that does).
+        # This domain takes no state: LIBERO's state is accepted and not used here (tests/test_openpi_state.py),
+        # refused under --openpi-strict-state (below; tests/test_state_wire.py has a domain that uses it).
         for extra, field in (
             ({"domain_name": DROID}, "domain_name"),
             ({"observation/imag": IMAGE}, "observation/imag"),
-            ({"observation/state": np.zeros(8, np.float32)}, "observation/state"),
         ):
             ws.send(packb({**libero, **extra}))
             reply = ws.recv(timeout=60)
             assert isinstance(reply, str) and reply.startswith("invalid_field:") and f"(field: {field})" in reply
         ws.send(packb(libero))
         assert unpackb(ws.recv(timeout=60))["actions"].shape[1] == 10
+        ws.send(packb({**libero, "observation/state": np.zeros(8, np.float32)}))
+        assert unpackb(ws.recv(timeout=60))["actions"].shape[1] == 10
+
+
+def test_openpi_strict_state_refuses_a_state_the_domain_would_not_use():
+    settings = OpenpiSettings(domain_name=DOMAIN, strict_state=True)
+    with ServerThread(tiny_engine_loader("distilled"), openpi=settings) as strict:
+        with connect(
+            f"ws://127.0.0.1:{strict.port}/openpi", compression=None, max_size=None, proxy=None, open_timeout=30
+        ) as ws:
+            assert unpackb(ws.recv(timeout=30))["unused_state_keys"] == []
+            libero = {
+                "observation/image": IMAGE,
+                "observation/wrist_image": IMAGE,
+                "prompt": "put the bowl on the plate",
+            }
+            ws.send(packb({**libero, "observation/state": np.zeros(8, np.float32)}))
+            reply = ws.recv(timeout=60)
+            assert (
+                isinstance(reply, str) and reply.startswith("invalid_field:") and "(field: observation/state)" in reply
+            )
+            assert "does not condition on the robot's state" in reply
+            ws.send(packb(libero))
+            assert unpackb(ws.recv(timeout=60))["actions"].shape[1] == 10
 
 
 # -- the HTTP one-shot API follows the same rules -----------------------------------------------------------

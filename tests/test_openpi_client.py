@@ -13,7 +13,8 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from server_fixtures import REPO_ROOT, ServerThread, tiny_engine_loader
+from server_fixtures import REPO_ROOT, tiny_engine_loader
+from sidecar_fixtures import SidecarServer
 
 from policy_server.sessions.openpi_observation import OpenpiSettings
 
@@ -34,14 +35,14 @@ if not OPENPI_PYTHON.exists():
 @pytest.fixture(scope="module")
 def server():
     settings = OpenpiSettings(domain_name=DOMAIN, action_horizon=HORIZON)
-    with ServerThread(tiny_engine_loader("distilled"), openpi=settings) as running:
+    with SidecarServer(tiny_engine_loader("distilled"), openpi=settings) as running:
         yield running
 
 
 @pytest.fixture(scope="module")
 def droid_server():
     """The tiny DROID-profile checkpoint (droid_lerobot: state-conditioned, [32, 8] chunks), a fixed seed."""
-    with ServerThread(tiny_engine_loader("distilled", droid=True), openpi=OpenpiSettings(seed=0)) as running:
+    with SidecarServer(tiny_engine_loader("distilled", droid=True), openpi=OpenpiSettings(seed=0)) as running:
         yield running
 
 
@@ -107,3 +108,41 @@ def test_openpi_client_droid_state_conditions_the_actions(droid_server):
     assert probe["moved_max_abs"] > 1e-4, probe  # other joints: another chunk
     error = probe["short_error"]
     assert "invalid_field" in error and "(field: observation/joint_position)" in error and "state_dim 8" in error
+
+
+STATE_KEYS = ["observation/joint_position", "observation/gripper_position", "observation/state", "state"]
+
+
+def unused_state_count(server) -> float:
+    """``cosmos3_unused_state_observations{protocol="openpi"}`` from the sidecar's ``/metrics`` (0 if absent)."""
+    for line in server.client.get("/metrics").text.splitlines():
+        if line.startswith('cosmos3_unused_state_observations_total{protocol="openpi"}'):
+            return float(line.rsplit(" ", 1)[1])
+    return 0.0
+
+
+@pytest.mark.parametrize("convention", ["libero", "droid", "aloha"])
+def test_openpi_examples_with_state_against_a_stateless_domain(server, convention):
+    """openpi's example observations, state and all, unchanged: served, and the state's non-use is visible."""
+    before = unused_state_count(server)
+    out = run_openpi_client(f"ws://127.0.0.1:{server.port}/openpi", convention, "--example")
+    metadata = out["metadata"]
+    assert metadata["domain_name"] == DOMAIN and metadata["state_dim"] is None
+    assert metadata["unused_state_keys"] == STATE_KEYS
+    assert out["replies"] == [{"shape": [HORIZON, 10], "finite": True}] * 3
+    assert unused_state_count(server) == before + 3
+
+
+@pytest.mark.parametrize("convention", ["libero", "droid", "aloha"])
+def test_openpi_examples_against_a_state_conditioned_domain(droid_server, convention):
+    """The same examples against NVIDIA's DROID profile (state_dim 8): LIBERO's 8-wide state and DROID's
+    joints + gripper condition the chunk; ALOHA's 14-wide state does not fit and is refused, naming it."""
+    before = unused_state_count(droid_server)
+    out = run_openpi_client(f"ws://127.0.0.1:{droid_server.port}/openpi", convention, "--example", horizon=32)
+    assert out["metadata"]["state_dim"] == 8 and out["metadata"]["unused_state_keys"] == []
+    if convention == "aloha":
+        for reply in out["replies"]:
+            assert "invalid_field" in reply["error"] and "(field: state)" in reply["error"] and "[14]" in reply["error"]
+    else:
+        assert out["replies"] == [{"shape": [32, 8], "finite": True}] * 3
+    assert unused_state_count(droid_server) == before

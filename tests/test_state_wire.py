@@ -141,8 +141,10 @@ def droid_observation(**changes) -> dict:
     return {key: value for key, value in obs.items() if value is not None}
 
 
-def openpi(obs: dict, description: ModelDescription, domain: str = DROID):
-    return parse_openpi_observation(obs, CameraMapping(), "concat_view", LIMITS, domain=description.domain(domain))
+def openpi(obs: dict, description: ModelDescription, domain: str = DROID, strict_state: bool = False):
+    return parse_openpi_observation(
+        obs, CameraMapping(), "concat_view", LIMITS, domain=description.domain(domain), strict_state=strict_state
+    )
 
 
 def test_droids_joints_and_gripper_become_one_state_row(droid):
@@ -188,7 +190,16 @@ def test_a_wrong_droid_state_names_its_openpi_key(droid, changes, code, key):
 def test_libero_and_aloha_states_are_honoured_or_refused(droid):
     libero = {"observation/image": IMAGE, "observation/wrist_image": IMAGE, "observation/state": STATE}
     np.testing.assert_array_equal(openpi(libero, droid).state, STATE)
-    error = refused(openpi, libero, droid, OTHER)  # a domain without state: refused, not ignored
+    # A domain without state: refused under --openpi-strict-state, else accepted and named as unused.
+    error = refused(openpi, libero, droid, OTHER, strict_state=True)
+    assert (error.code, error.field) == (ErrorCode.INVALID_FIELD, "observation/state")
+    unused = openpi(libero, droid, OTHER)
+    assert unused.state is None and unused.unused_state == ("observation/state",)
+    droid_unused = openpi(droid_observation(), droid, OTHER)
+    assert droid_unused.state is None
+    assert droid_unused.unused_state == ("observation/joint_position", "observation/gripper_position")
+    # A malformed state stays a typed error, used or not.
+    error = refused(openpi, {**libero, "observation/state": np.full(8, np.nan)}, droid, OTHER)
     assert (error.code, error.field) == (ErrorCode.INVALID_FIELD, "observation/state")
     aloha = {"images": {"cam_high": IMAGE}, "state": np.zeros(14, np.float32)}
     error = refused(openpi, aloha, droid)

@@ -1,18 +1,10 @@
 """What the server needs of whatever runs the engine: the local worker thread, or replicas elsewhere.
 
-:class:`~policy_server.server.PolicyServer` talks to its engine through two things only: a request
-queue (sessions put observations in it, the HTTP sidecar puts video jobs in its background lane) and an
-:class:`EngineBackend` that takes work from that queue and runs it. Two implementations exist:
-
-* :class:`~policy_server.engine.worker.EngineWorker`: one thread in this process owning one engine
-  (the default, ``cosmos3-serve --backend local``);
-* :class:`~policy_server.ray.backend.RayBackend`: engine replicas deployed on Ray Serve, one per GPU,
-  with sessions pinned to a replica (``--backend ray``). Ray is imported only by that module, so the
-  local path never pays for it.
-
-A backend other than the local worker comes with its own queue (the Ray backend's routes each session
-to the queue of its replica), so the server asks a :class:`BackendFactory` for both, handing it the
-narrow :class:`BackendHost` face of itself.
+The server talks to its engine through two things only: a request queue (:class:`QueueLike`) and an
+:class:`EngineBackend` that takes work from it and runs it: the local
+:class:`~policy_server.engine.worker.EngineWorker` (``--backend local``, the default) or engine replicas
+(``--backend ray``). A backend other than the local worker comes with its own queue, so the server asks a
+:class:`BackendFactory` for both, handing it the narrow :class:`BackendHost` face of itself.
 """
 
 from __future__ import annotations

@@ -1,30 +1,18 @@
 """The one thread that owns the engine: it loads the model, warms it up, and runs requests batch by batch.
 
-The asyncio event loop never runs model code. It puts observations in the :class:`RequestQueue`; this
-thread takes them in the queue's fair order (several sessions at once when their requests can share
-transformer calls: see :class:`~policy_server.engine.batching.BatchPolicy`), drops those whose deadline
-has passed, runs the rest through the engine (:func:`predict_batch`) and hands every outcome back to the
-event loop with ``loop.call_soon_threadsafe``: the owner of the observation (``PendingObservation.owner``)
-gets ``on_result(item, outcome)`` or ``on_dropped(item, reason)`` on the loop's thread, where it is safe
-to touch sockets (a session gone away ignores it).
+It takes observations in the queue's fair order, several at once when their requests can share
+transformer calls (:class:`~policy_server.engine.batching.BatchPolicy`), drops those whose deadline has
+passed, runs the rest and posts every outcome to its owner on the event loop
+(``loop.call_soon_threadsafe``). Background tasks run when no observation waits, and otherwise get a
+bounded share (:class:`~policy_server.engine.batching.BackgroundShare`), so a video finishes under any
+robot load while a robot waits at most one extra step per interval.
 
-Background tasks (video rollouts, :class:`~.request_queue.EngineTask`) run when no observation waits,
-and otherwise a bounded share (:class:`~.batching.BackgroundShare`): one step at least every interval, so
-a video finishes under any robot load while a robot waits at most one extra step per interval.
-
-A hung engine call (:mod:`policy_server.engine.watchdog` notices it from ``call_started_at``) is handled by
-:meth:`EngineWorker.abandon_hung_call`: the requests of that call are failed with ``engine_timeout``,
-the worker reports ``restarting`` and a new thread loads a fresh engine. Python cannot kill a thread:
-the stuck one is abandoned (it keeps its engine's memory until its call returns, if ever) and
-everything it does afterwards is discarded, because only the current thread may post outcomes, touch
-the worker's state or take from the queue.
-
-While an engine call runs, :class:`HostPrep` (a small thread) prepares the observations waiting next
-(validation, frames into the canvas: ``prepare_actions``), so the device does not wait for the host
-between batches; it only looks at the queue, so turns, latest-wins and deadlines are unchanged. A batched
-call that fails is retried request by request, so only the request at fault gets the error; an engine
-that went away (a Ray replica) raises :class:`~.outcome.EngineLost` and the call's work goes to
-``on_engine_lost`` unanswered (the Ray backend queues it again elsewhere).
+While an engine call runs, :class:`HostPrep` (a small thread) prepares the observations waiting next, so
+the device does not wait for the host between batches. A batched call that fails is retried request by
+request, so only the request at fault gets the error; an engine that went away (a Ray replica) raises
+:class:`~.outcome.EngineLost` and the call's work goes to ``on_engine_lost`` unanswered. A hung call is
+abandoned (:meth:`EngineWorker.abandon_hung_call`): Python cannot kill a thread, so a new one loads a
+fresh engine, and only the current thread may post outcomes, take work or touch the worker's state.
 """
 
 from __future__ import annotations

@@ -1,23 +1,9 @@
-"""The HTTP sidecar: FastAPI on uvicorn, on its own port, in the WebSocket server's process and event loop.
+"""The HTTP sidecar's lifecycle: FastAPI on uvicorn, on its own port, in the WebSocket server's process
+and event loop.
 
-Routes (``docs/http_api.md`` is the user-facing description; ``/openapi.json`` the schema):
-
-* ``/v1/videos`` - ``forward_dynamics`` rollouts as persistent asynchronous jobs
-  (:mod:`policy_server.videos.job_store`, run by :mod:`policy_server.videos.runner`);
-* ``POST /v1/actions/generations`` - one chunk of actions per request, for clients without a WebSocket;
-* ``GET /v1/actions/metadata`` - what the loaded checkpoint offers, from the engine's ``describe()``;
-* ``/healthz`` (alive), ``/readyz`` (model loaded and warm), ``/metrics`` (Prometheus).
-
-Both kinds of work enter the server's one request queue: action generations as observations (each
-client's requests share one turn, like one robot's, with a bounded number in flight: :mod:`.turns`),
-video jobs in the background lane that the engine worker serves while no observation waits, plus a
-bounded share under robot load. The sidecar never runs model code on the event loop; request decoding,
-SQLite and MP4 encoding run on helper threads (``asyncio.to_thread``).
-
-:class:`HttpSidecar` is the lifecycle: it opens the job store, starts the job runner, builds the app
-(:func:`.app.build_app`, one router per resource in :mod:`.routes`) and serves it with uvicorn
-(:mod:`.serving`). It is one of the server's features (``policy_server.server.ServerFeature``), attached by
-the command line; it sees the server only through its :class:`~policy_server.context.ServerContext`.
+:class:`HttpSidecar` opens the video job store, starts the job runner, builds the app and serves it; at
+shutdown it stops them in the reverse order. Model code never runs on the event loop, and neither does
+SQLite: the store is opened, recovered and closed on helper threads (``asyncio.to_thread``).
 """
 
 from __future__ import annotations
@@ -65,6 +51,7 @@ class HttpSidecar:
                 ready=lambda: host.ready,
                 replicas=lambda: host.worker.topology().get("replicas", []) if host.worker is not None else [],
                 recording=lambda: host.stats["recording"]() if "recording" in host.stats else None,
+                unused_state=lambda: dict(host.unused_state),
             )
         )
         # Made from the settings when the sidecar starts (whoever attached it may still adjust them).

@@ -93,6 +93,7 @@ class OpenpiSession(Session):
         self.convention: str | None = None
         self._next_seq = 0
         self._last_total_ms: float | None = None
+        self._unused_state_logged = False
 
     @property
     def description(self) -> ModelDescription:
@@ -117,6 +118,7 @@ class OpenpiSession(Session):
             self.config,
             self.settings.cameras,
             None if error is None else error_text(error.code, error.message, error.field),
+            strict_state=self.settings.strict_state,
         )
 
     # -- replies: openpi's client raises RuntimeError with a text frame ------------------------------
@@ -162,7 +164,10 @@ class OpenpiSession(Session):
             self.context.frame_limits,
             video=config.action_mode == "inverse_dynamics",
             domain=self.description.domain(config.domain_name),
+            strict_state=self.settings.strict_state,
         )
+        if obs.unused_state:
+            self.note_unused_state(obs.unused_state)
         if self.convention is None:
             self.convention = detect_convention(decoded)
             logger.info(
@@ -178,6 +183,20 @@ class OpenpiSession(Session):
     def _config(self) -> SessionConfig:
         assert self.config is not None, "configured from the server's settings when it opened"
         return self.config
+
+    def note_unused_state(self, keys: tuple[str, ...]) -> None:
+        """A state sent to a domain that does not condition on it: counted (``/metrics``), logged once."""
+        self.context.unused_state[self.protocol] += 1
+        if not self._unused_state_logged:
+            self._unused_state_logged = True
+            assert self.config is not None
+            logger.info(
+                "openpi session %s: domain %r does not condition on the robot's state; %s accepted and not used "
+                "(--openpi-strict-state refuses it)",
+                self.id,
+                self.config.domain_name,
+                ", ".join(keys),
+            )
 
     def _admit(self, obs: OpenpiObservation, received_at: float) -> None:
         seq = self.frame_seq

@@ -22,7 +22,10 @@ The state keys become the request's proprio state (:func:`openpi_state`): LIBERO
 and ALOHA's ``state`` as sent; DROID's ``observation/joint_position`` (7, or rows of 7) and
 ``observation/gripper_position`` (1, or one per row) as one row ``[joints..., gripper]`` per step, the
 gripper as the robot reports it (the domain's profile says which index the model sees flipped, and the
-engine flips it, both ways). A domain whose profile has a ``state_dim`` needs them; any other refuses them.
+engine flips it, both ways). A domain whose profile has a ``state_dim`` needs them. Any other accepts and
+does not use them (every LIBERO, DROID and ALOHA client sends its state, and openpi's own servers take it
+whether the policy uses it or not): :attr:`OpenpiObservation.unused_state` names them, so that the session
+can say so; ``strict_state`` (``--openpi-strict-state``) refuses them instead.
 
 Which cameras are used comes from a :class:`CameraMapping`: for each view point, a list of alternatives
 tried in order; an alternative is one camera key, or a list of keys composed side by side (left to
@@ -198,6 +201,8 @@ class OpenpiObservation:
     prompt: str | None = None
     prefix_actions: np.ndarray | None = None
     state: np.ndarray | None = None  # float32 [D] or [rows, D], from the convention's state keys
+    # The state keys sent to a domain that does not condition on state: accepted, not used.
+    unused_state: tuple[str, ...] = ()
     cameras: Alternative = ()  # the keys whose images were used, left to right
     # The chosen cameras as sent when one of them is encoded (bytes, or a list of bytes for a clip): the
     # server decodes them off the event loop, then composes them (:func:`compose_cameras`).
@@ -232,12 +237,14 @@ def parse_openpi_observation(
     *,
     video: bool = False,
     domain: PolicyProfile | None = None,
+    strict_state: bool = False,
 ) -> OpenpiObservation:
     """Pick and compose the cameras for ``view_point``; raise :class:`ProtocolError` naming the key.
 
     ``video``: the session serves inverse dynamics, so cameras carry T×H×W×3 clips, composed frame by
     frame. ``domain``: the session's domain, whose profile the state is checked against (its width, its
     rows, whether it takes one at all), so that an error names the openpi key the state came from.
+    ``strict_state``: a state sent to a domain without a ``state_dim`` is refused, not set aside unused.
     """
     if not isinstance(obs, Mapping):
         raise ProtocolError(ErrorCode.BAD_FRAME, f"an observation must be a msgpack map, got {type(obs).__name__}")
@@ -280,7 +287,10 @@ def parse_openpi_observation(
         result.prefix_actions = prefix.astype(np.float32)
 
     result.state, state_key, shown = openpi_state(obs)
-    if domain is not None:
+    if domain is not None and domain.state_dim is None and result.state is not None and not strict_state:
+        result.unused_state = tuple(key for key in ALL_STATE_KEYS if lookup(obs, key) is not None)
+        result.state = None
+    elif domain is not None:
         if state_key is None:  # missing: name the keys this observation's convention sends it in
             keys = CONVENTIONS.get(detect_convention(obs) or "", {}).get("state", ("state",))
             state_key, shown = keys[0], " + ".join(f"`{key}`" for key in keys)
@@ -290,6 +300,7 @@ def parse_openpi_observation(
 
 DROID_JOINTS, DROID_GRIPPER = CONVENTIONS["droid"]["state"]
 STATE_KEYS = (CONVENTIONS["libero"]["state"][0], CONVENTIONS["aloha"]["state"][0])
+ALL_STATE_KEYS = (DROID_JOINTS, DROID_GRIPPER, *STATE_KEYS)
 
 
 def openpi_state(obs: Mapping[str, Any]) -> tuple[np.ndarray | None, str | None, str | None]:
@@ -298,7 +309,7 @@ def openpi_state(obs: Mapping[str, Any]) -> tuple[np.ndarray | None, str | None,
     DROID's joints and gripper become one ``[joints..., gripper]`` row per step: ``[8]``, or ``[T, 8]``
     for T rows of joints with one gripper value per row.
     """
-    sent = [key for key in (DROID_JOINTS, DROID_GRIPPER, *STATE_KEYS) if lookup(obs, key) is not None]
+    sent = [key for key in ALL_STATE_KEYS if lookup(obs, key) is not None]
     if not sent:
         return None, None, None
     droid = [key for key in sent if key in (DROID_JOINTS, DROID_GRIPPER)]
@@ -438,6 +449,8 @@ class OpenpiSettings:
     resolution_tier: int | None = None
     seed: int | None = None
     cameras: CameraMapping = field(default_factory=CameraMapping)
+    # A state sent to a domain that does not condition on it: refused (True), or accepted and counted unused.
+    strict_state: bool = False
 
     def session_config(self, description: ModelDescription) -> SessionConfig:
         """Resolve against the loaded model; raises :class:`ProtocolError` naming a bad setting."""

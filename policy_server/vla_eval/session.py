@@ -1,0 +1,386 @@
+"""One vla-eval harness's connection to ``/v1/vla-eval``: its model-server protocol, served by the engine.
+
+The frames are :mod:`.frames`'; what an observation means is :mod:`.mapping`'s; which action answers
+which observation is :mod:`.chunks`'. This module puts them on a :class:`~policy_server.sessions.base.Session`,
+so a harness is served like every robot: its observations wait in the same request queue (latest wins,
+fair turns, the one engine worker), its replies leave through the same bounded outbox, its rate and idle
+time are limited the same way, and it is recorded like the others (``--record-dir``; one recorded
+episode per vla-eval episode).
+
+The rules of the exchange, as vla-eval's client expects them:
+
+* ``hello`` is answered by a ``hello`` (a ``protocol_version`` other than 1 by an ``error`` instead).
+* ``episode_start`` resets the session: whatever is in flight is forgotten, a new episode begins with the
+  task's text as its prompt and the settings of :class:`~.settings.VlaEvalSettings`, or those of the
+  payload's ``settings`` map. ``mode: "live"`` is a real-time run.
+* every ``observation`` gets at most one reply, in sync mode exactly one: the next action of the current
+  chunk at once, or (the chunk spent) the first action of the next chunk when the engine answers. In a
+  live run an observation that arrives while the engine works is answered by none: the harness fills
+  that tick with its hold action.
+* a frame that expects no reply (``episode_start``, ``episode_end``) and is refused has its error
+  answered in place of the next observation's action, so a lock-step harness reads exactly one reply per
+  observation; likewise an engine failure on a chunk asked for early. A frame vla-eval never sends (not
+  msgpack, an unknown ``type``) is answered at once. The connection survives every error.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from robot_clients.client_frames import ObservationFrame
+from robot_clients.protocol import DropReason, ErrorCode, ProtocolError
+
+from ..context import ServerContext
+from ..engine.outcome import EngineOutcome
+from ..engine.request_queue import PendingObservation
+from ..log_hygiene import printable
+from ..sessions.base import Session
+from ..sessions.config import SessionConfig, observation_request
+from ..sessions.frame_decoding import check_encoded, decoded_image
+from ..sessions.observation_rules import ChunkReply
+from .chunks import ChunkPlan, ChunkPlayer
+from .frames import PROTOCOL_VERSION, FrameType, VlaEvalFrame, action_frame, error_frame, frame, parse_frame
+from .mapping import IMAGES_KEY, VlaEvalObservation, parse_observation
+from .settings import VlaEvalSettings
+
+logger = logging.getLogger(__name__)
+
+SERVER_NAME = "Cosmos3PolicyServer"
+EPISODE_START_KEYS = ("task", "mode", "recording", "settings")
+MODES = ("sync", "live")
+TASK_TEXT_KEYS = ("task_description", "description", "instruction", "language", "prompt")
+# Engine requests are numbered apart from the harness's frame seqs, so that one is never taken for the other.
+ENGINE_SEQ_BASE = 1 << 40
+
+
+@dataclass
+class Episode:
+    """One vla-eval episode: its settings, its chunks, whether it runs on the wall clock."""
+
+    number: int
+    config: SessionConfig
+    plan: ChunkPlan
+    player: ChunkPlayer
+    live: bool
+    prompt: str
+
+
+@dataclass
+class Ask:
+    """An observation on its way to the engine: the request seq, the episode step it is, its contents."""
+
+    engine_seq: int
+    step: int
+    episode: int
+    observation: VlaEvalObservation
+
+
+class VlaEvalSession(Session):
+    """vla-eval's model-server protocol (see the module docstring)."""
+
+    protocol = "vla-eval"
+    id_prefix = "vlaeval-"
+    bug_message = "the server failed on this frame (ref {reference})"
+
+    def __init__(self, connection: Any, context: ServerContext[Session], settings: VlaEvalSettings) -> None:
+        super().__init__(connection, context)
+        self.settings = settings
+        self.episode: Episode | None = None
+        self.episodes = 0
+        self.awaiting: int | None = None  # the latest observation's seq while it has no reply
+        self.latest: int | None = None  # the latest observation's seq
+        self.deferred: ProtocolError | None = None  # answered in place of the next observation's action
+        self._asks: dict[int, Ask] = {}  # engine seq -> the observation it is
+        self._next_engine_seq = ENGINE_SEQ_BASE
+        self._unused_state_logged = False
+        self.last_metrics: dict[str, Any] | None = None  # the last episode_end's
+
+    # -- replies ---------------------------------------------------------------------------------------
+
+    def encode_error(self, code: str, message: str, field: str | None, seq: int | None) -> bytes:
+        return error_frame(code, message, field, seq if seq is not None else 0)
+
+    def encode_drop(self, seq: int, reason: str, message: str) -> bytes:
+        return error_frame("dropped", f"observation not answered ({reason}): {message}", None, seq)
+
+    def pack_chunk(self, reply: ChunkReply) -> bytes:
+        raise AssertionError("vla-eval replies are framed when made")
+
+    def send_error(self, code: str, message: str, field: str | None = None, seq: int | None = None) -> None:
+        ask = self._asks.pop(seq, None) if seq is not None else None
+        if ask is None:
+            super().send_error(code, message, field, seq)
+            return
+        # An engine request failed (decoding, the engine, shutdown): it answers the observation waiting for
+        # it, or the next one; the next observation asks again.
+        if self.episode is not None and ask.episode == self.episode.number:
+            self.episode.player.failed(ask.step)
+        self.recording.error(seq, code, message, field)
+        self._answer_error(ProtocolError(code, message, field))
+
+    def _answer_error(self, error: ProtocolError) -> None:
+        if self.awaiting is not None:
+            seq, self.awaiting = self.awaiting, None
+            super().send_error(error.code, error.message, error.field, seq)
+        else:
+            self.deferred = error
+
+    def drop(self, seq: int, reason: str, message: str | None = None) -> None:
+        """An engine request not answered: replaced by a newer one, or cancelled by a new episode, which the
+        harness needs no word of; at shutdown the observation waiting for it is told."""
+        ask = self._asks.pop(seq, None)
+        self.dropped += 1
+        self.recording.dropped(seq, reason, message or reason)
+        if ask is not None and self.episode is not None and ask.episode == self.episode.number:
+            self.episode.player.failed(ask.step)
+        if reason == DropReason.SHUTDOWN:
+            self._answer_error(ProtocolError(ErrorCode.ENGINE_ERROR, "the server is shutting down"))
+
+    def refuse_at_shutdown(self, seq: int) -> None:
+        self.drop(seq, DropReason.SHUTDOWN)
+
+    # -- frames ----------------------------------------------------------------------------------------
+
+    def handle(self, message: bytes | str, received_at: float) -> None:
+        parsed = parse_frame(message)
+        self.frame_seq = parsed.seq
+        if parsed.type is FrameType.HELLO:
+            self._hello(parsed)
+        elif parsed.type is FrameType.OBSERVATION:
+            self._observation(parsed, received_at)
+        elif parsed.type is FrameType.EPISODE_START:
+            try:
+                self._episode_start(parsed)
+            except ProtocolError as error:  # no reply is read for it: the next observation carries it
+                self.episode = None
+                self.deferred = error
+                self.recording.error(parsed.seq, error.code, error.message, error.field)
+                logger.info("vla-eval session %s: episode_start refused: %s", self.id, printable(error.text())[:300])
+        elif parsed.type is FrameType.EPISODE_END:
+            self._episode_end(parsed)
+        else:  # the harness reports an error of its own
+            logger.warning("vla-eval session %s: the harness reports %s", self.id, printable(str(parsed.payload))[:300])
+
+    def _hello(self, parsed: VlaEvalFrame) -> None:
+        version = parsed.payload.get("protocol_version", PROTOCOL_VERSION)
+        if version != PROTOCOL_VERSION:
+            raise ProtocolError(
+                ErrorCode.INVALID_FIELD,
+                f"protocol_version {version!r}: this server speaks vla-eval's protocol version {PROTOCOL_VERSION}",
+                "protocol_version",
+                parsed.seq,
+            )
+        self.put(frame(FrameType.HELLO, self.hello_payload(), parsed.seq))
+
+    def hello_payload(self) -> dict[str, Any]:
+        description = self.context.description
+        assert description is not None, "sessions open once the model is ready"
+        served: dict[str, Any] = {"model": description.model, "variant": description.variant, "session_id": self.id}
+        try:
+            config, plan = self.settings.episode(description, {})
+            resolved = config.resolved(description)
+            stateless = resolved["state_dim"] is None
+            served.update(
+                domain_name=resolved["domain_name"],
+                action_horizon=resolved["action_horizon"],
+                action_dim=resolved["raw_action_dim"],
+                view_point=resolved["view_point"],
+                state_dim=resolved["state_dim"],
+                unused_state_keys=list(self.settings.mapping.state)
+                if stateless and not self.settings.strict_state
+                else [],
+                chunk=plan.chunk,
+                ask_ahead=plan.ask_ahead,
+                execute=plan.execute,
+                mapping=self.settings.mapping.describe(),
+                error=None,
+            )
+        except ProtocolError as error:
+            served["error"] = error.text()
+        payload: dict[str, Any] = {
+            "harness_version": None,
+            "protocol_version": PROTOCOL_VERSION,
+            "model_server": SERVER_NAME,
+            "capabilities": {"modes": list(MODES), "chunk": ["step", "whole"], "episode_settings": True},
+            "cosmos3": served,
+        }
+        if self.settings.mapping.observation_params:
+            payload["observation_params"] = dict(self.settings.mapping.observation_params)
+        return payload
+
+    def _episode_start(self, parsed: VlaEvalFrame) -> None:
+        payload = parsed.payload
+        for key in payload:
+            if key not in EPISODE_START_KEYS:
+                raise ProtocolError(
+                    ErrorCode.INVALID_FIELD,
+                    f"unknown episode_start key `{key}`; it has {', '.join(EPISODE_START_KEYS)}",
+                    key,
+                    parsed.seq,
+                )
+        task = payload.get("task", {})
+        overrides = payload.get("settings", {})
+        mode = payload.get("mode", "sync")
+        for key, value, kind in (("task", task, dict), ("settings", overrides, dict), ("mode", mode, str)):
+            if not isinstance(value, kind):
+                raise ProtocolError(ErrorCode.INVALID_FIELD, f"`{key}` must be a {kind.__name__}", key, parsed.seq)
+        if mode not in MODES:
+            raise ProtocolError(
+                ErrorCode.INVALID_FIELD, f"`mode` must be one of {', '.join(MODES)}, got {mode!r}", "mode", parsed.seq
+            )
+        description = self.context.description
+        assert description is not None
+        config, plan = self.settings.episode(description, overrides)
+        text = next((task[key] for key in TASK_TEXT_KEYS if isinstance(task.get(key), str) and task[key]), None)
+        prompt = text if text is not None else config.prompt
+        # A new episode: nothing of the last one is answered any more.
+        self.cancel_in_flight(None)
+        self.awaiting, self.deferred, self.latest = None, None, None
+        first = self.config is None
+        self.set_config(config)
+        if not first:
+            self.reset()
+        self.episodes += 1
+        self.episode = Episode(self.episodes, config, plan, ChunkPlayer(plan), mode == "live", prompt)
+        logger.info(
+            "vla-eval session %s: episode %d (%s, %s chunks) on %s: %s",
+            self.id,
+            self.episodes,
+            mode,
+            plan.chunk,
+            config.domain_name,
+            printable(prompt)[:200],
+        )
+
+    def _episode_end(self, parsed: VlaEvalFrame) -> None:
+        metrics = parsed.payload.get("metrics")
+        self.last_metrics = metrics if isinstance(metrics, dict) else None
+        success = self.last_metrics.get("success") if self.last_metrics else None
+        self.recording.note("episode_end", success=bool(success) if isinstance(success, (bool, np.bool_)) else None)
+        self.cancel_in_flight(None)
+        self.awaiting = self.latest = None
+        self.episode = None
+
+    def _observation(self, parsed: VlaEvalFrame, received_at: float) -> None:
+        seq = parsed.seq
+        self.last_observation_at = received_at
+        if self.deferred is not None:
+            error, self.deferred = self.deferred, None
+            raise ProtocolError(error.code, error.message, error.field, seq)
+        episode = self.episode
+        if episode is None:
+            raise ProtocolError(
+                ErrorCode.NOT_CONFIGURED, "send `episode_start` before the observations of an episode", None, seq
+            )
+        description = self.context.description
+        assert description is not None
+        resolved = episode.config.resolved(description)
+        domain = description.domains[episode.config.domain_name]
+        obs = parse_observation(
+            parsed.payload,
+            seq,
+            self.settings.mapping,
+            resolved["view_point"],
+            domain,
+            self.context.frame_limits,
+            strict_state=self.settings.strict_state,
+        )
+        if obs.unused_state:
+            self._note_unused_state(obs.unused_state, episode.config.domain_name)
+        if episode.player.peek().ask:
+            # Observations that go to the engine spend the session's rate; those answered from the chunk
+            # already here cost a parse, so a simulator stepping faster than real time is not refused.
+            self.take_rate(received_at, seq)
+        if obs.encoded:  # headers now, before the observation counts as a step
+            for name, value in zip(obs.cameras, obs.frames):
+                check_encoded(value, f"{IMAGES_KEY}/{name}", self.context.frame_limits, seq)
+        decision = episode.player.observe()
+        self.latest = seq
+        if decision.action is not None:
+            self.put(action_frame(decision.action, seq))
+            self.awaiting = None
+        else:
+            self.awaiting = seq
+        if not decision.ask:
+            return
+        ask = Ask(self._next_engine_seq, decision.step, episode.number, obs)
+        self._next_engine_seq += 1
+        self._asks[ask.engine_seq] = ask
+        decode = None
+        if obs.encoded:
+            limits = self.context.frame_limits
+
+            def decode() -> Ask:
+                obs.frames = [
+                    decoded_image(value, f"{IMAGES_KEY}/{name}", limits, ask.engine_seq)
+                    for name, value in zip(obs.cameras, obs.frames)
+                ]
+                obs.seq = ask.engine_seq
+                obs.compose(limits)
+                return ask
+
+        self.observe(ask.engine_seq, received_at, self._admit, ask, decode)
+
+    def _note_unused_state(self, keys: tuple[str, ...], domain: str) -> None:
+        self.context.unused_state[self.protocol] += 1
+        if not self._unused_state_logged:
+            self._unused_state_logged = True
+            logger.info(
+                "vla-eval session %s: domain %r does not condition on the robot's state; %s accepted and not used "
+                "(--vla-eval-strict-state refuses it)",
+                self.id,
+                domain,
+                ", ".join(keys),
+            )
+
+    def _admit(self, ask: Ask, received_at: float) -> None:
+        episode = self.episode
+        if episode is None or ask.episode != episode.number:
+            self._asks.pop(ask.engine_seq, None)
+            return  # the episode it belonged to is over
+        obs = ask.observation
+        assert obs.image is not None
+        overrides = {"prompt": obs.prompt or episode.prompt}
+        observation = ObservationFrame(seq=ask.engine_seq, image=obs.image, state=obs.state, overrides=overrides)
+        request = observation_request(episode.config, observation, self.context.description)
+        self.enqueue(ask.engine_seq, request, received_at, {"+".join(obs.cameras): obs.image})
+
+    def encode_chunk(self, item: PendingObservation, outcome: EngineOutcome) -> ChunkReply:
+        raise AssertionError("vla-eval chunks are played out by on_result")
+
+    def on_result(self, item: PendingObservation, outcome: EngineOutcome) -> None:
+        if self.closed or item.cancelled or self.in_flight.get(item.seq) is not item:
+            return
+        del self.in_flight[item.seq]
+        if outcome.chunk is None:
+            error = outcome.error
+            assert error is not None, "an outcome has a chunk or an error"
+            self.send_error(error.code, error.message, error.field, item.seq)  # answers the observation waiting
+            return
+        ask = self._asks.pop(item.seq, None)
+        episode = self.episode
+        if ask is None or episode is None or ask.episode != episode.number:
+            return
+        chunk = outcome.chunk
+        actions = np.ascontiguousarray(chunk.actions, dtype=np.float32)
+        self.answered += 1
+        timing = {
+            "queue_ms": item.queue_ms,
+            "model_ms": chunk.timing.model_ms,
+            "engine_ms": outcome.engine_ms,
+            "total_ms": (time.monotonic() - item.received_at) * 1e3,
+        }
+        self.recording.chunk(item.seq, actions, timing, chunk.seed)
+        # A live run's whole chunks all go out, each to the latest observation (the harness keeps the newest
+        # action it received); otherwise only an observation still waiting is answered.
+        fresh = episode.live and episode.plan.chunk == "whole"
+        seq = self.awaiting if self.awaiting is not None else self.latest if fresh else None
+        reply = episode.player.arrived(actions, ask.step, awaiting=seq is not None)
+        if reply is not None and seq is not None:
+            self.awaiting = None
+            self.put(action_frame(reply, seq, {"server_timing": timing}))

@@ -1,0 +1,274 @@
+"""Any gymnasium environment, unchanged, driven by the policy server through PolicyClient and the chunker.
+
+An environment no one here wrote (MetaWorld, Push-T, ...) is run as it ships: ``gymnasium.make`` builds
+it, and a small :class:`GymMapping` says how it meets the policy:
+
+* ``cameras``: where the picture comes from: ``render`` (``env.render()``, an ``rgb_array`` environment)
+  or keys of a dict observation (``pixels``); several are composed side by side;
+* ``state``: keys of the observation concatenated into the robot's state (``obs`` for an array
+  observation); sent only to a domain that conditions on state;
+* ``action``: how a row of the policy's chunk becomes the environment's action: its first
+  ``action_space`` entries, squashed (``tanh``) into the action space's bounds, or clipped to them;
+* ``success``: the ``info`` key that is truthy once the task is done (the episode then ends).
+
+:class:`GymEnvironment` wraps the environment as a :class:`~robot_clients.control_loop.Environment`;
+:func:`run_episodes` runs it in closed loop (:class:`~robot_clients.control_loop.ControlLoop`, a
+:class:`~robot_clients.chunker.ActionChunker` over a connected :class:`PolicyClient`) and returns the
+success rate and the chunk latency. :data:`PRESETS` holds the mappings of the environments this project
+checks (``docs/third_party_sims.md``). From a shell, in the simulator's own virtualenv::
+
+    python -m robot_clients.sim.gym_bridge --url ws://HOST:8000/v1/actions/realtime --preset metaworld-reach
+
+gymnasium (and the simulator) are imported when an environment is built, so importing this module costs
+nothing but numpy.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import json
+import os
+import sys
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from ..chunker import ActionChunker, ChunkerConfig, RemoteChunkPolicy
+from ..control_loop import ChunkingAgent, ControlLoop, Environment
+
+RENDER = "render"
+ARRAY_OBSERVATION = "obs"
+ACTION_TRANSFORMS = ("tanh", "clip")
+
+
+@dataclass(frozen=True)
+class GymMapping:
+    """How one gymnasium environment meets the policy (see the module docstring)."""
+
+    env_id: str
+    env_kwargs: Mapping[str, Any] = field(default_factory=dict)
+    module: str | None = None  # imported first: where the environment registers itself with gymnasium
+    cameras: tuple[str, ...] = (RENDER,)
+    state: tuple[str, ...] = ()
+    action: str = "tanh"
+    success: str = "success"
+    prompt: str = ""
+    max_steps: int = 100
+
+    def __post_init__(self) -> None:
+        if self.action not in ACTION_TRANSFORMS:
+            raise ValueError(f"action transform {self.action!r}; expected one of {', '.join(ACTION_TRANSFORMS)}")
+        if not self.cameras:
+            raise ValueError("a mapping needs at least one camera")
+
+
+PRESETS: dict[str, GymMapping] = {
+    # MetaWorld 3 (Farama): Sawyer arm tasks; 39-D array observation, 4-D action in [-1, 1], info["success"].
+    "metaworld-reach": GymMapping(
+        env_id="Meta-World/MT1",
+        env_kwargs={"env_name": "reach-v3", "render_mode": "rgb_array", "width": 128, "height": 128},
+        module="metaworld",
+        state=(ARRAY_OBSERVATION,),
+        success="success",
+        prompt="reach the goal",
+    ),
+    # Push-T (LeRobot's gym-pusht): 96x96 pixels and the agent's 2-D position, a 2-D target in [0, 512].
+    "pusht": GymMapping(
+        env_id="gym_pusht/PushT-v0",
+        env_kwargs={"obs_type": "pixels_agent_pos", "render_mode": "rgb_array"},
+        module="gym_pusht",
+        cameras=("pixels",),
+        state=("agent_pos",),
+        success="is_success",
+        prompt="push the T onto the target",
+    ),
+}
+
+
+def _side_by_side(frames: list[np.ndarray]) -> np.ndarray:
+    height = frames[0].shape[0]
+    resized = []
+    for frame in frames:  # nearest neighbour to the first one's height
+        if frame.shape[0] != height:
+            rows = np.arange(height) * frame.shape[0] // height
+            width = max(1, round(frame.shape[1] * height / frame.shape[0]))
+            frame = frame[rows][:, np.arange(width) * frame.shape[1] // width]
+        resized.append(frame)
+    return np.ascontiguousarray(np.concatenate(resized, axis=1))
+
+
+class GymEnvironment(Environment):
+    """A gymnasium environment as a control-loop :class:`Environment`, through a :class:`GymMapping`."""
+
+    def __init__(self, env: Any, mapping: GymMapping, seed: int = 0) -> None:
+        self.env = env
+        self.mapping = mapping
+        self.seed = seed
+        space = env.action_space
+        self.low = np.asarray(space.low, dtype=np.float64)
+        self.high = np.asarray(space.high, dtype=np.float64)
+        self.action_dim = int(np.prod(space.shape))
+        self._observation: Any = None
+        self.done = False
+        self.success = False
+        self.steps = 0
+        self.episodes = 0
+
+    @classmethod
+    def make(cls, mapping: GymMapping, seed: int = 0) -> GymEnvironment:
+        """``gymnasium.make`` the mapping's environment, unchanged."""
+        import gymnasium  # lazily: only a bridge needs it
+
+        if mapping.module is not None:
+            importlib.import_module(mapping.module)
+        return cls(gymnasium.make(mapping.env_id, **dict(mapping.env_kwargs)), mapping, seed)
+
+    def reset(self) -> None:
+        self._observation, _ = self.env.reset(seed=self.seed + self.episodes)
+        self.episodes += 1
+        self.done = self.success = False
+        self.steps = 0
+
+    def is_episode_complete(self) -> bool:
+        return self.done or self.steps >= self.mapping.max_steps
+
+    def _camera(self, name: str) -> np.ndarray:
+        frame = self.env.render() if name == RENDER else self._observation[name]
+        frame = np.asarray(frame)
+        if frame.dtype != np.uint8:  # a float picture in [0, 1]
+            frame = np.clip(np.round(frame * 255.0), 0, 255).astype(np.uint8)
+        return frame
+
+    def state(self) -> np.ndarray:
+        parts = [
+            np.asarray(self._observation if key == ARRAY_OBSERVATION else self._observation[key], np.float32).ravel()
+            for key in self.mapping.state
+        ]
+        return np.concatenate(parts) if parts else np.zeros(0, np.float32)
+
+    def get_observation(self) -> dict[str, Any]:
+        frames = [self._camera(name) for name in self.mapping.cameras]
+        observation: dict[str, Any] = {"image": frames[0] if len(frames) == 1 else _side_by_side(frames)}
+        if self.mapping.prompt:
+            observation["prompt"] = self.mapping.prompt
+        if self.mapping.state:
+            observation["state"] = self.state()
+        return observation
+
+    def env_action(self, row: np.ndarray) -> np.ndarray:
+        """The environment's action for one row of a chunk (the mapping's transform)."""
+        values = np.asarray(row, dtype=np.float64).ravel()
+        if values.shape[0] < self.action_dim:
+            raise ValueError(
+                f"the policy's actions have {values.shape[0]} values; this environment takes {self.action_dim}"
+            )
+        values = values[: self.action_dim]
+        if self.mapping.action == "tanh":
+            values = self.low + (np.tanh(values) + 1.0) * 0.5 * (self.high - self.low)
+        shape: tuple[int, ...] = tuple(self.env.action_space.shape)
+        return np.clip(values, self.low, self.high).astype(np.float32).reshape(shape)
+
+    def apply_action(self, action: dict[str, Any]) -> None:
+        self._observation, _, terminated, truncated, info = self.env.step(self.env_action(action["actions"]))
+        self.steps += 1
+        self.success = self.success or bool(info.get(self.mapping.success, False))
+        self.done = bool(terminated or truncated or self.success)
+
+    def close(self) -> None:
+        self.env.close()
+
+
+@dataclass
+class BridgeResult:
+    """Episodes of one environment: success, and the chunks' round-trip latency."""
+
+    environment: str
+    episodes: list[dict[str, Any]]
+    chunk_latencies_ms: list[float]
+
+    def summary(self) -> dict[str, Any]:
+        latencies = np.asarray(self.chunk_latencies_ms)
+        successes = [episode["success"] for episode in self.episodes]
+        return {
+            "environment": self.environment,
+            "episodes": len(self.episodes),
+            "success_rate": float(np.mean(successes)) if successes else 0.0,
+            "chunks": int(latencies.size),
+            "chunk_latency_p50_ms": float(np.quantile(latencies, 0.5)) if latencies.size else None,
+            "chunk_latency_p99_ms": float(np.quantile(latencies, 0.99)) if latencies.size else None,
+            "steps_mean": float(np.mean([episode["steps"] for episode in self.episodes])) if self.episodes else 0.0,
+            "achieved_hz_mean": float(np.mean([episode["achieved_hz"] for episode in self.episodes]))
+            if self.episodes
+            else 0.0,
+        }
+
+
+def run_episodes(
+    environment: GymEnvironment,
+    client: Any,
+    episodes: int,
+    *,
+    name: str = "",
+    control_hz: float = 10.0,
+    chunker: ChunkerConfig | None = None,
+) -> BridgeResult:
+    """``episodes`` closed-loop episodes through a connected, configured :class:`PolicyClient` ``client``
+    (the environment's state goes to the server only where its domain conditions on state)."""
+    config = chunker or ChunkerConfig(control_hz=control_hz)
+    results: list[dict[str, Any]] = []
+    latencies: list[float] = []
+    with ActionChunker(RemoteChunkPolicy(client, timeout=30.0), config) as action_chunker:
+        loop = ControlLoop(
+            environment,
+            ChunkingAgent(action_chunker),
+            control_hz=control_hz,
+            max_episode_steps=environment.mapping.max_steps,
+        )
+        for _ in range(episodes):
+            report = loop.run_episode()
+            latencies.extend(s * 1e3 for s in action_chunker.stats.latencies_s)
+            results.append(
+                {"success": environment.success, "steps": environment.steps, "achieved_hz": report.achieved_hz}
+            )
+    return BridgeResult(name or environment.mapping.env_id, results, latencies)
+
+
+def main(argv: list[str] | None = None) -> int:
+    from ..client import PolicyClient
+
+    parser = argparse.ArgumentParser(description="run a gymnasium environment, unchanged, on the policy server")
+    parser.add_argument("--url", required=True, help="ws://HOST:PORT/v1/actions/realtime")
+    parser.add_argument("--preset", required=True, choices=sorted(PRESETS))
+    parser.add_argument("--episodes", type=int, default=3)
+    parser.add_argument("--max-steps", type=int, default=None, help="steps per episode (default: the preset's)")
+    parser.add_argument("--control-hz", type=float, default=10.0)
+    parser.add_argument("--domain", default=None, help="the policy's embodiment (default: the model's default)")
+    parser.add_argument("--horizon", type=int, default=None)
+    parser.add_argument("--seed", type=int, default=0)
+    args = parser.parse_args(argv)
+    os.environ.setdefault("MUJOCO_GL", "egl")  # headless MuJoCo rendering (MetaWorld)
+    mapping = PRESETS[args.preset]
+    if args.max_steps is not None:
+        mapping = GymMapping(**{**mapping.__dict__, "max_steps": args.max_steps})
+    environment = GymEnvironment.make(mapping, seed=args.seed)
+    started = time.monotonic()
+    try:
+        with PolicyClient(args.url, connect_timeout=120.0) as client:
+            domain = args.domain or client.metadata["defaults"]["domain_name"]
+            client.configure(domain_name=domain, action_horizon=args.horizon, prompt=mapping.prompt, seed=args.seed)
+            send_state = bool(mapping.state) and client.metadata["domains"][domain].get("state_dim") is not None
+            result = run_episodes(environment, client, args.episodes, name=args.preset, control_hz=args.control_hz)
+    finally:
+        environment.close()
+    summary = result.summary() | {"domain": domain, "send_state": send_state, "wall_s": time.monotonic() - started}
+    json.dump({"summary": summary, "episodes": result.episodes}, sys.stdout)
+    sys.stdout.write("\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

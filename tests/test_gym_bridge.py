@@ -1,0 +1,67 @@
+"""Third-party simulators, unchanged, through the gymnasium bridge (robot_clients.sim.gym_bridge).
+
+MetaWorld (metaworld 3.1.1, which pins mujoco 3.3.0) and Push-T (gym-pusht) each live in a virtualenv of
+their own with the light robot_clients installed there (``make test`` builds ``.venv-metaworld`` and
+``.venv-pusht``); the bridge runs in that virtualenv as a subprocess against a real server on the tiny
+distilled checkpoint, through PolicyClient and the chunker, and prints its result. Random weights: the
+success rate is whatever it is; that episodes run in closed loop, end, and report success and chunk
+latency, is what is checked.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+from pathlib import Path
+
+import pytest
+from server_fixtures import REPO_ROOT, ServerThread, tiny_engine_loader
+
+pytestmark = pytest.mark.timeout(400)
+
+VENVS = {"metaworld-reach": ".venv-metaworld", "pusht": ".venv-pusht"}
+
+
+@pytest.fixture(scope="module")
+def server():
+    with ServerThread(tiny_engine_loader("distilled")) as running:
+        yield running
+
+
+def bridge_python(preset: str) -> Path:
+    python = REPO_ROOT / VENVS[preset] / "bin" / "python"
+    if not python.exists():
+        if os.environ.get("CI"):
+            raise RuntimeError(f"{python} is missing: `make test` should have built it")
+        pytest.skip(f"{python} is missing; `make test` builds it")
+    return python
+
+
+@pytest.mark.parametrize("preset", sorted(VENVS))
+def test_a_third_party_simulator_runs_unchanged_in_closed_loop(server, preset):
+    command = [
+        str(bridge_python(preset)),
+        "-m",
+        "robot_clients.sim.gym_bridge",
+        "--url",
+        server.url,
+        "--preset",
+        preset,
+        "--episodes",
+        "2",
+        "--max-steps",
+        "12",
+    ]
+    env = {**os.environ, "NO_PROXY": "*", "PYTHONPATH": str(REPO_ROOT), "MUJOCO_GL": "egl"}
+    result = subprocess.run(command, capture_output=True, text=True, timeout=360, env=env)
+    assert result.returncode == 0, result.stderr[-3000:]
+    out = json.loads(result.stdout.strip().splitlines()[-1])
+    summary = out["summary"]
+    assert (summary["environment"], summary["episodes"]) == (preset, 2)
+    assert summary["domain"] == "bridge_orig_lerobot" and summary["send_state"] is False  # bridge takes no state
+    assert 0.0 <= summary["success_rate"] <= 1.0
+    assert summary["chunks"] >= 2 and 0 < summary["chunk_latency_p50_ms"] <= summary["chunk_latency_p99_ms"]
+    for episode in out["episodes"]:
+        assert isinstance(episode["success"], bool)
+        assert 1 <= episode["steps"] <= 12 and (episode["steps"] == 12 or episode["success"])
