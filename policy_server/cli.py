@@ -28,6 +28,7 @@ import policy_server  # noqa: F401  (imported for that side effect, first)
 from . import log_hygiene
 from .auth import OriginConfigError, OriginPolicy, TokenConfigError, TokenSet
 from .cli_arguments import build_parser
+from .endpoints import NO_ENDPOINTS
 from .engine.backend import BackendFactory
 from .engine.worker import ActionEngine
 from .http.connections import ConnectionLimits
@@ -109,16 +110,23 @@ def assemble_server(
     *,
     http: SidecarSettings | None = None,
     recording: RecordingOptions | None = None,
+    vla_eval: VlaEvalSettings | None = None,
 ) -> PolicyServer:
     """The server with its optional features attached at its edge: SGLang's lock-step dialect on the
-    robots' path, the recording (``recording``: ``--record-dir``) and the HTTP sidecar (``http``).
+    robots' path, vla-eval's endpoints (``vla_eval``: on unless ``--no-vla-eval``), the recording
+    (``recording``: ``--record-dir``) and the HTTP sidecar (``http``).
 
     The one place optional features are put together; each is imported only when it is wanted, so a
     WebSocket-only server that records nothing never loads FastAPI or the recorder.
     """
     from .sglang.lockstep_session import SGLANG_DIALECT
 
-    server = PolicyServer(load_engine, settings, backend=backend, dialects=(SGLANG_DIALECT,))
+    endpoints = NO_ENDPOINTS
+    if vla_eval is not None:
+        from .vla_eval.endpoints import vla_eval_endpoints
+
+        endpoints = vla_eval_endpoints(vla_eval)
+    server = PolicyServer(load_engine, settings, backend=backend, dialects=(SGLANG_DIALECT,), endpoints=endpoints)
     if recording is not None:  # first: a directory that cannot be made fails the start
         from .recording.server_feature import RecordingFeature
 
@@ -224,7 +232,6 @@ async def serve_until_stopped(args: argparse.Namespace) -> int:
             overlap_host_prep=args.overlap_host_prep == "on",
             shutdown_grace_s=args.shutdown_grace,
             openpi=_openpi_settings(args),
-            vla_eval=_vla_eval_settings(args),
             ssl_context=_ssl_context(args),
             auth_tokens=TokenSet.load(args.auth_token, args.auth_token_file),
             max_sessions=max(1, args.max_sessions),
@@ -243,11 +250,13 @@ async def serve_until_stopped(args: argparse.Namespace) -> int:
             ),
             allowed_origins=tuple(args.allowed_origin),
         )
-        features = {"http": _sidecar_settings(args), "recording": _recording_options(args)}
+        http, recording, vla_eval = _sidecar_settings(args), _recording_options(args), _vla_eval_settings(args)
         if args.backend == "ray":
-            server = assemble_server(None, settings, backend=_ray_backend(args, Path(workdir)), **features)
+            backend = _ray_backend(args, Path(workdir))
+            server = assemble_server(None, settings, backend, http=http, recording=recording, vla_eval=vla_eval)
         else:
-            server = assemble_server(_engine_loader(args, Path(workdir)), settings, **features)
+            loader = _engine_loader(args, Path(workdir))
+            server = assemble_server(loader, settings, http=http, recording=recording, vla_eval=vla_eval)
         stop = asyncio.Event()
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGINT, signal.SIGTERM):

@@ -6,13 +6,13 @@ path                   served by
 ``/healthz``           plain HTTP: the health body (:func:`policy_server.metadata.health`)
 ``/dashboard/...``     plain HTTP: the teleop dashboard's static files (:mod:`policy_server.dashboard_files`)
 ``/v1/observe``        an observer (:class:`~policy_server.sessions.observer.ObserverSession`)
-``/v1/actions/realtime``  a native session (:class:`~policy_server.sessions.native.RealtimeSession`)
+``/v1/actions/realtime``  a native session (:class:`~policy_server.sessions.native.RealtimeSession`), or
+                       one of the dialects its first frame chooses (:mod:`policy_server.sessions.dialects`)
 ``/``, ``/openpi``     an openpi session (:class:`~policy_server.sessions.openpi.OpenpiSession`), unless
                        the server runs with ``--no-openpi``
-``/v1/vla-eval``       a vla-eval harness (:class:`~policy_server.vla_eval.session.VlaEvalSession`), unless
-                       the server runs with ``--no-vla-eval``
-``/health``            plain HTTP: vla-eval's readiness probe (:mod:`policy_server.vla_eval.control`)
-``/config``            plain HTTP: vla-eval's configuration endpoint, read-only here (same module)
+a feature's path       what the server was assembled with (:mod:`policy_server.endpoints`): a session
+                       of the feature's protocol, or a plain-HTTP answer (``cosmos3-serve`` adds
+                       vla-eval's ``/v1/vla-eval``, ``/health`` and ``/config``, unless ``--no-vla-eval``)
 =====================  ============================================================================
 
 Anything else is answered 404. The bearer token, the Origin check and the connection caps are the
@@ -26,10 +26,9 @@ import enum
 from robot_clients.protocol import HEALTH_PATH, REALTIME_PATH
 
 from .dashboard_files import DASHBOARD_PATH
+from .endpoints import NO_ENDPOINTS, EdgeEndpoints
 from .sessions.observer import OBSERVE_PATH
 from .sessions.openpi import OPENPI_PATHS
-from .vla_eval.control import CONFIG_PATHS, HEALTH_PATHS
-from .vla_eval.settings import VLA_EVAL_PATH
 
 
 class Route(enum.Enum):
@@ -38,15 +37,14 @@ class Route(enum.Enum):
     OBSERVER = "observer"
     NATIVE = "native"
     OPENPI = "openpi"
-    VLA_EVAL = "vla_eval"
-    VLA_EVAL_HEALTH = "vla_eval_health"
-    VLA_EVAL_CONFIG = "vla_eval_config"
+    EDGE_SESSION = "edge_session"  # a feature's session endpoint
+    EDGE_HTTP = "edge_http"  # a feature's plain-HTTP endpoint
     UNKNOWN = "unknown"
 
     @property
     def is_session(self) -> bool:
-        """A robot session (native, openpi, vla-eval): counted against ``--max-sessions``, opened once ready."""
-        return self in (Route.NATIVE, Route.OPENPI, Route.VLA_EVAL)
+        """A robot session (native, openpi, a feature's): counted against ``--max-sessions``, opened once ready."""
+        return self in (Route.NATIVE, Route.OPENPI, Route.EDGE_SESSION)
 
 
 ROUTES: dict[str, Route] = {
@@ -54,20 +52,37 @@ ROUTES: dict[str, Route] = {
     OBSERVE_PATH: Route.OBSERVER,
     REALTIME_PATH: Route.NATIVE,
     **{path: Route.OPENPI for path in OPENPI_PATHS},
-    VLA_EVAL_PATH: Route.VLA_EVAL,
-    **{path: Route.VLA_EVAL_HEALTH for path in HEALTH_PATHS},
-    **{path: Route.VLA_EVAL_CONFIG for path in CONFIG_PATHS},
 }
-_VLA_EVAL_ROUTES = (Route.VLA_EVAL, Route.VLA_EVAL_HEALTH, Route.VLA_EVAL_CONFIG)
 
 
-def route(target: str, openpi: bool, vla_eval: bool = True) -> Route:
-    """What serves the request target ``target`` (its query string ignored); ``openpi``, ``vla_eval``: those
-    endpoints are on."""
-    path = target.split("?", 1)[0]
+def path_of(target: str) -> str:
+    """A request target's path (its query string cut off)."""
+    return target.split("?", 1)[0]
+
+
+def is_core_path(path: str) -> bool:
+    """Whether the server serves ``path`` itself (no feature's endpoint may take it)."""
+    return path in ROUTES or path == DASHBOARD_PATH or path.startswith(DASHBOARD_PATH + "/")
+
+
+def check_endpoints(endpoints: EdgeEndpoints) -> None:
+    """Refuse (:class:`ValueError`) a feature's endpoint at a path of the server's own."""
+    taken = sorted(path for path in endpoints.paths if is_core_path(path))
+    if taken:
+        raise ValueError(f"{', '.join(taken)}: served by the server itself, not by a feature's endpoint")
+
+
+def route(target: str, openpi: bool, endpoints: EdgeEndpoints = NO_ENDPOINTS) -> Route:
+    """What serves the request target ``target`` (its query string ignored); ``openpi``: that endpoint is
+    on; ``endpoints``: the features' paths."""
+    path = path_of(target)
     if path == DASHBOARD_PATH or path.startswith(DASHBOARD_PATH + "/"):
         return Route.DASHBOARD
-    found = ROUTES.get(path, Route.UNKNOWN)
-    if found is Route.OPENPI and not openpi or found in _VLA_EVAL_ROUTES and not vla_eval:
-        return Route.UNKNOWN
-    return found
+    found = ROUTES.get(path)
+    if found is not None:
+        return Route.UNKNOWN if found is Route.OPENPI and not openpi else found
+    if path in endpoints.sessions:
+        return Route.EDGE_SESSION
+    if path in endpoints.http:
+        return Route.EDGE_HTTP
+    return Route.UNKNOWN

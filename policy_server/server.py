@@ -10,9 +10,10 @@ queue (waiting observations are answered ``dropped``/``shutdown``), let the runn
 and its chunk leave, then close every session with 1001 (going away), then stop the features.
 
 The server itself serves the native and openpi protocols and nothing optional. Whoever assembles it
-(``policy_server.cli``) hands it the dialects its robots' path also speaks (:mod:`.sessions.dialects`) and
-attaches the features (:class:`ServerFeature`: the recording, the HTTP sidecar); they see the server
-through its :class:`~policy_server.context.ServerContext`.
+(``policy_server.cli``) hands it the dialects its robots' path also speaks (:mod:`.sessions.dialects`), the
+paths features add to its port (:mod:`.endpoints`: vla-eval's, for one), and attaches the features
+(:class:`ServerFeature`: the recording, the HTTP sidecar); they see the server through its
+:class:`~policy_server.context.ServerContext`.
 """
 
 from __future__ import annotations
@@ -37,6 +38,7 @@ from .auth import CHALLENGE, bearer_subprotocol, is_open_path
 from .connection_limits import ACCEPT_BURST, PeerCounter, handshake_limited_connection
 from .context import ServerContext
 from .dashboard_files import CONFIG_NAME, DASHBOARD_HEADERS, DASHBOARD_PATH, dashboard_asset, dashboard_config
+from .endpoints import NO_ENDPOINTS, EdgeEndpoints
 from .engine.backend import BackendFactory, EngineBackend
 from .engine.batching import BackgroundShare, BatchPolicy
 from .engine.request_queue import RequestQueue
@@ -45,7 +47,7 @@ from .engine.worker import ActionEngine, EngineWorker
 from .log_hygiene import printable
 from .media.image_decoding import model_frame_limits
 from .metadata import SERVER_NAME, health
-from .routes import Route, route
+from .routes import Route, check_endpoints, path_of, route
 from .server_settings import DEFAULT_MAX_MESSAGE_BYTES, LARGEST_IMAGE_BYTES, ServerSettings
 from .sessions.base import Session
 from .sessions.dialects import Dialect
@@ -53,8 +55,6 @@ from .sessions.native import RealtimeSession
 from .sessions.observer import DEFAULT_INTERVAL_S, OBSERVER_MAX_MESSAGE_BYTES, ObserverSession, SnapshotCache, authorize
 from .sessions.openpi import OpenpiSession
 from .sessions.supervisor import MAX_QUEUED_FRAMES, SOCKET_SEND_BUFFER_BYTES, WRITE_LIMIT_BYTES, close_connection
-from .vla_eval.control import config_answer, health_answer
-from .vla_eval.session import VlaEvalSession
 
 __all__ = ["DEFAULT_MAX_MESSAGE_BYTES", "LARGEST_IMAGE_BYTES", "PolicyServer", "ServerFeature", "ServerSettings"]
 
@@ -83,7 +83,8 @@ class PolicyServer:
     The engine runs on the local worker thread (``load_engine`` is called there), or, given ``backend``
     (a :class:`~policy_server.engine.backend.BackendFactory`, e.g. the Ray backend's), wherever that
     backend runs it; the backend then also supplies the queue. ``dialects``: the other protocols served
-    on ``/v1/actions/realtime``, chosen by a connection's first frame.
+    on ``/v1/actions/realtime``, chosen by a connection's first frame. ``endpoints``: the features' own
+    paths on the port (a :class:`ValueError` if one is a path of the server's).
     """
 
     def __init__(
@@ -92,11 +93,14 @@ class PolicyServer:
         settings: ServerSettings | None = None,
         backend: BackendFactory | None = None,
         dialects: tuple[Dialect, ...] = (),
+        endpoints: EdgeEndpoints = NO_ENDPOINTS,
     ) -> None:
+        check_endpoints(endpoints)
         self.settings = settings or ServerSettings()
         self._load_engine = load_engine
         self._backend = backend
         self.dialects = dialects
+        self.endpoints = endpoints
         self.context: ServerContext[Session] = ServerContext(
             self.settings, backend.make_queue() if backend is not None else RequestQueue()
         )
@@ -267,12 +271,14 @@ class PolicyServer:
     # -- HTTP on the WebSocket port --------------------------------------------------------------------
 
     def _process_request(self, connection: ServerConnection, request: Request) -> Response | None:
-        path = request.path.split("?", 1)[0]
-        kind = route(path, openpi=self.settings.openpi is not None, vla_eval=self.settings.vla_eval is not None)
+        path = path_of(request.path)
+        kind = route(path, openpi=self.settings.openpi is not None, endpoints=self.endpoints)
         context = self.context
-        if kind is Route.HEALTH or kind is Route.VLA_EVAL_HEALTH:
-            status, body = health(context) if kind is Route.HEALTH else health_answer(context)
+        if kind is Route.HEALTH:
+            status, body = health(context)
             return _json_response(connection, HTTPStatus(status), body)
+        if kind is Route.EDGE_HTTP and self.endpoints.http[path].open:
+            return self._edge_http_response(connection, request)
         if kind is Route.DASHBOARD:
             return self._dashboard_response(connection, path)
         # Everything below is a WebSocket upgrade: a page of another site must not open it (its browser
@@ -306,9 +312,8 @@ class PolicyServer:
                 response = connection.respond(HTTPStatus.UNAUTHORIZED, result.reason + "\n")
                 response.headers["WWW-Authenticate"] = CHALLENGE
                 return response
-        if kind is Route.VLA_EVAL_CONFIG and self.settings.vla_eval is not None:
-            status, body = config_answer(self, self.settings.vla_eval, request.path.partition("?")[2])
-            return _json_response(connection, HTTPStatus(status), body)
+        if kind is Route.EDGE_HTTP:
+            return self._edge_http_response(connection, request)
         if kind is Route.OBSERVER:
             if context.stopping:
                 return connection.respond(HTTPStatus.SERVICE_UNAVAILABLE, "server is shutting down\n")
@@ -334,6 +339,12 @@ class PolicyServer:
         if len(context.sessions) >= self.settings.max_sessions:
             return _limit_reached(connection, "session", self.settings.max_sessions)
         return None
+
+    def _edge_http_response(self, connection: ServerConnection, request: Request) -> Response:
+        """A feature's plain-HTTP endpoint (:mod:`.endpoints`) answers the request."""
+        path, _, query = request.path.partition("?")
+        status, body = self.endpoints.http[path].answer(self.context, query)
+        return _json_response(connection, HTTPStatus(status), body)
 
     # -- WebSocket sessions ----------------------------------------------------------------------------
 
@@ -365,7 +376,7 @@ class PolicyServer:
     async def _handle_connection(self, connection: ServerConnection) -> None:
         context = self.context
         target = connection.request.path if connection.request is not None else REALTIME_PATH
-        kind = route(target, openpi=self.settings.openpi is not None, vla_eval=self.settings.vla_eval is not None)
+        kind = route(target, openpi=self.settings.openpi is not None, endpoints=self.endpoints)
         if kind is Route.OBSERVER:  # an operator's dashboard: watches and steers, never a session itself
             if len(context.observers) >= self.settings.max_observers:  # admitted together at the last slot
                 await connection.close(1013, f"observer limit reached ({self.settings.max_observers}); retry later")
@@ -384,8 +395,8 @@ class PolicyServer:
         session: Session
         if kind is Route.OPENPI and self.settings.openpi is not None:
             session = OpenpiSession(connection, context, self.settings.openpi)
-        elif kind is Route.VLA_EVAL and self.settings.vla_eval is not None:
-            session = VlaEvalSession(connection, context, self.settings.vla_eval)
+        elif kind is Route.EDGE_SESSION:
+            session = self.endpoints.sessions[path_of(target)].session(connection, context)
         else:
             session = RealtimeSession(connection, context, self.dialects)
         context.register(session)

@@ -1,8 +1,9 @@
 """The WebSocket server's settings (``cosmos3-serve`` flags): one typed dataclass, read by the server and,
 through its context (:mod:`policy_server.context`), by sessions, the HTTP sidecar and backends.
 
-The optional features have settings of their own (``SidecarSettings``, ``RecordingOptions``), handed to them
-by whoever attaches them (``policy_server.cli.assemble_server``), not to the server."""
+The optional features have settings of their own (``SidecarSettings``, ``RecordingOptions``, each protocol
+served at the edge its own), handed to them by whoever attaches them (``policy_server.cli.assemble_server``),
+not to the server."""
 
 from __future__ import annotations
 
@@ -20,7 +21,6 @@ from .engine.watchdog import DEFAULT_ENGINE_TIMEOUT_S
 from .sessions.openpi_observation import OpenpiSettings
 from .sessions.rate_limits import RateLimit
 from .sessions.supervisor import SessionLimits
-from .vla_eval.settings import VlaEvalSettings
 
 # A 720p RGB frame is 2.8 MB; a 65-frame 256x256 clip 12.8 MB. The default fits the largest single image
 # the models accept (4096x4096x3 = 48 MiB, `limits.max_image_side`) plus the msgpack around it, so the
@@ -56,8 +56,6 @@ class ServerSettings:
     shutdown_grace_s: float = 30.0
     # openpi's protocol on `/` and `/openpi` (domain, horizon, mode, cameras); None turns it off.
     openpi: OpenpiSettings | None = field(default_factory=OpenpiSettings)
-    # vla-eval's model-server protocol on `/v1/vla-eval` (domain, horizon, chunk plan, mapping); None turns it off.
-    vla_eval: VlaEvalSettings | None = field(default_factory=VlaEvalSettings)
     # Bearer tokens that open every endpoint but /healthz and the dashboard's static files (policy_server.auth);
     # None: no authentication (the server is as open as the network it listens on).
     auth_tokens: TokenSet | None = None

@@ -32,6 +32,7 @@ import numpy as np
 import policy_server  # noqa: F401  (first: sets OMP_WAIT_POLICY=PASSIVE before torch loads)
 from policy_server.cli import assemble_server, sidecar_of
 from policy_server.server import ServerSettings
+from policy_server.vla_eval import VlaEvalSettings
 from robot_clients.protocol import HEALTH_PATH, REALTIME_PATH
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
@@ -123,10 +124,14 @@ class ServerThread(LoopbackUrls):
 
     def __init__(self, load_engine: Callable[[], Any], port: int = 0, **settings: Any) -> None:
         settings.setdefault("warmup", False)
-        # The features' own settings (``http``: the sidecar, ``recording``), attached as the command line does.
+        # The features' own settings (``http``: the sidecar, ``recording``, ``vla_eval``: on unless None, as
+        # the command line's default), attached as the command line does.
         self.http, self.recording = settings.pop("http", None), settings.pop("recording", None)
+        self.vla_eval = settings.pop("vla_eval", VlaEvalSettings())
         self.settings = ServerSettings(host="127.0.0.1", port=port, **settings)
-        self.server = assemble_server(load_engine, self.settings, http=self.http, recording=self.recording)
+        self.server = assemble_server(
+            load_engine, self.settings, http=self.http, recording=self.recording, vla_eval=self.vla_eval
+        )
         self.loop = asyncio.new_event_loop()
         self._ready = threading.Event()
         self._error: BaseException | None = None

@@ -3,8 +3,9 @@
 In a fresh interpreter, :class:`~policy_server.server.PolicyServer` is built directly (no command line, so
 no dialect, no recording, no sidecar) on 127.0.0.1 with the tiny distilled checkpoint; a native session
 and an openpi session each get one observation answered with actions; then the interpreter's
-``sys.modules`` must hold no module of SGLang's API, the recording, video jobs, Ray or the HTTP sidecar,
-and no pydantic: those are attached at the edge (``policy_server.cli.assemble_server``) or not at all.
+``sys.modules`` must hold no module of SGLang's API, the recording, video jobs, Ray, the HTTP sidecar or
+vla-eval's protocol, and no pydantic: those are attached at the edge (``policy_server.cli.assemble_server``)
+or not at all.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ import pytest
 from server_fixtures import DOMAIN, REPO_ROOT, tiny_checkpoint
 
 FEATURE_PACKAGES = ("policy_server.sglang", "policy_server.recording", "policy_server.videos", "policy_server.ray")
-FEATURE_PACKAGES += ("policy_server.http", "pydantic")
+FEATURE_PACKAGES += ("policy_server.http", "policy_server.vla_eval", "pydantic")
 
 SCRIPT = textwrap.dedent(
     """

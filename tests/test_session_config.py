@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from cosmos3_runtime.description import ModelDescription
+from policy_server.endpoints import EdgeEndpoints
 from policy_server.routes import Route, route
 from policy_server.sessions.config import SessionConfig, merge_session_config
 from robot_clients.protocol import ErrorCode, ProtocolError
@@ -96,3 +97,32 @@ def test_resolved_names_no_ids_for_an_unknown_domain(described):
 )
 def test_the_routing_table(target, openpi, expected):
     assert route(target, openpi) is expected
+
+
+def test_a_features_paths_are_routed_only_when_it_is_served():
+    from policy_server.vla_eval import VlaEvalSettings
+    from policy_server.vla_eval.endpoints import vla_eval_endpoints
+
+    endpoints = vla_eval_endpoints(VlaEvalSettings())
+    assert route("/v1/vla-eval?token=t", True, endpoints) is Route.EDGE_SESSION
+    assert route("/health", True, endpoints) is Route.EDGE_HTTP and endpoints.http["/health"].open
+    assert route("/v1/vla-eval/config", True, endpoints) is Route.EDGE_HTTP
+    assert not endpoints.http["/config"].open  # behind the bearer token, unlike the readiness probe
+    assert route("/healthz", True, endpoints) is Route.HEALTH
+    for target in ("/v1/vla-eval", "/health", "/config"):
+        assert route(target, True) is Route.UNKNOWN  # a server assembled without vla-eval serves none of them
+
+
+def test_an_endpoint_cannot_take_a_path_the_server_or_another_endpoint_serves():
+    from dataclasses import replace
+
+    from policy_server.server import PolicyServer
+    from policy_server.vla_eval import VlaEvalSettings
+    from policy_server.vla_eval.endpoints import vla_eval_endpoints
+
+    health = vla_eval_endpoints(VlaEvalSettings()).http["/health"]
+    for path in ("/healthz", "/v1/actions/realtime", "/openpi", "/dashboard/app.js"):
+        with pytest.raises(ValueError, match="served by the server itself"):
+            PolicyServer(None, endpoints=EdgeEndpoints.of(replace(health, path=path)))
+    with pytest.raises(ValueError, match="more than one endpoint at /health"):
+        EdgeEndpoints.of(health, health)

@@ -248,6 +248,20 @@ def test_with_a_token_health_stays_open_and_the_rest_is_closed():
             assert unpackb(ws.recv(timeout=30))["type"] == "hello"
 
 
+def test_without_vla_eval_its_paths_are_not_served():
+    """``--no-vla-eval`` (``vla_eval=None`` at assembly): its WebSocket path, /health and /config are 404."""
+    from websockets.exceptions import InvalidStatus
+
+    with ServerThread(tiny_engine_loader("distilled"), vla_eval=None) as plain:
+        for path in ("/health", "/config", "/v1/vla-eval/health"):
+            assert http_get(f"http://127.0.0.1:{plain.port}{path}")[0] == 404
+        with pytest.raises(InvalidStatus) as info:
+            with connect(f"ws://127.0.0.1:{plain.port}/v1/vla-eval", proxy=None, open_timeout=30):
+                pass
+        assert info.value.response.status_code == 404
+        assert http_get(f"http://127.0.0.1:{plain.port}/healthz")[0] == 200
+
+
 def test_the_rate_limit_counts_the_observations_that_reach_the_engine():
     from policy_server.sessions.rate_limits import RateLimit
 

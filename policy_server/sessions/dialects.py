@@ -1,9 +1,10 @@
 """WebSocket dialects on ``/v1/actions/realtime``, chosen by a connection's first frame.
 
 Other clients than ours speak on the robots' path: SGLang's lock-step clients (a first frame without
-``type``, ``policy_server.sglang.lockstep_session``), vla-eval's (msgpack maps ``{type, payload, seq, timestamp}``,
-first ``type: "hello"``). Whoever assembles the server (``policy_server.cli``) hands it the dialects it
-serves; the core names none of them.
+``type``, ``policy_server.sglang.lockstep_session``). Whoever assembles the server (``policy_server.cli``)
+hands it the dialects it serves; the core names none of them. A client that must not be greeted with the
+native ``metadata`` frame (one that speaks first and reads only its own frames) gets a path of its own
+instead (:mod:`policy_server.endpoints`).
 
 The contract of a :class:`Dialect`:
 

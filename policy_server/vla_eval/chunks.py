@@ -89,7 +89,8 @@ class ChunkPlayer:
         self.pending_step: int | None = None  # the step whose observation the engine is working on
 
     def _usable(self, chunk: np.ndarray) -> int:
-        return min(self.plan.execute or chunk.shape[0], chunk.shape[0])
+        rows = int(chunk.shape[0])
+        return min(self.plan.execute or rows, rows)
 
     def peek(self) -> StepDecision:
         """What :meth:`observe` would decide for the next observation, deciding nothing."""
@@ -126,7 +127,8 @@ class ChunkPlayer:
         if not awaiting:
             return None
         index = min(max(self.step - 1 - step, 0), self._usable(actions) - 1)
-        return actions[index]
+        row: np.ndarray = actions[index]
+        return row
 
     def failed(self, step: int) -> None:
         """The engine could not answer the observation of ``step``: the next observation asks again."""

@@ -114,9 +114,11 @@ def image_of(value: Any, field: str, seq: int | None) -> np.ndarray | bytes:
         if fmt == "raw":
             shape, dtype = value.get("shape"), value.get("dtype")
             try:
-                return unpackb(packb({"__ndarray__": True, "data": data, "dtype": dtype, "shape": shape}))
+                pixels = unpackb(packb({"__ndarray__": True, "data": data, "dtype": dtype, "shape": shape}))
             except (WireFormatError, TypeError) as exc:
                 raise ProtocolError(ErrorCode.INVALID_IMAGE, f"`{field}`: {exc}", field, seq) from None
+            assert isinstance(pixels, np.ndarray), "the wire codec reads an __ndarray__ map as an array"
+            return pixels
         raise ProtocolError(
             ErrorCode.INVALID_IMAGE, f"`{field}`: image format {fmt!r}; vla-eval sends png, jpeg or raw", field, seq
         )

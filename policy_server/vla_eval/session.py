@@ -31,7 +31,9 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
+from websockets.asyncio.server import ServerConnection
 
+from cosmos3_runtime.description import ModelDescription
 from robot_clients.client_frames import ObservationFrame
 from robot_clients.protocol import DropReason, ErrorCode, ProtocolError
 
@@ -42,7 +44,7 @@ from ..log_hygiene import printable
 from ..sessions.base import Session
 from ..sessions.config import SessionConfig, observation_request
 from ..sessions.frame_decoding import check_encoded, decoded_image
-from ..sessions.observation_rules import ChunkReply
+from ..sessions.observation_rules import ChunkReply, Drop
 from .chunks import ChunkPlan, ChunkPlayer
 from .frames import PROTOCOL_VERSION, FrameType, VlaEvalFrame, action_frame, error_frame, frame, parse_frame
 from .mapping import IMAGES_KEY, VlaEvalObservation, parse_observation
@@ -87,7 +89,9 @@ class VlaEvalSession(Session):
     id_prefix = "vlaeval-"
     bug_message = "the server failed on this frame (ref {reference})"
 
-    def __init__(self, connection: Any, context: ServerContext[Session], settings: VlaEvalSettings) -> None:
+    def __init__(
+        self, connection: ServerConnection, context: ServerContext[Session], settings: VlaEvalSettings
+    ) -> None:
         super().__init__(connection, context)
         self.settings = settings
         self.episode: Episode | None = None
@@ -99,6 +103,12 @@ class VlaEvalSession(Session):
         self._next_engine_seq = ENGINE_SEQ_BASE
         self._unused_state_logged = False
         self.last_metrics: dict[str, Any] | None = None  # the last episode_end's
+
+    @property
+    def description(self) -> ModelDescription:
+        description = self.context.description
+        assert description is not None, "sessions open once the model is ready"
+        return description
 
     # -- replies ---------------------------------------------------------------------------------------
 
@@ -118,10 +128,15 @@ class VlaEvalSession(Session):
             return
         # An engine request failed (decoding, the engine, shutdown): it answers the observation waiting for
         # it, or the next one; the next observation asks again.
-        if self.episode is not None and ask.episode == self.episode.number:
-            self.episode.player.failed(ask.step)
-        self.recording.error(seq, code, message, field)
+        self._ask_failed(ask)
+        for listener in self.listeners:
+            listener.error(seq, code, message, field)
         self._answer_error(ProtocolError(code, message, field))
+
+    def _ask_failed(self, ask: Ask | None) -> None:
+        """An engine request of the current episode got no chunk: its next observation asks again."""
+        if ask is not None and self.episode is not None and ask.episode == self.episode.number:
+            self.episode.player.failed(ask.step)
 
     def _answer_error(self, error: ProtocolError) -> None:
         if self.awaiting is not None:
@@ -130,15 +145,13 @@ class VlaEvalSession(Session):
         else:
             self.deferred = error
 
-    def drop(self, seq: int, reason: str, message: str | None = None) -> None:
-        """An engine request not answered: replaced by a newer one, or cancelled by a new episode, which the
-        harness needs no word of; at shutdown the observation waiting for it is told."""
-        ask = self._asks.pop(seq, None)
-        self.dropped += 1
-        self.recording.dropped(seq, reason, message or reason)
-        if ask is not None and self.episode is not None and ask.episode == self.episode.number:
-            self.episode.player.failed(ask.step)
-        if reason == DropReason.SHUTDOWN:
+    def send_drop(self, drop: Drop) -> None:
+        """An engine request not answered (counted by the rules): replaced by a newer one, or cancelled by a
+        new episode, which the harness needs no word of; at shutdown the observation waiting for it is told."""
+        self._ask_failed(self._asks.pop(drop.seq, None))
+        for listener in self.listeners:
+            listener.dropped(drop.seq, drop.reason, drop.message)
+        if drop.reason == DropReason.SHUTDOWN:
             self._answer_error(ProtocolError(ErrorCode.ENGINE_ERROR, "the server is shutting down"))
 
     def refuse_at_shutdown(self, seq: int) -> None:
@@ -159,7 +172,8 @@ class VlaEvalSession(Session):
             except ProtocolError as error:  # no reply is read for it: the next observation carries it
                 self.episode = None
                 self.deferred = error
-                self.recording.error(parsed.seq, error.code, error.message, error.field)
+                for listener in self.listeners:
+                    listener.error(parsed.seq, error.code, error.message, error.field)
                 logger.info("vla-eval session %s: episode_start refused: %s", self.id, printable(error.text())[:300])
         elif parsed.type is FrameType.EPISODE_END:
             self._episode_end(parsed)
@@ -178,8 +192,7 @@ class VlaEvalSession(Session):
         self.put(frame(FrameType.HELLO, self.hello_payload(), parsed.seq))
 
     def hello_payload(self) -> dict[str, Any]:
-        description = self.context.description
-        assert description is not None, "sessions open once the model is ready"
+        description = self.description
         served: dict[str, Any] = {"model": description.model, "variant": description.variant, "session_id": self.id}
         try:
             config, plan = self.settings.episode(description, {})
@@ -233,9 +246,7 @@ class VlaEvalSession(Session):
             raise ProtocolError(
                 ErrorCode.INVALID_FIELD, f"`mode` must be one of {', '.join(MODES)}, got {mode!r}", "mode", parsed.seq
             )
-        description = self.context.description
-        assert description is not None
-        config, plan = self.settings.episode(description, overrides)
+        config, plan = self.settings.episode(self.description, overrides)
         text = next((task[key] for key in TASK_TEXT_KEYS if isinstance(task.get(key), str) and task[key]), None)
         prompt = text if text is not None else config.prompt
         # A new episode: nothing of the last one is answered any more.
@@ -261,7 +272,7 @@ class VlaEvalSession(Session):
         metrics = parsed.payload.get("metrics")
         self.last_metrics = metrics if isinstance(metrics, dict) else None
         success = self.last_metrics.get("success") if self.last_metrics else None
-        self.recording.note("episode_end", success=bool(success) if isinstance(success, (bool, np.bool_)) else None)
+        self.note("episode_end", {"success": bool(success) if isinstance(success, (bool, np.bool_)) else None})
         self.cancel_in_flight(None)
         self.awaiting = self.latest = None
         self.episode = None
@@ -277,8 +288,7 @@ class VlaEvalSession(Session):
             raise ProtocolError(
                 ErrorCode.NOT_CONFIGURED, "send `episode_start` before the observations of an episode", None, seq
             )
-        description = self.context.description
-        assert description is not None
+        description = self.description
         resolved = episode.config.resolved(description)
         domain = description.domains[episode.config.domain_name]
         obs = parse_observation(
@@ -347,16 +357,25 @@ class VlaEvalSession(Session):
         assert obs.image is not None
         overrides = {"prompt": obs.prompt or episode.prompt}
         observation = ObservationFrame(seq=ask.engine_seq, image=obs.image, state=obs.state, overrides=overrides)
-        request = observation_request(episode.config, observation, self.context.description)
-        self.enqueue(ask.engine_seq, request, received_at, {"+".join(obs.cameras): obs.image})
+        request = observation_request(episode.config, observation, self.description)
+        self.enqueue(observation, request, received_at)
 
     def encode_chunk(self, item: PendingObservation, outcome: EngineOutcome) -> ChunkReply:
         raise AssertionError("vla-eval chunks are played out by on_result")
 
+    def _chunk_played(self, reply: ChunkReply) -> None:
+        """Tell the listeners of a chunk of the current episode. It is this session's answer from the moment it
+        arrives (its actions are played out from the session, never replaced in the outbox), so it is made and
+        sent at once, whether or not an observation is waiting for its first action."""
+        reply.timing["observation_age_ms"] = (time.monotonic() - reply.received_at) * 1e3
+        for listener in self.listeners:
+            listener.chunk_made(reply.seq, reply.actions, reply.timing)
+        for listener in self.listeners:
+            listener.chunk_sent(reply)
+
     def on_result(self, item: PendingObservation, outcome: EngineOutcome) -> None:
-        if self.closed or item.cancelled or self.in_flight.get(item.seq) is not item:
-            return
-        del self.in_flight[item.seq]
+        if not self.rules.engine_answered(item):
+            return  # a new episode, the shutdown or the client's leaving: nobody wants these actions any more
         if outcome.chunk is None:
             error = outcome.error
             assert error is not None, "an outcome has a chunk or an error"
@@ -368,14 +387,14 @@ class VlaEvalSession(Session):
             return
         chunk = outcome.chunk
         actions = np.ascontiguousarray(chunk.actions, dtype=np.float32)
-        self.answered += 1
-        timing = {
+        self.rules.chunk_made()
+        timing: dict[str, float | None] = {
             "queue_ms": item.queue_ms,
             "model_ms": chunk.timing.model_ms,
             "engine_ms": outcome.engine_ms,
             "total_ms": (time.monotonic() - item.received_at) * 1e3,
         }
-        self.recording.chunk(item.seq, actions, timing, chunk.seed)
+        self._chunk_played(ChunkReply(item.seq, actions, chunk.seed, dict(timing), item.received_at, None, 0))
         # A live run's whole chunks all go out, each to the latest observation (the harness keeps the newest
         # action it received); otherwise only an observation still waiting is answered.
         fresh = episode.live and episode.plan.chunk == "whole"
