@@ -30,21 +30,18 @@ from typing import Any
 import numpy as np
 
 from cosmos3_runtime.requests import ActionRequest
+from robot_clients.client_frames import REQUEST_SETTINGS
 
 from ..media.camera_composition import side_by_side
 from .episode_writer import REQUEST_FIELDS
 from .reader import RecordedEpisode, RecordedRow, RecordingFormatError
 
-# Settings the command line may change, as ActionRequest field -> type.
-OVERRIDABLE = {
-    "num_steps": int,
-    "guidance_scale": float,
-    "resolution_tier": int,
-    "action_horizon": int,
-    "seed": int,
-    "prompt": str,
-    "view_point": str,
-    "domain_name": str,
+# Settings the command line may change, as ActionRequest field -> type: the recorded ones, but the mode and
+# the rate (what the recorded media and chunk were made for).
+OVERRIDABLE: dict[str, type] = {
+    setting.name: setting.types[0]
+    for setting in REQUEST_SETTINGS
+    if setting.recorded and setting.name not in ("action_mode", "fps")
 }
 
 
