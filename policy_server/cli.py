@@ -16,6 +16,7 @@ import argparse
 import asyncio
 import logging
 import signal
+import ssl
 import sys
 import tempfile
 from collections.abc import Callable
@@ -133,10 +134,10 @@ def _recording_options(args: argparse.Namespace) -> RecordingOptions | None:
     )
 
 
-def _engine_loader(args: argparse.Namespace, workdir: Path):
+def _engine_loader(args: argparse.Namespace, workdir: Path) -> Callable[[], ActionEngine]:
     """The function the engine worker calls, on its own thread, to build the engine."""
 
-    def load():
+    def load() -> ActionEngine:
         from cosmos3_runtime.engine import Cosmos3Engine
 
         source = args.model
@@ -157,10 +158,11 @@ def _engine_loader(args: argparse.Namespace, workdir: Path):
     return load
 
 
-def _ray_backend(args: argparse.Namespace, workdir: Path):
+def _ray_backend(args: argparse.Namespace, workdir: Path) -> BackendFactory:
     """The Ray backend's factory (imports Ray, so only for --backend ray). A --tiny checkpoint is built
     here, once, and its path handed to the replicas: fine for a local instance, not for remote nodes."""
-    from .ray.backend import RayBackendFactory, RayBackendSettings
+    from .ray.backend import RayBackendFactory
+    from .ray.deployment import RayBackendSettings
     from .ray.replica import EngineLoader
 
     source = args.model
@@ -181,14 +183,13 @@ def _ray_backend(args: argparse.Namespace, workdir: Path):
     settings = RayBackendSettings(
         replicas=max(1, args.replicas), address=args.ray_address, num_gpus=args.replica_gpus, num_cpus=args.replica_cpus
     )
-    return RayBackendFactory(settings, loader)
+    # Its make_backend takes the queue its own make_queue made (a ReplicaRouter), narrower than the protocol's.
+    return RayBackendFactory(settings, loader)  # type: ignore[return-value]
 
 
-def _ssl_context(args: argparse.Namespace):
+def _ssl_context(args: argparse.Namespace) -> ssl.SSLContext | None:
     if not args.tls_cert:
         return None
-    import ssl
-
     context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
     context.minimum_version = ssl.TLSVersion.TLSv1_2
     context.load_cert_chain(args.tls_cert, args.tls_key)
@@ -226,11 +227,12 @@ async def serve_until_stopped(args: argparse.Namespace) -> int:
             ),
             allowed_origins=tuple(args.allowed_origin),
         )
-        features = {"http": _sidecar_settings(args), "recording": _recording_options(args)}
+        http, recording = _sidecar_settings(args), _recording_options(args)
         if args.backend == "ray":
-            server = assemble_server(None, settings, backend=_ray_backend(args, Path(workdir)), **features)
+            backend = _ray_backend(args, Path(workdir))
+            server = assemble_server(None, settings, backend=backend, http=http, recording=recording)
         else:
-            server = assemble_server(_engine_loader(args, Path(workdir)), settings, **features)
+            server = assemble_server(_engine_loader(args, Path(workdir)), settings, http=http, recording=recording)
         stop = asyncio.Event()
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGINT, signal.SIGTERM):

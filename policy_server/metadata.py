@@ -96,6 +96,7 @@ def openpi_metadata(
     """openpi's hello: what the server's ``--openpi-*`` settings resolved to (``error``: why they do not fit)."""
     assert d is not None, "sessions open once the model is ready"
     resolved = config.resolved(d) if config is not None else {}
+    view_point = resolved.get("view_point")
     return {
         "server": SERVER_NAME,
         "protocol": "openpi",
@@ -108,7 +109,7 @@ def openpi_metadata(
         "action_dim": resolved.get("raw_action_dim"),
         "view_point": resolved.get("view_point"),
         **{field: resolved.get(field) for field in STATE_PROFILE_FIELDS},
-        "cameras": cameras.describe().get(resolved.get("view_point"), []),
+        "cameras": cameras.describe().get(view_point, []) if view_point is not None else [],
         "resolution_tier": resolved.get("resolution_tier"),
         "canvases": d.as_json()["canvases"],
         "encoded_images": sorted(ENCODED_FORMATS.values()),
