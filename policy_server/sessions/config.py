@@ -18,9 +18,10 @@ from typing import Any, Literal
 import numpy as np
 
 from cosmos3_runtime.description import ModelDescription
+from cosmos3_runtime.engine_spec import RequestDefaults
 from cosmos3_runtime.profiles import PolicyProfile
-from cosmos3_runtime.requests import ActionRequest
-from robot_clients.client_frames import REQUEST_SETTINGS, ObservationFrame
+from cosmos3_runtime.requests import ActionRequest, ActionResult
+from robot_clients.client_frames import REQUEST_SETTINGS, SETTINGS_BY_NAME, ObservationFrame
 from robot_clients.protocol import ErrorCode, ProtocolError
 
 from ..media.camera_composition import compose_named
@@ -28,6 +29,11 @@ from ..media.camera_composition import compose_named
 # The settings an engine request carries as the session holds them (the table's recorded ones: those the
 # model uses), less the two resolved for each observation.
 ENGINE_SETTINGS = tuple(s.name for s in REQUEST_SETTINGS if s.recorded and s.name not in ("action_mode", "fps"))
+
+# The settings the engine has a default for (RequestDefaults' fields), besides the domain itself.
+DEFAULTED_SETTINGS = tuple(
+    f.name for f in dataclasses.fields(RequestDefaults) if f.name in SETTINGS_BY_NAME and f.name != "domain_name"
+)
 
 # What a domain's profile says about the proprio state its observations carry.
 STATE_PROFILE_FIELDS = ("state_dim", "use_state", "history_length")
@@ -138,7 +144,7 @@ def _with_defaults(values: dict[str, Any], description: ModelDescription) -> dic
         else {}
     )
     values = dict(values)
-    for name in ("action_horizon", "view_point", "resolution_tier", "num_steps", "guidance_scale", "fps"):
+    for name in DEFAULTED_SETTINGS:
         if values.get(name) is None:
             values[name] = next(
                 (
@@ -152,8 +158,10 @@ def _with_defaults(values: dict[str, Any], description: ModelDescription) -> dic
 
 
 # What an action chunk reports about the settings it was made with, besides what the engine reports
-# itself (mode, domain, horizon, steps, seed): every other setting that changes the computation.
-CHUNK_ECHOED_SETTINGS = ("prompt", "resolution_tier", "view_point", "guidance_scale", "fps")
+# itself (ActionResult's mode, domain, steps, seed): every other setting that changes the computation.
+CHUNK_ECHOED_SETTINGS = tuple(
+    s.name for s in REQUEST_SETTINGS if s.in_chunk and s.name not in {f.name for f in dataclasses.fields(ActionResult)}
+)
 
 
 def settings_used(request: ActionRequest, description: ModelDescription) -> dict[str, Any]:
