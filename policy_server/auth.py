@@ -38,10 +38,19 @@ from __future__ import annotations
 import hashlib
 import hmac
 import json
-from collections.abc import Awaitable, Callable, Iterable
+from collections.abc import Awaitable, Callable, Iterable, MutableMapping
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 from urllib.parse import parse_qsl, urlsplit
+
+# The ASGI shapes of the two middlewares (Starlette's own, spelled here: the WebSocket port's server imports
+# this module without loading Starlette).
+AsgiScope = MutableMapping[str, Any]
+AsgiMessage = MutableMapping[str, Any]
+AsgiReceive = Callable[[], Awaitable[AsgiMessage]]
+AsgiSend = Callable[[AsgiMessage], Awaitable[None]]
+AsgiApp = Callable[[AsgiScope, AsgiReceive, AsgiSend], Awaitable[None]]
 
 # Paths anyone may fetch: liveness, and the dashboard's static files (no data in them).
 OPEN_PATHS = frozenset({"/healthz"})
@@ -188,12 +197,12 @@ class BearerAuthMiddleware:
     limit) and costs no body reading. ``on_refused(path)`` is called for every refusal (metrics).
     """
 
-    def __init__(self, app: Callable, *, tokens: TokenSet, on_refused: Callable[[str], None] | None = None) -> None:
+    def __init__(self, app: AsgiApp, *, tokens: TokenSet, on_refused: Callable[[str], None] | None = None) -> None:
         self.app = app
         self.tokens = tokens
         self.on_refused = on_refused
 
-    async def __call__(self, scope: dict, receive: Callable[[], Awaitable[dict]], send: Callable) -> None:
+    async def __call__(self, scope: AsgiScope, receive: AsgiReceive, send: AsgiSend) -> None:
         if scope["type"] != "http" or is_open_path(scope.get("path", "")):
             await self.app(scope, receive, send)
             return
@@ -317,7 +326,7 @@ class OriginCheckMiddleware:
 
     def __init__(
         self,
-        app: Callable,
+        app: AsgiApp,
         *,
         policy: OriginPolicy,
         own_ports: Callable[[], Iterable[int]],
@@ -328,7 +337,7 @@ class OriginCheckMiddleware:
         self.own_ports = own_ports
         self.on_refused = on_refused
 
-    async def __call__(self, scope: dict, receive: Callable[[], Awaitable[dict]], send: Callable) -> None:
+    async def __call__(self, scope: AsgiScope, receive: AsgiReceive, send: AsgiSend) -> None:
         if scope["type"] != "http" or scope.get("method") in SAFE_METHODS:
             await self.app(scope, receive, send)
             return

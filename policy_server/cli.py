@@ -16,6 +16,7 @@ import argparse
 import asyncio
 import logging
 import signal
+import ssl
 import sys
 import tempfile
 from collections.abc import Callable
@@ -157,10 +158,10 @@ def _recording_options(args: argparse.Namespace) -> RecordingOptions | None:
     )
 
 
-def _engine_loader(args: argparse.Namespace, workdir: Path):
+def _engine_loader(args: argparse.Namespace, workdir: Path) -> Callable[[], ActionEngine]:
     """The function the engine worker calls, on its own thread, to build the engine."""
 
-    def load():
+    def load() -> ActionEngine:
         from cosmos3_runtime.engine import Cosmos3Engine
 
         source = args.model
@@ -181,7 +182,7 @@ def _engine_loader(args: argparse.Namespace, workdir: Path):
     return load
 
 
-def _ray_backend(args: argparse.Namespace, workdir: Path):
+def _ray_backend(args: argparse.Namespace, workdir: Path) -> BackendFactory:
     """The Ray backend's factory (imports Ray, so only for --backend ray). A --tiny checkpoint is built
     here, once, and its path handed to the replicas: fine for a local instance, not for remote nodes."""
     from .ray.backend import RayBackendFactory
@@ -205,14 +206,13 @@ def _ray_backend(args: argparse.Namespace, workdir: Path):
     settings = RayBackendSettings(
         replicas=max(1, args.replicas), address=args.ray_address, num_gpus=args.replica_gpus, num_cpus=args.replica_cpus
     )
-    return RayBackendFactory(settings, loader)
+    # Its make_backend takes the queue its own make_queue made (a ReplicaRouter), narrower than the protocol's.
+    return RayBackendFactory(settings, loader)  # type: ignore[return-value]
 
 
-def _ssl_context(args: argparse.Namespace):
+def _ssl_context(args: argparse.Namespace) -> ssl.SSLContext | None:
     if not args.tls_cert:
         return None
-    import ssl
-
     context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
     context.minimum_version = ssl.TLSVersion.TLSv1_2
     context.load_cert_chain(args.tls_cert, args.tls_key)

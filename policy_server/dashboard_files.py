@@ -3,7 +3,7 @@
 The dashboard is plain HTML, CSS and JavaScript shipped as package data: no build step, nothing fetched
 from elsewhere. Its live data comes from the observer channel on the WebSocket port
 (:mod:`policy_server.sessions.observer`); ``config.json`` tells the page where that is, so the same files
-work when the HTTP sidecar serves them on its own port (``policy_server.http.app``) and when the WebSocket
+work when the HTTP sidecar serves them on its own port (``policy_server.http.sidecar``) and when the WebSocket
 port does (``PolicyServer``, so a server started with ``--no-http`` still has its dashboard).
 
 Both ports send every dashboard file with :data:`DASHBOARD_HEADERS`: a Content-Security-Policy that lets

@@ -106,6 +106,7 @@ def openpi_metadata(
     assert d is not None, "sessions open once the model is ready"
     resolved = config.resolved(d) if config is not None else {}
     stateless = config is not None and resolved.get("state_dim") is None
+    view_point = resolved.get("view_point")
     return {
         "server": SERVER_NAME,
         "protocol": "openpi",
@@ -119,7 +120,7 @@ def openpi_metadata(
         "view_point": resolved.get("view_point"),
         **{field: resolved.get(field) for field in STATE_PROFILE_FIELDS},
         "unused_state_keys": list(ALL_STATE_KEYS) if stateless and not strict_state else [],
-        "cameras": cameras.describe().get(resolved.get("view_point"), []),
+        "cameras": cameras.describe().get(view_point, []) if view_point is not None else [],
         "resolution_tier": resolved.get("resolution_tier"),
         "canvases": d.as_json()["canvases"],
         "encoded_images": sorted(ENCODED_FORMATS.values()),

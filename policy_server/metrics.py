@@ -35,7 +35,7 @@ from .engine.outcome import EngineOutcome
 from .engine.request_queue import PendingObservation
 
 # The `*_created` timestamp series double every metric's output and Prometheus itself ignores them.
-disable_created_metrics()
+disable_created_metrics()  # type: ignore[no-untyped-call]  # prometheus_client leaves it unannotated
 
 PROMETHEUS_CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 NAMESPACE = "cosmos3"

@@ -22,13 +22,14 @@ import asyncio
 import json
 import logging
 import socket
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from http import HTTPStatus
 from typing import Any, Protocol
 
 from websockets.asyncio.server import Server, ServerConnection, serve
 from websockets.datastructures import Headers
 from websockets.http11 import Request, Response
+from websockets.typing import Subprotocol
 
 from cosmos3_runtime.description import ModelDescription
 from robot_clients import protocol
@@ -41,7 +42,7 @@ from .dashboard_files import CONFIG_NAME, DASHBOARD_HEADERS, DASHBOARD_PATH, das
 from .endpoints import NO_ENDPOINTS, EdgeEndpoints
 from .engine.backend import BackendFactory, EngineBackend
 from .engine.batching import BackgroundShare, BatchPolicy
-from .engine.request_queue import RequestQueue
+from .engine.request_queue import PendingObservation, RequestQueue
 from .engine.watchdog import EngineWatchdog
 from .engine.worker import ActionEngine, EngineWorker
 from .log_hygiene import printable
@@ -116,6 +117,11 @@ class PolicyServer:
 
     # -- lifecycle ------------------------------------------------------------------------------------
 
+    def _select_subprotocol(self, _connection: ServerConnection, offered: Sequence[Subprotocol]) -> Subprotocol | None:
+        # A browser that sent its token as the subprotocol `bearer.<token>` needs it selected back.
+        chosen = bearer_subprotocol(offered) if self.settings.auth_tokens is not None else None
+        return Subprotocol(chosen) if chosen is not None else None
+
     async def start(self) -> None:
         """Listen, then start loading the model in the background. Returns as soon as the port is open."""
         loop = asyncio.get_running_loop()
@@ -125,6 +131,7 @@ class PolicyServer:
             worker = self._backend.make_backend(context, context.queue, loop)
         else:
             assert self._load_engine is not None, "a load_engine function or a backend"
+            assert isinstance(context.queue, RequestQueue), "a local engine serves the server's own queue"
             worker = EngineWorker(
                 self._load_engine,
                 context.queue,
@@ -167,10 +174,7 @@ class PolicyServer:
                 ping_timeout=self.settings.ping_timeout,
                 server_header=SERVER_NAME,
                 ssl=self.settings.ssl_context,
-                # A browser that sent its token as the subprotocol `bearer.<token>` needs it selected back.
-                select_subprotocol=lambda _connection, offered: (
-                    bearer_subprotocol(offered) if self.settings.auth_tokens is not None else None
-                ),
+                select_subprotocol=self._select_subprotocol,
             )
         except BaseException:  # a taken port: what did start is stopped again, then the start fails
             for feature in reversed(started):
@@ -237,7 +241,10 @@ class PolicyServer:
         if self._ws_server is not None:
             self._ws_server.server.close()  # stop listening; open sessions carry on for now
         for item in context.queue.close():
-            item.owner.on_dropped(item, DropReason.SHUTDOWN)
+            if isinstance(item, PendingObservation):
+                item.owner.on_dropped(item, DropReason.SHUTDOWN)
+            else:
+                item.owner.on_dropped(item, DropReason.SHUTDOWN)
         if context.worker is not None:
             finished = await asyncio.to_thread(context.worker.stop, self.settings.shutdown_grace_s)
             if not finished:

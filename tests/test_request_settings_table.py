@@ -18,11 +18,13 @@ import numpy as np
 import pytest
 
 from cosmos3_runtime.requests import ActionRequest
+from policy_server.http.errors import ApiError
+from policy_server.http.requests import ACTION_SETTINGS, VIDEO_SETTINGS, action_request, video_submission
 from policy_server.http.schemas import ActionGenerationParams, VideoCreateParams
 from policy_server.recording.episode_writer import REQUEST_FIELDS
 from policy_server.recording.replay import OVERRIDABLE
-from policy_server.sessions.config import CHUNK_ECHOED_SETTINGS, SessionConfig
-from policy_server.sessions.openpi_observation import OpenpiSettings
+from policy_server.sessions.config import CHUNK_ECHOED_SETTINGS, ENGINE_SETTINGS, SessionConfig, merge_session_config
+from policy_server.sessions.openpi_observation import OPENPI_SETTINGS, OpenpiSettings
 from policy_server.sglang import actions as sglang_actions
 from policy_server.sglang import videos as sglang_videos
 from robot_clients.client import ActionChunk
@@ -96,12 +98,21 @@ def test_the_http_schemas_name_the_settings_each_endpoint_takes():
     videos_media = {"action", "input_reference", "model"}
     assert set(ActionGenerationParams.model_fields) - actions_media == names(SettingChannel.HTTP_ACTIONS)
     assert set(VideoCreateParams.model_fields) - videos_media == names(SettingChannel.HTTP_VIDEOS)
+    # The request builders read the settings they hand on from the table, as the schemas declare them.
+    assert set(ACTION_SETTINGS) == names(SettingChannel.HTTP_ACTIONS)
+    assert set(VIDEO_SETTINGS) == names(SettingChannel.HTTP_VIDEOS)
+    for model in (ActionGenerationParams, VideoCreateParams):
+        for name in set(model.model_fields) - actions_media - videos_media:
+            shown = str(model.model_fields[name].annotation)
+            kind = next(s for s in REQUEST_SETTINGS if s.name == name).types[0]
+            assert kind.__name__ in shown or "Literal" in shown, (model.__name__, name, shown)
 
 
 def test_the_openpi_settings_name_the_settings_openpi_sessions_take():
     # The cameras mapping and the state policy are the endpoint's, not request settings.
     fields = {field.name for field in dataclasses.fields(OpenpiSettings)} - {"cameras", "strict_state"}
     assert fields == names(SettingChannel.OPENPI)
+    assert set(OPENPI_SETTINGS) == names(SettingChannel.OPENPI)  # what session_config hands on
 
 
 def sglang_names() -> dict[str, str]:
@@ -163,6 +174,7 @@ def test_every_setting_the_model_uses_reaches_the_engine_request():
     request_fields = {field.name for field in dataclasses.fields(ActionRequest)}
     used = {setting.name for setting in REQUEST_SETTINGS if setting.recorded}
     assert used <= request_fields
+    assert set(ENGINE_SETTINGS) | {"action_mode", "fps"} == used  # the session's request carries each of them
     assert "control_hz" not in request_fields  # shown to operators, never the model's
 
 
@@ -171,3 +183,43 @@ def test_the_protocol_docs_table_lists_the_configure_settings():
     table = text[text.index("| field | type | default |") :].split("\n\n", 1)[0]
     documented = set(re.findall(r"^\| `([a-z_]+)`", table, flags=re.MULTILINE))
     assert documented == names(SettingChannel.CONFIGURE)
+
+
+@pytest.fixture(scope="module")
+def described(tiny_engine):
+    return tiny_engine("distilled").describe()
+
+
+# One bad value of each setting the model judges, with the code that refuses it.
+BAD_SETTINGS = [
+    ("domain_name", "no_such_robot", ErrorCode.UNKNOWN_DOMAIN),
+    ("resolution_tier", 12345, ErrorCode.UNSUPPORTED_TIER),
+    ("view_point", "no_such_view", ErrorCode.INVALID_FIELD),
+    ("prompt", "x" * 100_000, ErrorCode.INVALID_FIELD),
+    ("num_steps", 999, ErrorCode.INVALID_FIELD),
+    ("guidance_scale", 7.0, ErrorCode.INVALID_FIELD),
+]
+
+
+@pytest.mark.parametrize(("name", "value", "code"), BAD_SETTINGS)
+def test_sessions_and_http_refuse_a_bad_setting_by_the_same_check(described, name, value, code):
+    """One server-side check of settings: a ``configure``, an action generation and a video job refuse the
+    same bad value with the same code, the same field and the same message."""
+    domain = described.defaults.domain_name or next(iter(described.domains))
+    with pytest.raises(ProtocolError) as session:
+        merge_session_config(None, {"domain_name": domain, name: value}, described)
+    image = np.zeros((64, 64, 3), np.uint8).tolist()
+    with pytest.raises(ApiError) as actions:
+        action_request({"domain_name": domain, "image": image, name: value}, described)
+    answers = [actions.value]
+    if SettingChannel.HTTP_VIDEOS in next(s for s in REQUEST_SETTINGS if s.name == name).channels:
+        width = described.domains[domain].raw_action_dim or 7
+        with pytest.raises(ApiError) as videos:
+            video_submission(
+                {"domain_name": domain, "input_reference": image, "action": [[0.0] * width] * 8, name: value},
+                described,
+            )
+        answers.append(videos.value)
+    for answer in answers:
+        assert (answer.code, answer.field, answer.message) == (code, name, session.value.message), name
+        assert session.value.code == code

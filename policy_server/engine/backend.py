@@ -89,7 +89,7 @@ class BackendHost(Protocol):
     """What a backend sees of the server that runs it (the server's wider session host provides it)."""
 
     @property
-    def sessions(self) -> Mapping[Hashable, Any]:
+    def sessions(self) -> Mapping[str, Any]:
         """The open sessions, by id."""
         ...
 

@@ -8,9 +8,11 @@ decoders of :mod:`.codecs`, holding its bytes against one :class:`BodyBudget` wh
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Mapping
 from typing import Any
 
 from fastapi import Request
+from pydantic import BaseModel
 
 from . import codecs as http_codecs
 from .codecs import Upload
@@ -18,13 +20,13 @@ from .errors import ApiError, HttpErrorCode
 from .schemas import ErrorResponse
 
 # The error answers most routes share, for the OpenAPI schema.
-ERROR_RESPONSES = {
+ERROR_RESPONSES: dict[int | str, dict[str, Any]] = {
     400: {"model": ErrorResponse, "description": "invalid request (see `error.code` and `error.field`)"},
     503: {"model": ErrorResponse, "description": "the model is loading or the server is stopping"},
 }
 
 
-def content_length(scope: dict) -> int | None:
+def content_length(scope: Mapping[str, Any]) -> int | None:
     """The request's declared ``Content-Length``; None when it has none (or not a number)."""
     for name, value in scope.get("headers", []):
         if name == b"content-length":
@@ -139,7 +141,7 @@ async def read_fields(
     )
 
 
-def body_schema(model: type, files: dict[str, str]) -> dict[str, Any]:
+def body_schema(model: type[BaseModel], files: dict[str, str]) -> dict[str, Any]:
     """OpenAPI requestBody for an endpoint that takes JSON, msgpack and multipart with file uploads."""
     schema = model.model_json_schema()
     multipart = {

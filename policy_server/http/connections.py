@@ -91,7 +91,7 @@ def guarded_protocol(
     ``on_refused`` is told the error code of every connection closed here (for the metrics).
     """
 
-    class GuardedHttpProtocol(base):  # type: ignore[misc, valid-type]
+    class GuardedHttpProtocol(base):  # type: ignore[misc]
         _peer: str | None = None  # counted in `counter` while set
         _timer: asyncio.TimerHandle | None = None
         _phase = "headers"  # "headers" -> "body" -> "app" (-> "headers" on a kept-alive connection)

@@ -6,7 +6,10 @@ tier, view point, the distilled schedule) is made here against the engine's ``de
 checks again when it runs a request (it is the authority); these are the early, cheap answers.
 
 Action generations reuse the realtime session's settings rules (:func:`merge_session_config`), so a
-request the WebSocket would refuse is refused here with the same code.
+request the WebSocket would refuse is refused here with the same code. SGLang's bodies on the same routes
+(``docs/sglang.md``, "Telling the dialects apart") are told apart here and turned into engine requests by
+the same checks, their errors naming the client's fields; the translation itself is
+:mod:`policy_server.sglang` (pure functions).
 """
 
 from __future__ import annotations
@@ -19,14 +22,22 @@ import numpy as np
 from pydantic import BaseModel, ValidationError
 
 from cosmos3_runtime.description import ModelDescription
-from cosmos3_runtime.profiles import PolicyProfile
 from cosmos3_runtime.requests import ActionRequest
-from robot_clients.client_frames import ObservationFrame, parse_state
+from robot_clients.client_frames import REQUEST_SETTINGS, ObservationFrame, SettingChannel, parse_state
 from robot_clients.protocol import ErrorCode, FrameLimits, ProtocolError
 
 from ..media.image_decoding import model_frame_limits
-from ..sessions.config import check_schedule, merge_session_config
+from ..sessions.config import check_settings, merge_session_config
+from ..sglang.actions import (
+    FORM_UPLOADS,
+    ActionCall,
+    envelope_from_form,
+    is_sglang_envelope,
+    is_sglang_form,
+    parse_action_envelope,
+)
 from ..videos.job_store import VideoJobInputs
+from . import codecs as http_codecs
 from .codecs import DEFAULT_MAX_DECODED_BYTES, to_actions
 from .errors import ApiError
 from .media_fields import decode_image_bytes, encoded_image, to_image, to_video
@@ -36,6 +47,9 @@ VIDEOS_PATH = "/v1/videos"
 ACTION_GENERATIONS_PATH = "/v1/actions/generations"
 ACTION_MODES = ("policy", "inverse_dynamics")
 VIDEO_MODE = "forward_dynamics"
+# The settings each endpoint takes (their schemas' fields, checked against the table by a test).
+ACTION_SETTINGS = tuple(s.name for s in REQUEST_SETTINGS if SettingChannel.HTTP_ACTIONS in s.channels)
+VIDEO_SETTINGS = tuple(s.name for s in REQUEST_SETTINGS if SettingChannel.HTTP_VIDEOS in s.channels)
 
 
 @dataclass
@@ -66,45 +80,17 @@ def _check_model(name: str | None, description: ModelDescription) -> None:
         raise ApiError(ErrorCode.INVALID_FIELD, f"this server serves {served!r}, not {name!r}", "model")
 
 
-def _domain(name: str | None, description: ModelDescription) -> PolicyProfile:
-    domains = description.domains
-    name = name or description.defaults.domain_name
-    if name not in domains:
-        raise ApiError(
-            ErrorCode.UNKNOWN_DOMAIN,
-            f"unknown domain {name!r}; this model knows: {', '.join(sorted(domains)) or 'none'}",
-            "domain_name",
-        )
-    return domains[name]
+def _domain_name(name: str | None, description: ModelDescription) -> str:
+    """The embodiment a request names, else the model's default one (checked with the other settings)."""
+    return name or description.defaults.domain_name or ""
 
 
-def _schedule(num_steps: int | None, guidance: float | None, description: ModelDescription) -> None:
-    """The distilled schedule is fixed; base models bound steps and guidance by the engine's limits."""
+def _check_settings(settings: dict[str, Any], description: ModelDescription, *, modes: bool) -> None:
+    """The server's one settings check (the sessions'), answered as a 400 naming the field."""
     try:
-        check_schedule(num_steps, guidance, description)
+        check_settings(settings, description, modes=modes)
     except ProtocolError as exc:
         raise ApiError.of(exc) from None
-
-
-def _tier_and_view(tier: int | None, view_point: str | None, description: ModelDescription) -> None:
-    tiers = list(description.resolution_tiers)
-    if tier is not None and tier not in tiers:
-        raise ApiError(
-            ErrorCode.UNSUPPORTED_TIER,
-            f"resolution_tier {tier} is not supported by this {description.variant or ''} model; choose one of {tiers}",
-            "resolution_tier",
-        )
-    view_points = list(description.view_points)
-    if view_point is not None and view_points and view_point not in view_points:
-        raise ApiError(
-            ErrorCode.INVALID_FIELD, f"unknown view_point {view_point!r}; choose one of {view_points}", "view_point"
-        )
-
-
-def _prompt(prompt: str, description: ModelDescription) -> None:
-    limit = description.limits.max_prompt_chars
-    if limit is not None and len(prompt) > limit:
-        raise ApiError(ErrorCode.INVALID_FIELD, f"prompt must be at most {limit} characters", "prompt")
 
 
 def _route_mode(fields: dict[str, Any], endpoint: str) -> None:
@@ -135,10 +121,10 @@ def video_submission(
         raise ApiError(ErrorCode.UNSUPPORTED_MODE, "the loaded model cannot serve forward_dynamics", "action_mode")
     params: VideoCreateParams = _validate(VideoCreateParams, fields)  # type: ignore[assignment]
     _check_model(params.model, description)
-    domain = _domain(params.domain_name, description)
-    _schedule(params.num_steps, params.guidance_scale, description)
-    _tier_and_view(params.resolution_tier, params.view_point, description)
-    _prompt(params.prompt, description)
+    settings = {name: getattr(params, name) for name in VIDEO_SETTINGS if name != "action_mode"}
+    settings["domain_name"] = _domain_name(params.domain_name, description)
+    _check_settings(settings, description, modes=False)  # the endpoint is the mode
+    domain = description.domains[settings["domain_name"]]
 
     action = to_actions(params.action, "action")
     width = domain.raw_action_dim
@@ -167,22 +153,15 @@ def video_submission(
     defaults = description.defaults
     resolved = {
         "model": description.model,
-        "domain_name": domain.domain_name,
-        "prompt": params.prompt,
+        **settings,
         "fps": float(params.fps),
         # A seed is drawn now and stored, so a job re-run after a restart gives the same video.
         "seed": params.seed if params.seed is not None else secrets.randbelow(SEED_LIMIT),
-        "num_steps": params.num_steps,
-        "guidance_scale": params.guidance_scale,
-        "resolution_tier": params.resolution_tier,
-        "view_point": params.view_point,
         "action_shape": list(action.shape),
-        "resolved": {  # what the engine's defaults make of the unset values, for the job object
-            "num_steps": params.num_steps if params.num_steps is not None else defaults.num_steps,
-            "guidance_scale": params.guidance_scale if params.guidance_scale is not None else defaults.guidance_scale,
-            "resolution_tier": (
-                params.resolution_tier if params.resolution_tier is not None else defaults.resolution_tier
-            ),
+        # What the engine's defaults make of the unset values, for the job object.
+        "resolved": {
+            name: settings[name] if settings[name] is not None else getattr(defaults, name)
+            for name in ("num_steps", "guidance_scale", "resolution_tier")
         },
     }
     return VideoSubmission(resolved, VideoJobInputs(image=image, action=action, encoded_image=encoded))
@@ -201,23 +180,10 @@ def action_request(
     _route_mode(fields, ACTION_GENERATIONS_PATH)
     params: ActionGenerationParams = _validate(ActionGenerationParams, fields)  # type: ignore[assignment]
     _check_model(params.model, description)
-    domain_name = _domain(params.domain_name, description).domain_name
-    settings = {
-        name: getattr(params, name)
-        for name in (
-            "action_mode",
-            "action_horizon",
-            "prompt",
-            "resolution_tier",
-            "view_point",
-            "seed",
-            "num_steps",
-            "guidance_scale",
-            "fps",
-        )
-        if getattr(params, name) is not None
-    }
-    settings["domain_name"] = domain_name
+    settings = {name: getattr(params, name) for name in ACTION_SETTINGS if getattr(params, name) is not None}
+    settings["domain_name"] = _domain_name(params.domain_name, description)
+    # An unknown domain is refused before any media is decoded; merge_session_config checks the rest.
+    _check_settings({"domain_name": settings["domain_name"]}, description, modes=True)
     limits = media_limits or model_frame_limits(description.limits, DEFAULT_MAX_DECODED_BYTES)
     image = video = prefix = None
     if params.image is not None and params.video is not None:
@@ -246,3 +212,52 @@ def actions_payload(actions: np.ndarray, as_msgpack: bool) -> Any:
     """The ``values`` of an action array: a float32 array for msgpack, nested lists for JSON."""
     actions = np.ascontiguousarray(actions, dtype=np.float32)
     return actions if as_msgpack else actions.tolist()
+
+
+# -- SGLang's bodies on the same routes ------------------------------------------------------------
+
+# The uploads an action generation form may carry: ours (`image`, `video`) and SGLang's (FORM_UPLOADS),
+# each with the content types it may declare.
+ACTION_UPLOADS = {
+    "image": http_codecs.IMAGE_UPLOAD_TYPES,
+    "video": http_codecs.VIDEO_UPLOAD_TYPES,
+    **{name: http_codecs.IMAGE_UPLOAD_TYPES + http_codecs.VIDEO_UPLOAD_TYPES for name in FORM_UPLOADS},
+}
+
+
+def sglang_envelope(fields: dict[str, Any], kind: str) -> dict[str, Any] | None:
+    """SGLang's envelope if the decoded body (``kind``: its media type) is SGLang's, else None (ours).
+
+    A JSON or msgpack body is SGLang's when it has the envelope's keys (``input``, ``parameters``, ...);
+    a form when it has a field our flat form does not know (``image_reference``, ``task``, ...), and is
+    then rebuilt as the envelope it flattens.
+    """
+    if kind == http_codecs.MULTIPART_TYPE:
+        if not is_sglang_form(fields, ActionGenerationParams.model_fields):
+            return None
+        return envelope_from_form(list(fields.items()))
+    return dict(fields) if is_sglang_envelope(fields) else None
+
+
+def sglang_requests(
+    envelope: dict[str, Any], description: ModelDescription, limits: FrameLimits, max_items: int, msgpack_reply: bool
+) -> tuple[ActionCall, list[ActionRequest]]:
+    """The checked envelope and one engine request per item (images × candidates, at most ``max_items``).
+
+    Raises :class:`ApiError` naming the client's field (``parameters.num_inference_steps``, not ``num_steps``).
+    """
+    call = parse_action_envelope(envelope, description, max_items=max_items, msgpack_reply=msgpack_reply)
+    return call, item_requests(call, description, limits)
+
+
+def item_requests(
+    call: ActionCall, description: ModelDescription, limits: FrameLimits | None = None
+) -> list[ActionRequest]:
+    """One engine request per item of a checked envelope, by our own checks; an error names the client's field."""
+    requests = []
+    for item in call.items:
+        try:
+            requests.append(action_request(item.fields, description, limits))
+        except ApiError as exc:
+            raise item.relabel(exc) from None
+    return requests

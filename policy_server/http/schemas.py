@@ -73,6 +73,8 @@ ActionsInput = Annotated[Any, WithJsonSchema(_ACTIONS_SCHEMA)]
 StateInput = Annotated[Any, WithJsonSchema(_STATE_SCHEMA)]
 
 SEED_LIMIT = 2**63
+# A video job's status as its object reports it (policy_server.videos.job_store.VideoJobStatus values).
+VideoJobStatusName = Literal["queued", "in_progress", "completed", "failed"]
 
 
 def normalized_mode(value: Any) -> Any:
@@ -177,7 +179,7 @@ class ErrorResponse(BaseModel):
 class VideoJobObject(BaseModel):
     id: str
     object: Literal["video"] = "video"
-    status: Literal["queued", "in_progress", "completed", "failed"]
+    status: VideoJobStatusName
     progress: int = Field(description="0-100; coarse: 0 queued, 10 on the engine, 90 encoding, 100 done")
     created_at: int = Field(description="Unix seconds")
     started_at: int | None = Field(None, description="Unix seconds the latest attempt started")

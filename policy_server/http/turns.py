@@ -23,7 +23,8 @@ that setup; the server never trusts ``X-Forwarded-For``).
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
+from typing import Any
 
 from ..auth import TOKEN_ID_SCOPE_KEY
 from .errors import ApiError, HttpErrorCode
@@ -34,7 +35,7 @@ DEFAULT_MAX_IN_FLIGHT = 4
 RETRY_AFTER_S = 1
 
 
-def client_identity(scope: dict) -> str:
+def client_identity(scope: Mapping[str, Any]) -> str:
     """Who sent this HTTP request: ``token:<id>`` with authentication on, else ``peer:<address>``."""
     token_id = scope.get(TOKEN_ID_SCOPE_KEY)
     if token_id:

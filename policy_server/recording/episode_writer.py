@@ -30,6 +30,8 @@ from typing import Any, TextIO
 import numpy as np
 import pyarrow as pa
 
+from robot_clients.client_frames import REQUEST_SETTINGS
+
 from ..media.camera_composition import side_by_side
 from ..videos.encoding import encode_mp4
 from . import durable_files
@@ -55,17 +57,8 @@ from .store import directory_bytes
 _KEY_UNSAFE = re.compile(r"[^A-Za-z0-9_]+")
 # The ActionRequest settings a row keeps (everything but the arrays), so a replay can send it again.
 REQUEST_FIELDS = (
-    "domain_name",
-    "action_mode",
-    "prompt",
-    "action_horizon",
-    "resolution_tier",
-    "view_point",
-    "seed",
-    "num_steps",
-    "guidance_scale",
-    "guidance_interval",
-    "fps",
+    *(setting.name for setting in REQUEST_SETTINGS if setting.recorded),
+    "guidance_interval",  # the engine's, set by no client: recorded so that a replay sends the same request
 )
 
 

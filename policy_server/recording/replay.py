@@ -37,6 +37,7 @@ import numpy as np
 import pyarrow.parquet as pq
 
 from cosmos3_runtime.requests import ActionRequest
+from robot_clients.client_frames import REQUEST_SETTINGS
 
 from ..media.camera_composition import side_by_side
 from .assembly import column_values
@@ -179,16 +180,12 @@ class RecordedEpisode:
         return [json.loads(line) for line in read_lines(self.path / EVENTS_JSONL)]
 
 
-# Settings the command line may change, as ActionRequest field -> type.
-OVERRIDABLE = {
-    "num_steps": int,
-    "guidance_scale": float,
-    "resolution_tier": int,
-    "action_horizon": int,
-    "seed": int,
-    "prompt": str,
-    "view_point": str,
-    "domain_name": str,
+# Settings the command line may change, as ActionRequest field -> type: the recorded ones, but the mode and
+# the rate (what the recorded media and chunk were made for).
+OVERRIDABLE: dict[str, type] = {
+    setting.name: setting.types[0]
+    for setting in REQUEST_SETTINGS
+    if setting.recorded and setting.name not in ("action_mode", "fps")
 }
 
 

@@ -11,18 +11,29 @@ engine checks requests again (it is the authority); this is the early, cheap ans
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
 
 import numpy as np
 
 from cosmos3_runtime.description import ModelDescription
+from cosmos3_runtime.engine_spec import RequestDefaults
 from cosmos3_runtime.profiles import PolicyProfile
-from cosmos3_runtime.requests import ActionRequest
-from robot_clients.client_frames import ObservationFrame
+from cosmos3_runtime.requests import ActionRequest, ActionResult
+from robot_clients.client_frames import REQUEST_SETTINGS, SETTINGS_BY_NAME, ObservationFrame
 from robot_clients.protocol import ErrorCode, ProtocolError
 
 from ..media.camera_composition import compose_named
+
+# The settings an engine request carries as the session holds them (the table's recorded ones: those the
+# model uses), less the two resolved for each observation.
+ENGINE_SETTINGS = tuple(s.name for s in REQUEST_SETTINGS if s.recorded and s.name not in ("action_mode", "fps"))
+
+# The settings the engine has a default for (RequestDefaults' fields), besides the domain itself.
+DEFAULTED_SETTINGS = tuple(
+    f.name for f in dataclasses.fields(RequestDefaults) if f.name in SETTINGS_BY_NAME and f.name != "domain_name"
+)
 
 # What a domain's profile says about the proprio state its observations carry.
 STATE_PROFILE_FIELDS = ("state_dim", "use_state", "history_length")
@@ -111,18 +122,11 @@ class SessionConfig:
             self.fps if self.fps is not None else _with_defaults({"domain_name": self.domain_name}, description)["fps"]
         )
         return ActionRequest(
-            domain_name=self.domain_name,
-            action_mode=action_mode,
+            **{name: getattr(self, name) for name in ENGINE_SETTINGS},  # the settings the model uses, as set
+            action_mode=action_mode,  # mode and rate resolved here
+            fps=fps,
             image=image,
             video=video,
-            prompt=self.prompt,
-            action_horizon=horizon,
-            resolution_tier=self.resolution_tier,
-            view_point=self.view_point,
-            seed=self.seed,
-            num_steps=self.num_steps,
-            guidance_scale=self.guidance_scale,
-            fps=fps,
             prefix_actions=obs.prefix_actions,
             state=obs.state,
         )
@@ -140,7 +144,7 @@ def _with_defaults(values: dict[str, Any], description: ModelDescription) -> dic
         else {}
     )
     values = dict(values)
-    for name in ("action_horizon", "view_point", "resolution_tier", "num_steps", "guidance_scale", "fps"):
+    for name in DEFAULTED_SETTINGS:
         if values.get(name) is None:
             values[name] = next(
                 (
@@ -154,8 +158,10 @@ def _with_defaults(values: dict[str, Any], description: ModelDescription) -> dic
 
 
 # What an action chunk reports about the settings it was made with, besides what the engine reports
-# itself (mode, domain, horizon, steps, seed): every other setting that changes the computation.
-CHUNK_ECHOED_SETTINGS = ("prompt", "resolution_tier", "view_point", "guidance_scale", "fps")
+# itself (ActionResult's mode, domain, steps, seed): every other setting that changes the computation.
+CHUNK_ECHOED_SETTINGS = tuple(
+    s.name for s in REQUEST_SETTINGS if s.in_chunk and s.name not in {f.name for f in dataclasses.fields(ActionResult)}
+)
 
 
 def settings_used(request: ActionRequest, description: ModelDescription) -> dict[str, Any]:
@@ -274,74 +280,82 @@ def merge_session_config(
         current = SessionConfig(domain_name=settings["domain_name"])
     unset = {f.name: f.default for f in dataclasses.fields(SessionConfig) if settings.get(f.name, 0) is None}
     config = dataclasses.replace(current, **{**settings, **unset})
-    _check(config, description, seq)
+    check_settings(dataclasses.asdict(config), description, seq)
     return config
 
 
-def _check(config: SessionConfig, description: ModelDescription, seq: int | None) -> None:
+def check_settings(
+    settings: Mapping[str, Any], description: ModelDescription, seq: int | None = None, *, modes: bool = True
+) -> None:
+    """The server's one check of request settings against the loaded model, with the engine's own limits:
+    sessions (``configure``, an observation's own settings) and the HTTP routes alike call it.
+
+    ``settings`` holds settings by name (those absent or ``None`` are not checked); ``modes``: check
+    ``action_mode`` against the realtime modes (a video job's mode is its endpoint's). Raises
+    :class:`ProtocolError` naming the field; HTTP answers it as a 400 (``ApiError.of``)."""
     limits, domains = description.limits, description.domains
-    if config.domain_name not in domains:
+    domain_name = settings.get("domain_name")
+    if domain_name is not None and domain_name not in domains:
         raise ProtocolError(
             ErrorCode.UNKNOWN_DOMAIN,
-            f"unknown domain {config.domain_name!r}; this model knows: {', '.join(sorted(domains)) or 'none'}",
+            f"unknown domain {domain_name!r}; this model knows: {', '.join(sorted(domains)) or 'none'}",
             "domain_name",
             seq,
         )
-    modes = description.action_modes
-    if config.action_mode is not None and config.action_mode not in modes:
-        if config.action_mode == "forward_dynamics":
+    action_mode = settings.get("action_mode")
+    action_modes = description.action_modes
+    if modes and action_mode is not None and action_mode not in action_modes:
+        if action_mode == "forward_dynamics":
             hint = "forward_dynamics produces video; use the HTTP /v1/videos API"
         else:
-            hint = f"this model serves {', '.join(modes) or 'no action modes'} here"
+            hint = f"this model serves {', '.join(action_modes) or 'no action modes'} here"
         raise ProtocolError(
             ErrorCode.UNSUPPORTED_MODE,
-            f"action_mode {config.action_mode!r} is not supported: {hint}",
+            f"action_mode {action_mode!r} is not supported: {hint}",
             "action_mode",
             seq,
         )
-    tiers = list(description.resolution_tiers)
-    if config.resolution_tier is not None and tiers and config.resolution_tier not in tiers:
+    tier, tiers = settings.get("resolution_tier"), list(description.resolution_tiers)
+    if tier is not None and tiers and tier not in tiers:
         raise ProtocolError(
             ErrorCode.UNSUPPORTED_TIER,
-            f"resolution_tier {config.resolution_tier} is not supported by this "
-            f"{description.variant or ''} model; choose one of {tiers}",
+            f"resolution_tier {tier} is not supported by this {description.variant or ''} model; choose one of {tiers}",
             "resolution_tier",
             seq,
         )
-    view_points = list(description.view_points)
-    if config.view_point is not None and view_points and config.view_point not in view_points:
+    view_point, view_points = settings.get("view_point"), list(description.view_points)
+    if view_point is not None and view_points and view_point not in view_points:
         raise ProtocolError(
             ErrorCode.INVALID_FIELD,
-            f"unknown view_point {config.view_point!r}; choose one of {view_points}",
+            f"unknown view_point {view_point!r}; choose one of {view_points}",
             "view_point",
             seq,
         )
-    if config.action_horizon is not None:
-        _check_horizon(config.action_horizon, description, "action_horizon", seq)
-    max_prompt = limits.max_prompt_chars
-    if max_prompt is not None and len(config.prompt) > max_prompt:
+    if settings.get("action_horizon") is not None:
+        _check_horizon(settings["action_horizon"], description, "action_horizon", seq)
+    prompt, max_prompt = settings.get("prompt"), limits.max_prompt_chars
+    if prompt is not None and max_prompt is not None and len(prompt) > max_prompt:
         raise ProtocolError(
             ErrorCode.INVALID_FIELD,
-            f"prompt must be at most {max_prompt} characters, got {len(config.prompt)}",
+            f"prompt must be at most {max_prompt} characters, got {len(prompt)}",
             "prompt",
             seq,
         )
-    max_seed = limits.max_seed
-    if config.seed is not None and not 0 <= config.seed <= max_seed:
-        raise ProtocolError(ErrorCode.INVALID_FIELD, f"seed must be in [0, {max_seed}], got {config.seed}", "seed", seq)
-    check_schedule(config.num_steps, config.guidance_scale, description, seq)
-    low_fps, high_fps = limits.min_fps, limits.max_fps
-    if config.fps is not None and not (config.fps > 0 and low_fps <= config.fps <= high_fps):
+    seed, max_seed = settings.get("seed"), limits.max_seed
+    if seed is not None and not 0 <= seed <= max_seed:
+        raise ProtocolError(ErrorCode.INVALID_FIELD, f"seed must be in [0, {max_seed}], got {seed}", "seed", seq)
+    _check_schedule(settings.get("num_steps"), settings.get("guidance_scale"), description, seq)
+    fps, low_fps, high_fps = settings.get("fps"), limits.min_fps, limits.max_fps
+    if fps is not None and not (fps > 0 and low_fps <= fps <= high_fps):
         raise ProtocolError(
-            ErrorCode.INVALID_FIELD, f"fps must be in [{low_fps:g}, {high_fps:g}], got {config.fps:g}", "fps", seq
+            ErrorCode.INVALID_FIELD, f"fps must be in [{low_fps:g}, {high_fps:g}], got {fps:g}", "fps", seq
         )
-    if config.control_hz is not None and config.control_hz <= 0:
-        raise ProtocolError(
-            ErrorCode.INVALID_FIELD, f"control_hz must be > 0, got {config.control_hz}", "control_hz", seq
-        )
+    control_hz = settings.get("control_hz")
+    if control_hz is not None and control_hz <= 0:
+        raise ProtocolError(ErrorCode.INVALID_FIELD, f"control_hz must be > 0, got {control_hz}", "control_hz", seq)
 
 
-def check_schedule(
+def _check_schedule(
     steps: int | None, guidance: float | None, description: ModelDescription, seq: int | None = None
 ) -> None:
     """Steps and guidance: a distilled model's schedule is fixed; a base model's is bounded by the

@@ -55,7 +55,9 @@ import numpy as np
 from cosmos3_runtime.description import ModelDescription
 from cosmos3_runtime.profiles import PolicyProfile
 from robot_clients.client_frames import (
+    REQUEST_SETTINGS,
     SESSION_SETTINGS,
+    SettingChannel,
     check_image_size,
     is_encoded_clip,
     is_encoded_frame,
@@ -437,6 +439,10 @@ def _frames(array: Any, key: str, video: bool, limits: FrameLimits) -> np.ndarra
     raise ProtocolError(ErrorCode.INVALID_IMAGE, f"`{key}` must be uint8 (or float in [0, 1]), got {array.dtype}", key)
 
 
+# The request settings the server's --openpi-* flags set for openpi sessions (OpenpiSettings' fields, by a test).
+OPENPI_SETTINGS = tuple(setting.name for setting in REQUEST_SETTINGS if SettingChannel.OPENPI in setting.channels)
+
+
 @dataclass(frozen=True)
 class OpenpiSettings:
     """What openpi clients cannot say for themselves. ``None``: the model's default for the domain."""
@@ -454,14 +460,7 @@ class OpenpiSettings:
 
     def session_config(self, description: ModelDescription) -> SessionConfig:
         """Resolve against the loaded model; raises :class:`ProtocolError` naming a bad setting."""
-        domain = self.domain_name or description.defaults.domain_name
-        settings = {
-            "domain_name": domain,
-            "action_mode": self.action_mode.strip().lower(),
-            "action_horizon": self.action_horizon,
-            "view_point": self.view_point,
-            "prompt": self.prompt,
-            "resolution_tier": self.resolution_tier,
-            "seed": self.seed,
-        }
+        settings = {name: getattr(self, name) for name in OPENPI_SETTINGS}
+        settings["domain_name"] = self.domain_name or description.defaults.domain_name
+        settings["action_mode"] = self.action_mode.strip().lower()
         return merge_session_config(None, {k: v for k, v in settings.items() if v is not None}, description)

@@ -34,7 +34,7 @@ from ..context import ServerContext
 from ..engine.outcome import EngineOutcome
 from ..engine.request_queue import PendingObservation, QueueClosed
 from ..http.errors import ApiError, HttpErrorCode
-from ..http.sglang_bodies import item_requests
+from ..http.requests import item_requests
 from ..sessions.base import Session
 from ..sessions.config import SessionConfig
 from ..sessions.dialects import FirstFrame

@@ -41,8 +41,9 @@ import numpy as np
 from cosmos3_runtime.requests import VideoRequest
 from robot_clients.protocol import CodedError, ErrorCode
 
+from ..engine.backend import QueueLike
 from ..engine.outcome import EngineLost, engine_failure
-from ..engine.request_queue import EngineTask, QueueClosed, RequestQueue, TaskOwner, queued_for_s
+from ..engine.request_queue import EngineTask, QueueClosed, TaskOwner, queued_for_s
 from ..metrics import ServerMetrics
 from .encoding import VideoEncodingError, encode_mp4
 from .job_store import JobNotFound, VideoJob, VideoJobStore, disk_full
@@ -174,7 +175,7 @@ class VideoJobRunner:
     def __init__(
         self,
         store: VideoJobStore,
-        queue: RequestQueue,
+        queue: QueueLike,
         metrics: ServerMetrics | None = None,
         sweep_interval_s: float = SWEEP_INTERVAL_S,
         recover_pending: bool = False,

@@ -18,7 +18,7 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
 
 from cosmos3_runtime.description import ModelDescription
-from cosmos3_runtime.requests import ActionRequest
+from cosmos3_runtime.requests import ActionRequest, ActionResult
 from robot_clients.protocol import DropReason
 from robot_clients.wire_codec import packb
 
@@ -32,6 +32,7 @@ from .. import turns as http_turns
 from ..bodies import ERROR_RESPONSES, body_schema, read_fields
 from ..context import SidecarParts
 from ..errors import ApiError, HttpErrorCode
+from ..requests import ACTION_UPLOADS, sglang_envelope, sglang_requests
 from ..schemas import (
     ActionArray,
     ActionGeneration,
@@ -40,7 +41,6 @@ from ..schemas import (
     ActionUsage,
     ErrorResponse,
 )
-from ..sglang_bodies import ACTION_UPLOADS, sglang_envelope, sglang_requests
 
 
 class OneShotActionWaiter:
@@ -49,7 +49,7 @@ class OneShotActionWaiter:
     request_kind = "action_generation"
 
     def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
-        self.future: asyncio.Future = loop.create_future()
+        self.future: asyncio.Future[EngineOutcome | str] = loop.create_future()
 
     def on_result(self, item: PendingObservation, outcome: EngineOutcome) -> None:
         if not self.future.done():
@@ -92,8 +92,7 @@ def router(parts: SidecarParts) -> APIRouter:
         action_request = await asyncio.to_thread(
             http_requests.action_request, fields, description, parts.media_limits(description)
         )
-        item, outcome = await _run(action_request, client, received)
-        chunk = outcome.chunk
+        item, outcome, chunk = await _run(action_request, client, received)
         generation = ActionGeneration(
             id=f"actgen_{uuid.uuid4().hex}",
             created=int(time.time()),
@@ -152,11 +151,11 @@ def router(parts: SidecarParts) -> APIRouter:
                 for run in runs:
                     run.cancel()
         timings = {
-            "queue_ms": max(item.queue_ms for item, _ in results),
-            "model_ms": max(outcome.engine_ms for _, outcome in results),
+            "queue_ms": max(item.queue_ms for item, _, _ in results),
+            "model_ms": max(outcome.engine_ms for _, outcome, _ in results),
             "total_ms": (time.monotonic() - received) * 1e3,
         }
-        reply = build_reply(call, [outcome.chunk for _, outcome in results], model=description.model, timings=timings)
+        reply = build_reply(call, [chunk for _, _, chunk in results], model=description.model, timings=timings)
         if as_msgpack:
             return Response(packb(reply), media_type=http_codecs.MSGPACK_TYPE)
         return JSONResponse(reply)
@@ -166,7 +165,7 @@ def router(parts: SidecarParts) -> APIRouter:
         client: str,
         received: float,
         relabel: Callable[[ApiError], ApiError] = lambda error: error,
-    ) -> tuple[PendingObservation, EngineOutcome]:
+    ) -> tuple[PendingObservation, EngineOutcome, ActionResult]:
         """Put one request in the queue in ``client``'s turn and wait for its chunk (or raise its error)."""
         waiter = OneShotActionWaiter(asyncio.get_running_loop())
         item = PendingObservation(
@@ -197,7 +196,8 @@ def router(parts: SidecarParts) -> APIRouter:
             code = HttpErrorCode.SHUTTING_DOWN if outcome == DropReason.SHUTDOWN else HttpErrorCode.TIMEOUT
             raise ApiError(code, f"the request was dropped ({outcome})")
         if outcome.chunk is None:
+            assert outcome.error is not None, "an outcome without a chunk carries its error"
             raise relabel(ApiError.of(outcome.error))
-        return item, outcome
+        return item, outcome, outcome.chunk
 
     return routes

@@ -8,7 +8,7 @@ the engine's background lane; clients poll the job and fetch its MP4 once it com
 from __future__ import annotations
 
 import asyncio
-from typing import Any
+from typing import Any, cast
 
 from fastapi import APIRouter, Query, Request
 from fastapi import Path as PathParam
@@ -25,7 +25,15 @@ from .. import requests as http_requests
 from ..bodies import ERROR_RESPONSES, body_schema, read_fields
 from ..context import SidecarParts
 from ..errors import ApiError, HttpErrorCode
-from ..schemas import ErrorDetail, ErrorResponse, VideoCreateParams, VideoDeleted, VideoJobList, VideoJobObject
+from ..schemas import (
+    ErrorDetail,
+    ErrorResponse,
+    VideoCreateParams,
+    VideoDeleted,
+    VideoJobList,
+    VideoJobObject,
+    VideoJobStatusName,
+)
 
 
 def job_object(job: VideoJob, store: VideoJobStore) -> VideoJobObject:
@@ -35,7 +43,7 @@ def job_object(job: VideoJob, store: VideoJobStore) -> VideoJobObject:
     expires = store.expires_at(job)
     return VideoJobObject(
         id=job.id,
-        status=job.status.value,
+        status=cast(VideoJobStatusName, job.status.value),
         progress=job.progress,
         created_at=int(job.created_at),
         started_at=int(job.started_at) if job.started_at else None,
