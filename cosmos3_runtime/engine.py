@@ -17,13 +17,12 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from .checkpoint_source import CheckpointSource
 from .denoise_jobs import DenoiseJob, DenoiseOutput
 from .description import ModelDescription
 from .engine_spec import EngineLimits, EngineSpec
 from .errors import EngineError, RuntimeErrorBase
 from .inspection import CheckpointInfo, inspect_checkpoint
-from .loading import load_pipeline, resolve_device_and_dtype
+from .loading import CheckpointSource, load_pipeline, resolve_device_and_dtype
 from .prepared_inputs import ConditioningFrames, PreparedActions
 from .profiles import PolicyProfile, profiles_for_checkpoint
 from .requests import ActionMode, ActionRequest, ActionResult, Timing, VideoRequest, VideoResult
