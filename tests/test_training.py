@@ -1,0 +1,155 @@
+"""cosmos3-train: training batches go through the serving path, and what is trained is what is served.
+
+- **Skew**: the trainer's forward on a noised sample equals the sampler's forward on the same noisy
+  inputs (same job, action rows, masks, positions, domain and timestep convention).
+- **Overfit**: a few frames are fitted, and ``predict_actions`` (the engine, not the trainer) reproduces them.
+- **VAE**: the checkpoint the trainer writes encodes frames to the latents it trained on.
+- **Vision**: on the shipped reach checkpoint, first-step chunks (the arm at home, so only the camera
+  shows the goal) are far better with the real image than with a black one.
+- **Tiny builder**: its VAE does not depend on the transformer's size, and its statistics are its own.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from cosmos3_runtime.training import TrainConfig, encode_frames, prepare_training, train
+
+os.environ.setdefault("MUJOCO_GL", "egl")  # headless rendering; mujoco reads it when first imported
+pytest.importorskip("mujoco", reason="the `sim` extra (mujoco) is not installed")
+
+from robot_clients.sim.reach_demos import TASK, collect  # noqa: E402
+
+SHIPPED = Path(__file__).resolve().parent.parent / "assets" / "reach_policy"
+
+
+@pytest.fixture(scope="module")
+def small_dataset(tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("reach") / "data"
+    collect(out, episodes=2, seed=7, image_size=64, episode_steps=12)
+    return out
+
+
+def _config(dataset: Path, out: Path, **changes) -> TrainConfig:
+    return TrainConfig(dataset=dataset, out=out, steps=0, batch_size=4, seed=0, save_every=0, **changes)
+
+
+def test_the_training_forward_equals_the_samplers_forward_on_the_same_noisy_inputs(small_dataset, tmp_path):
+    prep = prepare_training(_config(small_dataset, tmp_path / "ckpt"))
+    trainer, sampler = prep.trainer, prep.engine.sampler
+    sigma = 0.9
+    inputs = trainer.sample_inputs(5, 3, sigma, torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        preds_vision, preds_action = trainer.predict([inputs])
+
+    item = sampler._prepare(inputs.job, time.perf_counter)
+    # The sampler's own layout of the same job: the state row and the prefix rows clean, the chunk noisy.
+    assert torch.equal(item.action_mask, inputs.action_mask)
+    assert torch.equal(item.vision_mask, inputs.vision_mask)
+    lead = inputs.job.leading_rows + 3
+    assert torch.allclose(item.x0_action[:lead], inputs.action_latents[:lead])
+    # The transformer is fed sigma x 1000, as the scheduler's timesteps are.
+    assert float(item.scheduler.timesteps[1]) == pytest.approx(1000.0 * sigma, rel=1e-5)
+    item.latents, item.action_latents = inputs.latents, inputs.action_latents
+    with torch.no_grad():
+        sampler._forward([item], "cond", item.scheduler.timesteps[1], 1, sigma, len(item.scheduler.timesteps))
+    served_vision, served_action = item.velocities["cond"]
+    width = inputs.job.raw_action_dim
+    trained_action = (preds_action[0].float() * (1 - inputs.action_mask))[:, :width]
+    assert torch.allclose(trained_action, served_action[:, :width], atol=1e-5)
+    trained_vision = preds_vision[0].float().reshape(served_vision.shape) * (1 - inputs.vision_mask)
+    assert torch.allclose(trained_vision, served_vision, atol=1e-5)
+
+
+def test_the_checkpoint_encodes_frames_to_the_latents_it_was_trained_on(small_dataset, tmp_path):
+    from cosmos3_runtime.engine import Cosmos3Engine
+    from cosmos3_runtime.lerobot_dataset import read_dataset
+
+    prep = prepare_training(_config(small_dataset, tmp_path / "ckpt"))
+    trained = prep.trainer.samples.latents
+    served = Cosmos3Engine.load(prep.ckpt, device="cpu", prefix_cache_mb=0)
+    frames = np.concatenate([e.images for e in read_dataset(small_dataset).episodes])
+    latents, _ = encode_frames(served, frames, 256)
+    assert torch.allclose(latents, trained, atol=1e-4)
+    # The drawn VAE's statistics are the data's: the trained latents have zero mean and unit spread.
+    per_channel = trained.transpose(0, 1).reshape(trained.shape[1], -1)
+    assert per_channel.mean(1).abs().max() < 1e-3
+    assert (per_channel.std(1) - 1).abs().max() < 1e-3
+    config = json.loads((prep.ckpt / "vae" / "config.json").read_text())
+    assert config["latents_std"] != [1.0] * len(config["latents_std"])
+
+
+def test_a_small_batch_is_overfitted_and_predict_actions_reproduces_it(small_dataset, tmp_path):
+    from cosmos3_runtime.engine import Cosmos3Engine
+    from cosmos3_runtime.lerobot_dataset import read_dataset
+    from cosmos3_runtime.requests import ActionRequest
+
+    cfg = _config(small_dataset, tmp_path / "ckpt", steps=400, batch_size=8, lr=3e-3, warmup=20, max_prefix=0)
+    summary = train(cfg)
+    assert summary["action_loss_last50"] < 0.2
+    engine = Cosmos3Engine.load(tmp_path / "ckpt", device="cpu", prefix_cache_mb=0)
+    episode = read_dataset(small_dataset).episodes[0]
+    errors, baseline = [], []
+    mean_chunk = np.mean([episode.actions[np.minimum(np.arange(s, s + 16), 11)] for s in range(12)], axis=0)
+    for s in (0, 4):
+        expected = episode.actions[np.minimum(np.arange(s, s + 16), 11)]
+        chunk = engine.predict_actions(
+            ActionRequest(
+                domain_name="cosmos3_mujoco_arm", image=episode.images[s], state=episode.state[s], prompt=TASK, seed=0
+            )
+        )
+        errors.append(np.abs(chunk.actions - expected).mean())
+        baseline.append(np.abs(mean_chunk - expected).mean())
+    assert np.mean(errors) < 0.5 * np.mean(baseline), (errors, baseline)
+
+
+@pytest.mark.skipif(not (SHIPPED / "model_index.json").is_file(), reason="the shipped reach checkpoint is missing")
+def test_the_shipped_policy_reads_the_goal_from_the_camera_on_first_step_frames():
+    """Held-out first-step frames: the arm at home, so the state is the same in every episode."""
+    from cosmos3_runtime.engine import Cosmos3Engine
+    from cosmos3_runtime.requests import ActionRequest
+    from robot_clients.sim.mujoco_arm import ArmEnvConfig
+    from robot_clients.sim.reach_task import ReachExpert, ReachTaskEnv, run_expert
+
+    engine = Cosmos3Engine.load(SHIPPED, device="cpu", prefix_cache_mb=0)
+    env = ReachTaskEnv(ArmEnvConfig(image_height=128, image_width=128, wrist_camera=False, seed=424_242))
+    real, black, expected = [], [], []
+    with env:
+        for _ in range(8):
+            steps, _ = run_expert(env, ReachExpert(env))
+            first = steps[0]
+            expected.append(np.array([s["action"] for s in steps[:16]]))
+            for image, out in ((first["image"], real), (np.zeros_like(first["image"]), black)):
+                request = ActionRequest(
+                    domain_name="cosmos3_mujoco_arm", image=image, state=first["state"], prompt=TASK, seed=0
+                )
+                out.append(engine.predict_actions(request).actions)
+    expected = np.array(expected)
+    mean_chunk = expected.mean(0, keepdims=True)
+    real_error = np.abs(np.array(real) - expected).mean()
+    black_error = np.abs(np.array(black) - expected).mean()
+    mean_error = np.abs(mean_chunk - expected).mean()
+    assert real_error <= 0.25 * mean_error, (real_error, mean_error)
+    assert black_error > 2 * real_error, (black_error, real_error)
+
+
+def test_the_tiny_vae_is_the_same_whatever_the_transformer_and_its_statistics_are_its_own(tmp_path):
+    from cosmos3_runtime.tiny import build_tiny_checkpoint
+
+    a = build_tiny_checkpoint(tmp_path / "a", seed=3)
+    b = build_tiny_checkpoint(tmp_path / "b", seed=3, transformer_overrides={"hidden_size": 96})
+    from safetensors.torch import load_file
+
+    wa = load_file(a / "vae" / "diffusion_pytorch_model.safetensors")
+    wb = load_file(b / "vae" / "diffusion_pytorch_model.safetensors")
+    assert all(torch.equal(wa[k], wb[k]) for k in wa)
+    config = json.loads((a / "vae" / "config.json").read_text())
+    assert config["latents_mean"] != [0.0] * len(config["latents_mean"])
+    assert max(config["latents_std"]) < 0.5  # a random encoder's latents spread far less than unit
