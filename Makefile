@@ -84,7 +84,7 @@ reach-policy: $(STAMP) system-deps
 	$(VENV)/bin/cosmos3-train build/reach-demos --out build/reach-policy --steps $(REACH_TRAIN_STEPS) --threads 2
 	rm -rf assets/reach_policy
 	cp -r build/reach-policy assets/reach_policy
-	rm -f assets/reach_policy/training_state.pt
+	rm -f assets/reach_policy/training_state.pt assets/reach_policy/training_latents.pt
 
 # The rules tools hold: ruff's format and lint at 120 columns, mypy --strict over the rooms pyproject.toml names.
 lint: $(STAMP)

@@ -57,6 +57,7 @@ STD_FLOOR = 0.1
 # larger canvases are trained noisier (the "shift" of rectified-flow schedules).
 TIER_SHIFTS = {256: 3.0, 480: 5.0, 704: 5.0, 720: 5.0}
 STATE_FILE = "training_state.pt"
+LATENTS_FILE = "training_latents.pt"  # every frame's latent, kept beside the state so a resumed run skips encoding
 
 
 @dataclass
@@ -362,10 +363,15 @@ def prepare_training(cfg: TrainConfig) -> Preparation:
     engine = Cosmos3Engine.load(ckpt, device=cfg.device, dtype=cfg.dtype, prefix_cache_mb=0)
     frames = np.concatenate([e.images for e in data.episodes])
     t0 = time.monotonic()
-    latents, canvas = encode_frames(engine, frames, cfg.tier)
+    cached = torch.load(ckpt / LATENTS_FILE) if resuming and (ckpt / LATENTS_FILE).is_file() else None
+    if cached is not None and cached["latents"].shape[0] == len(frames):
+        latents, canvas = cached["latents"], tuple(cached["canvas"])
+    else:
+        latents, canvas = encode_frames(engine, frames, cfg.tier)
+        if cfg.base is None and not resuming:  # the VAE was drawn here: its statistics are the data's
+            latents = renormalise_latents(ckpt, engine, latents)
+        torch.save({"latents": latents, "canvas": list(canvas)}, ckpt / LATENTS_FILE)
     encode_s = time.monotonic() - t0
-    if cfg.base is None and not resuming:  # the VAE was drawn here: its statistics are the data's
-        latents = renormalise_latents(ckpt, engine, latents)
     pipe = engine.pipe
     future = cfg.horizon // pipe.vae_scale_factor_temporal
     samples = build_samples(data, latents, cfg.horizon, future, pipe.vae_scale_factor_temporal, cfg.prompt)

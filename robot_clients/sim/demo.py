@@ -131,7 +131,7 @@ def run_demo(args: argparse.Namespace) -> dict:
 def run_reach_demo(args: argparse.Namespace) -> dict:
     """The trained reach policy on the reach task: ``args.episodes`` episodes, each one's success."""
     from .mujoco_arm import ArmEnvConfig
-    from .reach_demos import TASK
+    from .reach_demos import DOMAIN, TASK
     from .reach_task import ReachChunkPolicy, ReachTaskEnv
     from .rollout_video import RolloutRecorder
 
@@ -144,7 +144,7 @@ def run_reach_demo(args: argparse.Namespace) -> dict:
     episodes, reports = [], []
     try:
         with PolicyClient(url, connect_timeout=300.0) as client:
-            client.configure(prompt=TASK, seed=args.seed)
+            client.configure(domain_name=DOMAIN, action_horizon=args.horizon, prompt=TASK, seed=args.seed)
             config = ArmEnvConfig(
                 control_hz=args.control_hz,
                 image_height=128,

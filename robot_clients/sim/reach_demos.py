@@ -28,6 +28,7 @@ from .reach_task import ReachExpert, ReachTaskEnv, run_expert
 
 CAMERA_KEY = fmt.VIDEO_KEY_PREFIX + "front"
 TASK = "reach the blue cube"
+DOMAIN = "cosmos3_mujoco_arm"  # the domain cosmos3-train names the policy trained on these demonstrations
 FPS = 20
 # LeRobot's image feature in the data file: the encoded image and an (empty) path.
 _IMAGE_TYPE = pa.struct([pa.field("bytes", pa.binary()), pa.field("path", pa.string())])

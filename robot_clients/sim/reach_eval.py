@@ -30,7 +30,7 @@ from ..control_loop import ChunkingAgent, ControlLoop
 from ..policy_client import PolicyClient
 from .demo import ServerSubprocess
 from .mujoco_arm import ArmEnvConfig
-from .reach_demos import TASK
+from .reach_demos import DOMAIN, TASK
 from .reach_task import BlindReachExpert, ReachChunkPolicy, ReachExpert, ReachTaskEnv, run_expert
 
 MODES = ("wait", "replace", "blend", "rtc")
@@ -214,12 +214,12 @@ def main(argv: list[str] | None = None) -> int:
         if needs_server and url is None:
             if not args.model:
                 parser.error("--model or --server is needed")
-            server = ServerSubprocess(["--model", args.model, "--log-level", "warning"])
+            server = ServerSubprocess(["--model", args.model, "--log-level", "info"])
             url = server.start(timeout=300.0)
         if needs_server:
             client = PolicyClient(url, connect_timeout=300.0)
             client.connect()
-            client.configure(prompt=TASK, seed=0)
+            client.configure(domain_name=DOMAIN, action_horizon=16, prompt=TASK, seed=0)
         for ablation in ablations:
             cells = [(m, d) for m in modes for d in delays] if ablation in ("none",) else [(modes[0], delays[0])]
             for mode, delay in cells:
