@@ -77,7 +77,7 @@ demo: $(STAMP) $(LEROBOT_STAMP) system-deps
 # The reach policy from nothing: scripted demonstrations (a LeRobot dataset), then cosmos3-train on them
 # (a tiny Cosmos3 drawn here, 2 CPU threads), then the checkpoint is copied to assets/reach_policy (the one the
 # demo serves) without its optimizer state. docs/training.md has the figures.
-REACH_TRAIN_STEPS ?= 3000
+REACH_TRAIN_STEPS ?= 6500
 reach-policy: $(STAMP) system-deps
 	rm -rf build/reach-demos build/reach-policy
 	$(VENV)/bin/cosmos3-reach-demos build/reach-demos --episodes 200 --seed 1000

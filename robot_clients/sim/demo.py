@@ -124,7 +124,10 @@ def build_parser() -> argparse.ArgumentParser:
 
 def run_demo(args: argparse.Namespace) -> dict:
     if args.tiny is None and args.server is None:
-        return run_reach_demo(args)
+        if (Path(args.model) / "model_index.json").is_file():
+            return run_reach_demo(args)
+        print(f"no checkpoint at {args.model} (make reach-policy trains it): serving a random tiny one", flush=True)
+    args.tiny = args.tiny or "distilled"
     return run_random_demo(args)
 
 
