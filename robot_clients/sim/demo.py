@@ -36,6 +36,7 @@ import sys
 import threading
 import time
 from pathlib import Path
+from typing import Any
 
 from ..action_chunker import ActionChunker, ChunkerConfig, ChunkStrategy
 from ..chunk_policy import RemoteChunkPolicy
@@ -122,7 +123,7 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def run_demo(args: argparse.Namespace) -> dict:
+def run_demo(args: argparse.Namespace) -> dict[str, Any]:
     if args.tiny is None and args.server is None:
         if (Path(args.model) / "model_index.json").is_file():
             return run_reach_demo(args)
@@ -131,7 +132,7 @@ def run_demo(args: argparse.Namespace) -> dict:
     return run_random_demo(args)
 
 
-def run_reach_demo(args: argparse.Namespace) -> dict:
+def run_reach_demo(args: argparse.Namespace) -> dict[str, Any]:
     """The trained reach policy on the reach task: ``args.episodes`` episodes, each one's success."""
     from .mujoco_arm import ArmEnvConfig
     from .reach_demos import DOMAIN, TASK
@@ -144,7 +145,8 @@ def run_reach_demo(args: argparse.Namespace) -> dict:
     url = server.start()
     output = Path(args.output_dir)
     output.mkdir(parents=True, exist_ok=True)
-    episodes, reports = [], []
+    episodes: list[dict[str, Any]] = []
+    reports: list[dict[str, Any]] = []
     try:
         with PolicyClient(url, connect_timeout=300.0) as client:
             client.configure(domain_name=DOMAIN, action_horizon=args.horizon, prompt=TASK, seed=args.seed)
@@ -160,7 +162,8 @@ def run_reach_demo(args: argparse.Namespace) -> dict:
                 strategy=args.strategy, control_hz=args.control_hz, execute_horizon=args.execute_horizon
             )
             policy = ReachChunkPolicy(client, delay_s=0.0, ablation="none", seed=args.seed)
-            with ReachTaskEnv(config) as env:
+            env = ReachTaskEnv(config)
+            with env:
                 for k in range(args.episodes):
                     recorder = RolloutRecorder()
                     with ActionChunker(policy, chunker_config, on_chunk=recorder.on_chunk) as chunker:

@@ -15,6 +15,7 @@ import json
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
@@ -42,7 +43,7 @@ def _png(frame: np.ndarray) -> bytes:
     return out.getvalue()
 
 
-def collect(out: Path, episodes: int, seed: int, image_size: int = 128, episode_steps: int = 30) -> dict:
+def collect(out: Path, episodes: int, seed: int, image_size: int = 128, episode_steps: int = 30) -> dict[str, Any]:
     """Record ``episodes`` expert episodes (cube places from ``seed``) into a new dataset at ``out``."""
     config = ArmEnvConfig(
         image_height=image_size, image_width=image_size, wrist_camera=False, seed=seed, episode_steps=episode_steps
@@ -65,13 +66,13 @@ def collect(out: Path, episodes: int, seed: int, image_size: int = 128, episode_
                 frame_index.append(i)
     states_np, actions_np = np.asarray(states, np.float32), np.asarray(actions, np.float32)
     width = actions_np.shape[1]
-    features: dict = {
+    features: dict[str, dict[str, Any]] = {
         "observation.state": {"dtype": "float32", "shape": (width,), "names": None},
         "action": {"dtype": "float32", "shape": (width,), "names": None},
         **fmt.DEFAULT_FEATURES,
     }
     frames = len(images)
-    values = {
+    values: dict[str, np.ndarray] = {
         "observation.state": states_np,
         "action": actions_np,
         "timestamp": np.asarray(frame_index, np.float32) / FPS,

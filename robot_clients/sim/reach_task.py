@@ -84,7 +84,7 @@ class ReachTaskEnv(MujocoArmEnv):
         mujoco.mj_forward(self.model, self.data)
         self.steps = 0
 
-    def get_observation(self) -> dict:
+    def get_observation(self) -> dict[str, Any]:
         observation = super().get_observation()
         observation["state"] = self.state_in_action_units()
         return observation
@@ -113,7 +113,8 @@ class ReachTaskEnv(MujocoArmEnv):
         """The arm's joints and gripper as the action that would hold them: the bridge's map inverted."""
         arm = np.clip((self.joints() - self.home_ctrl[:3]) / self._scale, -0.999, 0.999)
         gripper = np.clip((self.data.qpos[self._gripper_qpos] - 0.02) / 0.02, -0.999, 0.999)
-        return np.arctanh(np.array([*arm, gripper])).astype(np.float32)
+        state: np.ndarray = np.arctanh(np.array([*arm, gripper])).astype(np.float32)
+        return state
 
     def joints_to_action(self, joints: np.ndarray) -> np.ndarray:
         arm = np.clip((joints - self.home_ctrl[:3]) / self._scale, -_TANH_LIMIT, _TANH_LIMIT)
@@ -177,7 +178,7 @@ class BlindReachExpert(ReachExpert):
         return np.array([radius * np.cos(bearing), radius * np.sin(bearing), cube_z + GOAL_HEIGHT])
 
 
-def run_expert(env: ReachTaskEnv, expert: ReachExpert) -> tuple[list[dict], ReachOutcome]:
+def run_expert(env: ReachTaskEnv, expert: ReachExpert) -> tuple[list[dict[str, np.ndarray]], ReachOutcome]:
     """One episode of ``expert`` from a fresh reset: every step's observation and action, and the outcome."""
     env.reset()
     expert.reset()
