@@ -35,7 +35,7 @@ BROWSER_PACKAGES := chromium
 NET_PACKAGES := iproute2
 
 
-.PHONY: lint demo test test-slow install clean system-deps test-system-deps net-system-deps bench-gpu bench-gpu-smoke gpu-wheels
+.PHONY: lint demo reach-policy test test-slow install clean system-deps test-system-deps net-system-deps bench-gpu bench-gpu-smoke gpu-wheels
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -95,11 +95,24 @@ net-system-deps:
 
 install: $(STAMP) system-deps
 
-# The demo records its session (--record-dir) and LeRobot's own LeRobotDataset then loads the episode.
+# The demo serves the shipped reach policy (assets/reach_policy), runs its episodes and prints their success;
+# it records its session (--record-dir) and LeRobot's own LeRobotDataset then loads the episode.
 demo: $(STAMP) $(LEROBOT_STAMP) system-deps
 	rm -rf demo-output/recordings
-	$(VENV)/bin/cosmos3-demo-mujoco --duration 10 --record-dir demo-output/recordings
+	$(VENV)/bin/cosmos3-demo-mujoco --record-dir demo-output/recordings
 	$(LEROBOT_VENV)/bin/python tests/lerobot_dataset_script.py --out demo-output/lerobot-read.npz demo-output/recordings/2*
+
+# The reach policy from nothing: scripted demonstrations (a LeRobot dataset), then cosmos3-train on them
+# (a tiny Cosmos3 drawn here, 2 CPU threads), then the checkpoint is copied to assets/reach_policy (the one the
+# demo serves) without its optimizer state. docs/training.md has the figures.
+REACH_TRAIN_STEPS ?= 6500
+reach-policy: $(STAMP) system-deps
+	rm -rf build/reach-demos build/reach-policy
+	$(VENV)/bin/cosmos3-reach-demos build/reach-demos --episodes 200 --seed 1000
+	$(VENV)/bin/cosmos3-train build/reach-demos --out build/reach-policy --steps $(REACH_TRAIN_STEPS) --threads 2
+	rm -rf assets/reach_policy
+	cp -r build/reach-policy assets/reach_policy
+	rm -f assets/reach_policy/training_state.pt assets/reach_policy/training_latents.pt
 
 # The rules tools hold: ruff's format and lint at 120 columns, mypy --strict over the rooms pyproject.toml names.
 lint: $(STAMP)

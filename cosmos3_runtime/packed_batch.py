@@ -36,13 +36,15 @@ def pack_batch(
     domain_ids: Sequence[torch.Tensor],
     *,
     record: bool,
-    timestep: float,
+    timestep: float | Sequence[float],
     dtype: torch.dtype,
     device: torch.device,
 ) -> PackedBatch:
     """The joint call of the jobs whose passes, current latents and domain ids are given (in one order).
 
     ``record``: a prefix cache is on, so text it does not hold yet is recorded into a new entry.
+    ``timestep``: one value for every noisy token (sampling), or one per job (training draws a noise level
+    per sample).
     """
     packs: list[tuple[dict[str, Any], int, int]] = []  # (pack, its und_len, where its generation tokens start)
     layout: list[PackedItem] = []
@@ -75,16 +77,26 @@ def pack_batch(
     def per_item(key: str) -> list[Any]:
         return [x for pack, _, _ in packs for x in pack[key]]
 
+    def timesteps(modality: str) -> torch.Tensor:  # one value for the batch, or one per job
+        if isinstance(timestep, (int, float)):
+            noisy_tokens = sum(pack[f"num_noisy_{modality}_tokens"] for pack, _, _ in packs)
+            return torch.full((noisy_tokens,), float(timestep), device=device)
+        return torch.cat(
+            [
+                torch.full((pack[f"num_noisy_{modality}_tokens"],), float(t), device=device)
+                for (pack, _, _), t in zip(packs, timestep, strict=True)
+            ]
+        )
+
     def modality_inputs(
         modality: str, tokens: Sequence[torch.Tensor]
     ) -> dict[str, Any]:  # the transformer's vision_* or action_* arguments, built alike
-        noisy_tokens = sum(pack[f"num_noisy_{modality}_tokens"] for pack, _, _ in packs)
         return {
             f"{modality}_tokens": [x.to(dtype) for x in tokens],
             f"{modality}_token_shapes": per_item(f"{modality}_token_shapes"),
             f"{modality}_sequence_indexes": moved(f"{modality}_sequence_indexes"),
             f"{modality}_mse_loss_indexes": moved(f"{modality}_mse_loss_indexes"),
-            f"{modality}_timesteps": torch.full((noisy_tokens,), timestep, device=device),
+            f"{modality}_timesteps": timesteps(modality),
             f"{modality}_noisy_frame_indexes": per_item(f"{modality}_noisy_frame_indexes"),
         }
 

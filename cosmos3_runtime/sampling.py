@@ -314,21 +314,9 @@ class Cosmos3Sampler:
         noise = randn_tensor(tuple(x0_vision.shape), generator=generator, device=device, dtype=torch.float32)
         latents = vision_mask * x0_vision + (1.0 - vision_mask) * noise
 
-        # Action rows: [robot state rows][the chunk]. Clean frames (the state rows, a real-time-chunking
-        # prefix, forward-dynamics actions) are held at their values by the condition mask, as diffusers
-        # holds forward_dynamics's actions.
         action_dim, lead = self.transformer.config.action_dim, job.leading_rows
         rows = lead + job.horizon
-        x0_action = torch.zeros((rows, action_dim), device=device)
-        clean_frames: list[int] = list(range(lead))
-        if lead:
-            x0_action[:lead, : job.raw_action_dim] = torch.from_numpy(job.state_rows).to(device)
-        if job.clean_actions is not None:
-            k = job.clean_actions.shape[0]
-            x0_action[lead : lead + k, : job.raw_action_dim] = torch.from_numpy(job.clean_actions).to(device)
-            clean_frames += range(lead, lead + k)
-        action_mask = torch.zeros((rows, 1), device=device)
-        action_mask[clean_frames] = 1.0
+        x0_action, action_mask, clean_frames = action_rows(job, action_dim, device)
         # Noise for the chunk's rows only, drawn as without state: a state row's noise would be masked
         # away, and not drawing it keeps a seed's chunk noise the same with and without state.
         action_noise = randn_tensor((job.horizon, action_dim), generator=generator, device=device, dtype=torch.float32)
@@ -337,9 +325,11 @@ class Cosmos3Sampler:
         action_latents[:, job.raw_action_dim :] = 0
 
         cond_ids, uncond_ids = self.tokenize(job, canvas_h, canvas_w)
-        passes = {"cond": self._pass(cond_ids, latents, action_latents, vision_condition_frames, clean_frames, job)}
+        passes = {
+            "cond": self.sequence_pass(cond_ids, latents, action_latents, vision_condition_frames, clean_frames, job)
+        }
         if job.guidance_scale != 1.0:
-            passes["uncond"] = self._pass(
+            passes["uncond"] = self.sequence_pass(
                 uncond_ids, latents, action_latents, vision_condition_frames, clean_frames, job
             )
 
@@ -369,7 +359,7 @@ class Cosmos3Sampler:
             encode_s=encode_s,
         )
 
-    def _pass(
+    def sequence_pass(
         self,
         input_ids: list[int],
         latents: torch.Tensor,
@@ -378,6 +368,7 @@ class Cosmos3Sampler:
         clean_action_frames: list[int],
         job: DenoiseJob,
     ) -> SequencePass:
+        """One pass of ``job`` (its packed sequence and cached text prefix); training builds its batches here too."""
         full = pack_sequence(
             self.pipe, self.device, input_ids, latents, action_latents, vision_frames, clean_action_frames, job
         )
@@ -386,28 +377,15 @@ class Cosmos3Sampler:
         return SequencePass(key, full, entry)
 
     def _forward(self, items: list[_Item], name: str, t: torch.Tensor, step: int, sigma: float, num_steps: int) -> None:
-        """One transformer call for pass ``name`` of every item, joined by :func:`~.packed_batch.pack_batch`;
-        stores each item's masked velocities and the text keys/values the call recorded."""
-        batch = pack_batch(
+        """One transformer call for pass ``name`` of every item; stores each item's masked velocities."""
+        preds_vision, preds_action = self.forward_passes(
             [it.passes[name] for it in items],
             [it.latents for it in items],
             [it.action_latents for it in items],
             [it.domain_id for it in items],
-            record=self.prefix_cache is not None,
-            timestep=t.item(),
-            dtype=self.transformer.dtype,
-            device=self.device,
+            t.item(),
+            cache=(name, step, sigma, num_steps),
         )
-        self._attention.items = batch.layout
-        try:
-            with self.transformer.cache_context(name, step_index=step, sigma=sigma, num_inference_steps=num_steps):
-                preds_vision, _, preds_action = self.transformer(**batch.arguments, return_dict=False)
-        finally:
-            self._attention.items = None
-        for p, entry in batch.recording:  # recorded only with a prefix cache
-            p.entry = entry
-            if self.prefix_cache is not None:
-                self.prefix_cache.put(p.key, entry)
         for it, pred_vision, pred_action in zip(items, preds_vision, preds_action):
             v_vision, _, v_action = self.pipe._mask_velocity_predictions(
                 [pred_vision],
@@ -420,6 +398,45 @@ class Cosmos3Sampler:
             it.velocities[name] = (v_vision.float(), v_action.float())
             it.forwards += 1
 
+    def forward_passes(
+        self,
+        passes: list[SequencePass],
+        vision_latents: list[torch.Tensor],
+        action_latents: list[torch.Tensor],
+        domain_ids: list[torch.Tensor],
+        timestep: float | list[float],
+        cache: tuple[str, int, float, int] = ("train", 0, 1.0, 1),
+    ) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+        """The transformer's raw velocity predictions for ``passes``, joined into one call by
+        :func:`~.packed_batch.pack_batch`. Sampling and training (:mod:`cosmos3_runtime.training`, which
+        calls this with gradients on and one timestep per sample) share it, so they cannot drift apart.
+
+        ``cache``: the pass name, step index, sigma and step count the transformer's cache hooks are told.
+        Records the text keys/values the call made into the prefix cache, when it is on.
+        """
+        batch = pack_batch(
+            passes,
+            vision_latents,
+            action_latents,
+            domain_ids,
+            record=self.prefix_cache is not None,
+            timestep=timestep,
+            dtype=self.transformer.dtype,
+            device=self.device,
+        )
+        name, step, sigma, num_steps = cache
+        self._attention.items = batch.layout
+        try:
+            with self.transformer.cache_context(name, step_index=step, sigma=sigma, num_inference_steps=num_steps):
+                preds_vision, _, preds_action = self.transformer(**batch.arguments, return_dict=False)
+        finally:
+            self._attention.items = None
+        for p, entry in batch.recording:  # recorded only with a prefix cache
+            p.entry = entry
+            if self.prefix_cache is not None:
+                self.prefix_cache.put(p.key, entry)
+        return list(preds_vision), list(preds_action)
+
     def _decode(self, latents: torch.Tensor) -> np.ndarray:
         """Denormalize and VAE-decode vision latents to uint8 frames (T, H, W, 3)."""
         pipe = self.pipe
@@ -430,6 +447,28 @@ class Cosmos3Sampler:
         frames = pipe.video_processor.postprocess_video(decoded, output_type="np")[0]
         video: np.ndarray = (np.clip(frames, 0.0, 1.0) * 255.0 + 0.5).astype(np.uint8)
         return video
+
+
+def action_rows(job: DenoiseJob, action_dim: int, device) -> tuple[torch.Tensor, torch.Tensor, list[int]]:
+    """A job's action rows, [robot state rows][the chunk], with their condition mask and clean row indexes.
+
+    Clean frames (the state rows, a real-time-chunking prefix, forward-dynamics actions) hold their values
+    in ``x0`` and are kept by the mask, as diffusers holds forward_dynamics's actions; every other row of
+    ``x0`` is zero. Training (:mod:`cosmos3_runtime.training`) lays its samples out with this too.
+    """
+    lead = job.leading_rows
+    rows = lead + job.horizon
+    x0_action = torch.zeros((rows, action_dim), device=device)
+    clean_frames: list[int] = list(range(lead))
+    if lead:
+        x0_action[:lead, : job.raw_action_dim] = torch.from_numpy(job.state_rows).to(device)
+    if job.clean_actions is not None:
+        k = job.clean_actions.shape[0]
+        x0_action[lead : lead + k, : job.raw_action_dim] = torch.from_numpy(job.clean_actions).to(device)
+        clean_frames += range(lead, lead + k)
+    action_mask = torch.zeros((rows, 1), device=device)
+    action_mask[clean_frames] = 1.0
+    return x0_action, action_mask, clean_frames
 
 
 def _inside(sigma: float, interval: tuple[float, float] | None) -> bool:

@@ -69,7 +69,8 @@ _TINY_TRANSFORMER: dict[str, Any] = dict(
     vocab_size=512,
 )
 
-# Wan2.2's VAE (same patching and compression) at a few channels' width, with unit latent statistics.
+# Wan2.2's VAE (same patching and compression) at a few channels' width. The latent statistics written
+# with it are measured on the drawn VAE (:func:`_latent_statistics`); these unit values are placeholders.
 TINY_VAE_CONFIG = dict(
     WAN22_VAE_CONFIG,
     base_dim=8,
@@ -133,6 +134,8 @@ def build_tiny_checkpoint(
     variant: str = "distilled",
     *,
     seed: int = 0,
+    vae_seed: int | None = None,
+    transformer_overrides: dict | None = None,
     legacy_class_name: bool = False,
     with_action_head: bool = True,
     overwrite: bool = True,
@@ -140,7 +143,11 @@ def build_tiny_checkpoint(
 ) -> Path:
     """Write a tiny random Cosmos3 checkpoint of ``variant`` to ``out_dir`` and return its path.
 
-    Deterministic for a given ``seed``. ``legacy_class_name`` writes the older
+    Deterministic for a given ``seed``. The VAE is drawn from its own random stream (``vae_seed``, default
+    ``seed``), so a transformer of another size gets the same VAE; its ``latents_mean``/``latents_std``
+    are measured on it (:func:`_latent_statistics`), so its normalised latents have unit scale.
+    ``transformer_overrides`` change the transformer's config (``hidden_size``, ``num_hidden_layers``, ...).
+    ``legacy_class_name`` writes the older
     ``Cosmos3OmniDiffusersPipeline`` spelling into ``model_index.json``; ``with_action_head=False``
     builds a video-only transformer (no action modes); ``droid=True`` ships :data:`TINY_DROID_PROFILE`.
     """
@@ -167,6 +174,7 @@ def build_tiny_checkpoint(
     tokenizer.save_pretrained(out / "text_tokenizer")
 
     transformer_config = dict(_TINY_TRANSFORMER, hidden_act="relu2" if is_edge else "silu")
+    transformer_config.update(transformer_overrides or {})
     if not with_action_head:
         transformer_config.update(action_gen=False, action_dim=None)
     with torch.random.fork_rng(devices=[]):
@@ -176,7 +184,11 @@ def build_tiny_checkpoint(
         # pathway is exercised the way a trained one is.
         if with_action_head:
             torch.nn.init.normal_(transformer.action_modality_embed, std=0.02)
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed if vae_seed is None else vae_seed)
         vae = AutoencoderKLWan(**TINY_VAE_CONFIG)
+    mean, std = _latent_statistics(vae)
+    vae.register_to_config(latents_mean=mean, latents_std=std)
     transformer.save_pretrained(out / "transformer")
     vae.save_pretrained(out / "vae")
 
@@ -222,6 +234,38 @@ def build_tiny_checkpoint(
         )
         (out / "policy_profiles.json").write_text(json.dumps(profiles, indent=2))
     return out
+
+
+def _latent_statistics(vae: Any) -> tuple[list[float], list[float]]:
+    """Per-channel mean and std of ``vae``'s latents over a fixed set of synthetic 256 x 256 frames.
+
+    A random encoder's latents have offsets of a few tenths and a spread of a few hundredths per channel;
+    written as unit statistics, everything an image changes would sit at 1/100 of the unit noise the model
+    works in. A trainer that knows its own frames writes theirs instead (``cosmos3-train``).
+    """
+    import torch
+
+    side = 256
+    ramp = torch.linspace(-1.0, 1.0, side)
+    generator = torch.Generator().manual_seed(0)
+    frames = [
+        torch.zeros(3, side, side),
+        ramp.view(1, 1, side).expand(3, side, side),
+        ramp.view(1, side, 1).expand(3, side, side),
+        torch.rand(3, side, side, generator=generator) * 2.0 - 1.0,
+        torch.stack(
+            [
+                ramp.view(1, side).expand(side, side),
+                -ramp.view(side, 1).expand(side, side),
+                ramp.abs().view(1, side).expand(side, side),
+            ]
+        ),
+    ]
+    clip = torch.stack(frames).unsqueeze(2)  # (B, 3, 1, H, W)
+    with torch.no_grad():
+        latents = vae.encode(clip).latent_dist.mode()
+    per_channel = latents.transpose(0, 1).reshape(latents.shape[1], -1).double()
+    return per_channel.mean(1).tolist(), per_channel.std(1).clamp_min(1e-6).tolist()
 
 
 def _build_tokenizer() -> Any:

@@ -2,8 +2,10 @@
 
 What it does, from nothing:
 
-1. starts ``cosmos3-serve --tiny distilled`` (a tiny random distilled checkpoint, built on the spot) in a
-   subprocess on a free loopback port, unless ``--server`` names a running one;
+1. starts ``cosmos3-serve --model assets/reach_policy`` (the small reach policy trained here by
+   ``cosmos3-train``, shipped with the source; ``make reach-policy`` retrains it from nothing) in a
+   subprocess on a free loopback port, unless ``--server`` names a running one; ``--tiny`` serves a
+   random tiny checkpoint instead, on the plain arm scene;
 2. connects the native realtime client and configures the session (domain, horizon, prompt);
 3. runs :class:`~robot_clients.sim.mujoco_arm.MujocoArmEnv` at ``--control-hz`` for ``--duration``
    seconds: every tick the front camera is rendered offscreen, the :class:`ActionChunker` hands out the
@@ -13,8 +15,10 @@ What it does, from nothing:
    and writes ``rollout.mp4`` (camera beside the executed and predicted action chunks) and
    ``summary.json`` into ``--output-dir``.
 
-The tiny model's weights are random, so the arm moves without purpose: the demo shows the loop, not a
-skill. Point ``--server`` at a server with a real checkpoint for that.
+With the reach policy the scene is :class:`~robot_clients.sim.reach_task.ReachTaskEnv`: a cube placed at
+random (seen only by the camera), ``--episodes`` episodes, each one's success printed (the hand within
+3 cm of the point above the cube at the end). ``rollout.mp4`` is the first episode; the others are
+``rollout-<k>.mp4``.
 
 It talks to the server only over the WebSocket, as a robot would; the server runs in its own process.
 """
@@ -39,6 +43,9 @@ from ..client import PolicyClient
 from ..control_loop import ChunkingAgent, ControlLoop
 
 logger = logging.getLogger("cosmos3-demo-mujoco")
+
+# The reach policy cosmos3-train makes (make reach-policy), shipped with the source.
+REACH_POLICY = Path(__file__).resolve().parents[2] / "assets" / "reach_policy"
 
 _LISTENING = re.compile(r"listening on ws://[^:]+:(\d+)/")
 
@@ -97,7 +104,12 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--domain", default="bridge_orig_lerobot", help="embodiment the model acts as")
     parser.add_argument("--prompt", default="push the blue cube to the left")
     parser.add_argument("--server", default=None, help="ws://HOST:PORT of a running server (default: start one)")
-    parser.add_argument("--tiny", default="distilled", help="tiny checkpoint variant the started server serves")
+    parser.add_argument(
+        "--model", default=str(REACH_POLICY), help="checkpoint the started server serves (default: the reach policy)"
+    )
+    parser.add_argument("--tiny", default=None, help="serve a random tiny checkpoint of this variant instead")
+    parser.add_argument("--episodes", type=int, default=4, help="reach episodes (reach policy only)")
+    parser.add_argument("--episode-steps", type=int, default=60, help="actions per reach episode (default 60)")
     parser.add_argument("--output-dir", default="demo-output", help="where rollout.mp4 and summary.json go")
     parser.add_argument("--no-video", dest="video", action="store_false", help="skip writing the video")
     parser.add_argument("--image-size", type=int, default=224, help="camera resolution, square (default 224)")
@@ -111,6 +123,84 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def run_demo(args: argparse.Namespace) -> dict[str, Any]:
+    if args.tiny is None and args.server is None:
+        if (Path(args.model) / "model_index.json").is_file():
+            return run_reach_demo(args)
+        print(f"no checkpoint at {args.model} (make reach-policy trains it): serving a random tiny one", flush=True)
+    args.tiny = args.tiny or "distilled"
+    return run_random_demo(args)
+
+
+def run_reach_demo(args: argparse.Namespace) -> dict[str, Any]:
+    """The trained reach policy on the reach task: ``args.episodes`` episodes, each one's success."""
+    from .mujoco_arm import ArmEnvConfig
+    from .reach_demos import DOMAIN, TASK
+    from .reach_task import ReachChunkPolicy, ReachTaskEnv
+    from .rollout_video import RolloutRecorder
+
+    record = ["--record-dir", args.record_dir] if args.record_dir else []
+    server = ServerSubprocess(["--model", args.model, "--log-level", "info", *record])
+    print(f"starting the policy server ({args.model})...", flush=True)
+    url = server.start()
+    output = Path(args.output_dir)
+    output.mkdir(parents=True, exist_ok=True)
+    episodes: list[dict[str, Any]] = []
+    reports: list[dict[str, Any]] = []
+    try:
+        with PolicyClient(url, connect_timeout=300.0) as client:
+            client.configure(domain_name=DOMAIN, action_horizon=args.horizon, prompt=TASK, seed=args.seed)
+            config = ArmEnvConfig(
+                control_hz=args.control_hz,
+                image_height=128,
+                image_width=128,
+                wrist_camera=False,
+                seed=args.seed,
+                episode_steps=args.episode_steps,
+            )
+            chunker_config = ChunkerConfig(
+                strategy=args.strategy, control_hz=args.control_hz, execute_horizon=args.execute_horizon
+            )
+            policy = ReachChunkPolicy(client, delay_s=0.0, ablation="none", seed=args.seed)
+            env = ReachTaskEnv(config)
+            with env:
+                for k in range(args.episodes):
+                    recorder = RolloutRecorder()
+                    with ActionChunker(policy, chunker_config, on_chunk=recorder.on_chunk) as chunker:
+                        loop = ControlLoop(env, ChunkingAgent(chunker), [recorder], control_hz=args.control_hz)
+                        report = loop.run_episode()
+                    outcome = env.outcome()
+                    reports.append(report.summary())
+                    video = output / ("rollout.mp4" if k == 0 else f"rollout-{k}.mp4")
+                    if args.video:
+                        title = f"reach episode {k}: {'success' if outcome.success else 'miss'}"
+                        recorder.write_video(video, fps=args.control_hz, title=title)
+                    episodes.append({"success": outcome.success, "distance_cm": round(outcome.distance * 100, 2)})
+                    print(
+                        f"  episode {k}: {'success' if outcome.success else 'miss'} "
+                        f"(hand {outcome.distance * 100:.1f} cm from the goal)",
+                        flush=True,
+                    )
+    finally:
+        server.stop()
+    summary = dict(reports[0])
+    summary.update(
+        episodes=episodes,
+        success_rate=sum(e["success"] for e in episodes) / max(len(episodes), 1),
+        strategy=args.strategy,
+        horizon=args.horizon,
+        execute_horizon=args.execute_horizon,
+        model=args.model,
+    )
+    if args.video:
+        summary["video"] = str(output / "rollout.mp4")
+    if args.record_dir:
+        summary["recordings"] = sorted(str(p) for p in Path(args.record_dir).iterdir() if not p.name.startswith("."))
+    (output / "summary.json").write_text(json.dumps(summary, indent=2, default=float) + "\n")
+    return summary
+
+
+def run_random_demo(args: argparse.Namespace) -> dict[str, Any]:
+    """A random tiny checkpoint (or a running server) on the plain arm scene, for ``args.duration`` s."""
     from .mujoco_arm import ArmEnvConfig, MujocoArmEnv  # mujoco is needed from here on
     from .rollout_video import RolloutRecorder
 
@@ -193,6 +283,9 @@ def format_summary(summary: dict[str, Any]) -> str:
         f"prefix overruns {summary['prefix_overruns']})",
         f"  step time               p50 {summary['step_ms_p50']:.1f} ms, p99 {summary['step_ms_p99']:.1f} ms",
     ]
+    if "success_rate" in summary:
+        done = sum(e["success"] for e in summary["episodes"])
+        lines.append(f"  reach success           {done}/{len(summary['episodes'])} episodes ({summary['model']})")
     if summary.get("video"):
         lines.append(f"  video                   {summary['video']}")
     for recording in summary.get("recordings", []):

@@ -1,0 +1,519 @@
+"""``cosmos3-train``: train or fine-tune a Cosmos3 policy checkpoint (diffusers layout) on a LeRobot dataset.
+
+The recipe is cosmos-framework's flow matching for the omni model:
+
+- ``x_t = t·ε + (1−t)·x0`` for every noisy token, the transformer fed ``t × 1000`` (the scheduler's
+  timesteps), its target the velocity ``ε − x0`` (what the sampler's flow-matching scheduler integrates);
+- mean squared error on noisy tokens only, actions sliced to the robot's width, the action loss weighted
+  against the co-trained future video tokens;
+- ``t`` logit-normal, shifted toward high noise by the resolution tier's shift;
+- the conditioning frame, the robot's state row and a real-time-chunking prefix clean, held by the mask.
+
+**Training-time real-time chunking**: with probability ``--prefix-prob`` a sample gets a clean prefix of
+``d`` rows (``d`` uniform in 1..``--max-prefix``): the first ``d`` actions of its own chunk, conditioned
+exactly as the server conditions a request's ``prefix_actions``, the loss on the other rows only.
+
+**One path with serving.** Every sample is a request: :func:`~cosmos3_runtime.validation.job_for_actions`
+turns its raw state and prefix into the job's normalised rows; the sampler lays out its action rows
+(:func:`~cosmos3_runtime.sampling.action_rows`), packs its sequence
+(:meth:`~cosmos3_runtime.sampling.Cosmos3Sampler.sequence_pass`) and runs the transformer
+(:meth:`~cosmos3_runtime.sampling.Cosmos3Sampler.forward_passes`), the same calls a served chunk makes.
+
+**Latents** come from the checkpoint's own VAE, one frame at a time (the conditioning frame's latent is the
+encoding of that frame alone; a future latent frame's target is the encoding of the frame it ends on). When
+the VAE was drawn here (``--tiny``), the latents' per-channel mean and std are written into
+``vae/config.json`` so the served encoder normalises them the same way; a real checkpoint keeps its own.
+
+The profile (``policy_profiles.json``) is written from the data: domain, action width, chunk, fps, state
+conditioning, and mean/std statistics with a floor of :data:`STD_FLOOR` (a dimension that never moves
+would otherwise blow up). Progress is a tqdm bar; runs are seeded and resume from ``training_state.pt``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import math
+import shutil
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from .denoise_jobs import DenoiseJob
+from .lerobot_dataset import LeRobotDataset, read_dataset
+from .requests import ActionRequest
+from .sampling import action_rows
+from .validation import job_for_actions
+
+logger = logging.getLogger("cosmos3_runtime.training")
+
+STD_FLOOR = 0.1
+# The shift of the logit-normal t per resolution tier: more pixels keep more signal at a given noise, so
+# larger canvases are trained noisier (the "shift" of rectified-flow schedules).
+TIER_SHIFTS = {256: 3.0, 480: 5.0, 704: 5.0, 720: 5.0}
+STATE_FILE = "training_state.pt"
+LATENTS_FILE = "training_latents.pt"  # every frame's latent, kept beside the state so a resumed run skips encoding
+
+
+@dataclass
+class TrainConfig:
+    dataset: Path
+    out: Path
+    base: Path | None = None  # a checkpoint to fine-tune; None with tiny: draw one here
+    tiny: str | None = "distilled"
+    hidden_size: int = 64
+    layers: int = 2
+    domain: str = "cosmos3_mujoco_arm"
+    domain_id: int | None = None
+    horizon: int = 16
+    tier: int = 256
+    view_point: str = "third_person_view"
+    prompt: str | None = None  # default: each episode's task
+    steps: int = 3000
+    batch_size: int = 16
+    lr: float = 2e-3
+    warmup: int = 100
+    action_weight: float = 1.0
+    video_weight: float = 0.1
+    prefix_prob: float = 0.5
+    max_prefix: int = 8
+    seed: int = 0
+    save_every: int = 500
+    resume: bool = False
+    device: str = "cpu"
+    dtype: str | None = None
+    max_seconds: float | None = None
+
+
+@dataclass
+class Samples:
+    """Every training sample's tensors, indexed by frame: latents and raw robot rows."""
+
+    latents: torch.Tensor  # (N, C, h, w) normalised latents of every frame
+    frame_of: np.ndarray  # (N, 1 + future) latent row of the conditioning frame and each future latent frame
+    state: np.ndarray | None  # (N, D) raw
+    chunks: np.ndarray  # (N, H, D) raw
+    prompts: list[str]
+
+
+def write_profile(ckpt: Path, data: LeRobotDataset, cfg: TrainConfig, domain_id: int) -> dict:
+    """``policy_profiles.json`` for the trained domain, its statistics computed from the data."""
+    actions = np.concatenate([e.actions.reshape(-1, e.actions.shape[-1]) for e in data.episodes]).astype(np.float64)
+    mean, std = actions.mean(0), np.maximum(actions.std(0), STD_FLOOR)
+    has_state = data.episodes[0].state is not None
+    if has_state and data.episodes[0].state.shape[-1] != data.action_dim:
+        raise ValueError("state rows are conditioned as action rows: the state must have the action width")
+    entry = {
+        "domain_id": domain_id,
+        "raw_action_dim": data.action_dim,
+        "default_horizon": cfg.horizon,
+        "fps": data.fps,
+        "resolution_tier": cfg.tier,
+        "view_point": cfg.view_point,
+        "use_state": has_state,
+        "normalization": {"mean": mean.tolist(), "std": std.tolist()},
+    }
+    if has_state:
+        entry["history_length"] = 1
+    profiles = {"default_domain": cfg.domain, "domains": {cfg.domain: entry}}
+    (ckpt / "policy_profiles.json").write_text(json.dumps(profiles, indent=2))
+    return entry
+
+
+def free_domain_id(num_domains: int) -> int:
+    """The highest domain id diffusers' table does not name (a new embodiment's head row)."""
+    from diffusers.pipelines.cosmos import pipeline_cosmos3_omni as cosmos3
+
+    used = set(cosmos3._EMBODIMENT_TO_DOMAIN_ID.values())
+    free = [i for i in range(num_domains) if i not in used]
+    if not free:
+        raise ValueError("every domain id of this checkpoint is taken; pass --domain-id")
+    return free[-1]
+
+
+def encode_frames(engine, frames: np.ndarray, tier: int, batch: int = 32) -> tuple[torch.Tensor, tuple[int, int]]:
+    """Every frame's latent through the engine's own preprocessing and VAE (one frame per clip)."""
+    sampler = engine.sampler
+    out = []
+    canvas = (0, 0)
+    with torch.no_grad():
+        for start in range(0, len(frames), batch):
+            clips, image_size = [], None
+            for frame in frames[start : start + batch]:
+                vision, image_size, canvas_h, canvas_w = sampler.preprocess(frame[None], tier, 1)
+                clips.append(vision)
+                canvas = (canvas_h, canvas_w)
+            latents = sampler.encode(torch.cat(clips), image_size)  # (B, C, 1, h, w)
+            out.append(latents[:, :, 0])
+    return torch.cat(out), canvas
+
+
+def renormalise_latents(ckpt: Path, engine, latents: torch.Tensor) -> torch.Tensor:
+    """Write the latents' per-channel statistics into ``ckpt``'s VAE config, update the loaded pipeline
+    to match, and return the latents as that VAE now normalises them."""
+    pipe = engine.pipe
+    mu = latents.transpose(0, 1).reshape(latents.shape[1], -1).double().mean(1)
+    sigma = latents.transpose(0, 1).reshape(latents.shape[1], -1).double().std(1).clamp_min(1e-6)
+    old_mean = pipe._vae_latents_mean.double()
+    old_std = 1.0 / pipe._vae_latents_inv_std.double()
+    new_mean, new_std = old_mean + mu * old_std, sigma * old_std
+    config_path = ckpt / "vae" / "config.json"
+    config = json.loads(config_path.read_text())
+    config["latents_mean"], config["latents_std"] = new_mean.tolist(), new_std.tolist()
+    config_path.write_text(json.dumps(config, indent=2, sort_keys=True))
+    pipe.vae.register_to_config(latents_mean=new_mean.tolist(), latents_std=new_std.tolist())
+    pipe._vae_latents_mean = new_mean.to(pipe.vae.dtype)
+    pipe._vae_latents_inv_std = (1.0 / new_std).to(pipe.vae.dtype)
+    shape = (1, -1, 1, 1)
+    return ((latents.double() - mu.view(shape)) / sigma.view(shape)).float()
+
+
+def build_samples(data: LeRobotDataset, latents: torch.Tensor, horizon: int, future: int, temporal: int, prompt):
+    """Every frame as a sample: its chunk (the episode's next ``horizon`` actions, the last one repeated
+    past the end, as LeRobot pads), its state, and the latent rows of its conditioning and future frames."""
+    frame_of, states, chunks, prompts = [], [], [], []
+    at = 0
+    for episode in data.episodes:
+        length = len(episode.images)
+        for s in range(length):
+            frame_of.append([at + min(s + temporal * j, length - 1) for j in range(future + 1)])
+            if episode.actions.ndim == 3:  # a recording: the chunk the server answered
+                chunk = episode.actions[s, :horizon]
+            else:
+                chunk = episode.actions[np.minimum(np.arange(s, s + horizon), length - 1)]
+            chunks.append(chunk)
+            if episode.state is not None:
+                states.append(episode.state[s])
+            prompts.append(prompt or episode.task)
+        at += length
+    return Samples(
+        latents,
+        np.asarray(frame_of),
+        np.asarray(states, np.float32) if states else None,
+        np.asarray(chunks, np.float32),
+        prompts,
+    )
+
+
+@dataclass
+class TrainingInputs:
+    """One noised sample as the transformer sees it, and its flow-matching targets."""
+
+    job: DenoiseJob
+    sequence: object  # the sampler's SequencePass
+    latents: torch.Tensor  # (1, C, T, h, w): clean conditioning frame, noised future frames
+    action_latents: torch.Tensor  # (rows, action_dim): clean state and prefix rows, noised chunk rows
+    domain_id: torch.Tensor
+    timestep: float  # t x 1000, as the scheduler's timesteps
+    vision_target: torch.Tensor  # eps - x0
+    vision_mask: torch.Tensor  # 1 on clean latent frames
+    action_target: torch.Tensor
+    action_mask: torch.Tensor  # 1 on clean rows
+
+
+class FlowMatchingTrainer:
+    """Builds batches through the serving path and computes the flow-matching loss."""
+
+    def __init__(self, engine, samples: Samples, cfg: TrainConfig, canvas: tuple[int, int], frame: np.ndarray):
+        self.engine = engine
+        self.sampler = engine.sampler
+        self.samples = samples
+        self.cfg = cfg
+        self.canvas = canvas
+        self.frame = frame  # a frame of the dataset's size: a request needs one; its pixels are not used
+        self.action_dim = engine.pipe.transformer.config.action_dim
+        self.shift = TIER_SHIFTS.get(cfg.tier, 3.0)
+        self._passes: dict[tuple, object] = {}
+
+    def job(self, index: int, prefix: int, seed: int) -> DenoiseJob:
+        """Sample ``index`` as the job a served request with its state and prefix would be."""
+        s = self.samples
+        request = ActionRequest(
+            domain_name=self.cfg.domain,
+            image=self.frame,
+            action_horizon=self.cfg.horizon,
+            prompt=s.prompts[index],
+            resolution_tier=self.cfg.tier,
+            seed=seed,
+            state=None if s.state is None else s.state[index],
+            prefix_actions=s.chunks[index, :prefix] if prefix else None,
+        )
+        job, self.profile = job_for_actions(request, self.engine.spec)
+        return job
+
+    def draw_t(self, generator: torch.Generator, n: int) -> torch.Tensor:
+        t = torch.sigmoid(torch.randn(n, generator=generator))
+        return self.shift * t / (1.0 + (self.shift - 1.0) * t)
+
+    def sample_inputs(self, index: int, prefix: int, t: float, generator: torch.Generator) -> TrainingInputs:
+        """Sample ``index`` noised to ``t``, with a clean prefix of ``prefix`` rows, laid out as the sampler
+        lays out a served request's job."""
+        device = self.sampler.device
+        job = self.job(index, prefix, seed=0)
+        x0_action, action_mask, clean = action_rows(job, self.action_dim, device)
+        chunk = torch.from_numpy(self.profile.to_model(self.samples.chunks[index])).to(device)
+        x0_action[job.leading_rows :, : job.raw_action_dim] = chunk
+        x0_vision = self.samples.latents[self.samples.frame_of[index]].permute(1, 0, 2, 3)[None].to(device)
+        vision_mask = torch.zeros((x0_vision.shape[2], 1, 1), device=device)
+        vision_mask[0] = 1.0  # the conditioning frame
+        eps_v = torch.randn(x0_vision.shape, generator=generator).to(device)
+        eps_a = torch.randn(x0_action.shape, generator=generator).to(device)
+        eps_a[:, job.raw_action_dim :] = 0
+        latents = vision_mask * x0_vision + (1 - vision_mask) * (t * eps_v + (1 - t) * x0_vision)
+        action_latents = action_mask * x0_action + (1 - action_mask) * (t * eps_a + (1 - t) * x0_action)
+        key = (job.prompt, job.leading_rows, prefix)
+        if key not in self._passes:
+            cond_ids, _ = self.sampler.tokenize(job, *self.canvas)
+            self._passes[key] = self.sampler.sequence_pass(cond_ids, latents, action_latents, [0], clean, job)
+        return TrainingInputs(
+            job,
+            self._passes[key],
+            latents,
+            action_latents,
+            torch.tensor([job.domain_id], dtype=torch.long, device=device),
+            1000.0 * t,
+            eps_v - x0_vision,
+            vision_mask,
+            eps_a - x0_action,
+            action_mask,
+        )
+
+    def predict(self, inputs: list[TrainingInputs]) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+        """The transformer's velocities for a batch, through the sampler's own forward."""
+        return self.sampler.forward_passes(
+            [i.sequence for i in inputs],
+            [i.latents for i in inputs],
+            [i.action_latents for i in inputs],
+            [i.domain_id for i in inputs],
+            [i.timestep for i in inputs],
+        )
+
+    def batch_loss(self, indexes: list[int], prefixes: list[int], t: torch.Tensor, generator: torch.Generator):
+        """The weighted loss of one batch, and its action and video parts (floats)."""
+        inputs = [self.sample_inputs(i, p, t_i, generator) for i, p, t_i in zip(indexes, prefixes, t.tolist())]
+        preds_vision, preds_action = self.predict(inputs)
+        action_loss = vision_loss = 0.0
+        for pred_v, pred_a, x in zip(preds_vision, preds_action, inputs):
+            target_v, width = x.vision_target, x.job.raw_action_dim
+            noisy_v = (1 - x.vision_mask).expand(target_v.shape[2:])
+            err_v = (pred_v.float().reshape(target_v.shape) - target_v) ** 2
+            vision_loss = vision_loss + (err_v * noisy_v).sum() / (noisy_v.sum() * target_v.shape[1])
+            noisy_a = 1 - x.action_mask
+            err_a = (pred_a.float()[:, :width] - x.action_target[:, :width]) ** 2
+            action_loss = action_loss + (err_a * noisy_a).sum() / (noisy_a.sum() * width)
+        n = len(indexes)
+        action_loss, vision_loss = action_loss / n, vision_loss / n
+        loss = self.cfg.action_weight * action_loss + self.cfg.video_weight * vision_loss
+        return loss, float(action_loss.detach()), float(vision_loss.detach())
+
+
+def prepare_checkpoint(cfg: TrainConfig) -> Path:
+    """The output checkpoint's folder: a copy of the base (or a tiny one drawn here), unless resuming."""
+    out = cfg.out
+    if cfg.resume and (out / STATE_FILE).is_file():
+        return out
+    if out.exists():
+        shutil.rmtree(out)
+    if cfg.base is not None:
+        shutil.copytree(cfg.base, out)
+    else:
+        from .tiny import build_tiny_checkpoint
+
+        build_tiny_checkpoint(
+            out,
+            cfg.tiny or "distilled",
+            seed=cfg.seed,
+            transformer_overrides={
+                "hidden_size": cfg.hidden_size,
+                "num_hidden_layers": cfg.layers,
+                "intermediate_size": 2 * cfg.hidden_size,
+            },
+        )
+    return out
+
+
+@dataclass
+class Preparation:
+    """Everything a run needs before its first step: the checkpoint, the loaded engine and the samples."""
+
+    ckpt: Path
+    engine: object  # the Cosmos3Engine loaded from ckpt
+    trainer: FlowMatchingTrainer
+    resuming: bool
+    encode_s: float
+    episodes: int
+
+
+def prepare_training(cfg: TrainConfig) -> Preparation:
+    """Read the data, make the checkpoint (profile, VAE statistics), load it, and encode every frame."""
+    from .engine import Cosmos3Engine
+
+    data = read_dataset(cfg.dataset)
+    ckpt = prepare_checkpoint(cfg)
+    resuming = cfg.resume and (ckpt / STATE_FILE).is_file()
+    if not resuming:
+        num_domains = json.loads((ckpt / "transformer" / "config.json").read_text())["num_embodiment_domains"]
+        domain_id = cfg.domain_id if cfg.domain_id is not None else free_domain_id(num_domains)
+        write_profile(ckpt, data, cfg, domain_id)
+    engine = Cosmos3Engine.load(ckpt, device=cfg.device, dtype=cfg.dtype, prefix_cache_mb=0)
+    frames = np.concatenate([e.images for e in data.episodes])
+    t0 = time.monotonic()
+    cached = torch.load(ckpt / LATENTS_FILE) if resuming and (ckpt / LATENTS_FILE).is_file() else None
+    if cached is not None and cached["latents"].shape[0] == len(frames):
+        latents, canvas = cached["latents"], tuple(cached["canvas"])
+    else:
+        latents, canvas = encode_frames(engine, frames, cfg.tier)
+        if cfg.base is None and not resuming:  # the VAE was drawn here: its statistics are the data's
+            latents = renormalise_latents(ckpt, engine, latents)
+        torch.save({"latents": latents, "canvas": list(canvas)}, ckpt / LATENTS_FILE)
+    encode_s = time.monotonic() - t0
+    pipe = engine.pipe
+    future = cfg.horizon // pipe.vae_scale_factor_temporal
+    samples = build_samples(data, latents, cfg.horizon, future, pipe.vae_scale_factor_temporal, cfg.prompt)
+    trainer = FlowMatchingTrainer(engine, samples, cfg, canvas, data.episodes[0].images[0])
+    return Preparation(ckpt, engine, trainer, resuming, encode_s, len(data.episodes))
+
+
+def train(cfg: TrainConfig) -> dict:
+    started = time.monotonic()
+    torch.manual_seed(cfg.seed)
+    prep = prepare_training(cfg)
+    ckpt, trainer, resuming, encode_s = prep.ckpt, prep.trainer, prep.resuming, prep.encode_s
+    samples, pipe = trainer.samples, prep.engine.pipe
+    transformer = pipe.transformer
+    transformer.train()
+    transformer.requires_grad_(True)
+    params = [p for p in transformer.parameters() if p.requires_grad]
+    optimizer = torch.optim.AdamW(params, lr=cfg.lr, weight_decay=0.01)
+    generator = torch.Generator().manual_seed(cfg.seed)
+    rng = np.random.default_rng(cfg.seed)
+    step = 0
+    if resuming:
+        state = torch.load(ckpt / STATE_FILE, weights_only=False)
+        optimizer.load_state_dict(state["optimizer"])
+        generator.set_state(state["generator"])
+        rng.bit_generator.state = state["rng"]
+        step = state["step"]
+
+    def lr_at(i: int) -> float:
+        if i < cfg.warmup:
+            return cfg.lr * (i + 1) / cfg.warmup
+        progress = (i - cfg.warmup) / max(1, cfg.steps - cfg.warmup)
+        return cfg.lr * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * min(progress, 1.0))))
+
+    def save(i: int) -> None:
+        transformer.save_pretrained(ckpt / "transformer")
+        torch.save(
+            {
+                "step": i,
+                "optimizer": optimizer.state_dict(),
+                "generator": generator.get_state(),
+                "rng": rng.bit_generator.state,
+            },
+            ckpt / STATE_FILE,
+        )
+
+    from tqdm import tqdm
+
+    n = len(samples.chunks)
+    losses: list[float] = []
+    train_started = time.monotonic()
+    bar = tqdm(total=cfg.steps, initial=step, desc="cosmos3-train", unit="step", mininterval=2.0)
+    while step < cfg.steps:
+        if cfg.max_seconds is not None and time.monotonic() - started > cfg.max_seconds:
+            break
+        for group in optimizer.param_groups:
+            group["lr"] = lr_at(step)
+        indexes = rng.integers(0, n, cfg.batch_size).tolist()
+        prefixes = [
+            int(rng.integers(1, cfg.max_prefix + 1)) if cfg.max_prefix and rng.random() < cfg.prefix_prob else 0
+            for _ in indexes
+        ]
+        t = trainer.draw_t(generator, cfg.batch_size)
+        loss, action_loss, vision_loss = trainer.batch_loss(indexes, prefixes, t, generator)
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(params, 1.0)
+        optimizer.step()
+        step += 1
+        losses.append(action_loss)
+        bar.update(1)
+        bar.set_postfix(action=f"{np.mean(losses[-50:]):.4f}", video=f"{vision_loss:.3f}")
+        if cfg.save_every and step % cfg.save_every == 0:
+            save(step)
+    bar.close()
+    transformer.eval()
+    save(step)
+    summary = {
+        "checkpoint": str(ckpt),
+        "steps": step,
+        "frames": int(n),
+        "episodes": prep.episodes,
+        "parameters": sum(p.numel() for p in transformer.parameters()),
+        "action_loss_last50": float(np.mean(losses[-50:])) if losses else None,
+        "encode_s": round(encode_s, 1),
+        "train_s": round(time.monotonic() - train_started, 1),
+        "total_s": round(time.monotonic() - started, 1),
+    }
+    (ckpt / "training_summary.json").write_text(json.dumps(summary, indent=2))
+    return summary
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="cosmos3-train", description=__doc__.split("\n\n")[0])
+    parser.add_argument("dataset", help="a LeRobot v3.0 dataset folder")
+    parser.add_argument("--out", required=True, help="the trained checkpoint's folder")
+    parser.add_argument("--base", default=None, help="a checkpoint folder to fine-tune (default: draw a tiny one)")
+    parser.add_argument("--tiny", default="distilled", help="tiny variant drawn when there is no --base")
+    parser.add_argument("--hidden-size", type=int, default=64)
+    parser.add_argument("--layers", type=int, default=2)
+    parser.add_argument("--domain", default="cosmos3_mujoco_arm")
+    parser.add_argument("--domain-id", type=int, default=None)
+    parser.add_argument("--horizon", type=int, default=16)
+    parser.add_argument("--tier", type=int, default=256)
+    parser.add_argument("--view-point", default="third_person_view")
+    parser.add_argument("--prompt", default=None, help="caption of every sample (default: the episode's task)")
+    parser.add_argument("--steps", type=int, default=3000)
+    parser.add_argument("--batch-size", type=int, default=16)
+    parser.add_argument("--lr", type=float, default=2e-3)
+    parser.add_argument("--warmup", type=int, default=100)
+    parser.add_argument("--action-weight", type=float, default=1.0)
+    parser.add_argument("--video-weight", type=float, default=0.1)
+    parser.add_argument("--prefix-prob", type=float, default=0.5, help="share of samples with a clean prefix")
+    parser.add_argument("--max-prefix", type=int, default=8, help="longest clean prefix (0: no RTC training)")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--save-every", type=int, default=500)
+    parser.add_argument("--resume", action="store_true", help="continue from --out's training_state.pt")
+    parser.add_argument("--device", default="cpu")
+    parser.add_argument("--dtype", default=None, help="e.g. bfloat16 on a GPU")
+    parser.add_argument("--max-seconds", type=float, default=None, help="stop (and save) after this long")
+    parser.add_argument("--threads", type=int, default=None, help="torch CPU threads")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    values = vars(args)
+    values.pop("threads")
+    cfg = TrainConfig(
+        **{
+            **values,
+            "dataset": Path(args.dataset),
+            "out": Path(args.out),
+            "base": Path(args.base) if args.base else None,
+        }
+    )
+    print(json.dumps(train(cfg)), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

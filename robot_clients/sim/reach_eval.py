@@ -1,0 +1,247 @@
+"""``cosmos3-eval``: task success of a served policy on the reach task, per chunk execution mode and delay.
+
+Every episode runs the whole robot side against a real ``cosmos3-serve --model CKPT`` in its own process:
+:class:`~robot_clients.client.PolicyClient` over the WebSocket, the
+:class:`~robot_clients.chunker.ActionChunker` and the :class:`~robot_clients.control_loop.ControlLoop`
+at 20 Hz on :class:`~robot_clients.sim.reach_task.ReachTaskEnv`. A cell of the table is one execution mode
+(``wait``: ask for a chunk only when the last one is used up and hold meanwhile; ``replace``; ``blend``;
+``rtc``, real-time chunking with the server conditioning the prefix) and one injected inference delay
+(each chunk handed to the chunker that much later than the server answered). Episodes use cube places of
+``--seed`` (keep it off the training data's seeds). Success rates come with a 95 % Wilson interval.
+
+Ablations (``--ablation``): ``black`` sends an all-black image, ``shuffled_state`` sends the state's
+entries in a random order each tick; ``blind_expert`` runs the camera-blind scripted baseline locally.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import numpy as np
+
+from ..chunker import ActionChunker, ChunkerConfig
+from ..client import PolicyClient
+from ..control_loop import ChunkingAgent, ControlLoop
+from .demo import ServerSubprocess
+from .mujoco_arm import ArmEnvConfig
+from .reach_demos import DOMAIN, TASK
+from .reach_task import BlindReachExpert, ReachChunkPolicy, ReachExpert, ReachTaskEnv, run_expert
+
+MODES = ("wait", "replace", "blend", "rtc")
+ABLATIONS = ("none", "black", "shuffled_state", "blind_expert", "expert")
+DELAYS_MS = (0, 100, 200, 300)
+
+
+def wilson(successes: int, n: int, z: float = 1.96) -> tuple[float, float]:
+    """The 95 % Wilson score interval of a success rate."""
+    if n == 0:
+        return 0.0, 1.0
+    p = successes / n
+    centre = (p + z * z / (2 * n)) / (1 + z * z / n)
+    half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / (1 + z * z / n)
+    return max(0.0, centre - half), min(1.0, centre + half)
+
+
+@dataclass
+class CellResult:
+    mode: str
+    delay_ms: int
+    ablation: str
+    episodes: int
+    successes: int
+    rate: float
+    low: float
+    high: float
+    median_distance_cm: float
+    chunk_latency_p50_ms: float | None
+    achieved_hz: float | None
+    stalls: int
+
+
+def chunker_config(mode: str, control_hz: float, execute_horizon: int) -> ChunkerConfig:
+    if mode == "wait":  # ask only when the chunk is used up: the robot holds while the model thinks
+        return ChunkerConfig(
+            strategy="open_loop", control_hz=control_hz, execute_horizon=execute_horizon, request_threshold=0
+        )
+    return ChunkerConfig(strategy=mode, control_hz=control_hz, execute_horizon=execute_horizon)
+
+
+def run_cell(
+    client: PolicyClient | None,
+    mode: str,
+    delay_ms: int,
+    ablation: str,
+    episodes: int,
+    seed: int,
+    control_hz: float = 20.0,
+    execute_horizon: int = 8,
+    episode_steps: int = 40,
+) -> CellResult:
+    env = ReachTaskEnv(
+        ArmEnvConfig(image_height=128, image_width=128, wrist_camera=False, seed=seed, episode_steps=episode_steps)
+    )
+    successes, distances, latencies, rates, stalls = 0, [], [], [], 0
+    with env:
+        for episode in range(episodes):
+            if ablation in ("blind_expert", "expert"):
+                expert = BlindReachExpert(env) if ablation == "blind_expert" else ReachExpert(env)
+                _, outcome = run_expert(env, expert)
+            else:
+                assert client is not None
+                policy = ReachChunkPolicy(client, delay_s=delay_ms / 1e3, ablation=ablation, seed=seed + episode)
+                config = chunker_config(mode, control_hz, execute_horizon)
+                with ActionChunker(policy, config) as chunker:
+                    loop = ControlLoop(env, ChunkingAgent(chunker), control_hz=control_hz)
+                    report = loop.run_episode()
+                outcome = env.outcome()
+                summary = report.summary()
+                if summary.get("chunk_latency_p50_ms") is not None:
+                    latencies.append(summary["chunk_latency_p50_ms"])
+                rates.append(summary["achieved_hz"])
+                stalls += int(summary.get("stalls", 0))
+            successes += outcome.success
+            distances.append(outcome.distance)
+    low, high = wilson(successes, episodes)
+    return CellResult(
+        mode,
+        delay_ms,
+        ablation,
+        episodes,
+        successes,
+        successes / episodes,
+        low,
+        high,
+        float(np.median(distances) * 100),
+        float(np.median(latencies)) if latencies else None,
+        float(np.median(rates)) if rates else None,
+        stalls,
+    )
+
+
+def plot(results: list[CellResult], path: Path, title: str) -> None:
+    """Success against injected delay, one line per mode (95 % intervals as bars), drawn with Pillow."""
+    from PIL import Image, ImageDraw
+
+    width, height, left, bottom, top, right = 720, 440, 70, 60, 40, 150
+    image = Image.new("RGB", (width, height), "white")
+    draw = ImageDraw.Draw(image)
+    plot_w, plot_h = width - left - right, height - top - bottom
+    delays = sorted({r.delay_ms for r in results})
+    span = max(delays) or 1
+
+    def xy(delay: float, rate: float) -> tuple[float, float]:
+        return left + plot_w * delay / span, top + plot_h * (1 - rate)
+
+    draw.rectangle([left, top, left + plot_w, top + plot_h], outline="black")
+    for rate in (0.0, 0.25, 0.5, 0.75, 1.0):
+        _, y = xy(0, rate)
+        draw.line([left, y, left + plot_w, y], fill=(225, 225, 225))
+        draw.text((left - 40, y - 6), f"{rate:.0%}", fill="black")
+    for delay in delays:
+        x, _ = xy(delay, 0)
+        draw.text((x - 12, top + plot_h + 8), f"{delay} ms", fill="black")
+    draw.text((left + plot_w / 2 - 80, height - 28), "injected inference delay", fill="black")
+    draw.text((left, 12), title, fill="black")
+    colours = {"wait": (120, 120, 120), "replace": (200, 60, 40), "blend": (40, 120, 200), "rtc": (30, 150, 60)}
+    for i, mode in enumerate(MODES):
+        cells = sorted((r for r in results if r.mode == mode and r.ablation == "none"), key=lambda r: r.delay_ms)
+        if not cells:
+            continue
+        colour = colours[mode]
+        offset = (i - 1.5) * 4
+        points = [xy(r.delay_ms, r.rate) for r in cells]
+        points = [(x + offset, y) for x, y in points]
+        if len(points) > 1:
+            draw.line(points, fill=colour, width=3)
+        for r, (x, y) in zip(cells, points):
+            _, y_low = xy(0, r.low)
+            _, y_high = xy(0, r.high)
+            draw.line([x, y_low, x, y_high], fill=colour, width=1)
+            draw.ellipse([x - 4, y - 4, x + 4, y + 4], fill=colour)
+        draw.line([width - right + 15, top + 20 * i + 6, width - right + 40, top + 20 * i + 6], fill=colour, width=3)
+        draw.text((width - right + 46, top + 20 * i), mode, fill="black")
+    image.save(path)
+
+
+def table(results: list[CellResult]) -> str:
+    lines = [
+        "| mode | delay | ablation | success | 95 % interval | median distance | chunk p50 | control rate |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for r in results:
+        latency = "n/a" if r.chunk_latency_p50_ms is None else f"{r.chunk_latency_p50_ms:.0f} ms"
+        rate = "n/a" if r.achieved_hz is None else f"{r.achieved_hz:.1f} Hz"
+        lines.append(
+            f"| {r.mode} | {r.delay_ms} ms | {r.ablation} | {r.successes}/{r.episodes} ({r.rate:.0%}) | "
+            f"{r.low:.0%}-{r.high:.0%} | {r.median_distance_cm:.1f} cm | {latency} | {rate} |"
+        )
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="cosmos3-eval", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--model", help="checkpoint folder the started server serves")
+    parser.add_argument("--server", default=None, help="ws://HOST:PORT of a running server instead")
+    parser.add_argument("--episodes", type=int, default=20)
+    parser.add_argument("--seed", type=int, default=100_000, help="seed of the cube places (held out)")
+    parser.add_argument("--modes", default="rtc", help=f"comma-separated, of {', '.join(MODES)}")
+    parser.add_argument("--delays", default="0", help="comma-separated injected delays in ms")
+    parser.add_argument("--ablations", default="none", help=f"comma-separated, of {', '.join(ABLATIONS)}")
+    parser.add_argument("--execute-horizon", type=int, default=8)
+    parser.add_argument("--out", default=None, help="write results.json, results.md and success_vs_delay.png here")
+    parser.add_argument("--title", default="reach task: success vs injected delay")
+    args = parser.parse_args(argv)
+    modes = [m for m in args.modes.split(",") if m]
+    delays = [int(d) for d in args.delays.split(",") if d]
+    ablations = [a for a in args.ablations.split(",") if a]
+    for mode in modes:
+        if mode not in MODES:
+            parser.error(f"unknown mode {mode!r}")
+    for ablation in ablations:
+        if ablation not in ABLATIONS:
+            parser.error(f"unknown ablation {ablation!r}")
+
+    needs_server = any(a not in ("blind_expert", "expert") for a in ablations)
+    server, client, results = None, None, []
+    try:
+        url = args.server
+        if needs_server and url is None:
+            if not args.model:
+                parser.error("--model or --server is needed")
+            server = ServerSubprocess(["--model", args.model, "--log-level", "info"])
+            url = server.start(timeout=300.0)
+        if needs_server:
+            client = PolicyClient(url, connect_timeout=300.0)
+            client.connect()
+            client.configure(domain_name=DOMAIN, action_horizon=16, prompt=TASK, seed=0)
+        for ablation in ablations:
+            cells = [(m, d) for m in modes for d in delays] if ablation in ("none",) else [(modes[0], delays[0])]
+            for mode, delay in cells:
+                result = run_cell(
+                    client, mode, delay, ablation, args.episodes, args.seed, execute_horizon=args.execute_horizon
+                )
+                results.append(result)
+                print(json.dumps(asdict(result)), flush=True)
+    finally:
+        if client is not None:
+            client.close()
+        if server is not None:
+            server.stop()
+    print(table(results), flush=True)
+    if args.out:
+        out = Path(args.out)
+        out.mkdir(parents=True, exist_ok=True)
+        (out / "results.json").write_text(json.dumps([asdict(r) for r in results], indent=2))
+        (out / "results.md").write_text(table(results) + "\n")
+        if any(r.ablation == "none" for r in results):
+            plot(results, out / "success_vs_delay.png", args.title)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

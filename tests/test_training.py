@@ -1,0 +1,148 @@
+"""cosmos3-train: training batches go through the serving path, and what is trained is what is served.
+
+- **Skew**: the trainer's forward on a noised sample equals the sampler's forward on the same noisy
+  inputs (same job, action rows, masks, positions, domain and timestep convention).
+- **Overfit**: a few frames are fitted, and ``predict_actions`` (the engine, not the trainer) reproduces them.
+- **VAE**: the checkpoint the trainer writes encodes frames to the latents it trained on.
+- **Tiny builder**: its VAE does not depend on the transformer's size, and its statistics are its own.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from cosmos3_runtime.training import TrainConfig, encode_frames, prepare_training, train
+
+os.environ.setdefault("MUJOCO_GL", "egl")  # headless rendering; mujoco reads it when first imported
+pytest.importorskip("mujoco", reason="the `sim` extra (mujoco) is not installed")
+
+from robot_clients.sim.reach_demos import TASK, collect  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def small_dataset(tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("reach") / "data"
+    collect(out, episodes=2, seed=7, image_size=64, episode_steps=12)
+    return out
+
+
+def _config(dataset: Path, out: Path, **changes) -> TrainConfig:
+    settings = {"steps": 0, "batch_size": 4, "seed": 0, "save_every": 0, **changes}
+    return TrainConfig(dataset=dataset, out=out, **settings)
+
+
+def test_the_training_forward_equals_the_samplers_forward_on_the_same_noisy_inputs(small_dataset, tmp_path):
+    prep = prepare_training(_config(small_dataset, tmp_path / "ckpt"))
+    trainer, sampler = prep.trainer, prep.engine.sampler
+    sigma = 0.9
+    inputs = trainer.sample_inputs(5, 3, sigma, torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        preds_vision, preds_action = trainer.predict([inputs])
+
+    item = sampler._prepare(inputs.job, time.perf_counter)
+    # The sampler's own layout of the same job: the state row and the prefix rows clean, the chunk noisy.
+    assert torch.equal(item.action_mask, inputs.action_mask)
+    assert torch.equal(item.vision_mask, inputs.vision_mask)
+    lead = inputs.job.leading_rows + 3
+    assert torch.allclose(item.x0_action[:lead], inputs.action_latents[:lead])
+    # The transformer is fed sigma x 1000, as the scheduler's timesteps are.
+    assert float(item.scheduler.timesteps[1]) == pytest.approx(1000.0 * sigma, rel=1e-5)
+    item.latents, item.action_latents = inputs.latents, inputs.action_latents
+    with torch.no_grad():
+        sampler._forward([item], "cond", item.scheduler.timesteps[1], 1, sigma, len(item.scheduler.timesteps))
+    served_vision, served_action = item.velocities["cond"]
+    width = inputs.job.raw_action_dim
+    trained_action = (preds_action[0].float() * (1 - inputs.action_mask))[:, :width]
+    assert torch.allclose(trained_action, served_action[:, :width], atol=1e-5)
+    trained_vision = preds_vision[0].float().reshape(served_vision.shape) * (1 - inputs.vision_mask)
+    assert torch.allclose(trained_vision, served_vision, atol=1e-5)
+
+
+def test_the_checkpoint_encodes_frames_to_the_latents_it_was_trained_on(small_dataset, tmp_path):
+    from cosmos3_runtime.engine import Cosmos3Engine
+    from cosmos3_runtime.lerobot_dataset import read_dataset
+
+    prep = prepare_training(_config(small_dataset, tmp_path / "ckpt"))
+    trained = prep.trainer.samples.latents
+    served = Cosmos3Engine.load(prep.ckpt, device="cpu", prefix_cache_mb=0)
+    frames = np.concatenate([e.images for e in read_dataset(small_dataset).episodes])
+    latents, _ = encode_frames(served, frames, 256)
+    assert torch.allclose(latents, trained, atol=1e-4)
+    # The drawn VAE's statistics are the data's: the trained latents have zero mean and unit spread.
+    per_channel = trained.transpose(0, 1).reshape(trained.shape[1], -1)
+    assert per_channel.mean(1).abs().max() < 1e-3
+    assert (per_channel.std(1) - 1).abs().max() < 1e-3
+    config = json.loads((prep.ckpt / "vae" / "config.json").read_text())
+    assert config["latents_std"] != [1.0] * len(config["latents_std"])
+
+
+def test_a_small_batch_is_overfitted_and_predict_actions_reproduces_it(small_dataset, tmp_path):
+    from cosmos3_runtime.engine import Cosmos3Engine
+    from cosmos3_runtime.lerobot_dataset import read_dataset
+    from cosmos3_runtime.requests import ActionRequest
+
+    cfg = _config(small_dataset, tmp_path / "ckpt", steps=400, batch_size=8, lr=3e-3, warmup=20, max_prefix=0)
+    summary = train(cfg)
+    assert summary["action_loss_last50"] < 0.2
+    engine = Cosmos3Engine.load(tmp_path / "ckpt", device="cpu", prefix_cache_mb=0)
+    # The first frame of each episode: the arm at home, two cube places; only the image tells them apart.
+    episodes = read_dataset(small_dataset).episodes
+    expected = np.array([e.actions[np.minimum(np.arange(16), len(e.actions) - 1)] for e in episodes])
+    chunks = np.array(
+        [
+            engine.predict_actions(
+                ActionRequest(
+                    domain_name="cosmos3_mujoco_arm", image=e.images[0], state=e.state[0], prompt=TASK, seed=0
+                )
+            ).actions
+            for e in episodes
+        ]
+    )
+    errors = np.abs(chunks - expected).mean(axis=(1, 2))
+    baseline = np.abs(expected.mean(0, keepdims=True) - expected).mean(axis=(1, 2))
+    assert np.mean(errors) < 0.5 * np.mean(baseline), (errors, baseline)
+
+
+LEROBOT_PYTHON = Path(
+    os.environ.get("LEROBOT_PYTHON", Path(__file__).resolve().parent.parent / ".venv-lerobot/bin/python")
+)
+
+
+@pytest.mark.skipif(not LEROBOT_PYTHON.exists(), reason="LeRobot's virtualenv is missing; `make test` builds it")
+def test_lerobot_loads_the_demonstrations_and_so_does_the_trainer(small_dataset):
+    import subprocess
+
+    from cosmos3_runtime.lerobot_dataset import read_dataset
+
+    script = Path(__file__).resolve().parent / "lerobot_demos_script.py"
+    done = subprocess.run([str(LEROBOT_PYTHON), str(script), str(small_dataset)], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr[-2000:]
+    read = json.loads(done.stdout.strip().splitlines()[-1])
+    ours = read_dataset(small_dataset)
+    assert read["frames"] == ours.frames == 24 and read["episodes"] == len(ours.episodes) == 2
+    assert read["fps"] == ours.fps == 20
+    assert read["shapes"]["observation.images.front"] == [3, 64, 64]
+    assert read["task"] == TASK
+    np.testing.assert_allclose(read["last_action"], ours.episodes[-1].actions[-1], rtol=1e-6)
+
+
+def test_the_tiny_vae_is_the_same_whatever_the_transformer_and_its_statistics_are_its_own(tmp_path):
+    from cosmos3_runtime.tiny import build_tiny_checkpoint
+
+    a = build_tiny_checkpoint(tmp_path / "a", seed=3)
+    b = build_tiny_checkpoint(tmp_path / "b", seed=3, transformer_overrides={"hidden_size": 96})
+    from safetensors.torch import load_file
+
+    wa = load_file(a / "vae" / "diffusion_pytorch_model.safetensors")
+    wb = load_file(b / "vae" / "diffusion_pytorch_model.safetensors")
+    assert all(torch.equal(wa[k], wb[k]) for k in wa)
+    config = json.loads((a / "vae" / "config.json").read_text())
+    assert config["latents_mean"] != [0.0] * len(config["latents_mean"])
+    assert max(config["latents_std"]) < 0.5  # a random encoder's latents spread far less than unit
