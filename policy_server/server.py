@@ -39,6 +39,7 @@ from .engine.watchdog import EngineWatchdog
 from .engine.worker import ActionEngine, EngineWorker, WorkerState
 from .http.dashboard import CONFIG_NAME, DASHBOARD_HEADERS, DASHBOARD_PATH, dashboard_asset, dashboard_config
 from .log_hygiene import printable
+from .media.media_check import served_frame_limits
 from .metadata import SERVER_NAME, health, native_metadata
 from .recording_setup import start_recorder
 from .routes import Route, route
@@ -188,7 +189,9 @@ class PolicyServer:
         assert self.worker is not None, "start() first"
         description = ModelDescription.from_describe(await self.worker.wait_ready())
         self.description = description
-        self.frame_limits = description.frame_limits
+        self.frame_limits = served_frame_limits(
+            description, self.settings.max_decoded_bytes, self.settings.max_image_side
+        )
         side = self.frame_limits.max_image_side
         if self.settings.max_message_bytes < side * side * 3 + 2**20:
             logger.warning(
@@ -299,7 +302,10 @@ class PolicyServer:
         path = request.path.split("?", 1)[0]
         kind = route(path, openpi=self.settings.openpi is not None)
         if kind is Route.HEALTH:
-            status, body = health(self)
+            tokens = self.settings.auth_tokens
+            query = request.path.partition("?")[2]
+            authorized = tokens is not None and tokens.check(request.headers.get_all, query).ok
+            status, body = health(self, authorized=authorized)
             return _json_response(connection, HTTPStatus(status), body)
         if kind is Route.DASHBOARD:
             return self._dashboard_response(connection, path)

@@ -14,6 +14,7 @@ from .connection_limits import (
 )
 from .engine.batching import DEFAULT_VIDEO_STEP_INTERVAL_S
 from .engine.watchdog import DEFAULT_ENGINE_TIMEOUT_S
+from .media.media_check import DEFAULT_MAX_DECODED_BYTES
 from .recording_setup import RecordingOptions
 from .sessions.observer import DEFAULT_MAX_OBSERVERS, OBSERVER_FRAME_RATE
 from .sessions.openpi_settings import OpenpiSettings
@@ -36,6 +37,10 @@ class ServerSettings:
     host: str = "127.0.0.1"
     port: int = 8000
     max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES
+    # Pixels one observation may decode to, and the longest frame side accepted (None: twice the largest
+    # canvas side the model serves): the one media check (policy_server.media.media_check).
+    max_decoded_bytes: int | None = DEFAULT_MAX_DECODED_BYTES
+    max_image_side: int | None = None
     torch_threads: int | None = None
     warmup: bool = True
     # Requests of different sessions that can share transformer calls run as one batch (1: off).

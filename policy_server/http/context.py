@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 from robot_clients.protocol import FrameLimits
@@ -39,5 +40,7 @@ class SidecarParts:
         return self.host.description
 
     def media_limits(self, description: ModelDescription) -> FrameLimits:
-        """The model's pixel and frame bounds plus this sidecar's decoding budget."""
-        return description.limits.frame_limits(self.settings.max_decoded_bytes)
+        """The bounds the server's sessions are checked against (the model's, the --max-image-side cap)
+        with this sidecar's decoding budget."""
+        limits = self.host.frame_limits if self.host.ready else description.limits.frame_limits()
+        return dataclasses.replace(limits, max_decoded_bytes=self.settings.max_decoded_bytes)

@@ -23,9 +23,10 @@ from robot_clients.client_frames import ObservationFrame, parse_state
 from robot_clients.protocol import ErrorCode, FrameLimits, ProtocolError
 
 from ..engine.description import DomainProfile, ModelDescription
+from ..media.media_check import DEFAULT_MAX_DECODED_BYTES
 from ..sessions.config import check_schedule, merge_session_config
 from ..videos.jobs import VideoJobInputs
-from .codecs import DEFAULT_MAX_DECODED_BYTES, to_actions
+from .codecs import to_actions
 from .errors import ApiError
 from .media_fields import decode_image_bytes, encoded_image, to_image, to_video
 from .schemas import SEED_LIMIT, ActionGenerationParams, VideoCreateParams, normalized_mode

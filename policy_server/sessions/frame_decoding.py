@@ -4,8 +4,10 @@ An observation may carry its cameras as PNG, JPEG or WebP bytes (``docs/protocol
 Decoding a 480×640 JPEG costs a few milliseconds of CPU, which the event loop serving every session must
 not spend, so a session hands such an observation to its :class:`DecodeSlot`:
 
-1. every header is read and checked against the frame limits as the frame arrives (microseconds; a
-   decompression bomb, a corrupt or unsupported payload is ``invalid_image`` before any pixel exists);
+1. every header is read and checked as the frame arrives, by the one media check every protocol uses
+   (:mod:`policy_server.media.media_check`: sides, clip lengths, the composed frame and the bytes it all
+   decodes to; microseconds): a decompression bomb, a corrupt or unsupported payload is
+   ``invalid_image``, a clip of frames too large together ``payload_too_large``, before any pixel exists;
 2. the pixels are decoded on the server's small decode pool (:func:`decode_pool`, 2 threads);
 3. back on the event loop the session admits the decoded observation exactly as a raw one (rate, seq,
    queue).
@@ -25,16 +27,17 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from robot_clients.protocol import DropReason, ErrorCode, FrameLimits, ProtocolError
+from robot_clients.protocol import CodedError, DropReason, FrameLimits, ProtocolError
 
-from ..media.image_decoding import ImageDecodePool, InvalidImage, decode_clip, decode_image, read_header
+from ..media.image_decoding import ImageDecodePool, InvalidImage, decode_clip, decode_image
+from ..media.media_check import DecodedTooLarge, check_media
 from .openpi_observation import OpenpiObservation, compose_cameras
 
 logger = logging.getLogger(__name__)
 
 __all__ = [
     "DecodeSlot",
-    "check_encoded",
+    "check_cameras",
     "decode_pool",
     "decoded_frame",
     "decoded_image",
@@ -56,72 +59,70 @@ def decode_pool() -> ImageDecodePool:
         return _POOL
 
 
-def _protocol_error(error: InvalidImage, seq: int | None) -> ProtocolError:
+def _protocol_error(error: CodedError, seq: int | None) -> ProtocolError:
     return ProtocolError(error.code, error.message, error.field, seq)
 
 
-def check_encoded(value: Any, field: str, limits: FrameLimits, seq: int | None) -> None:
-    """Read the header of an encoded frame (bytes) or of each frame of an encoded clip (a list) and check
-    it against ``limits``; arrays pass. Cheap enough for the event loop."""
-    frames = [value] if isinstance(value, bytes) else value if isinstance(value, list) else []
-    if isinstance(value, list) and not 1 <= len(value) <= limits.max_clip_frames:
-        raise ProtocolError(
-            ErrorCode.INVALID_IMAGE,
-            f"`{field}` has {len(value)} frames; between 1 and {limits.max_clip_frames} are allowed",
-            field,
-            seq,
-        )
+def check_cameras(
+    cameras: list[tuple[str, Any]], limits: FrameLimits, seq: int | None, *, side_by_side: bool, fit_side: int | None
+) -> None:
+    """The one media check (:func:`policy_server.media.media_check.check_media`: headers, clip lengths,
+    the composed frame, the decoded bytes) as this protocol's error. Cheap enough for the event loop."""
     try:
-        for index, frame in enumerate(frames):
-            read_header(frame, field if isinstance(value, bytes) else f"{field}/{index}", limits)
-    except InvalidImage as error:
+        check_media(cameras, limits, side_by_side=side_by_side, fit_side=fit_side)
+    except (InvalidImage, DecodedTooLarge) as error:
         raise _protocol_error(error, seq) from None
 
 
-def decoded_image(value: Any, field: str, limits: FrameLimits, seq: int | None) -> Any:
+def decoded_image(value: Any, field: str, limits: FrameLimits, seq: int | None, fit_side: int | None = None) -> Any:
     """An encoded frame (bytes) or clip (list of bytes) as uint8 pixels; anything else as it is."""
     try:
         if isinstance(value, bytes):
-            return decode_image(value, field, limits)
+            return decode_image(value, field, limits, fit_side)
         if isinstance(value, list):
-            return decode_clip(value, field, limits)
+            return decode_clip(value, field, limits, fit_side)
     except InvalidImage as error:
         raise _protocol_error(error, seq) from None
     return value
 
 
-def decoded_frame(frame: Any, limits: FrameLimits) -> Any:
+def decoded_frame(frame: Any, limits: FrameLimits, fit_side: int | None = None) -> Any:
     """A native :class:`~robot_clients.client_frames.ObservationFrame` with every camera decoded (in place)."""
-    frame.image = decoded_image(frame.image, "image", limits, frame.seq)
-    frame.video = decoded_image(frame.video, "video", limits, frame.seq)
+    frame.image = decoded_image(frame.image, "image", limits, frame.seq, fit_side)
+    frame.video = decoded_image(frame.video, "video", limits, frame.seq, fit_side)
     if frame.images is not None:
         frame.images = {
-            name: decoded_image(image, f"images/{name}", limits, frame.seq) for name, image in frame.images.items()
+            name: decoded_image(image, f"images/{name}", limits, frame.seq, fit_side)
+            for name, image in frame.images.items()
         }
     return frame
 
 
-def native_decode(frame: Any, limits: FrameLimits) -> Callable[[], Any] | None:
-    """Check the headers of a native observation's encoded cameras now; the decoding to run on the pool
-    (None: every camera is an array already)."""
-    cameras = {"image": frame.image, "video": frame.video}
-    cameras.update({f"images/{name}": image for name, image in (frame.images or {}).items()})
-    encoded = {name: value for name, value in cameras.items() if isinstance(value, (bytes, list))}
-    for name, value in encoded.items():
-        check_encoded(value, name, limits, frame.seq)
-    return (lambda: decoded_frame(frame, limits)) if encoded else None
+def native_decode(
+    frame: Any, limits: FrameLimits, *, side_by_side: bool = False, fit_side: int | None = None
+) -> Callable[[], Any] | None:
+    """Check a native observation's cameras now (before anything is decoded); the decoding to run on the
+    pool (None: every camera is an array already). ``side_by_side``: its named images are composed
+    (``concat_view``); ``fit_side``: the canvas side its JPEGs may decode down to."""
+    cameras = [("image", frame.image), ("video", frame.video)]
+    cameras.extend((f"images/{name}", image) for name, image in (frame.images or {}).items())
+    check_cameras(cameras, limits, frame.seq, side_by_side=side_by_side, fit_side=fit_side)
+    if not any(isinstance(value, (bytes, list)) for _, value in cameras):
+        return None
+    return lambda: decoded_frame(frame, limits, fit_side)
 
 
-def openpi_decode(obs: OpenpiObservation, video: bool, limits: FrameLimits, seq: int) -> Callable[[], Any] | None:
-    """Check the headers of an openpi observation's encoded cameras now; the decoding (then the cameras'
-    composition) to run on the pool (None: its image or clip is composed already)."""
+def openpi_decode(
+    obs: OpenpiObservation, video: bool, limits: FrameLimits, seq: int, fit_side: int | None = None
+) -> Callable[[], Any] | None:
+    """Check an openpi observation's chosen cameras now (composed side by side, before anything is
+    decoded); the decoding (then the composition) to run on the pool (None: composed already)."""
     if obs.encoded is None:
         return None
-    for key, value in zip(obs.cameras, obs.encoded):
-        check_encoded(value, key, limits, seq)
+    check_cameras(list(zip(obs.cameras, obs.encoded)), limits, seq, side_by_side=True, fit_side=fit_side)
 
     def decode() -> OpenpiObservation:
-        frames = [decoded_image(value, key, limits, seq) for key, value in zip(obs.cameras, obs.encoded)]
+        frames = [decoded_image(value, key, limits, seq, fit_side) for key, value in zip(obs.cameras, obs.encoded)]
         compose_cameras(obs, frames, video, limits)
         obs.encoded = None
         return obs

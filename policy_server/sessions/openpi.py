@@ -40,6 +40,7 @@ from robot_clients.wire_codec import WireFormatError, packb, unpackb
 from ..engine.outcome import EngineOutcome
 from ..engine.request_queue import PendingObservation
 from ..log_hygiene import printable
+from ..media.media_check import canvas_side
 from ..metadata import openpi_metadata
 from .base import Session
 from .config import observation_request
@@ -149,7 +150,8 @@ class OpenpiSession(Session):
             decoded = unpackb(message)
         except WireFormatError as exc:
             raise ProtocolError(ErrorCode.BAD_FRAME, exc.message, exc.field) from None
-        resolved_view = self.config.resolved(self.host.description)["view_point"]
+        resolved = self.config.resolved(self.host.description)
+        resolved_view = resolved["view_point"]
         obs = parse_openpi_observation(
             decoded,
             self.settings.cameras,
@@ -167,7 +169,10 @@ class OpenpiSession(Session):
                 printable("+".join(obs.cameras))[:200],
             )
         # Encoded cameras: headers checked now, decoded and composed on the decode pool, then admitted.
-        decode = openpi_decode(obs, self.config.action_mode == "inverse_dynamics", self.host.frame_limits, seq)
+        fit_side = canvas_side(self.host.description, resolved["resolution_tier"])
+        decode = openpi_decode(
+            obs, self.config.action_mode == "inverse_dynamics", self.host.frame_limits, seq, fit_side
+        )
         self.observe(seq, received_at, self._admit, obs, decode)
 
     def _admit(self, obs: OpenpiObservation, received_at: float) -> None:
