@@ -23,6 +23,9 @@ from ..media.camera_composition import compose_named
 
 # What a domain's profile says about the proprio state its observations carry.
 STATE_PROFILE_FIELDS = ("state_dim", "use_state", "history_length")
+# The fastest control loop a robot may declare (Hz): a 1 kHz torque loop fits with room to spare; beyond
+# it the figure is a mistake (1e308 would be shown to operators as the session's rate).
+MAX_CONTROL_HZ = 10_000.0
 
 
 @dataclass(frozen=True)
@@ -322,9 +325,12 @@ def _check(config: SessionConfig, description: ModelDescription, seq: int | None
         raise ProtocolError(
             ErrorCode.INVALID_FIELD, f"fps must be in [{low_fps:g}, {high_fps:g}], got {config.fps:g}", "fps", seq
         )
-    if config.control_hz is not None and config.control_hz <= 0:
+    if config.control_hz is not None and not 0 < config.control_hz <= MAX_CONTROL_HZ:  # NaN fails too
         raise ProtocolError(
-            ErrorCode.INVALID_FIELD, f"control_hz must be > 0, got {config.control_hz}", "control_hz", seq
+            ErrorCode.INVALID_FIELD,
+            f"control_hz must be > 0 and at most {MAX_CONTROL_HZ:g}, got {config.control_hz:g}",
+            "control_hz",
+            seq,
         )
 
 

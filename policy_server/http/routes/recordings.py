@@ -6,7 +6,8 @@ recorder's own pattern become paths, never through a symlink) and read with
 :class:`~policy_server.recording.reader.RecordedEpisode`. Reading (Parquet, MP4 decoding) runs on a
 helper thread, never on the event loop; frames come in bounded pages.
 
-* ``GET /v1/recordings``: the published recordings, newest first;
+* ``GET /v1/recordings?offset=I&limit=N``: the published recordings, newest first, a page at a time
+  (``total`` and ``next_offset`` say what is left);
 * ``GET /v1/recordings/{name}``: one episode's session, rows (seq, arrival time, answer, actions, timing)
   and event log;
 * ``GET /v1/recordings/{name}/frames?start=I&count=N``: rows ``I..I+N-1``'s camera frames as JPEGs
@@ -29,6 +30,12 @@ from ..errors import ApiError, HttpErrorCode
 
 # Frames of one page: each is a JPEG of at most 320 px a side, ~10-30 KB in base64.
 MAX_FRAMES_PER_PAGE = 32
+# Recordings one listing page holds by default, and at most.
+DEFAULT_RECORDINGS_PER_PAGE = 100
+MAX_RECORDINGS_PER_PAGE = 1000
+# The largest row index or offset a client may ask for: beyond any episode or listing (a recording at 50 Hz
+# for a year has 1.6e9 rows), and within what every reader's index type holds (2^31 - 1).
+MAX_INDEX = 2**31 - 1
 RECORDINGS_PATH = "/v1/recordings"
 
 
@@ -49,10 +56,13 @@ def _episode(root: Path, name: str) -> Any:
         raise ApiError(HttpErrorCode.NOT_FOUND, f"no recording named {name[:80]!r}", "name") from None
 
 
-def list_recordings(root: Path) -> list[dict[str, Any]]:
+def list_recordings(root: Path, offset: int = 0, limit: int = DEFAULT_RECORDINGS_PER_PAGE) -> dict[str, Any]:
+    """Recordings ``offset..offset+limit-1`` of the listing (newest first), the total, and the offset of the
+    next page (None on the last)."""
     from ...recording import RecordingStore
 
-    return [
+    listed = RecordingStore(root).list()
+    page = [
         {
             "name": info.name,
             "session": info.session,
@@ -60,8 +70,10 @@ def list_recordings(root: Path) -> list[dict[str, Any]]:
             "bytes": info.num_bytes,
             "published_at": info.published_at,
         }
-        for info in RecordingStore(root).list()
+        for info in listed[offset : offset + limit]
     ]
+    following = offset + limit
+    return {"recordings": page, "total": len(listed), "next_offset": following if following < len(listed) else None}
 
 
 def episode_body(root: Path, name: str) -> dict[str, Any]:
@@ -107,9 +119,12 @@ def frame_page(root: Path, name: str, start: int, count: int) -> dict[str, Any]:
 def router(parts: SidecarParts) -> APIRouter:
     routes = APIRouter()
 
-    @routes.get(RECORDINGS_PATH, tags=["recordings"], summary="Recorded sessions, newest first")
-    async def recordings() -> dict[str, Any]:
-        return {"recordings": await asyncio.to_thread(list_recordings, _root(parts))}
+    @routes.get(RECORDINGS_PATH, tags=["recordings"], summary="Recorded sessions, newest first, a page at a time")
+    async def recordings(
+        offset: int = Query(0, ge=0, le=MAX_INDEX),
+        limit: int = Query(DEFAULT_RECORDINGS_PER_PAGE, ge=1, le=MAX_RECORDINGS_PER_PAGE),
+    ) -> dict[str, Any]:
+        return await asyncio.to_thread(list_recordings, _root(parts), offset, limit)
 
     @routes.get(RECORDINGS_PATH + "/{name}", tags=["recordings"], summary="One recorded episode, without frames")
     async def recording(name: str) -> dict[str, Any]:
@@ -117,7 +132,9 @@ def router(parts: SidecarParts) -> APIRouter:
 
     @routes.get(RECORDINGS_PATH + "/{name}/frames", tags=["recordings"], summary="A page of an episode's frames")
     async def recording_frames(
-        name: str, start: int = Query(0, ge=0), count: int = Query(MAX_FRAMES_PER_PAGE, ge=1, le=MAX_FRAMES_PER_PAGE)
+        name: str,
+        start: int = Query(0, ge=0, le=MAX_INDEX),
+        count: int = Query(MAX_FRAMES_PER_PAGE, ge=1, le=MAX_FRAMES_PER_PAGE),
     ) -> dict[str, Any]:
         return await asyncio.to_thread(frame_page, _root(parts), name, start, count)
 
