@@ -22,6 +22,15 @@ Two rules make it a realtime queue rather than a FIFO:
   worker's next take, behind everyone who arrived while that request ran, just as a robot rejoins only
   when it sends again: so a robot in closed loop waits for at most the one request already running.
 
+* **Turns are fair in cost, not only in number.** The host's work on an observation (decoding its
+  frames, :attr:`PendingObservation.decode_ms`; preparing its inputs: the worker :meth:`charges
+  <RequestQueue.charge>` it) is counted per turn. A turn whose count leads the least of the waiting
+  turns' by more than one turn's length (the time between two takes) gives its place to the next one and
+  goes to the back, its lead one turn shorter; such a turn is left out of batches and of what the host
+  prepares ahead. One session streaming 4096x4096 frames thus waits for its own turns, paid for in turns
+  of everyone else's time, instead of taking the CPU every other robot's turn needs. A lead is capped at
+  :data:`MAX_HOST_LEAD_S`, and a turn waiting alone is served at once (nobody to yield to).
+
 Deadlines are the worker's business (it is the one that knows when a request reaches the engine).
 
 **Batching.** :meth:`RequestQueue.take_batch` hands the worker the session at the front plus further
@@ -50,6 +59,16 @@ from typing import Any, Protocol
 from cosmos3_runtime.requests import ActionRequest
 
 from .owner import ObservationOwner, TaskOwner
+
+# The most host time a turn may lead the others by: how long a costly session can be made to wait.
+MAX_HOST_LEAD_S = 2.0
+# The least lead that makes a turn owe one, and the least it pays per turn given up: below it, leads are
+# noise among equal robots (one frame's preparation varies by tens of milliseconds on a loaded machine).
+MIN_LEAD_S = 0.1
+# How much each new interval between takes moves the turn length (an exponential moving average).
+TURN_LENGTH_WEIGHT = 0.2
+# Host time charged to a turn that has had nothing waiting this long is forgotten (the session has gone).
+FORGET_HOST_TIME_AFTER_S = 60.0
 
 
 def queued_for_s(enqueued_at: float, taken_at: float | None) -> float:
@@ -154,11 +173,20 @@ class RequestQueue(ClosableQueue):
         self._background: deque[tuple[EngineTask, float]] = deque()
         # Called after every put, outside the lock (the engine's host-prep thread watches for arrivals).
         self._listeners: list[Callable[[], None]] = []
+        # Host seconds charged per turn (decoding, preparing), less what all waiting turns were charged
+        # alike, with when each was last charged; and the length of one turn (see the module docstring).
+        self._host_s: dict[Hashable, float] = {}
+        self._charged_at: dict[Hashable, float] = {}
+        self._turn_s = 0.0
+        self._last_take: float | None = None
 
     def put(self, item: PendingObservation) -> PendingObservation | None:
-        """Queue ``item``; return the observation of the same session it replaced, if any."""
+        """Queue ``item``; return the observation of the same session it replaced, if any. Decoding its
+        frames (``decode_ms``) is charged to its turn."""
         with self._lock:
             self._refuse_if_closed()
+            if item.decode_ms > 0:
+                self._charge(item.turn_key, item.decode_ms / 1e3)
             replaced = self._slots.get(item.session_id)
             self._slots[item.session_id] = item
             if replaced is None:
@@ -174,6 +202,52 @@ class RequestQueue(ClosableQueue):
             listener()
         return replaced
 
+    def charge(self, item: PendingObservation, seconds: float) -> None:
+        """Charge ``seconds`` of host work done for ``item`` (preparing its inputs) to its turn."""
+        with self._lock:
+            self._charge(item.turn_key, seconds)
+
+    def host_lead_s(self, turn: Hashable) -> float:
+        """Host seconds ``turn`` is charged beyond the least-charged recent turn (0: none, or unknown)."""
+        with self._lock:
+            return self._host_s.get(turn, 0.0)
+
+    def _charge(self, turn: Hashable, seconds: float) -> None:
+        """Add ``seconds`` to ``turn``'s count, then keep every count a lead: the least of the turns
+        charged recently is 0 (host work every session needs alike is nobody's lead)."""
+        now = time.monotonic()
+        self._host_s[turn] = self._host_s.get(turn, 0.0) + max(0.0, seconds)
+        self._charged_at[turn] = now
+        for stale in [t for t, at in self._charged_at.items() if now - at > FORGET_HOST_TIME_AFTER_S]:
+            if stale not in self._turns:
+                del self._charged_at[stale]
+                self._host_s.pop(stale, None)
+        floor = min(self._host_s.values())
+        for key, lead in self._host_s.items():
+            self._host_s[key] = min(MAX_HOST_LEAD_S, lead - floor)
+
+    def _owes(self, turn: Hashable) -> bool:
+        """Whether ``turn`` leads by more than one turn's length (call with the lock held)."""
+        return self._host_s.get(turn, 0.0) > self._quantum()
+
+    def _quantum(self) -> float:
+        return max(self._turn_s, MIN_LEAD_S)
+
+    def _next_turn(self) -> Hashable:
+        """The ring's front turn, after those that owe a turn have paid one each (to the back, their lead
+        one turn shorter). Lock held, ring not empty."""
+        now = time.monotonic()
+        if self._last_take is not None and len(self._ring) > 1:
+            interval = min(now - self._last_take, MAX_HOST_LEAD_S)
+            self._turn_s += TURN_LENGTH_WEIGHT * (interval - self._turn_s)
+        self._last_take = now
+        for _ in range(len(self._ring) - 1):  # a turn alone in the ring owes nobody
+            if not self._owes(self._ring[0]):
+                break
+            self._host_s[self._ring[0]] -= self._quantum()
+            self._ring.rotate(-1)
+        return self._ring.popleft()
+
     def add_listener(self, listener: Callable[[], None]) -> None:
         """Call ``listener()`` after every :meth:`put` (on the putting thread; it must be quick)."""
         with self._lock:
@@ -186,9 +260,10 @@ class RequestQueue(ClosableQueue):
 
     def waiting(self, max_items: int) -> list[PendingObservation]:
         """Up to ``max_items`` waiting observations, one per turn, in the order turns will be served;
-        nothing is taken (the host-prep thread prepares these ahead)."""
+        nothing is taken (the host-prep thread prepares these ahead). Turns that owe a turn are left out:
+        their observation would likely be superseded before they are served, its preparation wasted."""
         with self._lock:
-            turns = [*self._ring, *self._rejoining][:max_items]
+            turns = [turn for turn in (*self._ring, *self._rejoining) if not self._owes(turn)][:max_items]
             return [self._slots[self._turns[turn][0]] for turn in turns]
 
     def put_background(self, task: EngineTask) -> None:
@@ -245,7 +320,7 @@ class RequestQueue(ClosableQueue):
                 self._ready.wait(remaining)
             if self._closed or not self._ring:
                 return None
-            return self._pop_turn(self._ring.popleft())
+            return self._pop_turn(self._next_turn())
 
     def take_batch(
         self,
@@ -273,7 +348,9 @@ class RequestQueue(ClosableQueue):
                 for turn in list(self._ring):
                     if len(batch) == max_items:
                         break
-                    if turn in turns_taken or not compatible(first, self._slots[self._turns[turn][0]]):
+                    if turn in turns_taken or self._owes(turn):
+                        continue
+                    if not compatible(first, self._slots[self._turns[turn][0]]):
                         continue
                     self._ring.remove(turn)
                     batch.append(self._pop_turn(turn))

@@ -401,7 +401,7 @@ class EngineWorker(CounterReadouts):
         self.call_started_at = time.monotonic()
         batch = [item for item, _ in taken]
         try:
-            prepared = host_inputs(engine, taken, self.counters)
+            prepared = host_inputs(engine, taken, self.counters, self._queue.charge)
             self.idle_gaps.call_starting(batch)
             with self._overlapping():
                 return predict_batch(engine, batch, self.counters, prepared)
