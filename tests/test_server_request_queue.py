@@ -230,12 +230,12 @@ def test_a_session_whose_frames_cost_more_host_time_waits_for_its_own_turns():
 
     def costly(seq: int) -> PendingObservation:
         observation = item("costly", seq)
-        observation.decode_ms = 400.0
+        observation.decode_cpu_s = 0.4
         return observation
 
     def robot(name: str, seq: int) -> PendingObservation:
         observation = item(name, seq)
-        observation.decode_ms = 1.0
+        observation.decode_cpu_s = 0.001
         return observation
 
     queue.put(costly(0))
@@ -263,3 +263,25 @@ def test_a_session_whose_frames_cost_more_host_time_waits_for_its_own_turns():
     while len(queue) > 1:  # once the robots stop, the costly session is served: nobody to yield to
         queue.take()
     assert queue.take().session_id == "costly"
+
+
+def test_a_costly_session_alone_gives_a_robot_between_two_observations_time_to_send():
+    """A robot in closed loop is absent from the ring while its chunk travels back; a session that owes
+    turns and streams would take every such gap. Alone but owing, it waits one turn's length first."""
+    queue = RequestQueue()
+    robot = item("robot", 0)
+    robot.decode_cpu_s = 0.001
+    queue.put(robot)
+    assert queue.take().session_id == "robot"
+    costly = item("costly", 0)
+    costly.decode_cpu_s = 0.5
+    queue.put(costly)
+    assert queue.host_lead_s("costly") > 0.3
+    taken = []
+    taker = threading.Thread(target=lambda: taken.append(queue.take(timeout=5)))
+    taker.start()
+    time.sleep(0.03)  # the robot's next observation arrives a moment later
+    queue.put(item("robot", 1))
+    taker.join(5)
+    assert taken[0].session_id == "robot"
+    assert queue.take(timeout=5).session_id == "costly"  # then it is served: nobody else waits

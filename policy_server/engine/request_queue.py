@@ -23,13 +23,15 @@ Two rules make it a realtime queue rather than a FIFO:
   when it sends again: so a robot in closed loop waits for at most the one request already running.
 
 * **Turns are fair in cost, not only in number.** The host's work on an observation (decoding its
-  frames, :attr:`PendingObservation.decode_ms`; preparing its inputs: the worker :meth:`charges
+  frames, :attr:`PendingObservation.decode_cpu_s`; preparing its inputs: the worker :meth:`charges
   <RequestQueue.charge>` it) is counted per turn. A turn whose count leads the least of the waiting
   turns' by more than one turn's length (the time between two takes) gives its place to the next one and
   goes to the back, its lead one turn shorter; such a turn is left out of batches and of what the host
   prepares ahead. One session streaming 4096x4096 frames thus waits for its own turns, paid for in turns
-  of everyone else's time, instead of taking the CPU every other robot's turn needs. A lead is capped at
-  :data:`MAX_HOST_LEAD_S`, and a turn waiting alone is served at once (nobody to yield to).
+  of everyone else's time, instead of taking the CPU every other robot's turn needs. Alone in the ring
+  while other sessions are active (robots in closed loop between two observations), such a turn waits
+  one turn's length for them first. A lead is capped at :data:`MAX_HOST_LEAD_S`; a turn waiting alone
+  while nobody else is active is served at once (nobody to yield to).
 
 Deadlines are the worker's business (it is the one that knows when a request reaches the engine).
 
@@ -92,6 +94,10 @@ class PendingObservation:
     owner: ObservationOwner
     received_at: float
     decode_ms: float = 0.0
+    # CPU seconds the host spent decoding its session's frames since the session's previous observation
+    # was queued (this one's, and those of any decoded and then replaced before it was queued): charged
+    # to its turn. Not ``decode_ms``, which is wall time (waiting for the decode pool, an upload) too.
+    decode_cpu_s: float = 0.0
     deadline_at: float | None = None
     client_timestamp: float | None = None
     enqueued_at: float = field(default_factory=time.monotonic)
@@ -182,11 +188,11 @@ class RequestQueue(ClosableQueue):
 
     def put(self, item: PendingObservation) -> PendingObservation | None:
         """Queue ``item``; return the observation of the same session it replaced, if any. Decoding its
-        frames (``decode_ms``) is charged to its turn."""
+        frames (``decode_cpu_s``) is charged to its turn."""
         with self._lock:
             self._refuse_if_closed()
-            if item.decode_ms > 0:
-                self._charge(item.turn_key, item.decode_ms / 1e3)
+            if item.decode_cpu_s > 0:
+                self._charge(item.turn_key, item.decode_cpu_s)
             replaced = self._slots.get(item.session_id)
             self._slots[item.session_id] = item
             if replaced is None:
@@ -229,6 +235,14 @@ class RequestQueue(ClosableQueue):
     def _owes(self, turn: Hashable) -> bool:
         """Whether ``turn`` leads by more than one turn's length (call with the lock held)."""
         return self._host_s.get(turn, 0.0) > self._quantum()
+
+    def _holds_back(self, turn: Hashable) -> bool:
+        """Whether ``turn``, alone in the ring, owes turns to sessions charged within the last two turn
+        lengths (active ones, between two observations). Lock held."""
+        if len(self._ring) != 1 or not self._owes(turn):
+            return False
+        recent = time.monotonic() - 2 * self._quantum()
+        return any(at >= recent for other, at in self._charged_at.items() if other != turn)
 
     def _quantum(self) -> float:
         return max(self._turn_s, MIN_LEAD_S)
@@ -313,13 +327,25 @@ class RequestQueue(ClosableQueue):
             # The request taken last has run by now: its turn goes behind whoever arrived meanwhile.
             self._ring.extend(self._rejoining)
             self._rejoining.clear()
-            while not self._ring and not self._background and not self._closed:
-                remaining = None if deadline is None else deadline - time.monotonic()
-                if remaining is not None and remaining <= 0:
+            held_back = False
+            while True:
+                while not self._ring and not self._background and not self._closed:
+                    remaining = None if deadline is None else deadline - time.monotonic()
+                    if remaining is not None and remaining <= 0:
+                        return None
+                    self._ready.wait(remaining)
+                if self._closed or not self._ring:
                     return None
-                self._ready.wait(remaining)
-            if self._closed or not self._ring:
-                return None
+                if held_back or not self._holds_back(self._ring[0]):
+                    break
+                # The one waiting turn owes turns while other sessions are active, only between two of
+                # their observations (a robot in closed loop sends its next one once its chunk is out):
+                # give them one turn's length to arrive before it, and charge it that turn.
+                held_back = True
+                remaining = self._quantum() if deadline is None else min(self._quantum(), deadline - time.monotonic())
+                self._host_s[self._ring[0]] -= self._quantum()
+                if remaining > 0:
+                    self._ready.wait(remaining)
             return self._pop_turn(self._next_turn())
 
     def take_batch(

@@ -337,6 +337,7 @@ class Session:
             owner=self,
             received_at=received_at,
             decode_ms=(time.monotonic() - received_at) * 1e3,
+            decode_cpu_s=self.decoding.take_cpu_s(),  # its turn pays for it in the queue
             deadline_at=deadline_at,
             client_timestamp=client_timestamp,
         )

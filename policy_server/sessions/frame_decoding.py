@@ -23,6 +23,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -155,6 +156,13 @@ class DecodeSlot:
         self._waiting: _Pending | None = None
         self._task: asyncio.Task | None = None
         self.decoded = 0
+        self._cpu_s = 0.0  # CPU seconds decoding took since take_cpu_s() was last called
+
+    def take_cpu_s(self) -> float:
+        """CPU seconds spent decoding since the last call (what the session's next queued observation is
+        charged for in the queue, replaced decodes included), and start counting again."""
+        spent, self._cpu_s = self._cpu_s, 0.0
+        return spent
 
     @property
     def busy(self) -> bool:
@@ -203,7 +211,8 @@ class DecodeSlot:
 
     async def _decode(self, pending: _Pending) -> None:
         try:
-            pending.value = await decode_pool().run(pending.prepare)
+            pending.value, cpu_s = await decode_pool().run(_timed, pending.prepare)
+            self._cpu_s += cpu_s
         except ProtocolError as error:
             if not pending.cancelled:
                 self._guard(pending.seq, _raise, error)
@@ -233,3 +242,9 @@ class DecodeSlot:
 
 def _raise(error: BaseException) -> None:
     raise error
+
+
+def _timed(prepare: Callable[[], Any]) -> tuple[Any, float]:
+    """``prepare()`` and the CPU seconds it took on this thread (waiting for the pool is not counted)."""
+    started = time.thread_time()
+    return prepare(), time.thread_time() - started
