@@ -189,9 +189,23 @@ class ReplayPages:
             )
 
 
+_REPLAY: ReplayPages | None = None
+_REPLAY_LOCK = threading.Lock()
+
+
+def replay_pages() -> ReplayPages:
+    """The process's replay decoder, made on first use: one thread however many sidecars a process runs
+    (as the sessions' decode pool), so that replay never takes more than one core's share from engines."""
+    global _REPLAY
+    with _REPLAY_LOCK:
+        if _REPLAY is None:
+            _REPLAY = ReplayPages()
+        return _REPLAY
+
+
 def router(parts: SidecarParts) -> APIRouter:
     routes = APIRouter()
-    replay = ReplayPages()
+    replay = replay_pages()
 
     @routes.get(RECORDINGS_PATH, tags=["recordings"], summary="Recorded sessions, newest first, a page at a time")
     async def recordings(
