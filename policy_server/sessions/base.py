@@ -97,7 +97,7 @@ class Session:
         # far (the metadata) left, and the server hands the connection and that frame to its session kind.
         self.handover: Any = None
         # Observations whose encoded camera frames are being decoded off the event loop (one at a time).
-        self.decoding = DecodeSlot(self._guard, self.drop)
+        self.decoding = DecodeSlot(self._guard, self.drop, lambda: self.host.queue.holds_back_decoding(self.id))
 
     @property
     def remote(self) -> str | None:

@@ -46,6 +46,9 @@ __all__ = [
     "openpi_decode",
 ]
 
+# How often a held decode checks whether its session may decode again (see DecodeSlot's hold).
+HOLD_RECHECK_S = 0.01
+
 _POOL: ImageDecodePool | None = None
 _POOL_LOCK = threading.Lock()
 
@@ -149,9 +152,19 @@ class DecodeSlot:
     replaced observation.
     """
 
-    def __init__(self, guard: Callable[..., None], drop: Callable[[int, str], None]) -> None:
+    def __init__(
+        self,
+        guard: Callable[..., None],
+        drop: Callable[[int, str], None],
+        hold: Callable[[], bool] = lambda: False,
+    ) -> None:
         self._guard = guard
         self._drop = drop
+        # True while the session owes the queue turns and its last observation still waits there: the
+        # next one is decoded only once that one is taken (decoding it now would be replaced unserved).
+        self._hold = hold
+        self._held = False  # a recheck of the hold is scheduled
+        self._closed = False
         self._decoding: _Pending | None = None
         self._waiting: _Pending | None = None
         self._task: asyncio.Task | None = None
@@ -166,7 +179,7 @@ class DecodeSlot:
 
     @property
     def busy(self) -> bool:
-        return self._decoding is not None
+        return self._decoding is not None or self._waiting is not None
 
     def submit(
         self,
@@ -179,7 +192,7 @@ class DecodeSlot:
         """Admit ``prepare()`` (or ``value`` when there is nothing to decode) once it is this observation's
         turn; a newer submission replaces one still waiting, which is dropped ``superseded``."""
         pending = _Pending(seq, received_at, prepare, admit, value)
-        if self._decoding is None:
+        if self._decoding is None and self._waiting is None:
             self._start(pending)
             return
         replaced, self._waiting = self._waiting, pending
@@ -198,11 +211,18 @@ class DecodeSlot:
         return forgotten
 
     def close(self) -> None:
+        self._closed = True
         self.cancel(None)
         if self._task is not None:
             self._task.cancel()
 
     def _start(self, pending: _Pending) -> None:
+        if pending.prepare is not None and self._hold():
+            self._waiting = pending  # newer submissions replace it meanwhile (latest wins)
+            if not self._held:
+                self._held = True
+                asyncio.get_running_loop().call_later(HOLD_RECHECK_S, self._recheck)
+            return
         self._decoding = pending
         if pending.prepare is None:
             self._finish(pending)
@@ -235,6 +255,15 @@ class DecodeSlot:
 
     def _next(self) -> None:
         self._decoding, self._task = None, None
+        if not self._held:
+            self._start_waiting()
+
+    def _recheck(self) -> None:
+        self._held = False
+        if not self._closed and self._decoding is None:
+            self._start_waiting()
+
+    def _start_waiting(self) -> None:
         waiting, self._waiting = self._waiting, None
         if waiting is not None:
             self._start(waiting)
