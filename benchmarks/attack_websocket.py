@@ -13,20 +13,28 @@ Attacks (one subcommand each; issue 18):
   default cap of 16 observers that is also a flood of ~1000 refused handshakes a second);
 * ``non-reading``: ``--clients`` (4) connections that flood frames and never read a reply; closed ones
   reconnect after ``--retry-s``.
+* ``costly-frames`` (issue 25.2): ``--clients`` (1) sessions streaming ``--attack-side`` (4096) square
+  camera frames at ``--attack-hz`` (30), as ``--attack-frame`` ``jpeg`` (about 100 KB each) or ``raw``
+  arrays, reading their replies: each costs the server decoding and resizing that its turn in the queue
+  does not count. ``--robots`` (3) robots are measured, all at once.
 
 Run it::
 
     .venv/bin/python benchmarks/attack_websocket.py observers
     .venv/bin/python benchmarks/attack_websocket.py observers --observers 1000 --server-args "--max-observers 1000"
     .venv/bin/python benchmarks/attack_websocket.py non-reading --clients 4
+    .venv/bin/python benchmarks/attack_websocket.py costly-frames --attack-side 4096 --attack-frame jpeg
+    .venv/bin/python benchmarks/attack_websocket.py costly-frames --attack-side 2560 --attack-frame raw
 
-The issue's target: the attacked p99 within 2x of the unattacked p99.
+The issue's target: the attacked p99 within 2x of the unattacked p99 (``costly-frames``: the robots'
+p50 within 1.5x of unattacked).
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import io
 import json
 import os
 import shlex
@@ -148,19 +156,64 @@ async def attack_non_reading(port: int, count: int, retry_s: float, stats: dict)
     await asyncio.gather(*(one() for _ in range(count)))
 
 
+def costly_frame(side: int, kind: str) -> np.ndarray | bytes:
+    """A ``side``² camera frame of smooth content: as a raw array, or as a JPEG (about 100 KB at 4096²)."""
+    from PIL import Image
+
+    small = np.random.default_rng(1).integers(0, 256, (32, 32, 3), dtype=np.uint8)
+    image = Image.fromarray(small).resize((side, side), Image.BILINEAR)
+    if kind == "raw":
+        return np.asarray(image)
+    buffer = io.BytesIO()
+    image.save(buffer, "JPEG", quality=60)
+    return buffer.getvalue()
+
+
+async def attack_costly_frames(port: int, count: int, frame: np.ndarray | bytes, hz: float, stats: dict) -> None:
+    async def one() -> None:
+        while True:
+            try:
+                async with connect(f"ws://127.0.0.1:{port}{REALTIME_PATH}", proxy=None, max_size=None) as ws:
+                    metadata = unpackb(await ws.recv())
+                    domain = metadata["defaults"].get("domain_name") or sorted(metadata["domains"])[0]
+                    await ws.send(packb({"type": "configure", "domain_name": domain}))
+                    stats["accepted"] += 1
+
+                    async def read() -> None:
+                        async for message in ws:
+                            kind = unpackb(message).get("type")
+                            stats[kind] = stats.get(kind, 0) + 1
+
+                    reader = asyncio.ensure_future(read())
+                    seq = 0
+                    while not reader.done():
+                        seq += 1
+                        await ws.send(packb({"type": "observation", "seq": seq, "image": frame}))
+                        stats["frames"] += 1
+                        await asyncio.sleep(1.0 / hz)
+            except (InvalidStatus, ConnectionClosed, OSError) as exc:
+                count_outcome(stats, exc)
+            await asyncio.sleep(1.0)
+
+    await asyncio.gather(*(one() for _ in range(count)))
+
+
 def attacker_main(argv: list[str]) -> int:
     kind, port, count, session_id, retry_s = argv[0], int(argv[1]), int(argv[2]), argv[3], float(argv[4])
     stats = {"accepted": 0, "frames": 0}
+    if kind == "costly-frames":
+        side, frame_kind, hz = int(argv[5]), argv[6], float(argv[7])
 
     async def run() -> None:
         loop = asyncio.get_running_loop()
         stop = asyncio.Event()
         loop.add_signal_handler(signal.SIGTERM, stop.set)
-        attack = (
-            attack_observers(port, count, session_id, retry_s, stats)
-            if kind == "observers"
-            else attack_non_reading(port, count, retry_s, stats)
-        )
+        if kind == "observers":
+            attack = attack_observers(port, count, session_id, retry_s, stats)
+        elif kind == "costly-frames":
+            attack = attack_costly_frames(port, count, costly_frame(side, frame_kind), hz, stats)
+        else:
+            attack = attack_non_reading(port, count, retry_s, stats)
         asyncio.ensure_future(attack)
         await stop.wait()
         # Report and go at once: an attacker does not close politely (its sockets just vanish).
@@ -201,8 +254,30 @@ def summary(values: list[float]) -> str:
     return f"p50 {percentile(values, 50):8.1f} ms   p99 {percentile(values, 99):8.1f} ms   n={len(values)}"
 
 
+class Robots:
+    """``count`` robots in closed loop at once; ``run(n)`` returns every robot's n round trips in ms."""
+
+    def __init__(self, url: str, size: int, count: int) -> None:
+        self.robots = [Robot(url, size) for _ in range(count)]
+
+    @property
+    def session_id(self) -> str:
+        return self.robots[0].session_id
+
+    async def open(self) -> None:
+        for robot in self.robots:
+            await robot.open()
+
+    async def run(self, count: int) -> list[float]:
+        return [t for times in await asyncio.gather(*(robot.run(count) for robot in self.robots)) for t in times]
+
+    async def close(self) -> None:
+        for robot in self.robots:
+            await robot.ws.close()
+
+
 async def measure(args: argparse.Namespace, server: ServerProcess) -> None:
-    robot = Robot(f"ws://127.0.0.1:{server.port}{REALTIME_PATH}", args.size)
+    robot = Robots(f"ws://127.0.0.1:{server.port}{REALTIME_PATH}", args.size, args.robots)
     await robot.open()
     await robot.run(args.warmup)
     count = args.observers if args.attack == "observers" else args.clients
@@ -234,6 +309,9 @@ async def measure(args: argparse.Namespace, server: ServerProcess) -> None:
                 str(count),
                 robot.session_id,
                 str(args.retry_s),
+                str(args.attack_side),
+                args.attack_frame,
+                str(args.attack_hz),
             ],
             cwd=REPO_ROOT,
             stdout=subprocess.PIPE,
@@ -253,12 +331,18 @@ async def measure(args: argparse.Namespace, server: ServerProcess) -> None:
         attacker_stats.append(json.loads(out.strip().splitlines()[-1]) if out.strip() else {})
         print(f"round {round_index + 1}/{args.rounds}: attacker {attacker_stats[-1]}", flush=True)
         await asyncio.sleep(args.ramp_s)  # the attack's connections go away
-    await robot.ws.close()
+    await robot.close()
 
     load = os.getloadavg()
     print(
         f"\nattack: {args.attack} ({count} {'observers' if args.attack == 'observers' else 'clients'}, "
-        f"retrying every {args.retry_s:g} s), "
+        f"retrying every {args.retry_s:g} s"
+        + (
+            f"; {args.attack_side}x{args.attack_side} {args.attack_frame} frames at {args.attack_hz:g} Hz"
+            if args.attack == "costly-frames"
+            else ""
+        )
+        + f"), {args.robots} robot(s), "
         f"server args {args.server_args!r}, {args.size}x{args.size} frames, {args.rounds} rounds of "
         f"{args.requests} round trips per side; load average {load[0]:.2f} {load[1]:.2f} {load[2]:.2f}, "
         f"{os.cpu_count()} cores"
@@ -272,7 +356,7 @@ async def measure(args: argparse.Namespace, server: ServerProcess) -> None:
     base, hit = sides["unattacked"]["rt"], sides["attacked"]["rt"]
     print(
         f"ratio attacked/unattacked: p50 {percentile(hit, 50) / percentile(base, 50):.2f}x, "
-        f"p99 {percentile(hit, 99) / percentile(base, 99):.2f}x (target: p99 within 2x)"
+        f"p99 {percentile(hit, 99) / percentile(base, 99):.2f}x (target: p99 within 2x; costly-frames: p50 within 1.5x)"
     )
 
 
@@ -281,9 +365,13 @@ def main(argv: list[str] | None = None) -> int:
     if argv and argv[0] == "_attacker":
         return attacker_main(argv[1:])
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("attack", choices=("observers", "non-reading"))
+    parser.add_argument("attack", choices=("observers", "non-reading", "costly-frames"))
     parser.add_argument("--observers", type=int, default=1000, help="observers the attacker keeps trying to hold")
-    parser.add_argument("--clients", type=int, default=4, help="non-reading connections")
+    parser.add_argument("--clients", type=int, default=None, help="attacking connections (non-reading 4, costly 1)")
+    parser.add_argument("--robots", type=int, default=1, help="robots measured at once (default 1)")
+    parser.add_argument("--attack-side", type=int, default=4096, help="costly-frames: the frames' side")
+    parser.add_argument("--attack-frame", choices=("jpeg", "raw"), default="jpeg", help="costly-frames: their form")
+    parser.add_argument("--attack-hz", type=float, default=30.0, help="costly-frames: frames per second sent")
     parser.add_argument(
         "--retry-s",
         type=float,
@@ -297,6 +385,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--size", type=int, default=224, help="the robot's image side (default 224)")
     parser.add_argument("--server-args", default="", help="extra cosmos3-serve flags, e.g. '--max-observers 1000'")
     args = parser.parse_args(argv)
+    if args.clients is None:
+        args.clients = 1 if args.attack == "costly-frames" else 4
     server = ServerProcess(["--tiny", "distilled", *shlex.split(args.server_args)])
     try:
         health = server.wait_ready()

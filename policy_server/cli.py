@@ -225,6 +225,8 @@ async def serve_until_stopped(args: argparse.Namespace) -> int:
             host=args.host,
             port=args.port,
             max_message_bytes=int(args.max_message_mib * 2**20),
+            max_decoded_bytes=int(args.max_decoded_mib * 2**20),
+            max_image_side=args.max_image_side,
             torch_threads=args.torch_threads,
             warmup=args.warmup,
             max_batch=max(1, args.max_batch),

@@ -18,7 +18,7 @@ from .connection_limits import (
 )
 from .engine.batching import DEFAULT_VIDEO_STEP_INTERVAL_S
 from .engine.watchdog import DEFAULT_ENGINE_TIMEOUT_S
-from .http.codecs import DEFAULT_MAX_DECODED_BYTES, DEFAULT_MAX_JSON_VALUES
+from .http.codecs import DEFAULT_MAX_JSON_VALUES
 from .http.connections import (
     DEFAULT_BODY_TIMEOUT_S,
     DEFAULT_HEADER_TIMEOUT_S,
@@ -27,6 +27,7 @@ from .http.connections import (
 )
 from .http.settings import DEFAULT_MAX_BODY_BYTES, DEFAULT_MAX_BUFFERED_BODY_BYTES
 from .http.turns import DEFAULT_MAX_IN_FLIGHT
+from .media.media_check import DEFAULT_MAX_DECODED_BYTES, MAX_SIDE_PER_CANVAS_SIDE
 from .server import DEFAULT_MAX_MESSAGE_BYTES
 from .server_settings import DEFAULT_MAX_OBSERVERS
 from .sessions.rate_limits import DEFAULT_BURST, DEFAULT_MAX_OBSERVATION_HZ
@@ -103,8 +104,16 @@ def build_parser() -> argparse.ArgumentParser:
         "--max-decoded-mib",
         type=float,
         default=DEFAULT_MAX_DECODED_BYTES / 2**20,
-        help="pixels one HTTP request may decode to (images and clips, as RGB), in MiB; "
-        "checked from headers before decoding, more is refused with 413 (default %(default)g)",
+        help="pixels one observation (WebSocket) or HTTP request may decode to (images and clips, as RGB), "
+        "in MiB; checked from headers before decoding, more is refused (payload_too_large, 413) (default %(default)g)",
+    )
+    hardening.add_argument(
+        "--max-image-side",
+        type=int,
+        default=None,
+        help="longest camera frame side accepted, raw or encoded; larger is refused (invalid_image) from the "
+        f"array's shape or the header (default: {MAX_SIDE_PER_CANVAS_SIDE}x the largest canvas side the model "
+        "serves, 2560 for Cosmos3, within the model's own limit)",
     )
     hardening.add_argument(
         "--max-json-values",

@@ -15,8 +15,10 @@ optional feature: the WebSocket-only server uses it too.
 
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import Mapping
+from pathlib import Path
 from typing import Any
 
 from cosmos3_runtime.description import ModelDescription
@@ -50,6 +52,8 @@ def native_metadata(host: ServerContext[Any], session_id: str) -> dict[str, Any]
     settings = host.settings
     described = d.as_json()
     limits = described["limits"]
+    limits["max_image_side"] = host.frame_limits.max_image_side  # the --max-image-side cap, as enforced
+    limits["max_decoded_bytes"] = host.frame_limits.max_decoded_bytes
     limits["max_message_bytes"] = settings.max_message_bytes
     limits["max_sessions"] = settings.max_sessions
     rate = settings.observation_rate
@@ -138,6 +142,7 @@ def http_action_metadata(
     settings = host.settings
     described = d.as_json()
     limits = described["limits"]
+    limits["max_image_side"] = host.frame_limits.max_image_side
     limits.update(http_limits)
     limits["max_websocket_message_bytes"] = settings.max_message_bytes
     action_modes, video_modes = list(d.action_modes), list(d.video_modes)
@@ -185,19 +190,29 @@ def engine_state(host: ServerContext[Any]) -> str:
     return host.worker.state.value if host.worker is not None else "starting"
 
 
-def health(host: ServerContext[Any], liveness: bool = False) -> tuple[int, dict[str, Any]]:
+def public_model_name(model: str | None) -> str | None:
+    """``model`` as anyone may see it: a Hub id as it is, a folder on the server by its last part only
+    (its absolute path says how the server's disk is laid out)."""
+    if model is None or not (os.path.isabs(model) or model.startswith((".", "~"))):
+        return model
+    return Path(model).name
+
+
+def health(host: ServerContext[Any], liveness: bool = False, authorized: bool = False) -> tuple[int, dict[str, Any]]:
     """The ``/healthz`` answer: (HTTP status, body). Answered from the first millisecond, while loading.
 
     On the WebSocket port ``status`` is the engine's state and a failed or stopping server answers 503;
     on the sidecar (``liveness``) ``status`` is ``ok`` while the process serves (503 ``failed`` only when
-    the engine failed to load). ``engine`` always carries the engine's state.
+    the engine failed to load). ``engine`` always carries the engine's state. ``/healthz`` is open to
+    everyone; only a request with a valid token (``authorized``) sees where on the server the model lies.
     """
     worker, d = host.worker, host.description
     engine = engine_state(host)
+    model = d.model if d is not None else None
     body = {
         "status": engine,
         "engine": engine,
-        "model": d.model if d is not None else None,
+        "model": model if authorized else public_model_name(model),
         "variant": d.variant if d is not None else None,
         "protocol_version": protocol.PROTOCOL_VERSION,
         "sessions": len(host.sessions),

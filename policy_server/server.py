@@ -46,7 +46,7 @@ from .engine.request_queue import PendingObservation, RequestQueue
 from .engine.watchdog import EngineWatchdog
 from .engine.worker import ActionEngine, EngineWorker
 from .log_hygiene import printable
-from .media.image_decoding import model_frame_limits
+from .media.media_check import served_frame_limits
 from .metadata import SERVER_NAME, health
 from .routes import Route, check_endpoints, path_of, route
 from .server_settings import DEFAULT_MAX_MESSAGE_BYTES, LARGEST_IMAGE_BYTES, ServerSettings
@@ -204,7 +204,9 @@ class PolicyServer:
         assert self.context.worker is not None, "start() first"
         description = await self.context.worker.wait_ready()
         self.context.description = description
-        self.context.frame_limits = model_frame_limits(description.limits)
+        self.context.frame_limits = served_frame_limits(
+            description, self.settings.max_decoded_bytes, self.settings.max_image_side
+        )
         side = self.context.frame_limits.max_image_side
         if self.settings.max_message_bytes < side * side * 3 + 2**20:
             logger.warning(
@@ -282,7 +284,10 @@ class PolicyServer:
         kind = route(path, openpi=self.settings.openpi is not None, endpoints=self.endpoints)
         context = self.context
         if kind is Route.HEALTH:
-            status, body = health(context)
+            tokens = self.settings.auth_tokens
+            query = request.path.partition("?")[2]
+            authorized = tokens is not None and tokens.check(request.headers.get_all, query).ok
+            status, body = health(context, authorized=authorized)
             return _json_response(connection, HTTPStatus(status), body)
         if kind is Route.EDGE_HTTP and self.endpoints.http[path].open:
             return self._edge_http_response(connection, request)

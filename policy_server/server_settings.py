@@ -18,6 +18,7 @@ from .connection_limits import (
 )
 from .engine.batching import DEFAULT_VIDEO_STEP_INTERVAL_S
 from .engine.watchdog import DEFAULT_ENGINE_TIMEOUT_S
+from .media.media_check import DEFAULT_MAX_DECODED_BYTES
 from .sessions.openpi_observation import OpenpiSettings
 from .sessions.rate_limits import RateLimit
 from .sessions.supervisor import SessionLimits
@@ -39,6 +40,10 @@ class ServerSettings:
     host: str = "127.0.0.1"
     port: int = 8000
     max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES
+    # Pixels one observation may decode to, and the longest frame side accepted (None: twice the largest
+    # canvas side the model serves): the one media check (policy_server.media.media_check).
+    max_decoded_bytes: int | None = DEFAULT_MAX_DECODED_BYTES
+    max_image_side: int | None = None
     torch_threads: int | None = None
     warmup: bool = True
     # Requests of different sessions that can share transformer calls run as one batch (1: off).

@@ -72,6 +72,9 @@ class ErrorCode:
     RATE_LIMITED = "rate_limited"  # more observations per second than the server allows a session; not queued
     ENGINE_TIMEOUT = "engine_timeout"  # the engine call ran past --engine-timeout-s; the engine is being restarted
     RECORDING_UNAVAILABLE = "recording_unavailable"  # `record: true` on a server started without --record-dir
+    # The cameras would decode to more pixels than the server decodes for one observation (its headers
+    # say so: nothing was decoded); send smaller or fewer frames.
+    PAYLOAD_TOO_LARGE = "payload_too_large"
 
 
 class DropReason:

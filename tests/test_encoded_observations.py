@@ -190,3 +190,35 @@ async def test_the_slot_decodes_one_at_a_time_off_the_loop_and_the_newest_waitin
     assert admitted == ["first", "third, raw"]
     assert threads and all(thread is not loop_thread for thread in threads)
     assert errors == []
+
+
+async def test_a_session_that_owes_turns_decodes_only_once_its_queued_observation_is_taken():
+    """Issue 25.2: a session streaming costly frames decoded every one it sent, though each only replaced
+    the last one waiting in the queue. While the queue holds it back (it owes turns and its observation
+    still waits there), its newest frame waits undecoded (newer ones replace it: superseded), and is
+    decoded once the hold lifts."""
+    admitted, dropped, decoded = [], [], []
+    hold = [True]
+
+    def decode(value):
+        def run():
+            decoded.append(value)
+            return value
+
+        return run
+
+    slot = DecodeSlot(
+        lambda seq, fn, *args: fn(*args), lambda seq, reason: dropped.append((seq, reason)), lambda: hold[0]
+    )
+    admit = lambda value, received_at: admitted.append(value)  # noqa: E731
+    for seq in range(3):
+        slot.submit(seq, time.monotonic(), decode(f"frame {seq}"), None, admit)
+        await asyncio.sleep(0.03)  # longer than the hold's recheck
+    assert decoded == [] and admitted == [] and slot.busy
+    assert dropped == [(0, DropReason.SUPERSEDED), (1, DropReason.SUPERSEDED)]
+    hold[0] = False
+    for _ in range(200):
+        if not slot.busy:
+            break
+        await asyncio.sleep(0.01)
+    assert decoded == ["frame 2"] and admitted == ["frame 2"]

@@ -12,6 +12,7 @@ can be filled after the job was accepted and before its MP4 is written.
 
 from __future__ import annotations
 
+import logging
 import os
 import shutil
 import subprocess
@@ -27,19 +28,23 @@ import pytest
 from server_fixtures import http_get, tiny_checkpoint
 from sidecar_fixtures import SidecarServer, error_of, png_b64, rgb, video_body, wait_for_job
 
+from policy_server.videos.runner import RECHECK_INTERVAL_S
+
 # What is left free after filling: less than a 128x128 job's inputs (48 KiB) or the MP4 need, enough for
 # SQLite to record the job's failure (a few WAL pages).
 LEFT_FREE_BYTES = 24 * 1024
 
 
 class GatedVideoEngine:
-    """A real engine whose ``start_video`` waits until ``gate`` is set (at most 60 s)."""
+    """A real engine whose ``start_video`` waits until ``gate`` is set (at most 60 s); ``gate.entered`` is
+    set once a rollout is waiting at the gate (its job claimed: ``in_progress`` in the store)."""
 
     def __init__(self, engine: Any, gate: threading.Event) -> None:
         self.engine = engine
         self.gate = gate
 
     def start_video(self, request):
+        self.gate.entered.set()
         self.gate.wait(60)
         return self.engine.start_video(request)
 
@@ -78,7 +83,15 @@ def fill(directory: Path, leave: int) -> Path:
     return filler
 
 
-def gated_loader(gate: threading.Event):
+class Gate(threading.Event):
+    """The event a :class:`GatedVideoEngine` waits for, and the one it sets on reaching it."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.entered = threading.Event()
+
+
+def gated_loader(gate: Gate):
     path = tiny_checkpoint("distilled")
 
     def load():
@@ -90,10 +103,10 @@ def gated_loader(gate: threading.Event):
 
 
 @contextmanager
-def gated_sidecar(disk: Path) -> Iterator[tuple[SidecarServer, threading.Event]]:
+def gated_sidecar(disk: Path) -> Iterator[tuple[SidecarServer, Gate]]:
     """A sidecar keeping its data on ``disk``, whose engine starts a video only once the gate is set; the
     gate is set on the way out, so a job left waiting does not hold the shutdown."""
-    gate = threading.Event()
+    gate = Gate()
     with SidecarServer(gated_loader(gate), data_dir=disk / "data") as server:
         try:
             yield server, gate
@@ -157,11 +170,17 @@ def test_a_submission_with_little_free_space_is_refused_with_507_not_500(small_d
         assert [p.name for p in (small_disk / "data" / "videos").iterdir()] == []  # no half-written job
 
 
-def _fail_unrecordably(server: SidecarServer, gate: threading.Event, disk: Path) -> tuple[dict[str, Any], Path]:
-    """Submit a job, fill the disk to the last page, let the job run: its MP4 cannot be written, nor its
-    failure (SQLite cannot grow its log). Returns the job and the filler file, once the runner holds
-    the failure it could not record."""
+def _fail_unrecordably(server: SidecarServer, gate: Gate, disk: Path) -> tuple[dict[str, Any], Path]:
+    """Submit a job, wait until the runner has claimed it and its rollout waits at the engine's gate, fill
+    the disk to the last page, let the job run: its MP4 cannot be written, nor its failure (SQLite cannot
+    grow its log). Returns the job and the filler file, once the runner holds the failure it could not
+    record.
+
+    The disk is filled only once the job is claimed: a runner that finds the disk full before it claims
+    the job (a busy machine delays it) cannot mark it ``in_progress`` and rightly runs nothing until
+    there is room (:func:`test_a_job_queued_when_the_disk_fills_waits_for_room_and_the_runner_says_so_once`)."""
     job = server.client.post("/v1/videos", json=video_body(steps=8)).json()
+    assert gate.entered.wait(60), "the job never reached the engine"
     filler = fill(disk, 0)
     gate.set()
     deadline = time.monotonic() + 60
@@ -192,3 +211,29 @@ def test_a_server_restarted_on_a_full_disk_serves_and_finishes_the_job_once_spac
         done = wait_for_job(restarted.client, job["id"], timeout=60)
         assert done["status"] == "completed", done  # re-queued by the recovery, run again, stored
         assert restarted.client.get(f"/v1/videos/{job['id']}/content").content[4:8] == b"ftyp"
+
+
+def test_a_job_queued_when_the_disk_fills_waits_for_room_and_the_runner_says_so_once(small_disk, caplog):
+    """A job still queued when the disk fills cannot be claimed (marking it ``in_progress`` is a write):
+    it waits, and the runner says once that the disk refuses writes. It used to say so at every recheck,
+    each time after claiming the disk had room again (it merely had nothing else to write). Once space
+    is freed the job is claimed and completes."""
+    caplog.set_level(logging.INFO, logger="policy_server.videos.runner")
+    with gated_sidecar(small_disk) as (server, gate):
+        first = server.client.post("/v1/videos", json=video_body(steps=8)).json()
+        assert gate.entered.wait(60), "the job never reached the engine"
+        second = server.client.post("/v1/videos", json=video_body(steps=8, seed=3)).json()  # the runner is busy
+        # The first job is deleted while it runs: its outcome needs no write, so the runner goes on to
+        # claim the second one on a full disk.
+        assert server.client.delete(f"/v1/videos/{first['id']}").status_code == 200
+        filler = fill(small_disk, 0)
+        gate.set()
+        time.sleep(2.5 * RECHECK_INTERVAL_S)  # rechecks while the disk stays full
+        assert server.client.get(f"/v1/videos/{second['id']}").json()["status"] == "queued"
+        said = [r.getMessage() for r in caplog.records if "refuses writes" in r.getMessage()]
+        assert len(said) == 1, said
+        assert not [r for r in caplog.records if "has room again" in r.getMessage()]
+        filler.unlink()
+        done = wait_for_job(server.client, second["id"], timeout=60)
+        assert done["status"] == "completed", done
+        assert len([r for r in caplog.records if "has room again" in r.getMessage()]) == 1

@@ -243,3 +243,80 @@ async def test_recordings_are_served_only_with_the_token_and_only_by_their_safe_
     with ServerThread(tiny_engine_loader("distilled"), http=SidecarSettings(data_dir=tmp_path / "s2", port=0)) as plain:
         status, body = await asyncio.to_thread(_get, f"http://127.0.0.1:{plain.sidecar.port}/v1/recordings")
         assert status == 404 and "--record-dir" in body["error"]["message"]
+
+
+async def test_the_recordings_listing_pages_and_an_absurd_frame_index_is_a_client_error(tmp_path, caplog):
+    """The attack run: ``?limit=`` was ignored (every recording listed), and ``frames?start=`` beyond what
+    an index holds answered 500 with a traceback in the log."""
+    from policy_server.http.settings import SidecarSettings
+
+    root = tmp_path / "recordings"
+    sidecar = SidecarSettings(data_dir=tmp_path / "sidecar", host="127.0.0.1", port=0)
+    with recording_server(root, http=sidecar) as server:
+        for _ in range(3):
+            robot = await Robot.open(server)
+            await robot.send({"type": "configure", "domain_name": DOMAIN})
+            await robot.recv()
+            assert (await robot.observe(0))["type"] == "action_chunk"
+            await robot.ws.close()
+            assert await asyncio.to_thread(wait_until_published, server)
+        base = f"http://127.0.0.1:{server.server.sidecar.port}/v1/recordings"
+        status, everything = await asyncio.to_thread(_get, base)
+        assert status == 200 and everything["total"] == 3 and len(everything["recordings"]) == 3
+        assert everything["next_offset"] is None
+        names = [info["name"] for info in everything["recordings"]]
+        status, first = await asyncio.to_thread(_get, base + "?limit=2")
+        assert status == 200 and [info["name"] for info in first["recordings"]] == names[:2]
+        assert first["total"] == 3 and first["next_offset"] == 2
+        status, rest = await asyncio.to_thread(_get, base + f"?limit=2&offset={first['next_offset']}")
+        assert [info["name"] for info in rest["recordings"]] == names[2:] and rest["next_offset"] is None
+        for bad in ("?limit=0", "?limit=abc", "?limit=100000", "?offset=-1", "?offset=99999999999999999999"):
+            status, body = await asyncio.to_thread(_get, base + bad)
+            assert status == 400 and body["error"]["field"] in ("limit", "offset"), (bad, body)
+        for start in ("99999999999999999999", "2147483648", "-1"):
+            status, body = await asyncio.to_thread(_get, f"{base}/{names[0]}/frames?start={start}")
+            assert status == 400 and body["error"]["field"] == "start", (start, body)
+        status, page = await asyncio.to_thread(_get, f"{base}/{names[0]}/frames?start=2147483647")
+        assert status == 200 and page["frames"] == []  # past the end: an empty page, not an error
+    assert not [record for record in caplog.records if record.exc_info], "a traceback was logged"
+
+
+async def test_replay_pages_decode_on_one_low_priority_thread_are_cached_and_rate_limited(tmp_path):
+    """Issue 25.4: 8 clients paging recorded frames in a loop took the CPU from the engine (a robot's p50
+    39 -> 967 ms). Pages decode on one thread nicer than the server's, a page asked for again is answered
+    from the cache (here: after its videos are gone), and a client asking too fast is answered 429."""
+    import os
+    import shutil
+    import threading
+
+    from policy_server.http.routes.recordings import PAGES_BURST, REPLAY_NICENESS
+    from policy_server.http.settings import SidecarSettings
+
+    root = tmp_path / "recordings"
+    sidecar = SidecarSettings(data_dir=tmp_path / "sidecar", host="127.0.0.1", port=0)
+    with recording_server(root, http=sidecar) as server:
+        robot = await Robot.open(server)
+        await robot.send({"type": "configure", "domain_name": DOMAIN})
+        await robot.recv()
+        for seq in range(3):
+            assert (await robot.observe(seq))["type"] == "action_chunk"
+        await robot.ws.close()
+        assert await asyncio.to_thread(wait_until_published, server)
+        base = f"http://127.0.0.1:{server.server.sidecar.port}/v1/recordings"
+        (info,) = (await asyncio.to_thread(_get, base))[1]["recordings"]
+        page_url = f"{base}/{info['name']}/frames?start=0&count=2"
+        status, page = await asyncio.to_thread(_get, page_url)
+        assert status == 200 and len(page["frames"]) == 2
+        replay_threads = [t.native_id for t in threading.enumerate() if t.name.startswith("recording-replay")]
+        assert len(replay_threads) == 1  # one decoding thread for the whole server
+        (thread,) = replay_threads
+        assert os.getpriority(os.PRIO_PROCESS, thread) >= min(19, os.getpriority(os.PRIO_PROCESS, 0) + REPLAY_NICENESS)
+        shutil.rmtree(RecordingStore(root).path(info["name"]) / "videos")
+        status, again = await asyncio.to_thread(_get, page_url)
+        assert status == 200 and again == page  # from the cache: the videos are gone
+        status, _ = await asyncio.to_thread(_get, f"{base}/{info['name']}/frames?start=1&count=2")
+        assert status >= 400  # not cached: decoding it needs the videos
+        statuses = [(await asyncio.to_thread(_get, page_url))[0] for _ in range(PAGES_BURST + 4)]
+        assert 429 in statuses, statuses  # faster than a client may page
+        status, body = await asyncio.to_thread(_get, page_url)
+        assert status == 429 and body["error"]["code"] == "rate_limited"

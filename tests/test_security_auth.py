@@ -168,6 +168,25 @@ def test_open_paths_stay_open_without_a_token(secured):
     assert secured.https.get("/dashboard/").status_code == 200
 
 
+def test_healthz_shows_where_the_model_lies_only_behind_the_token(secured):
+    """The attack run read the model's absolute path on the server from an open ``/healthz``."""
+    import urllib.request
+
+    context = ssl.create_default_context(cafile=secured.cert)
+    opener = urllib.request.build_opener(urllib.request.ProxyHandler({}), urllib.request.HTTPSHandler(context=context))
+    model = secured.server.description.model
+    assert Path(model).is_absolute()  # a local folder: the tiny checkpoint
+    for url in (f"https://127.0.0.1:{secured.port}/healthz", f"https://127.0.0.1:{secured.port}/healthz?token=nope"):
+        with opener.open(url, timeout=10) as response:
+            shown = json.loads(response.read())["model"]
+        assert shown == Path(model).name and "/" not in shown, shown
+    with opener.open(f"https://127.0.0.1:{secured.port}/healthz?access_token={TOKEN}", timeout=10) as response:
+        assert json.loads(response.read())["model"] == model
+    assert secured.https.get("/healthz").json()["model"] == Path(model).name
+    authorized = secured.https.get("/healthz", headers={"Authorization": f"Bearer {FILE_TOKEN}"})
+    assert authorized.json()["model"] == model
+
+
 @pytest.mark.parametrize(
     "method,path",
     [

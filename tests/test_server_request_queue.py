@@ -220,3 +220,68 @@ def test_a_robots_batch_never_carries_a_one_shot_request():
         "http-client-0",
         "http-other-0",
     ]  # one-shot requests of different clients still batch together
+
+
+def test_a_session_whose_frames_cost_more_host_time_waits_for_its_own_turns():
+    """Turns fair in cost (issue 25.2): a session whose observations each took 0.4 s to decode, against
+    robots taking 1 ms, gives up turns while robots wait (one per turn length of lead), is left out of
+    batches and of what the host prepares ahead, and is still served at once when nobody else waits."""
+    queue = RequestQueue()
+
+    def costly(seq: int) -> PendingObservation:
+        observation = item("costly", seq)
+        observation.decode_cpu_s = 0.4
+        return observation
+
+    def robot(name: str, seq: int) -> PendingObservation:
+        observation = item(name, seq)
+        observation.decode_cpu_s = 0.001
+        return observation
+
+    queue.put(costly(0))
+    assert queue.take().session_id == "costly"  # alone: served at once, nobody to yield to
+    for name in ("a", "b"):
+        queue.put(robot(name, 0))
+    queue.put(costly(1))
+    assert queue.host_lead_s("costly") > 0.3 and queue.host_lead_s("a") == 0.0
+    assert [waiting.session_id for waiting in queue.waiting(4)] == ["a", "b"]  # not prepared ahead
+    assert {taken.session_id for taken in queue.take_batch(4)} == {"a", "b"}  # not batched along
+    served, seq = [], 2
+    for name in ("a", "b"):
+        queue.put(robot(name, seq))
+    for _ in range(12):
+        queue.put(costly(seq))  # it keeps streaming: each frame costs its turn 0.4 s more
+        taken = queue.take()
+        served.append(taken.session_id)
+        seq += 1
+        if taken.session_id != "costly":
+            queue.put(robot(taken.session_id, seq))  # a robot in closed loop sends again once served
+        time.sleep(0.01)
+    # 0.4 s of lead per frame against turns of at most 0.1 s: the robots get nearly every turn.
+    assert served.count("costly") <= 1, served
+    assert queue.host_lead_s("costly") <= 2.0  # capped: it can be made to wait so long, no longer
+    while len(queue) > 1:  # once the robots stop, the costly session is served: nobody to yield to
+        queue.take()
+    assert queue.take().session_id == "costly"
+
+
+def test_a_costly_session_alone_gives_a_robot_between_two_observations_time_to_send():
+    """A robot in closed loop is absent from the ring while its chunk travels back; a session that owes
+    turns and streams would take every such gap. Alone but owing, it waits one turn's length first."""
+    queue = RequestQueue()
+    robot = item("robot", 0)
+    robot.decode_cpu_s = 0.001
+    queue.put(robot)
+    assert queue.take().session_id == "robot"
+    costly = item("costly", 0)
+    costly.decode_cpu_s = 0.5
+    queue.put(costly)
+    assert queue.host_lead_s("costly") > 0.3
+    taken = []
+    taker = threading.Thread(target=lambda: taken.append(queue.take(timeout=5)))
+    taker.start()
+    time.sleep(0.03)  # the robot's next observation arrives a moment later
+    queue.put(item("robot", 1))
+    taker.join(5)
+    assert taken[0].session_id == "robot"
+    assert queue.take(timeout=5).session_id == "costly"  # then it is served: nobody else waits

@@ -54,6 +54,9 @@ def test_none_unsets_a_setting_but_never_the_domain(described, domain):
         ({"seed": -1}, ErrorCode.INVALID_FIELD, "seed"),
         ({"fps": 0.0}, ErrorCode.INVALID_FIELD, "fps"),
         ({"control_hz": -5.0}, ErrorCode.INVALID_FIELD, "control_hz"),
+        ({"control_hz": 1e308}, ErrorCode.INVALID_FIELD, "control_hz"),  # accepted once, shown to operators
+        ({"control_hz": float("inf")}, ErrorCode.INVALID_FIELD, "control_hz"),
+        ({"control_hz": float("nan")}, ErrorCode.INVALID_FIELD, "control_hz"),
         ({"prompt": "p" * 1_000_000}, ErrorCode.INVALID_FIELD, "prompt"),
     ],
 )

@@ -89,7 +89,10 @@ class PeakRss:
 
 @pytest.fixture(scope="module")
 def server():
-    process = ServerProcess("--model", str(tiny_checkpoint("distilled")), "--no-warmup").start()
+    # Sides up to the model's own 4096: these attacks are about the decoding budget, not the side cap.
+    process = ServerProcess(
+        "--model", str(tiny_checkpoint("distilled")), "--no-warmup", "--max-image-side", "4096"
+    ).start()
     try:
         client = httpx.Client(base_url=f"http://127.0.0.1:{process.http_port}", trust_env=False, timeout=60)
         deadline = time.monotonic() + 120

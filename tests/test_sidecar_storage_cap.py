@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 from server_fixtures import DOMAIN, tiny_checkpoint
 from sidecar_fixtures import SidecarServer, actions, error_of
-from test_faults_disk_full import GatedVideoEngine
+from test_faults_disk_full import Gate, GatedVideoEngine
 
 from policy_server.videos.job_store import RetentionPolicy
 
@@ -39,7 +39,7 @@ def _bytes_under(folder: Path) -> int:
 
 
 def test_stored_inputs_count_toward_the_storage_limit_and_are_kept_as_uploaded():
-    gate = threading.Event()
+    gate = Gate()
     path = tiny_checkpoint("distilled")
 
     def load():
@@ -49,7 +49,8 @@ def test_stored_inputs_count_toward_the_storage_limit_and_are_kept_as_uploaded()
 
     upload = _flat_png(4096)
     assert len(upload) < 64 * 1024  # 58 KB on the wire; 48 MiB as raw pixels
-    with SidecarServer(load, retention=RetentionPolicy(max_bytes=LIMIT)) as server:
+    # Sides up to the model's own 4096 (not --max-image-side's default): the attack's frames, as sent.
+    with SidecarServer(load, retention=RetentionPolicy(max_bytes=LIMIT), max_image_side=4096) as server:
         try:
             jobs_dir = server.data_dir / "videos"
             accepted, refused = [], []

@@ -22,6 +22,17 @@ Two rules make it a realtime queue rather than a FIFO:
   worker's next take, behind everyone who arrived while that request ran, just as a robot rejoins only
   when it sends again: so a robot in closed loop waits for at most the one request already running.
 
+* **Turns are fair in cost, not only in number.** The host's work on an observation (decoding its
+  frames, :attr:`PendingObservation.decode_cpu_s`; preparing its inputs: the worker :meth:`charges
+  <RequestQueue.charge>` it) is counted per turn. A turn whose count leads the least of the waiting
+  turns' by more than one turn's length (the time between two takes) gives its place to the next one and
+  goes to the back, its lead one turn shorter; such a turn is left out of batches and of what the host
+  prepares ahead. One session streaming 4096x4096 frames thus waits for its own turns, paid for in turns
+  of everyone else's time, instead of taking the CPU every other robot's turn needs. Alone in the ring
+  while other sessions are active (robots in closed loop between two observations), such a turn waits
+  one turn's length for them first. A lead is capped at :data:`MAX_HOST_LEAD_S`; a turn waiting alone
+  while nobody else is active is served at once (nobody to yield to).
+
 Deadlines are the worker's business (it is the one that knows when a request reaches the engine).
 
 **Batching.** :meth:`RequestQueue.take_batch` hands the worker the session at the front plus further
@@ -55,6 +66,16 @@ from .outcome import EngineOutcome
 ResultT = TypeVar("ResultT")
 ResultT_contra = TypeVar("ResultT_contra", contravariant=True)
 
+# The most host time a turn may lead the others by: how long a costly session can be made to wait.
+MAX_HOST_LEAD_S = 2.0
+# The least lead that makes a turn owe one, and the least it pays per turn given up: below it, leads are
+# noise among equal robots (one frame's preparation varies by tens of milliseconds on a loaded machine).
+MIN_LEAD_S = 0.1
+# How much each new interval between takes moves the turn length (an exponential moving average).
+TURN_LENGTH_WEIGHT = 0.2
+# Host time charged to a turn that has had nothing waiting this long is forgotten (the session has gone).
+FORGET_HOST_TIME_AFTER_S = 60.0
+
 
 def queued_for_s(enqueued_at: float, taken_at: float | None) -> float:
     """Seconds a request waited for the engine: from entering the queue to being taken (0 until taken).
@@ -76,6 +97,10 @@ class PendingObservation:
     owner: ObservationOwner
     received_at: float
     decode_ms: float = 0.0
+    # CPU seconds the host spent decoding its session's frames since the session's previous observation
+    # was queued (this one's, and those of any decoded and then replaced before it was queued): charged
+    # to its turn. Not ``decode_ms``, which is wall time (waiting for the decode pool, an upload) too.
+    decode_cpu_s: float = 0.0
     deadline_at: float | None = None
     client_timestamp: float | None = None
     enqueued_at: float = field(default_factory=time.monotonic)
@@ -191,11 +216,20 @@ class RequestQueue(ClosableQueue):
         self._background: deque[tuple[EngineTask[Any], float]] = deque()
         # Called after every put, outside the lock (the engine's host-prep thread watches for arrivals).
         self._listeners: list[Callable[[], None]] = []
+        # Host seconds charged per turn (decoding, preparing), less what all waiting turns were charged
+        # alike, with when each was last charged; and the length of one turn (see the module docstring).
+        self._host_s: dict[Hashable, float] = {}
+        self._charged_at: dict[Hashable, float] = {}
+        self._turn_s = 0.0
+        self._last_take: float | None = None
 
     def put(self, item: PendingObservation) -> PendingObservation | None:
-        """Queue ``item``; return the observation of the same session it replaced, if any."""
+        """Queue ``item``; return the observation of the same session it replaced, if any. Decoding its
+        frames (``decode_cpu_s``) is charged to its turn."""
         with self._lock:
             self._refuse_if_closed()
+            if item.decode_cpu_s > 0:
+                self._charge(item.turn_key, item.decode_cpu_s)
             replaced = self._slots.get(item.session_id)
             self._slots[item.session_id] = item
             if replaced is None:
@@ -211,6 +245,68 @@ class RequestQueue(ClosableQueue):
             listener()
         return replaced
 
+    def charge(self, item: PendingObservation, seconds: float) -> None:
+        """Charge ``seconds`` of host work done for ``item`` (preparing its inputs) to its turn."""
+        with self._lock:
+            self._charge(item.turn_key, seconds)
+
+    def holds_back_decoding(self, session_id: Hashable) -> bool:
+        """Whether ``session_id`` should decode no further frames for now: it owes turns and its last
+        observation still waits here (a frame decoded now would only replace that one, unserved: a
+        costly session's decoding follows its turns instead of its frame rate)."""
+        with self._lock:
+            item = self._slots.get(session_id)
+            return item is not None and self._owes(item.turn_key)
+
+    def host_lead_s(self, turn: Hashable) -> float:
+        """Host seconds ``turn`` is charged beyond the least-charged recent turn (0: none, or unknown)."""
+        with self._lock:
+            return self._host_s.get(turn, 0.0)
+
+    def _charge(self, turn: Hashable, seconds: float) -> None:
+        """Add ``seconds`` to ``turn``'s count, then keep every count a lead: the least of the turns
+        charged recently is 0 (host work every session needs alike is nobody's lead)."""
+        now = time.monotonic()
+        self._host_s[turn] = self._host_s.get(turn, 0.0) + max(0.0, seconds)
+        self._charged_at[turn] = now
+        for stale in [t for t, at in self._charged_at.items() if now - at > FORGET_HOST_TIME_AFTER_S]:
+            if stale not in self._turns:
+                del self._charged_at[stale]
+                self._host_s.pop(stale, None)
+        floor = min(self._host_s.values())
+        for key, lead in self._host_s.items():
+            self._host_s[key] = min(MAX_HOST_LEAD_S, lead - floor)
+
+    def _owes(self, turn: Hashable) -> bool:
+        """Whether ``turn`` leads by more than one turn's length (call with the lock held)."""
+        return self._host_s.get(turn, 0.0) > self._quantum()
+
+    def _holds_back(self, turn: Hashable) -> bool:
+        """Whether ``turn``, alone in the ring, owes turns to sessions charged within the last two turn
+        lengths (active ones, between two observations). Lock held."""
+        if len(self._ring) != 1 or not self._owes(turn):
+            return False
+        recent = time.monotonic() - 2 * self._quantum()
+        return any(at >= recent for other, at in self._charged_at.items() if other != turn)
+
+    def _quantum(self) -> float:
+        return max(self._turn_s, MIN_LEAD_S)
+
+    def _next_turn(self) -> Hashable:
+        """The ring's front turn, after those that owe a turn have paid one each (to the back, their lead
+        one turn shorter). Lock held, ring not empty."""
+        now = time.monotonic()
+        if self._last_take is not None and len(self._ring) > 1:
+            interval = min(now - self._last_take, MAX_HOST_LEAD_S)
+            self._turn_s += TURN_LENGTH_WEIGHT * (interval - self._turn_s)
+        self._last_take = now
+        for _ in range(len(self._ring) - 1):  # a turn alone in the ring owes nobody
+            if not self._owes(self._ring[0]):
+                break
+            self._host_s[self._ring[0]] -= self._quantum()
+            self._ring.rotate(-1)
+        return self._ring.popleft()
+
     def add_listener(self, listener: Callable[[], None]) -> None:
         """Call ``listener()`` after every :meth:`put` (on the putting thread; it must be quick)."""
         with self._lock:
@@ -223,9 +319,10 @@ class RequestQueue(ClosableQueue):
 
     def waiting(self, max_items: int) -> list[PendingObservation]:
         """Up to ``max_items`` waiting observations, one per turn, in the order turns will be served;
-        nothing is taken (the host-prep thread prepares these ahead)."""
+        nothing is taken (the host-prep thread prepares these ahead). Turns that owe a turn are left out:
+        their observation would likely be superseded before they are served, its preparation wasted."""
         with self._lock:
-            turns = [*self._ring, *self._rejoining][:max_items]
+            turns = [turn for turn in (*self._ring, *self._rejoining) if not self._owes(turn)][:max_items]
             return [self._slots[self._turns[turn][0]] for turn in turns]
 
     def put_background(self, task: EngineTask[Any]) -> None:
@@ -275,14 +372,26 @@ class RequestQueue(ClosableQueue):
             # The request taken last has run by now: its turn goes behind whoever arrived meanwhile.
             self._ring.extend(self._rejoining)
             self._rejoining.clear()
-            while not self._ring and not self._background and not self._closed:
-                remaining = None if deadline is None else deadline - time.monotonic()
-                if remaining is not None and remaining <= 0:
+            held_back = False
+            while True:
+                while not self._ring and not self._background and not self._closed:
+                    remaining = None if deadline is None else deadline - time.monotonic()
+                    if remaining is not None and remaining <= 0:
+                        return None
+                    self._ready.wait(remaining)
+                if self._closed or not self._ring:
                     return None
-                self._ready.wait(remaining)
-            if self._closed or not self._ring:
-                return None
-            return self._pop_turn(self._ring.popleft())
+                if held_back or not self._holds_back(self._ring[0]):
+                    break
+                # The one waiting turn owes turns while other sessions are active, only between two of
+                # their observations (a robot in closed loop sends its next one once its chunk is out):
+                # give them one turn's length to arrive before it, and charge it that turn.
+                held_back = True
+                remaining = self._quantum() if deadline is None else min(self._quantum(), deadline - time.monotonic())
+                self._host_s[self._ring[0]] -= self._quantum()
+                if remaining > 0:
+                    self._ready.wait(remaining)
+            return self._pop_turn(self._next_turn())
 
     def take_batch(
         self,
@@ -310,7 +419,9 @@ class RequestQueue(ClosableQueue):
                 for turn in list(self._ring):
                     if len(batch) == max_items:
                         break
-                    if turn in turns_taken or not compatible(first, self._slots[self._turns[turn][0]]):
+                    if turn in turns_taken or self._owes(turn):
+                        continue
+                    if not compatible(first, self._slots[self._turns[turn][0]]):
                         continue
                     self._ring.remove(turn)
                     batch.append(self._pop_turn(turn))

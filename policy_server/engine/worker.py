@@ -238,11 +238,13 @@ class HostPrep:
         # core but one (cpu_threads); a second full pool here would take cores from the forward it overlaps.
         configure_worker_threads(1)
         while (item := self._next()) is not None:
+            started = time.monotonic()
             try:
                 prepared = self._engine.prepare_actions(item.request)
             except Exception:  # noqa: BLE001 - the engine thread prepares it itself and reports the failure
                 logger.exception("preparing seq %s of session %s ahead failed", item.seq, item.session_id)
                 prepared = None
+            self._queue.charge(item, time.monotonic() - started)  # its turn pays for it (request_queue)
             with self._lock:
                 self._preparing = None
                 if not self._stopped:  # None (it failed) is kept too, so it is not tried again
@@ -594,7 +596,7 @@ class EngineWorker(CounterReadouts):
         self.call_started_at = time.monotonic()
         batch = [item for item, _ in taken]
         try:
-            prepared = host_inputs(engine, taken, self.counters)
+            prepared = host_inputs(engine, taken, self.counters, self._queue.charge)
             self.idle_gaps.call_starting(batch)
             with self._overlapping():
                 return predict_batch(engine, batch, self.counters, prepared)
@@ -622,22 +624,29 @@ def _settle(future: asyncio.Future[ModelDescription], value: ModelDescription | 
 
 
 def host_inputs(
-    engine: ActionEngine, taken: list[tuple[PendingObservation, PreparedActions | None]], counters: EngineCounters
+    engine: ActionEngine,
+    taken: list[tuple[PendingObservation, PreparedActions | None]],
+    counters: EngineCounters,
+    charge: Callable[[PendingObservation, float], None] | None = None,
 ) -> list[PreparedActions] | None:
     """Each taken observation's prepared inputs: those made ahead (claimed), the rest made now on the
-    engine thread (the engine idle meanwhile); None for an engine that does not split its work, or if
-    preparing raised (a bug, not a bad request: the request path then reports it per observation)."""
+    engine thread (the engine idle meanwhile), each one's time passed to ``charge`` (its turn pays for
+    it); None for an engine that does not split its work, or if preparing raised (a bug, not a bad
+    request: the request path then reports it per observation)."""
     if not splits_host_work(engine):
         return None
     inputs = []
     for item, prepared in taken:
         if prepared is None:
             counters.inline_preps += 1
+            started = time.monotonic()
             try:
                 prepared = engine.prepare_actions(item.request)
             except Exception:  # noqa: BLE001 - see above
                 logger.exception("preparing seq %s of session %s failed", item.seq, item.session_id)
                 return None
+            if charge is not None:
+                charge(item, time.monotonic() - started)
         else:
             counters.overlapped_preps += 1
         inputs.append(prepared)

@@ -53,9 +53,6 @@ JSON_TEXT_FIELDS = ("action", "prefix_actions", "state")
 MAX_MULTIPART_FILES = 2
 MAX_MULTIPART_FIELDS = 32
 MAX_MULTIPART_TEXT_BYTES = 4 * 2**20  # an `action` array as JSON text
-# Pixels one request may decode to (images and clips, as H×W×3 uint8): one 4096² image, or a 65-frame clip
-# up to about 570², fits; a clip of 65 such images does not.
-DEFAULT_MAX_DECODED_BYTES = 64 * 2**20
 # Elements (numbers, lists, maps) a JSON or msgpack body may hold. Parsed, each is a Python object or a
 # pointer to one (a pixel as `[r, g, b]` costs about 90 bytes): 2 million stay under 200 MiB at their
 # worst; that is a 700×700 image as nested lists. Larger pixel arrays travel as encoded images or as

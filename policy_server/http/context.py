@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
@@ -41,5 +42,7 @@ class SidecarParts:
         return self.host.description
 
     def media_limits(self, description: ModelDescription) -> FrameLimits:
-        """The model's pixel and frame bounds plus this sidecar's decoding budget."""
-        return model_frame_limits(description.limits, self.settings.max_decoded_bytes)
+        """The bounds the server's sessions are checked against (the model's, the --max-image-side cap)
+        with this sidecar's decoding budget."""
+        limits = self.host.frame_limits if self.host.ready else model_frame_limits(description.limits)
+        return dataclasses.replace(limits, max_decoded_bytes=self.settings.max_decoded_bytes)

@@ -25,7 +25,8 @@ class HttpErrorCode:
 
     BAD_BODY = "bad_body"  # the body is not valid JSON / msgpack / multipart, or not an object
     UNSUPPORTED_MEDIA_TYPE = "unsupported_media_type"  # Content-Type (of the body or of an upload) refused
-    PAYLOAD_TOO_LARGE = "payload_too_large"  # the body is bigger than the sidecar accepts
+    # The body is bigger than the sidecar accepts, or its media would decode to more than it decodes.
+    PAYLOAD_TOO_LARGE = ErrorCode.PAYLOAD_TOO_LARGE
     NOT_FOUND = "not_found"  # no such route, or no such video job
     METHOD_NOT_ALLOWED = "method_not_allowed"
     NOT_ACCEPTABLE = "not_acceptable"  # Accept names no format this endpoint can answer in
@@ -55,6 +56,7 @@ _STATUS: dict[str, int] = {
     HttpErrorCode.SHUTTING_DOWN: HTTPStatus.SERVICE_UNAVAILABLE,
     HttpErrorCode.QUEUE_FULL: HTTPStatus.TOO_MANY_REQUESTS,
     HttpErrorCode.TOO_MANY_IN_FLIGHT: HTTPStatus.TOO_MANY_REQUESTS,
+    ErrorCode.RATE_LIMITED: HTTPStatus.TOO_MANY_REQUESTS,
     HttpErrorCode.VIDEO_NOT_READY: HTTPStatus.CONFLICT,
     HttpErrorCode.VIDEO_FAILED: HTTPStatus.CONFLICT,
     HttpErrorCode.TIMEOUT: HTTPStatus.GATEWAY_TIMEOUT,

@@ -5,10 +5,10 @@ Images become H×W×3 uint8 RGB, clips T×H×W×3 uint8, whatever form they came
 array. Errors name the field (:class:`~policy_server.http.errors.ApiError`, ``invalid_image``, or
 ``payload_too_large`` for media over the request's pixel budget).
 
-Sizes are checked before anything big is built, because a few kilobytes can claim gigabytes: every
-encoded image's sides come from its header (the one decoder of encoded frames, shared with the WebSocket
-sessions: :mod:`policy_server.media.image_decoding`), every clip's frame count and sides from
-its container or from ffmpeg's stream header, and the pixels they would decode to are checked against
+Sizes are checked before anything big is built, because a few kilobytes can claim gigabytes: encoded
+images and clips pass the one media check every protocol uses (:mod:`policy_server.media.media_check`:
+headers, frame count, decoded bytes), a video upload's frame count and sides come from its container or
+from ffmpeg's stream header, and the pixels they would decode to are checked against
 :attr:`FrameLimits.max_decoded_bytes` before the first pixel is decoded.
 """
 
@@ -22,42 +22,45 @@ from typing import Any
 
 import numpy as np
 
-from robot_clients.client_frames import check_image_sides
-from robot_clients.protocol import ErrorCode, FrameLimits, ProtocolError
+from robot_clients.protocol import ErrorCode, FrameLimits
 
-from ..media.image_decoding import InvalidImage, decode_clip, decode_image, read_header
+from ..media.image_decoding import InvalidImage, decode_clip, decode_image
+from ..media.media_check import (
+    CameraSize,
+    DecodedTooLarge,
+    check_clip_length,
+    check_decoded_bytes,
+    check_media,
+    check_sides,
+)
 from ..videos.encoding import VideoEncodingError, read_video_bytes
 from .codecs import Upload
-from .errors import ApiError, HttpErrorCode
+from .errors import ApiError
+
+
+@contextmanager
+def _as_api_error() -> Iterator[None]:
+    """The one media check's and the one decoder's refusals as this API's errors."""
+    try:
+        yield
+    except (InvalidImage, DecodedTooLarge) as error:
+        raise ApiError(error.code, error.message, error.field) from None
 
 
 def _check_sides(height: int, width: int, field: str, limits: FrameLimits) -> None:
-    try:
-        check_image_sides(height, width, field, limits)
-    except ProtocolError as exc:
-        raise ApiError.of(exc) from None
+    with _as_api_error():
+        check_sides(height, width, field, limits)
 
 
 def _check_frames(frames: int, field: str, limits: FrameLimits) -> None:
-    if not 1 <= frames <= limits.max_clip_frames:
-        raise ApiError(
-            ErrorCode.INVALID_IMAGE,
-            f"`{field}` has {frames} frames; between 1 and {limits.max_clip_frames} are allowed",
-            field,
-        )
+    with _as_api_error():
+        check_clip_length(frames, field, limits)
 
 
 def _check_decoded_bytes(frames: int, height: int, width: int, field: str, limits: FrameLimits) -> None:
     """Refuse media that would decode to more than the request's pixel budget (413: too large, not wrong)."""
-    size = frames * height * width * 3
-    if limits.max_decoded_bytes is not None and size > limits.max_decoded_bytes:
-        what = f"{frames} frames of {height}×{width}" if frames > 1 else f"{height}×{width}"
-        raise ApiError(
-            HttpErrorCode.PAYLOAD_TOO_LARGE,
-            f"`{field}` ({what} RGB) would decode to {size / 2**20:.1f} MiB; this server decodes at most "
-            f"{limits.max_decoded_bytes / 2**20:.0f} MiB of pixels per request",
-            field,
-        )
+    with _as_api_error():
+        check_decoded_bytes([CameraSize(field, frames, height, width, False)], field, limits)
 
 
 def _b64(text: str, field: str) -> bytes:
@@ -82,30 +85,18 @@ def encoded_image(value: Any, field: str) -> bytes | None:
     return None
 
 
-@contextmanager
-def _as_api_error() -> Iterator[None]:
-    """The one decoder's refusals (:class:`InvalidImage`) as this API's errors."""
-    try:
-        yield
-    except InvalidImage as error:
-        raise ApiError(error.code, error.message, error.field) from None
-
-
 def decode_image_bytes(data: bytes, field: str, limits: FrameLimits) -> np.ndarray:
     """An encoded PNG/JPEG/WebP image to H×W×3 uint8 RGB, its size checked before it is decoded (with
     :mod:`policy_server.media.image_decoding`, the decoder the WebSocket sessions use)."""
     with _as_api_error():
-        header = read_header(data, field, limits)
-        _check_decoded_bytes(1, header.height, header.width, field, limits)
+        check_media([(field, data)], limits)
         return decode_image(data, field, limits)
 
 
 def _decode_frames(blobs: list[bytes], field: str, limits: FrameLimits) -> np.ndarray:
     """Encoded frames to one T×H×W×3 clip: every header read and the whole size checked first."""
-    _check_frames(len(blobs), field, limits)
     with _as_api_error():
-        headers = [read_header(blob, f"{field}/{index}", limits) for index, blob in enumerate(blobs)]
-        _check_decoded_bytes(len(blobs), headers[0].height, headers[0].width, field, limits)
+        check_media([(field, blobs)], limits)
         return decode_clip(blobs, field, limits)
 
 

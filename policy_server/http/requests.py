@@ -27,6 +27,7 @@ from robot_clients.client_frames import REQUEST_SETTINGS, ObservationFrame, Sett
 from robot_clients.protocol import ErrorCode, FrameLimits, ProtocolError
 
 from ..media.image_decoding import model_frame_limits
+from ..media.media_check import DEFAULT_MAX_DECODED_BYTES
 from ..sessions.config import check_settings, merge_session_config
 from ..sglang.actions import (
     FORM_UPLOADS,
@@ -38,7 +39,7 @@ from ..sglang.actions import (
 )
 from ..videos.job_store import VideoJobInputs
 from . import codecs as http_codecs
-from .codecs import DEFAULT_MAX_DECODED_BYTES, to_actions
+from .codecs import to_actions
 from .errors import ApiError
 from .media_fields import decode_image_bytes, encoded_image, to_image, to_video
 from .schemas import SEED_LIMIT, ActionGenerationParams, VideoCreateParams, normalized_mode

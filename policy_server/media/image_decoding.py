@@ -12,7 +12,10 @@ here, so the checks are the same everywhere:
    than a camera frame); an animated image is refused (a clip is a list of frames); a JPEG with more
    than :data:`MAX_JPEG_SCANS` scans is refused (a progressive JPEG is decoded once per scan, so a
    small file with thousands of scans costs seconds of CPU).
-3. Then the pixels are decoded and converted to RGB.
+3. Then the pixels are decoded and converted to RGB. A JPEG larger than the canvas the model resizes
+   it to (``fit_side``) is decoded at reduced size (libjpeg's DCT scaling, 1/2 to 1/8, through
+   Pillow's ``Image.draft``), never below that canvas: a 4096×4096 frame for a 320-pixel canvas costs
+   an eighth of its pixels in decoding, and the resize after it an eighth more.
 
 Every refusal is an :class:`InvalidImage` with the ``invalid_image`` code and the field's name; the
 caller answers it and goes on (a session is never closed for a bad frame).
@@ -27,9 +30,11 @@ from __future__ import annotations
 
 import asyncio
 import io
-from collections.abc import Sequence
+import math
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import numpy as np
 
@@ -37,6 +42,11 @@ from cosmos3_runtime.engine_spec import EngineLimits
 from robot_clients.client_frames import is_encoded_clip
 from robot_clients.client_frames import is_encoded_frame as is_encoded_image
 from robot_clients.protocol import CodedError, ErrorCode, FrameLimits
+
+if TYPE_CHECKING:  # Pillow is imported when a frame is first decoded
+    from PIL.Image import Image as PILImage
+
+T = TypeVar("T")
 
 __all__ = [
     "ENCODED_FORMATS",
@@ -46,6 +56,7 @@ __all__ = [
     "InvalidImage",
     "decode_clip",
     "decode_image",
+    "fit_size",
     "is_encoded_clip",
     "is_encoded_image",
     "model_frame_limits",
@@ -75,14 +86,33 @@ class InvalidImage(CodedError, ValueError):
 
 @dataclass(frozen=True)
 class ImageHeader:
-    """What an encoded frame's header says: its format (``jpeg``, ``png``, ``webp``) and size."""
+    """What an encoded frame's header says: its format (``jpeg``, ``png``, ``webp``) and size, and the
+    size it decodes to (smaller for a JPEG decoded down to a canvas)."""
 
     format: str
     height: int
     width: int
+    decoded_height: int
+    decoded_width: int
 
 
-def _open(data: bytes | bytearray | memoryview, field: str, bounds: FrameLimits):
+def fit_size(height: int, width: int, fit_side: int | None) -> tuple[int, int] | None:
+    """The (width, height) a frame may be decoded down to and still cover every canvas whose sides are
+    at most ``fit_side`` (its longest side scaled to ``fit_side``); None: no smaller size to ask for."""
+    if fit_side is None or max(height, width) <= fit_side:
+        return None
+    scale = fit_side / max(height, width)
+    return math.ceil(width * scale), math.ceil(height * scale)
+
+
+def _draft(image: PILImage, fit_side: int | None) -> None:
+    """Ask a JPEG to decode at the smallest DCT scale that still covers ``fit_side`` (header only)."""
+    target = fit_size(image.size[1], image.size[0], fit_side)
+    if target is not None and image.format == "JPEG":
+        image.draft("RGB", target)
+
+
+def _open(data: bytes | bytearray | memoryview, field: str, bounds: FrameLimits) -> PILImage:
     """Open ``data`` with Pillow (header only), run every check of step 2, return the open image."""
     from PIL import Image, UnidentifiedImageError
 
@@ -104,7 +134,7 @@ def _open(data: bytes | bytearray | memoryview, field: str, bounds: FrameLimits)
     return image
 
 
-def _check_header(image, data, field: str, bounds: FrameLimits) -> None:
+def _check_header(image: PILImage, data: bytes | bytearray | memoryview, field: str, bounds: FrameLimits) -> None:
     if image.format not in ENCODED_FORMATS:  # e.g. MPO, which Pillow's JPEG plugin may return
         raise InvalidImage(f"`{field}` is a {image.format} image; accepted: PNG, JPEG, WebP", field)
     width, height = image.size
@@ -122,20 +152,27 @@ def _check_header(image, data, field: str, bounds: FrameLimits) -> None:
             raise InvalidImage(f"`{field}` is a JPEG with {scans} scans; at most {MAX_JPEG_SCANS} are accepted", field)
 
 
-def read_header(data: bytes | bytearray | memoryview, field: str, bounds: FrameLimits) -> ImageHeader:
+def read_header(
+    data: bytes | bytearray | memoryview, field: str, bounds: FrameLimits, fit_side: int | None = None
+) -> ImageHeader:
     """Check an encoded frame's header against ``bounds`` without decoding its pixels (microseconds:
     cheap enough for the event loop, so a bad frame can be refused as it arrives)."""
     with _open(data, field, bounds) as image:
         width, height = image.size
-        return ImageHeader(ENCODED_FORMATS[image.format], height, width)
+        _draft(image, fit_side)
+        return ImageHeader(ENCODED_FORMATS[image.format], height, width, image.size[1], image.size[0])
 
 
-def decode_image(data: bytes | bytearray | memoryview, field: str, bounds: FrameLimits) -> np.ndarray:
-    """An encoded PNG/JPEG/WebP frame to H×W×3 uint8 RGB, its header checked before it is decoded."""
+def decode_image(
+    data: bytes | bytearray | memoryview, field: str, bounds: FrameLimits, fit_side: int | None = None
+) -> np.ndarray:
+    """An encoded PNG/JPEG/WebP frame to H×W×3 uint8 RGB, its header checked before it is decoded (a
+    JPEG decoded down towards ``fit_side``, see the module docstring)."""
     from PIL import Image
 
     with _open(data, field, bounds) as image:
         try:
+            _draft(image, fit_side)
             rgb = image.convert("RGB") if image.mode != "RGB" else image
             rgb.load()
             pixels = np.asarray(rgb, dtype=np.uint8)
@@ -147,22 +184,27 @@ def decode_image(data: bytes | bytearray | memoryview, field: str, bounds: Frame
     return np.ascontiguousarray(pixels)
 
 
-def decode_clip(frames: Sequence[bytes | bytearray | memoryview], field: str, bounds: FrameLimits) -> np.ndarray:
+def decode_clip(
+    frames: Sequence[bytes | bytearray | memoryview], field: str, bounds: FrameLimits, fit_side: int | None = None
+) -> np.ndarray:
     """A list of encoded frames to T×H×W×3 uint8. The count and every frame's header are checked (all
     frames the same size) before the first frame is decoded."""
     if not 1 <= len(frames) <= bounds.max_clip_frames:
         raise InvalidImage(
             f"`{field}` has {len(frames)} frames; between 1 and {bounds.max_clip_frames} are allowed", field
         )
-    sizes = {
-        (h.height, h.width) for h in (read_header(frame, f"{field}/{i}", bounds) for i, frame in enumerate(frames))
-    }
+    headers = [read_header(frame, f"{field}/{i}", bounds, fit_side) for i, frame in enumerate(frames)]
+    sizes = {(h.height, h.width) for h in headers}
     if len(sizes) != 1:
         raise InvalidImage(f"every frame of `{field}` must have the same size, got {sorted(sizes)}", field)
-    ((height, width),) = sizes
+    decoded = {(h.decoded_height, h.decoded_width) for h in headers}
+    if len(decoded) != 1:  # same-size frames of different kinds (a PNG among JPEGs) decode at one size
+        fit_side = None
+        decoded = sizes
+    ((height, width),) = decoded
     clip = np.empty((len(frames), height, width, 3), dtype=np.uint8)
     for i, frame in enumerate(frames):
-        clip[i] = decode_image(frame, f"{field}/{i}", bounds)
+        clip[i] = decode_image(frame, f"{field}/{i}", bounds, fit_side)
     return clip
 
 
@@ -181,17 +223,23 @@ class ImageDecodePool:
         self.workers = workers
         self._executor = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="image-decode")
 
-    async def run(self, function, *args):
+    async def run(self, function: Callable[..., T], *args: Any) -> T:
         """``function(*args)`` on a pool thread."""
         return await asyncio.get_running_loop().run_in_executor(self._executor, function, *args)
 
-    async def decode_image(self, data: bytes | bytearray | memoryview, field: str, bounds: FrameLimits) -> np.ndarray:
-        return await self.run(decode_image, data, field, bounds)
+    async def decode_image(
+        self, data: bytes | bytearray | memoryview, field: str, bounds: FrameLimits, fit_side: int | None = None
+    ) -> np.ndarray:
+        return await self.run(decode_image, data, field, bounds, fit_side)
 
     async def decode_clip(
-        self, frames: Sequence[bytes | bytearray | memoryview], field: str, bounds: FrameLimits
+        self,
+        frames: Sequence[bytes | bytearray | memoryview],
+        field: str,
+        bounds: FrameLimits,
+        fit_side: int | None = None,
     ) -> np.ndarray:
-        return await self.run(decode_clip, frames, field, bounds)
+        return await self.run(decode_clip, frames, field, bounds, fit_side)
 
     def close(self) -> None:
         """Stop the threads once the frames being decoded are done (queued ones are dropped)."""

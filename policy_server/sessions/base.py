@@ -83,7 +83,7 @@ class Session:
         # the server hands the connection to that dialect's session.
         self.handed_over = False
         # Observations whose encoded camera frames are being decoded off the event loop (one at a time).
-        self.decoding = DecodeSlot(self._guard, self.drop)
+        self.decoding = DecodeSlot(self._guard, self.drop, lambda: self.context.queue.holds_back_decoding(self.id))
 
     @property
     def remote(self) -> str | None:
@@ -342,6 +342,7 @@ class Session:
             owner=self,
             received_at=received_at,
             decode_ms=(time.monotonic() - received_at) * 1e3,
+            decode_cpu_s=self.decoding.take_cpu_s(),  # its turn pays for it in the queue
             deadline_at=deadline_at,
             client_timestamp=frame.client_timestamp,
         )

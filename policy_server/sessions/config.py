@@ -37,6 +37,9 @@ DEFAULTED_SETTINGS = tuple(
 
 # What a domain's profile says about the proprio state its observations carry.
 STATE_PROFILE_FIELDS = ("state_dim", "use_state", "history_length")
+# The fastest control loop a robot may declare (Hz): a 1 kHz torque loop fits with room to spare; beyond
+# it the figure is a mistake (1e308 would be shown to operators as the session's rate).
+MAX_CONTROL_HZ = 10_000.0
 
 
 @dataclass(frozen=True)
@@ -351,8 +354,13 @@ def check_settings(
             ErrorCode.INVALID_FIELD, f"fps must be in [{low_fps:g}, {high_fps:g}], got {fps:g}", "fps", seq
         )
     control_hz = settings.get("control_hz")
-    if control_hz is not None and control_hz <= 0:
-        raise ProtocolError(ErrorCode.INVALID_FIELD, f"control_hz must be > 0, got {control_hz}", "control_hz", seq)
+    if control_hz is not None and not 0 < control_hz <= MAX_CONTROL_HZ:  # NaN fails too
+        raise ProtocolError(
+            ErrorCode.INVALID_FIELD,
+            f"control_hz must be > 0 and at most {MAX_CONTROL_HZ:g}, got {control_hz:g}",
+            "control_hz",
+            seq,
+        )
 
 
 def _check_schedule(

@@ -4,8 +4,10 @@ An observation may carry its cameras as PNG, JPEG or WebP bytes (``docs/protocol
 Decoding a 480×640 JPEG costs a few milliseconds of CPU, which the event loop serving every session must
 not spend, so a session hands such an observation to its :class:`DecodeSlot`:
 
-1. every header is read and checked against the frame limits as the frame arrives (microseconds; a
-   decompression bomb, a corrupt or unsupported payload is ``invalid_image`` before any pixel exists);
+1. every header is read and checked as the frame arrives, by the one media check every protocol uses
+   (:mod:`policy_server.media.media_check`: sides, clip lengths, the composed frame and the bytes it all
+   decodes to; microseconds): a decompression bomb, a corrupt or unsupported payload is
+   ``invalid_image``, a clip of frames too large together ``payload_too_large``, before any pixel exists;
 2. the pixels are decoded on the server's small decode pool (:func:`decode_pool`, 2 threads);
 3. back on the event loop the session admits the decoded observation exactly as a raw one (rate, seq,
    queue).
@@ -21,26 +23,31 @@ from __future__ import annotations
 import asyncio
 import logging
 import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from robot_clients.protocol import DropReason, ErrorCode, FrameLimits, ProtocolError
+from robot_clients.protocol import CodedError, DropReason, FrameLimits, ProtocolError
 
-from ..media.image_decoding import ImageDecodePool, InvalidImage, decode_clip, decode_image, read_header
+from ..media.image_decoding import ImageDecodePool, InvalidImage, decode_clip, decode_image
+from ..media.media_check import DecodedTooLarge, check_media
 from .openpi_observation import OpenpiObservation, compose_cameras
 
 logger = logging.getLogger(__name__)
 
 __all__ = [
     "DecodeSlot",
-    "check_encoded",
+    "check_cameras",
     "decode_pool",
     "decoded_frame",
     "decoded_image",
     "native_decode",
     "openpi_decode",
 ]
+
+# How often a held decode checks whether its session may decode again (see DecodeSlot's hold).
+HOLD_RECHECK_S = 0.01
 
 _POOL: ImageDecodePool | None = None
 _POOL_LOCK = threading.Lock()
@@ -56,73 +63,71 @@ def decode_pool() -> ImageDecodePool:
         return _POOL
 
 
-def _protocol_error(error: InvalidImage, seq: int | None) -> ProtocolError:
+def _protocol_error(error: CodedError, seq: int | None) -> ProtocolError:
     return ProtocolError(error.code, error.message, error.field, seq)
 
 
-def check_encoded(value: Any, field: str, limits: FrameLimits, seq: int | None) -> None:
-    """Read the header of an encoded frame (bytes) or of each frame of an encoded clip (a list) and check
-    it against ``limits``; arrays pass. Cheap enough for the event loop."""
-    frames = [value] if isinstance(value, bytes) else value if isinstance(value, list) else []
-    if isinstance(value, list) and not 1 <= len(value) <= limits.max_clip_frames:
-        raise ProtocolError(
-            ErrorCode.INVALID_IMAGE,
-            f"`{field}` has {len(value)} frames; between 1 and {limits.max_clip_frames} are allowed",
-            field,
-            seq,
-        )
+def check_cameras(
+    cameras: list[tuple[str, Any]], limits: FrameLimits, seq: int | None, *, side_by_side: bool, fit_side: int | None
+) -> None:
+    """The one media check (:func:`policy_server.media.media_check.check_media`: headers, clip lengths,
+    the composed frame, the decoded bytes) as this protocol's error. Cheap enough for the event loop."""
     try:
-        for index, frame in enumerate(frames):
-            read_header(frame, field if isinstance(value, bytes) else f"{field}/{index}", limits)
-    except InvalidImage as error:
+        check_media(cameras, limits, side_by_side=side_by_side, fit_side=fit_side)
+    except (InvalidImage, DecodedTooLarge) as error:
         raise _protocol_error(error, seq) from None
 
 
-def decoded_image(value: Any, field: str, limits: FrameLimits, seq: int | None) -> Any:
+def decoded_image(value: Any, field: str, limits: FrameLimits, seq: int | None, fit_side: int | None = None) -> Any:
     """An encoded frame (bytes) or clip (list of bytes) as uint8 pixels; anything else as it is."""
     try:
         if isinstance(value, bytes):
-            return decode_image(value, field, limits)
+            return decode_image(value, field, limits, fit_side)
         if isinstance(value, list):
-            return decode_clip(value, field, limits)
+            return decode_clip(value, field, limits, fit_side)
     except InvalidImage as error:
         raise _protocol_error(error, seq) from None
     return value
 
 
-def decoded_frame(frame: Any, limits: FrameLimits) -> Any:
+def decoded_frame(frame: Any, limits: FrameLimits, fit_side: int | None = None) -> Any:
     """A native :class:`~robot_clients.client_frames.ObservationFrame` with every camera decoded (in place)."""
-    frame.image = decoded_image(frame.image, "image", limits, frame.seq)
-    frame.video = decoded_image(frame.video, "video", limits, frame.seq)
+    frame.image = decoded_image(frame.image, "image", limits, frame.seq, fit_side)
+    frame.video = decoded_image(frame.video, "video", limits, frame.seq, fit_side)
     if frame.images is not None:
         frame.images = {
-            name: decoded_image(image, f"images/{name}", limits, frame.seq) for name, image in frame.images.items()
+            name: decoded_image(image, f"images/{name}", limits, frame.seq, fit_side)
+            for name, image in frame.images.items()
         }
     return frame
 
 
-def native_decode(frame: Any, limits: FrameLimits) -> Callable[[], Any] | None:
-    """Check the headers of a native observation's encoded cameras now; the decoding to run on the pool
-    (None: every camera is an array already)."""
-    cameras = {"image": frame.image, "video": frame.video}
-    cameras.update({f"images/{name}": image for name, image in (frame.images or {}).items()})
-    encoded = {name: value for name, value in cameras.items() if isinstance(value, (bytes, list))}
-    for name, value in encoded.items():
-        check_encoded(value, name, limits, frame.seq)
-    return (lambda: decoded_frame(frame, limits)) if encoded else None
+def native_decode(
+    frame: Any, limits: FrameLimits, *, side_by_side: bool = False, fit_side: int | None = None
+) -> Callable[[], Any] | None:
+    """Check a native observation's cameras now (before anything is decoded); the decoding to run on the
+    pool (None: every camera is an array already). ``side_by_side``: its named images are composed
+    (``concat_view``); ``fit_side``: the canvas side its JPEGs may decode down to."""
+    cameras = [("image", frame.image), ("video", frame.video)]
+    cameras.extend((f"images/{name}", image) for name, image in (frame.images or {}).items())
+    check_cameras(cameras, limits, frame.seq, side_by_side=side_by_side, fit_side=fit_side)
+    if not any(isinstance(value, (bytes, list)) for _, value in cameras):
+        return None
+    return lambda: decoded_frame(frame, limits, fit_side)
 
 
-def openpi_decode(obs: OpenpiObservation, video: bool, limits: FrameLimits, seq: int) -> Callable[[], Any] | None:
-    """Check the headers of an openpi observation's encoded cameras now; the decoding (then the cameras'
-    composition) to run on the pool (None: its image or clip is composed already)."""
+def openpi_decode(
+    obs: OpenpiObservation, video: bool, limits: FrameLimits, seq: int, fit_side: int | None = None
+) -> Callable[[], Any] | None:
+    """Check an openpi observation's chosen cameras now (composed side by side, before anything is
+    decoded); the decoding (then the composition) to run on the pool (None: composed already)."""
     if obs.encoded is None:
         return None
     encoded = obs.encoded
-    for key, value in zip(obs.cameras, encoded):
-        check_encoded(value, key, limits, seq)
+    check_cameras(list(zip(obs.cameras, encoded)), limits, seq, side_by_side=True, fit_side=fit_side)
 
     def decode() -> OpenpiObservation:
-        frames = [decoded_image(value, key, limits, seq) for key, value in zip(obs.cameras, encoded)]
+        frames = [decoded_image(value, key, limits, seq, fit_side) for key, value in zip(obs.cameras, encoded)]
         compose_cameras(obs, frames, video, limits)
         obs.encoded = None
         return obs
@@ -148,17 +153,34 @@ class DecodeSlot:
     replaced observation.
     """
 
-    def __init__(self, guard: Callable[..., None], drop: Callable[[int, str], None]) -> None:
+    def __init__(
+        self,
+        guard: Callable[..., None],
+        drop: Callable[[int, str], None],
+        hold: Callable[[], bool] = lambda: False,
+    ) -> None:
         self._guard = guard
         self._drop = drop
+        # True while the session owes the queue turns and its last observation still waits there: the
+        # next one is decoded only once that one is taken (decoding it now would be replaced unserved).
+        self._hold = hold
+        self._held = False  # a recheck of the hold is scheduled
+        self._closed = False
         self._decoding: _Pending | None = None
         self._waiting: _Pending | None = None
         self._task: asyncio.Task[None] | None = None
         self.decoded = 0
+        self._cpu_s = 0.0  # CPU seconds decoding took since take_cpu_s() was last called
+
+    def take_cpu_s(self) -> float:
+        """CPU seconds spent decoding since the last call (what the session's next queued observation is
+        charged for in the queue, replaced decodes included), and start counting again."""
+        spent, self._cpu_s = self._cpu_s, 0.0
+        return spent
 
     @property
     def busy(self) -> bool:
-        return self._decoding is not None
+        return self._decoding is not None or self._waiting is not None
 
     def submit(
         self,
@@ -171,7 +193,7 @@ class DecodeSlot:
         """Admit ``prepare()`` (or ``value`` when there is nothing to decode) once it is this observation's
         turn; a newer submission replaces one still waiting, which is dropped ``superseded``."""
         pending = _Pending(seq, received_at, prepare, admit, value)
-        if self._decoding is None:
+        if self._decoding is None and self._waiting is None:
             self._start(pending)
             return
         replaced, self._waiting = self._waiting, pending
@@ -190,11 +212,18 @@ class DecodeSlot:
         return forgotten
 
     def close(self) -> None:
+        self._closed = True
         self.cancel(None)
         if self._task is not None:
             self._task.cancel()
 
     def _start(self, pending: _Pending) -> None:
+        if pending.prepare is not None and self._hold():
+            self._waiting = pending  # newer submissions replace it meanwhile (latest wins)
+            if not self._held:
+                self._held = True
+                asyncio.get_running_loop().call_later(HOLD_RECHECK_S, self._recheck)
+            return
         self._decoding = pending
         if pending.prepare is None:
             self._finish(pending)
@@ -203,7 +232,8 @@ class DecodeSlot:
 
     async def _decode(self, pending: _Pending) -> None:
         try:
-            pending.value = await decode_pool().run(pending.prepare)  # type: ignore[no-untyped-call]
+            pending.value, cpu_s = await decode_pool().run(_timed, pending.prepare)
+            self._cpu_s += cpu_s
         except ProtocolError as error:
             if not pending.cancelled:
                 self._guard(pending.seq, _raise, error)
@@ -226,6 +256,15 @@ class DecodeSlot:
 
     def _next(self) -> None:
         self._decoding, self._task = None, None
+        if not self._held:
+            self._start_waiting()
+
+    def _recheck(self) -> None:
+        self._held = False
+        if not self._closed and self._decoding is None:
+            self._start_waiting()
+
+    def _start_waiting(self) -> None:
         waiting, self._waiting = self._waiting, None
         if waiting is not None:
             self._start(waiting)
@@ -233,3 +272,9 @@ class DecodeSlot:
 
 def _raise(error: BaseException) -> None:
     raise error
+
+
+def _timed(prepare: Callable[[], Any]) -> tuple[Any, float]:
+    """``prepare()`` and the CPU seconds it took on this thread (waiting for the pool is not counted)."""
+    started = time.thread_time()
+    return prepare(), time.thread_time() - started

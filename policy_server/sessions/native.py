@@ -45,6 +45,7 @@ from robot_clients.wire_codec import WireFormatError, packb, unpackb
 from ..context import ServerContext
 from ..engine.outcome import EngineOutcome
 from ..engine.request_queue import PendingObservation
+from ..media.media_check import canvas_side
 from ..metadata import native_metadata
 from .base import Session
 from .config import merge_session_config, observation_request, settings_used
@@ -138,7 +139,8 @@ class RealtimeSession(Session):
             # Its rate token is spent on arrival, before any decoding (as openpi's): a flood of encoded
             # frames that keep replacing the one waiting to be decoded is refused like any other flood.
             self.take_rate(received_at, frame.seq)
-            decode = native_decode(frame, self.context.frame_limits)  # headers checked now, pixels on the pool
+            # Checked now, by the one media check (headers, clip, composed frame, decoded bytes); pixels on the pool.
+            decode = native_decode(frame, self.context.frame_limits, **self._media_plan(frame))
             self.observe(frame.seq, received_at, self._on_observation, frame, decode)
         elif isinstance(frame, client_frames.ConfigureFrame):
             self._on_configure(frame)
@@ -156,6 +158,18 @@ class RealtimeSession(Session):
             return False
         self.handover, self.handed_over = (dialect, first), True
         return True
+
+    def _media_plan(self, frame: client_frames.ObservationFrame) -> dict[str, Any]:
+        """How this observation's cameras will be used: composed side by side (``concat_view``), and the
+        canvas side its JPEGs may decode down to (its tier's; every tier's before a ``configure``)."""
+        description = self.context.description
+        resolved = self.config.resolved(description) if self.config is not None and description is not None else {}
+        tier = frame.overrides.get("resolution_tier", resolved.get("resolution_tier"))
+        view_point = frame.overrides.get("view_point", resolved.get("view_point"))
+        return {
+            "side_by_side": view_point == "concat_view",
+            "fit_side": canvas_side(description, tier if isinstance(tier, int) else None),
+        }
 
     def _on_configure(self, frame: client_frames.ConfigureFrame) -> None:
         config = merge_session_config(self.config, frame.settings, self.description)  # refused: nothing changes

@@ -43,6 +43,7 @@ from ..context import ServerContext
 from ..engine.outcome import EngineOutcome
 from ..engine.request_queue import PendingObservation
 from ..log_hygiene import printable
+from ..media.media_check import canvas_side
 from ..metadata import openpi_metadata
 from .base import Session
 from .config import SessionConfig, observation_request
@@ -156,7 +157,8 @@ class OpenpiSession(Session):
             decoded = unpackb(message)
         except WireFormatError as exc:
             raise ProtocolError(ErrorCode.BAD_FRAME, exc.message, exc.field) from None
-        resolved_view = config.resolved(self.description)["view_point"]
+        resolved = config.resolved(self.description)
+        resolved_view = resolved["view_point"]
         obs = parse_openpi_observation(
             decoded,
             self.settings.cameras,
@@ -177,7 +179,8 @@ class OpenpiSession(Session):
                 printable("+".join(obs.cameras))[:200],
             )
         # Encoded cameras: headers checked now, decoded and composed on the decode pool, then admitted.
-        decode = openpi_decode(obs, config.action_mode == "inverse_dynamics", self.context.frame_limits, seq)
+        fit_side = canvas_side(self.description, resolved["resolution_tier"])
+        decode = openpi_decode(obs, config.action_mode == "inverse_dynamics", self.context.frame_limits, seq, fit_side)
         self.observe(seq, received_at, self._admit, obs, decode)
 
     def _config(self) -> SessionConfig:

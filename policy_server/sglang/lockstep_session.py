@@ -127,7 +127,7 @@ class SglangLockstepSession(Session):
         assert description is not None, "sessions open once the model is ready"
         try:
             call = self.lockstep.receive(message, received_at)
-            requests = item_requests(call, description)
+            requests = item_requests(call, description, self.context.frame_limits)  # the one media check, first
         except ApiError as exc:
             raise ProtocolError(exc.code, exc.message, exc.field) from None
         self.last_observation_at = received_at

@@ -243,6 +243,7 @@ class VideoJobRunner:
                 if job is None:
                     await self._idle(self.sweep_interval_s)
                     continue
+                self._room_again()  # claiming it was a write, and it went through
                 await self._run(job)
             except asyncio.CancelledError:
                 raise
@@ -273,6 +274,7 @@ class VideoJobRunner:
                 return False
             del self.unrecorded[job_id]
             logger.info("video job %s: its failure (%s) is recorded now that the disk has room", job_id, code)
+            self._room_again()
         if self.recover_pending:
             try:
                 await asyncio.to_thread(self.store.recover)
@@ -280,6 +282,12 @@ class VideoJobRunner:
                 self._disk_is_full(exc)
                 return False
             self.recover_pending = False
+            self._room_again()
+        return True
+
+    def _room_again(self) -> None:
+        """A write went through: if the disk was full, say it has room again (once). Only after a write:
+        having nothing left to write says nothing about the disk (a claim may still be refused)."""
         if self._disk_full_since is not None:
             logger.info(
                 "the data directory %s has room again after %.0f s",
@@ -287,7 +295,6 @@ class VideoJobRunner:
                 time.monotonic() - self._disk_full_since,
             )
             self._disk_full_since = None
-        return True
 
     def _disk_is_full(self, exc: BaseException) -> None:
         """Log the moment the store stops accepting writes (once, not at every retry)."""

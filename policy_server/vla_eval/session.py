@@ -43,7 +43,7 @@ from ..engine.request_queue import PendingObservation
 from ..log_hygiene import printable
 from ..sessions.base import Session
 from ..sessions.config import SessionConfig, observation_request
-from ..sessions.frame_decoding import check_encoded, decoded_image
+from ..sessions.frame_decoding import check_cameras, decoded_image
 from ..sessions.observation_rules import ChunkReply, Drop
 from .chunks import ChunkPlan, ChunkPlayer
 from .frames import PROTOCOL_VERSION, FrameType, VlaEvalFrame, action_frame, error_frame, frame, parse_frame
@@ -306,9 +306,9 @@ class VlaEvalSession(Session):
             # Observations that go to the engine spend the session's rate; those answered from the chunk
             # already here cost a parse, so a simulator stepping faster than real time is not refused.
             self.take_rate(received_at, seq)
-        if obs.encoded:  # headers now, before the observation counts as a step
-            for name, value in zip(obs.cameras, obs.frames):
-                check_encoded(value, f"{IMAGES_KEY}/{name}", self.context.frame_limits, seq)
+        if obs.encoded:  # the one media check now (headers, clip, decoded bytes), before it counts as a step
+            cameras = [(f"{IMAGES_KEY}/{name}", value) for name, value in zip(obs.cameras, obs.frames)]
+            check_cameras(cameras, self.context.frame_limits, seq, side_by_side=len(cameras) > 1, fit_side=None)
         decision = episode.player.observe()
         self.latest = seq
         if decision.action is not None:

@@ -60,6 +60,12 @@ class OneShotActionWaiter:
             self.future.set_result(reason)
 
 
+def _timed(function: Callable[..., Any], *args: Any) -> tuple[Any, float]:
+    """``function(*args)`` and the CPU seconds it took on this thread: what decoding a body cost the host."""
+    started = time.thread_time()
+    return function(*args), time.thread_time() - started
+
+
 def router(parts: SidecarParts) -> APIRouter:
     """The action generation route: observations into ``parts.host.queue``, one client's turn each."""
     routes = APIRouter(tags=["actions"])
@@ -89,10 +95,10 @@ def router(parts: SidecarParts) -> APIRouter:
         envelope = sglang_envelope(fields, kind)
         if envelope is not None:
             return await _generate_for_sglang(envelope, description, client, received, as_msgpack)
-        action_request = await asyncio.to_thread(
-            http_requests.action_request, fields, description, parts.media_limits(description)
+        action_request, cpu_s = await asyncio.to_thread(
+            _timed, http_requests.action_request, fields, description, parts.media_limits(description)
         )
-        item, outcome, chunk = await _run(action_request, client, received)
+        item, outcome, chunk = await _run(action_request, client, received, decode_cpu_s=cpu_s)
         generation = ActionGeneration(
             id=f"actgen_{uuid.uuid4().hex}",
             created=int(time.time()),
@@ -135,14 +141,16 @@ def router(parts: SidecarParts) -> APIRouter:
         the client's places in flight (the request's own place covers the first), so a batch is bounded
         by the same per-client limit as separate requests."""
         limits = parts.media_limits(description)
-        call, requests = await asyncio.to_thread(
-            sglang_requests, envelope, description, limits, parts.host.settings.max_batch, as_msgpack
+        (call, requests), cpu_s = await asyncio.to_thread(
+            _timed, sglang_requests, envelope, description, limits, parts.host.settings.max_batch, as_msgpack
         )
         with contextlib.ExitStack() as places:
             for _ in requests[1:]:
                 places.enter_context(parts.turns.admit(client))
             runs = [
-                asyncio.ensure_future(_run(action_request, client, received, item.relabel))
+                asyncio.ensure_future(
+                    _run(action_request, client, received, item.relabel, decode_cpu_s=cpu_s / len(requests))
+                )
                 for action_request, item in zip(requests, call.items)
             ]
             try:
@@ -165,8 +173,10 @@ def router(parts: SidecarParts) -> APIRouter:
         client: str,
         received: float,
         relabel: Callable[[ApiError], ApiError] = lambda error: error,
+        decode_cpu_s: float = 0.0,
     ) -> tuple[PendingObservation, EngineOutcome, ActionResult]:
-        """Put one request in the queue in ``client``'s turn and wait for its chunk (or raise its error)."""
+        """Put one request in the queue in ``client``'s turn and wait for its chunk (or raise its error);
+        ``decode_cpu_s``, the CPU its body's decoding took, is charged to that turn."""
         waiter = OneShotActionWaiter(asyncio.get_running_loop())
         item = PendingObservation(
             session_id=f"http-{uuid.uuid4().hex[:12]}",
@@ -175,6 +185,7 @@ def router(parts: SidecarParts) -> APIRouter:
             owner=waiter,
             received_at=received,
             decode_ms=(time.monotonic() - received) * 1e3,
+            decode_cpu_s=decode_cpu_s,
             turn=client,
         )
         queue = parts.host.queue

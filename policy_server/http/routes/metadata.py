@@ -9,7 +9,7 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
-from fastapi import APIRouter
+from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
 
 from ...context import ServerContext
@@ -81,8 +81,10 @@ def router(parts: SidecarParts) -> APIRouter:
         summary="Alive (answers while loading)",
         responses={503: {"model": Health, "description": "the engine failed to load"}},
     )
-    async def healthz() -> Any:
-        status, body = health(host, liveness=True)
+    async def healthz(request: Request) -> Any:
+        tokens = host.settings.auth_tokens
+        authorized = tokens is not None and tokens.check(request.headers.getlist, request.url.query).ok
+        status, body = health(host, liveness=True, authorized=authorized)
         return JSONResponse(body, status_code=status)
 
     @routes.get(
