@@ -15,6 +15,7 @@ import io
 import json
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pyarrow.parquet as pq
@@ -84,7 +85,7 @@ def read_dataset(root: str | Path, camera: str | None = None, max_episodes: int 
     if features[camera]["dtype"] == "image":
         columns.append(camera)
     tables = [pq.read_table(f, columns=columns) for f in files]
-    episodes: dict[int, list[dict]] = {}
+    episodes: dict[int, list[dict[str, Any]]] = {}
     for table in tables:
         for row in table.to_pylist():
             episodes.setdefault(int(row["episode_index"]), []).append(row)
@@ -114,14 +115,14 @@ def _tasks(root: Path) -> dict[int, str]:
     return {int(i): str(n) for i, n in zip(table["task_index"], names)}
 
 
-def _decode_image(value) -> np.ndarray:
+def _decode_image(value: dict[str, Any] | bytes) -> np.ndarray:
     from PIL import Image
 
     data = value["bytes"] if isinstance(value, dict) else value
     return np.asarray(Image.open(io.BytesIO(data)).convert("RGB"))
 
 
-def _video_frames(root: Path, info: dict, camera: str) -> dict[int, np.ndarray]:
+def _video_frames(root: Path, info: dict[str, Any], camera: str) -> dict[int, np.ndarray]:
     """Every episode's frames of ``camera`` from its MP4 files, cut by each episode's timestamps."""
     import imageio.v3 as iio
 

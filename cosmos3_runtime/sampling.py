@@ -449,7 +449,7 @@ class Cosmos3Sampler:
         return video
 
 
-def action_rows(job: DenoiseJob, action_dim: int, device) -> tuple[torch.Tensor, torch.Tensor, list[int]]:
+def action_rows(job: DenoiseJob, action_dim: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor, list[int]]:
     """A job's action rows, [robot state rows][the chunk], with their condition mask and clean row indexes.
 
     Clean frames (the state rows, a real-time-chunking prefix, forward-dynamics actions) hold their values

@@ -135,7 +135,7 @@ def build_tiny_checkpoint(
     *,
     seed: int = 0,
     vae_seed: int | None = None,
-    transformer_overrides: dict | None = None,
+    transformer_overrides: dict[str, Any] | None = None,
     legacy_class_name: bool = False,
     with_action_head: bool = True,
     overwrite: bool = True,

@@ -40,6 +40,7 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
@@ -49,6 +50,11 @@ from .lerobot_dataset import LeRobotDataset, read_dataset
 from .requests import ActionRequest
 from .sampling import action_rows
 from .validation import job_for_actions
+
+if TYPE_CHECKING:
+    from .engine import Cosmos3Engine
+    from .profiles import PolicyProfile
+    from .sequence_packing import SequencePass
 
 logger = logging.getLogger("cosmos3_runtime.training")
 
@@ -101,14 +107,15 @@ class Samples:
     prompts: list[str]
 
 
-def write_profile(ckpt: Path, data: LeRobotDataset, cfg: TrainConfig, domain_id: int) -> dict:
+def write_profile(ckpt: Path, data: LeRobotDataset, cfg: TrainConfig, domain_id: int) -> dict[str, Any]:
     """``policy_profiles.json`` for the trained domain, its statistics computed from the data."""
     actions = np.concatenate([e.actions.reshape(-1, e.actions.shape[-1]) for e in data.episodes]).astype(np.float64)
     mean, std = actions.mean(0), np.maximum(actions.std(0), STD_FLOOR)
-    has_state = data.episodes[0].state is not None
-    if has_state and data.episodes[0].state.shape[-1] != data.action_dim:
+    first_state = data.episodes[0].state
+    has_state = first_state is not None
+    if first_state is not None and first_state.shape[-1] != data.action_dim:
         raise ValueError("state rows are conditioned as action rows: the state must have the action width")
-    entry = {
+    entry: dict[str, Any] = {
         "domain_id": domain_id,
         "raw_action_dim": data.action_dim,
         "default_horizon": cfg.horizon,
@@ -136,24 +143,24 @@ def free_domain_id(num_domains: int) -> int:
     return free[-1]
 
 
-def encode_frames(engine, frames: np.ndarray, tier: int, batch: int = 32) -> tuple[torch.Tensor, tuple[int, int]]:
+def encode_frames(
+    engine: Cosmos3Engine, frames: np.ndarray, tier: int, batch: int = 32
+) -> tuple[torch.Tensor, tuple[int, int]]:
     """Every frame's latent through the engine's own preprocessing and VAE (one frame per clip)."""
     sampler = engine.sampler
-    out = []
+    out: list[torch.Tensor] = []
     canvas = (0, 0)
     with torch.no_grad():
         for start in range(0, len(frames), batch):
-            clips, image_size = [], None
-            for frame in frames[start : start + batch]:
-                vision, image_size, canvas_h, canvas_w = sampler.preprocess(frame[None], tier, 1)
-                clips.append(vision)
-                canvas = (canvas_h, canvas_w)
-            latents = sampler.encode(torch.cat(clips), image_size)  # (B, C, 1, h, w)
+            prepared = [sampler.preprocess(frame[None], tier, 1) for frame in frames[start : start + batch]]
+            _, image_size, canvas_h, canvas_w = prepared[-1]  # every frame of a dataset has one size
+            canvas = (canvas_h, canvas_w)
+            latents = sampler.encode(torch.cat([vision for vision, *_ in prepared]), image_size)  # (B, C, 1, h, w)
             out.append(latents[:, :, 0])
     return torch.cat(out), canvas
 
 
-def renormalise_latents(ckpt: Path, engine, latents: torch.Tensor) -> torch.Tensor:
+def renormalise_latents(ckpt: Path, engine: Cosmos3Engine, latents: torch.Tensor) -> torch.Tensor:
     """Write the latents' per-channel statistics into ``ckpt``'s VAE config, update the loaded pipeline
     to match, and return the latents as that VAE now normalises them."""
     pipe = engine.pipe
@@ -173,10 +180,15 @@ def renormalise_latents(ckpt: Path, engine, latents: torch.Tensor) -> torch.Tens
     return ((latents.double() - mu.view(shape)) / sigma.view(shape)).float()
 
 
-def build_samples(data: LeRobotDataset, latents: torch.Tensor, horizon: int, future: int, temporal: int, prompt):
+def build_samples(
+    data: LeRobotDataset, latents: torch.Tensor, horizon: int, future: int, temporal: int, prompt: str | None
+) -> Samples:
     """Every frame as a sample: its chunk (the episode's next ``horizon`` actions, the last one repeated
     past the end, as LeRobot pads), its state, and the latent rows of its conditioning and future frames."""
-    frame_of, states, chunks, prompts = [], [], [], []
+    frame_of: list[list[int]] = []
+    states: list[np.ndarray] = []
+    chunks: list[np.ndarray] = []
+    prompts: list[str] = []
     at = 0
     for episode in data.episodes:
         length = len(episode.images)
@@ -205,7 +217,7 @@ class TrainingInputs:
     """One noised sample as the transformer sees it, and its flow-matching targets."""
 
     job: DenoiseJob
-    sequence: object  # the sampler's SequencePass
+    sequence: SequencePass
     latents: torch.Tensor  # (1, C, T, h, w): clean conditioning frame, noised future frames
     action_latents: torch.Tensor  # (rows, action_dim): clean state and prefix rows, noised chunk rows
     domain_id: torch.Tensor
@@ -219,19 +231,21 @@ class TrainingInputs:
 class FlowMatchingTrainer:
     """Builds batches through the serving path and computes the flow-matching loss."""
 
-    def __init__(self, engine, samples: Samples, cfg: TrainConfig, canvas: tuple[int, int], frame: np.ndarray):
+    def __init__(
+        self, engine: Cosmos3Engine, samples: Samples, cfg: TrainConfig, canvas: tuple[int, int], frame: np.ndarray
+    ) -> None:
         self.engine = engine
         self.sampler = engine.sampler
         self.samples = samples
         self.cfg = cfg
         self.canvas = canvas
         self.frame = frame  # a frame of the dataset's size: a request needs one; its pixels are not used
-        self.action_dim = engine.pipe.transformer.config.action_dim
+        self.action_dim: int = engine.pipe.transformer.config.action_dim
         self.shift = TIER_SHIFTS.get(cfg.tier, 3.0)
-        self._passes: dict[tuple, object] = {}
+        self._passes: dict[tuple[str, int, int], SequencePass] = {}
 
-    def job(self, index: int, prefix: int, seed: int) -> DenoiseJob:
-        """Sample ``index`` as the job a served request with its state and prefix would be."""
+    def job(self, index: int, prefix: int, seed: int) -> tuple[DenoiseJob, PolicyProfile]:
+        """Sample ``index`` as the job a served request with its state and prefix would be, and its profile."""
         s = self.samples
         request = ActionRequest(
             domain_name=self.cfg.domain,
@@ -243,8 +257,7 @@ class FlowMatchingTrainer:
             state=None if s.state is None else s.state[index],
             prefix_actions=s.chunks[index, :prefix] if prefix else None,
         )
-        job, self.profile = job_for_actions(request, self.engine.spec)
-        return job
+        return job_for_actions(request, self.engine.spec)
 
     def draw_t(self, generator: torch.Generator, n: int) -> torch.Tensor:
         t = torch.sigmoid(torch.randn(n, generator=generator))
@@ -254,9 +267,9 @@ class FlowMatchingTrainer:
         """Sample ``index`` noised to ``t``, with a clean prefix of ``prefix`` rows, laid out as the sampler
         lays out a served request's job."""
         device = self.sampler.device
-        job = self.job(index, prefix, seed=0)
+        job, profile = self.job(index, prefix, seed=0)
         x0_action, action_mask, clean = action_rows(job, self.action_dim, device)
-        chunk = torch.from_numpy(self.profile.to_model(self.samples.chunks[index])).to(device)
+        chunk = torch.from_numpy(profile.to_model(self.samples.chunks[index])).to(device)
         x0_action[job.leading_rows :, : job.raw_action_dim] = chunk
         x0_vision = self.samples.latents[self.samples.frame_of[index]].permute(1, 0, 2, 3)[None].to(device)
         vision_mask = torch.zeros((x0_vision.shape[2], 1, 1), device=device)
@@ -293,21 +306,23 @@ class FlowMatchingTrainer:
             [i.timestep for i in inputs],
         )
 
-    def batch_loss(self, indexes: list[int], prefixes: list[int], t: torch.Tensor, generator: torch.Generator):
+    def batch_loss(
+        self, indexes: list[int], prefixes: list[int], t: torch.Tensor, generator: torch.Generator
+    ) -> tuple[torch.Tensor, float, float]:
         """The weighted loss of one batch, and its action and video parts (floats)."""
         inputs = [self.sample_inputs(i, p, t_i, generator) for i, p, t_i in zip(indexes, prefixes, t.tolist())]
         preds_vision, preds_action = self.predict(inputs)
-        action_loss = vision_loss = 0.0
+        action_terms: list[torch.Tensor] = []
+        vision_terms: list[torch.Tensor] = []
         for pred_v, pred_a, x in zip(preds_vision, preds_action, inputs):
             target_v, width = x.vision_target, x.job.raw_action_dim
             noisy_v = (1 - x.vision_mask).expand(target_v.shape[2:])
             err_v = (pred_v.float().reshape(target_v.shape) - target_v) ** 2
-            vision_loss = vision_loss + (err_v * noisy_v).sum() / (noisy_v.sum() * target_v.shape[1])
+            vision_terms.append((err_v * noisy_v).sum() / (noisy_v.sum() * target_v.shape[1]))
             noisy_a = 1 - x.action_mask
             err_a = (pred_a.float()[:, :width] - x.action_target[:, :width]) ** 2
-            action_loss = action_loss + (err_a * noisy_a).sum() / (noisy_a.sum() * width)
-        n = len(indexes)
-        action_loss, vision_loss = action_loss / n, vision_loss / n
+            action_terms.append((err_a * noisy_a).sum() / (noisy_a.sum() * width))
+        action_loss, vision_loss = torch.stack(action_terms).mean(), torch.stack(vision_terms).mean()
         loss = self.cfg.action_weight * action_loss + self.cfg.video_weight * vision_loss
         return loss, float(action_loss.detach()), float(vision_loss.detach())
 
@@ -342,7 +357,7 @@ class Preparation:
     """Everything a run needs before its first step: the checkpoint, the loaded engine and the samples."""
 
     ckpt: Path
-    engine: object  # the Cosmos3Engine loaded from ckpt
+    engine: Cosmos3Engine  # loaded from ckpt
     trainer: FlowMatchingTrainer
     resuming: bool
     encode_s: float
@@ -365,7 +380,7 @@ def prepare_training(cfg: TrainConfig) -> Preparation:
     t0 = time.monotonic()
     cached = torch.load(ckpt / LATENTS_FILE) if resuming and (ckpt / LATENTS_FILE).is_file() else None
     if cached is not None and cached["latents"].shape[0] == len(frames):
-        latents, canvas = cached["latents"], tuple(cached["canvas"])
+        latents, canvas = cached["latents"], (int(cached["canvas"][0]), int(cached["canvas"][1]))
     else:
         latents, canvas = encode_frames(engine, frames, cfg.tier)
         if cfg.base is None and not resuming:  # the VAE was drawn here: its statistics are the data's
@@ -379,7 +394,7 @@ def prepare_training(cfg: TrainConfig) -> Preparation:
     return Preparation(ckpt, engine, trainer, resuming, encode_s, len(data.episodes))
 
 
-def train(cfg: TrainConfig) -> dict:
+def train(cfg: TrainConfig) -> dict[str, Any]:
     started = time.monotonic()
     torch.manual_seed(cfg.seed)
     prep = prepare_training(cfg)
@@ -437,7 +452,7 @@ def train(cfg: TrainConfig) -> dict:
         t = trainer.draw_t(generator, cfg.batch_size)
         loss, action_loss, vision_loss = trainer.batch_loss(indexes, prefixes, t, generator)
         optimizer.zero_grad(set_to_none=True)
-        loss.backward()
+        torch.autograd.backward(loss)  # loss.backward(), in the form torch annotates
         torch.nn.utils.clip_grad_norm_(params, 1.0)
         optimizer.step()
         step += 1

@@ -3,6 +3,8 @@
 - No import cycle among the modules of ``cosmos3_runtime``, ``policy_server`` and ``robot_clients``:
   every import counts, those under ``if TYPE_CHECKING:`` and those inside functions included, since a
   cycle hidden there is still two modules that cannot be understood (or moved) one without the other.
+- ``robot_clients`` imports neither ``policy_server`` nor ``cosmos3_runtime``: it is what a robot installs,
+  and the dependency runs the other way (the server uses the client's codec and protocol).
 - Only the command line imports ``PolicyServer``: sessions, the sidecar and the backends see the server
   through the one ``ServerContext`` (``policy_server.context``) the server hands them.
 - What importing a module costs: a robot installs ``robot_clients`` for the codec and the protocol, and a
@@ -165,6 +167,18 @@ def test_a_cycle_is_found_and_named():
     graph = {"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}
     assert import_cycles(graph) == [["a", "b", "c", "a"]]
     assert import_cycles({"a": {"b"}, "b": set()}) == []
+
+
+def test_robot_clients_imports_neither_the_server_nor_the_runtime():
+    graph = import_graph()
+    upward = sorted(
+        f"{module} -> {target}"
+        for module, targets in graph.items()
+        if module.split(".")[0] == "robot_clients"
+        for target in targets
+        if target.split(".")[0] in ("policy_server", "cosmos3_runtime")
+    )
+    assert not upward, "robot_clients imports the server or the runtime:\n" + "\n".join(upward)
 
 
 def test_only_the_cli_imports_the_policy_server():

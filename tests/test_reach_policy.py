@@ -21,7 +21,7 @@ os.environ.setdefault("MUJOCO_GL", "egl")  # headless rendering; mujoco reads it
 pytest.importorskip("mujoco", reason="the `sim` extra (mujoco) is not installed")
 
 from robot_clients.sim.demo import REACH_POLICY as SHIPPED  # noqa: E402
-from robot_clients.sim.reach_demos import DOMAIN, TASK  # noqa: E402
+from robot_clients.sim.reach_task import DOMAIN, TASK  # noqa: E402
 
 pytestmark = pytest.mark.skipif(not (SHIPPED / "model_index.json").is_file(), reason="no shipped reach checkpoint")
 

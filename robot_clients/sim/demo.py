@@ -134,8 +134,7 @@ def run_demo(args: argparse.Namespace) -> dict[str, Any]:
 def run_reach_demo(args: argparse.Namespace) -> dict[str, Any]:
     """The trained reach policy on the reach task: ``args.episodes`` episodes, each one's success."""
     from .mujoco_arm import ArmEnvConfig
-    from .reach_demos import DOMAIN, TASK
-    from .reach_task import ReachChunkPolicy, ReachTaskEnv
+    from .reach_task import DOMAIN, TASK, ReachChunkPolicy, ReachTaskEnv
     from .rollout_video import RolloutRecorder
 
     record = ["--record-dir", args.record_dir] if args.record_dir else []

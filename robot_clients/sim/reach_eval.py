@@ -29,8 +29,7 @@ from ..client import PolicyClient
 from ..control_loop import ChunkingAgent, ControlLoop
 from .demo import ServerSubprocess
 from .mujoco_arm import ArmEnvConfig
-from .reach_demos import DOMAIN, TASK
-from .reach_task import BlindReachExpert, ReachChunkPolicy, ReachExpert, ReachTaskEnv, run_expert
+from .reach_task import DOMAIN, TASK, BlindReachExpert, ReachChunkPolicy, ReachExpert, ReachTaskEnv, run_expert
 
 MODES = ("wait", "replace", "blend", "rtc")
 ABLATIONS = ("none", "black", "shuffled_state", "blind_expert", "expert")

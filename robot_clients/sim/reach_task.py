@@ -31,6 +31,8 @@ from .mujoco_arm import ArmEnvConfig, MujocoArmEnv
 if TYPE_CHECKING:
     from ..client import PolicyClient
 
+TASK = "reach the blue cube"  # the prompt the demonstrations carry and the served policy is asked with
+DOMAIN = "cosmos3_mujoco_arm"  # the domain cosmos3-train names the policy trained on the reach demonstrations
 GOAL_HEIGHT = 0.10  # metres above the cube's centre: the palm over the cube, fingers just above its top
 SUCCESS_RADIUS = 0.03  # metres
 # Where the cube is placed: distance from the arm's base axis and bearing (radians, 0 = +x).

@@ -3,8 +3,9 @@
 Each episode is :func:`~robot_clients.sim.reach_task.run_expert` on a fresh cube place. The dataset has
 one camera (``observation.images.front``, stored in the data file as PNG, LeRobot's ``image`` feature),
 ``observation.state`` (the arm in action units) and ``action`` (one row per frame), with the layout,
-metadata and column types of :mod:`policy_server.recording.lerobot_format`. The cube's place is not
-stored: a policy trained on the dataset can only learn it from the camera.
+metadata and column types of :mod:`~policy_server.recording.lerobot_format`. The cube's place is not
+stored: a policy trained on the dataset can only learn it from the camera. It lives beside the recorder
+because it writes the recorder's format; the task and its expert are the robot side's.
 """
 
 from __future__ import annotations
@@ -21,14 +22,12 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from policy_server.recording import lerobot_format as fmt
+from robot_clients.sim.mujoco_arm import ArmEnvConfig
+from robot_clients.sim.reach_task import TASK, ReachExpert, ReachTaskEnv, run_expert
 
-from .mujoco_arm import ArmEnvConfig
-from .reach_task import ReachExpert, ReachTaskEnv, run_expert
+from . import lerobot_format as fmt
 
 CAMERA_KEY = fmt.VIDEO_KEY_PREFIX + "front"
-TASK = "reach the blue cube"
-DOMAIN = "cosmos3_mujoco_arm"  # the domain cosmos3-train names the policy trained on these demonstrations
 FPS = 20
 # LeRobot's image feature in the data file: the encoded image and an (empty) path.
 _IMAGE_TYPE = pa.struct([pa.field("bytes", pa.binary()), pa.field("path", pa.string())])
