@@ -260,7 +260,7 @@ async def test_the_recordings_listing_pages_and_an_absurd_frame_index_is_a_clien
             assert (await robot.observe(0))["type"] == "action_chunk"
             await robot.ws.close()
             assert await asyncio.to_thread(wait_until_published, server)
-        base = f"http://127.0.0.1:{server.server.sidecar.port}/v1/recordings"
+        base = f"http://127.0.0.1:{server.sidecar.port}/v1/recordings"
         status, everything = await asyncio.to_thread(_get, base)
         assert status == 200 and everything["total"] == 3 and len(everything["recordings"]) == 3
         assert everything["next_offset"] is None
@@ -302,7 +302,7 @@ async def test_replay_pages_decode_on_one_low_priority_thread_are_cached_and_rat
             assert (await robot.observe(seq))["type"] == "action_chunk"
         await robot.ws.close()
         assert await asyncio.to_thread(wait_until_published, server)
-        base = f"http://127.0.0.1:{server.server.sidecar.port}/v1/recordings"
+        base = f"http://127.0.0.1:{server.sidecar.port}/v1/recordings"
         (info,) = (await asyncio.to_thread(_get, base))[1]["recordings"]
         page_url = f"{base}/{info['name']}/frames?start=0&count=2"
         status, page = await asyncio.to_thread(_get, page_url)

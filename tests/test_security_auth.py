@@ -174,7 +174,7 @@ def test_healthz_shows_where_the_model_lies_only_behind_the_token(secured):
 
     context = ssl.create_default_context(cafile=secured.cert)
     opener = urllib.request.build_opener(urllib.request.ProxyHandler({}), urllib.request.HTTPSHandler(context=context))
-    model = secured.server.description.model
+    model = secured.server.context.description.model
     assert Path(model).is_absolute()  # a local folder: the tiny checkpoint
     for url in (f"https://127.0.0.1:{secured.port}/healthz", f"https://127.0.0.1:{secured.port}/healthz?token=nope"):
         with opener.open(url, timeout=10) as response:
