@@ -6,7 +6,7 @@ in the data file as LeRobot's ``image`` feature or as ``videos/<key>/chunk-*/fil
 no networking and no pandas: files are read with pyarrow, images with Pillow, videos with imageio's ffmpeg.
 
 ``action`` is either one row per frame (a demonstration dataset) or a chunk per frame (a recording of the
-server, whose rows are what it answered); :class:`Episode` keeps what the file has.
+server, whose rows are what it answered); :class:`DatasetEpisode` keeps what the file has.
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ class DatasetError(CheckpointError):
 
 
 @dataclass
-class Episode:
+class DatasetEpisode:
     """One episode's frames in order."""
 
     index: int
@@ -45,7 +45,7 @@ class LeRobotDataset:
     root: Path
     fps: float
     camera: str  # the feature key of the camera the episodes hold
-    episodes: list[Episode]
+    episodes: list[DatasetEpisode]
 
     @property
     def action_dim(self) -> int:
@@ -102,7 +102,7 @@ def read_dataset(root: str | Path, camera: str | None = None, max_episodes: int 
             np.asarray([r["observation.state"] for r in rows], np.float32) if "observation.state" in columns else None
         )
         actions = np.asarray([r["action"] for r in rows], np.float32)
-        out.append(Episode(index, images, state, actions, tasks.get(int(rows[0]["task_index"]), "")))
+        out.append(DatasetEpisode(index, images, state, actions, tasks.get(int(rows[0]["task_index"]), "")))
     return LeRobotDataset(root, float(info["fps"]), camera, out)
 
 

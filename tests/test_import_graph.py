@@ -227,3 +227,14 @@ def test_the_protocol_names_import_not_even_numpy():
 
 def test_the_chunker_imports_no_websockets():
     assert third_party_modules("robot_clients.chunker") <= {"numpy"}
+
+
+def test_no_class_name_is_defined_twice():
+    """Each concept is declared once: two product classes of one name are two shapes of one thing."""
+    homes: dict[str, list[str]] = {}
+    for package in PACKAGES:
+        for path in sorted((ROOT / package).rglob("*.py")):
+            for node in ast.walk(ast.parse(path.read_text(), str(path))):
+                if isinstance(node, ast.ClassDef):
+                    homes.setdefault(node.name, []).append(str(path.relative_to(ROOT)))
+    assert {name: paths for name, paths in homes.items() if len(paths) > 1} == {}
