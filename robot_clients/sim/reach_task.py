@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from ..chunker import RemoteChunkPolicy
 from .mujoco_arm import ArmEnvConfig, MujocoArmEnv
 
 if TYPE_CHECKING:
@@ -193,31 +194,24 @@ def run_expert(env: ReachTaskEnv, expert: ReachExpert) -> tuple[list[dict[str, n
     return steps, env.outcome()
 
 
-class ReachChunkPolicy:
-    """Chunks from the server for the reach task: the camera and the arm's state, with the real-time
-    chunking prefix; an injected delay and the ablations are applied here, on the robot side."""
+class ReachChunkPolicy(RemoteChunkPolicy):
+    """The server's chunks for the reach task, with an injected delay and the ablations applied on the
+    robot side before the observation goes out (what is forwarded is :class:`RemoteChunkPolicy`'s)."""
 
-    def __init__(self, client: PolicyClient, *, delay_s: float, ablation: str, seed: int, timeout: float = 5.0):
-        self.client = client
+    def __init__(self, client: PolicyClient, *, delay_s: float, ablation: str, seed: int, timeout: float = 5.0) -> None:
+        super().__init__(client, timeout=timeout)
         self.delay_s = delay_s
         self.ablation = ablation
-        self.timeout = timeout
         self._rng = np.random.default_rng(seed)
 
     def infer_chunk(self, observation: Mapping[str, Any], prefix_actions: np.ndarray | None) -> np.ndarray:
-        image, state = observation["image"], np.asarray(observation["state"], np.float32)
+        observation = dict(observation)
         if self.ablation == "black":
-            image = np.zeros_like(image)
+            observation["image"] = np.zeros_like(observation["image"])
         elif self.ablation == "shuffled_state":
-            state = state[self._rng.permutation(state.shape[0])]
-        frame: dict[str, Any] = {"image": image}
-        if prefix_actions is not None and len(prefix_actions):
-            frame["prefix_actions"] = np.ascontiguousarray(prefix_actions, dtype=np.float32)
-        actions = self.client.infer(frame, timeout=self.timeout, state=state).actions
+            state = np.asarray(observation["state"], np.float32)
+            observation["state"] = state[self._rng.permutation(state.shape[0])]
+        actions = super().infer_chunk(observation, prefix_actions)
         if self.delay_s:
             time.sleep(self.delay_s)
         return actions
-
-    @property
-    def session_state(self) -> str:
-        return self.client.session_state
