@@ -35,7 +35,8 @@ from .engine.worker import ActionEngine
 from .http.connections import ConnectionLimits
 from .http.settings import SidecarSettings
 from .recording_setup import RecordingOptions
-from .server import PolicyServer, ServerSettings
+from .server import PolicyServer
+from .server_settings import ServerSettings
 from .sessions.openpi_observation import CameraMapping, CameraMappingError, OpenpiSettings
 from .sessions.rate_limits import RateLimit
 from .sessions.supervisor import SessionLimits
@@ -45,7 +46,7 @@ from .vla_eval import ChunkPlan, MappingFileError, ObservationMapping, VlaEvalSe
 if TYPE_CHECKING:
     from .http.sidecar import HttpSidecar
 
-__all__ = ["assemble_server", "build_parser", "main", "serve_until_stopped"]
+__all__ = ["assemble_server", "main", "serve_until_stopped"]
 
 logger = logging.getLogger("policy_server")
 

@@ -28,8 +28,7 @@ from .http.connections import (
 from .http.settings import DEFAULT_MAX_BODY_BYTES, DEFAULT_MAX_BUFFERED_BODY_BYTES
 from .http.turns import DEFAULT_MAX_IN_FLIGHT
 from .media.media_check import DEFAULT_MAX_DECODED_BYTES, MAX_SIDE_PER_CANVAS_SIDE
-from .server import DEFAULT_MAX_MESSAGE_BYTES
-from .server_settings import DEFAULT_MAX_OBSERVERS
+from .server_settings import DEFAULT_MAX_MESSAGE_BYTES, DEFAULT_MAX_OBSERVERS
 from .sessions.rate_limits import DEFAULT_BURST, DEFAULT_MAX_OBSERVATION_HZ
 from .sessions.supervisor import (
     DEFAULT_IDLE_TIMEOUT_S,

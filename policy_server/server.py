@@ -49,7 +49,7 @@ from .log_hygiene import printable
 from .media.media_check import served_frame_limits
 from .metadata import SERVER_NAME, health
 from .routes import Route, check_endpoints, path_of, route
-from .server_settings import DEFAULT_MAX_MESSAGE_BYTES, LARGEST_IMAGE_BYTES, ServerSettings
+from .server_settings import ServerSettings
 from .sessions.base import Session
 from .sessions.dialects import Dialect
 from .sessions.native import RealtimeSession
@@ -57,7 +57,7 @@ from .sessions.observer import DEFAULT_INTERVAL_S, OBSERVER_MAX_MESSAGE_BYTES, O
 from .sessions.openpi import OpenpiSession
 from .sessions.supervisor import MAX_QUEUED_FRAMES, SOCKET_SEND_BUFFER_BYTES, WRITE_LIMIT_BYTES, close_connection
 
-__all__ = ["DEFAULT_MAX_MESSAGE_BYTES", "LARGEST_IMAGE_BYTES", "PolicyServer", "ServerFeature", "ServerSettings"]
+__all__ = ["PolicyServer", "ServerFeature"]
 
 logger = logging.getLogger(__name__)
 

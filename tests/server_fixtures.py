@@ -31,7 +31,7 @@ import numpy as np
 
 import policy_server  # noqa: F401  (first: sets OMP_WAIT_POLICY=PASSIVE before torch loads)
 from policy_server.cli import assemble_server, sidecar_of
-from policy_server.server import ServerSettings
+from policy_server.server_settings import ServerSettings
 from policy_server.vla_eval import VlaEvalSettings
 from robot_clients.protocol import HEALTH_PATH, REALTIME_PATH
 

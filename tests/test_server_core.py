@@ -30,7 +30,8 @@ SCRIPT = textwrap.dedent(
     import numpy as np
     from websockets.asyncio.client import connect
 
-    from policy_server.server import PolicyServer, ServerSettings
+    from policy_server.server import PolicyServer
+    from policy_server.server_settings import ServerSettings
     from policy_server.sessions.openpi import openpi_arrays
     from policy_server.sessions.openpi_observation import OpenpiSettings
     from robot_clients.wire_codec import packb, unpackb
@@ -102,7 +103,7 @@ async def test_a_start_that_fails_stops_the_features_it_had_started(tmp_path):
     from policy_server.recording import RecorderState
     from policy_server.recording.server_feature import RecordingFeature
     from policy_server.recording_setup import RecordingOptions
-    from policy_server.server import ServerSettings
+    from policy_server.server_settings import ServerSettings
 
     with socket.socket() as taken:
         taken.bind(("127.0.0.1", 0))

@@ -39,8 +39,6 @@ from typing import TYPE_CHECKING, Any, TypeVar
 import numpy as np
 
 from cosmos3_runtime.engine_spec import EngineLimits
-from robot_clients.client_frames import is_encoded_clip
-from robot_clients.client_frames import is_encoded_frame as is_encoded_image
 from robot_clients.protocol import CodedError, ErrorCode, FrameLimits
 
 if TYPE_CHECKING:  # Pillow is imported when a frame is first decoded
@@ -57,8 +55,6 @@ __all__ = [
     "decode_clip",
     "decode_image",
     "fit_size",
-    "is_encoded_clip",
-    "is_encoded_image",
     "model_frame_limits",
     "read_header",
 ]
