@@ -21,10 +21,10 @@ from policy_server.media.image_decoding import (
     InvalidImage,
     decode_clip,
     decode_image,
-    is_encoded_clip,
-    is_encoded_image,
     read_header,
 )
+from robot_clients.client_frames import is_encoded_clip
+from robot_clients.client_frames import is_encoded_frame as is_encoded_image
 from robot_clients.frame_encoding import ImageEncoding, ImageEncodingUnavailable, encode_clip, encode_frame
 from robot_clients.protocol import ErrorCode, FrameLimits
 
