@@ -1,12 +1,15 @@
 """Third-party simulators, unchanged, in closed loop on the server: success rate and chunk latency each.
 
 Starts ``cosmos3-serve --tiny distilled`` (random weights: a success rate near zero is the expected
-figure, and says nothing about a trained policy), then runs each environment of
+figure, and says nothing about a trained policy), or ``--model CKPT`` (a policy trained on a preset's
+demonstrations, ``docs/training.md``), then runs each environment of
 ``robot_clients.sim.gym_bridge.PRESETS`` from its own virtualenv (``.venv-metaworld``, ``.venv-pusht``;
 ``make test`` builds them) through PolicyClient and the chunker, and prints one Markdown row each (the
 table of ``docs/third_party_sims.md``).
 
     python benchmarks/third_party_sims.py --episodes 10 --max-steps 100
+    python benchmarks/third_party_sims.py --model build/drawer-policy --presets metaworld-drawer-close \
+        --episodes 20 --max-steps 150 --seed 100000
 """
 
 from __future__ import annotations
@@ -21,7 +24,7 @@ from pathlib import Path
 from robot_clients.sim.demo import ServerSubprocess
 
 ROOT = Path(__file__).resolve().parent.parent
-VENVS = {"metaworld-reach": ".venv-metaworld", "pusht": ".venv-pusht"}
+VENVS = {"metaworld-reach": ".venv-metaworld", "metaworld-drawer-close": ".venv-metaworld", "pusht": ".venv-pusht"}
 
 
 def main() -> int:
@@ -30,9 +33,15 @@ def main() -> int:
     parser.add_argument("--max-steps", type=int, default=100)
     parser.add_argument("--control-hz", type=float, default=10.0)
     parser.add_argument("--horizon", type=int, default=16)
-    parser.add_argument("--presets", default=",".join(VENVS))
+    parser.add_argument("--presets", default="metaworld-reach,pusht")
+    parser.add_argument("--model", default=None, help="a trained checkpoint (default: random tiny weights)")
+    parser.add_argument("--seed", type=int, default=0, help="first episode's seed (task variations too)")
+    parser.add_argument("--chunk-steps", type=int, default=None, help="actions executed per chunk")
     args = parser.parse_args()
-    server = ServerSubprocess(["--tiny", "distilled", "--no-http"])
+    weights = "trained" if args.model else "random weights"
+    server = ServerSubprocess(
+        ["--model", args.model, "--no-http"] if args.model else ["--tiny", "distilled", "--no-http"]
+    )
     url = server.start() + "/v1/actions/realtime"
     env = {**os.environ, "NO_PROXY": "*", "PYTHONPATH": str(ROOT), "MUJOCO_GL": "egl"}
     rows = []
@@ -54,7 +63,11 @@ def main() -> int:
                 str(args.control_hz),
                 "--horizon",
                 str(args.horizon),
+                "--seed",
+                str(args.seed),
             ]
+            if args.chunk_steps:
+                command += ["--chunk-steps", str(args.chunk_steps)]
             done = subprocess.run(command, capture_output=True, text=True, env=env)
             if done.returncode != 0:
                 print(done.stderr[-3000:], file=sys.stderr)
@@ -65,7 +78,7 @@ def main() -> int:
     finally:
         server.stop()
     print()
-    print("| environment | episodes x steps | success rate (random weights) | chunk latency p50 / p99 | control rate |")
+    print(f"| environment | episodes x steps | success rate ({weights}) | chunk latency p50 / p99 | control rate |")
     print("| --- | --- | --- | --- | --- |")
     for s in rows:
         print(

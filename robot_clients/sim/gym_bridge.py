@@ -9,7 +9,14 @@ it, and a small :class:`GymMapping` says how it meets the policy:
   observation); sent only to a domain that conditions on state;
 * ``action``: how a row of the policy's chunk becomes the environment's action: its first
   ``action_space`` entries, squashed (``tanh``) into the action space's bounds, or clipped to them;
-* ``success``: the ``info`` key that is truthy once the task is done (the episode then ends).
+* ``success``: the ``info`` key that is truthy once the task is done (the episode then ends);
+* ``expert``: the simulator's own scripted policy (``module:Class`` with ``get_action(observation)``),
+  which :func:`run_expert_episodes` records as demonstrations (``--expert-demos``);
+* ``env_seed_kwarg``: the ``gymnasium.make`` keyword that seeds the environment's set of task variations
+  (MetaWorld's ``seed``), so that demonstrations and evaluation can use disjoint sets;
+* ``render_shadows``: off turns the scene's shadow-casting lights off before the first frame. The task,
+  its physics and the camera are untouched; shadows only cost time on a software rasterizer (a MetaWorld
+  frame takes 10x longer with them on a CPU).
 
 :class:`GymEnvironment` wraps the environment as a :class:`~robot_clients.control_loop.Environment`;
 :func:`run_episodes` runs it in closed loop (:class:`~robot_clients.control_loop.ControlLoop`, a
@@ -58,6 +65,10 @@ class GymMapping:
     success: str = "success"
     prompt: str = ""
     max_steps: int = 100
+    state_indices: tuple[int, ...] = ()  # entries of the concatenated state that are the robot's (empty: all)
+    expert: str | None = None
+    env_seed_kwarg: str | None = None
+    render_shadows: bool = True
 
     def __post_init__(self) -> None:
         if self.action not in ACTION_TRANSFORMS:
@@ -75,6 +86,22 @@ PRESETS: dict[str, GymMapping] = {
         state=(ARRAY_OBSERVATION,),
         success="success",
         prompt="reach the goal",
+    ),
+    # MetaWorld drawer-close: the drawer's place (x within 0.2 m) is seen in the camera only; the state
+    # sent is the hand's position and the gripper (observation entries 0-3), never the drawer's.
+    "metaworld-drawer-close": GymMapping(
+        env_id="Meta-World/MT1",
+        env_kwargs={"env_name": "drawer-close-v3", "render_mode": "rgb_array", "width": 128, "height": 128},
+        module="metaworld",
+        state=(ARRAY_OBSERVATION,),
+        state_indices=(0, 1, 2, 3),
+        action="clip",
+        success="success",
+        prompt="close the drawer",
+        max_steps=150,
+        expert="metaworld.policies:SawyerDrawerCloseV3Policy",
+        env_seed_kwarg="seed",
+        render_shadows=False,
     ),
     # Push-T (LeRobot's gym-pusht): 96x96 pixels and the agent's 2-D position, a 2-D target in [0, 512].
     "pusht": GymMapping(
@@ -125,7 +152,13 @@ class GymEnvironment(Environment):
 
         if mapping.module is not None:
             importlib.import_module(mapping.module)
-        return cls(gymnasium.make(mapping.env_id, **dict(mapping.env_kwargs)), mapping, seed)
+        kwargs = dict(mapping.env_kwargs)
+        if mapping.env_seed_kwarg is not None:
+            kwargs[mapping.env_seed_kwarg] = seed
+        env = gymnasium.make(mapping.env_id, **kwargs)
+        if not mapping.render_shadows:
+            env.unwrapped.model.light_castshadow[:] = 0
+        return cls(env, mapping, seed)
 
     def reset(self) -> None:
         self._observation, _ = self.env.reset(seed=self.seed + self.episodes)
@@ -148,7 +181,8 @@ class GymEnvironment(Environment):
             np.asarray(self._observation if key == ARRAY_OBSERVATION else self._observation[key], np.float32).ravel()
             for key in self.mapping.state
         ]
-        return np.concatenate(parts) if parts else np.zeros(0, np.float32)
+        state = np.concatenate(parts) if parts else np.zeros(0, np.float32)
+        return state[list(self.mapping.state_indices)] if self.mapping.state_indices else state
 
     def get_observation(self) -> dict[str, Any]:
         frames = [self._camera(name) for name in self.mapping.cameras]
@@ -237,11 +271,54 @@ def run_episodes(
     return BridgeResult(name or environment.mapping.env_id, results, latencies)
 
 
+def run_expert_episodes(environment: GymEnvironment, episodes: int) -> list[dict[str, Any]]:
+    """``episodes`` episodes of the mapping's scripted expert, as demonstrations: per episode the camera
+    frames, the robot state and the actions (as the environment took them), and whether it succeeded."""
+    if environment.mapping.expert is None:
+        raise ValueError(f"{environment.mapping.env_id} has no scripted expert in its mapping")
+    module, _, name = environment.mapping.expert.partition(":")
+    expert = getattr(importlib.import_module(module), name)()
+    recorded: list[dict[str, Any]] = []
+    for _ in range(episodes):
+        environment.reset()
+        images, states, actions = [], [], []
+        while not environment.is_episode_complete():
+            observation = environment.get_observation()
+            action = environment.env_action(np.asarray(expert.get_action(environment._observation)))
+            images.append(observation["image"])
+            states.append(observation.get("state", np.zeros(0, np.float32)))
+            actions.append(action.ravel())
+            environment.apply_action({"actions": action.ravel()})
+        recorded.append(
+            {
+                "images": np.asarray(images),
+                "state": np.asarray(states, np.float32),
+                "actions": np.asarray(actions, np.float32),
+                "success": environment.success,
+            }
+        )
+    return recorded
+
+
+def save_demonstrations(path: str, episodes: list[dict[str, Any]], mapping: GymMapping) -> None:
+    """The episodes in one ``.npz`` (``images_K``, ``state_K``, ``actions_K``, ``success``, ``prompt``), the
+    hand-over to the server side's LeRobot writer, which runs in another virtualenv."""
+    arrays: dict[str, np.ndarray] = {
+        "success": np.asarray([e["success"] for e in episodes]),
+        "prompt": np.asarray(mapping.prompt),
+    }
+    for k, episode in enumerate(episodes):
+        for key in ("images", "state", "actions"):
+            arrays[f"{key}_{k}"] = episode[key]
+    with open(path, "wb") as out:
+        np.savez(out, allow_pickle=False, **arrays)
+
+
 def main(argv: list[str] | None = None) -> int:
     from ..client import PolicyClient
 
     parser = argparse.ArgumentParser(description="run a gymnasium environment, unchanged, on the policy server")
-    parser.add_argument("--url", required=True, help="ws://HOST:PORT/v1/actions/realtime")
+    parser.add_argument("--url", default=None, help="ws://HOST:PORT/v1/actions/realtime")
     parser.add_argument("--preset", required=True, choices=sorted(PRESETS))
     parser.add_argument("--episodes", type=int, default=3)
     parser.add_argument("--max-steps", type=int, default=None, help="steps per episode (default: the preset's)")
@@ -249,19 +326,48 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--domain", default=None, help="the policy's embodiment (default: the model's default)")
     parser.add_argument("--horizon", type=int, default=None)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--chunk-steps", type=int, default=None, help="actions executed per chunk")
+    parser.add_argument(
+        "--expert-demos", default=None, help="no server: record the preset's scripted expert into this .npz"
+    )
     args = parser.parse_args(argv)
     os.environ.setdefault("MUJOCO_GL", "egl")  # headless MuJoCo rendering (MetaWorld)
     mapping = PRESETS[args.preset]
     if args.max_steps is not None:
         mapping = GymMapping(**{**mapping.__dict__, "max_steps": args.max_steps})
     environment = GymEnvironment.make(mapping, seed=args.seed)
+    if args.expert_demos is not None:
+        try:
+            started = time.monotonic()
+            episodes = run_expert_episodes(environment, args.episodes)
+        finally:
+            environment.close()
+        save_demonstrations(args.expert_demos, episodes, mapping)
+        successes = sum(e["success"] for e in episodes)
+        frames = sum(len(e["actions"]) for e in episodes)
+        print(
+            json.dumps(
+                {
+                    "episodes": len(episodes),
+                    "frames": frames,
+                    "expert_success": successes / len(episodes),
+                    "seconds": round(time.monotonic() - started, 1),
+                }
+            )
+        )
+        return 0
+    if args.url is None:
+        parser.error("--url is required (or --expert-demos, which needs no server)")
     started = time.monotonic()
     try:
         with PolicyClient(args.url, connect_timeout=120.0) as client:
             domain = args.domain or client.metadata["defaults"]["domain_name"]
             client.configure(domain_name=domain, action_horizon=args.horizon, prompt=mapping.prompt, seed=args.seed)
             send_state = bool(mapping.state) and client.metadata["domains"][domain].get("state_dim") is not None
-            result = run_episodes(environment, client, args.episodes, name=args.preset, control_hz=args.control_hz)
+            chunker = ChunkerConfig(control_hz=args.control_hz, execute_horizon=args.chunk_steps)
+            result = run_episodes(
+                environment, client, args.episodes, name=args.preset, control_hz=args.control_hz, chunker=chunker
+            )
     finally:
         environment.close()
     summary = result.summary() | {"domain": domain, "send_state": send_state, "wall_s": time.monotonic() - started}
