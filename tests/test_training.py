@@ -23,7 +23,7 @@ from cosmos3_runtime.training import TrainConfig, encode_frames, prepare_trainin
 os.environ.setdefault("MUJOCO_GL", "egl")  # headless rendering; mujoco reads it when first imported
 pytest.importorskip("mujoco", reason="the `sim` extra (mujoco) is not installed")
 
-from policy_server.recording.reach_demos import collect  # noqa: E402
+from policy_server.recording.demonstrations import collect  # noqa: E402
 from robot_clients.sim.reach_task import TASK  # noqa: E402
 
 

@@ -1,11 +1,15 @@
-"""``cosmos3-reach-demos``: scripted demonstrations of the reach task, written as a LeRobot v3.0 dataset.
+"""Scripted demonstrations written as a LeRobot v3.0 dataset: ``cosmos3-reach-demos`` and ``cosmos3-gym-demos``.
 
-Each episode is :func:`~robot_clients.sim.reach_task.run_expert` on a fresh cube place. The dataset has
-one camera (``observation.images.front``, stored in the data file as PNG, LeRobot's ``image`` feature),
-``observation.state`` (the arm in action units) and ``action`` (one row per frame), with the layout,
-metadata and column types of :mod:`~policy_server.recording.lerobot_format`. The cube's place is not
-stored: a policy trained on the dataset can only learn it from the camera. It lives beside the recorder
-because it writes the recorder's format; the task and its expert are the robot side's.
+- ``cosmos3-reach-demos``: :func:`~robot_clients.sim.reach_task.run_expert` on fresh cube places of the
+  reach task (the MuJoCo arm, this project's own).
+- ``cosmos3-gym-demos``: a gymnasium preset's own scripted expert (MetaWorld's policies), run in the
+  simulator's virtualenv by :mod:`robot_clients.sim.gym_bridge` and handed over as an ``.npz``.
+
+The dataset has one camera (``observation.images.front``, stored in the data file as PNG, LeRobot's
+``image`` feature), ``observation.state`` (the robot's own state) and ``action`` (one row per frame), with
+the layout, metadata and column types of :mod:`~policy_server.recording.lerobot_format`. Where the task's
+goal is (the cube, the drawer) is not stored: a policy trained on the dataset can only learn it from the
+camera. It lives beside the recorder because it writes the recorder's format.
 """
 
 from __future__ import annotations
@@ -13,8 +17,11 @@ from __future__ import annotations
 import argparse
 import io
 import json
+import subprocess
 import sys
+import tempfile
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -22,15 +29,22 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from robot_clients.sim.mujoco_arm import ArmEnvConfig
-from robot_clients.sim.reach_task import TASK, ReachExpert, ReachTaskEnv, run_expert
-
 from . import lerobot_format as fmt
 
 CAMERA_KEY = fmt.VIDEO_KEY_PREFIX + "front"
-FPS = 20
+REACH_FPS = 20
 # LeRobot's image feature in the data file: the encoded image and an (empty) path.
 _IMAGE_TYPE = pa.struct([pa.field("bytes", pa.binary()), pa.field("path", pa.string())])
+
+
+@dataclass(frozen=True)
+class Demonstration:
+    """One expert episode: ``images`` (T, H, W, 3) uint8, ``state`` (T, D) and ``actions`` (T, D)."""
+
+    images: np.ndarray
+    state: np.ndarray
+    actions: np.ndarray
+    success: bool
 
 
 def _png(frame: np.ndarray) -> bytes:
@@ -41,41 +55,29 @@ def _png(frame: np.ndarray) -> bytes:
     return out.getvalue()
 
 
-def collect(out: Path, episodes: int, seed: int, image_size: int = 128, episode_steps: int = 30) -> dict[str, Any]:
-    """Record ``episodes`` expert episodes (cube places from ``seed``) into a new dataset at ``out``."""
-    config = ArmEnvConfig(
-        image_height=image_size, image_width=image_size, wrist_camera=False, seed=seed, episode_steps=episode_steps
-    )
-    env = ReachTaskEnv(config)
-    expert = ReachExpert(env)
-    images: list[bytes] = []
-    states, actions, episode_index, frame_index = [], [], [], []
-    lengths, successes = [], 0
-    with env:
-        for episode in range(episodes):
-            steps, outcome = run_expert(env, expert)
-            successes += outcome.success
-            lengths.append(len(steps))
-            for i, step in enumerate(steps):
-                images.append(_png(step["image"]))
-                states.append(step["state"])
-                actions.append(step["action"])
-                episode_index.append(episode)
-                frame_index.append(i)
-    states_np, actions_np = np.asarray(states, np.float32), np.asarray(actions, np.float32)
-    width = actions_np.shape[1]
+def write_dataset(
+    out: Path, demonstrations: list[Demonstration], task: str, fps: int, robot_type: str
+) -> dict[str, Any]:
+    """Write ``demonstrations`` as a new LeRobot v3.0 dataset at ``out`` (one task, one camera)."""
+    images = [_png(frame) for d in demonstrations for frame in d.images]
+    states_np = np.concatenate([d.state for d in demonstrations]).astype(np.float32)
+    actions_np = np.concatenate([d.actions for d in demonstrations]).astype(np.float32)
+    lengths = [len(d.actions) for d in demonstrations]
+    episode_index = np.concatenate([np.full(n, k, np.int64) for k, n in enumerate(lengths)])
+    frame_index = np.concatenate([np.arange(n, dtype=np.int64) for n in lengths])
+    height, width_px = demonstrations[0].images.shape[1:3]
     features: dict[str, dict[str, Any]] = {
-        "observation.state": {"dtype": "float32", "shape": (width,), "names": None},
-        "action": {"dtype": "float32", "shape": (width,), "names": None},
+        "observation.state": {"dtype": "float32", "shape": (states_np.shape[1],), "names": None},
+        "action": {"dtype": "float32", "shape": (actions_np.shape[1],), "names": None},
         **fmt.DEFAULT_FEATURES,
     }
     frames = len(images)
     values: dict[str, np.ndarray] = {
         "observation.state": states_np,
         "action": actions_np,
-        "timestamp": np.asarray(frame_index, np.float32) / FPS,
-        "frame_index": np.asarray(frame_index, np.int64),
-        "episode_index": np.asarray(episode_index, np.int64),
+        "timestamp": frame_index.astype(np.float32) / fps,
+        "frame_index": frame_index,
+        "episode_index": episode_index,
         "index": np.arange(frames, dtype=np.int64),
         "task_index": np.zeros(frames, np.int64),
     }
@@ -89,21 +91,22 @@ def collect(out: Path, episodes: int, seed: int, image_size: int = 128, episode_
     (out / "data" / "chunk-000").mkdir(parents=True)
     pq.write_table(pa.Table.from_arrays(columns, schema=schema), out / fmt.DATA_PATH)
 
-    image_feature = {"dtype": "image", "shape": (image_size, image_size, 3), "names": ["height", "width", "channels"]}
+    episodes = len(demonstrations)
+    image_feature = {"dtype": "image", "shape": (height, width_px, 3), "names": ["height", "width", "channels"]}
     all_features = {CAMERA_KEY: image_feature, **features}
-    info = fmt.info_json(all_features, FPS, frames, 1, "cosmos3_mujoco_arm")
+    info = fmt.info_json(all_features, fps, frames, 1, robot_type)
     info.update(total_episodes=episodes, splits={"train": f"0:{episodes}"})
     (out / fmt.INFO_PATH).write_text(json.dumps(info, indent=4))
     stats = {name: fmt.numeric_stats(values[name]) for name in ("observation.state", "action")}
     (out / fmt.STATS_PATH).write_text(
         json.dumps({f: {k: np.asarray(v).tolist() for k, v in s.items()} for f, s in stats.items()}, indent=4)
     )
-    pq.write_table(fmt.tasks_table([TASK]), out / fmt.TASKS_PATH)
+    pq.write_table(fmt.tasks_table([task]), out / fmt.TASKS_PATH)
     starts = np.concatenate([[0], np.cumsum(lengths)])
     rows = [
         {
             "episode_index": k,
-            "tasks": [TASK],
+            "tasks": [task],
             "length": lengths[k],
             "data/chunk_index": 0,
             "data/file_index": 0,
@@ -115,11 +118,60 @@ def collect(out: Path, episodes: int, seed: int, image_size: int = 128, episode_
         for k in range(episodes)
     ]
     pq.write_table(pa.Table.from_pylist(rows), out / fmt.EPISODES_PATH)
+    successes = sum(d.success for d in demonstrations)
     return {"episodes": episodes, "frames": frames, "expert_success": successes / max(episodes, 1)}
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="cosmos3-reach-demos", description=__doc__.split("\n\n")[0])
+def collect(out: Path, episodes: int, seed: int, image_size: int = 128, episode_steps: int = 30) -> dict[str, Any]:
+    """Record ``episodes`` reach-task expert episodes (cube places from ``seed``) into a new dataset at ``out``."""
+    from robot_clients.sim.mujoco_arm import ArmEnvConfig
+    from robot_clients.sim.reach_task import TASK, ReachExpert, ReachTaskEnv, run_expert
+
+    config = ArmEnvConfig(
+        image_height=image_size, image_width=image_size, wrist_camera=False, seed=seed, episode_steps=episode_steps
+    )
+    env = ReachTaskEnv(config)
+    expert = ReachExpert(env)
+    demonstrations = []
+    with env:
+        for _ in range(episodes):
+            steps, outcome = run_expert(env, expert)
+            demonstrations.append(
+                Demonstration(
+                    np.asarray([s["image"] for s in steps]),
+                    np.asarray([s["state"] for s in steps], np.float32),
+                    np.asarray([s["action"] for s in steps], np.float32),
+                    outcome.success,
+                )
+            )
+    return write_dataset(out, demonstrations, TASK, REACH_FPS, "cosmos3_mujoco_arm")
+
+
+def collect_gym(out: Path, preset: str, python: str, episodes: int, seed: int, fps: int) -> dict[str, Any]:
+    """Record ``episodes`` of a gym preset's scripted expert, run by ``python`` (the simulator's virtualenv),
+    into a new dataset at ``out``."""
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "demos.npz"
+        command = [python, "-m", "robot_clients.sim.gym_bridge", "--preset", preset, "--episodes", str(episodes)]
+        command += ["--seed", str(seed), "--expert-demos", str(path)]
+        subprocess.run(command, check=True, stdout=subprocess.DEVNULL)
+        with np.load(path) as arrays:
+            demonstrations = [
+                Demonstration(arrays[f"images_{k}"], arrays[f"state_{k}"], arrays[f"actions_{k}"], bool(success))
+                for k, success in enumerate(arrays["success"])
+            ]
+            task = str(arrays["prompt"])
+    return write_dataset(out, demonstrations, task, fps, preset)
+
+
+def _finish(summary: dict[str, Any], started: float) -> int:
+    summary["seconds"] = round(time.monotonic() - started, 1)
+    print(json.dumps(summary), flush=True)
+    return 0
+
+
+def reach_main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="cosmos3-reach-demos", description="the reach task's scripted expert")
     parser.add_argument("out", help="folder of the new dataset (must not exist)")
     parser.add_argument("--episodes", type=int, default=300)
     parser.add_argument("--seed", type=int, default=0, help="seed of the cube places")
@@ -130,11 +182,28 @@ def main(argv: list[str] | None = None) -> int:
     if out.exists():
         parser.error(f"{out} already exists")
     started = time.monotonic()
-    summary = collect(out, args.episodes, args.seed, args.image_size, args.episode_steps)
-    summary["seconds"] = round(time.monotonic() - started, 1)
-    print(json.dumps(summary), flush=True)
-    return 0
+    return _finish(collect(out, args.episodes, args.seed, args.image_size, args.episode_steps), started)
+
+
+def gym_main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="cosmos3-gym-demos", description="a gymnasium preset's own scripted expert (robot_clients.sim.gym_bridge)"
+    )
+    parser.add_argument("out", help="folder of the new dataset (must not exist)")
+    parser.add_argument("--preset", required=True, help="a preset of robot_clients.sim.gym_bridge with an expert")
+    parser.add_argument(
+        "--python", required=True, help="the simulator virtualenv's python, e.g. .venv-metaworld/bin/python"
+    )
+    parser.add_argument("--episodes", type=int, default=100)
+    parser.add_argument("--seed", type=int, default=0, help="seed of the environment's task variations")
+    parser.add_argument("--fps", type=int, default=10, help="the control rate the policy will run at")
+    args = parser.parse_args(argv)
+    out = Path(args.out)
+    if out.exists():
+        parser.error(f"{out} already exists")
+    started = time.monotonic()
+    return _finish(collect_gym(out, args.preset, args.python, args.episodes, args.seed, args.fps), started)
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(reach_main())
