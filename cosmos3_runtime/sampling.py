@@ -27,8 +27,8 @@ serving runtime changes, and why:
 - **No decode for action modes.** Action chunks come from the action stream; the VAE decoder is only
   called for ``forward_dynamics`` video.
 - **Batching.** Several jobs on the same schedule share each transformer call: their sequences are
-  packed into one joint sequence (:mod:`cosmos3_runtime.packed_batch`; diffusers' transformer takes
-  per-item lists) and attention is kept per item (:mod:`cosmos3_runtime.packed_attention`). Each job
+  packed into one joint sequence (:mod:`cosmos3_runtime.sequence_packing`; diffusers' transformer takes
+  per-item lists) and attention is kept per item there too. Each job
   keeps its own noise, scheduler and generator, so a batched chunk equals the unbatched one up to float
   rounding.
 - **Text prefix cache.** A job whose text keys/values are cached runs its generation tokens only
@@ -50,12 +50,10 @@ from diffusers.utils.torch_utils import randn_tensor
 
 from .denoise_jobs import DenoiseJob, DenoiseOutput
 from .frame_preprocessing import PreparedFrames, prepare_frames
-from .packed_attention import install_packed_attention
-from .packed_batch import pack_batch
 from .prefix_cache import TextPrefixCache
 from .prepared_inputs import ConditioningFrames, condition_frames
 from .prompts import action_caption
-from .sequence_packing import SequencePass, pack_sequence
+from .sequence_packing import SequencePass, install_packed_attention, pack_batch, pack_sequence
 
 _TOKEN_CACHE_SIZE = 64
 
@@ -408,7 +406,7 @@ class Cosmos3Sampler:
         cache: tuple[str, int, float, int] = ("train", 0, 1.0, 1),
     ) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
         """The transformer's raw velocity predictions for ``passes``, joined into one call by
-        :func:`~.packed_batch.pack_batch`. Sampling and training (:mod:`cosmos3_runtime.training`, which
+        :func:`~.sequence_packing.pack_batch`. Sampling and training (:mod:`cosmos3_runtime.training`, which
         calls this with gradients on and one timestep per sample) share it, so they cannot drift apart.
 
         ``cache``: the pass name, step index, sigma and step count the transformer's cache hooks are told.
