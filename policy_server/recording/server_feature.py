@@ -4,7 +4,7 @@ is recorded, and what ``/healthz`` and ``/metrics`` say about it.
 The command line attaches a :class:`RecordingFeature` when ``--record-dir`` is set. It starts the
 :class:`~.recorder.Recorder` before the server listens (a directory that cannot be made fails the start),
 tells the server's context how to record a session (:class:`~policy_server.context.SessionRecordings`:
-each recording is a listener of its session's events, :class:`~.session_recording.RecordingListener`),
+each recording is a listener of its session's events, :class:`~.recorder.RecordingListener`),
 and closes the recorder once every session has ended its episode.
 """
 
@@ -16,8 +16,7 @@ from typing import Any
 from ..context import ServerContext, SessionRecordings
 from ..recording_setup import RecordingOptions
 from ..sessions.listener import SessionListener
-from .recorder import Recorder, RecorderSettings
-from .session_recording import RecordingListener
+from .recorder import Recorder, RecorderSettings, RecordingListener
 
 
 class RecordingFeature:
