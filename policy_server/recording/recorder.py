@@ -39,11 +39,11 @@ import numpy as np
 
 from cosmos3_runtime.description import MODEL_IDENTITY_KEYS
 
+from ..durable_files import is_out_of_space
 from ..sessions.listener import AcceptedObservation, SessionListener
 from ..sessions.observation_rules import ChunkReply
 from ..videos.encoding import VideoEncodingError
 from .assembly import MIN_SEGMENT_FRAMES, assemble
-from .durable_files import is_out_of_space
 from .episode_writer import EpisodeWriter, UnrecordableObservation
 from .events import (
     ChunkReturned,
