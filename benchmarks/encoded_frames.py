@@ -1,7 +1,8 @@
 """What encoding and resizing camera frames on the robot do to the actions, on a fixed seed.
 
-The same observation goes through the real engine (the tiny distilled checkpoint that ``cosmos3_runtime.tiny``
-builds, production loading path, tier 256, seed 0) as the robot would send it in each form:
+The same observation goes through the real engine (the tiny distilled checkpoint that
+``cosmos3_runtime.random_checkpoints`` builds, production loading path, tier 256, seed 0) as the robot would
+send it in each form:
 
 * ``raw``: the 480×640 uint8 frame as it is (the reference; ``raw, again`` checks the run is deterministic);
 * ``png``, ``jpeg q90``, ``jpeg q75``, ``webp q75``: encoded on the robot (``robot_clients.frame_encoding``),
@@ -101,8 +102,8 @@ def main() -> None:
 
     from cosmos3_runtime.engine import Cosmos3Engine
     from cosmos3_runtime.frame_preprocessing import canvas_table
+    from cosmos3_runtime.random_checkpoints import build_tiny_checkpoint
     from cosmos3_runtime.requests import ActionRequest
-    from cosmos3_runtime.tiny import build_tiny_checkpoint
 
     source = args.model or build_tiny_checkpoint(Path(tempfile.mkdtemp(prefix="cosmos3-enc-")) / "tiny")
     engine = Cosmos3Engine.load(source)

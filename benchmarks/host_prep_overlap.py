@@ -187,7 +187,7 @@ def main(argv: list[str] | None = None) -> int:
     import tempfile
 
     from cosmos3_runtime.engine import Cosmos3Engine
-    from cosmos3_runtime.tiny import build_tiny_checkpoint
+    from cosmos3_runtime.random_checkpoints import build_tiny_checkpoint
 
     with tempfile.TemporaryDirectory(prefix="host-prep-") as workdir:
         model = args.model or build_tiny_checkpoint(Path(workdir) / "tiny", "distilled")

@@ -55,7 +55,7 @@ def __getattr__(name: str) -> object:
 
         return Cosmos3Engine
     if name == "build_tiny_checkpoint":
-        from .tiny import build_tiny_checkpoint
+        from .random_checkpoints import build_tiny_checkpoint
 
         return build_tiny_checkpoint
     if name == "inspect_checkpoint":

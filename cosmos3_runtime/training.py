@@ -337,7 +337,7 @@ def prepare_checkpoint(cfg: TrainConfig) -> Path:
     if cfg.base is not None:
         shutil.copytree(cfg.base, out)
     else:
-        from .tiny import build_tiny_checkpoint
+        from .random_checkpoints import build_tiny_checkpoint
 
         build_tiny_checkpoint(
             out,

@@ -167,7 +167,7 @@ def _engine_loader(args: argparse.Namespace, workdir: Path) -> Callable[[], Acti
 
         source = args.model
         if args.tiny:
-            from cosmos3_runtime.tiny import build_tiny_checkpoint
+            from cosmos3_runtime.random_checkpoints import build_tiny_checkpoint
 
             source = build_tiny_checkpoint(workdir / f"tiny-{args.tiny}", variant=args.tiny)
             logger.info("built a tiny %s checkpoint at %s", args.tiny, source)
@@ -191,7 +191,7 @@ def _ray_backend(args: argparse.Namespace, workdir: Path) -> BackendFactory:
 
     source = args.model
     if args.tiny:
-        from cosmos3_runtime.tiny import build_tiny_checkpoint
+        from cosmos3_runtime.random_checkpoints import build_tiny_checkpoint
 
         source = str(build_tiny_checkpoint(workdir / f"tiny-{args.tiny}", variant=args.tiny))
     loader = EngineLoader(
