@@ -5,10 +5,10 @@ The same observation goes through the real engine (the tiny distilled checkpoint
 send it in each form:
 
 * ``raw``: the 480×640 uint8 frame as it is (the reference; ``raw, again`` checks the run is deterministic);
-* ``png``, ``jpeg q90``, ``jpeg q75``, ``webp q75``: encoded on the robot (``robot_clients.frame_encoding``),
+* ``png``, ``jpeg q90``, ``jpeg q75``, ``webp q75``: encoded on the robot (``robot_clients.camera_frames``),
   decoded by the server (``policy_server.media.image_decoding``);
 * ``resized``: shrunk on the robot to the size the server conditions on
-  (``robot_clients.frame_sizing.send_size``: 240×320 at tier 256), raw; ``resized jpeg q90/q75``: then encoded.
+  (``robot_clients.camera_frames.send_size``: 240×320 at tier 256), raw; ``resized jpeg q90/q75``: then encoded.
 
 For each it prints the bytes on the wire (the encoded frame, or the raw array), the difference in the
 pixels the VAE encodes (mean absolute, in uint8 levels, canvas against the raw frame's canvas), and the
@@ -41,8 +41,7 @@ REPO_ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO_ROOT))
 
 from policy_server.media.image_decoding import decode_image  # noqa: E402
-from robot_clients.frame_encoding import ImageEncoding, encode_frame  # noqa: E402
-from robot_clients.frame_sizing import canvas_bins, resize_frame, send_size  # noqa: E402
+from robot_clients.camera_frames import ImageEncoding, canvas_bins, encode_frame, resize_frame, send_size  # noqa: E402  # noqa: E402
 from robot_clients.protocol import FrameLimits  # noqa: E402
 
 DEFAULT_TIER = 256
