@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING
 
 # policy_server's package import sets OMP_WAIT_POLICY=PASSIVE; it must happen before torch loads.
 import policy_server  # noqa: F401  (imported for that side effect, first)
+from cosmos3_runtime.random_checkpoints import VARIANTS
 
 from . import log_hygiene
 from .auth import OriginConfigError, OriginPolicy, TokenConfigError, TokenSet
@@ -78,8 +79,6 @@ logger = logging.getLogger("policy_server")
 
 # -- the options -------------------------------------------------------------------------------------
 
-TINY_VARIANTS = ("base", "edge", "distilled", "edge-distilled")
-
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
@@ -89,9 +88,9 @@ def build_parser() -> argparse.ArgumentParser:
     source.add_argument("--model", help="checkpoint: a local folder or a Hub id (namespace/repo[/subfolder])")
     source.add_argument(
         "--tiny",
-        choices=TINY_VARIANTS,
+        choices=VARIANTS,
         metavar="VARIANT",
-        help=f"build and serve a tiny random checkpoint of this variant ({', '.join(TINY_VARIANTS)})",
+        help=f"build and serve a tiny random checkpoint of this variant ({', '.join(VARIANTS)})",
     )
     parser.add_argument("--host", default="0.0.0.0", help="interface to listen on (default: all, 0.0.0.0)")
     parser.add_argument("--port", type=int, default=8000, help="WebSocket port; 0 picks a free one (default 8000)")
