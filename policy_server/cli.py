@@ -38,7 +38,6 @@ from .connection_limits import (
     DEFAULT_MAX_PENDING_HANDSHAKES,
     DEFAULT_MAX_PENDING_HANDSHAKES_PER_PEER,
 )
-from .endpoints import NO_ENDPOINTS
 from .engine.backend import BackendFactory
 from .engine.batching import DEFAULT_VIDEO_STEP_INTERVAL_S
 from .engine.watchdog import DEFAULT_ENGINE_TIMEOUT_S
@@ -55,6 +54,7 @@ from .http.settings import DEFAULT_MAX_BODY_BYTES, DEFAULT_MAX_BUFFERED_BODY_BYT
 from .http.turns import DEFAULT_MAX_IN_FLIGHT
 from .media.media_check import DEFAULT_MAX_DECODED_BYTES, MAX_SIDE_PER_CANVAS_SIDE
 from .recording_setup import RecordingOptions
+from .routes import NO_ENDPOINTS
 from .server import PolicyServer
 from .server_settings import DEFAULT_MAX_MESSAGE_BYTES, DEFAULT_MAX_OBSERVERS, ServerSettings
 from .sessions.openpi_observation import CameraMapping, CameraMappingError, OpenpiSettings

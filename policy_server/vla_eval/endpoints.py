@@ -3,7 +3,7 @@
 vla-eval's client speaks first on its connection and reads only vla-eval frames, so it cannot share the
 robots' path as a first-frame dialect (the native session greets every connection there with its
 ``metadata`` frame): its sessions get ``/v1/vla-eval`` (:class:`~.session.VlaEvalSession`).
-``policy_server.cli.assemble_server`` hands these to the server (:mod:`policy_server.endpoints`) unless
+``policy_server.cli.assemble_server`` hands these to the server (:class:`policy_server.routes.EdgeEndpoints`) unless
 ``--no-vla-eval``.
 
 The control plane: vla-eval's own model servers answer ``GET /health`` with ``200 {"status": "ok"}`` once
@@ -26,7 +26,7 @@ from websockets.asyncio.server import ServerConnection
 from robot_clients.protocol import ProtocolError
 
 from ..context import ServerContext
-from ..endpoints import EdgeEndpoints, HttpEndpoint, SessionEndpoint
+from ..routes import EdgeEndpoints, HttpEndpoint, SessionEndpoint
 from ..sessions.base import Session
 from .session import VlaEvalSession
 from .settings import VLA_EVAL_PATH, VlaEvalSettings
