@@ -18,8 +18,7 @@ import pytest
 
 from cosmos3_runtime.requests import ActionRequest, VideoRequest
 from policy_server.engine.batching import BatchPolicy
-from policy_server.engine.outcome import EngineLost
-from policy_server.engine.request_queue import PendingObservation, RequestQueue
+from policy_server.engine.request_queue import EngineLost, PendingObservation, RequestQueue
 from policy_server.engine.worker import EngineWorker
 from policy_server.videos.runner import VideoRolloutTask
 

@@ -35,8 +35,7 @@ from robot_clients.protocol import CodedError, DropReason, ErrorCode
 
 from .batching import BackgroundShare, BatchPolicy
 from .cpu_threads import configure_worker_threads
-from .outcome import EngineLost, EngineOutcome, engine_failure
-from .request_queue import EngineTask, PendingObservation, RequestQueue
+from .request_queue import EngineLost, EngineOutcome, EngineTask, PendingObservation, RequestQueue, engine_failure
 
 if TYPE_CHECKING:
     from cosmos3_runtime.prepared_inputs import PreparedActions
@@ -268,7 +267,7 @@ class EngineWorker(CounterReadouts):
     ``load_engine`` is called on the worker thread (the engine is created, used and dropped by one
     thread only). ``warmup`` runs the engine's own warm-up before the worker reports ready. ``name``
     names the thread. ``on_engine_lost`` receives, on the worker thread, the work of a call whose
-    engine raised :class:`~policy_server.engine.outcome.EngineLost`, to queue it again elsewhere; without
+    engine raised :class:`~policy_server.engine.request_queue.EngineLost`, to queue it again elsewhere; without
     it, that work fails with ``engine_error`` like the work of an abandoned call.
     """
 
@@ -664,7 +663,7 @@ def predict_batch(
     ``prepared``: each observation's ``engine.prepare_actions`` (an engine that splits its work,
     :class:`PreparingEngine`), run with ``predict_prepared``; None: the requests go to
     ``predict_actions`` / ``predict_actions_batch``.
-    Raises :class:`~policy_server.engine.outcome.EngineLost`, and nothing else.
+    Raises :class:`~policy_server.engine.request_queue.EngineLost`, and nothing else.
     """
     t0 = time.monotonic()
     if prepared is not None and splits_host_work(engine):

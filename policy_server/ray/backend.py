@@ -41,8 +41,7 @@ from robot_clients.protocol import DropReason
 
 from ..engine.backend import BackendHost
 from ..engine.batching import BackgroundShare, BatchPolicy
-from ..engine.outcome import EngineOutcome
-from ..engine.request_queue import EngineTask, PendingObservation, QueueClosed, RequestQueue
+from ..engine.request_queue import EngineOutcome, EngineTask, PendingObservation, QueueClosed, RequestQueue
 from ..engine.worker import CounterReadouts, EngineCounters, EngineWorker, WorkerState
 from .deployment import EngineLoader, RayBackendSettings, RemoteEngine, ReplicaDeployments, ReplicaIdentity
 from .router import ReplicaRouter

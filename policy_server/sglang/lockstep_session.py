@@ -41,8 +41,7 @@ from robot_clients.protocol import CodedError, DropReason, ErrorCode, ProtocolEr
 from robot_clients.wire_codec import WireFormatError, packb, unpackb
 
 from ..context import ServerContext
-from ..engine.outcome import EngineOutcome
-from ..engine.request_queue import PendingObservation, QueueClosed
+from ..engine.request_queue import EngineOutcome, PendingObservation, QueueClosed
 from ..http.errors import ApiError, HttpErrorCode
 from ..http.requests import item_requests
 from ..sessions.base import Session

@@ -42,8 +42,7 @@ from cosmos3_runtime.requests import VideoRequest
 from robot_clients.protocol import CodedError, ErrorCode
 
 from ..engine.backend import QueueLike
-from ..engine.outcome import EngineLost, engine_failure
-from ..engine.request_queue import EngineTask, QueueClosed, TaskOwner, queued_for_s
+from ..engine.request_queue import EngineLost, EngineTask, QueueClosed, TaskOwner, engine_failure, queued_for_s
 from ..metrics import ServerMetrics
 from .encoding import VideoEncodingError, encode_mp4
 from .job_store import JobNotFound, VideoJob, VideoJobStore, disk_full
