@@ -68,9 +68,8 @@ class _Robot:
 
 async def run_once(engine, requests: list, *, overlap: bool, max_batch: int, observations: int) -> dict:
     """One closed-loop run of ``len(requests)`` robots against a fresh worker; its figures."""
-    from policy_server.engine.batching import BatchPolicy
     from policy_server.engine.request_queue import RequestQueue
-    from policy_server.engine.worker import EngineWorker
+    from policy_server.engine.worker import BatchPolicy, EngineWorker
 
     loop = asyncio.get_running_loop()
     queue, done, finished = RequestQueue(), asyncio.Event(), set()

@@ -16,8 +16,8 @@ from .connection_limits import (
     DEFAULT_MAX_PENDING_HANDSHAKES,
     DEFAULT_MAX_PENDING_HANDSHAKES_PER_PEER,
 )
-from .engine.batching import DEFAULT_VIDEO_STEP_INTERVAL_S
 from .engine.watchdog import DEFAULT_ENGINE_TIMEOUT_S
+from .engine.worker import DEFAULT_VIDEO_STEP_INTERVAL_S
 from .media.media_check import DEFAULT_MAX_DECODED_BYTES
 from .sessions.openpi_observation import OpenpiSettings
 from .sessions.rate_limits import RateLimit

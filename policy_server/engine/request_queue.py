@@ -44,7 +44,7 @@ back together: fairness is unchanged. A batch takes at most one observation per 
 **Background work** (video rollouts of the HTTP sidecar) waits in a separate FIFO lane at a lower
 priority: :meth:`RequestQueue.take_background` hands one over while no observation is waiting, or when
 the worker says background work is overdue for its share of the engine (``even_if_observations_wait``;
-the worker keeps that clock, see :class:`~policy_server.engine.batching.BackgroundShare`). A task that is
+the worker keeps that clock, see :class:`~policy_server.engine.worker.BackgroundShare`). A task that is
 already running is not interrupted: it runs step by step and gives way between steps (see
 :class:`EngineTask`).
 

@@ -4,7 +4,7 @@
 :class:`~policy_server.videos.job_store.VideoJobStore`, hands it to the engine worker as a
 :class:`VideoRolloutTask` in the request queue's background lane (which the worker serves while no
 observation waits, and under robot load one step per ``--video-step-interval-s``: see
-:class:`~policy_server.engine.batching.BackgroundShare`), and when the frames come back encodes the MP4
+:class:`~policy_server.engine.worker.BackgroundShare`), and when the frames come back encodes the MP4
 on a helper thread (never on the engine worker, which goes straight back to robots) and records the
 outcome. Only one job is in the queue at a time; the rest wait in SQLite, so a backlog of jobs costs no
 memory and survives restarts.
