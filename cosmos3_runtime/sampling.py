@@ -48,17 +48,32 @@ import numpy as np
 import torch
 from diffusers.utils.torch_utils import randn_tensor
 
-from .denoise_jobs import DenoiseJob, DenoiseOutput
 from .frame_preprocessing import PreparedFrames, prepare_frames
 from .prefix_cache import TextPrefixCache
 from .prepared_inputs import ConditioningFrames, condition_frames
 from .prompts import action_caption
 from .sequence_packing import SequencePass, install_packed_attention, pack_batch, pack_sequence
+from .validation import DenoiseJob
 
 _TOKEN_CACHE_SIZE = 64
 
 # Returns seconds: the engine passes time.perf_counter.
 Clock = Callable[[], float]
+
+
+@dataclass
+class DenoiseOutput:
+    """What the sampler gives back for one :class:`~cosmos3_runtime.validation.DenoiseJob`."""
+
+    actions: np.ndarray | None  # (horizon, raw_action_dim) float32, model space
+    video: np.ndarray | None  # (T, H, W, 3) uint8
+    transformer_forwards: int
+    num_steps: int
+    preprocess_s: float
+    encode_s: float
+    denoise_s: float
+    decode_s: float
+    batch_size: int = 1
 
 
 @dataclass

@@ -33,8 +33,8 @@ from diffusers.models.attention_dispatch import dispatch_attention_fn
 from diffusers.models.transformers.transformer_cosmos3 import Cosmos3AttnProcessor, _rotate_half
 from diffusers.pipelines.cosmos.pipeline_cosmos3_omni import get_3d_mrope_ids_vae_tokens
 
-from .denoise_jobs import DenoiseJob
 from .prefix_cache import PrefixEntry
+from .validation import DenoiseJob
 
 # Pack fields holding positions in the joint sequence; they move when items are packed together.
 _SEQUENCE_INDEX_FIELDS = (

@@ -45,11 +45,10 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import torch
 
-from .denoise_jobs import DenoiseJob
 from .lerobot_dataset import LeRobotDataset, read_dataset
 from .requests import ActionRequest
 from .sampling import action_rows
-from .validation import job_for_actions
+from .validation import DenoiseJob, job_for_actions
 
 if TYPE_CHECKING:
     from .engine import Cosmos3Engine
