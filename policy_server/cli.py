@@ -51,7 +51,6 @@ from .http.connections import (
 from .http.settings import DEFAULT_MAX_BODY_BYTES, DEFAULT_MAX_BUFFERED_BODY_BYTES, SidecarSettings
 from .http.turns import DEFAULT_MAX_IN_FLIGHT
 from .media.media_check import DEFAULT_MAX_DECODED_BYTES, MAX_SIDE_PER_CANVAS_SIDE
-from .recording_setup import RecordingOptions
 from .routes import NO_ENDPOINTS
 from .server import PolicyServer
 from .server_settings import DEFAULT_MAX_MESSAGE_BYTES, DEFAULT_MAX_OBSERVERS, ServerSettings
@@ -69,6 +68,7 @@ from .vla_eval import ChunkPlan, MappingFileError, ObservationMapping, VlaEvalSe
 
 if TYPE_CHECKING:
     from .http.sidecar import HttpSidecar
+    from .recording.server_feature import RecordingOptions
 
 __all__ = ["assemble_server", "build_parser", "main", "serve_until_stopped"]
 
@@ -610,6 +610,8 @@ def sidecar_of(server: PolicyServer) -> HttpSidecar | None:
 def _recording_options(args: argparse.Namespace) -> RecordingOptions | None:
     if args.record_dir is None:
         return None
+    from .recording.server_feature import RecordingOptions  # only a server that records loads the recorder
+
     return RecordingOptions(
         root=args.record_dir,
         max_bytes=args.record_max_bytes,
