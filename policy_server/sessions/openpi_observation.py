@@ -53,7 +53,7 @@ from typing import Any
 import numpy as np
 
 from cosmos3_runtime.description import ModelDescription
-from cosmos3_runtime.profiles import PolicyProfile
+from cosmos3_runtime.profiles import VIEW_POINTS, PolicyProfile
 from robot_clients.client_frames import (
     REQUEST_SETTINGS,
     SESSION_SETTINGS,
@@ -68,8 +68,6 @@ from robot_clients.protocol import ErrorCode, FrameLimits, ProtocolError
 
 from ..media.camera_composition import side_by_side
 from .config import SessionConfig, check_state, merge_session_config
-
-VIEW_POINTS = ("ego_view", "third_person_view", "wrist_view", "concat_view")
 
 Alternative = tuple[str, ...]  # camera keys, composed side by side when more than one
 
