@@ -10,8 +10,7 @@ Heavy imports (torch, diffusers) happen when the engine module is first used, so
 request types stays cheap.
 """
 
-from .description import ModelDescription
-from .engine_spec import EngineLimits, RequestDefaults
+from .description import EngineLimits, ModelDescription, RequestDefaults
 from .errors import (
     CheckpointError,
     EngineError,

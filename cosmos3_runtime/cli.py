@@ -76,8 +76,7 @@ def tiny_main(argv: list[str] | None = None) -> int:
 
 def inspect_main(argv: list[str] | None = None) -> int:
     """Print what a Cosmos3 checkpoint is: variant, defaults, action head, each domain's profile, schedule, size."""
-    from .description import ModelDescription
-    from .engine_spec import EngineSpec
+    from .description import EngineSpec, ModelDescription
     from .inspection import inspect_checkpoint
     from .loading import CheckpointSource
     from .profiles import profiles_for_checkpoint

@@ -17,8 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from .description import ModelDescription
-from .engine_spec import EngineLimits, EngineSpec
+from .description import EngineLimits, EngineSpec, ModelDescription
 from .errors import EngineError, RuntimeErrorBase
 from .inspection import CheckpointInfo, inspect_checkpoint
 from .loading import CheckpointSource, load_pipeline, resolve_device_and_dtype

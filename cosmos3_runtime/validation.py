@@ -2,7 +2,7 @@
 it into the :class:`DenoiseJob` the sampler runs.
 
 Each failure is a typed error from :mod:`cosmos3_runtime.errors` that names the offending field, so
-the server can tell a robot exactly what to fix. Defaults come from :class:`~cosmos3_runtime.engine_spec.EngineSpec`,
+the server can tell a robot exactly what to fix. Defaults come from :class:`~cosmos3_runtime.description.EngineSpec`,
 which the engine builds once at load from the checkpoint's own files.
 """
 
@@ -15,7 +15,7 @@ from typing import Any
 
 import numpy as np
 
-from .engine_spec import EngineSpec, RequestDefaults, check_horizon
+from .description import EngineSpec, RequestDefaults, check_horizon
 from .errors import (
     InvalidFieldError,
     InvalidRequestError,

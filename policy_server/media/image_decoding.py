@@ -38,7 +38,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 import numpy as np
 
-from cosmos3_runtime.engine_spec import EngineLimits
+from cosmos3_runtime.description import EngineLimits
 from robot_clients.protocol import CodedError, ErrorCode, FrameLimits
 
 if TYPE_CHECKING:  # Pillow is imported when a frame is first decoded
