@@ -188,7 +188,7 @@ def chunk_cost(
 
 
 def table(batch: int = 1) -> list[ChunkCost]:
-    from cosmos3_runtime.checkpoint_shapes import PUBLISHED_SHAPES
+    from cosmos3_runtime.random_checkpoints import PUBLISHED_SHAPES
 
     rows = []
     for name, shape in PUBLISHED_SHAPES.items():

@@ -1,13 +1,14 @@
 """What encoding and resizing camera frames on the robot do to the actions, on a fixed seed.
 
-The same observation goes through the real engine (the tiny distilled checkpoint that ``cosmos3_runtime.tiny``
-builds, production loading path, tier 256, seed 0) as the robot would send it in each form:
+The same observation goes through the real engine (the tiny distilled checkpoint that
+``cosmos3_runtime.random_checkpoints`` builds, production loading path, tier 256, seed 0) as the robot would
+send it in each form:
 
 * ``raw``: the 480×640 uint8 frame as it is (the reference; ``raw, again`` checks the run is deterministic);
-* ``png``, ``jpeg q90``, ``jpeg q75``, ``webp q75``: encoded on the robot (``robot_clients.frame_encoding``),
+* ``png``, ``jpeg q90``, ``jpeg q75``, ``webp q75``: encoded on the robot (``robot_clients.camera_frames``),
   decoded by the server (``policy_server.media.image_decoding``);
 * ``resized``: shrunk on the robot to the size the server conditions on
-  (``robot_clients.frame_sizing.send_size``: 240×320 at tier 256), raw; ``resized jpeg q90/q75``: then encoded.
+  (``robot_clients.camera_frames.send_size``: 240×320 at tier 256), raw; ``resized jpeg q90/q75``: then encoded.
 
 For each it prints the bytes on the wire (the encoded frame, or the raw array), the difference in the
 pixels the VAE encodes (mean absolute, in uint8 levels, canvas against the raw frame's canvas), and the
@@ -40,8 +41,7 @@ REPO_ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO_ROOT))
 
 from policy_server.media.image_decoding import decode_image  # noqa: E402
-from robot_clients.frame_encoding import ImageEncoding, encode_frame  # noqa: E402
-from robot_clients.frame_sizing import canvas_bins, resize_frame, send_size  # noqa: E402
+from robot_clients.camera_frames import ImageEncoding, canvas_bins, encode_frame, resize_frame, send_size  # noqa: E402  # noqa: E402
 from robot_clients.protocol import FrameLimits  # noqa: E402
 
 DEFAULT_TIER = 256
@@ -101,8 +101,8 @@ def main() -> None:
 
     from cosmos3_runtime.engine import Cosmos3Engine
     from cosmos3_runtime.frame_preprocessing import canvas_table
+    from cosmos3_runtime.random_checkpoints import build_tiny_checkpoint
     from cosmos3_runtime.requests import ActionRequest
-    from cosmos3_runtime.tiny import build_tiny_checkpoint
 
     source = args.model or build_tiny_checkpoint(Path(tempfile.mkdtemp(prefix="cosmos3-enc-")) / "tiny")
     engine = Cosmos3Engine.load(source)

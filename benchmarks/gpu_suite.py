@@ -4,7 +4,7 @@ A GPU is lent to this project only now and then, for about 15 minutes, so everyt
 that finishes in under 8 minutes on an H200 and writes its figures (JSON and a markdown table):
 
 1. builds a random-weight Edge checkpoint of the published shape with its weights drawn on the GPU
-   (``cosmos3_runtime.checkpoint_shapes``; bf16, 8 GB), and a base-schedule twin sharing its weights;
+   (``cosmos3_runtime.random_checkpoints``; bf16, 8 GB), and a base-schedule twin sharing its weights;
 2. loads both through the production path (bf16 on CUDA) and measures per-chunk p50/p99 of
    ``predict_actions_batch`` at two geometries, the 256 tier (224x224 camera, chunk 16) and DROID's
    (480 tier, 180x320 camera, chunk 32):
@@ -99,7 +99,7 @@ def percentile(samples: list[float], q: float) -> float:
 
 def build_checkpoints(workdir: Path, smoke: bool, device: str, log) -> dict[str, Path]:
     """The distilled checkpoint, and a base twin that shares its weights (only the schedule differs)."""
-    from cosmos3_runtime.tiny import build_tiny_checkpoint
+    from cosmos3_runtime.random_checkpoints import build_tiny_checkpoint
 
     started = time.perf_counter()
     if smoke:
@@ -108,7 +108,7 @@ def build_checkpoints(workdir: Path, smoke: bool, device: str, log) -> dict[str,
             "base": build_tiny_checkpoint(workdir / "edge", "edge"),
         }
     else:
-        from cosmos3_runtime.checkpoint_shapes import build_shaped_checkpoint
+        from cosmos3_runtime.random_checkpoints import build_shaped_checkpoint
 
         distilled = build_shaped_checkpoint(workdir / "edge-distilled", "edge", "edge-distilled", device=device)
         base = build_tiny_checkpoint(workdir / "edge", "edge")

@@ -68,9 +68,8 @@ class _Robot:
 
 async def run_once(engine, requests: list, *, overlap: bool, max_batch: int, observations: int) -> dict:
     """One closed-loop run of ``len(requests)`` robots against a fresh worker; its figures."""
-    from policy_server.engine.batching import BatchPolicy
     from policy_server.engine.request_queue import RequestQueue
-    from policy_server.engine.worker import EngineWorker
+    from policy_server.engine.worker import BatchPolicy, EngineWorker
 
     loop = asyncio.get_running_loop()
     queue, done, finished = RequestQueue(), asyncio.Event(), set()
@@ -187,7 +186,7 @@ def main(argv: list[str] | None = None) -> int:
     import tempfile
 
     from cosmos3_runtime.engine import Cosmos3Engine
-    from cosmos3_runtime.tiny import build_tiny_checkpoint
+    from cosmos3_runtime.random_checkpoints import build_tiny_checkpoint
 
     with tempfile.TemporaryDirectory(prefix="host-prep-") as workdir:
         model = args.model or build_tiny_checkpoint(Path(workdir) / "tiny", "distilled")

@@ -118,7 +118,7 @@ def load_policy(args: argparse.Namespace, workdir: Path) -> LockstepPolicy:
     """Build and warm the same tiny engine ``cosmos3-serve --tiny`` serves, on this (the loop's) thread."""
     threads = configure_worker_threads(args.torch_threads)
     from cosmos3_runtime.engine import Cosmos3Engine
-    from cosmos3_runtime.tiny import build_tiny_checkpoint
+    from cosmos3_runtime.random_checkpoints import build_tiny_checkpoint
 
     engine = Cosmos3Engine.load(build_tiny_checkpoint(workdir / f"tiny-{args.tiny}", variant=args.tiny))
     engine.warmup()

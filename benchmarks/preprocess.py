@@ -49,8 +49,8 @@ def main() -> None:
     torch.set_num_threads(1)
     from cosmos3_runtime.engine import Cosmos3Engine
     from cosmos3_runtime.frame_preprocessing import prepare_frames
+    from cosmos3_runtime.random_checkpoints import build_tiny_checkpoint
     from cosmos3_runtime.requests import ActionRequest
-    from cosmos3_runtime.tiny import build_tiny_checkpoint
 
     engine = Cosmos3Engine.load(build_tiny_checkpoint(Path(tempfile.mkdtemp(prefix="cosmos3-pre-")) / "tiny"))
     pipe, cpu = engine.pipe, torch.device("cpu")

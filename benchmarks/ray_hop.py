@@ -80,7 +80,7 @@ def main() -> None:
     args = parser.parse_args()
 
     from cosmos3_runtime.engine import Cosmos3Engine
-    from cosmos3_runtime.tiny import build_tiny_checkpoint
+    from cosmos3_runtime.random_checkpoints import build_tiny_checkpoint
 
     with tempfile.TemporaryDirectory() as workdir:
         checkpoint = str(build_tiny_checkpoint(Path(workdir) / "tiny", variant=args.variant))

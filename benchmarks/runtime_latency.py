@@ -45,8 +45,8 @@ def main() -> None:
     import torch
 
     from cosmos3_runtime.engine import Cosmos3Engine
+    from cosmos3_runtime.random_checkpoints import build_tiny_checkpoint
     from cosmos3_runtime.requests import ActionRequest
-    from cosmos3_runtime.tiny import build_tiny_checkpoint
 
     workdir = Path(tempfile.mkdtemp(prefix="cosmos3-bench-"))
     build_s, sizes = [], []

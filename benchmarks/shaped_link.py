@@ -24,7 +24,7 @@ robot namespace that captures one or two cameras at ``--hz`` for ``--seconds``:
 
 Images (``--images``): ``raw`` arrays; ``jpeg`` (quality ``--quality``); ``jpeg-resized``, shrunk on the
 robot to the served canvas first (the native client's ``images=`` and ``resize=True`` options; the
-lock-step robot with :mod:`robot_clients.frame_encoding` and :mod:`robot_clients.frame_sizing`).
+lock-step robot with :mod:`robot_clients.camera_frames` and :mod:`robot_clients.camera_frames`).
 
 Per row it prints:
 

@@ -63,7 +63,7 @@ class FrameSource:
         self.cameras = [camera_frames(4, seed) for seed in range(row.cameras)]
         self.encoding = None
         if row.images != "raw":
-            from robot_clients.frame_encoding import ImageEncoding
+            from robot_clients.camera_frames import ImageEncoding
 
             size = None
             if row.images == "jpeg-resized":
@@ -71,7 +71,7 @@ class FrameSource:
             self.encoding = ImageEncoding("jpeg", row.quality, size)
 
     def _send_size(self, metadata: dict[str, Any]) -> tuple[int, int]:
-        from robot_clients.frame_sizing import canvas_bins, send_size
+        from robot_clients.camera_frames import canvas_bins, send_size
 
         canvases = metadata.get("canvases")
         if canvases is None:  # servers before encoded frames: the table the server would send
@@ -87,7 +87,7 @@ class FrameSource:
         frames = [camera[tick % len(camera)] for camera in self.cameras]
         if self.encoding is None:
             return frames
-        from robot_clients.frame_encoding import encode_frame
+        from robot_clients.camera_frames import encode_frame
 
         return [encode_frame(frame, self.encoding) for frame in frames]
 
@@ -96,7 +96,7 @@ async def stream_client(url: str, row: Row, reconnect: bool = False):
     """The native client as a robot configures it: its image option, its in-flight bound (``stream``; the
     other two rows turn it off: ``max_buffered_bytes=None``)."""
     from robot_clients import AsyncPolicyClient
-    from robot_clients.frame_encoding import ImageEncoding
+    from robot_clients.camera_frames import ImageEncoding
 
     images = "raw" if row.images == "raw" else ImageEncoding("jpeg", row.quality)
     bound = {} if row.client == "stream" else {"max_buffered_bytes": None}

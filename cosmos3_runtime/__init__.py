@@ -10,8 +10,7 @@ Heavy imports (torch, diffusers) happen when the engine module is first used, so
 request types stays cheap.
 """
 
-from .description import ModelDescription
-from .engine_spec import EngineLimits, RequestDefaults
+from .description import EngineLimits, ModelDescription, RequestDefaults
 from .errors import (
     CheckpointError,
     EngineError,
@@ -55,7 +54,7 @@ def __getattr__(name: str) -> object:
 
         return Cosmos3Engine
     if name == "build_tiny_checkpoint":
-        from .tiny import build_tiny_checkpoint
+        from .random_checkpoints import build_tiny_checkpoint
 
         return build_tiny_checkpoint
     if name == "inspect_checkpoint":

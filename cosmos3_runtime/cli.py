@@ -16,8 +16,7 @@ from .errors import CheckpointError
 
 def tiny_main(argv: list[str] | None = None) -> int:
     """Build a random Cosmos3 checkpoint in the real diffusers layout, offline: tiny, or a published shape."""
-    from .checkpoint_shapes import SHAPES
-    from .tiny import VARIANTS, build_tiny_checkpoint
+    from .random_checkpoints import SHAPES, VARIANTS, build_tiny_checkpoint
 
     parser = argparse.ArgumentParser(prog="cosmos3-tiny", description=tiny_main.__doc__)
     parser.add_argument("out", type=Path, help="folder to write (replaced if it exists)")
@@ -58,7 +57,7 @@ def tiny_main(argv: list[str] | None = None) -> int:
             droid=args.droid,
         )
     else:
-        from .checkpoint_shapes import PUBLISHED_SHAPES, build_shaped_checkpoint, resolve_variant
+        from .random_checkpoints import PUBLISHED_SHAPES, build_shaped_checkpoint, resolve_variant
 
         if args.legacy_class_name or args.no_action_head or args.droid:
             parser.error("--legacy-class-name, --no-action-head and --droid apply to --shape tiny only")
@@ -77,8 +76,7 @@ def tiny_main(argv: list[str] | None = None) -> int:
 
 def inspect_main(argv: list[str] | None = None) -> int:
     """Print what a Cosmos3 checkpoint is: variant, defaults, action head, each domain's profile, schedule, size."""
-    from .description import ModelDescription
-    from .engine_spec import EngineSpec
+    from .description import EngineSpec, ModelDescription
     from .inspection import inspect_checkpoint
     from .loading import CheckpointSource
     from .profiles import profiles_for_checkpoint
@@ -169,8 +167,8 @@ def demo_main(argv: list[str] | None = None) -> int:
     import numpy as np
 
     from .engine import Cosmos3Engine
+    from .random_checkpoints import build_tiny_checkpoint
     from .requests import ActionRequest
-    from .tiny import build_tiny_checkpoint
 
     parser = argparse.ArgumentParser(prog="cosmos3-demo", description=demo_main.__doc__)
     parser.add_argument("--workdir", type=Path, default=Path(os.environ.get("COSMOS3_DEMO_DIR", "demo-output")))

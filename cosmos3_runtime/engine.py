@@ -17,17 +17,15 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from .denoise_jobs import DenoiseJob, DenoiseOutput
-from .description import ModelDescription
-from .engine_spec import EngineLimits, EngineSpec
+from .description import EngineLimits, EngineSpec, ModelDescription
 from .errors import EngineError, RuntimeErrorBase
 from .inspection import CheckpointInfo, inspect_checkpoint
 from .loading import CheckpointSource, load_pipeline, resolve_device_and_dtype
 from .prepared_inputs import ConditioningFrames, PreparedActions
 from .profiles import PolicyProfile, profiles_for_checkpoint
 from .requests import ActionMode, ActionRequest, ActionResult, Timing, VideoRequest, VideoResult
-from .sampling import Cosmos3Sampler
-from .validation import job_for_actions, job_for_video
+from .sampling import Cosmos3Sampler, DenoiseOutput
+from .validation import DenoiseJob, job_for_actions, job_for_video
 
 if TYPE_CHECKING:
     import torch

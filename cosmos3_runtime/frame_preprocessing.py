@@ -78,7 +78,7 @@ def canvas_table() -> dict[str, list[dict[str, float | int]]]:
     """Every tier's canvases, JSON-able, as a robot needs them to size its frames before sending.
 
     ``{"256": [{"aspect_ratio": 0.8, "height": 256, "width": 320}, ...], ...}``: the bins
-    :func:`canvas_for` chooses among (closest ``aspect_ratio``, height / width). ``robot_clients.frame_sizing``
+    :func:`canvas_for` chooses among (closest ``aspect_ratio``, height / width). ``robot_clients.camera_frames``
     reads this from the metadata frame and places a frame exactly as :func:`canvas_for` does.
     """
     return {str(tier): [asdict(b) for b in bins] for tier, bins in canvas_bins().items()}

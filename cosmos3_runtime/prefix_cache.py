@@ -5,7 +5,7 @@ hidden states, and so the keys and values they offer the generation tokens in ev
 nothing but the token ids (and their positions, which start at 0). They are the same at every
 denoising step, and on every control tick of a session whose prompt and settings are unchanged.
 
-The first forward for a token sequence records them (see :mod:`cosmos3_runtime.packed_attention`);
+The first forward for a token sequence records them (see :mod:`cosmos3_runtime.sequence_packing`);
 later forwards run the generation tokens alone and read them from here. The key is the full token-id
 sequence, which already encodes everything the prefix depends on (prompt, view point, horizon, canvas,
 fps, mode; cond or uncond), so any change misses. The cache is an LRU bounded in bytes.

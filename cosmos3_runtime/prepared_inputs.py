@@ -20,11 +20,11 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from .denoise_jobs import DenoiseJob
 from .errors import RuntimeErrorBase
 from .frame_preprocessing import PreparedFrames
 from .profiles import PolicyProfile
 from .requests import ActionRequest
+from .validation import DenoiseJob
 
 
 @dataclass

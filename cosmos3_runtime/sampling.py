@@ -27,8 +27,8 @@ serving runtime changes, and why:
 - **No decode for action modes.** Action chunks come from the action stream; the VAE decoder is only
   called for ``forward_dynamics`` video.
 - **Batching.** Several jobs on the same schedule share each transformer call: their sequences are
-  packed into one joint sequence (:mod:`cosmos3_runtime.packed_batch`; diffusers' transformer takes
-  per-item lists) and attention is kept per item (:mod:`cosmos3_runtime.packed_attention`). Each job
+  packed into one joint sequence (:mod:`cosmos3_runtime.sequence_packing`; diffusers' transformer takes
+  per-item lists) and attention is kept per item there too. Each job
   keeps its own noise, scheduler and generator, so a batched chunk equals the unbatched one up to float
   rounding.
 - **Text prefix cache.** A job whose text keys/values are cached runs its generation tokens only
@@ -48,19 +48,32 @@ import numpy as np
 import torch
 from diffusers.utils.torch_utils import randn_tensor
 
-from .denoise_jobs import DenoiseJob, DenoiseOutput
 from .frame_preprocessing import PreparedFrames, prepare_frames
-from .packed_attention import install_packed_attention
-from .packed_batch import pack_batch
 from .prefix_cache import TextPrefixCache
 from .prepared_inputs import ConditioningFrames, condition_frames
 from .prompts import action_caption
-from .sequence_packing import SequencePass, pack_sequence
+from .sequence_packing import SequencePass, install_packed_attention, pack_batch, pack_sequence
+from .validation import DenoiseJob
 
 _TOKEN_CACHE_SIZE = 64
 
 # Returns seconds: the engine passes time.perf_counter.
 Clock = Callable[[], float]
+
+
+@dataclass
+class DenoiseOutput:
+    """What the sampler gives back for one :class:`~cosmos3_runtime.validation.DenoiseJob`."""
+
+    actions: np.ndarray | None  # (horizon, raw_action_dim) float32, model space
+    video: np.ndarray | None  # (T, H, W, 3) uint8
+    transformer_forwards: int
+    num_steps: int
+    preprocess_s: float
+    encode_s: float
+    denoise_s: float
+    decode_s: float
+    batch_size: int = 1
 
 
 @dataclass
@@ -408,7 +421,7 @@ class Cosmos3Sampler:
         cache: tuple[str, int, float, int] = ("train", 0, 1.0, 1),
     ) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
         """The transformer's raw velocity predictions for ``passes``, joined into one call by
-        :func:`~.packed_batch.pack_batch`. Sampling and training (:mod:`cosmos3_runtime.training`, which
+        :func:`~.sequence_packing.pack_batch`. Sampling and training (:mod:`cosmos3_runtime.training`, which
         calls this with gradients on and one timestep per sample) share it, so they cannot drift apart.
 
         ``cache``: the pass name, step index, sigma and step count the transformer's cache hooks are told.

@@ -1,23 +1,40 @@
-"""One job's joint sequence: [text][vision][action] tokens with their positions, packed once per job.
+"""Sequence packing: each job's joint [text][vision][action] sequence, several jobs' sequences in one
+transformer call, and attention that keeps each job to itself in that call.
 
-The sequence is built by diffusers' own segment helpers (``Cosmos3OmniPipeline._prepare_text_segment``,
-``_prepare_vision_segment``, ``_prepare_action_segment``); it does not change across denoising steps, so
-the sampler builds it once per pass (cond, and uncond under guidance) of a job. Two changes of the
-serving runtime: robot state rows get cosmos-framework's positions (:func:`state_action_positions`), and a
-pass whose text keys/values the prefix cache holds can drop its text segment
-(:attr:`SequencePass.generation_only`).
+- **One job's sequence** (:class:`SequencePass`, :func:`pack_sequence`): built by diffusers' own segment
+  helpers (``Cosmos3OmniPipeline._prepare_text_segment``, ``_prepare_vision_segment``,
+  ``_prepare_action_segment``), once per pass (cond, and uncond under guidance) of a job, since it does not
+  change across denoising steps. Two changes of the serving runtime: robot state rows get
+  cosmos-framework's positions (:func:`state_action_positions`), and a pass whose text keys/values the
+  prefix cache holds can drop its text segment (:attr:`SequencePass.generation_only`).
+- **Several jobs in one call** (:func:`pack_batch`): the joint sequence is [text of the jobs that need it]
+  + [generation tokens of every job]. Text the prefix cache holds is not sent at all (``REPLAY``), text it
+  does not hold yet is recorded on the way (``RECORD``); every job's positions are moved to where its
+  tokens sit, and :attr:`PackedBatch.layout` says which tokens are whose.
+- **Attention per job** (:class:`PackedAttnProcessor`): diffusers' Cosmos3 transformer already takes
+  per-item lists, but its attention processor lets every token see every other. Ours keeps item *i*'s
+  text tokens attending causally to its own text, its generation tokens to its own text and generation
+  tokens, and records or replays the text keys/values (the prefix cache of
+  :mod:`cosmos3_runtime.prefix_cache`). Projections and MLPs run once over the whole packed sequence,
+  which is where batching pays. With no layout set (any caller but the sampler, e.g. diffusers' own
+  pipeline) it computes what the stock ``Cosmos3AttnProcessor`` computes. It is installed through
+  diffusers' ``set_attn_processor``; the model is not forked.
 """
 
 from __future__ import annotations
 
+import enum
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import torch
+from diffusers.models.attention_dispatch import dispatch_attention_fn
+from diffusers.models.transformers.transformer_cosmos3 import Cosmos3AttnProcessor, _rotate_half
 from diffusers.pipelines.cosmos.pipeline_cosmos3_omni import get_3d_mrope_ids_vae_tokens
 
-from .denoise_jobs import DenoiseJob
 from .prefix_cache import PrefixEntry
+from .validation import DenoiseJob
 
 # Pack fields holding positions in the joint sequence; they move when items are packed together.
 _SEQUENCE_INDEX_FIELDS = (
@@ -124,3 +141,209 @@ def state_action_positions(
     )
     positions: torch.Tensor = ids.to(device)
     return positions
+
+
+# -- several jobs in one transformer call ------------------------------------------------------------
+
+
+@dataclass
+class PackedBatch:
+    """One transformer call over several jobs."""
+
+    arguments: dict[str, Any]  # the transformer's keyword arguments, but return_dict
+    layout: list[PackedItem]  # where each job's tokens sit, for the packed attention
+    recording: list[tuple[SequencePass, PrefixEntry]]  # passes whose text keys/values this call records
+
+
+def pack_batch(
+    passes: Sequence[SequencePass],
+    vision_tokens: Sequence[torch.Tensor],
+    action_tokens: Sequence[torch.Tensor],
+    domain_ids: Sequence[torch.Tensor],
+    *,
+    record: bool,
+    timestep: float | Sequence[float],
+    dtype: torch.dtype,
+    device: torch.device,
+) -> PackedBatch:
+    """The joint call of the jobs whose passes, current latents and domain ids are given (in one order).
+
+    ``record``: a prefix cache is on, so text it does not hold yet is recorded into a new entry.
+    ``timestep``: one value for every noisy token (sampling), or one per job (training draws a noise level
+    per sample).
+    """
+    packs: list[tuple[dict[str, Any], int, int]] = []  # (pack, its und_len, where its generation tokens start)
+    layout: list[PackedItem] = []
+    recording: list[tuple[SequencePass, PrefixEntry]] = []
+    und_total = sum(0 if p.entry is not None else p.full["und_len"] for p in passes)
+    und_at, gen_at = 0, 0
+    for p in passes:
+        if p.entry is not None:
+            pack, mode, entry = p.generation_only, PrefixMode.REPLAY, p.entry
+        elif record:
+            pack, mode, entry = p.full, PrefixMode.RECORD, PrefixEntry()
+            recording.append((p, entry))
+        else:
+            pack, mode, entry = p.full, PrefixMode.OFF, None
+        und_len = pack["und_len"]
+        gen_len = pack["sequence_length"] - und_len
+        layout.append(PackedItem(und_at, und_len, gen_at, gen_len, mode, entry))
+        packs.append((pack, und_len, und_total + gen_at))
+        und_at += und_len
+        gen_at += gen_len
+
+    def cat(key: str) -> torch.Tensor:
+        return torch.cat([pack[key] for pack, _, _ in packs])
+
+    def moved(
+        key: str,
+    ) -> torch.Tensor:  # an item's sequence positions, moved to where its tokens sit in the joint sequence
+        return torch.cat([pack[key] - und_len + gen_start for pack, und_len, gen_start in packs])
+
+    def per_item(key: str) -> list[Any]:
+        return [x for pack, _, _ in packs for x in pack[key]]
+
+    def timesteps(modality: str) -> torch.Tensor:  # one value for the batch, or one per job
+        if isinstance(timestep, (int, float)):
+            noisy_tokens = sum(pack[f"num_noisy_{modality}_tokens"] for pack, _, _ in packs)
+            return torch.full((noisy_tokens,), float(timestep), device=device)
+        return torch.cat(
+            [
+                torch.full((pack[f"num_noisy_{modality}_tokens"],), float(t), device=device)
+                for (pack, _, _), t in zip(packs, timestep, strict=True)
+            ]
+        )
+
+    def modality_inputs(
+        modality: str, tokens: Sequence[torch.Tensor]
+    ) -> dict[str, Any]:  # the transformer's vision_* or action_* arguments, built alike
+        return {
+            f"{modality}_tokens": [x.to(dtype) for x in tokens],
+            f"{modality}_token_shapes": per_item(f"{modality}_token_shapes"),
+            f"{modality}_sequence_indexes": moved(f"{modality}_sequence_indexes"),
+            f"{modality}_mse_loss_indexes": moved(f"{modality}_mse_loss_indexes"),
+            f"{modality}_timesteps": timesteps(modality),
+            f"{modality}_noisy_frame_indexes": per_item(f"{modality}_noisy_frame_indexes"),
+        }
+
+    position_ids = torch.cat(
+        [pack["position_ids"][:, :und_len] for pack, und_len, _ in packs]
+        + [pack["position_ids"][:, und_len:] for pack, und_len, _ in packs],
+        dim=1,
+    )
+    arguments = dict(
+        input_ids=cat("input_ids"),
+        text_indexes=torch.arange(und_total, dtype=torch.long, device=device),
+        position_ids=position_ids,
+        und_len=und_total,
+        sequence_length=und_total + gen_at,
+        **modality_inputs("vision", vision_tokens),
+        **modality_inputs("action", action_tokens),
+        action_domain_ids=list(domain_ids),
+    )
+    return PackedBatch(arguments, layout, recording)
+
+
+# -- attention per job in the packed call -----------------------------------------------------------
+
+
+class PrefixMode(enum.Enum):
+    OFF = "off"  # text tokens present, nothing kept
+    RECORD = "record"  # text tokens present; keep their keys/values in the entry
+    REPLAY = "replay"  # no text tokens in this forward; keys/values come from the entry
+
+
+@dataclass(frozen=True)
+class PackedItem:
+    """Where one item's tokens sit in the understanding and generation halves of the packed sequence."""
+
+    und_start: int
+    und_len: int
+    gen_start: int
+    gen_len: int
+    mode: PrefixMode = PrefixMode.OFF
+    entry: PrefixEntry | None = None
+
+
+class PackedAttentionState:
+    """The layout of the current forward, shared by every layer's processor (set by the sampler)."""
+
+    def __init__(self) -> None:
+        self.items: list[PackedItem] | None = None
+
+
+class PackedAttnProcessor(Cosmos3AttnProcessor):  # type: ignore[misc]  # diffusers is read as Any
+    """``Cosmos3AttnProcessor`` with per-item attention and text prefix record/replay."""
+
+    def __init__(self, layer_index: int, state: PackedAttentionState) -> None:
+        self.layer_index = layer_index
+        self.state = state
+
+    def __call__(
+        self, attn: Any, und_seq: torch.Tensor, gen_seq: torch.Tensor, rotary_emb: tuple[torch.Tensor, ...]
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        items = self.state.items or [PackedItem(0, und_seq.shape[0], 0, gen_seq.shape[0])]
+        cos_und, sin_und, cos_gen, sin_gen = rotary_emb
+        heads, kv_heads, head_dim = attn.num_attention_heads, attn.num_key_value_heads, attn.head_dim
+
+        if und_seq.shape[0]:
+            q_und = attn.norm_q(attn.to_q(und_seq).view(-1, heads, head_dim))
+            k_und = attn.norm_k(attn.to_k(und_seq).view(-1, kv_heads, head_dim))
+            v_und = attn.to_v(und_seq).view(-1, kv_heads, head_dim)
+            k_und_for_gen = attn.k_norm_und_for_gen(k_und) if attn.k_norm_und_for_gen is not None else k_und
+            cos_und, sin_und = cos_und.unsqueeze(1), sin_und.unsqueeze(1)
+            q_und = q_und * cos_und + _rotate_half(q_und) * sin_und
+            k_und = k_und * cos_und + _rotate_half(k_und) * sin_und
+            k_und_for_gen = k_und_for_gen * cos_und + _rotate_half(k_und_for_gen) * sin_und
+
+        q_gen = attn.norm_added_q(attn.add_q_proj(gen_seq).view(-1, heads, head_dim))
+        k_gen = attn.norm_added_k(attn.add_k_proj(gen_seq).view(-1, kv_heads, head_dim))
+        v_gen = attn.add_v_proj(gen_seq).view(-1, kv_heads, head_dim)
+        cos_gen, sin_gen = cos_gen.unsqueeze(1), sin_gen.unsqueeze(1)
+        q_gen = q_gen * cos_gen + _rotate_half(q_gen) * sin_gen
+        k_gen = k_gen * cos_gen + _rotate_half(k_gen) * sin_gen
+
+        und_parts, gen_parts = [], []
+        for item in items:
+            if item.mode is PrefixMode.REPLAY:
+                assert item.entry is not None, "a replayed item reads its entry"
+                prefix_k = item.entry.keys[self.layer_index]
+                prefix_v = item.entry.values[self.layer_index]
+            else:
+                u = slice(item.und_start, item.und_start + item.und_len)
+                und_parts.append(self._attend(q_und[u], k_und[u], v_und[u], causal=True))
+                prefix_k, prefix_v = k_und_for_gen[u], v_und[u]
+                if item.mode is PrefixMode.RECORD:
+                    assert item.entry is not None, "a recorded item writes its entry"
+                    # Copies, so a cached entry does not pin the whole packed batch's tensors.
+                    item.entry.keys[self.layer_index] = prefix_k.clone()
+                    item.entry.values[self.layer_index] = prefix_v.clone()
+            g = slice(item.gen_start, item.gen_start + item.gen_len)
+            gen_parts.append(
+                self._attend(q_gen[g], torch.cat([prefix_k, k_gen[g]]), torch.cat([prefix_v, v_gen[g]]), causal=False)
+            )
+
+        und_out = attn.to_out(torch.cat(und_parts)) if und_parts else torch.zeros_like(und_seq)
+        gen_out = attn.to_add_out(torch.cat(gen_parts))
+        return und_out, gen_out
+
+    def _attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool) -> torch.Tensor:
+        out = dispatch_attention_fn(
+            q.unsqueeze(0),
+            k.unsqueeze(0),
+            v.unsqueeze(0),
+            is_causal=causal,
+            enable_gqa=True,
+            backend=self._attention_backend,
+            parallel_config=self._parallel_config,
+        )
+        flat: torch.Tensor = out.squeeze(0).flatten(-2, -1)
+        return flat
+
+
+def install_packed_attention(transformer: Any) -> PackedAttentionState:
+    """Give every attention layer of ``transformer`` a packed-attention processor sharing one state."""
+    state = PackedAttentionState()
+    names = list(transformer.attn_processors)
+    transformer.set_attn_processor({name: PackedAttnProcessor(i, state) for i, name in enumerate(names)})
+    return state

@@ -45,11 +45,10 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import torch
 
-from .denoise_jobs import DenoiseJob
 from .lerobot_dataset import LeRobotDataset, read_dataset
 from .requests import ActionRequest
 from .sampling import action_rows
-from .validation import job_for_actions
+from .validation import DenoiseJob, job_for_actions
 
 if TYPE_CHECKING:
     from .engine import Cosmos3Engine
@@ -337,7 +336,7 @@ def prepare_checkpoint(cfg: TrainConfig) -> Path:
     if cfg.base is not None:
         shutil.copytree(cfg.base, out)
     else:
-        from .tiny import build_tiny_checkpoint
+        from .random_checkpoints import build_tiny_checkpoint
 
         build_tiny_checkpoint(
             out,

@@ -1,7 +1,8 @@
-"""Checks every request against what the loaded checkpoint can do, before any tensor is made.
+"""Checks every request against what the loaded checkpoint can do, before any tensor is made, and resolves
+it into the :class:`DenoiseJob` the sampler runs.
 
 Each failure is a typed error from :mod:`cosmos3_runtime.errors` that names the offending field, so
-the server can tell a robot exactly what to fix. Defaults come from :class:`~cosmos3_runtime.engine_spec.EngineSpec`,
+the server can tell a robot exactly what to fix. Defaults come from :class:`~cosmos3_runtime.description.EngineSpec`,
 which the engine builds once at load from the checkpoint's own files.
 """
 
@@ -9,11 +10,12 @@ from __future__ import annotations
 
 import math
 import secrets
+from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
-from .denoise_jobs import DenoiseJob
-from .engine_spec import EngineSpec, RequestDefaults, check_horizon
+from .description import EngineSpec, RequestDefaults, check_horizon
 from .errors import (
     InvalidFieldError,
     InvalidRequestError,
@@ -24,6 +26,45 @@ from .errors import (
 )
 from .profiles import VIEW_POINTS, PolicyProfile
 from .requests import ACTION_MODES, ActionRequest, VideoRequest
+
+
+@dataclass
+class DenoiseJob:
+    """One fully resolved sampling problem (built by the engine from a validated request)."""
+
+    mode: str  # "policy", "inverse_dynamics" or "forward_dynamics"
+    frames: np.ndarray  # (T, H, W, 3) uint8: 1 frame for policy/forward_dynamics, the clip for inverse
+    horizon: int
+    domain_id: int
+    raw_action_dim: int
+    prompt: str
+    view_point: str
+    resolution_tier: int
+    fps: float
+    sigmas: list[float] | None  # a fixed (distilled) schedule, else None
+    num_steps: int
+    guidance_scale: float
+    guidance_interval: tuple[float, float] | None
+    seed: int
+    # Normalized clean action frames (K x raw_action_dim) kept fixed from the start of the chunk:
+    # the raw actions of forward_dynamics, or the real-time-chunking prefix of a policy request.
+    clean_actions: np.ndarray | None = None
+    decode_video: bool = False
+    prompt_format: str = "json"  # the caption format the checkpoint was trained with (cosmos3_runtime.prompts)
+    view_description: str | None = None  # how a composed view is laid out, added to the view sentence
+    # Normalized robot state rows (history_length x raw_action_dim), clean action frames placed in front
+    # of the chunk; the output drops them.
+    state_rows: np.ndarray | None = None
+
+    @property
+    def leading_rows(self) -> int:
+        return 0 if self.state_rows is None else int(self.state_rows.shape[0])
+
+    @property
+    def schedule_key(self) -> tuple[Any, ...]:
+        """Jobs with equal keys step through the same timesteps and passes, so they can share forwards."""
+        sigmas = tuple(self.sigmas) if self.sigmas is not None else None
+        return (sigmas, self.num_steps, self.guidance_scale, self.guidance_interval)
 
 
 def job_for_actions(request: ActionRequest, spec: EngineSpec) -> tuple[DenoiseJob, PolicyProfile]:

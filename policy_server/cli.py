@@ -8,6 +8,9 @@ Examples::
 The port opens first (``GET /healthz`` answers while the model loads); robots can connect to
 ``ws://HOST:PORT/v1/actions/realtime`` once ``/healthz`` says ``"status": "ready"``. SIGINT or SIGTERM
 stops the server gracefully and the process exits 0.
+
+Every option, its default and its help are in one parser (:func:`build_parser`); each default is the
+constant of the module that enforces it, so ``--help`` and the code cannot disagree.
 """
 
 from __future__ import annotations
@@ -15,6 +18,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
+import os
 import signal
 import ssl
 import sys
@@ -25,30 +29,486 @@ from typing import TYPE_CHECKING
 
 # policy_server's package import sets OMP_WAIT_POLICY=PASSIVE; it must happen before torch loads.
 import policy_server  # noqa: F401  (imported for that side effect, first)
+from cosmos3_runtime.random_checkpoints import VARIANTS
 
 from . import log_hygiene
 from .auth import OriginConfigError, OriginPolicy, TokenConfigError, TokenSet
-from .cli_arguments import build_parser
-from .endpoints import NO_ENDPOINTS
+from .connection_limits import (
+    DEFAULT_HANDSHAKE_TIMEOUT_S,
+    DEFAULT_MAX_PENDING_HANDSHAKES,
+    DEFAULT_MAX_PENDING_HANDSHAKES_PER_PEER,
+)
 from .engine.backend import BackendFactory
-from .engine.worker import ActionEngine
-from .http.connections import ConnectionLimits
-from .http.settings import SidecarSettings
-from .recording_setup import RecordingOptions
+from .engine.worker import DEFAULT_ENGINE_TIMEOUT_S, DEFAULT_VIDEO_STEP_INTERVAL_S, ActionEngine
+from .http.codecs import DEFAULT_MAX_JSON_VALUES
+from .http.connections import (
+    DEFAULT_BODY_TIMEOUT_S,
+    DEFAULT_HEADER_TIMEOUT_S,
+    DEFAULT_MAX_CONNECTIONS,
+    DEFAULT_MAX_CONNECTIONS_PER_PEER,
+    ConnectionLimits,
+)
+from .http.settings import DEFAULT_MAX_BODY_BYTES, DEFAULT_MAX_BUFFERED_BODY_BYTES, SidecarSettings
+from .http.turns import DEFAULT_MAX_IN_FLIGHT
+from .media.media_check import DEFAULT_MAX_DECODED_BYTES, MAX_SIDE_PER_CANVAS_SIDE
+from .routes import NO_ENDPOINTS
 from .server import PolicyServer
-from .server_settings import ServerSettings
+from .server_settings import DEFAULT_MAX_MESSAGE_BYTES, DEFAULT_MAX_OBSERVERS, ServerSettings
 from .sessions.openpi_observation import CameraMapping, CameraMappingError, OpenpiSettings
-from .sessions.rate_limits import RateLimit
-from .sessions.supervisor import SessionLimits
+from .sessions.rate_limits import DEFAULT_BURST, DEFAULT_MAX_OBSERVATION_HZ, RateLimit
+from .sessions.supervisor import (
+    DEFAULT_IDLE_TIMEOUT_S,
+    DEFAULT_MAX_OUTBOX_BYTES,
+    DEFAULT_MAX_OUTBOX_FRAMES,
+    DEFAULT_REPLY_TIMEOUT_S,
+    SessionLimits,
+)
 from .videos.job_store import RetentionPolicy
 from .vla_eval import ChunkPlan, MappingFileError, ObservationMapping, VlaEvalSettings
 
 if TYPE_CHECKING:
     from .http.sidecar import HttpSidecar
+    from .recording.server_feature import RecordingOptions
 
-__all__ = ["assemble_server", "main", "serve_until_stopped"]
+__all__ = ["assemble_server", "build_parser", "main", "serve_until_stopped"]
 
 logger = logging.getLogger("policy_server")
+
+
+# -- the options -------------------------------------------------------------------------------------
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="cosmos3-serve", description="Serve a Cosmos3 policy to robots over WebSocket (native protocol v1)."
+    )
+    source = parser.add_mutually_exclusive_group(required=True)
+    source.add_argument("--model", help="checkpoint: a local folder or a Hub id (namespace/repo[/subfolder])")
+    source.add_argument(
+        "--tiny",
+        choices=VARIANTS,
+        metavar="VARIANT",
+        help=f"build and serve a tiny random checkpoint of this variant ({', '.join(VARIANTS)})",
+    )
+    parser.add_argument("--host", default="0.0.0.0", help="interface to listen on (default: all, 0.0.0.0)")
+    parser.add_argument("--port", type=int, default=8000, help="WebSocket port; 0 picks a free one (default 8000)")
+    http = parser.add_argument_group(
+        "HTTP sidecar",
+        "video jobs (/v1/videos), one-shot actions, metadata, /healthz, /readyz, /metrics, "
+        "the teleop /dashboard; "
+        "see docs/http_api.md",
+    )
+    http.add_argument(
+        "--http-port", type=int, default=8001, help="port of the HTTP sidecar; 0 picks a free one (default 8001)"
+    )
+    http.add_argument("--no-http", dest="http", action="store_false", help="serve the WebSocket port only")
+    http.add_argument(
+        "--data-dir",
+        type=Path,
+        default=_default_data_dir(),
+        help="where video jobs and their results are kept across restarts (default: %(default)s)",
+    )
+    http.add_argument(
+        "--video-retention-hours",
+        type=float,
+        default=24.0,
+        help="finished video jobs are deleted this long after they finish (default 24)",
+    )
+    http.add_argument(
+        "--video-storage-mib",
+        type=float,
+        default=2048.0,
+        help="video jobs may take this much disk, inputs of queued jobs and finished videos together; "
+        "the oldest finished go first beyond it, and a submission that still does not fit is "
+        "refused with 507 (default 2048)",
+    )
+    http.add_argument(
+        "--max-queued-videos",
+        type=int,
+        default=100,
+        help="video jobs that may wait; more are refused with 429 (default 100)",
+    )
+    http.add_argument(
+        "--max-body-mib",
+        type=float,
+        default=DEFAULT_MAX_BODY_BYTES / 2**20,
+        help="largest HTTP request body, uploads included, in MiB (default 64)",
+    )
+    hardening = parser.add_argument_group(
+        "request and connection bounds", "what one HTTP request or one peer may cost; see docs/security.md"
+    )
+    hardening.add_argument(
+        "--max-decoded-mib",
+        type=float,
+        default=DEFAULT_MAX_DECODED_BYTES / 2**20,
+        help="pixels one observation (WebSocket) or HTTP request may decode to (images and clips, as RGB), "
+        "in MiB; checked from headers before decoding, more is refused (payload_too_large, 413) (default %(default)g)",
+    )
+    hardening.add_argument(
+        "--max-image-side",
+        type=int,
+        default=None,
+        help="longest camera frame side accepted, raw or encoded; larger is refused (invalid_image) from the "
+        f"array's shape or the header (default: {MAX_SIDE_PER_CANVAS_SIDE}x the largest canvas side the model "
+        "serves, 2560 for Cosmos3, within the model's own limit)",
+    )
+    hardening.add_argument(
+        "--max-json-values",
+        type=int,
+        default=DEFAULT_MAX_JSON_VALUES,
+        help="elements (numbers, lists, maps) a JSON or msgpack body may hold; more is refused "
+        "with 413 before or while parsing (default %(default)d)",
+    )
+    hardening.add_argument(
+        "--http-header-timeout-s",
+        type=float,
+        default=DEFAULT_HEADER_TIMEOUT_S,
+        help="an HTTP request's line and headers must arrive within this many seconds of the "
+        "connection (or of the previous response); else 408 and closed (default %(default)g)",
+    )
+    hardening.add_argument(
+        "--http-body-timeout-s",
+        type=float,
+        default=DEFAULT_BODY_TIMEOUT_S,
+        help="an HTTP request's body must arrive within this many seconds of its headers; else "
+        "408 and closed (default %(default)g)",
+    )
+    hardening.add_argument(
+        "--http-max-connections",
+        type=int,
+        default=DEFAULT_MAX_CONNECTIONS,
+        help="connections the HTTP sidecar holds at once; more are answered 503 and closed "
+        "(default %(default)d, lowered if the open-file limit needs room for the robots)",
+    )
+    hardening.add_argument(
+        "--http-max-connections-per-peer",
+        type=int,
+        default=DEFAULT_MAX_CONNECTIONS_PER_PEER,
+        help="connections one IP address may hold on the HTTP sidecar (default %(default)d)",
+    )
+    hardening.add_argument(
+        "--http-max-buffered-mib",
+        type=float,
+        default=DEFAULT_MAX_BUFFERED_BODY_BYTES / 2**20,
+        help="request bodies all HTTP requests together may hold while they arrive, in MiB; a "
+        "request past it is answered 503 server_busy (default %(default)g)",
+    )
+    hardening.add_argument(
+        "--handshake-timeout-s",
+        type=float,
+        default=DEFAULT_HANDSHAKE_TIMEOUT_S,
+        help="a WebSocket-port connection must complete its handshake within this many seconds (default %(default)g)",
+    )
+    hardening.add_argument(
+        "--max-pending-handshakes",
+        type=int,
+        default=DEFAULT_MAX_PENDING_HANDSHAKES,
+        help="WebSocket-port connections that may be waiting for their handshake request at "
+        "once; more are closed at once (default %(default)d)",
+    )
+    hardening.add_argument(
+        "--max-pending-handshakes-per-peer",
+        type=int,
+        default=DEFAULT_MAX_PENDING_HANDSHAKES_PER_PEER,
+        help="the same, per IP address (default %(default)d)",
+    )
+    security = parser.add_argument_group("security and limits", "see docs/security.md")
+    security.add_argument(
+        "--tls-cert",
+        "--certfile",
+        dest="tls_cert",
+        default=None,
+        help="TLS certificate chain (PEM): serve wss:// and the sidecar over https://",
+    )
+    security.add_argument(
+        "--tls-key", "--keyfile", dest="tls_key", default=None, help="TLS private key (PEM), if not inside --tls-cert"
+    )
+    security.add_argument(
+        "--auth-token",
+        default=os.environ.get("COSMOS3_AUTH_TOKEN") or None,
+        help="bearer token required on every endpoint but /healthz and the dashboard's static "
+        "files (default: $COSMOS3_AUTH_TOKEN; unset: no authentication)",
+    )
+    security.add_argument(
+        "--auth-token-file",
+        default=None,
+        help="file of accepted tokens, one per line (# comments); combines with --auth-token",
+    )
+    security.add_argument(
+        "--max-sessions",
+        type=int,
+        default=64,
+        help="robot sessions open at once; more are refused with HTTP 503 (default 64)",
+    )
+    security.add_argument(
+        "--max-observation-hz",
+        type=float,
+        default=DEFAULT_MAX_OBSERVATION_HZ,
+        help="observations per second per session, beyond which they are answered "
+        "`rate_limited` (default %(default)g; 0: no limit)",
+    )
+    security.add_argument(
+        "--observation-burst",
+        type=int,
+        default=DEFAULT_BURST,
+        help="observations a session may send at once above that rate (default %(default)d)",
+    )
+    security.add_argument(
+        "--engine-timeout-s",
+        type=float,
+        default=DEFAULT_ENGINE_TIMEOUT_S,
+        help="an engine call (one inference, one video step) running longer than this fails its "
+        "requests with `engine_timeout` and the engine is reloaded (default %(default)g; 0: off)",
+    )
+    # Connections that hold resources without using them, browsers of other sites, log floods (issue 18).
+    security.add_argument(
+        "--max-observers",
+        type=int,
+        default=DEFAULT_MAX_OBSERVERS,
+        help="observer channels (/v1/observe, the dashboard) open at once; more are refused with "
+        "HTTP 503 (default %(default)d)",
+    )
+    security.add_argument(
+        "--reply-timeout-s",
+        type=float,
+        default=DEFAULT_REPLY_TIMEOUT_S,
+        help="a client whose oldest unread reply waits longer than this is closed with 1008 "
+        "(default %(default)g; 0: off)",
+    )
+    security.add_argument(
+        "--idle-timeout-s",
+        type=float,
+        default=DEFAULT_IDLE_TIMEOUT_S,
+        help="a robot session that sends no observation for this long, with nothing of it "
+        "queued or running, is closed with 1008 (default %(default)g; 0: off)",
+    )
+    security.add_argument(
+        "--max-outbox-frames",
+        type=int,
+        default=DEFAULT_MAX_OUTBOX_FRAMES,
+        help="replies that may wait unread per connection; beyond, it is closed with 1008 (default %(default)d)",
+    )
+    security.add_argument(
+        "--max-outbox-mib",
+        type=float,
+        default=DEFAULT_MAX_OUTBOX_BYTES / 2**20,
+        help="bytes of replies that may wait unread per connection, in MiB (default %(default)g)",
+    )
+    security.add_argument(
+        "--allowed-origin",
+        action="append",
+        default=[],
+        metavar="ORIGIN",
+        help="a browser origin (scheme://host[:port]) allowed to open WebSockets and change state "
+        "besides the server's own; repeat for several; `*` allows any (default: none)",
+    )
+    security.add_argument(
+        "--log-repeat-burst",
+        type=int,
+        default=log_hygiene.DEFAULT_BURST,
+        help="log lines of one kind written per --log-repeat-interval-s; the rest are counted in "
+        "a `suppressed` summary (default %(default)d; 0: no limit)",
+    )
+    security.add_argument(
+        "--log-repeat-interval-s",
+        type=float,
+        default=log_hygiene.DEFAULT_INTERVAL_S,
+        help="the window of --log-repeat-burst, in seconds (default %(default)g)",
+    )
+    parser.add_argument("--device", default=None, help="torch device, e.g. cpu, cuda, cuda:1 (default: best available)")
+    parser.add_argument("--dtype", default=None, help="float32, bfloat16 or float16 (default: the device's best)")
+    parser.add_argument("--profiles", default=None, help="a policy profile file overriding the checkpoint's")
+    parser.add_argument("--no-warmup", dest="warmup", action="store_false", help="skip the warm-up requests")
+    parser.add_argument(
+        "--torch-threads",
+        type=int,
+        default=None,
+        help="torch intra-op threads of the engine worker (default: every available core but one, at least 1)",
+    )
+    parser.add_argument(
+        "--max-message-mib",
+        type=float,
+        default=DEFAULT_MAX_MESSAGE_BYTES / 2**20,
+        help="largest frame accepted, in MiB; a bigger one closes the connection with 1009 (default %(default)g: "
+        "a 4096x4096 RGB image and its envelope)",
+    )
+    parser.add_argument(
+        "--max-batch",
+        type=int,
+        default=4,
+        help="most observations of different sessions run through shared transformer calls (1: no batching)",
+    )
+    parser.add_argument(
+        "--batch-wait-ms",
+        type=float,
+        default=0.0,
+        help="longest an observation may wait for others to batch with (default 0: batch only what is waiting)",
+    )
+    parser.add_argument(
+        "--overlap-host-prep",
+        choices=("on", "off"),
+        default="on",
+        help="prepare the next waiting observations (validation, frame resize) on a host thread while the "
+        "engine runs the current batch, so it does not wait for that work between batches (default on)",
+    )
+    turns = parser.add_argument_group(
+        "engine turns", "how robots, HTTP clients and video jobs share the engine; see docs/security.md"
+    )
+    turns.add_argument(
+        "--max-http-actions-in-flight",
+        type=int,
+        default=DEFAULT_MAX_IN_FLIGHT,
+        help="action generations one HTTP client (its token; without auth, its address) may have in "
+        "flight; more are refused with 429 `too_many_in_flight` (default %(default)d)",
+    )
+    turns.add_argument(
+        "--video-step-interval-s",
+        type=float,
+        default=DEFAULT_VIDEO_STEP_INTERVAL_S,
+        help="while robots wait, a video job still gets one denoising step this often, so it finishes "
+        "under any robot load (default %(default)g; 0: only when no robot waits)",
+    )
+    parser.add_argument(
+        "--prefix-cache-mb", type=float, default=256.0, help="memory for the text prefix cache (0: off)"
+    )
+    parser.add_argument(
+        "--compile",
+        action="store_true",
+        help="torch.compile the transformer's decoder layers (warm-up then compiles each shape)",
+    )
+    scale = parser.add_argument_group(
+        "engine backend", "where the engine runs; see docs/deployment.md (the ray backend needs the `ray` extra)"
+    )
+    scale.add_argument(
+        "--backend",
+        choices=("local", "ray"),
+        default="local",
+        help="local: one engine worker in this process (default); ray: replicas on Ray Serve",
+    )
+    scale.add_argument("--replicas", type=int, default=1, help="engine replicas with --backend ray (default 1)")
+    scale.add_argument(
+        "--ray-address",
+        default=None,
+        help="join this Ray cluster (e.g. auto, or HEAD:6379) instead of starting a local instance",
+    )
+    scale.add_argument(
+        "--replica-gpus",
+        type=float,
+        default=None,
+        help="GPUs per replica (default: 1 if the cluster has GPUs, else 0 = CPU replicas)",
+    )
+    scale.add_argument("--replica-cpus", type=float, default=1.0, help="CPUs reserved per replica (default 1)")
+    parser.add_argument("--shutdown-grace", type=float, default=30.0, help="seconds to let a running inference finish")
+    openpi = parser.add_argument_group(
+        "openpi endpoint", "openpi clients connect to ws://HOST:PORT/ or /openpi and cannot choose these themselves"
+    )
+    openpi.add_argument("--no-openpi", dest="openpi", action="store_false", help="do not serve / and /openpi")
+    openpi.add_argument("--openpi-domain", default=None, help="embodiment (default: the model's default domain)")
+    openpi.add_argument("--openpi-horizon", type=int, default=None, help="actions per chunk (default: the domain's)")
+    openpi.add_argument(
+        "--openpi-mode",
+        default="policy",
+        choices=("policy", "inverse_dynamics"),
+        type=lambda mode: mode.strip().lower(),
+        help="action mode (default policy; inverse_dynamics takes T x H x W x 3 clips)",
+    )
+    openpi.add_argument(
+        "--openpi-view-point", default=None, help="which camera view feeds the model (default: the domain's profile)"
+    )
+    openpi.add_argument("--openpi-prompt", default="", help="prompt for observations that carry none")
+    openpi.add_argument(
+        "--openpi-cameras",
+        default=None,
+        metavar="FILE_OR_JSON",
+        help="camera mapping overriding the defaults per view point (see docs/openpi.md)",
+    )
+    openpi.add_argument(
+        "--openpi-strict-state",
+        action="store_true",
+        help="refuse a robot state sent to a domain that does not condition on it (default: accept it, unused, "
+        "counted in /metrics)",
+    )
+    vla_eval = parser.add_argument_group(
+        "vla-eval endpoint",
+        "vla-eval's harness connects to ws://HOST:PORT/v1/vla-eval; an episode_start's `settings` override these",
+    )
+    vla_eval.add_argument("--no-vla-eval", dest="vla_eval", action="store_false", help="do not serve /v1/vla-eval")
+    vla_eval.add_argument("--vla-eval-domain", default=None, help="embodiment (default: the model's default domain)")
+    vla_eval.add_argument(
+        "--vla-eval-horizon", type=int, default=None, help="actions per chunk (default: the domain's)"
+    )
+    vla_eval.add_argument(
+        "--vla-eval-view-point", default=None, help="which camera view feeds the model (default: the domain's profile)"
+    )
+    vla_eval.add_argument("--vla-eval-prompt", default="", help="prompt when neither observation nor task has a text")
+    vla_eval.add_argument(
+        "--vla-eval-chunk",
+        default="step",
+        choices=("step", "whole"),
+        help="one action per observation from the current chunk (step, default), or the whole chunk per reply",
+    )
+    vla_eval.add_argument(
+        "--vla-eval-ask-ahead",
+        type=int,
+        default=1,
+        help="ask for the next chunk when this many actions of the current one remain (default 1)",
+    )
+    vla_eval.add_argument(
+        "--vla-eval-execute", type=int, default=None, help="actions of each chunk played before the next (default: all)"
+    )
+    vla_eval.add_argument(
+        "--vla-eval-mapping",
+        default=None,
+        metavar="FILE_OR_JSON",
+        help="cameras, state, prompt and unused keys of vla-eval observations (see docs/vla_eval.md)",
+    )
+    vla_eval.add_argument(
+        "--vla-eval-strict-state",
+        action="store_true",
+        help="refuse a robot state sent to a domain that does not condition on it (default: accept it, unused)",
+    )
+    recording = parser.add_argument_group(
+        "recording",
+        "sessions recorded as LeRobot datasets, replayed on the dashboard and by cosmos3-replay; see docs/recording.md",
+    )
+    recording.add_argument(
+        "--record-dir",
+        type=Path,
+        default=None,
+        metavar="DIR",
+        help="record sessions into DIR (created 0700), one LeRobotDataset v3.0 folder per episode",
+    )
+    recording.add_argument(
+        "--record-opt-in",
+        action="store_true",
+        help="record only the sessions that ask (configure `record: true`, the dashboard's "
+        "toggle) instead of every session",
+    )
+    recording.add_argument(
+        "--record-max-bytes",
+        type=int,
+        default=None,
+        metavar="N",
+        help="quota of DIR in bytes: the oldest recordings are deleted first (default: none)",
+    )
+    recording.add_argument(
+        "--record-max-age-s",
+        type=float,
+        default=None,
+        metavar="S",
+        help="recordings older than this many seconds are deleted (default: kept)",
+    )
+    parser.add_argument("--log-level", default="info", choices=("debug", "info", "warning", "error"))
+    return parser
+
+
+def _default_data_dir() -> Path:
+    """``$XDG_DATA_HOME/cosmos3-policy-server`` (``~/.local/share/...``): jobs outlive the process."""
+    base = os.environ.get("XDG_DATA_HOME") or Path.home() / ".local" / "share"
+    return Path(base) / "cosmos3-policy-server"
+
+
+# -- settings from the options, the server assembled and run ---------------------------------------
 
 
 def _openpi_settings(args: argparse.Namespace) -> OpenpiSettings | None:
@@ -150,6 +610,8 @@ def sidecar_of(server: PolicyServer) -> HttpSidecar | None:
 def _recording_options(args: argparse.Namespace) -> RecordingOptions | None:
     if args.record_dir is None:
         return None
+    from .recording.server_feature import RecordingOptions  # only a server that records loads the recorder
+
     return RecordingOptions(
         root=args.record_dir,
         max_bytes=args.record_max_bytes,
@@ -167,7 +629,7 @@ def _engine_loader(args: argparse.Namespace, workdir: Path) -> Callable[[], Acti
 
         source = args.model
         if args.tiny:
-            from cosmos3_runtime.tiny import build_tiny_checkpoint
+            from cosmos3_runtime.random_checkpoints import build_tiny_checkpoint
 
             source = build_tiny_checkpoint(workdir / f"tiny-{args.tiny}", variant=args.tiny)
             logger.info("built a tiny %s checkpoint at %s", args.tiny, source)
@@ -191,7 +653,7 @@ def _ray_backend(args: argparse.Namespace, workdir: Path) -> BackendFactory:
 
     source = args.model
     if args.tiny:
-        from cosmos3_runtime.tiny import build_tiny_checkpoint
+        from cosmos3_runtime.random_checkpoints import build_tiny_checkpoint
 
         source = str(build_tiny_checkpoint(workdir / f"tiny-{args.tiny}", variant=args.tiny))
     loader = EngineLoader(

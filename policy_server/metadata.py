@@ -75,7 +75,7 @@ def native_metadata(host: ServerContext[Any], session_id: str) -> dict[str, Any]
         "action_horizon": described["action_horizon"],
         "resolution_tiers": list(d.resolution_tiers),
         # Each served tier's canvases, so a robot can size its frames before sending
-        # (robot_clients.frame_sizing.canvas_bins).
+        # (robot_clients.camera_frames.canvas_bins).
         "canvases": described["canvases"],
         "view_points": list(d.view_points),
         "domains": {

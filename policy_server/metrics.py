@@ -31,8 +31,7 @@ from prometheus_client import CollectorRegistry, Counter, Histogram, disable_cre
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
-from .engine.outcome import EngineOutcome
-from .engine.request_queue import PendingObservation
+from .engine.request_queue import EngineOutcome, PendingObservation
 
 # The `*_created` timestamp series double every metric's output and Prometheus itself ignores them.
 disable_created_metrics()  # type: ignore[no-untyped-call]  # prometheus_client leaves it unannotated

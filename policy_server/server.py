@@ -11,7 +11,7 @@ and its chunk leave, then close every session with 1001 (going away), then stop 
 
 The server itself serves the native and openpi protocols and nothing optional. Whoever assembles it
 (``policy_server.cli``) hands it the dialects its robots' path also speaks (:mod:`.sessions.dialects`), the
-paths features add to its port (:mod:`.endpoints`: vla-eval's, for one), and attaches the features
+paths features add to its port (:class:`~.routes.EdgeEndpoints`: vla-eval's, for one), and attaches the features
 (:class:`ServerFeature`: the recording, the HTTP sidecar); they see the server through its
 :class:`~policy_server.context.ServerContext`.
 """
@@ -39,16 +39,13 @@ from .auth import CHALLENGE, bearer_subprotocol, is_open_path
 from .connection_limits import ACCEPT_BURST, PeerCounter, handshake_limited_connection
 from .context import ServerContext
 from .dashboard_files import CONFIG_NAME, DASHBOARD_HEADERS, DASHBOARD_PATH, dashboard_asset, dashboard_config
-from .endpoints import NO_ENDPOINTS, EdgeEndpoints
 from .engine.backend import BackendFactory, EngineBackend
-from .engine.batching import BackgroundShare, BatchPolicy
 from .engine.request_queue import PendingObservation, RequestQueue
-from .engine.watchdog import EngineWatchdog
-from .engine.worker import ActionEngine, EngineWorker
+from .engine.worker import ActionEngine, BackgroundShare, BatchPolicy, EngineWatchdog, EngineWorker
 from .log_hygiene import printable
 from .media.media_check import served_frame_limits
 from .metadata import SERVER_NAME, health
-from .routes import Route, check_endpoints, path_of, route
+from .routes import NO_ENDPOINTS, EdgeEndpoints, Route, check_endpoints, path_of, route
 from .server_settings import ServerSettings
 from .sessions.base import Session
 from .sessions.dialects import Dialect
@@ -353,7 +350,7 @@ class PolicyServer:
         return None
 
     def _edge_http_response(self, connection: ServerConnection, request: Request) -> Response:
-        """A feature's plain-HTTP endpoint (:mod:`.endpoints`) answers the request."""
+        """A feature's plain-HTTP endpoint (:class:`~.routes.HttpEndpoint`) answers the request."""
         path, _, query = request.path.partition("?")
         status, body = self.endpoints.http[path].answer(self.context, query)
         return _json_response(connection, HTTPStatus(status), body)

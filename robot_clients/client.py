@@ -54,8 +54,7 @@ from websockets.asyncio.client import ClientConnection, connect
 from websockets.exceptions import ConnectionClosed, InvalidStatus, InvalidURI
 
 from . import protocol
-from .frame_encoding import ImageEncoding, encode_frame
-from .frame_sizing import canvas_bins, resize_frame, send_size
+from .camera_frames import ImageEncoding, canvas_bins, encode_frame, resize_frame, send_size
 from .protocol import REALTIME_PATH, CodedError, DropReason, SessionState
 from .wire_codec import packb, unpackb
 
@@ -335,8 +334,8 @@ class OutgoingFrames:
     """A client's image options, applied to each observation's cameras (``prepare``).
 
     ``images``: ``"raw"`` (the arrays as they are), ``"jpeg"``, ``"webp"`` or ``"png"`` (quality 90), or an
-    :class:`~robot_clients.frame_encoding.ImageEncoding` for another quality. ``resize``: shrink every camera
-    to the size the server would shrink it to anyway (:func:`robot_clients.frame_sizing.send_size` of the
+    :class:`~robot_clients.camera_frames.ImageEncoding` for another quality. ``resize``: shrink every camera
+    to the size the server would shrink it to anyway (:func:`robot_clients.camera_frames.send_size` of the
     session's resolution tier, from the ``canvases`` of the server's metadata frame), so the link carries
     only pixels the model conditions on. Named cameras under the ``concat_view`` view point are sized as the
     composed frame the server makes of them (side by side). Encoding needs Pillow; resizing numpy only.
@@ -563,7 +562,7 @@ class AsyncPolicyClient:
         proxy: websockets' proxy setting; ``None`` (the default) connects directly, ignoring the
             environment's proxy variables, which is what a robot on a LAN wants.
         images: how camera frames go on the wire: ``"raw"`` (arrays, the default), ``"jpeg"``, ``"webp"`` or
-            ``"png"`` (quality 90), or a :class:`~robot_clients.frame_encoding.ImageEncoding` (another quality).
+            ``"png"`` (quality 90), or a :class:`~robot_clients.camera_frames.ImageEncoding` (another quality).
             Encoding needs Pillow (the ``images`` extra).
         resize: shrink every camera to the size the server would shrink it to (the served tier's canvas,
             from the metadata frame) before sending, so the link carries no pixels the server throws away.

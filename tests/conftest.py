@@ -13,7 +13,7 @@ import pytest
 @pytest.fixture(scope="session")
 def tiny_checkpoint(tmp_path_factory):
     """``tiny_checkpoint(variant, **options) -> Path``: build (once) and return a tiny checkpoint."""
-    from cosmos3_runtime.tiny import build_tiny_checkpoint
+    from cosmos3_runtime.random_checkpoints import build_tiny_checkpoint
 
     built = {}
 

@@ -51,7 +51,7 @@ def tiny_checkpoint(variant: str = "distilled", droid: bool = False) -> Path:
     name = f"{variant}-droid" if droid else variant
     with _checkpoint_lock:
         if name not in _checkpoints:
-            from cosmos3_runtime.tiny import build_tiny_checkpoint
+            from cosmos3_runtime.random_checkpoints import build_tiny_checkpoint
 
             if _workdir is None:
                 _workdir = Path(tempfile.mkdtemp(prefix="policy-server-tests-"))

@@ -13,7 +13,7 @@ from server_fixtures import DOMAIN, ServerThread, tiny_engine_loader
 from websockets.asyncio.server import serve
 
 from robot_clients import AsyncPolicyClient, ObservationDropped, PolicyClient
-from robot_clients.frame_encoding import ImageEncoding
+from robot_clients.camera_frames import ImageEncoding
 from robot_clients.protocol import PROTOCOL_VERSION
 from robot_clients.wire_codec import packb
 

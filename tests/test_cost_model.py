@@ -85,7 +85,7 @@ def test_attention_and_floor_arithmetic():
 
 
 def test_edge_chunk_costs_and_vae_counts():
-    from cosmos3_runtime.checkpoint_shapes import PUBLISHED_SHAPES
+    from cosmos3_runtime.random_checkpoints import PUBLISHED_SHAPES
 
     edge = PUBLISHED_SHAPES["edge"]
     small = cost_model.vae_encode_flops(edge.vae_config, 256, 256)

@@ -1,4 +1,4 @@
-"""Encoded camera frames: the robot's encoder (robot_clients.frame_encoding) and the server's decoder
+"""Encoded camera frames: the robot's encoder (robot_clients.camera_frames) and the server's decoder
 (policy_server.media.image_decoding), including what the decoder refuses before it decodes anything."""
 
 from __future__ import annotations
@@ -23,9 +23,9 @@ from policy_server.media.image_decoding import (
     decode_image,
     read_header,
 )
+from robot_clients.camera_frames import ImageEncoding, ImageEncodingUnavailable, encode_clip, encode_frame
 from robot_clients.client_frames import is_encoded_clip
 from robot_clients.client_frames import is_encoded_frame as is_encoded_image
-from robot_clients.frame_encoding import ImageEncoding, ImageEncodingUnavailable, encode_clip, encode_frame
 from robot_clients.protocol import ErrorCode, FrameLimits
 
 LIMITS = FrameLimits(min_image_side=32, max_image_side=4096, max_clip_frames=65)
@@ -93,7 +93,7 @@ def test_quality_trades_bytes_for_fidelity():
 def test_encoding_with_a_size_shrinks_the_frame_first():
     frame = scene()
     data = encode_frame(frame, ImageEncoding("png", size=(240, 320)))
-    from robot_clients.frame_sizing import resize_frame
+    from robot_clients.camera_frames import resize_frame
 
     np.testing.assert_array_equal(decode_image(data, "image", LIMITS), resize_frame(frame, 240, 320))
 

@@ -19,9 +19,8 @@ import numpy as np
 import pytest
 
 from cosmos3_runtime.requests import ActionRequest
-from policy_server.engine.batching import BatchPolicy
 from policy_server.engine.request_queue import PendingObservation, RequestQueue
-from policy_server.engine.worker import EngineWorker
+from policy_server.engine.worker import BatchPolicy, EngineWorker
 from robot_clients.protocol import DropReason
 
 pytestmark = pytest.mark.timeout(300)

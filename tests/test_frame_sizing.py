@@ -1,4 +1,4 @@
-"""Resizing on the robot (robot_clients.frame_sizing) against what the server does to a frame
+"""Resizing on the robot (robot_clients.camera_frames) against what the server does to a frame
 (cosmos3_runtime.frame_preprocessing, the tiny engine's own preprocessing)."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ import torch
 import torch.nn.functional as F
 
 from cosmos3_runtime.frame_preprocessing import canvas_for, canvas_table
-from robot_clients.frame_sizing import (
+from robot_clients.camera_frames import (
     CanvasBin,
     canvas_bins,
     fit_to_canvas,

@@ -1,8 +1,8 @@
 """The HTTP sidecar's pure codec mappings, in process (no server): bodies to fields, fields to arrays.
 
-:mod:`policy_server.http.codecs` decodes JSON, msgpack and multipart bodies into plain fields and action
-arrays; :mod:`policy_server.http.media_fields` decodes image and clip fields with their sizes checked
-before any pixel is decoded. Each refusal is a typed :class:`ApiError` naming its code and field.
+:mod:`policy_server.http.codecs` decodes JSON, msgpack and multipart bodies into plain fields, action
+arrays, and image and clip fields with their sizes checked before any pixel is decoded. Each refusal is a
+typed :class:`ApiError` naming its code and field.
 """
 
 from __future__ import annotations
@@ -15,9 +15,8 @@ import numpy as np
 import pytest
 
 from policy_server.http import codecs
-from policy_server.http.codecs import Upload
+from policy_server.http.codecs import Upload, decode_image_bytes, encoded_image, to_image, to_video
 from policy_server.http.errors import ApiError, HttpErrorCode
-from policy_server.http.media_fields import decode_image_bytes, encoded_image, to_image, to_video
 from robot_clients.protocol import ErrorCode, FrameLimits
 from robot_clients.wire_codec import packb
 

@@ -366,7 +366,7 @@ def test_settings_used_resolves_the_defaults_the_engine_applies(distilled):
 
 
 def test_the_openpi_mode_flag_is_trimmed_and_lower_cased(distilled):
-    from policy_server.cli_arguments import build_parser
+    from policy_server.cli import build_parser
     from policy_server.sessions.openpi_observation import OpenpiSettings
 
     args = build_parser().parse_args(["--tiny", "distilled", "--openpi-mode", " Inverse_Dynamics "])

@@ -18,7 +18,7 @@ from websockets.asyncio.client import connect
 
 from policy_server.recording import RecordingStore
 from policy_server.recording.replay import RecordedEpisode
-from policy_server.recording_setup import RecordingOptions
+from policy_server.recording.server_feature import RecordingOptions
 from robot_clients.wire_codec import packb, unpackb
 
 pytestmark = pytest.mark.timeout(300)

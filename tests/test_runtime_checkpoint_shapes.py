@@ -12,8 +12,9 @@ import struct
 import numpy as np
 import pytest
 
-from cosmos3_runtime.checkpoint_shapes import (
+from cosmos3_runtime.random_checkpoints import (
     PUBLISHED_SHAPES,
+    WAN22_VAE_CONFIG,
     CheckpointShape,
     build_shaped_checkpoint,
     resolve_variant,
@@ -21,7 +22,6 @@ from cosmos3_runtime.checkpoint_shapes import (
     vae_on_meta,
     write_random_weights,
 )
-from cosmos3_runtime.wan_vae import WAN22_VAE_CONFIG
 
 
 def _count(model) -> int:

@@ -11,8 +11,8 @@ from diffusers.models.transformers.transformer_cosmos3 import Cosmos3AttnProcess
 from diffusers.pipelines.cosmos.pipeline_cosmos3_omni import CosmosActionCondition
 
 from cosmos3_runtime.engine import Cosmos3Engine
+from cosmos3_runtime.random_checkpoints import TINY_DISTILLED_SIGMAS
 from cosmos3_runtime.requests import ActionRequest, VideoRequest
-from cosmos3_runtime.tiny import TINY_DISTILLED_SIGMAS
 from cosmos3_runtime.validation import job_for_actions
 
 

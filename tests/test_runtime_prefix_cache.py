@@ -7,9 +7,9 @@ import pytest
 from diffusers.models.transformers.transformer_cosmos3 import Cosmos3AttnProcessor
 
 from cosmos3_runtime.engine import Cosmos3Engine
-from cosmos3_runtime.packed_attention import PackedAttnProcessor
 from cosmos3_runtime.prefix_cache import PrefixEntry, TextPrefixCache
 from cosmos3_runtime.requests import ActionRequest
+from cosmos3_runtime.sequence_packing import PackedAttnProcessor
 
 
 @pytest.fixture(scope="module")

@@ -8,8 +8,8 @@ import json
 import numpy as np
 import pytest
 
+from cosmos3_runtime.description import EngineSpec
 from cosmos3_runtime.engine import Cosmos3Engine
-from cosmos3_runtime.engine_spec import EngineSpec
 from cosmos3_runtime.errors import CheckpointError
 from cosmos3_runtime.inspection import inspect_checkpoint
 from cosmos3_runtime.profiles import load_profiles, profiles_for_checkpoint

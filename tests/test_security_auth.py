@@ -31,8 +31,7 @@ from websockets.asyncio.client import connect
 from websockets.exceptions import InvalidStatus
 
 from policy_server.auth import TokenConfigError, TokenSet
-from policy_server.cli import _ssl_context
-from policy_server.cli_arguments import build_parser
+from policy_server.cli import _ssl_context, build_parser
 from policy_server.http.sidecar import SidecarSettings
 from robot_clients import AsyncPolicyClient
 from robot_clients.wire_codec import packb, unpackb

@@ -15,9 +15,8 @@ import numpy as np
 import pytest
 
 from cosmos3_runtime.requests import ActionRequest, VideoRequest
-from policy_server.engine.batching import BackgroundShare
 from policy_server.engine.request_queue import PendingObservation, RequestQueue
-from policy_server.engine.worker import EngineWorker
+from policy_server.engine.worker import BackgroundShare, EngineWorker
 from policy_server.videos.runner import VideoRolloutTask
 
 pytestmark = pytest.mark.timeout(180)

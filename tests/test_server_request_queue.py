@@ -107,7 +107,7 @@ def _obs(session, seq, **request):
 
 
 def test_take_batch_groups_compatible_sessions_in_ring_order():
-    from policy_server.engine.batching import BatchPolicy
+    from policy_server.engine.worker import BatchPolicy
 
     queue = RequestQueue()
     for session, steps in [("a", None), ("b", 8), ("c", None), ("d", None)]:
@@ -205,7 +205,7 @@ def test_cancelling_a_request_that_shares_a_turn_keeps_the_others_in_line():
 
 
 def test_a_robots_batch_never_carries_a_one_shot_request():
-    from policy_server.engine.batching import BatchPolicy
+    from policy_server.engine.worker import BatchPolicy
 
     queue = RequestQueue()
     queue.put(item("robot-a", 0))

@@ -5,8 +5,7 @@ from __future__ import annotations
 import pytest
 
 from cosmos3_runtime.description import ModelDescription
-from policy_server.endpoints import EdgeEndpoints
-from policy_server.routes import Route, route
+from policy_server.routes import EdgeEndpoints, Route, route
 from policy_server.sessions.config import SessionConfig, merge_session_config
 from robot_clients.protocol import ErrorCode, ProtocolError
 

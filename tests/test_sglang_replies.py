@@ -15,8 +15,8 @@ from cosmos3_runtime.description import TierCanvas
 from policy_server.http.errors import ApiError
 from policy_server.http.requests import action_request
 from policy_server.sglang.actions import ActionCall, ActionItem, build_reply, parse_action_envelope
+from policy_server.sglang.lockstep_session import NATIVE, SGLANG, LockstepSession, connection_mode
 from policy_server.sglang.metadata import merge_metadata, sglang_metadata
-from policy_server.sglang.realtime import NATIVE, SGLANG, LockstepSession, connection_mode
 from robot_clients.wire_codec import packb, unpackb
 
 

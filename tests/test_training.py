@@ -135,7 +135,7 @@ def test_lerobot_loads_the_demonstrations_and_so_does_the_trainer(small_dataset)
 
 
 def test_the_tiny_vae_is_the_same_whatever_the_transformer_and_its_statistics_are_its_own(tmp_path):
-    from cosmos3_runtime.tiny import build_tiny_checkpoint
+    from cosmos3_runtime.random_checkpoints import build_tiny_checkpoint
 
     a = build_tiny_checkpoint(tmp_path / "a", seed=3)
     b = build_tiny_checkpoint(tmp_path / "b", seed=3, transformer_overrides={"hidden_size": 96})

@@ -16,8 +16,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 if TYPE_CHECKING:
     from cosmos3_runtime.description import ModelDescription
 
-    from .outcome import EngineOutcome
-    from .request_queue import EngineTask, PendingObservation
+    from .request_queue import EngineOutcome, EngineTask, PendingObservation
     from .worker import WorkerState
 
 

@@ -1,18 +1,29 @@
 """The one thread that owns the engine: it loads the model, warms it up, and runs requests batch by batch.
 
 It takes observations in the queue's fair order, several at once when their requests can share
-transformer calls (:class:`~policy_server.engine.batching.BatchPolicy`), drops those whose deadline has
+transformer calls (:class:`BatchPolicy`), drops those whose deadline has
 passed, runs the rest and posts every outcome to its owner on the event loop
 (``loop.call_soon_threadsafe``). Background tasks run when no observation waits, and otherwise get a
-bounded share (:class:`~policy_server.engine.batching.BackgroundShare`), so a video finishes under any
+bounded share (:class:`BackgroundShare`), so a video finishes under any
 robot load while a robot waits at most one extra step per interval.
 
 While an engine call runs, :class:`HostPrep` (a small thread) prepares the observations waiting next, so
 the device does not wait for the host between batches. A batched call that fails is retried request by
 request, so only the request at fault gets the error; an engine that went away (a Ray replica) raises
-:class:`~.outcome.EngineLost` and the call's work goes to ``on_engine_lost`` unanswered. A hung call is
+:class:`~.request_queue.EngineLost` and the call's work goes to ``on_engine_lost`` unanswered. A hung call is
 abandoned (:meth:`EngineWorker.abandon_hung_call`): Python cannot kill a thread, so a new one loads a
 fresh engine, and only the current thread may post outcomes, take work or touch the worker's state.
+
+**The watchdog** (:class:`EngineWatchdog`, a task on the event loop) notices such a call. A model can hang
+(a driver stuck on a GPU, a deadlock in a native library, an infinite loop in a custom kernel); without
+it every robot waits forever on a server that still answers ``/healthz``. It looks at the worker's
+``call_started_at`` every ``interval_s``; a call (one inference, or one denoising step of a video job)
+older than ``timeout_s`` is abandoned: its requests are answered ``engine_timeout`` (a video job fails
+with it), the worker reports ``restarting`` (``/readyz`` 503, ``/healthz`` ``"status": "restarting"``; new
+robot handshakes get 503 + ``Retry-After`` until the fresh engine is ready), and a new worker thread loads
+a fresh engine. The stuck thread's late result is discarded, and it holds its engine's memory until then,
+so the limit is generous (minutes: the slowest legitimate call on the slowest device, times a few). Only
+the local worker is watched; a Ray backend's replicas are replaced by Serve.
 """
 
 from __future__ import annotations
@@ -33,10 +44,8 @@ from cosmos3_runtime.description import ModelDescription
 from cosmos3_runtime.requests import ActionRequest, ActionResult
 from robot_clients.protocol import CodedError, DropReason, ErrorCode
 
-from .batching import BackgroundShare, BatchPolicy
 from .cpu_threads import configure_worker_threads
-from .outcome import EngineLost, EngineOutcome, engine_failure
-from .request_queue import EngineTask, PendingObservation, RequestQueue
+from .request_queue import EngineLost, EngineOutcome, EngineTask, PendingObservation, RequestQueue, engine_failure
 
 if TYPE_CHECKING:
     from cosmos3_runtime.prepared_inputs import PreparedActions
@@ -44,6 +53,73 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 T = TypeVar("T")
+
+
+# -- how the worker shares the engine: which observations run together, how much background work gets -
+
+
+@dataclass(frozen=True)
+class BatchPolicy:
+    """How the worker groups waiting observations of different sessions into one engine call.
+
+    ``max_batch`` 1 turns batching off. ``max_wait_ms`` is the longest an observation may be held so
+    others can join it; the default 0 only batches what is already waiting, so batching never adds
+    latency, it only shares forwards when several robots wait at once.
+
+    ``overlap_host_prep``: while a batch runs, a host thread prepares the next ``max_batch`` waiting
+    observations (validation, frames into the model's canvas), so the engine does not wait for that
+    work between batches (``HostPrep`` in :mod:`policy_server.engine.worker`).
+    """
+
+    max_batch: int = 4
+    max_wait_ms: float = 0.0
+    overlap_host_prep: bool = True
+
+    @staticmethod
+    def compatible(a: PendingObservation, b: PendingObservation) -> bool:
+        """Same schedule (steps, guidance, interval): the engine can run them through shared forwards.
+
+        The requests carry an observation's own settings merged over its session's, so this compares
+        what each will actually run with. The schedule is all that must match: every other setting
+        (mode, domain, horizon, tier, view point, prompt, fps, seed, prefix) is per item in a packed
+        forward, and a batched chunk equals its unbatched run.
+
+        And the same kind of owner: a robot session's observation never carries a one-shot HTTP request
+        (one that waits for a shared turn) in its engine call. Where a batch costs more than one request
+        (CPUs), that would make the robot pay for the client's work on top of waiting for its turn.
+        """
+        ra, rb = a.request, b.request
+        return (ra.num_steps, ra.guidance_scale, ra.guidance_interval) == (
+            rb.num_steps,
+            rb.guidance_scale,
+            rb.guidance_interval,
+        ) and (a.turn is None) == (b.turn is None)
+
+
+# Under continuous robot load, a video rollout still gets one denoising step at least this often.
+DEFAULT_VIDEO_STEP_INTERVAL_S = 1.0
+
+
+@dataclass(frozen=True)
+class BackgroundShare:
+    """The engine's share for background work (video rollouts) while observations wait.
+
+    Robots go first, but not forever. Once background work has waited ``interval_s`` for the engine
+    (since its last step ended, or since it was queued), the worker gives it one step (a denoising
+    step; at the end of a rollout, the decode) and then goes back to the waiting robots. So under any
+    robot load a video advances at least one step per ``interval_s`` (plus the robot batch running when
+    it fell due) and finishes, and a robot waits at most one extra step per ``interval_s``.
+    ``interval_s`` 0: no share; background work runs only while no observation waits, and can starve.
+    """
+
+    interval_s: float = DEFAULT_VIDEO_STEP_INTERVAL_S
+
+    def due_at(self, waiting_since: float) -> float | None:
+        """When work that has waited since ``waiting_since`` is owed a turn; None: never (no share)."""
+        return waiting_since + self.interval_s if self.interval_s > 0 else None
+
+
+# -- the worker -------------------------------------------------------------------------------------
 
 
 class ActionEngine(Protocol):
@@ -268,7 +344,7 @@ class EngineWorker(CounterReadouts):
     ``load_engine`` is called on the worker thread (the engine is created, used and dropped by one
     thread only). ``warmup`` runs the engine's own warm-up before the worker reports ready. ``name``
     names the thread. ``on_engine_lost`` receives, on the worker thread, the work of a call whose
-    engine raised :class:`~policy_server.engine.outcome.EngineLost`, to queue it again elsewhere; without
+    engine raised :class:`~policy_server.engine.request_queue.EngineLost`, to queue it again elsewhere; without
     it, that work fails with ``engine_error`` like the work of an abandoned call.
     """
 
@@ -664,7 +740,7 @@ def predict_batch(
     ``prepared``: each observation's ``engine.prepare_actions`` (an engine that splits its work,
     :class:`PreparingEngine`), run with ``predict_prepared``; None: the requests go to
     ``predict_actions`` / ``predict_actions_batch``.
-    Raises :class:`~policy_server.engine.outcome.EngineLost`, and nothing else.
+    Raises :class:`~policy_server.engine.request_queue.EngineLost`, and nothing else.
     """
     t0 = time.monotonic()
     if prepared is not None and splits_host_work(engine):
@@ -723,3 +799,49 @@ def _call(fn: Callable[[T], ActionResult | Exception], arg: T) -> ActionResult |
         raise
     except Exception as exc:  # noqa: BLE001 - turned into an outcome by the caller
         return exc
+
+
+# -- the watchdog -----------------------------------------------------------------------------------
+
+DEFAULT_ENGINE_TIMEOUT_S = 300.0
+
+
+class EngineWatchdog:
+    """Polls ``worker.call_started_at``; trips when a call is older than ``timeout_s``."""
+
+    def __init__(self, worker: EngineWorker | None, timeout_s: float, interval_s: float | None = None) -> None:
+        self.worker = worker
+        self.timeout_s = float(timeout_s)
+        # Check often enough that the trip comes within ~10% of the limit, never busier than 20 Hz.
+        self.interval_s = interval_s if interval_s is not None else min(1.0, max(0.05, self.timeout_s / 10))
+        self.trips = 0
+        self._task: asyncio.Task[None] | None = None
+
+    def start(self) -> None:
+        if self.timeout_s > 0 and self.worker is not None:
+            self._task = asyncio.get_running_loop().create_task(self._run(), name="engine-watchdog")
+
+    def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            self._task = None
+
+    def check(self, now: float | None = None) -> bool:
+        """Trip if the running call is over the limit. True when it tripped."""
+        if self.worker is None:
+            return False
+        started = self.worker.call_started_at
+        now = time.monotonic() if now is None else now
+        if started is None or now - started <= self.timeout_s:
+            return False
+        self.trips += 1
+        self.worker.abandon_hung_call(self.timeout_s)
+        return True
+
+    async def _run(self) -> None:
+        while True:
+            await asyncio.sleep(self.interval_s)
+            try:
+                self.check()
+            except Exception:  # noqa: BLE001 - the watchdog must outlive its own bugs
+                logger.exception("engine watchdog check failed")

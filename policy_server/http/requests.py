@@ -39,9 +39,8 @@ from ..sglang.actions import (
 )
 from ..videos.job_store import VideoJobInputs
 from . import codecs as http_codecs
-from .codecs import to_actions
+from .codecs import decode_image_bytes, encoded_image, to_actions, to_image, to_video
 from .errors import ApiError
-from .media_fields import decode_image_bytes, encoded_image, to_image, to_video
 from .schemas import SEED_LIMIT, ActionGenerationParams, VideoCreateParams, normalized_mode
 
 VIDEOS_PATH = "/v1/videos"

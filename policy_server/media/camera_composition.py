@@ -7,17 +7,21 @@ feed the model, and how, follows the view point the model was trained with:
 - ``wrist_view``: the first camera whose name contains ``wrist``;
 - ``ego_view`` and ``third_person_view``: the first camera whose name does not contain ``wrist``.
 
-A single camera is used as it is. (The openpi endpoint maps openpi's own key conventions with an
-operator-set table instead: ``openpi_observation.py``; both compose with :func:`side_by_side`.)
+A single camera is used as it is. (The openpi endpoint and vla-eval's map their clients' camera names
+with an operator-set table instead, each entry a list of :data:`Alternative` s read by
+:func:`camera_alternatives`; all compose with :func:`side_by_side`.)
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
+from typing import Any
 
 import numpy as np
 
 from robot_clients.protocol import ErrorCode, ProtocolError
+
+Alternative = tuple[str, ...]  # camera names, composed side by side when more than one
 
 
 def compose_named(images: Mapping[str, np.ndarray], view_point: str | None) -> np.ndarray:
@@ -57,3 +61,19 @@ def side_by_side(frames: list[np.ndarray]) -> np.ndarray:
         if len(frames_per_clip) != 1:
             raise ProtocolError(ErrorCode.INVALID_IMAGE, "composed camera clips must have the same number of frames")
     return np.ascontiguousarray(np.concatenate(resized, axis=-2))
+
+
+def camera_alternatives(entry: Any, where: str, error: type[ValueError]) -> tuple[Alternative, ...]:
+    """A camera mapping entry as its alternatives, tried in order: one camera name, or a list whose items
+    are names or lists of names. ``error`` is the mapping's own error, raised naming ``where``."""
+    if isinstance(entry, str):
+        entry = [entry]
+    if not isinstance(entry, list) or not entry:
+        raise error(f"{where} must be a camera name or a non-empty list of alternatives")
+    alternatives = []
+    for alternative in entry:
+        names = [alternative] if isinstance(alternative, str) else alternative
+        if not isinstance(names, list) or not names or not all(isinstance(n, str) and n for n in names):
+            raise error(f"{where}: each alternative is a camera name or a list of them, got {alternative!r}")
+        alternatives.append(tuple(names))
+    return tuple(alternatives)

@@ -1,6 +1,6 @@
 """Encoded camera frames (JPEG, PNG, WebP bytes) to uint8 arrays, safely: header first, pixels after.
 
-Robots on slow links send camera frames encoded (:mod:`robot_clients.frame_encoding`). Whatever path
+Robots on slow links send camera frames encoded (:mod:`robot_clients.camera_frames`). Whatever path
 such bytes arrive by (the native protocol, the openpi endpoint, an HTTP msgpack body), they are decoded
 here, so the checks are the same everywhere:
 
@@ -38,7 +38,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 import numpy as np
 
-from cosmos3_runtime.engine_spec import EngineLimits
+from cosmos3_runtime.description import EngineLimits
 from robot_clients.protocol import CodedError, ErrorCode, FrameLimits
 
 if TYPE_CHECKING:  # Pillow is imported when a frame is first decoded

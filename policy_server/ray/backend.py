@@ -40,10 +40,8 @@ from cosmos3_runtime.description import ModelDescription
 from robot_clients.protocol import DropReason
 
 from ..engine.backend import BackendHost
-from ..engine.batching import BackgroundShare, BatchPolicy
-from ..engine.outcome import EngineOutcome
-from ..engine.request_queue import EngineTask, PendingObservation, QueueClosed, RequestQueue
-from ..engine.worker import CounterReadouts, EngineCounters, EngineWorker, WorkerState
+from ..engine.request_queue import EngineOutcome, EngineTask, PendingObservation, QueueClosed, RequestQueue
+from ..engine.worker import BackgroundShare, BatchPolicy, CounterReadouts, EngineCounters, EngineWorker, WorkerState
 from .deployment import EngineLoader, RayBackendSettings, RemoteEngine, ReplicaDeployments, ReplicaIdentity
 from .router import ReplicaRouter
 

@@ -42,7 +42,7 @@ from ray.exceptions import ActorUnavailableError, RayActorError, RayTaskError
 
 from cosmos3_runtime.description import ModelDescription
 
-from ..engine.outcome import EngineLost
+from ..engine.request_queue import EngineLost
 
 logger = logging.getLogger(__name__)
 

@@ -12,8 +12,7 @@ What a session uses::
     recorder.close()
 """
 
-from .recorder import Recorder, RecorderSettings, RecorderState
-from .session_recording import NO_RECORDING, NullSessionRecording, SessionRecording
+from .recorder import NO_RECORDING, NullSessionRecording, Recorder, RecorderSettings, RecorderState, SessionRecording
 from .store import InvalidRecordingName, RecordingInfo, RecordingStore
 
 __all__ = [

@@ -28,8 +28,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
+from .. import durable_files
 from ..videos.encoding import VideoEncodingError, check_mp4_structure
-from . import durable_files
 from .lerobot_format import (
     DATA_PATH,
     EPISODES_PATH,
@@ -50,6 +50,7 @@ from .lerobot_format import (
     numeric_stats,
     tasks_table,
     video_path,
+    write_table,
 )
 
 MIN_SEGMENT_FRAMES = 3
@@ -184,7 +185,7 @@ def assemble(folder: Path) -> AssembledEpisode | None:
         schema=schema,
     )
     (folder / DATA_PATH).parent.mkdir(parents=True, exist_ok=True)
-    durable_files.write_table(folder / DATA_PATH, data)
+    write_table(folder / DATA_PATH, data)
 
     for key in layout.cameras:
         target = folder / video_path(key)
@@ -215,9 +216,9 @@ def assemble(folder: Path) -> AssembledEpisode | None:
             for feature, values in stats.items()
         },
     )
-    durable_files.write_table(folder / TASKS_PATH, tasks_table(tasks))
+    write_table(folder / TASKS_PATH, tasks_table(tasks))
     (folder / EPISODES_PATH).parent.mkdir(parents=True, exist_ok=True)
-    durable_files.write_table(
+    write_table(
         folder / EPISODES_PATH,
         episodes_table(tasks=tasks, frames=frames, fps=fps, video_keys=list(layout.cameras), stats=stats),
     )

@@ -32,9 +32,9 @@ import pyarrow as pa
 
 from robot_clients.client_frames import REQUEST_SETTINGS
 
+from .. import durable_files
 from ..media.camera_composition import side_by_side
 from ..videos.encoding import encode_mp4
-from . import durable_files
 from .assembly import MIN_SEGMENT_FRAMES
 from .events import EpisodeStart, ObservationRecord, RowOutcome
 from .lerobot_format import (
@@ -51,6 +51,7 @@ from .lerobot_format import (
     EpisodeLayout,
     channel_histograms,
     column,
+    write_table,
 )
 from .store import directory_bytes
 
@@ -325,7 +326,7 @@ class EpisodeWriter:
             histograms[key] = channel_histograms(frames[: len(rows)]).tolist()
             encode_mp4(frames, fps, folder / f"{key}.mp4", quality=self.quality)
             del frames
-        durable_files.write_table(folder / SEGMENT_ROWS, self._rows_table(rows))
+        write_table(folder / SEGMENT_ROWS, self._rows_table(rows))
         durable_files.write_json(
             folder / SEGMENT_COMMIT,
             {"frames": len(rows), "video_frames": len(rows) + padding, "histograms": histograms},

@@ -35,11 +35,15 @@ from __future__ import annotations
 import json
 from collections.abc import Mapping
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 import numpy.typing as npt
 import pyarrow as pa
+import pyarrow.parquet as pq
+
+from ..durable_files import replacing
 
 CODEBASE_VERSION = "v3.0"
 # LeRobot's defaults for how many files a chunk folder holds and how big files grow before a new one.
@@ -218,6 +222,16 @@ def column(values: np.ndarray, feature: Mapping[str, Any]) -> pa.Array:
     rows, inner = values.shape[0] * shape[0], shape[1]
     steps = pa.ListArray.from_arrays(pa.array(np.arange(0, rows * inner + 1, inner, dtype=np.int32)), flat)
     return pa.ListArray.from_arrays(pa.array(np.arange(0, rows + 1, shape[0], dtype=np.int32)), steps)
+
+
+def write_table(path: Path, table: pa.Table) -> None:
+    """A Parquet file the way LeRobot writes its own (snappy, dictionary encoding, one row group), whole or
+    absent."""
+    with (
+        replacing(path) as tmp,
+        pq.ParquetWriter(tmp, schema=table.schema, compression="snappy", use_dictionary=True) as writer,
+    ):
+        writer.write_table(table)
 
 
 def tasks_table(tasks: list[str]) -> pa.Table:

@@ -39,9 +39,9 @@ import pyarrow.parquet as pq
 from cosmos3_runtime.requests import ActionRequest
 from robot_clients.client_frames import REQUEST_SETTINGS
 
+from ..durable_files import read_lines
 from ..media.camera_composition import side_by_side
 from .assembly import column_values
-from .durable_files import read_lines
 from .episode_writer import REQUEST_FIELDS
 from .lerobot_format import (
     CODEBASE_VERSION,

@@ -1,23 +1,40 @@
-"""Recording as a feature of the server: the recorder started with it, a recording for each session that
-is recorded, and what ``/healthz`` and ``/metrics`` say about it.
+"""Recording as a feature of the server: its ``--record-*`` options, the recorder started with it, a
+recording for each session that is recorded, and what ``/healthz`` and ``/metrics`` say about it.
 
-The command line attaches a :class:`RecordingFeature` when ``--record-dir`` is set. It starts the
-:class:`~.recorder.Recorder` before the server listens (a directory that cannot be made fails the start),
-tells the server's context how to record a session (:class:`~policy_server.context.SessionRecordings`:
-each recording is a listener of its session's events, :class:`~.session_recording.RecordingListener`),
-and closes the recorder once every session has ended its episode.
+:class:`RecordingOptions` is what ``cosmos3-serve --record-dir DIR`` sets. The command line imports this
+module, and attaches a :class:`RecordingFeature`, only when it is set, so a server that records nothing
+never loads the writer and its video encoder. The feature starts the :class:`~.recorder.Recorder` before
+the server listens (a directory that cannot be made fails the start), tells the server's context how to
+record a session (:class:`~policy_server.context.SessionRecordings`: each recording is a listener of its
+session's events, :class:`~.recorder.RecordingListener`), and closes the recorder once every session has
+ended its episode.
 """
 
 from __future__ import annotations
 
 import asyncio
+from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from ..context import ServerContext, SessionRecordings
-from ..recording_setup import RecordingOptions
 from ..sessions.listener import SessionListener
-from .recorder import Recorder, RecorderSettings
-from .session_recording import RecordingListener
+from .recorder import Recorder, RecorderSettings, RecordingListener
+
+
+@dataclass(frozen=True)
+class RecordingOptions:
+    """Where to record, how much to keep, and which sessions."""
+
+    root: Path
+    max_bytes: int | None = None  # quota of the directory; the oldest recordings are deleted first
+    max_age_s: float | None = None  # retention: recordings older than this are deleted
+    # True: every session is recorded from its first `configure` (a session may opt out with `record: false`);
+    # False: only sessions that opt in (`record: true`, or the dashboard's toggle).
+    every_session: bool = True
+    # How long stopping waits for the writer to publish the last episodes (what it had not committed by
+    # then is recovered at the next start).
+    close_timeout_s: float = 60.0
 
 
 class RecordingFeature:

@@ -32,9 +32,9 @@ from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
 
-from . import durable_files
+from .. import durable_files
+from ..durable_files import TMP_SUFFIX, fsync_dir
 from .assembly import assemble
-from .durable_files import TMP_SUFFIX, fsync_dir
 from .lerobot_format import SEGMENTS_DIR, SESSION_JSON
 
 logger = logging.getLogger(__name__)

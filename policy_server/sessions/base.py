@@ -29,8 +29,7 @@ from robot_clients.client_frames import ObservationFrame
 from robot_clients.protocol import DropReason, ErrorCode, ProtocolError, SessionState
 
 from ..context import ServerContext
-from ..engine.outcome import EngineOutcome
-from ..engine.request_queue import PendingObservation, QueueClosed
+from ..engine.request_queue import EngineOutcome, PendingObservation, QueueClosed
 from .config import SessionConfig
 from .controls import ControlError, ControlErrorCode, OperatorControl
 from .frame_decoding import DecodeSlot

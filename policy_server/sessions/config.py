@@ -17,8 +17,7 @@ from typing import Any, Literal
 
 import numpy as np
 
-from cosmos3_runtime.description import ModelDescription
-from cosmos3_runtime.engine_spec import RequestDefaults
+from cosmos3_runtime.description import ModelDescription, RequestDefaults
 from cosmos3_runtime.profiles import PolicyProfile
 from cosmos3_runtime.requests import ActionRequest, ActionResult
 from robot_clients.client_frames import REQUEST_SETTINGS, SETTINGS_BY_NAME, ObservationFrame

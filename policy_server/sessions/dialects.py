@@ -4,7 +4,7 @@ Other clients than ours speak on the robots' path: SGLang's lock-step clients (a
 ``type``, ``policy_server.sglang.lockstep_session``). Whoever assembles the server (``policy_server.cli``)
 hands it the dialects it serves; the core names none of them. A client that must not be greeted with the
 native ``metadata`` frame (one that speaks first and reads only its own frames) gets a path of its own
-instead (:mod:`policy_server.endpoints`).
+instead (:class:`policy_server.routes.SessionEndpoint`).
 
 The contract of a :class:`Dialect`:
 

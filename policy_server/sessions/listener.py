@@ -3,7 +3,7 @@
 A session notifies each of its :class:`SessionListener` objects of what happens to it, instead of calling
 the features that care inline. The listeners today: the session's telemetry for the dashboard
 (:class:`~policy_server.sessions.telemetry.SessionTelemetry`) and its recording
-(``policy_server.recording.session_recording.RecordingListener``, attached only when recording is on,
+(``policy_server.recording.recorder.RecordingListener``, attached only when recording is on,
 so a server that records nothing never loads the recorder). A listener overrides the events it wants;
 the others do nothing.
 

@@ -43,8 +43,7 @@ from robot_clients.protocol import (
 from robot_clients.wire_codec import WireFormatError, packb, unpackb
 
 from ..context import ServerContext
-from ..engine.outcome import EngineOutcome
-from ..engine.request_queue import PendingObservation
+from ..engine.request_queue import EngineOutcome, PendingObservation
 from ..media.media_check import canvas_side
 from ..metadata import native_metadata
 from .base import Session

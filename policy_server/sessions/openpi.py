@@ -40,8 +40,7 @@ from robot_clients.protocol import CodedError, DropReason, ErrorCode, ProtocolEr
 from robot_clients.wire_codec import WireFormatError, packb, unpackb
 
 from ..context import ServerContext
-from ..engine.outcome import EngineOutcome
-from ..engine.request_queue import PendingObservation
+from ..engine.request_queue import EngineOutcome, PendingObservation
 from ..log_hygiene import printable
 from ..media.media_check import canvas_side
 from ..metadata import openpi_metadata

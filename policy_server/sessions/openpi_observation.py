@@ -53,7 +53,7 @@ from typing import Any
 import numpy as np
 
 from cosmos3_runtime.description import ModelDescription
-from cosmos3_runtime.profiles import PolicyProfile
+from cosmos3_runtime.profiles import VIEW_POINTS, PolicyProfile
 from robot_clients.client_frames import (
     REQUEST_SETTINGS,
     SESSION_SETTINGS,
@@ -66,12 +66,8 @@ from robot_clients.client_frames import (
 )
 from robot_clients.protocol import ErrorCode, FrameLimits, ProtocolError
 
-from ..media.camera_composition import side_by_side
+from ..media.camera_composition import Alternative, camera_alternatives, side_by_side
 from .config import SessionConfig, check_state, merge_session_config
-
-VIEW_POINTS = ("ego_view", "third_person_view", "wrist_view", "concat_view")
-
-Alternative = tuple[str, ...]  # camera keys, composed side by side when more than one
 
 # The conventions in use, for detection (logs, metadata) and for the docs; the mapping does the work.
 CONVENTIONS: dict[str, dict[str, tuple[str, ...]]] = {
@@ -163,7 +159,7 @@ class CameraMapping:
                 raise CameraMappingError(
                     f"{where}: unknown view point {view_point!r}; expected one of {', '.join(VIEW_POINTS)}"
                 )
-            views[view_point] = _alternatives(entry, f"{where}: {view_point}")
+            views[view_point] = camera_alternatives(entry, f"{where}: {view_point}", CameraMappingError)
         return cls(views)
 
     def alternatives(self, view_point: str) -> tuple[Alternative, ...]:
@@ -176,22 +172,6 @@ class CameraMapping:
         """Every camera key this mapping or a known convention names (used by some view point)."""
         keys = {key for alts in self.views.values() for alt in alts for key in alt}
         return keys | {key for convention in CONVENTIONS.values() for key in convention["cameras"]}
-
-
-def _alternatives(entry: Any, where: str) -> tuple[Alternative, ...]:
-    if isinstance(entry, str):
-        entry = [entry]
-    if not isinstance(entry, list) or not entry:
-        raise CameraMappingError(f"{where} must be a camera key or a non-empty list of alternatives")
-    alternatives = []
-    for alternative in entry:
-        keys = [alternative] if isinstance(alternative, str) else alternative
-        if not isinstance(keys, list) or not keys or not all(isinstance(k, str) and k for k in keys):
-            raise CameraMappingError(
-                f"{where}: each alternative must be a camera key or a list of camera keys, got {alternative!r}"
-            )
-        alternatives.append(tuple(keys))
-    return tuple(alternatives)
 
 
 @dataclass

@@ -1,47 +1,137 @@
 """SGLang's lock-step clients on ``/v1/actions/realtime``: a dialect of the robots' path, one request
 envelope in, one reply envelope out.
 
-:data:`SGLANG_DIALECT` is registered by the command line (``policy_server.cli``) as one of the path's
-dialects (:mod:`policy_server.sessions.dialects`). The path's native session sends the metadata frame,
-to which this dialect adds SGLang's keys (:func:`sglang_keys`), and reads the client's first frame. A map
-without ``type`` that is SGLang's request envelope (:func:`policy_server.sglang.realtime.connection_mode`)
-is claimed: the connection is handed over to a :class:`SglangLockstepSession`, which serves that frame
-and every later one SGLang's way:
+One path serves two protocols. :data:`SGLANG_DIALECT` is registered by the command line
+(``policy_server.cli``) as one of the path's dialects (:mod:`policy_server.sessions.dialects`). The path's
+native session sends the metadata frame, to which this dialect adds SGLang's keys (:func:`sglang_keys`,
+merged by :func:`policy_server.sglang.metadata.merge_metadata`), because an SGLang client reads the
+metadata before it sends anything. The client's first frame then decides (:func:`connection_mode`): a map
+with ``type`` stays our native protocol v1, unchanged (a frame without ``type`` that is not SGLang's
+envelope still gets ``unknown_type`` there); a map without ``type`` that is SGLang's request envelope
+(``input``, ``parameters``, ...) is claimed: the connection is handed over to a
+:class:`SglangLockstepSession`, which serves that frame and every later one SGLang's way:
 
 * each binary msgpack frame is one envelope (:mod:`policy_server.sglang.actions`: a batch of images, or
   several candidates, is several engine requests, which share this connection's one turn in the queue);
-* its answer is SGLang's reply envelope with ``server_timing: {infer_ms, prev_total_ms}``
-  (:class:`policy_server.sglang.realtime.LockstepSession` keeps that state);
+* its answer is SGLang's reply envelope (``output_format`` defaults to ``numpy``, as in SGLang) with
+  ``server_timing: {infer_ms, prev_total_ms}``: the time to answer this request, and the previous
+  request's whole round, from when the server began waiting for it until its reply was sent (absent on
+  the first);
 * a wrong frame, or one the engine refuses, is answered ``{"error": {"code", "message", "field"}}``
   without a traceback, and the connection stays open (SGLang sends a traceback and closes with 1011).
 
-Lock-step means the client waits for each answer before it sends the next request, as SGLang's clients
-do. A frame that arrives while a request is still being answered is refused (``rate_limited``), not
-queued: the connection holds at most one request's items in the engine's queue.
+The mode's state is sans-I/O (:class:`LockstepSession`: frames in, replies out, the caller tells it the
+time); the session around it does the I/O. Lock-step means the client waits for each answer before it
+sends the next request, as SGLang's clients do. A frame that arrives while a request is still being
+answered is refused (``rate_limited``), not queued: the connection holds at most one request's items in
+the engine's queue.
 """
 
 from __future__ import annotations
 
 import time
+from collections.abc import Sequence
 from typing import Any
 
 from websockets.asyncio.server import ServerConnection
 
+from cosmos3_runtime.description import ModelDescription
+from cosmos3_runtime.requests import ActionResult
 from robot_clients.protocol import CodedError, DropReason, ErrorCode, ProtocolError
-from robot_clients.wire_codec import packb
+from robot_clients.wire_codec import WireFormatError, packb, unpackb
 
 from ..context import ServerContext
-from ..engine.outcome import EngineOutcome
-from ..engine.request_queue import PendingObservation, QueueClosed
+from ..engine.request_queue import EngineOutcome, PendingObservation, QueueClosed
 from ..http.errors import ApiError, HttpErrorCode
 from ..http.requests import item_requests
 from ..sessions.base import Session
 from ..sessions.config import SessionConfig
 from ..sessions.dialects import FirstFrame
 from ..sessions.observation_rules import ChunkReply
-from .actions import ActionCall
+from .actions import ActionCall, build_reply, is_sglang_envelope, parse_action_envelope
 from .metadata import merge_metadata, sglang_metadata
-from .realtime import SGLANG, LockstepSession, connection_mode
+
+NATIVE = "native"
+SGLANG = "sglang"
+
+
+def connection_mode(first_frame: Any) -> str:
+    """:data:`SGLANG` if a connection's first decoded frame is SGLang's envelope without ``type``."""
+    if isinstance(first_frame, dict) and "type" not in first_frame and is_sglang_envelope(first_frame):
+        return SGLANG
+    return NATIVE
+
+
+class LockstepSession:
+    """The state of one lock-step connection: frames in, replies and errors out, no I/O.
+
+    Use: ``call = session.receive(frame, now)`` (raises :class:`ApiError`), build the engine requests
+    from ``call.items``, then send ``session.reply(...)`` or ``session.error(exc)`` and call
+    ``session.sent(now)`` once the frame is out. One request at a time: the caller reads the next frame
+    only after answering this one, as SGLang does.
+    """
+
+    def __init__(self, description: ModelDescription, *, max_items: int, started_at: float) -> None:
+        self._description = description
+        self._max_items = max_items
+        self._waiting_since = started_at
+        self._prev_total_ms: float | None = None
+        self._answered = False
+
+    def receive(self, frame: bytes | bytearray | memoryview | str | dict[str, Any], now: float) -> ActionCall:
+        """Check one client frame (raw bytes, or the first frame already decoded) into an :class:`ActionCall`."""
+        if isinstance(frame, str):
+            raise ApiError(ErrorCode.BAD_FRAME, "SGLang's lock-step mode takes binary msgpack frames, got a text frame")
+        if isinstance(frame, (bytes, bytearray, memoryview)):
+            try:
+                frame = unpackb(frame)
+            except WireFormatError as exc:
+                raise ApiError(
+                    ErrorCode.BAD_FRAME, f"the frame is not valid msgpack: {exc.message}", exc.field
+                ) from None
+        if not isinstance(frame, dict):
+            raise ApiError(ErrorCode.BAD_FRAME, f"a frame must be a msgpack map, got {type(frame).__name__}")
+        if "type" in frame:
+            raise ApiError(
+                ErrorCode.INVALID_FIELD,
+                "this connection speaks SGLang's lock-step protocol (its first "
+                "frame had no `type`); send protocol v1 frames on a new connection",
+                "type",
+            )
+        return parse_action_envelope(frame, self._description, max_items=self._max_items, msgpack_reply=True)
+
+    def reply(
+        self,
+        call: ActionCall,
+        chunks: Sequence[ActionResult],
+        *,
+        infer_ms: float,
+        model: str | None,
+        prefix_cache_hit: bool | None = None,
+    ) -> bytes:
+        """The reply frame for ``call``: SGLang's envelope (or raw form) with ``server_timing``."""
+        body = build_reply(call, chunks, model=model, prefix_cache_hit=prefix_cache_hit)
+        timing = {"infer_ms": float(infer_ms)}
+        if self._prev_total_ms is not None:
+            timing["prev_total_ms"] = self._prev_total_ms
+        body["server_timing"] = timing
+        self._answered = True
+        return packb(body)
+
+    def error(self, error: ApiError) -> bytes:
+        """The error frame: our one error shape, no traceback; the connection stays open."""
+        self._answered = False
+        return packb(error.body())
+
+    def sent(self, now: float) -> None:
+        """The frame built last went out at ``now`` (monotonic seconds)."""
+        if self._answered:
+            self._prev_total_ms = (now - self._waiting_since) * 1e3
+        self._answered = False
+        self._waiting_since = now
+
+
+# -- the dialect and its session ---------------------------------------------------------------------
 
 
 def sglang_keys(context: ServerContext[Any]) -> dict[str, Any]:

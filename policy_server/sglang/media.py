@@ -8,7 +8,7 @@ SGLang takes an observation image as:
 * a list of any of these, an array of shape B×H×W×3, or a ``values`` payload of that shape: a batch;
 * a plain string, which SGLang reads as a file path or URL on the server.
 
-Our codecs (:mod:`policy_server.http.media_fields`) decode base64 strings, encoded bytes, nested lists,
+Our codecs (:mod:`policy_server.http.codecs`) decode base64 strings, encoded bytes, nested lists,
 uint8 arrays and uploads, and check sizes against the model before any pixel is decoded. So this module
 only unwraps SGLang's containers and splits batches; the pixels are checked where every other request's
 are. Two things are refused here: strings that name a path or URL (the server never reads its own files
@@ -130,7 +130,7 @@ def _container(value: dict[str, Any], path: str) -> Any:
 
 
 def _single(value: Any, path: str) -> Any:
-    """One image in a form :func:`policy_server.http.media_fields.to_image` decodes (it checks the pixels)."""
+    """One image in a form :func:`policy_server.http.codecs.to_image` decodes (it checks the pixels)."""
     if isinstance(value, str):
         return refuse_paths(value, path)
     if isinstance(value, dict):
@@ -176,7 +176,7 @@ def image_batch(value: Any, path: str, *, max_items: int) -> list[tuple[Any, str
 
 
 def video_clip(value: Any, path: str) -> Any:
-    """One clip in a form :func:`policy_server.http.media_fields.to_video` decodes: frames, not a file."""
+    """One clip in a form :func:`policy_server.http.codecs.to_video` decodes: frames, not a file."""
     if isinstance(value, str):
         refuse_paths(value, path)  # a path or URL is refused; anything else is not a clip either
         raise _refuse(

@@ -46,7 +46,6 @@ import errno
 import io
 import json
 import logging
-import os
 import re
 import shutil
 import sqlite3
@@ -58,6 +57,8 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+
+from ..durable_files import write_folder
 
 logger = logging.getLogger(__name__)
 
@@ -174,22 +175,6 @@ def new_job_id() -> str:
     return JOB_ID_PREFIX + uuid.uuid4().hex
 
 
-def fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def write_durably(path: Path, data: bytes) -> None:
-    """Write ``data`` and fsync it; a full disk raises OSError(ENOSPC) here (numpy's writer hid it)."""
-    with open(path, "wb") as handle:
-        handle.write(data)
-        handle.flush()
-        os.fsync(handle.fileno())
-
-
 def npy_bytes(array: np.ndarray) -> bytes:
     buffer = io.BytesIO()
     np.save(buffer, array, allow_pickle=False)
@@ -235,16 +220,6 @@ def input_files(inputs: VideoJobInputs) -> dict[str, bytes]:
     """The files a job's inputs are kept in, by name: the first frame and the actions (T×D float32)."""
     image_name, image_data = image_file(inputs)
     return {image_name: image_data, ACTION_FILE: npy_bytes(np.ascontiguousarray(inputs.action, dtype=np.float32))}
-
-
-def write_folder(staging: Path, final: Path, files: dict[str, bytes]) -> None:
-    """Write ``files`` into ``staging``, fsync them, and rename the folder to ``final`` (durably)."""
-    staging.mkdir()
-    for name, data in files.items():
-        write_durably(staging / name, data)
-    fsync_dir(staging)
-    os.replace(staging, final)
-    fsync_dir(final.parent)
 
 
 def has_inputs(folder: Path) -> bool:

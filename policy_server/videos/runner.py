@@ -4,7 +4,7 @@
 :class:`~policy_server.videos.job_store.VideoJobStore`, hands it to the engine worker as a
 :class:`VideoRolloutTask` in the request queue's background lane (which the worker serves while no
 observation waits, and under robot load one step per ``--video-step-interval-s``: see
-:class:`~policy_server.engine.batching.BackgroundShare`), and when the frames come back encodes the MP4
+:class:`~policy_server.engine.worker.BackgroundShare`), and when the frames come back encodes the MP4
 on a helper thread (never on the engine worker, which goes straight back to robots) and records the
 outcome. Only one job is in the queue at a time; the rest wait in SQLite, so a backlog of jobs costs no
 memory and survives restarts.
@@ -42,8 +42,7 @@ from cosmos3_runtime.requests import VideoRequest
 from robot_clients.protocol import CodedError, ErrorCode
 
 from ..engine.backend import QueueLike
-from ..engine.outcome import EngineLost, engine_failure
-from ..engine.request_queue import EngineTask, QueueClosed, TaskOwner, queued_for_s
+from ..engine.request_queue import EngineLost, EngineTask, QueueClosed, TaskOwner, engine_failure, queued_for_s
 from ..metrics import ServerMetrics
 from .encoding import VideoEncodingError, encode_mp4
 from .job_store import JobNotFound, VideoJob, VideoJobStore, disk_full

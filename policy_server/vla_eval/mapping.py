@@ -39,11 +39,9 @@ from cosmos3_runtime.profiles import PolicyProfile
 from robot_clients.client_frames import check_image_size, parse_state
 from robot_clients.protocol import ErrorCode, FrameLimits, ProtocolError
 
-from ..media.camera_composition import side_by_side
+from ..media.camera_composition import Alternative, camera_alternatives, side_by_side
 from ..sessions.config import check_state
 from .frames import image_of
-
-Alternative = tuple[str, ...]
 
 SINGLE_VIEWS: tuple[Alternative, ...] = (
     ("agentview",),
@@ -109,7 +107,7 @@ class ObservationMapping:
                 raise MappingFileError(
                     f"{where}: unknown view point {view!r}; expected one of {', '.join(DEFAULT_CAMERAS)}"
                 )
-            cameras[view] = _alternatives(entry, f"{where}: cameras.{view}")
+            cameras[view] = camera_alternatives(entry, f"{where}: cameras.{view}", MappingFileError)
         params = data.get("observation_params", {})
         if not isinstance(params, dict):
             raise MappingFileError(f"{where}: `observation_params` must be an object")
@@ -134,20 +132,6 @@ def _names(entry: Any, where: str) -> tuple[str, ...]:
     if not isinstance(entry, list) or not all(isinstance(name, str) and name for name in entry):
         raise MappingFileError(f"{where} must be a list of keys")
     return tuple(entry)
-
-
-def _alternatives(entry: Any, where: str) -> tuple[Alternative, ...]:
-    if isinstance(entry, str):
-        entry = [entry]
-    if not isinstance(entry, list) or not entry:
-        raise MappingFileError(f"{where} must be a camera name or a non-empty list of alternatives")
-    alternatives = []
-    for alternative in entry:
-        names = [alternative] if isinstance(alternative, str) else alternative
-        if not isinstance(names, list) or not names or not all(isinstance(n, str) and n for n in names):
-            raise MappingFileError(f"{where}: each alternative is a camera name or a list of them, got {alternative!r}")
-        alternatives.append(tuple(names))
-    return tuple(alternatives)
 
 
 @dataclass

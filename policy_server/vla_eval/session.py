@@ -38,8 +38,7 @@ from robot_clients.client_frames import ObservationFrame
 from robot_clients.protocol import DropReason, ErrorCode, ProtocolError
 
 from ..context import ServerContext
-from ..engine.outcome import EngineOutcome
-from ..engine.request_queue import PendingObservation
+from ..engine.request_queue import EngineOutcome, PendingObservation
 from ..log_hygiene import printable
 from ..sessions.base import Session
 from ..sessions.config import SessionConfig, observation_request

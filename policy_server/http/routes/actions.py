@@ -22,8 +22,7 @@ from cosmos3_runtime.requests import ActionRequest, ActionResult
 from robot_clients.protocol import DropReason
 from robot_clients.wire_codec import packb
 
-from ...engine.outcome import EngineOutcome
-from ...engine.request_queue import PendingObservation, QueueClosed
+from ...engine.request_queue import EngineOutcome, PendingObservation, QueueClosed
 from ...sessions.config import settings_used
 from ...sglang.actions import build_reply
 from .. import codecs as http_codecs

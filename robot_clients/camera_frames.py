@@ -1,7 +1,8 @@
-"""The size to send a camera frame at, so the server neither resizes it nor receives pixels it discards.
+"""Camera frames as the robot sends them: at the size the server conditions on, and encoded as JPEG, WebP
+or PNG bytes.
 
-The server brings every frame to its resolution tier's canvas (``cosmos3_runtime.frame_preprocessing``,
-which follows diffusers' Cosmos3 pipeline):
+**Sizing.** The server brings every frame to its resolution tier's canvas
+(``cosmos3_runtime.frame_preprocessing``, which follows diffusers' Cosmos3 pipeline):
 
 1. each side is snapped down to a multiple of 16 (nearest-neighbour);
 2. the tier's canvas whose aspect ratio (height / width) is closest to the frame's is picked;
@@ -13,17 +14,33 @@ A 480×640 camera at tier 256 lands on the 256×320 canvas as 240×320 of conten
 pixels the robot sent are thrown away by the shrink. Sending the frame at :func:`send_size` instead
 (here 240×320) makes step 3 a no-op on the server, and :func:`resize_frame` does that shrink on the
 robot with the server's own filter, so the model sees the same conditioning pixels (within rounding to
-uint8) from a quarter of the bytes.
+uint8) from a quarter of the bytes. The canvases come from the server's metadata frame (``canvases``: for
+each tier, a list of ``{"aspect_ratio", "height", "width"}``); :func:`canvas_bins` reads them. Only numpy
+is needed for this.
 
-The canvases come from the server's metadata frame (``canvases``: for each tier, a list of ``{"aspect_ratio",
-"height", "width"}``); :func:`canvas_bins` reads them. Only numpy is needed: this runs on the robot.
+**Encoding.** A 480×640 RGB frame is 921,600 bytes raw; as JPEG at quality 90 it is a few tens of KB, and
+shrunk to the canvas first, less again. Both protocols take these bytes where they take a raw array:
+``"image": <bytes>``, a clip as a list of them, a named camera as ``"images": {"wrist": <bytes>}``.
+Encoding needs Pillow, which is not a dependency of the robot install (numpy, msgpack and websockets
+only). Install it with the ``images`` extra::
+
+    pip install 'cosmos3-policy-server[images]'
+
+It is imported the first time a frame is encoded; without it, :func:`encode_frame` raises
+:class:`ImageEncodingUnavailable` saying what to install. Raw frames never need it.
+
+Which format: JPEG (quality 75-90) is the robot's choice: it encodes a 480×640 frame in a few
+milliseconds. WebP is smaller at equal quality but costs several times the CPU to encode (we use
+libwebp's fastest method); PNG is lossless and large, for when pixels must arrive exactly.
 """
 
 from __future__ import annotations
 
 import functools
+import io
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from types import ModuleType
 from typing import Any
 
 import numpy as np
@@ -37,6 +54,11 @@ __all__ = [
     "send_size",
     "resize_frame",
     "fit_to_canvas",
+    "ImageEncoding",
+    "ImageEncodingUnavailable",
+    "encode_frame",
+    "encode_clip",
+    "IMAGE_FORMATS",
 ]
 
 # Every Cosmos3 VAE downsamples by 16: the server snaps frame sides to multiples of it.
@@ -217,3 +239,74 @@ def _cubic(x: np.ndarray, a: float = -0.5) -> np.ndarray:
     near = ((a + 2) * x - (a + 3)) * x * x + 1
     far = ((a * x - 5 * a) * x + 8 * a) * x - 4 * a
     return np.where(x < 1, near, np.where(x < 2, far, 0.0))
+
+
+# -- encoding --------------------------------------------------------------------------------------
+
+
+IMAGE_FORMATS = ("jpeg", "webp", "png")
+_PIL_FORMATS = {"jpeg": "JPEG", "webp": "WEBP", "png": "PNG"}
+
+
+class ImageEncodingUnavailable(ImportError):
+    """Pillow is not installed on this machine, so frames cannot be encoded here (raw frames still work)."""
+
+
+@dataclass(frozen=True)
+class ImageEncoding:
+    """How to put a frame on the wire: ``format`` is ``"jpeg"``, ``"webp"`` or ``"png"``.
+
+    ``quality`` (1-100) applies to JPEG and WebP; PNG is lossless and ignores it. ``size`` (height,
+    width), when set, shrinks every frame to it first (usually :func:`send_size`
+    of the served tier, so the server receives only the pixels it conditions on).
+    """
+
+    format: str = "jpeg"
+    quality: int = 90
+    size: tuple[int, int] | None = None
+
+    def __post_init__(self) -> None:
+        if self.format not in IMAGE_FORMATS:
+            raise ValueError(f"image format must be one of {', '.join(IMAGE_FORMATS)}, got {self.format!r}")
+        if isinstance(self.quality, bool) or not isinstance(self.quality, int) or not 1 <= self.quality <= 100:
+            raise ValueError(f"image quality must be an integer from 1 to 100, got {self.quality!r}")
+        if self.size is not None and (len(self.size) != 2 or min(self.size) < 1):
+            raise ValueError(f"image size must be (height, width) in pixels, got {self.size!r}")
+
+
+def _pillow() -> ModuleType:
+    try:
+        from PIL import Image
+    except ImportError:
+        raise ImageEncodingUnavailable(
+            "encoding camera frames as JPEG/WebP/PNG needs Pillow, which the robot install leaves out: "
+            "pip install 'cosmos3-policy-server[images]' (or pip install pillow), or send raw frames"
+        ) from None
+    return Image
+
+
+def encode_frame(frame: np.ndarray, encoding: ImageEncoding) -> bytes:
+    """An H×W×3 uint8 RGB frame as ``encoding.format`` bytes (shrunk to ``encoding.size`` first if set)."""
+    if not isinstance(frame, np.ndarray) or frame.dtype != np.uint8 or frame.ndim != 3 or frame.shape[-1] != 3:
+        raise ValueError(
+            f"expected an H×W×3 uint8 RGB frame, got {getattr(frame, 'dtype', type(frame).__name__)} "
+            f"{getattr(frame, 'shape', '')}"
+        )
+    Image = _pillow()
+    if encoding.size is not None and tuple(encoding.size) != frame.shape[:2]:
+        frame = resize_frame(frame, *encoding.size)
+    options: dict[str, object] = {}
+    if encoding.format == "jpeg":
+        options = {"quality": encoding.quality}
+    elif encoding.format == "webp":
+        options = {"quality": encoding.quality, "method": 0}  # libwebp's fastest: a robot encodes every tick
+    else:
+        options = {"compress_level": 1}  # lossless either way; level 1 is several times faster than 6
+    buffer = io.BytesIO()
+    Image.fromarray(np.ascontiguousarray(frame)).save(buffer, _PIL_FORMATS[encoding.format], **options)
+    return buffer.getvalue()
+
+
+def encode_clip(frames: np.ndarray | Sequence[np.ndarray], encoding: ImageEncoding) -> list[bytes]:
+    """A T×H×W×3 uint8 clip as a list of encoded frames (the form a clip takes on the wire)."""
+    return [encode_frame(frame, encoding) for frame in frames]

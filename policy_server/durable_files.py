@@ -1,9 +1,10 @@
-"""Files that are either whole or absent: write under a temporary name, flush to disk, rename.
+"""Files and folders that are either whole or absent: write under a temporary name, flush to disk, rename.
 
-A recording must survive ``SIGKILL`` and power loss without leaving a file that breaks a reader. Every
-file the recorder writes goes through here: the bytes land in ``NAME.tmp`` in the same directory,
-are fsynced, and replace ``NAME`` with one ``rename`` (atomic on POSIX); the directory is fsynced so the
-rename itself is durable. A crash leaves at worst a stray ``.tmp`` file, which recovery removes.
+A recording or a video job must survive ``SIGKILL`` and power loss without leaving a file that breaks a
+reader. Every file the recorder writes goes through here: the bytes land in ``NAME.tmp`` in the same
+directory, are fsynced, and replace ``NAME`` with one ``rename`` (atomic on POSIX); the directory is
+fsynced so the rename itself is durable. A crash leaves at worst a stray ``.tmp`` file, which recovery
+removes. A video job's inputs are a folder made the same way (:func:`write_folder`).
 
 Appends (the episode's event log) cannot be atomic; :func:`append_line` writes whole lines and readers
 ignore a last line without its newline.
@@ -18,9 +19,6 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, TextIO
-
-import pyarrow as pa
-import pyarrow.parquet as pq
 
 TMP_SUFFIX = ".tmp"
 
@@ -59,13 +57,18 @@ def write_json(path: Path, value: Any) -> None:
     write_bytes(path, json.dumps(value, indent=4, ensure_ascii=False).encode())
 
 
-def write_table(path: Path, table: pa.Table) -> None:
-    """A Parquet file the way LeRobot writes its own: snappy, dictionary encoding, one row group."""
-    with (
-        replacing(path) as tmp,
-        pq.ParquetWriter(tmp, schema=table.schema, compression="snappy", use_dictionary=True) as writer,
-    ):
-        writer.write_table(table)
+def write_folder(staging: Path, final: Path, files: dict[str, bytes]) -> None:
+    """Write ``files`` into ``staging``, fsync them, and rename the folder to ``final`` (durably). A full
+    disk raises OSError(ENOSPC) here."""
+    staging.mkdir()
+    for name, data in files.items():
+        with open(staging / name, "wb") as handle:
+            handle.write(data)
+            handle.flush()
+            os.fsync(handle.fileno())
+    fsync_dir(staging)
+    os.replace(staging, final)
+    fsync_dir(final.parent)
 
 
 def append_line(handle: TextIO, line: str) -> None:
