@@ -65,3 +65,25 @@ def test_a_third_party_simulator_runs_unchanged_in_closed_loop(server, preset):
     for episode in out["episodes"]:
         assert isinstance(episode["success"], bool)
         assert 1 <= episode["steps"] <= 12 and (episode["steps"] == 12 or episode["success"])
+
+
+def test_a_simulators_own_expert_is_recorded_as_a_lerobot_dataset(tmp_path):
+    """``cosmos3-gym-demos``: MetaWorld's scripted drawer-close policy, run in its virtualenv, becomes a
+    dataset ``cosmos3-train`` reads, whose state is the hand and gripper only (never the drawer)."""
+    pytest.importorskip("pyarrow")
+    from cosmos3_runtime.lerobot_dataset import read_dataset
+    from policy_server.recording.demonstrations import collect_gym
+
+    python = bridge_python("metaworld-reach")
+    os.environ.setdefault("MUJOCO_GL", "egl")
+    summary = collect_gym(tmp_path / "demos", "metaworld-drawer-close", str(python), episodes=1, seed=1000, fps=10)
+    assert summary["episodes"] == 1 and summary["expert_success"] == 1.0
+    data = read_dataset(tmp_path / "demos")
+    (episode,) = data.episodes
+    frames = len(episode.images)
+    assert 20 < frames < 150 and data.fps == 10 and episode.task == "close the drawer"
+    assert episode.images.shape[1:] == (128, 128, 3) and episode.images.dtype.name == "uint8"
+    assert episode.state.shape == (frames, 4) and episode.actions.shape == (frames, 4)
+    assert abs(episode.actions).max() <= 1.0 and episode.images.std() > 0
+    hand_travel = abs(episode.state[-1, :3] - episode.state[0, :3]).max()
+    assert hand_travel > 0.05  # the hand moved to the drawer and pushed it shut
