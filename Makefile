@@ -35,7 +35,7 @@ BROWSER_PACKAGES := chromium
 NET_PACKAGES := iproute2
 
 
-.PHONY: lint demo reach-policy test test-slow install clean system-deps test-system-deps net-system-deps bench-gpu bench-gpu-smoke gpu-wheels
+.PHONY: lint demo reach-policy drawer-policy test test-slow install clean system-deps test-system-deps net-system-deps bench-gpu bench-gpu-smoke gpu-wheels
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -102,17 +102,30 @@ demo: $(STAMP) $(LEROBOT_STAMP) system-deps
 	$(VENV)/bin/cosmos3-demo-mujoco --record-dir demo-output/recordings
 	$(LEROBOT_VENV)/bin/python tests/lerobot_dataset_script.py --out demo-output/lerobot-read.npz demo-output/recordings/2*
 
-# The reach policy from nothing: scripted demonstrations (a LeRobot dataset), then cosmos3-train on them
-# (a tiny Cosmos3 drawn here, 2 CPU threads), then the checkpoint is copied to assets/reach_policy (the one the
+# The reach policy from nothing: scripted demonstrations (a LeRobot dataset; 16 ticks each, so most frames
+# are of the reach itself, where only the camera tells the goal, not of the arm holding still), then
+# cosmos3-train on them (a tiny Cosmos3 drawn here, width 128, 2 CPU threads), then the checkpoint is copied to assets/reach_policy (the one the
 # demo serves) without its optimizer state. docs/training.md has the figures.
-REACH_TRAIN_STEPS ?= 6500
+REACH_TRAIN_STEPS ?= 3000
 reach-policy: $(STAMP) system-deps
 	rm -rf build/reach-demos build/reach-policy
-	$(VENV)/bin/cosmos3-reach-demos build/reach-demos --episodes 200 --seed 1000
-	$(VENV)/bin/cosmos3-train build/reach-demos --out build/reach-policy --steps $(REACH_TRAIN_STEPS) --threads 2
+	$(VENV)/bin/cosmos3-reach-demos build/reach-demos --episodes 350 --episode-steps 16 --seed 1000
+	$(VENV)/bin/cosmos3-train build/reach-demos --out build/reach-policy --hidden-size 128 \
+		--steps $(REACH_TRAIN_STEPS) --threads 2
 	rm -rf assets/reach_policy
 	cp -r build/reach-policy assets/reach_policy
 	rm -f assets/reach_policy/training_state.pt assets/reach_policy/training_latents.pt
+
+# A MetaWorld policy from nothing: MetaWorld's own scripted drawer-close policy, run through the gym bridge
+# in .venv-metaworld, recorded as a LeRobot dataset (the drawer's place only in the camera), then
+# cosmos3-train. `benchmarks/third_party_sims.py --model build/drawer-policy` measures it (docs/training.md).
+DRAWER_TRAIN_STEPS ?= 3000
+drawer-policy: $(STAMP) $(METAWORLD_STAMP) system-deps
+	rm -rf build/drawer-demos build/drawer-policy
+	MUJOCO_GL=egl $(VENV)/bin/cosmos3-gym-demos build/drawer-demos --preset metaworld-drawer-close \
+		--python $(METAWORLD_VENV)/bin/python --episodes 100 --seed 1000
+	$(VENV)/bin/cosmos3-train build/drawer-demos --out build/drawer-policy --domain metaworld_drawer_close \
+		--hidden-size 128 --steps $(DRAWER_TRAIN_STEPS) --threads 2
 
 # The rules tools hold: ruff's format and lint at 120 columns, mypy --strict over the rooms pyproject.toml names.
 lint: $(STAMP)

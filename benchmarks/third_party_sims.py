@@ -37,6 +37,7 @@ def main() -> int:
     parser.add_argument("--model", default=None, help="a trained checkpoint (default: random tiny weights)")
     parser.add_argument("--seed", type=int, default=0, help="first episode's seed (task variations too)")
     parser.add_argument("--chunk-steps", type=int, default=None, help="actions executed per chunk")
+    parser.add_argument("--black-image", action="store_true", help="ablation: send all-black camera frames")
     args = parser.parse_args()
     weights = "trained" if args.model else "random weights"
     server = ServerSubprocess(
@@ -68,6 +69,8 @@ def main() -> int:
             ]
             if args.chunk_steps:
                 command += ["--chunk-steps", str(args.chunk_steps)]
+            if args.black_image:
+                command.append("--black-image")
             done = subprocess.run(command, capture_output=True, text=True, env=env)
             if done.returncode != 0:
                 print(done.stderr[-3000:], file=sys.stderr)

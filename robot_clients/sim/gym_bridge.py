@@ -131,10 +131,11 @@ def _side_by_side(frames: list[np.ndarray]) -> np.ndarray:
 class GymEnvironment(Environment):
     """A gymnasium environment as a control-loop :class:`Environment`, through a :class:`GymMapping`."""
 
-    def __init__(self, env: Any, mapping: GymMapping, seed: int = 0) -> None:
+    def __init__(self, env: Any, mapping: GymMapping, seed: int = 0, black_image: bool = False) -> None:
         self.env = env
         self.mapping = mapping
         self.seed = seed
+        self.black_image = black_image  # an ablation: the policy is sent all-black frames
         space = env.action_space
         self.low = np.asarray(space.low, dtype=np.float64)
         self.high = np.asarray(space.high, dtype=np.float64)
@@ -146,7 +147,7 @@ class GymEnvironment(Environment):
         self.episodes = 0
 
     @classmethod
-    def make(cls, mapping: GymMapping, seed: int = 0) -> GymEnvironment:
+    def make(cls, mapping: GymMapping, seed: int = 0, black_image: bool = False) -> GymEnvironment:
         """``gymnasium.make`` the mapping's environment, unchanged."""
         import gymnasium  # lazily: only a bridge needs it
 
@@ -158,7 +159,7 @@ class GymEnvironment(Environment):
         env = gymnasium.make(mapping.env_id, **kwargs)
         if not mapping.render_shadows:
             env.unwrapped.model.light_castshadow[:] = 0
-        return cls(env, mapping, seed)
+        return cls(env, mapping, seed, black_image)
 
     def reset(self) -> None:
         self._observation, _ = self.env.reset(seed=self.seed + self.episodes)
@@ -186,7 +187,8 @@ class GymEnvironment(Environment):
 
     def get_observation(self) -> dict[str, Any]:
         frames = [self._camera(name) for name in self.mapping.cameras]
-        observation: dict[str, Any] = {"image": frames[0] if len(frames) == 1 else _side_by_side(frames)}
+        image = frames[0] if len(frames) == 1 else _side_by_side(frames)
+        observation: dict[str, Any] = {"image": np.zeros_like(image) if self.black_image else image}
         if self.mapping.prompt:
             observation["prompt"] = self.mapping.prompt
         if self.mapping.state:
@@ -327,6 +329,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--horizon", type=int, default=None)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--chunk-steps", type=int, default=None, help="actions executed per chunk")
+    parser.add_argument("--black-image", action="store_true", help="ablation: send all-black camera frames")
     parser.add_argument(
         "--expert-demos", default=None, help="no server: record the preset's scripted expert into this .npz"
     )
@@ -335,7 +338,7 @@ def main(argv: list[str] | None = None) -> int:
     mapping = PRESETS[args.preset]
     if args.max_steps is not None:
         mapping = GymMapping(**{**mapping.__dict__, "max_steps": args.max_steps})
-    environment = GymEnvironment.make(mapping, seed=args.seed)
+    environment = GymEnvironment.make(mapping, seed=args.seed, black_image=args.black_image)
     if args.expert_demos is not None:
         try:
             started = time.monotonic()
@@ -370,7 +373,8 @@ def main(argv: list[str] | None = None) -> int:
             )
     finally:
         environment.close()
-    summary = result.summary() | {"domain": domain, "send_state": send_state, "wall_s": time.monotonic() - started}
+    summary = result.summary() | {"domain": domain, "send_state": send_state, "black_image": args.black_image}
+    summary["wall_s"] = time.monotonic() - started
     json.dump({"summary": summary, "episodes": result.episodes}, sys.stdout)
     sys.stdout.write("\n")
     return 0
