@@ -95,9 +95,10 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--control-hz", type=float, default=20.0, help="control rate (default 20)")
     parser.add_argument(
         "--strategy",
-        default="rtc",
+        default=None,
         choices=[s.value for s in ChunkStrategy],
-        help="how chunks are merged (default rtc: real-time chunking)",
+        help="how chunks are merged (default: blend for the reach policy, the mode it scores best in "
+        "(docs/training.md); rtc, real-time chunking, otherwise)",
     )
     parser.add_argument("--horizon", type=int, default=16, help="actions per chunk (default 16)")
     parser.add_argument("--execute-horizon", type=int, default=8, help="actions executed of each chunk (default 8)")
@@ -125,9 +126,11 @@ def build_parser() -> argparse.ArgumentParser:
 def run_demo(args: argparse.Namespace) -> dict[str, Any]:
     if args.tiny is None and args.server is None:
         if (Path(args.model) / "model_index.json").is_file():
+            args.strategy = args.strategy or ChunkStrategy.BLEND.value
             return run_reach_demo(args)
         print(f"no checkpoint at {args.model} (make reach-policy trains it): serving a random tiny one", flush=True)
     args.tiny = args.tiny or "distilled"
+    args.strategy = args.strategy or ChunkStrategy.REAL_TIME_CHUNKING.value
     return run_random_demo(args)
 
 
