@@ -29,6 +29,8 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from robot_clients.sim.gym_bridge import load_demonstrations
+
 from . import lerobot_format as fmt
 
 CAMERA_KEY = fmt.VIDEO_KEY_PREFIX + "front"
@@ -155,12 +157,8 @@ def collect_gym(out: Path, preset: str, python: str, episodes: int, seed: int, f
         command = [python, "-m", "robot_clients.sim.gym_bridge", "--preset", preset, "--episodes", str(episodes)]
         command += ["--seed", str(seed), "--expert-demos", str(path)]
         subprocess.run(command, check=True, stdout=subprocess.DEVNULL)
-        with np.load(path) as arrays:
-            demonstrations = [
-                Demonstration(arrays[f"images_{k}"], arrays[f"state_{k}"], arrays[f"actions_{k}"], bool(success))
-                for k, success in enumerate(arrays["success"])
-            ]
-            task = str(arrays["prompt"])
+        recorded, task = load_demonstrations(str(path))
+    demonstrations = [Demonstration(e["images"], e["state"], e["actions"], e["success"]) for e in recorded]
     return write_dataset(out, demonstrations, task, fps, preset)
 
 

@@ -185,6 +185,11 @@ class GymEnvironment(Environment):
         state = np.concatenate(parts) if parts else np.zeros(0, np.float32)
         return state[list(self.mapping.state_indices)] if self.mapping.state_indices else state
 
+    @property
+    def raw_observation(self) -> Any:
+        """The environment's own last observation, as a scripted expert of its simulator reads it."""
+        return self._observation
+
     def get_observation(self) -> dict[str, Any]:
         frames = [self._camera(name) for name in self.mapping.cameras]
         image = frames[0] if len(frames) == 1 else _side_by_side(frames)
@@ -286,7 +291,7 @@ def run_expert_episodes(environment: GymEnvironment, episodes: int) -> list[dict
         images, states, actions = [], [], []
         while not environment.is_episode_complete():
             observation = environment.get_observation()
-            action = environment.env_action(np.asarray(expert.get_action(environment._observation)))
+            action = environment.env_action(np.asarray(expert.get_action(environment.raw_observation)))
             images.append(observation["image"])
             states.append(observation.get("state", np.zeros(0, np.float32)))
             actions.append(action.ravel())
@@ -304,7 +309,8 @@ def run_expert_episodes(environment: GymEnvironment, episodes: int) -> list[dict
 
 def save_demonstrations(path: str, episodes: list[dict[str, Any]], mapping: GymMapping) -> None:
     """The episodes in one ``.npz`` (``images_K``, ``state_K``, ``actions_K``, ``success``, ``prompt``), the
-    hand-over to the server side's LeRobot writer, which runs in another virtualenv."""
+    hand-over to the server side's LeRobot writer, which runs in another virtualenv; :func:`load_demonstrations`
+    reads it back."""
     arrays: dict[str, np.ndarray] = {
         "success": np.asarray([e["success"] for e in episodes]),
         "prompt": np.asarray(mapping.prompt),
@@ -314,6 +320,22 @@ def save_demonstrations(path: str, episodes: list[dict[str, Any]], mapping: GymM
             arrays[f"{key}_{k}"] = episode[key]
     with open(path, "wb") as out:
         np.savez(out, allow_pickle=False, **arrays)
+
+
+def load_demonstrations(path: str) -> tuple[list[dict[str, Any]], str]:
+    """What :func:`save_demonstrations` wrote: the episodes (as :func:`run_expert_episodes` returns them)
+    and the prompt."""
+    with np.load(path, allow_pickle=False) as arrays:
+        episodes = [
+            {
+                "images": arrays[f"images_{k}"],
+                "state": arrays[f"state_{k}"],
+                "actions": arrays[f"actions_{k}"],
+                "success": bool(success),
+            }
+            for k, success in enumerate(arrays["success"])
+        ]
+        return episodes, str(arrays["prompt"])
 
 
 def main(argv: list[str] | None = None) -> int:
