@@ -87,6 +87,8 @@ class TrainConfig:
     video_weight: float = 0.1
     prefix_prob: float = 0.5
     max_prefix: int = 8
+    prefix_noise: float = 0.0  # std of a prefix's offset from its chunk, in units of each action dimension's std
+    ema_decay: float = 0.0  # the served weights are this exponential moving average of the trained ones (0: off)
     seed: int = 0
     save_every: int = 500
     resume: bool = False
@@ -241,11 +243,19 @@ class FlowMatchingTrainer:
         self.frame = frame  # a frame of the dataset's size: a request needs one; its pixels are not used
         self.action_dim: int = engine.pipe.transformer.config.action_dim
         self.shift = TIER_SHIFTS.get(cfg.tier, 3.0)
+        flat = samples.chunks.reshape(-1, samples.chunks.shape[-1]).astype(np.float64)
+        self.action_std = np.maximum(flat.std(0), STD_FLOOR)  # the profile's std, for the prefix offsets
         self._passes: dict[tuple[str, int, int], SequencePass] = {}
 
-    def job(self, index: int, prefix: int, seed: int) -> tuple[DenoiseJob, PolicyProfile]:
-        """Sample ``index`` as the job a served request with its state and prefix would be, and its profile."""
+    def job(
+        self, index: int, prefix: int, seed: int, prefix_offset: np.ndarray | None = None
+    ) -> tuple[DenoiseJob, PolicyProfile]:
+        """Sample ``index`` as the job a served request with its state and prefix would be, and its profile.
+        ``prefix_offset`` (raw units) is added to every prefix row."""
         s = self.samples
+        prefix_actions = s.chunks[index, :prefix] if prefix else None
+        if prefix_actions is not None and prefix_offset is not None:
+            prefix_actions = prefix_actions + prefix_offset.astype(np.float32)
         request = ActionRequest(
             domain_name=self.cfg.domain,
             image=self.frame,
@@ -254,7 +264,7 @@ class FlowMatchingTrainer:
             resolution_tier=self.cfg.tier,
             seed=seed,
             state=None if s.state is None else s.state[index],
-            prefix_actions=s.chunks[index, :prefix] if prefix else None,
+            prefix_actions=prefix_actions,
         )
         return job_for_actions(request, self.engine.spec)
 
@@ -266,7 +276,14 @@ class FlowMatchingTrainer:
         """Sample ``index`` noised to ``t``, with a clean prefix of ``prefix`` rows, laid out as the sampler
         lays out a served request's job."""
         device = self.sampler.device
-        job, profile = self.job(index, prefix, seed=0)
+        offset = None
+        if prefix and self.cfg.prefix_noise > 0:
+            # A served prefix is the policy's own previous chunk, off the demonstration by its error: trained on
+            # the expert's exact actions, the model would learn to continue the prefix instead of reading the
+            # camera. Offset it, and the loss still asks for the demonstration's rows after it.
+            draw = torch.randn(self.action_std.shape, generator=generator).numpy()
+            offset = self.cfg.prefix_noise * self.action_std * draw
+        job, profile = self.job(index, prefix, seed=0, prefix_offset=offset)
         x0_action, action_mask, clean = action_rows(job, self.action_dim, device)
         chunk = torch.from_numpy(profile.to_model(self.samples.chunks[index])).to(device)
         x0_action[job.leading_rows :, : job.raw_action_dim] = chunk
@@ -406,6 +423,9 @@ def train(cfg: TrainConfig) -> dict[str, Any]:
     optimizer = torch.optim.AdamW(params, lr=cfg.lr, weight_decay=0.01)
     generator = torch.Generator().manual_seed(cfg.seed)
     rng = np.random.default_rng(cfg.seed)
+    # The checkpoint holds what is served: the moving average when there is one. The trained weights then
+    # live in the training state, so that a resumed run continues from them.
+    ema = [p.detach().clone() for p in params] if cfg.ema_decay > 0 else None
     step = 0
     if resuming:
         state = torch.load(ckpt / STATE_FILE, weights_only=False)
@@ -413,6 +433,9 @@ def train(cfg: TrainConfig) -> dict[str, Any]:
         generator.set_state(state["generator"])
         rng.bit_generator.state = state["rng"]
         step = state["step"]
+        if ema is not None:
+            with torch.no_grad():
+                torch._foreach_copy_(params, state["trained_weights"])
 
     def lr_at(i: int) -> float:
         if i < cfg.warmup:
@@ -421,13 +444,21 @@ def train(cfg: TrainConfig) -> dict[str, Any]:
         return cfg.lr * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * min(progress, 1.0))))
 
     def save(i: int) -> None:
+        trained = [p.detach().clone() for p in params]
+        if ema is not None:
+            with torch.no_grad():
+                torch._foreach_copy_(params, ema)
         transformer.save_pretrained(ckpt / "transformer")
+        if ema is not None:
+            with torch.no_grad():
+                torch._foreach_copy_(params, trained)
         torch.save(
             {
                 "step": i,
                 "optimizer": optimizer.state_dict(),
                 "generator": generator.get_state(),
                 "rng": rng.bit_generator.state,
+                **({"trained_weights": trained} if ema is not None else {}),
             },
             ckpt / STATE_FILE,
         )
@@ -454,6 +485,11 @@ def train(cfg: TrainConfig) -> dict[str, Any]:
         torch.autograd.backward(loss)  # loss.backward(), in the form torch annotates
         torch.nn.utils.clip_grad_norm_(params, 1.0)
         optimizer.step()
+        if ema is not None:
+            # The usual warm-up of the decay: early weights are far from the data and soon forgotten.
+            decay = min(cfg.ema_decay, (1 + step) / (10 + step))
+            with torch.no_grad():
+                torch._foreach_lerp_(ema, [p.detach() for p in params], 1.0 - decay)
         step += 1
         losses.append(action_loss)
         bar.update(1)
@@ -500,6 +536,12 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--video-weight", type=float, default=0.1)
     parser.add_argument("--prefix-prob", type=float, default=0.5, help="share of samples with a clean prefix")
     parser.add_argument("--max-prefix", type=int, default=8, help="longest clean prefix (0: no RTC training)")
+    parser.add_argument(
+        "--ema-decay", type=float, default=0.0, help="serve a moving average of the weights (e.g. 0.998; 0: off)"
+    )
+    parser.add_argument(
+        "--prefix-noise", type=float, default=0.0, help="std of a prefix's offset, in action stds (0: exact prefixes)"
+    )
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--save-every", type=int, default=500)
     parser.add_argument("--resume", action="store_true", help="continue from --out's training_state.pt")

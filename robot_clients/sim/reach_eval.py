@@ -60,6 +60,7 @@ class CellResult:
     chunk_latency_p50_ms: float | None
     achieved_hz: float | None
     stalls: int
+    distances_cm: list[float]  # every episode's final distance, in episode order: the whole spread, not only the median
 
 
 def chunker_config(mode: str, control_hz: float, execute_horizon: int) -> ChunkerConfig:
@@ -119,6 +120,7 @@ def run_cell(
         float(np.median(latencies)) if latencies else None,
         float(np.median(rates)) if rates else None,
         stalls,
+        [round(d * 100, 2) for d in distances],
     )
 
 
