@@ -54,8 +54,8 @@ from .media.media_check import DEFAULT_MAX_DECODED_BYTES, MAX_SIDE_PER_CANVAS_SI
 from .routes import NO_ENDPOINTS
 from .server import PolicyServer
 from .server_settings import DEFAULT_MAX_MESSAGE_BYTES, DEFAULT_MAX_OBSERVERS, ServerSettings
+from .sessions.observation_rules import DEFAULT_BURST, DEFAULT_MAX_OBSERVATION_HZ, RateLimit
 from .sessions.openpi_observation import CameraMapping, CameraMappingError, OpenpiSettings
-from .sessions.rate_limits import DEFAULT_BURST, DEFAULT_MAX_OBSERVATION_HZ, RateLimit
 from .sessions.supervisor import (
     DEFAULT_IDLE_TIMEOUT_S,
     DEFAULT_MAX_OUTBOX_BYTES,

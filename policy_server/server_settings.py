@@ -18,8 +18,8 @@ from .connection_limits import (
 )
 from .engine.worker import DEFAULT_ENGINE_TIMEOUT_S, DEFAULT_VIDEO_STEP_INTERVAL_S
 from .media.media_check import DEFAULT_MAX_DECODED_BYTES
+from .sessions.observation_rules import RateLimit
 from .sessions.openpi_observation import OpenpiSettings
-from .sessions.rate_limits import RateLimit
 from .sessions.supervisor import SessionLimits
 
 # A 720p RGB frame is 2.8 MB; a 65-frame 256x256 clip 12.8 MB. The default fits the largest single image

@@ -37,7 +37,7 @@ from fastapi import APIRouter, Query, Request
 
 from robot_clients.protocol import ErrorCode
 
-from ...sessions.rate_limits import TokenBucket
+from ...sessions.observation_rules import TokenBucket
 from ...sessions.telemetry import encode_preview
 from ..context import SidecarParts
 from ..errors import ApiError, HttpErrorCode
