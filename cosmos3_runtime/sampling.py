@@ -48,9 +48,8 @@ import numpy as np
 import torch
 from diffusers.utils.torch_utils import randn_tensor
 
-from .frame_preprocessing import PreparedFrames, prepare_frames
+from .frame_preprocessing import ConditioningFrames, PreparedFrames, condition_frames, prepare_frames
 from .prefix_cache import TextPrefixCache
-from .prepared_inputs import ConditioningFrames, condition_frames
 from .prompts import action_caption
 from .sequence_packing import SequencePass, install_packed_attention, pack_batch, pack_sequence
 from .validation import DenoiseJob
@@ -135,7 +134,7 @@ class Cosmos3Sampler:
         )
 
     def condition_frames(self, job: DenoiseJob, clock: Clock) -> ConditioningFrames:
-        """The job's conditioning frames through :meth:`preprocess` (:func:`~cosmos3_runtime.prepared_inputs.
+        """The job's conditioning frames through :meth:`preprocess` (:func:`~cosmos3_runtime.frame_preprocessing.
         condition_frames`); safe on another thread than the one running forwards."""
         return condition_frames(self.preprocess, job, clock, self._frames_stream)
 

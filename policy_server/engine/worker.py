@@ -48,7 +48,7 @@ from .cpu_threads import configure_worker_threads
 from .request_queue import EngineLost, EngineOutcome, EngineTask, PendingObservation, RequestQueue, engine_failure
 
 if TYPE_CHECKING:
-    from cosmos3_runtime.prepared_inputs import PreparedActions
+    from cosmos3_runtime.frame_preprocessing import PreparedActions
 
 logger = logging.getLogger(__name__)
 
