@@ -214,7 +214,7 @@ def canvas_bins() -> dict[int, tuple[TierCanvas, ...]]:
 
 @dataclass(frozen=True)
 class PrefixCacheStats:
-    """The text prefix cache at one moment (:class:`~cosmos3_runtime.prefix_cache.TextPrefixCache`)."""
+    """The text prefix cache at one moment (:class:`~cosmos3_runtime.sequence_packing.TextPrefixCache`)."""
 
     entries: int
     bytes: int

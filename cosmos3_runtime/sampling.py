@@ -32,7 +32,7 @@ serving runtime changes, and why:
   keeps its own noise, scheduler and generator, so a batched chunk equals the unbatched one up to float
   rounding.
 - **Text prefix cache.** A job whose text keys/values are cached runs its generation tokens only
-  (:mod:`cosmos3_runtime.prefix_cache`).
+  (:class:`~cosmos3_runtime.sequence_packing.TextPrefixCache`).
 """
 
 from __future__ import annotations
@@ -49,9 +49,8 @@ import torch
 from diffusers.utils.torch_utils import randn_tensor
 
 from .frame_preprocessing import ConditioningFrames, PreparedFrames, condition_frames, prepare_frames
-from .prefix_cache import TextPrefixCache
 from .prompts import action_caption
-from .sequence_packing import SequencePass, install_packed_attention, pack_batch, pack_sequence
+from .sequence_packing import SequencePass, TextPrefixCache, install_packed_attention, pack_batch, pack_sequence
 from .validation import DenoiseJob
 
 _TOKEN_CACHE_SIZE = 64
@@ -102,7 +101,7 @@ class Cosmos3Sampler:
     """Runs :class:`DenoiseJob` s on a loaded ``Cosmos3OmniPipeline``. One thread at a time.
 
     With ``prefix_cache_bytes > 0`` the text tokens' per-layer keys and values are computed once per
-    token sequence and reused (see :mod:`cosmos3_runtime.prefix_cache`).
+    token sequence and reused (see :class:`~cosmos3_runtime.sequence_packing.TextPrefixCache`).
     """
 
     def __init__(self, pipe: Any, device: torch.device, prefix_cache_bytes: int = 0) -> None:
