@@ -43,7 +43,7 @@ from .engine.backend import BackendFactory, EngineBackend
 from .engine.request_queue import PendingObservation, RequestQueue
 from .engine.worker import ActionEngine, BackgroundShare, BatchPolicy, EngineWatchdog, EngineWorker
 from .log_hygiene import printable
-from .media.media_check import served_frame_limits
+from .media import served_frame_limits
 from .metadata import SERVER_NAME, health
 from .routes import NO_ENDPOINTS, EdgeEndpoints, Route, check_endpoints, path_of, route
 from .server_settings import ServerSettings

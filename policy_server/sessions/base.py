@@ -30,9 +30,9 @@ from robot_clients.protocol import DropReason, ErrorCode, ProtocolError, Session
 
 from ..context import ServerContext
 from ..engine.request_queue import EngineOutcome, PendingObservation, QueueClosed
+from ..media import DecodeSlot
 from .config import SessionConfig
 from .controls import ControlError, ControlErrorCode, OperatorControl
-from .frame_decoding import DecodeSlot
 from .listener import AcceptedObservation, SessionListener
 from .observation_rules import DROP_MESSAGES, ChunkReply, Drop, ObservationRules
 from .outbox import OutboxFull, paced, payload_size
@@ -158,7 +158,7 @@ class Session:
         """The one step every observation takes from its parsed frame to its admission (``admit``: rate,
         seq, queue). ``decode`` (its encoded camera frames to pixels, headers already checked) runs on the
         decode pool, never here; an observation with nothing to decode is admitted at once unless one is
-        still decoding ahead of it (:class:`~.frame_decoding.DecodeSlot`: latest wins, order kept)."""
+        still decoding ahead of it (:class:`~policy_server.media.DecodeSlot`: latest wins, order kept)."""
         if decode is None and not self.decoding.busy:
             admit(observation, received_at)
             return

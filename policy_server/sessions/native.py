@@ -44,13 +44,12 @@ from robot_clients.wire_codec import WireFormatError, packb, unpackb
 
 from ..context import ServerContext
 from ..engine.request_queue import EngineOutcome, PendingObservation
-from ..media.media_check import canvas_side
+from ..media import canvas_side, native_decode
 from ..metadata import native_metadata
 from .base import Session
 from .config import merge_session_config, observation_request, settings_used
 from .controls import ControlAction, ControlError, ControlErrorCode, OperatorControl
 from .dialects import Dialect, FirstFrame
-from .frame_decoding import native_decode
 from .observation_rules import ChunkReply
 from .supervisor import close_connection
 from .telemetry import SessionTelemetry

@@ -39,7 +39,7 @@ from cosmos3_runtime.profiles import PolicyProfile
 from robot_clients.client_frames import check_image_size, parse_state
 from robot_clients.protocol import ErrorCode, FrameLimits, ProtocolError
 
-from ..media.camera_composition import Alternative, camera_alternatives, side_by_side
+from ..media import Alternative, camera_alternatives, side_by_side
 from ..sessions.config import check_state
 from .frames import image_of
 

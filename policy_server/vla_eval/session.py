@@ -40,9 +40,9 @@ from robot_clients.protocol import DropReason, ErrorCode, ProtocolError
 from ..context import ServerContext
 from ..engine.request_queue import EngineOutcome, PendingObservation
 from ..log_hygiene import printable
+from ..media import check_cameras, decoded_image
 from ..sessions.base import Session
 from ..sessions.config import SessionConfig, observation_request
-from ..sessions.frame_decoding import check_cameras, decoded_image
 from ..sessions.observation_rules import ChunkReply, Drop
 from .chunks import ChunkPlan, ChunkPlayer
 from .frames import PROTOCOL_VERSION, FrameType, VlaEvalFrame, action_frame, error_frame, frame, parse_frame
