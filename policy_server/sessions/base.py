@@ -33,10 +33,9 @@ from ..engine.request_queue import EngineOutcome, PendingObservation, QueueClose
 from ..media import DecodeSlot
 from .config import SessionConfig
 from .controls import ControlError, ControlErrorCode, OperatorControl
-from .listener import AcceptedObservation, SessionListener
+from .listener import AcceptedObservation, SessionListener, SessionTelemetry
 from .observation_rules import DROP_MESSAGES, ChunkReply, Drop, ObservationRules
 from .outbox import OutboxFull, paced, payload_size
-from .telemetry import SessionTelemetry
 
 logger = logging.getLogger(__name__)
 

@@ -16,7 +16,7 @@ client whose outbox fills up, or whose oldest reply waits past ``--reply-timeout
 
 Operators act on a session through the observer channel (:meth:`RealtimeSession.apply_control`): a
 paused session answers observations ``dropped`` (``paused``), a stopped one is closed. What the session
-did is recorded in its :class:`~policy_server.sessions.telemetry.SessionTelemetry` for observers.
+did is recorded in its :class:`~policy_server.sessions.listener.SessionTelemetry` for observers.
 """
 
 from __future__ import annotations
@@ -50,9 +50,9 @@ from .base import Session
 from .config import merge_session_config, observation_request, settings_used
 from .controls import ControlAction, ControlError, ControlErrorCode, OperatorControl
 from .dialects import Dialect, FirstFrame
+from .listener import SessionTelemetry
 from .observation_rules import ChunkReply
 from .supervisor import close_connection
-from .telemetry import SessionTelemetry
 
 # Close code and reason when an operator stops a session (the client does not reconnect after it).
 STOPPED_CLOSE_CODE = 1000
