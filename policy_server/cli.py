@@ -585,7 +585,7 @@ def assemble_server(
 
     endpoints = NO_ENDPOINTS
     if vla_eval is not None:
-        from .vla_eval.endpoints import vla_eval_endpoints
+        from .vla_eval.session import vla_eval_endpoints
 
         endpoints = vla_eval_endpoints(vla_eval)
     server = PolicyServer(load_engine, settings, backend=backend, dialects=(SGLANG_DIALECT,), endpoints=endpoints)

@@ -71,7 +71,7 @@ logger = logging.getLogger(__name__)
 T = TypeVar("T")
 
 
-# -- decoding, header first -------------------------------------------------------------------------------------
+# -- decoding, header first ------------------------------------------------------------------------
 
 # Pillow's format names -> the names clients use.
 ENCODED_FORMATS = {"JPEG": "jpeg", "PNG": "png", "WEBP": "webp"}
@@ -262,7 +262,7 @@ class ImageDecodePool:
         self.close()
 
 
-# -- the one media check ----------------------------------------------------------------------------------------
+# -- the one media check ---------------------------------------------------------------------------
 
 # Pixels one observation or HTTP request may decode to (RGB bytes; --max-decoded-mib): a 2560x2560 frame
 # is 19 MiB, a 17-frame clip at the largest 256-tier canvas 4 MiB, while 17 frames of 4096x4096 are 816 MiB.
@@ -398,7 +398,7 @@ def check_media(
     return sizes
 
 
-# -- several cameras into one frame -----------------------------------------------------------------------------
+# -- several cameras into one frame ----------------------------------------------------------------
 
 Alternative = tuple[str, ...]  # camera names, composed side by side when more than one
 
@@ -458,7 +458,7 @@ def camera_alternatives(entry: Any, where: str, error: type[ValueError]) -> tupl
     return tuple(alternatives)
 
 
-# -- a session's frames, decoded off the event loop -------------------------------------------------------------
+# -- a session's frames, decoded off the event loop ------------------------------------------------
 
 # How often a held decode checks whether its session may decode again (see DecodeSlot's hold).
 HOLD_RECHECK_S = 0.01
