@@ -7,5 +7,5 @@ supervisor (:mod:`.supervisor`) watches. Settings (:mod:`.config`) and operator 
 live here too. The rules a session keeps about its observations (order, rate, one terminal reply, latest
 wins) are sans-I/O (:mod:`.observation_rules`); the features that care about a session hear of it as
 listeners (:mod:`.listener`, where the telemetry observers read is the one built in), and other protocols
-on the robots' path are dialects chosen by a connection's first frame (:mod:`.dialects`).
+on the robots' path are dialects chosen by a connection's first frame (:class:`.native.Dialect`).
 """

@@ -77,7 +77,7 @@ class Session:
         self.close_reason = "closed"  # what its listeners hear when it ends
         self.frame_seq: int | None = None  # the seq the frame being handled is about, once known
         # Set by handle() when the client's first frame speaks another dialect served on the same path
-        # (:mod:`.dialects`): run() then returns, once the replies queued so far (the metadata) left, and
+        # (:class:`.native.Dialect`): run() then returns, once the replies queued so far (the metadata) left, and
         # the server hands the connection to that dialect's session.
         self.handed_over = False
         # Observations whose encoded camera frames are being decoded off the event loop (one at a time).
