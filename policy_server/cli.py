@@ -68,7 +68,7 @@ from .vla_eval import ChunkPlan, MappingFileError, ObservationMapping, VlaEvalSe
 
 if TYPE_CHECKING:
     from .http.sidecar import HttpSidecar
-    from .recording.server_feature import RecordingOptions
+    from .recording.recorder import RecordingOptions
 
 __all__ = ["assemble_server", "build_parser", "main", "serve_until_stopped"]
 
@@ -590,7 +590,7 @@ def assemble_server(
         endpoints = vla_eval_endpoints(vla_eval)
     server = PolicyServer(load_engine, settings, backend=backend, dialects=(SGLANG_DIALECT,), endpoints=endpoints)
     if recording is not None:  # first: a directory that cannot be made fails the start
-        from .recording.server_feature import RecordingFeature
+        from .recording.recorder import RecordingFeature
 
         server.attach(RecordingFeature(server.context, recording))
     if http is not None:
@@ -610,7 +610,7 @@ def sidecar_of(server: PolicyServer) -> HttpSidecar | None:
 def _recording_options(args: argparse.Namespace) -> RecordingOptions | None:
     if args.record_dir is None:
         return None
-    from .recording.server_feature import RecordingOptions  # only a server that records loads the recorder
+    from .recording.recorder import RecordingOptions  # only a server that records loads the recorder
 
     return RecordingOptions(
         root=args.record_dir,
