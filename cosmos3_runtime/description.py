@@ -22,8 +22,8 @@ from typing import Any
 
 import numpy as np
 
+from .checkpoints import CheckpointInfo
 from .errors import CheckpointError, InvalidRequestError
-from .inspection import CheckpointInfo
 from .profiles import VIEW_POINTS, PolicyProfile, ProfileTable
 from .requests import ACTION_MODES
 

@@ -17,11 +17,10 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from .checkpoints import CheckpointInfo, CheckpointSource, inspect_checkpoint, load_pipeline, resolve_device_and_dtype
 from .description import EngineLimits, EngineSpec, ModelDescription
 from .errors import EngineError, RuntimeErrorBase
 from .frame_preprocessing import ConditioningFrames, PreparedActions
-from .inspection import CheckpointInfo, inspect_checkpoint
-from .loading import CheckpointSource, load_pipeline, resolve_device_and_dtype
 from .profiles import PolicyProfile, profiles_for_checkpoint
 from .requests import ActionMode, ActionRequest, ActionResult, Timing, VideoRequest, VideoResult
 from .sampling import Cosmos3Sampler, DenoiseOutput
