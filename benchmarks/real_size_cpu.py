@@ -65,7 +65,7 @@ def run(
     free = available_gib()
     if free < min_available_gib:
         raise RuntimeError(f"only {free:.1f} GiB available, {min_available_gib} needed: try again later")
-    from cosmos3_runtime.inspection import inspect_checkpoint
+    from cosmos3_runtime.checkpoints import inspect_checkpoint
 
     info = inspect_checkpoint(checkpoint)
     figures: dict = {

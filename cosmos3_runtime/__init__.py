@@ -58,7 +58,7 @@ def __getattr__(name: str) -> object:
 
         return build_tiny_checkpoint
     if name == "inspect_checkpoint":
-        from .inspection import inspect_checkpoint
+        from .checkpoints import inspect_checkpoint
 
         return inspect_checkpoint
     raise AttributeError(name)

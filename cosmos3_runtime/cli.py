@@ -76,9 +76,8 @@ def tiny_main(argv: list[str] | None = None) -> int:
 
 def inspect_main(argv: list[str] | None = None) -> int:
     """Print what a Cosmos3 checkpoint is: variant, defaults, action head, each domain's profile, schedule, size."""
+    from .checkpoints import CheckpointSource, inspect_checkpoint
     from .description import EngineSpec, ModelDescription
-    from .inspection import inspect_checkpoint
-    from .loading import CheckpointSource
     from .profiles import profiles_for_checkpoint
 
     parser = argparse.ArgumentParser(prog="cosmos3-inspect", description=inspect_main.__doc__)

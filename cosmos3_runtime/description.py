@@ -22,8 +22,8 @@ from typing import Any
 
 import numpy as np
 
+from .checkpoints import CheckpointInfo
 from .errors import CheckpointError, InvalidRequestError
-from .inspection import CheckpointInfo
 from .profiles import VIEW_POINTS, PolicyProfile, ProfileTable
 from .requests import ACTION_MODES
 
@@ -214,7 +214,7 @@ def canvas_bins() -> dict[int, tuple[TierCanvas, ...]]:
 
 @dataclass(frozen=True)
 class PrefixCacheStats:
-    """The text prefix cache at one moment (:class:`~cosmos3_runtime.prefix_cache.TextPrefixCache`)."""
+    """The text prefix cache at one moment (:class:`~cosmos3_runtime.sequence_packing.TextPrefixCache`)."""
 
     entries: int
     bytes: int

@@ -17,11 +17,10 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from .checkpoints import CheckpointInfo, CheckpointSource, inspect_checkpoint, load_pipeline, resolve_device_and_dtype
 from .description import EngineLimits, EngineSpec, ModelDescription
 from .errors import EngineError, RuntimeErrorBase
-from .inspection import CheckpointInfo, inspect_checkpoint
-from .loading import CheckpointSource, load_pipeline, resolve_device_and_dtype
-from .prepared_inputs import ConditioningFrames, PreparedActions
+from .frame_preprocessing import ConditioningFrames, PreparedActions
 from .profiles import PolicyProfile, profiles_for_checkpoint
 from .requests import ActionMode, ActionRequest, ActionResult, Timing, VideoRequest, VideoResult
 from .sampling import Cosmos3Sampler, DenoiseOutput
@@ -168,7 +167,7 @@ class Cosmos3Engine:
 
     def prepare_actions(self, request: ActionRequest) -> PreparedActions:
         """The host's half of answering ``request``: validation, defaults and the conditioning frames
-        preprocessed into the VAE's canvas (:mod:`cosmos3_runtime.prepared_inputs`).
+        preprocessed into the VAE's canvas (:mod:`cosmos3_runtime.frame_preprocessing`).
 
         Touches no weights and no state shared with :meth:`predict_prepared`, so a server may call it on
         another thread while a batch runs. A request that fails comes back with ``error`` set.

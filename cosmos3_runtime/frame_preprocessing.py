@@ -1,4 +1,5 @@
-"""uint8 camera frames to the VAE's input canvas: diffusers' Cosmos3 conditioning preprocessing, made cheap.
+"""A request's inputs made ready for the device: its uint8 camera frames in the VAE's input canvas
+(diffusers' Cosmos3 conditioning preprocessing, made cheap), and the prepared request the model runs.
 
 ``Cosmos3OmniPipeline._prepare_action_video_conditioning`` takes float frames in [0, 1]: its video
 processor converts them to a tensor, snaps the size down to a multiple of 16 (nearest), maps them to
@@ -19,12 +20,20 @@ This module does the same operations in the order that touches the fewest bytes:
 
 The resize stays in float on purpose: torch's uint8 antialiased kernel rounds and clamps between its two
 passes and differs from the float result by up to 5-25 levels on edges.
+
+What preprocessing produces is the prepared request (:class:`PreparedActions`: validated, defaults
+applied, its :class:`ConditioningFrames` in the canvas). It is the host's half of
+:meth:`~cosmos3_runtime.engine.Cosmos3Engine.predict_actions_batch` (``prepare_actions``, no model
+weight touched), made ahead of the request's turn while the current batch's forwards run;
+``predict_prepared`` is the model's half. On CUDA the frames are copied and resized on a side stream, and
+:attr:`ConditioningFrames.ready` is the event the model's stream waits for before it reads them.
 """
 
 from __future__ import annotations
 
 import functools
 import warnings
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 
 import numpy as np
@@ -32,6 +41,10 @@ import torch
 import torch.nn.functional as F
 
 from .description import canvas_bins
+from .errors import RuntimeErrorBase
+from .profiles import PolicyProfile
+from .requests import ActionRequest
+from .validation import DenoiseJob
 
 # The video processor snaps sizes down to a multiple of the VAE's spatial factor (16 for every Cosmos3 VAE);
 # the sampler passes its pipeline's own value.
@@ -177,3 +190,68 @@ def _resize_matrix(size_in: int, size_out: int) -> torch.Tensor:
     identity = torch.eye(size_in, dtype=torch.float32).view(1, 1, size_in, size_in)
     dense = F.interpolate(identity, size=(size_out, size_in), mode="bicubic", align_corners=False, antialias=True)
     return dense[0, 0].to_sparse().coalesce()
+
+
+# -- the prepared request ----------------------------------------------------------------------------
+
+
+@dataclass
+class ConditioningFrames:
+    """A job's conditioning frames in the VAE's canvas, in [-1, 1], on the engine's device."""
+
+    vision: torch.Tensor  # (1, 3, T, canvas_h, canvas_w) float32
+    image_size: torch.Tensor  # [canvas_h, canvas_w, content_h, content_w]
+    canvas_h: int
+    canvas_w: int
+    preprocess_s: float  # host seconds the preprocessing took
+    ready: torch.cuda.Event | None = None  # recorded after the side stream's work; None on CPU
+
+    def await_on(self, device: torch.device) -> None:
+        """Make ``device``'s current stream wait for frames made on the side stream (nothing on CPU)."""
+        if self.ready is None:
+            return
+        stream = torch.cuda.current_stream(device)
+        stream.wait_event(self.ready)
+        # The caching allocator must not give this memory back to the side stream while this one reads it.
+        self.vision.record_stream(stream)
+        self.image_size.record_stream(stream)
+
+
+def condition_frames(
+    preprocess: Callable[[np.ndarray, int, int], PreparedFrames],
+    job: DenoiseJob,
+    clock: Callable[[], float],
+    stream: torch.cuda.Stream | None = None,
+) -> ConditioningFrames:
+    """``job``'s conditioning frames through ``preprocess(frames, tier, num_frames)``: the whole clip for
+    ``inverse_dynamics``, else frame 0 alone (the VAE is causal: its first latent is frame 0's encoding).
+
+    With a CUDA ``stream`` the copy and resize run on it and ``ready`` is recorded after them, so this
+    work does not queue behind the forwards on the default stream.
+    """
+    frames, num_frames = (job.frames, job.horizon + 1) if job.mode == "inverse_dynamics" else (job.frames[:1], 1)
+    t0 = clock()
+    if stream is None:
+        vision, image_size, canvas_h, canvas_w = preprocess(frames, job.resolution_tier, num_frames)
+        return ConditioningFrames(vision, image_size, canvas_h, canvas_w, clock() - t0)
+    with torch.cuda.stream(stream):
+        vision, image_size, canvas_h, canvas_w = preprocess(frames, job.resolution_tier, num_frames)
+        ready = torch.cuda.Event()  # type: ignore[no-untyped-call]  # torch leaves its constructor unannotated
+        ready.record(stream)
+    return ConditioningFrames(vision, image_size, canvas_h, canvas_w, clock() - t0, ready)
+
+
+@dataclass
+class PreparedActions:
+    """One action request after :meth:`~cosmos3_runtime.engine.Cosmos3Engine.prepare_actions`.
+
+    Either ``job``, ``profile`` and ``frames`` are set, or ``error`` is: the typed error the request
+    failed validation or preprocessing with, answered by ``predict_prepared`` in its place.
+    """
+
+    request: ActionRequest
+    validate_s: float
+    job: DenoiseJob | None = None
+    profile: PolicyProfile | None = None
+    frames: ConditioningFrames | None = None
+    error: RuntimeErrorBase | None = None

@@ -39,8 +39,8 @@ from typing import Any
 
 import numpy as np
 
+from .checkpoints import CheckpointInfo
 from .errors import CheckpointError
-from .inspection import CheckpointInfo
 
 VIEW_POINTS = ("ego_view", "third_person_view", "wrist_view", "concat_view")
 # "json": the structured action caption (diffusers' builder, and cosmos-framework's

@@ -32,13 +32,26 @@ serving runtime changes, and why:
   keeps its own noise, scheduler and generator, so a batched chunk equals the unbatched one up to float
   rounding.
 - **Text prefix cache.** A job whose text keys/values are cached runs its generation tokens only
-  (:mod:`cosmos3_runtime.prefix_cache`).
+  (:class:`~cosmos3_runtime.sequence_packing.TextPrefixCache`).
+- **The caption in the checkpoint's training format** (:func:`action_caption`): the robot's prompt plus
+  the clip's metadata, in one of two formats a policy profile names. ``json`` is the structured action
+  caption (view point framing, the task with its time span, duration, fps, resolution, aspect ratio),
+  built by diffusers' own ``Cosmos3OmniPipeline._build_action_json_prompt``; cosmos-framework trains
+  with it when ``format_prompt_as_json`` is set, as for Edge. ``prose`` is cosmos-framework's default
+  caption, plain sentences appended to the task: the view point sentence, then ``The video is
+  {seconds:.1f} seconds long and is of {fps:.0f} FPS.``, then ``This video is of {H}x{W} resolution.``.
+  Each is joined with a space after a full stop and with ``". "`` otherwise; the duration is whole
+  seconds (the framework truncates it; diffusers' own video template keeps the fraction), and an empty
+  task stays empty. A composed view (``concat_view``) says in its profile's ``view_description`` how the
+  cameras are laid out; the framework appends that to the view point sentence in both formats, and so
+  does this module. The templates are diffusers', so the text matches what the pipeline would write.
 """
 
 from __future__ import annotations
 
 import copy
 import inspect
+import json
 from collections import OrderedDict
 from collections.abc import Callable, Generator
 from dataclasses import dataclass, field
@@ -46,13 +59,11 @@ from typing import Any
 
 import numpy as np
 import torch
+from diffusers.pipelines.cosmos.pipeline_cosmos3_omni import _ACTION_VIEWPOINT_TEMPLATES
 from diffusers.utils.torch_utils import randn_tensor
 
-from .frame_preprocessing import PreparedFrames, prepare_frames
-from .prefix_cache import TextPrefixCache
-from .prepared_inputs import ConditioningFrames, condition_frames
-from .prompts import action_caption
-from .sequence_packing import SequencePass, install_packed_attention, pack_batch, pack_sequence
+from .frame_preprocessing import ConditioningFrames, PreparedFrames, condition_frames, prepare_frames
+from .sequence_packing import SequencePass, TextPrefixCache, install_packed_attention, pack_batch, pack_sequence
 from .validation import DenoiseJob
 
 _TOKEN_CACHE_SIZE = 64
@@ -103,7 +114,7 @@ class Cosmos3Sampler:
     """Runs :class:`DenoiseJob` s on a loaded ``Cosmos3OmniPipeline``. One thread at a time.
 
     With ``prefix_cache_bytes > 0`` the text tokens' per-layer keys and values are computed once per
-    token sequence and reused (see :mod:`cosmos3_runtime.prefix_cache`).
+    token sequence and reused (see :class:`~cosmos3_runtime.sequence_packing.TextPrefixCache`).
     """
 
     def __init__(self, pipe: Any, device: torch.device, prefix_cache_bytes: int = 0) -> None:
@@ -135,7 +146,7 @@ class Cosmos3Sampler:
         )
 
     def condition_frames(self, job: DenoiseJob, clock: Clock) -> ConditioningFrames:
-        """The job's conditioning frames through :meth:`preprocess` (:func:`~cosmos3_runtime.prepared_inputs.
+        """The job's conditioning frames through :meth:`preprocess` (:func:`~cosmos3_runtime.frame_preprocessing.
         condition_frames`); safe on another thread than the one running forwards."""
         return condition_frames(self.preprocess, job, clock, self._frames_stream)
 
@@ -149,7 +160,7 @@ class Cosmos3Sampler:
         """Token ids of the job's action caption and of the empty unconditional prompt.
 
         Cached: a session's settings recur every control tick. The caption is built by
-        :func:`cosmos3_runtime.prompts.action_caption` and goes through the pipeline's chat template with its
+        :func:`action_caption` and goes through the pipeline's chat template with its
         own metadata templates off (the caption carries that metadata already), exactly as diffusers does
         for an action mode.
         """
@@ -486,3 +497,58 @@ def action_rows(job: DenoiseJob, action_dim: int, device: torch.device) -> tuple
 
 def _inside(sigma: float, interval: tuple[float, float] | None) -> bool:
     return interval is None or interval[0] <= sigma <= interval[1]
+
+
+# -- the caption -----------------------------------------------------------------------------------
+
+
+def action_caption(
+    pipe: Any,
+    prompt: str,
+    *,
+    prompt_format: str,
+    view_point: str,
+    view_description: str | None,
+    num_frames: int,
+    fps: float,
+    height: int,
+    width: int,
+) -> str:
+    """The conditional caption for one action request, ``height`` x ``width`` being the padded canvas."""
+    if prompt_format == "prose":
+        return _prose(pipe, prompt, view_point, view_description, num_frames, fps, height, width)
+    caption = pipe._build_action_json_prompt(
+        prompt, view_point=view_point, num_frames=num_frames, fps=fps, height=height, width=width
+    )
+    if not view_description:
+        return str(caption)
+    data = json.loads(caption)
+    framing = data.get("cinematography", {}).get("framing")
+    # json.dumps of the parsed caption reproduces diffusers' text byte for byte, the framing aside.
+    data.setdefault("cinematography", {})["framing"] = _join(framing, view_description) if framing else view_description
+    return json.dumps(data)
+
+
+def _prose(
+    pipe: Any,
+    prompt: str,
+    view_point: str,
+    view_description: str | None,
+    num_frames: int,
+    fps: float,
+    height: int,
+    width: int,
+) -> str:
+    caption = prompt.rstrip()
+    if not caption:
+        return ""
+    view = _ACTION_VIEWPOINT_TEMPLATES.get(view_point)
+    if view:
+        caption = _join(caption, _join(view, view_description) if view_description else view)
+    seconds = int(num_frames / fps)
+    caption = _join(caption, pipe.duration_template.format(duration=seconds, fps=fps))
+    return _join(caption, pipe.video_resolution_template.format(height=height, width=width))
+
+
+def _join(text: str, sentence: str) -> str:
+    return text + (" " if text.endswith(".") else ". ") + sentence.rstrip()

@@ -14,18 +14,26 @@ transformer call, and attention that keeps each job to itself in that call.
 - **Attention per job** (:class:`PackedAttnProcessor`): diffusers' Cosmos3 transformer already takes
   per-item lists, but its attention processor lets every token see every other. Ours keeps item *i*'s
   text tokens attending causally to its own text, its generation tokens to its own text and generation
-  tokens, and records or replays the text keys/values (the prefix cache of
-  :mod:`cosmos3_runtime.prefix_cache`). Projections and MLPs run once over the whole packed sequence,
-  which is where batching pays. With no layout set (any caller but the sampler, e.g. diffusers' own
-  pipeline) it computes what the stock ``Cosmos3AttnProcessor`` computes. It is installed through
-  diffusers' ``set_attn_processor``; the model is not forked.
+  tokens, and records or replays the text keys/values (the prefix cache). Projections and MLPs run once
+  over the whole packed sequence, which is where batching pays. With no layout set (any caller but the
+  sampler, e.g. diffusers' own pipeline) it computes what the stock ``Cosmos3AttnProcessor`` computes. It
+  is installed through diffusers' ``set_attn_processor``; the model is not forked.
+- **The text prefix cache** (:class:`TextPrefixCache`), what that attention records and replays. In
+  Cosmos3's transformer the text (understanding) tokens attend only causally among themselves: their
+  keys and values in every layer depend on nothing but the token ids (and their positions, which start at
+  0), so they are the same at every denoising step and on every control tick of a session whose prompt
+  and settings are unchanged. The first forward for a token sequence records them; later forwards run
+  the generation tokens alone and read them from the cache. The key is the full token-id sequence, which
+  already encodes everything the prefix depends on (prompt, view point, horizon, canvas, fps, mode; cond
+  or uncond), so any change misses. The cache is an LRU bounded in bytes.
 """
 
 from __future__ import annotations
 
 import enum
+from collections import OrderedDict
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -33,7 +41,7 @@ from diffusers.models.attention_dispatch import dispatch_attention_fn
 from diffusers.models.transformers.transformer_cosmos3 import Cosmos3AttnProcessor, _rotate_half
 from diffusers.pipelines.cosmos.pipeline_cosmos3_omni import get_3d_mrope_ids_vae_tokens
 
-from .prefix_cache import PrefixEntry
+from .description import PrefixCacheStats
 from .validation import DenoiseJob
 
 # Pack fields holding positions in the joint sequence; they move when items are packed together.
@@ -43,6 +51,69 @@ _SEQUENCE_INDEX_FIELDS = (
     "action_sequence_indexes",
     "action_mse_loss_indexes",
 )
+
+
+# -- the text prefix cache ---------------------------------------------------------------------------
+
+
+@dataclass
+class PrefixEntry:
+    """Per-layer text keys (normed, rotated) and values for one token-id sequence."""
+
+    keys: dict[int, torch.Tensor] = field(default_factory=dict)
+    values: dict[int, torch.Tensor] = field(default_factory=dict)
+
+    @property
+    def nbytes(self) -> int:
+        return sum(t.numel() * t.element_size() for t in (*self.keys.values(), *self.values.values()))
+
+
+class TextPrefixCache:
+    """An LRU of :class:`PrefixEntry` keyed by token ids, bounded to ``budget_bytes``."""
+
+    def __init__(self, budget_bytes: int):
+        self.budget_bytes = budget_bytes
+        self._entries: OrderedDict[tuple[int, ...], PrefixEntry] = OrderedDict()
+        self.bytes = 0
+        self.hits = 0
+        self.misses = 0
+        self.evictions = 0
+
+    def get(self, key: tuple[int, ...]) -> PrefixEntry | None:
+        entry = self._entries.get(key)
+        if entry is None:
+            self.misses += 1
+            return None
+        self._entries.move_to_end(key)
+        self.hits += 1
+        return entry
+
+    def put(self, key: tuple[int, ...], entry: PrefixEntry) -> None:
+        size = entry.nbytes
+        if size > self.budget_bytes:
+            return  # larger than the whole budget: used for this request only
+        old = self._entries.pop(key, None)
+        if old is not None:
+            self.bytes -= old.nbytes
+        self._entries[key] = entry
+        self.bytes += size
+        while self.bytes > self.budget_bytes:
+            _, evicted = self._entries.popitem(last=False)
+            self.bytes -= evicted.nbytes
+            self.evictions += 1
+
+    def clear(self) -> None:
+        self._entries.clear()
+        self.bytes = 0
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def stats(self) -> PrefixCacheStats:
+        return PrefixCacheStats(len(self), self.bytes, self.budget_bytes, self.hits, self.misses, self.evictions)
+
+
+# -- one job's sequence -----------------------------------------------------------------------------
 
 
 @dataclass

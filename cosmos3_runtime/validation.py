@@ -50,7 +50,9 @@ class DenoiseJob:
     # the raw actions of forward_dynamics, or the real-time-chunking prefix of a policy request.
     clean_actions: np.ndarray | None = None
     decode_video: bool = False
-    prompt_format: str = "json"  # the caption format the checkpoint was trained with (cosmos3_runtime.prompts)
+    prompt_format: str = (
+        "json"  # the caption format the checkpoint was trained with (cosmos3_runtime.sampling.action_caption)
+    )
     view_description: str | None = None  # how a composed view is laid out, added to the view sentence
     # Normalized robot state rows (history_length x raw_action_dim), clean action frames placed in front
     # of the chunk; the output drops them.

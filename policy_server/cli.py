@@ -50,12 +50,12 @@ from .http.connections import (
 )
 from .http.settings import DEFAULT_MAX_BODY_BYTES, DEFAULT_MAX_BUFFERED_BODY_BYTES, SidecarSettings
 from .http.turns import DEFAULT_MAX_IN_FLIGHT
-from .media.media_check import DEFAULT_MAX_DECODED_BYTES, MAX_SIDE_PER_CANVAS_SIDE
+from .media import DEFAULT_MAX_DECODED_BYTES, MAX_SIDE_PER_CANVAS_SIDE
 from .routes import NO_ENDPOINTS
 from .server import PolicyServer
 from .server_settings import DEFAULT_MAX_MESSAGE_BYTES, DEFAULT_MAX_OBSERVERS, ServerSettings
+from .sessions.observation_rules import DEFAULT_BURST, DEFAULT_MAX_OBSERVATION_HZ, RateLimit
 from .sessions.openpi_observation import CameraMapping, CameraMappingError, OpenpiSettings
-from .sessions.rate_limits import DEFAULT_BURST, DEFAULT_MAX_OBSERVATION_HZ, RateLimit
 from .sessions.supervisor import (
     DEFAULT_IDLE_TIMEOUT_S,
     DEFAULT_MAX_OUTBOX_BYTES,
@@ -68,7 +68,7 @@ from .vla_eval import ChunkPlan, MappingFileError, ObservationMapping, VlaEvalSe
 
 if TYPE_CHECKING:
     from .http.sidecar import HttpSidecar
-    from .recording.server_feature import RecordingOptions
+    from .recording.recorder import RecordingOptions
 
 __all__ = ["assemble_server", "build_parser", "main", "serve_until_stopped"]
 
@@ -585,12 +585,12 @@ def assemble_server(
 
     endpoints = NO_ENDPOINTS
     if vla_eval is not None:
-        from .vla_eval.endpoints import vla_eval_endpoints
+        from .vla_eval.session import vla_eval_endpoints
 
         endpoints = vla_eval_endpoints(vla_eval)
     server = PolicyServer(load_engine, settings, backend=backend, dialects=(SGLANG_DIALECT,), endpoints=endpoints)
     if recording is not None:  # first: a directory that cannot be made fails the start
-        from .recording.server_feature import RecordingFeature
+        from .recording.recorder import RecordingFeature
 
         server.attach(RecordingFeature(server.context, recording))
     if http is not None:
@@ -610,7 +610,7 @@ def sidecar_of(server: PolicyServer) -> HttpSidecar | None:
 def _recording_options(args: argparse.Namespace) -> RecordingOptions | None:
     if args.record_dir is None:
         return None
-    from .recording.server_feature import RecordingOptions  # only a server that records loads the recorder
+    from .recording.recorder import RecordingOptions  # only a server that records loads the recorder
 
     return RecordingOptions(
         root=args.record_dir,

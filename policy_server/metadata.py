@@ -25,7 +25,7 @@ from cosmos3_runtime.description import ModelDescription
 from robot_clients import protocol
 
 from .context import ServerContext
-from .media.image_decoding import ENCODED_FORMATS
+from .media import ENCODED_FORMATS
 from .sessions.config import STATE_PROFILE_FIELDS, SessionConfig
 from .sessions.openpi_observation import ALL_STATE_KEYS, CameraMapping
 

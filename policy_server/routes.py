@@ -7,7 +7,7 @@ path                   served by
 ``/dashboard/...``     plain HTTP: the teleop dashboard's static files (:mod:`policy_server.dashboard_files`)
 ``/v1/observe``        an observer (:class:`~policy_server.sessions.observer.ObserverSession`)
 ``/v1/actions/realtime``  a native session (:class:`~policy_server.sessions.native.RealtimeSession`), or
-                       one of the dialects its first frame chooses (:mod:`policy_server.sessions.dialects`)
+                       one of the dialects its first frame chooses (:class:`policy_server.sessions.native.Dialect`)
 ``/``, ``/openpi``     an openpi session (:class:`~policy_server.sessions.openpi.OpenpiSession`), unless
                        the server runs with ``--no-openpi``
 a feature's path       what the server was assembled with (:class:`EdgeEndpoints`, below): a session
@@ -20,7 +20,7 @@ server's (``PolicyServer._process_request``); which kind of connection a path op
 
 **A feature's paths** (:class:`EdgeEndpoints`, handed to the server by whoever assembles it; the core
 names none of them). Most protocols of other projects share the robots' path as first-frame dialects
-(:mod:`.sessions.dialects`). One whose client must not be sent the native ``metadata`` frame first
+(:class:`.sessions.native.Dialect`). One whose client must not be sent the native ``metadata`` frame first
 (vla-eval's harness: its client speaks first and reads only its own frames) needs a path of its own: a
 :class:`SessionEndpoint`. A feature may also answer plain-HTTP ``GET`` requests on this port (vla-eval's
 ``/health`` and ``/config``, where its tooling looks for them): an :class:`HttpEndpoint`. The server keeps

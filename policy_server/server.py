@@ -10,7 +10,7 @@ queue (waiting observations are answered ``dropped``/``shutdown``), let the runn
 and its chunk leave, then close every session with 1001 (going away), then stop the features.
 
 The server itself serves the native and openpi protocols and nothing optional. Whoever assembles it
-(``policy_server.cli``) hands it the dialects its robots' path also speaks (:mod:`.sessions.dialects`), the
+(``policy_server.cli``) hands it the dialects its robots' path also speaks (:class:`.sessions.native.Dialect`), the
 paths features add to its port (:class:`~.routes.EdgeEndpoints`: vla-eval's, for one), and attaches the features
 (:class:`ServerFeature`: the recording, the HTTP sidecar); they see the server through its
 :class:`~policy_server.context.ServerContext`.
@@ -43,13 +43,12 @@ from .engine.backend import BackendFactory, EngineBackend
 from .engine.request_queue import PendingObservation, RequestQueue
 from .engine.worker import ActionEngine, BackgroundShare, BatchPolicy, EngineWatchdog, EngineWorker
 from .log_hygiene import printable
-from .media.media_check import served_frame_limits
+from .media import served_frame_limits
 from .metadata import SERVER_NAME, health
 from .routes import NO_ENDPOINTS, EdgeEndpoints, Route, check_endpoints, path_of, route
 from .server_settings import ServerSettings
 from .sessions.base import Session
-from .sessions.dialects import Dialect
-from .sessions.native import RealtimeSession
+from .sessions.native import Dialect, RealtimeSession
 from .sessions.observer import DEFAULT_INTERVAL_S, OBSERVER_MAX_MESSAGE_BYTES, ObserverSession, SnapshotCache, authorize
 from .sessions.openpi import OpenpiSession
 from .sessions.supervisor import MAX_QUEUED_FRAMES, SOCKET_SEND_BUFFER_BYTES, WRITE_LIMIT_BYTES, close_connection

@@ -17,9 +17,9 @@ from .connection_limits import (
     DEFAULT_MAX_PENDING_HANDSHAKES_PER_PEER,
 )
 from .engine.worker import DEFAULT_ENGINE_TIMEOUT_S, DEFAULT_VIDEO_STEP_INTERVAL_S
-from .media.media_check import DEFAULT_MAX_DECODED_BYTES
+from .media import DEFAULT_MAX_DECODED_BYTES
+from .sessions.observation_rules import RateLimit
 from .sessions.openpi_observation import OpenpiSettings
-from .sessions.rate_limits import RateLimit
 from .sessions.supervisor import SessionLimits
 
 # A 720p RGB frame is 2.8 MB; a 65-frame 256x256 clip 12.8 MB. The default fits the largest single image
@@ -40,7 +40,7 @@ class ServerSettings:
     port: int = 8000
     max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES
     # Pixels one observation may decode to, and the longest frame side accepted (None: twice the largest
-    # canvas side the model serves): the one media check (policy_server.media.media_check).
+    # canvas side the model serves): the one media check (policy_server.media).
     max_decoded_bytes: int | None = DEFAULT_MAX_DECODED_BYTES
     max_image_side: int | None = None
     torch_threads: int | None = None

@@ -17,7 +17,7 @@ from websockets.asyncio.client import connect
 
 from policy_server.auth import TokenSet
 from policy_server.http.sidecar import SidecarSettings
-from policy_server.recording.server_feature import RecordingOptions
+from policy_server.recording.recorder import RecordingOptions
 from robot_clients.wire_codec import packb, unpackb
 
 pytestmark = [

@@ -43,7 +43,7 @@ from websockets.exceptions import ConnectionClosed
 from websockets.sync.client import connect
 
 from policy_server.sessions.config import SessionConfig
-from policy_server.sessions.rate_limits import RateLimit
+from policy_server.sessions.observation_rules import RateLimit
 from robot_clients.protocol import ErrorCode
 from robot_clients.wire_codec import packb, unpackb
 

@@ -16,7 +16,7 @@ from sidecar_fixtures import png_b64, rgb
 
 from policy_server.http.errors import ApiError, HttpErrorCode
 from policy_server.http.requests import action_request, actions_payload, video_submission
-from policy_server.media.image_decoding import model_frame_limits
+from policy_server.media import model_frame_limits
 from robot_clients.protocol import ErrorCode, FrameLimits
 
 DOMAIN = "bridge_orig_lerobot"  # raw_action_dim 10 in the tiny checkpoints

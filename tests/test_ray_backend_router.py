@@ -11,7 +11,7 @@ import time
 import pytest
 
 from policy_server.engine.request_queue import PendingObservation, QueueClosed
-from policy_server.ray.router import NoReplicaAvailable, ReplicaRouter
+from policy_server.ray.backend import NoReplicaAvailable, ReplicaRouter
 
 
 class Task:

@@ -43,7 +43,7 @@ def _peak_rss_gib(pid: int) -> float:
 def test_edge_shape_builds_in_bounded_memory_and_serves_a_chunk(tmp_path):
     if _available_gib() < 17:
         pytest.skip(f"needs 17 GiB of available memory, {_available_gib():.1f} GiB now")
-    from cosmos3_runtime.inspection import inspect_checkpoint
+    from cosmos3_runtime.checkpoints import inspect_checkpoint
     from robot_clients.client import PolicyClient
 
     checkpoint = tmp_path / "edge"

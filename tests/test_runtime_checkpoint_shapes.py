@@ -131,8 +131,8 @@ _MINI_EDGE = CheckpointShape(
 
 def test_streamed_checkpoint_loads_through_the_production_path(tmp_path):
     """Sharded bf16 weights plus index, Edge config keys, loaded by the engine and answering a chunk."""
+    from cosmos3_runtime.checkpoints import inspect_checkpoint
     from cosmos3_runtime.engine import Cosmos3Engine
-    from cosmos3_runtime.inspection import inspect_checkpoint
     from cosmos3_runtime.requests import ActionRequest
 
     path = build_shaped_checkpoint(tmp_path / "mini", _MINI_EDGE, max_shard_bytes=200_000)

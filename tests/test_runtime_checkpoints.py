@@ -8,11 +8,10 @@ import shutil
 
 import pytest
 
+from cosmos3_runtime.checkpoints import CheckpointSource, inspect_checkpoint
 from cosmos3_runtime.cli import inspect_main, tiny_main
 from cosmos3_runtime.engine import Cosmos3Engine
 from cosmos3_runtime.errors import CheckpointError, UnsupportedModeError
-from cosmos3_runtime.inspection import inspect_checkpoint
-from cosmos3_runtime.loading import CheckpointSource
 from cosmos3_runtime.random_checkpoints import TINY_DISTILLED_SIGMAS, build_tiny_checkpoint
 from cosmos3_runtime.requests import ActionRequest
 

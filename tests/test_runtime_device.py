@@ -6,9 +6,9 @@ import numpy as np
 import pytest
 import torch
 
+from cosmos3_runtime.checkpoints import resolve_device_and_dtype
 from cosmos3_runtime.errors import CheckpointError
 from cosmos3_runtime.frame_preprocessing import prepare_frames
-from cosmos3_runtime.loading import resolve_device_and_dtype
 
 
 def test_bf16_is_the_default_on_cuda_and_fp32_on_cpu():

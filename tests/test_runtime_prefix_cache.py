@@ -7,9 +7,8 @@ import pytest
 from diffusers.models.transformers.transformer_cosmos3 import Cosmos3AttnProcessor
 
 from cosmos3_runtime.engine import Cosmos3Engine
-from cosmos3_runtime.prefix_cache import PrefixEntry, TextPrefixCache
 from cosmos3_runtime.requests import ActionRequest
-from cosmos3_runtime.sequence_packing import PackedAttnProcessor
+from cosmos3_runtime.sequence_packing import PackedAttnProcessor, PrefixEntry, TextPrefixCache
 
 
 @pytest.fixture(scope="module")

@@ -10,7 +10,7 @@ import pytest
 
 from cosmos3_runtime.engine import Cosmos3Engine
 from cosmos3_runtime.errors import InvalidRequestError, UnknownDomainError
-from cosmos3_runtime.prepared_inputs import PreparedActions
+from cosmos3_runtime.frame_preprocessing import PreparedActions
 from cosmos3_runtime.requests import ActionRequest
 
 TOLERANCE = 2e-5

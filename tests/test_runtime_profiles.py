@@ -8,13 +8,13 @@ import json
 import numpy as np
 import pytest
 
+from cosmos3_runtime.checkpoints import inspect_checkpoint
 from cosmos3_runtime.description import EngineSpec
 from cosmos3_runtime.engine import Cosmos3Engine
 from cosmos3_runtime.errors import CheckpointError
-from cosmos3_runtime.inspection import inspect_checkpoint
 from cosmos3_runtime.profiles import load_profiles, profiles_for_checkpoint
-from cosmos3_runtime.prompts import action_caption
 from cosmos3_runtime.requests import ActionRequest
+from cosmos3_runtime.sampling import action_caption
 from cosmos3_runtime.validation import job_for_actions
 
 IMAGE = np.zeros((64, 64, 3), np.uint8)

@@ -32,8 +32,7 @@ from websockets.asyncio.client import connect
 from websockets.exceptions import ConnectionClosed, InvalidStatus
 from websockets.protocol import State
 
-from policy_server.sessions.observation_rules import UNREAD_CHUNK_MESSAGE
-from policy_server.sessions.rate_limits import RateLimit
+from policy_server.sessions.observation_rules import UNREAD_CHUNK_MESSAGE, RateLimit
 from policy_server.sessions.supervisor import WRITE_LIMIT_BYTES, SessionLimits
 from robot_clients.wire_codec import packb, unpackb
 

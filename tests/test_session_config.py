@@ -103,7 +103,7 @@ def test_the_routing_table(target, openpi, expected):
 
 def test_a_features_paths_are_routed_only_when_it_is_served():
     from policy_server.vla_eval import VlaEvalSettings
-    from policy_server.vla_eval.endpoints import vla_eval_endpoints
+    from policy_server.vla_eval.session import vla_eval_endpoints
 
     endpoints = vla_eval_endpoints(VlaEvalSettings())
     assert route("/v1/vla-eval?token=t", True, endpoints) is Route.EDGE_SESSION
@@ -120,7 +120,7 @@ def test_an_endpoint_cannot_take_a_path_the_server_or_another_endpoint_serves():
 
     from policy_server.server import PolicyServer
     from policy_server.vla_eval import VlaEvalSettings
-    from policy_server.vla_eval.endpoints import vla_eval_endpoints
+    from policy_server.vla_eval.session import vla_eval_endpoints
 
     health = vla_eval_endpoints(VlaEvalSettings()).http["/health"]
     for path in ("/healthz", "/v1/actions/realtime", "/openpi", "/dashboard/app.js"):

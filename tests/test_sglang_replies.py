@@ -14,9 +14,15 @@ from sidecar_fixtures import png_b64, rgb
 from cosmos3_runtime.description import TierCanvas
 from policy_server.http.errors import ApiError
 from policy_server.http.requests import action_request
-from policy_server.sglang.actions import ActionCall, ActionItem, build_reply, parse_action_envelope
+from policy_server.sglang.actions import (
+    ActionCall,
+    ActionItem,
+    build_reply,
+    merge_metadata,
+    parse_action_envelope,
+    sglang_metadata,
+)
 from policy_server.sglang.lockstep_session import NATIVE, SGLANG, LockstepSession, connection_mode
-from policy_server.sglang.metadata import merge_metadata, sglang_metadata
 from robot_clients.wire_codec import packb, unpackb
 
 

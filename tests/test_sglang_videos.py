@@ -16,7 +16,7 @@ from sidecar_fixtures import actions, png_b64, png_bytes, rgb
 from policy_server.http.codecs import IMAGE_UPLOAD_TYPES, Upload, decode_multipart_fields
 from policy_server.http.errors import ApiError
 from policy_server.http.requests import video_submission
-from policy_server.sglang.videos import video_fields
+from policy_server.sglang.parameters import video_fields
 
 FPS = 24.0  # VideoCreateParams' default rate
 

@@ -22,8 +22,8 @@ from sidecar_fixtures import SidecarServer
 from websockets.sync.client import connect
 
 from policy_server.recording import RecordingStore
+from policy_server.recording.recorder import RecordingOptions
 from policy_server.recording.replay import RecordedEpisode
-from policy_server.recording.server_feature import RecordingOptions
 from policy_server.vla_eval import ChunkPlan, VlaEvalSettings
 from robot_clients import PolicyClient
 from robot_clients.wire_codec import packb, unpackb
@@ -263,7 +263,7 @@ def test_without_vla_eval_its_paths_are_not_served():
 
 
 def test_the_rate_limit_counts_the_observations_that_reach_the_engine():
-    from policy_server.sessions.rate_limits import RateLimit
+    from policy_server.sessions.observation_rules import RateLimit
 
     settings = VlaEvalSettings(action_horizon=8, plan=ChunkPlan(ask_ahead=0))
     limited = RateLimit(rate_hz=1.0, burst=2)

@@ -14,10 +14,18 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from policy_server.vla_eval.chunks import ChunkPlan, ChunkPlayer
-from policy_server.vla_eval.frames import FrameType, action_frame, error_frame, parse_frame
-from policy_server.vla_eval.mapping import MappingFileError, ObservationMapping, parse_observation
-from policy_server.vla_eval.settings import VlaEvalSettings
+from policy_server.vla_eval.translation import (
+    ChunkPlan,
+    ChunkPlayer,
+    FrameType,
+    MappingFileError,
+    ObservationMapping,
+    VlaEvalSettings,
+    action_frame,
+    error_frame,
+    parse_frame,
+    parse_observation,
+)
 from robot_clients.protocol import ErrorCode, FrameLimits, ProtocolError
 from robot_clients.wire_codec import packb, unpackb
 

@@ -16,7 +16,7 @@ Action fields become T×D float32 (:func:`to_actions`). Image and clip fields be
 uint8 RGB (:func:`to_image`, :func:`to_video`), whatever form they came in: base64 text (or a ``data:``
 URL), encoded bytes, a multipart upload (:class:`Upload`), nested lists, or a uint8 array. Sizes are
 checked before anything big is built, because a few kilobytes can claim gigabytes: encoded images and
-clips pass the one media check every protocol uses (:mod:`policy_server.media.media_check`: headers,
+clips pass the one media check every protocol uses (:mod:`policy_server.media`: headers,
 frame count, decoded bytes), a video upload's frame count and sides come from its container or from
 ffmpeg's stream header, and the pixels they would decode to are checked against
 :attr:`FrameLimits.max_decoded_bytes` before the first pixel is decoded. Errors name the field
@@ -47,14 +47,16 @@ import numpy as np
 from robot_clients.protocol import ErrorCode, FrameLimits
 from robot_clients.wire_codec import WireFormatError, WireLimitError, unpackb
 
-from ..media.image_decoding import InvalidImage, decode_clip, decode_image
-from ..media.media_check import (
+from ..media import (
     CameraSize,
     DecodedTooLarge,
+    InvalidImage,
     check_clip_length,
     check_decoded_bytes,
     check_media,
     check_sides,
+    decode_clip,
+    decode_image,
 )
 from ..videos.encoding import VideoEncodingError, read_video_bytes
 from .errors import ApiError, HttpErrorCode
@@ -312,7 +314,7 @@ def encoded_image(value: Any, field: str) -> bytes | None:
 
 def decode_image_bytes(data: bytes, field: str, limits: FrameLimits) -> np.ndarray:
     """An encoded PNG/JPEG/WebP image to H×W×3 uint8 RGB, its size checked before it is decoded (with
-    :mod:`policy_server.media.image_decoding`, the decoder the WebSocket sessions use)."""
+    :mod:`policy_server.media`, the decoder the WebSocket sessions use)."""
     with _as_api_error():
         check_media([(field, data)], limits)
         return decode_image(data, field, limits)

@@ -10,7 +10,7 @@ from cosmos3_runtime.description import ModelDescription
 from robot_clients.protocol import FrameLimits
 
 from ..context import ServerContext
-from ..media.image_decoding import model_frame_limits
+from ..media import model_frame_limits
 from ..metrics import ServerMetrics
 from ..videos.job_store import VideoJobStore
 from ..videos.runner import VideoJobRunner

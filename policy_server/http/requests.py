@@ -26,8 +26,7 @@ from cosmos3_runtime.requests import ActionRequest
 from robot_clients.client_frames import REQUEST_SETTINGS, ObservationFrame, SettingChannel, parse_state
 from robot_clients.protocol import ErrorCode, FrameLimits, ProtocolError
 
-from ..media.image_decoding import model_frame_limits
-from ..media.media_check import DEFAULT_MAX_DECODED_BYTES
+from ..media import DEFAULT_MAX_DECODED_BYTES, model_frame_limits
 from ..sessions.config import check_settings, merge_session_config
 from ..sglang.actions import (
     FORM_UPLOADS,

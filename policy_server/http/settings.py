@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ..media.media_check import DEFAULT_MAX_DECODED_BYTES
+from ..media import DEFAULT_MAX_DECODED_BYTES
 from ..videos.job_store import RetentionPolicy
 from .codecs import DEFAULT_MAX_JSON_VALUES
 from .connections import ConnectionLimits

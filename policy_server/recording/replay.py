@@ -40,7 +40,7 @@ from cosmos3_runtime.requests import ActionRequest
 from robot_clients.client_frames import REQUEST_SETTINGS
 
 from ..durable_files import read_lines
-from ..media.camera_composition import side_by_side
+from ..media import side_by_side
 from .assembly import column_values
 from .episode_writer import REQUEST_FIELDS
 from .lerobot_format import (

@@ -30,13 +30,12 @@ from robot_clients.protocol import DropReason, ErrorCode, ProtocolError, Session
 
 from ..context import ServerContext
 from ..engine.request_queue import EngineOutcome, PendingObservation, QueueClosed
+from ..media import DecodeSlot
 from .config import SessionConfig
 from .controls import ControlError, ControlErrorCode, OperatorControl
-from .frame_decoding import DecodeSlot
-from .listener import AcceptedObservation, SessionListener
+from .listener import AcceptedObservation, SessionListener, SessionTelemetry
 from .observation_rules import DROP_MESSAGES, ChunkReply, Drop, ObservationRules
 from .outbox import OutboxFull, paced, payload_size
-from .telemetry import SessionTelemetry
 
 logger = logging.getLogger(__name__)
 
@@ -78,7 +77,7 @@ class Session:
         self.close_reason = "closed"  # what its listeners hear when it ends
         self.frame_seq: int | None = None  # the seq the frame being handled is about, once known
         # Set by handle() when the client's first frame speaks another dialect served on the same path
-        # (:mod:`.dialects`): run() then returns, once the replies queued so far (the metadata) left, and
+        # (:class:`.native.Dialect`): run() then returns, once the replies queued so far (the metadata) left, and
         # the server hands the connection to that dialect's session.
         self.handed_over = False
         # Observations whose encoded camera frames are being decoded off the event loop (one at a time).
@@ -158,7 +157,7 @@ class Session:
         """The one step every observation takes from its parsed frame to its admission (``admit``: rate,
         seq, queue). ``decode`` (its encoded camera frames to pixels, headers already checked) runs on the
         decode pool, never here; an observation with nothing to decode is admitted at once unless one is
-        still decoding ahead of it (:class:`~.frame_decoding.DecodeSlot`: latest wins, order kept)."""
+        still decoding ahead of it (:class:`~policy_server.media.DecodeSlot`: latest wins, order kept)."""
         if decode is None and not self.decoding.busy:
             admit(observation, received_at)
             return

@@ -23,7 +23,7 @@ from cosmos3_runtime.requests import ActionRequest, ActionResult
 from robot_clients.client_frames import REQUEST_SETTINGS, SETTINGS_BY_NAME, ObservationFrame
 from robot_clients.protocol import ErrorCode, ProtocolError
 
-from ..media.camera_composition import compose_named
+from ..media import compose_named
 
 # The settings an engine request carries as the session holds them (the table's recorded ones: those the
 # model uses), less the two resolved for each observation.
@@ -76,7 +76,7 @@ class SessionConfig:
         The mode, when unset, follows the media (a ``video`` asks for ``inverse_dynamics``). What the
         server can judge about the media against the settings is checked here, so that it is refused
         with the same codes as a bad ``configure``; the engine checks again. Named ``images`` are
-        composed into one frame per the view point: :mod:`policy_server.media.camera_composition`.
+        composed into one frame per the view point: :mod:`policy_server.media`.
         """
         mode = self.action_mode or ("inverse_dynamics" if obs.video is not None else "policy")
         assert mode in ("policy", "inverse_dynamics"), "merge_session_config admits only the realtime modes"

@@ -42,13 +42,18 @@ from robot_clients.wire_codec import WireFormatError, packb, unpackb
 from ..context import ServerContext
 from ..engine.request_queue import EngineOutcome, PendingObservation
 from ..log_hygiene import printable
-from ..media.media_check import canvas_side
+from ..media import canvas_side
 from ..metadata import openpi_metadata
 from .base import Session
 from .config import SessionConfig, observation_request
-from .frame_decoding import openpi_decode
 from .observation_rules import UNREAD_CHUNK_MESSAGE, ChunkReply
-from .openpi_observation import OpenpiObservation, OpenpiSettings, detect_convention, parse_openpi_observation
+from .openpi_observation import (
+    OpenpiObservation,
+    OpenpiSettings,
+    detect_convention,
+    openpi_decode,
+    parse_openpi_observation,
+)
 
 logger = logging.getLogger(__name__)
 

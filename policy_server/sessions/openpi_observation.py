@@ -45,7 +45,7 @@ Pure data: no sockets, no model.
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -66,7 +66,7 @@ from robot_clients.client_frames import (
 )
 from robot_clients.protocol import ErrorCode, FrameLimits, ProtocolError
 
-from ..media.camera_composition import Alternative, camera_alternatives, side_by_side
+from ..media import Alternative, camera_alternatives, check_cameras, decoded_image, side_by_side
 from .config import SessionConfig, check_state, merge_session_config
 
 # The conventions in use, for detection (logs, metadata) and for the docs; the mapping does the work.
@@ -338,6 +338,25 @@ def compose_cameras(result: OpenpiObservation, frames: list[np.ndarray], video: 
 
 # Conventions nest at most one level (ALOHA's images/cam_high); deeper maps are nobody's observation.
 MAX_NESTING = 4
+
+
+def openpi_decode(
+    obs: OpenpiObservation, video: bool, limits: FrameLimits, seq: int, fit_side: int | None = None
+) -> Callable[[], Any] | None:
+    """Check an openpi observation's chosen cameras now (composed side by side, before anything is
+    decoded); the decoding (then the composition) to run on the pool (None: composed already)."""
+    if obs.encoded is None:
+        return None
+    encoded = obs.encoded
+    check_cameras(list(zip(obs.cameras, encoded)), limits, seq, side_by_side=True, fit_side=fit_side)
+
+    def decode() -> OpenpiObservation:
+        frames = [decoded_image(value, key, limits, seq, fit_side) for key, value in zip(obs.cameras, encoded)]
+        compose_cameras(obs, frames, video, limits)
+        obs.encoded = None
+        return obs
+
+    return decode
 
 
 def _decoded_keys(obs: Any, where: str | None = None, depth: int = 0) -> Any:

@@ -2,9 +2,9 @@
 envelope in, one reply envelope out.
 
 One path serves two protocols. :data:`SGLANG_DIALECT` is registered by the command line
-(``policy_server.cli``) as one of the path's dialects (:mod:`policy_server.sessions.dialects`). The path's
+(``policy_server.cli``) as one of the path's dialects (:class:`policy_server.sessions.native.Dialect`). The path's
 native session sends the metadata frame, to which this dialect adds SGLang's keys (:func:`sglang_keys`,
-merged by :func:`policy_server.sglang.metadata.merge_metadata`), because an SGLang client reads the
+merged by :func:`policy_server.sglang.actions.merge_metadata`), because an SGLang client reads the
 metadata before it sends anything. The client's first frame then decides (:func:`connection_mode`): a map
 with ``type`` stays our native protocol v1, unchanged (a frame without ``type`` that is not SGLang's
 envelope still gets ``unknown_type`` there); a map without ``type`` that is SGLang's request envelope
@@ -46,10 +46,9 @@ from ..http.errors import ApiError, HttpErrorCode
 from ..http.requests import item_requests
 from ..sessions.base import Session
 from ..sessions.config import SessionConfig
-from ..sessions.dialects import FirstFrame
+from ..sessions.native import FirstFrame
 from ..sessions.observation_rules import ChunkReply
-from .actions import ActionCall, build_reply, is_sglang_envelope, parse_action_envelope
-from .metadata import merge_metadata, sglang_metadata
+from .actions import ActionCall, build_reply, is_sglang_envelope, merge_metadata, parse_action_envelope, sglang_metadata
 
 NATIVE = "native"
 SGLANG = "sglang"

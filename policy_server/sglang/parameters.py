@@ -1,4 +1,5 @@
-"""SGLang's parameter names and values, checked and mapped onto our own request fields.
+"""SGLang's request fields, checked and mapped onto ours: parameter names and values, image and video value
+forms, and the ``POST /v1/videos`` body.
 
 Both SGLang endpoints this server speaks (``/v1/actions/generations`` and ``/v1/videos``) name some
 settings differently from ours and identify some things differently. A setting that only has another
@@ -13,6 +14,38 @@ name is renamed; what SGLang expresses another way is resolved here against the 
 Each becomes one of our fields or is refused, naming the client's own field path. Everything else is
 left to our own request checks, which name our fields: :meth:`Mapped.relabel` puts the client's name
 back into such an error.
+
+**Image and video values**, turned into the forms our codecs decode. SGLang takes an observation image as:
+
+* ``{"b64_json": "..."}`` or ``{"base64": "..."}`` (a ``data:image/...;base64,`` URL is fine);
+* ``{"values": [...], "dtype": "uint8", "shape": [H, W, 3]}`` (``"data"`` for ``"values"``);
+* nested lists, or a numpy array in msgpack bodies;
+* a list of any of these, an array of shape B×H×W×3, or a ``values`` payload of that shape: a batch;
+* a plain string, which SGLang reads as a file path or URL on the server.
+
+Our codecs (:mod:`policy_server.http.codecs`) decode base64 strings, encoded bytes, nested lists,
+uint8 arrays and uploads, and check sizes against the model before any pixel is decoded. So SGLang's
+containers are only unwrapped here and batches split; the pixels are checked where every other request's
+are. Two things are refused here: strings that name a path or URL (the server never reads its own files
+or fetches URLs for a client), and containers with keys we would otherwise ignore.
+
+Grayscale (H×W) and RGBA (H×W×4) arrays, which SGLang passes to PIL, become RGB here.
+
+**The** ``POST /v1/videos`` **body**, its field names mapped onto ours. SGLang (and OpenAI's Videos API,
+which it extends) sends a flat body, JSON or multipart, whose Cosmos3
+``forward_dynamics`` fields are::
+
+    prompt, input_reference (the first frame), action (T×D), action_mode, domain_name | domain_id +
+    raw_action_dim, action_fps, action_view_point, action_normalization, num_inference_steps,
+    guidance_scale, num_frames, fps, seed, size ("WIDTHxHEIGHT") | width + height, seconds,
+    negative_prompt, n, extra_params / extra_body (JSON objects of more of these)
+
+:func:`video_fields` turns such a body into the fields of our ``VideoCreateParams`` (our own names pass
+through unchanged), so the route runs its own checks (:func:`policy_server.http.requests.video_submission`)
+and :meth:`Mapped.relabel` names the client's field in their errors.
+What only describes the video (``num_frames``, ``seconds``, ``size``) must agree with what the actions
+and the first frame already decide; what this runtime cannot do (a negative prompt, several outputs,
+guardrails, video-to-video inputs) is refused rather than ignored.
 """
 
 from __future__ import annotations
@@ -357,3 +390,336 @@ def merge_extra(fields: dict[str, Any], extra: Any, path: str) -> None:
         if key in fields and fields[key] != value:
             raise invalid(f"{path}.{key}", f"`{key}` is given twice with different values (in `{path}` and elsewhere)")
         fields[key] = value
+
+
+# -- image and video values ------------------------------------------------------------------------
+
+B64_KEYS = ("b64_json", "base64")
+TENSOR_VALUE_KEYS = ("values", "data")
+TENSOR_KEYS = (*TENSOR_VALUE_KEYS, "dtype", "shape")
+
+
+def _refuse(path: str, message: str) -> ApiError:
+    return ApiError(ErrorCode.INVALID_IMAGE, message, path)
+
+
+def looks_like_path(value: str) -> bool:
+    """True for a file path or URL; False for base64 (whose alphabet has no ``.``, ``:`` or ``\\``)."""
+    return not value.startswith("data:") and any(mark in value for mark in (".", ":", "\\"))
+
+
+def refuse_paths(value: str, path: str) -> str:
+    """``value`` unchanged, unless it names a path or URL: those are refused."""
+    if looks_like_path(value):
+        raise _refuse(
+            path,
+            f"`{path}` looks like a file path or URL; this server never reads its own files or fetches "
+            "URLs for a client: send the image itself (base64, pixels, or a multipart upload)",
+        )
+    return value
+
+
+def _rgb(array: np.ndarray) -> np.ndarray:
+    """H×W gray and H×W×1 / H×W×4 arrays as H×W×3, the only layout the model takes; others unchanged."""
+    if array.dtype == np.uint8 and array.ndim == 2:
+        return np.repeat(array[:, :, None], 3, axis=2)
+    if array.dtype == np.uint8 and array.ndim == 3 and array.shape[-1] in (1, 4):
+        return np.repeat(array, 3, axis=2) if array.shape[-1] == 1 else array[:, :, :3]
+    return array
+
+
+def tensor_payload(value: dict[str, Any], path: str) -> np.ndarray:
+    """SGLang's ``{"values"|"data", "dtype", "shape"}`` as a uint8 array.
+
+    ``values`` are nested lists of integers in [0, 255] (or, in msgpack, the raw bytes of the array);
+    ``shape``, when given, must hold exactly that many values.
+    """
+    unknown = sorted(set(value) - set(TENSOR_KEYS))
+    if unknown:
+        raise _refuse(
+            f"{path}.{unknown[0]}",
+            f"`{path}` has unknown key `{unknown[0]}`; an array payload has `values` (or `data`), `dtype` and `shape`",
+        )
+    if all(k in value for k in TENSOR_VALUE_KEYS):
+        raise _refuse(path, f"`{path}` has both `values` and `data`; send one")
+    values = value.get("values", value.get("data"))
+    dtype = value.get("dtype", "uint8")
+    try:
+        uint8 = np.dtype(dtype) == np.uint8
+    except (TypeError, ValueError):
+        uint8 = False
+    if not uint8:
+        raise _refuse(f"{path}.dtype", f"`{path}.dtype` must be uint8 (RGB pixels in [0, 255]), got {dtype!r}")
+    shape = value.get("shape")
+    if shape is not None:
+        if not isinstance(shape, (list, tuple)) or not 1 <= len(shape) <= 5:
+            raise _refuse(f"{path}.shape", f"`{path}.shape` must be a list of 1 to 5 sizes")
+        shape = [integer(n, f"{path}.shape", low=1) for n in shape]
+    if isinstance(values, (bytes, bytearray, memoryview)):
+        array = np.frombuffer(values, dtype=np.uint8)
+    else:
+        try:
+            array = np.asarray(values)
+        except (ValueError, TypeError):
+            raise _refuse(path, f"`{path}` values must be nested lists of equal lengths") from None
+        if array.dtype.kind not in "iu" or (array.size and (array.min() < 0 or array.max() > 255)):
+            raise _refuse(path, f"`{path}` values must be integers in [0, 255]")
+        array = array.astype(np.uint8)
+    if shape is not None:
+        if math.prod(shape) != array.size:
+            raise _refuse(
+                f"{path}.shape", f"`{path}` holds {array.size} values but its shape {shape} needs {math.prod(shape)}"
+            )
+        array = array.reshape(shape)
+    return array
+
+
+def _container(value: dict[str, Any], path: str) -> Any:
+    """An image given as one of SGLang's dicts: base64 text or an array payload."""
+    b64 = [k for k in B64_KEYS if k in value]
+    if b64:
+        extra = sorted(set(value) - {b64[0]})
+        if extra:
+            raise _refuse(
+                path, f"`{path}` has `{b64[0]}` and `{extra[0]}`; a base64 image has only `b64_json` (or `base64`)"
+            )
+        data = value[b64[0]]
+        if not isinstance(data, str) or not data:
+            raise _refuse(f"{path}.{b64[0]}", f"`{path}.{b64[0]}` must be a non-empty base64 string")
+        return refuse_paths(data, f"{path}.{b64[0]}")
+    if any(k in value for k in TENSOR_VALUE_KEYS):
+        return tensor_payload(value, path)
+    raise _refuse(
+        path, f'`{path}` must be `{{"b64_json": ...}}` or `{{"values": ..., "dtype": "uint8", "shape": [H, W, 3]}}}}`'
+    )
+
+
+def _single(value: Any, path: str) -> Any:
+    """One image in a form :func:`policy_server.http.codecs.to_image` decodes (it checks the pixels)."""
+    if isinstance(value, str):
+        return refuse_paths(value, path)
+    if isinstance(value, dict):
+        value = _container(value, path)
+    if isinstance(value, np.ndarray):
+        return _rgb(value)
+    return value  # bytes, nested lists, an upload: the codec decides
+
+
+def _nesting(value: Any) -> int:
+    """How deep a nested list of numbers goes (H×W×3 -> 3), following the first elements."""
+    depth = 0
+    while isinstance(value, (list, tuple)) and value:
+        depth, value = depth + 1, value[0]
+    numeric = isinstance(value, (int, float, np.integer, np.floating)) and not isinstance(value, bool)
+    return depth if numeric else 0
+
+
+def image_batch(value: Any, path: str, *, max_items: int) -> list[tuple[Any, str]]:
+    """The images one SGLang image field holds, each with the path to name in errors.
+
+    A single image gives one; a list, a B×H×W×3 array or a ``values`` payload of that shape gives a
+    batch. An H×W×3 nested list of numbers is one image (SGLang would read its rows as a batch); so is
+    an H×W one, which the codec then refuses as not RGB.
+    """
+    if isinstance(value, dict):
+        value = _container(value, path)
+    if isinstance(value, np.ndarray) and value.ndim == 4:
+        items: list[Any] = list(value)
+    elif isinstance(value, (list, tuple)) and _nesting(value) not in (2, 3):
+        items = list(value)
+        if not items:
+            raise _refuse(path, f"`{path}` is an empty list; send at least one image")
+    else:
+        return [(_single(value, path), path)]
+    if len(items) > max_items:
+        raise ApiError(
+            ErrorCode.INVALID_FIELD,
+            f"`{path}` holds {len(items)} images; this server takes at most {max_items} per request",
+            path,
+        )
+    return [(_single(item, f"{path}[{i}]"), f"{path}[{i}]") for i, item in enumerate(items)]
+
+
+def video_clip(value: Any, path: str) -> Any:
+    """One clip in a form :func:`policy_server.http.codecs.to_video` decodes: frames, not a file."""
+    if isinstance(value, str):
+        refuse_paths(value, path)  # a path or URL is refused; anything else is not a clip either
+        raise _refuse(
+            path,
+            f"`{path}` must be the clip's frames: a list of base64 images, T×H×W×3 pixels, or a "
+            "video file as a multipart upload",
+        )
+    if isinstance(value, dict):
+        if any(k in value for k in B64_KEYS):
+            raise _refuse(
+                path,
+                f"`{path}`: an encoded video file is accepted as a multipart upload; in JSON or "
+                "msgpack send its frames (a list of base64 images or T×H×W×3 pixels)",
+            )
+        value = _container(value, path)
+    if isinstance(value, np.ndarray) and value.ndim != 4:
+        raise _refuse(path, f"`{path}` must be one T×H×W×3 clip, got shape {list(value.shape)}")
+    if isinstance(value, (list, tuple)):
+        return [_single(frame, f"{path}[{i}]") for i, frame in enumerate(value)]
+    return value
+
+
+# -- the /v1/videos body ---------------------------------------------------------------------------
+
+# Our VideoCreateParams fields: they keep their meaning.
+NATIVE_FIELDS = (
+    "action",
+    "input_reference",
+    "domain_name",
+    "prompt",
+    "action_mode",
+    "fps",
+    "seed",
+    "num_steps",
+    "guidance_scale",
+    "resolution_tier",
+    "view_point",
+    "model",
+)
+# SGLang's names for two of them.
+RENAMED = {"num_inference_steps": "num_steps", "action_view_point": "view_point"}
+# SGLang's fields that are resolved or checked here, never passed on.
+CHECKED_FIELDS = (
+    "action_fps",
+    "domain_id",
+    "raw_action_dim",
+    "action_normalization",
+    "num_frames",
+    "seconds",
+    "size",
+    "width",
+    "height",
+    "negative_prompt",
+    "n",
+    "num_outputs_per_prompt",
+    "use_guardrails",
+    "guardrails",
+)
+EXTRA_FIELDS = ("extra_body", "extra_json", "extra_params")  # extra_json: how OpenAI's SDK may send extra_body
+# SGLang reads these as server paths or URLs (or takes a video to continue): never read here.
+UNREAD_FIELDS = ("reference_url", "video_path", "video_url", "video_reference")
+KNOWN_FIELDS = (*NATIVE_FIELDS, *RENAMED, *CHECKED_FIELDS, *EXTRA_FIELDS)
+
+
+def _promote_extras(fields: dict[str, Any]) -> None:
+    """Fold ``extra_body`` / ``extra_json`` / ``extra_params`` (also when nested in one another) into ``fields``."""
+    for _ in range(len(EXTRA_FIELDS) + 1):  # bounded: each round removes at least one key
+        present = [name for name in EXTRA_FIELDS if name in fields]
+        if not present:
+            return
+        for name in present:
+            extra = fields.pop(name)
+            if extra not in (None, ""):
+                merge_extra(fields, extra, name)
+    raise invalid("extra_params", "`extra_params` / `extra_body` are nested too deeply")
+
+
+def _rows(action: Any) -> int | None:
+    """How many actions (rows) the ``action`` field holds, when it is an array or a list."""
+    if isinstance(action, np.ndarray) and action.ndim >= 1:
+        return int(action.shape[0])
+    return len(action) if isinstance(action, list) else None
+
+
+def video_fields(fields: Mapping[str, Any], description: ModelDescription, *, default_fps: float) -> Mapped:
+    """A ``POST /v1/videos`` body, with SGLang's names or ours, as our ``VideoCreateParams`` fields.
+
+    ``default_fps`` is the rate a request without ``fps`` runs at (``VideoCreateParams.fps``'s default):
+    ``seconds`` is checked against it. Raises :class:`~policy_server.http.errors.ApiError` naming the
+    client's field.
+    """
+    body = dict(fields)
+    _promote_extras(body)
+    for name in body:
+        if name in UNREAD_FIELDS:
+            raise invalid(
+                name,
+                f"`{name}` is not read here: this server never reads its own files or fetches URLs "
+                "for a client, and forward_dynamics starts from one image (`input_reference`)",
+            )
+        if name not in KNOWN_FIELDS:
+            raise invalid(name, f"unknown field `{name}`; known fields: {', '.join(KNOWN_FIELDS)}")
+
+    if isinstance(body.get("input_reference"), str):  # SGLang reads a string here as a server path or URL
+        refuse_paths(body["input_reference"], "input_reference")
+    mapped = Mapped()
+    for name in NATIVE_FIELDS:
+        if body.get(name) is not None:
+            mapped.put(name, body[name], name)
+    for sglang_name, ours in RENAMED.items():
+        if body.get(sglang_name) is None:
+            continue
+        if ours in mapped.fields and mapped.fields[ours] != body[sglang_name]:
+            raise invalid(sglang_name, f"`{sglang_name}` and `{ours}` are the same setting; send one")
+        mapped.put(ours, body[sglang_name], sglang_name)
+
+    paths = {"domain_name": "domain_name", "domain_id": "domain_id", "raw_action_dim": "raw_action_dim"}
+    named, domain_id, width = body.get("domain_name"), body.get("domain_id"), body.get("raw_action_dim")
+    if named is None and domain_id is None:
+        named = description.defaults.domain_name  # our /v1/videos default; width still checked
+    if named is not None or domain_id is not None:
+        domain = resolve_domain(description, name=named, domain_id=domain_id, raw_action_dim=width, paths=paths)
+        mapped.put(
+            "domain_name",
+            domain,
+            "domain_name" if body.get("domain_name") is not None or domain_id is None else "domain_id",
+        )
+        if body.get("action_normalization") is not None:
+            check_normalization(body["action_normalization"], domain, description, "action_normalization")
+
+    rate = frame_rate(body.get("fps"), body.get("action_fps"), "fps", "action_fps")
+    if rate is not None:
+        mapped.put("fps", *rate)
+    fps = rate[0] if rate is not None else default_fps
+
+    rows = _rows(body.get("action"))
+    if body.get("num_frames") is not None and rows is not None:
+        frames = integer(body["num_frames"], "num_frames", low=2)
+        if frames != rows + 1:
+            raise invalid(
+                "num_frames",
+                f"{rows} actions roll out {rows + 1} frames (the first frame plus one per "
+                f"action): `num_frames` must be {rows + 1} or left out, got {frames}",
+            )
+    if body.get("seconds") is not None and rows is not None:
+        seconds = number(body["seconds"], "seconds", positive=True)
+        if abs(seconds * fps - (rows + 1)) >= 1.0:
+            raise invalid(
+                "seconds",
+                f"the video's length is set by `action`: {rows + 1} frames at {fps:g} fps = "
+                f"{(rows + 1) / fps:.3f} s; `seconds` must agree or be left out, got {seconds:g}",
+            )
+
+    tiers = (
+        [(tier_for_size(*parse_size(body["size"], "size"), description, "size"), "size")]
+        if body.get("size") not in (None, "")
+        else []
+    )
+    tier = canvas_tier(body.get("height"), body.get("width"), description, height_path="height", width_path="width")
+    if tier is not None:
+        tiers.append((tier, "height"))
+    if len(tiers) == 2 and tiers[0][0] != tiers[1][0]:
+        raise invalid("size", "`size` and `height`/`width` disagree; send one of them")
+    if tiers:
+        tier, path = tiers[0]
+        if mapped.fields.get("resolution_tier", tier) != tier:
+            raise invalid(
+                path,
+                f"`{path}` is a canvas of resolution tier {tier}, not of `resolution_tier` "
+                f"{mapped.fields['resolution_tier']}",
+            )
+        mapped.put("resolution_tier", tier, path)
+
+    if body.get("negative_prompt") not in (None, ""):
+        raise invalid("negative_prompt", "this runtime takes no negative prompt; leave `negative_prompt` out")
+    for name in ("n", "num_outputs_per_prompt"):
+        if body.get(name) is not None and integer(body[name], name, low=1) != 1:
+            raise invalid(name, f"one video per job here: `{name}` must be 1 or left out (submit more jobs)")
+    for name in ("use_guardrails", "guardrails"):
+        refuse_guardrails(body.get(name), name)
+    return mapped

@@ -1,8 +1,8 @@
-"""One vla-eval harness's connection to ``/v1/vla-eval``: its model-server protocol, served by the engine.
+"""vla-eval on the server's port: a harness's session on ``/v1/vla-eval``, and its HTTP control plane.
 
-The frames are :mod:`.frames`'; what an observation means is :mod:`.mapping`'s; which action answers
-which observation is :mod:`.chunks`'. This module puts them on a :class:`~policy_server.sessions.base.Session`,
-so a harness is served like every robot: its observations wait in the same request queue (latest wins,
+The frames, what an observation means and which action answers which observation are
+:mod:`.translation`'s. The session puts them on a :class:`~policy_server.sessions.base.Session`, so a
+harness is served like every robot: its observations wait in the same request queue (latest wins,
 fair turns, the one engine worker), its replies leave through the same bounded outbox, its rate and idle
 time are limited the same way, and it is recorded like the others (``--record-dir``; one recorded
 episode per vla-eval episode).
@@ -11,7 +11,7 @@ The rules of the exchange, as vla-eval's client expects them:
 
 * ``hello`` is answered by a ``hello`` (a ``protocol_version`` other than 1 by an ``error`` instead).
 * ``episode_start`` resets the session: whatever is in flight is forgotten, a new episode begins with the
-  task's text as its prompt and the settings of :class:`~.settings.VlaEvalSettings`, or those of the
+  task's text as its prompt and the settings of :class:`~.translation.VlaEvalSettings`, or those of the
   payload's ``settings`` map. ``mode: "live"`` is a real-time run.
 * every ``observation`` gets at most one reply, in sync mode exactly one: the next action of the current
   chunk at once, or (the chunk spent) the first action of the next chunk when the engine answers. In a
@@ -21,6 +21,21 @@ The rules of the exchange, as vla-eval's client expects them:
   answered in place of the next observation's action, so a lock-step harness reads exactly one reply per
   observation; likewise an engine failure on a chunk asked for early. A frame vla-eval never sends (not
   msgpack, an unknown ``type``) is answered at once. The connection survives every error.
+
+**What vla-eval adds to the port.** vla-eval's client speaks first on its connection and reads only
+vla-eval frames, so it cannot share the robots' path as a first-frame dialect (the native session greets
+every connection there with its ``metadata`` frame): its sessions get ``/v1/vla-eval``
+(:class:`VlaEvalSession`). ``policy_server.cli.assemble_server`` hands these to the server
+(:class:`policy_server.routes.EdgeEndpoints`) unless ``--no-vla-eval``.
+
+The control plane: vla-eval's own model servers answer ``GET /health`` with ``200 {"status": "ok"}`` once
+they can serve (its tooling uses it as the readiness probe), and ``GET /config`` with their configuration
+(``{"applied": {}, "config": {...}}``; ``?key=value`` changes whitelisted settings there). Here
+``/health`` (open, like ``/healthz``) is ``200 ok`` once the model is loaded and warm (``503 loading``
+before, ``503 stopping`` while shutting down), and ``/config`` is read-only: a query is refused with
+``422`` and its keys named, as vla-eval's servers refuse keys they do not know. Both are also served
+under ``/v1/vla-eval/``. :func:`health_answer` and :func:`config_answer` compute the answers (status,
+JSON body); the server writes them.
 """
 
 from __future__ import annotations
@@ -29,6 +44,7 @@ import logging
 import time
 from dataclasses import dataclass
 from typing import Any
+from urllib.parse import parse_qs
 
 import numpy as np
 from websockets.asyncio.server import ServerConnection
@@ -40,14 +56,27 @@ from robot_clients.protocol import DropReason, ErrorCode, ProtocolError
 from ..context import ServerContext
 from ..engine.request_queue import EngineOutcome, PendingObservation
 from ..log_hygiene import printable
+from ..media import check_cameras, decoded_image
+from ..routes import EdgeEndpoints, HttpEndpoint, SessionEndpoint
 from ..sessions.base import Session
 from ..sessions.config import SessionConfig, observation_request
-from ..sessions.frame_decoding import check_cameras, decoded_image
 from ..sessions.observation_rules import ChunkReply, Drop
-from .chunks import ChunkPlan, ChunkPlayer
-from .frames import PROTOCOL_VERSION, FrameType, VlaEvalFrame, action_frame, error_frame, frame, parse_frame
-from .mapping import IMAGES_KEY, VlaEvalObservation, parse_observation
-from .settings import VlaEvalSettings
+from .translation import (
+    IMAGES_KEY,
+    PROTOCOL_VERSION,
+    VLA_EVAL_PATH,
+    ChunkPlan,
+    ChunkPlayer,
+    FrameType,
+    VlaEvalFrame,
+    VlaEvalObservation,
+    VlaEvalSettings,
+    action_frame,
+    error_frame,
+    frame,
+    parse_frame,
+    parse_observation,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -402,3 +431,62 @@ class VlaEvalSession(Session):
         if reply is not None and seq is not None:
             self.awaiting = None
             self.put(action_frame(reply, seq, {"server_timing": timing}))
+
+
+# -- the endpoints ---------------------------------------------------------------------------------
+
+HEALTH_PATHS = ("/health", VLA_EVAL_PATH + "/health")
+CONFIG_PATHS = ("/config", VLA_EVAL_PATH + "/config")
+
+
+def health_answer(context: ServerContext[Any]) -> tuple[int, dict[str, Any]]:
+    if context.stopping:
+        return 503, {"status": "stopping"}
+    if not context.ready:
+        return 503, {"status": "loading"}
+    return 200, {"status": "ok"}
+
+
+def config_answer(context: ServerContext[Any], settings: VlaEvalSettings, query: str) -> tuple[int, dict[str, Any]]:
+    """The endpoint's configuration; ``query`` (the request's query string) must be empty here."""
+    keys = sorted(parse_qs(query, keep_blank_values=True))
+    if keys:
+        errors = [f"read-only: {key} (set it with the server's --vla-eval-* flags, or per episode)" for key in keys]
+        return 422, {"errors": errors}
+    current: dict[str, Any] = {
+        "max_batch_size": context.settings.max_batch,
+        "max_wait_time": context.settings.max_batch_wait_ms / 1e3,
+        "chunk": settings.plan.chunk,
+        "ask_ahead": settings.plan.ask_ahead,
+        "execute": settings.plan.execute,
+        "strict_state": settings.strict_state,
+        "mapping": settings.mapping.describe(),
+    }
+    description = context.description
+    if description is not None:
+        try:
+            config, _ = settings.episode(description, {})
+            resolved = config.resolved(description)
+            current.update({key: resolved[key] for key in ("domain_name", "action_horizon", "view_point", "state_dim")})
+        except ProtocolError as error:
+            current["error"] = error.text()
+    return 200, {"applied": {}, "config": current}
+
+
+def vla_eval_endpoints(settings: VlaEvalSettings) -> EdgeEndpoints:
+    """vla-eval's session path and HTTP answers, served with ``settings``."""
+
+    def session(connection: ServerConnection, context: ServerContext[Session]) -> Session:
+        return VlaEvalSession(connection, context, settings)
+
+    def config(context: ServerContext[Session], query: str) -> tuple[int, dict[str, Any]]:
+        return config_answer(context, settings, query)
+
+    def health(context: ServerContext[Session], query: str) -> tuple[int, dict[str, Any]]:
+        return health_answer(context)
+
+    return EdgeEndpoints.of(
+        SessionEndpoint(VLA_EVAL_PATH, session),
+        *(HttpEndpoint(path, health, open=True) for path in HEALTH_PATHS),
+        *(HttpEndpoint(path, config) for path in CONFIG_PATHS),
+    )

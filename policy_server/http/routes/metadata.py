@@ -15,8 +15,8 @@ from fastapi.responses import JSONResponse, Response
 from ...context import ServerContext
 from ...metadata import engine_state, health, http_action_metadata
 from ...metrics import PROMETHEUS_CONTENT_TYPE
+from ...sglang.actions import merge_metadata
 from ...sglang.lockstep_session import sglang_keys
-from ...sglang.metadata import merge_metadata
 from ...videos.encoding import MP4_MEDIA_TYPE
 from .. import codecs as http_codecs
 from ..context import SidecarParts

@@ -37,8 +37,8 @@ from fastapi import APIRouter, Query, Request
 
 from robot_clients.protocol import ErrorCode
 
-from ...sessions.rate_limits import TokenBucket
-from ...sessions.telemetry import encode_preview
+from ...sessions.listener import encode_preview
+from ...sessions.observation_rules import TokenBucket
 from ..context import SidecarParts
 from ..errors import ApiError, HttpErrorCode
 from ..turns import client_identity

@@ -17,7 +17,7 @@ from fastapi.responses import FileResponse
 from cosmos3_runtime.description import ModelDescription
 from robot_clients.protocol import ErrorCode, FrameLimits
 
-from ...sglang.videos import video_fields
+from ...sglang.parameters import video_fields
 from ...videos.encoding import MP4_MEDIA_TYPE
 from ...videos.job_store import JobNotFound, StorageFull, VideoJob, VideoJobStatus, VideoJobStore
 from .. import codecs as http_codecs
@@ -74,7 +74,7 @@ def job_object(job: VideoJob, store: VideoJobStore) -> VideoJobObject:
 def _submission(
     fields: dict[str, Any], description: ModelDescription, limits: FrameLimits
 ) -> http_requests.VideoSubmission:
-    """A submission with SGLang's field names or ours (:func:`~policy_server.sglang.videos.video_fields`),
+    """A submission with SGLang's field names or ours (:func:`~policy_server.sglang.parameters.video_fields`),
     checked by our own rules; an error names the field as the client wrote it."""
     mapped = video_fields(fields, description, default_fps=VideoCreateParams.model_fields["fps"].default)
     try:
