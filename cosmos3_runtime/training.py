@@ -420,7 +420,8 @@ class FlowMatchingTrainer:
         job, profile = self.job(index, prefix, seed=0, prefix_offset=offset)
         x0_action, action_mask, clean = action_rows(job, self.action_dim, device)
         chunk = torch.from_numpy(profile.to_model(self.samples.chunks[index])).to(device)
-        x0_action[job.leading_rows :, : job.raw_action_dim] = chunk
+        # The rows after the prefix are the data's; the prefix rows keep what the job conditions on.
+        x0_action[job.leading_rows + prefix :, : job.raw_action_dim] = chunk[prefix:]
         x0_vision = self.samples.latents[self.samples.frame_of[index]].permute(1, 0, 2, 3)[None].to(device)
         vision_mask = torch.zeros((x0_vision.shape[2], 1, 1), device=device)
         vision_mask[0] = 1.0  # the conditioning frame

@@ -111,6 +111,54 @@ def test_a_small_batch_is_overfitted_and_predict_actions_reproduces_it(small_dat
     assert np.mean(errors) < 0.5 * np.mean(baseline), (errors, baseline)
 
 
+def test_offset_prefixes_move_every_prefix_row_by_one_offset_and_leave_the_chunk_alone(small_dataset, tmp_path):
+    """--prefix-noise: the clean prefix rows are the chunk's first rows plus one offset (the same on every
+    row, as a policy's previous chunk is off by its error); the rows the loss asks for are the data's."""
+    exact = prepare_training(_config(small_dataset, tmp_path / "exact")).trainer
+    offset = prepare_training(_config(small_dataset, tmp_path / "offset", prefix_noise=1.0)).trainer
+    prefix = 4
+    a = exact.sample_inputs(3, prefix, 0.7, torch.Generator().manual_seed(2))
+    b = offset.sample_inputs(3, prefix, 0.7, torch.Generator().manual_seed(2))
+    lead, width = a.job.leading_rows, a.job.raw_action_dim
+    rows = slice(lead, lead + prefix)
+    assert torch.equal(a.action_mask, b.action_mask)
+    shift = (b.action_latents[rows] - a.action_latents[rows])[:, :width]
+    assert shift.abs().min() > 0  # every prefix entry moved
+    assert torch.allclose(shift, shift[:1].expand_as(shift), atol=1e-5)  # by one offset
+    assert torch.equal(a.action_latents[:lead], b.action_latents[:lead])  # the state row is untouched
+    # The rows the loss asks for: x_t = t*eps + (1-t)*x0 and target = eps - x0 give x0 = x_t - t*target.
+    chunk = slice(lead + prefix, None)
+    x0_a = (a.action_latents - 0.7 * a.action_target)[chunk, :width]
+    x0_b = (b.action_latents - 0.7 * b.action_target)[chunk, :width]
+    assert torch.allclose(x0_a, x0_b, atol=1e-5)
+
+
+def test_a_moving_average_is_served_and_a_resumed_run_continues_from_the_trained_weights(small_dataset, tmp_path):
+    """--ema-decay: the checkpoint holds the average; a run stopped and resumed ends where one whole run ends."""
+    from safetensors.torch import load_file
+
+    def weights(ckpt: Path) -> dict[str, torch.Tensor]:
+        return {k: v for f in sorted((ckpt / "transformer").glob("*.safetensors")) for k, v in load_file(f).items()}
+
+    whole = _config(small_dataset, tmp_path / "whole", steps=6, ema_decay=0.9, max_prefix=2, prefix_noise=0.5)
+    train(whole)
+    first = _config(small_dataset, tmp_path / "split", steps=3, ema_decay=0.9, max_prefix=2, prefix_noise=0.5)
+    train(first)
+    train(
+        _config(small_dataset, tmp_path / "split", steps=6, ema_decay=0.9, max_prefix=2, prefix_noise=0.5, resume=True)
+    )
+    served_whole, served_split = weights(tmp_path / "whole"), weights(tmp_path / "split")
+    assert served_whole.keys() == served_split.keys()
+    for name in served_whole:
+        assert torch.allclose(served_whole[name], served_split[name], atol=1e-6), name
+    # What is served is not the trained weights themselves (kept in the state for --resume).
+    trained = torch.load(tmp_path / "whole" / "training_state.pt", weights_only=False)["trained_weights"]
+    assert len(trained) == len(served_whole)
+    norm_trained = sum(float(t.double().square().sum()) for t in trained)
+    norm_served = sum(float(t.double().square().sum()) for t in served_whole.values())
+    assert abs(norm_trained - norm_served) > 1e-6 * norm_trained
+
+
 LEROBOT_PYTHON = Path(
     os.environ.get("LEROBOT_PYTHON", Path(__file__).resolve().parent.parent / ".venv-lerobot/bin/python")
 )
