@@ -2,10 +2,10 @@
 form of them names exactly the settings the table says it carries.
 
 The forms: the native parser (``configure`` and ``observation``), the server's ``SessionConfig``, the HTTP
-sidecar's request schemas, the ``--openpi-*`` settings, SGLang's request keys, what each recorded row
-keeps (and what ``cosmos3-replay`` may override), what an action chunk reports, the engine's
-``ActionRequest`` and the user-facing table in ``docs/protocol.md``. A setting added to the table and
-missing from a form it claims, or added to a form and missing from the table, fails here.
+sidecar's request schemas, the ``--openpi-*`` settings, a vla-eval episode's settings, SGLang's request
+keys, what each recorded row keeps (and what ``cosmos3-replay`` may override), what an action chunk
+reports, the engine's ``ActionRequest`` and the user-facing table in ``docs/protocol.md``. A setting added
+to the table and missing from a form it claims, or added to a form and missing from the table, fails here.
 """
 
 from __future__ import annotations
@@ -29,6 +29,7 @@ from policy_server.sessions.config import CHUNK_ECHOED_SETTINGS, ENGINE_SETTINGS
 from policy_server.sessions.openpi_observation import OPENPI_SETTINGS, OpenpiSettings
 from policy_server.sglang import actions as sglang_actions
 from policy_server.sglang import parameters as sglang_videos
+from policy_server.vla_eval.translation import SESSION_KEYS, VlaEvalSettings
 from robot_clients.client import ActionChunk
 from robot_clients.client_frames import (
     OBSERVATION_SETTINGS,
@@ -115,6 +116,14 @@ def test_the_openpi_settings_name_the_settings_openpi_sessions_take():
     fields = {field.name for field in dataclasses.fields(OpenpiSettings)} - {"cameras", "strict_state"}
     assert fields == names(SettingChannel.OPENPI)
     assert set(OPENPI_SETTINGS) == names(SettingChannel.OPENPI)  # what session_config hands on
+
+
+def test_a_vla_eval_episode_takes_the_tables_vla_eval_settings():
+    assert set(SESSION_KEYS) == names(SettingChannel.VLA_EVAL)
+    # The --vla-eval-* flags set some of them for every episode; an episode's own `settings` may set all.
+    fields = {field.name for field in dataclasses.fields(VlaEvalSettings)} - {"plan", "mapping", "strict_state"}
+    assert fields <= names(SettingChannel.VLA_EVAL)
+    assert "action_mode" not in fields | names(SettingChannel.VLA_EVAL)  # an episode plays policy chunks
 
 
 def sglang_names() -> dict[str, str]:
