@@ -854,7 +854,8 @@ class AsyncPolicyClient:
     # -- requests --------------------------------------------------------------------------------------
 
     async def configure(self, timeout: float | None = 10.0, **settings: Any) -> dict[str, Any]:
-        """Set session settings (``domain_name``, ``action_mode``, ``action_horizon``, ``prompt``, ...).
+        """Set session settings (the protocol's ``configure`` settings: ``SESSION_SETTINGS`` in
+        :mod:`robot_clients.client_frames`, listed in ``docs/protocol.md``).
 
         Settings accumulate across calls and are re-sent after a reconnect. Returns the server's resolved
         configuration; raises :class:`ServerError` if the server refuses it (nothing is kept then).
@@ -886,8 +887,9 @@ class AsyncPolicyClient:
 
         ``state`` is the robot's proprio state (``[state_dim]`` or ``[history_length, state_dim]``, sent as
         float32) for a domain that conditions on it (``state_dim`` in the metadata's ``domains``).
-        ``settings`` (``domain_name``, ``action_horizon``, ``action_mode``, ``prompt``, ``seed``, ...) apply to
-        this observation only, over the session's configuration; the chunk reports what was used.
+        ``settings`` (any of the protocol's observation settings: ``OBSERVATION_SETTINGS`` in
+        :mod:`robot_clients.client_frames`) apply to this observation only, over the session's
+        configuration; the chunk reports what was used.
         Raises :class:`SessionPaused` (nothing is sent) while an operator has the session paused.
         """
         self._check_running()
