@@ -164,6 +164,14 @@ def test_sglangs_keys_carry_the_tables_settings_under_the_tables_sglang_names():
     assert resolved <= names(SettingChannel.HTTP_VIDEOS)
 
 
+def test_sglangs_action_parser_reads_every_setting_key_it_accepts():
+    # PARAMETER_KEYS takes its setting keys from the table: each must be read, never accepted and ignored.
+    source = Path(sglang_actions.__file__).read_text(encoding="utf-8")
+    read = set(re.findall(r'parameters(?:\.get\(|\[)"([a-z_]+)"', source))
+    accepted = set(sglang_names()) & set(sglang_actions.PARAMETER_KEYS)
+    assert accepted and accepted <= read, accepted - read
+
+
 def test_recording_keeps_the_recorded_settings_and_replay_overrides_only_those():
     recorded = {setting.name for setting in REQUEST_SETTINGS if setting.recorded}
     # guidance_interval is the engine's, set by no client: recorded so that a replay sends the same request.
