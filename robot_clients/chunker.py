@@ -254,12 +254,12 @@ class RemoteChunkPolicy:
 
     The client must be connected and configured (domain, horizon, prompt) by the caller. Each chunk request
     sends the observation's cameras (``image``, named ``images`` or a ``video``), its ``deadline_ms``, the
-    session settings it carries for itself (``prompt``, ``seed``, ``view_point``, ...: the protocol's
-    observation settings) and the robot's ``state`` when the observation's domain conditions on one (its
-    ``state_dim`` in the server's metadata); a state reported for a domain that takes none stays on the
-    robot, as the server would refuse it. ``timeout`` bounds one round trip: a chunk that takes longer is
-    no use to a robot that has already run out of actions, so the observation is cancelled and the chunker
-    asks again with a fresh one.
+    session settings it carries for itself (the protocol's observation settings:
+    :data:`~robot_clients.client_frames.OBSERVATION_SETTINGS`) and the robot's ``state`` when the
+    observation's domain conditions on one (its ``state_dim`` in the server's metadata); a state reported
+    for a domain that takes none stays on the robot, as the server would refuse it. ``timeout`` bounds one
+    round trip: a chunk that takes longer is no use to a robot that has already run out of actions, so the
+    observation is cancelled and the chunker asks again with a fresh one.
     """
 
     def __init__(self, client: PolicyClient, *, timeout: float = 5.0) -> None:

@@ -44,7 +44,7 @@ import threading
 import time
 from collections import Counter
 from collections.abc import Awaitable, Callable, Coroutine, Mapping, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field, fields, replace
 from ssl import SSLContext
 from typing import Any, TypeVar
 from urllib.parse import urlsplit, urlunsplit
@@ -55,6 +55,7 @@ from websockets.exceptions import ConnectionClosed, InvalidStatus, InvalidURI
 
 from . import protocol
 from .camera_frames import ImageEncoding, canvas_bins, encode_frame, resize_frame, send_size
+from .client_frames import SETTINGS_BY_NAME
 from .protocol import REALTIME_PATH, CodedError, DropReason, SessionState
 from .wire_codec import packb, unpackb
 
@@ -115,6 +116,8 @@ class ActionChunk:
 
     @classmethod
     def from_frame(cls, frame: dict[str, Any], round_trip_ms: float | None) -> ActionChunk:
+        # The settings a chunk may report (its optional fields the table names): None when the frame has none.
+        reported = {f.name: frame.get(f.name) for f in fields(cls) if f.name in SETTINGS_BY_NAME and f.default is None}
         return cls(
             seq=frame["seq"],
             # The wire codec gives a read-only view on the received bytes; a robot may want to edit it.
@@ -123,15 +126,9 @@ class ActionChunk:
             domain_name=frame.get("domain_name", ""),
             domain_id=frame.get("domain_id", -1),
             raw_action_dim=frame.get("raw_action_dim", -1),
-            num_steps=frame.get("num_steps"),
-            seed=frame.get("seed"),
             timing=dict(frame.get("timing") or {}),
             round_trip_ms=round_trip_ms,
-            prompt=frame.get("prompt"),
-            resolution_tier=frame.get("resolution_tier"),
-            view_point=frame.get("view_point"),
-            guidance_scale=frame.get("guidance_scale"),
-            fps=frame.get("fps"),
+            **reported,
         )
 
 
@@ -857,7 +854,8 @@ class AsyncPolicyClient:
     # -- requests --------------------------------------------------------------------------------------
 
     async def configure(self, timeout: float | None = 10.0, **settings: Any) -> dict[str, Any]:
-        """Set session settings (``domain_name``, ``action_mode``, ``action_horizon``, ``prompt``, ...).
+        """Set session settings (the protocol's ``configure`` settings: ``SESSION_SETTINGS`` in
+        :mod:`robot_clients.client_frames`, listed in ``docs/protocol.md``).
 
         Settings accumulate across calls and are re-sent after a reconnect. Returns the server's resolved
         configuration; raises :class:`ServerError` if the server refuses it (nothing is kept then).
@@ -889,8 +887,9 @@ class AsyncPolicyClient:
 
         ``state`` is the robot's proprio state (``[state_dim]`` or ``[history_length, state_dim]``, sent as
         float32) for a domain that conditions on it (``state_dim`` in the metadata's ``domains``).
-        ``settings`` (``domain_name``, ``action_horizon``, ``action_mode``, ``prompt``, ``seed``, ...) apply to
-        this observation only, over the session's configuration; the chunk reports what was used.
+        ``settings`` (any of the protocol's observation settings: ``OBSERVATION_SETTINGS`` in
+        :mod:`robot_clients.client_frames`) apply to this observation only, over the session's
+        configuration; the chunk reports what was used.
         Raises :class:`SessionPaused` (nothing is sent) while an operator has the session paused.
         """
         self._check_running()

@@ -82,6 +82,7 @@ class SettingChannel(str, enum.Enum):
     HTTP_VIDEOS = "http_videos"  # POST /v1/videos, forward_dynamics rollouts
     OPENPI = "openpi"  # the server's --openpi-* flags (openpi clients cannot send settings themselves)
     SGLANG = "sglang"  # SGLang's request bodies, under SGLang's names (RequestSetting.sglang_names)
+    VLA_EVAL = "vla_eval"  # a vla-eval episode's `settings` (policy_server.vla_eval)
 
 
 _EVERYWHERE = frozenset(SettingChannel)
@@ -127,7 +128,7 @@ REQUEST_SETTINGS: tuple[RequestSetting, ...] = (
         "action_mode",
         (str,),
         "policy, inverse_dynamics or forward_dynamics; unset: follows the media (a video asks inverse_dynamics)",
-        _EVERYWHERE,
+        _EVERYWHERE - {SettingChannel.VLA_EVAL},  # a vla-eval episode plays policy chunks
         sglang_names=("action_mode",),
         normalize=_lower_mode,
     ),
@@ -174,14 +175,14 @@ REQUEST_SETTINGS: tuple[RequestSetting, ...] = (
         "guidance_scale",
         (float, int),
         "classifier-free guidance (distilled: 1.0 or unset)",
-        _NOT_OPENPI,
+        _NOT_OPENPI - {SettingChannel.VLA_EVAL},
         sglang_names=("guidance_scale",),
     ),
     RequestSetting(
         "fps",
         (float, int),
         "the rate the actions are meant for (default: the domain's profile, else the model's)",
-        _NOT_OPENPI,
+        _NOT_OPENPI - {SettingChannel.VLA_EVAL},
         sglang_names=("fps", "action_fps"),
     ),
     RequestSetting(

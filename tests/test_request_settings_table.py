@@ -2,16 +2,18 @@
 form of them names exactly the settings the table says it carries.
 
 The forms: the native parser (``configure`` and ``observation``), the server's ``SessionConfig``, the HTTP
-sidecar's request schemas, the ``--openpi-*`` settings, SGLang's request keys, what each recorded row
-keeps (and what ``cosmos3-replay`` may override), what an action chunk reports, the engine's
-``ActionRequest`` and the user-facing table in ``docs/protocol.md``. A setting added to the table and
-missing from a form it claims, or added to a form and missing from the table, fails here.
+sidecar's request schemas, the ``--openpi-*`` settings, a vla-eval episode's settings, SGLang's request
+keys, what each recorded row keeps (and what ``cosmos3-replay`` may override), what an action chunk
+reports, the engine's ``ActionRequest`` and the user-facing table in ``docs/protocol.md``. A setting added
+to the table and missing from a form it claims, or added to a form and missing from the table, fails here.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import importlib.util
 import re
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -26,7 +28,8 @@ from policy_server.recording.replay import OVERRIDABLE
 from policy_server.sessions.config import CHUNK_ECHOED_SETTINGS, ENGINE_SETTINGS, SessionConfig, merge_session_config
 from policy_server.sessions.openpi_observation import OPENPI_SETTINGS, OpenpiSettings
 from policy_server.sglang import actions as sglang_actions
-from policy_server.sglang import videos as sglang_videos
+from policy_server.sglang import parameters as sglang_videos
+from policy_server.vla_eval.translation import SESSION_KEYS, VlaEvalSettings
 from robot_clients.client import ActionChunk
 from robot_clients.client_frames import (
     OBSERVATION_SETTINGS,
@@ -115,6 +118,14 @@ def test_the_openpi_settings_name_the_settings_openpi_sessions_take():
     assert set(OPENPI_SETTINGS) == names(SettingChannel.OPENPI)  # what session_config hands on
 
 
+def test_a_vla_eval_episode_takes_the_tables_vla_eval_settings():
+    assert set(SESSION_KEYS) == names(SettingChannel.VLA_EVAL)
+    # The --vla-eval-* flags set some of them for every episode; an episode's own `settings` may set all.
+    fields = {field.name for field in dataclasses.fields(VlaEvalSettings)} - {"plan", "mapping", "strict_state"}
+    assert fields <= names(SettingChannel.VLA_EVAL)
+    assert "action_mode" not in fields | names(SettingChannel.VLA_EVAL)  # an episode plays policy chunks
+
+
 def sglang_names() -> dict[str, str]:
     """SGLang's keys that carry a setting, each with the setting it carries (from the table)."""
     return {
@@ -153,6 +164,14 @@ def test_sglangs_keys_carry_the_tables_settings_under_the_tables_sglang_names():
     assert resolved <= names(SettingChannel.HTTP_VIDEOS)
 
 
+def test_sglangs_action_parser_reads_every_setting_key_it_accepts():
+    # PARAMETER_KEYS takes its setting keys from the table: each must be read, never accepted and ignored.
+    source = Path(sglang_actions.__file__).read_text(encoding="utf-8")
+    read = set(re.findall(r'parameters(?:\.get\(|\[)"([a-z_]+)"', source))
+    accepted = set(sglang_names()) & set(sglang_actions.PARAMETER_KEYS)
+    assert accepted and accepted <= read, accepted - read
+
+
 def test_recording_keeps_the_recorded_settings_and_replay_overrides_only_those():
     recorded = {setting.name for setting in REQUEST_SETTINGS if setting.recorded}
     # guidance_interval is the engine's, set by no client: recorded so that a replay sends the same request.
@@ -176,6 +195,24 @@ def test_every_setting_the_model_uses_reaches_the_engine_request():
     assert used <= request_fields
     assert set(ENGINE_SETTINGS) | {"action_mode", "fps"} == used  # the session's request carries each of them
     assert "control_hz" not in request_fields  # shown to operators, never the model's
+
+
+# The places of the product that name three or more settings (benchmarks/setting_places.py defines a
+# place and counts them): issue 22's figure, which may only fall. Lower it when a change removes one.
+MAX_PLACES_NAMING_SEVERAL_SETTINGS = 61
+
+
+def test_few_places_name_several_settings():
+    spec = importlib.util.spec_from_file_location("setting_places", ROOT / "benchmarks" / "setting_places.py")
+    assert spec is not None and spec.loader is not None
+    counter = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = counter  # its dataclass looks its module up by name
+    spec.loader.exec_module(counter)
+    places = counter.places_naming_several()
+    listed = "\n".join(f"{p.module}:{p.line} {p.kind} {p.name}: {sorted(p.settings)}" for p in places)
+    assert len(places) <= MAX_PLACES_NAMING_SEVERAL_SETTINGS, listed
+    # The table itself is one of them: the counter sees what it should.
+    assert any(p.module == "robot_clients/client_frames.py" and "REQUEST_SETTINGS" in p.name for p in places)
 
 
 def test_the_protocol_docs_table_lists_the_configure_settings():

@@ -171,9 +171,9 @@ class BatchPolicy:
         """Same schedule (steps, guidance, interval): the engine can run them through shared forwards.
 
         The requests carry an observation's own settings merged over its session's, so this compares
-        what each will actually run with. The schedule is all that must match: every other setting
-        (mode, domain, horizon, tier, view point, prompt, fps, seed, prefix) is per item in a packed
-        forward, and a batched chunk equals its unbatched run.
+        what each will actually run with. The schedule is all that must match: every other setting of
+        the request (``robot_clients.client_frames.REQUEST_SETTINGS``), and the prefix, is per item in a
+        packed forward, and a batched chunk equals its unbatched run.
 
         And the same kind of owner: a robot session's observation never carries a one-shot HTTP request
         (one that waits for a shared turn) in its engine call. Where a batch costs more than one request

@@ -49,6 +49,7 @@ import numpy as np
 
 from cosmos3_runtime.description import ModelDescription
 from cosmos3_runtime.requests import ActionResult
+from robot_clients.client_frames import REQUEST_SETTINGS, SettingChannel
 from robot_clients.protocol import ErrorCode
 
 from ..http.errors import ApiError
@@ -75,21 +76,16 @@ from .parameters import (
 ENVELOPE_KEYS = ("request_id", "id", "input", "parameters", "runtime", "model")
 MEDIA_KEYS = ("image", "images", "input_reference", "video", "state")
 INPUT_KEYS = ("task", "prompt", "observation", *MEDIA_KEYS)
+# SGLang's names of the table's settings (those an action request's `input` holds aside, and `size`, the
+# videos' way to say width and height), then its parameters that are no setting.
 PARAMETER_KEYS = (
-    "action_mode",
-    "action_horizon",
-    "num_frames",
-    "domain_name",
-    "domain_id",
-    "raw_action_dim",
-    "num_inference_steps",
-    "guidance_scale",
-    "seed",
-    "fps",
-    "action_fps",
-    "height",
-    "width",
-    "action_view_point",
+    *(
+        key
+        for setting in REQUEST_SETTINGS
+        if SettingChannel.SGLANG in setting.channels
+        for key in setting.sglang_names
+        if key not in INPUT_KEYS and key != "size"
+    ),
     "action_normalization",
     "candidate_count",
     "candidate_reducer",

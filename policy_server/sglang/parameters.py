@@ -59,6 +59,7 @@ from typing import Any
 import numpy as np
 
 from cosmos3_runtime.description import ModelDescription
+from robot_clients.client_frames import REQUEST_SETTINGS, SettingChannel
 from robot_clients.protocol import ErrorCode
 
 from ..http.errors import ApiError
@@ -566,19 +567,11 @@ def video_clip(value: Any, path: str) -> Any:
 
 # -- the /v1/videos body ---------------------------------------------------------------------------
 
-# Our VideoCreateParams fields: they keep their meaning.
+# Our VideoCreateParams fields: they keep their meaning (the media, the table's video settings, the model).
 NATIVE_FIELDS = (
     "action",
     "input_reference",
-    "domain_name",
-    "prompt",
-    "action_mode",
-    "fps",
-    "seed",
-    "num_steps",
-    "guidance_scale",
-    "resolution_tier",
-    "view_point",
+    *(setting.name for setting in REQUEST_SETTINGS if SettingChannel.HTTP_VIDEOS in setting.channels),
     "model",
 )
 # SGLang's names for two of them.

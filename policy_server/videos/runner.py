@@ -33,12 +33,12 @@ import sqlite3
 import time
 import uuid
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Any
 
 import numpy as np
 
-from cosmos3_runtime.requests import VideoRequest
+from cosmos3_runtime.requests import RequestSettings, VideoRequest
 from robot_clients.protocol import CodedError, ErrorCode
 
 from ..engine.backend import QueueLike
@@ -87,19 +87,11 @@ class VideoRolloutResult:
 
 
 def video_request(params: dict[str, Any], image: np.ndarray, action: np.ndarray) -> VideoRequest:
-    """The engine request of a stored job (params as resolved and stored at submission)."""
-    return VideoRequest(
-        domain_name=params["domain_name"],
-        image=image,
-        actions=action,
-        prompt=params.get("prompt", ""),
-        resolution_tier=params.get("resolution_tier"),
-        view_point=params.get("view_point"),
-        seed=params.get("seed"),
-        num_steps=params.get("num_steps"),
-        guidance_scale=params.get("guidance_scale"),
-        fps=float(params.get("fps", 24.0)),
-    )
+    """The engine request of a stored job (params as resolved and stored at submission): each setting the
+    job stored, the others at the engine's default."""
+    settings = {f.name: params[f.name] for f in fields(RequestSettings) if f.name in params}
+    settings["fps"] = float(params.get("fps", 24.0))
+    return VideoRequest(domain_name=params["domain_name"], image=image, actions=action, **settings)
 
 
 class VideoRolloutTask:

@@ -69,7 +69,7 @@ from __future__ import annotations
 import enum
 import json
 import time
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
 
@@ -77,7 +77,7 @@ import numpy as np
 
 from cosmos3_runtime.description import ModelDescription
 from cosmos3_runtime.profiles import PolicyProfile
-from robot_clients.client_frames import check_image_size, parse_state
+from robot_clients.client_frames import REQUEST_SETTINGS, SettingChannel, check_image_size, parse_state
 from robot_clients.protocol import CodedError, ErrorCode, FrameLimits, ProtocolError
 from robot_clients.wire_codec import WireFormatError, packb, unpackb
 
@@ -506,8 +506,8 @@ class ChunkPlayer:
 # -- settings --------------------------------------------------------------------------------------
 
 VLA_EVAL_PATH = "/v1/vla-eval"
-# The session settings an episode may set for itself, and the chunk plan's.
-SESSION_KEYS = ("domain_name", "action_horizon", "view_point", "prompt", "resolution_tier", "seed", "num_steps")
+# The session settings an episode may set for itself (the table's vla-eval ones), and the chunk plan's.
+SESSION_KEYS = tuple(setting.name for setting in REQUEST_SETTINGS if SettingChannel.VLA_EVAL in setting.channels)
 PLAN_KEYS = ("chunk", "ask_ahead", "execute")
 EPISODE_SETTINGS = SESSION_KEYS + PLAN_KEYS
 
@@ -536,15 +536,8 @@ class VlaEvalSettings:
                     f"unknown episode setting `{key}`; an episode may set {', '.join(EPISODE_SETTINGS)}",
                     f"settings/{key}",
                 )
-        values = {
-            "domain_name": self.domain_name or description.defaults.domain_name,
-            "action_mode": "policy",
-            "action_horizon": self.action_horizon,
-            "view_point": self.view_point,
-            "prompt": self.prompt,
-            "resolution_tier": self.resolution_tier,
-            "seed": self.seed,
-        }
+        values = {f.name: getattr(self, f.name) for f in fields(self) if f.name in SESSION_KEYS}
+        values.update(domain_name=self.domain_name or description.defaults.domain_name, action_mode="policy")
         values = {k: v for k, v in values.items() if v is not None}
         values.update({k: v for k, v in overrides.items() if k in SESSION_KEYS})
         config = merge_session_config(None, values, description)

@@ -15,6 +15,7 @@ from fastapi import Path as PathParam
 from fastapi.responses import FileResponse
 
 from cosmos3_runtime.description import ModelDescription
+from robot_clients.client_frames import SETTINGS_BY_NAME
 from robot_clients.protocol import ErrorCode, FrameLimits
 
 from ...sglang.parameters import video_fields
@@ -39,7 +40,11 @@ from ..schemas import (
 def job_object(job: VideoJob, store: VideoJobStore) -> VideoJobObject:
     """The API's view of a stored job."""
     params = job.params
-    resolved = params.get("resolved", {})
+    # Each setting the job object declares, as the job stored it: the engine's resolved value where it has one.
+    stored = {**params, **params.get("resolved", {})}
+    settings = {
+        name: stored[name] for name in VideoJobObject.model_fields if name in SETTINGS_BY_NAME and name in stored
+    }
     expires = store.expires_at(job)
     return VideoJobObject(
         id=job.id,
@@ -50,14 +55,8 @@ def job_object(job: VideoJob, store: VideoJobStore) -> VideoJobObject:
         completed_at=int(job.completed_at) if job.completed_at else None,
         expires_at=int(expires) if expires else None,
         model=params.get("model"),
-        prompt=params.get("prompt", ""),
-        domain_name=params["domain_name"],
         action_shape=params["action_shape"],
-        fps=params["fps"],
-        seed=params["seed"],
-        num_steps=resolved.get("num_steps"),
-        guidance_scale=resolved.get("guidance_scale"),
-        resolution_tier=resolved.get("resolution_tier"),
+        **settings,
         size=f"{job.width}x{job.height}" if job.width else None,
         frames=job.result_frames or None,
         seconds=round(job.result_frames / params["fps"], 3) if job.result_frames else None,
