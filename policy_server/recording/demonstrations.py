@@ -124,14 +124,8 @@ def write_dataset(
     return {"episodes": episodes, "frames": frames, "expert_success": successes / max(episodes, 1)}
 
 
-def collect(
-    out: Path, episodes: int, seed: int, image_size: int = 128, episode_steps: int = 30, action_noise: float = 0.0
-) -> dict[str, Any]:
-    """Record ``episodes`` reach-task expert episodes (cube places from ``seed``) into a new dataset at ``out``.
-
-    ``action_noise`` is the largest per-episode std (radians) of the noise the arm executes on top of the
-    expert's targets (:func:`~robot_clients.sim.reach_task.run_expert`); each episode draws its std
-    uniformly from 0 to it, so clean and perturbed episodes are mixed."""
+def collect(out: Path, episodes: int, seed: int, image_size: int = 128, episode_steps: int = 30) -> dict[str, Any]:
+    """Record ``episodes`` reach-task expert episodes (cube places from ``seed``) into a new dataset at ``out``."""
     from robot_clients.sim.mujoco_arm import ArmEnvConfig
     from robot_clients.sim.reach_task import TASK, ReachExpert, ReachTaskEnv, run_expert
 
@@ -141,10 +135,9 @@ def collect(
     env = ReachTaskEnv(config)
     expert = ReachExpert(env)
     demonstrations = []
-    rng = np.random.default_rng([seed, 1])  # its own stream: the cube places stay those of ``seed``
     with env:
         for _ in range(episodes):
-            steps, outcome = run_expert(env, expert, rng.uniform(0.0, action_noise), rng)
+            steps, outcome = run_expert(env, expert)
             demonstrations.append(
                 Demonstration(
                     np.asarray([s["image"] for s in steps]),
@@ -182,17 +175,12 @@ def reach_main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seed", type=int, default=0, help="seed of the cube places")
     parser.add_argument("--image-size", type=int, default=128)
     parser.add_argument("--episode-steps", type=int, default=30, help="actions per episode (the reach takes ~12)")
-    parser.add_argument(
-        "--action-noise", type=float, default=0.0, help="largest std (radians) of the noise executed per episode"
-    )
     args = parser.parse_args(argv)
     out = Path(args.out)
     if out.exists():
         parser.error(f"{out} already exists")
     started = time.monotonic()
-    return _finish(
-        collect(out, args.episodes, args.seed, args.image_size, args.episode_steps, args.action_noise), started
-    )
+    return _finish(collect(out, args.episodes, args.seed, args.image_size, args.episode_steps), started)
 
 
 def gym_main(argv: list[str] | None = None) -> int:

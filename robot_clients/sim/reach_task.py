@@ -119,10 +119,6 @@ class ReachTaskEnv(MujocoArmEnv):
         state: np.ndarray = np.arctanh(np.array([*arm, gripper])).astype(np.float32)
         return state
 
-    def action_to_joints(self, action: np.ndarray) -> np.ndarray:
-        """The arm joints an action commands: the bridge's map ``home + scale * tanh(a)``."""
-        return np.asarray(self.home_ctrl[:3] + self._scale * np.tanh(np.asarray(action[:3], np.float64)))
-
     def joints_to_action(self, joints: np.ndarray) -> np.ndarray:
         arm = np.clip((joints - self.home_ctrl[:3]) / self._scale, -_TANH_LIMIT, _TANH_LIMIT)
         return np.array([*np.arctanh(arm), 0.0], dtype=np.float32)
@@ -185,16 +181,8 @@ class BlindReachExpert(ReachExpert):
         return np.array([radius * np.cos(bearing), radius * np.sin(bearing), cube_z + GOAL_HEIGHT])
 
 
-def run_expert(
-    env: ReachTaskEnv, expert: ReachExpert, noise_std: float = 0.0, rng: np.random.Generator | None = None
-) -> tuple[list[dict[str, np.ndarray]], ReachOutcome]:
-    """One episode of ``expert`` from a fresh reset: every step's observation and action, and the outcome.
-
-    With ``noise_std`` (radians), the arm executes the expert's joint targets plus Gaussian noise while the
-    recorded action stays the expert's own (DART, Laskey et al. 2017). The demonstrations then show how the
-    expert corrects from the states a learned policy's small errors lead to, not only from its own path;
-    without that, a policy drifting off the path meets states it was never shown.
-    """
+def run_expert(env: ReachTaskEnv, expert: ReachExpert) -> tuple[list[dict[str, np.ndarray]], ReachOutcome]:
+    """One episode of ``expert`` from a fresh reset: every step's observation and action, and the outcome."""
     env.reset()
     expert.reset()
     steps = []
@@ -202,12 +190,7 @@ def run_expert(
         observation = env.get_observation()
         action = expert.act()
         steps.append({"image": observation["image"], "state": observation["state"], "action": action})
-        executed = action
-        if noise_std > 0.0:
-            assert rng is not None, "noise needs a random stream"
-            target = env.action_to_joints(action) + rng.normal(0.0, noise_std, 3)
-            executed = env.joints_to_action(target)
-        env.apply_action({"actions": executed})
+        env.apply_action({"actions": action})
     return steps, env.outcome()
 
 
