@@ -111,7 +111,7 @@ reach-policy: $(STAMP) system-deps
 	rm -rf build/reach-demos build/reach-policy
 	$(VENV)/bin/cosmos3-reach-demos build/reach-demos --episodes 350 --episode-steps 16 --seed 1000
 	$(VENV)/bin/cosmos3-train build/reach-demos --out build/reach-policy --hidden-size 128 \
-		--steps $(REACH_TRAIN_STEPS) --threads 2
+		--steps $(REACH_TRAIN_STEPS) --ema-decay 0.998 --prefix-noise 0.2 --threads 2
 	rm -rf assets/reach_policy
 	cp -r build/reach-policy assets/reach_policy
 	rm -f assets/reach_policy/training_state.pt assets/reach_policy/training_latents.pt

@@ -1,6 +1,6 @@
 """The shipped reach policy (assets/reach_policy, made by ``make reach-policy``) really controls the arm.
 
-- **Vision**: take held-out first-step frames, where the arm is at home, so the state is the same in every
+- **Vision**: take held-out first-step frames, where the arm is at its start pose, so the state is the same in every
   episode and only the camera shows the goal. There the policy's chunks beat the mean chunk by half (the
   shipped checkpoint measures 0.43x; the issue's target of 0.25x is not reached yet, see docs/training.md),
   and a black image makes them far worse. A policy that ignored the camera would fail this gate.
@@ -27,7 +27,7 @@ pytestmark = pytest.mark.skipif(not (SHIPPED / "model_index.json").is_file(), re
 
 
 def test_the_shipped_policy_reads_the_goal_from_the_camera_on_first_step_frames():
-    """Held-out first-step frames: the arm at home, so the state is the same in every episode."""
+    """Held-out first-step frames: the arm at its start pose, so the state is the same in every episode."""
     from cosmos3_runtime.engine import Cosmos3Engine
     from cosmos3_runtime.requests import ActionRequest
     from robot_clients.sim.mujoco_arm import ArmEnvConfig

@@ -93,7 +93,7 @@ def test_a_small_batch_is_overfitted_and_predict_actions_reproduces_it(small_dat
     summary = train(cfg)
     assert summary["action_loss_last50"] < 0.2
     engine = Cosmos3Engine.load(tmp_path / "ckpt", device="cpu", prefix_cache_mb=0)
-    # The first frame of each episode: the arm at home, two cube places; only the image tells them apart.
+    # The first frame of each episode: the arm at its start pose, two cube places; only the image tells them apart.
     episodes = read_dataset(small_dataset).episodes
     expected = np.array([e.actions[np.minimum(np.arange(16), len(e.actions) - 1)] for e in episodes])
     chunks = np.array(
