@@ -9,13 +9,15 @@ transformer call, and attention that keeps each job to itself in that call.
   prefix cache holds can drop its text segment (:attr:`SequencePass.generation_only`).
 - **Several jobs in one call** (:func:`pack_batch`): the joint sequence is [text of the jobs that need it]
   + [generation tokens of every job]. Text the prefix cache holds is not sent at all (``REPLAY``), text it
-  does not hold yet is recorded on the way (``RECORD``); every job's positions are moved to where its
-  tokens sit, and :attr:`PackedBatch.layout` says which tokens are whose.
+  does not hold yet is recorded on the way (``RECORD``), and a text that an earlier job of the call already
+  sends is sent once (``SHARED``: robots with one prompt, every sample of a training batch); every job's
+  positions are moved to where its tokens sit, and :attr:`PackedBatch.layout` says which tokens are whose.
 - **Attention per job** (:class:`PackedAttnProcessor`): diffusers' Cosmos3 transformer already takes
   per-item lists, but its attention processor lets every token see every other. Ours keeps item *i*'s
   text tokens attending causally to its own text, its generation tokens to its own text and generation
   tokens, and records or replays the text keys/values (the prefix cache). Projections and MLPs run once
-  over the whole packed sequence, which is where batching pays. With no layout set (any caller but the
+  over the whole packed sequence, which is where batching pays, and the attention of jobs of one shape
+  runs as one batched call. With no layout set (any caller but the
   sampler, e.g. diffusers' own pipeline) it computes what the stock ``Cosmos3AttnProcessor`` computes. It
   is installed through diffusers' ``set_attn_processor``; the model is not forked.
 - **The text prefix cache** (:class:`TextPrefixCache`), what that attention records and replays. In
@@ -32,7 +34,7 @@ from __future__ import annotations
 
 import enum
 from collections import OrderedDict
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -246,11 +248,20 @@ def pack_batch(
     packs: list[tuple[dict[str, Any], int, int]] = []  # (pack, its und_len, where its generation tokens start)
     layout: list[PackedItem] = []
     recording: list[tuple[SequencePass, PrefixEntry]] = []
-    und_total = sum(0 if p.entry is not None else p.full["und_len"] for p in passes)
+    # Text segments this call computes, by token ids: a later item with the same text shares its keys/values
+    # (text attends only to itself, so they are the same), and its text tokens are not sent twice.
+    owners: dict[tuple[int, ...], PackedItem] = {}
+    und_total = sum(p.full["und_len"] for p in {p.key: p for p in passes if p.entry is None}.values())
     und_at, gen_at = 0, 0
     for p in passes:
+        owner = owners.get(p.key) if p.entry is None else None
+        entry: PrefixEntry | None
         if p.entry is not None:
             pack, mode, entry = p.generation_only, PrefixMode.REPLAY, p.entry
+        elif owner is not None:
+            pack, mode, entry = p.generation_only, PrefixMode.SHARED, owner.entry
+            if owner.entry is not None:
+                recording.append((p, owner.entry))
         elif record:
             pack, mode, entry = p.full, PrefixMode.RECORD, PrefixEntry()
             recording.append((p, entry))
@@ -258,7 +269,13 @@ def pack_batch(
             pack, mode, entry = p.full, PrefixMode.OFF, None
         und_len = pack["und_len"]
         gen_len = pack["sequence_length"] - und_len
-        layout.append(PackedItem(und_at, und_len, gen_at, gen_len, mode, entry))
+        if owner is not None:
+            item = PackedItem(owner.und_start, owner.und_len, gen_at, gen_len, mode, entry)
+        else:
+            item = PackedItem(und_at, und_len, gen_at, gen_len, mode, entry)
+        if mode in (PrefixMode.RECORD, PrefixMode.OFF):
+            owners[p.key] = item
+        layout.append(item)
         packs.append((pack, und_len, und_total + gen_at))
         und_at += und_len
         gen_at += gen_len
@@ -322,6 +339,7 @@ class PrefixMode(enum.Enum):
     OFF = "off"  # text tokens present, nothing kept
     RECORD = "record"  # text tokens present; keep their keys/values in the entry
     REPLAY = "replay"  # no text tokens in this forward; keys/values come from the entry
+    SHARED = "shared"  # no text tokens of its own; keys/values are an earlier item's of this call, same text
 
 
 @dataclass(frozen=True)
@@ -374,42 +392,85 @@ class PackedAttnProcessor(Cosmos3AttnProcessor):  # type: ignore[misc]  # diffus
         q_gen = q_gen * cos_gen + _rotate_half(q_gen) * sin_gen
         k_gen = k_gen * cos_gen + _rotate_half(k_gen) * sin_gen
 
-        und_parts, gen_parts = [], []
-        for item in items:
+        # Text: each segment this call computes attends causally to itself; segments of one length run as one
+        # batch. SHARED items have no text rows of their own, REPLAY items read theirs from the cache.
+        computed = [item for item in items if item.mode in (PrefixMode.OFF, PrefixMode.RECORD)]
+        und_parts = []
+        for run in _runs(
+            computed, lambda item: (item.und_len,), lambda item: item.und_start, lambda item: item.und_len
+        ):
+            u, b, n = slice(run[0].und_start, run[0].und_start + len(run) * run[0].und_len), len(run), run[0].und_len
+            q, k, v = (x[u].view(b, n, *x.shape[1:]) for x in (q_und, k_und, v_und))
+            und_parts.append(self._attend(q, k, v, causal=True).flatten(0, 1))
+        for item in computed:
+            if item.mode is PrefixMode.RECORD:
+                assert item.entry is not None, "a recorded item writes its entry"
+                u = slice(item.und_start, item.und_start + item.und_len)
+                # Copies, so a cached entry does not pin the whole packed batch's tensors.
+                item.entry.keys[self.layer_index] = k_und_for_gen[u].clone()
+                item.entry.values[self.layer_index] = v_und[u].clone()
+
+        def text_of(item: PackedItem) -> tuple[torch.Tensor, torch.Tensor]:  # the keys/values item's tokens see
             if item.mode is PrefixMode.REPLAY:
                 assert item.entry is not None, "a replayed item reads its entry"
-                prefix_k = item.entry.keys[self.layer_index]
-                prefix_v = item.entry.values[self.layer_index]
+                return item.entry.keys[self.layer_index], item.entry.values[self.layer_index]
+            u = slice(item.und_start, item.und_start + item.und_len)
+            return k_und_for_gen[u], v_und[u]
+
+        def text_source(item: PackedItem) -> tuple[str, int]:  # items with one source see the same tensors
+            return ("entry", id(item.entry)) if item.mode is PrefixMode.REPLAY else ("rows", item.und_start)
+
+        # Generation: each item attends to its text and its own tokens; items of one shape run as one batch.
+        gen_parts = []
+        for run in _runs(
+            items, lambda item: (item.gen_len, text_of(item)[0].shape[0]), lambda i: i.gen_start, lambda i: i.gen_len
+        ):
+            b, n = len(run), run[0].gen_len
+            g = slice(run[0].gen_start, run[0].gen_start + b * n)
+            q, k, v = (x[g].view(b, n, *x.shape[1:]) for x in (q_gen, k_gen, v_gen))
+            texts = [text_of(item) for item in run]
+            if len({text_source(item) for item in run}) == 1:
+                text_k = texts[0][0].expand(b, *texts[0][0].shape)
+                text_v = texts[0][1].expand(b, *texts[0][1].shape)
             else:
-                u = slice(item.und_start, item.und_start + item.und_len)
-                und_parts.append(self._attend(q_und[u], k_und[u], v_und[u], causal=True))
-                prefix_k, prefix_v = k_und_for_gen[u], v_und[u]
-                if item.mode is PrefixMode.RECORD:
-                    assert item.entry is not None, "a recorded item writes its entry"
-                    # Copies, so a cached entry does not pin the whole packed batch's tensors.
-                    item.entry.keys[self.layer_index] = prefix_k.clone()
-                    item.entry.values[self.layer_index] = prefix_v.clone()
-            g = slice(item.gen_start, item.gen_start + item.gen_len)
-            gen_parts.append(
-                self._attend(q_gen[g], torch.cat([prefix_k, k_gen[g]]), torch.cat([prefix_v, v_gen[g]]), causal=False)
-            )
+                text_k, text_v = torch.stack([t[0] for t in texts]), torch.stack([t[1] for t in texts])
+            out = self._attend(q, torch.cat([text_k, k], 1), torch.cat([text_v, v], 1), causal=False)
+            gen_parts.append(out.flatten(0, 1))
 
         und_out = attn.to_out(torch.cat(und_parts)) if und_parts else torch.zeros_like(und_seq)
         gen_out = attn.to_add_out(torch.cat(gen_parts))
         return und_out, gen_out
 
     def _attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool) -> torch.Tensor:
+        """Attention over sequences ``(batch, tokens, heads, head_dim)``, as ``(batch, tokens, heads * head_dim)``."""
         out = dispatch_attention_fn(
-            q.unsqueeze(0),
-            k.unsqueeze(0),
-            v.unsqueeze(0),
+            q,
+            k,
+            v,
             is_causal=causal,
             enable_gqa=True,
             backend=self._attention_backend,
             parallel_config=self._parallel_config,
         )
-        flat: torch.Tensor = out.squeeze(0).flatten(-2, -1)
+        flat: torch.Tensor = out.flatten(-2, -1)
         return flat
+
+
+def _runs(
+    items: Sequence[PackedItem],
+    shape: Callable[[PackedItem], tuple[int, ...]],
+    start: Callable[[PackedItem], int],
+    length: Callable[[PackedItem], int],
+) -> list[list[PackedItem]]:
+    """``items`` cut into runs of one ``shape`` whose tokens follow each other, so that each run is one batch."""
+    runs: list[list[PackedItem]] = []
+    for item in items:
+        last = runs[-1][-1] if runs else None
+        if last is not None and shape(last) == shape(item) and start(last) + length(last) == start(item):
+            runs[-1].append(item)
+        else:
+            runs.append([item])
+    return runs
 
 
 def install_packed_attention(transformer: Any) -> PackedAttentionState:

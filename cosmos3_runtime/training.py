@@ -463,19 +463,25 @@ class FlowMatchingTrainer:
         """The weighted loss of one batch, and its action and video parts (floats)."""
         inputs = [self.sample_inputs(i, p, t_i, generator) for i, p, t_i in zip(indexes, prefixes, t.tolist())]
         preds_vision, preds_action = self.predict(inputs)
-        action_terms: list[torch.Tensor] = []
-        vision_terms: list[torch.Tensor] = []
-        for pred_v, pred_a, x in zip(preds_vision, preds_action, inputs):
-            target_v, width = x.vision_target, x.job.raw_action_dim
-            noisy_v = (1 - x.vision_mask).expand(target_v.shape[2:])
-            err_v = (pred_v.float().reshape(target_v.shape) - target_v) ** 2
-            vision_terms.append((err_v * noisy_v).sum() / (noisy_v.sum() * target_v.shape[1]))
-            noisy_a = 1 - x.action_mask
-            err_a = (pred_a.float()[:, :width] - x.action_target[:, :width]) ** 2
-            action_terms.append((err_a * noisy_a).sum() / (noisy_a.sum() * width))
-        action_loss, vision_loss = torch.stack(action_terms).mean(), torch.stack(vision_terms).mean()
+        terms = [self.sample_loss(pv, pa, x) for pv, pa, x in zip(preds_vision, preds_action, inputs)]
+        action_loss = torch.stack([a for a, _ in terms]).mean()
+        vision_loss = torch.stack([v for _, v in terms]).mean()
         loss = self.cfg.action_weight * action_loss + self.cfg.video_weight * vision_loss
         return loss, float(action_loss.detach()), float(vision_loss.detach())
+
+    def sample_loss(
+        self, pred_vision: torch.Tensor, pred_action: torch.Tensor, x: TrainingInputs
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """One sample's action and video losses: the mean squared error on its noisy tokens, the action's
+        sliced to the raw action width."""
+        target_v, width = x.vision_target, x.job.raw_action_dim
+        noisy_v = (1 - x.vision_mask).expand(target_v.shape[2:])
+        err_v = (pred_vision.float().reshape(target_v.shape) - target_v) ** 2
+        noisy_a = 1 - x.action_mask
+        err_a = (pred_action.float()[:, :width] - x.action_target[:, :width]) ** 2
+        action = (err_a * noisy_a).sum() / (noisy_a.sum() * width)
+        vision = (err_v * noisy_v).sum() / (noisy_v.sum() * target_v.shape[1])
+        return action, vision
 
 
 def prepare_checkpoint(cfg: TrainConfig) -> Path:

@@ -60,6 +60,35 @@ def test_batch_shares_transformer_calls(engine):
     assert len(calls) == 5  # one call per step for all three, not fifteen
 
 
+@pytest.mark.parametrize("cached", [False, True])
+def test_robots_with_one_prompt_share_its_text_in_a_batch_and_each_chunk_equals_its_own(tiny_checkpoint, cached):
+    """Robots asking with the same prompt: the joint call carries the text once (its keys/values depend on
+    the token ids alone), with or without the prefix cache, and each chunk equals the robot's run alone."""
+    engine = Cosmos3Engine.load(tiny_checkpoint("base"), prefix_cache_mb=64 if cached else 0)
+    # One camera size: the caption names the canvas, so robots on other canvases have other texts.
+    images = np.random.default_rng(3).integers(0, 256, (3, 224, 224, 3), dtype=np.uint8)
+    requests = [
+        ActionRequest(domain_name="bridge_orig_lerobot", image=img, prompt="pick up the cube", seed=7 + i, num_steps=2)
+        for i, img in enumerate(images)
+    ]
+    text_rows: list[int] = []
+    handle = engine.pipe.transformer.register_forward_pre_hook(
+        lambda _module, _args, kwargs: text_rows.append(kwargs["und_len"]), with_kwargs=True
+    )
+    try:
+        alone = [engine.predict_actions(r) for r in requests]
+        one_text = text_rows[0]  # the first robot's first call: its own text, computed
+        if engine.sampler.prefix_cache is not None:
+            engine.sampler.prefix_cache.clear()  # so that the batch's first call computes the text too
+        text_rows.clear()
+        together = engine.predict_actions_batch(requests)
+    finally:
+        handle.remove()
+    for a, b in zip(alone, together):
+        assert np.abs(a.actions - b.actions).max() < 1e-4
+    assert one_text > 0 and text_rows[0] == one_text, (one_text, text_rows)  # not three times that
+
+
 def test_incompatible_schedules_are_grouped_separately_and_bad_requests_fail_alone(engine):
     good = _requests(2, num_steps=3, guidance_scale=1.0)
     other = _requests(1, num_steps=2, guidance_scale=1.0)[0]

@@ -66,6 +66,41 @@ def test_the_training_forward_equals_the_samplers_forward_on_the_same_noisy_inpu
     assert torch.allclose(trained_vision, served_vision, atol=1e-5)
 
 
+def test_a_batchs_loss_and_gradients_are_the_mean_of_its_samples_taken_one_at_a_time(small_dataset, tmp_path):
+    """A training batch is one packed call whose samples share their prompt's text once: its loss and its
+    gradients (the shared text's included) are those of the samples run alone, averaged."""
+    trainer = prepare_training(_config(small_dataset, tmp_path / "ckpt")).trainer
+    transformer = trainer.engine.pipe.transformer
+    transformer.requires_grad_(True)
+    params = list(transformer.parameters())
+    indexes, prefixes, t = [1, 4, 9], [0, 3, 5], torch.tensor([0.2, 0.5, 0.9])
+
+    def loss_and_grads(idx: list[int], pre: list[int], times: torch.Tensor) -> tuple[float, list[torch.Tensor]]:
+        transformer.zero_grad(set_to_none=True)
+        loss, _, _ = trainer.batch_loss(idx, pre, times, torch.Generator().manual_seed(sum(idx) + 7 * sum(pre)))
+        loss.backward()
+        return float(loss.detach()), [torch.zeros_like(p) if p.grad is None else p.grad.clone() for p in params]
+
+    # One generator per call draws each sample's noise: draw the batch's with the per-sample seeds instead.
+    singles = [loss_and_grads([i], [p], t[k : k + 1]) for k, (i, p) in enumerate(zip(indexes, prefixes))]
+    inputs = [
+        trainer.sample_inputs(i, p, float(t[k]), torch.Generator().manual_seed(i + 7 * p))
+        for k, (i, p) in enumerate(zip(indexes, prefixes))
+    ]
+    transformer.zero_grad(set_to_none=True)
+    preds_vision, preds_action = trainer.predict(inputs)
+    assert len(preds_action) == 3
+    terms = [trainer.sample_loss(pv, pa, x) for pv, pa, x in zip(preds_vision, preds_action, inputs)]
+    cfg = trainer.cfg
+    together = sum(cfg.action_weight * action + cfg.video_weight * vision for action, vision in terms) / 3
+    together.backward()
+    grads = [torch.zeros_like(p) if p.grad is None else p.grad for p in params]
+    assert float(together) == pytest.approx(np.mean([loss for loss, _ in singles]), rel=1e-5)
+    for k, grad in enumerate(grads):
+        expected = sum(g[k] for _, g in singles) / 3
+        assert torch.allclose(grad, expected, atol=1e-6, rtol=1e-4), k
+
+
 def test_the_checkpoint_encodes_frames_to_the_latents_it_was_trained_on(small_dataset, tmp_path):
     from cosmos3_runtime.engine import Cosmos3Engine
     from cosmos3_runtime.training import read_dataset
