@@ -561,7 +561,9 @@ def train(cfg: TrainConfig) -> dict[str, Any]:
     transformer.train()
     transformer.requires_grad_(True)
     params = [p for p in transformer.parameters() if p.requires_grad]
-    optimizer = torch.optim.AdamW(params, lr=cfg.lr, weight_decay=0.01)
+    # The fused step: one kernel over every parameter instead of a dozen small ops each (9 % of a CPU step).
+    fused = all(p.device.type in ("cpu", "cuda") for p in params)
+    optimizer = torch.optim.AdamW(params, lr=cfg.lr, weight_decay=0.01, fused=fused)
     generator = torch.Generator().manual_seed(cfg.seed)
     rng = np.random.default_rng(cfg.seed)
     # The checkpoint holds what is served: the moving average when there is one. The trained weights then
