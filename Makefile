@@ -106,7 +106,7 @@ demo: $(STAMP) $(LEROBOT_STAMP) system-deps
 # are of the reach itself, where only the camera tells the goal, not of the arm holding still), then
 # cosmos3-train on them (a tiny Cosmos3 drawn here, width 128, 2 CPU threads), then the checkpoint is copied to assets/reach_policy (the one the
 # demo serves) without its optimizer state. docs/training.md has the figures.
-REACH_TRAIN_STEPS ?= 3000
+REACH_TRAIN_STEPS ?= 6000
 reach-policy: $(STAMP) system-deps
 	rm -rf build/reach-demos build/reach-policy
 	$(VENV)/bin/cosmos3-reach-demos build/reach-demos --episodes 350 --episode-steps 16 --seed 1000

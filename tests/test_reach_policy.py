@@ -1,14 +1,14 @@
 """The shipped reach policy (assets/reach_policy, made by ``make reach-policy``) really controls the arm.
 
 - **Vision**: take held-out first-step frames, where the arm is at its start pose, so the state is the same
-  in every episode and only the camera shows the goal. There the policy's chunks beat the mean chunk by
-  more than half (the shipped checkpoint measures 0.32x over 16 episodes; the issue's target of 0.25x is not
-  reached yet, see docs/training.md), and a black image makes them far worse. A policy that ignored the
-  camera would fail this gate.
+  in every episode and only the camera shows the goal. There the policy's chunks err by at most 0.3x the
+  mean chunk's (the shipped checkpoint measures 0.20x over 16 episodes against a target of 0.25x, see
+  docs/training.md), and a black image makes them far worse. A policy that ignored the camera would fail
+  this gate.
 - **Success** (slow): the test runs through a real ``cosmos3-serve`` process, the client, the chunker and
   the 20 Hz control loop. On held-out cube places the policy reaches the cube far more often than the
-  camera-blind baseline (1 % for the blind expert), and with a black image it fails. The shipped checkpoint
-  measured 92 % (46/50) with blend and 84 % (42/50) with rtc.
+  camera-blind baseline (3 % for the blind expert), and with a black image it fails. The shipped checkpoint
+  measured 98 % (49/50) with blend and 90 % (45/50) with rtc.
 """
 
 from __future__ import annotations
@@ -50,7 +50,7 @@ def test_the_shipped_policy_reads_the_goal_from_the_camera_on_first_step_frames(
     real_error = np.abs(np.array(real) - expected).mean()
     black_error = np.abs(np.array(black) - expected).mean()
     mean_error = np.abs(mean_chunk - expected).mean()
-    assert real_error <= 0.5 * mean_error, (real_error, mean_error)
+    assert real_error <= 0.3 * mean_error, (real_error, mean_error)
     assert black_error > 2 * real_error, (black_error, real_error)
 
 
@@ -69,5 +69,5 @@ def test_the_shipped_policy_reaches_the_cube_through_the_server_and_not_blind():
             blind = run_cell(client, "blend", 0, "black", episodes=10, seed=300_000)
     finally:
         server.stop()
-    assert seen.rate >= 0.7, seen  # blend measured 92 % over 50 episodes (docs/training.md)
+    assert seen.rate >= 0.8, seen  # blend measured 98 % over 50 episodes (docs/training.md)
     assert blind.rate <= 0.15, blind
