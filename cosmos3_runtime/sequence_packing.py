@@ -17,9 +17,9 @@ transformer call, and attention that keeps each job to itself in that call.
   text tokens attending causally to its own text, its generation tokens to its own text and generation
   tokens, and records or replays the text keys/values (the prefix cache). Projections and MLPs run once
   over the whole packed sequence, which is where batching pays, and the attention of jobs of one shape
-  runs as one batched call. With no layout set (any caller but the
-  sampler, e.g. diffusers' own pipeline) it computes what the stock ``Cosmos3AttnProcessor`` computes. It
-  is installed through diffusers' ``set_attn_processor``; the model is not forked.
+  runs as one batched call. With no layout set (any caller but the sampler, e.g. diffusers' own pipeline)
+  it computes what the stock ``Cosmos3AttnProcessor`` computes. It is installed through diffusers'
+  ``set_attn_processor``; the model is not forked.
 - **The text prefix cache** (:class:`TextPrefixCache`), what that attention records and replays. In
   Cosmos3's transformer the text (understanding) tokens attend only causally among themselves: their
   keys and values in every layer depend on nothing but the token ids (and their positions, which start at
@@ -245,13 +245,13 @@ def pack_batch(
     ``timestep``: one value for every noisy token (sampling), or one per job (training draws a noise level
     per sample).
     """
-    packs: list[tuple[dict[str, Any], int, int]] = []  # (pack, its und_len, where its generation tokens start)
+    # (pack, its und_len, where its generation tokens start among all jobs' generation tokens)
+    packs: list[tuple[dict[str, Any], int, int]] = []
     layout: list[PackedItem] = []
     recording: list[tuple[SequencePass, PrefixEntry]] = []
     # Text segments this call computes, by token ids: a later item with the same text shares its keys/values
     # (text attends only to itself, so they are the same), and its text tokens are not sent twice.
     owners: dict[tuple[int, ...], PackedItem] = {}
-    und_total = sum(p.full["und_len"] for p in {p.key: p for p in passes if p.entry is None}.values())
     und_at, gen_at = 0, 0
     for p in passes:
         owner = owners.get(p.key) if p.entry is None else None
@@ -276,9 +276,10 @@ def pack_batch(
         if mode in (PrefixMode.RECORD, PrefixMode.OFF):
             owners[p.key] = item
         layout.append(item)
-        packs.append((pack, und_len, und_total + gen_at))
+        packs.append((pack, und_len, gen_at))
         und_at += und_len
         gen_at += gen_len
+    und_total = und_at  # every text this call sends comes before every generation token
 
     def cat(key: str) -> torch.Tensor:
         return torch.cat([pack[key] for pack, _, _ in packs])
@@ -286,7 +287,7 @@ def pack_batch(
     def moved(
         key: str,
     ) -> torch.Tensor:  # an item's sequence positions, moved to where its tokens sit in the joint sequence
-        return torch.cat([pack[key] - und_len + gen_start for pack, und_len, gen_start in packs])
+        return torch.cat([pack[key] - und_len + und_total + gen_start for pack, und_len, gen_start in packs])
 
     def per_item(key: str) -> list[Any]:
         return [x for pack, _, _ in packs for x in pack[key]]
