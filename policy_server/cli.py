@@ -25,11 +25,12 @@ import sys
 import tempfile
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 # policy_server's package import sets OMP_WAIT_POLICY=PASSIVE; it must happen before torch loads.
 import policy_server  # noqa: F401  (imported for that side effect, first)
 from cosmos3_runtime.random_checkpoints import VARIANTS
+from robot_clients.client_frames import REQUEST_SETTINGS, SettingChannel
 
 from . import log_hygiene
 from .auth import OriginConfigError, OriginPolicy, TokenConfigError, TokenSet
@@ -400,22 +401,12 @@ def build_parser() -> argparse.ArgumentParser:
     scale.add_argument("--replica-cpus", type=float, default=1.0, help="CPUs reserved per replica (default 1)")
     parser.add_argument("--shutdown-grace", type=float, default=30.0, help="seconds to let a running inference finish")
     openpi = parser.add_argument_group(
-        "openpi endpoint", "openpi clients connect to ws://HOST:PORT/ or /openpi and cannot choose these themselves"
+        "openpi endpoint",
+        "openpi clients connect to ws://HOST:PORT/ or /openpi and cannot choose these themselves; unset: the model's "
+        "default domain, policy (inverse_dynamics takes T x H x W x 3 clips), the domain's defaults",
     )
     openpi.add_argument("--no-openpi", dest="openpi", action="store_false", help="do not serve / and /openpi")
-    openpi.add_argument("--openpi-domain", default=None, help="embodiment (default: the model's default domain)")
-    openpi.add_argument("--openpi-horizon", type=int, default=None, help="actions per chunk (default: the domain's)")
-    openpi.add_argument(
-        "--openpi-mode",
-        default="policy",
-        choices=("policy", "inverse_dynamics"),
-        type=lambda mode: mode.strip().lower(),
-        help="action mode (default policy; inverse_dynamics takes T x H x W x 3 clips)",
-    )
-    openpi.add_argument(
-        "--openpi-view-point", default=None, help="which camera view feeds the model (default: the domain's profile)"
-    )
-    openpi.add_argument("--openpi-prompt", default="", help="prompt for observations that carry none")
+    _add_setting_flags(openpi, "openpi", SettingChannel.OPENPI)
     openpi.add_argument(
         "--openpi-cameras",
         default=None,
@@ -430,17 +421,11 @@ def build_parser() -> argparse.ArgumentParser:
     )
     vla_eval = parser.add_argument_group(
         "vla-eval endpoint",
-        "vla-eval's harness connects to ws://HOST:PORT/v1/vla-eval; an episode_start's `settings` override these",
+        "vla-eval's harness connects to ws://HOST:PORT/v1/vla-eval; an episode_start's `settings` override these; "
+        "unset: the model's default domain, the domain's defaults",
     )
     vla_eval.add_argument("--no-vla-eval", dest="vla_eval", action="store_false", help="do not serve /v1/vla-eval")
-    vla_eval.add_argument("--vla-eval-domain", default=None, help="embodiment (default: the model's default domain)")
-    vla_eval.add_argument(
-        "--vla-eval-horizon", type=int, default=None, help="actions per chunk (default: the domain's)"
-    )
-    vla_eval.add_argument(
-        "--vla-eval-view-point", default=None, help="which camera view feeds the model (default: the domain's profile)"
-    )
-    vla_eval.add_argument("--vla-eval-prompt", default="", help="prompt when neither observation nor task has a text")
+    _add_setting_flags(vla_eval, "vla-eval", SettingChannel.VLA_EVAL)
     vla_eval.add_argument(
         "--vla-eval-chunk",
         default="step",
@@ -511,15 +496,34 @@ def _default_data_dir() -> Path:
 # -- settings from the options, the server assembled and run ---------------------------------------
 
 
+def _add_setting_flags(group: argparse._ArgumentGroup, prefix: str, channel: SettingChannel) -> None:
+    """A ``--PREFIX-<setting>`` flag for each request setting ``channel`` takes (the table's), unset by default."""
+    for setting in REQUEST_SETTINGS:
+        if channel in setting.channels:
+            group.add_argument(
+                f"--{prefix}-{setting.option}",
+                type=setting.parse_text,
+                default=None,
+                metavar=setting.types[0].__name__.upper(),
+                help=setting.doc,
+            )
+
+
+def _flag_settings(args: argparse.Namespace, prefix: str, channel: SettingChannel) -> dict[str, Any]:
+    """What the ``--PREFIX-<setting>`` flags of ``channel`` say, by setting name (``None``: unset)."""
+    values = vars(args)
+    return {
+        setting.name: values[f"{prefix}_{setting.option.replace('-', '_')}"]
+        for setting in REQUEST_SETTINGS
+        if channel in setting.channels
+    }
+
+
 def _openpi_settings(args: argparse.Namespace) -> OpenpiSettings | None:
     if not args.openpi:
         return None
     return OpenpiSettings(
-        domain_name=args.openpi_domain,
-        action_horizon=args.openpi_horizon,
-        action_mode=args.openpi_mode,
-        view_point=args.openpi_view_point,
-        prompt=args.openpi_prompt,
+        requested=_flag_settings(args, "openpi", SettingChannel.OPENPI),
         cameras=CameraMapping.load(args.openpi_cameras),
         strict_state=args.openpi_strict_state,
     )
@@ -529,10 +533,7 @@ def _vla_eval_settings(args: argparse.Namespace) -> VlaEvalSettings | None:
     if not args.vla_eval:
         return None
     return VlaEvalSettings(
-        domain_name=args.vla_eval_domain,
-        action_horizon=args.vla_eval_horizon,
-        view_point=args.vla_eval_view_point,
-        prompt=args.vla_eval_prompt,
+        requested=_flag_settings(args, "vla_eval", SettingChannel.VLA_EVAL),
         plan=ChunkPlan(chunk=args.vla_eval_chunk, ask_ahead=args.vla_eval_ask_ahead, execute=args.vla_eval_execute),
         mapping=ObservationMapping.load(args.vla_eval_mapping),
         strict_state=args.vla_eval_strict_state,

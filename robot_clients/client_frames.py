@@ -112,6 +112,18 @@ class RequestSetting:
     recorded: bool = True
     in_chunk: bool = True
     normalize: Callable[[Any], Any] | None = None
+    # Its name on command lines (``--openpi-domain``, a simulator's ``--domain``); empty: the name, dashed.
+    flag: str = ""
+
+    @property
+    def option(self) -> str:
+        """The command-line name: ``domain`` for ``domain_name``, ``view-point`` for ``view_point``."""
+        return self.flag or self.name.replace("_", "-")
+
+    def parse_text(self, text: str) -> Any:
+        """A command line's ``text`` as this setting's value (argparse's ``type``)."""
+        value = self.types[0](text)
+        return self.normalize(value) if self.normalize is not None else value
 
     def check(self, frame: Mapping[str, Any], key: str, seq: int | None) -> Any:
         """``frame[key]`` (the setting under its name or an alias) type-checked and normalized."""
@@ -131,6 +143,7 @@ REQUEST_SETTINGS: tuple[RequestSetting, ...] = (
         _EVERYWHERE - {SettingChannel.VLA_EVAL},  # a vla-eval episode plays policy chunks
         sglang_names=("action_mode",),
         normalize=_lower_mode,
+        flag="mode",
     ),
     RequestSetting(
         "domain_name",
@@ -138,6 +151,7 @@ REQUEST_SETTINGS: tuple[RequestSetting, ...] = (
         "the embodiment, one of the metadata's `domains`",
         _EVERYWHERE,
         sglang_names=("domain_name", "domain_id", "raw_action_dim"),
+        flag="domain",
     ),
     RequestSetting(
         "action_horizon",
@@ -146,6 +160,7 @@ REQUEST_SETTINGS: tuple[RequestSetting, ...] = (
         _EVERYWHERE - {SettingChannel.HTTP_VIDEOS},  # a rollout's length is its actions'
         sglang_names=("action_horizon", "num_frames"),
         in_chunk=False,  # the chunk's actions have that many rows
+        flag="horizon",
     ),
     RequestSetting("prompt", (str,), "text conditioning", _EVERYWHERE, sglang_names=("prompt", "task")),
     RequestSetting(
@@ -238,6 +253,22 @@ def parse_settings(
                 settings[name] = None
             continue
         settings[name] = SETTINGS_BY_NAME[name].check(frame, name, seq)
+    return settings
+
+
+def channel_settings(values: Mapping[str, Any], channel: SettingChannel) -> dict[str, Any]:
+    """``values`` (settings by name; ``None``: unset, dropped) as ``channel`` takes them: each type-checked
+    and normalized by the table. :class:`ProtocolError` names a setting the channel does not take."""
+    settings: dict[str, Any] = {}
+    for name in values:
+        setting = SETTINGS_BY_NAME.get(name)
+        if setting is None or channel not in setting.channels:
+            taken = ", ".join(s.name for s in REQUEST_SETTINGS if channel in s.channels)
+            raise ProtocolError(
+                ErrorCode.INVALID_FIELD, f"`{name}` is not a {channel.value} setting; those are {taken}", name
+            )
+        if values[name] is not None:
+            settings[name] = setting.check(values, name, None)
     return settings
 
 

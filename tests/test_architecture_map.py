@@ -187,7 +187,7 @@ def traced():
         sys.setprofile(trace)
         return engine
 
-    settings = OpenpiSettings(domain_name="droid_lerobot", action_horizon=8)
+    settings = OpenpiSettings(requested={"domain_name": "droid_lerobot", "action_horizon": 8})
     try:
         with ServerThread(load_traced, openpi=settings) as server:
             trace.loop, trace.loop_thread = server.loop, server.run(threading.get_ident)

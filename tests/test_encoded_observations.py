@@ -28,7 +28,7 @@ OPENPI_DOMAIN = "droid_lerobot"
 
 @pytest.fixture(scope="module")
 def server():
-    settings = OpenpiSettings(domain_name=OPENPI_DOMAIN, action_horizon=8)
+    settings = OpenpiSettings(requested={"domain_name": OPENPI_DOMAIN, "action_horizon": 8})
     with ServerThread(tiny_engine_loader("distilled"), openpi=settings) as running:
         yield running
 

@@ -290,7 +290,7 @@ def test_openpi_refuses_keys_it_would_ignore_and_takes_its_conventions(server):
 
 
 def test_openpi_strict_state_refuses_a_state_the_domain_would_not_use():
-    settings = OpenpiSettings(domain_name=DOMAIN, strict_state=True)
+    settings = OpenpiSettings(requested={"domain_name": DOMAIN}, strict_state=True)
     with ServerThread(tiny_engine_loader("distilled"), openpi=settings) as strict:
         with connect(
             f"ws://127.0.0.1:{strict.port}/openpi", compression=None, max_size=None, proxy=None, open_timeout=30

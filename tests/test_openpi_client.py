@@ -34,7 +34,7 @@ if not OPENPI_PYTHON.exists():
 
 @pytest.fixture(scope="module")
 def server():
-    settings = OpenpiSettings(domain_name=DOMAIN, action_horizon=HORIZON)
+    settings = OpenpiSettings(requested={"domain_name": DOMAIN, "action_horizon": HORIZON})
     with SidecarServer(tiny_engine_loader("distilled"), openpi=settings) as running:
         yield running
 
@@ -42,7 +42,9 @@ def server():
 @pytest.fixture(scope="module")
 def droid_server():
     """The tiny DROID-profile checkpoint (droid_lerobot: state-conditioned, [32, 8] chunks), a fixed seed."""
-    with SidecarServer(tiny_engine_loader("distilled", droid=True), openpi=OpenpiSettings(seed=0)) as running:
+    with SidecarServer(
+        tiny_engine_loader("distilled", droid=True), openpi=OpenpiSettings(requested={"seed": 0})
+    ) as running:
         yield running
 
 

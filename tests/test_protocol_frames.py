@@ -371,4 +371,4 @@ def test_the_openpi_mode_flag_is_trimmed_and_lower_cased(distilled):
 
     args = build_parser().parse_args(["--tiny", "distilled", "--openpi-mode", " Inverse_Dynamics "])
     assert args.openpi_mode == "inverse_dynamics"
-    assert OpenpiSettings(action_mode="POLICY ").session_config(distilled).action_mode == "policy"
+    assert OpenpiSettings(requested={"action_mode": "POLICY "}).session_config(distilled).action_mode == "policy"

@@ -47,7 +47,7 @@ SCRIPT = textwrap.dedent(
 
     async def main():
         image = np.random.default_rng(0).integers(0, 256, (64, 64, 3), dtype=np.uint8)
-        openpi = OpenpiSettings(domain_name="droid_lerobot", action_horizon=8)
+        openpi = OpenpiSettings(requested={"domain_name": "droid_lerobot", "action_horizon": 8})
         settings = ServerSettings(host="127.0.0.1", port=0, warmup=False, openpi=openpi)
         async with PolicyServer(load, settings) as server:
             base = f"ws://127.0.0.1:{server.port}"

@@ -230,7 +230,9 @@ def test_http_state_is_a_list_or_an_array_checked_like_the_websockets(droid):
 
 @pytest.fixture(scope="module")
 def server():
-    with SidecarServer(tiny_engine_loader("distilled", droid=True), openpi=OpenpiSettings(seed=0)) as running:
+    with SidecarServer(
+        tiny_engine_loader("distilled", droid=True), openpi=OpenpiSettings(requested={"seed": 0})
+    ) as running:
         yield running
 
 

@@ -37,7 +37,7 @@ if not VLA_EVAL.exists():
 
 @pytest.fixture(scope="module")
 def server():
-    settings = VlaEvalSettings(action_horizon=HORIZON)
+    settings = VlaEvalSettings(requested={"action_horizon": HORIZON})
     with SidecarServer(tiny_engine_loader("distilled"), vla_eval=settings) as running:
         yield running
 

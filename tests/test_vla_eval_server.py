@@ -77,7 +77,7 @@ def observation(step: int = 0, **extra) -> dict:
 
 @pytest.fixture(scope="module")
 def server():
-    settings = VlaEvalSettings(action_horizon=HORIZON, plan=ChunkPlan(ask_ahead=1))
+    settings = VlaEvalSettings(requested={"action_horizon": HORIZON}, plan=ChunkPlan(ask_ahead=1))
     with SidecarServer(tiny_engine_loader("distilled"), vla_eval=settings) as running:
         yield running
 
@@ -215,7 +215,7 @@ def test_a_harness_and_a_native_robot_share_the_engine_fairly(server):
 
 def test_vla_eval_episodes_are_recorded_like_other_sessions(tmp_path):
     root = tmp_path / "recordings"
-    settings = VlaEvalSettings(action_horizon=HORIZON)
+    settings = VlaEvalSettings(requested={"action_horizon": HORIZON})
     with ServerThread(tiny_engine_loader("distilled"), vla_eval=settings, recording=RecordingOptions(root=root)) as rec:
         with Harness(rec) as harness:
             for text in ("reach the cube", "touch the cube"):
@@ -265,7 +265,7 @@ def test_without_vla_eval_its_paths_are_not_served():
 def test_the_rate_limit_counts_the_observations_that_reach_the_engine():
     from policy_server.sessions.observation_rules import RateLimit
 
-    settings = VlaEvalSettings(action_horizon=8, plan=ChunkPlan(ask_ahead=0))
+    settings = VlaEvalSettings(requested={"action_horizon": 8}, plan=ChunkPlan(ask_ahead=0))
     limited = RateLimit(rate_hz=1.0, burst=2)
     with ServerThread(tiny_engine_loader("distilled"), vla_eval=settings, observation_rate=limited) as server:
         with Harness(server) as harness:

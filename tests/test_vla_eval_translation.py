@@ -245,7 +245,7 @@ def test_a_mapping_file_replaces_parts_and_unused_keys_are_accepted(description,
 
 
 def test_episode_settings_override_the_servers_and_unknown_ones_are_refused(description):
-    settings = VlaEvalSettings(action_horizon=8)
+    settings = VlaEvalSettings(requested={"action_horizon": 8})
     config, plan = settings.episode(description, {})
     assert (config.domain_name, config.action_horizon, plan.chunk) == (description.defaults.domain_name, 8, "step")
     config, plan = settings.episode(description, {"action_horizon": 4, "chunk": "whole", "seed": 3})

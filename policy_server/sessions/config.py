@@ -286,6 +286,14 @@ def merge_session_config(
     return config
 
 
+def fixed_session_config(requested: Mapping[str, Any], description: ModelDescription) -> SessionConfig:
+    """The session config of a dialect whose clients cannot send settings (openpi, a vla-eval episode):
+    the operator's ``requested`` settings by name, on the model's default domain unless they name one."""
+    default_domain = description.defaults.domain_name
+    settings = {"domain_name": default_domain} if default_domain is not None else {}
+    return merge_session_config(None, {**settings, **requested}, description)
+
+
 def check_settings(
     settings: Mapping[str, Any], description: ModelDescription, seq: int | None = None, *, modes: bool = True
 ) -> None:

@@ -55,9 +55,9 @@ import numpy as np
 from cosmos3_runtime.description import ModelDescription
 from cosmos3_runtime.profiles import VIEW_POINTS, PolicyProfile
 from robot_clients.client_frames import (
-    REQUEST_SETTINGS,
     SESSION_SETTINGS,
     SettingChannel,
+    channel_settings,
     check_image_size,
     is_encoded_clip,
     is_encoded_frame,
@@ -67,7 +67,7 @@ from robot_clients.client_frames import (
 from robot_clients.protocol import ErrorCode, FrameLimits, ProtocolError
 
 from ..media import Alternative, camera_alternatives, check_cameras, decoded_image, side_by_side
-from .config import SessionConfig, check_state, merge_session_config
+from .config import SessionConfig, check_state, fixed_session_config
 
 # The conventions in use, for detection (logs, metadata) and for the docs; the mapping does the work.
 CONVENTIONS: dict[str, dict[str, tuple[str, ...]]] = {
@@ -438,28 +438,21 @@ def _frames(array: Any, key: str, video: bool, limits: FrameLimits) -> np.ndarra
     raise ProtocolError(ErrorCode.INVALID_IMAGE, f"`{key}` must be uint8 (or float in [0, 1]), got {array.dtype}", key)
 
 
-# The request settings the server's --openpi-* flags set for openpi sessions (OpenpiSettings' fields, by a test).
-OPENPI_SETTINGS = tuple(setting.name for setting in REQUEST_SETTINGS if SettingChannel.OPENPI in setting.channels)
-
-
 @dataclass(frozen=True)
 class OpenpiSettings:
-    """What openpi clients cannot say for themselves. ``None``: the model's default for the domain."""
+    """What openpi clients cannot say for themselves."""
 
-    domain_name: str | None = None
-    action_horizon: int | None = None
-    action_mode: str = "policy"
-    view_point: str | None = None
-    prompt: str = ""  # used when an observation has no `prompt`
-    resolution_tier: int | None = None
-    seed: int | None = None
+    # The request settings of every openpi session, by name: the table's openpi ones (the --openpi-* flags).
+    # Unset ones take the model's default domain, `policy`, and the domain's defaults.
+    requested: Mapping[str, Any] = field(default_factory=dict)
     cameras: CameraMapping = field(default_factory=CameraMapping)
     # A state sent to a domain that does not condition on it: refused (True), or accepted and counted unused.
     strict_state: bool = False
 
+    def __post_init__(self) -> None:
+        # Typed and normalized by the table here, so that a bad value fails where it was written.
+        object.__setattr__(self, "requested", channel_settings(self.requested, SettingChannel.OPENPI))
+
     def session_config(self, description: ModelDescription) -> SessionConfig:
         """Resolve against the loaded model; raises :class:`ProtocolError` naming a bad setting."""
-        settings = {name: getattr(self, name) for name in OPENPI_SETTINGS}
-        settings["domain_name"] = self.domain_name or description.defaults.domain_name
-        settings["action_mode"] = self.action_mode.strip().lower()
-        return merge_session_config(None, {k: v for k, v in settings.items() if v is not None}, description)
+        return fixed_session_config({"action_mode": "policy", **self.requested}, description)

@@ -69,7 +69,8 @@ from __future__ import annotations
 import enum
 import json
 import time
-from dataclasses import dataclass, field, fields, replace
+from collections.abc import Mapping
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -77,12 +78,18 @@ import numpy as np
 
 from cosmos3_runtime.description import ModelDescription
 from cosmos3_runtime.profiles import PolicyProfile
-from robot_clients.client_frames import REQUEST_SETTINGS, SettingChannel, check_image_size, parse_state
+from robot_clients.client_frames import (
+    REQUEST_SETTINGS,
+    SettingChannel,
+    channel_settings,
+    check_image_size,
+    parse_state,
+)
 from robot_clients.protocol import CodedError, ErrorCode, FrameLimits, ProtocolError
 from robot_clients.wire_codec import WireFormatError, packb, unpackb
 
 from ..media import Alternative, camera_alternatives, side_by_side
-from ..sessions.config import SessionConfig, check_state, merge_session_config
+from ..sessions.config import SessionConfig, check_state, fixed_session_config
 
 # -- frames ----------------------------------------------------------------------------------------
 
@@ -514,17 +521,18 @@ EPISODE_SETTINGS = SESSION_KEYS + PLAN_KEYS
 
 @dataclass(frozen=True)
 class VlaEvalSettings:
-    """``None``: the model's default for the domain."""
+    """What the server's ``--vla-eval-*`` flags set for every episode."""
 
-    domain_name: str | None = None
-    action_horizon: int | None = None
-    view_point: str | None = None
-    prompt: str = ""  # when neither the observation nor the task has a text
-    resolution_tier: int | None = None
-    seed: int | None = None
+    # Request settings by name, the table's vla-eval ones; unset: the model's default domain, and the
+    # domain's defaults. An episode's own `settings` override them.
+    requested: Mapping[str, Any] = field(default_factory=dict)
     plan: ChunkPlan = field(default_factory=ChunkPlan)
     mapping: ObservationMapping = field(default_factory=ObservationMapping)
     strict_state: bool = False  # refuse a state sent to a domain that does not condition on it
+
+    def __post_init__(self) -> None:
+        # Typed and normalized by the table here, so that a bad value fails where it was written.
+        object.__setattr__(self, "requested", channel_settings(self.requested, SettingChannel.VLA_EVAL))
 
     def episode(self, description: ModelDescription, overrides: dict[str, Any]) -> tuple[SessionConfig, ChunkPlan]:
         """The session config and chunk plan of one episode: these settings, then the episode's own
@@ -536,11 +544,10 @@ class VlaEvalSettings:
                     f"unknown episode setting `{key}`; an episode may set {', '.join(EPISODE_SETTINGS)}",
                     f"settings/{key}",
                 )
-        values = {f.name: getattr(self, f.name) for f in fields(self) if f.name in SESSION_KEYS}
-        values.update(domain_name=self.domain_name or description.defaults.domain_name, action_mode="policy")
-        values = {k: v for k, v in values.items() if v is not None}
+        # A vla-eval episode plays policy chunks (the table's vla-eval settings have no mode).
+        values = {**self.requested, "action_mode": "policy"}
         values.update({k: v for k, v in overrides.items() if k in SESSION_KEYS})
-        config = merge_session_config(None, values, description)
+        config = fixed_session_config(values, description)
         plan = self.plan
         for key in PLAN_KEYS:
             if key in overrides:
