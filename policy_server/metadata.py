@@ -23,6 +23,7 @@ from typing import Any
 
 from cosmos3_runtime.description import ModelDescription
 from robot_clients import protocol
+from robot_clients.client_frames import SettingChannel, settings_of
 
 from .context import ServerContext
 from .media import ENCODED_FORMATS
@@ -102,7 +103,8 @@ def openpi_metadata(
     error: str | None,
     strict_state: bool = False,
 ) -> dict[str, Any]:
-    """openpi's hello: what the server's ``--openpi-*`` settings resolved to (``error``: why they do not fit).
+    """openpi's hello: what the server's ``--openpi-*`` settings resolved to, each setting openpi sessions take
+    (``error``: why they do not fit).
 
     ``unused_state_keys``: the conventions' state keys this endpoint accepts and does not use (its domain has
     no ``state_dim``); empty where the domain conditions on state, or where ``strict_state`` refuses them.
@@ -117,15 +119,11 @@ def openpi_metadata(
         "session_id": session_id,
         "model": d.model,
         "variant": d.variant,
-        "domain_name": resolved.get("domain_name"),
-        "action_mode": resolved.get("action_mode"),
-        "action_horizon": resolved.get("action_horizon"),
+        **{name: resolved.get(name) for name in settings_of(SettingChannel.OPENPI)},
         "action_dim": resolved.get("raw_action_dim"),
-        "view_point": resolved.get("view_point"),
         **{field: resolved.get(field) for field in STATE_PROFILE_FIELDS},
         "unused_state_keys": list(ALL_STATE_KEYS) if stateless and not strict_state else [],
         "cameras": cameras.describe().get(view_point, []) if view_point is not None else [],
-        "resolution_tier": resolved.get("resolution_tier"),
         "canvases": d.as_json()["canvases"],
         "encoded_images": sorted(ENCODED_FORMATS.values()),
         "error": error,

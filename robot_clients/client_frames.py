@@ -256,6 +256,11 @@ def parse_settings(
     return settings
 
 
+def settings_of(channel: SettingChannel) -> tuple[str, ...]:
+    """The names of the settings ``channel`` takes, in the table's order."""
+    return tuple(setting.name for setting in REQUEST_SETTINGS if channel in setting.channels)
+
+
 def channel_settings(values: Mapping[str, Any], channel: SettingChannel) -> dict[str, Any]:
     """``values`` (settings by name; ``None``: unset, dropped) as ``channel`` takes them: each type-checked
     and normalized by the table. :class:`ProtocolError` names a setting the channel does not take."""
@@ -263,7 +268,7 @@ def channel_settings(values: Mapping[str, Any], channel: SettingChannel) -> dict
     for name in values:
         setting = SETTINGS_BY_NAME.get(name)
         if setting is None or channel not in setting.channels:
-            taken = ", ".join(s.name for s in REQUEST_SETTINGS if channel in s.channels)
+            taken = ", ".join(settings_of(channel))
             raise ProtocolError(
                 ErrorCode.INVALID_FIELD, f"`{name}` is not a {channel.value} setting; those are {taken}", name
             )

@@ -45,6 +45,7 @@ from websockets.asyncio.server import ServerConnection
 from websockets.exceptions import ConnectionClosed
 from websockets.http11 import Request
 
+from robot_clients.client_frames import REQUEST_SETTINGS
 from robot_clients.protocol import ProtocolError
 
 from ..context import ServerContext
@@ -195,12 +196,9 @@ def session_summary(server: ServerContext[Session], session: Session, prompt_cha
         "remote": session.remote,
         "state": session.state.value,
         "state_reason": session.state_reason,
-        "domain_name": config.get("domain_name"),
-        "action_mode": config.get("action_mode"),
-        "action_horizon": config.get("action_horizon"),
+        **{setting.name: config.get(setting.name) for setting in REQUEST_SETTINGS},  # resolved: defaults filled in
         "prompt": prompt,
         "prompt_truncated": truncated,
-        "control_hz": config.get("control_hz"),
         "answered": session.answered,
         "dropped": session.dropped,
         "recording": session.recorded,

@@ -64,6 +64,7 @@ from ..sessions.observation_rules import ChunkReply, Drop
 from .translation import (
     IMAGES_KEY,
     PROTOCOL_VERSION,
+    SESSION_KEYS,
     VLA_EVAL_PATH,
     ChunkPlan,
     ChunkPlayer,
@@ -226,11 +227,9 @@ class VlaEvalSession(Session):
             config, plan = self.settings.episode(description, {})
             resolved = config.resolved(description)
             stateless = resolved["state_dim"] is None
+            served.update({name: resolved[name] for name in SESSION_KEYS})  # what the episode's settings became
             served.update(
-                domain_name=resolved["domain_name"],
-                action_horizon=resolved["action_horizon"],
                 action_dim=resolved["raw_action_dim"],
-                view_point=resolved["view_point"],
                 state_dim=resolved["state_dim"],
                 unused_state_keys=list(self.settings.mapping.state)
                 if stateless and not self.settings.strict_state
@@ -467,7 +466,7 @@ def config_answer(context: ServerContext[Any], settings: VlaEvalSettings, query:
         try:
             config, _ = settings.episode(description, {})
             resolved = config.resolved(description)
-            current.update({key: resolved[key] for key in ("domain_name", "action_horizon", "view_point", "state_dim")})
+            current.update({key: resolved[key] for key in (*SESSION_KEYS, "state_dim")})
         except ProtocolError as error:
             current["error"] = error.text()
     return 200, {"applied": {}, "config": current}
