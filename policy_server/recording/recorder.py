@@ -304,10 +304,10 @@ class SessionRecording:
         self.frames_not_queued = 0
 
     def start_episode(self, config: Mapping[str, Any], model: Mapping[str, Any], fps: int | None = None) -> None:
-        """Begin an episode. ``config`` is the resolved configuration (JSON-able, with
-        ``action_horizon`` and ``raw_action_dim``); ``model`` the model's identity (``ModelDescription.identity()``:
-        only its keys are kept);
-        ``fps`` the dataset's frame rate (default: the config's ``control_hz``, else the recorder's)."""
+        """Begin an episode. ``config`` is the resolved configuration (``SessionConfig.resolved``: JSON-able,
+        with the chunk's shape); ``model`` the model's identity (``ModelDescription.identity()``: only its keys
+        are kept); ``fps`` the dataset's frame rate (default: the robot's declared control rate, else the
+        recorder's)."""
         _check_config(config)
         if self.active:
             self.end_episode("restarted")

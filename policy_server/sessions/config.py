@@ -136,22 +136,17 @@ class SessionConfig:
 
 def _with_defaults(values: dict[str, Any], description: ModelDescription) -> dict[str, Any]:
     """``values`` (settings by name, ``None`` for unset) with the engine's defaults filled in: the
-    domain's own (its profile's horizon, view point, fps, tier), else the model's."""
-    defaults = description.defaults
+    domain's own (:attr:`ModelDescription.domain_defaults`: its profile's where it sets them), else the
+    model's."""
     domain = description.domain(values.get("domain_name"))
     own = description.domain_defaults[domain.domain_name] if domain is not None else None
-    profile = (
-        {"action_horizon": domain.default_horizon, "view_point": domain.view_point, "fps": domain.fps}
-        if domain is not None
-        else {}
-    )
     values = dict(values)
     for name in DEFAULTED_SETTINGS:
         if values.get(name) is None:
             values[name] = next(
                 (
                     value
-                    for value in (getattr(own, name, None), profile.get(name), getattr(defaults, name))
+                    for value in (getattr(own, name, None), getattr(description.defaults, name))
                     if value is not None
                 ),
                 None,
@@ -172,6 +167,21 @@ def settings_used(request: ActionRequest, description: ModelDescription) -> dict
         {name: getattr(request, name) for name in ("domain_name", *CHUNK_ECHOED_SETTINGS)}, description
     )
     return {name: values[name] for name in CHUNK_ECHOED_SETTINGS}
+
+
+# Of ActionResult's fields, those a chunk reports as they are: all but the actions themselves and the
+# engine's accounting (the timing and the batching, which each protocol shows its own way).
+_UNREPORTED_RESULT_FIELDS = ("actions", "timing", "transformer_forwards", "batch_size")
+
+
+def chunk_report(result: ActionResult, request: ActionRequest, description: ModelDescription) -> dict[str, Any]:
+    """How ``result`` was made, as a chunk reports it: the engine's own account (ActionResult's fields:
+    mode, domain, width, steps, seed), the horizon, and every other setting used (:func:`settings_used`)."""
+    report = {
+        f.name: getattr(result, f.name) for f in dataclasses.fields(result) if f.name not in _UNREPORTED_RESULT_FIELDS
+    }
+    report["action_horizon"] = result.action_horizon
+    return {**report, **settings_used(request, description)}
 
 
 def _check_horizon(value: int, description: ModelDescription, field: str, seq: int | None, what: str = "") -> None:

@@ -71,7 +71,7 @@ from ..engine.request_queue import EngineOutcome, PendingObservation
 from ..media import canvas_side, native_decode
 from ..metadata import native_metadata
 from .base import Session
-from .config import merge_session_config, observation_request, settings_used
+from .config import chunk_report, merge_session_config, observation_request
 from .controls import ControlAction, ControlError, ControlErrorCode, OperatorControl
 from .listener import SessionTelemetry
 from .observation_rules import ChunkReply
@@ -332,14 +332,7 @@ class RealtimeSession(Session):
             "type": protocol.ACTION_CHUNK,
             "seq": item.seq,
             "actions": actions,
-            "action_mode": chunk.action_mode,
-            "domain_name": chunk.domain_name,
-            "domain_id": chunk.domain_id,
-            "raw_action_dim": chunk.raw_action_dim,
-            "action_horizon": chunk.action_horizon,
-            "num_steps": chunk.num_steps,
-            "seed": chunk.seed,
-            **settings_used(item.request, self.description),
+            **chunk_report(chunk, item.request, self.description),
             "timing": timing,
         }
         if item.client_timestamp is not None:
