@@ -139,7 +139,8 @@ REQUEST_SETTINGS: tuple[RequestSetting, ...] = (
     RequestSetting(
         "action_mode",
         (str,),
-        "policy, inverse_dynamics or forward_dynamics; unset: follows the media (a video asks inverse_dynamics)",
+        "policy, inverse_dynamics or forward_dynamics; unset: follows the media (a video asks inverse_dynamics), "
+        "or policy where the media cannot tell (openpi)",
         _EVERYWHERE - {SettingChannel.VLA_EVAL},  # a vla-eval episode plays policy chunks
         sglang_names=("action_mode",),
         normalize=_lower_mode,
