@@ -50,7 +50,7 @@ VIDEO_MODE = "forward_dynamics"
 # The settings each endpoint takes (their schemas' fields, checked against the table by a test).
 ACTION_SETTINGS = tuple(s.name for s in REQUEST_SETTINGS if SettingChannel.HTTP_ACTIONS in s.channels)
 VIDEO_SETTINGS = tuple(s.name for s in REQUEST_SETTINGS if SettingChannel.HTTP_VIDEOS in s.channels)
-Params = TypeVar("Params", bound=BaseModel)
+RequestModel = TypeVar("RequestModel", bound=BaseModel)
 
 
 @dataclass
@@ -61,7 +61,7 @@ class VideoSubmission:
     inputs: VideoJobInputs
 
 
-def _validate(model: type[Params], fields: dict[str, Any]) -> Params:
+def _validate(model: type[RequestModel], fields: dict[str, Any]) -> RequestModel:
     try:
         return model.model_validate(fields)
     except ValidationError as exc:
