@@ -15,7 +15,7 @@ from sglang_fixtures import base, distilled  # noqa: F401 - fixtures
 from sidecar_fixtures import png_b64, rgb
 
 from policy_server.http.errors import ApiError, HttpErrorCode
-from policy_server.http.requests import action_request, actions_payload, video_submission
+from policy_server.http.requests import VIDEO_SETTINGS, action_request, actions_payload, video_submission
 from policy_server.media import model_frame_limits
 from robot_clients.protocol import ErrorCode, FrameLimits
 
@@ -122,6 +122,15 @@ def test_a_video_submission_resolves_defaults_and_keeps_the_encoded_frame(distil
     assert params["resolved"]["num_steps"] == distilled.defaults.num_steps
     assert submission.inputs.encoded_image == base64.b64decode(png_b64(rgb(32)))
     assert submission.inputs.image.shape == (32, 32, 3) and submission.inputs.action.dtype == np.float32
+
+
+def test_a_stored_job_holds_the_tables_video_settings_and_the_defaults_its_object_shows(distilled):
+    params = video_submission(_video_fields(seed=9, guidance_scale=1.0), distilled).params
+    assert set(VIDEO_SETTINGS) <= set(params)  # every setting the endpoint takes, as the job will run it
+    shown = {**params, **params["resolved"]}  # what the job object reads
+    assert shown["guidance_scale"] == 1.0 and shown["seed"] == 9  # as sent
+    defaults = distilled.defaults
+    assert (shown["num_steps"], shown["resolution_tier"]) == (defaults.num_steps, defaults.resolution_tier)
 
 
 def test_an_unseeded_submission_draws_and_stores_a_seed(distilled):

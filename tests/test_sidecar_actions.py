@@ -9,6 +9,7 @@ import pytest
 from server_fixtures import DOMAIN
 from sidecar_fixtures import ACTION_DIM, SidecarServer, engine_loader, error_of, png_b64, png_bytes, rgb
 
+from policy_server.http.schemas import ActionArray, ActionUsage
 from policy_server.videos.encoding import encode_mp4
 from robot_clients.wire_codec import packb, unpackb
 
@@ -51,6 +52,17 @@ def test_json_base64_image_and_nested_lists_agree(server):
     )
     assert as_lists.status_code == 200, as_lists.text
     np.testing.assert_allclose(_check_generation(as_lists.json()), first, atol=1e-5)  # same pixels, same seed
+
+
+def test_the_answer_reports_each_field_of_its_schema_from_the_engines_chunk(server):
+    response = server.client.post(
+        "/v1/actions/generations", json={"domain_name": DOMAIN, "image": rgb(64, seed=5).tolist(), "seed": 11}
+    )
+    assert response.status_code == 200, response.text
+    body = response.json()
+    assert set(body["data"][0]["action"]) == set(ActionArray.model_fields)
+    assert set(body["usage"]) == set(ActionUsage.model_fields)
+    assert body["usage"]["seed"] == 11 and body["data"][0]["action"]["action_mode"] == "policy"
 
 
 def test_msgpack_round_trip(server):

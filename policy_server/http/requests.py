@@ -14,9 +14,10 @@ the same checks, their errors naming the client's fields; the translation itself
 
 from __future__ import annotations
 
+import dataclasses
 import secrets
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 from pydantic import BaseModel, ValidationError
@@ -40,7 +41,7 @@ from ..videos.job_store import VideoJobInputs
 from . import codecs as http_codecs
 from .codecs import decode_image_bytes, encoded_image, to_actions, to_image, to_video
 from .errors import ApiError
-from .schemas import SEED_LIMIT, ActionGenerationParams, VideoCreateParams, normalized_mode
+from .schemas import SEED_LIMIT, ActionGenerationParams, VideoCreateParams, VideoJobObject, normalized_mode
 
 VIDEOS_PATH = "/v1/videos"
 ACTION_GENERATIONS_PATH = "/v1/actions/generations"
@@ -49,6 +50,7 @@ VIDEO_MODE = "forward_dynamics"
 # The settings each endpoint takes (their schemas' fields, checked against the table by a test).
 ACTION_SETTINGS = tuple(s.name for s in REQUEST_SETTINGS if SettingChannel.HTTP_ACTIONS in s.channels)
 VIDEO_SETTINGS = tuple(s.name for s in REQUEST_SETTINGS if SettingChannel.HTTP_VIDEOS in s.channels)
+RequestModel = TypeVar("RequestModel", bound=BaseModel)
 
 
 @dataclass
@@ -59,7 +61,7 @@ class VideoSubmission:
     inputs: VideoJobInputs
 
 
-def _validate(model: type[BaseModel], fields: dict[str, Any]) -> BaseModel:
+def _validate(model: type[RequestModel], fields: dict[str, Any]) -> RequestModel:
     try:
         return model.model_validate(fields)
     except ValidationError as exc:
@@ -92,8 +94,9 @@ def _check_settings(settings: dict[str, Any], description: ModelDescription, *, 
         raise ApiError.of(exc) from None
 
 
-def _route_mode(fields: dict[str, Any], endpoint: str) -> None:
-    """A mode served by the other endpoint is a 400 that names that endpoint."""
+def _route_mode(fields: dict[str, Any], endpoint: str, description: ModelDescription) -> None:
+    """A mode served by the other endpoint is a 400 that names that endpoint; a video job is one when the
+    loaded model cannot roll out at all (the realtime modes are checked with the other settings)."""
     mode = normalized_mode(fields.get("action_mode"))
     if endpoint == VIDEOS_PATH and mode in ACTION_MODES:
         raise ApiError(
@@ -101,6 +104,8 @@ def _route_mode(fields: dict[str, Any], endpoint: str) -> None:
             f"{mode} produces actions, not video: POST it to {ACTION_GENERATIONS_PATH}",
             "action_mode",
         )
+    if endpoint == VIDEOS_PATH and VIDEO_MODE not in description.modes:
+        raise ApiError(ErrorCode.UNSUPPORTED_MODE, "the loaded model cannot serve forward_dynamics", "action_mode")
     if endpoint == ACTION_GENERATIONS_PATH and mode == VIDEO_MODE:
         raise ApiError(
             ErrorCode.UNSUPPORTED_MODE,
@@ -115,15 +120,14 @@ def video_submission(
     """Check a ``POST /v1/videos`` body and resolve what the job will run with.
 
     ``media_limits`` adds the sidecar's decoding bounds to the model's (default: the model's alone)."""
-    _route_mode(fields, VIDEOS_PATH)
-    if VIDEO_MODE not in description.modes:
-        raise ApiError(ErrorCode.UNSUPPORTED_MODE, "the loaded model cannot serve forward_dynamics", "action_mode")
-    params: VideoCreateParams = _validate(VideoCreateParams, fields)  # type: ignore[assignment]
+    _route_mode(fields, VIDEOS_PATH, description)
+    params = _validate(VideoCreateParams, fields)
     _check_model(params.model, description)
-    settings = {name: getattr(params, name) for name in VIDEO_SETTINGS if name != "action_mode"}
-    settings["domain_name"] = _domain_name(params.domain_name, description)
-    _check_settings(settings, description, modes=False)  # the endpoint is the mode
-    domain = description.domains[settings["domain_name"]]
+    domain_name = _domain_name(params.domain_name, description)
+    params.domain_name = domain_name
+    # The endpoint is the mode: check_settings leaves it alone.
+    _check_settings(params.model_dump(include=set(VIDEO_SETTINGS)), description, modes=False)
+    domain = description.domains[domain_name]
 
     action = to_actions(params.action, "action")
     width = domain.raw_action_dim
@@ -149,21 +153,18 @@ def video_submission(
         else to_image(params.input_reference, "input_reference", limits)
     )
 
-    defaults = description.defaults
-    resolved = {
-        "model": description.model,
-        **settings,
-        "fps": float(params.fps),
-        # A seed is drawn now and stored, so a job re-run after a restart gives the same video.
-        "seed": params.seed if params.seed is not None else secrets.randbelow(SEED_LIMIT),
-        "action_shape": list(action.shape),
-        # What the engine's defaults make of the unset values, for the job object.
-        "resolved": {
-            name: settings[name] if settings[name] is not None else getattr(defaults, name)
-            for name in ("num_steps", "guidance_scale", "resolution_tier")
-        },
+    if params.seed is None:  # drawn now and stored, so that a job re-run after a restart gives the same video
+        params.seed = secrets.randbelow(SEED_LIMIT)
+    settings = params.model_dump(include=set(VIDEO_SETTINGS))
+    defaults = dataclasses.asdict(description.defaults)
+    # What the engine's defaults make of the settings left unset, for the job object to show.
+    shown = {
+        name: defaults[name]
+        for name, value in settings.items()
+        if value is None and name in defaults and name in VideoJobObject.model_fields
     }
-    return VideoSubmission(resolved, VideoJobInputs(image=image, action=action, encoded_image=encoded))
+    stored = {"model": description.model, **settings, "action_shape": list(action.shape), "resolved": shown}
+    return VideoSubmission(stored, VideoJobInputs(image=image, action=action, encoded_image=encoded))
 
 
 def action_request(
@@ -176,8 +177,8 @@ def action_request(
     when unset, follows the media (a ``video`` asks for ``inverse_dynamics``). ``media_limits``: as for
     :func:`video_submission`.
     """
-    _route_mode(fields, ACTION_GENERATIONS_PATH)
-    params: ActionGenerationParams = _validate(ActionGenerationParams, fields)  # type: ignore[assignment]
+    _route_mode(fields, ACTION_GENERATIONS_PATH, description)
+    params = _validate(ActionGenerationParams, fields)
     _check_model(params.model, description)
     settings = {name: getattr(params, name) for name in ACTION_SETTINGS if getattr(params, name) is not None}
     settings["domain_name"] = _domain_name(params.domain_name, description)

@@ -1,14 +1,12 @@
 """SGLang's action API over HTTP: the ``POST /v1/actions/generations`` envelope parsed into our requests and
-answered in its reply, and the metadata keys its clients read first.
+answered in its reply, and the metadata keys its clients read first. ``docs/sglang.md`` is the reference
+for each ("The action envelope", "The reply", "Metadata"), with examples and SGLang's own defaults.
 
-The request (JSON or msgpack, or SGLang's multipart form, which :func:`envelope_from_form` rebuilds into
-the same envelope so that one parser checks both)::
-
-    {"request_id": "r1",                                  # or "id": echoed as the reply's `id`
-     "input": {"task": "pick up the block",               # or "prompt"; a list: one per image of a batch
-               "observation": {"image": {...}}},          # image | images | input_reference | video | state
-     "parameters": {"action_mode": "policy", "domain_name": "droid_lerobot", "num_inference_steps": 30},
-     "runtime": {"response_format": "envelope", "output_format": "list"}}
+The request is JSON or msgpack, or SGLang's multipart form, which :func:`envelope_from_form` rebuilds into
+the same envelope so that one parser checks both. Its sections: ``request_id`` (or ``id``, echoed as the
+reply's ``id``), ``input`` (the text and the observation, :data:`INPUT_KEYS`), ``parameters`` (the
+table's settings under SGLang's names, ``RequestSetting.sglang_names``, and the others of
+:data:`PARAMETER_KEYS`) and ``runtime`` (how to answer, :data:`RUNTIME_KEYS`).
 
 :func:`parse_action_envelope` checks it and returns an :class:`ActionCall` with one :class:`ActionItem`
 per image of a batch and per candidate. An item holds the fields of our own flat request (the names of
@@ -18,22 +16,14 @@ about one of our fields into one about the client's. :func:`build_reply` answers
 (``object: "action.generation"``) or its ``raw`` form; ``values`` are nested lists, or float32 arrays when
 the client asked for ``output_format: numpy`` (then packed as msgpack).
 
-SGLang's defaults are its own literals (35 steps, fps 5, 480×832, seed 42); here an unset value takes
-the loaded checkpoint's default, as every other request to this server does.
+SGLang's defaults are literals in its code; here an unset value takes the loaded checkpoint's default, as
+every other request to this server does.
 
-**Metadata**, its keys read from the loaded model's description (``ModelDescription``). SGLang answers
-``GET /v1/actions/metadata`` (and opens its realtime WebSocket) with::
-
-    {"object": "action.metadata", "model", "policy_family": "cosmos3",
-     "input": {"modalities", "supported_resolutions", "state_dim"},
-     "output": {"action_type", "action_horizon", "action_dim", "padded_action_dim", "dtype"},
-     "defaults": {...}, "capabilities": {"action_modes", "realtime_websocket", "openpi_websocket",
-                                         "batch_inputs", "max_batch_size", ...}}
-
-where SGLang fills in literals (horizon 16, 480×832, fps 5). Here every value comes from the loaded
-checkpoint, or from the server's own settings, which the caller passes in. :func:`merge_metadata` adds
-these keys to one of our metadata answers without changing any key it already has (except ``object``,
-which becomes SGLang's).
+**Metadata**: :func:`sglang_metadata` answers the keys SGLang's ``GET /v1/actions/metadata`` (and its
+realtime WebSocket) starts with (``policy_family``, ``input``, ``output``, ``defaults``, ``capabilities``),
+where SGLang fills in literals, from the loaded checkpoint's description (``ModelDescription``) and the
+server's own settings, which the caller passes in. :func:`merge_metadata` adds these keys to one of our
+metadata answers without changing any key it already has (except ``object``, which becomes SGLang's).
 """
 
 from __future__ import annotations

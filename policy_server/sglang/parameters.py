@@ -32,19 +32,13 @@ or fetches URLs for a client), and containers with keys we would otherwise ignor
 Grayscale (H×W) and RGBA (H×W×4) arrays, which SGLang passes to PIL, become RGB here.
 
 **The** ``POST /v1/videos`` **body**, its field names mapped onto ours. SGLang (and OpenAI's Videos API,
-which it extends) sends a flat body, JSON or multipart, whose Cosmos3
-``forward_dynamics`` fields are::
-
-    prompt, input_reference (the first frame), action (T×D), action_mode, domain_name | domain_id +
-    raw_action_dim, action_fps, action_view_point, action_normalization, num_inference_steps,
-    guidance_scale, num_frames, fps, seed, size ("WIDTHxHEIGHT") | width + height, seconds,
-    negative_prompt, n, extra_params / extra_body (JSON objects of more of these)
-
+which it extends) sends a flat body, JSON or multipart: the Cosmos3 ``forward_dynamics`` fields of
+:data:`KNOWN_FIELDS` (``docs/sglang.md``, "/v1/videos", says what becomes of each).
 :func:`video_fields` turns such a body into the fields of our ``VideoCreateParams`` (our own names pass
 through unchanged), so the route runs its own checks (:func:`policy_server.http.requests.video_submission`)
 and :meth:`Mapped.relabel` names the client's field in their errors.
 What only describes the video (``num_frames``, ``seconds``, ``size``) must agree with what the actions
-and the first frame already decide; what this runtime cannot do (a negative prompt, several outputs,
+and the first frame already decide; what this runtime cannot do (``negative_prompt``, several outputs,
 guardrails, video-to-video inputs) is refused rather than ignored.
 """
 

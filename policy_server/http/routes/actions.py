@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import time
 import uuid
 from collections.abc import Callable
@@ -16,6 +17,7 @@ from typing import Any
 
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
+from pydantic import BaseModel
 
 from cosmos3_runtime.description import ModelDescription
 from cosmos3_runtime.requests import ActionRequest, ActionResult
@@ -65,6 +67,13 @@ def _timed(function: Callable[..., Any], *args: Any) -> tuple[Any, float]:
     return function(*args), time.thread_time() - started
 
 
+def reported_fields(chunk: ActionResult, schema: type[BaseModel]) -> dict[str, Any]:
+    """The fields of ``chunk`` that ``schema`` declares too, by name: what the engine reports about the chunk
+    it made, copied over without a second list of them."""
+    names = [field.name for field in dataclasses.fields(chunk) if field.name in schema.model_fields]
+    return {name: getattr(chunk, name) for name in names}
+
+
 def router(parts: SidecarParts) -> APIRouter:
     """The action generation route: observations into ``parts.host.queue``, one client's turn each."""
     routes = APIRouter(tags=["actions"])
@@ -108,18 +117,13 @@ def router(parts: SidecarParts) -> APIRouter:
                     action=ActionArray(
                         shape=list(chunk.actions.shape),
                         values=http_requests.actions_payload(chunk.actions, as_msgpack),
-                        action_mode=chunk.action_mode,
-                        domain_name=chunk.domain_name,
-                        domain_id=chunk.domain_id,
-                        raw_action_dim=chunk.raw_action_dim,
+                        **reported_fields(chunk, ActionArray),
                         **settings_used(action_request, description),
                     ),
                 )
             ],
             usage=ActionUsage(
-                num_steps=chunk.num_steps,
-                seed=chunk.seed,
-                batch_size=chunk.batch_size,
+                **reported_fields(chunk, ActionUsage),
                 queue_ms=item.queue_ms,
                 model_ms=outcome.engine_ms,
                 total_ms=(time.monotonic() - received) * 1e3,
