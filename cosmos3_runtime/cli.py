@@ -9,9 +9,13 @@ import os
 import sys
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 from .errors import CheckpointError
+
+if TYPE_CHECKING:
+    from .description import RequestDefaults
+    from .profiles import PolicyProfile
 
 
 def tiny_main(argv: list[str] | None = None) -> int:
@@ -93,11 +97,12 @@ def inspect_main(argv: list[str] | None = None) -> int:
     except CheckpointError as exc:
         print(f"cosmos3-inspect: {exc}", file=sys.stderr)
         return 2
-    summary = info.summary()
-    described = ModelDescription.of_spec(spec, args.checkpoint).as_json()
-    summary["defaults"] = described["defaults"]
-    summary["domains"] = described["domains"]
+    description = ModelDescription.of_spec(spec, args.checkpoint)
     if args.json:
+        described = description.as_json()
+        summary = info.summary()
+        summary["defaults"] = described["defaults"]
+        summary["domains"] = described["domains"]
         print(json.dumps(summary, indent=2))
         return 0
     print(f"checkpoint        {args.checkpoint}")
@@ -107,12 +112,7 @@ def inspect_main(argv: list[str] | None = None) -> int:
         f"variant defaults  {spec.default_steps} steps, guidance {spec.default_guidance:.1f}, tier {spec.default_tier}"
     )
     if spec.default_domain:
-        r = summary["defaults"]
-        print(
-            f"default domain    {spec.default_domain}: chunk {r['action_horizon']}, tier {r['resolution_tier']}, "
-            f"{r['fps']:g} fps, {r['view_point']}"
-            + (f", guidance in sigmas {r['guidance_interval']}" if r["guidance_interval"] else "")
-        )
+        print(f"default domain    {spec.default_domain}: {_defaults_text(description.defaults)}")
     print(
         f"scheduler         {info.scheduler_class}"
         + (
@@ -130,34 +130,42 @@ def inspect_main(argv: list[str] | None = None) -> int:
     print(f"total             {info.parameters:,} parameters, {info.parameter_bytes / 1e6:,.2f} MB")
     if spec.profiles:
         print(f"domains ({len(spec.profiles)}), each with the defaults it resolves to:")
-        for name, d in summary["domains"].items():
-            print("  " + _domain_line(name + (" (default)" if name == spec.default_domain else ""), d))
+        for name, profile in description.domains.items():
+            label = name + (" (default)" if name == spec.default_domain else "")
+            print("  " + _domain_line(label, profile, description.domain_defaults[name]))
     return 0
 
 
-def _domain_line(name: str, d: dict[str, Any]) -> str:
+def _defaults_text(r: RequestDefaults) -> str:
+    """The model's defaults in ``cosmos3-inspect``: chunk, tier, frame rate, view, guidance interval."""
+    interval = f", guidance in sigmas {list(r.guidance_interval)}" if r.guidance_interval else ""
+    fps = f"{r.fps:g}" if r.fps is not None else "-"
+    return f"chunk {r.action_horizon}, tier {r.resolution_tier}, {fps} fps, {r.view_point}{interval}"
+
+
+def _domain_line(name: str, p: PolicyProfile, r: RequestDefaults) -> str:
     """One domain of ``cosmos3-inspect``: id, width, chunk, fps, tier, view, prompt format, stats; then what
     only some domains have: action space, state, gripper flip, guidance interval, view layout."""
-    r = d["defaults"]
+    stats = p.normalization.kind if p.normalization is not None else "-"
+    fps = f"{r.fps:g}" if r.fps is not None else "-"
     line = (
-        f"{name:<30} id {d['domain_id']:>2}  width {d['raw_action_dim']:>2}  chunk {r['action_horizon']:>2}  "
-        f"{r['fps']:g} fps  tier {r['resolution_tier']}  {r['view_point']:<17}  {d['prompt_format']:<5}  "
-        f"stats: {d['normalization'] or '-'}"
+        f"{name:<30} id {p.domain_id:>2}  width {p.raw_action_dim:>2}  chunk {r.action_horizon:>2}  "
+        f"{fps} fps  tier {r.resolution_tier}  {r.view_point:<17}  {p.prompt_format:<5}  stats: {stats}"
     )
     extras = []
-    if d["action_space"]:
-        extras.append(f"space {d['action_space']}")
-    if d["state_dim"] is not None:
+    if p.action_space:
+        extras.append(f"space {p.action_space}")
+    if p.state_dim is not None:
         extras.append(
-            f"state {d['history_length']} x {d['state_dim']}"
-            + (" (last row: the current state)" if d["use_state"] else " (history only)")
+            f"state {p.history_length} x {p.state_dim}"
+            + (" (last row: the current state)" if p.use_state else " (history only)")
         )
-    if d["gripper_flip_index"] is not None:
-        extras.append(f"gripper flipped at {d['gripper_flip_index']}")
-    if r["guidance_interval"] is not None:
-        extras.append(f"guidance in sigmas {r['guidance_interval']}")
-    if d["view_description"]:
-        extras.append(f"view: {d['view_description']!r}")
+    if p.gripper_flip_index is not None:
+        extras.append(f"gripper flipped at {p.gripper_flip_index}")
+    if r.guidance_interval is not None:
+        extras.append(f"guidance in sigmas {list(r.guidance_interval)}")
+    if p.view_description:
+        extras.append(f"view: {p.view_description!r}")
     return line + ("  " + "; ".join(extras) if extras else "")
 
 
