@@ -17,14 +17,14 @@ its one JSON form, for every answer that passes it on to clients and for recordi
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, dataclass, field, fields, replace
 from typing import Any
 
 import numpy as np
 
 from .checkpoints import CheckpointInfo
 from .errors import CheckpointError, InvalidRequestError
-from .profiles import VIEW_POINTS, PolicyProfile, ProfileTable
+from .profiles import VIEW_POINTS, NormalizationStats, PolicyProfile, ProfileTable
 from .requests import ACTION_MODES
 
 # -- what the checkpoint can do ---------------------------------------------------------------------
@@ -348,26 +348,18 @@ class ModelDescription:
         }
 
     def domain_json(self, name: str) -> dict[str, Any]:
-        """One domain's profile and the defaults it resolves to, as JSON values."""
-        p = self.domains[name]
-        return {
-            "domain_id": p.domain_id,
-            "action_space": p.action_space,
-            "raw_action_dim": p.raw_action_dim,
-            "default_horizon": p.default_horizon,
-            "fps": p.fps,
-            "resolution_tier": p.resolution_tier,
-            "view_point": p.view_point,
-            "view_description": p.view_description,
-            "prompt_format": p.prompt_format,
-            "guidance_interval": list(p.guidance_interval) if p.guidance_interval is not None else None,
-            "gripper_flip_index": p.gripper_flip_index,
-            "normalization": p.normalization.kind if p.normalization is not None else None,
-            "state_dim": p.state_dim,
-            "use_state": p.use_state,
-            "history_length": p.history_length,
-            "defaults": defaults_json(self.domain_defaults[name], with_domain=False),
-        }
+        """One domain's profile (every field but its name, statistics by their kind) and the defaults it
+        resolves to, as JSON values."""
+        profile = self.domains[name]
+        data: dict[str, Any] = {}
+        for profile_field in fields(profile):
+            value = getattr(profile, profile_field.name)
+            if isinstance(value, NormalizationStats):
+                value = value.kind
+            data[profile_field.name] = list(value) if isinstance(value, tuple) else value
+        del data["domain_name"]
+        data["defaults"] = defaults_json(self.domain_defaults[name], with_domain=False)
+        return data
 
 
 def limits_json(limits: EngineLimits) -> dict[str, Any]:

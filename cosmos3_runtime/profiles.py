@@ -13,14 +13,7 @@ Sources, later ones overriding earlier ones field by field:
 2. ``policy_profiles.json`` shipped in the checkpoint, when there is one;
 3. a profile file the operator gives the server.
 
-The file format is documented, with a worked DROID example, in ``docs/runtime.md``. In short::
-
-    {"default_domain": "droid_lerobot",
-     "domains": {"bridge_orig_lerobot": {"view_point": "third_person_view",
-                                         "normalization": {"q01": [...], "q99": [...]}},
-                 "droid_lerobot": {"raw_action_dim": 8, "default_horizon": 32, "use_state": true,
-                                   "history_length": 1, "gripper_flip_index": 7, "normalization": "none",
-                                   "fps": 15, "resolution_tier": 480, "view_point": "concat_view"}}}
+The file format is documented, with a worked DROID example, in ``docs/runtime.md``.
 
 A normalization is quantile (``q01``/``q99``), mean/std (``mean``/``std``) or min/max (``min``/``max``),
 given inline or in its own JSON file (``normalization_file``, relative to the profile file), optionally
@@ -31,6 +24,7 @@ silently falls back to a default. Profiles are loaded once.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 from dataclasses import dataclass
@@ -53,24 +47,6 @@ DEFAULT_ACTION_HORIZON = 16
 DEFAULT_FPS = 24.0  # diffusers' Cosmos3 pipeline default
 MAX_HISTORY_LENGTH = 16
 _EPS = 1e-8
-_PROFILE_KEYS = (
-    "domain_id",
-    "raw_action_dim",
-    "action_space",
-    "default_horizon",
-    "fps",
-    "resolution_tier",
-    "view_point",
-    "view_description",
-    "prompt_format",
-    "guidance_interval",
-    "gripper_flip_index",
-    "normalization",
-    "normalization_file",
-    "use_state",
-    "history_length",
-    "state_dim",
-)
 
 
 @dataclass(frozen=True, eq=False)
@@ -165,6 +141,14 @@ class PolicyProfile:
         if self.gripper_flip_index is not None:
             rows[..., self.gripper_flip_index] = 1.0 - rows[..., self.gripper_flip_index]
         return rows
+
+
+# What a domain's entry in a profile file may hold: the profile's fields (its name is the entry's key),
+# and ``normalization_file``, statistics kept in a file of their own.
+_PROFILE_KEYS = (
+    *(profile_field.name for profile_field in dataclasses.fields(PolicyProfile) if profile_field.name != "domain_name"),
+    "normalization_file",
+)
 
 
 @dataclass(frozen=True)
