@@ -61,7 +61,7 @@ def _engine_failures(jobs: list[DenoiseJob]) -> Iterator[None]:
 
 
 def _provenance(job: DenoiseJob, profile: PolicyProfile, output: DenoiseOutput, timing: Timing) -> dict[str, Any]:
-    """What every result reports of how it was made: ActionResult and VideoResult share these fields."""
+    """A result's :class:`~cosmos3_runtime.requests.Provenance` fields, to pass to ActionResult or VideoResult."""
     return dict(
         domain_name=profile.domain_name,
         domain_id=profile.domain_id,

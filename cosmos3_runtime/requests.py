@@ -35,7 +35,14 @@ class RequestSettings:
 
 
 @dataclass
-class ActionRequest(RequestSettings):
+class DomainRequest(RequestSettings):
+    """Settings for one embodiment: the ``domain_name`` of a profile of the loaded checkpoint."""
+
+    domain_name: str
+
+
+@dataclass
+class ActionRequest(DomainRequest):
     """One observation to turn into a chunk of actions (``policy`` or ``inverse_dynamics``).
 
     ``image`` is one H×W×3 uint8 frame (policy); ``video`` is a T×H×W×3 uint8 clip (inverse dynamics,
@@ -55,7 +62,6 @@ class ActionRequest(RequestSettings):
     does not include them.
     """
 
-    domain_name: str
     action_mode: ActionMode = "policy"
     image: np.ndarray | None = None
     video: np.ndarray | None = None
@@ -65,10 +71,9 @@ class ActionRequest(RequestSettings):
 
 
 @dataclass
-class VideoRequest(RequestSettings):
+class VideoRequest(DomainRequest):
     """A ``forward_dynamics`` rollout: a first frame plus raw actions in, predicted frames out."""
 
-    domain_name: str
     image: np.ndarray
     actions: np.ndarray
 
@@ -97,20 +102,28 @@ class Timing:
         return {**asdict(self), "model_ms": self.model_ms, "total_ms": self.total_ms}
 
 
-@dataclass
-class ActionResult:
+@dataclass(kw_only=True)
+class Provenance:
+    """How a result was made, as every result reports it: for which domain (its name, and the id that
+    selected the action head's weights), with how many denoising steps and transformer forwards, from
+    which seed, and where the time went."""
+
+    domain_name: str
+    domain_id: int
+    num_steps: int
+    transformer_forwards: int
+    seed: int
+    timing: Timing = field(default_factory=Timing)
+
+
+@dataclass(kw_only=True)
+class ActionResult(Provenance):
     """The engine's answer to an :class:`ActionRequest`: a chunk of continuous actions, float32, shape
     (action_horizon, raw_action_dim), in raw units, and how it was made."""
 
     actions: np.ndarray
     action_mode: str
-    domain_name: str
-    domain_id: int
     raw_action_dim: int
-    num_steps: int
-    transformer_forwards: int
-    seed: int
-    timing: Timing = field(default_factory=Timing)
     batch_size: int = 1  # how many requests shared this chunk's transformer calls
 
     @property
@@ -118,15 +131,9 @@ class ActionResult:
         return int(self.actions.shape[0])
 
 
-@dataclass
-class VideoResult:
+@dataclass(kw_only=True)
+class VideoResult(Provenance):
     """Frames predicted by ``forward_dynamics``: uint8, shape (T, H, W, 3)."""
 
     frames: np.ndarray
     fps: float
-    domain_name: str
-    domain_id: int
-    num_steps: int
-    transformer_forwards: int
-    seed: int
-    timing: Timing = field(default_factory=Timing)
