@@ -33,18 +33,11 @@ serving runtime changes, and why:
   rounding.
 - **Text prefix cache.** A job whose text keys/values are cached runs its generation tokens only
   (:class:`~cosmos3_runtime.sequence_packing.TextPrefixCache`).
-- **The caption in the checkpoint's training format** (:func:`action_caption`): the robot's prompt plus
-  the clip's metadata, in one of two formats a policy profile names. ``json`` is the structured action
-  caption (view point framing, the task with its time span, duration, fps, resolution, aspect ratio),
-  built by diffusers' own ``Cosmos3OmniPipeline._build_action_json_prompt``; cosmos-framework trains
-  with it when ``format_prompt_as_json`` is set, as for Edge. ``prose`` is cosmos-framework's default
-  caption, plain sentences appended to the task: the view point sentence, then ``The video is
-  {seconds:.1f} seconds long and is of {fps:.0f} FPS.``, then ``This video is of {H}x{W} resolution.``.
-  Each is joined with a space after a full stop and with ``". "`` otherwise; the duration is whole
-  seconds (the framework truncates it; diffusers' own video template keeps the fraction), and an empty
-  task stays empty. A composed view (``concat_view``) says in its profile's ``view_description`` how the
-  cameras are laid out; the framework appends that to the view point sentence in both formats, and so
-  does this module. The templates are diffusers', so the text matches what the pipeline would write.
+- **The caption in the checkpoint's training format** (:func:`action_caption`): the task plus the clip's
+  metadata, in the format the domain's profile names: ``json``, diffusers' structured action caption
+  (``_build_action_json_prompt``; cosmos-framework's ``format_prompt_as_json``, as Edge is trained), or
+  ``prose``, cosmos-framework's default sentences after the task, with diffusers' templates. A composed
+  view's ``view_description`` extends the view sentence in both (docs/runtime.md, "Prompt formats").
 """
 
 from __future__ import annotations
@@ -177,17 +170,7 @@ class Cosmos3Sampler:
         ids = self._token_cache.get(key)
         if ids is None:
             num_frames = job.horizon + 1
-            caption = action_caption(
-                self.pipe,
-                job.prompt,
-                prompt_format=job.prompt_format,
-                view_point=job.view_point,
-                view_description=job.view_description,
-                num_frames=num_frames,
-                fps=job.fps,
-                height=canvas_h,
-                width=canvas_w,
-            )
+            caption = action_caption(self.pipe, job, canvas_h, canvas_w)
             ids = self.pipe.tokenize_prompt(
                 caption,
                 None,
@@ -502,51 +485,36 @@ def _inside(sigma: float, interval: tuple[float, float] | None) -> bool:
 # -- the caption -----------------------------------------------------------------------------------
 
 
-def action_caption(
-    pipe: Any,
-    prompt: str,
-    *,
-    prompt_format: str,
-    view_point: str,
-    view_description: str | None,
-    num_frames: int,
-    fps: float,
-    height: int,
-    width: int,
-) -> str:
-    """The conditional caption for one action request, ``height`` x ``width`` being the padded canvas."""
-    if prompt_format == "prose":
-        return _prose(pipe, prompt, view_point, view_description, num_frames, fps, height, width)
+def action_caption(pipe: Any, job: DenoiseJob, height: int, width: int) -> str:
+    """The conditional caption of ``job`` in its checkpoint's prompt format, ``height`` x ``width`` being the
+    padded canvas."""
+    num_frames = job.horizon + 1
+    if job.prompt_format == "prose":
+        return _prose(pipe, job, num_frames, height, width)
     caption = pipe._build_action_json_prompt(
-        prompt, view_point=view_point, num_frames=num_frames, fps=fps, height=height, width=width
+        job.prompt, view_point=job.view_point, num_frames=num_frames, fps=job.fps, height=height, width=width
     )
-    if not view_description:
+    if not job.view_description:
         return str(caption)
     data = json.loads(caption)
     framing = data.get("cinematography", {}).get("framing")
     # json.dumps of the parsed caption reproduces diffusers' text byte for byte, the framing aside.
-    data.setdefault("cinematography", {})["framing"] = _join(framing, view_description) if framing else view_description
+    data.setdefault("cinematography", {})["framing"] = (
+        _join(framing, job.view_description) if framing else job.view_description
+    )
     return json.dumps(data)
 
 
-def _prose(
-    pipe: Any,
-    prompt: str,
-    view_point: str,
-    view_description: str | None,
-    num_frames: int,
-    fps: float,
-    height: int,
-    width: int,
-) -> str:
-    caption = prompt.rstrip()
+def _prose(pipe: Any, job: DenoiseJob, num_frames: int, height: int, width: int) -> str:
+    """cosmos-framework's default appenders: the task, then the view, duration/FPS and resolution sentences."""
+    caption = job.prompt.rstrip()
     if not caption:
         return ""
-    view = _ACTION_VIEWPOINT_TEMPLATES.get(view_point)
+    view = _ACTION_VIEWPOINT_TEMPLATES.get(job.view_point)
     if view:
-        caption = _join(caption, _join(view, view_description) if view_description else view)
-    seconds = int(num_frames / fps)
-    caption = _join(caption, pipe.duration_template.format(duration=seconds, fps=fps))
+        caption = _join(caption, _join(view, job.view_description) if job.view_description else view)
+    seconds = int(num_frames / job.fps)
+    caption = _join(caption, pipe.duration_template.format(duration=seconds, fps=job.fps))
     return _join(caption, pipe.video_resolution_template.format(height=height, width=width))
 
 

@@ -3,6 +3,7 @@ formats they select, the gripper they flip."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import numpy as np
@@ -241,12 +242,23 @@ def test_json_captions_tokenize_exactly_as_diffusers_does(tiny_engine):
     assert ours == theirs
 
 
+def _caption_job(engine, prompt, **fields):
+    """A job of a 33-frame clip at 15 fps in the concat view (a DROID-like caption), ``fields`` replaced."""
+    job, _ = job_for_actions(ActionRequest(domain_name="bridge_orig_lerobot", image=IMAGE, prompt=prompt), engine.spec)
+    return dataclasses.replace(job, horizon=32, fps=15.0, view_point="concat_view", **fields)
+
+
 def test_a_view_description_extends_the_json_framing(tiny_engine):
-    pipe = tiny_engine("distilled").pipe
-    settings = dict(view_point="concat_view", num_frames=33, fps=15.0, height=480, width=832)
-    plain = json.loads(action_caption(pipe, "open the drawer", prompt_format="json", view_description=None, **settings))
+    engine = tiny_engine("distilled")
+    pipe = engine.pipe
+    plain = json.loads(action_caption(pipe, _caption_job(engine, "open the drawer", prompt_format="json"), 480, 832))
     described = json.loads(
-        action_caption(pipe, "open the drawer", prompt_format="json", view_description=WRIST_ON_TOP, **settings)
+        action_caption(
+            pipe,
+            _caption_job(engine, "open the drawer", prompt_format="json", view_description=WRIST_ON_TOP),
+            480,
+            832,
+        )
     )
     assert described["cinematography"]["framing"] == plain["cinematography"]["framing"] + " " + WRIST_ON_TOP
     assert {k: v for k, v in described.items() if k != "cinematography"} == {
@@ -255,17 +267,20 @@ def test_a_view_description_extends_the_json_framing(tiny_engine):
 
 
 def test_prose_captions_are_cosmos_frameworks_sentences(tiny_engine):
-    pipe = tiny_engine("distilled").pipe
-    settings = dict(prompt_format="prose", view_point="concat_view", num_frames=33, fps=15.0, height=480, width=832)
-    assert action_caption(pipe, "pick up the cube", view_description=WRIST_ON_TOP, **settings) == (
+    engine = tiny_engine("distilled")
+    pipe = engine.pipe
+
+    def prose(prompt, view_description):
+        job = _caption_job(engine, prompt, prompt_format="prose", view_description=view_description)
+        return action_caption(pipe, job, 480, 832)
+
+    assert prose("pick up the cube", WRIST_ON_TOP) == (
         "pick up the cube. This video contains concatenated views from multiple camera perspectives. "
         "The top row is from the wrist-mounted camera. The video is 2.0 seconds long and is of 15 FPS. "
         "This video is of 480x832 resolution."
     )
-    assert action_caption(pipe, "Open the drawer. ", view_description=None, **settings).startswith(
-        "Open the drawer. This video contains"
-    )
-    assert action_caption(pipe, "", view_description=None, **settings) == ""
+    assert prose("Open the drawer. ", None).startswith("Open the drawer. This video contains")
+    assert prose("", None) == ""
 
 
 def test_the_profiles_prompt_format_is_what_the_model_reads(tiny_checkpoint, tmp_path):
