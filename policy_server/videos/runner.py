@@ -38,7 +38,7 @@ from typing import Any
 
 import numpy as np
 
-from cosmos3_runtime.requests import RequestSettings, VideoRequest
+from cosmos3_runtime.requests import DomainRequest, VideoRequest
 from robot_clients.protocol import CodedError, ErrorCode
 
 from ..engine.backend import QueueLike
@@ -89,9 +89,9 @@ class VideoRolloutResult:
 def video_request(params: dict[str, Any], image: np.ndarray, action: np.ndarray) -> VideoRequest:
     """The engine request of a stored job (params as resolved and stored at submission): each setting the
     job stored, the others at the engine's default."""
-    settings = {f.name: params[f.name] for f in fields(RequestSettings) if f.name in params}
+    settings = {f.name: params[f.name] for f in fields(DomainRequest) if f.name in params}
     settings["fps"] = float(params.get("fps", 24.0))
-    return VideoRequest(domain_name=params["domain_name"], image=image, actions=action, **settings)
+    return VideoRequest(image=image, actions=action, **settings)
 
 
 class VideoRolloutTask:
