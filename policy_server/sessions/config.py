@@ -120,9 +120,7 @@ class SessionConfig:
             _check_prefix(obs.prefix_actions, mode, horizon or domain.default_horizon, domain.raw_action_dim, obs.seq)
         check_state(obs.state, domain, obs.seq)
         # Unset, the rate is the domain's (15 for DROID), named in the request as the chunk reports it.
-        fps = (
-            self.fps if self.fps is not None else _with_defaults({"domain_name": self.domain_name}, description)["fps"]
-        )
+        fps = self.fps if self.fps is not None else description.domain_defaults[self.domain_name].fps
         return ActionRequest(
             **{name: getattr(self, name) for name in ENGINE_SETTINGS},  # the settings the model uses, as set
             action_mode=action_mode,  # mode and rate resolved here
