@@ -228,3 +228,30 @@ async def test_a_hung_call_abandoned_by_the_watchdog_takes_its_host_prep_with_it
     assert owner.results[2].error is None and len(engines) == 2
     expected = engines[1].predict_actions(waiting.request).actions
     assert np.abs(owner.results[2].chunk.actions - expected).max() <= 2e-5
+
+
+async def test_a_stopped_worker_leaves_no_prep_thread_behind(tiny_checkpoint):
+    """As in the server, the worker owns the engine and the prep thread holds it too. Once the worker has
+    stopped, the prep thread has exited: the engine's tensors are never freed by a daemon thread while the
+    interpreter shuts down (that aborts the process: "terminate called without an active exception")."""
+    from cosmos3_runtime.engine import Cosmos3Engine
+
+    checkpoint = tiny_checkpoint("distilled")
+    owner, queue = _Collector(), RequestQueue()
+    worker = EngineWorker(
+        lambda: Cosmos3Engine.load(checkpoint),
+        queue,
+        asyncio.get_running_loop(),
+        warmup=False,
+        batching=BatchPolicy(max_batch=1, overlap_host_prep=True),
+        name="stopping-worker",
+    )
+    worker.start()
+    await worker.wait_ready()
+    assert worker.host_prep is not None
+    for seq in (1, 2):
+        queue.put(_observation(f"robot-{seq}", seq, owner, _image(seq)))
+    await _until(lambda: sorted(owner.results) == [1, 2])
+    queue.close()
+    assert await asyncio.to_thread(worker.stop, 60)
+    assert [t.name for t in threading.enumerate() if t.name.startswith("stopping-worker")] == []

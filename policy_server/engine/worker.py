@@ -341,13 +341,21 @@ class HostPrep:
         self._queue.add_listener(self._queue_changed)
         self._thread.start()
 
-    def stop(self) -> None:
-        """Stop preparing (an item being prepared now finishes first); returns at once."""
+    def stop(self, *, wait: bool = False) -> None:
+        """Stop preparing; an item being prepared now finishes first. Returns at once, or with ``wait``
+        once the prep thread has exited.
+
+        The engine thread waits: the prep thread holds the engine, and whichever thread drops the last
+        reference frees its tensors. A daemon thread still freeing them while the interpreter shuts down
+        aborts the process (``terminate called without an active exception``).
+        """
         self._queue.remove_listener(self._queue_changed)
         with self._lock:
             self._stopped = True
             self._ready.clear()
             self._changed.notify_all()
+        if wait and self._thread.ident is not None and self._thread is not threading.current_thread():
+            self._thread.join()
 
     @contextmanager
     def overlapping(self) -> Iterator[None]:
@@ -627,7 +635,7 @@ class EngineWorker(CounterReadouts):
             self._serve_queue(engine)
         finally:
             if self._is_current() and self.host_prep is not None:
-                self.host_prep.stop()
+                self.host_prep.stop(wait=True)
                 self.host_prep = None
 
     def _serve_queue(self, engine: ActionEngine) -> None:
