@@ -220,6 +220,7 @@ def connect_options(
     ping_timeout: float | None,
     max_message_bytes: int,
     proxy: str | bool | None,
+    close_timeout: float,
 ) -> dict[str, Any]:
     """The keyword arguments of ``websockets.connect`` for these client options."""
     handshake_headers = dict(headers or {})
@@ -234,6 +235,7 @@ def connect_options(
         ping_timeout=ping_timeout,
         max_size=max_message_bytes,
         open_timeout=min(10.0, connect_timeout),
+        close_timeout=close_timeout,
     )
     if ssl is not None:
         options["ssl"] = ssl
@@ -568,6 +570,9 @@ class AsyncPolicyClient:
             one observation waits, and a newer one replaces it (counted in ``stats.dropped["unsent"]``), so
             on a slow link the newest frame overtakes instead of queueing behind stale ones. ``submit``
             returns at once. ``None``: no bound; ``submit`` waits while the socket's buffer is full.
+        close_timeout: how long :meth:`close` waits for the close frame to go out and the server to answer
+            it (seconds); then the connection is dropped. A server that answers does so in milliseconds; a
+            link that stopped draining would otherwise hold a shutting-down robot until keepalive gave up.
     """
 
     def __init__(
@@ -588,6 +593,7 @@ class AsyncPolicyClient:
         images: str | ImageEncoding = "raw",
         resize: bool = False,
         max_buffered_bytes: int | None = 32 * 1024,
+        close_timeout: float = 2.0,
     ) -> None:
         self.url = realtime_url(url)
         self._connect_kwargs = connect_options(
@@ -599,8 +605,10 @@ class AsyncPolicyClient:
             ping_timeout=ping_timeout,
             max_message_bytes=max_message_bytes,
             proxy=proxy,
+            close_timeout=close_timeout,
         )
         self.connect_timeout = connect_timeout
+        self.close_timeout = close_timeout
         self.reconnect = reconnect
         self.backoff_initial = backoff_initial
         self.backoff_max = backoff_max
@@ -670,7 +678,12 @@ class AsyncPolicyClient:
         if self._sender is not None:  # stop what is still held to be sent before the socket closes
             await self._sender.close()
         if self._ws is not None:
-            await self._ws.close()
+            try:
+                # websockets bounds the wait for the server's answer, not the wait for the close frame to be
+                # written: on a link that stopped draining that lasts until keepalive gives up (up to 40 s).
+                await asyncio.wait_for(self._ws.close(), self.close_timeout)
+            except asyncio.TimeoutError:
+                self._ws.transport.abort()
         if self._reader is not None:
             try:
                 await asyncio.wait_for(self._reader, timeout=5.0)

@@ -78,7 +78,8 @@ async def stalled_server():
         await ws.send(packb({"type": "metadata", "protocol_version": PROTOCOL_VERSION, "defaults": {}}))
         await stop.wait()
 
-    async with serve(stalled, "127.0.0.1", 0, max_size=None) as listener:
+    # The stalled end's own close gives up after 1 s: what these tests watch is the client.
+    async with serve(stalled, "127.0.0.1", 0, max_size=None, close_timeout=1.0) as listener:
         yield f"ws://127.0.0.1:{listener.sockets[0].getsockname()[1]}", stop
 
 
@@ -123,6 +124,29 @@ async def test_without_the_bound_submit_waits_for_the_link():
                 for _ in range(200):
                     await asyncio.wait_for(client.submit({"image": frame}), 1.0)
             assert client.buffered_bytes > 2 * frame.nbytes  # every frame written queues on the robot
+        finally:
+            stop.set()
+            await client.close()
+
+
+@pytest.mark.parametrize("close_timeout", [0.5, 3.0])
+async def test_closing_over_a_link_that_does_not_drain_gives_up_after_the_close_timeout(close_timeout):
+    """The close frame cannot reach a server whose socket is full: close() drops the connection after
+    ``close_timeout`` instead of holding a shutting-down robot until keepalive gives up (20 + 20 s here)."""
+    frame = np.random.default_rng(0).integers(0, 256, (480, 640, 3), dtype=np.uint8)
+    async with stalled_server() as (url, stop):
+        client = AsyncPolicyClient(url, reconnect=False, max_buffered_bytes=None, close_timeout=close_timeout)
+        await client.connect()
+        try:
+            with pytest.raises(asyncio.TimeoutError):
+                for _ in range(200):
+                    await asyncio.wait_for(client.submit({"image": frame}), 1.0)
+            loop = asyncio.get_running_loop()
+            started = loop.time()
+            await client.close()
+            took = loop.time() - started
+            assert close_timeout <= took < close_timeout + 4.0, took  # margins for a busy machine
+            assert not client.connected
         finally:
             stop.set()
             await client.close()
