@@ -239,6 +239,7 @@ class PolicyServer:
         if self._ws_server is not None:
             self._ws_server.server.close()  # stop listening; open sessions carry on for now
         for item in context.queue.close():
+            # The two branches read the same: each tells the type checker which owner type takes the item.
             if isinstance(item, PendingObservation):
                 item.owner.on_dropped(item, DropReason.SHUTDOWN)
             else:
