@@ -618,25 +618,20 @@ class EngineWorker(CounterReadouts):
             return
         if not self._is_current():
             return
+        # The prep thread starts before the worker says it is ready, so a ready worker overlaps from its first call.
+        if self.batching.overlap_host_prep and splits_host_work(engine):
+            self.host_prep = HostPrep(engine, self._queue, self.batching.max_batch, f"{self._thread.name}-host-prep")
+            self.host_prep.start()
         self.state = WorkerState.READY
         self._post(_settle, self._ready, description)
         try:
-            self._serve(engine)
-        finally:
-            if self._is_current():
-                self.state = WorkerState.STOPPED
-
-    def _serve(self, engine: ActionEngine) -> None:
-        policy = self.batching
-        if policy.overlap_host_prep and splits_host_work(engine):
-            self.host_prep = HostPrep(engine, self._queue, policy.max_batch, f"{self._thread.name}-host-prep")
-            self.host_prep.start()
-        try:
             self._serve_queue(engine)
         finally:
-            if self._is_current() and self.host_prep is not None:
-                self.host_prep.stop(wait=True)
-                self.host_prep = None
+            if self._is_current():
+                if self.host_prep is not None:
+                    self.host_prep.stop(wait=True)
+                    self.host_prep = None
+                self.state = WorkerState.STOPPED
 
     def _serve_queue(self, engine: ActionEngine) -> None:
         policy = self.batching
