@@ -6,8 +6,16 @@ take a couple of seconds to build and load, so they are shared.
 
 from __future__ import annotations
 
+import os
+
 import numpy as np
 import pytest
+
+# `make test` runs the suite on two pytest-xdist workers. Each keeps torch's intra-op pool to one thread
+# (set before torch is first imported): two processes that each start a thread per core oversubscribe a
+# 2-core machine, and torch then slows many times over. Servers started by the tests size their own pool.
+if "PYTEST_XDIST_WORKER" in os.environ:
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 
 @pytest.fixture(scope="session")
