@@ -5,6 +5,10 @@ place that spells out several of them by name is a second copy that a new settin
 script finds them with ``ast`` and ``tokenize``, so the figure is reproducible:
 
     python benchmarks/setting_places.py          # the count, then each place with the settings it names
+    python benchmarks/setting_places.py --code-only --threshold 5 --without control_hz
+
+The second line is the narrower rule that gives issue 22's own "38" at the round's start (eb98ac1, before the
+table existed, over the ten settings of that day): code spellings only, five or more settings a place.
 
 **A place** is one of:
 
@@ -28,6 +32,7 @@ type checker follows, not a spelling, and does not count.
 
 from __future__ import annotations
 
+import argparse
 import ast
 import io
 import re
@@ -50,13 +55,14 @@ class Place:
     settings: frozenset[str]
 
 
-def setting_words() -> dict[str, str]:
+def setting_words(without: frozenset[str] = frozenset()) -> dict[str, str]:
     """Each word that names a setting (its name, its aliases) with the setting it names."""
     sys.path.insert(0, str(ROOT))
     from robot_clients.client_frames import REQUEST_SETTINGS
 
-    words = {setting.name: setting.name for setting in REQUEST_SETTINGS}
-    words.update({alias: setting.name for setting in REQUEST_SETTINGS for alias in setting.aliases})
+    settings = [setting for setting in REQUEST_SETTINGS if setting.name not in without]
+    words = {setting.name: setting.name for setting in settings}
+    words.update({alias: setting.name for setting in settings for alias in setting.aliases})
     return words
 
 
@@ -69,9 +75,11 @@ def _docstring_node(node: ast.AST) -> ast.Constant | None:
 
 
 class _Collector:
-    def __init__(self, module: str, source: str, words: dict[str, str]) -> None:
+    def __init__(self, module: str, source: str, words: dict[str, str], code_only: bool = False) -> None:
         self.module = module
         self.words = words
+        # Code spellings only: docstrings and comments name nothing; a string names a setting when it is its name.
+        self.code_only = code_only
         self.pattern = re.compile(r"(?<![A-Za-z0-9_])(" + "|".join(map(re.escape, words)) + r")(?![A-Za-z0-9_])")
         self.places: list[Place] = []
         self.comments = [
@@ -82,7 +90,14 @@ class _Collector:
         self.claimed: set[int] = set()  # comment lines that fall inside a place
 
     def in_text(self, text: str) -> set[str]:
+        if self.code_only:
+            return set()
         return {self.words[word] for word in self.pattern.findall(text)}
+
+    def in_string(self, text: str) -> set[str]:
+        if self.code_only:
+            return {self.words[text]} if text in self.words else set()
+        return self.in_text(text)
 
     def add(self, line: int, kind: str, name: str, settings: set[str]) -> None:
         self.places.append(Place(self.module, line, kind, name, frozenset(settings)))
@@ -115,7 +130,7 @@ class _Collector:
             elif isinstance(current, ast.alias):
                 identifier = current.asname or current.name.rsplit(".", 1)[-1]
             elif isinstance(current, ast.Constant) and isinstance(current.value, str):
-                found |= self.in_text(current.value)
+                found |= self.in_string(current.value)
             if identifier is not None and identifier in self.words:
                 found.add(self.words[identifier])
             stack.extend(ast.iter_child_nodes(current))
@@ -161,11 +176,11 @@ def _parent_scope(parent: ast.AST, child: ast.AST) -> bool:
     return False
 
 
-def module_places(path: Path, words: dict[str, str]) -> list[Place]:
+def module_places(path: Path, words: dict[str, str], code_only: bool = False) -> list[Place]:
     source = path.read_text(encoding="utf-8")
     tree = ast.parse(source)
     module = path.relative_to(ROOT).as_posix()
-    collector = _Collector(module, source, words)
+    collector = _Collector(module, source, words, code_only)
     doc = _docstring_node(tree)
     if doc is not None:
         collector.add(doc.lineno, "docstring", "(module)", collector.in_text(doc.value))
@@ -195,21 +210,28 @@ def module_places(path: Path, words: dict[str, str]) -> list[Place]:
     return collector.places
 
 
-def product_places() -> list[Place]:
+def product_places(code_only: bool = False, without: frozenset[str] = frozenset()) -> list[Place]:
     """Every place of the product, with the settings it names."""
-    words = setting_words()
+    words = setting_words(without)
     paths = sorted(path for package in PACKAGES for path in (ROOT / package).rglob("*.py"))
-    return [place for path in paths for place in module_places(path, words)]
+    return [place for path in paths for place in module_places(path, words, code_only)]
 
 
-def places_naming_several() -> list[Place]:
-    return [place for place in product_places() if len(place.settings) >= THRESHOLD]
+def places_naming_several(
+    threshold: int = THRESHOLD, code_only: bool = False, without: frozenset[str] = frozenset()
+) -> list[Place]:
+    return [place for place in product_places(code_only, without) if len(place.settings) >= threshold]
 
 
 def main() -> None:
-    places = places_naming_several()
+    parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
+    parser.add_argument("--threshold", type=int, default=THRESHOLD, help="settings a place names to count")
+    parser.add_argument("--code-only", action="store_true", help="read no docstring, comment or prose string")
+    parser.add_argument("--without", action="append", default=[], help="a setting not to count (repeatable)")
+    args = parser.parse_args()
+    places = places_naming_several(args.threshold, args.code_only, frozenset(args.without))
     modules = {place.module for place in places}
-    print(f"{len(places)} places in {len(modules)} modules name {THRESHOLD} or more request settings")
+    print(f"{len(places)} places in {len(modules)} modules name {args.threshold} or more request settings")
     for place in places:
         print(f"{place.module}:{place.line} {place.kind} {place.name}: {', '.join(sorted(place.settings))}")
 
