@@ -255,3 +255,34 @@ async def test_a_stopped_worker_leaves_no_prep_thread_behind(tiny_checkpoint):
     queue.close()
     assert await asyncio.to_thread(worker.stop, 60)
     assert [t.name for t in threading.enumerate() if t.name.startswith("stopping-worker")] == []
+
+
+async def test_a_worker_whose_prep_thread_cannot_start_still_becomes_ready_and_serves(tiny_checkpoint, monkeypatch):
+    """A process at its thread limit cannot start the prep thread (``RuntimeError: can't start new thread``).
+    The worker says it is ready all the same and prepares each observation inline: a robot is served more
+    slowly, never not at all, and nobody waits forever on ``wait_ready``."""
+    from cosmos3_runtime.engine import Cosmos3Engine
+    from policy_server.engine import worker as worker_module
+
+    def no_thread(self) -> None:
+        raise RuntimeError("can't start new thread")
+
+    monkeypatch.setattr(worker_module.HostPrep, "start", no_thread)
+    checkpoint = tiny_checkpoint("distilled")
+    owner, queue = _Collector(), RequestQueue()
+    worker = EngineWorker(
+        lambda: Cosmos3Engine.load(checkpoint),
+        queue,
+        asyncio.get_running_loop(),
+        warmup=False,
+        batching=BatchPolicy(max_batch=1, overlap_host_prep=True),
+        name="threadless-worker",
+    )
+    worker.start()
+    await asyncio.wait_for(worker.wait_ready(), 120)
+    assert worker.host_prep is None
+    for seq in (1, 2):
+        queue.put(_observation(f"robot-{seq}", seq, owner, _image(seq)))
+    await _until(lambda: sorted(owner.results) == [1, 2])
+    queue.close()
+    assert await asyncio.to_thread(worker.stop, 60)

@@ -620,8 +620,14 @@ class EngineWorker(CounterReadouts):
             return
         # The prep thread starts before the worker says it is ready, so a ready worker overlaps from its first call.
         if self.batching.overlap_host_prep and splits_host_work(engine):
-            self.host_prep = HostPrep(engine, self._queue, self.batching.max_batch, f"{self._thread.name}-host-prep")
-            self.host_prep.start()
+            prep = HostPrep(engine, self._queue, self.batching.max_batch, f"{self._thread.name}-host-prep")
+            try:
+                prep.start()
+            except RuntimeError:  # no thread to be had: serve, preparing inline, rather than never say ready
+                logger.exception("the host-prep thread did not start; observations are prepared inline")
+                prep.stop()
+            else:
+                self.host_prep = prep
         self.state = WorkerState.READY
         self._post(_settle, self._ready, description)
         try:
