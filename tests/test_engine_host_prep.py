@@ -230,22 +230,26 @@ async def test_a_hung_call_abandoned_by_the_watchdog_takes_its_host_prep_with_it
     assert np.abs(owner.results[2].chunk.actions - expected).max() <= 2e-5
 
 
-async def test_a_stopped_worker_leaves_no_prep_thread_behind(tiny_checkpoint):
-    """As in the server, the worker owns the engine and the prep thread holds it too. Once the worker has
-    stopped, the prep thread has exited: the engine's tensors are never freed by a daemon thread while the
-    interpreter shuts down (that aborts the process: "terminate called without an active exception")."""
+def _overlapping_worker(checkpoint, queue: RequestQueue, name: str) -> EngineWorker:
+    """A worker on the tiny checkpoint, one observation a call, preparing the next on its prep thread."""
     from cosmos3_runtime.engine import Cosmos3Engine
 
-    checkpoint = tiny_checkpoint("distilled")
-    owner, queue = _Collector(), RequestQueue()
-    worker = EngineWorker(
+    return EngineWorker(
         lambda: Cosmos3Engine.load(checkpoint),
         queue,
         asyncio.get_running_loop(),
         warmup=False,
         batching=BatchPolicy(max_batch=1, overlap_host_prep=True),
-        name="stopping-worker",
+        name=name,
     )
+
+
+async def test_a_stopped_worker_leaves_no_prep_thread_behind(tiny_checkpoint):
+    """As in the server, the worker owns the engine and the prep thread holds it too. Once the worker has
+    stopped, the prep thread has exited: the engine's tensors are never freed by a daemon thread while the
+    interpreter shuts down (that aborts the process: "terminate called without an active exception")."""
+    owner, queue = _Collector(), RequestQueue()
+    worker = _overlapping_worker(tiny_checkpoint("distilled"), queue, "stopping-worker")
     worker.start()
     await worker.wait_ready()
     assert worker.host_prep is not None
@@ -261,23 +265,14 @@ async def test_a_worker_whose_prep_thread_cannot_start_still_becomes_ready_and_s
     """A process at its thread limit cannot start the prep thread (``RuntimeError: can't start new thread``).
     The worker says it is ready all the same and prepares each observation inline: a robot is served more
     slowly, never not at all, and nobody waits forever on ``wait_ready``."""
-    from cosmos3_runtime.engine import Cosmos3Engine
     from policy_server.engine import worker as worker_module
 
     def no_thread(self) -> None:
         raise RuntimeError("can't start new thread")
 
     monkeypatch.setattr(worker_module.HostPrep, "start", no_thread)
-    checkpoint = tiny_checkpoint("distilled")
     owner, queue = _Collector(), RequestQueue()
-    worker = EngineWorker(
-        lambda: Cosmos3Engine.load(checkpoint),
-        queue,
-        asyncio.get_running_loop(),
-        warmup=False,
-        batching=BatchPolicy(max_batch=1, overlap_host_prep=True),
-        name="threadless-worker",
-    )
+    worker = _overlapping_worker(tiny_checkpoint("distilled"), queue, "threadless-worker")
     worker.start()
     await asyncio.wait_for(worker.wait_ready(), 120)
     assert worker.host_prep is None
