@@ -124,7 +124,7 @@ def packed_tokens(engine, request) -> dict:
     """The token counts the sampler really packs for ``request`` (text by this checkpoint's tokenizer)."""
     from cosmos3_runtime.validation import job_for_actions
 
-    job, _ = job_for_actions(request, engine.spec)
+    job, _ = job_for_actions(request, engine.description)
     item = engine.sampler._prepare(job, time.perf_counter)
     full = item.passes["cond"].full
     return {"text": int(full["und_len"]), "vision": int(full["num_vision_tokens"]), "action": int(full["action_len"])}

@@ -36,6 +36,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+import numpy as np
+
 from .errors import CheckpointError
 
 if TYPE_CHECKING:
@@ -101,6 +103,8 @@ class CheckpointInfo:
     vae_config: dict[str, Any]
     has_profiles: bool
     weights: dict[str, WeightStats] = field(default_factory=dict)
+    # model_index.json's use_native_flow_schedule: the pipeline spaces its sigmas itself (set_schedule).
+    native_flow_schedule: bool = False
 
     @property
     def parameters(self) -> int:
@@ -174,7 +178,16 @@ def inspect_checkpoint(path: str | Path) -> CheckpointInfo:
         vae_config=vae_config,
         has_profiles=(root / "policy_profiles.json").is_file(),
         weights=weights,
+        native_flow_schedule=_native_flow_schedule(root, model_index),
     )
+
+
+def _native_flow_schedule(root: Path, model_index: dict[str, Any]) -> bool:
+    """``use_native_flow_schedule`` from ``model_index.json``, or from ``modular_model_index.json``, where
+    cosmos-framework's converter writes it: sigmas ``linspace(0.999, 0)`` as cosmos-framework samples them."""
+    modular_index = root / "modular_model_index.json"
+    modular = _read_json(modular_index) if modular_index.is_file() else {}
+    return bool(model_index.get("use_native_flow_schedule", modular.get("use_native_flow_schedule", False)))
 
 
 def _distilled_sigmas(root: Path, scheduler_class: str, scheduler_config: dict[str, Any]) -> list[float] | None:
@@ -360,9 +373,69 @@ def _check_scheduler_fits_schedule(info: CheckpointInfo) -> None:
         )
 
 
+# Where each flow-matching scheduler keeps its shift: sigma' = shift * sigma / (1 + (shift - 1) * sigma).
+SHIFT_KEYS = {"UniPCMultistepScheduler": "flow_shift", "FlowMatchEulerDiscreteScheduler": "shift"}
+
+
+def configured_shift(info: CheckpointInfo) -> float | None:
+    """The shift the checkpoint's scheduler applies, or None where none applies: a distilled checkpoint's
+    fixed sigma list is used unshifted, and a scheduler not in :data:`SHIFT_KEYS` has no flow shift."""
+    key = SHIFT_KEYS.get(info.scheduler_class)
+    if info.is_distilled or key is None:
+        return None
+    import diffusers
+
+    # The class default where the checkpoint's config leaves the key out.
+    defaults = getattr(diffusers, info.scheduler_class).from_config({}).config
+    return float(info.scheduler_config.get(key, defaults[key]))
+
+
+def build_scheduler(info: CheckpointInfo, shift: float | None = None) -> Any:
+    """The checkpoint's scheduler, from its own config (``shift``: in place of the configured one).
+
+    A distilled checkpoint's shift is neutralised, once: its fixed sigma list is final, and
+    ``set_timesteps(sigmas=...)`` would otherwise apply the configured shift on top of it.
+    """
+    import diffusers
+
+    scheduler_cls = getattr(diffusers, info.scheduler_class, None)
+    if scheduler_cls is None:
+        raise CheckpointError(f"scheduler class {info.scheduler_class!r} is not in diffusers {diffusers.__version__}")
+    accepted = {k: v for k, v in info.scheduler_config.items() if k not in info.ignored_scheduler_keys}
+    if info.is_distilled:
+        accepted["shift"] = 1.0
+        accepted["use_dynamic_shifting"] = False
+    elif shift is not None:
+        key = SHIFT_KEYS.get(info.scheduler_class)
+        if key is None:
+            raise CheckpointError(f"{info.scheduler_class} has no flow shift to set")
+        accepted[key] = float(shift)
+    return scheduler_cls.from_config(accepted)
+
+
+def set_schedule(scheduler: Any, info: CheckpointInfo, num_steps: int, device: Any = None) -> None:
+    """Set ``scheduler``'s timesteps for ``num_steps`` the way diffusers' Cosmos3 pipeline does: the
+    checkpoint's fixed list (distilled), the native flow schedule (``use_native_flow_schedule``), or the
+    scheduler's own spacing."""
+    if info.distilled_sigmas is not None:
+        scheduler.set_timesteps(sigmas=list(info.distilled_sigmas), device=device)
+    elif info.native_flow_schedule:
+        sigmas = np.linspace(1.0 - 1.0 / scheduler.config.num_train_timesteps, 0.0, num_steps + 1)[:-1]
+        scheduler.set_timesteps(num_steps, device=device, sigmas=sigmas)
+    else:
+        scheduler.set_timesteps(num_steps, device=device)
+
+
+def step_sigmas(info: CheckpointInfo, num_steps: int, shift: float | None) -> list[float]:
+    """The sigma of each denoising step a request with these settings runs (what a guidance interval is
+    compared with), from a scheduler built as the engine builds it."""
+    scheduler = build_scheduler(info, shift)
+    set_schedule(scheduler, info, num_steps)
+    return [float(sigma) for sigma in scheduler.sigmas[: len(scheduler.timesteps)]]
+
+
 def load_pipeline(info: CheckpointInfo, device: torch.device, dtype: torch.dtype) -> Any:
     """Load the transformer, VAE, tokenizer and scheduler of ``info`` and assemble the pipeline."""
-    import diffusers
     from diffusers import AutoencoderKLWan, Cosmos3OmniPipeline, Cosmos3OmniTransformer
     from transformers import AutoTokenizer
 
@@ -377,22 +450,13 @@ def load_pipeline(info: CheckpointInfo, device: torch.device, dtype: torch.dtype
     except OSError as exc:
         raise CheckpointError(f"cannot load checkpoint components from {root}: {exc}") from exc
 
-    scheduler_cls = getattr(diffusers, info.scheduler_class, None)
-    if scheduler_cls is None:
-        raise CheckpointError(f"scheduler class {info.scheduler_class!r} is not in diffusers {diffusers.__version__}")
-    accepted = {k: v for k, v in info.scheduler_config.items() if k not in info.ignored_scheduler_keys}
     if info.ignored_scheduler_keys:
         logger.info(
             "scheduler keys not accepted by %s (kept for inspection only): %s",
             info.scheduler_class,
             ", ".join(info.ignored_scheduler_keys),
         )
-    if info.is_distilled:
-        # The fixed sigma list is final: set_timesteps(sigmas=...) would apply the configured shift
-        # on top of it, so the shift is neutralised here, once.
-        accepted["shift"] = 1.0
-        accepted["use_dynamic_shifting"] = False
-    scheduler = scheduler_cls.from_config(accepted)
+    scheduler = build_scheduler(info)
 
     for missing in ("<|vision_start|>",):
         if tokenizer.convert_tokens_to_ids(missing) in (None, tokenizer.unk_token_id):
@@ -406,6 +470,7 @@ def load_pipeline(info: CheckpointInfo, device: torch.device, dtype: torch.dtype
         vae=vae,
         scheduler=scheduler,
         enable_safety_checker=False,
+        use_native_flow_schedule=info.native_flow_schedule,
     )
     pipe.to(device)
     pipe.set_progress_bar_config(disable=True)

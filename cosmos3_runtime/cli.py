@@ -112,7 +112,9 @@ def inspect_main(argv: list[str] | None = None) -> int:
         f"variant defaults  {spec.default_steps} steps, guidance {spec.default_guidance:.1f}, tier {spec.default_tier}"
     )
     if spec.default_domain:
-        print(f"default domain    {spec.default_domain}: {_defaults_text(description.defaults)}")
+        default = spec.default_domain
+        print(f"default domain    {default}: {_defaults_text(description.defaults)}")
+        print(f"default sampler   {_sampler_text(description.defaults, description.chunk_forwards.get(default))}")
     print(
         f"scheduler         {info.scheduler_class}"
         + (
@@ -133,7 +135,21 @@ def inspect_main(argv: list[str] | None = None) -> int:
         for name, profile in description.domains.items():
             label = name + (" (default)" if name == spec.default_domain else "")
             print("  " + _domain_line(label, profile, description.domain_defaults[name]))
+            print(
+                "  "
+                + " " * 30
+                + " "
+                + _sampler_text(description.domain_defaults[name], description.chunk_forwards[name])
+            )
     return 0
+
+
+def _sampler_text(r: RequestDefaults, forwards: int | None) -> str:
+    """A domain's resolved sampler settings and the transformer forwards one chunk takes at them."""
+    shift = f", shift {r.shift:g}" if r.shift is not None else ", unshifted"
+    interval = f", guidance in sigmas {list(r.guidance_interval)}" if r.guidance_interval else ""
+    each = f": {forwards} transformer forwards a chunk" if forwards is not None else ""
+    return f"{r.num_steps} steps, guidance {r.guidance_scale:g}{shift}{interval}{each}"
 
 
 def _defaults_text(r: RequestDefaults) -> str:

@@ -16,16 +16,32 @@ its one JSON form, for every answer that passes it on to clients and for recordi
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field, fields, replace
 from typing import Any
 
 import numpy as np
 
-from .checkpoints import CheckpointInfo
-from .errors import CheckpointError, InvalidRequestError
-from .profiles import VIEW_POINTS, NormalizationStats, PolicyProfile, ProfileTable
-from .requests import ACTION_MODES
+from .checkpoints import SHIFT_KEYS, CheckpointInfo, configured_shift, step_sigmas
+from .errors import (
+    CheckpointError,
+    InvalidRequestError,
+    UnknownDomainError,
+    UnsupportedModeError,
+    UnsupportedTierError,
+)
+from .profiles import (
+    MAX_GUIDANCE_SCALE,
+    MAX_SHIFT,
+    MAX_STEPS,
+    MIN_SHIFT,
+    VIEW_POINTS,
+    NormalizationStats,
+    PolicyProfile,
+    ProfileTable,
+)
+from .requests import ACTION_MODES, SETTING_NAMES, ResolvedSettings
 
 # -- what the checkpoint can do ---------------------------------------------------------------------
 
@@ -48,11 +64,13 @@ class EngineLimits:
     max_image_side: int = 4096
     min_action_horizon: int = 4
     max_action_horizon: int = 64
-    max_steps: int = 200
+    max_steps: int = MAX_STEPS
     max_prompt_chars: int = 2000
     min_fps: float = 1.0
     max_fps: float = 240.0
-    max_guidance_scale: float = 30.0
+    max_guidance_scale: float = MAX_GUIDANCE_SCALE
+    min_shift: float = MIN_SHIFT
+    max_shift: float = MAX_SHIFT
     max_seed: int = 2**63 - 1
     # Action inputs (prefix_actions, forward_dynamics actions) once normalized by the domain's statistics:
     # the training data lies within about ±1; far beyond, the networks' activations overflow.
@@ -75,6 +93,7 @@ class RequestDefaults:
     guidance_scale: float
     resolution_tier: int
     guidance_interval: tuple[float, float] | None = None
+    shift: float | None = None  # None: no shift applies (a distilled checkpoint's fixed sigma list)
     action_horizon: int | None = None
     view_point: str | None = None
     fps: float | None = None
@@ -93,6 +112,7 @@ class EngineSpec:
     default_tier: int
     limits: EngineLimits = field(default_factory=EngineLimits)
     default_domain: str | None = None
+    default_shift: float | None = None  # the shift the checkpoint's scheduler applies (None: none applies)
 
     @classmethod
     def for_checkpoint(
@@ -118,9 +138,11 @@ class EngineSpec:
             default_tier=min(info.resolution_tiers) if latency_first else BASE_DEFAULT_TIER,
             limits=limits or EngineLimits(),
             default_domain=profiles.default_domain,
+            default_shift=configured_shift(info),
         )
         for profile in profiles.domains.values():
             where = f"profile for domain {profile.domain_name!r}"
+            _check_profile_sampler(profile, info, where)
             if profile.resolution_tier is not None and profile.resolution_tier not in info.resolution_tiers:
                 tiers = ", ".join(map(str, info.resolution_tiers))
                 raise CheckpointError(
@@ -138,29 +160,53 @@ class EngineSpec:
         return list(ACTION_MODES) if self.info.has_action_head else []
 
     def defaults_for(self, profile: PolicyProfile) -> RequestDefaults:
-        """The domain's own settings where its profile has them, the variant's elsewhere."""
+        """The domain's own settings where its profile has them, the variant's elsewhere. A distilled
+        checkpoint's sampler is its fixed list, without guidance or shift (profiles cannot change it)."""
+        sampler = not self.info.is_distilled
         return RequestDefaults(
             action_horizon=profile.default_horizon,
             resolution_tier=profile.resolution_tier if profile.resolution_tier is not None else self.default_tier,
             view_point=profile.view_point,
             fps=profile.fps,
-            num_steps=self.default_steps,
-            guidance_scale=self.default_guidance,
-            # A distilled checkpoint runs without guidance, so it has no interval to apply it in.
-            guidance_interval=None if self.info.is_distilled else profile.guidance_interval,
+            num_steps=profile.num_steps if sampler and profile.num_steps is not None else self.default_steps,
+            guidance_scale=(
+                profile.guidance_scale if sampler and profile.guidance_scale is not None else self.default_guidance
+            ),
+            guidance_interval=profile.guidance_interval if sampler else None,
+            shift=profile.shift if sampler and profile.shift is not None else self.default_shift,
         )
 
     def model_defaults(self) -> RequestDefaults:
         """What a request that names nothing runs with: the default domain's defaults."""
         profile = self.profiles.get(self.default_domain) if self.default_domain is not None else None
         if profile is None:  # no action head: only the variant's own values exist
-            return RequestDefaults(self.default_steps, self.default_guidance, self.default_tier)
+            return RequestDefaults(
+                self.default_steps, self.default_guidance, self.default_tier, shift=self.default_shift
+            )
         return replace(self.defaults_for(profile), domain_name=profile.domain_name)
+
+
+def _check_profile_sampler(profile: PolicyProfile, info: CheckpointInfo, where: str) -> None:
+    """A profile's sampler settings against the checkpoint: a distilled one runs its fixed list without
+    guidance, and a shift needs a flow-matching scheduler that has one."""
+    if info.distilled_sigmas is not None:
+        fixed = len(info.distilled_sigmas)
+        if profile.num_steps is not None and profile.num_steps != fixed:
+            raise CheckpointError(f"{where}: num_steps {profile.num_steps}: this distilled checkpoint runs {fixed}")
+        if profile.guidance_scale is not None and profile.guidance_scale != 1.0:
+            raise CheckpointError(f"{where}: guidance_scale: a distilled checkpoint runs without guidance (1.0)")
+        if profile.shift is not None:
+            raise CheckpointError(f"{where}: shift: a distilled checkpoint's sigma list is used unshifted")
+    elif profile.shift is not None and info.scheduler_class not in SHIFT_KEYS:
+        raise CheckpointError(f"{where}: shift: {info.scheduler_class} has no flow shift")
 
 
 def check_horizon(value: object, spec: EngineSpec, field_name: str = "action_horizon") -> int:
     """``value`` as an action horizon this model can take; raises :class:`InvalidRequestError` if it is not."""
-    lim, multiple = spec.limits, spec.horizon_multiple
+    return _horizon(value, spec.limits, spec.horizon_multiple, field_name)
+
+
+def _horizon(value: object, lim: EngineLimits, multiple: int, field_name: str) -> int:
     if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
         raise InvalidRequestError(f"{field_name} must be an integer", field_name)
     horizon = int(value)
@@ -260,6 +306,10 @@ class ModelDescription:
     action_dim: int | None  # the model's (padded) action width; None without an action head
     num_embodiment_domains: int
     view_points: tuple[str, ...] = VIEW_POINTS
+    # Transformer forwards one chunk takes at each domain's defaults (steps, plus a second pass per step
+    # with guidance inside the guidance interval).
+    chunk_forwards: Mapping[str, int] = field(default_factory=dict)
+    shiftable: bool = False  # whether a request may set the scheduler's flow shift
     device: str | None = None  # None: described from config files, nothing loaded
     dtype: str | None = None
     prefix_cache: PrefixCacheStats | None = field(default=None, compare=False)
@@ -290,6 +340,10 @@ class ModelDescription:
             horizon_multiple=spec.horizon_multiple,
             domains=dict(sorted(spec.profiles.items())),
             domain_defaults={name: spec.defaults_for(profile) for name, profile in sorted(spec.profiles.items())},
+            chunk_forwards={
+                name: transformer_forwards(info, spec.defaults_for(profile)) for name, profile in spec.profiles.items()
+            },
+            shiftable=spec.default_shift is not None,
             limits=spec.limits,
             parameters=info.parameters,
             parameter_bytes=info.parameter_bytes,
@@ -315,6 +369,164 @@ class ModelDescription:
 
     def domain(self, name: str | None) -> PolicyProfile | None:
         return self.domains.get(name) if name is not None else None
+
+    # -- the rules of every request setting: the one keeper, whoever asks -------------------------------
+
+    def check(self, settings: Mapping[str, object], *, output: str = "actions") -> None:
+        """Check each setting in ``settings`` (by name, :data:`~cosmos3_runtime.requests.SETTING_NAMES`;
+        ``None`` is unset and not checked) against this model and its limits.
+
+        ``output``: what the request answers with, ``"actions"`` or ``"video"``; ``action_mode`` must be a
+        mode of that kind. Raises the runtime's typed errors, each naming its field.
+        """
+        unknown = set(settings) - set(SETTING_NAMES)
+        if unknown:
+            raise TypeError(f"not request settings: {', '.join(sorted(unknown))}")
+        lim = self.limits
+        value = settings.get("domain_name")
+        if value is not None and (not isinstance(value, str) or value not in self.domains):
+            known = ", ".join(sorted(self.domains)) or "none"
+            raise UnknownDomainError(f"unknown domain_name {value!r}; this model knows: {known}", "domain_name")
+        value = settings.get("action_mode")
+        if value is not None:
+            _mode(value, self.modes, output)
+        value = settings.get("action_horizon")
+        if value is not None:
+            _horizon(value, lim, self.horizon_multiple, "action_horizon")
+        value = settings.get("prompt")
+        if value is not None and (not isinstance(value, str) or len(value) > lim.max_prompt_chars):
+            raise InvalidRequestError(f"prompt must be a string of at most {lim.max_prompt_chars} characters", "prompt")
+        value = settings.get("resolution_tier")
+        if value is not None and (
+            isinstance(value, bool)
+            or not isinstance(value, (int, np.integer))
+            or int(value) not in self.resolution_tiers
+        ):
+            raise UnsupportedTierError(
+                f"resolution tier {value!r} is not supported by this {self.variant} checkpoint; "
+                f"supported: {', '.join(map(str, self.resolution_tiers))}",
+                "resolution_tier",
+            )
+        value = settings.get("view_point")
+        if value is not None and value not in self.view_points:
+            raise InvalidRequestError(
+                f"unknown view_point {value!r}; expected one of {', '.join(self.view_points)}", "view_point"
+            )
+        value = settings.get("seed")
+        if value is not None and (
+            isinstance(value, bool) or not isinstance(value, (int, np.integer)) or not 0 <= int(value) <= lim.max_seed
+        ):
+            raise InvalidRequestError(f"seed must be an integer in [0, {lim.max_seed}]", "seed")
+        value = settings.get("fps")
+        if value is not None and not _number_in(value, lim.min_fps, lim.max_fps):
+            raise InvalidRequestError(f"fps must be a number in [{lim.min_fps:g}, {lim.max_fps:g}]", "fps")
+        self._check_sampler(settings)
+
+    def _check_sampler(self, settings: Mapping[str, object]) -> None:
+        """Steps, guidance, its interval and the shift: a distilled model's are fixed; a base model's bounded."""
+        lim = self.limits
+        steps, guidance = settings.get("num_steps"), settings.get("guidance_scale")
+        interval, shift = settings.get("guidance_interval"), settings.get("shift")
+        if self.distilled_sigmas is not None:
+            fixed = len(self.distilled_sigmas)
+            if steps is not None and steps != fixed:
+                raise InvalidRequestError(
+                    f"this distilled checkpoint runs its fixed {fixed}-step schedule; num_steps must be {fixed} "
+                    "or unset",
+                    "num_steps",
+                )
+            if guidance is not None and guidance != 1.0:
+                raise InvalidRequestError(
+                    "guidance is distilled into this checkpoint's weights; guidance_scale must be 1.0 or unset",
+                    "guidance_scale",
+                )
+            if interval is not None:
+                raise InvalidRequestError(
+                    "a distilled checkpoint runs without guidance; guidance_interval must be unset", "guidance_interval"
+                )
+            if shift is not None:
+                raise InvalidRequestError(
+                    "a distilled checkpoint runs its sigma list unshifted; shift must be unset", "shift"
+                )
+            return
+        if steps is not None and (
+            isinstance(steps, bool) or not isinstance(steps, (int, np.integer)) or not 1 <= steps <= lim.max_steps
+        ):
+            raise InvalidRequestError(f"num_steps must be an integer in [1, {lim.max_steps}]", "num_steps")
+        if guidance is not None and not _number_in(guidance, 0.0, lim.max_guidance_scale):
+            raise InvalidRequestError(
+                f"guidance_scale must be a number in [0, {lim.max_guidance_scale:g}]", "guidance_scale"
+            )
+        if interval is not None:
+            _interval(interval)
+        if shift is not None:
+            if not self.shiftable:
+                raise InvalidRequestError("this checkpoint's scheduler has no flow shift; leave shift unset", "shift")
+            if not _number_in(shift, lim.min_shift, lim.max_shift):
+                raise InvalidRequestError(f"shift must be a number in [{lim.min_shift:g}, {lim.max_shift:g}]", "shift")
+
+    def resolve(self, domain_name: str | None, settings: Mapping[str, object]) -> ResolvedSettings:
+        """``settings`` checked (:meth:`check`) and completed: each unset one takes the domain's default
+        (its profile's where it sets one), else the variant's. ``domain_name`` None: the model's default
+        domain. The action mode defaults to ``policy``; an unset seed stays None (drawn per request)."""
+        self.check(settings, output="video" if settings.get("action_mode") in VIDEO_MODES else "actions")
+        name = domain_name if domain_name is not None else self.defaults.domain_name
+        if name is None or name not in self.domains:
+            known = ", ".join(sorted(self.domains)) or "none"
+            raise UnknownDomainError(f"unknown domain_name {name!r}; this model knows: {known}", "domain_name")
+        defaults = self.domain_defaults[name]
+
+        def given(key: str) -> Any:
+            return settings.get(key)
+
+        if self.distilled_sigmas is not None:  # the fixed schedule, whatever was (validly) asked
+            steps, guidance, interval, shift = len(self.distilled_sigmas), 1.0, None, None
+        else:
+            steps = int(given("num_steps")) if given("num_steps") is not None else defaults.num_steps
+            guidance = (
+                float(given("guidance_scale")) if given("guidance_scale") is not None else defaults.guidance_scale
+            )
+            interval = _interval(given("guidance_interval")) if given("guidance_interval") is not None else None
+            interval = interval if interval is not None else defaults.guidance_interval
+            shift = float(given("shift")) if given("shift") is not None else defaults.shift
+        mode = _mode(given("action_mode"), self.modes, "any") if given("action_mode") is not None else "policy"
+        horizon = given("action_horizon")
+        return ResolvedSettings(
+            domain_name=name,
+            action_mode=mode,
+            action_horizon=int(horizon) if horizon is not None else int(defaults.action_horizon or 0),
+            prompt=str(given("prompt") or ""),
+            resolution_tier=int(given("resolution_tier") or defaults.resolution_tier),
+            view_point=str(given("view_point") or defaults.view_point),
+            fps=float(given("fps") or defaults.fps or 0.0),
+            num_steps=steps,
+            guidance_scale=guidance,
+            guidance_interval=interval,
+            shift=shift,
+            seed=int(given("seed")) if given("seed") is not None else None,
+        )
+
+    def check_horizon(self, value: object, field_name: str = "action_horizon") -> int:
+        """``value`` as an action horizon this model takes (a multiple of the VAE's temporal compression,
+        within the limits); raises :class:`InvalidRequestError` naming ``field_name`` if it is not."""
+        return _horizon(value, self.limits, self.horizon_multiple, field_name)
+
+    def clip_horizon(self, frames: int, horizon: int | None, field_name: str = "video") -> int:
+        """The horizon of an inverse-dynamics clip of ``frames`` frames: ``horizon`` + 1 frames, or, with
+        the horizon unset, ``frames - 1`` actions (which must be a horizon this model takes)."""
+        if horizon is None:
+            try:
+                return _horizon(frames - 1, self.limits, self.horizon_multiple, field_name)
+            except InvalidRequestError as exc:
+                raise InvalidRequestError(
+                    f"a {frames}-frame clip asks for {frames - 1} actions: {exc.message}", field_name
+                ) from None
+        if frames != horizon + 1:
+            raise InvalidRequestError(
+                f"inverse_dynamics with action_horizon {horizon} needs a clip of {horizon + 1} frames, got {frames}",
+                field_name,
+            )
+        return horizon
 
     def identity(self) -> dict[str, Any]:
         """What identifies the model (checkpoint, variant, dtype, device, size): what a recording keeps."""
@@ -359,7 +571,64 @@ class ModelDescription:
             data[profile_field.name] = list(value) if isinstance(value, tuple) else value
         del data["domain_name"]
         data["defaults"] = defaults_json(self.domain_defaults[name], with_domain=False)
+        data["transformer_forwards"] = self.chunk_forwards.get(name)
         return data
+
+
+def _mode(value: object, modes: tuple[str, ...], output: str) -> str:
+    """The mode as the runtime spells it (clients send " Policy" and mean "policy"), one ``modes`` has
+    and, for ``output`` "actions" / "video", one that answers with that."""
+    if not isinstance(value, str):
+        raise UnsupportedModeError(f"action_mode must be a string, one of {', '.join(ACTION_MODES)}", "action_mode")
+    mode = value.strip().lower()
+    if mode not in ACTION_MODES:
+        raise UnsupportedModeError(
+            f"unknown action_mode {mode!r}; expected one of {', '.join(ACTION_MODES)}", "action_mode"
+        )
+    if mode not in modes:
+        raise UnsupportedModeError(
+            f"this checkpoint has no action head (transformer action_gen is false): it cannot serve {mode}",
+            "action_mode",
+        )
+    if output == "actions" and mode in VIDEO_MODES:
+        raise UnsupportedModeError(
+            f"{mode} produces video, not actions: submit it as a video rollout (HTTP /v1/videos)", "action_mode"
+        )
+    if output == "video" and mode not in VIDEO_MODES:
+        raise UnsupportedModeError(f"{mode} produces actions, not video", "action_mode")
+    return mode
+
+
+def _number_in(value: object, low: float, high: float) -> bool:
+    return (
+        not isinstance(value, bool)
+        and isinstance(value, (int, float, np.integer, np.floating))
+        and math.isfinite(float(value))
+        and low <= float(value) <= high
+    )
+
+
+def _interval(value: object) -> tuple[float, float]:
+    try:
+        low, high = (float(v) for v in value)  # type: ignore[attr-defined]  # any iterable of two numbers
+    except (TypeError, ValueError):
+        raise InvalidRequestError("guidance_interval must be two sigmas [low, high]", "guidance_interval") from None
+    if not 0.0 <= low <= high <= 1.0:
+        raise InvalidRequestError("guidance_interval must satisfy 0 <= low <= high <= 1", "guidance_interval")
+    return low, high
+
+
+def transformer_forwards(info: CheckpointInfo, defaults: RequestDefaults) -> int:
+    """Transformer forwards of one chunk at ``defaults``: one per step, and a second (the unconditioned
+    pass) on each step whose sigma lies inside the guidance interval when guidance is on."""
+    steps = len(info.distilled_sigmas) if info.distilled_sigmas is not None else defaults.num_steps
+    if defaults.guidance_scale == 1.0:
+        return steps
+    interval = defaults.guidance_interval
+    if interval is None:
+        return 2 * steps
+    sigmas = step_sigmas(info, steps, defaults.shift)
+    return steps + sum(1 for sigma in sigmas if interval[0] <= sigma <= interval[1])
 
 
 def limits_json(limits: EngineLimits) -> dict[str, Any]:

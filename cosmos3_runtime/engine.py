@@ -11,7 +11,7 @@ import logging
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -63,11 +63,9 @@ def _engine_failures(jobs: list[DenoiseJob]) -> Iterator[None]:
 def _provenance(job: DenoiseJob, profile: PolicyProfile, output: DenoiseOutput, timing: Timing) -> dict[str, Any]:
     """A result's :class:`~cosmos3_runtime.requests.Provenance` fields, to pass to ActionResult or VideoResult."""
     return dict(
-        domain_name=profile.domain_name,
+        settings=job.settings,
         domain_id=profile.domain_id,
-        num_steps=output.num_steps,
         transformer_forwards=output.transformer_forwards,
-        seed=job.seed,
         timing=timing,
     )
 
@@ -100,7 +98,11 @@ class Cosmos3Engine:
         self.device = device
         self.dtype = dtype
         self.spec = spec
-        self.sampler = Cosmos3Sampler(pipe, device, prefix_cache_bytes=int(prefix_cache_mb * 2**20))
+        # The description keeps every request rule and default: validation asks it (built once, here).
+        self.description = ModelDescription.of_spec(
+            spec, source, device=str(device), dtype=str(dtype).replace("torch.", "")
+        )
+        self.sampler = Cosmos3Sampler(pipe, spec.info, device, prefix_cache_bytes=int(prefix_cache_mb * 2**20))
         self.warmed_up = False
 
     @property
@@ -174,7 +176,7 @@ class Cosmos3Engine:
         """
         started = time.perf_counter()
         try:
-            job, profile = job_for_actions(request, self.spec)
+            job, profile = job_for_actions(request, self.description)
         except RuntimeErrorBase as exc:
             return PreparedActions(request, time.perf_counter() - started, error=exc)
         validate_s = time.perf_counter() - started
@@ -233,7 +235,6 @@ class Cosmos3Engine:
         timing.postprocess_ms = (time.perf_counter() - post) * 1000.0
         return ActionResult(
             actions=actions,
-            action_mode=job.mode,
             raw_action_dim=profile.raw_action_dim,
             batch_size=output.batch_size,
             **_provenance(job, profile, output, timing),
@@ -250,7 +251,7 @@ class Cosmos3Engine:
         (from the same thread): a server uses that to let robots go first after every denoising step.
         """
         started = time.perf_counter()
-        job, profile = job_for_video(request, self.spec)
+        job, profile = job_for_video(request, self.description)
         return VideoRollout(self, job, profile, time.perf_counter() - started)
 
     def _run(
@@ -313,13 +314,7 @@ class Cosmos3Engine:
     def describe(self) -> ModelDescription:
         """What this engine offers, read from the loaded checkpoint."""
         cache = self.sampler.prefix_cache
-        return ModelDescription.of_spec(
-            self.spec,
-            self.source,
-            device=str(self.device),
-            dtype=str(self.dtype).replace("torch.", ""),
-            prefix_cache=cache.stats() if cache is not None else None,
-        )
+        return replace(self.description, prefix_cache=cache.stats() if cache is not None else None)
 
 
 class VideoRollout:

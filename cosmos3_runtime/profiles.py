@@ -10,8 +10,10 @@ and the statistics that turn model-space actions back into robot units.
 Sources, later ones overriding earlier ones field by field:
 
 1. diffusers' own Cosmos3 tables (domain ids and canonical widths);
-2. ``policy_profiles.json`` shipped in the checkpoint, when there is one;
-3. a profile file the operator gives the server.
+2. the ``policy`` block of the checkpoint's ``checkpoint.json`` (NVIDIA's exported policies: the chunk, the
+   conditioning fps, the domain, optionally the width and whether the state conditions it);
+3. ``policy_profiles.json`` shipped in the checkpoint, when there is one;
+4. a profile file the operator gives the server.
 
 The file format is documented, with a worked DROID example, in ``docs/runtime.md``.
 
@@ -34,7 +36,7 @@ from typing import Any
 import numpy as np
 
 from .checkpoints import CheckpointInfo
-from .errors import CheckpointError
+from .errors import CheckpointError, InvalidFieldError, MissingFieldError
 
 VIEW_POINTS = ("ego_view", "third_person_view", "wrist_view", "concat_view")
 # "json": the structured action caption (diffusers' builder, and cosmos-framework's
@@ -46,6 +48,11 @@ RESOLUTION_TIERS = (256, 480, 704, 720)
 DEFAULT_ACTION_HORIZON = 16
 DEFAULT_FPS = 24.0  # diffusers' Cosmos3 pipeline default
 MAX_HISTORY_LENGTH = 16
+# Bounds on a profile's sampler settings: the engine's request limits (EngineLimits), and a flow shift
+# that keeps the sigmas ordered (shift > 0) and the schedule meaningful.
+MAX_STEPS = 200
+MAX_GUIDANCE_SCALE = 30.0
+MIN_SHIFT, MAX_SHIFT = 0.01, 100.0
 _EPS = 1e-8
 
 
@@ -116,6 +123,11 @@ class PolicyProfile:
     view_point: str = "ego_view"
     view_description: str | None = None  # how a composed view is laid out, added to the view sentence
     prompt_format: str = "json"
+    # How the policy was evaluated: its sampler settings, above the variant's defaults and below a
+    # request's own values (None: the variant's). Non-distilled checkpoints only.
+    num_steps: int | None = None
+    guidance_scale: float | None = None
+    shift: float | None = None  # the flow shift of the scheduler's sigmas
     guidance_interval: tuple[float, float] | None = None  # sigmas; guidance only inside (non-distilled)
     gripper_flip_index: int | None = None  # the model sees 1 - value there (open/closed swapped)
     normalization: NormalizationStats | None = None
@@ -126,6 +138,40 @@ class PolicyProfile:
     use_state: bool = False
     history_length: int = 0
     state_dim: int | None = None
+
+    def check_state(self, state: object) -> np.ndarray | None:
+        """The robot's state as float32 rows ``[history_length, state_dim]``, or None
+        for a domain that takes no state; raises :class:`MissingFieldError` / :class:`InvalidFieldError`
+        (field ``state``) for an absent, refused or misshapen one."""
+        rows, name = self.history_length, self.domain_name
+        if not rows or self.state_dim is None:
+            if state is not None:
+                raise InvalidFieldError(
+                    f"domain {name!r} does not condition on the robot's state (its profile has no state_dim, "
+                    "see the metadata's `domains`): leave state unset",
+                    "state",
+                )
+            return None
+        shape = f"[{self.state_dim}]" if rows == 1 else f"[{rows}, {self.state_dim}]"
+        if state is None:
+            raise MissingFieldError(
+                f"domain {name!r} conditions on the robot's state: send state, a float array "
+                f"{shape}" + (" (oldest row first)" if rows > 1 else ""),
+                "state",
+            )
+        if not isinstance(state, np.ndarray) or state.dtype.kind not in "fiu":
+            raise InvalidFieldError(f"state must be a numeric array {shape}", "state")
+        matrix = state[None] if state.ndim == 1 else state
+        if matrix.ndim != 2 or matrix.shape[1] != self.state_dim or matrix.shape[0] != rows:
+            raise InvalidFieldError(
+                f"state has shape {list(state.shape)}; domain {name!r} has state_dim {self.state_dim} and "
+                f"history_length {rows}, so state must be {shape}",
+                "state",
+            )
+        matrix = matrix.astype(np.float32)
+        if not np.isfinite(matrix).all():
+            raise InvalidFieldError(f"state contains NaN or infinity; send finite values {shape}", "state")
+        return matrix
 
     def to_model(self, raw: np.ndarray) -> np.ndarray:
         """Raw robot-unit rows (actions, or state rows) -> the model's action space."""
@@ -207,7 +253,7 @@ def load_profiles(
         width = cosmos3._EMBODIMENT_TO_RAW_ACTION_DIM.get(name)
         if width is not None:
             fields[name] = {"domain_id": domain_id, "raw_action_dim": width}
-    named_default = None
+    named_default = _merge_checkpoint_policy(fields, checkpoint_dir / "checkpoint.json")
     for source in (checkpoint_dir / "policy_profiles.json", override_file):
         if source is not None and Path(source).is_file():
             named_default = _merge_profile_file(fields, Path(source)) or named_default
@@ -221,6 +267,40 @@ def load_profiles(
             continue  # this checkpoint's action head cannot represent the domain
         profiles[name] = profile
     return ProfileTable.build(profiles, named_default)
+
+
+# checkpoint.json's "policy" block (NVIDIA's exported policy checkpoints) -> the profile fields it sets.
+CHECKPOINT_POLICY_KEYS = {
+    "action_chunk_size": "default_horizon",
+    "conditioning_fps": "fps",
+    "raw_action_dim": "raw_action_dim",
+    "use_state": "use_state",
+}
+
+
+def _merge_checkpoint_policy(fields: dict[str, dict[str, Any]], path: Path) -> str | None:
+    """Merge the ``policy`` block of the checkpoint's ``checkpoint.json`` into ``fields``; return its domain.
+
+    NVIDIA's exported policy checkpoints (Cosmos3-Edge-Policy-DROID) write the contract the policy was
+    trained with there: ``{"policy": {"action_chunk_size": 32, "conditioning_fps": 15.0, "domain_name":
+    "droid_lerobot"}}``, optionally ``raw_action_dim`` and ``use_state``. It is the first source after
+    diffusers' tables; ``policy_profiles.json`` and an operator's file add to or override it.
+    """
+    if not path.is_file():
+        return None
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, json.JSONDecodeError) as exc:
+        raise CheckpointError(f"{path} is not valid JSON: {exc}") from exc
+    policy = data.get("policy") if isinstance(data, dict) else None
+    if policy is None:
+        return None  # a checkpoint.json without a policy contract (Nano's carries its training config)
+    domain = policy.get("domain_name") if isinstance(policy, dict) else None
+    if not isinstance(domain, str) or not domain:
+        raise CheckpointError(f"{path}: policy must be an object naming its domain_name")
+    entry = {target: policy[key] for key, target in CHECKPOINT_POLICY_KEYS.items() if policy.get(key) is not None}
+    fields.setdefault(domain, {}).update(entry)
+    return domain
 
 
 def _merge_profile_file(fields: dict[str, dict[str, Any]], path: Path) -> str | None:
@@ -317,6 +397,11 @@ def _profile_from_fields(name: str, entry: dict[str, Any], num_train_timesteps: 
         view_point=view_point,
         view_description=_optional_text(entry, "view_description", where),
         prompt_format=prompt_format,
+        num_steps=_integer(entry, "num_steps", where, low=1, high=MAX_STEPS)
+        if entry.get("num_steps") is not None
+        else None,
+        guidance_scale=_number(entry, "guidance_scale", where, low=0.0, high=MAX_GUIDANCE_SCALE),
+        shift=_number(entry, "shift", where, low=MIN_SHIFT, high=MAX_SHIFT),
         guidance_interval=_guidance_interval(entry.get("guidance_interval"), where, num_train_timesteps),
         gripper_flip_index=flip,
         normalization=stats,
@@ -359,6 +444,16 @@ def _integer(entry: dict[str, Any], key: str, where: str, low: int, high: int | 
         bound = f"in [{low}, {high}]" if high is not None else f">= {low}"
         raise CheckpointError(f"{where}: {key} must be an integer {bound}, got {value!r}")
     return value
+
+
+def _number(entry: dict[str, Any], key: str, where: str, low: float, high: float) -> float | None:
+    """``entry[key]`` as a finite number in [low, high], or None where the entry leaves it out."""
+    value = entry.get(key)
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not low <= value <= high:
+        raise CheckpointError(f"{where}: {key} must be a number in [{low:g}, {high:g}], got {value!r}")
+    return float(value)
 
 
 def _optional_text(entry: dict[str, Any], key: str, where: str) -> str | None:

@@ -249,24 +249,29 @@ _TINY_PROFILES = {
 }
 # The profile ``droid=True`` ships instead for droid_lerobot, named the default domain: the settings of
 # NVIDIA's DROID joint-position policy (docs/runtime.md, "Worked example").
+# The chunk (32) and the conditioning fps (15) are not here: the checkpoint's checkpoint.json carries them,
+# as NVIDIA's exported policies do (TINY_DROID_POLICY).
 TINY_DROID_PROFILE = {
     "action_space": "joint_pos",
     "raw_action_dim": 8,
-    "default_horizon": 32,
     "use_state": True,
     "history_length": 1,
     "state_dim": 8,
     "gripper_flip_index": 7,
     "normalization": "none",
-    "fps": 15,
     "resolution_tier": 480,
     "view_point": "concat_view",
     "view_description": "The top row is from the wrist-mounted camera. The bottom row contains two horizontally "
     "concatenated third-person perspective views of the scene from opposite sides, with the "
     "robot visible.",
     "prompt_format": "json",
-    "guidance_interval": [960, 1001],
 }
+TINY_DROID_POLICY = {"action_chunk_size": 32, "conditioning_fps": 15.0, "domain_name": "droid_lerobot"}
+# NVIDIA's serving settings for its DROID policies (cosmos-framework's RoboLab server): 4 UniPC steps,
+# guidance 3.0, shift 5.0; a distilled checkpoint runs its own fixed list instead.
+TINY_DROID_SAMPLER = {"num_steps": 4, "guidance_scale": 3.0, "shift": 5.0}
+# NVIDIA's Edge DROID recipe adds guidance only in timesteps 960-1001 (the first of the 4 steps).
+TINY_EDGE_DROID_INTERVAL = [960, 1001]
 _TINY_DROID_STATS = {
     "global": {
         "mean": [0.0, 0.1, 0.2, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.5],
@@ -370,14 +375,18 @@ def build_tiny_checkpoint(
     if with_action_head:
         (out / "stats").mkdir()
         (out / "stats" / "droid_lerobot.json").write_text(json.dumps(_TINY_DROID_STATS, indent=2))
-        profiles = (
-            _TINY_PROFILES
-            if not droid
-            else {
+        profiles = _TINY_PROFILES
+        if droid:
+            droid_profile = dict(TINY_DROID_PROFILE)
+            if not is_distilled:
+                droid_profile.update(TINY_DROID_SAMPLER)
+                if variant == "edge":
+                    droid_profile["guidance_interval"] = TINY_EDGE_DROID_INTERVAL
+            profiles = {
                 "default_domain": "droid_lerobot",
-                "domains": {**_TINY_PROFILES["domains"], "droid_lerobot": TINY_DROID_PROFILE},
+                "domains": {**_TINY_PROFILES["domains"], "droid_lerobot": droid_profile},
             }
-        )
+            (out / "checkpoint.json").write_text(json.dumps({"policy": TINY_DROID_POLICY}, indent=2))
         (out / "policy_profiles.json").write_text(json.dumps(profiles, indent=2))
     return out
 

@@ -7,7 +7,7 @@ with results. They carry numpy arrays and plain values only, never tensors.
 
 from __future__ import annotations
 
-from dataclasses import KW_ONLY, asdict, dataclass, field
+from dataclasses import KW_ONLY, asdict, dataclass, field, fields
 from typing import Literal
 
 import numpy as np
@@ -31,6 +31,8 @@ class RequestSettings:
     num_steps: int | None = None
     guidance_scale: float | None = None
     guidance_interval: tuple[float, float] | None = None
+    # The flow shift of the checkpoint's scheduler (UniPC's ``flow_shift``, Euler's ``shift``).
+    shift: float | None = None
     fps: float | None = None
 
 
@@ -102,18 +104,63 @@ class Timing:
         return {**asdict(self), "model_ms": self.model_ms, "total_ms": self.total_ms}
 
 
-@dataclass(kw_only=True)
-class Provenance:
-    """How a result was made, as every result reports it: for which domain (its name, and the id that
-    selected the action head's weights), with how many denoising steps and transformer forwards, from
-    which seed, and where the time went."""
+@dataclass(frozen=True, kw_only=True)
+class ResolvedSettings:
+    """Every setting of one request with the model's defaults filled in: what it ran with, or will.
+
+    :meth:`~cosmos3_runtime.description.ModelDescription.resolve` builds it, the one place where a request's
+    settings meet the domain's and the variant's defaults. ``seed`` is None until a seed is drawn for an
+    unseeded request (a result's settings always carry the seed that reproduces it). ``shift`` is None
+    where no shift applies (a distilled checkpoint's fixed sigma list).
+    """
 
     domain_name: str
-    domain_id: int
+    action_mode: str
+    action_horizon: int
+    prompt: str
+    resolution_tier: int
+    view_point: str
+    fps: float
     num_steps: int
+    guidance_scale: float
+    guidance_interval: tuple[float, float] | None
+    shift: float | None
+    seed: int | None
+
+    def as_json(self) -> dict[str, object]:
+        """The settings as JSON values (the interval as a list)."""
+        data = asdict(self)
+        data["guidance_interval"] = list(self.guidance_interval) if self.guidance_interval is not None else None
+        return data
+
+
+# The settings a request may name, by name: what ModelDescription.check and .resolve take.
+SETTING_NAMES: tuple[str, ...] = tuple(setting.name for setting in fields(ResolvedSettings))
+
+
+@dataclass(kw_only=True)
+class Provenance:
+    """How a result was made, as every result reports it: the settings it ran with (the seed among them),
+    the id that selected the action head's weights, how many transformer forwards it took, and where the
+    time went."""
+
+    settings: ResolvedSettings
+    domain_id: int
     transformer_forwards: int
-    seed: int
     timing: Timing = field(default_factory=Timing)
+
+    @property
+    def domain_name(self) -> str:
+        return self.settings.domain_name
+
+    @property
+    def num_steps(self) -> int:
+        return self.settings.num_steps
+
+    @property
+    def seed(self) -> int:
+        assert self.settings.seed is not None, "a result's settings carry the seed it ran with"
+        return self.settings.seed
 
 
 @dataclass(kw_only=True)
@@ -122,9 +169,12 @@ class ActionResult(Provenance):
     (action_horizon, raw_action_dim), in raw units, and how it was made."""
 
     actions: np.ndarray
-    action_mode: str
     raw_action_dim: int
     batch_size: int = 1  # how many requests shared this chunk's transformer calls
+
+    @property
+    def action_mode(self) -> str:
+        return self.settings.action_mode
 
     @property
     def action_horizon(self) -> int:

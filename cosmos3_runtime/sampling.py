@@ -55,6 +55,7 @@ import torch
 from diffusers.pipelines.cosmos.pipeline_cosmos3_omni import _ACTION_VIEWPOINT_TEMPLATES
 from diffusers.utils.torch_utils import randn_tensor
 
+from .checkpoints import CheckpointInfo, build_scheduler, configured_shift, set_schedule
 from .frame_preprocessing import ConditioningFrames, PreparedFrames, condition_frames, prepare_frames
 from .sequence_packing import SequencePass, TextPrefixCache, install_packed_attention, pack_batch, pack_sequence
 from .validation import DenoiseJob
@@ -110,8 +111,11 @@ class Cosmos3Sampler:
     token sequence and reused (see :class:`~cosmos3_runtime.sequence_packing.TextPrefixCache`).
     """
 
-    def __init__(self, pipe: Any, device: torch.device, prefix_cache_bytes: int = 0) -> None:
+    def __init__(self, pipe: Any, info: CheckpointInfo, device: torch.device, prefix_cache_bytes: int = 0) -> None:
         self.pipe = pipe
+        self.info = info
+        # The shift the loaded scheduler applies: a job that asks for another gets a scheduler of its own.
+        self.loaded_shift = configured_shift(info)
         self.device = device
         self.transformer = pipe.transformer
         self.prefix_cache = TextPrefixCache(prefix_cache_bytes) if prefix_cache_bytes > 0 else None
@@ -340,14 +344,12 @@ class Cosmos3Sampler:
                 uncond_ids, latents, action_latents, vision_condition_frames, clean_frames, job
             )
 
-        scheduler = copy.deepcopy(pipe.scheduler)
-        if job.sigmas is not None:
-            scheduler.set_timesteps(sigmas=list(job.sigmas), device=device)
-        elif pipe.config.use_native_flow_schedule:
-            sigmas = np.linspace(1.0 - 1.0 / scheduler.config.num_train_timesteps, 0.0, job.num_steps + 1)[:-1]
-            scheduler.set_timesteps(job.num_steps, device=device, sigmas=sigmas)
+        # The pipeline's scheduler as loaded, or one built with the job's shift where it differs.
+        if job.shift is None or job.shift == self.loaded_shift:
+            scheduler = copy.deepcopy(pipe.scheduler)
         else:
-            scheduler.set_timesteps(job.num_steps, device=device)
+            scheduler = build_scheduler(self.info, job.shift)
+        set_schedule(scheduler, self.info, job.num_steps, device)
         return _Item(
             job=job,
             x0_vision=x0_vision,

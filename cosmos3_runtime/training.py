@@ -400,7 +400,7 @@ class FlowMatchingTrainer:
             state=None if s.state is None else s.state[index],
             prefix_actions=prefix_actions,
         )
-        return job_for_actions(request, self.engine.spec)
+        return job_for_actions(request, self.engine.description)
 
     def draw_t(self, generator: torch.Generator, n: int) -> torch.Tensor:
         t = torch.sigmoid(torch.randn(n, generator=generator))

@@ -1,31 +1,25 @@
 """Checks every request against what the loaded checkpoint can do, before any tensor is made, and resolves
 it into the :class:`DenoiseJob` the sampler runs.
 
-Each failure is a typed error from :mod:`cosmos3_runtime.errors` that names the offending field, so
-the server can tell a robot exactly what to fix. Defaults come from :class:`~cosmos3_runtime.description.EngineSpec`,
-which the engine builds once at load from the checkpoint's own files.
+The settings' rules and defaults have one keeper, the model's description
+(:meth:`~cosmos3_runtime.description.ModelDescription.check` and ``resolve``): this module adds the checks of
+the request's arrays (frames, actions, state) and builds the job. Each failure is a typed error from
+:mod:`cosmos3_runtime.errors` that names the offending field, so the server can tell a robot exactly what
+to fix.
 """
 
 from __future__ import annotations
 
-import math
 import secrets
-from dataclasses import dataclass
+from dataclasses import dataclass, fields, replace
 from typing import Any
 
 import numpy as np
 
-from .description import EngineSpec, RequestDefaults, check_horizon
-from .errors import (
-    InvalidFieldError,
-    InvalidRequestError,
-    MissingFieldError,
-    UnknownDomainError,
-    UnsupportedModeError,
-    UnsupportedTierError,
-)
-from .profiles import VIEW_POINTS, PolicyProfile
-from .requests import ACTION_MODES, ActionRequest, VideoRequest
+from .description import ModelDescription
+from .errors import InvalidFieldError, InvalidRequestError
+from .profiles import PolicyProfile
+from .requests import SETTING_NAMES, ActionRequest, RequestSettings, ResolvedSettings, VideoRequest
 
 
 @dataclass
@@ -45,7 +39,9 @@ class DenoiseJob:
     num_steps: int
     guidance_scale: float
     guidance_interval: tuple[float, float] | None
+    shift: float | None  # the scheduler's flow shift (None: the fixed sigma list, unshifted)
     seed: int
+    settings: ResolvedSettings  # what the job was resolved from (its seed drawn): what its result reports
     # Normalized clean action frames (K x raw_action_dim) kept fixed from the start of the chunk:
     # the raw actions of forward_dynamics, or the real-time-chunking prefix of a policy request.
     clean_actions: np.ndarray | None = None
@@ -66,40 +62,37 @@ class DenoiseJob:
     def schedule_key(self) -> tuple[Any, ...]:
         """Jobs with equal keys step through the same timesteps and passes, so they can share forwards."""
         sigmas = tuple(self.sigmas) if self.sigmas is not None else None
-        return (sigmas, self.num_steps, self.guidance_scale, self.guidance_interval)
+        return (sigmas, self.num_steps, self.guidance_scale, self.guidance_interval, self.shift)
 
 
-def job_for_actions(request: ActionRequest, spec: EngineSpec) -> tuple[DenoiseJob, PolicyProfile]:
+def request_settings(request: ActionRequest | VideoRequest) -> dict[str, Any]:
+    """The settings ``request`` names, by name (unset ones None), as the description's rules take them."""
+    names = {f.name for f in fields(RequestSettings)} | {"domain_name", "action_mode", "action_horizon"}
+    return {name: getattr(request, name, None) for name in SETTING_NAMES if name in names}
+
+
+def job_for_actions(request: ActionRequest, description: ModelDescription) -> tuple[DenoiseJob, PolicyProfile]:
     """Validate a ``policy`` / ``inverse_dynamics`` request and resolve its defaults."""
-    mode = _mode_name(request.action_mode)
-    if mode == "forward_dynamics":
-        raise UnsupportedModeError(
-            "forward_dynamics produces video, not actions: submit it as a video rollout", "action_mode"
-        )
-    _check_mode(mode, spec)
-    profile = _profile(request.domain_name, spec)
+    settings = request_settings(request)
+    description.check(settings, output="actions")
+    mode = description.resolve(request.domain_name, settings).action_mode
+    profile = description.domains[request.domain_name]
     if request.image is not None and request.video is not None:
         raise InvalidRequestError("give either image or video, not both", "video")
     if mode == "inverse_dynamics":
         if request.video is None:
             raise InvalidRequestError("inverse_dynamics needs a video clip (T x H x W x 3 uint8)", "video")
-        frames = _clip(request.video, "video", spec)
-        horizon = request.action_horizon if request.action_horizon is not None else frames.shape[0] - 1
-        horizon = check_horizon(horizon, spec)
-        if frames.shape[0] != horizon + 1:
-            raise InvalidRequestError(
-                f"inverse_dynamics needs action_horizon + 1 = {horizon + 1} frames, got {frames.shape[0]}", "video"
-            )
+        frames = _clip(request.video, "video", description)
+        settings["action_horizon"] = description.clip_horizon(frames.shape[0], request.action_horizon)
     else:
         if request.image is not None:
-            frames = _image(request.image, "image", spec)[None]
+            frames = _image(request.image, "image", description)[None]
         elif request.video is not None:
-            frames = _clip(request.video, "video", spec)[:1]
+            frames = _clip(request.video, "video", description)[:1]
         else:
             raise InvalidRequestError("policy needs an image (H x W x 3 uint8)", "image")
-        horizon = check_horizon(
-            request.action_horizon if request.action_horizon is not None else profile.default_horizon, spec
-        )
+    resolved = description.resolve(request.domain_name, settings)
+    horizon = resolved.action_horizon
 
     clean = None
     if request.prefix_actions is not None:
@@ -112,217 +105,89 @@ def job_for_actions(request: ActionRequest, spec: EngineSpec) -> tuple[DenoiseJo
             raise InvalidRequestError(
                 f"prefix_actions must be shorter than the horizon ({horizon}), got {prefix.shape[0]}", "prefix_actions"
             )
-        clean = _normalize(prefix, profile, spec, "prefix_actions")
+        clean = _normalize(prefix, profile, description, "prefix_actions")
 
-    state_rows = _state(request.state, profile, spec)
-    job = _job(request, spec, profile, mode, frames, horizon, clean, decode_video=False, state_rows=state_rows)
+    state_rows = _state(request.state, profile, description)
+    job = _job(resolved, description, profile, frames, clean, decode_video=False, state_rows=state_rows)
     return job, profile
 
 
-def job_for_video(request: VideoRequest, spec: EngineSpec) -> tuple[DenoiseJob, PolicyProfile]:
+def job_for_video(request: VideoRequest, description: ModelDescription) -> tuple[DenoiseJob, PolicyProfile]:
     """Validate a ``forward_dynamics`` rollout and resolve its defaults."""
-    _check_mode("forward_dynamics", spec)
-    profile = _profile(request.domain_name, spec)
-    frames = _image(request.image, "image", spec)[None]
+    settings = {**request_settings(request), "action_mode": "forward_dynamics"}
+    description.check(settings, output="video")
+    profile = description.domains[request.domain_name]
+    frames = _image(request.image, "image", description)[None]
     actions = _actions(request.actions, profile, "actions")
-    horizon = check_horizon(actions.shape[0], spec, field_name="actions")
-    clean = _normalize(actions, profile, spec, "actions")
-    job = _job(request, spec, profile, "forward_dynamics", frames, horizon, clean, decode_video=True)
-    return job, profile
+    settings["action_horizon"] = description.check_horizon(actions.shape[0], "actions")
+    clean = _normalize(actions, profile, description, "actions")
+    resolved = description.resolve(request.domain_name, settings)
+    return _job(resolved, description, profile, frames, clean, decode_video=True), profile
 
 
 def _job(
-    request: ActionRequest | VideoRequest,
-    spec: EngineSpec,
+    resolved: ResolvedSettings,
+    description: ModelDescription,
     profile: PolicyProfile,
-    mode: str,
     frames: np.ndarray,
-    horizon: int,
     clean: np.ndarray | None,
     decode_video: bool,
     state_rows: np.ndarray | None = None,
 ) -> DenoiseJob:
-    info = spec.info
-    defaults = spec.defaults_for(profile)
-    tier = request.resolution_tier if request.resolution_tier is not None else defaults.resolution_tier
-    if isinstance(tier, bool) or not isinstance(tier, (int, np.integer)) or int(tier) not in info.resolution_tiers:
-        raise UnsupportedTierError(
-            f"resolution tier {tier!r} is not supported by this {info.variant} checkpoint; "
-            f"supported: {', '.join(map(str, info.resolution_tiers))}",
-            "resolution_tier",
-        )
-    view_point = request.view_point or defaults.view_point
-    if view_point not in VIEW_POINTS:
-        raise InvalidRequestError(
-            f"unknown view_point {view_point!r}; expected one of {', '.join(VIEW_POINTS)}", "view_point"
-        )
-    if not isinstance(request.prompt, str) or len(request.prompt) > spec.limits.max_prompt_chars:
-        raise InvalidRequestError(
-            f"prompt must be a string of at most {spec.limits.max_prompt_chars} characters", "prompt"
-        )
-    lim = spec.limits
-    fps = request.fps if request.fps is not None else defaults.fps
-    if isinstance(fps, bool) or not isinstance(fps, (int, float)) or not lim.min_fps <= float(fps) <= lim.max_fps:
-        raise InvalidRequestError(f"fps must be a number in [{lim.min_fps:g}, {lim.max_fps:g}]", "fps")
-
-    steps, guidance, interval = _sampling(request, spec, defaults)
-    seed = request.seed
-    if seed is None:
-        seed = secrets.randbits(63)
-    elif isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or not 0 <= int(seed) <= lim.max_seed:
-        raise InvalidRequestError(f"seed must be an integer in [0, {lim.max_seed}]", "seed")
+    if resolved.seed is None:  # drawn here, once, so the result reports the seed that reproduces it
+        resolved = replace(resolved, seed=secrets.randbits(63))
+    assert resolved.seed is not None
+    sigmas = description.distilled_sigmas
     return DenoiseJob(
-        mode=mode,
+        mode=resolved.action_mode,
         frames=frames,
-        horizon=horizon,
+        horizon=resolved.action_horizon,
         domain_id=profile.domain_id,
         raw_action_dim=profile.raw_action_dim,
-        prompt=request.prompt,
-        view_point=view_point,
-        view_description=profile.view_description if view_point == profile.view_point else None,
+        prompt=resolved.prompt,
+        view_point=resolved.view_point,
+        view_description=profile.view_description if resolved.view_point == profile.view_point else None,
         prompt_format=profile.prompt_format,
-        resolution_tier=int(tier),
-        fps=float(fps),
-        sigmas=info.distilled_sigmas,
-        num_steps=steps,
-        guidance_scale=guidance,
-        guidance_interval=interval,
-        seed=int(seed),
+        resolution_tier=resolved.resolution_tier,
+        fps=resolved.fps,
+        sigmas=list(sigmas) if sigmas is not None else None,
+        num_steps=resolved.num_steps,
+        guidance_scale=resolved.guidance_scale,
+        guidance_interval=resolved.guidance_interval,
+        shift=resolved.shift,
+        seed=resolved.seed,
+        settings=resolved,
         clean_actions=clean,
         decode_video=decode_video,
         state_rows=state_rows,
     )
 
 
-def _sampling(
-    request: ActionRequest | VideoRequest, spec: EngineSpec, defaults: RequestDefaults
-) -> tuple[int, float, tuple[float, float] | None]:
-    """Steps, guidance and interval: the distilled schedule is fixed; base takes request values."""
-    steps, guidance, interval = request.num_steps, request.guidance_scale, request.guidance_interval
-    if spec.info.distilled_sigmas is not None:  # set exactly when the checkpoint is distilled
-        fixed = len(spec.info.distilled_sigmas)
-        if steps is not None and steps != fixed:
-            raise InvalidRequestError(
-                f"this distilled checkpoint runs its fixed {fixed}-step schedule; num_steps must be {fixed} or unset",
-                "num_steps",
-            )
-        if guidance is not None and guidance != 1.0:
-            raise InvalidRequestError(
-                "guidance is distilled into this checkpoint's weights; guidance_scale must be 1.0 or unset",
-                "guidance_scale",
-            )
-        if interval is not None:
-            raise InvalidRequestError(
-                "a distilled checkpoint runs without guidance; guidance_interval must be unset", "guidance_interval"
-            )
-        return fixed, 1.0, None
-    steps = defaults.num_steps if steps is None else steps
-    if isinstance(steps, bool) or not isinstance(steps, (int, np.integer)) or not 1 <= steps <= spec.limits.max_steps:
-        raise InvalidRequestError(f"num_steps must be an integer in [1, {spec.limits.max_steps}]", "num_steps")
-    guidance = defaults.guidance_scale if guidance is None else guidance
-    if (
-        isinstance(guidance, bool)
-        or not isinstance(guidance, (int, float))
-        or not math.isfinite(guidance)
-        or not 0.0 <= guidance <= spec.limits.max_guidance_scale
-    ):
-        raise InvalidRequestError(
-            f"guidance_scale must be a number in [0, {spec.limits.max_guidance_scale:g}]", "guidance_scale"
-        )
-    if interval is not None:
-        try:
-            lo, hi = (float(v) for v in interval)
-        except (TypeError, ValueError):
-            raise InvalidRequestError("guidance_interval must be two sigmas [low, high]", "guidance_interval") from None
-        if not 0.0 <= lo <= hi <= 1.0:
-            raise InvalidRequestError("guidance_interval must satisfy 0 <= low <= high <= 1", "guidance_interval")
-        interval = (lo, hi)
-    else:
-        interval = defaults.guidance_interval
-    return int(steps), float(guidance), interval
-
-
-def _state(state: object, profile: PolicyProfile, spec: EngineSpec) -> np.ndarray | None:
+def _state(state: object, profile: PolicyProfile, description: ModelDescription) -> np.ndarray | None:
     """The request's state as model-space action rows, or None for a domain that takes no state."""
-    rows, name = profile.history_length, profile.domain_name
-    if not rows:
-        if state is not None:
-            raise InvalidFieldError(
-                f"domain {name!r} does not condition on the robot's state; leave state unset", "state"
-            )
+    matrix = profile.check_state(state)
+    if matrix is None:
         return None
-    shape = f"[{profile.state_dim}]" if rows == 1 else f"[{rows}, {profile.state_dim}]"
-    if state is None:
-        raise MissingFieldError(
-            f"domain {name!r} conditions on the robot's state: send state, a float array "
-            f"{shape}" + (" (oldest row first)" if rows > 1 else ""),
-            "state",
-        )
-    if not isinstance(state, np.ndarray) or state.dtype.kind not in "fiu":
-        raise InvalidFieldError(f"state must be a numeric array {shape}", "state")
-    matrix = state[None] if state.ndim == 1 else state
-    if matrix.ndim != 2 or matrix.shape[1] != profile.state_dim:
-        raise InvalidFieldError(
-            f"state has shape {list(state.shape)}; domain {name!r} has state_dim "
-            f"{profile.state_dim}, so state must be {shape}",
-            "state",
-        )
-    if matrix.shape[0] != rows:
-        raise InvalidFieldError(
-            f"state has {matrix.shape[0]} row(s); domain {name!r} conditions on {rows} "
-            f"(history_length), so state must be {shape}",
-            "state",
-        )
-    matrix = matrix.astype(np.float32)
-    if not np.isfinite(matrix).all():
-        raise InvalidFieldError(f"state contains NaN or infinity; send finite values {shape}", "state")
     try:
-        return _normalize(matrix, profile, spec, "state")
+        return _normalize(matrix, profile, description, "state")
     except InvalidRequestError as exc:  # the state is one field of its own: name it as such
         raise InvalidFieldError(exc.message, "state") from None
 
 
-def _mode_name(mode: object) -> str:
-    """The mode as the runtime spells it: clients send " Policy" or "POLICY" too, and mean "policy"."""
-    if not isinstance(mode, str):
-        raise UnsupportedModeError(f"action_mode must be a string, one of {', '.join(ACTION_MODES)}", "action_mode")
-    return mode.strip().lower()
+def _image(image: object, field_name: str, description: ModelDescription) -> np.ndarray:
+    return _rgb(image, field_name, description, layout="H x W x 3")
 
 
-def _check_mode(mode: str, spec: EngineSpec) -> None:
-    if mode not in ACTION_MODES:
-        raise UnsupportedModeError(
-            f"unknown action_mode {mode!r}; expected one of {', '.join(ACTION_MODES)}", "action_mode"
-        )
-    if not spec.info.has_action_head:
-        raise UnsupportedModeError(
-            f"this checkpoint has no action head (transformer action_gen is false): it cannot serve {mode}",
-            "action_mode",
-        )
-
-
-def _profile(domain_name: object, spec: EngineSpec) -> PolicyProfile:
-    profile = spec.profiles.get(domain_name) if isinstance(domain_name, str) else None
-    if profile is None:
-        known = ", ".join(sorted(spec.profiles))
-        raise UnknownDomainError(f"unknown domain_name {domain_name!r}; this model knows: {known}", "domain_name")
-    return profile
-
-
-def _image(image: object, field_name: str, spec: EngineSpec) -> np.ndarray:
-    return _rgb(image, field_name, spec, layout="H x W x 3")
-
-
-def _clip(video: object, field_name: str, spec: EngineSpec) -> np.ndarray:
-    clip = _rgb(video, field_name, spec, layout="T x H x W x 3")
-    if not 1 <= clip.shape[0] <= spec.limits.max_clip_frames:
+def _clip(video: object, field_name: str, description: ModelDescription) -> np.ndarray:
+    clip = _rgb(video, field_name, description, layout="T x H x W x 3")
+    if not 1 <= clip.shape[0] <= description.limits.max_clip_frames:
         raise InvalidRequestError(
-            f"{field_name} must have 1 to {spec.limits.max_clip_frames} frames, got {clip.shape[0]}", field_name
+            f"{field_name} must have 1 to {description.limits.max_clip_frames} frames, got {clip.shape[0]}", field_name
         )
     return clip
 
 
-def _rgb(array: object, field_name: str, spec: EngineSpec, layout: str) -> np.ndarray:
+def _rgb(array: object, field_name: str, description: ModelDescription, layout: str) -> np.ndarray:
     """A uint8 RGB image (``H x W x 3``) or clip (``T x H x W x 3``) of an acceptable size."""
     if not isinstance(array, np.ndarray):
         raise InvalidRequestError(f"{field_name} must be an array ({layout} uint8)", field_name)
@@ -330,12 +195,12 @@ def _rgb(array: object, field_name: str, spec: EngineSpec, layout: str) -> np.nd
         raise InvalidRequestError(f"{field_name} must be uint8 RGB, got dtype {array.dtype}", field_name)
     if array.ndim != layout.count("x") + 1 or array.shape[-1] != 3:
         raise InvalidRequestError(f"{field_name} must have shape {layout}, got {list(array.shape)}", field_name)
-    _check_size(array.shape[-3], array.shape[-2], field_name, spec)
+    _check_size(array.shape[-3], array.shape[-2], field_name, description)
     return array
 
 
-def _check_size(height: int, width: int, field_name: str, spec: EngineSpec) -> None:
-    lim = spec.limits
+def _check_size(height: int, width: int, field_name: str, description: ModelDescription) -> None:
+    lim = description.limits
     if min(height, width) < lim.min_image_side or max(height, width) > lim.max_image_side:
         raise InvalidRequestError(
             f"{field_name} is {height}x{width}; each side must be in [{lim.min_image_side}, {lim.max_image_side}]",
@@ -360,12 +225,14 @@ def _actions(actions: object, profile: PolicyProfile, field_name: str) -> np.nda
     return rows
 
 
-def _normalize(actions: np.ndarray, profile: PolicyProfile, spec: EngineSpec, field_name: str) -> np.ndarray:
+def _normalize(
+    actions: np.ndarray, profile: PolicyProfile, description: ModelDescription, field_name: str
+) -> np.ndarray:
     """Raw actions into the model's space. Values far outside the domain's range (1e38, say) would make
     the networks overflow: they are the caller's mistake, refused here, not a model failure later."""
     with np.errstate(over="ignore", invalid="ignore"):
         normalized = profile.to_model(actions)  # the gripper flipped, then normalized
-    bound = spec.limits.max_normalized_action
+    bound = description.limits.max_normalized_action
     if not (np.isfinite(normalized).all() and np.abs(normalized).max(initial=0.0) <= bound):
         raise InvalidRequestError(
             f"{field_name} lie too far outside domain {profile.domain_name!r}'s action range: normalized by its "

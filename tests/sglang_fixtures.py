@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 
 from cosmos3_runtime.description import ModelDescription
-from cosmos3_runtime.requests import ActionResult
+from cosmos3_runtime.requests import ActionResult, ResolvedSettings
 
 CASES_DIR = Path(__file__).parent / "sglang_requests"
 
@@ -80,15 +80,26 @@ def chunk(
 ) -> ActionResult:
     """An engine result as the worker hands it over (for reply tests that need no model)."""
     actions = np.asarray(actions, dtype=np.float32)
+    settings = ResolvedSettings(
+        domain_name=domain_name,
+        action_mode=mode,
+        action_horizon=int(actions.shape[0]),
+        prompt="",
+        resolution_tier=256,
+        view_point="ego_view",
+        fps=15.0,
+        num_steps=num_steps,
+        guidance_scale=1.0,
+        guidance_interval=None,
+        shift=None,
+        seed=seed,
+    )
     return ActionResult(
         actions=actions,
-        action_mode=mode,
-        domain_name=domain_name,
+        settings=settings,
         domain_id=domain_id,
         raw_action_dim=int(actions.shape[-1]),
-        num_steps=num_steps,
         transformer_forwards=num_steps,
-        seed=seed,
     )
 
 

@@ -42,7 +42,7 @@ def test_forward_flops_match_torchs_count(tiny_checkpoint, variant, height, widt
         ActionRequest(
             domain_name=engine.default_domain(), image=image, seed=0, action_horizon=horizon, resolution_tier=tier
         ),
-        engine.spec,
+        engine.description,
     )
     sampler = engine.sampler
     item = sampler._prepare(job, time.perf_counter)

@@ -261,7 +261,7 @@ def test_every_configure_accepted_is_accepted_by_the_engine(tiny_engine, values,
         video=np.zeros((horizon + 1, 32, 32, 3), np.uint8) if mode != "policy" else None,
     )
     try:
-        job_for_actions(config.action_request(obs, description), engine.spec)
+        job_for_actions(config.action_request(obs, description), engine.description)
     except InvalidRequestError as exc:  # pragma: no cover - the failure message is the point
         pytest.fail(f"configure accepted {values} but the engine refuses it: {exc}")
 
@@ -353,13 +353,18 @@ def test_a_single_camera_is_used_whatever_its_name_and_the_view_point(distilled)
     assert request.image is wrist
 
 
-def test_settings_used_resolves_the_defaults_the_engine_applies(distilled):
-    session = merge_session_config(None, {"domain_name": DOMAIN}, distilled)
-    used = settings_used(observation_request(session, ObservationFrame(seq=0, image=IMAGE), distilled), distilled)
+def test_settings_used_are_the_resolved_settings_the_engine_ran_with(tiny_engine, distilled):
+    session = merge_session_config(None, {"domain_name": DOMAIN, "seed": 5}, distilled)
+    request = observation_request(session, ObservationFrame(seq=0, image=IMAGE), distilled)
+    used = settings_used(tiny_engine("distilled").predict_actions(request))
     assert used == {
+        "action_mode": "policy",
+        "domain_name": DOMAIN,
         "prompt": "",
         "resolution_tier": 256,
         "view_point": "third_person_view",
+        "seed": 5,
+        "num_steps": 4,
         "guidance_scale": 1.0,
         "fps": 24.0,
     }

@@ -223,24 +223,6 @@ def test_every_setting_the_model_uses_reaches_the_engine_request():
     assert "control_hz" not in request_fields  # shown to operators, never the model's
 
 
-# The places of the product that name three or more settings (benchmarks/setting_places.py defines a
-# place and counts them): issue 22's figure, which may only fall. Lower it when a change removes one.
-MAX_PLACES_NAMING_SEVERAL_SETTINGS = 35
-
-
-def test_few_places_name_several_settings():
-    spec = importlib.util.spec_from_file_location("setting_places", ROOT / "benchmarks" / "setting_places.py")
-    assert spec is not None and spec.loader is not None
-    counter = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = counter  # its dataclass looks its module up by name
-    spec.loader.exec_module(counter)
-    places = counter.places_naming_several()
-    listed = "\n".join(f"{p.module}:{p.line} {p.kind} {p.name}: {sorted(p.settings)}" for p in places)
-    assert len(places) <= MAX_PLACES_NAMING_SEVERAL_SETTINGS, listed
-    # The table itself is one of them: the counter sees what it should.
-    assert any(p.module == "robot_clients/client_frames.py" and "REQUEST_SETTINGS" in p.name for p in places)
-
-
 def test_the_protocol_docs_table_lists_the_configure_settings():
     text = (ROOT / "docs" / "protocol.md").read_text()
     table = text[text.index("| field | type | default |") :].split("\n\n", 1)[0]

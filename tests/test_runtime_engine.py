@@ -233,6 +233,56 @@ def test_actions_equal_diffusers_own_pipeline(tiny_engine, tiny_checkpoint, mode
     np.testing.assert_allclose(chunk.actions, reference, atol=1e-4)
 
 
+def test_a_profiles_sampler_settings_equal_diffusers_own_pipeline_with_that_scheduler(tiny_checkpoint, tmp_path):
+    """NVIDIA's DROID serving settings (4 UniPC steps, guidance 3.0, shift 5.0) set by a profile: the served
+    chunk is Cosmos3OmniPipeline.__call__'s with a UniPC scheduler of flow_shift 5.0, for the same seed."""
+    import json
+
+    from diffusers import UniPCMultistepScheduler
+
+    sampler = {"num_steps": 4, "guidance_scale": 3.0, "shift": 5.0}
+    profile_file = tmp_path / "profiles.json"
+    profile_file.write_text(json.dumps({"domains": {"fractal": sampler}}))
+    engine = Cosmos3Engine.load(tiny_checkpoint("base"), profiles_path=profile_file, prefix_cache_mb=0)
+    defaults = engine.describe().domain_defaults["fractal"]
+    assert (defaults.num_steps, defaults.guidance_scale, defaults.shift) == (4, 3.0, 5.0)
+    assert engine.describe().chunk_forwards["fractal"] == 8
+    image = np.random.default_rng(9).integers(0, 256, (200, 240, 3), dtype=np.uint8)
+    request = ActionRequest(
+        domain_name="fractal", image=image, action_horizon=8, resolution_tier=256, seed=3, prompt="open the drawer"
+    )
+    chunk = engine.predict_actions(request)  # no sampler setting in the request: the profile's apply
+    assert (chunk.settings.num_steps, chunk.settings.guidance_scale, chunk.settings.shift) == (4, 3.0, 5.0)
+    assert chunk.transformer_forwards == 8
+
+    stock = Cosmos3Engine.load(tiny_checkpoint("base"), prefix_cache_mb=0).pipe
+    stock.transformer.set_attn_processor(Cosmos3AttnProcessor())
+    stock.scheduler = UniPCMultistepScheduler.from_config(stock.scheduler.config, flow_shift=5.0)
+    reference = (
+        stock(
+            prompt="open the drawer",
+            action=CosmosActionCondition(
+                mode="policy",
+                chunk_size=8,
+                domain_name="fractal",
+                resolution_tier=256,
+                image=image.astype(np.float32) / 255.0,
+            ),
+            num_inference_steps=4,
+            guidance_scale=3.0,
+            generator=torch.Generator().manual_seed(3),
+            output_type="latent",
+            enable_safety_check=False,
+        )
+        .action[0]
+        .numpy()
+    )
+    np.testing.assert_allclose(chunk.actions, reference, atol=1e-4)
+    # The shift is what makes them equal: the checkpoint's own (3.0) gives another chunk.
+    unshifted = engine.predict_actions(ActionRequest(**{**request.__dict__, "shift": 3.0}))
+    assert np.abs(unshifted.actions - reference).max() > 1e-3
+
+
 def test_normalization_stats_denormalize_the_chunk(tiny_engine, camera_image):
     engine = tiny_engine("distilled")
     stats = engine.spec.profiles["bridge_orig_lerobot"].normalization
@@ -241,7 +291,9 @@ def test_normalization_stats_denormalize_the_chunk(tiny_engine, camera_image):
     model_space = stats.normalize(chunk.actions)
     np.testing.assert_allclose(stats.denormalize(model_space), chunk.actions, atol=1e-5)
     # The engine's output is exactly the model-space chunk mapped through the profile's stats.
-    job, _ = job_for_actions(ActionRequest(domain_name="bridge_orig_lerobot", image=camera_image, seed=3), engine.spec)
+    job, _ = job_for_actions(
+        ActionRequest(domain_name="bridge_orig_lerobot", image=camera_image, seed=3), engine.description
+    )
     raw_model = engine.sampler.run(job, time.perf_counter).actions
     np.testing.assert_allclose(chunk.actions, raw_model * stats.scale + stats.offset, atol=1e-5)
 
@@ -311,6 +363,9 @@ def test_describe_reports_what_the_checkpoint_offers(tiny_engine):
         "view_point": "third_person_view",
         "view_description": None,
         "prompt_format": "json",
+        "num_steps": None,
+        "guidance_scale": None,
+        "shift": None,
         "guidance_interval": None,
         "gripper_flip_index": None,
         "normalization": "quantile",
@@ -325,7 +380,10 @@ def test_describe_reports_what_the_checkpoint_offers(tiny_engine):
             "num_steps": 4,
             "guidance_scale": 1.0,
             "guidance_interval": None,
+            "shift": None,
         },
+        # The fixed 4-step list, one forward a step: guidance is distilled into the weights.
+        "transformer_forwards": 4,
     }
     # The top-level defaults are the default domain's: its view point, not a fixed "ego_view".
     assert d["defaults"]["domain_name"] == "bridge_orig_lerobot"

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from cosmos3_runtime.checkpoints import inspect_checkpoint
-from cosmos3_runtime.description import EngineSpec
+from cosmos3_runtime.description import EngineSpec, ModelDescription
 from cosmos3_runtime.engine import Cosmos3Engine
 from cosmos3_runtime.errors import CheckpointError
 from cosmos3_runtime.profiles import load_profiles, profiles_for_checkpoint
@@ -142,7 +142,9 @@ def test_profile_settings_are_the_domain_defaults_and_requests_still_win(tiny_ch
     spec = _spec(
         tiny_checkpoint("base"), _profile_file(tmp_path, {"droid_lerobot": DROID_LIKE}, default_domain="droid_lerobot")
     )
-    job, _ = job_for_actions(ActionRequest(domain_name="droid_lerobot", image=IMAGE, seed=0), spec)
+    job, _ = job_for_actions(
+        ActionRequest(domain_name="droid_lerobot", image=IMAGE, seed=0), ModelDescription.of_spec(spec, "tiny")
+    )
     assert (job.horizon, job.fps, job.resolution_tier, job.view_point, job.prompt_format) == (
         32,
         15.0,
@@ -163,7 +165,7 @@ def test_profile_settings_are_the_domain_defaults_and_requests_still_win(tiny_ch
             view_point="wrist_view",
             guidance_interval=(0.0, 1.0),
         ),
-        spec,
+        ModelDescription.of_spec(spec, "tiny"),
     )
     assert (job.horizon, job.fps, job.resolution_tier, job.view_point, job.guidance_interval) == (
         8,
@@ -226,7 +228,7 @@ def test_json_captions_tokenize_exactly_as_diffusers_does(tiny_engine):
     engine = tiny_engine("distilled")
     job, _ = job_for_actions(
         ActionRequest(domain_name="bridge_orig_lerobot", image=IMAGE, seed=0, prompt="pick up the red cube"),
-        engine.spec,
+        engine.description,
     )
     ours = engine.sampler.tokenize(job, 256, 256)
     theirs = engine.pipe.tokenize_prompt(
@@ -244,7 +246,9 @@ def test_json_captions_tokenize_exactly_as_diffusers_does(tiny_engine):
 
 def _caption_job(engine, prompt, **fields):
     """A job of a 33-frame clip at 15 fps in the concat view (a DROID-like caption), ``fields`` replaced."""
-    job, _ = job_for_actions(ActionRequest(domain_name="bridge_orig_lerobot", image=IMAGE, prompt=prompt), engine.spec)
+    job, _ = job_for_actions(
+        ActionRequest(domain_name="bridge_orig_lerobot", image=IMAGE, prompt=prompt), engine.description
+    )
     return dataclasses.replace(job, horizon=32, fps=15.0, view_point="concat_view", **fields)
 
 
@@ -288,7 +292,10 @@ def test_the_profiles_prompt_format_is_what_the_model_reads(tiny_checkpoint, tmp
         tiny_checkpoint("distilled"),
         _profile_file(tmp_path, {"fractal": {"prompt_format": "prose", "view_point": "wrist_view"}}),
     )
-    job, _ = job_for_actions(ActionRequest(domain_name="fractal", image=IMAGE, seed=0, prompt="wipe the table"), spec)
+    job, _ = job_for_actions(
+        ActionRequest(domain_name="fractal", image=IMAGE, seed=0, prompt="wipe the table"),
+        ModelDescription.of_spec(spec, "tiny"),
+    )
     assert job.prompt_format == "prose"
     engine = Cosmos3Engine.load(tiny_checkpoint("distilled"))
     cond, uncond = engine.sampler.tokenize(job, 256, 256)

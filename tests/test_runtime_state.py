@@ -106,7 +106,7 @@ def test_state_conditioning_equals_diffusers_pipeline_given_the_same_conditionin
         resolution_tier=256,
         prompt="pick the cube",
     )
-    job, profile = job_for_actions(request, engine.spec)
+    job, profile = job_for_actions(request, engine.description)
     np.testing.assert_allclose(job.state_rows, _by_hand(state), atol=1e-7)
     ours = engine.sampler.run(job, time.perf_counter).actions
 
@@ -152,7 +152,7 @@ def test_the_reply_drops_the_state_rows_and_flips_the_gripper_back(state_engine,
         action_horizon=8,
         state=np.linspace(0, 1, 10, dtype=np.float32),
     )
-    job, profile = job_for_actions(request, state_engine.spec)
+    job, profile = job_for_actions(request, state_engine.description)
     model = state_engine.sampler.run(job, time.perf_counter).actions
     chunk = state_engine.predict_actions(request).actions
     assert model.shape == chunk.shape == (8, 10)  # the horizon, without the state row
@@ -285,7 +285,7 @@ def test_a_droid_chunk_is_in_raw_joint_units_with_the_gripper_flipped_back(droid
         resolution_tier=256,
         state=np.concatenate([JOINTS, [1.0]]).astype(np.float32),
     )
-    job, _ = job_for_actions(request, droid_engine.spec)
+    job, _ = job_for_actions(request, droid_engine.description)
     assert job.state_rows[0, 7] == 0.0  # a closed gripper (1.0) is 0 to the model, as NVIDIA's server sends it
     model = droid_engine.sampler.run(job, time.perf_counter).actions
     chunk = droid_engine.predict_actions(request).actions

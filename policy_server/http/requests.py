@@ -23,6 +23,7 @@ import numpy as np
 from pydantic import BaseModel, ValidationError
 
 from cosmos3_runtime.description import ModelDescription
+from cosmos3_runtime.errors import RuntimeErrorBase
 from cosmos3_runtime.requests import ActionRequest
 from robot_clients.client_frames import REQUEST_SETTINGS, ObservationFrame, SettingChannel, parse_state
 from robot_clients.protocol import ErrorCode, FrameLimits, ProtocolError
@@ -137,14 +138,12 @@ def video_submission(
             f"`action` rows must have {width} values (raw_action_dim of {domain.domain_name}), got {action.shape[1]}",
             "action",
         )
-    horizon, steps = description.action_horizon, action.shape[0]
-    if not horizon.accepts(steps):
+    try:  # the rows are the rollout's horizon: the model's one rule for it
+        description.check_horizon(action.shape[0], "action")
+    except RuntimeErrorBase as exc:
         raise ApiError(
-            ErrorCode.INVALID_FIELD,
-            f"`action` has {steps} rows; this model rolls out between {horizon.min} and {horizon.max} "
-            f"actions, a multiple of {horizon.multiple_of}",
-            "action",
-        )
+            ErrorCode.INVALID_FIELD, f"`action` has {action.shape[0]} rows: {exc.message}", "action"
+        ) from None
     limits = media_limits or model_frame_limits(description.limits, DEFAULT_MAX_DECODED_BYTES)
     encoded = encoded_image(params.input_reference, "input_reference")  # stored as received, not as pixels
     image = (

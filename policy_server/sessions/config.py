@@ -1,38 +1,36 @@
 """A session's settings: what a ``configure`` frame sets and every later observation inherits.
 
 An observation may carry any setting for itself only (:func:`observation_request`): it is merged over
-the session's and checked the same way. Settings are checked here against the loaded model's
-description (:class:`~cosmos3_runtime.description.ModelDescription`), with the engine's own limits,
-as soon as they arrive, so a robot learns that its domain, tier or prompt length is wrong from the
-``configure`` reply (or at once for an observation), never as a failure of every later observation. The
-engine checks requests again (it is the authority); this is the early, cheap answer.
+the session's and checked the same way. The rules and defaults of the settings have one keeper, the
+loaded model's description (:meth:`~cosmos3_runtime.description.ModelDescription.check` and ``resolve``):
+this module asks it as soon as settings arrive, so a robot learns that its domain, tier or prompt length
+is wrong from the ``configure`` reply (or at once for an observation), never as a failure of every later
+observation, and maps the runtime's typed errors onto the protocol's codes. What it keeps is the
+session's own: its fields, the merge, and the robot's declared control rate.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
 
 import numpy as np
 
-from cosmos3_runtime.description import ModelDescription, RequestDefaults
+from cosmos3_runtime.description import ModelDescription
+from cosmos3_runtime.errors import RuntimeErrorBase
 from cosmos3_runtime.profiles import PolicyProfile
-from cosmos3_runtime.requests import ActionRequest, ActionResult
-from robot_clients.client_frames import REQUEST_SETTINGS, SETTINGS_BY_NAME, ObservationFrame
+from cosmos3_runtime.requests import SETTING_NAMES, ActionRequest, ActionResult
+from robot_clients.client_frames import REQUEST_SETTINGS, ObservationFrame
 from robot_clients.protocol import ErrorCode, ProtocolError
 
+from ..engine.request_queue import engine_error_code
 from ..media import compose_named
 
 # The settings an engine request carries as the session holds them (the table's recorded ones: those the
 # model uses), less the two resolved for each observation.
 ENGINE_SETTINGS = tuple(s.name for s in REQUEST_SETTINGS if s.recorded and s.name not in ("action_mode", "fps"))
-
-# The settings the engine has a default for (RequestDefaults' fields), besides the domain itself.
-DEFAULTED_SETTINGS = tuple(
-    f.name for f in dataclasses.fields(RequestDefaults) if f.name in SETTINGS_BY_NAME and f.name != "domain_name"
-)
 
 # What a domain's profile says about the proprio state its observations carry.
 STATE_PROFILE_FIELDS = ("state_dim", "use_state", "history_length")
@@ -62,7 +60,10 @@ class SessionConfig:
 
     def resolved(self, description: ModelDescription) -> dict[str, Any]:
         """The values the engine will use, defaults filled in: what the ``session`` reply shows."""
-        values = _with_defaults(dataclasses.asdict(self), description)
+        values: dict[str, Any] = dict(dataclasses.asdict(self))
+        resolved = _mapped(description.resolve, self.domain_name, _model_settings(values), seq=None)
+        values.update(resolved.as_json())
+        values["action_mode"] = self.action_mode  # unset: each observation's media decide
         domain = description.domain(self.domain_name)
         values["domain_id"] = domain.domain_id if domain is not None else None
         values["raw_action_dim"] = domain.raw_action_dim if domain is not None else None
@@ -99,23 +100,7 @@ class SessionConfig:
                     "video",
                     obs.seq,
                 )
-            frames = video.shape[0]
-            if horizon is None:
-                _check_horizon(
-                    frames - 1,
-                    description,
-                    "video",
-                    obs.seq,
-                    f"a {frames}-frame `video` asks for {frames - 1} actions, ",
-                )
-            elif frames != horizon + 1:
-                raise ProtocolError(
-                    ErrorCode.INVALID_FIELD,
-                    f"inverse_dynamics with action_horizon {horizon} needs a `video` of "
-                    f"{horizon + 1} frames, got {frames}",
-                    "video",
-                    obs.seq,
-                )
+            _mapped(description.clip_horizon, video.shape[0], horizon, seq=obs.seq)
         if obs.prefix_actions is not None:
             _check_prefix(obs.prefix_actions, mode, horizon or domain.default_horizon, domain.raw_action_dim, obs.seq)
         check_state(obs.state, domain, obs.seq)
@@ -132,66 +117,39 @@ class SessionConfig:
         )
 
 
-def _with_defaults(values: dict[str, Any], description: ModelDescription) -> dict[str, Any]:
-    """``values`` (settings by name, ``None`` for unset) with the engine's defaults filled in: the
-    domain's own (:attr:`ModelDescription.domain_defaults`: its profile's where it sets them), else the
-    model's."""
-    domain = description.domain(values.get("domain_name"))
-    own = description.domain_defaults[domain.domain_name] if domain is not None else None
-    values = dict(values)
-    for name in DEFAULTED_SETTINGS:
-        if values.get(name) is None:
-            values[name] = next(
-                (
-                    value
-                    for value in (getattr(own, name, None), getattr(description.defaults, name))
-                    if value is not None
-                ),
-                None,
-            )
-    return values
+def _model_settings(values: Mapping[str, Any]) -> dict[str, Any]:
+    """Of ``values`` (settings by name), those the model's rules take: not the session's own (control_hz)."""
+    return {name: value for name, value in values.items() if name in SETTING_NAMES}
 
 
-# What an action chunk reports about the settings it was made with, besides what the engine reports
-# itself (ActionResult's mode, domain, steps, seed): every other setting that changes the computation.
-CHUNK_ECHOED_SETTINGS = tuple(
-    s.name for s in REQUEST_SETTINGS if s.in_chunk and s.name not in {f.name for f in dataclasses.fields(ActionResult)}
-)
+def _mapped(rule: Callable[..., Any], *args: Any, seq: int | None) -> Any:
+    """``rule(*args)``, a rule of the model's description, its typed errors as the protocol's: the code the
+    engine's errors map to (:func:`~policy_server.engine.request_queue.engine_error_code`), tagged ``seq``."""
+    try:
+        return rule(*args)
+    except RuntimeErrorBase as exc:
+        raise ProtocolError(engine_error_code(exc.code, exc.field), exc.message, exc.field, seq) from None
 
 
-def settings_used(request: ActionRequest, description: ModelDescription) -> dict[str, Any]:
-    """The values of :data:`CHUNK_ECHOED_SETTINGS` the engine used for ``request`` (defaults resolved)."""
-    values = _with_defaults(
-        {name: getattr(request, name) for name in ("domain_name", *CHUNK_ECHOED_SETTINGS)}, description
-    )
-    return {name: values[name] for name in CHUNK_ECHOED_SETTINGS}
+# What an action chunk reports about the settings it was made with: the table's chunk settings, as the
+# engine resolved them (ActionResult.settings).
+CHUNK_ECHOED_SETTINGS = tuple(s.name for s in REQUEST_SETTINGS if s.in_chunk)
 
 
-# Of ActionResult's fields, those a chunk reports as they are: all but the actions themselves and the
-# engine's accounting (the timing and the batching, which each protocol shows its own way).
-_UNREPORTED_RESULT_FIELDS = ("actions", "timing", "transformer_forwards", "batch_size")
+def settings_used(result: ActionResult) -> dict[str, Any]:
+    """The values of :data:`CHUNK_ECHOED_SETTINGS` the engine ran ``result`` with (defaults resolved)."""
+    return {name: getattr(result.settings, name) for name in CHUNK_ECHOED_SETTINGS}
 
 
-def chunk_report(result: ActionResult, request: ActionRequest, description: ModelDescription) -> dict[str, Any]:
-    """How ``result`` was made, as a chunk reports it: the engine's own account (ActionResult's fields:
-    mode, domain, width, steps, seed), the horizon, and every other setting used (:func:`settings_used`)."""
-    report = {
-        f.name: getattr(result, f.name) for f in dataclasses.fields(result) if f.name not in _UNREPORTED_RESULT_FIELDS
+def chunk_report(result: ActionResult) -> dict[str, Any]:
+    """How ``result`` was made, as a chunk reports it: the settings it ran with (:func:`settings_used`), its
+    horizon, the domain id that selected the action head and the action width."""
+    return {
+        **settings_used(result),
+        "action_horizon": result.action_horizon,
+        "domain_id": result.domain_id,
+        "raw_action_dim": result.raw_action_dim,
     }
-    report["action_horizon"] = result.action_horizon
-    return {**report, **settings_used(request, description)}
-
-
-def _check_horizon(value: int, description: ModelDescription, field: str, seq: int | None, what: str = "") -> None:
-    horizon = description.action_horizon
-    if not horizon.accepts(value):
-        raise ProtocolError(
-            ErrorCode.INVALID_FIELD,
-            f"{what or ''}action_horizon {value} is out of range: between {horizon.min} and "
-            f"{horizon.max}, a multiple of {horizon.multiple_of}",
-            field,
-            seq,
-        )
 
 
 def _check_prefix(prefix: np.ndarray, mode: str, horizon: int | None, width: int | None, seq: int | None) -> None:
@@ -226,43 +184,14 @@ def check_state(
     field: str = "state",
     shown: str | None = None,
 ) -> None:
-    """A parsed state (float32, ``[D]`` or ``[rows, D]``) against the domain's profile, or its absence.
-
-    A domain whose profile has a ``state_dim`` conditions on the robot's state: it needs one, of that
-    width, with ``history_length`` rows. Any other domain refuses one (``invalid_field``) rather than
-    dropping it. ``field`` names where the state came from (``state``, or an openpi key); ``shown`` is
-    how the messages call it when it was built from several keys.
-    """
-    shown = shown or f"`{field}`"
-    if domain.state_dim is None:
-        if state is not None:
-            raise ProtocolError(
-                ErrorCode.INVALID_FIELD,
-                f"domain {domain.domain_name!r} does not condition on the robot's state (its profile has no "
-                f"state_dim, see the metadata's `domains`): leave {shown} out",
-                field,
-                seq,
-            )
-        return
-    rows = domain.history_length or 1
-    shape = f"[{domain.state_dim}]" if rows == 1 else f"[{rows}, {domain.state_dim}]"
-    if state is None:
-        raise ProtocolError(
-            ErrorCode.MISSING_FIELD,
-            f"domain {domain.domain_name!r} conditions on the robot's state: send {shown}, a float array "
-            f"{shape}" + (" (oldest row first)" if rows > 1 else ""),
-            field,
-            seq,
-        )
-    matrix = state[None] if state.ndim == 1 else state
-    if matrix.shape[1] != domain.state_dim or matrix.shape[0] != rows:
-        raise ProtocolError(
-            ErrorCode.INVALID_FIELD,
-            f"{shown} has shape {list(state.shape)}; domain {domain.domain_name!r} has state_dim "
-            f"{domain.state_dim} and history_length {rows}, so it must be {shape}",
-            field,
-            seq,
-        )
+    """A parsed state against the domain's profile, or its absence: the profile's own rule
+    (:meth:`~cosmos3_runtime.profiles.PolicyProfile.check_state`), its errors as the protocol's, naming
+    ``field`` (``state``, or the openpi key it came from); ``shown``: the keys it was built from."""
+    try:
+        domain.check_state(state)
+    except RuntimeErrorBase as exc:
+        message = exc.message if shown is None else f"{exc.message} (the state is sent as {shown})"
+        raise ProtocolError(engine_error_code(exc.code, exc.field), message, field, seq) from None
 
 
 def merge_session_config(
@@ -305,112 +234,23 @@ def fixed_session_config(requested: Mapping[str, Any], description: ModelDescrip
 def check_settings(
     settings: Mapping[str, Any], description: ModelDescription, seq: int | None = None, *, modes: bool = True
 ) -> None:
-    """The server's one check of request settings against the loaded model, with the engine's own limits:
-    sessions (``configure``, an observation's own settings) and the HTTP routes alike call it.
+    """Request settings checked by the model's own rules (:meth:`ModelDescription.check`), as sessions
+    (``configure``, an observation's own settings) and the HTTP routes alike ask, plus the session's own
+    ``control_hz``.
 
     ``settings`` holds settings by name (those absent or ``None`` are not checked); ``modes``: check
-    ``action_mode`` against the realtime modes (a video job's mode is its endpoint's). Raises
+    ``action_mode`` as a mode answered with actions (a video job's mode is its endpoint's). Raises
     :class:`ProtocolError` naming the field; HTTP answers it as a 400 (``ApiError.of``)."""
-    limits, domains = description.limits, description.domains
-    domain_name = settings.get("domain_name")
-    if domain_name is not None and domain_name not in domains:
-        raise ProtocolError(
-            ErrorCode.UNKNOWN_DOMAIN,
-            f"unknown domain {domain_name!r}; this model knows: {', '.join(sorted(domains)) or 'none'}",
-            "domain_name",
-            seq,
-        )
-    action_mode = settings.get("action_mode")
-    action_modes = description.action_modes
-    if modes and action_mode is not None and action_mode not in action_modes:
-        if action_mode == "forward_dynamics":
-            hint = "forward_dynamics produces video; use the HTTP /v1/videos API"
-        else:
-            hint = f"this model serves {', '.join(action_modes) or 'no action modes'} here"
-        raise ProtocolError(
-            ErrorCode.UNSUPPORTED_MODE,
-            f"action_mode {action_mode!r} is not supported: {hint}",
-            "action_mode",
-            seq,
-        )
-    tier, tiers = settings.get("resolution_tier"), list(description.resolution_tiers)
-    if tier is not None and tiers and tier not in tiers:
-        raise ProtocolError(
-            ErrorCode.UNSUPPORTED_TIER,
-            f"resolution_tier {tier} is not supported by this {description.variant or ''} model; choose one of {tiers}",
-            "resolution_tier",
-            seq,
-        )
-    view_point, view_points = settings.get("view_point"), list(description.view_points)
-    if view_point is not None and view_points and view_point not in view_points:
-        raise ProtocolError(
-            ErrorCode.INVALID_FIELD,
-            f"unknown view_point {view_point!r}; choose one of {view_points}",
-            "view_point",
-            seq,
-        )
-    if settings.get("action_horizon") is not None:
-        _check_horizon(settings["action_horizon"], description, "action_horizon", seq)
-    prompt, max_prompt = settings.get("prompt"), limits.max_prompt_chars
-    if prompt is not None and max_prompt is not None and len(prompt) > max_prompt:
-        raise ProtocolError(
-            ErrorCode.INVALID_FIELD,
-            f"prompt must be at most {max_prompt} characters, got {len(prompt)}",
-            "prompt",
-            seq,
-        )
-    seed, max_seed = settings.get("seed"), limits.max_seed
-    if seed is not None and not 0 <= seed <= max_seed:
-        raise ProtocolError(ErrorCode.INVALID_FIELD, f"seed must be in [0, {max_seed}], got {seed}", "seed", seq)
-    _check_schedule(settings.get("num_steps"), settings.get("guidance_scale"), description, seq)
-    fps, low_fps, high_fps = settings.get("fps"), limits.min_fps, limits.max_fps
-    if fps is not None and not (fps > 0 and low_fps <= fps <= high_fps):
-        raise ProtocolError(
-            ErrorCode.INVALID_FIELD, f"fps must be in [{low_fps:g}, {high_fps:g}], got {fps:g}", "fps", seq
-        )
+    model = _model_settings(settings)
+    if not modes:
+        model.pop("action_mode", None)
+    _mapped(description.check, model, seq=seq)
     control_hz = settings.get("control_hz")
     if control_hz is not None and not 0 < control_hz <= MAX_CONTROL_HZ:  # NaN fails too
         raise ProtocolError(
             ErrorCode.INVALID_FIELD,
             f"control_hz must be > 0 and at most {MAX_CONTROL_HZ:g}, got {control_hz:g}",
             "control_hz",
-            seq,
-        )
-
-
-def _check_schedule(
-    steps: int | None, guidance: float | None, description: ModelDescription, seq: int | None = None
-) -> None:
-    """Steps and guidance: a distilled model's schedule is fixed; a base model's is bounded by the
-    engine's limits. Raises :class:`ProtocolError` (``invalid_field``) naming the field."""
-    limits = description.limits
-    if description.is_distilled:
-        fixed = description.defaults.num_steps
-        if steps is not None and steps != fixed:
-            raise ProtocolError(
-                ErrorCode.INVALID_FIELD,
-                f"this distilled model runs its fixed {fixed}-step schedule; num_steps must be {fixed} or unset",
-                "num_steps",
-                seq,
-            )
-        if guidance is not None and guidance != 1.0:
-            raise ProtocolError(
-                ErrorCode.INVALID_FIELD,
-                "guidance is distilled into this model's weights; guidance_scale must be 1.0 or unset",
-                "guidance_scale",
-                seq,
-            )
-    max_steps = limits.max_steps
-    if steps is not None and not (1 <= steps and (max_steps is None or steps <= max_steps)):
-        raise ProtocolError(
-            ErrorCode.INVALID_FIELD, f"num_steps must be in [1, {max_steps}], got {steps}", "num_steps", seq
-        )
-    max_guidance = limits.max_guidance_scale
-    if guidance is not None and not 0 <= guidance <= max_guidance:
-        raise ProtocolError(
-            ErrorCode.INVALID_FIELD,
-            f"guidance_scale must be in [0, {max_guidance:g}], got {guidance:g}",
-            "guidance_scale",
             seq,
         )
 

@@ -332,7 +332,7 @@ class RealtimeSession(Session):
             "type": protocol.ACTION_CHUNK,
             "seq": item.seq,
             "actions": actions,
-            **chunk_report(chunk, item.request, self.description),
+            **chunk_report(chunk),
             "timing": timing,
         }
         if item.client_timestamp is not None:

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import dataclasses
 import time
 import uuid
 from collections.abc import Callable
@@ -25,7 +24,7 @@ from robot_clients.protocol import DropReason
 from robot_clients.wire_codec import packb
 
 from ...engine.request_queue import EngineOutcome, PendingObservation, QueueClosed
-from ...sessions.config import settings_used
+from ...sessions.config import chunk_report
 from ...sglang.actions import build_reply
 from .. import codecs as http_codecs
 from .. import requests as http_requests
@@ -68,10 +67,11 @@ def _timed(function: Callable[..., Any], *args: Any) -> tuple[Any, float]:
 
 
 def reported_fields(chunk: ActionResult, schema: type[BaseModel]) -> dict[str, Any]:
-    """The fields of ``chunk`` that ``schema`` declares too, by name: what the engine reports about the chunk
-    it made, copied over without a second list of them."""
-    names = [field.name for field in dataclasses.fields(chunk) if field.name in schema.model_fields]
-    return {name: getattr(chunk, name) for name in names}
+    """What the engine reports about the chunk it made (the settings it ran with, its horizon, domain id and
+    width: :func:`~policy_server.sessions.config.chunk_report`, and its accounting) that ``schema`` declares
+    too, by name: copied over without a second list of them."""
+    report = {**chunk_report(chunk), "transformer_forwards": chunk.transformer_forwards, "batch_size": chunk.batch_size}
+    return {name: value for name, value in report.items() if name in schema.model_fields}
 
 
 def router(parts: SidecarParts) -> APIRouter:
@@ -118,7 +118,6 @@ def router(parts: SidecarParts) -> APIRouter:
                         shape=list(chunk.actions.shape),
                         values=http_requests.actions_payload(chunk.actions, as_msgpack),
                         **reported_fields(chunk, ActionArray),
-                        **settings_used(action_request, description),
                     ),
                 )
             ],
