@@ -375,9 +375,9 @@ def build_tiny_checkpoint(
     if with_action_head:
         (out / "stats").mkdir()
         (out / "stats" / "droid_lerobot.json").write_text(json.dumps(_TINY_DROID_STATS, indent=2))
-        profiles = _TINY_PROFILES
+        profiles: dict[str, Any] = dict(_TINY_PROFILES)
         if droid:
-            droid_profile = dict(TINY_DROID_PROFILE)
+            droid_profile: dict[str, Any] = dict(TINY_DROID_PROFILE)
             if not is_distilled:
                 droid_profile.update(TINY_DROID_SAMPLER)
                 if variant == "edge":
