@@ -143,12 +143,11 @@ class EngineSpec:
         for profile in profiles.domains.values():
             where = f"profile for domain {profile.domain_name!r}"
             _check_profile_sampler(profile, info, where)
-            if profile.resolution_tier is not None and profile.resolution_tier not in info.resolution_tiers:
-                tiers = ", ".join(map(str, info.resolution_tiers))
-                raise CheckpointError(
-                    f"{where}: resolution_tier {profile.resolution_tier} is not one this "
-                    f"{info.variant} checkpoint supports ({tiers})"
-                )
+            if profile.resolution_tier is not None:
+                try:
+                    _tier(profile.resolution_tier, info.resolution_tiers, info.variant)
+                except InvalidRequestError as exc:
+                    raise CheckpointError(f"{where}: {exc.message}") from None
             try:
                 check_horizon(profile.default_horizon, spec)
             except InvalidRequestError as exc:
@@ -278,9 +277,6 @@ class HorizonRange:
     max: int
     multiple_of: int
 
-    def accepts(self, value: int) -> bool:
-        return self.min <= value <= self.max and value % self.multiple_of == 0
-
 
 @dataclass(frozen=True)
 class ModelDescription:
@@ -397,16 +393,8 @@ class ModelDescription:
         if value is not None and (not isinstance(value, str) or len(value) > lim.max_prompt_chars):
             raise InvalidRequestError(f"prompt must be a string of at most {lim.max_prompt_chars} characters", "prompt")
         value = settings.get("resolution_tier")
-        if value is not None and (
-            isinstance(value, bool)
-            or not isinstance(value, (int, np.integer))
-            or int(value) not in self.resolution_tiers
-        ):
-            raise UnsupportedTierError(
-                f"resolution tier {value!r} is not supported by this {self.variant} checkpoint; "
-                f"supported: {', '.join(map(str, self.resolution_tiers))}",
-                "resolution_tier",
-            )
+        if value is not None:
+            _tier(value, self.resolution_tiers, self.variant)
         value = settings.get("view_point")
         if value is not None and value not in self.view_points:
             raise InvalidRequestError(
@@ -597,6 +585,17 @@ def _mode(value: object, modes: tuple[str, ...], output: str) -> str:
     if output == "video" and mode not in VIDEO_MODES:
         raise UnsupportedModeError(f"{mode} produces actions, not video", "action_mode")
     return mode
+
+
+def _tier(value: object, tiers: tuple[int, ...], variant: str) -> int:
+    """``value`` as a resolution tier of ``tiers`` (the variant's); raises :class:`UnsupportedTierError`."""
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or int(value) not in tiers:
+        raise UnsupportedTierError(
+            f"resolution tier {value!r} is not supported by this {variant} checkpoint; "
+            f"supported: {', '.join(map(str, tiers))}",
+            "resolution_tier",
+        )
+    return int(value)
 
 
 def _number_in(value: object, low: float, high: float) -> bool:

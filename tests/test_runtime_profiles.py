@@ -132,7 +132,7 @@ def test_bad_profiles_are_refused_naming_the_problem(tiny_checkpoint, tmp_path, 
 
 def test_a_profile_the_variant_cannot_serve_is_refused_at_load(tiny_checkpoint, tmp_path):
     edge = tiny_checkpoint("edge-distilled")
-    with pytest.raises(CheckpointError, match="resolution_tier 720"):
+    with pytest.raises(CheckpointError, match="resolution tier 720"):
         _spec(edge, _profile_file(tmp_path, {"droid_lerobot": {**DROID_LIKE, "resolution_tier": 720}}))
     with pytest.raises(CheckpointError, match="default_horizon"):
         _spec(edge, _profile_file(tmp_path, {"droid_lerobot": {**DROID_LIKE, "default_horizon": 30}}))
