@@ -236,6 +236,7 @@ class Cosmos3Engine:
             action_mode=job.mode,
             raw_action_dim=profile.raw_action_dim,
             batch_size=output.batch_size,
+            video=output.video,
             **_provenance(job, profile, output, timing),
         )
 

@@ -115,7 +115,11 @@ def job_for_actions(request: ActionRequest, spec: EngineSpec) -> tuple[DenoiseJo
         clean = _normalize(prefix, profile, spec, "prefix_actions")
 
     state_rows = _state(request.state, profile, spec)
-    job = _job(request, spec, profile, mode, frames, horizon, clean, decode_video=False, state_rows=state_rows)
+    if not isinstance(request.decode_video, bool):
+        raise InvalidRequestError("decode_video must be true or false", "decode_video")
+    job = _job(
+        request, spec, profile, mode, frames, horizon, clean, decode_video=request.decode_video, state_rows=state_rows
+    )
     return job, profile
 
 
