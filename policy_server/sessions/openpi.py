@@ -5,7 +5,9 @@ ALOHA eval scripts, Isaac Lab bridges) speak a minimal protocol:
 
 * on connect the server sends one binary msgpack frame: a metadata dict;
 * then every binary frame from the client is an observation dict, and the server answers each with one
-  binary frame: an action dict, ``{"actions": H×D float32, "server_timing": {...}}``;
+  binary frame: an action dict, ``{"actions": H×D float32, "action": the same, "server_timing": {...}}``
+  (``actions`` is openpi's key, ``action`` that of NVIDIA's cosmos-framework server, which RoboLab's and
+  strands-robots' clients read), plus ``video`` (T×H×W×3 uint8) under ``--openpi-decode-video``;
 * arrays are openpi's ``{b"__ndarray__": True, b"data", b"dtype", b"shape"}`` maps. openpi's unpacker
   looks for **bytes** keys, so that is how this session writes them (the shared wire codec reads both).
 
@@ -218,6 +220,7 @@ class OpenpiSession(Session):
             overrides=overrides,
         )
         request = observation_request(self._config(), frame, self.description)
+        request.decode_video = self.settings.decode_video
         self.enqueue(frame, request, received_at)
 
     def encode_chunk(self, item: PendingObservation, outcome: EngineOutcome) -> ChunkReply:
@@ -234,7 +237,13 @@ class OpenpiSession(Session):
             server_timing["prev_total_ms"] = self._last_total_ms
         self._last_total_ms = total_ms
         actions = np.ascontiguousarray(chunk.actions, dtype=np.float32)
-        body = packb(openpi_arrays({"actions": actions, "server_timing": server_timing}))
+        # Both keys, one array: openpi's clients read `actions`, those written for NVIDIA's server `action`.
+        # msgpack has no references, so the chunk travels twice: H×D×4 bytes more (1 KiB for 32×8).
+        reply: dict[str, Any] = {"actions": actions, "action": actions, "server_timing": server_timing}
+        if chunk.video is not None:
+            reply["video"] = np.ascontiguousarray(chunk.video, dtype=np.uint8)
+            server_timing["decode_ms"] = chunk.timing.decode_ms
+        body = packb(openpi_arrays(reply))
         timing: dict[str, float | None] = {
             "queue_ms": item.queue_ms,
             "model_ms": chunk.timing.model_ms,
