@@ -484,7 +484,8 @@ def bilinear_resize(frames: np.ndarray, height: int, width: int) -> np.ndarray:
         + pixels[..., row_high, :, :] * row_weight[:, None, None]
     )
     mixed = rows[..., col_low, :] * (1.0 - col_weight)[:, None] + rows[..., col_high, :] * col_weight[:, None]
-    return np.clip(mixed, 0.0, 255.0).astype(np.uint8)
+    resized: np.ndarray = np.clip(mixed, 0.0, 255.0).astype(np.uint8)
+    return resized
 
 
 def camera_alternatives(entry: Any, where: str, error: type[ValueError]) -> tuple[Alternative, ...]:
