@@ -103,10 +103,12 @@ class StrandsStyleClient:
     def __init__(self, ws) -> None:
         self.ws = ws
         self.packer = msgpack.Packer(default=pack_array)
+        self.reply_bytes = 0  # the size of the last reply (not strands-robots': for the outbox test below)
 
     def infer(self, observation: dict) -> dict:
         self.ws.send(self.packer.pack(observation))
         reply = self.ws.recv(timeout=300)
+        self.reply_bytes = len(reply)
         if isinstance(reply, str):
             raise RuntimeError(f"Error in inference server:\n{reply}")
         return msgpack.unpackb(reply, object_hook=unpack_array)
@@ -158,11 +160,15 @@ def test_a_strands_robots_style_client_gets_droid_chunks(droid_server):
 
 def test_decode_video_answers_the_predicted_video_with_its_decode_time():
     """``--openpi-decode-video``: each reply also carries the model's predicted frames (horizon + 1 of them,
-    uint8, at the conditioning canvas) and ``server_timing["decode_ms"]``; the chunk is unchanged."""
+    uint8, at the conditioning canvas) and ``server_timing["decode_ms"]``. The session's outbox holds two
+    such replies (the one on the wire and the newest), past its default 1 MiB budget: a client with two
+    observations in flight is not closed for a full outbox while it reads the first."""
     settings = OpenpiSettings(requested={"seed": 5}, decode_video=True)
     with ServerThread(tiny_engine_loader("base", droid=True), openpi=settings) as server:
         with strands_style_client(server.port, api_key=None) as client:
             response = client.infer(strands_observation(np.random.default_rng(4)))
+            budgets = server.run(lambda: [s.outbox.max_bytes for s in server.server.context.sessions.values()])
+    assert client.reply_bytes > 2**20 and budgets and all(b >= 2 * client.reply_bytes for b in budgets), budgets
     video = response["video"]
     assert video.dtype == np.uint8 and video.ndim == 4 and video.shape[0] == 33 and video.shape[-1] == 3
     assert response["server_timing"]["decode_ms"] > 0.0

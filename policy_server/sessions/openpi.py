@@ -111,11 +111,23 @@ class OpenpiSession(Session):
     def opened(self) -> None:
         try:
             self.set_config(self.settings.session_config(self.description))
+            if self.settings.decode_video:
+                self.make_room_for_videos()
         except ProtocolError as exc:
             # The operator's flags do not fit this model: every observation will be told why.
             self.config_error = exc
             logger.error("openpi session %s: the server's openpi settings are invalid: %s", self.id, exc.message)
         self.put(packb(openpi_arrays(self.metadata())))
+
+    def make_room_for_videos(self) -> None:
+        """Let the outbox hold the two replies with a predicted video that may wait in it (the one on the
+        wire and the newest, which replaces any unread one): a 33-frame video at the 480 tier is some 30 MB,
+        past the outbox's default budget, and a client that has two observations in flight would otherwise
+        be closed for a full outbox while it reads the first."""
+        resolved = self._config().resolved(self.description)
+        canvases = self.description.canvases.get(resolved["resolution_tier"], ())
+        frame_bytes = max((canvas.height * canvas.width * 3 for canvas in canvases), default=0)
+        self.outbox.max_bytes += 2 * (resolved["action_horizon"] + 1) * frame_bytes
 
     def metadata(self) -> dict[str, Any]:
         error = self.config_error
