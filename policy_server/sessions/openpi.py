@@ -121,7 +121,7 @@ class OpenpiSession(Session):
 
     def make_room_for_videos(self) -> None:
         """Let the outbox hold the two replies with a predicted video that may wait in it (the one on the
-        wire and the newest, which replaces any unread one): a 33-frame video at the 480 tier is some 30 MB,
+        wire and the newest, which replaces any unread one): a 33-frame video at the 480 tier is up to 40 MB,
         past the outbox's default budget, and a client that has two observations in flight would otherwise
         be closed for a full outbox while it reads the first."""
         resolved = self._config().resolved(self.description)

@@ -138,7 +138,6 @@ DEFAULT_VIEWS: dict[str, tuple[Alternative, ...]] = {
         ROBOARENA_CAMERAS,
         ("observation/exterior_image_1_left", "observation/wrist_image_left"),
         ("images/cam_high", "images/cam_left_wrist", "images/cam_right_wrist"),
-        ("observation/image",),
         ("observation/exterior_image_1_left",),
         ("images/cam_high",),
         ("image",),
