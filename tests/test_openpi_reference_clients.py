@@ -173,3 +173,12 @@ def test_decode_video_answers_the_predicted_video_with_its_decode_time():
     assert video.dtype == np.uint8 and video.ndim == 4 and video.shape[0] == 33 and video.shape[-1] == 3
     assert response["server_timing"]["decode_ms"] > 0.0
     assert list(response["action"].shape) == DROID_CHUNK
+
+
+def test_the_decode_video_flag_reaches_the_openpi_settings():
+    """``cosmos3-serve --openpi-decode-video`` (the reference's ``--decode-video``) is off unless given."""
+    from policy_server.cli import _openpi_settings, build_parser
+
+    on = _openpi_settings(build_parser().parse_args(["--tiny", "base", "--openpi-decode-video"]))
+    off = _openpi_settings(build_parser().parse_args(["--tiny", "base"]))
+    assert on is not None and on.decode_video and off is not None and not off.decode_video
