@@ -237,6 +237,7 @@ class Cosmos3Engine:
             actions=actions,
             raw_action_dim=profile.raw_action_dim,
             batch_size=output.batch_size,
+            video=output.video,
             **_provenance(job, profile, output, timing),
         )
 

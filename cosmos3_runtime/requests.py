@@ -62,6 +62,9 @@ class ActionRequest(DomainRequest):
     ``[history_length, state_dim]``, oldest row first; with ``use_state`` the last row is the state at the
     conditioning frame. The rows become clean action frames in front of the chunk; the chunk returned
     does not include them.
+
+    ``decode_video`` also VAE-decodes the video the model predicted alongside the chunk (cosmos-framework's
+    ``--decode-video``): it costs a VAE decode of every frame, so it is off unless asked for.
     """
 
     action_mode: ActionMode = "policy"
@@ -70,6 +73,7 @@ class ActionRequest(DomainRequest):
     action_horizon: int | None = None
     prefix_actions: np.ndarray | None = None
     state: np.ndarray | None = None
+    decode_video: bool = False
 
 
 @dataclass
@@ -166,11 +170,13 @@ class Provenance:
 @dataclass(kw_only=True)
 class ActionResult(Provenance):
     """The engine's answer to an :class:`ActionRequest`: a chunk of continuous actions, float32, shape
-    (action_horizon, raw_action_dim), in raw units, and how it was made."""
+    (action_horizon, raw_action_dim), in raw units, and how it was made. ``video``: the predicted frames,
+    uint8 (T, H, W, 3), when the request asked for ``decode_video`` (its time is ``timing.decode_ms``)."""
 
     actions: np.ndarray
     raw_action_dim: int
     batch_size: int = 1  # how many requests shared this chunk's transformer calls
+    video: np.ndarray | None = None
 
     @property
     def action_mode(self) -> str:

@@ -108,7 +108,9 @@ def job_for_actions(request: ActionRequest, description: ModelDescription) -> tu
         clean = _normalize(prefix, profile, description, "prefix_actions")
 
     state_rows = _state(request.state, profile, description)
-    job = _job(resolved, description, profile, frames, clean, decode_video=False, state_rows=state_rows)
+    if not isinstance(request.decode_video, bool):
+        raise InvalidRequestError("decode_video must be true or false", "decode_video")
+    job = _job(resolved, description, profile, frames, clean, decode_video=request.decode_video, state_rows=state_rows)
     return job, profile
 
 

@@ -1,4 +1,4 @@
-"""Bearer-token access control: one token set, one check, used by every door of the server.
+"""Token access control: one token set, one check, used by every door of the server.
 
 The server is open when no token is configured (a lab bench on a private network). With tokens
 (``cosmos3-serve --auth-token`` and/or ``--auth-token-file``) every request must carry one of them,
@@ -8,7 +8,9 @@ what is open and why.
 
 Where a token may travel, in the order checked:
 
-* ``Authorization: Bearer <token>``: robots, scripts, proxies;
+* ``Authorization: Bearer <token>``: robots, scripts, proxies; or ``Authorization: Api-Key <token>``, the
+  scheme openpi-client (its ``api_key``) and strands-robots send, taken as the same token (scheme names are
+  case-insensitive, as HTTP says);
 * ``?token=<token>`` or ``?access_token=<token>`` in the URL: browsers cannot set headers on a
   WebSocket (the dashboard uses ``access_token``). URLs end up in logs: prefer the header;
 * a ``Sec-WebSocket-Protocol`` entry ``bearer.<token>``: the other way a browser can send something on a
@@ -57,6 +59,8 @@ OPEN_PATHS = frozenset({"/healthz"})
 OPEN_PREFIXES = ("/dashboard",)
 QUERY_PARAMETERS = ("token", "access_token")
 SUBPROTOCOL_PREFIX = "bearer."
+# The ``Authorization`` schemes that carry a token, compared in lower case: the standard one, and openpi's.
+AUTHORIZATION_SCHEMES = frozenset({"bearer", "api-key"})
 CHALLENGE = 'Bearer realm="cosmos3-policy-server"'
 UNAUTHORIZED_CODE = "unauthorized"
 # The ASGI scope key where BearerAuthMiddleware leaves the admitted token's id (see AuthResult.token_id).
@@ -151,7 +155,7 @@ class TokenSet:
         offered = False
         for value in get_header("authorization"):
             scheme, _, credentials = value.strip().partition(" ")
-            if scheme.lower() == "bearer":
+            if scheme.lower() in AUTHORIZATION_SCHEMES:
                 offered = True
                 candidate = credentials.strip()
                 if self.matches(candidate):
@@ -173,8 +177,8 @@ class TokenSet:
             return AuthResult(False, reason="the token is not valid for this server")
         return AuthResult(
             False,
-            reason="this server requires a token: send `Authorization: Bearer <token>` "
-            "(browsers: `?access_token=<token>` or the subprotocol `bearer.<token>`)",
+            reason="this server requires a token: send `Authorization: Bearer <token>` (or `Api-Key <token>`, "
+            "openpi's scheme; browsers: `?access_token=<token>` or the subprotocol `bearer.<token>`)",
         )
 
 

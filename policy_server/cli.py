@@ -419,6 +419,12 @@ def build_parser() -> argparse.ArgumentParser:
         help="refuse a robot state sent to a domain that does not condition on it (default: accept it, unused, "
         "counted in /metrics)",
     )
+    openpi.add_argument(
+        "--openpi-decode-video",
+        action="store_true",
+        help="also answer every chunk with the video the model predicted, `video` uint8 [T, H, W, 3], its decode "
+        "time in server_timing's decode_ms (cosmos-framework's --decode-video; costs a VAE decode per chunk)",
+    )
     vla_eval = parser.add_argument_group(
         "vla-eval endpoint",
         "vla-eval's harness connects to ws://HOST:PORT/v1/vla-eval; an episode_start's `settings` override these; "
@@ -526,6 +532,7 @@ def _openpi_settings(args: argparse.Namespace) -> OpenpiSettings | None:
         requested=_flag_settings(args, "openpi", SettingChannel.OPENPI),
         cameras=CameraMapping.load(args.openpi_cameras),
         strict_state=args.openpi_strict_state,
+        decode_video=args.openpi_decode_video,
     )
 
 

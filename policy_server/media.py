@@ -8,8 +8,8 @@ decoded:
 1. a clip has 1 to ``max_clip_frames`` frames (counted before any header is read);
 2. every encoded frame's header is read (:func:`read_header`: its sides lie within the limits, it is not
    animated, not a many-scan JPEG) and every frame of a clip has the same size;
-3. cameras composed side by side (openpi's mapping, the native ``concat_view``) give a frame whose sides
-   lie within the limits too;
+3. cameras composed side by side (openpi's mapping, the native ``concat_view``), or as RoboArena's three
+   DROID cameras (:func:`wrist_over_exteriors`), give a frame whose sides lie within the limits too;
 4. everything the observation decodes to (each camera at the size it will be decoded at, plus the
    composed frame) fits ``max_decoded_bytes``.
 
@@ -42,7 +42,8 @@ several cameras names them, and the view point the model was trained with says w
 name contains ``wrist``, ``ego_view`` and ``third_person_view`` the first whose name does not; a single
 camera is used as it is. The openpi endpoint and vla-eval's map their clients' camera names with an
 operator-set table instead, each entry a list of :data:`Alternative` s read by
-:func:`camera_alternatives`; all compose with :func:`side_by_side`.
+:func:`camera_alternatives`; all compose with :func:`side_by_side`, except RoboArena's three DROID cameras,
+which openpi's endpoint composes as NVIDIA's cosmos-framework server does (:func:`wrist_over_exteriors`).
 """
 
 from __future__ import annotations
@@ -376,22 +377,26 @@ def check_media(
     limits: FrameLimits,
     *,
     side_by_side: bool = False,
+    over_exteriors: bool = False,
     fit_side: int | None = None,
 ) -> list[CameraSize]:
     """Check ``cameras`` (``(field, value)`` pairs, in the order they compose) before any is decoded
     (see the module docstring); their sizes as they will be decoded. Raises :class:`InvalidImage` or
     :class:`DecodedTooLarge` naming the field. ``side_by_side``: the cameras become one frame, left to
-    right, each at the first one's height. ``fit_side``: the canvas side JPEGs may be decoded down to."""
+    right, each at the first one's height; ``over_exteriors``: three cameras become one frame as
+    :func:`wrist_over_exteriors` lays them out. ``fit_side``: the canvas side JPEGs may be decoded down to."""
     sizes = [size for field, value in cameras if (size := _camera_size(value, field, limits, fit_side)) is not None]
     if not any(size.encoded for size in sizes):
         return sizes  # nothing to decode: pixel arrays are checked by the protocols' parsers
     counted = list(sizes)
-    if side_by_side and len(sizes) > 1:
+    if (side_by_side or over_exteriors) and len(sizes) > 1:
         name = "+".join(size.field for size in sizes)
         if len({size.frames for size in sizes}) != 1:
             raise InvalidImage(f"`{name}`: composed camera clips must have the same number of frames", name)
         height = sizes[0].height
         width = sum(max(1, round(s.width * height / s.height)) for s in sizes)
+        if over_exteriors:
+            height, width = height + height // 2, sizes[0].width
         check_sides(height, width, name, limits)
         counted.append(CameraSize(name, sizes[0].frames, height, width, False))
     check_decoded_bytes(counted, "+".join(size.field for size in sizes), limits)
@@ -442,6 +447,47 @@ def side_by_side(frames: list[np.ndarray]) -> np.ndarray:
     return np.ascontiguousarray(np.concatenate(resized, axis=-2))
 
 
+def wrist_over_exteriors(frames: list[np.ndarray]) -> np.ndarray:
+    """RoboArena's three DROID cameras (wrist, exterior 1, exterior 2) as one frame, laid out as NVIDIA's
+    cosmos-framework server lays them out for its DROID policies: the wrist camera on top at its own size;
+    below it the two exterior cameras side by side, each resized (:func:`bilinear_resize`) to half the
+    wrist camera's height and width. For an odd width the right one gets the extra column (the reference
+    cannot compose that case at all). Frames are H×W×3, or T×H×W×3 clips of the same length."""
+    wrist, left, right = frames
+    height, width = wrist.shape[-3], wrist.shape[-2]
+    if (
+        {left.ndim, right.ndim} != {wrist.ndim}
+        or wrist.ndim == 4
+        and not wrist.shape[0] == left.shape[0] == right.shape[0]
+    ):
+        raise ProtocolError(ErrorCode.INVALID_IMAGE, "composed camera clips must have the same number of frames")
+    half = height // 2
+    bottom = [bilinear_resize(left, half, width // 2), bilinear_resize(right, half, width - width // 2)]
+    return np.ascontiguousarray(np.concatenate([wrist, np.concatenate(bottom, axis=-2)], axis=-3))
+
+
+def bilinear_resize(frames: np.ndarray, height: int, width: int) -> np.ndarray:
+    """uint8 H×W×3 (or T×H×W×3) resized to ``height`` × ``width`` as ``torch.nn.functional.interpolate``
+    does with ``mode="bilinear", align_corners=False`` (half-pixel centres, no antialiasing), then truncated
+    to uint8 as cosmos-framework's server does: its DROID policies saw their exterior cameras made so."""
+
+    def taps(size_in: int, size_out: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        source = np.maximum((np.arange(size_out, dtype=np.float32) + 0.5) * (size_in / size_out) - 0.5, 0.0)
+        low = np.minimum(source.astype(np.intp), size_in - 1)  # floor: the positions are >= 0
+        return low, np.minimum(low + 1, size_in - 1), (source - low).astype(np.float32)
+
+    row_low, row_high, row_weight = taps(frames.shape[-3], height)
+    col_low, col_high, col_weight = taps(frames.shape[-2], width)
+    pixels = frames.astype(np.float32)
+    rows = (
+        pixels[..., row_low, :, :] * (1.0 - row_weight)[:, None, None]
+        + pixels[..., row_high, :, :] * row_weight[:, None, None]
+    )
+    mixed = rows[..., col_low, :] * (1.0 - col_weight)[:, None] + rows[..., col_high, :] * col_weight[:, None]
+    resized: np.ndarray = np.clip(mixed, 0.0, 255.0).astype(np.uint8)
+    return resized
+
+
 def camera_alternatives(entry: Any, where: str, error: type[ValueError]) -> tuple[Alternative, ...]:
     """A camera mapping entry as its alternatives, tried in order: one camera name, or a list whose items
     are names or lists of names. ``error`` is the mapping's own error, raised naming ``where``."""
@@ -482,12 +528,18 @@ def _protocol_error(error: CodedError, seq: int | None) -> ProtocolError:
 
 
 def check_cameras(
-    cameras: list[tuple[str, Any]], limits: FrameLimits, seq: int | None, *, side_by_side: bool, fit_side: int | None
+    cameras: list[tuple[str, Any]],
+    limits: FrameLimits,
+    seq: int | None,
+    *,
+    side_by_side: bool,
+    fit_side: int | None,
+    over_exteriors: bool = False,
 ) -> None:
     """The one media check (:func:`check_media`: headers, clip lengths,
     the composed frame, the decoded bytes) as this protocol's error. Cheap enough for the event loop."""
     try:
-        check_media(cameras, limits, side_by_side=side_by_side, fit_side=fit_side)
+        check_media(cameras, limits, side_by_side=side_by_side, over_exteriors=over_exteriors, fit_side=fit_side)
     except (InvalidImage, DecodedTooLarge) as error:
         raise _protocol_error(error, seq) from None
 

@@ -11,6 +11,9 @@ convention, and one bad observation in the middle to see the error and the conne
 ``--no-state`` leaves the convention's state keys out; ``--state-probe`` (DROID) also sends one image
 twice with two joint states, and a 6-joint state. ``--example`` only sends the convention's example
 observation (state included) three times and reports the actions or the error of each.
+``--api-key KEY`` is openpi-client's own ``api_key`` (sent as ``Authorization: Api-Key KEY``); with
+``--reference`` the script reads each reply as clients written for NVIDIA's cosmos-framework server do,
+``result["action"]``, for two observations, and reports a refused connection instead of failing.
 """
 
 from __future__ import annotations
@@ -92,12 +95,39 @@ def main() -> None:
     parser.add_argument("--no-state", action="store_true")
     parser.add_argument("--state-probe", action="store_true")
     parser.add_argument("--example", action="store_true")
+    parser.add_argument("--api-key", default=None)
+    parser.add_argument("--reference", action="store_true")
     args = parser.parse_args()
     make = stateless if args.no_state else observation
     rng = np.random.default_rng(0)
     out: dict = {"numpy": np.__version__}
 
-    policy = websocket_client_policy.WebsocketClientPolicy(host=args.uri)
+    if args.reference:
+        try:
+            policy = websocket_client_policy.WebsocketClientPolicy(host=args.uri, api_key=args.api_key)
+        except Exception as exc:  # the handshake refused: websockets' InvalidStatus, with the HTTP status
+            out["refused"] = f"{type(exc).__name__}: {exc}"
+            json.dump(out, sys.stdout, default=str)
+            return
+        out["metadata"] = policy.get_server_metadata()
+        replies = []
+        for _ in range(2):
+            result = policy.infer(make(args.convention, rng))
+            action = result["action"]
+            replies.append(
+                {
+                    "keys": sorted(result),
+                    "shape": list(action.shape),
+                    "dtype": str(action.dtype),
+                    "finite": bool(np.isfinite(action).all()),
+                    "same_as_actions": bool(np.array_equal(action, result["actions"])),
+                }
+            )
+        out["replies"] = replies
+        json.dump(out, sys.stdout, default=str)
+        return
+
+    policy = websocket_client_policy.WebsocketClientPolicy(host=args.uri, api_key=args.api_key)
     out["metadata"] = policy.get_server_metadata()
     if args.example:
         out["replies"] = [example_reply(policy, observation(args.convention, rng)) for _ in range(3)]

@@ -77,6 +77,88 @@ def test_concat_view_composes_cameras_side_by_side_at_one_height():
     assert [int(aloha.image[0, i * 224, 0]) for i in range(3)] == [50, 70, 80]
 
 
+def reference_roboarena_frame(wrist: np.ndarray, exterior_1: np.ndarray, exterior_2: np.ndarray) -> np.ndarray:
+    """The reference's layout, written here from its description with torch: wrist on top; the exteriors
+    resized by ``interpolate(bilinear, align_corners=False)`` to half the wrist's size, truncated to uint8,
+    side by side below."""
+    torch = pytest.importorskip("torch")
+    half = (wrist.shape[0] // 2, wrist.shape[1] // 2)
+
+    def resized(frame: np.ndarray) -> np.ndarray:
+        tensor = torch.from_numpy(frame).permute(2, 0, 1)[None].float()
+        out = torch.nn.functional.interpolate(tensor, size=half, mode="bilinear", align_corners=False)
+        return out[0].permute(1, 2, 0).numpy().astype(np.uint8)
+
+    return np.concatenate([wrist, np.concatenate([resized(exterior_1), resized(exterior_2)], axis=1)], axis=0)
+
+
+def roboarena(rng: np.random.Generator, wrist_shape=(180, 320), exterior_shape=(360, 640)) -> dict:
+    """strands-robots' DROID observation: RoboArena's three cameras, joints (1, 7), gripper (1, 1)."""
+    return {
+        "observation/wrist_image_left": rng.integers(0, 256, (*wrist_shape, 3), dtype=np.uint8),
+        "observation/exterior_image_1_left": rng.integers(0, 256, (*exterior_shape, 3), dtype=np.uint8),
+        "observation/exterior_image_2_left": rng.integers(0, 256, (*exterior_shape, 3), dtype=np.uint8),
+        "observation/joint_position": np.zeros((1, 7), np.float32),
+        "observation/gripper_position": np.zeros((1, 1), np.float32),
+        "prompt": "pick",
+    }
+
+
+@pytest.mark.parametrize("exterior_shape", [(360, 640), (180, 320), (97, 211)])
+def test_roboarenas_three_cameras_compose_as_the_reference_composes_them(exterior_shape):
+    """Wrist on top at its size, the two exteriors at half its size side by side below: within one grey level
+    of torch's bilinear resize (float rounding), whatever the exteriors' own size."""
+    obs = roboarena(np.random.default_rng(7), exterior_shape=exterior_shape)
+    assert detect_convention(obs) == "roboarena"
+    parsed = parse_openpi_observation(obs, MAPPING, "concat_view", LIMITS)
+    assert parsed.cameras == (
+        "observation/wrist_image_left",
+        "observation/exterior_image_1_left",
+        "observation/exterior_image_2_left",
+    )
+    expected = reference_roboarena_frame(
+        obs["observation/wrist_image_left"],
+        obs["observation/exterior_image_1_left"],
+        obs["observation/exterior_image_2_left"],
+    )
+    assert parsed.image.shape == expected.shape == (270, 320, 3)
+    assert np.array_equal(parsed.image[:180], obs["observation/wrist_image_left"])
+    difference = np.abs(parsed.image.astype(int) - expected.astype(int))
+    assert difference.max() <= 1 and (difference > 0).mean() < 0.01, (difference.max(), (difference > 0).mean())
+
+
+def test_roboarenas_encoded_cameras_compose_the_same_and_are_checked_as_composed():
+    """PNG cameras decode, then compose as the arrays do; the size check counts RoboArena's frame, not three
+    frames side by side (1.5 × 320 rows high, 320 wide: fits a 400-pixel side where side by side would not)."""
+    import io
+
+    from PIL import Image
+
+    from policy_server.sessions.openpi_observation import openpi_decode
+
+    obs = roboarena(np.random.default_rng(8), wrist_shape=(200, 320), exterior_shape=(200, 320))
+
+    def png(frame: np.ndarray) -> bytes:
+        buffer = io.BytesIO()
+        Image.fromarray(frame).save(buffer, "PNG")
+        return buffer.getvalue()
+
+    raw = parse_openpi_observation(obs, MAPPING, "concat_view", LIMITS)
+    encoded_obs = {key: png(value) if "image" in key else value for key, value in obs.items()}
+    narrow = FrameLimits(min_image_side=32, max_image_side=400, max_clip_frames=65)
+    parsed = parse_openpi_observation(encoded_obs, MAPPING, "concat_view", narrow)
+    decode = openpi_decode(parsed, False, narrow, seq=0)
+    assert decode is not None
+    assert np.array_equal(decode().image, raw.image)
+
+
+def test_a_client_composed_image_wins_over_the_roboarena_cameras():
+    """As on NVIDIA's server: ``observation/image`` (RoboLab composes its own) is used when it is sent."""
+    obs = {**roboarena(np.random.default_rng(9)), "observation/image": image(120, 160, 99)}
+    parsed = parse_openpi_observation(obs, MAPPING, "concat_view", LIMITS)
+    assert parsed.cameras == ("observation/image",) and np.all(parsed.image == 99)
+
+
 def test_operator_mapping_overrides_a_view_point(tmp_path):
     path = tmp_path / "cameras.json"
     path.write_text(

@@ -11,6 +11,7 @@ from diffusers.models.transformers.transformer_cosmos3 import Cosmos3AttnProcess
 from diffusers.pipelines.cosmos.pipeline_cosmos3_omni import CosmosActionCondition
 
 from cosmos3_runtime.engine import Cosmos3Engine
+from cosmos3_runtime.errors import InvalidRequestError
 from cosmos3_runtime.random_checkpoints import TINY_DISTILLED_SIGMAS
 from cosmos3_runtime.requests import ActionRequest, VideoRequest
 from cosmos3_runtime.validation import job_for_actions
@@ -177,6 +178,31 @@ def test_action_modes_never_call_the_vae_decoder(tiny_engine, camera_image, coun
     finally:
         for h in hooks:
             h.remove()
+
+
+def test_decode_video_adds_the_predicted_frames_to_the_same_chunk(tiny_engine, camera_image, count_vae):
+    """cosmos-framework's --decode-video: a policy request that asks for it also gets the video the model
+    predicted with the chunk (uint8 [horizon + 1, H, W, 3], its time in decode_ms); the chunk is the one
+    made without it. Off unless asked for; a value that is not a bool is refused, naming the field."""
+    engine = tiny_engine("distilled")
+    request = dict(domain_name="fractal", image=camera_image, action_horizon=8, seed=3)
+    plain = engine.predict_actions(ActionRequest(**request))
+    counts, hooks = count_vae(engine)
+    try:
+        decoded = engine.predict_actions(ActionRequest(**request, decode_video=True))
+    finally:
+        for h in hooks:
+            h.remove()
+    assert plain.video is None and plain.timing.decode_ms == 0.0
+    assert counts["decode"] > 0
+    video = decoded.video
+    assert video is not None and video.dtype == np.uint8 and video.ndim == 4
+    assert video.shape[0] == 9 and video.shape[-1] == 3 and video.std() > 0
+    assert decoded.timing.decode_ms > 0.0
+    np.testing.assert_array_equal(decoded.actions, plain.actions)
+    with pytest.raises(InvalidRequestError) as refused:
+        engine.predict_actions(ActionRequest(**request, decode_video="yes"))  # type: ignore[arg-type]
+    assert refused.value.field == "decode_video"
 
 
 def test_first_frame_encode_equals_the_full_clip_encode(tiny_engine, camera_image):

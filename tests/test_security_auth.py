@@ -7,8 +7,9 @@ also shows that wss:// and https:// work with the same certificate. What must ho
 * without a valid token every WebSocket endpoint (native, openpi, the dashboard's observer channel,
   even an unknown path) is refused with HTTP 401 before the upgrade, and nothing reaches a session or
   the engine;
-* a token works from the ``Authorization`` header, the ``token``/``access_token`` query parameters and
-  the ``bearer.<token>`` subprotocol (which the server then selects, as browsers require);
+* a token works from the ``Authorization`` header (``Bearer``, or openpi's ``Api-Key``), the
+  ``token``/``access_token`` query parameters and the ``bearer.<token>`` subprotocol (which the server then
+  selects, as browsers require);
 * the sidecar answers 401 with the typed error body on every route but ``/healthz`` and the dashboard's
   static files, before reading the body (a huge body without a token is 401, not 413);
 * the robot client passes a token, and fails at once with a clear error without one.
@@ -97,7 +98,12 @@ def engine_and_sessions(server: ServerThread) -> tuple[int, int, int]:
 async def test_every_websocket_endpoint_refuses_a_missing_or_wrong_token_before_the_upgrade(secured):
     before = engine_and_sessions(secured)
     for path in ("/v1/actions/realtime", "/", "/openpi", "/v1/observe", "/no/such/path"):
-        for headers in ({}, {"Authorization": "Bearer wrong"}, {"Authorization": f"Basic {TOKEN}"}):
+        for headers in (
+            {},
+            {"Authorization": "Bearer wrong"},
+            {"Authorization": "Api-Key wrong"},
+            {"Authorization": f"Basic {TOKEN}"},
+        ):
             error = await refused(secured, wss(secured, path), additional_headers=headers)
             assert error.response.status_code == 401, (path, headers)
             assert error.response.headers["WWW-Authenticate"].startswith("Bearer")
@@ -133,6 +139,34 @@ async def test_a_token_opens_the_realtime_endpoint_from_header_query_or_subproto
         assert unpackb(await ws.recv())["type"] == "session"
         await ws.send(packb({"type": "observation", "seq": 0, "image": rgb_image(64)}))
         assert unpackb(await asyncio.wait_for(ws.recv(), 60))["type"] == "action_chunk"
+
+
+async def test_openpis_api_key_scheme_opens_both_ports_where_bearer_does(secured):
+    """openpi-client and strands-robots send ``Authorization: Api-Key <token>``: the same token, the same doors."""
+    before = engine_and_sessions(secured)
+    for path in ("/v1/actions/realtime", "/", "/openpi", "/v1/observe"):
+        for wrong in ("Api-Key wrong", f"Api-Key {TOKEN}x", "Api-Key", f"ApiKey {TOKEN}"):
+            error = await refused(secured, wss(secured, path), additional_headers={"Authorization": wrong})
+            assert error.response.status_code == 401, (path, wrong)
+    assert engine_and_sessions(secured) == before  # a wrong key reached nothing
+    for path, header in (
+        ("/v1/actions/realtime", f"Api-Key {TOKEN}"),
+        ("/", f"api-key {FILE_TOKEN}"),
+        ("/openpi", f"API-KEY {TOKEN}"),
+    ):
+        async with connect(
+            wss(secured, path),
+            ssl=secured.client_ssl,
+            proxy=None,
+            compression=None,
+            max_size=None,
+            additional_headers={"Authorization": header},
+        ) as ws:
+            hello = unpackb(await ws.recv())
+            assert hello.get("type") == "metadata" or hello.get("protocol") == "openpi", hello
+    for header, status in ((f"Api-Key {TOKEN}", 200), (f"api-key {FILE_TOKEN}", 200), ("Api-Key nope", 401)):
+        response = secured.https.get("/v1/actions/metadata", headers={"Authorization": header})
+        assert response.status_code == status, (header, response.text)
 
 
 async def test_the_observer_channel_takes_the_dashboards_access_token(secured):
@@ -204,7 +238,7 @@ def test_healthz_shows_where_the_model_lies_only_behind_the_token(secured):
     ],
 )
 def test_every_sidecar_route_but_healthz_wants_a_token(secured, method, path):
-    for headers in ({}, {"Authorization": "Bearer nope"}):
+    for headers in ({}, {"Authorization": "Bearer nope"}, {"Authorization": "Api-Key nope"}):
         response = secured.https.request(method, path, headers=headers, json={})
         assert response.status_code == 401, (method, path, response.text)
         assert response.headers["www-authenticate"].startswith("Bearer")
@@ -212,6 +246,8 @@ def test_every_sidecar_route_but_healthz_wants_a_token(secured, method, path):
     response = secured.https.request(method, path, headers={"Authorization": f"Bearer {TOKEN}"}, json={})
     assert response.status_code != 401
     response = secured.https.request(method, path, params={"access_token": FILE_TOKEN}, json={})
+    assert response.status_code != 401
+    response = secured.https.request(method, path, headers={"Authorization": f"Api-Key {FILE_TOKEN}"}, json={})
     assert response.status_code != 401
 
 

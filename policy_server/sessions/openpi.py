@@ -5,7 +5,9 @@ ALOHA eval scripts, Isaac Lab bridges) speak a minimal protocol:
 
 * on connect the server sends one binary msgpack frame: a metadata dict;
 * then every binary frame from the client is an observation dict, and the server answers each with one
-  binary frame: an action dict, ``{"actions": H×D float32, "server_timing": {...}}``;
+  binary frame: an action dict, ``{"actions": H×D float32, "action": the same, "server_timing": {...}}``
+  (``actions`` is openpi's key, ``action`` that of NVIDIA's cosmos-framework server, which RoboLab's and
+  strands-robots' clients read), plus ``video`` (T×H×W×3 uint8) under ``--openpi-decode-video``;
 * arrays are openpi's ``{b"__ndarray__": True, b"data", b"dtype", b"shape"}`` maps. openpi's unpacker
   looks for **bytes** keys, so that is how this session writes them (the shared wire codec reads both).
 
@@ -109,11 +111,23 @@ class OpenpiSession(Session):
     def opened(self) -> None:
         try:
             self.set_config(self.settings.session_config(self.description))
+            if self.settings.decode_video:
+                self.make_room_for_videos()
         except ProtocolError as exc:
             # The operator's flags do not fit this model: every observation will be told why.
             self.config_error = exc
             logger.error("openpi session %s: the server's openpi settings are invalid: %s", self.id, exc.message)
         self.put(packb(openpi_arrays(self.metadata())))
+
+    def make_room_for_videos(self) -> None:
+        """Let the outbox hold the two replies with a predicted video that may wait in it (the one on the
+        wire and the newest, which replaces any unread one): a 33-frame video at the 480 tier is up to 40 MB,
+        past the outbox's default budget, and a client that has two observations in flight would otherwise
+        be closed for a full outbox while it reads the first."""
+        resolved = self._config().resolved(self.description)
+        canvases = self.description.canvases.get(resolved["resolution_tier"], ())
+        frame_bytes = max((canvas.height * canvas.width * 3 for canvas in canvases), default=0)
+        self.outbox.max_bytes += 2 * (resolved["action_horizon"] + 1) * frame_bytes
 
     def metadata(self) -> dict[str, Any]:
         error = self.config_error
@@ -218,6 +232,7 @@ class OpenpiSession(Session):
             overrides=overrides,
         )
         request = observation_request(self._config(), frame, self.description)
+        request.decode_video = self.settings.decode_video
         self.enqueue(frame, request, received_at)
 
     def encode_chunk(self, item: PendingObservation, outcome: EngineOutcome) -> ChunkReply:
@@ -234,7 +249,13 @@ class OpenpiSession(Session):
             server_timing["prev_total_ms"] = self._last_total_ms
         self._last_total_ms = total_ms
         actions = np.ascontiguousarray(chunk.actions, dtype=np.float32)
-        body = packb(openpi_arrays({"actions": actions, "server_timing": server_timing}))
+        # Both keys, one array: openpi's clients read `actions`, those written for NVIDIA's server `action`.
+        # msgpack has no references, so the chunk travels twice: H×D×4 bytes more (1 KiB for 32×8).
+        reply: dict[str, Any] = {"actions": actions, "action": actions, "server_timing": server_timing}
+        if chunk.video is not None:
+            reply["video"] = np.ascontiguousarray(chunk.video, dtype=np.uint8)
+            server_timing["decode_ms"] = chunk.timing.decode_ms
+        body = packb(openpi_arrays(reply))
         timing: dict[str, float | None] = {
             "queue_ms": item.queue_ms,
             "model_ms": chunk.timing.model_ms,

@@ -11,6 +11,7 @@ Conventions (keys as the clients send them)::
     LIBERO  observation/image, observation/wrist_image (H×W×3), observation/state, prompt
     DROID   observation/exterior_image_1_left, observation/wrist_image_left (H×W×3),
             observation/joint_position, observation/gripper_position, prompt
+    RoboArena  DROID's, plus observation/exterior_image_2_left (the second exterior camera)
     ALOHA   images/{cam_high, cam_low, cam_left_wrist, cam_right_wrist} (nested, 3×H×W), state, prompt
 
 Every key is honoured or refused (:func:`check_keys`): a camera the mapping or a convention knows (the
@@ -29,8 +30,11 @@ can say so; ``strict_state`` (``--openpi-strict-state``) refuses them instead.
 
 Which cameras are used comes from a :class:`CameraMapping`: for each view point, a list of alternatives
 tried in order; an alternative is one camera key, or a list of keys composed side by side (left to
-right, each resized to the first one's height). The first alternative whose cameras are all present
-wins, so one mapping serves every convention. The session's view point (the ``--openpi-view-point``
+right, each resized to the first one's height; RoboArena's three DROID cameras, as the alternative
+:data:`ROBOARENA_CAMERAS`, are laid out as NVIDIA's cosmos-framework server lays them out instead: the
+wrist camera on top, the two exteriors at half size side by side below, :func:`~policy_server.media.
+wrist_over_exteriors`). The first alternative whose cameras are all present wins, so one mapping serves
+every convention. The session's view point (the ``--openpi-view-point``
 flag, else the domain's profile) picks the list. An operator overrides entries with a JSON file or
 string, for example ``{"third_person_view": ["images/cam_low"], "concat_view": [["images/cam_high",
 "images/cam_left_wrist"]]}``. A key is looked up as written first (openpi's flat keys contain ``/``),
@@ -66,7 +70,14 @@ from robot_clients.client_frames import (
 )
 from robot_clients.protocol import ErrorCode, FrameLimits, ProtocolError
 
-from ..media import Alternative, camera_alternatives, check_cameras, decoded_image, side_by_side
+from ..media import (
+    Alternative,
+    camera_alternatives,
+    check_cameras,
+    decoded_image,
+    side_by_side,
+    wrist_over_exteriors,
+)
 from .config import SessionConfig, check_state, fixed_session_config
 
 # The conventions in use, for detection (logs, metadata) and for the docs; the mapping does the work.
@@ -74,6 +85,15 @@ CONVENTIONS: dict[str, dict[str, tuple[str, ...]]] = {
     "libero": {
         "cameras": ("observation/image", "observation/wrist_image"),
         "state": ("observation/state",),
+    },
+    # RoboArena's DROID (NVIDIA's cosmos-framework server, strands-robots): DROID's with a second exterior camera.
+    "roboarena": {
+        "cameras": (
+            "observation/exterior_image_2_left",
+            "observation/wrist_image_left",
+            "observation/exterior_image_1_left",
+        ),
+        "state": ("observation/joint_position", "observation/gripper_position"),
     },
     "droid": {
         "cameras": ("observation/exterior_image_1_left", "observation/wrist_image_left"),
@@ -84,6 +104,14 @@ CONVENTIONS: dict[str, dict[str, tuple[str, ...]]] = {
         "state": ("state",),
     },
 }
+
+# The three cameras composed as cosmos-framework's DROID server composes them (wrist on top, the exteriors
+# at half size below it), in the order wrist_over_exteriors takes them.
+ROBOARENA_CAMERAS: Alternative = (
+    "observation/wrist_image_left",
+    "observation/exterior_image_1_left",
+    "observation/exterior_image_2_left",
+)
 
 DEFAULT_VIEWS: dict[str, tuple[Alternative, ...]] = {
     "third_person_view": (
@@ -106,9 +134,10 @@ DEFAULT_VIEWS: dict[str, tuple[Alternative, ...]] = {
     ),
     "concat_view": (
         ("observation/image", "observation/wrist_image"),
+        ("observation/image",),  # a frame the client composed itself wins, as on NVIDIA's server (RoboLab's)
+        ROBOARENA_CAMERAS,
         ("observation/exterior_image_1_left", "observation/wrist_image_left"),
         ("images/cam_high", "images/cam_left_wrist", "images/cam_right_wrist"),
-        ("observation/image",),
         ("observation/exterior_image_1_left",),
         ("images/cam_high",),
         ("image",),
@@ -327,8 +356,12 @@ def openpi_state(obs: Mapping[str, Any]) -> tuple[np.ndarray | None, str | None,
 
 
 def compose_cameras(result: OpenpiObservation, frames: list[np.ndarray], video: bool, limits: FrameLimits) -> None:
-    """The chosen cameras' pixels side by side (left to right) as the observation's image or clip."""
-    composed = side_by_side(frames) if len(frames) > 1 else frames[0]
+    """The chosen cameras' pixels side by side (left to right), or RoboArena's three as cosmos-framework lays
+    them out, as the observation's image or clip."""
+    if result.cameras == ROBOARENA_CAMERAS:
+        composed = wrist_over_exteriors(frames)
+    else:
+        composed = side_by_side(frames) if len(frames) > 1 else frames[0]
     if video:
         result.video = composed
     else:
@@ -348,7 +381,9 @@ def openpi_decode(
     if obs.encoded is None:
         return None
     encoded = obs.encoded
-    check_cameras(list(zip(obs.cameras, encoded)), limits, seq, side_by_side=True, fit_side=fit_side)
+    roboarena = obs.cameras == ROBOARENA_CAMERAS
+    cameras = list(zip(obs.cameras, encoded))
+    check_cameras(cameras, limits, seq, side_by_side=not roboarena, over_exteriors=roboarena, fit_side=fit_side)
 
     def decode() -> OpenpiObservation:
         frames = [decoded_image(value, key, limits, seq, fit_side) for key, value in zip(obs.cameras, encoded)]
@@ -448,6 +483,9 @@ class OpenpiSettings:
     cameras: CameraMapping = field(default_factory=CameraMapping)
     # A state sent to a domain that does not condition on it: refused (True), or accepted and counted unused.
     strict_state: bool = False
+    # Every reply also carries the video the model predicted, uint8 [T, H, W, 3] (cosmos-framework's
+    # --decode-video): a VAE decode per chunk and T×H×W×3 bytes per reply, so off unless the operator asks.
+    decode_video: bool = False
 
     def __post_init__(self) -> None:
         # Typed and normalized by the table here, so that a bad value fails where it was written.
