@@ -57,7 +57,7 @@ sys.path.insert(0, str(BENCHMARKS))
 # Importing the server package sets OMP_WAIT_POLICY=PASSIVE before torch loads, as the real server does.
 from realtime_roundtrip import ServerProcess  # noqa: E402
 
-from policy_server.engine.worker import configure_worker_threads  # noqa: E402
+from policy_server.engine.thread_policy import configure_worker_threads  # noqa: E402
 from robot_clients.wire_codec import packb, unpackb  # noqa: E402
 
 logger = logging.getLogger("lockstep_baseline")

@@ -5,6 +5,6 @@ before anything imports torch: the engine worker shares the machine's cores with
 spinning OpenMP threads make both slow. See :mod:`policy_server.engine.worker` ("The CPU cores").
 """
 
-from .engine.worker import apply_passive_wait_policy  # the worker module imports no torch
+from .engine.thread_policy import apply_passive_wait_policy  # the module imports no torch
 
 apply_passive_wait_policy()

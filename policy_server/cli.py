@@ -40,7 +40,8 @@ from .connection_limits import (
     DEFAULT_MAX_PENDING_HANDSHAKES_PER_PEER,
 )
 from .engine.backend import BackendFactory
-from .engine.worker import DEFAULT_ENGINE_TIMEOUT_S, DEFAULT_VIDEO_STEP_INTERVAL_S, ActionEngine
+from .engine.watchdog import DEFAULT_ENGINE_TIMEOUT_S
+from .engine.worker import DEFAULT_VIDEO_STEP_INTERVAL_S, ActionEngine
 from .http.codecs import DEFAULT_MAX_JSON_VALUES
 from .http.connections import (
     DEFAULT_BODY_TIMEOUT_S,

@@ -41,7 +41,8 @@ from .context import ServerContext
 from .dashboard_files import CONFIG_NAME, DASHBOARD_HEADERS, DASHBOARD_PATH, dashboard_asset, dashboard_config
 from .engine.backend import BackendFactory, EngineBackend
 from .engine.request_queue import PendingObservation, RequestQueue
-from .engine.worker import ActionEngine, BackgroundShare, BatchPolicy, EngineWatchdog, EngineWorker
+from .engine.watchdog import EngineWatchdog
+from .engine.worker import ActionEngine, BackgroundShare, BatchPolicy, EngineWorker
 from .log_hygiene import printable
 from .media import served_frame_limits
 from .metadata import SERVER_NAME, health

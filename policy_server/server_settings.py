@@ -16,7 +16,8 @@ from .connection_limits import (
     DEFAULT_MAX_PENDING_HANDSHAKES,
     DEFAULT_MAX_PENDING_HANDSHAKES_PER_PEER,
 )
-from .engine.worker import DEFAULT_ENGINE_TIMEOUT_S, DEFAULT_VIDEO_STEP_INTERVAL_S
+from .engine.watchdog import DEFAULT_ENGINE_TIMEOUT_S
+from .engine.worker import DEFAULT_VIDEO_STEP_INTERVAL_S
 from .media import DEFAULT_MAX_DECODED_BYTES
 from .sessions.observation_rules import RateLimit
 from .sessions.openpi_observation import OpenpiSettings
@@ -73,7 +74,7 @@ class ServerSettings:
     # Observations per second per session (token bucket); beyond it an observation is answered `rate_limited`.
     observation_rate: RateLimit = field(default_factory=RateLimit)
     # An engine call running longer than this fails its requests (`engine_timeout`) and the engine is
-    # reloaded on a new worker thread (policy_server.engine.worker.EngineWatchdog); 0 turns the watchdog off.
+    # reloaded on a new worker thread (policy_server.engine.watchdog.EngineWatchdog); 0 turns the watchdog off.
     engine_timeout_s: float = DEFAULT_ENGINE_TIMEOUT_S
     # While robots wait, a video rollout still gets one denoising step this often (BackgroundShare); 0: never.
     video_step_interval_s: float = DEFAULT_VIDEO_STEP_INTERVAL_S

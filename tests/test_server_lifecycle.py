@@ -31,7 +31,8 @@ def wait_ready(proc: ServerProcess, timeout: float = 90.0) -> dict:
 
 def test_healthz_answers_while_loading_then_ready_with_a_passive_worker():
     """The port opens before the model loads; /healthz answers at once and reports progress. The worker
-    runs torch on every available core but one, with OMP_WAIT_POLICY=PASSIVE (policy_server.engine.worker
+    runs torch on every available core but one, with OMP_WAIT_POLICY=PASSIVE
+    (policy_server.engine.thread_policy
     explains the choice; benchmarks/worker_threads.py measures it)."""
     proc = ServerProcess("--model", str(tiny_checkpoint("distilled"))).start()
     try:

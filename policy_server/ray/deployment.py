@@ -57,7 +57,7 @@ class ReplicaIdentity:
     actor_name: str | None
     actor_id: str | None
     node_id: str
-    threads: dict[str, object]  # the engine thread's torch settings (worker.configure_worker_threads)
+    threads: dict[str, object]  # the engine thread's torch settings (thread_policy.configure_worker_threads)
 
 
 @dataclass(frozen=True)
@@ -100,7 +100,7 @@ class Cosmos3Replica:
 
         import policy_server  # noqa: F401  (OMP_WAIT_POLICY=PASSIVE before torch loads in this process)
 
-        from ..engine.worker import configure_worker_threads
+        from ..engine.thread_policy import configure_worker_threads
 
         self.thread_settings = configure_worker_threads(loader.torch_threads)
         self.engine = loader.load()
