@@ -39,8 +39,7 @@ import numpy as np  # noqa: E402
 from server_fixtures import DOMAIN, ServerThread, tiny_engine_loader  # noqa: E402
 
 import policy_server  # noqa: E402,F401  (first: sets OMP_WAIT_POLICY=PASSIVE before torch loads)
-from policy_server.http.connections import ConnectionLimits  # noqa: E402
-from policy_server.http.sidecar import SidecarSettings  # noqa: E402
+from policy_server.sidecar_settings import ConnectionLimits, SidecarSettings  # noqa: E402
 
 
 def _png_b64(size: int) -> str:

@@ -32,7 +32,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 from lockstep_robot import lockstep_chunks  # noqa: E402
 from server_fixtures import DOMAIN, ServerThread, tiny_engine_loader  # noqa: E402
 
-from policy_server.http.sidecar import SidecarSettings  # noqa: E402
+from policy_server.sidecar_settings import SidecarSettings  # noqa: E402
 
 
 def _png_b64(image: np.ndarray) -> str:

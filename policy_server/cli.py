@@ -42,16 +42,6 @@ from .connection_limits import (
 from .engine.backend import BackendFactory
 from .engine.watchdog import DEFAULT_ENGINE_TIMEOUT_S
 from .engine.worker import DEFAULT_VIDEO_STEP_INTERVAL_S, ActionEngine
-from .http.codecs import DEFAULT_MAX_JSON_VALUES
-from .http.connections import (
-    DEFAULT_BODY_TIMEOUT_S,
-    DEFAULT_HEADER_TIMEOUT_S,
-    DEFAULT_MAX_CONNECTIONS,
-    DEFAULT_MAX_CONNECTIONS_PER_PEER,
-    ConnectionLimits,
-)
-from .http.settings import DEFAULT_MAX_BODY_BYTES, DEFAULT_MAX_BUFFERED_BODY_BYTES, SidecarSettings
-from .http.turns import DEFAULT_MAX_IN_FLIGHT
 from .media import DEFAULT_MAX_DECODED_BYTES, MAX_SIDE_PER_CANVAS_SIDE
 from .routes import NO_ENDPOINTS
 from .server import PolicyServer
@@ -65,14 +55,27 @@ from .sessions.supervisor import (
     DEFAULT_REPLY_TIMEOUT_S,
     SessionLimits,
 )
-from .videos.job_store import RetentionPolicy
+from .sidecar_settings import (
+    DEFAULT_BODY_TIMEOUT_S,
+    DEFAULT_HEADER_TIMEOUT_S,
+    DEFAULT_MAX_BODY_BYTES,
+    DEFAULT_MAX_BUFFERED_BODY_BYTES,
+    DEFAULT_MAX_CONNECTIONS,
+    DEFAULT_MAX_CONNECTIONS_PER_PEER,
+    DEFAULT_MAX_IN_FLIGHT,
+    DEFAULT_MAX_JSON_VALUES,
+    ConnectionLimits,
+    RetentionPolicy,
+    SidecarSettings,
+)
 from .vla_eval import ChunkPlan, MappingFileError, ObservationMapping, VlaEvalSettings
 
 if TYPE_CHECKING:
     from .http.sidecar import HttpSidecar
     from .recording.recorder import RecordingOptions
+    from .sessions.native import Dialect
 
-__all__ = ["assemble_server", "build_parser", "main", "serve_until_stopped"]
+__all__ = ["assemble_server", "build_parser", "main", "serve_until_stopped", "server_from_args"]
 
 logger = logging.getLogger("policy_server")
 
@@ -104,6 +107,12 @@ def build_parser() -> argparse.ArgumentParser:
         "--http-port", type=int, default=8001, help="port of the HTTP sidecar; 0 picks a free one (default 8001)"
     )
     http.add_argument("--no-http", dest="http", action="store_false", help="serve the WebSocket port only")
+    http.add_argument(
+        "--sglang",
+        action="store_true",
+        help="serve SGLang's lock-step dialect on the robots' WebSocket path (docs/sglang.md) with --no-http too; "
+        "on whenever the sidecar runs",
+    )
     http.add_argument(
         "--data-dir",
         type=Path,
@@ -582,22 +591,28 @@ def assemble_server(
     http: SidecarSettings | None = None,
     recording: RecordingOptions | None = None,
     vla_eval: VlaEvalSettings | None = None,
+    sglang: bool = False,
 ) -> PolicyServer:
     """The server with its optional features attached at its edge: SGLang's lock-step dialect on the
-    robots' path, vla-eval's endpoints (``vla_eval``: on unless ``--no-vla-eval``), the recording
-    (``recording``: ``--record-dir``) and the HTTP sidecar (``http``).
+    robots' path (``sglang``: ``--sglang``, and whenever the sidecar runs, which serves SGLang's bodies
+    too), vla-eval's endpoints (``vla_eval``: on unless ``--no-vla-eval``), the recording (``recording``:
+    ``--record-dir``) and the HTTP sidecar (``http``).
 
     The one place optional features are put together; each is imported only when it is wanted, so a
-    WebSocket-only server that records nothing never loads FastAPI or the recorder.
+    WebSocket-only server that records nothing never loads FastAPI, pydantic, SGLang's dialect or the
+    recorder.
     """
-    from .sglang.lockstep_session import SGLANG_DIALECT
+    dialects: tuple[Dialect, ...] = ()
+    if sglang or http is not None:
+        from .sglang.lockstep_session import SGLANG_DIALECT
 
+        dialects = (SGLANG_DIALECT,)
     endpoints = NO_ENDPOINTS
     if vla_eval is not None:
         from .vla_eval.session import vla_eval_endpoints
 
         endpoints = vla_eval_endpoints(vla_eval)
-    server = PolicyServer(load_engine, settings, backend=backend, dialects=(SGLANG_DIALECT,), endpoints=endpoints)
+    server = PolicyServer(load_engine, settings, backend=backend, dialects=dialects, endpoints=endpoints)
     if recording is not None:  # first: a directory that cannot be made fails the start
         from .recording.recorder import RecordingFeature
 
@@ -691,46 +706,59 @@ def _ssl_context(args: argparse.Namespace) -> ssl.SSLContext | None:
     return context
 
 
+def server_from_args(args: argparse.Namespace, workdir: Path) -> PolicyServer:
+    """The server ``cosmos3-serve`` runs for ``args``, assembled (:func:`assemble_server`), not started.
+
+    ``workdir``: where a ``--tiny`` checkpoint is built when the engine loads."""
+    ray = args.backend == "ray"
+    return assemble_server(
+        None if ray else _engine_loader(args, workdir),
+        _server_settings(args),
+        _ray_backend(args, workdir) if ray else None,
+        http=_sidecar_settings(args),
+        recording=_recording_options(args),
+        vla_eval=_vla_eval_settings(args),
+        sglang=args.sglang,
+    )
+
+
+def _server_settings(args: argparse.Namespace) -> ServerSettings:
+    return ServerSettings(
+        host=args.host,
+        port=args.port,
+        max_message_bytes=int(args.max_message_mib * 2**20),
+        max_decoded_bytes=int(args.max_decoded_mib * 2**20),
+        max_image_side=args.max_image_side,
+        torch_threads=args.torch_threads,
+        warmup=args.warmup,
+        max_batch=max(1, args.max_batch),
+        max_batch_wait_ms=max(0.0, args.batch_wait_ms),
+        overlap_host_prep=args.overlap_host_prep == "on",
+        shutdown_grace_s=args.shutdown_grace,
+        openpi=_openpi_settings(args),
+        ssl_context=_ssl_context(args),
+        auth_tokens=TokenSet.load(args.auth_token, args.auth_token_file),
+        max_sessions=max(1, args.max_sessions),
+        observation_rate=RateLimit(max(0.0, args.max_observation_hz), max(1, args.observation_burst)),
+        engine_timeout_s=max(0.0, args.engine_timeout_s),
+        video_step_interval_s=max(0.0, args.video_step_interval_s),
+        handshake_timeout_s=max(0.1, args.handshake_timeout_s),
+        max_pending_handshakes=max(1, args.max_pending_handshakes),
+        max_pending_handshakes_per_peer=max(1, args.max_pending_handshakes_per_peer),
+        max_observers=max(1, args.max_observers),
+        connection_limits=SessionLimits(
+            max_outbox_frames=max(1, args.max_outbox_frames),
+            max_outbox_bytes=int(args.max_outbox_mib * 2**20),
+            reply_timeout_s=max(0.0, args.reply_timeout_s),
+            idle_timeout_s=max(0.0, args.idle_timeout_s),
+        ),
+        allowed_origins=tuple(args.allowed_origin),
+    )
+
+
 async def serve_until_stopped(args: argparse.Namespace) -> int:
     with tempfile.TemporaryDirectory(prefix="cosmos3-serve-") as workdir:
-        settings = ServerSettings(
-            host=args.host,
-            port=args.port,
-            max_message_bytes=int(args.max_message_mib * 2**20),
-            max_decoded_bytes=int(args.max_decoded_mib * 2**20),
-            max_image_side=args.max_image_side,
-            torch_threads=args.torch_threads,
-            warmup=args.warmup,
-            max_batch=max(1, args.max_batch),
-            max_batch_wait_ms=max(0.0, args.batch_wait_ms),
-            overlap_host_prep=args.overlap_host_prep == "on",
-            shutdown_grace_s=args.shutdown_grace,
-            openpi=_openpi_settings(args),
-            ssl_context=_ssl_context(args),
-            auth_tokens=TokenSet.load(args.auth_token, args.auth_token_file),
-            max_sessions=max(1, args.max_sessions),
-            observation_rate=RateLimit(max(0.0, args.max_observation_hz), max(1, args.observation_burst)),
-            engine_timeout_s=max(0.0, args.engine_timeout_s),
-            video_step_interval_s=max(0.0, args.video_step_interval_s),
-            handshake_timeout_s=max(0.1, args.handshake_timeout_s),
-            max_pending_handshakes=max(1, args.max_pending_handshakes),
-            max_pending_handshakes_per_peer=max(1, args.max_pending_handshakes_per_peer),
-            max_observers=max(1, args.max_observers),
-            connection_limits=SessionLimits(
-                max_outbox_frames=max(1, args.max_outbox_frames),
-                max_outbox_bytes=int(args.max_outbox_mib * 2**20),
-                reply_timeout_s=max(0.0, args.reply_timeout_s),
-                idle_timeout_s=max(0.0, args.idle_timeout_s),
-            ),
-            allowed_origins=tuple(args.allowed_origin),
-        )
-        http, recording, vla_eval = _sidecar_settings(args), _recording_options(args), _vla_eval_settings(args)
-        if args.backend == "ray":
-            backend = _ray_backend(args, Path(workdir))
-            server = assemble_server(None, settings, backend, http=http, recording=recording, vla_eval=vla_eval)
-        else:
-            loader = _engine_loader(args, Path(workdir))
-            server = assemble_server(loader, settings, http=http, recording=recording, vla_eval=vla_eval)
+        server = server_from_args(args, Path(workdir))
         stop = asyncio.Event()
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGINT, signal.SIGTERM):

@@ -21,8 +21,7 @@ import httpx
 import numpy as np
 from server_fixtures import DOMAIN, ServerThread, tiny_checkpoint
 
-from policy_server.http.sidecar import SidecarSettings
-from policy_server.videos.job_store import RetentionPolicy
+from policy_server.sidecar_settings import RetentionPolicy, SidecarSettings
 
 ACTION_DIM = 10  # raw_action_dim of DOMAIN in the tiny checkpoints
 

@@ -10,7 +10,7 @@ import pytest
 from server_fixtures import ServerThread, http_get, tiny_engine_loader
 
 from policy_server.dashboard_files import DASHBOARD_DIR
-from policy_server.http.sidecar import SidecarSettings
+from policy_server.sidecar_settings import SidecarSettings
 
 
 @pytest.fixture(scope="module")

@@ -20,7 +20,7 @@ import numpy as np
 import pytest
 from server_fixtures import DOMAIN, ServerThread, tiny_engine_loader
 
-from policy_server.http.sidecar import SidecarSettings
+from policy_server.sidecar_settings import SidecarSettings
 from robot_clients import PolicyClient
 from robot_clients.chunker import ActionChunker, ChunkerConfig, RemoteChunkPolicy
 from robot_clients.control_loop import ChunkingAgent, ControlLoop, Environment, EpisodeReport

@@ -29,7 +29,7 @@ from server_fixtures import DOMAIN, ServerThread, http_get, rgb_image, tiny_chec
 from websockets.asyncio.client import connect
 from websockets.exceptions import InvalidStatus
 
-from policy_server.http.sidecar import SidecarSettings
+from policy_server.sidecar_settings import SidecarSettings
 from robot_clients.wire_codec import packb, unpackb
 
 ENGINE_TIMEOUT_S = 1.0

@@ -30,8 +30,7 @@ from server_fixtures import DOMAIN, ServerThread, tiny_engine_loader
 from sidecar_fixtures import png_b64, rgb
 
 from policy_server.auth import TokenSet
-from policy_server.http.sidecar import SidecarSettings
-from policy_server.videos.job_store import RetentionPolicy
+from policy_server.sidecar_settings import RetentionPolicy, SidecarSettings
 
 TOKEN = "fuzz-token-7d1c"
 AUTH = {"Authorization": f"Bearer {TOKEN}"}

@@ -54,7 +54,7 @@ class RayServerThread(ServerThread):
 
 @pytest.fixture(scope="module")
 def ray_server(ray_instance, tmp_path_factory):
-    from policy_server.http.sidecar import SidecarSettings
+    from policy_server.sidecar_settings import SidecarSettings
 
     http = SidecarSettings(data_dir=tmp_path_factory.mktemp("ray-jobs"), port=0)
     with RayServerThread(replicas=2, http=http) as running:

@@ -199,7 +199,7 @@ def _get(url: str, token: str | None = None) -> tuple[int, dict]:
 
 async def test_recordings_are_served_only_with_the_token_and_only_by_their_safe_names(tmp_path):
     from policy_server.auth import TokenSet
-    from policy_server.http.settings import SidecarSettings
+    from policy_server.sidecar_settings import SidecarSettings
 
     token = "recordings-token-0123456789"
     root = tmp_path / "recordings"
@@ -248,7 +248,7 @@ async def test_recordings_are_served_only_with_the_token_and_only_by_their_safe_
 async def test_the_recordings_listing_pages_and_an_absurd_frame_index_is_a_client_error(tmp_path, caplog):
     """The attack run: ``?limit=`` was ignored (every recording listed), and ``frames?start=`` beyond what
     an index holds answered 500 with a traceback in the log."""
-    from policy_server.http.settings import SidecarSettings
+    from policy_server.sidecar_settings import SidecarSettings
 
     root = tmp_path / "recordings"
     sidecar = SidecarSettings(data_dir=tmp_path / "sidecar", host="127.0.0.1", port=0)
@@ -290,7 +290,7 @@ async def test_replay_pages_decode_on_one_low_priority_thread_are_cached_and_rat
     import threading
 
     from policy_server.http.routes.recordings import PAGES_BURST, REPLAY_NICENESS
-    from policy_server.http.settings import SidecarSettings
+    from policy_server.sidecar_settings import SidecarSettings
 
     root = tmp_path / "recordings"
     sidecar = SidecarSettings(data_dir=tmp_path / "sidecar", host="127.0.0.1", port=0)

@@ -33,7 +33,7 @@ from websockets.exceptions import InvalidStatus
 
 from policy_server.auth import TokenConfigError, TokenSet
 from policy_server.cli import _ssl_context, build_parser
-from policy_server.http.sidecar import SidecarSettings
+from policy_server.sidecar_settings import SidecarSettings
 from robot_clients import AsyncPolicyClient
 from robot_clients.wire_codec import packb, unpackb
 

@@ -24,7 +24,7 @@ from websockets.asyncio.client import connect
 from websockets.exceptions import InvalidStatus
 
 from policy_server.auth import OriginConfigError, OriginPolicy
-from policy_server.http.sidecar import SidecarSettings
+from policy_server.sidecar_settings import SidecarSettings
 from robot_clients.wire_codec import unpackb
 
 ALLOWED = "https://ops.example.com"

@@ -20,6 +20,8 @@ import textwrap
 import pytest
 from server_fixtures import DOMAIN, REPO_ROOT, tiny_checkpoint
 
+from policy_server.cli import build_parser, server_from_args
+
 FEATURE_PACKAGES = ("policy_server.sglang", "policy_server.recording", "policy_server.videos", "policy_server.ray")
 FEATURE_PACKAGES += ("policy_server.http", "policy_server.vla_eval", "pydantic")
 
@@ -114,3 +116,63 @@ async def test_a_start_that_fails_stops_the_features_it_had_started(tmp_path):
     (feature,) = server.features
     assert isinstance(feature, RecordingFeature) and feature.recorder is not None
     assert feature.recorder.state is RecorderState.STOPPED
+
+
+COMMAND_SCRIPT = textwrap.dedent(
+    """
+    import asyncio, json, sys, tempfile
+    from pathlib import Path
+
+    import numpy as np
+    from websockets.asyncio.client import connect
+
+    from policy_server import cli
+    from robot_clients.wire_codec import packb, unpackb
+
+    checkpoint, domain, features = sys.argv[1], sys.argv[2], json.loads(sys.argv[3])
+    argv = ["--model", checkpoint, "--no-http", "--host", "127.0.0.1", "--port", "0", "--no-warmup"]
+
+
+    async def main():
+        server = cli.server_from_args(cli.build_parser().parse_args(argv), Path(tempfile.mkdtemp()))
+        image = np.random.default_rng(0).integers(0, 256, (64, 64, 3), dtype=np.uint8)
+        async with server:
+            async with connect(f"ws://127.0.0.1:{server.port}/v1/actions/realtime", compression=None) as ws:
+                hello = unpackb(await ws.recv())
+                await ws.send(packb({"type": "configure", "domain_name": domain, "action_horizon": 8, "seed": 0}))
+                await ws.recv()
+                await ws.send(packb({"type": "observation", "seq": 1, "image": image}))
+                chunk = unpackb(await asyncio.wait_for(ws.recv(), 120))
+        loaded = sorted(m for m in sys.modules if any(m == f or m.startswith(f + ".") for f in features))
+        print(json.dumps({"chunk": chunk["type"], "dialects": len(server.dialects), "loaded": loaded}))
+
+
+    asyncio.run(main())
+    """
+)
+
+
+def test_the_shipped_command_with_the_sidecar_off_loads_no_sidecar_no_sglang_and_no_pydantic():
+    """``cosmos3-serve --no-http`` as the command line assembles it (``cli.server_from_args``): it serves
+    a robot, and its interpreter never loaded the sidecar, video jobs, SGLang's dialect or pydantic."""
+    env = {**os.environ, "PYTHONPATH": str(REPO_ROOT), "OMP_WAIT_POLICY": "PASSIVE"}
+    unwanted = ("policy_server.http", "policy_server.videos", "policy_server.sglang", "pydantic", "fastapi")
+    result = subprocess.run(
+        [sys.executable, "-c", COMMAND_SCRIPT, str(tiny_checkpoint("distilled")), DOMAIN, json.dumps(unwanted)],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env=env,
+        cwd=REPO_ROOT,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    seen = json.loads(result.stdout.strip().splitlines()[-1])
+    assert seen["chunk"] == "action_chunk" and seen["dialects"] == 0
+    assert seen["loaded"] == []
+
+
+def test_sglangs_dialect_is_attached_by_its_flag_or_with_the_sidecar(tmp_path):
+    parser = build_parser()
+    for argv, attached in (([], 1), (["--no-http"], 0), (["--no-http", "--sglang"], 1)):
+        args = parser.parse_args(["--tiny", "distilled", "--data-dir", str(tmp_path), *argv])
+        assert len(server_from_args(args, tmp_path).dialects) == attached, argv

@@ -23,7 +23,7 @@ from server_fixtures import DOMAIN, ServerProcess, http_get, tiny_checkpoint
 from sidecar_fixtures import SidecarServer, engine_loader, png_b64, rgb
 from websockets.asyncio.client import connect
 
-from policy_server.http.connections import ConnectionLimits
+from policy_server.sidecar_settings import ConnectionLimits
 
 pytestmark = pytest.mark.timeout(180)
 

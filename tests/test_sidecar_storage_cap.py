@@ -19,7 +19,7 @@ from server_fixtures import DOMAIN, tiny_checkpoint
 from sidecar_fixtures import SidecarServer, actions, error_of
 from test_faults_disk_full import Gate, GatedVideoEngine
 
-from policy_server.videos.job_store import RetentionPolicy
+from policy_server.sidecar_settings import RetentionPolicy
 
 pytestmark = pytest.mark.timeout(180)
 

@@ -58,6 +58,7 @@ from ..media import (
     decode_clip,
     decode_image,
 )
+from ..sidecar_settings import DEFAULT_MAX_JSON_VALUES
 from ..videos.encoding import VideoEncodingError, read_video_bytes
 from .errors import ApiError, HttpErrorCode
 
@@ -75,11 +76,6 @@ JSON_TEXT_FIELDS = ("action", "prefix_actions", "state")
 MAX_MULTIPART_FILES = 2
 MAX_MULTIPART_FIELDS = 32
 MAX_MULTIPART_TEXT_BYTES = 4 * 2**20  # an `action` array as JSON text
-# Elements (numbers, lists, maps) a JSON or msgpack body may hold. Parsed, each is a Python object or a
-# pointer to one (a pixel as `[r, g, b]` costs about 90 bytes): 2 million stay under 200 MiB at their
-# worst; that is a 700×700 image as nested lists. Larger pixel arrays travel as encoded images or as
-# msgpack arrays, which cost one byte per value.
-DEFAULT_MAX_JSON_VALUES = 2_000_000
 
 
 @dataclass

@@ -29,33 +29,14 @@ import json
 import logging
 import socket
 from collections.abc import Callable
-from dataclasses import dataclass
 from http import HTTPStatus
 from typing import Any
 
 from ..connection_limits import PeerCounter, peer_address
+from ..sidecar_settings import ConnectionLimits
 from .errors import HttpErrorCode
 
 logger = logging.getLogger(__name__)
-
-DEFAULT_HEADER_TIMEOUT_S = 10.0
-DEFAULT_BODY_TIMEOUT_S = 60.0
-DEFAULT_MAX_CONNECTIONS = 256
-DEFAULT_MAX_CONNECTIONS_PER_PEER = 32
-# Request line plus headers. Tokens and cookies fit many times over; httptools itself sets no bound.
-MAX_HEADER_BYTES = 64 * 1024
-
-
-@dataclass(frozen=True)
-class ConnectionLimits:
-    """Deadlines and caps of the sidecar's connections (flags in ``docs/security.md``)."""
-
-    header_timeout_s: float = DEFAULT_HEADER_TIMEOUT_S
-    body_timeout_s: float = DEFAULT_BODY_TIMEOUT_S
-    max_connections: int = DEFAULT_MAX_CONNECTIONS
-    max_connections_per_peer: int = DEFAULT_MAX_CONNECTIONS_PER_PEER
-    max_header_bytes: int = MAX_HEADER_BYTES
-    tcp_nodelay: bool = True
 
 
 def error_response(status: int, code: str, message: str, headers: dict[str, str] | None = None) -> bytes:

@@ -12,11 +12,11 @@ from robot_clients.protocol import FrameLimits
 from ..context import ServerContext
 from ..media import model_frame_limits
 from ..metrics import ServerMetrics
+from ..sidecar_settings import SidecarSettings
 from ..videos.job_store import VideoJobStore
 from ..videos.runner import VideoJobRunner
 from .bodies import BodyBudget
 from .errors import ApiError, HttpErrorCode
-from .settings import SidecarSettings
 from .turns import InFlightLimit
 
 

@@ -51,14 +51,14 @@ from ..connection_limits import ACCEPT_BURST, PeerCounter, capped_to_descriptors
 from ..context import ServerContext
 from ..dashboard_files import CONFIG_NAME, DASHBOARD_HEADERS, DASHBOARD_PATH, dashboard_asset, dashboard_config
 from ..metrics import ServerMetrics, ServerStateReaders
+from ..sidecar_settings import ConnectionLimits, SidecarSettings
 from ..videos.job_store import VideoJobStatus, VideoJobStore
 from ..videos.runner import VideoJobRunner
 from .bodies import BodyBudget, content_length
-from .connections import ConnectionLimits, guarded_protocol
+from .connections import guarded_protocol
 from .context import SidecarParts
 from .errors import ApiError, HttpErrorCode
 from .routes import actions, metadata, recordings, videos
-from .settings import SidecarSettings
 from .turns import InFlightLimit
 
 logger = logging.getLogger(__name__)

@@ -27,11 +27,9 @@ from collections.abc import Iterator, Mapping
 from typing import Any
 
 from ..auth import TOKEN_ID_SCOPE_KEY
+from ..sidecar_settings import DEFAULT_MAX_IN_FLIGHT
 from .errors import ApiError, HttpErrorCode
 
-# Requests of one client admitted at once. Enough to overlap one request's upload and decoding with
-# another's engine turn; more would only wait in the client's own line.
-DEFAULT_MAX_IN_FLIGHT = 4
 RETRY_AFTER_S = 1
 
 

@@ -59,6 +59,7 @@ from typing import Any
 import numpy as np
 
 from ..durable_files import write_folder
+from ..sidecar_settings import RetentionPolicy
 
 logger = logging.getLogger(__name__)
 
@@ -84,15 +85,6 @@ class VideoJobStatus(str, enum.Enum):
 
 
 FINISHED = (VideoJobStatus.COMPLETED, VideoJobStatus.FAILED)
-
-
-@dataclass(frozen=True)
-class RetentionPolicy:
-    """How long finished jobs are kept and how much disk their results may take."""
-
-    max_age_s: float = 24 * 3600.0
-    max_bytes: int = 2 * 2**30  # inputs of jobs still to run plus finished results
-    max_queued: int = 100
 
 
 @dataclass

@@ -17,11 +17,11 @@ from ...metadata import engine_state, health, http_action_metadata
 from ...metrics import PROMETHEUS_CONTENT_TYPE
 from ...sglang.actions import merge_metadata
 from ...sglang.lockstep_session import sglang_keys
+from ...sidecar_settings import SidecarSettings
 from ...videos.encoding import MP4_MEDIA_TYPE
 from .. import codecs as http_codecs
 from ..context import SidecarParts
 from ..schemas import ActionMetadata, ErrorResponse, Health, Readiness
-from ..settings import SidecarSettings
 
 
 def http_metadata(host: ServerContext[Any], settings: SidecarSettings, max_buffered_body_bytes: int) -> ActionMetadata:
