@@ -379,13 +379,14 @@ class ModelDescription:
         if unknown:
             raise TypeError(f"not request settings: {', '.join(sorted(unknown))}")
         lim = self.limits
+        # The mode first: a checkpoint without an action head knows no domain, and says why.
+        value = settings.get("action_mode")
+        if value is not None:
+            _mode(value, self.modes, output)
         value = settings.get("domain_name")
         if value is not None and (not isinstance(value, str) or value not in self.domains):
             known = ", ".join(sorted(self.domains)) or "none"
             raise UnknownDomainError(f"unknown domain_name {value!r}; this model knows: {known}", "domain_name")
-        value = settings.get("action_mode")
-        if value is not None:
-            _mode(value, self.modes, output)
         value = settings.get("action_horizon")
         if value is not None:
             _horizon(value, lim, self.horizon_multiple, "action_horizon")

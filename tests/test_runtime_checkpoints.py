@@ -221,10 +221,9 @@ def test_inspect_prints_each_domains_profile_and_the_defaults_it_resolves_to(tin
     assert inspect_main([str(tiny_checkpoint("base", droid=True))]) == 0
     out = capsys.readouterr().out
     assert "variant defaults  35 steps, guidance 6.0, tier 480" in out
-    assert (
-        "default domain    droid_lerobot: chunk 32, tier 480, 15 fps, concat_view, guidance in sigmas [0.96, 1.0]"
-        in out
-    )
+    assert "default domain    droid_lerobot: chunk 32, tier 480, 15 fps, concat_view\n" in out
+    # NVIDIA's DROID serving settings, from the profile: 4 steps with guidance, two forwards each.
+    assert "default sampler   4 steps, guidance 3, shift 5: 8 transformer forwards a chunk" in out
     droid = next(line for line in out.splitlines() if line.strip().startswith("droid_lerobot"))
     for needle in (
         "width  8",
@@ -243,8 +242,18 @@ def test_inspect_prints_each_domains_profile_and_the_defaults_it_resolves_to(tin
     assert inspect_main([str(tiny_checkpoint("base", droid=True)), "--json"]) == 0
     data = json.loads(capsys.readouterr().out)
     assert data["defaults"]["domain_name"] == "droid_lerobot"
-    assert data["domains"]["droid_lerobot"]["defaults"]["guidance_interval"] == [0.96, 1.0]
-    assert data["domains"]["droid_lerobot"]["state_dim"] == 8
+    droid = data["domains"]["droid_lerobot"]
+    assert (droid["defaults"]["num_steps"], droid["defaults"]["guidance_scale"], droid["defaults"]["shift"]) == (
+        4,
+        3.0,
+        5.0,
+    )
+    assert droid["defaults"]["guidance_interval"] is None and droid["transformer_forwards"] == 8
+    assert droid["state_dim"] == 8
+    # The Edge DROID recipe: guidance only in timesteps 960-1001, the first of the 4 steps.
+    assert inspect_main([str(tiny_checkpoint("edge", droid=True)), "--json"]) == 0
+    edge = json.loads(capsys.readouterr().out)["domains"]["droid_lerobot"]
+    assert edge["defaults"]["guidance_interval"] == [0.96, 1.0] and edge["transformer_forwards"] == 5
 
 
 def test_cosmos3_tiny_droid_ships_the_droid_profile(tmp_path, capsys):
@@ -253,15 +262,18 @@ def test_cosmos3_tiny_droid_ships_the_droid_profile(tmp_path, capsys):
     assert profiles["default_domain"] == "droid_lerobot"
     droid = profiles["domains"]["droid_lerobot"]
     assert (
-        droid["default_horizon"],
         droid["raw_action_dim"],
         droid["state_dim"],
         droid["use_state"],
         droid["history_length"],
         droid["gripper_flip_index"],
         droid["normalization"],
-        droid["fps"],
         droid["resolution_tier"],
         droid["view_point"],
-    ) == (32, 8, 8, True, 1, 7, "none", 15, 480, "concat_view")
+    ) == (8, 8, True, 1, 7, "none", 480, "concat_view")
+    # A distilled checkpoint runs its own list: no sampler settings in its profile.
+    assert not {"num_steps", "guidance_scale", "shift", "guidance_interval"} & set(droid)
+    # The chunk and the fps are in checkpoint.json, as NVIDIA's exported policies carry them.
+    policy = json.loads((tmp_path / "droid" / "checkpoint.json").read_text())["policy"]
+    assert policy == {"action_chunk_size": 32, "conditioning_fps": 15.0, "domain_name": "droid_lerobot"}
     assert "bridge_orig_lerobot" in profiles["domains"]  # the other tiny profiles stay

@@ -61,10 +61,10 @@ class SessionConfig:
     def resolved(self, description: ModelDescription) -> dict[str, Any]:
         """The values the engine will use, defaults filled in: what the ``session`` reply shows."""
         values: dict[str, Any] = dict(dataclasses.asdict(self))
-        resolved = _mapped(description.resolve, self.domain_name, _model_settings(values), seq=None)
-        values.update(resolved.as_json())
-        values["action_mode"] = self.action_mode  # unset: each observation's media decide
         domain = description.domain(self.domain_name)
+        if domain is not None:  # a session config names a known domain; anything else shows as set
+            values.update(description.resolve(self.domain_name, _model_settings(values)).as_json())
+            values["action_mode"] = self.action_mode  # unset: each observation's media decide
         values["domain_id"] = domain.domain_id if domain is not None else None
         values["raw_action_dim"] = domain.raw_action_dim if domain is not None else None
         for name in STATE_PROFILE_FIELDS:  # whether observations must carry `state`, and its shape
