@@ -662,11 +662,10 @@ def main(argv: list[str] | None = None) -> int:
     )
     try:
         summary = train(cfg)
-    except DatasetError as exc:
-        print(f"cosmos3-train: dataset {args.dataset}: {exc}", file=sys.stderr, flush=True)
-        return 2
-    except CheckpointError as exc:
-        print(f"cosmos3-train: {exc}", file=sys.stderr, flush=True)
+    except CheckpointError as exc:  # a DatasetError among them: what the dataset or checkpoint got wrong
+        said = " ".join(str(exc).split())  # one line, whatever a library's message held
+        where = f"dataset {args.dataset}: " if isinstance(exc, DatasetError) else ""
+        print(f"cosmos3-train: {where}{said}", file=sys.stderr, flush=True)
         return 2
     print(json.dumps(summary), flush=True)
     return 0
