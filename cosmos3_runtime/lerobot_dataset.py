@@ -451,23 +451,23 @@ class _Reader:
             rel = fill_template(template, "data_path", {"chunk_index": chunk, "file_index": file})
             parquet = self.parquet(rel, "data_path", "data file")
             columns = ["episode_index", "frame_index", "task_index", "action"]
-            state = held[0].state is not None
-            columns += ["observation.state"] if state else []
+            state_shape = None if held[0].state is None else held[0].state.shape[1:]
+            columns += ["observation.state"] if state_shape is not None else []
             columns += [image_camera] if image_camera else []
             for batch in self.batches(rel, parquet, columns, "data_path"):
                 ids = _integers(rel, batch, "episode_index")
                 frame_ids = _integers(rel, batch, "frame_index")
                 task_ids = _integers(rel, batch, "task_index")
                 actions = _numbers(rel, batch, "action", held[0].actions.shape[1:])
-                states = _numbers(rel, batch, "observation.state", held[0].state.shape[1:]) if state else None  # type: ignore[union-attr]
+                states = None if state_shape is None else _numbers(rel, batch, "observation.state", state_shape)
                 images = batch.column(image_camera) if image_camera else None
                 for k, (episode, frame) in enumerate(zip(ids.tolist(), frame_ids.tolist())):
-                    arrays = episodes.get(episode)
-                    if arrays is None:
+                    into = episodes.get(episode)
+                    if into is None:
                         continue
-                    arrays.put(rel, frame, int(task_ids[k]), actions[k], None if states is None else states[k])
+                    into.put(rel, frame, int(task_ids[k]), actions[k], None if states is None else states[k])
                     if images is not None:
-                        arrays.put_image(rel, frame, _image(rel, image_camera or "", images[k].as_py(), sides, self))
+                        into.put_image(frame, _image(rel, image_camera or "", images[k].as_py(), sides, self))
         for arrays in episodes.values():
             arrays.check_complete()
 
@@ -600,7 +600,7 @@ class _EpisodeArrays:
         if frame == 0:
             self.task_index = task
 
-    def put_image(self, rel: PurePosixPath, frame: int, image: np.ndarray) -> None:
+    def put_image(self, frame: int, image: np.ndarray) -> None:
         self.images[frame] = image
 
     def check_complete(self) -> None:
@@ -640,7 +640,8 @@ def _numbers(rel: PurePosixPath, batch: pa.RecordBatch, name: str, shape: tuple[
             f"its feature's shape {list(shape)} says {math.prod(shape)}",
             name,
         )
-    return np.asarray(column.to_numpy(zero_copy_only=False), np.float32).reshape(batch.num_rows, *shape)
+    values: np.ndarray = np.asarray(column.to_numpy(zero_copy_only=False), np.float32).reshape(batch.num_rows, *shape)
+    return values
 
 
 def _image(rel: PurePosixPath, camera: str, value: object, sides: tuple[int, int], reader: _Reader) -> np.ndarray:

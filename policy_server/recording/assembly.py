@@ -206,7 +206,9 @@ def assemble(folder: Path) -> AssembledEpisode | None:
         return None
     layout = EpisodeLayout.from_json(session["layout"])
     fps = int(session["fps"])
-    segments, tables, histograms = [], [], {key: np.zeros((3, 256), np.int64) for key in layout.cameras}
+    segments: list[Path] = []
+    tables: list[pa.Table] = []
+    histograms = {key: np.zeros((3, 256), np.int64) for key in layout.cameras}
     frame_counts = []
     quarantined = list(session.get("quarantined_segments", []))
     for segment in committed_segments(folder):
