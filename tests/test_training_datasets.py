@@ -115,6 +115,7 @@ def assert_refused(dataset: Path, tmp_path: Path, *expected: str, flags: tuple[s
         assert fragment in line, line
     assert sorted(p.name for p in runs.iterdir()) == [], "cosmos3-train wrote beside or into --out"
     assert rss < MAX_RSS_BYTES, f"peak RSS {rss / 2**20:.0f} MiB"
+    print(f"peak RSS {rss / 2**20:.0f} MiB: {line}")  # shown with pytest -s
     return line
 
 
@@ -288,3 +289,19 @@ def test_a_server_recording_trains_with_the_default_flags(recording, tmp_path):
     summary = json.loads((runs / "ckpt/training_summary.json").read_text())
     assert summary["steps"] == 2 and summary["frames"] == 20
     assert rss < MAX_RSS_BYTES
+
+
+def test_the_checkpoint_is_built_beside_out_and_renamed_into_it_when_whole(recording, tmp_path):
+    from cosmos3_runtime.training import TrainConfig, prepare_training, train
+
+    out = tmp_path / "runs" / "ckpt"
+    out.mkdir(parents=True)
+    (out / "previous.txt").write_text("the checkpoint an earlier run left")
+    cfg = TrainConfig(dataset=recording, out=out, steps=2, batch_size=2, hidden_size=32, layers=1, save_every=0)
+    prep = prepare_training(cfg)
+    assert prep.ckpt == tmp_path / "runs" / ".ckpt.training" and (prep.ckpt / "policy_profiles.json").is_file()
+    assert sorted(p.name for p in out.iterdir()) == ["previous.txt"]  # --out untouched while a run builds
+    summary = train(cfg)
+    assert summary["checkpoint"] == str(out) and summary["steps"] == 2
+    assert sorted(p.name for p in (tmp_path / "runs").iterdir()) == ["ckpt"]
+    assert (out / "training_summary.json").is_file() and not (out / "previous.txt").exists()
