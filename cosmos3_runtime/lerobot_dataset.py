@@ -177,9 +177,9 @@ class _Reader:
         try:
             self.real_root = Path(os.path.realpath(root))
         except OSError as exc:
-            raise DatasetError(f"{root}: not a folder: {exc}") from exc
+            raise DatasetError(f"not a folder: {exc}") from exc
         if not self.real_root.is_dir():
-            raise DatasetError(f"{root}: not a dataset folder")
+            raise DatasetError("not a folder")
 
     # -- files ---------------------------------------------------------------------------------
 

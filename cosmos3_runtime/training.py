@@ -117,7 +117,9 @@ def fit_to_dataset(cfg: TrainConfig, data: LeRobotDataset) -> TrainConfig:
     data cannot train it."""
     chunk = data.recorded_chunk
     horizon = cfg.horizon if cfg.horizon is not None else (chunk or DEFAULT_HORIZON)
-    if horizon < 1 or (chunk is not None and horizon > chunk):
+    if horizon < 1:
+        raise DatasetError(f"--horizon {horizon}: a chunk has at least one row", "horizon")
+    if chunk is not None and horizon > chunk:
         raise DatasetError(
             f"--horizon {horizon}: the recording answered chunks of {chunk} rows (meta/info.json: "
             f"features['action'].shape); train with --horizon {chunk} or less, or leave it out",
