@@ -28,20 +28,17 @@ The profile (``policy_profiles.json``) is written from the data: domain, action 
 conditioning, and mean/std statistics with a floor of :data:`STD_FLOOR` (a dimension that never moves
 would otherwise blow up). Progress is a tqdm bar; runs are seeded and resume from ``training_state.pt``.
 
-**The dataset** (:func:`read_dataset`), a LeRobot v3.0 dataset read as episodes of camera frames, state
-and actions. The layout is the one LeRobot writes and ``policy_server.recording`` records (``meta/info.json`` with its
-``features`` and path templates, ``meta/tasks.parquet``, ``data/chunk-*/file-*.parquet``, a camera either
-in the data file as LeRobot's ``image`` feature or as ``videos/<key>/chunk-*/file-*.mp4``). The runtime has
-no networking and no pandas: files are read with pyarrow, images with Pillow, videos with imageio's ffmpeg.
-
-``action`` is either one row per frame (a demonstration dataset) or a chunk per frame (a recording of the
-server, whose rows are what it answered); :class:`DatasetEpisode` keeps what the file has.
+**The dataset** is read by :func:`~cosmos3_runtime.lerobot_dataset.read_dataset` (a LeRobot v3.0 dataset,
+checked against :class:`~cosmos3_runtime.lerobot_dataset.DatasetBounds` before it is read). ``--horizon``
+defaults to what the dataset supports: a recording's answered chunk, else 16. A dataset's failure is one
+line from ``cosmos3-train``, and the checkpoint is built in a folder beside ``--out``, renamed into it
+only when whole.
 """
 
 from __future__ import annotations
 
 import argparse
-import io
+import dataclasses
 import json
 import logging
 import math
@@ -53,10 +50,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
-import pyarrow.parquet as pq
 import torch
 
 from .errors import CheckpointError
+from .lerobot_dataset import DatasetBounds, DatasetError, LeRobotDataset, read_dataset
 from .requests import ActionRequest
 from .sampling import action_rows
 from .validation import DenoiseJob, job_for_actions
@@ -65,126 +62,6 @@ if TYPE_CHECKING:
     from .engine import Cosmos3Engine
     from .profiles import PolicyProfile
     from .sequence_packing import SequencePass
-
-
-# -- the dataset -----------------------------------------------------------------------------------
-
-IMAGE_PREFIX = "observation.images."
-
-
-class DatasetError(CheckpointError):
-    """The dataset is not a LeRobot v3.0 dataset this trainer can read."""
-
-
-@dataclass
-class DatasetEpisode:
-    """One episode's frames in order."""
-
-    index: int
-    images: np.ndarray  # (T, H, W, 3) uint8
-    state: np.ndarray | None  # (T, D) float32
-    actions: np.ndarray  # (T, D) float32, or (T, H, D) for a recording's answered chunks
-    task: str
-
-
-@dataclass
-class LeRobotDataset:
-    root: Path
-    fps: float
-    camera: str  # the feature key of the camera the episodes hold
-    episodes: list[DatasetEpisode]
-
-    @property
-    def action_dim(self) -> int:
-        return int(self.episodes[0].actions.shape[-1])
-
-    @property
-    def frames(self) -> int:
-        return sum(len(e.images) for e in self.episodes)
-
-
-def read_dataset(root: str | Path, camera: str | None = None, max_episodes: int | None = None) -> LeRobotDataset:
-    """Read ``root``'s episodes (their frames from ``camera``, default the first camera feature)."""
-    root = Path(root)
-    info_path = root / "meta" / "info.json"
-    try:
-        info = json.loads(info_path.read_text())
-    except (OSError, json.JSONDecodeError) as exc:
-        raise DatasetError(f"{root} is not a LeRobot dataset: cannot read {info_path}: {exc}") from exc
-    if info.get("codebase_version") != "v3.0":
-        raise DatasetError(f"{root}: codebase_version {info.get('codebase_version')!r}, expected 'v3.0'")
-    features = info["features"]
-    cameras = [k for k, ft in features.items() if ft.get("dtype") in ("image", "video")]
-    if not cameras:
-        raise DatasetError(f"{root} has no camera feature")
-    camera = camera or cameras[0]
-    if camera not in cameras:
-        raise DatasetError(f"{root} has no camera {camera!r}; it has {', '.join(cameras)}")
-    if "action" not in features:
-        raise DatasetError(f"{root} has no 'action' feature")
-    tasks = _tasks(root)
-
-    files = sorted((root / "data").glob("chunk-*/file-*.parquet"))
-    if not files:
-        raise DatasetError(f"{root} has no data files")
-    columns = ["episode_index", "frame_index", "action", "task_index"]
-    columns += [c for c in ("observation.state",) if c in features]
-    if features[camera]["dtype"] == "image":
-        columns.append(camera)
-    tables = [pq.read_table(f, columns=columns) for f in files]
-    episodes: dict[int, list[dict[str, Any]]] = {}
-    for table in tables:
-        for row in table.to_pylist():
-            episodes.setdefault(int(row["episode_index"]), []).append(row)
-    chosen = sorted(episodes)[:max_episodes] if max_episodes is not None else sorted(episodes)
-    videos = _video_frames(root, info, camera) if features[camera]["dtype"] == "video" else None
-    out = []
-    for index in chosen:
-        rows = sorted(episodes[index], key=lambda r: r["frame_index"])
-        if videos is not None:
-            images = videos[index][: len(rows)]
-        else:
-            images = np.stack([_decode_image(r[camera]) for r in rows])
-        state = (
-            np.asarray([r["observation.state"] for r in rows], np.float32) if "observation.state" in columns else None
-        )
-        actions = np.asarray([r["action"] for r in rows], np.float32)
-        out.append(DatasetEpisode(index, images, state, actions, tasks.get(int(rows[0]["task_index"]), "")))
-    return LeRobotDataset(root, float(info["fps"]), camera, out)
-
-
-def _tasks(root: Path) -> dict[int, str]:
-    path = root / "meta" / "tasks.parquet"
-    if not path.is_file():
-        return {}
-    table = pq.read_table(path).to_pydict()
-    names = table.get("task") or table.get("__index_level_0__") or []
-    return {int(i): str(n) for i, n in zip(table["task_index"], names)}
-
-
-def _decode_image(value: dict[str, Any] | bytes) -> np.ndarray:
-    from PIL import Image
-
-    data = value["bytes"] if isinstance(value, dict) else value
-    return np.asarray(Image.open(io.BytesIO(data)).convert("RGB"))
-
-
-def _video_frames(root: Path, info: dict[str, Any], camera: str) -> dict[int, np.ndarray]:
-    """Every episode's frames of ``camera`` from its MP4 files, cut by each episode's timestamps."""
-    import imageio.v3 as iio
-
-    episodes = pq.read_table(sorted((root / "meta" / "episodes").glob("chunk-*/file-*.parquet"))[0]).to_pylist()
-    fps = float(info["fps"])
-    decoded: dict[tuple[int, int], np.ndarray] = {}
-    out = {}
-    for ep in episodes:
-        chunk, file = ep[f"videos/{camera}/chunk_index"], ep[f"videos/{camera}/file_index"]
-        if (chunk, file) not in decoded:
-            path = root / info["video_path"].format(video_key=camera, chunk_index=chunk, file_index=file)
-            decoded[(chunk, file)] = np.asarray(iio.imread(path, plugin="FFMPEG"))
-        start = int(round(ep[f"videos/{camera}/from_timestamp"] * fps))
-        out[int(ep["episode_index"])] = decoded[(chunk, file)][start : start + int(ep["length"])]
-    return out
 
 
 # -- training --------------------------------------------------------------------------------------
@@ -209,7 +86,7 @@ class TrainConfig:
     layers: int = 2
     domain: str = "cosmos3_mujoco_arm"
     domain_id: int | None = None
-    horizon: int = 16
+    horizon: int | None = None  # None: what the dataset supports (a recording's chunk, else DEFAULT_HORIZON)
     tier: int = 256
     view_point: str = "third_person_view"
     prompt: str | None = None  # default: each episode's task
@@ -229,6 +106,33 @@ class TrainConfig:
     device: str = "cpu"
     dtype: str | None = None
     max_seconds: float | None = None
+    bounds: DatasetBounds = dataclasses.field(default_factory=DatasetBounds)
+
+
+DEFAULT_HORIZON = 16  # a demonstration dataset's chunk when --horizon is not given (any length can be cut from it)
+
+
+def fit_to_dataset(cfg: TrainConfig, data: LeRobotDataset) -> TrainConfig:
+    """``cfg`` with its horizon (and longest prefix) what ``data`` supports; :class:`DatasetError` if the
+    data cannot train it."""
+    chunk = data.recorded_chunk
+    horizon = cfg.horizon if cfg.horizon is not None else (chunk or DEFAULT_HORIZON)
+    if horizon < 1:
+        raise DatasetError(f"--horizon {horizon}: a chunk has at least one row", "horizon")
+    if chunk is not None and horizon > chunk:
+        raise DatasetError(
+            f"--horizon {horizon}: the recording answered chunks of {chunk} rows (meta/info.json: "
+            f"features['action'].shape); train with --horizon {chunk} or less, or leave it out",
+            "horizon",
+        )
+    state = data.episodes[0].state
+    if state is not None and state.shape[-1] != data.action_dim:
+        raise DatasetError(
+            f"meta/info.json: observation.state has {state.shape[-1]} values, the action {data.action_dim}: state rows "
+            "are conditioned as action rows, so the state must be in action units",
+            "observation.state",
+        )
+    return dataclasses.replace(cfg, horizon=horizon, max_prefix=min(cfg.max_prefix, horizon - 1))
 
 
 @dataclass
@@ -484,13 +388,24 @@ class FlowMatchingTrainer:
         return action, vision
 
 
+def work_folder(out: Path) -> Path:
+    """Where a run builds its checkpoint: a folder beside ``out``, renamed into ``out`` once whole (an
+    interrupted run leaves it for ``--resume``, and ``out`` as it was)."""
+    return out.parent / f".{out.name}.training"
+
+
 def prepare_checkpoint(cfg: TrainConfig) -> Path:
-    """The output checkpoint's folder: a copy of the base (or a tiny one drawn here), unless resuming."""
-    out = cfg.out
+    """The run's checkpoint folder (:func:`work_folder`): a copy of the base (or a tiny one drawn here), or
+    when resuming the interrupted run's, else a copy of ``--out``'s."""
+    out = work_folder(cfg.out)
     if cfg.resume and (out / STATE_FILE).is_file():
         return out
     if out.exists():
         shutil.rmtree(out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    if cfg.resume and (cfg.out / STATE_FILE).is_file():
+        shutil.copytree(cfg.out, out, symlinks=True)
+        return out
     if cfg.base is not None:
         shutil.copytree(cfg.base, out)
     else:
@@ -525,7 +440,8 @@ def prepare_training(cfg: TrainConfig) -> Preparation:
     """Read the data, make the checkpoint (profile, VAE statistics), load it, and encode every frame."""
     from .engine import Cosmos3Engine
 
-    data = read_dataset(cfg.dataset)
+    data = read_dataset(cfg.dataset, bounds=cfg.bounds)
+    cfg = fit_to_dataset(cfg, data)
     ckpt = prepare_checkpoint(cfg)
     resuming = cfg.resume and (ckpt / STATE_FILE).is_file()
     if not resuming:
@@ -545,8 +461,10 @@ def prepare_training(cfg: TrainConfig) -> Preparation:
         torch.save({"latents": latents, "canvas": list(canvas)}, ckpt / LATENTS_FILE)
     encode_s = time.monotonic() - t0
     pipe = engine.pipe
-    future = cfg.horizon // pipe.vae_scale_factor_temporal
-    samples = build_samples(data, latents, cfg.horizon, future, pipe.vae_scale_factor_temporal, cfg.prompt)
+    horizon = cfg.horizon
+    assert horizon is not None  # fit_to_dataset chose it
+    future = horizon // pipe.vae_scale_factor_temporal
+    samples = build_samples(data, latents, horizon, future, pipe.vae_scale_factor_temporal, cfg.prompt)
     trainer = FlowMatchingTrainer(engine, samples, cfg, canvas, data.episodes[0].images[0])
     return Preparation(ckpt, engine, trainer, resuming, encode_s, len(data.episodes))
 
@@ -556,6 +474,7 @@ def train(cfg: TrainConfig) -> dict[str, Any]:
     torch.manual_seed(cfg.seed)
     prep = prepare_training(cfg)
     ckpt, trainer, resuming, encode_s = prep.ckpt, prep.trainer, prep.resuming, prep.encode_s
+    cfg = trainer.cfg  # with the horizon and longest prefix the dataset supports
     samples, pipe = trainer.samples, prep.engine.pipe
     transformer = pipe.transformer
     transformer.train()
@@ -643,7 +562,7 @@ def train(cfg: TrainConfig) -> dict[str, Any]:
     transformer.eval()
     save(step)
     summary = {
-        "checkpoint": str(ckpt),
+        "checkpoint": str(cfg.out),
         "steps": step,
         "frames": int(n),
         "episodes": prep.episodes,
@@ -654,7 +573,20 @@ def train(cfg: TrainConfig) -> dict[str, Any]:
         "total_s": round(time.monotonic() - started, 1),
     }
     (ckpt / "training_summary.json").write_text(json.dumps(summary, indent=2))
+    publish(ckpt, cfg.out)
     return summary
+
+
+def publish(work: Path, out: Path) -> None:
+    """Rename the whole checkpoint ``work`` into ``out``, replacing what ``out`` held."""
+    replaced = out.parent / f".{out.name}.replaced"
+    if replaced.exists():
+        shutil.rmtree(replaced)
+    if out.exists():
+        out.rename(replaced)
+    work.rename(out)
+    if replaced.exists():
+        shutil.rmtree(replaced)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -667,7 +599,12 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--layers", type=int, default=2)
     parser.add_argument("--domain", default="cosmos3_mujoco_arm")
     parser.add_argument("--domain-id", type=int, default=None)
-    parser.add_argument("--horizon", type=int, default=16)
+    parser.add_argument(
+        "--horizon",
+        type=int,
+        default=None,
+        help=f"the chunk trained (default: a recording's answered chunk, else {DEFAULT_HORIZON})",
+    )
     parser.add_argument("--tier", type=int, default=256)
     parser.add_argument("--view-point", default="third_person_view")
     parser.add_argument("--prompt", default=None, help="caption of every sample (default: the episode's task)")
@@ -692,6 +629,19 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--dtype", default=None, help="e.g. bfloat16 on a GPU")
     parser.add_argument("--max-seconds", type=float, default=None, help="stop (and save) after this long")
     parser.add_argument("--threads", type=int, default=None, help="torch CPU threads")
+    defaults = DatasetBounds()
+    parser.add_argument(
+        "--max-image-side",
+        type=int,
+        default=defaults.max_image_side,
+        help="refuse a dataset whose camera frames have a longer side (read from the PNG or MP4 header)",
+    )
+    parser.add_argument(
+        "--max-frames-mib",
+        type=int,
+        default=defaults.max_frames_mib,
+        help="refuse a dataset whose frames decode to more than this, all episodes together",
+    )
     return parser
 
 
@@ -702,15 +652,24 @@ def main(argv: list[str] | None = None) -> int:
         torch.set_num_threads(args.threads)
     values = vars(args)
     values.pop("threads")
+    bounds = DatasetBounds(max_image_side=values.pop("max_image_side"), max_frames_mib=values.pop("max_frames_mib"))
     cfg = TrainConfig(
         **{
             **values,
             "dataset": Path(args.dataset),
             "out": Path(args.out),
             "base": Path(args.base) if args.base else None,
+            "bounds": bounds,
         }
     )
-    print(json.dumps(train(cfg)), flush=True)
+    try:
+        summary = train(cfg)
+    except CheckpointError as exc:  # a DatasetError among them: what the dataset or checkpoint got wrong
+        said = " ".join(str(exc).split())  # one line, whatever a library's message held
+        where = f"dataset {args.dataset}: " if isinstance(exc, DatasetError) else ""
+        print(f"cosmos3-train: {where}{said}", file=sys.stderr, flush=True)
+        return 2
+    print(json.dumps(summary), flush=True)
     return 0
 
 

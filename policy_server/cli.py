@@ -807,8 +807,8 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(str(exc))
     try:
         ObservationMapping.load(args.vla_eval_mapping)
-    except MappingFileError as exc:
-        parser.error(str(exc))
+    except MappingFileError as exc:  # one line: a hostile file's refusal is not buried under the usage
+        parser.exit(2, f"{parser.prog}: error: {' '.join(str(exc).split())}\n")
     if (
         args.record_opt_in or args.record_max_bytes is not None or args.record_max_age_s is not None
     ) and args.record_dir is None:

@@ -71,7 +71,7 @@ def test_a_simulators_own_expert_is_recorded_as_a_lerobot_dataset(tmp_path):
     """``cosmos3-gym-demos``: MetaWorld's scripted drawer-close policy, run in its virtualenv, becomes a
     dataset ``cosmos3-train`` reads, whose state is the hand and gripper only (never the drawer)."""
     pytest.importorskip("pyarrow")
-    from cosmos3_runtime.training import read_dataset
+    from cosmos3_runtime.lerobot_dataset import read_dataset
     from policy_server.recording.demonstrations import collect_gym
 
     python = bridge_python("metaworld-reach")

@@ -9,6 +9,7 @@ with LeRobot itself.
 from __future__ import annotations
 
 import json
+import logging
 import os
 import signal
 import subprocess
@@ -19,7 +20,8 @@ import pyarrow.parquet as pq
 import pytest
 from recording_fixtures import REPO_ROOT, assert_frames_match, frame, leftovers, only_recording, recorders  # noqa: F401
 
-from policy_server.recording.assembly import assemble
+from cosmos3_runtime.lerobot_dataset import read_dataset
+from policy_server.recording.assembly import QUARANTINE_DIR, assemble, committed_segments
 from policy_server.recording.replay import RecordedEpisode
 
 SCRIPT = Path(__file__).with_name("recording_crash_script.py")
@@ -131,3 +133,59 @@ def test_a_partial_episode_that_is_not_ours_is_removed(tmp_path, recorders):
     assert recorder.sync()
     assert list((root / ".partial").iterdir()) == []
     assert recorder.stats()["episodes_discarded"] == 1
+
+
+def kill_and_damage_a_segment(root: Path, damage: str) -> tuple[Path, list[int]]:
+    """An episode killed with at least three committed segments of 4 frames, its second damaged in its
+    ``damage`` file after the kill; returns that segment and the seqs of the frames the others hold."""
+    record_then_kill(root, until_committed=12)
+    (partial,) = list((root / ".partial").iterdir())
+    segments = committed_segments(partial)
+    assert len(segments) >= 3
+    bad = segments[1]
+    target = {
+        "rows": bad / "rows.parquet",
+        "video": bad / "observation.images.front.mp4",
+        "commit": bad / "segment.json",
+    }[damage]
+    data = bytearray(target.read_bytes())
+    data[len(data) // 3 : 2 * len(data) // 3] = bytes(len(data) // 3)  # a run of zeros: a bad disk block
+    target.write_bytes(bytes(data))
+    kept = [
+        seq for s in segments if s != bad for seq in pq.read_table(s / "rows.parquet")["observation.seq"].to_pylist()
+    ]
+    return bad, kept
+
+
+@pytest.mark.parametrize("damage", ["rows", "video", "commit"])
+def test_a_corrupt_committed_segment_is_quarantined_and_the_other_segments_recovered(
+    tmp_path, recorders, caplog, damage
+):
+    root = tmp_path / "rec"
+    bad, kept = kill_and_damage_a_segment(root, damage)
+    with caplog.at_level(logging.WARNING):
+        recorder = recorders(root)
+        assert recorder.sync()
+    path = only_recording(root)
+    session = json.loads((path / "meta/cosmos3/session.json").read_text())
+    assert session["quarantined_segments"] == [bad.name]
+    assert session["frames"] == len(kept) >= 8
+    # Moved aside whole, inside the recording, where LeRobot reads nothing; said once.
+    assert sorted(p.name for p in (path / QUARANTINE_DIR / bad.name).iterdir()) == [
+        "observation.images.front.mp4",
+        "observation.images.wrist.mp4",
+        "rows.parquet",
+        "segment.json",
+    ]
+    said = [r.getMessage() for r in caplog.records if "does not read back" in r.getMessage()]
+    assert len(said) == 1 and f"segment {bad.name}" in said[0], said
+    data = pq.read_table(path / "data/chunk-000/file-000.parquet").to_pydict()
+    assert data["observation.seq"] == kept and data["frame_index"] == list(range(len(kept)))
+    decoded = list(RecordedEpisode(path).frames())
+    originals = [frame(seq, 48, 64) for seq in range(max(kept) + 1)]
+    for i, cameras in enumerate(decoded):
+        assert_frames_match(cameras["front"], originals, kept[i])
+    assert len(decoded) == len(kept)
+    assert read_dataset(path).frames == len(kept)  # and the trainer's reader reads it
+    assert leftovers(root) == []
+    assert recorder.stats()["episodes_recovered"] == 1

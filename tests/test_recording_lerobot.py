@@ -27,7 +27,9 @@ from recording_fixtures import (
     record_traffic,
     recorders,  # noqa: F401 - fixture
 )
-from test_recording_crash import record_then_kill
+from test_recording_crash import kill_and_damage_a_segment, record_then_kill
+
+from policy_server.recording.assembly import QUARANTINE_DIR
 
 LEROBOT_PYTHON = Path(os.environ.get("LEROBOT_PYTHON", REPO_ROOT / ".venv-lerobot" / "bin" / "python"))
 SCRIPT = Path(__file__).with_name("lerobot_dataset_script.py")
@@ -116,3 +118,19 @@ def test_lerobot_loads_a_recording_and_a_recovered_one_with_what_was_sent_and_an
     for i in range(18 + frames):
         own = [t.cameras["front"] for t in sent] if i < 18 else originals
         assert_frames_match(arrays["merged/observation.images.front"][i], own, i if i < 18 else i - 18)
+
+
+def test_lerobot_loads_a_recovered_episode_whose_corrupt_segment_was_quarantined(tmp_path, recorders):
+    root = tmp_path / "killed"
+    bad, kept = kill_and_damage_a_segment(root, "rows")
+    assert recorders(root).sync()  # recovers it, the damaged segment set aside
+    path = only_recording(root)
+    assert (path / QUARANTINE_DIR / bad.name).is_dir()
+    summary, arrays = read_with_lerobot(tmp_path, [path])
+    read = summary["datasets"][0]
+    assert read["frames"] == len(kept) and read["kinds"] == ["chunk"] * len(kept)
+    np.testing.assert_array_equal(arrays["0/observation.seq"], kept)
+    np.testing.assert_allclose(arrays["0/timestamp"], np.arange(len(kept)) / 10, atol=1e-6)
+    originals = [frame(seq, 48, 64) for seq in range(max(kept) + 1)]
+    for i, seq in enumerate(kept):
+        assert_frames_match(arrays["0/observation.images.front"][i], originals, seq)

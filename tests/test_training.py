@@ -103,7 +103,7 @@ def test_a_batchs_loss_and_gradients_are_the_mean_of_its_samples_taken_one_at_a_
 
 def test_the_checkpoint_encodes_frames_to_the_latents_it_was_trained_on(small_dataset, tmp_path):
     from cosmos3_runtime.engine import Cosmos3Engine
-    from cosmos3_runtime.training import read_dataset
+    from cosmos3_runtime.lerobot_dataset import read_dataset
 
     prep = prepare_training(_config(small_dataset, tmp_path / "ckpt"))
     trained = prep.trainer.samples.latents
@@ -122,7 +122,7 @@ def test_the_checkpoint_encodes_frames_to_the_latents_it_was_trained_on(small_da
 def test_a_small_batch_is_overfitted_and_predict_actions_reproduces_it(small_dataset, tmp_path):
     from cosmos3_runtime.engine import Cosmos3Engine
     from cosmos3_runtime.requests import ActionRequest
-    from cosmos3_runtime.training import read_dataset
+    from cosmos3_runtime.lerobot_dataset import read_dataset
 
     cfg = _config(small_dataset, tmp_path / "ckpt", steps=400, batch_size=8, lr=3e-3, warmup=20, max_prefix=0)
     summary = train(cfg)
@@ -203,7 +203,7 @@ LEROBOT_PYTHON = Path(
 def test_lerobot_loads_the_demonstrations_and_so_does_the_trainer(small_dataset):
     import subprocess
 
-    from cosmos3_runtime.training import read_dataset
+    from cosmos3_runtime.lerobot_dataset import read_dataset
 
     script = Path(__file__).resolve().parent / "lerobot_demos_script.py"
     done = subprocess.run([str(LEROBOT_PYTHON), str(script), str(small_dataset)], capture_output=True, text=True)

@@ -18,15 +18,19 @@ ends on fewer repeats its last frame after its ``to_timestamp``, where no reader
 from __future__ import annotations
 
 import json
+import logging
 import shutil
 import subprocess
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
+
+from cosmos3_runtime.mp4_header import probe_video_header
 
 from .. import durable_files
 from ..videos.encoding import VideoEncodingError, check_mp4_structure
@@ -53,7 +57,12 @@ from .lerobot_format import (
     write_table,
 )
 
+logger = logging.getLogger(__name__)
+
 MIN_SEGMENT_FRAMES = 3
+# Where a committed segment that does not read back goes, inside the episode: LeRobot reads nothing under
+# meta/cosmos3/, and it is deleted with the recording by retention and the quota.
+QUARANTINE_DIR = "meta/cosmos3/quarantine"
 
 
 def _concat_entry(path: Path) -> str:
@@ -133,6 +142,52 @@ def committed_segments(folder: Path) -> list[Path]:
     return found
 
 
+def read_segment(
+    segment: Path, layout: EpisodeLayout, schema: pa.Schema | None
+) -> tuple[dict[str, Any], pa.Table] | str:
+    """A committed segment's commit record and rows, or why it does not read back as the recorder committed
+    it: its commit file, its rows (``schema``: those of the segments kept before it) and each camera's MP4
+    (whole, of the layout's sides and the committed frame count)."""
+    try:
+        commit = json.loads((segment / SEGMENT_COMMIT).read_text())
+        frames, histograms = commit["frames"], commit["histograms"]
+        video_frames = int(commit.get("video_frames", frames))
+        table = pq.read_table(segment / SEGMENT_ROWS)
+    except Exception as exc:  # noqa: BLE001 - any way a file fails to read makes the segment unusable
+        return f"{type(exc).__name__}: {exc}"
+    if table.num_rows != frames or set(histograms) != set(layout.cameras):
+        return f"{table.num_rows} rows and cameras {sorted(histograms)} where it committed {frames} frames"
+    if schema is not None and not table.schema.equals(schema, check_metadata=False):
+        return "its rows have other columns than the segments before it"
+    for key, (height, width) in layout.cameras.items():
+        path = segment / f"{key}.mp4"
+        try:
+            check_mp4_structure(path)
+            header = probe_video_header(path.read_bytes())
+        except (OSError, VideoEncodingError) as exc:
+            return f"{key}.mp4: {exc}"
+        if header is None or (header.height, header.width, header.frames) != (height, width, video_frames):
+            return f"{key}.mp4 is not {video_frames} frames of {width}x{height}"
+    return commit, table
+
+
+def quarantine(folder: Path, segment: Path, fault: str) -> None:
+    """Move a committed segment that does not read back aside, under :data:`QUARANTINE_DIR`, and say so."""
+    target = folder / QUARANTINE_DIR / segment.name
+    target.parent.mkdir(parents=True, exist_ok=True)
+    if target.exists():
+        shutil.rmtree(target)
+    segment.rename(target)
+    durable_files.fsync_dir(segment.parent)
+    logger.warning(
+        "recording %s: segment %s does not read back (%s); moved to %s, the other segments kept",
+        folder.name,
+        segment.name,
+        fault,
+        QUARANTINE_DIR,
+    )
+
+
 def column_values(array: pa.ChunkedArray | pa.Array, shape: tuple[int, ...]) -> np.ndarray:
     """A column of the data file back as a frames-first numpy array of the feature's ``shape``."""
     array = array.combine_chunks() if isinstance(array, pa.ChunkedArray) else array
@@ -151,13 +206,18 @@ def assemble(folder: Path) -> AssembledEpisode | None:
         return None
     layout = EpisodeLayout.from_json(session["layout"])
     fps = int(session["fps"])
-    segments, tables, histograms = [], [], {key: np.zeros((3, 256), np.int64) for key in layout.cameras}
+    segments: list[Path] = []
+    tables: list[pa.Table] = []
+    histograms = {key: np.zeros((3, 256), np.int64) for key in layout.cameras}
     frame_counts = []
+    quarantined = list(session.get("quarantined_segments", []))
     for segment in committed_segments(folder):
-        commit = json.loads((segment / SEGMENT_COMMIT).read_text())
-        table = pq.read_table(segment / SEGMENT_ROWS)
-        if table.num_rows != commit["frames"] or set(commit["histograms"]) != set(layout.cameras):
-            break  # not what the recorder committed: keep the segments before it
+        read = read_segment(segment, layout, tables[0].schema if tables else None)
+        if isinstance(read, str):  # not what the recorder committed: set it aside, keep the others
+            quarantine(folder, segment, read)
+            quarantined.append(segment.name)
+            continue
+        commit, table = read
         segments.append(segment)
         frame_counts.append(int(commit.get("video_frames", table.num_rows)))
         tables.append(table)
@@ -223,6 +283,8 @@ def assemble(folder: Path) -> AssembledEpisode | None:
         episodes_table(tasks=tasks, frames=frames, fps=fps, video_keys=list(layout.cameras), stats=stats),
     )
     session.update(frames=frames, segments=len(segments))
+    if quarantined:
+        session["quarantined_segments"] = quarantined
     durable_files.write_json(session_path, session)
     robot_type = session.get("config", {}).get("domain_name")
     durable_files.write_json(folder / INFO_PATH, info_json(features, fps, frames, len(tasks), robot_type))

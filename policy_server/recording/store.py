@@ -279,6 +279,6 @@ def recover_partials(store: RecordingStore, skip: frozenset[str] = frozenset()) 
             report.removed.append(name)
             continue
         store.publish(name)
-        logger.warning("recording %s: cut short; recovered its first %d frames", name, assembled.frames)
+        logger.warning("recording %s: cut short; recovered %d committed frames", name, assembled.frames)
         report.recovered.append(name)
     return report

@@ -68,6 +68,8 @@ from __future__ import annotations
 
 import enum
 import json
+import os
+import stat
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
@@ -229,6 +231,14 @@ IMAGES_KEY = "images"
 PARTS = ("cameras", "state", "prompt", "unused", "observation_params")
 
 
+# A mapping is a few hundred bytes; these bound a hostile one before and after it is parsed. Its
+# observation_params go into every hello, so they stay shallow enough for any msgpack reader (its limit is 512).
+MAX_MAPPING_BYTES = 64 * 1024
+MAX_MAPPING_KEYS = 64  # names in each of state, prompt and unused
+MAX_KEY_CHARS = 256
+MAX_PARAMS_DEPTH = 8
+
+
 class MappingFileError(ValueError):
     """A vla-eval mapping file or string is malformed; the message says where."""
 
@@ -251,14 +261,15 @@ class ObservationMapping:
         text, where = str(source), "the vla-eval mapping"
         if not text.lstrip().startswith("{"):
             where = text
-            try:
-                text = Path(text).read_text()
-            except OSError as exc:
-                raise MappingFileError(f"cannot read the vla-eval mapping {where}: {exc.strerror}") from None
+            text = _read_mapping_file(Path(text))
+        if len(text) > MAX_MAPPING_BYTES:
+            raise MappingFileError(f"{where} is larger than {MAX_MAPPING_BYTES // 1024} KiB")
         try:
             data = json.loads(text)
         except json.JSONDecodeError as exc:
             raise MappingFileError(f"{where} is not valid JSON: {exc}") from None
+        except RecursionError:
+            raise MappingFileError(f"{where} is nested too deeply to be a mapping") from None
         if not isinstance(data, dict):
             raise MappingFileError(f"{where} must be a JSON object with some of {', '.join(PARTS)}")
         unknown = sorted(set(data) - set(PARTS))
@@ -277,6 +288,8 @@ class ObservationMapping:
         params = data.get("observation_params", {})
         if not isinstance(params, dict):
             raise MappingFileError(f"{where}: `observation_params` must be an object")
+        if _nests_deeper_than(params, MAX_PARAMS_DEPTH):
+            raise MappingFileError(f"{where}: `observation_params` nests deeper than {MAX_PARAMS_DEPTH} levels")
         return cls(
             cameras=cameras,
             state=_names(data.get("state", list(cls.state)), f"{where}: state"),
@@ -297,7 +310,42 @@ class ObservationMapping:
 def _names(entry: Any, where: str) -> tuple[str, ...]:
     if not isinstance(entry, list) or not all(isinstance(name, str) and name for name in entry):
         raise MappingFileError(f"{where} must be a list of keys")
+    if len(entry) > MAX_MAPPING_KEYS or any(len(name) > MAX_KEY_CHARS for name in entry):
+        raise MappingFileError(f"{where}: at most {MAX_MAPPING_KEYS} keys of at most {MAX_KEY_CHARS} characters")
     return tuple(entry)
+
+
+def _read_mapping_file(path: Path) -> str:
+    """A mapping file's text: a regular file (not a folder, a FIFO or a device such as /dev/zero) of at most
+    :data:`MAX_MAPPING_BYTES`, read no further than that."""
+    try:
+        descriptor = os.open(path, os.O_RDONLY | os.O_NONBLOCK)  # a FIFO would block a plain open
+        with os.fdopen(descriptor, "rb") as handle:
+            if not stat.S_ISREG(os.fstat(descriptor).st_mode):
+                raise MappingFileError(f"the vla-eval mapping {path} is not a regular file")
+            data = handle.read(MAX_MAPPING_BYTES + 1)
+    except OSError as exc:
+        raise MappingFileError(f"cannot read the vla-eval mapping {path}: {exc.strerror}") from None
+    if len(data) > MAX_MAPPING_BYTES:
+        raise MappingFileError(f"{path} is larger than {MAX_MAPPING_BYTES // 1024} KiB")
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError:
+        raise MappingFileError(f"{path} is not UTF-8 text") from None
+
+
+def _nests_deeper_than(value: Any, limit: int) -> bool:
+    """Whether JSON ``value`` holds objects or arrays more than ``limit`` levels deep (``value`` itself is
+    one level); walked without recursion."""
+    stack = [(value, 0)]
+    while stack:
+        item, level = stack.pop()
+        children = list(item.values()) if isinstance(item, dict) else item if isinstance(item, list) else None
+        if children is not None:
+            if level + 1 > limit:
+                return True
+            stack.extend((child, level + 1) for child in children)
+    return False
 
 
 @dataclass
