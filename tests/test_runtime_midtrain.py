@@ -143,3 +143,19 @@ def test_a_midtrain_profile_that_cannot_work_is_refused(tiny_checkpoint, tmp_pat
     path.write_text(json.dumps({"domains": {DOMAIN: {**TINY_DROID_MIDTRAIN_PROFILE, **change}}}))
     with pytest.raises(CheckpointError, match=match):
         load_profiles(tiny_checkpoint("distilled"), action_dim=64, num_domains=32, override_file=path)
+
+
+def test_cosmos3_tiny_droid_midtrain_and_inspect_show_the_action_space(tmp_path, capsys):
+    from cosmos3_runtime.cli import inspect_main, tiny_main
+
+    assert tiny_main([str(tmp_path / "midtrain"), "--droid-midtrain"]) == 0
+    shipped = json.loads((tmp_path / "midtrain" / "policy_profiles.json").read_text())["domains"][DOMAIN]
+    assert (shipped["action_space"], shipped["raw_action_dim"], shipped["gripper_flip_index"]) == ("midtrain", 10, 9)
+    capsys.readouterr()
+    assert inspect_main([str(tmp_path / "midtrain")]) == 0
+    line = next(line for line in capsys.readouterr().out.splitlines() if line.strip().startswith(DOMAIN))
+    for needle in ("width  8", "space midtrain (model rows 10 wide)", "state 1 x 8", "gripper flipped at 9"):
+        assert needle in line, needle
+    assert inspect_main([str(tmp_path / "midtrain"), "--json"]) == 0
+    domain = json.loads(capsys.readouterr().out)["domains"][DOMAIN]
+    assert (domain["action_space"], domain["raw_action_dim"], domain["state_dim"]) == ("midtrain", 8, 8)
