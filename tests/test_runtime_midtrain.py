@@ -68,6 +68,29 @@ def test_the_state_row_is_position_rot6d_and_the_flipped_gripper(midtrain_engine
     assert job.raw_action_dim == 10
 
 
+def test_history_rows_are_the_steps_between_the_poses_sent(tiny_checkpoint, tmp_path, camera_image):
+    """history_length 3: two backward_framewise steps (each with the gripper it arrives at), then the pose."""
+    path = tmp_path / "profiles.json"
+    path.write_text(json.dumps({"domains": {DOMAIN: {**TINY_DROID_MIDTRAIN_PROFILE, "history_length": 3}}}))
+    engine = Cosmos3Engine.load(tiny_checkpoint("distilled", droid_midtrain=True), profiles_path=path)
+    rotations = Rotation.from_rotvec([[0.1, 0.2, -0.3], [2.9, 0.1, 0.4], [0.0, -3.1, 0.05]])
+    positions = np.array([[0.4, 0.0, 0.3], [0.42, -0.05, 0.31], [0.5, -0.1, 0.2]])
+    grippers = np.array([[0.0], [0.5], [1.0]])
+    state = np.concatenate([positions, rotations.as_quat(), grippers], axis=1).astype(np.float32)
+    job, _ = job_for_actions(_request(camera_image, state), engine.spec)
+    assert job.state_rows.shape == (3, 10)
+    for i in range(2):
+        inverse = rotations[i].inv()
+        step = (inverse * rotations[i + 1]).as_matrix()
+        translation = inverse.apply(positions[i + 1] - positions[i])
+        expected = [*translation, *step[:, 0], *step[:, 1], 1.0 - grippers[i + 1, 0]]
+        np.testing.assert_allclose(job.state_rows[i], expected, atol=1e-5)
+    current = rotations[2].as_matrix()
+    np.testing.assert_allclose(job.state_rows[2], [*positions[2], *current[:, 0], *current[:, 1], 0.0], atol=1e-6)
+    chunk = engine.predict_actions(_request(camera_image, state)).actions
+    assert chunk.shape == (32, 8) and np.allclose(np.linalg.norm(chunk[:, 3:7], axis=1), 1.0, atol=1e-5)
+
+
 def test_the_chunk_is_the_models_rows_composed_from_the_current_pose(midtrain_engine, camera_image):
     request = _request(camera_image, POSE)
     job, _ = job_for_actions(request, midtrain_engine.spec)
