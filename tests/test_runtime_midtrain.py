@@ -61,7 +61,7 @@ def test_the_midtrain_profile_says_what_the_robot_sends_and_gets(midtrain_engine
 
 
 def test_the_state_row_is_position_rot6d_and_the_flipped_gripper(midtrain_engine, camera_image):
-    job, _ = job_for_actions(_request(camera_image, POSE), midtrain_engine.spec)
+    job, _ = job_for_actions(_request(camera_image, POSE), midtrain_engine.description)
     matrix = ROTATION.as_matrix()
     expected = [*POSE[:3], *matrix[:, 0], *matrix[:, 1], 0.0]  # a closed gripper (1) is 0 to the model
     np.testing.assert_allclose(job.state_rows, [expected], atol=1e-6)
@@ -77,7 +77,7 @@ def test_history_rows_are_the_steps_between_the_poses_sent(tiny_checkpoint, tmp_
     positions = np.array([[0.4, 0.0, 0.3], [0.42, -0.05, 0.31], [0.5, -0.1, 0.2]])
     grippers = np.array([[0.0], [0.5], [1.0]])
     state = np.concatenate([positions, rotations.as_quat(), grippers], axis=1).astype(np.float32)
-    job, _ = job_for_actions(_request(camera_image, state), engine.spec)
+    job, _ = job_for_actions(_request(camera_image, state), engine.description)
     assert job.state_rows.shape == (3, 10)
     for i in range(2):
         inverse = rotations[i].inv()
@@ -93,7 +93,7 @@ def test_history_rows_are_the_steps_between_the_poses_sent(tiny_checkpoint, tmp_
 
 def test_the_chunk_is_the_models_rows_composed_from_the_current_pose(midtrain_engine, camera_image):
     request = _request(camera_image, POSE)
-    job, _ = job_for_actions(request, midtrain_engine.spec)
+    job, _ = job_for_actions(request, midtrain_engine.description)
     model = midtrain_engine.sampler.run(job, time.perf_counter).actions  # relative rows, gripper flipped
     chunk = midtrain_engine.predict_actions(request).actions
     assert chunk.shape == (32, 8) and chunk.dtype == np.float32
@@ -120,7 +120,7 @@ def test_a_prefix_of_absolute_poses_enters_as_steps_from_the_current_pose(midtra
     first = midtrain_engine.predict_actions(_request(camera_image, POSE)).actions
     prefix = first[:4]
     request = _request(camera_image, POSE, prefix_actions=prefix)
-    job, _ = job_for_actions(request, midtrain_engine.spec)
+    job, _ = job_for_actions(request, midtrain_engine.description)
     chain = Rotation.from_quat(np.concatenate([POSE[None, 3:7], prefix[:, 3:7]]))
     positions = np.concatenate([POSE[None, :3], prefix[:, :3]])
     for i in range(4):
