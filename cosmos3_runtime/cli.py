@@ -46,6 +46,12 @@ def tiny_main(argv: list[str] | None = None) -> int:
         help="ship a DROID joint-position profile (state-conditioned, "
         "chunk 32 x 8) for droid_lerobot, the default domain; see docs/runtime.md",
     )
+    parser.add_argument(
+        "--droid-midtrain",
+        action="store_true",
+        help="the same DROID profile in the midtrain end-effector action space (poses [x, y, z, qx, qy, qz, "
+        "qw, gripper] in and out); see docs/runtime.md",
+    )
     args = parser.parse_args(argv)
     started = time.perf_counter()
     if args.shape == "tiny":
@@ -59,12 +65,15 @@ def tiny_main(argv: list[str] | None = None) -> int:
             legacy_class_name=args.legacy_class_name,
             with_action_head=not args.no_action_head,
             droid=args.droid,
+            droid_midtrain=args.droid_midtrain,
         )
     else:
         from .random_checkpoints import PUBLISHED_SHAPES, build_shaped_checkpoint, resolve_variant
 
-        if args.legacy_class_name or args.no_action_head or args.droid:
-            parser.error("--legacy-class-name, --no-action-head and --droid apply to --shape tiny only")
+        if args.legacy_class_name or args.no_action_head or args.droid or args.droid_midtrain:
+            parser.error(
+                "--legacy-class-name, --no-action-head, --droid and --droid-midtrain apply to --shape tiny only"
+            )
         try:
             variant = resolve_variant(PUBLISHED_SHAPES[args.shape], args.variant)
         except ValueError as exc:
@@ -169,8 +178,8 @@ def _domain_line(name: str, p: PolicyProfile, r: RequestDefaults) -> str:
         f"{fps} fps  tier {r.resolution_tier}  {r.view_point:<17}  {p.prompt_format:<5}  stats: {stats}"
     )
     extras = []
-    if p.action_space:
-        extras.append(f"space {p.action_space}")
+    widths = f" (model rows {p.model_action_dim} wide)" if p.model_action_dim != p.raw_action_dim else ""
+    extras.append(f"space {p.action_space}{widths}")
     if p.state_dim is not None:
         extras.append(
             f"state {p.history_length} x {p.state_dim}"

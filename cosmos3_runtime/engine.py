@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from . import poses
 from .checkpoints import CheckpointInfo, CheckpointSource, inspect_checkpoint, load_pipeline, resolve_device_and_dtype
 from .description import EngineLimits, EngineSpec, ModelDescription
 from .errors import EngineError, RuntimeErrorBase
@@ -225,12 +226,14 @@ class Cosmos3Engine:
         post = time.perf_counter()
         assert output.actions is not None, "an action job's output has actions"
         actions = np.array(profile.to_robot(output.actions), dtype=np.float32, order="C")
+        if not np.isfinite(actions).all():
+            raise EngineError("the model produced non-finite actions")
+        if job.pose_origin is not None:  # midtrain: the model's relative poses composed from the current pose
+            actions = np.ascontiguousarray(poses.midtrain_absolute_actions(actions, job.pose_origin))
         if prefix is not None:
             # The robot executes these rows while the chunk is computed: hand them back exactly as given,
             # not as the model's round trip through normalization (which differs in the last bits).
             actions[: prefix.shape[0]] = prefix
-        if not np.isfinite(actions).all():
-            raise EngineError("the model produced non-finite actions")
         timing = self._timing(output, validate_s)
         timing.postprocess_ms = (time.perf_counter() - post) * 1000.0
         return ActionResult(
@@ -294,7 +297,10 @@ class Cosmos3Engine:
             profile = self.spec.profiles.get(domain)
             # The same sequence length as a robot's request (a domain with state history has a state width).
             if profile is not None and profile.history_length and profile.state_dim is not None:
-                media["state"] = np.zeros((profile.history_length, profile.state_dim), np.float32)
+                rows: np.ndarray = np.zeros((profile.history_length, profile.state_dim), np.float32)
+                if profile.action_space == "midtrain":
+                    rows[:, 6] = 1.0  # the identity rotation (qw = 1): a zero quaternion names none
+                media["state"] = rows
             self.predict_actions(
                 ActionRequest(
                     domain_name=domain,

@@ -43,6 +43,12 @@ VIEW_POINTS = ("ego_view", "third_person_view", "wrist_view", "concat_view")
 # format_prompt_as_json, which Edge checkpoints are trained with); "prose": the task followed by
 # the view point, duration/FPS and resolution sentences (cosmos-framework's default appenders).
 PROMPT_FORMATS = ("json", "prose")
+# "joint_pos": the model's rows are the robot's (joints and gripper, or whatever the domain acts in);
+# "midtrain": the robot's rows are end-effector poses [x, y, z, qx, qy, qz, qw, gripper], the model's are
+# 10 wide, [translation, rot6d, gripper], relative poses (cosmos3_runtime.poses; docs/runtime.md).
+ACTION_SPACES = ("joint_pos", "midtrain")
+MIDTRAIN_POSE_WIDTH = 8  # the robot's midtrain rows
+MIDTRAIN_MODEL_WIDTH = 10  # the model's midtrain rows
 # Tiers diffusers' action path has canvases for; a variant may support fewer (checked at engine load).
 RESOLUTION_TIERS = (256, 480, 704, 720)
 DEFAULT_ACTION_HORIZON = 16
@@ -115,8 +121,8 @@ class PolicyProfile:
 
     domain_name: str
     domain_id: int
-    raw_action_dim: int
-    action_space: str | None = None  # what the numbers are (e.g. "joint_pos", "ee_pose"); for clients
+    raw_action_dim: int  # the width of the robot's rows: each action, each state row, each prefix row
+    action_space: str = "joint_pos"  # one of ACTION_SPACES: how the robot's rows become the model's
     default_horizon: int = DEFAULT_ACTION_HORIZON  # the chunk: actions predicted per request
     fps: float = DEFAULT_FPS  # the frame rate of the clips (and actions) the policy was trained on
     resolution_tier: int | None = None  # None: the variant's default tier
@@ -138,6 +144,11 @@ class PolicyProfile:
     use_state: bool = False
     history_length: int = 0
     state_dim: int | None = None
+
+    @property
+    def model_action_dim(self) -> int:
+        """The width of the model's rows: the robot's, or 10 for a ``midtrain`` pose of 8."""
+        return MIDTRAIN_MODEL_WIDTH if self.action_space == "midtrain" else self.raw_action_dim
 
     def check_state(self, state: object) -> np.ndarray | None:
         """The robot's state as float32 rows ``[history_length, state_dim]``, or None
@@ -174,14 +185,17 @@ class PolicyProfile:
         return matrix
 
     def to_model(self, raw: np.ndarray) -> np.ndarray:
-        """Raw robot-unit rows (actions, or state rows) -> the model's action space."""
+        """Raw rows of the model's width (actions, or state rows) -> the model's action space.
+
+        For ``midtrain`` the robot's poses become such rows first (:mod:`cosmos3_runtime.poses`).
+        """
         rows = np.array(raw, dtype=np.float32)
         if self.gripper_flip_index is not None:
             rows[..., self.gripper_flip_index] = 1.0 - rows[..., self.gripper_flip_index]
         return self.normalization.normalize(rows) if self.normalization is not None else rows
 
     def to_robot(self, model: np.ndarray) -> np.ndarray:
-        """Model-space action rows -> raw robot units: :meth:`to_model` inverted."""
+        """Model-space action rows -> raw units, still of the model's width: :meth:`to_model` inverted."""
         rows = self.normalization.denormalize(model) if self.normalization is not None else model
         rows = np.array(rows, dtype=np.float32)
         if self.gripper_flip_index is not None:
@@ -263,7 +277,7 @@ def load_profiles(
     profiles = {}
     for name, entry in fields.items():
         profile = _profile_from_fields(name, entry, num_train_timesteps)
-        if profile.domain_id >= num_domains or profile.raw_action_dim > action_dim:
+        if profile.domain_id >= num_domains or profile.model_action_dim > action_dim:
             continue  # this checkpoint's action head cannot represent the domain
         profiles[name] = profile
     return ProfileTable.build(profiles, named_default)
@@ -360,7 +374,15 @@ def _profile_from_fields(name: str, entry: dict[str, Any], num_train_timesteps: 
     missing = [key for key in ("domain_id", "raw_action_dim") if key not in entry]
     if missing:
         raise CheckpointError(f"{where} lacks {', '.join(missing)} and diffusers has no default")
-    width = _integer(entry, "raw_action_dim", where, low=1)
+    width = _integer(entry, "raw_action_dim", where, low=1)  # the model's rows
+    action_space = entry.get("action_space", "joint_pos")
+    if action_space not in ACTION_SPACES:
+        raise CheckpointError(f"{where}: action_space must be one of {', '.join(ACTION_SPACES)}, got {action_space!r}")
+    if action_space == "midtrain" and width != MIDTRAIN_MODEL_WIDTH:
+        raise CheckpointError(
+            f"{where}: a midtrain domain's model rows are [translation(3), rot6d(6), gripper(1)]: "
+            f"raw_action_dim must be {MIDTRAIN_MODEL_WIDTH}, got {width}"
+        )
     view_point = entry.get("view_point", "ego_view")
     if view_point not in VIEW_POINTS:
         raise CheckpointError(f"{where}: unknown view_point {view_point!r}; expected one of {', '.join(VIEW_POINTS)}")
@@ -383,12 +405,18 @@ def _profile_from_fields(name: str, entry: dict[str, Any], num_train_timesteps: 
     stats = entry.get("normalization")
     if stats is not None and stats.dim != width:
         raise CheckpointError(f"{where}: normalization has {stats.dim} dimensions, the domain has {width}")
-    use_state, history, state_dim = _state_conditioning(entry, where, width)
+    robot_width = MIDTRAIN_POSE_WIDTH if action_space == "midtrain" else width
+    use_state, history, state_dim = _state_conditioning(entry, where, robot_width)
+    if action_space == "midtrain" and not use_state:
+        raise CheckpointError(
+            f"{where}: a midtrain domain's actions are composed from the robot's current pose, "
+            "so it needs use_state (its state rows are poses [x, y, z, qx, qy, qz, qw, gripper])"
+        )
     return PolicyProfile(
         domain_name=name,
         domain_id=_integer(entry, "domain_id", where, low=0),
-        raw_action_dim=width,
-        action_space=_optional_text(entry, "action_space", where),
+        raw_action_dim=robot_width,
+        action_space=action_space,
         default_horizon=_integer(entry, "default_horizon", where, low=1)
         if "default_horizon" in entry
         else DEFAULT_ACTION_HORIZON,
@@ -432,8 +460,8 @@ def _state_conditioning(entry: dict[str, Any], where: str, width: int) -> tuple[
     state_dim = _integer(entry, "state_dim", where, low=1) if entry.get("state_dim") is not None else width
     if state_dim != width:
         raise CheckpointError(
-            f"{where}: state_dim {state_dim} differs from raw_action_dim {width}; state rows are "
-            "conditioned as action frames, so they have the action width"
+            f"{where}: state_dim {state_dim} differs from the width of the robot's rows, {width}; state rows "
+            "are conditioned as action frames, so they have the action width (a midtrain pose's is 8)"
         )
     return use_state, history, state_dim
 

@@ -17,7 +17,8 @@ config files:
 - ``edge-distilled``: both.
 
 Any of them can ship NVIDIA's DROID joint-position profile (``droid=True``, ``cosmos3-tiny --droid``), so
-the state-conditioned path runs end to end on a tiny model too.
+the state-conditioned path runs end to end on a tiny model too, or the same profile in the ``midtrain``
+end-effector action space (``droid_midtrain=True``, ``cosmos3-tiny --droid-midtrain``).
 
 **Published sizes** (:func:`build_shaped_checkpoint`): users serve Cosmos3 Edge (3.4 B parameters), Nano
 (15.2 B) and Super (64 B). Each :class:`CheckpointShape` is the ``transformer/config.json`` a published
@@ -272,6 +273,14 @@ TINY_DROID_POLICY = {"action_chunk_size": 32, "conditioning_fps": 15.0, "domain_
 TINY_DROID_SAMPLER = {"num_steps": 4, "guidance_scale": 3.0, "shift": 5.0}
 # NVIDIA's Edge DROID recipe adds guidance only in timesteps 960-1001 (the first of the 4 steps).
 TINY_EDGE_DROID_INTERVAL = [960, 1001]
+# The profile ``droid_midtrain=True`` ships: the DROID settings in the reference server's ``midtrain`` action
+# space (poses [x, y, z, qx, qy, qz, qw, gripper] in and out; the model's rows [translation, rot6d, gripper]).
+TINY_DROID_MIDTRAIN_PROFILE = {
+    **{key: value for key, value in TINY_DROID_PROFILE.items() if key != "state_dim"},
+    "action_space": "midtrain",
+    "raw_action_dim": 10,
+    "gripper_flip_index": 9,
+}
 _TINY_DROID_STATS = {
     "global": {
         "mean": [0.0, 0.1, 0.2, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.5],
@@ -291,6 +300,7 @@ def build_tiny_checkpoint(
     with_action_head: bool = True,
     overwrite: bool = True,
     droid: bool = False,
+    droid_midtrain: bool = False,
 ) -> Path:
     """Write a tiny random Cosmos3 checkpoint of ``variant`` to ``out_dir`` and return its path.
 
@@ -300,7 +310,8 @@ def build_tiny_checkpoint(
     ``transformer_overrides`` change the transformer's config (``hidden_size``, ``num_hidden_layers``, ...).
     ``legacy_class_name`` writes the older
     ``Cosmos3OmniDiffusersPipeline`` spelling into ``model_index.json``; ``with_action_head=False``
-    builds a video-only transformer (no action modes); ``droid=True`` ships :data:`TINY_DROID_PROFILE`.
+    builds a video-only transformer (no action modes); ``droid=True`` ships :data:`TINY_DROID_PROFILE`,
+    ``droid_midtrain=True`` :data:`TINY_DROID_MIDTRAIN_PROFILE`.
     """
     import torch
     from diffusers import (
@@ -376,8 +387,8 @@ def build_tiny_checkpoint(
         (out / "stats").mkdir()
         (out / "stats" / "droid_lerobot.json").write_text(json.dumps(_TINY_DROID_STATS, indent=2))
         profiles: dict[str, Any] = dict(_TINY_PROFILES)
-        if droid:
-            droid_profile: dict[str, Any] = dict(TINY_DROID_PROFILE)
+        if droid or droid_midtrain:
+            droid_profile: dict[str, Any] = dict(TINY_DROID_MIDTRAIN_PROFILE if droid_midtrain else TINY_DROID_PROFILE)
             if not is_distilled:
                 droid_profile.update(TINY_DROID_SAMPLER)
                 if variant == "edge":

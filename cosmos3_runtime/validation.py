@@ -16,8 +16,9 @@ from typing import Any
 
 import numpy as np
 
+from . import poses
 from .description import ModelDescription
-from .errors import InvalidFieldError, InvalidRequestError
+from .errors import InvalidFieldError, InvalidRequestError, UnsupportedModeError
 from .profiles import PolicyProfile
 from .requests import SETTING_NAMES, ActionRequest, RequestSettings, ResolvedSettings, VideoRequest
 
@@ -53,6 +54,9 @@ class DenoiseJob:
     # Normalized robot state rows (history_length x raw_action_dim), clean action frames placed in front
     # of the chunk; the output drops them.
     state_rows: np.ndarray | None = None
+    # A midtrain domain's current pose [x, y, z, qx, qy, qz, qw, gripper] (the state's last row): the
+    # chunk's relative poses are composed from it into absolute ones.
+    pose_origin: np.ndarray | None = None
 
     @property
     def leading_rows(self) -> int:
@@ -94,6 +98,8 @@ def job_for_actions(request: ActionRequest, description: ModelDescription) -> tu
     resolved = description.resolve(request.domain_name, settings)
     horizon = resolved.action_horizon
 
+    state_rows = _state(request.state, profile, description)
+    origin = _pose_origin(request.state, profile)
     clean = None
     if request.prefix_actions is not None:
         if mode != "policy":
@@ -105,12 +111,14 @@ def job_for_actions(request: ActionRequest, description: ModelDescription) -> tu
             raise InvalidRequestError(
                 f"prefix_actions must be shorter than the horizon ({horizon}), got {prefix.shape[0]}", "prefix_actions"
             )
+        if origin is not None:
+            prefix = _relative_poses(prefix, origin)
         clean = _normalize(prefix, profile, description, "prefix_actions")
 
-    state_rows = _state(request.state, profile, description)
     if not isinstance(request.decode_video, bool):
         raise InvalidRequestError("decode_video must be true or false", "decode_video")
     job = _job(resolved, description, profile, frames, clean, decode_video=request.decode_video, state_rows=state_rows)
+    job.pose_origin = origin
     return job, profile
 
 
@@ -119,6 +127,12 @@ def job_for_video(request: VideoRequest, description: ModelDescription) -> tuple
     settings = {**request_settings(request), "action_mode": "forward_dynamics"}
     description.check(settings, output="video")
     profile = description.domains[request.domain_name]
+    if profile.action_space == "midtrain":
+        raise UnsupportedModeError(
+            f"domain {profile.domain_name!r} acts in end-effector poses (midtrain), whose relative steps need "
+            "the starting pose: forward_dynamics does not take one, so it cannot roll out this domain",
+            "action_mode",
+        )
     frames = _image(request.image, "image", description)[None]
     actions = _actions(request.actions, profile, "actions")
     settings["action_horizon"] = description.check_horizon(actions.shape[0], "actions")
@@ -145,7 +159,7 @@ def _job(
         frames=frames,
         horizon=resolved.action_horizon,
         domain_id=profile.domain_id,
-        raw_action_dim=profile.raw_action_dim,
+        raw_action_dim=profile.model_action_dim,
         prompt=resolved.prompt,
         view_point=resolved.view_point,
         view_description=profile.view_description if resolved.view_point == profile.view_point else None,
@@ -170,10 +184,35 @@ def _state(state: object, profile: PolicyProfile, description: ModelDescription)
     matrix = profile.check_state(state)
     if matrix is None:
         return None
+    if profile.action_space == "midtrain":
+        try:
+            matrix = poses.midtrain_state_rows(matrix)
+        except ValueError as exc:
+            raise InvalidFieldError(
+                f"state rows are poses [x, y, z, qx, qy, qz, qw, gripper]: {exc}", "state"
+            ) from None
     try:
         return _normalize(matrix, profile, description, "state")
     except InvalidRequestError as exc:  # the state is one field of its own: name it as such
         raise InvalidFieldError(exc.message, "state") from None
+
+
+def _pose_origin(state: object, profile: PolicyProfile) -> np.ndarray | None:
+    """A midtrain domain's current pose, the (checked) state's last row; None for any other domain."""
+    if profile.action_space != "midtrain" or not isinstance(state, np.ndarray):
+        return None
+    origin: np.ndarray = np.asarray(state, dtype=np.float32).reshape(-1, profile.raw_action_dim)[-1].copy()
+    return origin
+
+
+def _relative_poses(prefix: np.ndarray, origin: np.ndarray) -> np.ndarray:
+    """Absolute prefix poses as the model's relative rows, from the current pose on."""
+    try:
+        return poses.midtrain_relative_rows(prefix, origin)
+    except ValueError as exc:
+        raise InvalidRequestError(
+            f"prefix_actions rows are poses [x, y, z, qx, qy, qz, qw, gripper]: {exc}", "prefix_actions"
+        ) from None
 
 
 def _image(image: object, field_name: str, description: ModelDescription) -> np.ndarray:

@@ -112,7 +112,14 @@ def test_openpi_client_droid_state_conditions_the_actions(droid_server):
     assert "invalid_field" in error and "(field: observation/joint_position)" in error and "state_dim 8" in error
 
 
-STATE_KEYS = ["observation/joint_position", "observation/gripper_position", "observation/state", "state"]
+STATE_KEYS = [
+    "observation/joint_position",
+    "observation/gripper_position",
+    "observation/state",
+    "state",
+    "observation/eef_pos",
+    "observation/eef_quat",
+]
 
 
 def unused_state_count(server) -> float:

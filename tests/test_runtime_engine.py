@@ -381,7 +381,7 @@ def test_describe_reports_what_the_checkpoint_offers(tiny_engine):
     assert d["defaults"]["num_steps"] == 4 and d["defaults"]["guidance_scale"] == 1.0
     assert d["domains"]["bridge_orig_lerobot"] == {
         "domain_id": 7,
-        "action_space": None,
+        "action_space": "joint_pos",
         "raw_action_dim": 10,
         "default_horizon": 16,
         "fps": 24.0,

@@ -32,8 +32,9 @@ from ..media import compose_named
 # model uses), less the two resolved for each observation.
 ENGINE_SETTINGS = tuple(s.name for s in REQUEST_SETTINGS if s.recorded and s.name not in ("action_mode", "fps"))
 
-# What a domain's profile says about the proprio state its observations carry.
-STATE_PROFILE_FIELDS = ("state_dim", "use_state", "history_length")
+# What a domain's profile says about the proprio state its observations carry: its shape, and what its rows are
+# (`action_space`: joints and the like as the model takes them, or midtrain's end-effector poses).
+STATE_PROFILE_FIELDS = ("state_dim", "use_state", "history_length", "action_space")
 # The fastest control loop a robot may declare (Hz): a 1 kHz torque loop fits with room to spare; beyond
 # it the figure is a mistake (1e308 would be shown to operators as the session's rate).
 MAX_CONTROL_HZ = 10_000.0

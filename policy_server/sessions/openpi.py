@@ -206,14 +206,15 @@ class OpenpiSession(Session):
         return self.config
 
     def note_unused_state(self, keys: tuple[str, ...]) -> None:
-        """A state sent to a domain that does not condition on it: counted (``/metrics``), logged once."""
+        """State keys the domain does not read (it takes no state, or reads the other family's keys: joints
+        against end-effector poses): counted (``/metrics``), logged once."""
         self.context.unused_state[self.protocol] += 1
         if not self._unused_state_logged:
             self._unused_state_logged = True
             assert self.config is not None
             logger.info(
-                "openpi session %s: domain %r does not condition on the robot's state; %s accepted and not used "
-                "(--openpi-strict-state refuses it)",
+                "openpi session %s: domain %r does not read %s (its profile takes no state, or another key "
+                "family); accepted and not used (--openpi-strict-state refuses it)",
                 self.id,
                 self.config.domain_name,
                 ", ".join(keys),

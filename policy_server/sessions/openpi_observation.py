@@ -23,7 +23,11 @@ The state keys become the request's proprio state (:func:`openpi_state`): LIBERO
 and ALOHA's ``state`` as sent; DROID's ``observation/joint_position`` (7, or rows of 7) and
 ``observation/gripper_position`` (1, or one per row) as one row ``[joints..., gripper]`` per step, the
 gripper as the robot reports it (the domain's profile says which index the model sees flipped, and the
-engine flips it, both ways). A domain whose profile has a ``state_dim`` needs them. Any other accepts and
+engine flips it, both ways). A domain in the ``midtrain`` action space reads, as NVIDIA's reference server
+does, the end-effector pose instead: ``observation/eef_pos`` (3, or rows of 3), ``observation/eef_quat``
+(4, xyzw) and ``observation/gripper_position``, one row ``[x, y, z, qx, qy, qz, qw, gripper]`` per step;
+the other family's keys, if sent too, are accepted and not used. A domain whose profile has a
+``state_dim`` needs them. Any other accepts and
 does not use them (every LIBERO, DROID and ALOHA client sends its state, and openpi's own servers take it
 whether the policy uses it or not): :attr:`OpenpiObservation.unused_state` names them, so that the session
 can say so; ``strict_state`` (``--openpi-strict-state``) refuses them instead.
@@ -57,6 +61,7 @@ from typing import Any
 import numpy as np
 
 from cosmos3_runtime.description import ModelDescription
+from cosmos3_runtime.poses import MIN_QUATERNION_NORM
 from cosmos3_runtime.profiles import VIEW_POINTS, PolicyProfile
 from robot_clients.client_frames import (
     SESSION_SETTINGS,
@@ -297,13 +302,25 @@ def parse_openpi_observation(
             )
         result.prefix_actions = prefix.astype(np.float32)
 
-    result.state, state_key, shown = openpi_state(obs)
+    space = domain.action_space if domain is not None else "joint_pos"
+    result.state, state_key, shown = openpi_state(obs, space)
+    unread = tuple(key for key in unread_state_keys(space) if lookup(obs, key) is not None)
+    if unread and domain is not None and domain.state_dim is not None:
+        if strict_state:
+            raise ProtocolError(
+                ErrorCode.INVALID_FIELD,
+                f"domain {domain.domain_name!r} acts in {space} and does not read `{unread[0]}` "
+                "(--openpi-strict-state refuses state it would not use; docs/openpi.md)",
+                unread[0],
+            )
+        result.unused_state = unread
     if domain is not None and domain.state_dim is None and result.state is not None and not strict_state:
         result.unused_state = tuple(key for key in ALL_STATE_KEYS if lookup(obs, key) is not None)
         result.state = None
     elif domain is not None:
         if state_key is None:  # missing: name the keys this observation's convention sends it in
             keys = CONVENTIONS.get(detect_convention(obs) or "", {}).get("state", ("state",))
+            keys = POSE_STATE_KEYS if space == "midtrain" else keys
             state_key, shown = keys[0], " + ".join(f"`{key}`" for key in keys)
         check_state(result.state, domain, None, state_key, shown)
     return result
@@ -311,16 +328,31 @@ def parse_openpi_observation(
 
 DROID_JOINTS, DROID_GRIPPER = CONVENTIONS["droid"]["state"]
 STATE_KEYS = (CONVENTIONS["libero"]["state"][0], CONVENTIONS["aloha"]["state"][0])
-ALL_STATE_KEYS = (DROID_JOINTS, DROID_GRIPPER, *STATE_KEYS)
+JOINT_STATE_KEYS = (DROID_JOINTS, DROID_GRIPPER, *STATE_KEYS)
+# The midtrain action space's state, as NVIDIA's reference server reads it.
+EEF_POSITION, EEF_QUATERNION = "observation/eef_pos", "observation/eef_quat"
+POSE_STATE_KEYS = (EEF_POSITION, EEF_QUATERNION, DROID_GRIPPER)
+ALL_STATE_KEYS = (*JOINT_STATE_KEYS, EEF_POSITION, EEF_QUATERNION)
 
 
-def openpi_state(obs: Mapping[str, Any]) -> tuple[np.ndarray | None, str | None, str | None]:
+def unread_state_keys(action_space: str) -> tuple[str, ...]:
+    """The state keys a domain of ``action_space`` does not read: the other family's."""
+    read = POSE_STATE_KEYS if action_space == "midtrain" else JOINT_STATE_KEYS
+    return tuple(key for key in ALL_STATE_KEYS if key not in read)
+
+
+def openpi_state(
+    obs: Mapping[str, Any], action_space: str = "joint_pos"
+) -> tuple[np.ndarray | None, str | None, str | None]:
     """The observation's proprio state, the key it is named by in errors, and how messages call it.
 
     DROID's joints and gripper become one ``[joints..., gripper]`` row per step: ``[8]``, or ``[T, 8]``
-    for T rows of joints with one gripper value per row.
+    for T rows of joints with one gripper value per row. For a ``midtrain`` domain the pose keys are read
+    instead (:func:`openpi_pose_state`).
     """
-    sent = [key for key in ALL_STATE_KEYS if lookup(obs, key) is not None]
+    if action_space == "midtrain":
+        return openpi_pose_state(obs)
+    sent = [key for key in JOINT_STATE_KEYS if lookup(obs, key) is not None]
     if not sent:
         return None, None, None
     droid = [key for key in sent if key in (DROID_JOINTS, DROID_GRIPPER)]
@@ -339,10 +371,7 @@ def openpi_state(obs: Mapping[str, Any]) -> tuple[np.ndarray | None, str | None,
                 key,
             )
     joints = parse_state(lookup(obs, DROID_JOINTS), DROID_JOINTS)
-    gripper_value = lookup(obs, DROID_GRIPPER)
-    if isinstance(gripper_value, (int, float, np.generic)) and not isinstance(gripper_value, bool):
-        gripper_value = np.asarray([gripper_value])  # a scalar reading is one value
-    gripper = parse_state(gripper_value, DROID_GRIPPER).reshape(-1, 1)
+    gripper = _gripper_column(obs)
     rows = 1 if joints.ndim == 1 else joints.shape[0]
     if gripper.shape[0] != rows:
         raise ProtocolError(
@@ -353,6 +382,57 @@ def openpi_state(obs: Mapping[str, Any]) -> tuple[np.ndarray | None, str | None,
         )
     state = np.concatenate([joints.reshape(rows, -1), gripper], axis=1)
     return (state[0] if joints.ndim == 1 else state), DROID_JOINTS, shown
+
+
+def openpi_pose_state(obs: Mapping[str, Any]) -> tuple[np.ndarray | None, str | None, str | None]:
+    """A midtrain domain's state: ``[x, y, z, qx, qy, qz, qw, gripper]``, ``[8]`` or ``[T, 8]``, from
+    ``observation/eef_pos`` (3 or T x 3), ``observation/eef_quat`` (4 or T x 4, xyzw, any nonzero norm: the
+    engine normalizes it, as SciPy does for the reference) and ``observation/gripper_position``."""
+    if not any(lookup(obs, key) is not None for key in POSE_STATE_KEYS):
+        return None, None, None
+    shown = f"the pose built from `{EEF_POSITION}` + `{EEF_QUATERNION}` + `{DROID_GRIPPER}`"
+    for key in POSE_STATE_KEYS:
+        if lookup(obs, key) is None:
+            raise ProtocolError(
+                ErrorCode.MISSING_FIELD,
+                f"a midtrain domain's state is `{EEF_POSITION}`, `{EEF_QUATERNION}` (xyzw) and `{DROID_GRIPPER}`: "
+                f"`{key}` is missing",
+                key,
+            )
+    parts = []
+    for key, width in ((EEF_POSITION, 3), (EEF_QUATERNION, 4)):
+        value = parse_state(lookup(obs, key), key)
+        if value.shape[-1] != width:
+            raise ProtocolError(
+                ErrorCode.INVALID_FIELD, f"`{key}` must be [{width}] or [T, {width}], got {list(value.shape)}", key
+            )
+        parts.append(value.reshape(-1, width))
+    position, quaternion = parts
+    gripper = _gripper_column(obs)
+    if not position.shape[0] == quaternion.shape[0] == gripper.shape[0]:
+        raise ProtocolError(
+            ErrorCode.INVALID_FIELD,
+            f"`{EEF_POSITION}`, `{EEF_QUATERNION}` and `{DROID_GRIPPER}` have {position.shape[0]}, "
+            f"{quaternion.shape[0]} and {gripper.shape[0]} row(s): send one of each per step",
+            EEF_QUATERNION,
+        )
+    if np.any(np.linalg.norm(quaternion, axis=1) < MIN_QUATERNION_NORM):
+        raise ProtocolError(
+            ErrorCode.INVALID_FIELD,
+            f"`{EEF_QUATERNION}` has a quaternion of norm below {MIN_QUATERNION_NORM:g}: it names no rotation",
+            EEF_QUATERNION,
+        )
+    state = np.concatenate([position, quaternion, gripper], axis=1)
+    single = lookup(obs, EEF_POSITION)
+    return (state[0] if np.ndim(single) == 1 else state), EEF_POSITION, shown
+
+
+def _gripper_column(obs: Mapping[str, Any]) -> np.ndarray:
+    """``observation/gripper_position`` as one value per row: a scalar, ``[T]`` or ``[T, 1]``."""
+    gripper_value = lookup(obs, DROID_GRIPPER)
+    if isinstance(gripper_value, (int, float, np.generic)) and not isinstance(gripper_value, bool):
+        gripper_value = np.asarray([gripper_value])  # a scalar reading is one value
+    return parse_state(gripper_value, DROID_GRIPPER).reshape(-1, 1)
 
 
 def compose_cameras(result: OpenpiObservation, frames: list[np.ndarray], video: bool, limits: FrameLimits) -> None:
@@ -408,7 +488,7 @@ def _decoded_keys(obs: Any, where: str | None = None, depth: int = 0) -> Any:
 
 def check_keys(obs: Mapping[Any, Any], mapping: CameraMapping) -> None:
     """Refuse a key the server would otherwise accept and ignore (``invalid_field`` naming it)."""
-    state = {key for convention in CONVENTIONS.values() for key in convention["state"]}
+    state = {key for convention in CONVENTIONS.values() for key in convention["state"]} | set(ALL_STATE_KEYS)
     known = mapping.camera_keys() | state | set(OBSERVATION_KEYS)
     for key in _keys(obs):
         if key in known or any(key.startswith(k + "/") for k in known):
