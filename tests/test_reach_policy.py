@@ -9,6 +9,9 @@
   at most 13 ticks). Success is read from the simulator's state (the hand body's position against the cube's
   at the episode's end): at least 8 of 10 with the camera, at most 2 of 10 with a black image (the blind
   baseline scores 3 %), no boundary stall, no chunk error. A random checkpoint of the same shape fails it.
+  No stall needs chunks under 400 ms: the chunker asks for the next chunk when one arrives, so two chunk
+  latencies must fit in a 16-action chunk at 20 Hz. A chunk takes about 65 ms alone; on the 2-core
+  development machine at load 5-6 with a core kept busy, 100-340 ms, and the test took 47-73 s in all.
 - **Success** (slow): the same through 40-tick episodes (2 s), 20 with the camera and 10 black.
 """
 
