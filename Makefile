@@ -141,7 +141,8 @@ PYTEST_WORKERS ?= 2
 test: lint $(STAMP) $(OPENPI_STAMP) $(LEROBOT_STAMP) $(VLAEVAL_STAMP) $(METAWORLD_STAMP) $(PUSHT_STAMP) test-system-deps
 	$(PY) -m pytest -q -n $(PYTEST_WORKERS) --dist loadfile
 
-test-slow: $(STAMP) net-system-deps
+# The slow tests need what `make test` installs for them: EGL for MuJoCo (the reach policy), iproute2 (the link).
+test-slow: $(STAMP) test-system-deps
 	$(PY) -m pytest -q -m slow
 
 # The GPU suite (docs/benchmarks.md, "GPU"). `make bench-gpu` runs on a CUDA machine with the machine's

@@ -14,10 +14,12 @@ classifier-free guidance). For each forward the cost model counts:
 
 The VAE encode's FLOPs are counted by torch's ``FlopCounterMode`` running diffusers' Wan2.2 encoder on the
 meta device (shapes only, no weights). The floor of a forward is max(FLOPs / peak FLOP/s, bytes / memory
-bandwidth); the floor of a chunk is the encode's plus its forwards'. H200 figures: 989 TFLOP/s dense bf16
-and 4.8 TB/s HBM3e on the data sheet; this workplace measured 790 TFLOP/s on a large bf16 matmul and
-4.3 TB/s on a device copy, and those are the floors used (what the chip is seen to do). A measured chunk
-time divided by its floor says how far a serving path is from the hardware.
+bandwidth); the floor of a chunk is the encode's plus its forwards'. The H200 figures are not measured
+here (no GPU has run this project's code): NVIDIA's H200 data sheet (H200 SXM) gives 1,979 TFLOP/s bf16
+with 2:4 sparsity, so about 989 dense, and 4.8 TB/s of HBM3e. The floors use 790 TFLOP/s and 4.3 TB/s,
+an assumption of about 80 % and 90 % of those vendor figures (what large bf16 matmuls and copies
+commonly sustain); ``make bench-gpu`` measures the chip itself. A measured chunk time divided by its
+floor says how far a serving path is from the hardware.
 
 Run: ``.venv/bin/python benchmarks/cost_model.py`` prints the table of docs/benchmarks.md.
 """
@@ -32,8 +34,10 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-H200_BF16_FLOPS = 790e12  # measured here on an 8192^3 bf16 matmul (data sheet: 989e12 dense)
-H200_BYTES_PER_S = 4.3e12  # measured here on a device-to-device copy (data sheet: 4.8e12)
+# Assumed, not measured: about 80 % of NVIDIA's H200 SXM data sheet bf16 dense rate (1,979 TFLOP/s with
+# sparsity, 989 dense) and 90 % of its 4.8 TB/s HBM3e (see the module docstring).
+H200_BF16_FLOPS = 790e12
+H200_BYTES_PER_S = 4.3e12
 # Text tokens of the structured action caption with the chat template, as tokenized by the checkpoints
 # built here (161 for the default prompt at horizon 16); published tokenizers differ by tens of tokens,
 # which moves a forward's FLOPs by a few per cent.

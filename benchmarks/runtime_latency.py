@@ -10,7 +10,8 @@ Prints, as medians over interleaved repetitions (this machine is noisy; compare 
 5. with and without the text prefix cache (distilled, and base with guidance);
 6. batching: 1, 2, 4 and 8 requests through ``predict_actions_batch`` versus one by one.
 
-Run: ``.venv/bin/python benchmarks/runtime_latency.py [--repeats 15] [--horizon 16] [--tier 256]``
+Run: ``.venv/bin/python benchmarks/runtime_latency.py [--repeats 15] [--horizon 16] [--tier 256]``;
+``--encode-only`` runs the distilled chunk and section 3 only (well under a minute).
 """
 
 from __future__ import annotations
@@ -40,6 +41,7 @@ def main() -> None:
     parser.add_argument("--tier", type=int, default=256)
     parser.add_argument("--base-steps", type=int, default=35)
     parser.add_argument("--base-guidance", type=float, default=6.0)
+    parser.add_argument("--encode-only", action="store_true", help="the distilled chunk and the encode only")
     args = parser.parse_args()
 
     import torch
@@ -75,6 +77,8 @@ def main() -> None:
         "distilled": (distilled, ActionRequest(seed=0, **common)),
         "base": (base, ActionRequest(seed=0, num_steps=args.base_steps, guidance_scale=args.base_guidance, **common)),
     }
+    if args.encode_only:
+        del requests["base"]
     for engine, request in requests.values():  # warm-up
         engine.predict_actions(request)
 
@@ -96,7 +100,8 @@ def main() -> None:
         steps, fwd = forwards[name]
         p90 = np.percentile(values, 90) * 1000.0
         print(f"{name:<12}{steps:>6}{fwd:>10}{_median_ms(values):>12.1f}{p90:>10.1f}")
-    print(f"ratio base / distilled: {_median_ms(samples['base']) / _median_ms(samples['distilled']):.2f}x")
+    if "base" in samples:
+        print(f"ratio base / distilled: {_median_ms(samples['base']) / _median_ms(samples['distilled']):.2f}x")
 
     sampler = distilled.sampler
     full_clip, full_size, _, _ = sampler.preprocess(image[None], args.tier, args.horizon + 1)
@@ -116,7 +121,8 @@ def main() -> None:
         f"(chunk median {_median_ms(samples['distilled']):.1f} ms with the saving)"
     )
 
-    more_tables(workdir, args.repeats, args.horizon, args.tier)
+    if not args.encode_only:
+        more_tables(workdir, args.repeats, args.horizon, args.tier)
 
 
 def _interleaved(cases: dict, repeats: int) -> dict[str, list[float]]:

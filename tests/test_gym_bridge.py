@@ -60,11 +60,32 @@ def test_a_third_party_simulator_runs_unchanged_in_closed_loop(server, preset):
     summary = out["summary"]
     assert (summary["environment"], summary["episodes"]) == (preset, 2)
     assert summary["domain"] == "bridge_orig_lerobot" and summary["send_state"] is False  # bridge takes no state
-    assert 0.0 <= summary["success_rate"] <= 1.0
+    assert summary["success_rate"] == sum(episode["success"] for episode in out["episodes"]) / 2
     assert summary["chunks"] >= 2 and 0 < summary["chunk_latency_p50_ms"] <= summary["chunk_latency_p99_ms"]
     for episode in out["episodes"]:
         assert isinstance(episode["success"], bool)
         assert 1 <= episode["steps"] <= 12 and (episode["steps"] == 12 or episode["success"])
+
+
+def test_the_metaworld_presets_send_the_hand_and_gripper_never_the_goal():
+    """MT1's 39-value observation ends with the goal (36-38): the presets send entries 0-3 (the hand's position
+    and the gripper), so the goal reaches the policy through the camera only. Read from the state the bridge
+    puts in the observation it sends, over three goal places per preset."""
+    python = bridge_python("metaworld-reach")
+    env = {**os.environ, "PYTHONPATH": str(REPO_ROOT), "MUJOCO_GL": "egl"}
+    script = str(REPO_ROOT / "tests" / "metaworld_state_script.py")
+    result = subprocess.run([str(python), script], capture_output=True, text=True, timeout=300, env=env)
+    assert result.returncode == 0, result.stderr[-3000:]
+    report = json.loads(result.stdout.strip().splitlines()[-1])
+    assert set(report) == {"metaworld-reach", "metaworld-drawer-close"}
+    for preset, episodes in report.items():
+        goals = [episode["goal"] for episode in episodes]
+        assert len({tuple(goal) for goal in goals}) == 3, (preset, goals)  # three goal places
+        for episode in episodes:
+            observation = episode["observation"]
+            assert observation[36:39] == pytest.approx(episode["goal"])  # MT1 hands the goal over as state
+            assert episode["sent"] == pytest.approx(observation[:4], abs=1e-6), preset  # float32 on the wire
+        assert len({tuple(episode["sent"]) for episode in episodes}) == 1, preset  # nothing of the goal in it
 
 
 def test_a_simulators_own_expert_is_recorded_as_a_lerobot_dataset(tmp_path):

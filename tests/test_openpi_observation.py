@@ -212,11 +212,48 @@ def test_clips_for_inverse_dynamics_and_prefix_actions():
     assert parsed.prefix_actions.dtype == np.float32 and parsed.prefix_actions.shape == (3, 10)
 
 
-@pytest.mark.parametrize("obs", [LIBERO, DROID, ALOHA])
-def test_every_key_of_the_conventions_is_known(obs):
-    """Real openpi clients send state keys and cameras the view point does not use: all accepted."""
-    for view in ("third_person_view", "ego_view", "wrist_view", "concat_view"):
-        parse_openpi_observation(obs, MAPPING, view, LIMITS)
+@pytest.mark.parametrize(
+    "obs, chosen",
+    [
+        (
+            LIBERO,
+            {
+                "third_person_view": ("observation/image",),
+                "ego_view": ("observation/image",),
+                "wrist_view": ("observation/wrist_image",),
+                "concat_view": ("observation/image", "observation/wrist_image"),
+            },
+        ),
+        (
+            DROID,
+            {
+                "third_person_view": ("observation/exterior_image_1_left",),
+                "ego_view": ("observation/exterior_image_1_left",),
+                "wrist_view": ("observation/wrist_image_left",),
+                "concat_view": ("observation/exterior_image_1_left", "observation/wrist_image_left"),
+            },
+        ),
+        (
+            ALOHA,
+            {
+                "third_person_view": ("images/cam_high",),
+                "ego_view": ("images/cam_high",),
+                "wrist_view": ("images/cam_left_wrist",),
+                "concat_view": ("images/cam_high", "images/cam_left_wrist", "images/cam_right_wrist"),
+            },
+        ),
+    ],
+)
+def test_every_key_of_the_conventions_is_known(obs, chosen):
+    """Real openpi clients send state keys and cameras the view point does not use: all accepted, and the
+    mapping picks the camera of each view point (the frame fed is that camera's, by its fill value)."""
+    fill = {"observation/image": 10, "observation/wrist_image": 20, "observation/exterior_image_1_left": 30}
+    fill |= {"observation/wrist_image_left": 40, "images/cam_high": 50, "images/cam_left_wrist": 70}
+    for view, cameras in chosen.items():
+        parsed = parse_openpi_observation(obs, MAPPING, view, LIMITS)
+        assert parsed.cameras == cameras, view
+        if len(cameras) == 1:
+            assert np.all(parsed.image == fill[cameras[0]]), view
 
 
 @pytest.mark.parametrize(

@@ -1,9 +1,11 @@
 """The reach task: the scripted expert succeeds, the camera-blind baseline does not, and the state a policy
-sees never carries the goal (it is the same at every reset, wherever the cube is)."""
+sees never carries the goal (it is the same at every reset, wherever the cube is); ``cosmos3-eval``'s result
+files name their run."""
 
 from __future__ import annotations
 
 import os
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -48,3 +50,46 @@ def test_the_wilson_interval():
     low, high = wilson(26, 50)
     assert low == pytest.approx(0.385, abs=1e-3) and high == pytest.approx(0.652, abs=1e-3)
     assert wilson(0, 20)[0] == 0.0 and wilson(20, 20)[1] == 1.0
+
+
+def test_cosmos3_evals_results_name_their_seed_checkpoint_commit_and_command(tiny_checkpoint, tmp_path):
+    import hashlib
+    import json
+    import shutil
+    import subprocess
+
+    from robot_clients.sim.reach_eval import checkpoint_sha256, main
+
+    checkpoint = shutil.copytree(tiny_checkpoint("distilled"), tmp_path / "ckpt")
+    argv = ["--model", str(checkpoint), "--ablations", "expert", "--episodes", "2", "--seed", "77"]
+    assert main([*argv, "--out", str(tmp_path / "out")]) == 0
+    document = json.loads((tmp_path / "out" / "results.json").read_text())
+    run = document["provenance"]
+    assert run["seed"] == 77 and document["cells"][0]["episodes"] == 2
+    assert run["command"] == ["cosmos3-eval", *argv, "--out", str(tmp_path / "out")]
+    assert run["checkpoint"] == str(checkpoint)
+
+    # The hash: every file's path and bytes, so that a changed byte, a renamed file or a new one changes it.
+    files = sorted(p for p in checkpoint.rglob("*") if p.is_file())
+    digest = hashlib.sha256()
+    for path in files:
+        name = path.relative_to(checkpoint).as_posix().encode()
+        digest.update(len(name).to_bytes(8, "little") + name + path.stat().st_size.to_bytes(8, "little"))
+        digest.update(path.read_bytes())
+    assert run["checkpoint_sha256"] == digest.hexdigest() == checkpoint_sha256(checkpoint)
+    weights = next(p for p in files if p.suffix == ".safetensors")
+    data = bytearray(weights.read_bytes())
+    data[-1] ^= 1
+    weights.write_bytes(bytes(data))
+    assert checkpoint_sha256(checkpoint) != run["checkpoint_sha256"]
+    weights.rename(weights.with_name("renamed.safetensors"))
+    data[-1] ^= 1
+    weights.with_name("renamed.safetensors").write_bytes(bytes(data))
+    assert checkpoint_sha256(checkpoint) != run["checkpoint_sha256"]
+
+    # The commit of the checkout that ran, where there is one.
+    head = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, cwd=Path(__file__).parent)
+    if head.returncode == 0:
+        assert run["git_commit"] == head.stdout.strip() and isinstance(run["git_dirty"], bool)
+    else:
+        assert run["git_commit"] is None and run["git_dirty"] is None

@@ -121,8 +121,8 @@ def test_the_checkpoint_encodes_frames_to_the_latents_it_was_trained_on(small_da
 
 def test_a_small_batch_is_overfitted_and_predict_actions_reproduces_it(small_dataset, tmp_path):
     from cosmos3_runtime.engine import Cosmos3Engine
-    from cosmos3_runtime.requests import ActionRequest
     from cosmos3_runtime.lerobot_dataset import read_dataset
+    from cosmos3_runtime.requests import ActionRequest
 
     cfg = _config(small_dataset, tmp_path / "ckpt", steps=400, batch_size=8, lr=3e-3, warmup=20, max_prefix=0)
     summary = train(cfg)

@@ -97,7 +97,9 @@ def test_vla_evals_orchestrator_finishes_episodes_in_sync_and_realtime_modes(ser
         assert (result["mode"], result["num_episodes_total"], result["num_errors"]) == (mode, episodes, 0), result
         assert result["server_info"]["model_server"] == "Cosmos3PolicyServer"
         assert result["server_info"]["cosmos3"]["action_horizon"] == HORIZON
-        assert 0.0 <= result["mean_success"] <= 1.0 and result["mean_min_distance"] > 0.0
+        successes = [episode["metrics"]["success"] for task in result["tasks"] for episode in task["episodes"]]
+        assert len(successes) == episodes and result["mean_success"] == pytest.approx(sum(successes) / episodes)
+        assert result["mean_min_distance"] > 0.0
         for episode in result["tasks"][0]["episodes"]:
             assert episode.get("failure_reason") is None, episode
             assert isinstance(episode["metrics"]["success"], bool)

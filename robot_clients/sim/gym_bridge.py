@@ -79,16 +79,19 @@ class GymMapping:
 
 PRESETS: dict[str, GymMapping] = {
     # MetaWorld 3 (Farama): Sawyer arm tasks; 39-D array observation, 4-D action in [-1, 1], info["success"].
+    # The observation is the hand's position and the gripper (0-3), the objects' poses (4-17), the same a
+    # step earlier (18-35) and, in MT1, the goal (36-38). Every preset sends entries 0-3 only: the goal and
+    # the objects are seen in the camera, never handed to the policy as state.
     "metaworld-reach": GymMapping(
         env_id="Meta-World/MT1",
         env_kwargs={"env_name": "reach-v3", "render_mode": "rgb_array", "width": 128, "height": 128},
         module="metaworld",
         state=(ARRAY_OBSERVATION,),
+        state_indices=(0, 1, 2, 3),
         success="success",
         prompt="reach the goal",
     ),
-    # MetaWorld drawer-close: the drawer's place (x within 0.2 m) is seen in the camera only; the state
-    # sent is the hand's position and the gripper (observation entries 0-3), never the drawer's.
+    # MetaWorld drawer-close: the drawer's place (x within 0.2 m) is seen in the camera only.
     "metaworld-drawer-close": GymMapping(
         env_id="Meta-World/MT1",
         env_kwargs={"env_name": "drawer-close-v3", "render_mode": "rgb_array", "width": 128, "height": 128},

@@ -11,13 +11,18 @@ at 20 Hz on :class:`~robot_clients.sim.reach_task.ReachTaskEnv`. A cell of the t
 
 Ablations (``--ablation``): ``black`` sends an all-black image, ``shuffled_state`` sends the state's
 entries in a random order each tick; ``blind_expert`` runs the camera-blind scripted baseline locally.
+
+``--out``'s ``results.json`` names its run (:class:`Provenance`): the seed, the checkpoint's SHA-256, the
+source's git commit and the command line.
 """
 
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import math
+import subprocess
 import sys
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -61,6 +66,58 @@ class CellResult:
     achieved_hz: float | None
     stalls: int
     distances_cm: list[float]  # every episode's final distance, in episode order: the whole spread, not only the median
+
+
+@dataclass(frozen=True)
+class Provenance:
+    """What names a run of ``cosmos3-eval``: enough to tell two result files apart and to run one again."""
+
+    seed: int  # of the cube places
+    checkpoint: str | None  # the --model folder (None: a running --server's model, or no server)
+    checkpoint_sha256: str | None  # see checkpoint_sha256
+    git_commit: str | None  # of the source that ran (None outside a git checkout)
+    git_dirty: bool | None  # the checkout had changes not committed
+    command: list[str]  # the command line, program name first
+
+
+def checkpoint_sha256(folder: Path) -> str:
+    """SHA-256 over a checkpoint folder: every file's path relative to it and its bytes, in path order,
+    read in 1 MiB blocks (a real checkpoint's weights are many GB)."""
+    digest = hashlib.sha256()
+    for path in sorted(p for p in folder.rglob("*") if p.is_file()):
+        name = path.relative_to(folder).as_posix().encode()
+        digest.update(len(name).to_bytes(8, "little") + name + path.stat().st_size.to_bytes(8, "little"))
+        with path.open("rb") as file:
+            while block := file.read(1 << 20):
+                digest.update(block)
+    return digest.hexdigest()
+
+
+def source_commit() -> tuple[str | None, bool | None]:
+    """The git commit of the checkout this module runs from, and whether it had uncommitted changes;
+    (None, None) outside a checkout or without git."""
+    here = Path(__file__).resolve().parent
+    try:
+        commit = subprocess.run(
+            ["git", "-C", str(here), "rev-parse", "HEAD"], capture_output=True, text=True, timeout=10, check=True
+        ).stdout.strip()
+        status = subprocess.run(
+            ["git", "-C", str(here), "status", "--porcelain", "--untracked-files=no"],
+            capture_output=True,
+            text=True,
+            timeout=30,
+            check=True,
+        ).stdout
+    except (OSError, subprocess.SubprocessError):
+        return None, None
+    return commit or None, bool(status.strip())
+
+
+def provenance(seed: int, model: str | None, argv: list[str]) -> Provenance:
+    folder = Path(model) if model else None
+    digest = checkpoint_sha256(folder) if folder is not None and folder.is_dir() else None
+    commit, dirty = source_commit()
+    return Provenance(seed, model, digest, commit, dirty, ["cosmos3-eval", *argv])
 
 
 def chunker_config(mode: str, control_hz: float, execute_horizon: int) -> ChunkerConfig:
@@ -194,8 +251,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--delays", default="0", help="comma-separated injected delays in ms")
     parser.add_argument("--ablations", default="none", help=f"comma-separated, of {', '.join(ABLATIONS)}")
     parser.add_argument("--execute-horizon", type=int, default=8)
-    parser.add_argument("--out", default=None, help="write results.json, results.md and success_vs_delay.png here")
+    parser.add_argument(
+        "--out",
+        default=None,
+        help="write results.json (the cells and the run's provenance), results.md and success_vs_delay.png here",
+    )
     parser.add_argument("--title", default="reach task: success vs injected delay")
+    argv = sys.argv[1:] if argv is None else list(argv)
     args = parser.parse_args(argv)
     modes = [m for m in args.modes.split(",") if m]
     delays = [int(d) for d in args.delays.split(",") if d]
@@ -207,6 +269,8 @@ def main(argv: list[str] | None = None) -> int:
         if ablation not in ABLATIONS:
             parser.error(f"unknown ablation {ablation!r}")
 
+    # Named before the run: the checkpoint and the checkout as they were when it started.
+    run = provenance(args.seed, None if args.server else args.model, argv) if args.out else None
     needs_server = any(a not in ("blind_expert", "expert") for a in ablations)
     server, client, results = None, None, []
     try:
@@ -237,7 +301,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.out:
         out = Path(args.out)
         out.mkdir(parents=True, exist_ok=True)
-        (out / "results.json").write_text(json.dumps([asdict(r) for r in results], indent=2))
+        document = {"provenance": asdict(run) if run else None, "cells": [asdict(r) for r in results]}
+        (out / "results.json").write_text(json.dumps(document, indent=2))
         (out / "results.md").write_text(table(results) + "\n")
         if any(r.ablation == "none" for r in results):
             plot(results, out / "success_vs_delay.png", args.title)
