@@ -102,7 +102,7 @@ def inspect_main(argv: list[str] | None = None) -> int:
     try:
         local = CheckpointSource.parse(args.checkpoint, revision=args.revision).resolve(config_only=True)
         info = inspect_checkpoint(local)
-        spec = EngineSpec.for_checkpoint(info, profiles_for_checkpoint(local, info, args.profiles))
+        spec = EngineSpec.for_checkpoint(info, profiles_for_checkpoint(local, info, args.profiles, args.checkpoint))
     except CheckpointError as exc:
         print(f"cosmos3-inspect: {exc}", file=sys.stderr)
         return 2

@@ -137,7 +137,7 @@ class Cosmos3Engine:
         pipe = load_pipeline(info, torch_device, torch_dtype)
         if compile:
             pipe.transformer.compile_repeated_blocks(dynamic=True)
-        profiles = profiles_for_checkpoint(local, info, profiles_path)
+        profiles = profiles_for_checkpoint(local, info, profiles_path, source=str(source))
         spec = EngineSpec.for_checkpoint(info, profiles, limits or EngineLimits())
         logger.info(
             "loaded %s (%s) on %s/%s in %.2f s",

@@ -9,7 +9,8 @@ and the statistics that turn model-space actions back into robot units.
 
 Sources, later ones overriding earlier ones field by field:
 
-1. diffusers' own Cosmos3 tables (domain ids and canonical widths);
+1. diffusers' own Cosmos3 tables (domain ids and canonical widths), and for NVIDIA's released DROID
+   policies, which ship no profile, their contract (:data:`NVIDIA_DROID_CONTRACT`, NVIDIA's server's values);
 2. the ``policy`` block of the checkpoint's ``checkpoint.json`` (NVIDIA's exported policies: the chunk, the
    conditioning fps, the domain, optionally the width and whether the state conditions it);
 3. ``policy_profiles.json`` shipped in the checkpoint, when there is one;
@@ -233,18 +234,77 @@ class ProfileTable:
         return cls(domains, ranked[0] if ranked else None)
 
 
+# NVIDIA's released DROID policies ship no policy_profiles.json: NVIDIA's own server (cosmos-framework's
+# RoboLab server) holds their contract in its flags' defaults, and TensorRT-LLM in a code preset. The runtime
+# holds it here, once, for the checkpoints it recognises (:func:`is_nvidia_droid_policy`), so that serving
+# NVIDIA's repo id needs no profile file. The chunk and the fps are also in the Edge export's checkpoint.json.
+NVIDIA_DROID_REPOS = ("nvidia/Cosmos3-Nano-Policy-DROID", "nvidia/Cosmos3-Edge-Policy-DROID")
+NVIDIA_DROID_DOMAIN = "droid_lerobot"
+NVIDIA_DROID_CONTRACT: dict[str, Any] = {
+    "action_space": "joint_pos",  # 7 joint positions and the gripper
+    "raw_action_dim": 8,
+    "default_horizon": 32,
+    "fps": 15.0,
+    "use_state": True,  # the robot's state is the plan's first action row
+    "history_length": 1,
+    "gripper_flip_index": 7,  # the model sees 1 - gripper_position
+    "normalization": None,  # raw joint positions
+    "resolution_tier": 480,
+    "view_point": "concat_view",  # the wrist camera on top, the two exterior cameras side by side below
+    "view_description": "The top row is from the wrist-mounted camera. The bottom row contains two horizontally "
+    "concatenated third-person perspective views of the scene from opposite sides, with the robot visible.",
+    "prompt_format": "json",
+}
+# Its sampler: 4 UniPC steps, guidance 3.0, shift 5.0; the Edge recipe adds guidance only in timesteps
+# 960-1001 (``--guidance-interval 960 1001``: the first of the 4 steps).
+NVIDIA_DROID_SAMPLER: dict[str, Any] = {"num_steps": 4, "guidance_scale": 3.0, "shift": 5.0}
+NVIDIA_EDGE_DROID_INTERVAL = [960, 1001]
+
+
+def is_nvidia_droid_policy(checkpoint_dir: Path, source: str | None = None) -> bool:
+    """Whether the checkpoint is one of NVIDIA's DROID policies: its ``checkpoint.json`` names the DROID
+    domain in its ``policy`` block (the Edge export), or it was named by, or downloaded from, one of
+    :data:`NVIDIA_DROID_REPOS` (a Hub id, or a folder of the Hub's cache, ``models--nvidia--...``)."""
+    names = [source or "", str(checkpoint_dir)]
+    for repo in NVIDIA_DROID_REPOS:
+        cached = "models--" + repo.replace("/", "--")
+        if any(name.lower().startswith(repo.lower()) or cached.lower() in name.lower() for name in names):
+            return True
+    path = checkpoint_dir / "checkpoint.json"
+    try:
+        policy = json.loads(path.read_text()).get("policy") if path.is_file() else None
+    except (OSError, json.JSONDecodeError, AttributeError):
+        return False  # _merge_checkpoint_policy names what is wrong with it
+    return isinstance(policy, dict) and policy.get("domain_name") == NVIDIA_DROID_DOMAIN
+
+
+def nvidia_droid_profile(info: CheckpointInfo) -> dict[str, Any]:
+    """NVIDIA's DROID contract for this checkpoint: with NVIDIA's sampler unless it is distilled (it runs its
+    own list), and the guidance interval on Edge."""
+    profile = dict(NVIDIA_DROID_CONTRACT)
+    if not info.is_distilled:
+        profile.update(NVIDIA_DROID_SAMPLER)
+        if info.is_edge:
+            profile["guidance_interval"] = NVIDIA_EDGE_DROID_INTERVAL
+    return profile
+
+
 def profiles_for_checkpoint(
-    checkpoint_dir: Path, info: CheckpointInfo, override_file: str | Path | None = None
+    checkpoint_dir: Path, info: CheckpointInfo, override_file: str | Path | None = None, source: str | None = None
 ) -> ProfileTable:
-    """The profile table of an inspected checkpoint (empty without an action head), an operator file merged in."""
+    """The profile table of an inspected checkpoint (empty without an action head), an operator file merged in.
+
+    ``source``: how the checkpoint was named (a Hub id), to recognise NVIDIA's DROID policies by."""
     if not info.has_action_head or info.action_dim is None:
         return ProfileTable({}, None)
+    preset = {NVIDIA_DROID_DOMAIN: nvidia_droid_profile(info)} if is_nvidia_droid_policy(checkpoint_dir, source) else {}
     return load_profiles(
         checkpoint_dir,
         action_dim=info.action_dim,
         num_domains=info.num_embodiment_domains,
         override_file=override_file,
         num_train_timesteps=int(info.scheduler_config.get("num_train_timesteps", 1000)),
+        preset=preset,
     )
 
 
@@ -255,10 +315,13 @@ def load_profiles(
     num_domains: int,
     override_file: str | Path | None = None,
     num_train_timesteps: int = 1000,
+    preset: dict[str, dict[str, Any]] | None = None,
 ) -> ProfileTable:
     """Build the profile table for a checkpoint (see the module docstring for the sources).
 
-    ``num_train_timesteps`` (the scheduler's) converts a guidance interval written in timesteps.
+    ``num_train_timesteps`` (the scheduler's) converts a guidance interval written in timesteps. ``preset``:
+    profiles the runtime knows for this checkpoint (NVIDIA's DROID contract), above diffusers' tables and
+    below the checkpoint's own files; a preset's domain is the default one unless a later source names another.
     """
     from diffusers.pipelines.cosmos import pipeline_cosmos3_omni as cosmos3
 
@@ -267,7 +330,10 @@ def load_profiles(
         width = cosmos3._EMBODIMENT_TO_RAW_ACTION_DIM.get(name)
         if width is not None:
             fields[name] = {"domain_id": domain_id, "raw_action_dim": width}
-    named_default = _merge_checkpoint_policy(fields, checkpoint_dir / "checkpoint.json")
+    for name, entry in (preset or {}).items():
+        fields.setdefault(name, {}).update(entry)
+    named_default = next(iter(preset), None) if preset else None
+    named_default = _merge_checkpoint_policy(fields, checkpoint_dir / "checkpoint.json") or named_default
     for source in (checkpoint_dir / "policy_profiles.json", override_file):
         if source is not None and Path(source).is_file():
             named_default = _merge_profile_file(fields, Path(source)) or named_default

@@ -16,7 +16,8 @@ config files:
   ``shift`` that must *not* be applied on top of the list, as real distilled configs do).
 - ``edge-distilled``: both.
 
-Any of them can ship NVIDIA's DROID joint-position profile (``droid=True``, ``cosmos3-tiny --droid``), so
+Any of them can be one of NVIDIA's DROID joint-position policies (``droid=True``, ``cosmos3-tiny --droid``:
+the ``checkpoint.json`` NVIDIA's Edge export carries, by which the runtime applies NVIDIA's DROID contract), so
 the state-conditioned path runs end to end on a tiny model too, or the same profile in the ``midtrain``
 end-effector action space (``droid_midtrain=True``, ``cosmos3-tiny --droid-midtrain``).
 
@@ -52,6 +53,8 @@ import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+from .profiles import NVIDIA_DROID_CONTRACT
 
 # Wan2.2's VAE as Cosmos3 checkpoints carry it (``Wan-AI/Wan2.2-TI2V-5B-Diffusers``, copied by NVIDIA's converter).
 WAN22_VAE_CONFIG = dict(
@@ -248,35 +251,14 @@ _TINY_PROFILES = {
         },
     }
 }
-# The profile ``droid=True`` ships instead for droid_lerobot, named the default domain: the settings of
-# NVIDIA's DROID joint-position policy (docs/runtime.md, "Worked example").
-# The chunk (32) and the conditioning fps (15) are not here: the checkpoint's checkpoint.json carries them,
-# as NVIDIA's exported policies do (TINY_DROID_POLICY).
-TINY_DROID_PROFILE = {
-    "action_space": "joint_pos",
-    "raw_action_dim": 8,
-    "use_state": True,
-    "history_length": 1,
-    "state_dim": 8,
-    "gripper_flip_index": 7,
-    "normalization": "none",
-    "resolution_tier": 480,
-    "view_point": "concat_view",
-    "view_description": "The top row is from the wrist-mounted camera. The bottom row contains two horizontally "
-    "concatenated third-person perspective views of the scene from opposite sides, with the "
-    "robot visible.",
-    "prompt_format": "json",
-}
+# ``droid=True`` ships what NVIDIA's Edge DROID export carries: a checkpoint.json naming the DROID domain, its
+# chunk and fps. The runtime recognises the checkpoint by it and applies NVIDIA's DROID contract
+# (profiles.NVIDIA_DROID_CONTRACT, with NVIDIA's sampler on non-distilled variants): no profile file.
 TINY_DROID_POLICY = {"action_chunk_size": 32, "conditioning_fps": 15.0, "domain_name": "droid_lerobot"}
-# NVIDIA's serving settings for its DROID policies (cosmos-framework's RoboLab server): 4 UniPC steps,
-# guidance 3.0, shift 5.0; a distilled checkpoint runs its own fixed list instead.
-TINY_DROID_SAMPLER = {"num_steps": 4, "guidance_scale": 3.0, "shift": 5.0}
-# NVIDIA's Edge DROID recipe adds guidance only in timesteps 960-1001 (the first of the 4 steps).
-TINY_EDGE_DROID_INTERVAL = [960, 1001]
 # The profile ``droid_midtrain=True`` ships: the DROID settings in the reference server's ``midtrain`` action
 # space (poses [x, y, z, qx, qy, qz, qw, gripper] in and out; the model's rows [translation, rot6d, gripper]).
 TINY_DROID_MIDTRAIN_PROFILE = {
-    **{key: value for key, value in TINY_DROID_PROFILE.items() if key != "state_dim"},
+    **NVIDIA_DROID_CONTRACT,
     "action_space": "midtrain",
     "raw_action_dim": 10,
     "gripper_flip_index": 9,
@@ -310,8 +292,9 @@ def build_tiny_checkpoint(
     ``transformer_overrides`` change the transformer's config (``hidden_size``, ``num_hidden_layers``, ...).
     ``legacy_class_name`` writes the older
     ``Cosmos3OmniDiffusersPipeline`` spelling into ``model_index.json``; ``with_action_head=False``
-    builds a video-only transformer (no action modes); ``droid=True`` ships :data:`TINY_DROID_PROFILE`,
-    ``droid_midtrain=True`` :data:`TINY_DROID_MIDTRAIN_PROFILE`.
+    builds a video-only transformer (no action modes); ``droid=True`` ships :data:`TINY_DROID_POLICY` in
+    ``checkpoint.json``, as NVIDIA's Edge DROID export does (the runtime then applies NVIDIA's DROID contract),
+    ``droid_midtrain=True`` that and :data:`TINY_DROID_MIDTRAIN_PROFILE`.
     """
     import torch
     from diffusers import (
@@ -388,16 +371,11 @@ def build_tiny_checkpoint(
         (out / "stats" / "droid_lerobot.json").write_text(json.dumps(_TINY_DROID_STATS, indent=2))
         profiles: dict[str, Any] = dict(_TINY_PROFILES)
         if droid or droid_midtrain:
-            droid_profile: dict[str, Any] = dict(TINY_DROID_MIDTRAIN_PROFILE if droid_midtrain else TINY_DROID_PROFILE)
-            if not is_distilled:
-                droid_profile.update(TINY_DROID_SAMPLER)
-                if variant == "edge":
-                    droid_profile["guidance_interval"] = TINY_EDGE_DROID_INTERVAL
-            profiles = {
-                "default_domain": "droid_lerobot",
-                "domains": {**_TINY_PROFILES["domains"], "droid_lerobot": droid_profile},
-            }
             (out / "checkpoint.json").write_text(json.dumps({"policy": TINY_DROID_POLICY}, indent=2))
+            # The other tiny domains stay; droid_lerobot is NVIDIA's (or, for midtrain, that in poses).
+            others = {name: entry for name, entry in _TINY_PROFILES["domains"].items() if name != "droid_lerobot"}
+            droid_entry = {"droid_lerobot": TINY_DROID_MIDTRAIN_PROFILE} if droid_midtrain else {}
+            profiles = {"domains": {**others, **droid_entry}}
         (out / "policy_profiles.json").write_text(json.dumps(profiles, indent=2))
     return out
 

@@ -256,24 +256,31 @@ def test_inspect_prints_each_domains_profile_and_the_defaults_it_resolves_to(tin
     assert edge["defaults"]["guidance_interval"] == [0.96, 1.0] and edge["transformer_forwards"] == 5
 
 
-def test_cosmos3_tiny_droid_ships_the_droid_profile(tmp_path, capsys):
-    assert tiny_main([str(tmp_path / "droid"), "--variant", "edge-distilled", "--droid"]) == 0
-    profiles = json.loads((tmp_path / "droid" / "policy_profiles.json").read_text())
-    assert profiles["default_domain"] == "droid_lerobot"
-    droid = profiles["domains"]["droid_lerobot"]
-    assert (
-        droid["raw_action_dim"],
-        droid["state_dim"],
-        droid["use_state"],
-        droid["history_length"],
-        droid["gripper_flip_index"],
-        droid["normalization"],
-        droid["resolution_tier"],
-        droid["view_point"],
-    ) == (8, 8, True, 1, 7, "none", 480, "concat_view")
-    # A distilled checkpoint runs its own list: no sampler settings in its profile.
-    assert not {"num_steps", "guidance_scale", "shift", "guidance_interval"} & set(droid)
-    # The chunk and the fps are in checkpoint.json, as NVIDIA's exported policies carry them.
-    policy = json.loads((tmp_path / "droid" / "checkpoint.json").read_text())["policy"]
+def test_cosmos3_tiny_droid_is_one_of_nvidias_droid_policies(tmp_path, capsys):
+    """``--droid`` writes what NVIDIA's Edge DROID export carries (checkpoint.json's policy block) and no
+    DROID profile: the runtime recognises the checkpoint and applies NVIDIA's DROID contract."""
+    from cosmos3_runtime.profiles import profiles_for_checkpoint
+
+    folder = tmp_path / "droid"
+    assert tiny_main([str(folder), "--variant", "edge-distilled", "--droid"]) == 0
+    policy = json.loads((folder / "checkpoint.json").read_text())["policy"]
     assert policy == {"action_chunk_size": 32, "conditioning_fps": 15.0, "domain_name": "droid_lerobot"}
-    assert "bridge_orig_lerobot" in profiles["domains"]  # the other tiny profiles stay
+    shipped = json.loads((folder / "policy_profiles.json").read_text())["domains"]
+    assert "droid_lerobot" not in shipped and "bridge_orig_lerobot" in shipped  # the other tiny profiles stay
+    table = profiles_for_checkpoint(folder, inspect_checkpoint(folder))
+    droid = table.domains["droid_lerobot"]
+    assert table.default_domain == "droid_lerobot"
+    assert (
+        droid.raw_action_dim,
+        droid.state_dim,
+        droid.use_state,
+        droid.history_length,
+        droid.gripper_flip_index,
+        droid.normalization,
+        droid.resolution_tier,
+        droid.view_point,
+        droid.default_horizon,
+        droid.fps,
+    ) == (8, 8, True, 1, 7, None, 480, "concat_view", 32, 15.0)
+    # A distilled checkpoint runs its own list: NVIDIA's sampler is not applied to it.
+    assert (droid.num_steps, droid.guidance_scale, droid.shift, droid.guidance_interval) == (None, None, None, None)

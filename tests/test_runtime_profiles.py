@@ -306,3 +306,57 @@ def test_the_profiles_prompt_format_is_what_the_model_reads(tiny_checkpoint, tmp
         and uncond
         == engine.pipe.tokenize_prompt("", None, num_frames=17, height=256, width=256, action_mode="policy")[1]
     )
+
+
+def _hub_snapshot(checkpoint, tmp_path, repo):
+    """``checkpoint`` copied to where the Hub's cache keeps ``repo``, without any profile file: what a user
+    who serves NVIDIA's repo id has on disk."""
+    import shutil
+
+    folder = tmp_path / ("models--" + repo.replace("/", "--")) / "snapshots" / "0123abc"
+    shutil.copytree(checkpoint, folder, ignore=shutil.ignore_patterns("policy_profiles.json", "checkpoint.json"))
+    return folder
+
+
+@pytest.mark.parametrize(
+    "variant,repo,interval,forwards",
+    [
+        ("base", "nvidia/Cosmos3-Nano-Policy-DROID", None, 8),
+        ("edge", "nvidia/Cosmos3-Edge-Policy-DROID", (0.96, 1.0), 5),
+    ],
+)
+def test_nvidias_droid_policies_are_served_with_nvidias_settings_and_no_profile_file(
+    tiny_checkpoint, tmp_path, variant, repo, interval, forwards
+):
+    folder = _hub_snapshot(tiny_checkpoint(variant), tmp_path, repo)
+    info = inspect_checkpoint(folder)
+    description = ModelDescription.of_spec(EngineSpec.for_checkpoint(info, profiles_for_checkpoint(folder, info)), repo)
+    assert description.defaults.domain_name == "droid_lerobot"
+    droid, defaults = description.domains["droid_lerobot"], description.domain_defaults["droid_lerobot"]
+    assert (droid.raw_action_dim, droid.use_state, droid.gripper_flip_index, droid.normalization) == (8, True, 7, None)
+    assert (defaults.action_horizon, defaults.fps, defaults.resolution_tier, defaults.view_point) == (
+        32,
+        15.0,
+        480,
+        "concat_view",
+    )
+    assert (defaults.num_steps, defaults.guidance_scale, defaults.shift) == (4, 3.0, 5.0)
+    assert defaults.guidance_interval == (pytest.approx(interval) if interval else None)
+    assert description.chunk_forwards["droid_lerobot"] == forwards
+    # Named by its Hub id, from any folder, it is recognised too.
+    plain = tmp_path / "plain"
+    plain.mkdir()
+    moved = _hub_snapshot(tiny_checkpoint(variant), plain, "someone/else")
+    assert profiles_for_checkpoint(moved, info, source=repo).default_domain == "droid_lerobot"
+
+
+def test_another_checkpoint_gets_no_droid_contract_and_an_operator_file_overrides_it(tiny_checkpoint, tmp_path):
+    other = _hub_snapshot(tiny_checkpoint("base"), tmp_path, "someone/Cosmos3-finetune")
+    info = inspect_checkpoint(other)
+    droid = profiles_for_checkpoint(other, info).domains["droid_lerobot"]
+    assert droid.raw_action_dim == 10 and droid.num_steps is None  # diffusers' table, nothing of NVIDIA's
+    nvidia = _hub_snapshot(tiny_checkpoint("base"), tmp_path / "n", "nvidia/Cosmos3-Nano-Policy-DROID")
+    override = _profile_file(tmp_path, {"droid_lerobot": {"num_steps": 8, "guidance_scale": 2.0}})
+    table = profiles_for_checkpoint(nvidia, info, override)
+    assert (table.domains["droid_lerobot"].num_steps, table.domains["droid_lerobot"].guidance_scale) == (8, 2.0)
+    assert table.domains["droid_lerobot"].shift == 5.0  # the rest of NVIDIA's contract stays
