@@ -179,6 +179,8 @@ class Session:
     def _open_policy_session(self, name: str) -> Session:
         session = self.spawn(name)
         self.context.register(session)
+        if self.recorded and not session.recorded:  # the connection opted in (`record: true`): its names too
+            session.set_recording(True, "connection")
         if self.config is not None:
             session.set_config(self.config)
         logger.info("session %s: policy session %s opened", self.id, session.id)
@@ -386,7 +388,10 @@ class Session:
     def set_recording(self, on: bool, reason: str = "") -> None:
         """Start (``configure``'s ``record: true``, an operator's ``record``) or stop recording this session.
         Recording starts an episode at once if the session is configured, else at its first ``configure``;
-        stopping ends it (``recording_stopped``, the event log saying who stopped it: ``reason``)."""
+        stopping ends it (``recording_stopped``, the event log saying who stopped it: ``reason``). The
+        connection's policy sessions follow it."""
+        for policy_session in self.policy_sessions:
+            policy_session.set_recording(on, reason)
         if on == self.recorded:
             return
         if self.recording is not None:
