@@ -27,6 +27,7 @@ import numpy as np
 import pytest
 import websockets.sync.client
 from server_fixtures import REPO_ROOT, ServerThread, tiny_engine_loader
+from websockets.asyncio.client import connect
 
 from policy_server.auth import TokenSet
 from policy_server.recording.recorder import RecordingOptions
@@ -36,6 +37,7 @@ from policy_server.sessions.openpi_observation import OpenpiSettings
 from policy_server.sessions.policy_sessions import PolicySessionLimits, PolicySessionTable
 from robot_clients.client import AsyncPolicyClient, ServerError
 from robot_clients.protocol import ErrorCode, ProtocolError
+from robot_clients.wire_codec import packb, unpackb
 
 pytestmark = pytest.mark.timeout(600)
 
@@ -240,10 +242,11 @@ def test_robolab_style_client_drives_two_environments_over_one_socket_and_record
     assert sorted(frames[:2]) == [CHUNKS, CHUNKS + 1] and frames[2] == 2 * CHUNKS + 1
 
 
-def small_server(idle_timeout_s: float, **settings: Any) -> ServerThread:
-    """Two names per connection; idle names expire after ``idle_timeout_s`` (0: never)."""
+def small_server(idle_timeout_s: float, delay_s: float = 0.0, **settings: Any) -> ServerThread:
+    """Two names per connection; idle names expire after ``idle_timeout_s`` (0: never); every engine call
+    takes ``delay_s`` longer."""
     return ServerThread(
-        tiny_engine_loader("distilled", droid=True),
+        tiny_engine_loader("distilled", droid=True, delay_s=delay_s),
         openpi=OpenpiSettings(requested={"seed": 0}),
         policy_sessions=PolicySessionLimits(max_per_connection=2, idle_timeout_s=idle_timeout_s),
         max_sessions=8,
@@ -253,7 +256,8 @@ def small_server(idle_timeout_s: float, **settings: Any) -> ServerThread:
 
 @pytest.fixture(scope="module")
 def bounded_server():
-    with small_server(idle_timeout_s=0) as server:  # never expire: a slow chunk must not free a slot here
+    # Never expire: a slow chunk must not free a slot here. Engine calls of 0.5 s at least: what waits, waits.
+    with small_server(idle_timeout_s=0, delay_s=0.5) as server:
         yield server
 
 
@@ -316,6 +320,27 @@ def test_an_idle_name_expires_freeing_its_slot_and_ending_its_episode(tmp_path):
 
 
 # -- the native protocol and its clients --------------------------------------------------------------
+
+
+async def test_each_name_has_its_own_sequence_and_its_own_slot_in_the_queue(bounded_server):
+    """Three observations sent together, all seq 0: the connection's own and two names'. The engine takes
+    the first; the two names' wait side by side (one slot each: neither replaces the other) and each gets
+    its chunk, tagged with its name."""
+    rng = np.random.default_rng(0)
+    base = {
+        "type": "observation",
+        "image": rng.integers(0, 256, (64, 64, 3), dtype=np.uint8),
+        "state": np.zeros(8, np.float32),
+        "domain_name": "droid_lerobot",
+        "seq": 0,
+    }
+    async with connect(bounded_server.url, compression=None, proxy=None, max_size=None) as ws:
+        assert unpackb(await ws.recv())["type"] == "metadata"
+        for name in (None, "env-a", "env-b"):
+            await ws.send(packb(base if name is None else {**base, "session_id": name}))
+        replies = [unpackb(await asyncio.wait_for(ws.recv(), 120)) for _ in range(3)]
+    got = sorted((reply["type"], reply["seq"], reply.get("session_id") or "") for reply in replies)
+    assert got == [("action_chunk", 0, ""), ("action_chunk", 0, "env-a"), ("action_chunk", 0, "env-b")], replies
 
 
 async def test_one_native_client_drives_two_policy_sessions_with_their_own_seqs(bounded_server):
