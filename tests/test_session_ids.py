@@ -345,6 +345,8 @@ async def test_each_name_has_its_own_sequence_and_its_own_slot_in_the_queue(boun
 
 async def test_one_native_client_drives_two_policy_sessions_with_their_own_seqs(bounded_server):
     async with AsyncPolicyClient(bounded_server.url, images="raw") as client:
+        assert client.metadata["limits"]["max_session_ids"] == 2  # the bound, told in the hello
+        assert client.metadata["limits"]["session_id_idle_timeout_s"] is None  # 0: never expires
         await client.configure(domain_name="droid_lerobot", seed=0)
         state = np.zeros(8, np.float32)
         image = np.full((64, 64, 3), 100, np.uint8)
