@@ -249,8 +249,7 @@ def small_server(idle_timeout_s: float, delay_s: float = 0.0, **settings: Any) -
         tiny_engine_loader("distilled", droid=True, delay_s=delay_s),
         openpi=OpenpiSettings(requested={"seed": 0}),
         policy_sessions=PolicySessionLimits(max_per_connection=2, idle_timeout_s=idle_timeout_s),
-        max_sessions=8,
-        **settings,
+        **{"max_sessions": 8, **settings},
     )
 
 
@@ -317,6 +316,33 @@ def test_an_idle_name_expires_freeing_its_slot_and_ending_its_episode(tmp_path):
         while named_sessions(server):  # the connection closed: its names are gone with it
             assert time.monotonic() < deadline
             time.sleep(0.05)
+
+
+def test_names_are_charged_against_the_servers_session_limit():
+    """--max-sessions 2: a connection and one environment it names hold both slots, so a second name is
+    refused (below the connection's own bound of 2) and another robot's handshake gets 503, until the
+    connection ends."""
+    with small_server(idle_timeout_s=0, max_sessions=2) as server:
+        uri = f"ws://127.0.0.1:{server.port}/"
+        client = RobolabStyleClient(uri, None)
+        try:
+            assert client.infer(0, 0).shape == (HORIZON, ACTION_DIM)
+            with pytest.raises(RuntimeError, match="too_many_sessions: the server holds as many sessions"):
+                client.infer(1, 0)
+            with pytest.raises(websockets.exceptions.InvalidStatus) as refused:
+                RobolabStyleTransport(uri, None)
+            assert refused.value.response.status_code == 503
+            assert client.infer(0, 1).shape == (HORIZON, ACTION_DIM)  # what it holds goes on
+        finally:
+            client.transport.close()
+        deadline = time.monotonic() + 10
+        while True:  # its slots are freed with it
+            try:
+                RobolabStyleTransport(uri, None).close()
+                break
+            except websockets.exceptions.InvalidStatus:
+                assert time.monotonic() < deadline
+                time.sleep(0.1)
 
 
 # -- the native protocol and its clients --------------------------------------------------------------
