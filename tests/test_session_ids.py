@@ -33,6 +33,7 @@ from policy_server.auth import TokenSet
 from policy_server.recording.recorder import RecordingOptions
 from policy_server.recording.replay import RecordedEpisode
 from policy_server.recording.store import RecordingStore
+from policy_server.sessions.controls import ControlAction, OperatorControl
 from policy_server.sessions.openpi_observation import OpenpiSettings
 from policy_server.sessions.policy_sessions import PolicySessionLimits, PolicySessionTable
 from robot_clients.client import AsyncPolicyClient, ServerError
@@ -392,3 +393,38 @@ async def test_one_native_client_drives_two_policy_sessions_with_their_own_seqs(
         await client.reset(session_id="env-a")
         assert (await client.infer(image, state=state, session_id="env-a")).session_id == "env-a"
     await asyncio.sleep(0)
+
+
+async def test_an_operator_pausing_the_connection_holds_every_name_it_drives(bounded_server):
+    frame = {
+        "type": "observation",
+        "image": np.zeros((64, 64, 3), np.uint8),
+        "state": np.zeros(8, np.float32),
+        "domain_name": "droid_lerobot",
+        "session_id": "env-a",
+    }
+    async with connect(bounded_server.url, compression=None, proxy=None, max_size=None) as ws:
+        connection_id = unpackb(await ws.recv())["session_id"]
+        await ws.send(packb({**frame, "seq": 0}))
+        assert unpackb(await asyncio.wait_for(ws.recv(), 120))["type"] == "action_chunk"
+
+        def control(action: ControlAction) -> None:
+            bounded_server.server.context.sessions[connection_id].apply_control(OperatorControl(connection_id, action))
+
+        await asyncio.wrap_future(
+            asyncio.run_coroutine_threadsafe(_call(control, ControlAction.PAUSE), bounded_server.loop)
+        )
+        assert unpackb(await ws.recv())["state"] == "paused"
+        await ws.send(packb({**frame, "seq": 1}))
+        held = unpackb(await asyncio.wait_for(ws.recv(), 120))
+        assert (held["type"], held["reason"], held["session_id"]) == ("dropped", "paused", "env-a")
+        await asyncio.wrap_future(
+            asyncio.run_coroutine_threadsafe(_call(control, ControlAction.RESUME), bounded_server.loop)
+        )
+        assert unpackb(await ws.recv())["state"] == "running"
+        await ws.send(packb({**frame, "seq": 2}))
+        assert unpackb(await asyncio.wait_for(ws.recv(), 120))["type"] == "action_chunk"
+
+
+async def _call(function: Any, *args: Any) -> Any:
+    return function(*args)

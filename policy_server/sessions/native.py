@@ -291,14 +291,24 @@ class RealtimeSession(Session):
         if self.parent is not None:  # the connection is not idle either
             self.parent.last_observation_at = received_at
         self.rules.check_order(obs.seq)
-        if self.state is not SessionState.RUNNING:
+        state = self.operator_state
+        if state is not SessionState.RUNNING:
             self.accepted(obs, request, received_at)
-            self.drop(obs.seq, DropReason.PAUSED if self.state is SessionState.PAUSED else DropReason.STOPPED)
+            self.drop(obs.seq, DropReason.PAUSED if state is SessionState.PAUSED else DropReason.STOPPED)
             return
         deadline_at = received_at + obs.deadline_ms / 1e3 if obs.deadline_ms is not None else None
         self.enqueue(obs, request, received_at, deadline_at=deadline_at)
 
     # -- operator controls (from the observer channel, on the event loop) ---------------------------
+
+    @property
+    def operator_state(self) -> SessionState:
+        """Whether operators let this session's observations through: its own state, or its connection's
+        when an operator paused or stopped the whole connection (every environment it drives holds)."""
+        parent = self.parent
+        if isinstance(parent, RealtimeSession) and parent.state is not SessionState.RUNNING:
+            return parent.state
+        return self.state
 
     def apply_control(self, control: OperatorControl) -> SessionState:
         """Pause, resume, stop or re-prompt this session and tell the robot; return the new state.
@@ -318,7 +328,9 @@ class RealtimeSession(Session):
         else:
             state = SessionState.PAUSED if action is ControlAction.PAUSE else SessionState.STOPPED
             self._change_state(state, control.reason)
-            self.cancel_in_flight(None, DropReason.PAUSED if state is SessionState.PAUSED else DropReason.STOPPED)
+            reason = DropReason.PAUSED if state is SessionState.PAUSED else DropReason.STOPPED
+            for session in (self, *self.policy_sessions):  # the connection's policy sessions hold with it
+                session.cancel_in_flight(None, reason)
             if state is SessionState.STOPPED:
                 self.close_reason = "stopped"
                 asyncio.get_running_loop().create_task(self._close_when_sent(), name=f"session-{self.id}-stop")
