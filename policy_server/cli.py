@@ -48,6 +48,7 @@ from .server import PolicyServer
 from .server_settings import DEFAULT_MAX_MESSAGE_BYTES, DEFAULT_MAX_OBSERVERS, ServerSettings
 from .sessions.observation_rules import DEFAULT_BURST, DEFAULT_MAX_OBSERVATION_HZ, RateLimit
 from .sessions.openpi_observation import CameraMapping, CameraMappingError, OpenpiSettings
+from .sessions.policy_sessions import DEFAULT_MAX_SESSION_IDS, DEFAULT_SESSION_ID_IDLE_S, PolicySessionLimits
 from .sessions.supervisor import (
     DEFAULT_IDLE_TIMEOUT_S,
     DEFAULT_MAX_OUTBOX_BYTES,
@@ -249,7 +250,22 @@ def build_parser() -> argparse.ArgumentParser:
         "--max-sessions",
         type=int,
         default=64,
-        help="robot sessions open at once; more are refused with HTTP 503 (default 64)",
+        help="robot sessions open at once, each `session_id` a connection names counting as one; more "
+        "connections are refused with HTTP 503, more ids with `too_many_sessions` (default 64)",
+    )
+    security.add_argument(
+        "--max-session-ids",
+        type=int,
+        default=DEFAULT_MAX_SESSION_IDS,
+        help="policy sessions (`session_id`s) one connection may name at once; a new one beyond is "
+        "refused with `too_many_sessions` and the connection goes on (default %(default)d)",
+    )
+    security.add_argument(
+        "--session-id-idle-timeout-s",
+        type=float,
+        default=DEFAULT_SESSION_ID_IDLE_S,
+        help="a `session_id` that sends no observation for this long, with nothing of it queued or "
+        "running, expires: its slot is freed and its recording episode ends (default %(default)g; 0: never)",
     )
     security.add_argument(
         "--max-observation-hz",
@@ -739,6 +755,7 @@ def _server_settings(args: argparse.Namespace) -> ServerSettings:
         ssl_context=_ssl_context(args),
         auth_tokens=TokenSet.load(args.auth_token, args.auth_token_file),
         max_sessions=max(1, args.max_sessions),
+        policy_sessions=PolicySessionLimits(max(0, args.max_session_ids), max(0.0, args.session_id_idle_timeout_s)),
         observation_rate=RateLimit(max(0.0, args.max_observation_hz), max(1, args.observation_burst)),
         engine_timeout_s=max(0.0, args.engine_timeout_s),
         video_step_interval_s=max(0.0, args.video_step_interval_s),

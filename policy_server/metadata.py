@@ -63,6 +63,8 @@ def native_metadata(host: ServerContext[Any], session_id: str) -> dict[str, Any]
     connection_limits = settings.connection_limits
     limits["reply_timeout_s"] = connection_limits.reply_timeout_s or None
     limits["idle_timeout_s"] = connection_limits.idle_timeout_s or None
+    limits["max_session_ids"] = settings.policy_sessions.max_per_connection  # `session_id`s per connection
+    limits["session_id_idle_timeout_s"] = settings.policy_sessions.idle_timeout_s or None
     return {
         "type": protocol.METADATA,
         "protocol_version": protocol.PROTOCOL_VERSION,

@@ -21,6 +21,7 @@ from .engine.worker import DEFAULT_VIDEO_STEP_INTERVAL_S
 from .media import DEFAULT_MAX_DECODED_BYTES
 from .sessions.observation_rules import RateLimit
 from .sessions.openpi_observation import OpenpiSettings
+from .sessions.policy_sessions import PolicySessionLimits
 from .sessions.supervisor import SessionLimits
 
 # A 720p RGB frame is 2.8 MB; a 65-frame 256x256 clip 12.8 MB. The default fits the largest single image
@@ -64,8 +65,11 @@ class ServerSettings:
     # Bearer tokens that open every endpoint but /healthz and the dashboard's static files (policy_server.auth);
     # None: no authentication (the server is as open as the network it listens on).
     auth_tokens: TokenSet | None = None
-    # Robot sessions (native + openpi) open at once; more are refused at the handshake with 503.
+    # Robot sessions (native + openpi) open at once; more are refused at the handshake with 503. Each policy
+    # session a connection names (`session_id`) counts as one more.
     max_sessions: int = 64
+    # How many policy sessions (`session_id`s) one connection may name, and when an idle one expires.
+    policy_sessions: PolicySessionLimits = field(default_factory=PolicySessionLimits)
     # A connection must complete its handshake within this many seconds (websockets' open_timeout), and
     # at most this many (in all, and per peer address) may be waiting to (policy_server.connection_limits).
     handshake_timeout_s: float = DEFAULT_HANDSHAKE_TIMEOUT_S

@@ -109,6 +109,8 @@ class ActionChunk:
     view_point: str | None = None
     guidance_scale: float | None = None
     fps: float | None = None
+    # The policy session it answers, as the observation named it (None: the connection's own session).
+    session_id: str | None = None
 
     @property
     def action_horizon(self) -> int:
@@ -128,6 +130,7 @@ class ActionChunk:
             raw_action_dim=frame.get("raw_action_dim", -1),
             timing=dict(frame.get("timing") or {}),
             round_trip_ms=round_trip_ms,
+            session_id=frame.get(protocol.SESSION_ID),
             **reported,
         )
 
@@ -440,7 +443,9 @@ class LatestObservationSender:
 
     ``current()`` is the connection now (None while reconnecting), ``connection()`` waits for one;
     ``replaced(seq)`` is told of an observation a newer one replaced before it was sent, ``sent(seq,
-    nbytes)`` of each one written. At any moment one observation is being written and one waits.
+    nbytes)`` of each one written. At any moment one observation is being written and one waits per
+    policy session (``session``: the observation's ``session_id``; a newer one replaces only its own
+    session's), the oldest sent first.
     """
 
     def __init__(
@@ -458,27 +463,34 @@ class LatestObservationSender:
         self._sent = sent
         self.max_buffered_bytes = max_buffered_bytes
         self.poll_s = poll_s
-        self._sending: tuple[int, bytes] | None = None
-        self._waiting: tuple[int, bytes] | None = None
+        self._sending: tuple[str | None, int, bytes] | None = None
+        self._waiting: dict[str | None, tuple[int, bytes]] = {}  # by policy session, oldest first
         self._ready = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
 
-    def put(self, seq: int, payload: bytes) -> None:
-        """Queue ``payload`` to be sent (at once if the link is free); one still waiting is replaced."""
-        if self._waiting is not None:
-            self._replaced(self._waiting[0])
-        self._waiting = (seq, payload)
+    def put(self, seq: int, payload: bytes, session: str | None = None) -> None:
+        """Queue ``payload`` to be sent (at once if the link is free); one of ``session`` still waiting is
+        replaced."""
+        replaced = self._waiting.pop(session, None)
+        if replaced is not None:
+            self._replaced(replaced[0])
+        self._waiting[session] = (seq, payload)
         ws = self._current()
         if self._sending is None and ws is not None and buffered_bytes(ws) <= self.max_buffered_bytes:
-            self._sending, self._waiting = self._waiting, None  # taken now: a next put cannot replace it
+            self._sending = self._take()  # taken now: a next put cannot replace it
         self._ready.set()
         if self._task is None or self._task.done():
             self._task = asyncio.get_running_loop().create_task(self._run(), name="policy-client-sender")
 
+    def _take(self) -> tuple[str | None, int, bytes]:
+        """The oldest waiting observation, taken out, with its session (one must wait)."""
+        session = next(iter(self._waiting))
+        return (session, *self._waiting.pop(session))
+
     @property
     def waiting(self) -> int | None:
-        """The seq of the observation waiting to be sent, if any."""
-        return None if self._waiting is None else self._waiting[0]
+        """The seq of the oldest observation waiting to be sent, if any."""
+        return next(iter(self._waiting.values()), (None,))[0]
 
     async def _run(self) -> None:
         try:
@@ -489,16 +501,17 @@ class LatestObservationSender:
                     while buffered_bytes(ws) > self.max_buffered_bytes:  # the link still carries older bytes
                         await asyncio.sleep(self.poll_s)
                     self._ready.clear()
-                    if self._waiting is None:
+                    if not self._waiting:
                         continue
-                    self._sending, self._waiting = self._waiting, None
+                    self._sending = self._take()
                 ws = await self._connection()
-                seq, payload = self._sending
+                assert self._sending is not None
+                session, seq, payload = self._sending
                 try:
                     await ws.send(payload)
                 except Exception:  # noqa: BLE001 - the connection dropped: the reader reconnects
-                    if self._waiting is None:  # nothing newer: send this one on the next connection
-                        self._waiting = self._sending
+                    if session not in self._waiting:  # nothing newer: send this one on the next connection
+                        self._waiting[session] = (seq, payload)
                     self._sending = None
                     self._ready.set()
                     await asyncio.sleep(self.poll_s)
@@ -506,7 +519,8 @@ class LatestObservationSender:
                 self._sending = None
                 self._sent(seq, len(payload))
         except Exception:  # noqa: BLE001 - no connection any more (the client is closing or gave up)
-            self._sending = self._waiting = None
+            self._sending = None
+            self._waiting.clear()
 
     async def close(self) -> None:
         if self._task is not None:
@@ -625,12 +639,15 @@ class AsyncPolicyClient:
         self._connected = asyncio.Event()
         self._reader: asyncio.Task[None] | None = None
         self._closing = False
-        self._latest_delivered = -1
+        # The newest seq handed to the robot, per policy session (None: the connection's own).
+        self._latest_delivered: dict[str | None, int] = {}
         self._waiters: dict[int, asyncio.Future[ActionChunk]] = {}  # infer() calls waiting for their seq
         self._control_lock = asyncio.Lock()  # one configure/reset at a time: their replies carry no seq
         self._control_reply: asyncio.Future[dict[str, Any]] | None = None
         self._stream: asyncio.Queue[ActionChunk | ServerError] = asyncio.Queue()
         self._next_seq = 0
+        # The policy session of each observation an infer() call waits for (what a reset of one ends).
+        self._sessions_of: dict[int, str | None] = {}
         self._frames = OutgoingFrames(images, resize)
         self._sender = (
             None
@@ -793,14 +810,14 @@ class AsyncPolicyClient:
         round_trip = (time.monotonic() - sent_at) * 1e3 if isinstance(sent_at, float) else None
         chunk = ActionChunk.from_frame(frame, round_trip)
         seq = chunk.seq
-        if seq <= self._latest_delivered:
+        if seq <= self._latest_delivered.get(chunk.session_id, -1):
             self.stats.stale += 1  # a newer chunk already reached the robot: this one is wrong now
             self._fail_waiter(seq, ObservationDropped(seq, "stale", "a newer chunk was already delivered"))
             return
         waiter = self._waiters.pop(seq, None)
         self.stats.answered += 1
         if waiter is not None:
-            self._latest_delivered = seq
+            self._latest_delivered[chunk.session_id] = seq
             if not waiter.done():
                 waiter.set_result(chunk)
         else:
@@ -878,15 +895,20 @@ class AsyncPolicyClient:
         self.session = reply.get("config", {})
         return self.session
 
-    async def reset(self, timeout: float | None = 10.0) -> None:
-        """Drop everything this session has waiting or running; the configuration is kept."""
-        await self._control(protocol.reset_frame(), timeout)
-        for seq in list(self._waiters):
-            self._waiters.pop(seq).set_exception(ObservationDropped(seq, DropReason.CANCELLED, "reset"))
+    async def reset(self, timeout: float | None = 10.0, *, session_id: str | None = None) -> None:
+        """Drop everything this session (or its policy session ``session_id``) has waiting or running, and
+        start its sequence over; the configuration is kept."""
+        await self._control(protocol.reset_frame(session_id), timeout)
+        for seq in [seq for seq, session in self._sessions_of.items() if session == session_id]:
+            waiter = self._waiters.pop(seq, None)
+            if waiter is not None and not waiter.done():
+                waiter.set_exception(ObservationDropped(seq, DropReason.CANCELLED, "reset"))
+        self._latest_delivered.pop(session_id, None)
 
-    async def cancel(self, seq: int | None = None) -> None:
-        """Ask the server not to answer ``seq`` (or any outstanding observation when ``None``)."""
-        await self._send(protocol.cancel_frame(seq))
+    async def cancel(self, seq: int | None = None, *, session_id: str | None = None) -> None:
+        """Ask the server not to answer ``seq`` (or any outstanding observation when ``None``) of this
+        session, or of its policy session ``session_id``."""
+        await self._send(protocol.cancel_frame(seq, session_id))
 
     async def submit(
         self,
@@ -894,9 +916,15 @@ class AsyncPolicyClient:
         timeout: float | None = None,
         *,
         state: RobotState | None = None,
+        session_id: str | None = None,
         **settings: Any,
     ) -> int:
         """Send an observation without waiting for its chunk; return its ``seq``. See :meth:`receive`.
+
+        ``session_id`` names the policy session it belongs to, one of several this connection drives (one
+        per simulated environment, say): each has its own queue slot, turn and recording on the server, and
+        its chunks carry the same ``session_id`` (:attr:`ActionChunk.session_id`). Seqs are counted for the
+        whole client, so they increase within every policy session.
 
         ``state`` is the robot's proprio state (``[state_dim]`` or ``[history_length, state_dim]``, sent as
         float32) for a domain that conditions on it (``state_dim`` in the metadata's ``domains``).
@@ -912,13 +940,17 @@ class AsyncPolicyClient:
             {"image": obs} if isinstance(obs, np.ndarray) else obs, self.metadata, self.session, settings
         )
         frame = _observation_frame(seq, fields, settings, state)
+        if session_id is not None:
+            frame[protocol.SESSION_ID] = session_id
         if self._sender is None:
             await self._send(frame, timeout)
             self._observation_sent(seq, 0)
         else:
             if not self._connected.is_set() and (self._closing or self._reader is None or self._reader.done()):
                 raise ConnectionLost("not connected (call connect() first)")
-            self._sender.put(seq, packb(frame))  # while reconnecting, the newest waits for the new connection
+            self._sender.put(
+                seq, packb(frame), session_id
+            )  # while reconnecting, the newest waits for the new connection
             # Let the sender write it now: a robot loop that is behind its schedule may never await otherwise,
             # and then nothing would leave (and the keepalive would go unanswered) until it caught up.
             await asyncio.sleep(0)
@@ -955,10 +987,10 @@ class AsyncPolicyClient:
                 raise TimeoutError("no action chunk arrived in time") from None
             if isinstance(item, ServerError):
                 raise item
-            if item.seq <= self._latest_delivered:
+            if item.seq <= self._latest_delivered.get(item.session_id, -1):
                 self.stats.stale += 1
                 continue
-            self._latest_delivered = item.seq
+            self._latest_delivered[item.session_id] = item.seq
             return item
 
     async def infer(
@@ -967,13 +999,14 @@ class AsyncPolicyClient:
         timeout: float | None = 10.0,
         *,
         state: RobotState | None = None,
+        session_id: str | None = None,
         **settings: Any,
     ) -> ActionChunk:
         """Send one observation and wait for its chunk (one round trip).
 
         ``obs`` is a map of observation fields (``image``, ``images``, ``video``, ``deadline_ms``,
         ``prefix_actions``, ``state``, ``timestamp``) or just an H×W×3 uint8 image; ``state=`` is the robot's
-        proprio state, as for :meth:`submit`. ``settings`` are session settings
+        proprio state, and ``session_id`` its policy session, as for :meth:`submit`. ``settings`` are session settings
         for this observation only (``infer(frame, domain_name="droid_lerobot", action_horizon=8)``: no
         ``configure`` is needed when ``domain_name`` is among them). Raises :class:`TimeoutError` (and cancels the
         observation), :class:`ObservationDropped` (:class:`SessionPaused` while an operator has the session
@@ -983,19 +1016,21 @@ class AsyncPolicyClient:
         future = asyncio.get_running_loop().create_future()
         seq = self._next_seq
         self._waiters[seq] = future
+        self._sessions_of[seq] = session_id
         try:
-            await self.submit(obs, timeout, state=state, **settings)
+            await self.submit(obs, timeout, state=state, session_id=session_id, **settings)
             remaining = None if deadline is None else max(0.0, deadline - time.monotonic())
             return await asyncio.wait_for(future, remaining)
         except asyncio.TimeoutError:
             if self._connected.is_set():
                 try:
-                    await self.cancel(seq)
+                    await self.cancel(seq, session_id=session_id)
                 except ConnectionLost:
                     pass
             raise TimeoutError(f"no answer to observation {seq} within {timeout} s") from None
         finally:
             self._waiters.pop(seq, None)
+            self._sessions_of.pop(seq, None)
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -1041,11 +1076,12 @@ class PolicyClient:
         timeout: float | None = 10.0,
         *,
         state: RobotState | None = None,
+        session_id: str | None = None,
         **settings: Any,
     ) -> ActionChunk:
-        """One round trip; ``state`` is the robot's proprio state and ``settings`` apply to this observation
-        only (see ``AsyncPolicyClient.infer``)."""
-        return self._call(self._client.infer(obs, timeout=timeout, state=state, **settings))
+        """One round trip; ``state`` is the robot's proprio state, ``session_id`` its policy session, and
+        ``settings`` apply to this observation only (see ``AsyncPolicyClient.infer``)."""
+        return self._call(self._client.infer(obs, timeout=timeout, state=state, session_id=session_id, **settings))
 
     def submit(
         self,
@@ -1053,18 +1089,19 @@ class PolicyClient:
         timeout: float | None = None,
         *,
         state: RobotState | None = None,
+        session_id: str | None = None,
         **settings: Any,
     ) -> int:
-        return self._call(self._client.submit(obs, timeout=timeout, state=state, **settings))
+        return self._call(self._client.submit(obs, timeout=timeout, state=state, session_id=session_id, **settings))
 
     def receive(self, timeout: float | None = None) -> ActionChunk:
         return self._call(self._client.receive(timeout=timeout))
 
-    def cancel(self, seq: int | None = None) -> None:
-        self._call(self._client.cancel(seq))
+    def cancel(self, seq: int | None = None, *, session_id: str | None = None) -> None:
+        self._call(self._client.cancel(seq, session_id=session_id))
 
-    def reset(self, timeout: float | None = 10.0) -> None:
-        self._call(self._client.reset(timeout=timeout))
+    def reset(self, timeout: float | None = 10.0, *, session_id: str | None = None) -> None:
+        self._call(self._client.reset(timeout=timeout, session_id=session_id))
 
     def wait_until_running(self, timeout: float | None = None) -> None:
         """Block until an operator resumes the session (at once if running); see ``AsyncPolicyClient``."""

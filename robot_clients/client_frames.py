@@ -17,7 +17,18 @@ from typing import Any, Literal, overload
 
 import numpy as np
 
-from .protocol import CANCEL, CLIENT_FRAME_TYPES, CONFIGURE, OBSERVATION, RESET, ErrorCode, FrameLimits, ProtocolError
+from .protocol import (
+    CANCEL,
+    CLIENT_FRAME_TYPES,
+    CONFIGURE,
+    MAX_SESSION_ID_CHARS,
+    OBSERVATION,
+    RESET,
+    SESSION_ID,
+    ErrorCode,
+    FrameLimits,
+    ProtocolError,
+)
 
 # ---------------------------------------------------------------------------------------------------
 # Any field: its type, its map's keys
@@ -483,8 +494,19 @@ def parse_state(value: Any, name: str = "state", seq: int | None = None) -> np.n
 
 
 # An observation's own fields (besides `type` and the session settings it may carry).
-OBSERVATION_FIELDS = ("seq", "image", "images", "video", "deadline_ms", "prefix_actions", "state", "timestamp")
-CANCEL_FIELDS = ("seq",)
+OBSERVATION_FIELDS = (
+    "seq",
+    "image",
+    "images",
+    "video",
+    "deadline_ms",
+    "prefix_actions",
+    "state",
+    "timestamp",
+    SESSION_ID,
+)
+CANCEL_FIELDS = ("seq", SESSION_ID)
+RESET_FIELDS = (SESSION_ID,)
 # `configure` only, not a setting an observation may carry: whether the server records this session.
 RECORD_FIELD = "record"
 
@@ -520,16 +542,19 @@ class ObservationFrame:
     overrides: dict[str, Any] = field(default_factory=dict)
     # Opaque to the server: any msgpack scalar, echoed unchanged in the chunk.
     client_timestamp: Any = None
+    # The policy session it belongs to, among several on the connection (None: the connection's own).
+    session_id: str | None = None
 
 
 @dataclass
 class CancelFrame:
     seq: int | None  # None: every observation of this session that is waiting or running
+    session_id: str | None = None  # which policy session (None: the connection's own)
 
 
 @dataclass
 class ResetFrame:
-    pass
+    session_id: str | None = None  # which policy session (None: the connection's own)
 
 
 ClientFrame = ConfigureFrame | ObservationFrame | CancelFrame | ResetFrame
@@ -541,6 +566,28 @@ def has_encoded_frames(obs: ObservationFrame) -> bool:
     return (
         is_encoded_frame(obs.image) or isinstance(obs.video, list) or any(is_encoded_frame(image) for image in images)
     )
+
+
+def parse_session_id(value: Any, seq: int | None = None) -> str:
+    """A policy session's name as a client sends it (``session_id``): a non-empty string of printable
+    characters, at most :data:`~robot_clients.protocol.MAX_SESSION_ID_CHARS`; else ``invalid_field``."""
+    if isinstance(value, bytes):
+        value = value.decode("utf-8", errors="backslashreplace")
+    if not isinstance(value, str) or not 1 <= len(value) <= MAX_SESSION_ID_CHARS or not value.isprintable():
+        got = f"{len(value)} characters" if isinstance(value, str) else type(value).__name__
+        raise ProtocolError(
+            ErrorCode.INVALID_FIELD,
+            f"`{SESSION_ID}` names a policy session on this connection: a string of 1 to {MAX_SESSION_ID_CHARS} "
+            f"printable characters, got {got}",
+            SESSION_ID,
+            seq,
+        )
+    return value
+
+
+def _session_id(frame: Mapping[str, Any], seq: int | None = None) -> str | None:
+    value = frame.get(SESSION_ID)
+    return None if value is None else parse_session_id(value, seq)
 
 
 def _refuse_unknown(frame: Mapping[str, Any], frame_type: str, known: tuple[str, ...], seq: int | None = None) -> None:
@@ -608,15 +655,17 @@ def _parse_observation(frame: Mapping[str, Any], limits: FrameLimits) -> Observa
             )
         obs.client_timestamp = timestamp
 
+    obs.session_id = _session_id(frame, seq)
     obs.overrides = parse_settings(frame, OBSERVATION_SETTINGS, seq, keep_null=False)
     return obs
 
 
 def _parse_cancel(frame: Mapping[str, Any]) -> CancelFrame:
     _refuse_unknown(frame, CANCEL, CANCEL_FIELDS)
+    session_id = _session_id(frame)
     if frame.get("seq") is None:
-        return CancelFrame(seq=None)
-    return CancelFrame(seq=check_field_type(frame, "seq", (int,)))
+        return CancelFrame(seq=None, session_id=session_id)
+    return CancelFrame(seq=check_field_type(frame, "seq", (int,)), session_id=session_id)
 
 
 def parse_client_frame(message: Any, limits: FrameLimits) -> ClientFrame:
@@ -636,8 +685,8 @@ def parse_client_frame(message: Any, limits: FrameLimits) -> ClientFrame:
     if frame_type == CANCEL:
         return _parse_cancel(message)
     if frame_type == RESET:
-        _refuse_unknown(message, RESET, ())
-        return ResetFrame()
+        _refuse_unknown(message, RESET, RESET_FIELDS)
+        return ResetFrame(session_id=_session_id(message))
     raise ProtocolError(
         ErrorCode.UNKNOWN_TYPE,
         f"unknown frame type {frame_type!r}; expected one of {', '.join(CLIENT_FRAME_TYPES)}",

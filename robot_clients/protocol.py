@@ -28,6 +28,12 @@ CANCEL = "cancel"
 RESET = "reset"
 CLIENT_FRAME_TYPES = (CONFIGURE, OBSERVATION, CANCEL, RESET)
 
+# The client's name for one policy session among several on one connection (an observation's, a
+# `cancel`'s or a `reset`'s field; echoed by the replies about that policy session). Absent: the
+# connection's own session. At most this many characters.
+SESSION_ID = "session_id"
+MAX_SESSION_ID_CHARS = 128
+
 # Server -> client frame types.
 METADATA = "metadata"
 SESSION = "session"
@@ -75,6 +81,9 @@ class ErrorCode:
     # The cameras would decode to more pixels than the server decodes for one observation (its headers
     # say so: nothing was decoded); send smaller or fewer frames.
     PAYLOAD_TOO_LARGE = "payload_too_large"
+    # A new `session_id` on a connection that already holds its bound of policy sessions (or on a server
+    # at --max-sessions); nothing of it was queued, the connection and its other ids go on.
+    TOO_MANY_SESSIONS = "too_many_sessions"
 
 
 class DropReason:
@@ -145,12 +154,15 @@ def observation_frame(seq: int, fields: Mapping[str, Any], settings: Mapping[str
     return frame
 
 
-def cancel_frame(seq: int | None) -> dict[str, Any]:
-    return {"type": CANCEL, "seq": seq}
+def cancel_frame(seq: int | None, session_id: str | None = None) -> dict[str, Any]:
+    frame: dict[str, Any] = {"type": CANCEL, "seq": seq}
+    if session_id is not None:
+        frame[SESSION_ID] = session_id
+    return frame
 
 
-def reset_frame() -> dict[str, Any]:
-    return {"type": RESET}
+def reset_frame(session_id: str | None = None) -> dict[str, Any]:
+    return {"type": RESET} if session_id is None else {"type": RESET, SESSION_ID: session_id}
 
 
 # ---------------------------------------------------------------------------------------------------

@@ -209,7 +209,7 @@ def test_recording_keeps_the_recorded_settings_and_replay_overrides_only_those()
 
 def test_the_chunk_reports_the_settings_it_was_made_with():
     fields = {field.name for field in dataclasses.fields(ActionChunk)}
-    not_settings = {"seq", "actions", "domain_id", "raw_action_dim", "timing", "round_trip_ms"}
+    not_settings = {"seq", "actions", "domain_id", "raw_action_dim", "timing", "round_trip_ms", "session_id"}
     reported = {setting.name for setting in REQUEST_SETTINGS if setting.in_chunk}
     assert fields - not_settings == reported
     assert set(CHUNK_ECHOED_SETTINGS) <= reported

@@ -10,6 +10,13 @@ listeners (:mod:`.listener`: its telemetry, its recording), never to a feature b
 A subclass is one protocol: it parses its client's frames (:meth:`Session.handle`) and encodes its own
 replies (:meth:`Session.encode_chunk`, :meth:`Session.encode_drop`, :meth:`Session.encode_error`,
 :meth:`Session.pack_chunk`). The native protocol is :mod:`.native`, openpi's :mod:`.openpi`.
+
+**Policy sessions.** An observation that names a ``session_id`` belongs to a policy session of the
+connection (:mod:`.policy_sessions`): a session of the same protocol made for that name
+(:meth:`Session.spawn`, :attr:`Session.parent` set), with its own id, rules, decode slot, queue slot and
+turn, listeners and recording, that shares the connection's socket, outbox and rate limit. It is registered
+with the server like a connection (it counts against ``--max-sessions``), is never run itself (the
+connection's reader hands it its frames) and ends when it expires or when the connection closes.
 """
 
 from __future__ import annotations
@@ -34,8 +41,9 @@ from ..media import DecodeSlot
 from .config import SessionConfig
 from .controls import ControlError, ControlErrorCode, OperatorControl
 from .listener import AcceptedObservation, SessionListener, SessionTelemetry
-from .observation_rules import DROP_MESSAGES, ChunkReply, Drop, ObservationRules
-from .outbox import OutboxFull, paced, payload_size
+from .observation_rules import DROP_MESSAGES, ChunkReply, Drop, ObservationRules, TokenBucket
+from .outbox import Outbox, OutboxFull, paced, payload_size
+from .policy_sessions import PolicySessionTable
 
 logger = logging.getLogger(__name__)
 
@@ -56,14 +64,27 @@ class Session:
     # What the client is told (with a log reference) when handling one of its frames failed on our side.
     bug_message: ClassVar[str] = "the server failed on this frame; the log has details (ref {reference})"
 
-    def __init__(self, connection: ServerConnection, context: ServerContext[Session]) -> None:
-        self.id = self.id_prefix + uuid.uuid4().hex[:12]
+    def __init__(
+        self,
+        connection: ServerConnection,
+        context: ServerContext[Session],
+        *,
+        parent: Session | None = None,
+        name: str | None = None,
+    ) -> None:
+        # A policy session (``parent`` set) is named by its client (``name``) and shares the socket.
+        self.parent = parent
+        self.name = name
+        self.id: str = self.id_prefix + uuid.uuid4().hex[:12] if parent is None else f"{parent.id}/{name}"
         self.connection = connection
         self.context = context
         self.config: SessionConfig | None = None
         self.rules = ObservationRules()
-        self.outbox = context.settings.connection_limits.outbox()
-        self.rate = context.settings.observation_rate.bucket()
+        self.outbox: Outbox = context.settings.connection_limits.outbox() if parent is None else parent.outbox
+        self.rate: TokenBucket = context.settings.observation_rate.bucket() if parent is None else parent.rate
+        # The connection's named policy sessions (:mod:`.policy_sessions`); a policy session has none.
+        self.policy_sessions: PolicySessionTable[Session] = PolicySessionTable(context.settings.policy_sessions)
+        self._expiry: asyncio.TimerHandle | None = None
         self.last_observation_at = time.monotonic()
         self.telemetry: SessionTelemetry | None = None  # what observers see; a kind with none says so
         self.state = SessionState.RUNNING
@@ -118,6 +139,11 @@ class Session:
                 sender.cancel()
 
     def _close(self) -> None:
+        if self._expiry is not None:
+            self._expiry.cancel()
+        for policy_session in self.policy_sessions.clear():
+            policy_session.close_reason = self.close_reason
+            policy_session.end()
         self.rules.close()
         self.decoding.close()
         # A waiting observation is simply forgotten; a running one finishes and is discarded (the
@@ -127,8 +153,65 @@ class Session:
             listener.closed(self.close_reason)
 
     def idle_for(self, now: float) -> float:
-        """Seconds without an observation while nothing of this session is queued or running."""
-        return 0.0 if self.rules.in_flight else now - self.last_observation_at
+        """Seconds without an observation while nothing of this connection is queued or running. A policy
+        session is never idle here: it expires (:meth:`expire_idle`) instead of closing the socket."""
+        if self.parent is not None:
+            return 0.0
+        busy = self.rules.in_flight or any(session.rules.in_flight for session in self.policy_sessions)
+        return 0.0 if busy else now - self.last_observation_at
+
+    # -- policy sessions (``session_id``) ---------------------------------------------------------------
+
+    def spawn(self, name: str) -> Session:
+        """A new policy session of this connection named ``name``: this protocol's kind of session, with
+        :attr:`parent` set (see the module docstring). Its configuration is set by the caller."""
+        raise NotImplementedError
+
+    def policy_session(self, name: str | None, now: float, seq: int | None = None) -> Session:
+        """The session an observation naming ``session_id`` ``name`` belongs to: this one for None, else the
+        policy session of that name, opened now if new. Raises :class:`ProtocolError` ``too_many_sessions``
+        (about ``seq``) past the connection's or the server's bound."""
+        if name is None:
+            return self
+        room = self.context.settings.max_sessions - len(self.context.sessions)
+        return self.policy_sessions.open(name, now, lambda: self._open_policy_session(name), room, seq)
+
+    def _open_policy_session(self, name: str) -> Session:
+        session = self.spawn(name)
+        self.context.register(session)
+        if self.recorded and not session.recorded:  # the connection opted in (`record: true`): its names too
+            session.set_recording(True, "connection")
+        if self.config is not None:
+            session.set_config(self.config)
+        logger.info("session %s: policy session %s opened", self.id, session.id)
+        if self._expiry is None and self.policy_sessions.limits.idle_timeout_s > 0:
+            self._expiry = asyncio.get_running_loop().call_later(
+                self.policy_sessions.limits.check_interval_s, self.expire_idle
+            )
+        return session
+
+    def expire_idle(self) -> None:
+        """End the policy sessions idle past their timeout (their slot freed, their episode ended), and look
+        again later while any is left."""
+        self._expiry = None
+        if self.rules.closed:
+            return
+        for session in self.policy_sessions.expire(
+            time.monotonic(), lambda s: bool(s.rules.in_flight or s.decoding.busy)
+        ):
+            session.close_reason = "expired"
+            session.end()
+            logger.info("session %s: policy session %s expired", self.id, session.id)
+        if len(self.policy_sessions):
+            self._expiry = asyncio.get_running_loop().call_later(
+                self.policy_sessions.limits.check_interval_s, self.expire_idle
+            )
+
+    def end(self) -> None:
+        """End this policy session (it expired, or its connection closed): what it has in flight is
+        forgotten, its listeners hear :attr:`close_reason`, its server slot is freed."""
+        self._close()
+        self.context.unregister(self)
 
     async def drain(self, timeout: float) -> None:
         """Wait until the outbox is empty (used at shutdown, before closing with 1001)."""
@@ -217,7 +300,9 @@ class Session:
             return
         try:
             if isinstance(payload, ChunkReply):
-                self.outbox.put(payload, payload.nbytes, latest=_CHUNK, replaced=self._unread_chunk_dropped)
+                payload.policy_session = self.name  # whose listeners hear it leave (:meth:`_wire`)
+                latest = _CHUNK if self.name is None else f"{_CHUNK}/{self.name}"
+                self.outbox.put(payload, payload.nbytes, latest=latest, replaced=self._unread_chunk_dropped)
             else:
                 self.outbox.put(payload, payload_size(payload))
         except OutboxFull as full:
@@ -256,7 +341,9 @@ class Session:
         if not isinstance(payload, ChunkReply):
             return payload
         payload.timing["observation_age_ms"] = (time.monotonic() - payload.received_at) * 1e3
-        for listener in self.listeners:
+        name = payload.policy_session
+        owner = self if name is None else self.policy_sessions.get(name)
+        for listener in owner.listeners if owner is not None else ():  # an expired one's listeners are gone
             listener.chunk_sent(payload)
         return self.pack_chunk(payload)
 
@@ -283,13 +370,16 @@ class Session:
             raise ProtocolError(ErrorCode.RATE_LIMITED, self.rate.message(), None, seq)
 
     def set_config(self, config: SessionConfig) -> None:
-        """The session's configuration changed (``configure``, an operator's prompt, openpi's settings)."""
+        """The session's configuration changed (``configure``, an operator's prompt, openpi's settings);
+        its policy sessions follow it."""
         self.config = config
         description = self.context.description
         assert description is not None, "sessions open once the model is ready"
         resolved = config.resolved(description)
         for listener in self.listeners:
             listener.configured(resolved, description.identity())
+        for policy_session in self.policy_sessions:
+            policy_session.set_config(config)
 
     @property
     def recorded(self) -> bool:
@@ -298,7 +388,10 @@ class Session:
     def set_recording(self, on: bool, reason: str = "") -> None:
         """Start (``configure``'s ``record: true``, an operator's ``record``) or stop recording this session.
         Recording starts an episode at once if the session is configured, else at its first ``configure``;
-        stopping ends it (``recording_stopped``, the event log saying who stopped it: ``reason``)."""
+        stopping ends it (``recording_stopped``, the event log saying who stopped it: ``reason``). The
+        connection's policy sessions follow it."""
+        for policy_session in self.policy_sessions:
+            policy_session.set_recording(on, reason)
         if on == self.recorded:
             return
         if self.recording is not None:

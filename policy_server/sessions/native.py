@@ -14,6 +14,11 @@ client whose outbox fills up, or whose oldest reply waits past ``--reply-timeout
 1008 (:mod:`policy_server.sessions.supervisor`); so is one that sends no observation for
 ``--idle-timeout-s``.
 
+An observation naming a ``session_id`` belongs to that policy session of the connection
+(:mod:`.policy_sessions`): its ``seq`` increases within that policy session, and every reply about it
+(``action_chunk``, ``dropped``, ``error``) carries the same ``session_id``. ``cancel`` and ``reset`` name
+one the same way; ``configure`` sets the connection's settings, which its policy sessions follow.
+
 Operators act on a session through the observer channel (:meth:`RealtimeSession.apply_control`): a
 paused session answers observations ``dropped`` (``paused``), a stopped one is closed. What the session
 did is recorded in its :class:`~policy_server.sessions.listener.SessionTelemetry` for observers.
@@ -123,9 +128,15 @@ class RealtimeSession(Session):
     controllable = True
 
     def __init__(
-        self, connection: ServerConnection, context: ServerContext[Session], dialects: tuple[Dialect, ...] = ()
+        self,
+        connection: ServerConnection,
+        context: ServerContext[Session],
+        dialects: tuple[Dialect, ...] = (),
+        *,
+        parent: Session | None = None,
+        name: str | None = None,
     ) -> None:
-        super().__init__(connection, context)
+        super().__init__(connection, context, parent=parent, name=name)
         self.telemetry = SessionTelemetry()
         self.listeners.append(self.telemetry)
         # True while the prompt is the operator's: per-observation prompt overrides are then ignored,
@@ -151,11 +162,20 @@ class RealtimeSession(Session):
 
     # -- replies ---------------------------------------------------------------------------------------
 
+    def spawn(self, name: str) -> RealtimeSession:
+        return RealtimeSession(self.connection, self.context, parent=self, name=name)
+
+    def _named(self, frame: dict[str, Any]) -> dict[str, Any]:
+        """``frame`` with this policy session's ``session_id``, when it has one."""
+        if self.name is not None:
+            frame[protocol.SESSION_ID] = self.name
+        return frame
+
     def encode_error(self, code: str, message: str, field: str | None, seq: int | None) -> bytes:
-        return packb(protocol.error_frame(code, message, field, seq))
+        return packb(self._named(protocol.error_frame(code, message, field, seq)))
 
     def encode_drop(self, seq: int, reason: str, message: str) -> bytes:
-        return packb(protocol.dropped_frame(seq, reason, message))
+        return packb(self._named(protocol.dropped_frame(seq, reason, message)))
 
     def _send(self, frame: dict[str, Any]) -> None:
         self.put(packb(frame))
@@ -194,17 +214,36 @@ class RealtimeSession(Session):
             # Its rate token is spent on arrival, before any decoding (as openpi's): a flood of encoded
             # frames that keep replacing the one waiting to be decoded is refused like any other flood.
             self.take_rate(received_at, frame.seq)
-            # Checked now, by the one media check (headers, clip, composed frame, decoded bytes); pixels on the pool.
-            decode = native_decode(frame, self.context.frame_limits, **self._media_plan(frame))
-            self.observe(frame.seq, received_at, self._on_observation, frame, decode)
+            target = self.policy_session(frame.session_id, received_at, frame.seq)
+            if target is self:
+                self.observe_native(frame, received_at)
+            else:
+                assert isinstance(target, RealtimeSession)
+                target._guard(frame.seq, target.observe_native, frame, received_at)
         elif isinstance(frame, client_frames.ConfigureFrame):
             self._on_configure(frame)
         elif isinstance(frame, client_frames.CancelFrame):
-            self.cancel_in_flight(frame.seq)
+            named = self._named_session(frame.session_id)
+            if named is not None:
+                named.cancel_in_flight(frame.seq)
         elif isinstance(frame, client_frames.ResetFrame):
-            self.reset()
-            self.rules.restart()
-            self._send({"type": protocol.RESET_DONE, "session_id": self.id})
+            named = self._named_session(frame.session_id)
+            if named is not None:
+                named.reset()
+                named.rules.restart()
+            reset_id = self.id if frame.session_id is None else frame.session_id
+            self._send({"type": protocol.RESET_DONE, "session_id": reset_id})
+
+    def _named_session(self, name: str | None) -> Session | None:
+        """The session a ``cancel`` or ``reset`` names: this one, a policy session, or None (no such name:
+        nothing of it is in flight)."""
+        return self if name is None else self.policy_sessions.get(name)
+
+    def observe_native(self, frame: client_frames.ObservationFrame, received_at: float) -> None:
+        """One parsed observation of this (policy) session: its media checked, then decoded and admitted."""
+        # Checked now, by the one media check (headers, clip, composed frame, decoded bytes); pixels on the pool.
+        decode = native_decode(frame, self.context.frame_limits, **self._media_plan(frame))
+        self.observe(frame.seq, received_at, self._on_observation, frame, decode)
 
     def _handed_over(self, first: FirstFrame) -> bool:
         """Offer the first frame to the dialects; the first that claims it takes the connection over."""
@@ -249,15 +288,27 @@ class RealtimeSession(Session):
         # Its own settings over the session's, checked like a `configure`; refused before it takes a seq.
         request = observation_request(self.config, obs, self.description)
         self.last_observation_at = received_at
+        if self.parent is not None:  # the connection is not idle either
+            self.parent.last_observation_at = received_at
         self.rules.check_order(obs.seq)
-        if self.state is not SessionState.RUNNING:
+        state = self.operator_state
+        if state is not SessionState.RUNNING:
             self.accepted(obs, request, received_at)
-            self.drop(obs.seq, DropReason.PAUSED if self.state is SessionState.PAUSED else DropReason.STOPPED)
+            self.drop(obs.seq, DropReason.PAUSED if state is SessionState.PAUSED else DropReason.STOPPED)
             return
         deadline_at = received_at + obs.deadline_ms / 1e3 if obs.deadline_ms is not None else None
         self.enqueue(obs, request, received_at, deadline_at=deadline_at)
 
     # -- operator controls (from the observer channel, on the event loop) ---------------------------
+
+    @property
+    def operator_state(self) -> SessionState:
+        """Whether operators let this session's observations through: its own state, or its connection's
+        when an operator paused or stopped the whole connection (every environment it drives holds)."""
+        parent = self.parent
+        if isinstance(parent, RealtimeSession) and parent.state is not SessionState.RUNNING:
+            return parent.state
+        return self.state
 
     def apply_control(self, control: OperatorControl) -> SessionState:
         """Pause, resume, stop or re-prompt this session and tell the robot; return the new state.
@@ -277,7 +328,9 @@ class RealtimeSession(Session):
         else:
             state = SessionState.PAUSED if action is ControlAction.PAUSE else SessionState.STOPPED
             self._change_state(state, control.reason)
-            self.cancel_in_flight(None, DropReason.PAUSED if state is SessionState.PAUSED else DropReason.STOPPED)
+            reason = DropReason.PAUSED if state is SessionState.PAUSED else DropReason.STOPPED
+            for session in (self, *self.policy_sessions):  # the connection's policy sessions hold with it
+                session.cancel_in_flight(None, reason)
             if state is SessionState.STOPPED:
                 self.close_reason = "stopped"
                 asyncio.get_running_loop().create_task(self._close_when_sent(), name=f"session-{self.id}-stop")
@@ -337,4 +390,5 @@ class RealtimeSession(Session):
         }
         if item.client_timestamp is not None:
             frame["timestamp"] = item.client_timestamp
+        self._named(frame)
         return ChunkReply(item.seq, actions, chunk.seed, timing, item.received_at, frame, len(packb(frame)))

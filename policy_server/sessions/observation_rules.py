@@ -62,6 +62,8 @@ class ChunkReply:
     received_at: float
     body: object  # what the protocol packs (the native frame, openpi's packed reply)
     nbytes: int
+    # The policy session it answers (its `session_id`), None for the connection's own: set as it is queued.
+    policy_session: str | None = None
 
 
 class ObservationRules:

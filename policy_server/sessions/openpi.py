@@ -20,6 +20,10 @@ error goes out as a text frame too (openpi's client raises ``RuntimeError`` with
 connection stays open and the next observation is served: a robot that sent one bad frame keeps going.
 The text is ``"<code>: <message> (field: <key>)"`` with the stable codes of the native protocol.
 
+An observation may name a ``session_id`` (a string; NVIDIA's RoboLab names one per parallel environment):
+it is then served by that policy session of the connection (:mod:`.policy_sessions`), with its own
+sequence, queue slot, turn and recording episode; the key is not passed on as an observation key.
+
 Observations go through the server's request queue like native ones (latest wins, fair turns, the one
 engine worker), so openpi robots and native robots share the model fairly. Replies go through the same
 bounded outbox as native ones (:mod:`policy_server.sessions.outbox`): an unread action reply replaced by a newer
@@ -37,8 +41,8 @@ import numpy as np
 from websockets.asyncio.server import ServerConnection
 
 from cosmos3_runtime.description import ModelDescription
-from robot_clients.client_frames import ObservationFrame
-from robot_clients.protocol import CodedError, DropReason, ErrorCode, ProtocolError
+from robot_clients.client_frames import ObservationFrame, parse_session_id
+from robot_clients.protocol import SESSION_ID, CodedError, DropReason, ErrorCode, ProtocolError
 from robot_clients.wire_codec import WireFormatError, packb, unpackb
 
 from ..context import ServerContext
@@ -93,8 +97,16 @@ class OpenpiSession(Session):
     id_prefix = "openpi-"
     bug_message = "the server failed on this observation (ref {reference})"
 
-    def __init__(self, connection: ServerConnection, context: ServerContext[Session], settings: OpenpiSettings) -> None:
-        super().__init__(connection, context)
+    def __init__(
+        self,
+        connection: ServerConnection,
+        context: ServerContext[Session],
+        settings: OpenpiSettings,
+        *,
+        parent: Session | None = None,
+        name: str | None = None,
+    ) -> None:
+        super().__init__(connection, context, parent=parent, name=name)
         self.settings = settings
         self.config_error: ProtocolError | None = None
         self.convention: str | None = None
@@ -161,20 +173,39 @@ class OpenpiSession(Session):
 
     # -- observations --------------------------------------------------------------------------------
 
+    def spawn(self, name: str) -> OpenpiSession:
+        session = OpenpiSession(self.connection, self.context, self.settings, parent=self, name=name)
+        session.config_error = self.config_error
+        return session
+
     def handle(self, message: bytes | str, received_at: float) -> None:
-        seq = self.frame_seq = self._next_seq
-        self._next_seq += 1
         if isinstance(message, str):
             raise ProtocolError(ErrorCode.BAD_FRAME, "send observations as binary msgpack frames, not text")
         self.take_rate(received_at)  # every openpi frame is an observation: refused before decoding
         if self.config_error is not None:
             raise self.config_error
-        config = self._config()
         self.last_observation_at = received_at
         try:
             decoded = unpackb(message)
         except WireFormatError as exc:
             raise ProtocolError(ErrorCode.BAD_FRAME, exc.message, exc.field) from None
+        name = None
+        if isinstance(decoded, dict):  # a map: parse_openpi_observation refuses anything else
+            for key in (SESSION_ID, SESSION_ID.encode()):
+                name = decoded.pop(key, name)
+        target = self.policy_session(None if name is None else parse_session_id(name), received_at)
+        if target is self:
+            self.observe_openpi(decoded, received_at)
+        else:
+            assert isinstance(target, OpenpiSession)
+            target._guard(None, target.observe_openpi, decoded, received_at)
+
+    def observe_openpi(self, decoded: Any, received_at: float) -> None:
+        """One decoded observation of this (policy) session: its seq, its cameras and state, then admitted."""
+        seq = self.frame_seq = self._next_seq
+        self._next_seq += 1
+        self.last_observation_at = received_at
+        config = self._config()
         resolved = config.resolved(self.description)
         resolved_view = resolved["view_point"]
         obs = parse_openpi_observation(
