@@ -12,7 +12,7 @@ at 20 Hz on :class:`~robot_clients.sim.reach_task.ReachTaskEnv`. A cell of the t
 Ablations (``--ablation``): ``black`` sends an all-black image, ``shuffled_state`` sends the state's
 entries in a random order each tick; ``blind_expert`` runs the camera-blind scripted baseline locally.
 
-``--out``'s ``results.json`` names its run (:class:`Provenance`): the seed, the checkpoint's SHA-256, the
+``--out``'s ``results.json`` names its run (:class:`EvaluationRun`): the seed, the checkpoint's SHA-256, the
 source's git commit and the command line.
 """
 
@@ -69,7 +69,7 @@ class CellResult:
 
 
 @dataclass(frozen=True)
-class Provenance:
+class EvaluationRun:
     """What names a run of ``cosmos3-eval``: enough to tell two result files apart and to run one again."""
 
     seed: int  # of the cube places
@@ -113,11 +113,11 @@ def source_commit() -> tuple[str | None, bool | None]:
     return commit or None, bool(status.strip())
 
 
-def provenance(seed: int, model: str | None, argv: list[str]) -> Provenance:
+def provenance(seed: int, model: str | None, argv: list[str]) -> EvaluationRun:
     folder = Path(model) if model else None
     digest = checkpoint_sha256(folder) if folder is not None and folder.is_dir() else None
     commit, dirty = source_commit()
-    return Provenance(seed, model, digest, commit, dirty, ["cosmos3-eval", *argv])
+    return EvaluationRun(seed, model, digest, commit, dirty, ["cosmos3-eval", *argv])
 
 
 def chunker_config(mode: str, control_hz: float, execute_horizon: int) -> ChunkerConfig:
