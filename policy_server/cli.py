@@ -73,7 +73,7 @@ from .vla_eval import ChunkPlan, MappingFileError, ObservationMapping, VlaEvalSe
 
 if TYPE_CHECKING:
     from .http.sidecar import HttpSidecar
-    from .recording.recorder import RecordingOptions
+    from .recording.feature import RecordingOptions
     from .sessions.native import Dialect
 
 __all__ = ["assemble_server", "build_parser", "main", "serve_until_stopped", "server_from_args"]
@@ -630,7 +630,7 @@ def assemble_server(
         endpoints = vla_eval_endpoints(vla_eval)
     server = PolicyServer(load_engine, settings, backend=backend, dialects=dialects, endpoints=endpoints)
     if recording is not None:  # first: a directory that cannot be made fails the start
-        from .recording.recorder import RecordingFeature
+        from .recording.feature import RecordingFeature
 
         server.attach(RecordingFeature(server.context, recording))
     if http is not None:
@@ -650,7 +650,7 @@ def sidecar_of(server: PolicyServer) -> HttpSidecar | None:
 def _recording_options(args: argparse.Namespace) -> RecordingOptions | None:
     if args.record_dir is None:
         return None
-    from .recording.recorder import RecordingOptions  # only a server that records loads the recorder
+    from .recording.feature import RecordingOptions  # only a server that records loads the recorder
 
     return RecordingOptions(
         root=args.record_dir,

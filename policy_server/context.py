@@ -46,7 +46,7 @@ SessionT = TypeVar("SessionT", bound=RegisteredSession)
 
 @dataclass(frozen=True)
 class SessionRecordings:
-    """How sessions are recorded, when a recording feature is attached (``recording.recorder.RecordingFeature``).
+    """How sessions are recorded, when a recording feature is attached (``recording.feature.RecordingFeature``).
 
     ``listener(session_id, protocol)`` is a new recording of that session, as a listener of its events;
     ``every_session``: each session is recorded from its first ``configure`` (else only those that opt in);

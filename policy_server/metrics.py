@@ -140,7 +140,7 @@ class _StateCollector(Collector):
         yield jobs
 
 
-# The recorder's counters (policy_server.recording.recorder.RecorderCounters) exported as such; the rest are gauges.
+# The recorder's counters (policy_server.recording.writer.RecorderCounters) exported as such; the rest are gauges.
 _RECORDING_GAUGES = {"used_bytes", "queue_frames", "queue_bytes", "queue_events", "episodes_open"}
 
 

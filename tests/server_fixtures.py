@@ -147,7 +147,7 @@ class ServerThread(LoopbackUrls):
     @property
     def recorder(self) -> Any:
         """The server's recorder (started with ``recording=...``), or None."""
-        from policy_server.recording.recorder import RecordingFeature
+        from policy_server.recording.feature import RecordingFeature
 
         feature = next((f for f in self.server.features if isinstance(f, RecordingFeature)), None)
         return feature.recorder if feature is not None else None

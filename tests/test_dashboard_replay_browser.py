@@ -16,7 +16,7 @@ from test_dashboard_browser import CHROMIUM, eventually, page  # noqa: F401 - th
 from websockets.asyncio.client import connect
 
 from policy_server.auth import TokenSet
-from policy_server.recording.recorder import RecordingOptions
+from policy_server.recording.feature import RecordingOptions
 from policy_server.sidecar_settings import SidecarSettings
 from robot_clients.wire_codec import packb, unpackb
 

@@ -17,7 +17,7 @@ from server_fixtures import DOMAIN, ServerThread, http_get, tiny_engine_loader
 from websockets.asyncio.client import connect
 
 from policy_server.recording import RecordingStore
-from policy_server.recording.recorder import RecordingOptions
+from policy_server.recording.feature import RecordingOptions
 from policy_server.recording.replay import RecordedEpisode
 from robot_clients.wire_codec import packb, unpackb
 

@@ -103,7 +103,7 @@ async def test_a_start_that_fails_stops_the_features_it_had_started(tmp_path):
     the recorder, whose writer thread would otherwise outlive the failed server)."""
     from policy_server.cli import assemble_server
     from policy_server.recording import RecorderState
-    from policy_server.recording.recorder import RecordingFeature, RecordingOptions
+    from policy_server.recording.feature import RecordingFeature, RecordingOptions
     from policy_server.server_settings import ServerSettings
 
     with socket.socket() as taken:

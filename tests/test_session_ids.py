@@ -30,7 +30,7 @@ from server_fixtures import REPO_ROOT, ServerThread, tiny_engine_loader
 from websockets.asyncio.client import connect
 
 from policy_server.auth import TokenSet
-from policy_server.recording.recorder import RecordingOptions
+from policy_server.recording.feature import RecordingOptions
 from policy_server.recording.replay import RecordedEpisode
 from policy_server.recording.store import RecordingStore
 from policy_server.sessions.controls import ControlAction, OperatorControl

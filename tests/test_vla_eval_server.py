@@ -22,7 +22,7 @@ from sidecar_fixtures import SidecarServer
 from websockets.sync.client import connect
 
 from policy_server.recording import RecordingStore
-from policy_server.recording.recorder import RecordingOptions
+from policy_server.recording.feature import RecordingOptions
 from policy_server.recording.replay import RecordedEpisode
 from policy_server.vla_eval import ChunkPlan, VlaEvalSettings
 from robot_clients import PolicyClient

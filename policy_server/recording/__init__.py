@@ -12,8 +12,9 @@ What a session uses::
     recorder.close()
 """
 
-from .recorder import NO_RECORDING, NullSessionRecording, Recorder, RecorderSettings, RecorderState, SessionRecording
+from .recorder import NO_RECORDING, NullSessionRecording, Recorder, SessionRecording
 from .store import InvalidRecordingName, RecordingInfo, RecordingStore
+from .writer import RecorderSettings, RecorderState
 
 __all__ = [
     "InvalidRecordingName",
