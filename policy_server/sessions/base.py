@@ -31,6 +31,7 @@ from typing import Any, ClassVar
 from websockets.asyncio.server import ServerConnection
 from websockets.exceptions import ConnectionClosed
 
+from cosmos3_runtime.description import ModelDescription
 from cosmos3_runtime.requests import ActionRequest
 from robot_clients.client_frames import ObservationFrame
 from robot_clients.protocol import DropReason, ErrorCode, ProtocolError, SessionState
@@ -103,6 +104,13 @@ class Session:
         self.handed_over = False
         # Observations whose encoded camera frames are being decoded off the event loop (one at a time).
         self.decoding = DecodeSlot(self._guard, self.drop, lambda: self.context.queue.holds_back_decoding(self.id))
+
+    @property
+    def description(self) -> ModelDescription:
+        """The loaded model's description: sessions open only once the model is ready, so it is there."""
+        description = self.context.description
+        assert description is not None, "sessions open once the model is ready"
+        return description
 
     @property
     def remote(self) -> str | None:
@@ -373,8 +381,7 @@ class Session:
         """The session's configuration changed (``configure``, an operator's prompt, openpi's settings);
         its policy sessions follow it."""
         self.config = config
-        description = self.context.description
-        assert description is not None, "sessions open once the model is ready"
+        description = self.description
         resolved = config.resolved(description)
         for listener in self.listeners:
             listener.configured(resolved, description.identity())

@@ -59,7 +59,6 @@ from typing import Any, Protocol
 import numpy as np
 from websockets.asyncio.server import ServerConnection
 
-from cosmos3_runtime.description import ModelDescription
 from robot_clients import client_frames, protocol
 from robot_clients.protocol import (
     DropReason,
@@ -147,12 +146,6 @@ class RealtimeSession(Session):
         self.frames_read = 0
         # The dialect that claimed the first frame, and that frame: the server hands the connection to it.
         self.handover: tuple[Dialect, FirstFrame] | None = None
-
-    @property
-    def description(self) -> ModelDescription:
-        description = self.context.description
-        assert description is not None, "sessions open once the model is ready"
-        return description
 
     def opened(self) -> None:
         hello = native_metadata(self.context, self.id)

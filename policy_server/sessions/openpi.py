@@ -40,7 +40,6 @@ from typing import Any
 import numpy as np
 from websockets.asyncio.server import ServerConnection
 
-from cosmos3_runtime.description import ModelDescription
 from robot_clients.client_frames import ObservationFrame, parse_session_id
 from robot_clients.protocol import SESSION_ID, CodedError, DropReason, ErrorCode, ProtocolError
 from robot_clients.wire_codec import WireFormatError, packb, unpackb
@@ -113,12 +112,6 @@ class OpenpiSession(Session):
         self._next_seq = 0
         self._last_total_ms: float | None = None
         self._unused_state_logged = False
-
-    @property
-    def description(self) -> ModelDescription:
-        description = self.context.description
-        assert description is not None, "sessions open once the model is ready"
-        return description
 
     def opened(self) -> None:
         try:

@@ -212,8 +212,7 @@ class SglangLockstepSession(Session):
                 "SGLang's lock-step mode takes the next request after the reply",
             )
         self.take_rate(received_at)
-        description = self.context.description
-        assert description is not None, "sessions open once the model is ready"
+        description = self.description
         try:
             call = self.lockstep.receive(message, received_at)
             requests = item_requests(call, description, self.context.frame_limits)  # the one media check, first

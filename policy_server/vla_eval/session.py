@@ -49,7 +49,6 @@ from urllib.parse import parse_qs
 import numpy as np
 from websockets.asyncio.server import ServerConnection
 
-from cosmos3_runtime.description import ModelDescription
 from robot_clients.client_frames import ObservationFrame
 from robot_clients.protocol import DropReason, ErrorCode, ProtocolError
 
@@ -132,12 +131,6 @@ class VlaEvalSession(Session):
         self._next_engine_seq = ENGINE_SEQ_BASE
         self._unused_state_logged = False
         self.last_metrics: dict[str, Any] | None = None  # the last episode_end's
-
-    @property
-    def description(self) -> ModelDescription:
-        description = self.context.description
-        assert description is not None, "sessions open once the model is ready"
-        return description
 
     # -- replies ---------------------------------------------------------------------------------------
 
