@@ -35,6 +35,12 @@ class RequestSettings:
     shift: float | None = None
     fps: float | None = None
 
+    @property
+    def schedule(self) -> tuple[object, ...]:
+        """The settings that decide the denoising schedule and its passes (steps, guidance, its interval, the
+        shift), as asked: requests with equal ones resolve to one schedule and can share transformer forwards."""
+        return (self.num_steps, self.guidance_scale, self.guidance_interval, self.shift)
+
 
 @dataclass
 class DomainRequest(RequestSettings):

@@ -108,6 +108,7 @@ class ActionChunk:
     resolution_tier: int | None = None
     view_point: str | None = None
     guidance_scale: float | None = None
+    shift: float | None = None
     fps: float | None = None
     # The policy session it answers, as the observation named it (None: the connection's own session).
     session_id: str | None = None

@@ -206,6 +206,13 @@ REQUEST_SETTINGS: tuple[RequestSetting, ...] = (
         sglang_names=("guidance_scale",),
     ),
     RequestSetting(
+        "shift",
+        (float, int),
+        "the flow shift of the scheduler's sigmas (default: the domain's profile, else the checkpoint's; "
+        "distilled: unset)",
+        _NOT_OPENPI - {SettingChannel.VLA_EVAL, SettingChannel.SGLANG},
+    ),
+    RequestSetting(
         "fps",
         (float, int),
         "the rate the actions are meant for (default: the domain's profile, else the model's)",

@@ -115,11 +115,18 @@ def test_an_observation_carries_every_session_setting_but_control_hz():
         "seed": 9,
         "num_steps": 4,
         "guidance_scale": 1,
+        "shift": 5,
         "fps": 15,
     }
     assert set(values) == set(OBSERVATION_SETTINGS)
     obs = parse_client_frame(observation(**values), LIMITS)
-    assert obs.overrides == {**values, "action_mode": "inverse_dynamics", "guidance_scale": 1.0, "fps": 15.0}
+    assert obs.overrides == {
+        **values,
+        "action_mode": "inverse_dynamics",
+        "guidance_scale": 1.0,
+        "shift": 5.0,
+        "fps": 15.0,
+    }
 
 
 def test_num_inference_steps_is_another_name_for_num_steps():
@@ -209,6 +216,9 @@ def test_null_returns_a_setting_to_the_model_default(distilled):
         ("base", "action_horizon", 7),
         ("base", "view_point", "top_down"),
         ("base", "control_hz", 0.0),
+        ("distilled", "shift", 5.0),  # the distilled list runs unshifted
+        ("base", "shift", 0.0),
+        ("base", "shift", 1000.0),
     ],
 )
 def test_configure_refuses_what_the_engine_would_refuse(request, variant, setting, value):
@@ -392,6 +402,7 @@ def test_settings_used_are_the_resolved_settings_the_engine_ran_with(tiny_engine
         "seed": 5,
         "num_steps": 4,
         "guidance_scale": 1.0,
+        "shift": None,  # a distilled checkpoint's list runs unshifted
         "fps": 24.0,
     }
 
@@ -403,3 +414,15 @@ def test_the_openpi_mode_flag_is_trimmed_and_lower_cased(distilled):
     args = build_parser().parse_args(["--tiny", "distilled", "--openpi-mode", " Inverse_Dynamics "])
     assert args.openpi_mode == "inverse_dynamics"
     assert OpenpiSettings(requested={"action_mode": "POLICY "}).session_config(distilled).action_mode == "policy"
+
+
+def test_a_configured_shift_reaches_the_engine_and_the_chunk_reports_it(tiny_engine, base):
+    session = merge_session_config(None, {"domain_name": DOMAIN, "shift": 5.0, "num_steps": 2, "seed": 1}, base)
+    assert session.resolved(base)["shift"] == 5.0
+    request = observation_request(session, ObservationFrame(seq=0, image=IMAGE), base)
+    chunk = tiny_engine("base").predict_actions(request)
+    assert settings_used(chunk)["shift"] == 5.0 and chunk.settings.shift == 5.0
+    unset = observation_request(
+        merge_session_config(None, {"domain_name": DOMAIN}, base), ObservationFrame(seq=0, image=IMAGE), base
+    )
+    assert unset.shift is None  # the profile's, else the checkpoint scheduler's, at the engine

@@ -70,7 +70,7 @@ class BatchPolicy:
 
     @staticmethod
     def compatible(a: PendingObservation, b: PendingObservation) -> bool:
-        """Same schedule (steps, guidance, interval): the engine can run them through shared forwards.
+        """Same schedule (steps, guidance, interval, shift): the engine can run them through shared forwards.
 
         The requests carry an observation's own settings merged over its session's, so this compares
         what each will actually run with. The schedule is all that must match: every other setting of
@@ -82,11 +82,7 @@ class BatchPolicy:
         (CPUs), that would make the robot pay for the client's work on top of waiting for its turn.
         """
         ra, rb = a.request, b.request
-        return (ra.num_steps, ra.guidance_scale, ra.guidance_interval) == (
-            rb.num_steps,
-            rb.guidance_scale,
-            rb.guidance_interval,
-        ) and (a.turn is None) == (b.turn is None)
+        return ra.schedule == rb.schedule and (a.turn is None) == (b.turn is None)
 
 
 # Under continuous robot load, a video rollout still gets one denoising step at least this often.

@@ -120,6 +120,7 @@ class VideoCreateParams(_Strict):
     seed: int | None = Field(None, ge=0, lt=SEED_LIMIT, description="random seed (default: drawn and recorded)")
     num_steps: int | None = Field(None, ge=1, description="denoising steps (distilled: the fixed count or unset)")
     guidance_scale: float | None = Field(None, ge=0.0, description="classifier-free guidance (distilled: 1.0 or unset)")
+    shift: float | None = Field(None, gt=0.0, description="the scheduler's flow shift (distilled: unset)")
     resolution_tier: int | None = Field(None, description="resolution tier, one of the model's `resolution_tiers`")
     view_point: str | None = Field(None, description="camera view point (default: the domain's)")
     model: str | None = Field(None, description="if given, must name the served model")
@@ -147,6 +148,7 @@ class ActionGenerationParams(_Strict):
     seed: int | None = Field(None, ge=0, lt=SEED_LIMIT, description="random seed (default: drawn)")
     num_steps: int | None = Field(None, ge=1, description="denoising steps (distilled: the fixed count or unset)")
     guidance_scale: float | None = Field(None, ge=0.0, description="classifier-free guidance (distilled: 1.0 or unset)")
+    shift: float | None = Field(None, gt=0.0, description="the scheduler's flow shift (distilled: unset)")
     fps: float | None = Field(
         None,
         gt=0.0,
@@ -235,6 +237,7 @@ class ActionArray(BaseModel):
     resolution_tier: int | None = None
     view_point: str | None = None
     guidance_scale: float | None = None
+    shift: float | None = None
     fps: float | None = None
 
 

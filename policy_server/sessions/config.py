@@ -54,6 +54,7 @@ class SessionConfig:
     seed: int | None = None
     num_steps: int | None = None
     guidance_scale: float | None = None
+    shift: float | None = None
     # The rate the actions are meant for; None: the domain's profile says (15 for DROID), else the model's.
     fps: float | None = None
     # The robot's control rate, as the robot declares it: shown to operators, never used by the model.
