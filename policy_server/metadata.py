@@ -65,36 +65,36 @@ def native_metadata(host: ServerContext[Any], session_id: str) -> dict[str, Any]
     limits["idle_timeout_s"] = connection_limits.idle_timeout_s or None
     limits["max_session_ids"] = settings.policy_sessions.max_per_connection  # `session_id`s per connection
     limits["session_id_idle_timeout_s"] = settings.policy_sessions.idle_timeout_s or None
-    return {
-        "type": protocol.METADATA,
-        "protocol_version": protocol.PROTOCOL_VERSION,
-        "server": SERVER_NAME,
-        "session_id": session_id,
-        "model": d.model,
-        "variant": d.variant,
-        "modes": list(d.action_modes),
-        "capabilities": dict(NATIVE_CAPABILITIES),
-        "defaults": described["defaults"],
-        "action_horizon": described["action_horizon"],
-        "resolution_tiers": list(d.resolution_tiers),
-        # Each served tier's canvases, so a robot can size its frames before sending
-        # (robot_clients.camera_frames.canvas_bins).
-        "canvases": described["canvases"],
-        "view_points": list(d.view_points),
-        "domains": {
-            name: {
-                "domain_id": domain.domain_id,
-                "raw_action_dim": domain.raw_action_dim,
-                "default_horizon": domain.default_horizon,
-                "view_point": domain.view_point,
-                **{field: getattr(domain, field) for field in STATE_PROFILE_FIELDS},
-            }
-            for name, domain in d.domains.items()
+    return protocol.metadata_frame(
+        session_id,
+        {
+            "server": SERVER_NAME,
+            "model": d.model,
+            "variant": d.variant,
+            "modes": list(d.action_modes),
+            "capabilities": dict(NATIVE_CAPABILITIES),
+            "defaults": described["defaults"],
+            "action_horizon": described["action_horizon"],
+            "resolution_tiers": list(d.resolution_tiers),
+            # Each served tier's canvases, so a robot can size its frames before sending
+            # (robot_clients.camera_frames.canvas_bins).
+            "canvases": described["canvases"],
+            "view_points": list(d.view_points),
+            "domains": {
+                name: {
+                    "domain_id": domain.domain_id,
+                    "raw_action_dim": domain.raw_action_dim,
+                    "default_horizon": domain.default_horizon,
+                    "view_point": domain.view_point,
+                    **{field: getattr(domain, field) for field in STATE_PROFILE_FIELDS},
+                }
+                for name, domain in d.domains.items()
+            },
+            "limits": limits,
+            "device": d.device,
+            "dtype": d.dtype,
         },
-        "limits": limits,
-        "device": d.device,
-        "dtype": d.dtype,
-    }
+    )
 
 
 def openpi_metadata(

@@ -178,9 +178,30 @@ def dropped_frame(seq: int, reason: str, message: str) -> dict[str, Any]:
     return {"type": DROPPED, "seq": seq, "reason": reason, "message": message}
 
 
-def session_frame(session_id: str, config: Mapping[str, Any], state: SessionState) -> dict[str, Any]:
-    """The reply to ``configure``: the session's settings with the model's defaults resolved."""
-    return {"type": SESSION, "session_id": session_id, "config": dict(config), "state": state.value}
+def metadata_frame(session_id: str, fields: Mapping[str, Any]) -> dict[str, Any]:
+    """The first frame of a connection: the protocol version, then what the model and server offer
+    (``fields``: model, modes, defaults, domains, limits, ...; ``docs/protocol.md``)."""
+    return {"type": METADATA, "protocol_version": PROTOCOL_VERSION, "session_id": session_id, **fields}
+
+
+def session_frame(
+    session_id: str, config: Mapping[str, Any], state: SessionState, recording: bool | None = None
+) -> dict[str, Any]:
+    """The reply to ``configure``: the session's settings with the model's defaults resolved, its state and,
+    on a server that records, whether it is recorded."""
+    frame: dict[str, Any] = {"type": SESSION, "session_id": session_id, "config": dict(config), "state": state.value}
+    if recording is not None:
+        frame["recording"] = recording
+    return frame
+
+
+def action_chunk_frame(
+    seq: int, actions: Any, report: Mapping[str, Any], timing: dict[str, float | None]
+) -> dict[str, Any]:
+    """The answer to observation ``seq``: ``actions`` (H×D float32), how they were made (``report``: the
+    settings used, the horizon, the domain id and width) and where the time went. ``timing`` is held, not
+    copied: the sender fills in its last entry (the observation's age) as the frame leaves."""
+    return {"type": ACTION_CHUNK, "seq": seq, "actions": actions, **report, "timing": timing}
 
 
 def reset_done_frame(session_id: str) -> dict[str, Any]:

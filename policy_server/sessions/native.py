@@ -179,7 +179,7 @@ class RealtimeSession(Session):
     def notify(self, event: str, details: Mapping[str, Any]) -> None:
         """Tell the robot something happened to its session on the server's side (e.g. ``replica_moved``)."""
         super().notify(event, details)
-        self._send({"type": protocol.SESSION_EVENT, "session_id": self.id, "event": event, **details})
+        self._send(protocol.session_event_frame(self.id, event, details))
 
     # -- frames from the client ----------------------------------------------------------------------
 
@@ -225,7 +225,7 @@ class RealtimeSession(Session):
                 named.reset()
                 named.rules.restart()
             reset_id = self.id if frame.session_id is None else frame.session_id
-            self._send({"type": protocol.RESET_DONE, "session_id": reset_id})
+            self._send(protocol.reset_done_frame(reset_id))
 
     def _named_session(self, name: str | None) -> Session | None:
         """The session a ``cancel`` or ``reset`` names: this one, a policy session, or None (no such name:
@@ -265,15 +265,7 @@ class RealtimeSession(Session):
         self.set_config(config)
         if "prompt" in frame.settings:
             self.operator_prompt = False
-        self._send(
-            {
-                "type": protocol.SESSION,
-                "session_id": self.id,
-                "config": config.resolved(self.description),
-                "state": self.state.value,
-                "recording": self.recorded,
-            }
-        )
+        self._send(protocol.session_frame(self.id, config.resolved(self.description), self.state, self.recorded))
 
     def _on_observation(self, obs: client_frames.ObservationFrame, received_at: float) -> None:
         if self.operator_prompt:
@@ -374,13 +366,7 @@ class RealtimeSession(Session):
             "total_ms": (time.monotonic() - item.received_at) * 1e3,
             "observation_age_ms": None,  # filled in by the sender, just before the frame leaves
         }
-        frame: dict[str, Any] = {
-            "type": protocol.ACTION_CHUNK,
-            "seq": item.seq,
-            "actions": actions,
-            **chunk_report(chunk),
-            "timing": timing,
-        }
+        frame = protocol.action_chunk_frame(item.seq, actions, chunk_report(chunk), timing)
         if item.client_timestamp is not None:
             frame["timestamp"] = item.client_timestamp
         self._named(frame)
