@@ -573,6 +573,10 @@ class DecodeSlot:
         spent, self._cpu_s = self._cpu_s, 0.0
         return spent
 
+    def charge(self, cpu_s: float) -> None:
+        """CPU seconds spent decoding for this session elsewhere (its msgpack frames), paid like its pixels."""
+        self._cpu_s += cpu_s
+
     @property
     def busy(self) -> bool:
         return self._decoding is not None or self._waiting is not None

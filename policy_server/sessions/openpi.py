@@ -37,7 +37,7 @@ from websockets.asyncio.server import ServerConnection
 from cosmos3_runtime.description import ModelDescription
 from robot_clients.client_frames import ObservationFrame
 from robot_clients.protocol import CodedError, DropReason, ErrorCode, ProtocolError
-from robot_clients.wire_codec import WireFormatError, packb, unpackb
+from robot_clients.wire_codec import WireFormatError, packb
 
 from ..context import ServerContext
 from ..engine.request_queue import EngineOutcome, PendingObservation
@@ -158,7 +158,7 @@ class OpenpiSession(Session):
         config = self._config()
         self.last_observation_at = received_at
         try:
-            decoded = unpackb(message)
+            decoded = self.intake.unpack(message)
         except WireFormatError as exc:
             raise ProtocolError(ErrorCode.BAD_FRAME, exc.message, exc.field) from None
         resolved = config.resolved(self.description)

@@ -28,7 +28,6 @@ metadata answers without changing any key it already has (except ``object``, whi
 
 from __future__ import annotations
 
-import json
 import time
 import uuid
 from collections.abc import Iterable, Mapping, Sequence
@@ -43,6 +42,7 @@ from robot_clients.client_frames import REQUEST_SETTINGS, SettingChannel
 from robot_clients.protocol import ErrorCode
 
 from ..http.errors import ApiError
+from ..json_text import JsonTextError, loads_bounded
 from .parameters import (
     TENSOR_VALUE_KEYS,
     Mapped,
@@ -458,8 +458,10 @@ def _form_value(value: str) -> Any:
     if not value.strip():
         return None
     try:
-        return json.loads(value)
-    except ValueError:
+        return loads_bounded(value, max_bytes=len(value.encode("utf-8", "surrogatepass")))
+    except JsonTextError as exc:
+        if exc.too_large:  # nested past MAX_JSON_DEPTH: never parsed, refused rather than read as text
+            raise ApiError(ErrorCode.PAYLOAD_TOO_LARGE, f"a form field: {exc.message}") from None
         return value
 
 

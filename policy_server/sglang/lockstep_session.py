@@ -214,6 +214,13 @@ class SglangLockstepSession(Session):
         self.take_rate(received_at)
         description = self.context.description
         assert description is not None, "sessions open once the model is ready"
+        if isinstance(message, bytes):
+            try:
+                message = self.intake.unpack(message)  # within the element budget
+            except WireFormatError as exc:
+                raise ProtocolError(
+                    ErrorCode.BAD_FRAME, f"the frame is not valid msgpack: {exc.message}", exc.field
+                ) from None
         try:
             call = self.lockstep.receive(message, received_at)
             requests = item_requests(call, description, self.context.frame_limits)  # the one media check, first

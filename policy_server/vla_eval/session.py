@@ -189,7 +189,7 @@ class VlaEvalSession(Session):
     # -- frames ----------------------------------------------------------------------------------------
 
     def handle(self, message: bytes | str, received_at: float) -> None:
-        parsed = parse_frame(message)
+        parsed = parse_frame(message, self.intake.unpack)
         self.frame_seq = parsed.seq
         if parsed.type is FrameType.HELLO:
             self._hello(parsed)
