@@ -34,8 +34,8 @@ class JsonTextError(ValueError):
 
 
 def json_depth(text: bytes) -> int:
-    """The deepest nesting of brackets in ``text``, strings left out (an unterminated string's brackets
-    count: the bound errs on the side of refusing)."""
+    """The deepest nesting of brackets in ``text``, strings left out (an unterminated string runs to the end,
+    as the parser reads it: it fails there, before recursing into anything the string holds)."""
     structure = np.frombuffer(_STRING.sub(b"", text), dtype=np.uint8)
     steps = np.zeros(structure.shape, dtype=np.int32)
     steps[(structure == ord("[")) | (structure == ord("{"))] = 1

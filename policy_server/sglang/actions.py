@@ -453,15 +453,16 @@ def is_sglang_form(names: Iterable[str], native_fields: Iterable[str]) -> bool:
     return bool(set(names) - set(native_fields))
 
 
-def _form_value(value: str) -> Any:
-    """A form field's text as SGLang reads it: JSON when it parses (``30``, ``true``), else the text."""
+def _form_value(name: str, value: str) -> Any:
+    """A form field's text as SGLang reads it: JSON when it parses (``30``, ``true``), else the text; JSON
+    nested past :data:`~policy_server.json_text.MAX_JSON_DEPTH` is refused unparsed (``payload_too_large``)."""
     if not value.strip():
         return None
     try:
         return loads_bounded(value, max_bytes=len(value.encode("utf-8", "surrogatepass")))
     except JsonTextError as exc:
-        if exc.too_large:  # nested past MAX_JSON_DEPTH: never parsed, refused rather than read as text
-            raise ApiError(ErrorCode.PAYLOAD_TOO_LARGE, f"a form field: {exc.message}") from None
+        if exc.too_large:
+            raise ApiError(ErrorCode.PAYLOAD_TOO_LARGE, f"`{name}`: {exc.message}", name) from None
         return value
 
 
@@ -499,13 +500,13 @@ def envelope_from_form(items: Sequence[tuple[str, str | FormUpload]]) -> dict[st
         elif name in ("extra_body", "extra_params"):
             extras.append((name, value))
         elif name in FORM_RUNTIME_FIELDS:
-            runtime[name] = _form_value(value)
+            runtime[name] = _form_value(name, value)
         elif name == "input_reference":
             observation["input_reference"] = value  # text: base64 (a path is refused when parsed)
         elif name in UNREAD_KEYS:
             check_known_keys({name: value}, (), "")
         elif name in PARAMETER_KEYS:
-            parameters[name] = _form_value(value)
+            parameters[name] = _form_value(name, value)
         else:
             raise invalid(
                 name,
