@@ -2,8 +2,9 @@
 
 Python's parser recurses once per nested container: ``[[[[...]]]]`` twelve thousand deep (24 kB) raised
 ``RecursionError``, which no ``except ValueError`` catches, and closed the observer channel with 1011 and a
-traceback. Every door that parses a client's JSON text (the observer channel's frames, SGLang's form
-fields) goes through :func:`loads_bounded`: the text's bytes, then its depth (brackets counted outside
+traceback. Every door that parses a client's JSON text field by field (the observer channel's frames, the
+sidecar's multipart JSON fields, SGLang's form fields and ``extra_params``) goes through
+:func:`loads_bounded`: the text's bytes, then its depth (brackets counted outside
 strings, vectorised), then an upper bound on its elements (one per comma or bracket) are checked, and only
 then is it parsed. Each refusal is a :class:`JsonTextError` saying which bound, never a traceback.
 """
@@ -44,12 +45,13 @@ def json_depth(text: bytes) -> int:
 
 
 def loads_bounded(
-    text: str | bytes, max_bytes: int, max_depth: int = MAX_JSON_DEPTH, max_values: int | None = None
+    text: str | bytes, max_bytes: int | None, max_depth: int = MAX_JSON_DEPTH, max_values: int | None = None
 ) -> Any:
-    """``text`` parsed, once it is known to hold at most ``max_bytes`` bytes, nest at most ``max_depth``
-    containers deep and (``max_values``) hold at most that many elements; else :class:`JsonTextError`."""
+    """``text`` parsed, once it is known to hold at most ``max_bytes`` bytes (None: bounded by the caller
+    already), nest at most ``max_depth`` containers deep and (``max_values``) hold at most that many
+    elements; else :class:`JsonTextError`."""
     data = text.encode("utf-8", "surrogatepass") if isinstance(text, str) else text
-    if len(data) > max_bytes:
+    if max_bytes is not None and len(data) > max_bytes:
         raise JsonTextError(f"the JSON text is {len(data)} bytes; at most {max_bytes} are accepted", True)
     depth = json_depth(data)
     if depth > max_depth:

@@ -459,7 +459,7 @@ def _form_value(name: str, value: str) -> Any:
     if not value.strip():
         return None
     try:
-        return loads_bounded(value, max_bytes=len(value.encode("utf-8", "surrogatepass")))
+        return loads_bounded(value, max_bytes=None)  # the body's limit bounds its size
     except JsonTextError as exc:
         if exc.too_large:
             raise ApiError(ErrorCode.PAYLOAD_TOO_LARGE, f"`{name}`: {exc.message}", name) from None

@@ -367,7 +367,7 @@ def json_object(value: Any, path: str) -> dict[str, Any]:
     """A JSON object, or the text of one (as forms carry it)."""
     if isinstance(value, (str, bytes)):
         try:
-            value = loads_bounded(value, max_bytes=len(value))
+            value = loads_bounded(value, max_bytes=None)  # the body's limit bounds its size
         except JsonTextError as exc:
             why = f"`{path}`: {exc.message}" if exc.too_large else f"`{path}` is not valid JSON"
             raise invalid(path, why) from None
