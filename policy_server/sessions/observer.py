@@ -50,6 +50,7 @@ from robot_clients.protocol import ProtocolError
 
 from ..context import ServerContext
 from ..json_text import JsonTextError, loads_bounded
+from ..metadata import public_model_name
 from .base import Session
 from .controls import RECORDING_ACTIONS, ControlAction, ControlError, ControlErrorCode, parse_control
 from .outbox import OutboxFull, paced
@@ -285,7 +286,7 @@ class ObserverSession:
             "type": "hello",
             "observer_protocol_version": OBSERVER_PROTOCOL_VERSION,
             "observer_id": self.id,
-            "model": d.model if d is not None else None,
+            "model": public_model_name(d.model) if d is not None else None,
             "variant": d.variant if d is not None else None,
             "interval_s": self.interval_s,
             "sessions_interval_s": self.sessions_interval_s,

@@ -43,6 +43,7 @@ from robot_clients.protocol import ErrorCode
 
 from ..http.errors import ApiError
 from ..json_text import JsonTextError, loads_bounded
+from ..metadata import public_model_name
 from .parameters import (
     TENSOR_VALUE_KEYS,
     Mapped,
@@ -649,7 +650,7 @@ def sglang_metadata(
     modalities = (["image"] if "policy" in action_modes else []) + (["video"] if action_modes else [])
     return {
         "object": "action.metadata",
-        "model": description.model,
+        "model": public_model_name(description.model),
         "policy_family": POLICY_FAMILY,
         "input": {
             "modalities": modalities,
