@@ -34,7 +34,11 @@ observation's headers as it arrives, decodes its pixels on the small decode pool
 threads; Pillow releases the GIL) and admits it back on the event loop exactly as a raw one. One
 observation per session decodes at a time and at most one waits behind it: a newer one replaces the
 waiting one, answered ``dropped`` (``superseded``) as in the request queue (latest wins); while the slot
-is busy a raw observation waits in it too, so a session's observations reach the queue in order.
+is busy a raw observation waits in it too, so a session's observations reach the queue in order. While
+the session's last observation still waits in the request queue the next one waits here undecoded, and
+is decoded once that one is taken: a frame that a newer one replaces is never decoded (a session
+streaming 69 noise JPEGs a second decoded each, though nearly all were replaced unserved), and the
+engine serves the frame that was newest when the session's previous one left the queue.
 
 **Composition** (:func:`compose_named`): Cosmos3 conditions on one image (or one clip). A robot with
 several cameras names them, and the view point the model was trained with says which feed it:
@@ -556,8 +560,9 @@ class DecodeSlot:
     ) -> None:
         self._guard = guard
         self._drop = drop
-        # True while the session owes the queue turns and its last observation still waits there: the
-        # next one is decoded only once that one is taken (decoding it now would be replaced unserved).
+        # True while the session's last observation still waits in the queue: the next one is decoded only
+        # once that one is taken (decoded now, it could only replace that one unserved), so a superseded
+        # frame is never decoded and a session decodes no more frames than the engine takes from it.
         self._hold = hold
         self._held = False  # a recheck of the hold is scheduled
         self._closed = False

@@ -314,12 +314,12 @@ class RequestQueue(ClosableQueue):
             self._charge(item.turn_key, seconds)
 
     def holds_back_decoding(self, session_id: Hashable) -> bool:
-        """Whether ``session_id`` should decode no further frames for now: it owes turns and its last
-        observation still waits here (a frame decoded now would only replace that one, unserved: a
-        costly session's decoding follows its turns instead of its frame rate)."""
+        """Whether ``session_id`` should decode no further frames for now: its last observation still waits
+        here. A frame decoded now could only replace that one, unserved, so it waits undecoded (a newer one
+        replaces it, never decoded) until this one is taken; a frame that reaches the engine is the only
+        kind whose decoding anyone pays for."""
         with self._lock:
-            item = self._slots.get(session_id)
-            return item is not None and self._owes(item.turn_key)
+            return session_id in self._slots
 
     def host_lead_s(self, turn: Hashable) -> float:
         """Host seconds ``turn`` is charged beyond the least-charged recent turn (0: none, or unknown)."""
