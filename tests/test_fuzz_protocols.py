@@ -561,3 +561,22 @@ def test_memory_stays_flat_under_a_burst_of_hostile_frames(fuzz_server):
     assert unpackb(ws.recv(timeout=30))["type"] == "session"
     ws.send(packb({"type": "observation", "seq": 0, "image": np.zeros((64, 64, 3), np.uint8)}))
     assert unpackb(ws.recv(timeout=60))["type"] == "action_chunk"
+
+
+def test_deep_json_text_is_refused_unparsed_on_every_session_path(fuzz_server):
+    """The session paths take binary msgpack only: a text frame of JSON nested 12,000 deep (issue 36.3)
+    is answered ``bad_frame`` without being parsed, and each session goes on."""
+    deep = "[" * 12_000 + "]" * 12_000
+    native = native_round(fuzz_server.native, deep)
+    assert [(r["type"], r.get("code")) for r in native] == [("error", ErrorCode.BAD_FRAME)], native
+    reply = fuzz_server.openpi.exchange(deep, lambda ws: ws.recv(timeout=60))
+    assert isinstance(reply, str) and reply.startswith(f"{ErrorCode.BAD_FRAME}:"), reply
+
+    def two_replies(ws):
+        first = unpackb(ws.recv(timeout=60))
+        ws.send(packb({"type": "hello", "payload": {"protocol_version": 1}, "seq": 5, "timestamp": 0.0}))
+        return first, unpackb(ws.recv(timeout=60))
+
+    replies = fuzz_server.vla_eval.exchange(deep, two_replies)
+    assert replies is not None, fuzz_server.vla_eval.closes
+    assert replies[0]["payload"]["code"] == ErrorCode.BAD_FRAME and replies[1]["type"] == "hello", replies
