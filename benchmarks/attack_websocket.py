@@ -14,9 +14,10 @@ Attacks (one subcommand each; issue 18):
 * ``non-reading``: ``--clients`` (4) connections that flood frames and never read a reply; closed ones
   reconnect after ``--retry-s``.
 * ``costly-frames`` (issue 25.2): ``--clients`` (1) sessions streaming ``--attack-side`` (4096) square
-  camera frames at ``--attack-hz`` (30), as ``--attack-frame`` ``jpeg`` (about 100 KB each) or ``raw``
-  arrays, reading their replies: each costs the server decoding and resizing that its turn in the queue
-  does not count. ``--robots`` (3) robots are measured, all at once.
+  camera frames at ``--attack-hz`` (30), as ``--attack-frame`` ``jpeg`` (about 100 KB each), ``raw``
+  arrays or ``noise-jpeg`` (issue 36.2: 3.76 MB at 2048², about 90 ms each to decode), reading their
+  replies: each costs the server decoding and resizing that its turn in the queue does not count.
+  ``--robots`` (3) robots are measured, all at once.
 
 Run it::
 
@@ -25,6 +26,8 @@ Run it::
     .venv/bin/python benchmarks/attack_websocket.py non-reading --clients 4
     .venv/bin/python benchmarks/attack_websocket.py costly-frames --attack-side 4096 --attack-frame jpeg
     .venv/bin/python benchmarks/attack_websocket.py costly-frames --attack-side 2560 --attack-frame raw
+    .venv/bin/python benchmarks/attack_websocket.py costly-frames --attack-side 2048 --attack-frame noise-jpeg \
+        --attack-hz 69 --robots 3
 
 The issue's target: the attacked p99 within 2x of the unattacked p99 (``costly-frames``: the robots'
 p50 within 1.5x of unattacked).
@@ -157,9 +160,16 @@ async def attack_non_reading(port: int, count: int, retry_s: float, stats: dict)
 
 
 def costly_frame(side: int, kind: str) -> np.ndarray | bytes:
-    """A ``side``² camera frame of smooth content: as a raw array, or as a JPEG (about 100 KB at 4096²)."""
+    """A ``side``² camera frame of smooth content: as a raw array, or as a JPEG (about 100 KB at 4096²);
+    ``noise-jpeg``: of noise, the costliest JPEG to decode (3.76 MB at 2048², quality 90; its entropy
+    decoding does not shrink with the reduced-size decode)."""
     from PIL import Image
 
+    if kind == "noise-jpeg":
+        noise = np.random.default_rng(1).integers(0, 256, (side, side, 3), dtype=np.uint8)
+        buffer = io.BytesIO()
+        Image.fromarray(noise).save(buffer, "JPEG", quality=90)
+        return buffer.getvalue()
     small = np.random.default_rng(1).integers(0, 256, (32, 32, 3), dtype=np.uint8)
     image = Image.fromarray(small).resize((side, side), Image.BILINEAR)
     if kind == "raw":
@@ -370,7 +380,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--clients", type=int, default=None, help="attacking connections (non-reading 4, costly 1)")
     parser.add_argument("--robots", type=int, default=1, help="robots measured at once (default 1)")
     parser.add_argument("--attack-side", type=int, default=4096, help="costly-frames: the frames' side")
-    parser.add_argument("--attack-frame", choices=("jpeg", "raw"), default="jpeg", help="costly-frames: their form")
+    parser.add_argument(
+        "--attack-frame", choices=("jpeg", "raw", "noise-jpeg"), default="jpeg", help="costly-frames: their form"
+    )
     parser.add_argument("--attack-hz", type=float, default=30.0, help="costly-frames: frames per second sent")
     parser.add_argument(
         "--retry-s",

@@ -31,6 +31,7 @@ from typing import TYPE_CHECKING, Any
 import policy_server  # noqa: F401  (imported for that side effect, first)
 from cosmos3_runtime.random_checkpoints import VARIANTS
 from robot_clients.client_frames import REQUEST_SETTINGS, SettingChannel
+from robot_clients.wire_codec import FRAME_MAX_DEPTH, FRAME_MAX_VALUES
 
 from . import log_hygiene
 from .auth import OriginConfigError, OriginPolicy, TokenConfigError, TokenSet
@@ -56,6 +57,7 @@ from .sessions.supervisor import (
     DEFAULT_REPLY_TIMEOUT_S,
     SessionLimits,
 )
+from .sessions.wire_intake import FrameBudget
 from .sidecar_settings import (
     DEFAULT_BODY_TIMEOUT_S,
     DEFAULT_HEADER_TIMEOUT_S,
@@ -358,6 +360,19 @@ def build_parser() -> argparse.ArgumentParser:
         default=DEFAULT_MAX_MESSAGE_BYTES / 2**20,
         help="largest frame accepted, in MiB; a bigger one closes the connection with 1009 (default %(default)g: "
         "a 4096x4096 RGB image and its envelope)",
+    )
+    parser.add_argument(
+        "--max-frame-values",
+        type=int,
+        default=FRAME_MAX_VALUES,
+        help="most elements (values, map keys, entries) one WebSocket msgpack frame may hold, counted before "
+        "anything is built; more is answered payload_too_large (default %(default)d)",
+    )
+    parser.add_argument(
+        "--max-frame-depth",
+        type=int,
+        default=FRAME_MAX_DEPTH,
+        help="deepest nesting of one WebSocket msgpack frame (default %(default)d)",
     )
     parser.add_argument(
         "--max-batch",
@@ -743,6 +758,7 @@ def _server_settings(args: argparse.Namespace) -> ServerSettings:
         host=args.host,
         port=args.port,
         max_message_bytes=int(args.max_message_mib * 2**20),
+        frame_budget=FrameBudget(max(1, args.max_frame_values), max(1, args.max_frame_depth)),
         max_decoded_bytes=int(args.max_decoded_mib * 2**20),
         max_image_side=args.max_image_side,
         torch_threads=args.torch_threads,

@@ -22,7 +22,8 @@ A few kilobytes of JPEG can claim 48 MiB of pixels, and a clip 65 times that: wi
 consulted. The header is read, and nothing more, before anything is checked (so a small file that claims
 a gigapixel image is refused before any pixel is allocated; Pillow's own ``MAX_IMAGE_PIXELS`` allows 89
 million pixels per image); an animated image is refused (a clip is a list of frames); a JPEG with more
-than :data:`MAX_JPEG_SCANS` scans is refused (a progressive JPEG is decoded once per scan). A JPEG larger
+than :data:`MAX_JPEG_SCANS` scans is refused (a progressive JPEG is decoded once per scan; counted just
+before its decoding, on the decode pool, since counting reads every byte). A JPEG larger
 than the canvas the model resizes it to (``fit_side``) is decoded at reduced size (libjpeg's DCT scaling,
 1/2 to 1/8, through Pillow's ``Image.draft``), never below that canvas; the budget of step 4 counts that
 size. Every refusal is an :class:`InvalidImage` (``invalid_image``, naming the field); the caller answers
@@ -34,7 +35,12 @@ observation's headers as it arrives, decodes its pixels on the small decode pool
 threads; Pillow releases the GIL) and admits it back on the event loop exactly as a raw one. One
 observation per session decodes at a time and at most one waits behind it: a newer one replaces the
 waiting one, answered ``dropped`` (``superseded``) as in the request queue (latest wins); while the slot
-is busy a raw observation waits in it too, so a session's observations reach the queue in order.
+is busy a raw observation waits in it too, so a session's observations reach the queue in order. While
+the session's last observation still waits in the request queue the next one waits here undecoded, and
+is decoded once that one is taken: a frame that a newer one replaces is never decoded (a session
+streaming 69 noise JPEGs a second decoded each, though nearly all were replaced unserved), and the
+engine serves the frame that was newest when the session's previous one left the queue. A session that
+leads the others' host time by more than a turn decodes nothing until they catch up (fair share).
 
 **Composition** (:func:`compose_named`): Cosmos3 conditions on one image (or one clip). A robot with
 several cameras names them, and the view point the model was trained with says which feed it:
@@ -123,8 +129,11 @@ def _draft(image: PILImage, fit_side: int | None) -> None:
         image.draft("RGB", target)
 
 
-def _open(data: bytes | bytearray | memoryview, field: str, bounds: FrameLimits) -> PILImage:
-    """Open ``data`` with Pillow (header only), run every check of step 2, return the open image."""
+def _open(data: bytes | bytearray | memoryview, field: str, bounds: FrameLimits, count_scans: bool) -> PILImage:
+    """Open ``data`` with Pillow (header only), run every check of step 2, return the open image. A JPEG's
+    scans are counted only when ``count_scans`` (just before decoding): counting is a pass over all its
+    bytes (3 ms for a 3.8 MB noise JPEG), which the event loop would otherwise spend on every frame as it
+    arrives, superseded ones included."""
     from PIL import Image, UnidentifiedImageError
 
     try:
@@ -138,14 +147,16 @@ def _open(data: bytes | bytearray | memoryview, field: str, bounds: FrameLimits)
     except (UnidentifiedImageError, OSError, ValueError, SyntaxError):
         raise InvalidImage(f"`{field}` is not a PNG, JPEG or WebP image (or its header is corrupt)", field) from None
     try:
-        _check_header(image, data, field, bounds)
+        _check_header(image, data, field, bounds, count_scans)
     except BaseException:
         image.close()
         raise
     return image
 
 
-def _check_header(image: PILImage, data: bytes | bytearray | memoryview, field: str, bounds: FrameLimits) -> None:
+def _check_header(
+    image: PILImage, data: bytes | bytearray | memoryview, field: str, bounds: FrameLimits, count_scans: bool
+) -> None:
     if image.format not in ENCODED_FORMATS:  # e.g. MPO, which Pillow's JPEG plugin may return
         raise InvalidImage(f"`{field}` is a {image.format} image; accepted: PNG, JPEG, WebP", field)
     width, height = image.size
@@ -157,7 +168,7 @@ def _check_header(image: PILImage, data: bytes | bytearray | memoryview, field: 
         )
     if getattr(image, "is_animated", False) or getattr(image, "n_frames", 1) != 1:
         raise InvalidImage(f"`{field}` is an animated image; send a clip as a list of single frames", field)
-    if image.format == "JPEG":
+    if count_scans and image.format == "JPEG":
         scans = bytes(data).count(_JPEG_START_OF_SCAN)
         if scans > MAX_JPEG_SCANS:
             raise InvalidImage(f"`{field}` is a JPEG with {scans} scans; at most {MAX_JPEG_SCANS} are accepted", field)
@@ -168,7 +179,7 @@ def read_header(
 ) -> ImageHeader:
     """Check an encoded frame's header against ``bounds`` without decoding its pixels (microseconds:
     cheap enough for the event loop, so a bad frame can be refused as it arrives)."""
-    with _open(data, field, bounds) as image:
+    with _open(data, field, bounds, count_scans=False) as image:
         width, height = image.size
         _draft(image, fit_side)
         return ImageHeader(ENCODED_FORMATS[image.format], height, width, image.size[1], image.size[0])
@@ -181,7 +192,7 @@ def decode_image(
     JPEG decoded down towards ``fit_side``, see the module docstring)."""
     from PIL import Image
 
-    with _open(data, field, bounds) as image:
+    with _open(data, field, bounds, count_scans=True) as image:
         try:
             _draft(image, fit_side)
             rgb = image.convert("RGB") if image.mode != "RGB" else image
@@ -608,8 +619,9 @@ class DecodeSlot:
     ) -> None:
         self._guard = guard
         self._drop = drop
-        # True while the session owes the queue turns and its last observation still waits there: the
-        # next one is decoded only once that one is taken (decoding it now would be replaced unserved).
+        # True while the session's last observation still waits in the queue (decoded now, the next one could
+        # only replace it unserved: a superseded frame is never decoded), or while the session owes turns
+        # to active sessions (its decoding is host time like its turns': RequestQueue.holds_back_decoding).
         self._hold = hold
         self._held = False  # a recheck of the hold is scheduled
         self._closed = False
@@ -624,6 +636,10 @@ class DecodeSlot:
         charged for in the queue, replaced decodes included), and start counting again."""
         spent, self._cpu_s = self._cpu_s, 0.0
         return spent
+
+    def charge(self, cpu_s: float) -> None:
+        """CPU seconds spent decoding for this session elsewhere (its msgpack frames), paid like its pixels."""
+        self._cpu_s += cpu_s
 
     @property
     def busy(self) -> bool:

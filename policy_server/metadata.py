@@ -56,6 +56,8 @@ def native_metadata(host: ServerContext[Any], session_id: str) -> dict[str, Any]
     limits["max_image_side"] = host.frame_limits.max_image_side  # the --max-image-side cap, as enforced
     limits["max_decoded_bytes"] = host.frame_limits.max_decoded_bytes
     limits["max_message_bytes"] = settings.max_message_bytes
+    limits["max_frame_values"] = settings.frame_budget.max_values
+    limits["max_frame_depth"] = settings.frame_budget.max_depth
     limits["max_sessions"] = settings.max_sessions
     rate = settings.observation_rate
     limits["max_observations_per_s"] = rate.rate_hz if rate.enabled else None
@@ -69,7 +71,7 @@ def native_metadata(host: ServerContext[Any], session_id: str) -> dict[str, Any]
         session_id,
         {
             "server": SERVER_NAME,
-            "model": d.model,
+            "model": public_model_name(d.model),
             "variant": d.variant,
             "modes": list(d.action_modes),
             "capabilities": dict(NATIVE_CAPABILITIES),
@@ -119,7 +121,7 @@ def openpi_metadata(
         "server": SERVER_NAME,
         "protocol": "openpi",
         "session_id": session_id,
-        "model": d.model,
+        "model": public_model_name(d.model),
         "variant": d.variant,
         **{name: resolved.get(name) for name in settings_of(SettingChannel.OPENPI)},
         "action_dim": resolved.get("raw_action_dim"),
@@ -160,7 +162,7 @@ def http_action_metadata(
         **http_capabilities,
     }
     return dict(
-        model=d.model,
+        model=public_model_name(d.model),
         variant=d.variant,
         is_distilled=d.is_distilled,
         is_edge=d.is_edge,

@@ -23,6 +23,7 @@ from .sessions.observation_rules import RateLimit
 from .sessions.openpi_observation import OpenpiSettings
 from .sessions.policy_sessions import PolicySessionLimits
 from .sessions.supervisor import SessionLimits
+from .sessions.wire_intake import FrameBudget
 
 # A 720p RGB frame is 2.8 MB; a 65-frame 256x256 clip 12.8 MB. The default fits the largest single image
 # the models accept (4096x4096x3 = 48 MiB, `limits.max_image_side`) plus the msgpack around it, so the
@@ -41,6 +42,8 @@ class ServerSettings:
     host: str = "127.0.0.1"
     port: int = 8000
     max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES
+    # What one msgpack frame may hold (elements, nesting), counted before anything is built (sessions.wire_intake).
+    frame_budget: FrameBudget = field(default_factory=FrameBudget)
     # Pixels one observation may decode to, and the longest frame side accepted (None: twice the largest
     # canvas side the model serves): the one media check (policy_server.media).
     max_decoded_bytes: int | None = DEFAULT_MAX_DECODED_BYTES

@@ -21,6 +21,14 @@ What is refused, and why:
 
 Decoded arrays are read-only views on the received bytes (no copy, as in openpi). Copy one before
 writing to it.
+
+**The element budget** (:func:`count_elements`, ``unpackb(..., max_values=, max_depth=)``). A few bytes of
+msgpack declare a container of millions of entries, and one empty map costs a byte on the wire but some
+60 bytes once built: a 45 MiB frame of empty maps made a server take 3.3 GiB. Before anything is built,
+the frame's structure is walked from its type bytes alone (lengths read, nothing allocated): every value
+counts one (a map's keys included), a container counts its declared entries the moment its header is
+read, and nesting counts its depth. Past either bound the frame is refused (:class:`WireLimitError`)
+without having built anything; the walk itself stops there, so it costs at most ``max_values`` steps.
 """
 
 from __future__ import annotations
@@ -31,10 +39,27 @@ from typing import Any
 import msgpack
 import numpy as np
 
-__all__ = ["WireFormatError", "WireLimitError", "packb", "unpackb", "ALLOWED_DTYPE_KINDS"]
+__all__ = [
+    "WireFormatError",
+    "WireLimitError",
+    "packb",
+    "unpackb",
+    "count_elements",
+    "ALLOWED_DTYPE_KINDS",
+    "FRAME_MAX_VALUES",
+    "FRAME_MAX_DEPTH",
+]
 
 # numpy dtype kinds a frame may carry: bool, signed and unsigned integers, floats.
 ALLOWED_DTYPE_KINDS = frozenset("biuf")
+
+# The element budget of one WebSocket frame (see the module docstring). The largest observation a robot
+# sends holds a few thousand elements: 8 cameras x a 64-frame clip as array maps (9 elements each) is 4,608,
+# a 64-step state history of 64 floats sent as lists 4,160, a 64 x 64 prefix of actions 4,160. Frames
+# that carry pixels as nested lists rather than arrays are what this refuses.
+FRAME_MAX_VALUES = 100_000
+# No protocol nests deeper than about 5 (a frame, its images map, a camera's array map, its shape).
+FRAME_MAX_DEPTH = 32
 
 _NDARRAY = "__ndarray__"
 _NPGENERIC = "__npgeneric__"
@@ -53,29 +78,93 @@ class WireLimitError(WireFormatError):
     """A frame is well-formed so far but holds more elements than the caller accepts (``max_values``)."""
 
 
-class _ElementBudget:
-    """Counts the elements of the lists and maps msgpack builds, and stops the parse past ``limit``.
+# What each msgpack type byte is, for :func:`count_elements`: (kind, argument).
+_SCALAR, _FIXMAP, _FIXARRAY, _SIZED, _MAP, _ARRAY, _REFUSED = range(7)
 
-    msgpack calls the hooks as each container is finished, so at most ``limit`` elements (plus the one
-    list being filled, itself at most ``limit`` long) exist before the parse is abandoned.
+
+def _type_table() -> tuple[tuple[int, int], ...]:
+    """For a scalar: its whole size in bytes; for a str/bin: the width of its length; for a fixmap or a
+    fixarray: its entries; for map16/32 and array16/32: the width of the count."""
+    table: list[tuple[int, int]] = [(_REFUSED, 0)] * 256
+    for b in range(0x00, 0x80):
+        table[b] = (_SCALAR, 1)  # positive fixint
+    for b in range(0xE0, 0x100):
+        table[b] = (_SCALAR, 1)  # negative fixint
+    for b in range(0x80, 0x90):
+        table[b] = (_FIXMAP, b & 0x0F)
+    for b in range(0x90, 0xA0):
+        table[b] = (_FIXARRAY, b & 0x0F)
+    for b in range(0xA0, 0xC0):
+        table[b] = (_SCALAR, 1 + (b & 0x1F))  # fixstr
+    fixed = {0xC0: 1, 0xC2: 1, 0xC3: 1, 0xCA: 5, 0xCB: 9, 0xCC: 2, 0xCD: 3, 0xCE: 5, 0xCF: 9}
+    fixed.update({0xD0: 2, 0xD1: 3, 0xD2: 5, 0xD3: 9})
+    for b, size in fixed.items():
+        table[b] = (_SCALAR, size)
+    for b, width in {0xC4: 1, 0xC5: 2, 0xC6: 4, 0xD9: 1, 0xDA: 2, 0xDB: 4}.items():
+        table[b] = (_SIZED, width)  # bin8/16/32, str8/16/32
+    table[0xDC], table[0xDD] = (_ARRAY, 2), (_ARRAY, 4)
+    table[0xDE], table[0xDF] = (_MAP, 2), (_MAP, 4)
+    return tuple(table)  # 0xC1 (never used) and the ext types 0xC7-0xC9, 0xD4-0xD8 stay refused
+
+
+_TYPES = _type_table()
+
+
+def count_elements(
+    data: bytes | bytearray | memoryview, max_values: int = FRAME_MAX_VALUES, max_depth: int = FRAME_MAX_DEPTH
+) -> int:
+    """The elements of the one msgpack object ``data`` holds (every value, a map's keys included), read from
+    its type bytes without building anything; see the module docstring.
+
+    Raises :class:`WireLimitError` past ``max_values`` elements or ``max_depth`` nested containers (as soon
+    as a container's header declares too many), and :class:`WireFormatError` for a frame that is truncated,
+    has trailing bytes, or holds a type byte the protocol refuses (extension types, 0xC1). Costs one step
+    per element read, so at most ``max_values`` steps.
     """
-
-    def __init__(self, limit: int) -> None:
-        self.limit = limit
-        self.seen = 0
-
-    def _count(self, size: int) -> None:
-        self.seen += size + 1
-        if self.seen > self.limit:
-            raise WireLimitError(f"frame holds more than {self.limit} elements (lists, maps and their items)")
-
-    def list_hook(self, items: list[Any]) -> list[Any]:
-        self._count(len(items))
-        return items
-
-    def object_hook(self, obj: dict[Any, Any]) -> Any:
-        self._count(len(obj))
-        return _object_hook(obj)
+    view = data if isinstance(data, (bytes, bytearray)) else memoryview(data).cast("B")
+    end = len(view)
+    types = _TYPES
+    pos = 0
+    total = 1  # elements declared so far: the top-level object, then every container's entries
+    pending = [1]  # per open container, the entries still to read
+    while pending:
+        if pending[-1] == 0:
+            pending.pop()
+            continue
+        pending[-1] -= 1
+        if pos >= end:
+            raise WireFormatError("frame is not valid msgpack (truncated)")
+        kind, arg = types[view[pos]]
+        if kind == _SCALAR:
+            pos += arg
+            continue
+        if kind == _SIZED:
+            length = int.from_bytes(view[pos + 1 : pos + 1 + arg], "big")
+            pos += 1 + arg + length
+            continue
+        if kind == _REFUSED:
+            raise WireFormatError(f"msgpack type byte 0x{view[pos]:02x} is not part of the protocol (extension types)")
+        if kind == _FIXMAP or kind == _FIXARRAY:
+            entries = arg
+            pos += 1
+        else:
+            entries = int.from_bytes(view[pos + 1 : pos + 1 + arg], "big")
+            pos += 1 + arg
+        if kind == _FIXMAP or kind == _MAP:
+            entries *= 2
+        total += entries
+        if total > max_values:
+            raise WireLimitError(f"frame holds more than {max_values} elements (values, map keys and entries)")
+        if entries > end - pos:  # every entry takes a byte at least: a header claiming more lies
+            raise WireFormatError(f"frame is not valid msgpack (a container declares {entries} entries)")
+        pending.append(entries)
+        if len(pending) > max_depth + 1:
+            raise WireLimitError(f"frame nests containers more than {max_depth} deep")
+    if pos > end:
+        raise WireFormatError("frame is not valid msgpack (truncated)")
+    if pos < end:
+        raise WireFormatError("frame has trailing bytes after one msgpack object")
+    return total
 
 
 def _checked_dtype(spec: Any, field: str) -> np.dtype:
@@ -178,32 +267,28 @@ def packb(obj: Any) -> bytes:
         raise WireFormatError(f"cannot encode frame: {exc}") from None
 
 
-def unpackb(data: bytes | bytearray | memoryview, max_values: int | None = None) -> Any:
+def unpackb(
+    data: bytes | bytearray | memoryview, max_values: int | None = None, max_depth: int = FRAME_MAX_DEPTH
+) -> Any:
     """Decode one msgpack frame, turning openpi array maps back into numpy arrays.
 
     Raises :class:`WireFormatError` for anything that is not a well-formed frame: bytes that are not
-    msgpack, trailing data, a disallowed dtype, or an array whose shape does not match its data.
-    ``max_values`` bounds the lists, maps and their elements the frame may hold (each one a Python object
-    once decoded; an array's bytes count as one): beyond it, :class:`WireLimitError`.
+    msgpack, trailing data, a disallowed dtype, or an array whose shape does not match its data. With
+    ``max_values``, the frame is first counted (:func:`count_elements`, nothing built): more than
+    ``max_values`` elements or containers nested more than ``max_depth`` deep are a
+    :class:`WireLimitError`.
     """
-    hooks: dict[str, Any] = {"object_hook": _object_hook}
+    limits: dict[str, int] = {}
     if max_values is not None:
-        budget = _ElementBudget(max_values)
-        hooks = {
-            "object_hook": budget.object_hook,
-            "list_hook": budget.list_hook,
-            "max_array_len": max_values,
-            "max_map_len": max_values,
-        }
+        count_elements(data, max_values, max_depth)
+        limits = {"max_array_len": max_values, "max_map_len": max_values}
     try:
-        return msgpack.unpackb(data, ext_hook=_refuse_ext, raw=False, strict_map_key=True, **hooks)
+        return msgpack.unpackb(
+            data, ext_hook=_refuse_ext, object_hook=_object_hook, raw=False, strict_map_key=True, **limits
+        )
     except WireFormatError:
         raise
     except msgpack.ExtraData:
         raise WireFormatError("frame has trailing bytes after one msgpack object") from None
-    except ValueError as exc:
-        if max_values is not None and "exceeds max_" in str(exc):  # one list or map longer than the budget
-            raise WireLimitError(f"frame holds more than {max_values} elements (lists, maps and their items)") from None
-        raise WireFormatError(f"frame is not valid msgpack ({type(exc).__name__}: {exc})") from None
     except Exception as exc:  # msgpack raises a zoo of types (ValueError, FormatError, StackError, ...)
         raise WireFormatError(f"frame is not valid msgpack ({type(exc).__name__}: {exc})") from None

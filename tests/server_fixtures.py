@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import psutil
 
 import policy_server  # noqa: F401  (first: sets OMP_WAIT_POLICY=PASSIVE before torch loads)
 from policy_server.cli import assemble_server, sidecar_of
@@ -291,3 +292,49 @@ def http_get(url: str, timeout: float = 5.0) -> tuple[int, dict[str, Any], float
     except ValueError:
         data = {"text": body.decode(errors="replace")}
     return status, data, elapsed
+
+
+class PeakRss:
+    """Peak resident memory of a process over a ``with`` block.
+
+    Linux keeps the high-water mark (``VmHWM``) exactly and lets it be reset (``clear_refs`` ``5``); where
+    the reset is refused, a thread samples ``memory_info().rss`` every millisecond instead.
+    """
+
+    def __init__(self, pid: int) -> None:
+        self.process = psutil.Process(pid)
+        self.pid = pid
+        self.peak = 0
+        self._stop = threading.Event()
+        self._hwm_reset = False
+
+    def _hwm(self) -> int:
+        with open(f"/proc/{self.pid}/status") as status:
+            for line in status:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) * 1024
+        return 0
+
+    def _sample(self) -> None:
+        while not self._stop.is_set():
+            self.peak = max(self.peak, self.process.memory_info().rss)
+            time.sleep(0.001)
+
+    def __enter__(self) -> PeakRss:
+        try:
+            with open(f"/proc/{self.pid}/clear_refs", "w") as clear:
+                clear.write("5")
+            self._hwm_reset = True
+        except OSError:
+            pass
+        self._thread = threading.Thread(target=self._sample, daemon=True)
+        if not self._hwm_reset:
+            self._thread.start()
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self._stop.set()
+        if self._thread.is_alive():
+            self._thread.join()
+        if self._hwm_reset:
+            self.peak = max(self.peak, self._hwm())

@@ -192,11 +192,11 @@ async def test_the_slot_decodes_one_at_a_time_off_the_loop_and_the_newest_waitin
     assert errors == []
 
 
-async def test_a_session_that_owes_turns_decodes_only_once_its_queued_observation_is_taken():
+async def test_a_held_session_decodes_only_once_its_queued_observation_is_taken():
     """Issue 25.2: a session streaming costly frames decoded every one it sent, though each only replaced
-    the last one waiting in the queue. While the queue holds it back (it owes turns and its observation
-    still waits there), its newest frame waits undecoded (newer ones replace it: superseded), and is
-    decoded once the hold lifts."""
+    the last one waiting in the queue. While the queue holds it back (its observation still waits there),
+    its newest frame waits undecoded (newer ones replace it: superseded), and is decoded once the hold
+    lifts."""
     admitted, dropped, decoded = [], [], []
     hold = [True]
 
@@ -222,3 +222,29 @@ async def test_a_session_that_owes_turns_decodes_only_once_its_queued_observatio
             break
         await asyncio.sleep(0.01)
     assert decoded == ["frame 2"] and admitted == ["frame 2"]
+
+
+async def test_a_frame_a_newer_one_replaced_is_never_decoded():
+    """Issue 36.2: a session streaming JPEGs faster than a slow engine answers. Every frame it sent got
+    one terminal reply; only those that reached the engine were decoded (the queue never held a decoded
+    frame that a newer decoded one replaced), and the superseded ones cost no decoding."""
+    with ServerThread(tiny_engine_loader("distilled", delay_s=0.3)) as slow:
+        frame = encoded(rgb_image(256), "JPEG", quality=90)
+        async with connect(slow.url, proxy=None, max_size=None, compression=None) as ws:
+            session_id = unpackb(await ws.recv())["session_id"]
+            await ws.send(packb({"type": "configure", "domain_name": DOMAIN, "action_horizon": 8}))
+            assert unpackb(await ws.recv())["type"] == "session"
+            sent = 40
+            for seq in range(sent):
+                await ws.send(packb({"type": "observation", "seq": seq, "image": frame}))
+                await asyncio.sleep(0.02)  # 50 Hz against an engine call of 300 ms or more
+            replies: dict[str, int] = {}
+            while sum(replies.values()) < sent:
+                reply = unpackb(await asyncio.wait_for(ws.recv(), 60))
+                kind = reply["type"] if reply["type"] != "dropped" else f"dropped {reply['reason']}"
+                replies[kind] = replies.get(kind, 0) + 1
+            session = slow.run(lambda: slow.server.context.sessions[session_id])
+            decoded = session.decoding.decoded
+    assert set(replies) <= {"action_chunk", "dropped superseded"}, replies
+    assert replies.get("dropped superseded", 0) >= sent // 2, replies  # most were replaced while waiting
+    assert decoded == replies["action_chunk"], (decoded, replies)  # only the frames the engine answered

@@ -20,6 +20,9 @@ dtypes and short data, NaN and infinity everywhere. What must hold, frame after 
   refused naming a field it carried; never accepted with a field dropped;
 * memory stays flat: the process's resident memory after a burst of several hundred hostile frames is
   within a small margin of what it was after a warm-up burst.
+* structure bombs (more elements than the budget, in one container or in many small ones; nesting past
+  its depth; huge maps), placed where each protocol carries an image, are answered ``payload_too_large``
+  on every path, and the session goes on.
 
 The number of examples is small here (``make test``); ``benchmarks/fuzz_long.py`` runs these same
 properties for as long as asked (``FUZZ_EXAMPLES``, ``FUZZ_SEED``).
@@ -47,7 +50,7 @@ from websockets.sync.client import connect
 from policy_server.sessions.config import SessionConfig
 from policy_server.sessions.observation_rules import RateLimit
 from robot_clients.protocol import ErrorCode
-from robot_clients.wire_codec import packb, unpackb
+from robot_clients.wire_codec import FRAME_MAX_DEPTH, FRAME_MAX_VALUES, packb, unpackb
 
 EXAMPLES = int(os.environ.get("FUZZ_EXAMPLES", "120"))
 MAX_MESSAGE_BYTES = 1 << 20
@@ -148,6 +151,37 @@ nasty_bytes = st.one_of(
     ),
 )
 payloads = st.one_of(msgpack_maps.map(_pack), nasty_bytes, st.text(max_size=64))
+
+
+def _array_header(count: int) -> bytes:
+    return b"\xdd" + count.to_bytes(4, "big")
+
+
+# Past the server's element budget (FRAME_MAX_VALUES, FRAME_MAX_DEPTH), each under the 1 MiB frame limit.
+structure_bombs = st.one_of(
+    st.builds(  # one container of many empty maps, arrays or nils
+        lambda count, item: _array_header(count) + item * count,
+        st.integers(FRAME_MAX_VALUES, 900_000),
+        st.sampled_from([b"\x80", b"\x90", b"\xc0"]),
+    ),
+    st.integers(FRAME_MAX_VALUES // 15, 60_000).map(  # many small arrays, none large
+        lambda count: _array_header(count) + (b"\x9f" + b"\x80" * 15) * count
+    ),
+    st.builds(  # nesting past the depth
+        lambda depth, level: level * depth + b"\xc0",
+        st.integers(FRAME_MAX_DEPTH + 1, 20_000),
+        st.sampled_from([b"\x91", b"\x81\xa1k"]),
+    ),
+    st.integers(FRAME_MAX_VALUES // 2 + 1, 120_000).map(  # one huge map
+        lambda pairs: b"\xdf" + pairs.to_bytes(4, "big") + b"".join(packb(f"{i:x}") + b"\xc0" for i in range(pairs))
+    ),
+)
+
+
+def _in_map(pairs: list[tuple[str, object]], bomb: bytes) -> bytes:
+    """A msgpack map of ``pairs`` whose last value is the raw ``bomb``."""
+    body = b"".join(packb(key) + packb(value) for key, value in pairs[:-1]) + packb(pairs[-1][0]) + bomb
+    return bytes([0x80 | len(pairs)]) + body
 
 
 # -- the server and its connections --------------------------------------------------------------------
@@ -274,6 +308,52 @@ def test_native_protocol_answers_every_hostile_frame_and_stays_up(fuzz_server, p
         if frame["type"] == "error":
             assert frame["code"] in KNOWN_CODES and frame["message"], frame
             assert frame["code"] != ErrorCode.ENGINE_ERROR or "ref " in frame["message"], frame
+
+
+# Each bomb is up to 1 MiB to build and send: fewer examples than the small hostile frames.
+BOMB_SETTINGS = settings(
+    max_examples=max(8, EXAMPLES // 10),
+    deadline=None,
+    database=None,
+    derandomize="FUZZ_SEED" not in os.environ,
+    suppress_health_check=list(HealthCheck),
+)
+
+
+@BOMB_SETTINGS
+@given(bomb=structure_bombs)
+def test_native_protocol_refuses_every_structure_bomb_and_goes_on(fuzz_server, bomb):
+    frame = _in_map([("type", "observation"), ("seq", 1), ("image", None)], bomb)
+    replies = native_round(fuzz_server.native, frame)
+    assert fuzz_server.native.ws is not None, fuzz_server.native.closes  # still open: the round ended in reset_done
+    assert [(r["type"], r.get("code")) for r in replies] == [("error", ErrorCode.PAYLOAD_TOO_LARGE)], replies
+
+
+@BOMB_SETTINGS
+@given(bomb=structure_bombs)
+def test_openpi_protocol_refuses_every_structure_bomb_and_goes_on(fuzz_server, bomb):
+    frame = _in_map([("prompt", "reach"), ("observation/image", None)], bomb)
+    reply = fuzz_server.openpi.exchange(frame, lambda ws: ws.recv(timeout=60))
+    assert isinstance(reply, str) and reply.startswith(f"{ErrorCode.PAYLOAD_TOO_LARGE}:"), reply
+    again = fuzz_server.openpi.exchange(b"\xc1", lambda ws: ws.recv(timeout=60))  # the session still answers
+    assert isinstance(again, str) and again.startswith(f"{ErrorCode.BAD_FRAME}:"), again
+
+
+@BOMB_SETTINGS
+@given(bomb=structure_bombs)
+def test_vla_eval_protocol_refuses_every_structure_bomb_and_goes_on(fuzz_server, bomb):
+    frame = _in_map([("type", "observation"), ("seq", 3), ("timestamp", 0.0), ("payload", None)], bomb)
+
+    def two_replies(ws):
+        first = unpackb(ws.recv(timeout=60))
+        ws.send(packb({"type": "hello", "payload": {"protocol_version": 1}, "seq": 4, "timestamp": 0.0}))
+        return first, unpackb(ws.recv(timeout=60))
+
+    replies = fuzz_server.vla_eval.exchange(frame, two_replies)
+    assert replies is not None, fuzz_server.vla_eval.closes
+    refusal, hello = replies
+    assert refusal["type"] == "error" and refusal["payload"]["code"] == ErrorCode.PAYLOAD_TOO_LARGE, refusal
+    assert hello["type"] == "hello" and hello["seq"] == 4, hello
 
 
 @FUZZ_SETTINGS
@@ -502,6 +582,25 @@ def test_memory_stays_flat_under_a_burst_of_hostile_frames(fuzz_server):
     assert unpackb(ws.recv(timeout=30))["type"] == "session"
     ws.send(packb({"type": "observation", "seq": 0, "image": np.zeros((64, 64, 3), np.uint8)}))
     assert unpackb(ws.recv(timeout=60))["type"] == "action_chunk"
+
+
+def test_deep_json_text_is_refused_unparsed_on_every_session_path(fuzz_server):
+    """The session paths take binary msgpack only: a text frame of JSON nested 12,000 deep (issue 36.3)
+    is answered ``bad_frame`` without being parsed, and each session goes on."""
+    deep = "[" * 12_000 + "]" * 12_000
+    native = native_round(fuzz_server.native, deep)
+    assert [(r["type"], r.get("code")) for r in native] == [("error", ErrorCode.BAD_FRAME)], native
+    reply = fuzz_server.openpi.exchange(deep, lambda ws: ws.recv(timeout=60))
+    assert isinstance(reply, str) and reply.startswith(f"{ErrorCode.BAD_FRAME}:"), reply
+
+    def two_replies(ws):
+        first = unpackb(ws.recv(timeout=60))
+        ws.send(packb({"type": "hello", "payload": {"protocol_version": 1}, "seq": 5, "timestamp": 0.0}))
+        return first, unpackb(ws.recv(timeout=60))
+
+    replies = fuzz_server.vla_eval.exchange(deep, two_replies)
+    assert replies is not None, fuzz_server.vla_eval.closes
+    assert replies[0]["payload"]["code"] == ErrorCode.BAD_FRAME and replies[1]["type"] == "hello", replies
 
 
 def test_no_fuzzed_connection_was_closed(fuzz_server):

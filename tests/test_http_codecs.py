@@ -126,6 +126,7 @@ def test_multipart_fields_parse_json_text_and_check_upload_types():
         ([("prompt", Upload(b"x", "image/png"))], ErrorCode.INVALID_FIELD, "prompt"),  # no uploads there
         ([("image", Upload(b"x", "text/plain"))], HttpErrorCode.UNSUPPORTED_MEDIA_TYPE, "image"),
         ([("action", "not json")], ErrorCode.INVALID_FIELD, "action"),
+        ([("state", "[" * 12_000 + "]" * 12_000)], HttpErrorCode.PAYLOAD_TOO_LARGE, "state"),  # RecursionError once
     ],
 )
 def test_multipart_refusals_name_their_field(items, code, field):

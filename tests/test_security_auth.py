@@ -13,6 +13,9 @@ also shows that wss:// and https:// work with the same certificate. What must ho
 * the sidecar answers 401 with the typed error body on every route but ``/healthz`` and the dashboard's
   static files, before reading the body (a huge body without a token is 401, not 413);
 * the robot client passes a token, and fails at once with a clear error without one.
+* vla-eval's doors on the same port (issue 36.6): its session path ``/v1/vla-eval`` and ``/config`` (also
+  under ``/v1/vla-eval/``) want the token like every closed endpoint; ``/health``, its readiness probe, stays
+  open like ``/healthz`` and says nothing but the engine's state.
 """
 
 from __future__ import annotations
@@ -287,3 +290,58 @@ def test_token_sets_load_from_flags_and_files(tmp_path):
 def test_the_old_tls_flag_names_still_work():
     args = build_parser().parse_args(["--tiny", "distilled", "--certfile", "c.pem", "--keyfile", "k.pem"])
     assert (args.tls_cert, args.tls_key) == ("c.pem", "k.pem")
+
+
+VLA_EVAL_CONFIG_PATHS = ("/config", "/v1/vla-eval/config")
+VLA_EVAL_HEALTH_PATHS = ("/health", "/v1/vla-eval/health")
+
+
+def _get(server: ServerThread, path: str, headers: dict[str, str] | None = None) -> tuple[int, dict, bytes]:
+    import urllib.error
+    import urllib.request
+
+    context = ssl.create_default_context(cafile=server.cert)
+    opener = urllib.request.build_opener(urllib.request.ProxyHandler({}), urllib.request.HTTPSHandler(context=context))
+    request = urllib.request.Request(f"https://127.0.0.1:{server.port}{path}", headers=headers or {})
+    try:
+        with opener.open(request, timeout=30) as response:
+            return response.status, dict(response.headers), response.read()
+    except urllib.error.HTTPError as exc:
+        return exc.code, dict(exc.headers), exc.read()
+
+
+async def test_the_vla_eval_session_path_wants_a_token(secured):
+    before = engine_and_sessions(secured)
+    for headers in ({}, {"Authorization": "Bearer wrong"}):
+        error = await refused(secured, wss(secured, "/v1/vla-eval"), additional_headers=headers)
+        assert error.response.status_code == 401, headers
+        assert error.response.headers["WWW-Authenticate"].startswith("Bearer")
+    assert (await refused(secured, wss(secured, "/v1/vla-eval") + "?token=wrong")).response.status_code == 401
+    assert engine_and_sessions(secured) == before
+    hello = {"type": "hello", "payload": {"protocol_version": 1}, "seq": 1, "timestamp": 0.0}
+    for url, kwargs in (
+        (wss(secured, "/v1/vla-eval"), {"additional_headers": {"Authorization": f"Bearer {TOKEN}"}}),
+        (wss(secured, "/v1/vla-eval") + f"?token={FILE_TOKEN}", {}),
+    ):
+        async with connect(url, ssl=secured.client_ssl, proxy=None, compression=None, max_size=None, **kwargs) as ws:
+            await ws.send(packb(hello))
+            assert unpackb(await ws.recv())["type"] == "hello"
+
+
+@pytest.mark.parametrize("path", VLA_EVAL_CONFIG_PATHS)
+def test_vla_eval_config_wants_a_token(secured, path):
+    for headers in ({}, {"Authorization": "Bearer wrong"}):
+        status, answer_headers, body = _get(secured, path, headers)
+        assert status == 401, (path, headers, body)
+        assert answer_headers["WWW-Authenticate"].startswith("Bearer")
+        assert b"config" not in body  # nothing of the configuration before the token
+    status, _, body = _get(secured, path, {"Authorization": f"Bearer {TOKEN}"})
+    assert status == 200 and "config" in json.loads(body), body
+    status, _, body = _get(secured, path + f"?access_token={FILE_TOKEN}")
+    assert status != 401, body  # the token's query parameter is the token, not a setting to change
+
+
+@pytest.mark.parametrize("path", VLA_EVAL_HEALTH_PATHS)
+def test_vla_eval_health_stays_open_and_says_only_the_state(secured, path):
+    status, _, body = _get(secured, path)
+    assert status == 200 and json.loads(body) == {"status": "ok"}, body

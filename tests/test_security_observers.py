@@ -8,12 +8,15 @@ Against a real server (tiny model) with a real robot session:
 * a long prompt is cut in what is broadcast to every observer (the ``sessions`` list) and bounded in
   the detail, so no observer frame carries more than a bounded amount per session;
 * an observer that stops reading while it keeps sending is closed with 1008, its outbox bounded.
+* deep JSON (issue 36.3) is answered ``payload_too_large`` before Python's parser recurses, and the channel
+  goes on; a frame past the 64 KiB limit is closed with 1009; neither logs a traceback.
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import socket
 import time
 
@@ -189,3 +192,38 @@ async def test_an_observer_that_never_reads_is_bounded_and_closed_with_1008(serv
             assert "not reading replies" in closed.rcvd.reason
             break
     await wait_observers(server, 0)
+
+
+async def test_deep_json_is_refused_before_parsing_and_the_observer_goes_on(server, caplog):
+    caplog.set_level(logging.INFO)
+    async with connect(observe_url(server), proxy=None, max_size=None, compression=None) as obs:
+        assert json.loads(await obs.recv())["type"] == "hello"
+
+        async def answer() -> dict:
+            while True:
+                frame = json.loads(await asyncio.wait_for(obs.recv(), 10))
+                if frame["type"] not in ("sessions", "session_detail"):  # periodic snapshots interleave
+                    return frame
+
+        for deep in (
+            "[" * 12_000 + "]" * 12_000,
+            '{"a":' * 10_000 + "1" + "}" * 10_000,
+            "[" * 40 + '"]]]]]]"' + "]" * 40,
+        ):
+            await obs.send(
+                deep
+            )  # 24 kB, 60 kB, and 40 deep around a string of closing brackets: under the channel's 64 KiB limit
+            reply = await answer()
+            assert reply["type"] == "error" and reply["code"] == "payload_too_large", reply
+            assert "deep" in reply["message"], reply
+        await obs.send(json.dumps({"type": "subscribe", "session_id": None}))
+        assert (await answer())["type"] == "subscribed"  # the channel goes on
+    async with connect(observe_url(server), proxy=None, max_size=None, compression=None) as obs:
+        await obs.recv()
+        await obs.send('{"a":' * 12_000 + "1" + "}" * 12_000)  # the issue's 72 kB: past the frame limit
+        with pytest.raises(ConnectionClosed) as closed:
+            while True:
+                await asyncio.wait_for(obs.recv(), 10)
+        assert closed.value.rcvd is not None and closed.value.rcvd.code == 1009, closed.value
+    tracebacks = [r for r in caplog.records if r.exc_info or "Traceback" in r.getMessage()]
+    assert not tracebacks, [r.getMessage() for r in tracebacks]

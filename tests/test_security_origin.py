@@ -4,7 +4,8 @@ A page of another site can make the user's browser open a WebSocket to the serve
 and prompt, pause it) or send a "no-cors" POST (create a video job); the browser names that site in the
 ``Origin`` header. Against a real server with its sidecar:
 
-* every WebSocket upgrade (native, openpi, observer) with a foreign ``Origin`` is refused with 403, while
+* every WebSocket upgrade (native, openpi, observer, vla-eval) with a foreign ``Origin`` is refused with 403,
+  and so is vla-eval's ``/config`` on the same port (its ``/health`` stays open, like ``/healthz``), while
   no ``Origin`` (robots), the server's own origin (either port) and ``--allowed-origin`` entries pass;
 * state-changing HTTP requests of the sidecar with a foreign ``Origin`` get 403 before anything runs;
   reads stay open (a browser cannot read a cross-origin answer without CORS headers, never sent here);
@@ -25,11 +26,11 @@ from websockets.exceptions import InvalidStatus
 
 from policy_server.auth import OriginConfigError, OriginPolicy
 from policy_server.sidecar_settings import SidecarSettings
-from robot_clients.wire_codec import unpackb
+from robot_clients.wire_codec import packb, unpackb
 
 ALLOWED = "https://ops.example.com"
 FOREIGN = "http://evil.example"
-WEBSOCKET_PATHS = ("/v1/actions/realtime", "/openpi", "/v1/observe")
+WEBSOCKET_PATHS = ("/v1/actions/realtime", "/openpi", "/v1/observe", "/v1/vla-eval")
 
 
 @pytest.fixture(scope="module")
@@ -80,6 +81,8 @@ async def test_robots_the_servers_own_pages_and_allowed_origins_can(server, path
     ]
     for origin in own:
         async with connect(f"ws://127.0.0.1:{server.port}{path}", origin=origin, proxy=None, max_size=None) as ws:
+            if path == "/v1/vla-eval":  # the harness speaks first
+                await ws.send(packb({"type": "hello", "payload": {"protocol_version": 1}, "seq": 1, "timestamp": 0.0}))
             first = await ws.recv()
             assert first, origin
             if path == "/v1/observe":
@@ -101,6 +104,24 @@ def test_state_changing_requests_from_a_foreign_origin_get_403_before_anything_r
     for origin in (None, f"http://127.0.0.1:{server.http_port}"):
         status, _, _ = request(url, method, origin=origin, body=b"anything", content_type="text/plain")
         assert status != 403, origin
+
+
+@pytest.mark.parametrize("path", ["/config", "/v1/vla-eval/config"])
+def test_vla_eval_config_from_a_foreign_origin_gets_403(server, path):
+    """vla-eval's ``/config`` on the WebSocket port is checked like its upgrades (issue 36.6): a page of
+    another site gets nothing; a harness (no Origin) and the server's own pages read it."""
+    status, _, body = request(f"http://127.0.0.1:{server.port}{path}", origin=FOREIGN)
+    assert status == 403 and b"config" not in body, body
+    for origin in (None, f"http://127.0.0.1:{server.port}", ALLOWED):
+        status, _, body = request(f"http://127.0.0.1:{server.port}{path}", origin=origin)
+        assert status == 200 and "config" in json.loads(body), (origin, body)
+
+
+@pytest.mark.parametrize("path", ["/health", "/v1/vla-eval/health"])
+def test_vla_eval_health_stays_open_to_any_origin(server, path):
+    """A readiness probe, like ``/healthz``: it says only the engine's state."""
+    status, _, body = request(f"http://127.0.0.1:{server.port}{path}", origin=FOREIGN)
+    assert status == 200 and json.loads(body) == {"status": "ok"}, body
 
 
 def test_reads_from_a_foreign_origin_stay_open(server):

@@ -285,3 +285,26 @@ def test_a_costly_session_alone_gives_a_robot_between_two_observations_time_to_s
     taker.join(5)
     assert taken[0].session_id == "robot"
     assert queue.take(timeout=5).session_id == "costly"  # then it is served: nobody else waits
+
+
+def test_decoding_is_held_while_the_observation_waits_or_the_session_owes_active_others():
+    """Issue 36.2: a session's next frame is decoded neither while its last observation still waits
+    (decoded now, it could only replace that one unserved) nor while it leads active sessions by more
+    than a turn of host time (its decoding is host time like its turns'); once the others are idle for
+    two turn lengths the hold lifts, so nobody waits for the absent."""
+    queue = RequestQueue()
+    robot = item("robot", 0)
+    robot.decode_cpu_s = 0.001
+    queue.put(robot)
+    assert queue.holds_back_decoding("robot")  # its observation waits
+    assert queue.take().session_id == "robot"
+    assert not queue.holds_back_decoding("robot")
+    costly = item("costly", 0)
+    costly.decode_cpu_s = 0.5
+    queue.put(costly)
+    assert queue.take().session_id == "costly"
+    assert queue.host_lead_s("costly") > 0.3  # nothing of it waits, but it leads the robot charged just now
+    assert queue.holds_back_decoding("costly")
+    assert not queue.holds_back_decoding("robot")
+    time.sleep(0.25)  # the robot idle for two turn lengths (0.1 s each with no turns measured yet)
+    assert not queue.holds_back_decoding("costly")

@@ -14,6 +14,7 @@ from sglang_fixtures import base, case, distilled, droid, load_cases, materializ
 from sidecar_fixtures import png_b64, png_bytes, rgb
 
 from policy_server.http.codecs import Upload
+from policy_server.http.errors import ApiError
 from policy_server.sglang.actions import envelope_from_form, is_sglang_envelope
 from robot_clients.wire_codec import unpackb
 
@@ -430,3 +431,13 @@ def test_state_is_honoured_or_refused_naming_its_path(distilled, droid):
         assert (error.code, error.field) == (code, "input.state"), error.message
     error = refused(envelope(png_b64(IMAGE)), droid)
     assert (error.code, error.field) == ("missing_field", "input.observation.state"), error.message
+
+
+@pytest.mark.parametrize("name", ["num_inference_steps", "extra_params"])
+def test_deep_json_in_a_form_field_is_refused_before_it_is_parsed(distilled, name):
+    """A form field's JSON nested 12,000 deep made Python's parser raise RecursionError (issue 36.3)."""
+    deep = "[" * 12_000 + "]" * 12_000
+    with pytest.raises(ApiError) as info:
+        refused(envelope_from_form([("task", "reach"), (name, deep)]), distilled)
+    assert info.value.field == name
+    assert "deep" in info.value.message, info.value.message

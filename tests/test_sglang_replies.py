@@ -14,6 +14,7 @@ from sidecar_fixtures import png_b64, rgb
 from cosmos3_runtime.description import TierCanvas
 from policy_server.http.errors import ApiError
 from policy_server.http.requests import action_request
+from policy_server.metadata import public_model_name
 from policy_server.sglang.actions import (
     ActionCall,
     ActionItem,
@@ -168,7 +169,7 @@ def test_metadata_satisfies_sglangs_own_assertions(distilled, recorded):
 
 def test_metadata_comes_from_the_checkpoint(distilled, tiny_engine):
     metadata = sglang_metadata(distilled, max_batch_size=4, openpi_websocket=True, default_fps=10.0)
-    assert metadata["object"] == "action.metadata" and metadata["model"] == distilled.model
+    assert metadata["object"] == "action.metadata" and metadata["model"] == public_model_name(distilled.model)
     assert metadata["output"]["padded_action_dim"] == distilled.action_dim
     assert metadata["output"]["action_horizon"] == distilled.defaults.action_horizon
     assert metadata["output"]["action_dim"] is None  # the domains differ in width

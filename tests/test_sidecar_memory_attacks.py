@@ -31,7 +31,7 @@ import httpx
 import msgpack
 import psutil
 import pytest
-from server_fixtures import DOMAIN, ServerProcess, tiny_checkpoint
+from server_fixtures import DOMAIN, PeakRss, ServerProcess, tiny_checkpoint
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -39,52 +39,6 @@ MIB = 2**20
 PEAK_LIMIT = 200 * MIB  # the issue's bound on peak growth above idle
 HELD_LIMIT = 48 * MIB  # what may stay resident after a refused request (allocator slack, caches)
 ANSWER_WITHIN_S = 1.0
-
-
-class PeakRss:
-    """Peak resident memory of a process over a ``with`` block.
-
-    Linux keeps the high-water mark (``VmHWM``) exactly and lets it be reset (``clear_refs`` ``5``); where
-    the reset is refused, a thread samples ``memory_info().rss`` every millisecond instead.
-    """
-
-    def __init__(self, pid: int) -> None:
-        self.process = psutil.Process(pid)
-        self.pid = pid
-        self.peak = 0
-        self._stop = threading.Event()
-        self._hwm_reset = False
-
-    def _hwm(self) -> int:
-        with open(f"/proc/{self.pid}/status") as status:
-            for line in status:
-                if line.startswith("VmHWM:"):
-                    return int(line.split()[1]) * 1024
-        return 0
-
-    def _sample(self) -> None:
-        while not self._stop.is_set():
-            self.peak = max(self.peak, self.process.memory_info().rss)
-            time.sleep(0.001)
-
-    def __enter__(self) -> PeakRss:
-        try:
-            with open(f"/proc/{self.pid}/clear_refs", "w") as clear:
-                clear.write("5")
-            self._hwm_reset = True
-        except OSError:
-            pass
-        self._thread = threading.Thread(target=self._sample, daemon=True)
-        if not self._hwm_reset:
-            self._thread.start()
-        return self
-
-    def __exit__(self, *exc_info: object) -> None:
-        self._stop.set()
-        if self._thread.is_alive():
-            self._thread.join()
-        if self._hwm_reset:
-            self.peak = max(self.peak, self._hwm())
 
 
 @pytest.fixture(scope="module")

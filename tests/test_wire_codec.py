@@ -135,3 +135,47 @@ def test_max_values_bounds_the_elements_a_frame_may_build():
     array = np.zeros((256, 256, 3), np.uint8)  # an array is one element, whatever its size
     np.testing.assert_array_equal(unpackb(packb({"image": array}), max_values=20)["image"], array)
     assert isinstance(WireLimitError("x"), WireFormatError)  # callers that catch format errors still do
+
+
+def test_the_element_count_is_read_from_the_type_bytes_before_anything_is_built():
+    """``count_elements`` counts every value (keys included) exactly, refuses a container's header that
+    declares past the budget at once, and a frame nested past ``max_depth``, without building anything."""
+    from robot_clients.wire_codec import WireLimitError, count_elements
+
+    frame = packb({"type": "observation", "image": np.zeros((4, 4, 3), np.uint8), "state": [0.5] * 7, "n": None})
+    # 1 map + 8 keys and values + an array map of 8 (its shape a list of 3) + 7 floats
+    assert count_elements(frame) == 1 + 8 + 8 + 3 + 7
+    assert count_elements(msgpack.packb("x" * 70000)) == 1  # a string's bytes are one element
+    # 40 million empty maps declared in 5 bytes: refused from the header, before the body is even read
+    with pytest.raises(WireLimitError, match="more than 100000 elements"):
+        count_elements(b"\xdd" + (40_000_000).to_bytes(4, "big") + b"\x80" * 16, max_values=100_000)
+    small_arrays = b"\xdc" + (10_000).to_bytes(2, "big") + (b"\x9f" + b"\x80" * 15) * 10_000
+    with pytest.raises(WireLimitError):
+        count_elements(small_arrays, max_values=100_000)  # none is large; their sum is
+    assert count_elements(small_arrays, max_values=200_000) == 1 + 10_000 * 16
+    with pytest.raises(WireLimitError, match="more than 32 deep"):
+        count_elements(b"\x91" * 33 + b"\xc0", max_depth=32)
+    assert count_elements(b"\x91" * 32 + b"\xc0", max_depth=32) == 33
+    with pytest.raises(WireLimitError, match="deep"):
+        unpackb(b"\x81\xa1k" * 40 + b"\xc0", max_values=1000)  # maps nest too
+
+
+@pytest.mark.parametrize(
+    "frame",
+    [
+        b"\xdd\xff\xff\xff\xff\xc0",  # an array declaring more entries than the frame has bytes
+        b"\xdb\xff\xff\xff\xff" + b"x" * 16,  # a string longer than the frame
+        b"\x92\xc0",  # one entry short
+        b"\x91\xc0\xc0",  # trailing bytes
+        b"\x91\xc1",  # the never-used type byte
+        b"\x81\xa1x\xd4\x00\x00",  # an extension type
+    ],
+)
+def test_a_malformed_frame_is_a_format_error_not_a_limit(frame):
+    from robot_clients.wire_codec import WireLimitError, count_elements
+
+    with pytest.raises(WireFormatError) as raised:
+        count_elements(frame, max_values=2**40)
+    assert not isinstance(raised.value, WireLimitError)
+    with pytest.raises(WireFormatError):
+        unpackb(frame, max_values=2**40)

@@ -314,12 +314,20 @@ class RequestQueue(ClosableQueue):
             self._charge(item.turn_key, seconds)
 
     def holds_back_decoding(self, session_id: Hashable) -> bool:
-        """Whether ``session_id`` should decode no further frames for now: it owes turns and its last
-        observation still waits here (a frame decoded now would only replace that one, unserved: a
-        costly session's decoding follows its turns instead of its frame rate)."""
+        """Whether ``session_id`` (a session on its own turn) should decode no further frames for now.
+
+        While its last observation still waits here: a frame decoded now could only replace that one,
+        unserved, so it waits undecoded (a newer one replaces it, never decoded) until this one is taken.
+        And while it owes turns to sessions charged within the last two turn lengths: its decoding is
+        host time like its turns', so it waits until the others' spending has caught up with its lead
+        (sessions gone idle stop counting after two turn lengths, so nobody waits for the absent)."""
         with self._lock:
-            item = self._slots.get(session_id)
-            return item is not None and self._owes(item.turn_key)
+            if session_id in self._slots:
+                return True
+            if not self._owes(session_id):
+                return False
+            recent = time.monotonic() - 2 * self._quantum()
+            return any(at >= recent for other, at in self._charged_at.items() if other != session_id)
 
     def host_lead_s(self, turn: Hashable) -> float:
         """Host seconds ``turn`` is charged beyond the least-charged recent turn (0: none, or unknown)."""

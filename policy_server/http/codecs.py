@@ -47,6 +47,7 @@ import numpy as np
 from robot_clients.protocol import ErrorCode, FrameLimits
 from robot_clients.wire_codec import WireFormatError, WireLimitError, unpackb
 
+from ..json_text import JsonTextError, loads_bounded
 from ..media import (
     CameraSize,
     DecodedTooLarge,
@@ -211,8 +212,10 @@ def decode_multipart_fields(
         elif name in JSON_TEXT_FIELDS:
             check_json_values(value, max_values, f"`{name}`", name)
             try:
-                fields[name] = json.loads(value)
-            except ValueError:
+                fields[name] = loads_bounded(value, max_bytes=None)  # its depth checked first; the body bounds its size
+            except JsonTextError as exc:
+                if exc.too_large:
+                    raise ApiError(HttpErrorCode.PAYLOAD_TOO_LARGE, f"`{name}`: {exc.message}", name) from None
                 raise ApiError(
                     ErrorCode.INVALID_FIELD, f"`{name}` must be JSON text (nested lists of numbers)", name
                 ) from None

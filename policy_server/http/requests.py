@@ -29,6 +29,7 @@ from robot_clients.client_frames import REQUEST_SETTINGS, ObservationFrame, Sett
 from robot_clients.protocol import ErrorCode, FrameLimits, ProtocolError
 
 from ..media import DEFAULT_MAX_DECODED_BYTES, model_frame_limits
+from ..metadata import public_model_name
 from ..sessions.config import check_settings, merge_session_config
 from ..sglang.actions import (
     FORM_UPLOADS,
@@ -77,8 +78,9 @@ def _validate(model: type[RequestModel], fields: dict[str, Any]) -> RequestModel
 
 
 def _check_model(name: str | None, description: ModelDescription) -> None:
-    served = description.model
-    if name is not None and name != served:
+    """A request naming a model names the one served: as the metadata shows it, or by its full path."""
+    served = public_model_name(description.model)
+    if name is not None and name not in (served, description.model):
         raise ApiError(ErrorCode.INVALID_FIELD, f"this server serves {served!r}, not {name!r}", "model")
 
 
@@ -162,7 +164,12 @@ def video_submission(
         for name, value in settings.items()
         if value is None and name in defaults and name in VideoJobObject.model_fields
     }
-    stored = {"model": description.model, **settings, "action_shape": list(action.shape), "resolved": shown}
+    stored = {
+        "model": public_model_name(description.model),
+        **settings,
+        "action_shape": list(action.shape),
+        "resolved": shown,
+    }
     return VideoSubmission(stored, VideoJobInputs(image=image, action=action, encoded_image=encoded))
 
 

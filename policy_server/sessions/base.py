@@ -45,6 +45,7 @@ from .listener import AcceptedObservation, SessionListener, SessionTelemetry
 from .observation_rules import DROP_MESSAGES, ChunkReply, Drop, ObservationRules, TokenBucket
 from .outbox import Outbox, OutboxFull, paced, payload_size
 from .policy_sessions import PolicySessionTable
+from .wire_intake import WireIntake
 
 logger = logging.getLogger(__name__)
 
@@ -104,6 +105,8 @@ class Session:
         self.handed_over = False
         # Observations whose encoded camera frames are being decoded off the event loop (one at a time).
         self.decoding = DecodeSlot(self._guard, self.drop, lambda: self.context.queue.holds_back_decoding(self.id))
+        # Its msgpack frames, decoded within the server's element budget (large ones on a thread, paid for here).
+        self.intake = WireIntake(context.settings.frame_budget, self.decoding.charge)
 
     @property
     def description(self) -> ModelDescription:
@@ -132,7 +135,9 @@ class Session:
         try:
             self.opened()
             async for message in paced(self.connection, self.outbox):
-                self._receive(message)
+                received_at = time.monotonic()
+                await self.intake.prepare(message)  # a costly frame is decoded on a thread meanwhile
+                self._receive(message, received_at)
                 if self.handed_over:
                     break
         except ConnectionClosed:
@@ -357,8 +362,8 @@ class Session:
 
     # -- frames from the client ----------------------------------------------------------------------
 
-    def _receive(self, message: Payload) -> None:
-        self._guard(None, self.handle, message, time.monotonic())
+    def _receive(self, message: Payload, received_at: float | None = None) -> None:
+        self._guard(None, self.handle, message, time.monotonic() if received_at is None else received_at)
 
     def _guard(self, seq: int | None, function: Callable[..., None], *args: Any) -> None:
         """``function(*args)`` for a frame about ``seq`` (None: not known yet); an error is answered."""

@@ -68,7 +68,7 @@ from robot_clients.protocol import (
     session_state_frame,
     session_updated_frame,
 )
-from robot_clients.wire_codec import WireFormatError, packb, unpackb
+from robot_clients.wire_codec import WireFormatError, packb
 
 from ..context import ServerContext
 from ..engine.request_queue import EngineOutcome, PendingObservation
@@ -193,7 +193,7 @@ class RealtimeSession(Session):
             )
         else:
             try:
-                decoded = unpackb(message)
+                decoded = self.intake.unpack(message)
             except WireFormatError as exc:
                 refusal = ProtocolError(ErrorCode.BAD_FRAME, exc.message, exc.field)
         if first and self.dialects and self._handed_over(FirstFrame(message, decoded, received_at)):

@@ -49,6 +49,8 @@ from robot_clients.client_frames import REQUEST_SETTINGS
 from robot_clients.protocol import ProtocolError
 
 from ..context import ServerContext
+from ..json_text import JsonTextError, loads_bounded
+from ..metadata import public_model_name
 from .base import Session
 from .controls import RECORDING_ACTIONS, ControlAction, ControlError, ControlErrorCode, parse_control
 from .outbox import OutboxFull, paced
@@ -76,6 +78,7 @@ class ObserverErrorCode:
     UNKNOWN_TYPE = "unknown_type"
     READ_ONLY = "read_only"  # a robot frame: observers cannot send observations or drive a session
     RATE_LIMITED = "rate_limited"  # more frames a second than --observer-frame-rate allows; this one was not acted on
+    PAYLOAD_TOO_LARGE = "payload_too_large"  # JSON nested deeper than MAX_JSON_DEPTH (or larger than the frame limit)
 
 
 def authorize(request: Request) -> tuple[HTTPStatus, str] | None:
@@ -283,7 +286,7 @@ class ObserverSession:
             "type": "hello",
             "observer_protocol_version": OBSERVER_PROTOCOL_VERSION,
             "observer_id": self.id,
-            "model": d.model if d is not None else None,
+            "model": public_model_name(d.model) if d is not None else None,
             "variant": d.variant if d is not None else None,
             "interval_s": self.interval_s,
             "sessions_interval_s": self.sessions_interval_s,
@@ -304,8 +307,10 @@ class ObserverSession:
             if not isinstance(message, str):
                 raise ControlError(ObserverErrorCode.BAD_FRAME, "the observer channel speaks JSON text frames")
             try:
-                frame = json.loads(message)
-            except ValueError:
+                frame = loads_bounded(message, OBSERVER_MAX_MESSAGE_BYTES)
+            except JsonTextError as exc:
+                if exc.too_large:
+                    raise ControlError(ObserverErrorCode.PAYLOAD_TOO_LARGE, exc.message) from None
                 raise ControlError(ObserverErrorCode.BAD_FRAME, "a frame must be a JSON object") from None
             if not isinstance(frame, dict):
                 raise ControlError(ObserverErrorCode.BAD_FRAME, "a frame must be a JSON object")

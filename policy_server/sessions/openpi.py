@@ -42,7 +42,7 @@ from websockets.asyncio.server import ServerConnection
 
 from robot_clients.client_frames import ObservationFrame, parse_session_id
 from robot_clients.protocol import SESSION_ID, CodedError, DropReason, ErrorCode, ProtocolError
-from robot_clients.wire_codec import WireFormatError, packb, unpackb
+from robot_clients.wire_codec import WireFormatError, packb
 
 from ..context import ServerContext
 from ..engine.request_queue import EngineOutcome, PendingObservation
@@ -179,7 +179,7 @@ class OpenpiSession(Session):
             raise self.config_error
         self.last_observation_at = received_at
         try:
-            decoded = unpackb(message)
+            decoded = self.intake.unpack(message)
         except WireFormatError as exc:
             raise ProtocolError(ErrorCode.BAD_FRAME, exc.message, exc.field) from None
         name = None

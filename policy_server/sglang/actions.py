@@ -28,7 +28,6 @@ metadata answers without changing any key it already has (except ``object``, whi
 
 from __future__ import annotations
 
-import json
 import time
 import uuid
 from collections.abc import Iterable, Mapping, Sequence
@@ -43,6 +42,8 @@ from robot_clients.client_frames import REQUEST_SETTINGS, SettingChannel
 from robot_clients.protocol import ErrorCode
 
 from ..http.errors import ApiError
+from ..json_text import JsonTextError, loads_bounded
+from ..metadata import public_model_name
 from .parameters import (
     TENSOR_VALUE_KEYS,
     Mapped,
@@ -453,13 +454,16 @@ def is_sglang_form(names: Iterable[str], native_fields: Iterable[str]) -> bool:
     return bool(set(names) - set(native_fields))
 
 
-def _form_value(value: str) -> Any:
-    """A form field's text as SGLang reads it: JSON when it parses (``30``, ``true``), else the text."""
+def _form_value(name: str, value: str) -> Any:
+    """A form field's text as SGLang reads it: JSON when it parses (``30``, ``true``), else the text; JSON
+    nested past :data:`~policy_server.json_text.MAX_JSON_DEPTH` is refused unparsed (``payload_too_large``)."""
     if not value.strip():
         return None
     try:
-        return json.loads(value)
-    except ValueError:
+        return loads_bounded(value, max_bytes=None)  # the body's limit bounds its size
+    except JsonTextError as exc:
+        if exc.too_large:
+            raise ApiError(ErrorCode.PAYLOAD_TOO_LARGE, f"`{name}`: {exc.message}", name) from None
         return value
 
 
@@ -497,13 +501,13 @@ def envelope_from_form(items: Sequence[tuple[str, str | FormUpload]]) -> dict[st
         elif name in ("extra_body", "extra_params"):
             extras.append((name, value))
         elif name in FORM_RUNTIME_FIELDS:
-            runtime[name] = _form_value(value)
+            runtime[name] = _form_value(name, value)
         elif name == "input_reference":
             observation["input_reference"] = value  # text: base64 (a path is refused when parsed)
         elif name in UNREAD_KEYS:
             check_known_keys({name: value}, (), "")
         elif name in PARAMETER_KEYS:
-            parameters[name] = _form_value(value)
+            parameters[name] = _form_value(name, value)
         else:
             raise invalid(
                 name,
@@ -646,7 +650,7 @@ def sglang_metadata(
     modalities = (["image"] if "policy" in action_modes else []) + (["video"] if action_modes else [])
     return {
         "object": "action.metadata",
-        "model": description.model,
+        "model": public_model_name(description.model),
         "policy_family": POLICY_FAMILY,
         "input": {
             "modalities": modalities,

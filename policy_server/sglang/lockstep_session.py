@@ -44,6 +44,7 @@ from ..context import ServerContext
 from ..engine.request_queue import EngineOutcome, PendingObservation, QueueClosed
 from ..http.errors import ApiError, HttpErrorCode
 from ..http.requests import item_requests
+from ..metadata import public_model_name
 from ..sessions.base import Session
 from ..sessions.config import SessionConfig
 from ..sessions.native import FirstFrame
@@ -213,6 +214,13 @@ class SglangLockstepSession(Session):
             )
         self.take_rate(received_at)
         description = self.description
+        if isinstance(message, bytes):
+            try:
+                message = self.intake.unpack(message)  # within the element budget
+            except WireFormatError as exc:
+                raise ProtocolError(
+                    ErrorCode.BAD_FRAME, f"the frame is not valid msgpack: {exc.message}", exc.field
+                ) from None
         try:
             call = self.lockstep.receive(message, received_at)
             requests = item_requests(call, description, self.context.frame_limits)  # the one media check, first
@@ -257,7 +265,7 @@ class SglangLockstepSession(Session):
         self.rules.chunk_made()
         chunks = [self._chunks[seq] for seq in sorted(self._chunks)]
         self._call = None
-        model = self.context.description.model if self.context.description is not None else None
+        model = public_model_name(self.context.description.model) if self.context.description is not None else None
         self.put(self.lockstep.reply(call, chunks, infer_ms=(time.monotonic() - self._started_at) * 1e3, model=model))
 
     def on_dropped(self, item: PendingObservation, reason: str) -> None:

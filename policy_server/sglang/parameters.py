@@ -44,7 +44,6 @@ guardrails, video-to-video inputs) is refused rather than ignored.
 
 from __future__ import annotations
 
-import json
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -57,6 +56,7 @@ from robot_clients.client_frames import REQUEST_SETTINGS, SettingChannel
 from robot_clients.protocol import ErrorCode
 
 from ..http.errors import ApiError
+from ..json_text import JsonTextError, loads_bounded
 
 # SGLang's normalization names (and ours) -> the runtime's profile kinds (``PolicyProfile.normalization.kind``).
 NORMALIZATION_KINDS = {
@@ -367,9 +367,10 @@ def json_object(value: Any, path: str) -> dict[str, Any]:
     """A JSON object, or the text of one (as forms carry it)."""
     if isinstance(value, (str, bytes)):
         try:
-            value = json.loads(value)
-        except (ValueError, RecursionError):
-            raise invalid(path, f"`{path}` is not valid JSON") from None
+            value = loads_bounded(value, max_bytes=None)  # the body's limit bounds its size
+        except JsonTextError as exc:
+            why = f"`{path}`: {exc.message}" if exc.too_large else f"`{path}` is not valid JSON"
+            raise invalid(path, why) from None
     if not isinstance(value, dict):
         raise invalid(path, f"`{path}` must be a JSON object")
     return value

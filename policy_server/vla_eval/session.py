@@ -56,6 +56,7 @@ from ..context import ServerContext
 from ..engine.request_queue import EngineOutcome, PendingObservation
 from ..log_hygiene import printable
 from ..media import check_cameras, decoded_image
+from ..metadata import public_model_name
 from ..routes import EdgeEndpoints, HttpEndpoint, SessionEndpoint
 from ..sessions.base import Session
 from ..sessions.config import SessionConfig, observation_request
@@ -182,7 +183,7 @@ class VlaEvalSession(Session):
     # -- frames ----------------------------------------------------------------------------------------
 
     def handle(self, message: bytes | str, received_at: float) -> None:
-        parsed = parse_frame(message)
+        parsed = parse_frame(message, self.intake.unpack)
         self.frame_seq = parsed.seq
         if parsed.type is FrameType.HELLO:
             self._hello(parsed)
@@ -215,7 +216,11 @@ class VlaEvalSession(Session):
 
     def hello_payload(self) -> dict[str, Any]:
         description = self.description
-        served: dict[str, Any] = {"model": description.model, "variant": description.variant, "session_id": self.id}
+        served: dict[str, Any] = {
+            "model": public_model_name(description.model),
+            "variant": description.variant,
+            "session_id": self.id,
+        }
         try:
             config, plan = self.settings.episode(description, {})
             resolved = config.resolved(description)

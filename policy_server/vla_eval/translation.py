@@ -71,7 +71,7 @@ import json
 import os
 import stat
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -121,13 +121,13 @@ class VlaEvalFrame:
     timestamp: float
 
 
-def parse_frame(message: bytes | str, max_values: int | None = None) -> VlaEvalFrame:
-    """One frame from the harness; :class:`ProtocolError` (``bad_frame``, ``unknown_type``, ...) naming
-    what is wrong."""
+def parse_frame(message: bytes | str, unpack: Callable[[bytes], Any] = unpackb) -> VlaEvalFrame:
+    """One frame from the harness, decoded by ``unpack`` (a session's: within its element budget);
+    :class:`ProtocolError` (``bad_frame``, ``unknown_type``, ...) naming what is wrong."""
     if isinstance(message, str):
         raise ProtocolError(ErrorCode.BAD_FRAME, "vla-eval frames are binary msgpack maps, not text")
     try:
-        raw = unpackb(message, max_values=max_values)
+        raw = unpack(message)
     except WireFormatError as exc:
         raise ProtocolError(ErrorCode.BAD_FRAME, exc.message, exc.field) from None
     if not isinstance(raw, dict):

@@ -13,7 +13,7 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
 
 from ...context import ServerContext
-from ...metadata import engine_state, health, http_action_metadata
+from ...metadata import engine_state, health, http_action_metadata, public_model_name
 from ...metrics import PROMETHEUS_CONTENT_TYPE
 from ...sglang.actions import merge_metadata
 from ...sglang.lockstep_session import sglang_keys
@@ -103,7 +103,7 @@ def router(parts: SidecarParts) -> APIRouter:
         body = Readiness(
             ready=ready,
             status=status,
-            model=described.model if described is not None else None,
+            model=public_model_name(described.model) if described is not None else None,
             variant=described.variant if described is not None else None,
         )
         return JSONResponse(body.model_dump(), status_code=200 if ready else 503)

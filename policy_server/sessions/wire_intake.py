@@ -1,0 +1,110 @@
+"""A session's binary frames decoded within the element budget: small ones at once, large ones on a thread.
+
+Every WebSocket session (native, openpi, vla-eval, SGLang's lock-step) decodes its client's msgpack
+frames here. Each frame is first counted from its type bytes (:func:`robot_clients.wire_codec.count_elements`,
+nothing built) against the server's :class:`FrameBudget`; past it the frame is answered
+``payload_too_large`` and the session goes on. A frame that is large in bytes, or whose structure holds
+more than :data:`INLINE_VALUES` elements, is counted and decoded on the decode pool, not on the event
+loop every session shares: the reader of that one session waits for it (its next frame is not read
+meanwhile), every other session goes on. The CPU time decoding takes is charged to the session like the
+decoding of its camera frames (``charge``: its next queued observation pays for it in its turn).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from robot_clients.protocol import ErrorCode, ProtocolError
+from robot_clients.wire_codec import (
+    FRAME_MAX_DEPTH,
+    FRAME_MAX_VALUES,
+    WireFormatError,
+    WireLimitError,
+    count_elements,
+    unpackb,
+)
+
+from ..media import decode_pool
+
+# A frame of this many bytes or more is decoded on a thread: building it copies its bytes.
+OFF_LOOP_BYTES = 256 * 1024
+# A smaller frame is counted on the event loop up to this many elements (well under a millisecond); one that
+# holds more is counted and decoded on a thread too. Observations hold a few dozen.
+INLINE_VALUES = 2048
+
+
+@dataclass(frozen=True)
+class FrameBudget:
+    """What one client frame may hold once decoded (``--max-frame-values``): elements (every value, a map's
+    keys included) and the depth containers nest to."""
+
+    max_values: int = FRAME_MAX_VALUES
+    max_depth: int = FRAME_MAX_DEPTH
+
+
+@dataclass
+class _Decoded:
+    message: bytes
+    value: Any
+    error: WireFormatError | None
+    cpu_s: float
+
+
+def _decode(message: bytes, budget: FrameBudget) -> _Decoded:
+    """Count, then build, ``message`` (on whatever thread calls it); the CPU seconds it took."""
+    started = time.thread_time()
+    try:
+        value, error = unpackb(message, max_values=budget.max_values, max_depth=budget.max_depth), None
+    except WireFormatError as exc:
+        value, error = None, exc
+    return _Decoded(message, value, error, time.thread_time() - started)
+
+
+def _small(message: bytes, budget: FrameBudget) -> bool:
+    """Whether ``message`` is cheap enough to decode on the event loop (a malformed one is: it is refused)."""
+    if len(message) >= OFF_LOOP_BYTES:
+        return False
+    try:
+        count_elements(message, min(INLINE_VALUES, budget.max_values), budget.max_depth)
+    except WireLimitError:
+        return False
+    except WireFormatError:
+        return True
+    return True
+
+
+class WireIntake:
+    """One session's frames on their way in: :meth:`prepare` each frame as it is read (awaited), then
+    :meth:`unpack` it where the protocol parses it. ``charge(cpu_s)`` bills the session's decode time."""
+
+    def __init__(self, budget: FrameBudget, charge: Callable[[float], None]) -> None:
+        self.budget = budget
+        self._charge = charge
+        self._ready: _Decoded | None = None
+        self.refused = 0  # frames refused for their element budget
+
+    async def prepare(self, message: bytes | str) -> None:
+        """Decode ``message`` ahead, on the decode pool, when it is too costly for the event loop."""
+        self._ready = None
+        if isinstance(message, bytes) and not _small(message, self.budget):
+            self._ready = await decode_pool().run(_decode, message, self.budget)
+
+    def unpack(self, message: bytes) -> Any:
+        """``message`` decoded (ahead by :meth:`prepare`, or now if it is small).
+
+        Raises :class:`ProtocolError` ``payload_too_large`` past the budget, :class:`WireFormatError` for a
+        frame that is not well-formed (each protocol words that its own way).
+        """
+        decoded, self._ready = self._ready, None
+        if decoded is None or decoded.message is not message:
+            decoded = _decode(message, self.budget)
+        self._charge(decoded.cpu_s)
+        if isinstance(decoded.error, WireLimitError):
+            self.refused += 1
+            raise ProtocolError(ErrorCode.PAYLOAD_TOO_LARGE, decoded.error.message)
+        if decoded.error is not None:
+            raise decoded.error
+        return decoded.value
