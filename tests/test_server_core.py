@@ -79,10 +79,12 @@ SCRIPT = textwrap.dedent(
 )
 
 
-def test_a_websocket_only_server_serves_native_and_openpi_without_loading_a_feature():
+def _run_in_a_fresh_interpreter(script: str, modules: tuple[str, ...]) -> dict:
+    """``script`` run with the tiny distilled checkpoint, the domain and ``modules`` (the packages it reports
+    loaded) as its arguments, in an interpreter of its own: what it printed last, as JSON."""
     env = {**os.environ, "PYTHONPATH": str(REPO_ROOT), "OMP_WAIT_POLICY": "PASSIVE"}
     result = subprocess.run(
-        [sys.executable, "-c", SCRIPT, str(tiny_checkpoint("distilled")), DOMAIN, json.dumps(FEATURE_PACKAGES)],
+        [sys.executable, "-c", script, str(tiny_checkpoint("distilled")), DOMAIN, json.dumps(modules)],
         capture_output=True,
         text=True,
         timeout=600,
@@ -90,7 +92,11 @@ def test_a_websocket_only_server_serves_native_and_openpi_without_loading_a_feat
         cwd=REPO_ROOT,
     )
     assert result.returncode == 0, result.stderr[-3000:]
-    seen = json.loads(result.stdout.strip().splitlines()[-1])
+    return json.loads(result.stdout.strip().splitlines()[-1])
+
+
+def test_a_websocket_only_server_serves_native_and_openpi_without_loading_a_feature():
+    seen = _run_in_a_fresh_interpreter(SCRIPT, FEATURE_PACKAGES)
     assert (seen["hello"], seen["session"]) == ("metadata", "session")
     assert seen["chunk"][:2] == ["action_chunk", 1] and seen["chunk"][2][0] == 8
     assert seen["openpi_hello"] == "openpi" and seen["openpi_actions"][0] == 8
@@ -155,18 +161,8 @@ COMMAND_SCRIPT = textwrap.dedent(
 def test_the_shipped_command_with_the_sidecar_off_loads_no_sidecar_no_sglang_and_no_pydantic():
     """``cosmos3-serve --no-http`` as the command line assembles it (``cli.server_from_args``): it serves
     a robot, and its interpreter never loaded the sidecar, video jobs, SGLang's dialect or pydantic."""
-    env = {**os.environ, "PYTHONPATH": str(REPO_ROOT), "OMP_WAIT_POLICY": "PASSIVE"}
     unwanted = ("policy_server.http", "policy_server.videos", "policy_server.sglang", "pydantic", "fastapi")
-    result = subprocess.run(
-        [sys.executable, "-c", COMMAND_SCRIPT, str(tiny_checkpoint("distilled")), DOMAIN, json.dumps(unwanted)],
-        capture_output=True,
-        text=True,
-        timeout=600,
-        env=env,
-        cwd=REPO_ROOT,
-    )
-    assert result.returncode == 0, result.stderr[-3000:]
-    seen = json.loads(result.stdout.strip().splitlines()[-1])
+    seen = _run_in_a_fresh_interpreter(COMMAND_SCRIPT, unwanted)
     assert seen["chunk"] == "action_chunk" and seen["dialects"] == 0
     assert seen["loaded"] == []
 

@@ -11,6 +11,7 @@ import websockets.sync.client as ws_client
 from server_fixtures import DOMAIN
 from sidecar_fixtures import SidecarServer, engine_loader, error_of, png_b64, rgb, video_body, wait_for_job
 
+from policy_server.metadata import public_model_name
 from robot_clients.wire_codec import packb, unpackb
 
 pytestmark = pytest.mark.timeout(120)
@@ -62,7 +63,8 @@ def test_health_and_readiness_while_loading_and_after():
         assert client.get("/readyz").json() == {
             "ready": True,
             "status": "ready",
-            "model": loading.server.context.description.model,
+            # The model by its folder's name, never the server's path (policy_server.metadata).
+            "model": public_model_name(loading.server.context.description.model),
             "variant": "distilled",
         }
 
