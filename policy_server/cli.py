@@ -90,6 +90,24 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="cosmos3-serve", description="Serve a Cosmos3 policy to robots over WebSocket (native protocol v1)."
     )
+    for add_arguments in (
+        _add_model_arguments,
+        _add_sidecar_arguments,
+        _add_bounds_arguments,
+        _add_security_arguments,
+        _add_runtime_arguments,
+        _add_engine_arguments,
+        _add_ray_arguments,
+        _add_openpi_arguments,
+        _add_vla_eval_arguments,
+        _add_recording_arguments,
+    ):
+        add_arguments(parser)
+    return parser
+
+
+def _add_model_arguments(parser: argparse.ArgumentParser) -> None:
+    """The checkpoint to serve (or a tiny one) and where the WebSocket port listens (``ServerSettings``)."""
     source = parser.add_mutually_exclusive_group(required=True)
     source.add_argument("--model", help="checkpoint: a local folder or a Hub id (namespace/repo[/subfolder])")
     source.add_argument(
@@ -100,6 +118,10 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--host", default="0.0.0.0", help="interface to listen on (default: all, 0.0.0.0)")
     parser.add_argument("--port", type=int, default=8000, help="WebSocket port; 0 picks a free one (default 8000)")
+
+
+def _add_sidecar_arguments(parser: argparse.ArgumentParser) -> None:
+    """The HTTP sidecar: its port, data folder, video retention and bodies (``SidecarSettings``)."""
     http = parser.add_argument_group(
         "HTTP sidecar",
         "video jobs (/v1/videos), one-shot actions, metadata, /healthz, /readyz, /metrics, "
@@ -148,6 +170,10 @@ def build_parser() -> argparse.ArgumentParser:
         default=DEFAULT_MAX_BODY_BYTES / 2**20,
         help="largest HTTP request body, uploads included, in MiB (default 64)",
     )
+
+
+def _add_bounds_arguments(parser: argparse.ArgumentParser) -> None:
+    """What one observation, one HTTP request or one peer may cost (``ServerSettings``, ``SidecarSettings``)."""
     hardening = parser.add_argument_group(
         "request and connection bounds", "what one HTTP request or one peer may cost; see docs/security.md"
     )
@@ -226,6 +252,10 @@ def build_parser() -> argparse.ArgumentParser:
         default=DEFAULT_MAX_PENDING_HANDSHAKES_PER_PEER,
         help="the same, per IP address (default %(default)d)",
     )
+
+
+def _add_security_arguments(parser: argparse.ArgumentParser) -> None:
+    """Tokens, origins, TLS and the per-connection limits (``ServerSettings``, ``SessionLimits``)."""
     security = parser.add_argument_group("security and limits", "see docs/security.md")
     security.add_argument(
         "--tls-cert",
@@ -344,6 +374,11 @@ def build_parser() -> argparse.ArgumentParser:
         default=log_hygiene.DEFAULT_INTERVAL_S,
         help="the window of --log-repeat-burst, in seconds (default %(default)g)",
     )
+
+
+def _add_runtime_arguments(parser: argparse.ArgumentParser) -> None:
+    """The model's device, dtype and profile file, warm-up, threads, frame bounds and batching
+    (``ServerSettings``, the engine loader)."""
     parser.add_argument("--device", default=None, help="torch device, e.g. cpu, cuda, cuda:1 (default: best available)")
     parser.add_argument("--dtype", default=None, help="float32, bfloat16 or float16 (default: the device's best)")
     parser.add_argument("--profiles", default=None, help="a policy profile file overriding the checkpoint's")
@@ -393,6 +428,10 @@ def build_parser() -> argparse.ArgumentParser:
         help="prepare the next waiting observations (validation, frame resize) on a host thread while the "
         "engine runs the current batch, so it does not wait for that work between batches (default on)",
     )
+
+
+def _add_engine_arguments(parser: argparse.ArgumentParser) -> None:
+    """The engine worker: batches, turns, threads, warm-up and the watchdog (``ServerSettings``)."""
     turns = parser.add_argument_group(
         "engine turns", "how robots, HTTP clients and video jobs share the engine; see docs/security.md"
     )
@@ -418,6 +457,10 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="torch.compile the transformer's decoder layers (warm-up then compiles each shape)",
     )
+
+
+def _add_ray_arguments(parser: argparse.ArgumentParser) -> None:
+    """Replicas on Ray Serve (``RayBackendSettings``)."""
     scale = parser.add_argument_group(
         "engine backend", "where the engine runs; see docs/deployment.md (the ray backend needs the `ray` extra)"
     )
@@ -441,6 +484,10 @@ def build_parser() -> argparse.ArgumentParser:
     )
     scale.add_argument("--replica-cpus", type=float, default=1.0, help="CPUs reserved per replica (default 1)")
     parser.add_argument("--shutdown-grace", type=float, default=30.0, help="seconds to let a running inference finish")
+
+
+def _add_openpi_arguments(parser: argparse.ArgumentParser) -> None:
+    """What openpi clients cannot say for themselves (``OpenpiSettings``)."""
     openpi = parser.add_argument_group(
         "openpi endpoint",
         "openpi clients connect to ws://HOST:PORT/ or /openpi and cannot choose these themselves; unset: the model's "
@@ -466,6 +513,10 @@ def build_parser() -> argparse.ArgumentParser:
         help="also answer every chunk with the video the model predicted, `video` uint8 [T, H, W, 3], its decode "
         "time in server_timing's decode_ms (cosmos-framework's --decode-video; costs a VAE decode per chunk)",
     )
+
+
+def _add_vla_eval_arguments(parser: argparse.ArgumentParser) -> None:
+    """vla-eval's endpoints and their settings (``VlaEvalSettings``)."""
     vla_eval = parser.add_argument_group(
         "vla-eval endpoint",
         "vla-eval's harness connects to ws://HOST:PORT/v1/vla-eval; an episode_start's `settings` override these; "
@@ -499,6 +550,10 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="refuse a robot state sent to a domain that does not condition on it (default: accept it, unused)",
     )
+
+
+def _add_recording_arguments(parser: argparse.ArgumentParser) -> None:
+    """Recording sessions as LeRobot datasets (``RecordingOptions``)."""
     recording = parser.add_argument_group(
         "recording",
         "sessions recorded as LeRobot datasets, replayed on the dashboard and by cosmos3-replay; see docs/recording.md",
@@ -531,7 +586,6 @@ def build_parser() -> argparse.ArgumentParser:
         help="recordings older than this many seconds are deleted (default: kept)",
     )
     parser.add_argument("--log-level", default="info", choices=("debug", "info", "warning", "error"))
-    return parser
 
 
 def _default_data_dir() -> Path:

@@ -11,7 +11,7 @@ description of everything here; keep the two in step.
 from __future__ import annotations
 
 import enum
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -230,3 +230,51 @@ def session_updated_frame(
 def session_event_frame(session_id: str, event: str, details: Mapping[str, Any]) -> dict[str, Any]:
     """Something happened to the session on the server's side (e.g. ``replica_moved``)."""
     return {"type": SESSION_EVENT, "session_id": session_id, "event": event, **details}
+
+
+# ---------------------------------------------------------------------------------------------------
+# Observer frames: the dashboard's read-only channel (/v1/observe, JSON text; docs/dashboard.md)
+# ---------------------------------------------------------------------------------------------------
+
+OBSERVER_PROTOCOL_VERSION = 1
+OBSERVER_HELLO = "hello"
+OBSERVER_SESSIONS = "sessions"
+OBSERVER_SESSION_DETAIL = "session_detail"
+OBSERVER_SUBSCRIBED = "subscribed"
+OBSERVER_CONTROL_RESULT = "control_result"
+
+
+def observer_hello_frame(observer_id: str, fields: Mapping[str, Any]) -> dict[str, Any]:
+    """The first frame an observer gets: its id, the observer protocol's version and what it may watch and
+    do (``fields``: the model, the intervals, the controls, whether the server records)."""
+    return {
+        "type": OBSERVER_HELLO,
+        "observer_protocol_version": OBSERVER_PROTOCOL_VERSION,
+        "observer_id": observer_id,
+        **fields,
+    }
+
+
+def observer_sessions_frame(t: float, sessions: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+    """Every live session's summary at time ``t`` (Unix seconds)."""
+    return {"type": OBSERVER_SESSIONS, "t": t, "sessions": list(sessions)}
+
+
+def observer_session_detail_frame(session_id: str, t: float, fields: Mapping[str, Any]) -> dict[str, Any]:
+    """One subscribed session's detail at ``t``: summary, latest chunk, latencies, drops, camera frame."""
+    return {"type": OBSERVER_SESSION_DETAIL, "session_id": session_id, "t": t, **fields}
+
+
+def observer_error_frame(code: str, message: str, field: str | None = None) -> dict[str, Any]:
+    """A refused observer frame or control (the channel goes on)."""
+    return {"type": ERROR, "code": code, "message": message, "field": field}
+
+
+def observer_subscribed_frame(session_id: str | None) -> dict[str, Any]:
+    """The session whose detail now follows (None: none)."""
+    return {"type": OBSERVER_SUBSCRIBED, "session_id": session_id}
+
+
+def observer_control_result_frame(session_id: str, action: str, state: SessionState) -> dict[str, Any]:
+    """An operator control was applied: the session's state after it."""
+    return {"type": OBSERVER_CONTROL_RESULT, "session_id": session_id, "action": action, "state": state.value}

@@ -45,6 +45,7 @@ from websockets.asyncio.server import ServerConnection
 from websockets.exceptions import ConnectionClosed
 from websockets.http11 import Request
 
+from robot_clients import protocol
 from robot_clients.client_frames import REQUEST_SETTINGS
 from robot_clients.protocol import ProtocolError
 
@@ -59,7 +60,6 @@ from .supervisor import close_connection
 logger = logging.getLogger(__name__)
 
 OBSERVE_PATH = "/v1/observe"
-OBSERVER_PROTOCOL_VERSION = 1
 DEFAULT_INTERVAL_S = 0.25  # session_detail of the watched session
 DEFAULT_SESSIONS_INTERVAL_S = 1.0  # the sessions list (it changes at the pace of people, not of robots)
 # Observers send subscribe and control frames of a few hundred bytes, at the pace of clicks.
@@ -122,7 +122,7 @@ class SnapshotCache:
     def sessions(self, server: ServerContext[Session], now: float) -> bytes:
         if self._sessions is None or now - self._sessions[0] >= self.max_age_s:
             sessions = [session_summary(server, s, LIST_PROMPT_CHARS) for s in list(server.sessions.values())]
-            frame = {"type": "sessions", "t": time.time(), "sessions": sessions}
+            frame = protocol.observer_sessions_frame(time.time(), sessions)
             self._sessions = (now, json.dumps(frame, allow_nan=False).encode())
             live = set(server.sessions)  # forget the details of sessions that have gone
             for session_id in [k for k in self._details if k not in live]:
@@ -141,16 +141,17 @@ def session_detail(server: ServerContext[Session], session: Session) -> Detail:
     """``session``'s detail: summary (prompt up to DETAIL_PROMPT_CHARS), latest chunk, latencies, drops, and
     its latest camera frame as a JPEG."""
     telemetry = session.telemetry
-    detail: dict[str, Any] = {
-        "type": "session_detail",
-        "session_id": session.id,
-        "t": time.time(),
-        "summary": session_summary(server, session, DETAIL_PROMPT_CHARS),
-        "chunk": None,
-        "latency": [],
-        "dropped": [],
-        "frame": None,
-    }
+    detail: dict[str, Any] = protocol.observer_session_detail_frame(
+        session.id,
+        time.time(),
+        {
+            "summary": session_summary(server, session, DETAIL_PROMPT_CHARS),
+            "chunk": None,
+            "latency": [],
+            "dropped": [],
+            "frame": None,
+        },
+    )
     frame = telemetry.latest_frame if telemetry is not None else None
     if telemetry is not None:
         if telemetry.latest_actions is not None:
@@ -282,17 +283,17 @@ class ObserverSession:
 
     def _hello(self) -> dict[str, Any]:
         d = self.server.description
-        return {
-            "type": "hello",
-            "observer_protocol_version": OBSERVER_PROTOCOL_VERSION,
-            "observer_id": self.id,
-            "model": public_model_name(d.model) if d is not None else None,
-            "variant": d.variant if d is not None else None,
-            "interval_s": self.interval_s,
-            "sessions_interval_s": self.sessions_interval_s,
-            "controls": [action.value for action in ControlAction],
-            "recording": self.server.recordings is not None,
-        }
+        return protocol.observer_hello_frame(
+            self.id,
+            {
+                "model": public_model_name(d.model) if d is not None else None,
+                "variant": d.variant if d is not None else None,
+                "interval_s": self.interval_s,
+                "sessions_interval_s": self.sessions_interval_s,
+                "controls": [action.value for action in ControlAction],
+                "recording": self.server.recordings is not None,
+            },
+        )
 
     # -- frames from the observer ----------------------------------------------------------------
 
@@ -333,14 +334,14 @@ class ObserverSession:
                     "type",
                 )
         except ControlError as exc:
-            self._send({"type": "error", "code": exc.code, "message": exc.message, "field": exc.field})
+            self._send(protocol.observer_error_frame(exc.code, exc.message, exc.field))
 
     def _on_subscribe(self, frame: dict[str, Any]) -> None:
         session_id = frame.get("session_id")
         if session_id is not None and not isinstance(session_id, str):
             raise ControlError(ControlErrorCode.BAD_CONTROL, "`session_id` must be a string or null", "session_id")
         self.subscribed, self._frame_sent = session_id, None
-        self._send({"type": "subscribed", "session_id": session_id})
+        self._send(protocol.observer_subscribed_frame(session_id))
         self._wake.set()  # the detail comes at the next allowed moment, not one per subscribe
 
     def _on_control(self, frame: dict[str, Any]) -> None:
@@ -366,14 +367,7 @@ class ObserverSession:
             control.session_id,
             control.reason or "no reason given",
         )
-        self._send(
-            {
-                "type": "control_result",
-                "session_id": control.session_id,
-                "action": control.action.value,
-                "state": state.value,
-            }
-        )
+        self._send(protocol.observer_control_result_frame(control.session_id, control.action.value, state))
 
     # -- snapshots to the observer ---------------------------------------------------------------
 
