@@ -12,7 +12,8 @@ import os
 import pytest
 
 from policy_server.cli import main
-from policy_server.vla_eval.translation import MAX_MAPPING_BYTES, MappingFileError, ObservationMapping
+from policy_server.mapping_files import MAX_MAPPING_BYTES
+from policy_server.vla_eval.translation import MappingFileError, ObservationMapping
 
 pytestmark = pytest.mark.timeout(60)
 

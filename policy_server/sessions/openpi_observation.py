@@ -52,7 +52,6 @@ Pure data: no sockets, no model.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -75,6 +74,7 @@ from robot_clients.client_frames import (
 )
 from robot_clients.protocol import ErrorCode, FrameLimits, ProtocolError
 
+from ..mapping_files import load_mapping
 from ..media import (
     Alternative,
     camera_alternatives,
@@ -172,21 +172,7 @@ class CameraMapping:
         """
         if source is None:
             return cls()
-        text = str(source)
-        where = "the camera mapping"
-        if not text.lstrip().startswith("{"):
-            path = Path(text)
-            where = str(path)
-            try:
-                text = path.read_text()
-            except OSError as exc:
-                raise CameraMappingError(f"cannot read the camera mapping {path}: {exc.strerror}") from None
-        try:
-            data = json.loads(text)
-        except json.JSONDecodeError as exc:
-            raise CameraMappingError(f"{where} is not valid JSON: {exc}") from None
-        if not isinstance(data, dict):
-            raise CameraMappingError(f"{where} must be a JSON object of view point -> camera keys")
+        data, where = load_mapping(source, "the camera mapping", CameraMappingError)
         views = dict(DEFAULT_VIEWS)
         for view_point, entry in data.items():
             if view_point not in VIEW_POINTS:

@@ -67,9 +67,6 @@ settings, unless the ``episode_start`` payload carries a ``settings`` map of its
 from __future__ import annotations
 
 import enum
-import json
-import os
-import stat
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
@@ -90,6 +87,7 @@ from robot_clients.client_frames import (
 from robot_clients.protocol import CodedError, ErrorCode, FrameLimits, ProtocolError
 from robot_clients.wire_codec import WireFormatError, packb, unpackb
 
+from ..mapping_files import load_mapping
 from ..media import Alternative, camera_alternatives, side_by_side
 from ..sessions.config import SessionConfig, check_state, fixed_session_config
 
@@ -231,9 +229,8 @@ IMAGES_KEY = "images"
 PARTS = ("cameras", "state", "prompt", "unused", "observation_params")
 
 
-# A mapping is a few hundred bytes; these bound a hostile one before and after it is parsed. Its
+# These bound a mapping's parts once it is parsed (its size and depth are bounded before: mapping_files). Its
 # observation_params go into every hello, so they stay shallow enough for any msgpack reader (its limit is 512).
-MAX_MAPPING_BYTES = 64 * 1024
 MAX_MAPPING_KEYS = 64  # names in each of state, prompt and unused
 MAX_KEY_CHARS = 256
 MAX_PARAMS_DEPTH = 8
@@ -258,20 +255,7 @@ class ObservationMapping:
         """The defaults with ``source``'s parts replacing them (a path to a JSON file, or JSON text)."""
         if source is None:
             return cls()
-        text, where = str(source), "the vla-eval mapping"
-        if not text.lstrip().startswith("{"):
-            where = text
-            text = _read_mapping_file(Path(text))
-        if len(text) > MAX_MAPPING_BYTES:
-            raise MappingFileError(f"{where} is larger than {MAX_MAPPING_BYTES // 1024} KiB")
-        try:
-            data = json.loads(text)
-        except json.JSONDecodeError as exc:
-            raise MappingFileError(f"{where} is not valid JSON: {exc}") from None
-        except RecursionError:
-            raise MappingFileError(f"{where} is nested too deeply to be a mapping") from None
-        if not isinstance(data, dict):
-            raise MappingFileError(f"{where} must be a JSON object with some of {', '.join(PARTS)}")
+        data, where = load_mapping(source, "the vla-eval mapping", MappingFileError)
         unknown = sorted(set(data) - set(PARTS))
         if unknown:
             raise MappingFileError(f"{where}: unknown part {unknown[0]!r}; expected some of {', '.join(PARTS)}")
@@ -313,25 +297,6 @@ def _names(entry: Any, where: str) -> tuple[str, ...]:
     if len(entry) > MAX_MAPPING_KEYS or any(len(name) > MAX_KEY_CHARS for name in entry):
         raise MappingFileError(f"{where}: at most {MAX_MAPPING_KEYS} keys of at most {MAX_KEY_CHARS} characters")
     return tuple(entry)
-
-
-def _read_mapping_file(path: Path) -> str:
-    """A mapping file's text: a regular file (not a folder, a FIFO or a device such as /dev/zero) of at most
-    :data:`MAX_MAPPING_BYTES`, read no further than that."""
-    try:
-        descriptor = os.open(path, os.O_RDONLY | os.O_NONBLOCK)  # a FIFO would block a plain open
-        with os.fdopen(descriptor, "rb") as handle:
-            if not stat.S_ISREG(os.fstat(descriptor).st_mode):
-                raise MappingFileError(f"the vla-eval mapping {path} is not a regular file")
-            data = handle.read(MAX_MAPPING_BYTES + 1)
-    except OSError as exc:
-        raise MappingFileError(f"cannot read the vla-eval mapping {path}: {exc.strerror}") from None
-    if len(data) > MAX_MAPPING_BYTES:
-        raise MappingFileError(f"{path} is larger than {MAX_MAPPING_BYTES // 1024} KiB")
-    try:
-        return data.decode("utf-8")
-    except UnicodeDecodeError:
-        raise MappingFileError(f"{path} is not UTF-8 text") from None
 
 
 def _nests_deeper_than(value: Any, limit: int) -> bool:
