@@ -1,7 +1,7 @@
 """What ``TCP_NODELAY`` on the HTTP sidecar's sockets is worth: keep-alive latency with and without it.
 
 Two real servers (tiny model, CPU) run side by side, one whose sidecar sets ``TCP_NODELAY`` on its
-connections (the default) and one that leaves Nagle's algorithm on (``ConnectionLimits(tcp_nodelay=
+connections (the default) and one that leaves Nagle's algorithm on (``SidecarConnectionLimits(tcp_nodelay=
 False)``, what the sidecar did before). One keep-alive ``http.client`` connection to each (which sets
 ``TCP_NODELAY`` on its own side, as most clients do), requests alternating between the two so that both
 see the same machine load:
@@ -39,7 +39,7 @@ import numpy as np  # noqa: E402
 from server_fixtures import DOMAIN, ServerThread, tiny_engine_loader  # noqa: E402
 
 import policy_server  # noqa: E402,F401  (first: sets OMP_WAIT_POLICY=PASSIVE before torch loads)
-from policy_server.sidecar_settings import ConnectionLimits, SidecarSettings  # noqa: E402
+from policy_server.sidecar_settings import SidecarConnectionLimits, SidecarSettings  # noqa: E402
 
 
 def _png_b64(size: int) -> str:
@@ -51,7 +51,7 @@ def _png_b64(size: int) -> str:
 
 
 def _server(nodelay: bool, data_dir: str) -> ServerThread:
-    http = SidecarSettings(data_dir=Path(data_dir), port=0, connections=ConnectionLimits(tcp_nodelay=nodelay))
+    http = SidecarSettings(data_dir=Path(data_dir), port=0, connections=SidecarConnectionLimits(tcp_nodelay=nodelay))
     return ServerThread(tiny_engine_loader(), http=http, warmup=False, max_batch=1)
 
 

@@ -35,6 +35,7 @@ from robot_clients.wire_codec import FRAME_MAX_DEPTH, FRAME_MAX_VALUES
 
 from . import log_hygiene
 from .auth import OriginConfigError, OriginPolicy, TokenConfigError, TokenSet
+from .camera_intake import DEFAULT_MAX_DECODED_BYTES, MAX_SIDE_PER_CANVAS_SIDE
 from .connection_limits import (
     DEFAULT_HANDSHAKE_TIMEOUT_S,
     DEFAULT_MAX_PENDING_HANDSHAKES,
@@ -43,8 +44,6 @@ from .connection_limits import (
 from .engine.backend import BackendFactory
 from .engine.watchdog import DEFAULT_ENGINE_TIMEOUT_S
 from .engine.worker import DEFAULT_VIDEO_STEP_INTERVAL_S, ActionEngine
-from .media import DEFAULT_MAX_DECODED_BYTES, MAX_SIDE_PER_CANVAS_SIDE
-from .routes import NO_ENDPOINTS
 from .server import PolicyServer
 from .server_settings import DEFAULT_MAX_MESSAGE_BYTES, DEFAULT_MAX_OBSERVERS, ServerSettings
 from .sessions.observation_rules import DEFAULT_BURST, DEFAULT_MAX_OBSERVATION_HZ, RateLimit
@@ -67,11 +66,12 @@ from .sidecar_settings import (
     DEFAULT_MAX_CONNECTIONS_PER_PEER,
     DEFAULT_MAX_IN_FLIGHT,
     DEFAULT_MAX_JSON_VALUES,
-    ConnectionLimits,
     RetentionPolicy,
+    SidecarConnectionLimits,
     SidecarSettings,
 )
 from .vla_eval import ChunkPlan, MappingFileError, ObservationMapping, VlaEvalSettings
+from .websocket_routes import NO_ENDPOINTS
 
 if TYPE_CHECKING:
     from .http.sidecar import HttpSidecar
@@ -659,7 +659,7 @@ def _sidecar_settings(args: argparse.Namespace) -> SidecarSettings | None:
         max_decoded_bytes=int(args.max_decoded_mib * 2**20),
         max_json_values=max(1, args.max_json_values),
         max_buffered_body_bytes=int(args.http_max_buffered_mib * 2**20),
-        connections=ConnectionLimits(
+        connections=SidecarConnectionLimits(
             header_timeout_s=max(0.0, args.http_header_timeout_s),
             body_timeout_s=max(0.0, args.http_body_timeout_s),
             max_connections=max(1, args.http_max_connections),
@@ -833,7 +833,7 @@ def _server_settings(args: argparse.Namespace) -> ServerSettings:
         max_pending_handshakes=max(1, args.max_pending_handshakes),
         max_pending_handshakes_per_peer=max(1, args.max_pending_handshakes_per_peer),
         max_observers=max(1, args.max_observers),
-        connection_limits=SessionLimits(
+        session_limits=SessionLimits(
             max_outbox_frames=max(1, args.max_outbox_frames),
             max_outbox_bytes=int(args.max_outbox_mib * 2**20),
             reply_timeout_s=max(0.0, args.reply_timeout_s),

@@ -81,7 +81,7 @@ class ServerContext(Generic[SessionT]):
         self.sessions: Mapping[str, SessionT] = MappingProxyType(self._sessions)
         self.observers: dict[str, Supervised] = {}
         self.supervisor = ConnectionSupervisor(
-            lambda: [*self._sessions.values(), *self.observers.values()], settings.connection_limits
+            lambda: [*self._sessions.values(), *self.observers.values()], settings.session_limits
         )
         self._closed_sessions_dropped = 0
         # Observations whose robot state the served domain does not use, by protocol (`/metrics`).

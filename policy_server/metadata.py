@@ -25,8 +25,8 @@ from cosmos3_runtime.description import ModelDescription
 from robot_clients import protocol
 from robot_clients.client_frames import SettingChannel, settings_of
 
+from .camera_intake import ENCODED_FORMATS
 from .context import ServerContext
-from .media import ENCODED_FORMATS
 from .sessions.config import STATE_PROFILE_FIELDS, SessionConfig
 from .sessions.openpi_observation import ALL_STATE_KEYS, CameraMapping
 
@@ -62,9 +62,9 @@ def native_metadata(host: ServerContext[Any], session_id: str) -> dict[str, Any]
     rate = settings.observation_rate
     limits["max_observations_per_s"] = rate.rate_hz if rate.enabled else None
     limits["observation_burst"] = rate.burst if rate.enabled else None
-    connection_limits = settings.connection_limits
-    limits["reply_timeout_s"] = connection_limits.reply_timeout_s or None
-    limits["idle_timeout_s"] = connection_limits.idle_timeout_s or None
+    session_limits = settings.session_limits
+    limits["reply_timeout_s"] = session_limits.reply_timeout_s or None
+    limits["idle_timeout_s"] = session_limits.idle_timeout_s or None
     limits["max_session_ids"] = settings.policy_sessions.max_per_connection  # `session_id`s per connection
     limits["session_id_idle_timeout_s"] = settings.policy_sessions.idle_timeout_s or None
     return protocol.metadata_frame(

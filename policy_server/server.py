@@ -36,6 +36,7 @@ from robot_clients import protocol
 from robot_clients.protocol import REALTIME_PATH, DropReason
 
 from .auth import CHALLENGE, bearer_subprotocol, is_open_path
+from .camera_intake import served_frame_limits
 from .connection_limits import ACCEPT_BURST, PeerCounter, handshake_limited_connection
 from .context import ServerContext
 from .dashboard_files import CONFIG_NAME, DASHBOARD_HEADERS, DASHBOARD_PATH, dashboard_asset, dashboard_config
@@ -44,15 +45,14 @@ from .engine.request_queue import PendingObservation, RequestQueue
 from .engine.watchdog import EngineWatchdog
 from .engine.worker import ActionEngine, BackgroundShare, BatchPolicy, EngineWorker
 from .log_hygiene import printable
-from .media import served_frame_limits
 from .metadata import SERVER_NAME, health
-from .routes import NO_ENDPOINTS, EdgeEndpoints, Route, check_endpoints, path_of, route
 from .server_settings import ServerSettings
 from .sessions.base import Session
-from .sessions.native import Dialect, RealtimeSession
+from .sessions.native import Dialect, NativeSession
 from .sessions.observer import DEFAULT_INTERVAL_S, OBSERVER_MAX_MESSAGE_BYTES, ObserverSession, SnapshotCache, authorize
 from .sessions.openpi import OpenpiSession
 from .sessions.supervisor import MAX_QUEUED_FRAMES, SOCKET_SEND_BUFFER_BYTES, WRITE_LIMIT_BYTES, close_connection
+from .websocket_routes import NO_ENDPOINTS, EdgeEndpoints, Route, check_endpoints, path_of, route
 
 __all__ = ["PolicyServer", "ServerFeature"]
 
@@ -254,7 +254,7 @@ class PolicyServer:
         if self._ws_server is not None:
             # Each connection closed by us first: websockets' own close() waits forever for a client that
             # does not read (its write buffer never drains); close_connection drops it after a grace.
-            grace = self.settings.connection_limits.close_grace_s
+            grace = self.settings.session_limits.close_grace_s
             await asyncio.gather(
                 *(close_connection(c, 1001, "server shutting down", grace) for c in self._ws_server.connections)
             )
@@ -408,12 +408,12 @@ class PolicyServer:
         elif kind is Route.EDGE_SESSION:
             session = self.endpoints.sessions[path_of(target)].session(connection, context)
         else:
-            session = RealtimeSession(connection, context, self.dialects)
+            session = NativeSession(connection, context, self.dialects)
         context.register(session)
         logger.info("session %s opened from %s", session.id, connection.remote_address)
         try:
             await session.run()
-            if isinstance(session, RealtimeSession) and session.handover is not None:  # its first frame chose it
+            if isinstance(session, NativeSession) and session.handover is not None:  # its first frame chose it
                 context.unregister(session)
                 dialect, first = session.handover
                 session = dialect.session(connection, context, session.id, first, session.last_observation_at)

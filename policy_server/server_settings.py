@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .auth import TokenSet
+from .camera_intake import DEFAULT_MAX_DECODED_BYTES
 from .connection_limits import (
     DEFAULT_HANDSHAKE_TIMEOUT_S,
     DEFAULT_MAX_PENDING_HANDSHAKES,
@@ -18,7 +19,6 @@ from .connection_limits import (
 )
 from .engine.watchdog import DEFAULT_ENGINE_TIMEOUT_S
 from .engine.worker import DEFAULT_VIDEO_STEP_INTERVAL_S
-from .media import DEFAULT_MAX_DECODED_BYTES
 from .sessions.observation_rules import RateLimit
 from .sessions.openpi_observation import OpenpiSettings
 from .sessions.policy_sessions import PolicySessionLimits
@@ -45,7 +45,7 @@ class ServerSettings:
     # What one msgpack frame may hold (elements, nesting), counted before anything is built (sessions.wire_intake).
     frame_budget: FrameBudget = field(default_factory=FrameBudget)
     # Pixels one observation may decode to, and the longest frame side accepted (None: twice the largest
-    # canvas side the model serves): the one media check (policy_server.media).
+    # canvas side the model serves): the one media check (policy_server.camera_intake).
     max_decoded_bytes: int | None = DEFAULT_MAX_DECODED_BYTES
     max_image_side: int | None = None
     torch_threads: int | None = None
@@ -86,7 +86,7 @@ class ServerSettings:
     # While robots wait, a video rollout still gets one denoising step this often (BackgroundShare); 0: never.
     video_step_interval_s: float = DEFAULT_VIDEO_STEP_INTERVAL_S
     # Outbox bounds, reply and idle timeouts of every connection (policy_server.sessions.supervisor).
-    connection_limits: SessionLimits = field(default_factory=SessionLimits)
+    session_limits: SessionLimits = field(default_factory=SessionLimits)
     # Observer channels (/v1/observe) open at once; more are refused at the handshake with 503.
     max_observers: int = DEFAULT_MAX_OBSERVERS
     # Frames per second an observer may send (subscribe, control); beyond, they are answered `rate_limited`.

@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .media import DEFAULT_MAX_DECODED_BYTES
+from .camera_intake import DEFAULT_MAX_DECODED_BYTES
 
 # A 65-frame 256x256 clip as JSON nested lists is ~40 MB; as msgpack or an MP4 upload far less. 64 MiB
 # bounds what one request can make the server buffer.
@@ -35,7 +35,7 @@ MAX_HEADER_BYTES = 64 * 1024
 
 
 @dataclass(frozen=True)
-class ConnectionLimits:
+class SidecarConnectionLimits:
     """Deadlines and caps of the sidecar's connections (flags in ``docs/security.md``)."""
 
     header_timeout_s: float = DEFAULT_HEADER_TIMEOUT_S
@@ -71,6 +71,6 @@ class SidecarSettings:
     max_decoded_bytes: int = DEFAULT_MAX_DECODED_BYTES
     max_json_values: int = DEFAULT_MAX_JSON_VALUES
     # Header and body deadlines, connection caps, TCP_NODELAY (http/connections.py).
-    connections: ConnectionLimits = field(default_factory=ConnectionLimits)
+    connections: SidecarConnectionLimits = field(default_factory=SidecarConnectionLimits)
     # Body bytes all requests together may hold while they are read and parsed (http/bodies.py's BodyBudget).
     max_buffered_body_bytes: int = DEFAULT_MAX_BUFFERED_BODY_BYTES

@@ -14,9 +14,9 @@ import pytest
 from sglang_fixtures import base, distilled  # noqa: F401 - fixtures
 from sidecar_fixtures import png_b64, rgb
 
+from policy_server.camera_intake import model_frame_limits
 from policy_server.http.errors import ApiError, HttpErrorCode
 from policy_server.http.requests import VIDEO_SETTINGS, action_request, actions_payload, video_submission
-from policy_server.media import model_frame_limits
 from robot_clients.protocol import ErrorCode, FrameLimits
 
 DOMAIN = "bridge_orig_lerobot"  # raw_action_dim 10 in the tiny checkpoints

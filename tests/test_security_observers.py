@@ -37,7 +37,7 @@ MAX_FRAMES = 64
 def server():
     limits = SessionLimits(max_outbox_frames=MAX_FRAMES, reply_timeout_s=3.0, idle_timeout_s=0, close_grace_s=30)
     with ServerThread(
-        tiny_engine_loader("distilled"), warmup=False, max_observers=MAX_OBSERVERS, connection_limits=limits
+        tiny_engine_loader("distilled"), warmup=False, max_observers=MAX_OBSERVERS, session_limits=limits
     ) as running:
         yield running
 

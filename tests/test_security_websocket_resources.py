@@ -57,7 +57,7 @@ def strict():
     with ServerThread(
         tiny_engine_loader("distilled"),
         warmup=False,
-        connection_limits=limits,
+        session_limits=limits,
         observation_rate=RateLimit(0),
         ping_interval=PING_INTERVAL_S,
         ping_timeout=PING_TIMEOUT_S,
@@ -208,7 +208,7 @@ def patient():
     """A roomy outbox and a long reply timeout: a robot may fall behind for a while."""
     limits = SessionLimits(max_outbox_frames=100_000, max_outbox_bytes=64 * 2**20, reply_timeout_s=60, idle_timeout_s=0)
     with ServerThread(
-        tiny_engine_loader("distilled"), warmup=False, connection_limits=limits, observation_rate=RateLimit(0)
+        tiny_engine_loader("distilled"), warmup=False, session_limits=limits, observation_rate=RateLimit(0)
     ) as server:
         yield server
 
@@ -264,9 +264,7 @@ IDLE_S = 2.0
 @pytest.fixture(scope="module")
 def idle_limited():
     limits = SessionLimits(idle_timeout_s=IDLE_S)
-    with ServerThread(
-        tiny_engine_loader("distilled"), warmup=False, connection_limits=limits, max_sessions=2
-    ) as server:
+    with ServerThread(tiny_engine_loader("distilled"), warmup=False, session_limits=limits, max_sessions=2) as server:
         yield server
 
 
@@ -314,7 +312,7 @@ async def test_shutdown_does_not_wait_forever_for_a_client_that_does_not_read():
     """websockets' own close() waits for the write buffer to drain, which never happens here."""
     limits = SessionLimits(reply_timeout_s=0, idle_timeout_s=0, close_grace_s=1)  # shutdown on its own
     server = ServerThread(
-        tiny_engine_loader("distilled"), warmup=False, connection_limits=limits, ping_interval=None
+        tiny_engine_loader("distilled"), warmup=False, session_limits=limits, ping_interval=None
     ).start()
     try:
         ws, session_id = await open_unread(server)

@@ -23,7 +23,7 @@ from server_fixtures import DOMAIN, ServerProcess, http_get, tiny_checkpoint
 from sidecar_fixtures import SidecarServer, engine_loader, png_b64, rgb
 from websockets.asyncio.client import connect
 
-from policy_server.sidecar_settings import ConnectionLimits
+from policy_server.sidecar_settings import SidecarConnectionLimits
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -76,7 +76,7 @@ async def _robot_connects(url: str) -> None:
 @pytest.fixture(scope="module")
 def server():
     running = SidecarServer(engine_loader())
-    running.http.connections = ConnectionLimits(
+    running.http.connections = SidecarConnectionLimits(
         header_timeout_s=1.0, body_timeout_s=1.0, max_connections=24, max_connections_per_peer=8
     )
     running.http.max_buffered_body_bytes = 8 * 2**20
@@ -146,7 +146,7 @@ def test_bodies_held_together_are_bounded_and_let_go_at_the_body_deadline():
     a second upload that would pass it is answered 503 server_busy at once; the first, stalled, is cut
     off at its deadline and its bytes are let go, so the next request gets through."""
     running = SidecarServer(engine_loader(), max_body_bytes=7 * 2**20)
-    running.http.connections = ConnectionLimits(body_timeout_s=6.0)
+    running.http.connections = SidecarConnectionLimits(body_timeout_s=6.0)
     running.http.max_buffered_body_bytes = 8 * 2**20
     with running:
         port, budget = _sidecar_port(running), running.sidecar.body_budget

@@ -33,7 +33,7 @@ from http import HTTPStatus
 from typing import Any
 
 from ..connection_limits import PeerCounter, peer_address
-from ..sidecar_settings import ConnectionLimits
+from ..sidecar_settings import SidecarConnectionLimits
 from .errors import HttpErrorCode
 
 logger = logging.getLogger(__name__)
@@ -62,7 +62,10 @@ def set_nodelay(transport: asyncio.BaseTransport) -> None:
 
 
 def guarded_protocol(
-    base: type, limits: ConnectionLimits, counter: PeerCounter, on_refused: Callable[[str], None] = lambda code: None
+    base: type,
+    limits: SidecarConnectionLimits,
+    counter: PeerCounter,
+    on_refused: Callable[[str], None] = lambda code: None,
 ) -> type:
     """A subclass of uvicorn's HTTP protocol class ``base`` with the deadlines and caps of ``limits``.
 

@@ -28,7 +28,7 @@ from cosmos3_runtime.requests import ActionRequest
 from robot_clients.client_frames import REQUEST_SETTINGS, ObservationFrame, SettingChannel, parse_state
 from robot_clients.protocol import ErrorCode, FrameLimits, ProtocolError
 
-from ..media import DEFAULT_MAX_DECODED_BYTES, model_frame_limits
+from ..camera_intake import DEFAULT_MAX_DECODED_BYTES, model_frame_limits
 from ..metadata import public_model_name
 from ..sessions.config import check_settings, merge_session_config
 from ..sglang.actions import (

@@ -51,13 +51,13 @@ from ..connection_limits import ACCEPT_BURST, PeerCounter, capped_to_descriptors
 from ..context import ServerContext
 from ..dashboard_files import CONFIG_NAME, DASHBOARD_HEADERS, DASHBOARD_PATH, dashboard_asset, dashboard_config
 from ..metrics import ServerMetrics, ServerStateReaders
-from ..sidecar_settings import ConnectionLimits, SidecarSettings
+from ..sidecar_settings import SidecarConnectionLimits, SidecarSettings
 from ..videos.job_store import VideoJobStatus, VideoJobStore
 from ..videos.runner import VideoJobRunner
 from .bodies import BodyBudget, content_length
 from .connections import guarded_protocol
-from .context import SidecarParts
 from .errors import ApiError, HttpErrorCode
+from .parts import SidecarParts
 from .routes import actions, metadata, recordings, videos
 from .turns import InFlightLimit
 
@@ -258,7 +258,7 @@ class UvicornServing:
         app: Any,
         sock: socket.socket,
         *,
-        limits: ConnectionLimits,
+        limits: SidecarConnectionLimits,
         counter: PeerCounter,
         on_refused: Callable[[str], None],
         tls: ssl.SSLContext | None = None,

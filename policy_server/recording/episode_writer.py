@@ -33,7 +33,7 @@ import pyarrow as pa
 from robot_clients.client_frames import REQUEST_SETTINGS
 
 from .. import durable_files
-from ..media import side_by_side
+from ..camera_intake import side_by_side
 from ..videos.encoding import encode_mp4
 from .assembly import MIN_SEGMENT_FRAMES
 from .events import EpisodeStart, ObservationRecord, RowOutcome

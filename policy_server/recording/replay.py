@@ -39,8 +39,8 @@ import pyarrow.parquet as pq
 from cosmos3_runtime.requests import ActionRequest
 from robot_clients.client_frames import REQUEST_SETTINGS
 
+from ..camera_intake import side_by_side
 from ..durable_files import read_lines
-from ..media import side_by_side
 from .assembly import column_values
 from .episode_writer import REQUEST_FIELDS
 from .lerobot_format import (

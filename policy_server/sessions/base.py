@@ -36,9 +36,9 @@ from cosmos3_runtime.requests import ActionRequest
 from robot_clients.client_frames import ObservationFrame
 from robot_clients.protocol import DropReason, ErrorCode, ProtocolError, SessionState
 
+from ..camera_intake import DecodeSlot
 from ..context import ServerContext
 from ..engine.request_queue import EngineOutcome, PendingObservation, QueueClosed
-from ..media import DecodeSlot
 from .config import SessionConfig
 from .controls import ControlError, ControlErrorCode, OperatorControl
 from .listener import AcceptedObservation, SessionListener, SessionTelemetry
@@ -57,7 +57,7 @@ Payload = bytes | str
 
 
 class Session:
-    """One robot connection. Subclasses: :class:`~.native.RealtimeSession`, :class:`~.openpi.OpenpiSession`."""
+    """One robot connection. Subclasses: :class:`~.native.NativeSession`, :class:`~.openpi.OpenpiSession`."""
 
     protocol: ClassVar[str] = "native"  # what observers show
     request_kind: str = "realtime"  # the metrics label of its observations (native and openpi alike)
@@ -82,7 +82,7 @@ class Session:
         self.context = context
         self.config: SessionConfig | None = None
         self.rules = ObservationRules()
-        self.outbox: Outbox = context.settings.connection_limits.outbox() if parent is None else parent.outbox
+        self.outbox: Outbox = context.settings.session_limits.outbox() if parent is None else parent.outbox
         self.rate: TokenBucket = context.settings.observation_rate.bucket() if parent is None else parent.rate
         # The connection's named policy sessions (:mod:`.policy_sessions`); a policy session has none.
         self.policy_sessions: PolicySessionTable[Session] = PolicySessionTable(context.settings.policy_sessions)
@@ -253,7 +253,7 @@ class Session:
         """The one step every observation takes from its parsed frame to its admission (``admit``: rate,
         seq, queue). ``decode`` (its encoded camera frames to pixels, headers already checked) runs on the
         decode pool, never here; an observation with nothing to decode is admitted at once unless one is
-        still decoding ahead of it (:class:`~policy_server.media.DecodeSlot`: latest wins, order kept)."""
+        still decoding ahead of it (:class:`~policy_server.camera_intake.DecodeSlot`: latest wins, order kept)."""
         if decode is None and not self.decoding.busy:
             admit(observation, received_at)
             return

@@ -25,8 +25,8 @@ from cosmos3_runtime.requests import SETTING_NAMES, ActionRequest, ActionResult
 from robot_clients.client_frames import REQUEST_SETTINGS, ObservationFrame
 from robot_clients.protocol import ErrorCode, ProtocolError
 
+from ..camera_intake import compose_named
 from ..engine.request_queue import engine_error_code
-from ..media import compose_named
 
 # The settings an engine request carries as the session holds them (the table's recorded ones: those the
 # model uses), less the two resolved for each observation.
@@ -79,7 +79,7 @@ class SessionConfig:
         The mode, when unset, follows the media (a ``video`` asks for ``inverse_dynamics``). What the
         server can judge about the media against the settings is checked here, so that it is refused
         with the same codes as a bad ``configure``; the engine checks again. Named ``images`` are
-        composed into one frame per the view point: :mod:`policy_server.media`.
+        composed into one frame per the view point: :mod:`policy_server.camera_intake`.
         """
         mode = self.action_mode or ("inverse_dynamics" if obs.video is not None else "policy")
         assert mode in ("policy", "inverse_dynamics"), "merge_session_config admits only the realtime modes"

@@ -4,7 +4,7 @@ An operator (the dashboard, through the observer channel) acts on a robot's sess
 the robot with a ``session_state`` or ``session_updated`` frame, and the robot's client honours it
 (``robot_clients`` holds position while paused). This module is pure data: the session states, the
 typed control an operator sends, its parsing (raising :class:`ControlError` with a stable code), and the
-frames the robot receives. :class:`~policy_server.sessions.native.RealtimeSession` applies controls;
+frames the robot receives. :class:`~policy_server.sessions.native.NativeSession` applies controls;
 ``docs/protocol.md`` ("Operator controls") is the user-facing description.
 """
 

@@ -1,6 +1,6 @@
 """One robot's connection to ``/v1/actions/realtime``: where a request enters and where actions leave.
 
-A :class:`RealtimeSession` lives as long as its WebSocket. It sends ``metadata``, then reads frames in a
+A :class:`NativeSession` lives as long as its WebSocket. It sends ``metadata``, then reads frames in a
 loop: each is decoded with the shared wire codec, parsed by :mod:`robot_clients.client_frames`, and either
 answered at once (``configure``, ``cancel``, ``reset``, errors) or put in the server's request queue as
 an observation. What every robot connection shares (the outbox and its sender task, the in-flight
@@ -19,7 +19,7 @@ An observation naming a ``session_id`` belongs to that policy session of the con
 (``action_chunk``, ``dropped``, ``error``) carries the same ``session_id``. ``cancel`` and ``reset`` name
 one the same way; ``configure`` sets the connection's settings, which its policy sessions follow.
 
-Operators act on a session through the observer channel (:meth:`RealtimeSession.apply_control`): a
+Operators act on a session through the observer channel (:meth:`NativeSession.apply_control`): a
 paused session answers observations ``dropped`` (``paused``), a stopped one is closed. What the session
 did is recorded in its :class:`~policy_server.sessions.listener.SessionTelemetry` for observers.
 
@@ -28,7 +28,7 @@ the robots' path: SGLang's lock-step clients (a first frame without ``type``,
 ``policy_server.sglang.lockstep_session``). Whoever assembles the server (``policy_server.cli``) hands
 it the dialects it serves; the core names none of them. A client that must not be greeted with the
 native ``metadata`` frame (one that speaks first and reads only its own frames) gets a path of its own
-instead (:class:`policy_server.routes.SessionEndpoint`).
+instead (:class:`policy_server.websocket_routes.SessionEndpoint`).
 
 The contract of a :class:`Dialect`:
 
@@ -70,9 +70,9 @@ from robot_clients.protocol import (
 )
 from robot_clients.wire_codec import WireFormatError, packb
 
+from ..camera_intake import canvas_side, native_decode
 from ..context import ServerContext
 from ..engine.request_queue import EngineOutcome, PendingObservation
-from ..media import canvas_side, native_decode
 from ..metadata import native_metadata
 from .base import Session
 from .config import chunk_report, merge_session_config, observation_request
@@ -120,7 +120,7 @@ class Dialect(Protocol):
         ...
 
 
-class RealtimeSession(Session):
+class NativeSession(Session):
     """The native protocol: configure, observations with seqs, cancel, reset, operator controls."""
 
     protocol = "native"
@@ -155,8 +155,8 @@ class RealtimeSession(Session):
 
     # -- replies ---------------------------------------------------------------------------------------
 
-    def spawn(self, name: str) -> RealtimeSession:
-        return RealtimeSession(self.connection, self.context, parent=self, name=name)
+    def spawn(self, name: str) -> NativeSession:
+        return NativeSession(self.connection, self.context, parent=self, name=name)
 
     def _named(self, frame: dict[str, Any]) -> dict[str, Any]:
         """``frame`` with this policy session's ``session_id``, when it has one."""
@@ -211,7 +211,7 @@ class RealtimeSession(Session):
             if target is self:
                 self.observe_native(frame, received_at)
             else:
-                assert isinstance(target, RealtimeSession)
+                assert isinstance(target, NativeSession)
                 target._guard(frame.seq, target.observe_native, frame, received_at)
         elif isinstance(frame, client_frames.ConfigureFrame):
             self._on_configure(frame)
@@ -291,7 +291,7 @@ class RealtimeSession(Session):
         """Whether operators let this session's observations through: its own state, or its connection's
         when an operator paused or stopped the whole connection (every environment it drives holds)."""
         parent = self.parent
-        if isinstance(parent, RealtimeSession) and parent.state is not SessionState.RUNNING:
+        if isinstance(parent, NativeSession) and parent.state is not SessionState.RUNNING:
             return parent.state
         return self.state
 
@@ -346,7 +346,7 @@ class RealtimeSession(Session):
             self.connection,
             STOPPED_CLOSE_CODE,
             STOPPED_CLOSE_REASON,
-            self.context.settings.connection_limits.close_grace_s,
+            self.context.settings.session_limits.close_grace_s,
         )
 
     # -- the chunk ------------------------------------------------------------------------------------

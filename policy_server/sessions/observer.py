@@ -240,7 +240,7 @@ class ObserverSession:
         self.interval_s = interval_s
         self.sessions_interval_s = sessions_interval_s
         self.subscribed: str | None = None
-        self.outbox = server.settings.connection_limits.outbox()
+        self.outbox = server.settings.session_limits.outbox()
         self.rate = server.settings.observer_frame_rate.bucket()
         self._frame_sent: tuple[str, int] | None = None  # (session, seq) of the camera frame last sent
         self._wake = asyncio.Event()
@@ -399,7 +399,7 @@ class ObserverSession:
             logger.exception("%s: snapshot failed; closing the observer", self.id)
             self.outbox.close()
             await close_connection(
-                self.connection, 1011, "observer snapshot failed", self.server.settings.connection_limits.close_grace_s
+                self.connection, 1011, "observer snapshot failed", self.server.settings.session_limits.close_grace_s
             )
 
     def _send_detail(self, session: Session, now: float) -> None:

@@ -44,10 +44,10 @@ from robot_clients.client_frames import ObservationFrame, parse_session_id
 from robot_clients.protocol import SESSION_ID, CodedError, DropReason, ErrorCode, ProtocolError
 from robot_clients.wire_codec import WireFormatError, packb
 
+from ..camera_intake import canvas_side
 from ..context import ServerContext
 from ..engine.request_queue import EngineOutcome, PendingObservation
 from ..log_hygiene import printable
-from ..media import canvas_side
 from ..metadata import openpi_metadata
 from .base import Session
 from .config import SessionConfig, observation_request

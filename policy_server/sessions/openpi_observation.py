@@ -36,7 +36,7 @@ Which cameras are used comes from a :class:`CameraMapping`: for each view point,
 tried in order; an alternative is one camera key, or a list of keys composed side by side (left to
 right, each resized to the first one's height; RoboArena's three DROID cameras, as the alternative
 :data:`ROBOARENA_CAMERAS`, are laid out as NVIDIA's cosmos-framework server lays them out instead: the
-wrist camera on top, the two exteriors at half size side by side below, :func:`~policy_server.media.
+wrist camera on top, the two exteriors at half size side by side below, :func:`~policy_server.camera_intake.
 wrist_over_exteriors`). The first alternative whose cameras are all present wins, so one mapping serves
 every convention. The session's view point (the ``--openpi-view-point``
 flag, else the domain's profile) picks the list. An operator overrides entries with a JSON file or
@@ -74,8 +74,7 @@ from robot_clients.client_frames import (
 )
 from robot_clients.protocol import ErrorCode, FrameLimits, ProtocolError
 
-from ..mapping_files import load_mapping
-from ..media import (
+from ..camera_intake import (
     Alternative,
     camera_alternatives,
     check_cameras,
@@ -83,6 +82,7 @@ from ..media import (
     side_by_side,
     wrist_over_exteriors,
 )
+from ..mapping_files import load_mapping
 from .config import SessionConfig, check_state, fixed_session_config
 
 # The conventions in use, for detection (logs, metadata) and for the docs; the mapping does the work.

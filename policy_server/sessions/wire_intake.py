@@ -27,7 +27,7 @@ from robot_clients.wire_codec import (
     unpackb,
 )
 
-from ..media import decode_pool
+from ..camera_intake import decode_pool
 
 # A frame of this many bytes or more is decoded on a thread: building it copies its bytes.
 OFF_LOOP_BYTES = 256 * 1024

@@ -26,7 +26,7 @@ The rules of the exchange, as vla-eval's client expects them:
 vla-eval frames, so it cannot share the robots' path as a first-frame dialect (the native session greets
 every connection there with its ``metadata`` frame): its sessions get ``/v1/vla-eval``
 (:class:`VlaEvalSession`). ``policy_server.cli.assemble_server`` hands these to the server
-(:class:`policy_server.routes.EdgeEndpoints`) unless ``--no-vla-eval``.
+(:class:`policy_server.websocket_routes.EdgeEndpoints`) unless ``--no-vla-eval``.
 
 The control plane: vla-eval's own model servers answer ``GET /health`` with ``200 {"status": "ok"}`` once
 they can serve (its tooling uses it as the readiness probe), and ``GET /config`` with their configuration
@@ -52,15 +52,15 @@ from websockets.asyncio.server import ServerConnection
 from robot_clients.client_frames import ObservationFrame
 from robot_clients.protocol import DropReason, ErrorCode, ProtocolError
 
+from ..camera_intake import check_cameras, decoded_image
 from ..context import ServerContext
 from ..engine.request_queue import EngineOutcome, PendingObservation
 from ..log_hygiene import printable
-from ..media import check_cameras, decoded_image
 from ..metadata import public_model_name
-from ..routes import EdgeEndpoints, HttpEndpoint, SessionEndpoint
 from ..sessions.base import Session
 from ..sessions.config import SessionConfig, observation_request
 from ..sessions.observation_rules import ChunkReply, Drop
+from ..websocket_routes import EdgeEndpoints, HttpEndpoint, SessionEndpoint
 from .translation import (
     IMAGES_KEY,
     PROTOCOL_VERSION,

@@ -30,8 +30,8 @@ from .. import codecs as http_codecs
 from .. import requests as http_requests
 from .. import turns as http_turns
 from ..bodies import ERROR_RESPONSES, body_schema, read_fields
-from ..context import SidecarParts
 from ..errors import ApiError, HttpErrorCode
+from ..parts import SidecarParts
 from ..requests import ACTION_UPLOADS, sglang_envelope, sglang_requests
 from ..schemas import (
     ActionArray,

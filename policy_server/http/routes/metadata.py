@@ -20,7 +20,7 @@ from ...sglang.lockstep_session import sglang_keys
 from ...sidecar_settings import SidecarSettings
 from ...videos.encoding import MP4_MEDIA_TYPE
 from .. import codecs as http_codecs
-from ..context import SidecarParts
+from ..parts import SidecarParts
 from ..schemas import ActionMetadata, ErrorResponse, Health, Readiness
 
 

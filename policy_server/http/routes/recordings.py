@@ -39,8 +39,8 @@ from robot_clients.protocol import ErrorCode
 
 from ...sessions.listener import encode_preview
 from ...sessions.observation_rules import TokenBucket
-from ..context import SidecarParts
 from ..errors import ApiError, HttpErrorCode
+from ..parts import SidecarParts
 from ..turns import client_identity
 
 # Frames of one page: each is a JPEG of at most 320 px a side, ~10-30 KB in base64.

@@ -24,8 +24,8 @@ from ...videos.job_store import JobNotFound, StorageFull, VideoJob, VideoJobStat
 from .. import codecs as http_codecs
 from .. import requests as http_requests
 from ..bodies import ERROR_RESPONSES, body_schema, read_fields
-from ..context import SidecarParts
 from ..errors import ApiError, HttpErrorCode
+from ..parts import SidecarParts
 from ..schemas import (
     ErrorDetail,
     ErrorResponse,

@@ -9,8 +9,8 @@ from typing import Any
 from cosmos3_runtime.description import ModelDescription
 from robot_clients.protocol import FrameLimits
 
+from ..camera_intake import model_frame_limits
 from ..context import ServerContext
-from ..media import model_frame_limits
 from ..metrics import ServerMetrics
 from ..sidecar_settings import SidecarSettings
 from ..videos.job_store import VideoJobStore

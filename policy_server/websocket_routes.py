@@ -6,7 +6,7 @@ path                   served by
 ``/healthz``           plain HTTP: the health body (:func:`policy_server.metadata.health`)
 ``/dashboard/...``     plain HTTP: the teleop dashboard's static files (:mod:`policy_server.dashboard_files`)
 ``/v1/observe``        an observer (:class:`~policy_server.sessions.observer.ObserverSession`)
-``/v1/actions/realtime``  a native session (:class:`~policy_server.sessions.native.RealtimeSession`), or
+``/v1/actions/realtime``  a native session (:class:`~policy_server.sessions.native.NativeSession`), or
                        one of the dialects its first frame chooses (:class:`policy_server.sessions.native.Dialect`)
 ``/``, ``/openpi``     an openpi session (:class:`~policy_server.sessions.openpi.OpenpiSession`), unless
                        the server runs with ``--no-openpi``
