@@ -20,6 +20,7 @@ from pathlib import Path
 
 import numpy as np
 
+from cosmos3_runtime.checkpoints import step_sigmas
 from cosmos3_runtime.engine import Cosmos3Engine
 from cosmos3_runtime.random_checkpoints import build_tiny_checkpoint
 from cosmos3_runtime.requests import ActionRequest
@@ -68,6 +69,8 @@ def main(argv: list[str] | None = None) -> int:
     print(
         f"tiny {args.variant} --droid checkpoint, {args.runs} chunks each, alternated; chunk {settings.action_horizon}"
     )
+    sigmas = step_sigmas(engine.info, profile.num_steps, profile.shift)
+    print(f"  the steps' sigmas at NVIDIA's settings: {[round(sigma, 4) for sigma in sigmas]}")
     interval = list(profile.guidance_interval) if profile.guidance_interval else None
     print(
         f"  nvidia  : {profile.num_steps} steps, guidance {profile.guidance_scale:g}, shift {profile.shift:g}, "
