@@ -23,8 +23,10 @@ Two rules make it a realtime queue rather than a FIFO:
   when it sends again: so a robot in closed loop waits for at most the one request already running.
 
 * **Turns are fair in cost, not only in number.** The host's work on an observation (decoding its
-  frames, :attr:`PendingObservation.decode_cpu_s`; preparing its inputs: the worker :meth:`charges
-  <RequestQueue.charge>` it) is counted per turn. A turn whose count leads the least of the waiting
+  frames, :attr:`PendingObservation.decode_cpu_s`; preparing its inputs) and its share of the engine call
+  (the worker :meth:`charges <RequestQueue.charge>` both) are counted per turn, so a session served more
+  often than the others (one that always has an observation waiting, while robots in closed loop are
+  between two of theirs) leads them as surely as one whose frames cost more to decode. A turn whose count leads the least of the waiting
   turns' by more than one turn's length (the time between two takes) gives its place to the next one and
   goes to the back, its lead one turn shorter; such a turn is left out of batches and of what the host
   prepares ahead. One session streaming 4096x4096 frames thus waits for its own turns, paid for in turns

@@ -616,6 +616,10 @@ class EngineWorker(CounterReadouts):
         if not self._is_current():
             return  # abandoned while it ran: the watchdog has answered these requests
         for item, outcome in zip(batch, outcomes):
+            # The turn pays for its share of the engine call too, so turns are fair in engine time as well
+            # as in host time: a session served more often than the others (one always waiting while
+            # robots in closed loop are between two observations) leads, and yields to them.
+            self._queue.charge(item, outcome.engine_ms / 1e3 / len(batch))
             self._post(item.owner.on_result, item, outcome)
         if self.on_batch_done is not None:
             try:
