@@ -26,9 +26,9 @@ Two rules make it a realtime queue rather than a FIFO:
   frames, :attr:`PendingObservation.decode_cpu_s`; preparing its inputs) and its share of the engine call
   (the worker :meth:`charges <RequestQueue.charge>` both) are counted per turn, so a session served more
   often than the others (one that always has an observation waiting, while robots in closed loop are
-  between two of theirs) leads them as surely as one whose frames cost more to decode. A turn whose count leads the least of the waiting
-  turns' by more than one turn's length (the time between two takes) gives its place to the next one and
-  goes to the back, its lead one turn shorter; such a turn is left out of batches and of what the host
+  between two of theirs) leads them as surely as one whose frames cost more to decode. A turn whose
+  count leads the least of the waiting turns' by more than one turn's length (the time between two takes)
+  gives its place to the next one and goes to the back, its lead one turn shorter; such a turn is left out of batches and of what the host
   prepares ahead. One session streaming 4096x4096 frames thus waits for its own turns, paid for in turns
   of everyone else's time, instead of taking the CPU every other robot's turn needs. Alone in the ring
   while other sessions are active (robots in closed loop between two observations), such a turn waits
