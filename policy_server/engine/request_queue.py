@@ -22,18 +22,18 @@ Two rules make it a realtime queue rather than a FIFO:
   worker's next take, behind everyone who arrived while that request ran, just as a robot rejoins only
   when it sends again: so a robot in closed loop waits for at most the one request already running.
 
-* **Turns are fair in cost, not only in number.** The host's work on an observation (decoding its
-  frames, :attr:`PendingObservation.decode_cpu_s`; preparing its inputs) and its share of the engine call
-  (the worker :meth:`charges <RequestQueue.charge>` both) are counted per turn, so a session served more
-  often than the others (one that always has an observation waiting, while robots in closed loop are
-  between two of theirs) leads them as surely as one whose frames cost more to decode. A turn whose
-  count leads the least of the waiting turns' by more than one turn's length (the time between two takes)
-  gives its place to the next one and goes to the back, its lead one turn shorter; such a turn is left out of batches and of what the host
-  prepares ahead. One session streaming 4096x4096 frames thus waits for its own turns, paid for in turns
-  of everyone else's time, instead of taking the CPU every other robot's turn needs. Alone in the ring
-  while other sessions are active (robots in closed loop between two observations), such a turn waits
-  one turn's length for them first. A lead is capped at :data:`MAX_HOST_LEAD_S`; a turn waiting alone
-  while nobody else is active is served at once (nobody to yield to).
+* **Turns are fair in cost, not only in number.** The host's work on an observation (decoding its frames,
+  :attr:`PendingObservation.decode_cpu_s`; preparing its inputs) and its share of the engine call (the worker
+  :meth:`charges <RequestQueue.charge>` both) are counted per turn, so a session served more often than the
+  others (one that always has an observation waiting, while robots in closed loop are between two of theirs)
+  leads them as surely as one whose frames cost more to decode. A turn whose count leads the least of the
+  waiting turns' by more than one turn's length (the time between two takes) gives its place to the next one
+  and goes to the back, its lead one turn shorter; such a turn is left out of batches and of what the host
+  prepares ahead. One session streaming 4096x4096 frames thus waits for its own turns, paid for in turns of
+  everyone else's time, instead of taking the CPU every other robot's turn needs. Alone in the ring while
+  other sessions are active (robots in closed loop between two observations), such a turn waits one turn's
+  length for them first. A lead is capped at :data:`MAX_HOST_LEAD_S`; a turn waiting alone while nobody else
+  is active is served at once (nobody to yield to).
 
 Deadlines are the worker's business (it is the one that knows when a request reaches the engine).
 
