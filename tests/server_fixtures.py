@@ -267,6 +267,14 @@ class ServerProcess(LoopbackUrls):
             self.proc.kill()
             self.proc.wait(10)
 
+    def stop(self, timeout: float = 30.0) -> None:
+        """SIGTERM, then wait up to ``timeout`` for the graceful shutdown; kill it if it does not come."""
+        self.signal()
+        try:
+            self.wait(timeout)
+        except subprocess.TimeoutExpired:
+            self.kill()
+
 
 def rgb_image(size: int = 224, seed: int = 0) -> np.ndarray:
     """A random H×W×3 uint8 camera frame."""

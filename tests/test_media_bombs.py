@@ -76,11 +76,7 @@ def _start(*flags: str) -> ServerProcess:
 
 
 def _stop(process: ServerProcess) -> None:
-    process.signal()
-    try:
-        process.wait(30)
-    except subprocess.TimeoutExpired:
-        process.kill()
+    process.stop()
 
 
 @pytest.fixture(scope="module")

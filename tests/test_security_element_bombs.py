@@ -137,11 +137,7 @@ def server():
         yield process, robot
         robot.stop()
     finally:
-        process.signal()
-        try:
-            process.wait(30)
-        except subprocess.TimeoutExpired:
-            process.kill()
+        process.stop()
 
 
 def _bomb(server, path: str, frame: bytes) -> tuple[bytes | str, int, float]:

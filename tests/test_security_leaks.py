@@ -75,11 +75,7 @@ def answers(tmp_path_factory):
             got[f"observer frame {index}"] = frame
         yield secret, got
     finally:
-        process.signal()
-        try:
-            process.wait(30)
-        except subprocess.TimeoutExpired:
-            process.kill()
+        process.stop()
 
 
 def _text(answer: bytes | str) -> str:

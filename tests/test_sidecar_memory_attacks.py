@@ -59,11 +59,7 @@ def server():
         yield process, client
         client.close()
     finally:
-        process.signal()
-        try:
-            process.wait(30)
-        except subprocess.TimeoutExpired:
-            process.kill()
+        process.stop()
 
 
 def _post(server, **content) -> httpx.Request:
