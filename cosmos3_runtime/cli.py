@@ -220,11 +220,11 @@ def demo_main(argv: list[str] | None = None) -> int:
     assert domain is not None, "the tiny checkpoint has an action head"
     profile = engine.spec.profiles[domain]
     image = np.random.default_rng(0).integers(0, 256, (224, 224, 3), dtype=np.uint8)
-    request = ActionRequest(domain_name=domain, image=image, prompt="pick up the red cube", seed=0)
     state = None
     if profile.history_length:  # the robot's joint positions and gripper, as it reads them
         state = np.array([0.0, -0.6, 0.0, -2.2, 0.0, 1.6, 0.8, 0.0][: profile.state_dim], np.float32)
-        request.state = np.tile(state, (profile.history_length, 1))
+    rows = np.tile(state, (profile.history_length, 1)) if state is not None else None
+    request = ActionRequest(domain_name=domain, image=image, prompt="pick up the red cube", seed=0, state=rows)
     chunk = engine.predict_actions(request)
     np.set_printoptions(precision=3, suppress=True, linewidth=120)
     print(

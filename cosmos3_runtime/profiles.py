@@ -116,6 +116,10 @@ class NormalizationStats:
         return raw
 
 
+# The keys of :attr:`PolicyProfile.state_contract`, for a reply that names them when no domain is known.
+STATE_CONTRACT_FIELDS = ("state_dim", "use_state", "history_length", "action_space")
+
+
 @dataclass(frozen=True)
 class PolicyProfile:
     """Everything the runtime needs to know about one embodiment (see the module docstring)."""
@@ -150,6 +154,17 @@ class PolicyProfile:
     def model_action_dim(self) -> int:
         """The width of the model's rows: the robot's, or 10 for a ``midtrain`` pose of 8."""
         return MIDTRAIN_MODEL_WIDTH if self.action_space == "midtrain" else self.raw_action_dim
+
+    @property
+    def state_contract(self) -> dict[str, object]:
+        """What the profile says about the state a robot sends (:data:`STATE_CONTRACT_FIELDS`): its shape, and
+        what its rows are (joints and the like as the model takes them, or midtrain's end-effector poses)."""
+        return {
+            "state_dim": self.state_dim,
+            "use_state": self.use_state,
+            "history_length": self.history_length,
+            "action_space": self.action_space,
+        }
 
     def check_state(self, state: object) -> np.ndarray | None:
         """The robot's state as float32 rows ``[history_length, state_dim]``, or None

@@ -8,7 +8,7 @@ with results. They carry numpy arrays and plain values only, never tensors.
 from __future__ import annotations
 
 from dataclasses import KW_ONLY, asdict, dataclass, field, fields
-from typing import Literal
+from typing import Any, Literal
 
 import numpy as np
 
@@ -16,7 +16,7 @@ ActionMode = Literal["policy", "inverse_dynamics", "forward_dynamics"]
 ACTION_MODES: tuple[str, ...] = ("policy", "inverse_dynamics", "forward_dynamics")
 
 
-@dataclass
+@dataclass(frozen=True)
 class RequestSettings:
     """The settings every request may name; ``None`` takes the engine's default for the domain.
 
@@ -42,14 +42,19 @@ class RequestSettings:
         return (self.num_steps, self.guidance_scale, self.guidance_interval, self.shift)
 
 
-@dataclass
+@dataclass(frozen=True)
 class DomainRequest(RequestSettings):
     """Settings for one embodiment: the ``domain_name`` of a profile of the loaded checkpoint."""
 
     domain_name: str
 
+    def domain_settings(self) -> dict[str, Any]:
+        """The settings :class:`DomainRequest` declares, by name, as this request holds them: what a request of
+        another kind carries over (a session's settings becoming one observation's :class:`ActionRequest`)."""
+        return {setting.name: getattr(self, setting.name) for setting in fields(DomainRequest)}
 
-@dataclass
+
+@dataclass(frozen=True)
 class ActionRequest(DomainRequest):
     """One observation to turn into a chunk of actions (``policy`` or ``inverse_dynamics``).
 
@@ -82,7 +87,7 @@ class ActionRequest(DomainRequest):
     decode_video: bool = False
 
 
-@dataclass
+@dataclass(frozen=True)
 class VideoRequest(DomainRequest):
     """A ``forward_dynamics`` rollout: a first frame plus raw actions in, predicted frames out."""
 

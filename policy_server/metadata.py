@@ -22,12 +22,13 @@ from pathlib import Path
 from typing import Any
 
 from cosmos3_runtime.description import ModelDescription
+from cosmos3_runtime.profiles import STATE_CONTRACT_FIELDS
 from robot_clients import protocol
 from robot_clients.client_frames import SettingChannel, settings_of
 
 from .camera_intake import ENCODED_FORMATS
 from .context import ServerContext
-from .sessions.config import STATE_PROFILE_FIELDS, SessionConfig
+from .sessions.config import SessionConfig
 from .sessions.openpi_observation import ALL_STATE_KEYS, CameraMapping
 
 SERVER_NAME = "cosmos3-policy-server"
@@ -88,7 +89,7 @@ def native_metadata(host: ServerContext[Any], session_id: str) -> dict[str, Any]
                     "raw_action_dim": domain.raw_action_dim,
                     "default_horizon": domain.default_horizon,
                     "view_point": domain.view_point,
-                    **{field: getattr(domain, field) for field in STATE_PROFILE_FIELDS},
+                    **domain.state_contract,
                 }
                 for name, domain in d.domains.items()
             },
@@ -125,7 +126,7 @@ def openpi_metadata(
         "variant": d.variant,
         **{name: resolved.get(name) for name in settings_of(SettingChannel.OPENPI)},
         "action_dim": resolved.get("raw_action_dim"),
-        **{field: resolved.get(field) for field in STATE_PROFILE_FIELDS},
+        **{field: resolved.get(field) for field in STATE_CONTRACT_FIELDS},
         "unused_state_keys": list(ALL_STATE_KEYS) if stateless and not strict_state else [],
         "cameras": cameras.describe().get(view_point, []) if view_point is not None else [],
         "canvases": d.as_json()["canvases"],

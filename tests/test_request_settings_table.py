@@ -27,7 +27,7 @@ from policy_server.http.requests import ACTION_SETTINGS, VIDEO_SETTINGS, action_
 from policy_server.http.schemas import ActionGenerationParams, VideoCreateParams
 from policy_server.recording.episode_writer import REQUEST_FIELDS
 from policy_server.recording.replay import OVERRIDABLE
-from policy_server.sessions.config import CHUNK_ECHOED_SETTINGS, ENGINE_SETTINGS, SessionConfig, merge_session_config
+from policy_server.sessions.config import CHUNK_ECHOED_SETTINGS, SessionConfig, merge_session_config
 from policy_server.sessions.openpi_observation import OpenpiSettings
 from policy_server.sglang import actions as sglang_actions
 from policy_server.sglang import parameters as sglang_videos
@@ -92,7 +92,10 @@ def test_the_native_parser_takes_the_tables_settings_where_the_table_says():
 
 def test_the_session_config_has_a_field_per_configure_setting_of_the_same_type():
     fields = {field.name: str(field.type) for field in dataclasses.fields(SessionConfig)}
-    assert set(fields) == names(SettingChannel.CONFIGURE)
+    # The guidance interval comes with the runtime's DomainRequest; no client sends it, so a session leaves it
+    # unset (the profile's) and the parser never puts it in a `configure`.
+    assert set(fields) - {"guidance_interval"} == names(SettingChannel.CONFIGURE)
+    assert "guidance_interval" not in SESSION_SETTINGS
     for setting in REQUEST_SETTINGS:
         assert setting.types[0].__name__ in fields[setting.name], (setting.name, fields[setting.name])
 
@@ -219,7 +222,8 @@ def test_every_setting_the_model_uses_reaches_the_engine_request():
     request_fields = {field.name for field in dataclasses.fields(ActionRequest)}
     used = {setting.name for setting in REQUEST_SETTINGS if setting.recorded}
     assert used <= request_fields
-    assert set(ENGINE_SETTINGS) | {"action_mode", "fps"} == used  # the session's request carries each of them
+    session_fields = {field.name for field in dataclasses.fields(SessionConfig)}
+    assert used <= session_fields  # a session holds each of them, and its request carries them on
     assert "control_hz" not in request_fields  # shown to operators, never the model's
 
 

@@ -20,43 +20,27 @@ import numpy as np
 
 from cosmos3_runtime.description import ModelDescription
 from cosmos3_runtime.errors import RuntimeErrorBase
-from cosmos3_runtime.profiles import PolicyProfile
-from cosmos3_runtime.requests import SETTING_NAMES, ActionRequest, ActionResult
+from cosmos3_runtime.profiles import STATE_CONTRACT_FIELDS, PolicyProfile
+from cosmos3_runtime.requests import SETTING_NAMES, ActionRequest, ActionResult, DomainRequest
 from robot_clients.client_frames import REQUEST_SETTINGS, ObservationFrame
 from robot_clients.protocol import ErrorCode, ProtocolError
 
 from ..camera_intake import compose_named
 from ..engine.request_queue import engine_error_code
 
-# The settings an engine request carries as the session holds them (the table's recorded ones: those the
-# model uses), less the two resolved for each observation.
-ENGINE_SETTINGS = tuple(s.name for s in REQUEST_SETTINGS if s.recorded and s.name not in ("action_mode", "fps"))
-
-# What a domain's profile says about the proprio state its observations carry: its shape, and what its rows are
-# (`action_space`: joints and the like as the model takes them, or midtrain's end-effector poses).
-STATE_PROFILE_FIELDS = ("state_dim", "use_state", "history_length", "action_space")
 # The fastest control loop a robot may declare (Hz): a 1 kHz torque loop fits with room to spare; beyond
 # it the figure is a mistake (1e308 would be shown to operators as the session's rate).
 MAX_CONTROL_HZ = 10_000.0
 
 
 @dataclass(frozen=True)
-class SessionConfig:
-    """Settings of one session. ``None`` means "the model's default for this variant and domain"."""
+class SessionConfig(DomainRequest):
+    """Settings of one session: the engine's request settings for its domain (``None``: the model's default for
+    this variant and domain), and the session's own, the mode, the horizon and the robot's control rate."""
 
-    domain_name: str
     # None: each observation's media decide, ``policy`` for an image, ``inverse_dynamics`` for a video.
     action_mode: str | None = None
     action_horizon: int | None = None
-    prompt: str = ""
-    resolution_tier: int | None = None
-    view_point: str | None = None
-    seed: int | None = None
-    num_steps: int | None = None
-    guidance_scale: float | None = None
-    shift: float | None = None
-    # The rate the actions are meant for; None: the domain's profile says (15 for DROID), else the model's.
-    fps: float | None = None
     # The robot's control rate, as the robot declares it: shown to operators, never used by the model.
     control_hz: float | None = None
 
@@ -64,14 +48,17 @@ class SessionConfig:
         """The values the engine will use, defaults filled in: what the ``session`` reply shows."""
         values: dict[str, Any] = dict(dataclasses.asdict(self))
         domain = description.domain(self.domain_name)
-        if domain is not None:  # a session config names a known domain; anything else shows as set
-            values.update(description.resolve(self.domain_name, _model_settings(values)).as_json())
-            values["action_mode"] = self.action_mode  # unset: each observation's media decide
-        values["domain_id"] = domain.domain_id if domain is not None else None
-        values["raw_action_dim"] = domain.raw_action_dim if domain is not None else None
-        for name in STATE_PROFILE_FIELDS:  # whether observations must carry `state`, and its shape
-            values[name] = getattr(domain, name) if domain is not None else None
-        return values
+        if domain is None:  # a session config names a known domain; anything else shows as set
+            return {**values, "domain_id": None, "raw_action_dim": None, **dict.fromkeys(STATE_CONTRACT_FIELDS)}
+        values.update(description.resolve(self.domain_name, _model_settings(values)).as_json())
+        values["action_mode"] = self.action_mode  # unset: each observation's media decide
+        # Whether observations must carry `state`, and its shape.
+        return {
+            **values,
+            "domain_id": domain.domain_id,
+            "raw_action_dim": domain.raw_action_dim,
+            **domain.state_contract,
+        }
 
     def action_request(self, obs: ObservationFrame, description: ModelDescription) -> ActionRequest:
         """The engine request for one observation under these (already merged and checked) settings.
@@ -109,9 +96,9 @@ class SessionConfig:
         # Unset, the rate is the domain's (15 for DROID), named in the request as the chunk reports it.
         fps = self.fps if self.fps is not None else description.domain_defaults[self.domain_name].fps
         return ActionRequest(
-            **{name: getattr(self, name) for name in ENGINE_SETTINGS},  # the settings the model uses, as set
-            action_mode=action_mode,  # mode and rate resolved here
-            fps=fps,
+            **{**self.domain_settings(), "fps": fps},  # the settings the model uses, as set; the rate resolved
+            action_mode=action_mode,
+            action_horizon=horizon,
             image=image,
             video=video,
             prefix_actions=obs.prefix_actions,
@@ -133,14 +120,14 @@ def _mapped(rule: Callable[..., Any], *args: Any, seq: int | None) -> Any:
         raise ProtocolError(engine_error_code(exc.code, exc.field), exc.message, exc.field, seq) from None
 
 
-# What an action chunk reports about the settings it was made with: the table's chunk settings, as the
-# engine resolved them (ActionResult.settings).
-CHUNK_ECHOED_SETTINGS = tuple(s.name for s in REQUEST_SETTINGS if s.in_chunk)
+# What an action chunk reports about the settings it was made with, by the wire table.
+CHUNK_ECHOED_SETTINGS = frozenset(setting.name for setting in REQUEST_SETTINGS if setting.in_chunk)
 
 
 def settings_used(result: ActionResult) -> dict[str, Any]:
-    """The values of :data:`CHUNK_ECHOED_SETTINGS` the engine ran ``result`` with (defaults resolved)."""
-    return {name: getattr(result.settings, name) for name in CHUNK_ECHOED_SETTINGS}
+    """The settings an action chunk reports (:data:`CHUNK_ECHOED_SETTINGS`) as the engine ran ``result`` with
+    them, defaults resolved (:attr:`ActionResult.settings`)."""
+    return {name: value for name, value in result.settings.as_json().items() if name in CHUNK_ECHOED_SETTINGS}
 
 
 def chunk_report(result: ActionResult) -> dict[str, Any]:

@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import logging
 import time
+from dataclasses import replace
 from typing import Any
 
 import numpy as np
@@ -256,8 +257,9 @@ class OpenpiSession(Session):
             state=obs.state,
             overrides=overrides,
         )
-        request = observation_request(self._config(), frame, self.description)
-        request.decode_video = self.settings.decode_video
+        request = replace(
+            observation_request(self._config(), frame, self.description), decode_video=self.settings.decode_video
+        )
         self.enqueue(frame, request, received_at)
 
     def encode_chunk(self, item: PendingObservation, outcome: EngineOutcome) -> ChunkReply:
