@@ -337,7 +337,7 @@ class VideoRollout:
         self._profile = profile
         self._validate_s = validate_s
         self._steps = engine.sampler.iterate_batch([job], time.perf_counter)
-        self.num_steps = len(job.sigmas) if job.sigmas is not None else job.num_steps
+        self.num_steps = len(job.sigmas) if job.sigmas is not None else job.settings.num_steps
         self.steps_done = 0
         self._output: DenoiseOutput | None = None
 
@@ -372,6 +372,6 @@ class VideoRollout:
         assert output.video is not None, "a video job decodes its frames"
         return VideoResult(
             frames=output.video,
-            fps=job.fps,
+            fps=job.settings.fps,
             **_provenance(job, self._profile, output, Cosmos3Engine._timing(output, self._validate_s)),
         )

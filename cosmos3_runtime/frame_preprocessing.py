@@ -232,10 +232,10 @@ def condition_frames(
     frames, num_frames = (job.frames, job.horizon + 1) if job.mode == "inverse_dynamics" else (job.frames[:1], 1)
     t0 = clock()
     if stream is None:
-        vision, image_size, canvas_h, canvas_w = preprocess(frames, job.resolution_tier, num_frames)
+        vision, image_size, canvas_h, canvas_w = preprocess(frames, job.settings.resolution_tier, num_frames)
         return ConditioningFrames(vision, image_size, canvas_h, canvas_w, clock() - t0)
     with torch.cuda.stream(stream):
-        vision, image_size, canvas_h, canvas_w = preprocess(frames, job.resolution_tier, num_frames)
+        vision, image_size, canvas_h, canvas_w = preprocess(frames, job.settings.resolution_tier, num_frames)
         ready = torch.cuda.Event()  # type: ignore[no-untyped-call]  # torch leaves its constructor unannotated
         ready.record(stream)
     return ConditioningFrames(vision, image_size, canvas_h, canvas_w, clock() - t0, ready)

@@ -162,13 +162,13 @@ class Cosmos3Sampler:
         for an action mode.
         """
         key = (
-            job.prompt,
+            job.settings.prompt,
             job.prompt_format,
             job.horizon,
             canvas_h,
             canvas_w,
-            job.fps,
-            job.view_point,
+            job.settings.fps,
+            job.settings.view_point,
             job.view_description,
         )
         ids = self._token_cache.get(key)
@@ -181,7 +181,7 @@ class Cosmos3Sampler:
                 num_frames=num_frames,
                 height=canvas_h,
                 width=canvas_w,
-                fps=job.fps,
+                fps=job.settings.fps,
                 add_resolution_template=False,
                 add_duration_template=False,
             )
@@ -245,8 +245,8 @@ class Cosmos3Sampler:
         first = items[0]
         timesteps, sigmas = first.scheduler.timesteps, first.scheduler.sigmas
         t, sigma = timesteps[i], float(sigmas[i])
-        use_cfg = first.job.guidance_scale != 1.0
-        names = ["cond"] + (["uncond"] if use_cfg and _inside(sigma, first.job.guidance_interval) else [])
+        use_cfg = first.job.settings.guidance_scale != 1.0
+        names = ["cond"] + (["uncond"] if use_cfg and _inside(sigma, first.job.settings.guidance_interval) else [])
         for name in names:
             self._forward(items, name, t, i, sigma, len(timesteps))
         for item in items:
@@ -254,8 +254,8 @@ class Cosmos3Sampler:
             v_vision, v_action = item.velocities["cond"]
             if "uncond" in names:
                 u_vision, u_action = item.velocities["uncond"]
-                v_vision = u_vision + job.guidance_scale * (v_vision - u_vision)
-                v_action = u_action + job.guidance_scale * (v_action - u_action)
+                v_vision = u_vision + job.settings.guidance_scale * (v_vision - u_vision)
+                v_action = u_action + job.settings.guidance_scale * (v_action - u_action)
             kwargs = {"generator": item.generator} if self._step_takes_generator else {}
             latents = item.scheduler.step(
                 v_vision.unsqueeze(0), t, item.latents.unsqueeze(0), return_dict=False, **kwargs
@@ -339,17 +339,17 @@ class Cosmos3Sampler:
         passes = {
             "cond": self.sequence_pass(cond_ids, latents, action_latents, vision_condition_frames, clean_frames, job)
         }
-        if job.guidance_scale != 1.0:
+        if job.settings.guidance_scale != 1.0:
             passes["uncond"] = self.sequence_pass(
                 uncond_ids, latents, action_latents, vision_condition_frames, clean_frames, job
             )
 
         # The pipeline's scheduler as loaded, or one built with the job's shift where it differs.
-        if job.shift is None or job.shift == self.loaded_shift:
+        if job.settings.shift is None or job.settings.shift == self.loaded_shift:
             scheduler = copy.deepcopy(pipe.scheduler)
         else:
-            scheduler = build_scheduler(self.info, job.shift)
-        set_schedule(scheduler, self.info, job.num_steps, device)
+            scheduler = build_scheduler(self.info, job.settings.shift)
+        set_schedule(scheduler, self.info, job.settings.num_steps, device)
         return _Item(
             job=job,
             x0_vision=x0_vision,
@@ -494,7 +494,12 @@ def action_caption(pipe: Any, job: DenoiseJob, height: int, width: int) -> str:
     if job.prompt_format == "prose":
         return _prose(pipe, job, num_frames, height, width)
     caption = pipe._build_action_json_prompt(
-        job.prompt, view_point=job.view_point, num_frames=num_frames, fps=job.fps, height=height, width=width
+        job.settings.prompt,
+        view_point=job.settings.view_point,
+        num_frames=num_frames,
+        fps=job.settings.fps,
+        height=height,
+        width=width,
     )
     if not job.view_description:
         return str(caption)
@@ -509,14 +514,14 @@ def action_caption(pipe: Any, job: DenoiseJob, height: int, width: int) -> str:
 
 def _prose(pipe: Any, job: DenoiseJob, num_frames: int, height: int, width: int) -> str:
     """cosmos-framework's default appenders: the task, then the view, duration/FPS and resolution sentences."""
-    caption = job.prompt.rstrip()
+    caption = job.settings.prompt.rstrip()
     if not caption:
         return ""
-    view = _ACTION_VIEWPOINT_TEMPLATES.get(job.view_point)
+    view = _ACTION_VIEWPOINT_TEMPLATES.get(job.settings.view_point)
     if view:
         caption = _join(caption, _join(view, job.view_description) if job.view_description else view)
-    seconds = int(num_frames / job.fps)
-    caption = _join(caption, pipe.duration_template.format(duration=seconds, fps=job.fps))
+    seconds = int(num_frames / job.settings.fps)
+    caption = _join(caption, pipe.duration_template.format(duration=seconds, fps=job.settings.fps))
     return _join(caption, pipe.video_resolution_template.format(height=height, width=width))
 
 

@@ -156,7 +156,7 @@ def pack_sequence(
     job: DenoiseJob,
 ) -> dict[str, Any]:
     """The step-invariant part of one job's joint sequence, built by the pipeline's own segment helpers."""
-    fps = job.fps
+    fps = job.settings.fps
     text = pipe._prepare_text_segment(input_ids, device=device)
     vision = pipe._prepare_vision_segment(
         input_vision_tokens=latents,

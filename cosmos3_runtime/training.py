@@ -334,7 +334,7 @@ class FlowMatchingTrainer:
         eps_a[:, job.raw_action_dim :] = 0
         latents = vision_mask * x0_vision + (1 - vision_mask) * (t * eps_v + (1 - t) * x0_vision)
         action_latents = action_mask * x0_action + (1 - action_mask) * (t * eps_a + (1 - t) * x0_action)
-        key = (job.prompt, job.leading_rows, prefix)
+        key = (job.settings.prompt, job.leading_rows, prefix)
         if key not in self._passes:
             cond_ids, _ = self.sampler.tokenize(job, *self.canvas)
             self._passes[key] = self.sampler.sequence_pass(cond_ids, latents, action_latents, [0], clean, job)

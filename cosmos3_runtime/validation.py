@@ -11,7 +11,7 @@ to fix.
 from __future__ import annotations
 
 import secrets
-from dataclasses import dataclass, fields, replace
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
@@ -20,29 +20,18 @@ from . import poses
 from .description import ModelDescription
 from .errors import InvalidFieldError, InvalidRequestError, UnsupportedModeError
 from .profiles import PolicyProfile
-from .requests import SETTING_NAMES, ActionRequest, RequestSettings, ResolvedSettings, VideoRequest
+from .requests import SETTING_NAMES, ActionRequest, ResolvedSettings, VideoRequest
 
 
 @dataclass
 class DenoiseJob:
     """One fully resolved sampling problem (built by the engine from a validated request)."""
 
-    mode: str  # "policy", "inverse_dynamics" or "forward_dynamics"
+    settings: ResolvedSettings  # every setting, resolved and its seed drawn: what the job runs, and its result reports
     frames: np.ndarray  # (T, H, W, 3) uint8: 1 frame for policy/forward_dynamics, the clip for inverse
-    horizon: int
     domain_id: int
     raw_action_dim: int
-    prompt: str
-    view_point: str
-    resolution_tier: int
-    fps: float
-    sigmas: list[float] | None  # a fixed (distilled) schedule, else None
-    num_steps: int
-    guidance_scale: float
-    guidance_interval: tuple[float, float] | None
-    shift: float | None  # the scheduler's flow shift (None: the fixed sigma list, unshifted)
-    seed: int
-    settings: ResolvedSettings  # what the job was resolved from (its seed drawn): what its result reports
+    sigmas: list[float] | None  # a fixed (distilled) schedule, else None (the settings' steps and shift)
     # Normalized clean action frames (K x raw_action_dim) kept fixed from the start of the chunk:
     # the raw actions of forward_dynamics, or the real-time-chunking prefix of a policy request.
     clean_actions: np.ndarray | None = None
@@ -59,6 +48,20 @@ class DenoiseJob:
     pose_origin: np.ndarray | None = None
 
     @property
+    def mode(self) -> str:
+        """``policy``, ``inverse_dynamics`` or ``forward_dynamics``."""
+        return self.settings.action_mode
+
+    @property
+    def horizon(self) -> int:
+        return self.settings.action_horizon
+
+    @property
+    def seed(self) -> int:
+        assert self.settings.seed is not None, "a job's seed is drawn when it is built"
+        return self.settings.seed
+
+    @property
     def leading_rows(self) -> int:
         return 0 if self.state_rows is None else int(self.state_rows.shape[0])
 
@@ -66,13 +69,21 @@ class DenoiseJob:
     def schedule_key(self) -> tuple[Any, ...]:
         """Jobs with equal keys step through the same timesteps and passes, so they can share forwards."""
         sigmas = tuple(self.sigmas) if self.sigmas is not None else None
-        return (sigmas, self.num_steps, self.guidance_scale, self.guidance_interval, self.shift)
+        return (
+            sigmas,
+            self.settings.num_steps,
+            self.settings.guidance_scale,
+            self.settings.guidance_interval,
+            self.settings.shift,
+        )
 
 
 def request_settings(request: ActionRequest | VideoRequest) -> dict[str, Any]:
     """The settings ``request`` names, by name (unset ones None), as the description's rules take them."""
-    names = {f.name for f in fields(RequestSettings)} | {"domain_name", "action_mode", "action_horizon"}
-    return {name: getattr(request, name, None) for name in SETTING_NAMES if name in names}
+    settings = {name: value for name, value in request.domain_settings().items() if name in SETTING_NAMES}
+    if isinstance(request, ActionRequest):  # a rollout's mode is its kind, its horizon its actions'
+        settings.update(action_mode=request.action_mode, action_horizon=request.action_horizon)
+    return settings
 
 
 def job_for_actions(request: ActionRequest, description: ModelDescription) -> tuple[DenoiseJob, PolicyProfile]:
@@ -155,24 +166,13 @@ def _job(
     assert resolved.seed is not None
     sigmas = description.distilled_sigmas
     return DenoiseJob(
-        mode=resolved.action_mode,
+        settings=resolved,
         frames=frames,
-        horizon=resolved.action_horizon,
         domain_id=profile.domain_id,
         raw_action_dim=profile.model_action_dim,
-        prompt=resolved.prompt,
-        view_point=resolved.view_point,
+        sigmas=list(sigmas) if sigmas is not None else None,
         view_description=profile.view_description if resolved.view_point == profile.view_point else None,
         prompt_format=profile.prompt_format,
-        resolution_tier=resolved.resolution_tier,
-        fps=resolved.fps,
-        sigmas=list(sigmas) if sigmas is not None else None,
-        num_steps=resolved.num_steps,
-        guidance_scale=resolved.guidance_scale,
-        guidance_interval=resolved.guidance_interval,
-        shift=resolved.shift,
-        seed=resolved.seed,
-        settings=resolved,
         clean_actions=clean,
         decode_video=decode_video,
         state_rows=state_rows,

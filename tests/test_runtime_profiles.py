@@ -145,15 +145,21 @@ def test_profile_settings_are_the_domain_defaults_and_requests_still_win(tiny_ch
     job, _ = job_for_actions(
         ActionRequest(domain_name="droid_lerobot", image=IMAGE, seed=0), ModelDescription.of_spec(spec, "tiny")
     )
-    assert (job.horizon, job.fps, job.resolution_tier, job.view_point, job.prompt_format) == (
+    assert (
+        job.horizon,
+        job.settings.fps,
+        job.settings.resolution_tier,
+        job.settings.view_point,
+        job.prompt_format,
+    ) == (
         32,
         15.0,
         480,
         "concat_view",
         "json",
     )
-    assert job.view_description == WRIST_ON_TOP and job.guidance_interval == pytest.approx((0.96, 1.0))
-    assert (job.num_steps, job.guidance_scale) == (35, 6.0)  # the variant's
+    assert job.view_description == WRIST_ON_TOP and job.settings.guidance_interval == pytest.approx((0.96, 1.0))
+    assert (job.settings.num_steps, job.settings.guidance_scale) == (35, 6.0)  # the variant's
     job, _ = job_for_actions(
         ActionRequest(
             domain_name="droid_lerobot",
@@ -167,7 +173,13 @@ def test_profile_settings_are_the_domain_defaults_and_requests_still_win(tiny_ch
         ),
         ModelDescription.of_spec(spec, "tiny"),
     )
-    assert (job.horizon, job.fps, job.resolution_tier, job.view_point, job.guidance_interval) == (
+    assert (
+        job.horizon,
+        job.settings.fps,
+        job.settings.resolution_tier,
+        job.settings.view_point,
+        job.settings.guidance_interval,
+    ) == (
         8,
         30.0,
         256,
@@ -249,7 +261,8 @@ def _caption_job(engine, prompt, **fields):
     job, _ = job_for_actions(
         ActionRequest(domain_name="bridge_orig_lerobot", image=IMAGE, prompt=prompt), engine.description
     )
-    return dataclasses.replace(job, horizon=32, fps=15.0, view_point="concat_view", **fields)
+    settings = dataclasses.replace(job.settings, action_horizon=32, fps=15.0, view_point="concat_view")
+    return dataclasses.replace(job, settings=settings, **fields)
 
 
 def test_a_view_description_extends_the_json_framing(tiny_engine):
