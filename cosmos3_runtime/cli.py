@@ -122,8 +122,10 @@ def inspect_main(argv: list[str] | None = None) -> int:
     )
     if spec.default_domain:
         default = spec.default_domain
-        print(f"default domain    {default}: {_defaults_text(description.defaults)}")
-        print(f"default sampler   {_sampler_text(description.defaults, description.chunk_forwards.get(default))}")
+        interval = description.defaults.guidance_interval
+        guided = f", guidance in sigmas {list(interval)}" if interval else ""
+        print(f"default domain    {default}: {description.defaults.chunk_text()}{guided}")
+        print(f"default sampler   {description.defaults.sampler_text(description.chunk_forwards.get(default))}")
     print(
         f"scheduler         {info.scheduler_class}"
         + (
@@ -145,37 +147,18 @@ def inspect_main(argv: list[str] | None = None) -> int:
             label = name + (" (default)" if name == spec.default_domain else "")
             print("  " + _domain_line(label, profile, description.domain_defaults[name]))
             print(
-                "  "
-                + " " * 30
-                + " "
-                + _sampler_text(description.domain_defaults[name], description.chunk_forwards[name])
+                "  " + " " * 30 + " " + description.domain_defaults[name].sampler_text(description.chunk_forwards[name])
             )
     return 0
-
-
-def _sampler_text(r: RequestDefaults, forwards: int | None) -> str:
-    """A domain's resolved sampler settings and the transformer forwards one chunk takes at them."""
-    shift = f", shift {r.shift:g}" if r.shift is not None else ", unshifted"
-    interval = f", guidance in sigmas {list(r.guidance_interval)}" if r.guidance_interval else ""
-    each = f": {forwards} transformer forwards a chunk" if forwards is not None else ""
-    return f"{r.num_steps} steps, guidance {r.guidance_scale:g}{shift}{interval}{each}"
-
-
-def _defaults_text(r: RequestDefaults) -> str:
-    """The model's defaults in ``cosmos3-inspect``: chunk, tier, frame rate, view, guidance interval."""
-    interval = f", guidance in sigmas {list(r.guidance_interval)}" if r.guidance_interval else ""
-    fps = f"{r.fps:g}" if r.fps is not None else "-"
-    return f"chunk {r.action_horizon}, tier {r.resolution_tier}, {fps} fps, {r.view_point}{interval}"
 
 
 def _domain_line(name: str, p: PolicyProfile, r: RequestDefaults) -> str:
     """One domain of ``cosmos3-inspect``: id, width, chunk, fps, tier, view, prompt format, stats; then what
     only some domains have: action space, state, gripper flip, guidance interval, view layout."""
     stats = p.normalization.kind if p.normalization is not None else "-"
-    fps = f"{r.fps:g}" if r.fps is not None else "-"
     line = (
-        f"{name:<30} id {p.domain_id:>2}  width {p.raw_action_dim:>2}  chunk {r.action_horizon:>2}  "
-        f"{fps} fps  tier {r.resolution_tier}  {r.view_point:<17}  {p.prompt_format:<5}  stats: {stats}"
+        f"{name:<30} id {p.domain_id:>2}  width {p.raw_action_dim:>2}  {r.chunk_text():<44}  "
+        f"{p.prompt_format:<5}  stats: {stats}"
     )
     extras = []
     widths = f" (model rows {p.model_action_dim} wide)" if p.model_action_dim != p.raw_action_dim else ""

@@ -99,6 +99,18 @@ class RequestDefaults:
     fps: float | None = None
     domain_name: str | None = None
 
+    def chunk_text(self) -> str:
+        """The chunk's defaults in words (``cosmos3-inspect``): horizon, tier, frame rate and view."""
+        fps = f"{self.fps:g}" if self.fps is not None else "-"
+        return f"chunk {self.action_horizon}, tier {self.resolution_tier}, {fps} fps, {self.view_point}"
+
+    def sampler_text(self, forwards: int | None) -> str:
+        """The sampler's defaults in words (``cosmos3-inspect``), and the transformer forwards a chunk takes."""
+        shift = f", shift {self.shift:g}" if self.shift is not None else ", unshifted"
+        interval = f", guidance in sigmas {list(self.guidance_interval)}" if self.guidance_interval else ""
+        each = f": {forwards} transformer forwards a chunk" if forwards is not None else ""
+        return f"{self.num_steps} steps, guidance {self.guidance_scale:g}{shift}{interval}{each}"
+
 
 @dataclass(frozen=True)
 class EngineSpec:
