@@ -48,9 +48,11 @@ class DomainRequest(RequestSettings):
 
     domain_name: str
 
-    def domain_settings(self) -> dict[str, Any]:
-        """The settings :class:`DomainRequest` declares, by name, as this request holds them: what a request of
-        another kind carries over (a session's settings becoming one observation's :class:`ActionRequest`)."""
+    def named_settings(self) -> dict[str, Any]:
+        """The settings this request names, by name (unset ones None), as
+        :meth:`~cosmos3_runtime.description.ModelDescription.check` and ``resolve`` take them. Here, those
+        :class:`DomainRequest` declares: what a request of another kind carries over (a session's settings
+        becoming one observation's :class:`ActionRequest`)."""
         return {setting.name: getattr(self, setting.name) for setting in fields(DomainRequest)}
 
 
@@ -85,6 +87,12 @@ class ActionRequest(DomainRequest):
     prefix_actions: np.ndarray | None = None
     state: np.ndarray | None = None
     decode_video: bool = False
+
+    def named_settings(self) -> dict[str, Any]:
+        """The settings this request names, by name (unset ones None): its domain's, its mode and its horizon."""
+        settings = super().named_settings()
+        settings.update(action_mode=self.action_mode, action_horizon=self.action_horizon)
+        return settings
 
 
 @dataclass(frozen=True)

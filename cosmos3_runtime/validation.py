@@ -20,7 +20,7 @@ from . import poses
 from .description import ModelDescription
 from .errors import InvalidFieldError, InvalidRequestError, UnsupportedModeError
 from .profiles import PolicyProfile
-from .requests import SETTING_NAMES, ActionRequest, ResolvedSettings, VideoRequest
+from .requests import ActionRequest, ResolvedSettings, VideoRequest
 
 
 @dataclass
@@ -78,17 +78,9 @@ class DenoiseJob:
         )
 
 
-def request_settings(request: ActionRequest | VideoRequest) -> dict[str, Any]:
-    """The settings ``request`` names, by name (unset ones None), as the description's rules take them."""
-    settings = {name: value for name, value in request.domain_settings().items() if name in SETTING_NAMES}
-    if isinstance(request, ActionRequest):  # a rollout's mode is its kind, its horizon its actions'
-        settings.update(action_mode=request.action_mode, action_horizon=request.action_horizon)
-    return settings
-
-
 def job_for_actions(request: ActionRequest, description: ModelDescription) -> tuple[DenoiseJob, PolicyProfile]:
     """Validate a ``policy`` / ``inverse_dynamics`` request and resolve its defaults."""
-    settings = request_settings(request)
+    settings = request.named_settings()
     description.check(settings, output="actions")
     mode = description.resolve(request.domain_name, settings).action_mode
     profile = description.domains[request.domain_name]
@@ -135,7 +127,7 @@ def job_for_actions(request: ActionRequest, description: ModelDescription) -> tu
 
 def job_for_video(request: VideoRequest, description: ModelDescription) -> tuple[DenoiseJob, PolicyProfile]:
     """Validate a ``forward_dynamics`` rollout and resolve its defaults."""
-    settings = {**request_settings(request), "action_mode": "forward_dynamics"}
+    settings = {**request.named_settings(), "action_mode": "forward_dynamics"}
     description.check(settings, output="video")
     profile = description.domains[request.domain_name]
     if profile.action_space == "midtrain":

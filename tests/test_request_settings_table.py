@@ -205,6 +205,8 @@ def test_recording_keeps_the_recorded_settings_and_replay_overrides_only_those()
     recorded = {setting.name for setting in REQUEST_SETTINGS if setting.recorded}
     # guidance_interval is the engine's, set by no client: recorded so that a replay sends the same request.
     assert set(REQUEST_FIELDS) - {"guidance_interval"} == recorded
+    # What a row writes (the request's named settings) is what a replay reads back.
+    assert set(ActionRequest(domain_name="any").named_settings()) == set(REQUEST_FIELDS)
     assert set(OVERRIDABLE) <= recorded
     for name, kind in OVERRIDABLE.items():
         assert kind in next(s for s in REQUEST_SETTINGS if s.name == name).types, name

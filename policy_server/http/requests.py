@@ -186,7 +186,7 @@ def action_request(
     _route_mode(fields, ACTION_GENERATIONS_PATH, description)
     params = _validate(ActionGenerationParams, fields)
     _check_model(params.model, description)
-    settings = {name: getattr(params, name) for name in ACTION_SETTINGS if getattr(params, name) is not None}
+    settings = params.model_dump(include=set(ACTION_SETTINGS), exclude_none=True)
     settings["domain_name"] = _domain_name(params.domain_name, description)
     # An unknown domain is refused before any media is decoded; merge_session_config checks the rest.
     _check_settings({"domain_name": settings["domain_name"]}, description, modes=True)

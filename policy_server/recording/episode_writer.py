@@ -118,7 +118,7 @@ def _image_source(request: Any, cameras: Mapping[str, np.ndarray]) -> dict[str, 
 def request_json(request: Any, cameras: Mapping[str, np.ndarray]) -> str:
     if request is None:
         return "null"
-    fields = {name: getattr(request, name) for name in REQUEST_FIELDS}
+    fields: dict[str, Any] = request.named_settings()
     if fields["guidance_interval"] is not None:
         fields["guidance_interval"] = list(fields["guidance_interval"])
     prefix = request.prefix_actions

@@ -413,7 +413,7 @@ def main(argv: list[str] | None = None) -> int:
     from cosmos3_runtime.engine import Cosmos3Engine
 
     engine = Cosmos3Engine.load(args.model, device=args.device, dtype=args.dtype)
-    overrides = {name: getattr(args, name) for name in OVERRIDABLE if getattr(args, name) is not None}
+    overrides = {name: value for name, value in vars(args).items() if name in OVERRIDABLE and value is not None}
     try:
         report = replay(episode, engine, overrides, all_observations=args.all_observations, limit=args.limit)
     except RecordingFormatError as exc:

@@ -96,7 +96,7 @@ class SessionConfig(DomainRequest):
         # Unset, the rate is the domain's (15 for DROID), named in the request as the chunk reports it.
         fps = self.fps if self.fps is not None else description.domain_defaults[self.domain_name].fps
         return ActionRequest(
-            **{**self.domain_settings(), "fps": fps},  # the settings the model uses, as set; the rate resolved
+            **{**self.named_settings(), "fps": fps},  # the settings the model uses, as set; the rate resolved
             action_mode=action_mode,
             action_horizon=horizon,
             image=image,
