@@ -6,7 +6,7 @@ Every error the sidecar answers has the same body, whatever went wrong::
 
 ``code`` is stable (clients branch on it; never rename one, only add), ``message`` says what to fix,
 ``field`` names the offending request field when there is one. :class:`ApiError` is the protocol's
-:class:`~robot_clients.protocol.CodedError` with an HTTP status. The codes of the realtime protocol
+:class:`~robot_clients.protocol.CodedError` with an HTTP status. The codes of the native protocol
 (:class:`robot_clients.protocol.ErrorCode`) keep their meaning here; :class:`HttpErrorCode` adds the
 ones only HTTP has. Internals (tracebacks, paths, exception names) never reach the client: an
 unexpected failure is logged with a reference the client gets instead.
@@ -21,7 +21,7 @@ from robot_clients.protocol import CodedError, ErrorCode
 
 
 class HttpErrorCode:
-    """Error codes of the HTTP API beyond the realtime protocol's :class:`ErrorCode`."""
+    """Error codes of the HTTP API beyond the native protocol's :class:`ErrorCode`."""
 
     BAD_BODY = "bad_body"  # the body is not valid JSON / msgpack / multipart, or not an object
     UNSUPPORTED_MEDIA_TYPE = "unsupported_media_type"  # Content-Type (of the body or of an upload) refused

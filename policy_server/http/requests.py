@@ -5,7 +5,7 @@ that would fail minutes later: every check that depends on the model (domain, ac
 tier, view point, the distilled schedule) is made here against the engine's ``describe()``. The engine
 checks again when it runs a request (it is the authority); these are the early, cheap answers.
 
-Action generations reuse the realtime session's settings rules (:func:`merge_session_config`), so a
+Action generations reuse the native session's settings rules (:func:`merge_session_config`), so a
 request the WebSocket would refuse is refused here with the same code. SGLang's bodies on the same routes
 (``docs/sglang.md``, "Telling the dialects apart") are told apart here and turned into engine requests by
 the same checks, their errors naming the client's fields; the translation itself is
@@ -178,7 +178,7 @@ def action_request(
 ) -> ActionRequest:
     """Check a ``POST /v1/actions/generations`` body and build its engine request.
 
-    The settings go through the realtime session's rules (:func:`merge_session_config`), so every field
+    The settings go through the native session's rules (:func:`merge_session_config`), so every field
     is checked with the engine's limits and refused with the same code as over the WebSocket; the mode,
     when unset, follows the media (a ``video`` asks for ``inverse_dynamics``). ``media_limits``: as for
     :func:`video_submission`.

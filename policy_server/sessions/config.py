@@ -69,7 +69,7 @@ class SessionConfig(DomainRequest):
         composed into one frame per the view point: :mod:`policy_server.camera_intake`.
         """
         mode = self.action_mode or ("inverse_dynamics" if obs.video is not None else "policy")
-        assert mode in ("policy", "inverse_dynamics"), "merge_session_config admits only the realtime modes"
+        assert mode in ("policy", "inverse_dynamics"), "merge_session_config admits only the modes answered with actions"
         action_mode: Literal["policy", "inverse_dynamics"] = "policy" if mode == "policy" else "inverse_dynamics"
         domain = description.domains[self.domain_name]  # checked by merge_session_config
         view_point = self.view_point or domain.view_point
