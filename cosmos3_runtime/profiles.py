@@ -37,7 +37,7 @@ from typing import Any
 import numpy as np
 
 from .checkpoints import CheckpointInfo
-from .errors import CheckpointError, InvalidFieldError, MissingFieldError
+from .errors import CheckpointError, InvalidFieldError, InvalidRequestError, MissingFieldError
 
 VIEW_POINTS = ("ego_view", "third_person_view", "wrist_view", "concat_view")
 # "json": the structured action caption (diffusers' builder, and cosmos-framework's
@@ -199,6 +199,41 @@ class PolicyProfile:
         if not np.isfinite(matrix).all():
             raise InvalidFieldError(f"state contains NaN or infinity; send finite values {shape}", "state")
         return matrix
+
+    def check_actions(self, actions: object, field: str = "actions") -> np.ndarray:
+        """Raw actions of this domain as float32 rows ``[T, raw_action_dim]``, T >= 1, finite; raises
+        :class:`InvalidRequestError` naming ``field`` (a rollout's ``actions``, a chunk's ``prefix_actions``)."""
+        if not isinstance(actions, np.ndarray) or actions.dtype.kind not in "fiu":
+            raise InvalidRequestError(f"{field} must be a numeric array (T x {self.raw_action_dim})", field)
+        if actions.ndim != 2 or actions.shape[0] < 1:
+            raise InvalidRequestError(f"{field} must have shape T x D, got {list(actions.shape)}", field)
+        if actions.shape[1] != self.raw_action_dim:
+            raise InvalidRequestError(
+                f"{field} has width {actions.shape[1]} but domain {self.domain_name!r} has "
+                f"{self.raw_action_dim} action dimensions",
+                field,
+            )
+        with np.errstate(over="ignore"):
+            rows = actions.astype(np.float32)
+        if not np.isfinite(rows).all():
+            raise InvalidRequestError(f"{field} contains NaN or infinity", field)
+        return rows
+
+    def check_prefix(self, prefix: object, mode: str, horizon: int) -> np.ndarray:
+        """A real-time-chunking prefix (the actions the robot still executes while the chunk is made) as
+        float32 rows: a ``policy`` request's only, of this domain's width, shorter than the chunk of
+        ``horizon`` actions. Raises :class:`InvalidRequestError` (field ``prefix_actions``)."""
+        if mode != "policy":
+            raise InvalidRequestError(
+                f"prefix_actions (real-time chunking) apply to policy requests only, not {mode}", "prefix_actions"
+            )
+        rows = self.check_actions(prefix, "prefix_actions")
+        if rows.shape[0] >= horizon:
+            raise InvalidRequestError(
+                f"prefix_actions must be shorter than the chunk ({horizon} actions), got {rows.shape[0]} rows",
+                "prefix_actions",
+            )
+        return rows
 
     def to_model(self, raw: np.ndarray) -> np.ndarray:
         """Raw rows of the model's width (actions, or state rows) -> the model's action space.

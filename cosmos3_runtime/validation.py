@@ -105,15 +105,7 @@ def job_for_actions(request: ActionRequest, description: ModelDescription) -> tu
     origin = _pose_origin(request.state, profile)
     clean = None
     if request.prefix_actions is not None:
-        if mode != "policy":
-            raise InvalidRequestError(
-                "prefix_actions (real-time chunking) apply to policy requests only", "prefix_actions"
-            )
-        prefix = _actions(request.prefix_actions, profile, "prefix_actions")
-        if prefix.shape[0] >= horizon:
-            raise InvalidRequestError(
-                f"prefix_actions must be shorter than the horizon ({horizon}), got {prefix.shape[0]}", "prefix_actions"
-            )
+        prefix = profile.check_prefix(request.prefix_actions, mode, horizon)
         if origin is not None:
             prefix = _relative_poses(prefix, origin)
         clean = _normalize(prefix, profile, description, "prefix_actions")
@@ -137,7 +129,7 @@ def job_for_video(request: VideoRequest, description: ModelDescription) -> tuple
             "action_mode",
         )
     frames = _image(request.image, "image", description)[None]
-    actions = _actions(request.actions, profile, "actions")
+    actions = profile.check_actions(request.actions, "actions")
     settings["action_horizon"] = description.check_horizon(actions.shape[0], "actions")
     clean = _normalize(actions, profile, description, "actions")
     resolved = description.resolve(request.domain_name, settings)
@@ -239,23 +231,6 @@ def _check_size(height: int, width: int, field_name: str, description: ModelDesc
             f"{field_name} is {height}x{width}; each side must be in [{lim.min_image_side}, {lim.max_image_side}]",
             field_name,
         )
-
-
-def _actions(actions: object, profile: PolicyProfile, field_name: str) -> np.ndarray:
-    if not isinstance(actions, np.ndarray) or actions.dtype.kind not in "fiu":
-        raise InvalidRequestError(f"{field_name} must be a numeric array (T x {profile.raw_action_dim})", field_name)
-    if actions.ndim != 2 or actions.shape[0] < 1:
-        raise InvalidRequestError(f"{field_name} must have shape T x D, got {list(actions.shape)}", field_name)
-    if actions.shape[1] != profile.raw_action_dim:
-        raise InvalidRequestError(
-            f"{field_name} has width {actions.shape[1]} but domain {profile.domain_name!r} has "
-            f"{profile.raw_action_dim} action dimensions",
-            field_name,
-        )
-    rows = actions.astype(np.float32)
-    if not np.isfinite(rows).all():
-        raise InvalidRequestError(f"{field_name} contains NaN or infinity", field_name)
-    return rows
 
 
 def _normalize(

@@ -69,7 +69,9 @@ class SessionConfig(DomainRequest):
         composed into one frame per the view point: :mod:`policy_server.camera_intake`.
         """
         mode = self.action_mode or ("inverse_dynamics" if obs.video is not None else "policy")
-        assert mode in ("policy", "inverse_dynamics"), "merge_session_config admits only the modes answered with actions"
+        assert mode in ("policy", "inverse_dynamics"), (
+            "merge_session_config admits only the modes answered with actions"
+        )
         action_mode: Literal["policy", "inverse_dynamics"] = "policy" if mode == "policy" else "inverse_dynamics"
         domain = description.domains[self.domain_name]  # checked by merge_session_config
         view_point = self.view_point or domain.view_point
@@ -91,7 +93,7 @@ class SessionConfig(DomainRequest):
                 )
             _mapped(description.clip_horizon, video.shape[0], horizon, seq=obs.seq)
         if obs.prefix_actions is not None:
-            _check_prefix(obs.prefix_actions, mode, horizon or domain.default_horizon, domain.raw_action_dim, obs.seq)
+            _mapped(domain.check_prefix, obs.prefix_actions, mode, horizon or domain.default_horizon, seq=obs.seq)
         check_state(obs.state, domain, obs.seq)
         # Unset, the rate is the domain's (15 for DROID), named in the request as the chunk reports it.
         fps = self.fps if self.fps is not None else description.domain_defaults[self.domain_name].fps
@@ -139,31 +141,6 @@ def chunk_report(result: ActionResult) -> dict[str, Any]:
         "domain_id": result.domain_id,
         "raw_action_dim": result.raw_action_dim,
     }
-
-
-def _check_prefix(prefix: np.ndarray, mode: str, horizon: int | None, width: int | None, seq: int | None) -> None:
-    """Real-time-chunking prefix against the settings (finite float32 is the parser's check)."""
-    if mode != "policy":
-        raise ProtocolError(
-            ErrorCode.INVALID_FIELD,
-            f"`prefix_actions` apply to policy requests only, not {mode}",
-            "prefix_actions",
-            seq,
-        )
-    if width is not None and prefix.shape[1] != width:
-        raise ProtocolError(
-            ErrorCode.INVALID_FIELD,
-            f"`prefix_actions` rows must have {width} values (the domain's raw_action_dim), got {prefix.shape[1]}",
-            "prefix_actions",
-            seq,
-        )
-    if horizon is not None and prefix.shape[0] >= horizon:
-        raise ProtocolError(
-            ErrorCode.INVALID_FIELD,
-            f"`prefix_actions` must be shorter than the chunk ({horizon} actions), got {prefix.shape[0]} rows",
-            "prefix_actions",
-            seq,
-        )
 
 
 def check_state(
