@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING, Any
 # policy_server's package import sets OMP_WAIT_POLICY=PASSIVE; it must happen before torch loads.
 import policy_server  # noqa: F401  (imported for that side effect, first)
 from cosmos3_runtime.random_checkpoints import VARIANTS
-from robot_clients.client_frames import REQUEST_SETTINGS, SettingChannel
+from robot_clients.client_frames import REQUEST_SETTINGS
 from robot_clients.wire_codec import FRAME_MAX_DEPTH, FRAME_MAX_VALUES
 
 from . import log_hygiene
@@ -47,7 +47,7 @@ from .engine.worker import DEFAULT_VIDEO_STEP_INTERVAL_S, ActionEngine
 from .server import PolicyServer
 from .server_settings import DEFAULT_MAX_MESSAGE_BYTES, DEFAULT_MAX_OBSERVERS, ServerSettings
 from .sessions.observation_rules import DEFAULT_BURST, DEFAULT_MAX_OBSERVATION_HZ, RateLimit
-from .sessions.openpi_observation import CameraMapping, CameraMappingError, OpenpiSettings
+from .sessions.openpi_observation import OPENPI_SETTINGS, CameraMapping, CameraMappingError, OpenpiSettings
 from .sessions.policy_sessions import DEFAULT_MAX_SESSION_IDS, DEFAULT_SESSION_ID_IDLE_S, PolicySessionLimits
 from .sessions.supervisor import (
     DEFAULT_IDLE_TIMEOUT_S,
@@ -71,6 +71,7 @@ from .sidecar_settings import (
     SidecarSettings,
 )
 from .vla_eval import ChunkPlan, MappingFileError, ObservationMapping, VlaEvalSettings
+from .vla_eval.translation import VLA_EVAL_SETTINGS
 from .websocket_routes import NO_ENDPOINTS
 
 if TYPE_CHECKING:
@@ -494,7 +495,7 @@ def _add_openpi_arguments(parser: argparse.ArgumentParser) -> None:
         "default domain, policy (inverse_dynamics takes T x H x W x 3 clips), the domain's defaults",
     )
     openpi.add_argument("--no-openpi", dest="openpi", action="store_false", help="do not serve / and /openpi")
-    _add_setting_flags(openpi, "openpi", SettingChannel.OPENPI)
+    _add_setting_flags(openpi, "openpi", OPENPI_SETTINGS)
     openpi.add_argument(
         "--openpi-cameras",
         default=None,
@@ -523,7 +524,7 @@ def _add_vla_eval_arguments(parser: argparse.ArgumentParser) -> None:
         "unset: the model's default domain, the domain's defaults",
     )
     vla_eval.add_argument("--no-vla-eval", dest="vla_eval", action="store_false", help="do not serve /v1/vla-eval")
-    _add_setting_flags(vla_eval, "vla-eval", SettingChannel.VLA_EVAL)
+    _add_setting_flags(vla_eval, "vla-eval", VLA_EVAL_SETTINGS)
     vla_eval.add_argument(
         "--vla-eval-chunk",
         default="step",
@@ -597,10 +598,10 @@ def _default_data_dir() -> Path:
 # -- settings from the options, the server assembled and run ---------------------------------------
 
 
-def _add_setting_flags(group: argparse._ArgumentGroup, prefix: str, channel: SettingChannel) -> None:
-    """A ``--PREFIX-<setting>`` flag for each request setting ``channel`` takes (the table's), unset by default."""
+def _add_setting_flags(group: argparse._ArgumentGroup, prefix: str, names: tuple[str, ...]) -> None:
+    """A ``--PREFIX-<setting>`` flag for each request setting of ``names``, typed by the table, unset by default."""
     for setting in REQUEST_SETTINGS:
-        if channel in setting.channels:
+        if setting.name in names:
             group.add_argument(
                 f"--{prefix}-{setting.option}",
                 type=setting.parse_text,
@@ -610,13 +611,13 @@ def _add_setting_flags(group: argparse._ArgumentGroup, prefix: str, channel: Set
             )
 
 
-def _flag_settings(args: argparse.Namespace, prefix: str, channel: SettingChannel) -> dict[str, Any]:
-    """What the ``--PREFIX-<setting>`` flags of ``channel`` say, by setting name (``None``: unset)."""
+def _flag_settings(args: argparse.Namespace, prefix: str, names: tuple[str, ...]) -> dict[str, Any]:
+    """What the ``--PREFIX-<setting>`` flags of the settings ``names`` say, by setting name (``None``: unset)."""
     values = vars(args)
     return {
         setting.name: values[f"{prefix}_{setting.option.replace('-', '_')}"]
         for setting in REQUEST_SETTINGS
-        if channel in setting.channels
+        if setting.name in names
     }
 
 
@@ -624,7 +625,7 @@ def _openpi_settings(args: argparse.Namespace) -> OpenpiSettings | None:
     if not args.openpi:
         return None
     return OpenpiSettings(
-        requested=_flag_settings(args, "openpi", SettingChannel.OPENPI),
+        requested=_flag_settings(args, "openpi", OPENPI_SETTINGS),
         cameras=CameraMapping.load(args.openpi_cameras),
         strict_state=args.openpi_strict_state,
         decode_video=args.openpi_decode_video,
@@ -635,7 +636,7 @@ def _vla_eval_settings(args: argparse.Namespace) -> VlaEvalSettings | None:
     if not args.vla_eval:
         return None
     return VlaEvalSettings(
-        requested=_flag_settings(args, "vla_eval", SettingChannel.VLA_EVAL),
+        requested=_flag_settings(args, "vla_eval", VLA_EVAL_SETTINGS),
         plan=ChunkPlan(chunk=args.vla_eval_chunk, ask_ahead=args.vla_eval_ask_ahead, execute=args.vla_eval_execute),
         mapping=ObservationMapping.load(args.vla_eval_mapping),
         strict_state=args.vla_eval_strict_state,

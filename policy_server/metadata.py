@@ -24,12 +24,11 @@ from typing import Any
 from cosmos3_runtime.description import ModelDescription
 from cosmos3_runtime.profiles import STATE_CONTRACT_FIELDS
 from robot_clients import protocol
-from robot_clients.client_frames import SettingChannel, settings_of
 
 from .camera_intake import ENCODED_FORMATS
 from .context import ServerContext
 from .sessions.config import SessionConfig
-from .sessions.openpi_observation import ALL_STATE_KEYS, CameraMapping
+from .sessions.openpi_observation import ALL_STATE_KEYS, OPENPI_SETTINGS, CameraMapping
 
 SERVER_NAME = "cosmos3-policy-server"
 
@@ -124,7 +123,7 @@ def openpi_metadata(
         "session_id": session_id,
         "model": public_model_name(d.model),
         "variant": d.variant,
-        **{name: resolved.get(name) for name in settings_of(SettingChannel.OPENPI)},
+        **{name: resolved.get(name) for name in OPENPI_SETTINGS},
         "action_dim": resolved.get("raw_action_dim"),
         **{field: resolved.get(field) for field in STATE_CONTRACT_FIELDS},
         "unused_state_keys": list(ALL_STATE_KEYS) if stateless and not strict_state else [],

@@ -1,9 +1,10 @@
 """What a client frame of the native protocol may contain, and the typed frames it is parsed into.
 
 :func:`parse_client_frame` turns one decoded frame into a typed dataclass, or raises :class:`ProtocolError`
-with a stable code and the offending field. :data:`REQUEST_SETTINGS` declares the request settings once,
-for every protocol; the field checks (cameras, state, prefix actions) serve every protocol too, so all of
-them refuse the same things in the same words. Numpy only, so a robot can check its frames before sending.
+with a stable code and the offending field. :data:`REQUEST_SETTINGS` declares the request settings once:
+their names and types, which every other form of them is checked against, and where a native frame may
+carry each. The field checks (cameras, state, prefix actions) serve every protocol, so all of them refuse
+the same things in the same words. Numpy only, so a robot can check its frames before sending.
 ``docs/protocol.md`` is the user-facing description.
 """
 
@@ -46,7 +47,7 @@ def check_field_type(frame: Mapping[str, Any], name: str, types: tuple[type, ...
     # bool is an int subclass in Python; a `true` is never a valid count, seed or tier.
     ok = isinstance(value, types) and not (isinstance(value, bool) and bool not in types)
     if isinstance(value, (np.integer, np.floating)) and (int in types or float in types):
-        value = value.item()  # numpy scalars from openpi-style senders are accepted as numbers
+        value = value.item()  # numpy scalars (a sender's np.int64 seed) are accepted as numbers
         ok = isinstance(value, types)
     if not ok:
         raise ProtocolError(
@@ -85,19 +86,13 @@ def str_keys(frame: dict[Any, Any], where: str | None, seq: int | None = None) -
 
 
 class SettingChannel(str, enum.Enum):
-    """Where a client may send a request setting."""
+    """Where a client of the native protocol may send a request setting."""
 
-    CONFIGURE = "configure"  # a native `configure` frame: for every later observation of the session
-    OBSERVATION = "observation"  # a native `observation`: for that observation only
-    HTTP_ACTIONS = "http_actions"  # POST /v1/actions/generations (policy_server.http.schemas)
-    HTTP_VIDEOS = "http_videos"  # POST /v1/videos, forward_dynamics rollouts
-    OPENPI = "openpi"  # the server's --openpi-* flags (openpi clients cannot send settings themselves)
-    SGLANG = "sglang"  # SGLang's request bodies, under SGLang's names (RequestSetting.sglang_names)
-    VLA_EVAL = "vla_eval"  # a vla-eval episode's `settings` (policy_server.vla_eval)
+    CONFIGURE = "configure"  # a `configure` frame: for every later observation of the session
+    OBSERVATION = "observation"  # an `observation`: for that observation only
 
 
-_EVERYWHERE = frozenset(SettingChannel)
-_NOT_OPENPI = _EVERYWHERE - {SettingChannel.OPENPI}
+_CONFIGURE_AND_OBSERVATION = frozenset(SettingChannel)
 
 
 def _lower_mode(value: Any) -> Any:
@@ -111,19 +106,17 @@ class RequestSetting:
     name: str
     types: tuple[type, ...]  # the Python types a frame's value may have (a float setting takes ints too)
     doc: str
-    channels: frozenset[SettingChannel]
+    channels: frozenset[SettingChannel] = _CONFIGURE_AND_OBSERVATION
     # Other names the native protocol accepts for it (diffusers calls the step count num_inference_steps).
     aliases: tuple[str, ...] = ()
-    # The names SGLang's bodies carry it under (one setting may be told by several: height + width).
-    sglang_names: tuple[str, ...] = ()
     # Why an observation may not carry it (None: an observation may).
     not_per_observation: str | None = None
-    # Whether each recorded row keeps the value the engine used (policy_server.recording), and whether an
+    # Whether each recorded row keeps the value the engine used (the server's recordings), and whether an
     # action chunk reports it (ActionChunk).
     recorded: bool = True
     in_chunk: bool = True
     normalize: Callable[[Any], Any] | None = None
-    # Its name on command lines (``--openpi-domain``, a simulator's ``--domain``); empty: the name, dashed.
+    # Its name on command lines (``--domain`` for ``domain_name``); empty: the name, dashed.
     flag: str = ""
 
     @property
@@ -144,91 +137,73 @@ class RequestSetting:
         return self.normalize(value) if self.normalize is not None else value
 
 
-# The request settings, declared once: every protocol's form of them is checked against this table
-# (tests/test_request_settings_table.py). docs/protocol.md lists them for users.
+# The request settings, declared once, each by its own name so that a list of some of them is checked by
+# mypy rather than spelled in strings. Every other form of them is checked against this table
+# (tests/test_request_settings_table.py); docs/protocol.md lists them for users.
+ACTION_MODE = RequestSetting(
+    "action_mode",
+    (str,),
+    "policy, inverse_dynamics or forward_dynamics; unset: follows the media (a video asks inverse_dynamics), "
+    "or policy where the media cannot tell",
+    normalize=_lower_mode,
+    flag="mode",
+)
+DOMAIN_NAME = RequestSetting("domain_name", (str,), "the embodiment, one of the metadata's `domains`", flag="domain")
+ACTION_HORIZON = RequestSetting(
+    "action_horizon",
+    (int,),
+    "actions per chunk (default: the domain's)",
+    in_chunk=False,  # the chunk's actions have that many rows
+    flag="horizon",
+)
+PROMPT = RequestSetting("prompt", (str,), "text conditioning")
+RESOLUTION_TIER = RequestSetting(
+    "resolution_tier", (int,), "the resolution tier, one of the metadata's `resolution_tiers`"
+)
+VIEW_POINT = RequestSetting(
+    "view_point",
+    (str,),
+    "how named cameras are composed, one of the metadata's `view_points` (default: the domain's)",
+)
+SEED = RequestSetting("seed", (int,), "random seed (default: drawn)")
+NUM_STEPS = RequestSetting(
+    "num_steps",
+    (int,),
+    "denoising steps (distilled: the fixed count or unset)",
+    aliases=("num_inference_steps",),
+)
+GUIDANCE_SCALE = RequestSetting("guidance_scale", (float, int), "classifier-free guidance (distilled: 1.0 or unset)")
+SHIFT = RequestSetting(
+    "shift",
+    (float, int),
+    "the flow shift of the scheduler's sigmas (default: the domain's profile, else the checkpoint's; distilled: unset)",
+)
+FPS = RequestSetting(
+    "fps", (float, int), "the rate the actions are meant for (default: the domain's profile, else the model's)"
+)
+CONTROL_HZ = RequestSetting(
+    "control_hz",
+    (float, int),
+    "the robot's control rate, as it declares it: shown to operators, never used by the model",
+    frozenset({SettingChannel.CONFIGURE}),
+    not_per_observation="`control_hz` is the robot's control rate, shown to operators for the whole session; "
+    "set it with `configure`",
+    recorded=False,
+    in_chunk=False,
+)
 REQUEST_SETTINGS: tuple[RequestSetting, ...] = (
-    RequestSetting(
-        "action_mode",
-        (str,),
-        "policy, inverse_dynamics or forward_dynamics; unset: follows the media (a video asks inverse_dynamics), "
-        "or policy where the media cannot tell (openpi)",
-        _EVERYWHERE - {SettingChannel.VLA_EVAL},  # a vla-eval episode plays policy chunks
-        sglang_names=("action_mode",),
-        normalize=_lower_mode,
-        flag="mode",
-    ),
-    RequestSetting(
-        "domain_name",
-        (str,),
-        "the embodiment, one of the metadata's `domains`",
-        _EVERYWHERE,
-        sglang_names=("domain_name", "domain_id", "raw_action_dim"),
-        flag="domain",
-    ),
-    RequestSetting(
-        "action_horizon",
-        (int,),
-        "actions per chunk (default: the domain's)",
-        _EVERYWHERE - {SettingChannel.HTTP_VIDEOS},  # a rollout's length is its actions'
-        sglang_names=("action_horizon", "num_frames"),
-        in_chunk=False,  # the chunk's actions have that many rows
-        flag="horizon",
-    ),
-    RequestSetting("prompt", (str,), "text conditioning", _EVERYWHERE, sglang_names=("prompt", "task")),
-    RequestSetting(
-        "resolution_tier",
-        (int,),
-        "the resolution tier, one of the metadata's `resolution_tiers`",
-        _EVERYWHERE,
-        sglang_names=("height", "width", "size"),
-    ),
-    RequestSetting(
-        "view_point",
-        (str,),
-        "how named cameras are composed, one of the metadata's `view_points` (default: the domain's)",
-        _EVERYWHERE,
-        sglang_names=("action_view_point",),
-    ),
-    RequestSetting("seed", (int,), "random seed (default: drawn)", _EVERYWHERE, sglang_names=("seed",)),
-    RequestSetting(
-        "num_steps",
-        (int,),
-        "denoising steps (distilled: the fixed count or unset)",
-        _NOT_OPENPI,
-        aliases=("num_inference_steps",),
-        sglang_names=("num_inference_steps",),
-    ),
-    RequestSetting(
-        "guidance_scale",
-        (float, int),
-        "classifier-free guidance (distilled: 1.0 or unset)",
-        _NOT_OPENPI - {SettingChannel.VLA_EVAL},
-        sglang_names=("guidance_scale",),
-    ),
-    RequestSetting(
-        "shift",
-        (float, int),
-        "the flow shift of the scheduler's sigmas (default: the domain's profile, else the checkpoint's; "
-        "distilled: unset)",
-        _NOT_OPENPI - {SettingChannel.VLA_EVAL, SettingChannel.SGLANG},
-    ),
-    RequestSetting(
-        "fps",
-        (float, int),
-        "the rate the actions are meant for (default: the domain's profile, else the model's)",
-        _NOT_OPENPI - {SettingChannel.VLA_EVAL},
-        sglang_names=("fps", "action_fps"),
-    ),
-    RequestSetting(
-        "control_hz",
-        (float, int),
-        "the robot's control rate, as it declares it: shown to operators, never used by the model",
-        frozenset({SettingChannel.CONFIGURE}),
-        not_per_observation="`control_hz` is the robot's control rate, shown to operators for the whole session; "
-        "set it with `configure`",
-        recorded=False,
-        in_chunk=False,
-    ),
+    ACTION_MODE,
+    DOMAIN_NAME,
+    ACTION_HORIZON,
+    PROMPT,
+    RESOLUTION_TIER,
+    VIEW_POINT,
+    SEED,
+    NUM_STEPS,
+    GUIDANCE_SCALE,
+    SHIFT,
+    FPS,
+    CONTROL_HZ,
 )
 SETTINGS_BY_NAME = {setting.name: setting for setting in REQUEST_SETTINGS}
 
@@ -275,24 +250,23 @@ def parse_settings(
     return settings
 
 
-def settings_of(channel: SettingChannel) -> tuple[str, ...]:
-    """The names of the settings ``channel`` takes, in the table's order."""
-    return tuple(setting.name for setting in REQUEST_SETTINGS if channel in setting.channels)
+def setting_names(*settings: RequestSetting) -> tuple[str, ...]:
+    """The names of ``settings``, in the table's order: how a feature declares the settings it takes."""
+    return tuple(setting.name for setting in REQUEST_SETTINGS if setting in settings)
 
 
-def channel_settings(values: Mapping[str, Any], channel: SettingChannel) -> dict[str, Any]:
-    """``values`` (settings by name; ``None``: unset, dropped) as ``channel`` takes them: each type-checked
-    and normalized by the table. :class:`ProtocolError` names a setting the channel does not take."""
+def checked_settings(values: Mapping[str, Any], taken: tuple[str, ...], taker: str) -> dict[str, Any]:
+    """``values`` (settings by name; ``None``: unset, dropped) as ``taker`` takes them, ``taken`` being the
+    names of the settings it takes: each type-checked and normalized by the table. :class:`ProtocolError`
+    names a setting outside ``taken``."""
     settings: dict[str, Any] = {}
     for name in values:
-        setting = SETTINGS_BY_NAME.get(name)
-        if setting is None or channel not in setting.channels:
-            taken = ", ".join(settings_of(channel))
+        if name not in taken:
             raise ProtocolError(
-                ErrorCode.INVALID_FIELD, f"`{name}` is not a {channel.value} setting; those are {taken}", name
+                ErrorCode.INVALID_FIELD, f"`{name}` is not a {taker} setting; those are {', '.join(taken)}", name
             )
         if values[name] is not None:
-            settings[name] = setting.check(values, name, None)
+            settings[name] = SETTINGS_BY_NAME[name].check(values, name, None)
     return settings
 
 

@@ -101,7 +101,7 @@ class CodedError(Exception):
     """An error with a stable ``code``, a ``message`` that says what to fix, and the ``field`` it is about.
 
     Every error this project answers has this shape, whatever carries it: an ``error`` frame of this
-    protocol, an HTTP error body, an observer's refused control, an openpi error text.
+    protocol, an observer's refused control, or another protocol's error reply.
     """
 
     def __init__(self, code: str, message: str, field: str | None = None) -> None:
@@ -127,7 +127,7 @@ class ProtocolError(CodedError):
 @dataclass(frozen=True)
 class FrameLimits:
     """What the server accepts in one observation or request: the pixel and frame bounds of the model
-    (the metadata's ``limits``), and, for HTTP bodies, the pixels one request may decode to (None: no
+    (the metadata's ``limits``), and the pixels one request of several frames may decode to (None: no
     such bound)."""
 
     min_image_side: int = 1

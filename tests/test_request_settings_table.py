@@ -1,11 +1,14 @@
-"""The request settings are declared once (``robot_clients.client_frames.REQUEST_SETTINGS``); every other
-form of them names exactly the settings the table says it carries.
+"""The request settings are declared once (``robot_clients.client_frames.REQUEST_SETTINGS``: names, types,
+where a native frame may carry each); every other form of them is checked against it here.
 
-The forms: the native parser (``configure`` and ``observation``), the server's ``SessionConfig``, the HTTP
-sidecar's request schemas, the ``--openpi-*`` settings, a vla-eval episode's settings, SGLang's request
-keys, what each recorded row keeps (and what ``cosmos3-replay`` may override), what an action chunk
-reports, the engine's ``ActionRequest`` and the user-facing table in ``docs/protocol.md``. A setting added
-to the table and missing from a form it claims, or added to a form and missing from the table, fails here.
+The native parser (``configure`` and ``observation``) takes exactly the settings the table says. Each other
+door declares the settings it takes itself, by name, and must name only the table's settings and take them
+with the table's types: the HTTP sidecar's request schemas (``ACTION_SETTINGS``, ``VIDEO_SETTINGS``), the
+``--openpi-*`` settings (``OPENPI_SETTINGS``), a vla-eval episode's settings (``VLA_EVAL_SETTINGS``) and
+SGLang's request keys (``SGLANG_NAMES``). Then the server's ``SessionConfig``, what each recorded row keeps
+(and what ``cosmos3-replay`` may override), what an action chunk reports, the engine's ``ActionRequest`` and
+the user-facing table in ``docs/protocol.md``. A setting added to the table and missing from a form it
+claims, or added to a form and missing from the table, fails here.
 """
 
 from __future__ import annotations
@@ -28,10 +31,11 @@ from policy_server.http.schemas import ActionGenerationParams, VideoCreateParams
 from policy_server.recording.episode_writer import REQUEST_FIELDS
 from policy_server.recording.replay import OVERRIDABLE
 from policy_server.sessions.config import CHUNK_ECHOED_SETTINGS, SessionConfig, merge_session_config
-from policy_server.sessions.openpi_observation import OpenpiSettings
+from policy_server.sessions.openpi_observation import OPENPI_SETTINGS, OpenpiSettings
 from policy_server.sglang import actions as sglang_actions
 from policy_server.sglang import parameters as sglang_videos
-from policy_server.vla_eval.translation import SESSION_KEYS, VlaEvalSettings
+from policy_server.sglang.parameters import SGLANG_NAMES
+from policy_server.vla_eval.translation import VLA_EVAL_SETTINGS, VlaEvalSettings
 from robot_clients.client import ActionChunk
 from robot_clients.client_frames import (
     OBSERVATION_SETTINGS,
@@ -40,6 +44,7 @@ from robot_clients.client_frames import (
     SETTING_ALIASES,
     ConfigureFrame,
     ObservationFrame,
+    RequestSetting,
     SettingChannel,
     parse_client_frame,
 )
@@ -52,8 +57,30 @@ IMAGE = np.zeros((16, 16, 3), np.uint8)
 SAMPLES = {str: "policy", int: 3, float: 2.5}
 
 
+TABLE = [setting.name for setting in REQUEST_SETTINGS]
+# Each door's own declaration of the settings it takes, by name.
+DOORS = {
+    "http actions": ACTION_SETTINGS,
+    "http videos": VIDEO_SETTINGS,
+    "openpi": OPENPI_SETTINGS,
+    "vla-eval": VLA_EVAL_SETTINGS,
+    "sglang": tuple(SGLANG_NAMES),
+}
+
+
 def names(channel: SettingChannel) -> set[str]:
     return {setting.name for setting in REQUEST_SETTINGS if channel in setting.channels}
+
+
+def setting(name: str) -> RequestSetting:
+    return next(s for s in REQUEST_SETTINGS if s.name == name)
+
+
+@pytest.mark.parametrize("door", DOORS)
+def test_each_door_takes_only_the_tables_settings_in_the_tables_order(door):
+    taken = DOORS[door]
+    assert taken and set(taken) <= set(TABLE), set(taken) - set(TABLE)
+    assert list(taken) == [name for name in TABLE if name in taken]  # no name twice, flags in the table's order
 
 
 def test_the_table_names_each_setting_once_with_a_doc_and_a_type():
@@ -104,43 +131,43 @@ def test_the_http_schemas_name_the_settings_each_endpoint_takes():
     # Besides the settings: the media, the real-time chunking prefix, the state, the model's name.
     actions_media = {"image", "video", "prefix_actions", "state", "model"}
     videos_media = {"action", "input_reference", "model"}
-    assert set(ActionGenerationParams.model_fields) - actions_media == names(SettingChannel.HTTP_ACTIONS)
-    assert set(VideoCreateParams.model_fields) - videos_media == names(SettingChannel.HTTP_VIDEOS)
-    # The request builders read the settings they hand on from the table, as the schemas declare them.
-    assert set(ACTION_SETTINGS) == names(SettingChannel.HTTP_ACTIONS)
-    assert set(VIDEO_SETTINGS) == names(SettingChannel.HTTP_VIDEOS)
+    # The request builders hand on the settings the schemas declare, each a setting of the table.
+    assert set(ActionGenerationParams.model_fields) - actions_media == set(ACTION_SETTINGS)
+    assert set(VideoCreateParams.model_fields) - videos_media == set(VIDEO_SETTINGS)
+    assert set(ACTION_SETTINGS) == set(TABLE) - {"control_hz"}  # shown to operators, never the model's
+    assert set(VIDEO_SETTINGS) == set(ACTION_SETTINGS) - {"action_horizon"}  # a rollout's length is its actions'
     for model in (ActionGenerationParams, VideoCreateParams):
         for name in set(model.model_fields) - actions_media - videos_media:
             shown = str(model.model_fields[name].annotation)
-            kind = next(s for s in REQUEST_SETTINGS if s.name == name).types[0]
+            kind = setting(name).types[0]
             assert kind.__name__ in shown or "Literal" in shown, (model.__name__, name, shown)
 
 
-def test_the_openpi_and_vla_eval_flags_are_the_tables_settings_of_their_channel():
+def test_the_openpi_and_vla_eval_flags_are_the_settings_each_feature_takes():
     parser = build_parser()
     flags = {option for action in parser._actions for option in action.option_strings}
-    for prefix, channel in (("--openpi-", SettingChannel.OPENPI), ("--vla-eval-", SettingChannel.VLA_EVAL)):
+    for prefix, taken_by_feature in (("--openpi-", OPENPI_SETTINGS), ("--vla-eval-", VLA_EVAL_SETTINGS)):
         taken = {s.name for s in REQUEST_SETTINGS if f"{prefix}{s.option}" in flags}
-        assert taken == names(channel), prefix
+        assert taken == set(taken_by_feature), prefix
     # Every flag lands in the settings under its setting's name, typed and normalized by the table.
     values = {str: "droid_lerobot", int: "8", float: "2.5"}
     argv = ["--tiny", "distilled"]
     for s in REQUEST_SETTINGS:
-        for prefix, channel in (("--openpi-", SettingChannel.OPENPI), ("--vla-eval-", SettingChannel.VLA_EVAL)):
-            if channel in s.channels:
+        for prefix, taken_by_feature in (("--openpi-", OPENPI_SETTINGS), ("--vla-eval-", VLA_EVAL_SETTINGS)):
+            if s.name in taken_by_feature:
                 argv += [f"{prefix}{s.option}", " POLICY " if s.name == "action_mode" else values[s.types[0]]]
     args = parser.parse_args(argv)
     openpi, vla_eval = cli_module._openpi_settings(args), cli_module._vla_eval_settings(args)
     assert openpi is not None and vla_eval is not None
-    assert set(openpi.requested) == names(SettingChannel.OPENPI)
-    assert set(vla_eval.requested) == names(SettingChannel.VLA_EVAL)
+    assert set(openpi.requested) == set(OPENPI_SETTINGS)
+    assert set(vla_eval.requested) == set(VLA_EVAL_SETTINGS)
     assert openpi.requested["action_mode"] == "policy" and openpi.requested["action_horizon"] == 8
 
 
 @pytest.mark.parametrize("form", [OpenpiSettings, VlaEvalSettings])
-def test_the_operator_settings_take_only_their_channels_settings_and_check_their_types(form):
-    channel = SettingChannel.OPENPI if form is OpenpiSettings else SettingChannel.VLA_EVAL
-    refused = next(s.name for s in REQUEST_SETTINGS if channel not in s.channels)
+def test_the_operator_settings_take_only_their_features_settings_and_check_their_types(form):
+    taken = OPENPI_SETTINGS if form is OpenpiSettings else VLA_EVAL_SETTINGS
+    refused = next(name for name in TABLE if name not in taken)
     with pytest.raises(ProtocolError) as info:
         form(requested={refused: 1})
     assert (info.value.code, info.value.field) == (ErrorCode.INVALID_FIELD, refused)
@@ -150,24 +177,21 @@ def test_the_operator_settings_take_only_their_channels_settings_and_check_their
     assert form(requested={"seed": None}).requested == {}  # unset
 
 
-def test_a_vla_eval_episode_takes_the_tables_vla_eval_settings():
-    assert set(SESSION_KEYS) == names(SettingChannel.VLA_EVAL)
-    assert "action_mode" not in names(SettingChannel.VLA_EVAL)  # an episode plays policy chunks
+def test_a_vla_eval_episode_takes_the_vla_eval_settings_and_no_mode():
+    assert set(VLA_EVAL_SETTINGS) <= set(TABLE)
+    assert "action_mode" not in VLA_EVAL_SETTINGS  # an episode plays policy chunks
 
 
 def sglang_names() -> dict[str, str]:
-    """SGLang's keys that carry a setting, each with the setting it carries (from the table)."""
-    return {
-        key: setting.name
-        for setting in REQUEST_SETTINGS
-        if SettingChannel.SGLANG in setting.channels
-        for key in setting.sglang_names
-    }
+    """SGLang's keys that carry a setting, each with the setting it carries (from SGLang's mapping)."""
+    return {key: name for name, keys in SGLANG_NAMES.items() for key in keys}
 
 
-def test_sglangs_keys_carry_the_tables_settings_under_the_tables_sglang_names():
+def test_sglangs_keys_carry_the_tables_settings_under_sglangs_names():
     carried = sglang_names()
-    assert set(carried.values()) == names(SettingChannel.SGLANG)
+    assert len(carried) == sum(len(keys) for keys in SGLANG_NAMES.values())  # each key carries one setting
+    assert set(carried.values()) == set(SGLANG_NAMES) <= set(TABLE)
+    assert set(TABLE) - set(SGLANG_NAMES) == {"shift", "control_hz"}  # SGLang has no shift; control_hz is ours
     # SGLang's action keys that are no setting: media, the batch's candidates, output shaping, checks.
     not_settings = {
         "observation",
@@ -183,14 +207,14 @@ def test_sglangs_keys_carry_the_tables_settings_under_the_tables_sglang_names():
     assert action_keys - not_settings == set(carried) - {"size"}  # `size` is the videos' way to say width+height
     # /v1/videos takes our own names, SGLang's renamed ones and the keys it resolves into a setting.
     native = set(sglang_videos.NATIVE_FIELDS) - {"action", "input_reference", "model"}
-    assert native == names(SettingChannel.HTTP_VIDEOS)
+    assert native == set(VIDEO_SETTINGS)
     for key, name in sglang_videos.RENAMED.items():
         assert carried[key] == name, key
     # Its resolved keys say a setting another way; num_frames is only checked against the actions' length
     # (a rollout has no horizon setting).
     resolved = {carried[key] for key in sglang_videos.CHECKED_FIELDS if key in carried and key != "num_frames"}
     assert resolved == {"domain_name", "resolution_tier", "fps"}
-    assert resolved <= names(SettingChannel.HTTP_VIDEOS)
+    assert resolved <= set(VIDEO_SETTINGS)
 
 
 def test_sglangs_action_parser_reads_every_setting_key_it_accepts():
@@ -263,7 +287,7 @@ def test_sessions_and_http_refuse_a_bad_setting_by_the_same_check(described, nam
     with pytest.raises(ApiError) as actions:
         action_request({"domain_name": domain, "image": image, name: value}, described)
     answers = [actions.value]
-    if SettingChannel.HTTP_VIDEOS in next(s for s in REQUEST_SETTINGS if s.name == name).channels:
+    if name in VIDEO_SETTINGS:
         width = described.domains[domain].raw_action_dim or 7
         with pytest.raises(ApiError) as videos:
             video_submission(

@@ -25,7 +25,7 @@ from pydantic import BaseModel, ValidationError
 from cosmos3_runtime.description import ModelDescription
 from cosmos3_runtime.errors import RuntimeErrorBase
 from cosmos3_runtime.requests import ActionRequest
-from robot_clients.client_frames import REQUEST_SETTINGS, ObservationFrame, SettingChannel, parse_state
+from robot_clients.client_frames import REQUEST_SETTINGS, ObservationFrame, parse_state
 from robot_clients.protocol import ErrorCode, FrameLimits, ProtocolError
 
 from ..camera_intake import DEFAULT_MAX_DECODED_BYTES, model_frame_limits
@@ -49,9 +49,9 @@ VIDEOS_PATH = "/v1/videos"
 ACTION_GENERATIONS_PATH = "/v1/actions/generations"
 ACTION_MODES = ("policy", "inverse_dynamics")
 VIDEO_MODE = "forward_dynamics"
-# The settings each endpoint takes (their schemas' fields, checked against the table by a test).
-ACTION_SETTINGS = tuple(s.name for s in REQUEST_SETTINGS if SettingChannel.HTTP_ACTIONS in s.channels)
-VIDEO_SETTINGS = tuple(s.name for s in REQUEST_SETTINGS if SettingChannel.HTTP_VIDEOS in s.channels)
+# The settings each endpoint takes, in the table's order: the request settings among its schema's fields.
+ACTION_SETTINGS = tuple(s.name for s in REQUEST_SETTINGS if s.name in ActionGenerationParams.model_fields)
+VIDEO_SETTINGS = tuple(s.name for s in REQUEST_SETTINGS if s.name in VideoCreateParams.model_fields)
 RequestModel = TypeVar("RequestModel", bound=BaseModel)
 
 

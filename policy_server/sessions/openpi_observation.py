@@ -63,13 +63,20 @@ from cosmos3_runtime.description import ModelDescription
 from cosmos3_runtime.poses import MIN_QUATERNION_NORM
 from cosmos3_runtime.profiles import VIEW_POINTS, PolicyProfile
 from robot_clients.client_frames import (
+    ACTION_HORIZON,
+    ACTION_MODE,
+    DOMAIN_NAME,
+    PROMPT,
+    RESOLUTION_TIER,
+    SEED,
     SESSION_SETTINGS,
-    SettingChannel,
-    channel_settings,
+    VIEW_POINT,
     check_image_size,
+    checked_settings,
     is_encoded_clip,
     is_encoded_frame,
     parse_state,
+    setting_names,
     str_keys,
 )
 from robot_clients.protocol import ErrorCode, FrameLimits, ProtocolError
@@ -539,11 +546,16 @@ def _frames(array: Any, key: str, video: bool, limits: FrameLimits) -> np.ndarra
     raise ProtocolError(ErrorCode.INVALID_IMAGE, f"`{key}` must be uint8 (or float in [0, 1]), got {array.dtype}", key)
 
 
+# The request settings the server's --openpi-* flags set for every openpi session (openpi clients cannot send
+# settings themselves): what the policy is asked, never the sampler's settings (the domain's are used).
+OPENPI_SETTINGS = setting_names(ACTION_MODE, DOMAIN_NAME, ACTION_HORIZON, PROMPT, RESOLUTION_TIER, VIEW_POINT, SEED)
+
+
 @dataclass(frozen=True)
 class OpenpiSettings:
     """What openpi clients cannot say for themselves."""
 
-    # The request settings of every openpi session, by name: the table's openpi ones (the --openpi-* flags).
+    # The request settings of every openpi session, by name: those of OPENPI_SETTINGS (the --openpi-* flags).
     # Unset ones take the model's default domain, `policy`, and the domain's defaults.
     requested: Mapping[str, Any] = field(default_factory=dict)
     cameras: CameraMapping = field(default_factory=CameraMapping)
@@ -555,7 +567,7 @@ class OpenpiSettings:
 
     def __post_init__(self) -> None:
         # Typed and normalized by the table here, so that a bad value fails where it was written.
-        object.__setattr__(self, "requested", channel_settings(self.requested, SettingChannel.OPENPI))
+        object.__setattr__(self, "requested", checked_settings(self.requested, OPENPI_SETTINGS, "openpi"))
 
     def session_config(self, description: ModelDescription) -> SessionConfig:
         """Resolve against the loaded model; raises :class:`ProtocolError` naming a bad setting."""

@@ -5,7 +5,7 @@ for each ("The action envelope", "The reply", "Metadata"), with examples and SGL
 The request is JSON or msgpack, or SGLang's multipart form, which :func:`envelope_from_form` rebuilds into
 the same envelope so that one parser checks both. Its sections: ``request_id`` (or ``id``, echoed as the
 reply's ``id``), ``input`` (the text and the observation, :data:`INPUT_KEYS`), ``parameters`` (the
-table's settings under SGLang's names, ``RequestSetting.sglang_names``, and the others of
+request settings under SGLang's names, :data:`~.parameters.SGLANG_NAMES`, and the others of
 :data:`PARAMETER_KEYS`) and ``runtime`` (how to answer, :data:`RUNTIME_KEYS`).
 
 :func:`parse_action_envelope` checks it and returns an :class:`ActionCall` with one :class:`ActionItem`
@@ -38,13 +38,13 @@ import numpy as np
 
 from cosmos3_runtime.description import ModelDescription
 from cosmos3_runtime.requests import ActionResult
-from robot_clients.client_frames import REQUEST_SETTINGS, SettingChannel
 from robot_clients.protocol import ErrorCode
 
 from ..http.errors import ApiError
 from ..json_text import JsonTextError, loads_bounded
 from ..metadata import public_model_name
 from .parameters import (
+    SGLANG_NAMES,
     TENSOR_VALUE_KEYS,
     Mapped,
     canvas_tier,
@@ -67,16 +67,10 @@ from .parameters import (
 ENVELOPE_KEYS = ("request_id", "id", "input", "parameters", "runtime", "model")
 MEDIA_KEYS = ("image", "images", "input_reference", "video", "state")
 INPUT_KEYS = ("task", "prompt", "observation", *MEDIA_KEYS)
-# SGLang's names of the table's settings (those an action request's `input` holds aside, and `size`, the
-# videos' way to say width and height), then its parameters that are no setting.
+# SGLang's names of our settings (but those an action request's `input` holds, and `size`, the videos' way to
+# say width and height), then its parameters that are no setting.
 PARAMETER_KEYS = (
-    *(
-        key
-        for setting in REQUEST_SETTINGS
-        if SettingChannel.SGLANG in setting.channels
-        for key in setting.sglang_names
-        if key not in INPUT_KEYS and key != "size"
-    ),
+    *(key for keys in SGLANG_NAMES.values() for key in keys if key not in INPUT_KEYS and key != "size"),
     "action_normalization",
     "candidate_count",
     "candidate_reducer",

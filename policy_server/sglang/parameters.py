@@ -44,6 +44,7 @@ guardrails, video-to-video inputs) is refused rather than ignored.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -52,12 +53,28 @@ from typing import Any
 import numpy as np
 
 from cosmos3_runtime.description import ModelDescription
-from robot_clients.client_frames import REQUEST_SETTINGS, SettingChannel
+from cosmos3_runtime.requests import VideoRequest
+from robot_clients.client_frames import ACTION_MODE, REQUEST_SETTINGS
 from robot_clients.protocol import ErrorCode
 
 from ..http.errors import ApiError
 from ..json_text import JsonTextError, loads_bounded
 
+# SGLang's names of our request settings: each setting and the keys SGLang's bodies carry it under (one setting
+# may be told by several: a tier by height and width, or by `size`). SGLang has no flow shift; control_hz is
+# ours alone. SGLang's spelling, not ours: a renamed setting keeps SGLang's keys.
+SGLANG_NAMES: dict[str, tuple[str, ...]] = {
+    "action_mode": ("action_mode",),
+    "domain_name": ("domain_name", "domain_id", "raw_action_dim"),
+    "action_horizon": ("action_horizon", "num_frames"),
+    "prompt": ("prompt", "task"),
+    "resolution_tier": ("height", "width", "size"),
+    "view_point": ("action_view_point",),
+    "seed": ("seed",),
+    "num_steps": ("num_inference_steps",),
+    "guidance_scale": ("guidance_scale",),
+    "fps": ("fps", "action_fps"),
+}
 # SGLang's normalization names (and ours) -> the runtime's profile kinds (``PolicyProfile.normalization.kind``).
 NORMALIZATION_KINDS = {
     "quantile": "quantile",
@@ -562,11 +579,13 @@ def video_clip(value: Any, path: str) -> Any:
 
 # -- the /v1/videos body ---------------------------------------------------------------------------
 
-# Our VideoCreateParams fields: they keep their meaning (the media, the table's video settings, the model).
+# Our VideoCreateParams fields: they keep their meaning (the media; the mode and the settings of the engine's
+# VideoRequest, in the table's order; the model).
+_VIDEO_REQUEST_FIELDS = frozenset(video_field.name for video_field in dataclasses.fields(VideoRequest))
 NATIVE_FIELDS = (
     "action",
     "input_reference",
-    *(setting.name for setting in REQUEST_SETTINGS if SettingChannel.HTTP_VIDEOS in setting.channels),
+    *(setting.name for setting in REQUEST_SETTINGS if setting is ACTION_MODE or setting.name in _VIDEO_REQUEST_FIELDS),
     "model",
 )
 # SGLang's names for two of them.

@@ -64,8 +64,8 @@ from ..websocket_routes import EdgeEndpoints, HttpEndpoint, SessionEndpoint
 from .translation import (
     IMAGES_KEY,
     PROTOCOL_VERSION,
-    SESSION_KEYS,
     VLA_EVAL_PATH,
+    VLA_EVAL_SETTINGS,
     ChunkPlan,
     ChunkPlayer,
     FrameType,
@@ -225,7 +225,7 @@ class VlaEvalSession(Session):
             config, plan = self.settings.episode(description, {})
             resolved = config.resolved(description)
             stateless = resolved["state_dim"] is None
-            served.update({name: resolved[name] for name in SESSION_KEYS})  # what the episode's settings became
+            served.update({name: resolved[name] for name in VLA_EVAL_SETTINGS})  # what the episode's settings became
             served.update(
                 action_dim=resolved["raw_action_dim"],
                 state_dim=resolved["state_dim"],
@@ -464,7 +464,7 @@ def config_answer(context: ServerContext[Any], settings: VlaEvalSettings, query:
         try:
             config, _ = settings.episode(description, {})
             resolved = config.resolved(description)
-            current.update({key: resolved[key] for key in (*SESSION_KEYS, "state_dim")})
+            current.update({key: resolved[key] for key in (*VLA_EVAL_SETTINGS, "state_dim")})
         except ProtocolError as error:
             current["error"] = error.text()
     return 200, {"applied": {}, "config": current}

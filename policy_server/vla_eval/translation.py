@@ -78,11 +78,17 @@ import numpy as np
 from cosmos3_runtime.description import ModelDescription
 from cosmos3_runtime.profiles import PolicyProfile
 from robot_clients.client_frames import (
-    REQUEST_SETTINGS,
-    SettingChannel,
-    channel_settings,
+    ACTION_HORIZON,
+    DOMAIN_NAME,
+    NUM_STEPS,
+    PROMPT,
+    RESOLUTION_TIER,
+    SEED,
+    VIEW_POINT,
     check_image_size,
+    checked_settings,
     parse_state,
+    setting_names,
 )
 from robot_clients.protocol import CodedError, ErrorCode, FrameLimits, ProtocolError
 from robot_clients.wire_codec import WireFormatError, packb, unpackb
@@ -526,17 +532,18 @@ class ChunkPlayer:
 # -- settings --------------------------------------------------------------------------------------
 
 VLA_EVAL_PATH = "/v1/vla-eval"
-# The session settings an episode may set for itself (the table's vla-eval ones), and the chunk plan's.
-SESSION_KEYS = tuple(setting.name for setting in REQUEST_SETTINGS if SettingChannel.VLA_EVAL in setting.channels)
+# The request settings an episode may set for itself (and the --vla-eval-* flags for every episode): no mode,
+# since an episode plays policy chunks, and of the sampler's only the step count. Then the chunk plan's.
+VLA_EVAL_SETTINGS = setting_names(DOMAIN_NAME, ACTION_HORIZON, PROMPT, RESOLUTION_TIER, VIEW_POINT, SEED, NUM_STEPS)
 PLAN_KEYS = ("chunk", "ask_ahead", "execute")
-EPISODE_SETTINGS = SESSION_KEYS + PLAN_KEYS
+EPISODE_SETTINGS = VLA_EVAL_SETTINGS + PLAN_KEYS
 
 
 @dataclass(frozen=True)
 class VlaEvalSettings:
     """What the server's ``--vla-eval-*`` flags set for every episode."""
 
-    # Request settings by name, the table's vla-eval ones; unset: the model's default domain, and the
+    # Request settings by name, those of VLA_EVAL_SETTINGS; unset: the model's default domain, and the
     # domain's defaults. An episode's own `settings` override them.
     requested: Mapping[str, Any] = field(default_factory=dict)
     plan: ChunkPlan = field(default_factory=ChunkPlan)
@@ -545,7 +552,7 @@ class VlaEvalSettings:
 
     def __post_init__(self) -> None:
         # Typed and normalized by the table here, so that a bad value fails where it was written.
-        object.__setattr__(self, "requested", channel_settings(self.requested, SettingChannel.VLA_EVAL))
+        object.__setattr__(self, "requested", checked_settings(self.requested, VLA_EVAL_SETTINGS, "vla_eval"))
 
     def episode(self, description: ModelDescription, overrides: dict[str, Any]) -> tuple[SessionConfig, ChunkPlan]:
         """The session config and chunk plan of one episode: these settings, then the episode's own
@@ -557,9 +564,9 @@ class VlaEvalSettings:
                     f"unknown episode setting `{key}`; an episode may set {', '.join(EPISODE_SETTINGS)}",
                     f"settings/{key}",
                 )
-        # A vla-eval episode plays policy chunks (the table's vla-eval settings have no mode).
+        # A vla-eval episode plays policy chunks (VLA_EVAL_SETTINGS has no mode).
         values = {**self.requested, "action_mode": "policy"}
-        values.update({k: v for k, v in overrides.items() if k in SESSION_KEYS})
+        values.update({k: v for k, v in overrides.items() if k in VLA_EVAL_SETTINGS})
         config = fixed_session_config(values, description)
         plan = self.plan
         for key in PLAN_KEYS:
