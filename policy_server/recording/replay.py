@@ -37,7 +37,7 @@ import numpy as np
 import pyarrow.parquet as pq
 
 from cosmos3_runtime.requests import ActionRequest
-from robot_clients.client_frames import REQUEST_SETTINGS
+from robot_clients.client_frames import ACTION_MODE, FPS, REQUEST_SETTINGS
 
 from ..camera_intake import side_by_side
 from ..durable_files import read_lines
@@ -185,7 +185,7 @@ class RecordedEpisode:
 OVERRIDABLE: dict[str, type] = {
     setting.name: setting.types[0]
     for setting in REQUEST_SETTINGS
-    if setting.recorded and setting.name not in ("action_mode", "fps")
+    if setting.recorded and setting not in (ACTION_MODE, FPS)
 }
 
 
