@@ -27,8 +27,8 @@ from robot_clients.client_frames import SettingChannel, settings_of
 
 from .camera_intake import ENCODED_FORMATS
 from .context import ServerContext
-from .sessions.config import STATE_PROFILE_FIELDS, SessionConfig
-from .sessions.openpi_observation import ALL_STATE_KEYS, CameraMapping
+from .openpi_settings import ALL_STATE_KEYS, CameraMapping
+from .session_config import STATE_PROFILE_FIELDS, SessionConfig
 
 SERVER_NAME = "cosmos3-policy-server"
 

@@ -19,8 +19,6 @@ from typing import Any
 
 from robot_clients.protocol import ErrorCode, ProtocolError
 from robot_clients.wire_codec import (
-    FRAME_MAX_DEPTH,
-    FRAME_MAX_VALUES,
     WireFormatError,
     WireLimitError,
     count_elements,
@@ -28,21 +26,13 @@ from robot_clients.wire_codec import (
 )
 
 from ..camera_intake import decode_pool
+from ..server_settings import FrameBudget
 
 # A frame of this many bytes or more is decoded on a thread: building it copies its bytes.
 OFF_LOOP_BYTES = 256 * 1024
 # A smaller frame is counted on the event loop up to this many elements (well under a millisecond); one that
 # holds more is counted and decoded on a thread too. Observations hold a few dozen.
 INLINE_VALUES = 2048
-
-
-@dataclass(frozen=True)
-class FrameBudget:
-    """What one client frame may hold once decoded (``--max-frame-values``): elements (every value, a map's
-    keys included) and the depth containers nest to."""
-
-    max_values: int = FRAME_MAX_VALUES
-    max_depth: int = FRAME_MAX_DEPTH
 
 
 @dataclass

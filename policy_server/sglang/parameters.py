@@ -55,7 +55,7 @@ from cosmos3_runtime.description import ModelDescription
 from robot_clients.client_frames import REQUEST_SETTINGS, SettingChannel
 from robot_clients.protocol import ErrorCode
 
-from ..http.errors import ApiError
+from ..api_errors import ApiError
 from ..json_text import JsonTextError, loads_bounded
 
 # SGLang's normalization names (and ours) -> the runtime's profile kinds (``PolicyProfile.normalization.kind``).
@@ -618,7 +618,7 @@ def video_fields(fields: Mapping[str, Any], description: ModelDescription, *, de
     """A ``POST /v1/videos`` body, with SGLang's names or ours, as our ``VideoCreateParams`` fields.
 
     ``default_fps`` is the rate a request without ``fps`` runs at (``VideoCreateParams.fps``'s default):
-    ``seconds`` is checked against it. Raises :class:`~policy_server.http.errors.ApiError` naming the
+    ``seconds`` is checked against it. Raises :class:`~policy_server.api_errors.ApiError` naming the
     client's field.
     """
     body = dict(fields)

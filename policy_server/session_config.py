@@ -25,8 +25,8 @@ from cosmos3_runtime.requests import SETTING_NAMES, ActionRequest, ActionResult
 from robot_clients.client_frames import REQUEST_SETTINGS, ObservationFrame
 from robot_clients.protocol import ErrorCode, ProtocolError
 
-from ..camera_intake import compose_named
-from ..engine.request_queue import engine_error_code
+from .camera_intake import compose_named
+from .engine.request_queue import engine_error_code
 
 # The settings an engine request carries as the session holds them (the table's recorded ones: those the
 # model uses), less the two resolved for each observation.
