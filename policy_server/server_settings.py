@@ -1,6 +1,11 @@
 """The WebSocket server's settings (``cosmos3-serve`` flags): one typed dataclass, read by the server and,
 through its context (:mod:`policy_server.context`), by sessions, the HTTP sidecar and backends.
 
+The settings types it holds live with their mechanism where that is on this floor (``RateLimit``,
+``SessionLimits``, ``OpenpiSettings``); those whose mechanism is a session's are declared here
+(:class:`PolicySessionLimits` for ``sessions/policy_sessions.py``, :class:`FrameBudget` for
+``sessions/wire_intake.py``), so that nothing on the floor imports ``sessions/``.
+
 The optional features have settings of their own (``SidecarSettings``, ``RecordingOptions``, each protocol
 served at the edge its own), handed to them by whoever attaches them (``policy_server.cli.assemble_server``),
 not to the server."""

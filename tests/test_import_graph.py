@@ -6,8 +6,8 @@
 - Packages import one way: no two packages import each other (:func:`mutual_imports`). A package here is
   a subpackage (``policy_server.sessions``, ``policy_server.http``...), the top of the network side (the
   modules the server is assembled and run by, :data:`TOP_MODULES`), or a package's own other modules, its
-  floor (``policy_server``'s ``context.py``, ``session_config.py``...). The top may import everything and the
-  floor nothing above it, so each folder reads as one room.
+  floor (``policy_server``'s ``context.py``, ``session_config.py``...). Between any two the imports run one
+  way, so each folder reads as one room.
 - ``robot_clients`` imports neither ``policy_server`` nor ``cosmos3_runtime``: it is what a robot installs,
   and the dependency runs the other way (the server uses the client's codec and protocol).
 - Only the command line imports ``PolicyServer``: sessions, the sidecar and the backends see the server

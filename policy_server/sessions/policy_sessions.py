@@ -8,11 +8,12 @@ actions, and its own recording episode. Observations without a name belong to th
 as before.
 
 :class:`PolicySessionTable` holds the rules, without sockets: how many names one connection may hold
-(:attr:`PolicySessionLimits.max_per_connection`), that a new name also needs a free session slot of the
-server (each name is charged like a connection against ``--max-sessions``: it costs a queue slot, a decode
-slot, a recording episode), and when a name unused for :attr:`PolicySessionLimits.idle_timeout_s` expires,
-freeing its slot and ending its episode. Past a bound a new name is refused with ``too_many_sessions``;
-the connection and its other names go on. The session base (:mod:`.base`) does the I/O.
+(``max_per_connection`` of :class:`~policy_server.server_settings.PolicySessionLimits`), that a new name
+also needs a free session slot of the server (each name is charged like a connection against
+``--max-sessions``: it costs a queue slot, a decode slot, a recording episode), and when a name unused for
+its ``idle_timeout_s`` expires, freeing its slot and ending its episode. Past a bound a new name is refused
+with ``too_many_sessions``; the connection and its other names go on. The session base (:mod:`.base`) does
+the I/O.
 """
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 
 Every WebSocket session (native, openpi, vla-eval, SGLang's lock-step) decodes its client's msgpack
 frames here. Each frame is first counted from its type bytes (:func:`robot_clients.wire_codec.count_elements`,
-nothing built) against the server's :class:`FrameBudget`; past it the frame is answered
+nothing built) against the server's :class:`~policy_server.server_settings.FrameBudget`; past it the frame is answered
 ``payload_too_large`` and the session goes on. A frame that is large in bytes, or whose structure holds
 more than :data:`INLINE_VALUES` elements, is counted and decoded on the decode pool, not on the event
 loop every session shares: the reader of that one session waits for it (its next frame is not read
