@@ -148,7 +148,7 @@ def sglang_keys(context: ServerContext[Any]) -> dict[str, Any]:
 
 
 # One engine request per item of a checked envelope, by our own checks (the sidecar's
-# ``policy_server.http.requests.item_requests``); raises a coded error naming the client's field.
+# ``policy_server.http.requests.item_requests``); raises an ApiError naming the client's field.
 ItemRequests = Callable[[ActionCall, ModelDescription, FrameLimits], list[ActionRequest]]
 
 
@@ -233,7 +233,7 @@ class SglangLockstepSession(Session):
         try:
             call = self.lockstep.receive(message, received_at)
             requests = self.item_requests(call, description, self.context.frame_limits)  # the one media check, first
-        except CodedError as exc:
+        except ApiError as exc:
             raise ProtocolError(exc.code, exc.message, exc.field) from None
         self.last_observation_at = received_at
         self._call, self._chunks, self._started_at, self._first_seq = call, {}, received_at, self._next_seq
