@@ -41,22 +41,29 @@ from .connection_limits import (
     DEFAULT_MAX_PENDING_HANDSHAKES,
     DEFAULT_MAX_PENDING_HANDSHAKES_PER_PEER,
 )
-from .engine.backend import BackendFactory
-from .engine.watchdog import DEFAULT_ENGINE_TIMEOUT_S
-from .engine.worker import DEFAULT_VIDEO_STEP_INTERVAL_S, ActionEngine
-from .server import PolicyServer
-from .server_settings import DEFAULT_MAX_MESSAGE_BYTES, DEFAULT_MAX_OBSERVERS, ServerSettings
-from .sessions.observation_rules import DEFAULT_BURST, DEFAULT_MAX_OBSERVATION_HZ, RateLimit
-from .sessions.openpi_observation import OPENPI_SETTINGS, CameraMapping, CameraMappingError, OpenpiSettings
-from .sessions.policy_sessions import DEFAULT_MAX_SESSION_IDS, DEFAULT_SESSION_ID_IDLE_S, PolicySessionLimits
-from .sessions.supervisor import (
+from .connection_supervisor import (
     DEFAULT_IDLE_TIMEOUT_S,
     DEFAULT_MAX_OUTBOX_BYTES,
     DEFAULT_MAX_OUTBOX_FRAMES,
     DEFAULT_REPLY_TIMEOUT_S,
     SessionLimits,
 )
-from .sessions.wire_intake import FrameBudget
+from .engine.backend import BackendFactory
+from .engine.watchdog import DEFAULT_ENGINE_TIMEOUT_S
+from .engine.worker import DEFAULT_VIDEO_STEP_INTERVAL_S, ActionEngine
+from .openpi_settings import OPENPI_SETTINGS, CameraMapping, CameraMappingError, OpenpiSettings
+from .rate_limit import DEFAULT_BURST, DEFAULT_MAX_OBSERVATION_HZ, RateLimit
+from .server import PolicyServer
+from .server_settings import (
+    DEFAULT_MAX_MESSAGE_BYTES,
+    DEFAULT_MAX_OBSERVERS,
+    DEFAULT_MAX_SESSION_IDS,
+    DEFAULT_SESSION_ID_IDLE_S,
+    FrameBudget,
+    PolicySessionLimits,
+    ServerSettings,
+)
+from .sessions.endpoints import NO_ENDPOINTS
 from .sidecar_settings import (
     DEFAULT_BODY_TIMEOUT_S,
     DEFAULT_HEADER_TIMEOUT_S,
@@ -72,7 +79,6 @@ from .sidecar_settings import (
 )
 from .vla_eval import ChunkPlan, MappingFileError, ObservationMapping, VlaEvalSettings
 from .vla_eval.translation import VLA_EVAL_SETTINGS
-from .websocket_routes import NO_ENDPOINTS
 
 if TYPE_CHECKING:
     from .http.sidecar import HttpSidecar
@@ -690,9 +696,10 @@ def assemble_server(
     """
     dialects: tuple[Dialect, ...] = ()
     if sglang or http is not None:
-        from .sglang.lockstep_session import SGLANG_DIALECT
+        from .http.requests import item_requests
+        from .sglang.lockstep_session import SglangDialect
 
-        dialects = (SGLANG_DIALECT,)
+        dialects = (SglangDialect(item_requests),)
     endpoints = NO_ENDPOINTS
     if vla_eval is not None:
         from .vla_eval.session import vla_eval_endpoints

@@ -24,11 +24,11 @@ from cosmos3_runtime.description import ModelDescription
 from robot_clients.protocol import FrameLimits
 
 from .auth import OriginPolicy
+from .connection_supervisor import ConnectionSupervisor, Supervised
 from .engine.backend import EngineBackend, QueueLike
 from .engine.worker import WorkerState
 from .server_settings import ServerSettings
-from .sessions.listener import SessionListener
-from .sessions.supervisor import ConnectionSupervisor, Supervised
+from .session_events import SessionListener
 
 
 class RegisteredSession(Supervised, Protocol):

@@ -17,9 +17,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from .sessions.observer import OBSERVE_PATH
-
 DASHBOARD_PATH = "/dashboard"
+# The dashboard's live channel on the WebSocket port, served by `sessions/observer.py`.
+OBSERVE_PATH = "/v1/observe"
 DASHBOARD_DIR = Path(__file__).parent / "dashboard"
 CONFIG_NAME = "config.json"
 

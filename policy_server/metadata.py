@@ -27,8 +27,8 @@ from robot_clients import protocol
 
 from .camera_intake import ENCODED_FORMATS
 from .context import ServerContext
-from .sessions.config import SessionConfig
-from .sessions.openpi_observation import ALL_STATE_KEYS, OPENPI_SETTINGS, CameraMapping
+from .openpi_settings import ALL_STATE_KEYS, OPENPI_SETTINGS, CameraMapping
+from .session_config import SessionConfig
 
 SERVER_NAME = "cosmos3-policy-server"
 

@@ -11,8 +11,8 @@ and its chunk leave, then close every session with 1001 (going away), then stop 
 
 The server itself serves the native and openpi protocols and nothing optional. Whoever assembles it
 (``policy_server.cli``) hands it the dialects its robots' path also speaks (:class:`.sessions.native.Dialect`), the
-paths features add to its port (:class:`~.routes.EdgeEndpoints`: vla-eval's, for one), and attaches the features
-(:class:`ServerFeature`: the recording, the HTTP sidecar); they see the server through its
+paths features add to its port (:class:`~.sessions.endpoints.EdgeEndpoints`: vla-eval's, for one), and attaches the
+features (:class:`ServerFeature`: the recording, the HTTP sidecar); they see the server through its
 :class:`~policy_server.context.ServerContext`.
 """
 
@@ -38,6 +38,7 @@ from robot_clients.protocol import REALTIME_PATH, DropReason
 from .auth import CHALLENGE, bearer_subprotocol, is_open_path
 from .camera_intake import served_frame_limits
 from .connection_limits import ACCEPT_BURST, PeerCounter, handshake_limited_connection
+from .connection_supervisor import MAX_QUEUED_FRAMES, SOCKET_SEND_BUFFER_BYTES, WRITE_LIMIT_BYTES, close_connection
 from .context import ServerContext
 from .dashboard_files import CONFIG_NAME, DASHBOARD_HEADERS, DASHBOARD_PATH, dashboard_asset, dashboard_config
 from .engine.backend import BackendFactory, EngineBackend
@@ -48,11 +49,11 @@ from .log_hygiene import printable
 from .metadata import SERVER_NAME, health
 from .server_settings import ServerSettings
 from .sessions.base import Session
+from .sessions.endpoints import NO_ENDPOINTS, EdgeEndpoints
 from .sessions.native import Dialect, NativeSession
 from .sessions.observer import DEFAULT_INTERVAL_S, OBSERVER_MAX_MESSAGE_BYTES, ObserverSession, SnapshotCache, authorize
 from .sessions.openpi import OpenpiSession
-from .sessions.supervisor import MAX_QUEUED_FRAMES, SOCKET_SEND_BUFFER_BYTES, WRITE_LIMIT_BYTES, close_connection
-from .websocket_routes import NO_ENDPOINTS, EdgeEndpoints, Route, check_endpoints, path_of, route
+from .websocket_routes import Route, check_endpoints, path_of, route
 
 __all__ = ["PolicyServer", "ServerFeature"]
 
@@ -164,7 +165,7 @@ class PolicyServer:
                 # Compression costs 30-40 ms per camera frame and buys nothing on incompressible pixels.
                 compression=None,
                 # What the transport buffers before `send` waits; replies then wait in each connection's
-                # bounded outbox (policy_server.sessions.outbox), so a client that stops reading costs a bounded amount.
+                # bounded outbox (policy_server.outbox), so a client that stops reading costs a bounded amount.
                 write_limit=WRITE_LIMIT_BYTES,
                 max_queue=MAX_QUEUED_FRAMES,
                 ping_interval=self.settings.ping_interval,
@@ -351,7 +352,7 @@ class PolicyServer:
         return None
 
     def _edge_http_response(self, connection: ServerConnection, request: Request) -> Response:
-        """A feature's plain-HTTP endpoint (:class:`~.routes.HttpEndpoint`) answers the request."""
+        """A feature's plain-HTTP endpoint (:class:`~.sessions.endpoints.HttpEndpoint`) answers the request."""
         path, _, query = request.path.partition("?")
         status, body = self.endpoints.http[path].answer(self.context, query)
         return _json_response(connection, HTTPStatus(status), body)

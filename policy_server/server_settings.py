@@ -1,6 +1,11 @@
 """The WebSocket server's settings (``cosmos3-serve`` flags): one typed dataclass, read by the server and,
 through its context (:mod:`policy_server.context`), by sessions, the HTTP sidecar and backends.
 
+The settings types it holds live with their mechanism where that is on this floor (``RateLimit``,
+``SessionLimits``, ``OpenpiSettings``); those whose mechanism is a session's are declared here
+(:class:`PolicySessionLimits` for ``sessions/policy_sessions.py``, :class:`FrameBudget` for
+``sessions/wire_intake.py``), so that nothing on the floor imports ``sessions/``.
+
 The optional features have settings of their own (``SidecarSettings``, ``RecordingOptions``, each protocol
 served at the edge its own), handed to them by whoever attaches them (``policy_server.cli.assemble_server``),
 not to the server."""
@@ -10,6 +15,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from robot_clients.wire_codec import FRAME_MAX_DEPTH, FRAME_MAX_VALUES
+
 from .auth import TokenSet
 from .camera_intake import DEFAULT_MAX_DECODED_BYTES
 from .connection_limits import (
@@ -17,13 +24,11 @@ from .connection_limits import (
     DEFAULT_MAX_PENDING_HANDSHAKES,
     DEFAULT_MAX_PENDING_HANDSHAKES_PER_PEER,
 )
+from .connection_supervisor import SessionLimits
 from .engine.watchdog import DEFAULT_ENGINE_TIMEOUT_S
 from .engine.worker import DEFAULT_VIDEO_STEP_INTERVAL_S
-from .sessions.observation_rules import RateLimit
-from .sessions.openpi_observation import OpenpiSettings
-from .sessions.policy_sessions import PolicySessionLimits
-from .sessions.supervisor import SessionLimits
-from .sessions.wire_intake import FrameBudget
+from .openpi_settings import OpenpiSettings
+from .rate_limit import RateLimit
 
 # A 720p RGB frame is 2.8 MB; a 65-frame 256x256 clip 12.8 MB. The default fits the largest single image
 # the models accept (4096x4096x3 = 48 MiB, `limits.max_image_side`) plus the msgpack around it, so the
@@ -35,6 +40,35 @@ DEFAULT_MAX_MESSAGE_BYTES = LARGEST_IMAGE_BYTES + 2**20
 # control frames of a few hundred bytes, at the pace of clicks).
 DEFAULT_MAX_OBSERVERS = 16
 OBSERVER_FRAME_RATE = RateLimit(rate_hz=20.0, burst=40)
+# RoboLab runs a handful of environments per process; 16 covers a vectorised simulator's usual count
+# while one connection cannot take more than a quarter of the default --max-sessions (64).
+DEFAULT_MAX_SESSION_IDS = 16
+# An environment that has sent nothing for this long has finished its episode (a RoboLab episode names a
+# new id for every run): its slot and its recording episode are freed.
+DEFAULT_SESSION_ID_IDLE_S = 30.0
+
+
+@dataclass(frozen=True)
+class PolicySessionLimits:
+    """Bounds on the named policy sessions of one connection (``--max-session-ids``,
+    ``--session-id-idle-timeout-s``). A timeout of 0 never expires a name."""
+
+    max_per_connection: int = DEFAULT_MAX_SESSION_IDS
+    idle_timeout_s: float = DEFAULT_SESSION_ID_IDLE_S
+
+    @property
+    def check_interval_s(self) -> float:
+        """How often a connection with names looks for idle ones."""
+        return max(0.05, min(1.0, self.idle_timeout_s / 4))
+
+
+@dataclass(frozen=True)
+class FrameBudget:
+    """What one client frame may hold once decoded (``--max-frame-values``): elements (every value, a map's
+    keys included) and the depth containers nest to."""
+
+    max_values: int = FRAME_MAX_VALUES
+    max_depth: int = FRAME_MAX_DEPTH
 
 
 @dataclass
@@ -85,7 +119,7 @@ class ServerSettings:
     engine_timeout_s: float = DEFAULT_ENGINE_TIMEOUT_S
     # While robots wait, a video rollout still gets one denoising step this often (BackgroundShare); 0: never.
     video_step_interval_s: float = DEFAULT_VIDEO_STEP_INTERVAL_S
-    # Outbox bounds, reply and idle timeouts of every connection (policy_server.sessions.supervisor).
+    # Outbox bounds, reply and idle timeouts of every connection (policy_server.connection_supervisor).
     session_limits: SessionLimits = field(default_factory=SessionLimits)
     # Observer channels (/v1/observe) open at once; more are refused at the handshake with 503.
     max_observers: int = DEFAULT_MAX_OBSERVERS

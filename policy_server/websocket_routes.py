@@ -10,7 +10,7 @@ path                   served by
                        one of the dialects its first frame chooses (:class:`policy_server.sessions.native.Dialect`)
 ``/``, ``/openpi``     an openpi session (:class:`~policy_server.sessions.openpi.OpenpiSession`), unless
                        the server runs with ``--no-openpi``
-a feature's path       what the server was assembled with (:class:`EdgeEndpoints`, below): a session
+a feature's path       what the server was assembled with (``EdgeEndpoints``): a session
                        of the feature's protocol, or a plain-HTTP answer (``cosmos3-serve`` adds
                        vla-eval's ``/v1/vla-eval``, ``/health`` and ``/config``, unless ``--no-vla-eval``)
 =====================  ============================================================================
@@ -18,84 +18,20 @@ a feature's path       what the server was assembled with (:class:`EdgeEndpoints
 Anything else is answered 404. The bearer token, the Origin check and the connection caps are the
 server's (``PolicyServer._process_request``); which kind of connection a path opens is decided here only.
 
-**A feature's paths** (:class:`EdgeEndpoints`, handed to the server by whoever assembles it; the core
-names none of them). Most protocols of other projects share the robots' path as first-frame dialects
-(:class:`.sessions.native.Dialect`). One whose client must not be sent the native ``metadata`` frame first
-(vla-eval's harness: its client speaks first and reads only its own frames) needs a path of its own: a
-:class:`SessionEndpoint`. A feature may also answer plain-HTTP ``GET`` requests on this port (vla-eval's
-``/health`` and ``/config``, where its tooling looks for them): an :class:`HttpEndpoint`. The server keeps
-its own checks in front of them: an HTTP endpoint marked ``open`` is answered before any check, like
-``/healthz``; every other one after the Origin check and the bearer token; a session endpoint is a robot
-session like the native one (``--max-sessions``, opened once the model is ready). An endpoint cannot take
-a path the server serves itself (:func:`check_endpoints`).
+**A feature's paths** (:mod:`policy_server.sessions.endpoints`: a session path, plain-HTTP answers) are handed
+to the server by whoever assembles it; the core names none of them. An endpoint cannot take a path the server
+serves itself (:func:`check_endpoints`).
 """
 
 from __future__ import annotations
 
 import enum
-from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
-from types import MappingProxyType
-from typing import Any
-
-from websockets.asyncio.server import ServerConnection
 
 from robot_clients.protocol import HEALTH_PATH, REALTIME_PATH
 
-from .context import ServerContext
-from .dashboard_files import DASHBOARD_PATH
-from .sessions.base import Session
-from .sessions.observer import OBSERVE_PATH
+from .dashboard_files import DASHBOARD_PATH, OBSERVE_PATH
+from .sessions.endpoints import NO_ENDPOINTS, EdgeEndpoints
 from .sessions.openpi import OPENPI_PATHS
-
-# A connection accepted on a session endpoint's path, made into the session that serves it.
-SessionFactory = Callable[[ServerConnection, ServerContext[Session]], Session]
-# (the server's context, the request's query string) -> (HTTP status, JSON body).
-HttpAnswer = Callable[[ServerContext[Session], str], tuple[int, dict[str, Any]]]
-
-
-@dataclass(frozen=True)
-class SessionEndpoint:
-    """A WebSocket path served by sessions of a feature's own protocol."""
-
-    path: str
-    session: SessionFactory
-
-
-@dataclass(frozen=True)
-class HttpEndpoint:
-    """A plain-HTTP ``GET`` answered on the WebSocket port with a JSON body."""
-
-    path: str
-    answer: HttpAnswer
-    open: bool = False  # answered before the Origin check and the bearer token (a readiness probe)
-
-
-@dataclass(frozen=True)
-class EdgeEndpoints:
-    """The features' paths on the WebSocket port, by path."""
-
-    sessions: Mapping[str, SessionEndpoint] = field(default_factory=lambda: MappingProxyType({}))
-    http: Mapping[str, HttpEndpoint] = field(default_factory=lambda: MappingProxyType({}))
-
-    @classmethod
-    def of(cls, *endpoints: SessionEndpoint | HttpEndpoint) -> EdgeEndpoints:
-        """The table of ``endpoints``; a path given twice is a :class:`ValueError`."""
-        paths = [endpoint.path for endpoint in endpoints]
-        twice = sorted({path for path in paths if paths.count(path) > 1})
-        if twice:
-            raise ValueError(f"more than one endpoint at {', '.join(twice)}")
-        return cls(
-            MappingProxyType({e.path: e for e in endpoints if isinstance(e, SessionEndpoint)}),
-            MappingProxyType({e.path: e for e in endpoints if isinstance(e, HttpEndpoint)}),
-        )
-
-    @property
-    def paths(self) -> frozenset[str]:
-        return frozenset(self.sessions) | frozenset(self.http)
-
-
-NO_ENDPOINTS = EdgeEndpoints()
 
 
 class Route(enum.Enum):

@@ -34,7 +34,7 @@ from typing import Any
 import pytest
 from server_fixtures import DOMAIN, REPO_ROOT, ServerThread, rgb_image, tiny_engine_loader
 
-from policy_server.sessions.openpi import OpenpiSettings
+from policy_server.openpi_settings import OpenpiSettings
 from robot_clients import AsyncPolicyClient
 
 DOC = REPO_ROOT / "docs" / "architecture.md"

@@ -18,8 +18,8 @@ from server_fixtures import DOMAIN, ServerThread, rgb_image, tiny_engine_loader
 from websockets.asyncio.client import connect
 
 from policy_server.camera_intake import DecodeSlot
+from policy_server.openpi_settings import OpenpiSettings
 from policy_server.sessions.openpi import openpi_arrays
-from policy_server.sessions.openpi_observation import OpenpiSettings
 from robot_clients.protocol import DropReason, ProtocolError
 from robot_clients.wire_codec import packb, unpackb
 

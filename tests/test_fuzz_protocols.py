@@ -47,8 +47,8 @@ from settings_fuzz import check_honoured_or_refused, requests
 from websockets.exceptions import ConnectionClosed
 from websockets.sync.client import connect
 
-from policy_server.sessions.config import SessionConfig
-from policy_server.sessions.observation_rules import RateLimit
+from policy_server.rate_limit import RateLimit
+from policy_server.session_config import SessionConfig
 from robot_clients.protocol import ErrorCode
 from robot_clients.wire_codec import FRAME_MAX_DEPTH, FRAME_MAX_VALUES, packb, unpackb
 

@@ -14,9 +14,9 @@ import json
 import numpy as np
 import pytest
 
+from policy_server.api_errors import ApiError, HttpErrorCode
 from policy_server.http import codecs
 from policy_server.http.codecs import Upload, decode_image_bytes, encoded_image, to_image, to_video
-from policy_server.http.errors import ApiError, HttpErrorCode
 from robot_clients.protocol import ErrorCode, FrameLimits
 from robot_clients.wire_codec import packb
 

@@ -3,6 +3,11 @@
 - No import cycle among the modules of ``cosmos3_runtime``, ``policy_server`` and ``robot_clients``:
   every import counts, those under ``if TYPE_CHECKING:`` and those inside functions included, since a
   cycle hidden there is still two modules that cannot be understood (or moved) one without the other.
+- Packages import one way: no two packages import each other (:func:`mutual_imports`). A package here is
+  a subpackage (``policy_server.sessions``, ``policy_server.http``...), the top of the network side (the
+  modules the server is assembled and run by, :data:`TOP_MODULES`), or a package's own other modules, its
+  floor (``policy_server``'s ``context.py``, ``session_config.py``...). Between any two the imports run one
+  way, so each folder reads as one room.
 - ``robot_clients`` imports neither ``policy_server`` nor ``cosmos3_runtime``: it is what a robot installs,
   and the dependency runs the other way (the server uses the client's codec and protocol).
 - Only the command line imports ``PolicyServer``: sessions, the sidecar and the backends see the server
@@ -20,6 +25,7 @@ import ast
 import json
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -28,6 +34,9 @@ ROOT = Path(__file__).resolve().parent.parent
 PACKAGES = ("cosmos3_runtime", "policy_server", "robot_clients")
 # The one module allowed to import PolicyServer: it builds the server from the command line.
 POLICY_SERVER_IMPORTERS = {"policy_server.cli"}
+# The network side's top: the server, its routing table and the command line that assembles them. They hang
+# from every room; nothing below imports them.
+TOP_MODULES = frozenset({"policy_server.cli", "policy_server.server", "policy_server.websocket_routes"})
 
 
 def project_modules() -> dict[str, Path]:
@@ -147,6 +156,30 @@ def _cycle_through(start: str, group: set[str], graph: dict[str, set[str]]) -> l
     raise AssertionError(f"no cycle through {start} in {sorted(group)}")  # a strongly connected group has one
 
 
+def package_of(module: str, subpackages: set[str]) -> str:
+    """The package ``module`` counts in for the one-way rule: its subpackage (the first two names, when they
+    are one), the top of the network side, or its package's floor (the package's own other modules)."""
+    if module in TOP_MODULES:
+        return "policy_server (top)"
+    subpackage = ".".join(module.split(".")[:2])
+    return subpackage if subpackage in subpackages else module.split(".")[0] + " (floor)"
+
+
+def mutual_imports(graph: dict[str, set[str]], package: Callable[[str], str]) -> list[str]:
+    """Each pair of packages (``package(module)``) that import each other, once, with the imports both ways."""
+    between: dict[tuple[str, str], list[str]] = {}
+    for module, targets in sorted(graph.items()):
+        for target in sorted(targets):
+            pair = (package(module), package(target))
+            if pair[0] != pair[1]:
+                between.setdefault(pair, []).append(f"{module} -> {target}")
+    return [
+        f"{a} <-> {b}: {', '.join(between[a, b])}; {', '.join(between[b, a])}"
+        for a, b in sorted(between)
+        if a < b and (b, a) in between
+    ]
+
+
 def test_the_graph_sees_every_kind_of_import():
     """The reader itself: relative levels, submodules named in `from`, TYPE_CHECKING and function-local."""
     graph = import_graph()
@@ -167,6 +200,25 @@ def test_a_cycle_is_found_and_named():
     graph = {"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}
     assert import_cycles(graph) == [["a", "b", "c", "a"]]
     assert import_cycles({"a": {"b"}, "b": set()}) == []
+
+
+def test_no_two_packages_import_each_other():
+    modules = project_modules()
+    subpackages = {name for name, path in modules.items() if path.name == "__init__.py" and name.count(".") == 1}
+    pairs = mutual_imports(import_graph(), lambda module: package_of(module, subpackages))
+    for pair in pairs:
+        print("packages that import each other: " + pair)
+    assert not pairs, "packages that import each other:\n" + "\n".join(pairs)
+
+
+def test_two_packages_that_import_each_other_are_named():
+    graph = {"p.a.x": {"p.b.y", "p.a.w"}, "p.b.y": set(), "p.b.z": {"p.a.w"}, "p.a.w": set(), "p.c": {"p.a.x"}}
+    assert mutual_imports(graph, lambda module: package_of(module, {"p.a", "p.b"})) == [
+        "p.a <-> p.b: p.a.x -> p.b.y; p.b.z -> p.a.w"
+    ]
+    assert mutual_imports({"p.a.x": {"p.b.y"}, "p.b.y": set()}, lambda module: package_of(module, {"p.a", "p.b"})) == []
+    assert package_of("policy_server.server", set()) == "policy_server (top)"
+    assert package_of("policy_server.context", {"policy_server.sessions"}) == "policy_server (floor)"
 
 
 def test_robot_clients_imports_neither_the_server_nor_the_runtime():

@@ -10,7 +10,7 @@ from server_fixtures import ServerThread, rgb_image
 from websockets.sync.client import connect
 
 from cosmos3_runtime.random_checkpoints import build_tiny_checkpoint
-from policy_server.sessions.openpi_observation import OpenpiSettings
+from policy_server.openpi_settings import OpenpiSettings
 from robot_clients.wire_codec import packb, unpackb
 
 DOMAIN = "droid_lerobot"

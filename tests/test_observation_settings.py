@@ -18,8 +18,8 @@ from settings_fuzz import check_honoured_or_refused, requests
 from sidecar_fixtures import SidecarServer, engine_loader, error_of
 from websockets.sync.client import connect
 
-from policy_server.sessions.config import SessionConfig
-from policy_server.sessions.openpi_observation import OpenpiSettings
+from policy_server.openpi_settings import OpenpiSettings
+from policy_server.session_config import SessionConfig
 from robot_clients import PolicyClient
 from robot_clients.wire_codec import packb, unpackb
 

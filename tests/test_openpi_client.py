@@ -16,7 +16,7 @@ import pytest
 from server_fixtures import REPO_ROOT, tiny_engine_loader
 from sidecar_fixtures import SidecarServer
 
-from policy_server.sessions.openpi_observation import OpenpiSettings
+from policy_server.openpi_settings import OpenpiSettings
 
 OPENPI_PYTHON = Path(os.environ.get("OPENPI_CLIENT_PYTHON", REPO_ROOT / ".venv-openpi" / "bin" / "python"))
 SCRIPT = Path(__file__).with_name("openpi_client_script.py")

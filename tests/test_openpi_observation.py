@@ -7,12 +7,8 @@ import json
 import numpy as np
 import pytest
 
-from policy_server.sessions.openpi_observation import (
-    CameraMapping,
-    CameraMappingError,
-    detect_convention,
-    parse_openpi_observation,
-)
+from policy_server.openpi_settings import CameraMapping, CameraMappingError
+from policy_server.sessions.openpi_observation import detect_convention, parse_openpi_observation
 from robot_clients.protocol import ErrorCode, FrameLimits, ProtocolError
 
 LIMITS = FrameLimits(min_image_side=32, max_image_side=4096, max_clip_frames=65)

@@ -31,7 +31,7 @@ from websockets.exceptions import InvalidStatus
 from websockets.sync.client import connect
 
 from policy_server.auth import TokenSet
-from policy_server.sessions.openpi_observation import OpenpiSettings
+from policy_server.openpi_settings import OpenpiSettings
 
 OPENPI_PYTHON = Path(os.environ.get("OPENPI_CLIENT_PYTHON", REPO_ROOT / ".venv-openpi" / "bin" / "python"))
 SCRIPT = Path(__file__).with_name("openpi_client_script.py")

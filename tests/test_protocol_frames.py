@@ -1,7 +1,7 @@
 """The native protocol's pure parsers, in process: client frames to typed frames, settings to engine requests.
 
 ``parse_client_frame`` (``robot_clients/client_frames.py``) and ``merge_session_config`` /
-``observation_request`` (``policy_server/sessions/config.py``) decide what every client frame means
+``observation_request`` (``policy_server/session_config.py``) decide what every client frame means
 before anything reaches a socket or the engine. These tests call them directly, against the ``describe()``
 of the real tiny checkpoints; the end-to-end behaviour over a live server is in
 ``tests/test_observation_settings.py``.
@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 from cosmos3_runtime.description import ModelDescription
 from cosmos3_runtime.errors import InvalidRequestError
 from cosmos3_runtime.validation import job_for_actions
-from policy_server.sessions.config import (
+from policy_server.session_config import (
     SessionConfig,
     merge_session_config,
     observation_request,
@@ -409,7 +409,7 @@ def test_settings_used_are_the_resolved_settings_the_engine_ran_with(tiny_engine
 
 def test_the_openpi_mode_flag_is_trimmed_and_lower_cased(distilled):
     from policy_server.cli import build_parser
-    from policy_server.sessions.openpi_observation import OpenpiSettings
+    from policy_server.openpi_settings import OpenpiSettings
 
     args = build_parser().parse_args(["--tiny", "distilled", "--openpi-mode", " Inverse_Dynamics "])
     assert args.openpi_mode == "inverse_dynamics"

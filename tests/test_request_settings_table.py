@@ -24,14 +24,14 @@ import pytest
 
 from cosmos3_runtime.requests import ActionRequest
 from policy_server import cli as cli_module
+from policy_server.api_errors import ApiError
 from policy_server.cli import build_parser
-from policy_server.http.errors import ApiError
 from policy_server.http.requests import ACTION_SETTINGS, VIDEO_SETTINGS, action_request, video_submission
 from policy_server.http.schemas import ActionGenerationParams, VideoCreateParams
+from policy_server.openpi_settings import OPENPI_SETTINGS, OpenpiSettings
 from policy_server.recording.episode_writer import REQUEST_FIELDS
 from policy_server.recording.replay import OVERRIDABLE
-from policy_server.sessions.config import CHUNK_ECHOED_SETTINGS, SessionConfig, merge_session_config
-from policy_server.sessions.openpi_observation import OPENPI_SETTINGS, OpenpiSettings
+from policy_server.session_config import CHUNK_ECHOED_SETTINGS, SessionConfig, merge_session_config
 from policy_server.sglang import actions as sglang_actions
 from policy_server.sglang import parameters as sglang_videos
 from policy_server.sglang.parameters import SGLANG_NAMES

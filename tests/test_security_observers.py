@@ -25,8 +25,8 @@ from server_fixtures import DOMAIN, ServerThread, rgb_image, tiny_engine_loader
 from websockets.asyncio.client import connect
 from websockets.exceptions import ConnectionClosed, InvalidStatus
 
+from policy_server.connection_supervisor import SessionLimits
 from policy_server.sessions.observer import DETAIL_PROMPT_CHARS, LIST_PROMPT_CHARS
-from policy_server.sessions.supervisor import SessionLimits
 from robot_clients.wire_codec import packb, unpackb
 
 MAX_OBSERVERS = 3

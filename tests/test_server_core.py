@@ -35,7 +35,7 @@ SCRIPT = textwrap.dedent(
     from policy_server.server import PolicyServer
     from policy_server.server_settings import ServerSettings
     from policy_server.sessions.openpi import openpi_arrays
-    from policy_server.sessions.openpi_observation import OpenpiSettings
+    from policy_server.openpi_settings import OpenpiSettings
     from robot_clients.wire_codec import packb, unpackb
 
     checkpoint, domain, features = sys.argv[1], sys.argv[2], json.loads(sys.argv[3])

@@ -5,8 +5,9 @@ from __future__ import annotations
 import pytest
 
 from cosmos3_runtime.description import ModelDescription
-from policy_server.sessions.config import SessionConfig, merge_session_config
-from policy_server.websocket_routes import EdgeEndpoints, Route, route
+from policy_server.session_config import SessionConfig, merge_session_config
+from policy_server.sessions.endpoints import EdgeEndpoints
+from policy_server.websocket_routes import Route, route
 from robot_clients.protocol import ErrorCode, ProtocolError
 
 

@@ -30,12 +30,13 @@ from server_fixtures import REPO_ROOT, ServerThread, tiny_engine_loader
 from websockets.asyncio.client import connect
 
 from policy_server.auth import TokenSet
+from policy_server.openpi_settings import OpenpiSettings
 from policy_server.recording.feature import RecordingOptions
 from policy_server.recording.replay import RecordedEpisode
 from policy_server.recording.store import RecordingStore
+from policy_server.server_settings import PolicySessionLimits
 from policy_server.sessions.controls import ControlAction, OperatorControl
-from policy_server.sessions.openpi_observation import OpenpiSettings
-from policy_server.sessions.policy_sessions import PolicySessionLimits, PolicySessionTable
+from policy_server.sessions.policy_sessions import PolicySessionTable
 from robot_clients.client import AsyncPolicyClient, ServerError
 from robot_clients.protocol import ErrorCode, ProtocolError
 from robot_clients.wire_codec import packb, unpackb

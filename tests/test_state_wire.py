@@ -19,10 +19,11 @@ from sidecar_fixtures import SidecarServer, error_of, png_b64, png_bytes
 from websockets.sync.client import connect
 
 from cosmos3_runtime.description import ModelDescription
-from policy_server.http.errors import ApiError
+from policy_server.api_errors import ApiError
 from policy_server.http.requests import action_request
-from policy_server.sessions.config import SessionConfig, observation_request
-from policy_server.sessions.openpi_observation import CameraMapping, OpenpiSettings, parse_openpi_observation
+from policy_server.openpi_settings import CameraMapping, OpenpiSettings
+from policy_server.session_config import SessionConfig, observation_request
+from policy_server.sessions.openpi_observation import parse_openpi_observation
 from robot_clients import PolicyClient
 from robot_clients.chunker import ActionChunker, ChunkerConfig, ChunkRecord, RemoteChunkPolicy
 from robot_clients.client import ServerError

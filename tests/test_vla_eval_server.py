@@ -263,7 +263,7 @@ def test_without_vla_eval_its_paths_are_not_served():
 
 
 def test_the_rate_limit_counts_the_observations_that_reach_the_engine():
-    from policy_server.sessions.observation_rules import RateLimit
+    from policy_server.rate_limit import RateLimit
 
     settings = VlaEvalSettings(requested={"action_horizon": 8}, plan=ChunkPlan(ask_ahead=0))
     limited = RateLimit(rate_hz=1.0, burst=2)

@@ -14,9 +14,9 @@ from typing import Any
 from fastapi import Request
 from pydantic import BaseModel
 
+from ..api_errors import ApiError, HttpErrorCode
 from . import codecs as http_codecs
 from .codecs import Upload
-from .errors import ApiError, HttpErrorCode
 from .schemas import ErrorResponse
 
 # The error answers most routes share, for the OpenAPI schema.

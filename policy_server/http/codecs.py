@@ -20,7 +20,7 @@ clips pass the one media check every protocol uses (:mod:`policy_server.camera_i
 frame count, decoded bytes), a video upload's frame count and sides come from its container or from
 ffmpeg's stream header, and the pixels they would decode to are checked against
 :attr:`FrameLimits.max_decoded_bytes` before the first pixel is decoded. Errors name the field
-(:class:`~policy_server.http.errors.ApiError`: ``invalid_image``, or ``payload_too_large`` for media over
+(:class:`~policy_server.api_errors.ApiError`: ``invalid_image``, or ``payload_too_large`` for media over
 the request's pixel budget).
 
 Nested-list JSON is bounded before it is parsed (:data:`DEFAULT_MAX_JSON_VALUES`: every element of a
@@ -47,6 +47,7 @@ import numpy as np
 from robot_clients.protocol import ErrorCode, FrameLimits
 from robot_clients.wire_codec import WireFormatError, WireLimitError, unpackb
 
+from ..api_errors import ApiError, HttpErrorCode
 from ..camera_intake import (
     CameraSize,
     DecodedTooLarge,
@@ -61,7 +62,6 @@ from ..camera_intake import (
 from ..json_text import JsonTextError, loads_bounded
 from ..sidecar_settings import DEFAULT_MAX_JSON_VALUES
 from ..videos.encoding import VideoEncodingError, read_video_bytes
-from .errors import ApiError, HttpErrorCode
 
 JSON_TYPE = "application/json"
 MSGPACK_TYPES = ("application/msgpack", "application/x-msgpack", "application/vnd.msgpack")

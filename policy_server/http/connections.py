@@ -32,9 +32,9 @@ from collections.abc import Callable
 from http import HTTPStatus
 from typing import Any
 
+from ..api_errors import HttpErrorCode
 from ..connection_limits import PeerCounter, peer_address
 from ..sidecar_settings import SidecarConnectionLimits
-from .errors import HttpErrorCode
 
 logger = logging.getLogger(__name__)
 

@@ -9,6 +9,7 @@ from typing import Any
 from cosmos3_runtime.description import ModelDescription
 from robot_clients.protocol import FrameLimits
 
+from ..api_errors import ApiError, HttpErrorCode
 from ..camera_intake import model_frame_limits
 from ..context import ServerContext
 from ..metrics import ServerMetrics
@@ -16,7 +17,6 @@ from ..sidecar_settings import SidecarSettings
 from ..videos.job_store import VideoJobStore
 from ..videos.runner import VideoJobRunner
 from .bodies import BodyBudget
-from .errors import ApiError, HttpErrorCode
 from .turns import InFlightLimit
 
 

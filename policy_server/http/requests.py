@@ -28,9 +28,10 @@ from cosmos3_runtime.requests import ActionRequest
 from robot_clients.client_frames import REQUEST_SETTINGS, ObservationFrame, parse_state
 from robot_clients.protocol import ErrorCode, FrameLimits, ProtocolError
 
+from ..api_errors import ApiError
 from ..camera_intake import DEFAULT_MAX_DECODED_BYTES, model_frame_limits
 from ..metadata import public_model_name
-from ..sessions.config import check_settings, merge_session_config
+from ..session_config import check_settings, merge_session_config
 from ..sglang.actions import (
     FORM_UPLOADS,
     ActionCall,
@@ -42,7 +43,6 @@ from ..sglang.actions import (
 from ..videos.job_store import VideoJobInputs
 from . import codecs as http_codecs
 from .codecs import decode_image_bytes, encoded_image, to_actions, to_image, to_video
-from .errors import ApiError
 from .schemas import SEED_LIMIT, ActionGenerationParams, VideoCreateParams, VideoJobObject, normalized_mode
 
 VIDEOS_PATH = "/v1/videos"

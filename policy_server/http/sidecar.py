@@ -46,6 +46,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from robot_clients.protocol import ErrorCode
 
+from ..api_errors import ApiError, HttpErrorCode
 from ..auth import FORBIDDEN_ORIGIN_CODE, UNAUTHORIZED_CODE, BearerAuthMiddleware, OriginCheckMiddleware
 from ..connection_limits import ACCEPT_BURST, PeerCounter, capped_to_descriptors
 from ..context import ServerContext
@@ -56,7 +57,6 @@ from ..videos.job_store import VideoJobStatus, VideoJobStore
 from ..videos.runner import VideoJobRunner
 from .bodies import BodyBudget, content_length
 from .connections import guarded_protocol
-from .errors import ApiError, HttpErrorCode
 from .parts import SidecarParts
 from .routes import actions, metadata, recordings, videos
 from .turns import InFlightLimit

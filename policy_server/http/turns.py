@@ -26,9 +26,9 @@ import contextlib
 from collections.abc import Iterator, Mapping
 from typing import Any
 
+from ..api_errors import ApiError, HttpErrorCode
 from ..auth import TOKEN_ID_SCOPE_KEY
 from ..sidecar_settings import DEFAULT_MAX_IN_FLIGHT
-from .errors import ApiError, HttpErrorCode
 
 RETRY_AFTER_S = 1
 

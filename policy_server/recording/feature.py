@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from ..context import ServerContext, SessionRecordings
-from ..sessions.listener import SessionListener
+from ..session_events import SessionListener
 from .recorder import Recorder, RecordingListener
 from .writer import RecorderSettings
 

@@ -23,8 +23,7 @@ import numpy as np
 
 from cosmos3_runtime.description import MODEL_IDENTITY_KEYS
 
-from ..sessions.listener import AcceptedObservation, SessionListener
-from ..sessions.observation_rules import ChunkReply
+from ..session_events import AcceptedObservation, SessionListener
 from .events import (
     ChunkReturned,
     DropRecord,
@@ -283,7 +282,7 @@ NO_RECORDING = NullSessionRecording()
 
 
 class RecordingListener(SessionListener):
-    """A :class:`SessionRecording` as one of its session's listeners (:mod:`policy_server.sessions.listener`).
+    """A :class:`SessionRecording` as one of its session's listeners (:mod:`policy_server.session_events`).
 
     Episodes follow the session: one starts at its first configuration (or at once, when recording starts
     on a configured session), a reset ends it and starts the next with the same configuration, and the
@@ -310,8 +309,8 @@ class RecordingListener(SessionListener):
             client_timestamp=event.frame.client_timestamp,
         )
 
-    def chunk_sent(self, reply: ChunkReply) -> None:
-        self.recording.chunk(reply.seq, reply.actions, reply.timing, reply.seed)
+    def chunk_sent(self, seq: int, actions: np.ndarray, timing: Mapping[str, float | None], seed: int | None) -> None:
+        self.recording.chunk(seq, actions, timing, seed)
 
     def dropped(self, seq: int, reason: str, message: str) -> None:
         self.recording.dropped(seq, reason, message)

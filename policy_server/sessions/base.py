@@ -5,7 +5,7 @@ that drains it, the observation rate limit, the idle clock, putting observations
 turning the engine's outcomes (``on_result``, ``on_dropped``) into replies, draining at shutdown and
 closing. What it decides about its observations (sequence order, one terminal reply each, latest wins) is
 its :class:`~.observation_rules.ObservationRules`, which has no sockets. What happens to it is told to its
-listeners (:mod:`.listener`: its telemetry, its recording), never to a feature by name.
+listeners (:mod:`policy_server.session_events`: its telemetry, its recording), never to a feature by name.
 
 A subclass is one protocol: it parses its client's frames (:meth:`Session.handle`) and encodes its own
 replies (:meth:`Session.encode_chunk`, :meth:`Session.encode_drop`, :meth:`Session.encode_error`,
@@ -39,12 +39,14 @@ from robot_clients.protocol import DropReason, ErrorCode, ProtocolError, Session
 from ..camera_intake import DecodeSlot
 from ..context import ServerContext
 from ..engine.request_queue import EngineOutcome, PendingObservation, QueueClosed
-from .config import SessionConfig
+from ..outbox import Outbox, OutboxFull, paced, payload_size
+from ..rate_limit import TokenBucket
+from ..session_config import SessionConfig
+from ..session_events import AcceptedObservation, SessionListener
 from .controls import ControlError, ControlErrorCode, OperatorControl
-from .listener import AcceptedObservation, SessionListener, SessionTelemetry
-from .observation_rules import DROP_MESSAGES, ChunkReply, Drop, ObservationRules, TokenBucket
-from .outbox import Outbox, OutboxFull, paced, payload_size
+from .observation_rules import DROP_MESSAGES, ChunkReply, Drop, ObservationRules
 from .policy_sessions import PolicySessionTable
+from .telemetry import SessionTelemetry
 from .wire_intake import WireIntake
 
 logger = logging.getLogger(__name__)
@@ -357,7 +359,7 @@ class Session:
         name = payload.policy_session
         owner = self if name is None else self.policy_sessions.get(name)
         for listener in owner.listeners if owner is not None else ():  # an expired one's listeners are gone
-            listener.chunk_sent(payload)
+            listener.chunk_sent(payload.seq, payload.actions, payload.timing, payload.seed)
         return self.pack_chunk(payload)
 
     # -- frames from the client ----------------------------------------------------------------------

@@ -11,7 +11,7 @@ Every observation ``seq`` gets exactly one terminal reply: ``action_chunk``, ``d
 That holds for a client that falls behind on its replies too: its outbox keeps only the newest unread
 ``action_chunk`` (latest wins); an older unread one becomes ``dropped`` (``superseded``) in its place. A
 client whose outbox fills up, or whose oldest reply waits past ``--reply-timeout-s``, is closed with
-1008 (:mod:`policy_server.sessions.supervisor`); so is one that sends no observation for
+1008 (:mod:`policy_server.connection_supervisor`); so is one that sends no observation for
 ``--idle-timeout-s``.
 
 An observation naming a ``session_id`` belongs to that policy session of the connection
@@ -21,14 +21,14 @@ one the same way; ``configure`` sets the connection's settings, which its policy
 
 Operators act on a session through the observer channel (:meth:`NativeSession.apply_control`): a
 paused session answers observations ``dropped`` (``paused``), a stopped one is closed. What the session
-did is recorded in its :class:`~policy_server.sessions.listener.SessionTelemetry` for observers.
+did is recorded in its :class:`~policy_server.sessions.telemetry.SessionTelemetry` for observers.
 
 **Dialects** (:class:`Dialect`), chosen by a connection's first frame. Other clients than ours speak on
 the robots' path: SGLang's lock-step clients (a first frame without ``type``,
 ``policy_server.sglang.lockstep_session``). Whoever assembles the server (``policy_server.cli``) hands
 it the dialects it serves; the core names none of them. A client that must not be greeted with the
 native ``metadata`` frame (one that speaks first and reads only its own frames) gets a path of its own
-instead (:class:`policy_server.websocket_routes.SessionEndpoint`).
+instead (:class:`policy_server.sessions.endpoints.SessionEndpoint`).
 
 The contract of a :class:`Dialect`:
 
@@ -71,15 +71,15 @@ from robot_clients.protocol import (
 from robot_clients.wire_codec import WireFormatError, packb
 
 from ..camera_intake import canvas_side, native_decode
+from ..connection_supervisor import close_connection
 from ..context import ServerContext
 from ..engine.request_queue import EngineOutcome, PendingObservation
 from ..metadata import native_metadata
+from ..session_config import chunk_report, merge_session_config, observation_request
 from .base import Session
-from .config import chunk_report, merge_session_config, observation_request
 from .controls import ControlAction, ControlError, ControlErrorCode, OperatorControl
-from .listener import SessionTelemetry
 from .observation_rules import ChunkReply
-from .supervisor import close_connection
+from .telemetry import SessionTelemetry
 
 # Close code and reason when an operator stops a session (the client does not reconnect after it).
 STOPPED_CLOSE_CODE = 1000

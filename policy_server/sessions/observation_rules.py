@@ -10,17 +10,14 @@ in the request queue). The rules:
   left, or the observation was already answered) is discarded, never answered twice;
 * **latest wins**: a newer observation replacing the waiting one in the queue makes that one a drop
   (``superseded``), and an unread chunk replaced in the outbox by a newer chunk becomes a drop in its place;
-* **a rate per session** (:class:`RateLimit`, a :class:`TokenBucket`): an observation beyond it is answered
+* **a rate per session** (:mod:`policy_server.rate_limit`): an observation beyond it is answered
   ``rate_limited`` before it is decoded and is never queued, so it cannot replace the one that waits.
-  Latest wins bounds what a fast sender costs the engine, not what its frames cost the event loop.
-  Observers and the sidecar's recording pages are held to the same kind of bucket.
 
 What a reply is before a protocol encodes it lives here too: :class:`Drop` and :class:`ChunkReply`.
 """
 
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass
 
 import numpy as np
@@ -150,56 +147,3 @@ class ObservationRules:
         """The session ended: nothing in flight is expected any more."""
         self.closed = True
         self.in_flight.clear()
-
-
-# -- the rate limit ----------------------------------------------------------------------------------
-
-# Robots run at 10-50 Hz; 200/s leaves room for several cameras' worth of frames and never bites a
-# well-behaved client, while it bounds a runaway one to a few hundred decodes a second.
-DEFAULT_MAX_OBSERVATION_HZ = 200.0
-DEFAULT_BURST = 50
-
-
-@dataclass
-class RateLimit:
-    """``rate_hz`` observations per second on average, ``burst`` at once; ``rate_hz`` <= 0 turns it off."""
-
-    rate_hz: float = DEFAULT_MAX_OBSERVATION_HZ
-    burst: int = DEFAULT_BURST
-
-    @property
-    def enabled(self) -> bool:
-        return self.rate_hz > 0
-
-    def bucket(self) -> TokenBucket:
-        return TokenBucket(self.rate_hz, max(1, self.burst))
-
-
-class TokenBucket:
-    """A classic token bucket; ``take()`` is O(1) and reads the monotonic clock once."""
-
-    def __init__(self, rate_hz: float, burst: int) -> None:
-        self.rate_hz = float(rate_hz)
-        self.burst = float(burst)
-        self._tokens = float(burst)
-        self._last = time.monotonic()
-        self.refused = 0
-
-    def take(self, now: float | None = None) -> bool:
-        """Spend one token if there is one. False (and counted) when the limit is reached."""
-        if self.rate_hz <= 0:
-            return True
-        now = time.monotonic() if now is None else now
-        self._tokens = min(self.burst, self._tokens + (now - self._last) * self.rate_hz)
-        self._last = now
-        if self._tokens >= 1.0:
-            self._tokens -= 1.0
-            return True
-        self.refused += 1
-        return False
-
-    def message(self) -> str:
-        return (
-            f"more than {self.rate_hz:g} observations per second (burst {self.burst:g}) on this session; "
-            "this one was not queued. Send at your control rate: the server always answers the latest"
-        )

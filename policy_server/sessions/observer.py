@@ -23,7 +23,7 @@ to it (one ``sessions`` list per sessions interval and one ``session_detail`` pe
 the previous one waits unsent; both built once per interval for all observers by :class:`SnapshotCache`,
 so the work does not grow with the observers; prompts cut to :data:`LIST_PROMPT_CHARS` in the list and
 :data:`DETAIL_PROMPT_CHARS` in the detail; the camera JPEG encoded once per frame); and what waits for it
-(the bounded outbox and reply timeout of every connection, :mod:`policy_server.sessions.supervisor`).
+(the bounded outbox and reply timeout of every connection, :mod:`policy_server.connection_supervisor`).
 
 Access is decided in one place, :func:`authorize`, called by the server for every handshake to this
 path before anything is sent.
@@ -49,17 +49,16 @@ from robot_clients import protocol
 from robot_clients.client_frames import REQUEST_SETTINGS
 from robot_clients.protocol import ProtocolError
 
+from ..connection_supervisor import close_connection
 from ..context import ServerContext
 from ..json_text import JsonTextError, loads_bounded
 from ..metadata import public_model_name
+from ..outbox import OutboxFull, paced
 from .base import Session
 from .controls import RECORDING_ACTIONS, ControlAction, ControlError, ControlErrorCode, parse_control
-from .outbox import OutboxFull, paced
-from .supervisor import close_connection
 
 logger = logging.getLogger(__name__)
 
-OBSERVE_PATH = "/v1/observe"
 DEFAULT_INTERVAL_S = 0.25  # session_detail of the watched session
 DEFAULT_SESSIONS_INTERVAL_S = 1.0  # the sessions list (it changes at the pace of people, not of robots)
 # Observers send subscribe and control frames of a few hundred bytes, at the pace of clicks.

@@ -12,8 +12,8 @@ ALOHA eval scripts, Isaac Lab bridges) speak a minimal protocol:
   looks for **bytes** keys, so that is how this session writes them (the shared wire codec reads both).
 
 openpi clients never say which embodiment, horizon or mode they want, so those come from the server's
-settings (:class:`~.openpi_observation.OpenpiSettings`, set by ``cosmos3-serve --openpi-*`` flags); which
-cameras feed the model comes from a :class:`~.openpi_observation.CameraMapping`.
+settings (:class:`~policy_server.openpi_settings.OpenpiSettings`, set by ``cosmos3-serve --openpi-*`` flags);
+which cameras feed the model comes from a :class:`~policy_server.openpi_settings.CameraMapping`.
 
 Errors: openpi's own server sends a traceback as a text frame and closes the connection. Here the
 error goes out as a text frame too (openpi's client raises ``RuntimeError`` with it), but the
@@ -26,9 +26,9 @@ sequence, queue slot, turn and recording episode; the key is not passed on as an
 
 Observations go through the server's request queue like native ones (latest wins, fair turns, the one
 engine worker), so openpi robots and native robots share the model fairly. Replies go through the same
-bounded outbox as native ones (:mod:`policy_server.sessions.outbox`): an unread action reply replaced by a newer
+bounded outbox as native ones (:mod:`policy_server.outbox`): an unread action reply replaced by a newer
 one becomes the text ``dropped: ...`` in its place, and a client that stops reading is closed with 1008
-(:mod:`policy_server.sessions.supervisor`), as is one that sends nothing for ``--idle-timeout-s``.
+(:mod:`policy_server.connection_supervisor`), as is one that sends nothing for ``--idle-timeout-s``.
 """
 
 from __future__ import annotations
@@ -50,12 +50,12 @@ from ..context import ServerContext
 from ..engine.request_queue import EngineOutcome, PendingObservation
 from ..log_hygiene import printable
 from ..metadata import openpi_metadata
+from ..openpi_settings import OpenpiSettings
+from ..session_config import SessionConfig, observation_request
 from .base import Session
-from .config import SessionConfig, observation_request
 from .observation_rules import UNREAD_CHUNK_MESSAGE, ChunkReply
 from .openpi_observation import (
     OpenpiObservation,
-    OpenpiSettings,
     detect_convention,
     openpi_decode,
     parse_openpi_observation,

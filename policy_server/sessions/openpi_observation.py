@@ -1,5 +1,6 @@
-"""openpi observations: which cameras feed the model, how several become one frame, and the server's
-``--openpi-*`` settings that say what openpi clients cannot say for themselves (:class:`OpenpiSettings`).
+"""openpi observations: which cameras feed the model and how several become one frame, by the conventions and
+the camera mapping of :mod:`policy_server.openpi_settings` (with the ``--openpi-*`` settings that say what
+openpi clients cannot say for themselves).
 
 openpi clients send a flat (or, for ALOHA, nested) dict per observation, with key names set by their
 benchmark's convention, and never say which camera is which view. This module knows the conventions in
@@ -32,17 +33,15 @@ does not use them (every LIBERO, DROID and ALOHA client sends its state, and ope
 whether the policy uses it or not): :attr:`OpenpiObservation.unused_state` names them, so that the session
 can say so; ``strict_state`` (``--openpi-strict-state``) refuses them instead.
 
-Which cameras are used comes from a :class:`CameraMapping`: for each view point, a list of alternatives
-tried in order; an alternative is one camera key, or a list of keys composed side by side (left to
-right, each resized to the first one's height; RoboArena's three DROID cameras, as the alternative
-:data:`ROBOARENA_CAMERAS`, are laid out as NVIDIA's cosmos-framework server lays them out instead: the
-wrist camera on top, the two exteriors at half size side by side below, :func:`~policy_server.camera_intake.
-wrist_over_exteriors`). The first alternative whose cameras are all present wins, so one mapping serves
-every convention. The session's view point (the ``--openpi-view-point``
-flag, else the domain's profile) picks the list. An operator overrides entries with a JSON file or
-string, for example ``{"third_person_view": ["images/cam_low"], "concat_view": [["images/cam_high",
-"images/cam_left_wrist"]]}``. A key is looked up as written first (openpi's flat keys contain ``/``),
-then as a path into nested dicts.
+Which cameras are used comes from a :class:`~policy_server.openpi_settings.CameraMapping`: for each view
+point, a list of alternatives tried in order; an alternative is one camera key, or a list of keys composed
+side by side (left to right, each resized to the first one's height; RoboArena's three DROID cameras, as
+the alternative :data:`~policy_server.openpi_settings.ROBOARENA_CAMERAS`, are laid out as NVIDIA's
+cosmos-framework server lays them out instead: the wrist camera on top, the two exteriors at half size side
+by side below, :func:`~policy_server.camera_intake.wrist_over_exteriors`). The first alternative whose
+cameras are all present wins, so one mapping serves every convention. The session's view point (the
+``--openpi-view-point`` flag, else the domain's profile) picks the list. A key is looked up as written first
+(openpi's flat keys contain ``/``), then as a path into nested dicts.
 
 Images may arrive H×W×3 or 3×H×W (channel-first, ALOHA's layout), as uint8, or as floats in [0, 1], or
 encoded: PNG, JPEG or WebP bytes in place of the array (a list of them for a clip), decoded by the
@@ -53,152 +52,46 @@ Pure data: no sockets, no model.
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
-from pathlib import Path
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
-from cosmos3_runtime.description import ModelDescription
 from cosmos3_runtime.poses import MIN_QUATERNION_NORM
-from cosmos3_runtime.profiles import VIEW_POINTS, PolicyProfile
+from cosmos3_runtime.profiles import PolicyProfile
 from robot_clients.client_frames import (
-    ACTION_HORIZON,
-    ACTION_MODE,
-    DOMAIN_NAME,
-    PROMPT,
-    RESOLUTION_TIER,
-    SEED,
     SESSION_SETTINGS,
-    VIEW_POINT,
     check_image_size,
-    checked_settings,
     is_encoded_clip,
     is_encoded_frame,
     parse_state,
-    setting_names,
     str_keys,
 )
 from robot_clients.protocol import ErrorCode, FrameLimits, ProtocolError
 
 from ..camera_intake import (
     Alternative,
-    camera_alternatives,
     check_cameras,
     decoded_image,
     side_by_side,
     wrist_over_exteriors,
 )
-from ..mapping_files import load_mapping
-from .config import SessionConfig, check_state, fixed_session_config
-
-# The conventions in use, for detection (logs, metadata) and for the docs; the mapping does the work.
-CONVENTIONS: dict[str, dict[str, tuple[str, ...]]] = {
-    "libero": {
-        "cameras": ("observation/image", "observation/wrist_image"),
-        "state": ("observation/state",),
-    },
-    # RoboArena's DROID (NVIDIA's cosmos-framework server, strands-robots): DROID's with a second exterior camera.
-    "roboarena": {
-        "cameras": (
-            "observation/exterior_image_2_left",
-            "observation/wrist_image_left",
-            "observation/exterior_image_1_left",
-        ),
-        "state": ("observation/joint_position", "observation/gripper_position"),
-    },
-    "droid": {
-        "cameras": ("observation/exterior_image_1_left", "observation/wrist_image_left"),
-        "state": ("observation/joint_position", "observation/gripper_position"),
-    },
-    "aloha": {
-        "cameras": ("images/cam_high", "images/cam_low", "images/cam_left_wrist", "images/cam_right_wrist"),
-        "state": ("state",),
-    },
-}
-
-# The three cameras composed as cosmos-framework's DROID server composes them (wrist on top, the exteriors
-# at half size below it), in the order wrist_over_exteriors takes them.
-ROBOARENA_CAMERAS: Alternative = (
-    "observation/wrist_image_left",
-    "observation/exterior_image_1_left",
-    "observation/exterior_image_2_left",
+from ..openpi_settings import (
+    ALL_STATE_KEYS,
+    CONVENTIONS,
+    DROID_GRIPPER,
+    DROID_JOINTS,
+    EEF_POSITION,
+    EEF_QUATERNION,
+    JOINT_STATE_KEYS,
+    POSE_STATE_KEYS,
+    ROBOARENA_CAMERAS,
+    CameraMapping,
 )
-
-DEFAULT_VIEWS: dict[str, tuple[Alternative, ...]] = {
-    "third_person_view": (
-        ("observation/image",),
-        ("observation/exterior_image_1_left",),
-        ("images/cam_high",),
-        ("image",),
-    ),
-    "ego_view": (
-        ("images/cam_high",),
-        ("observation/image",),
-        ("observation/exterior_image_1_left",),
-        ("image",),
-    ),
-    "wrist_view": (
-        ("observation/wrist_image",),
-        ("observation/wrist_image_left",),
-        ("images/cam_left_wrist",),
-        ("images/cam_right_wrist",),
-    ),
-    "concat_view": (
-        ("observation/image", "observation/wrist_image"),
-        ("observation/image",),  # a frame the client composed itself wins, as on NVIDIA's server (RoboLab's)
-        ROBOARENA_CAMERAS,
-        ("observation/exterior_image_1_left", "observation/wrist_image_left"),
-        ("images/cam_high", "images/cam_left_wrist", "images/cam_right_wrist"),
-        ("observation/exterior_image_1_left",),
-        ("images/cam_high",),
-        ("image",),
-    ),
-}
-
+from ..session_config import check_state
 
 # Keys of an observation besides cameras and state: read by the server for this observation.
 OBSERVATION_KEYS = ("prompt", "prefix_actions")
-
-
-class CameraMappingError(ValueError):
-    """A camera mapping file or string is malformed; the message says where."""
-
-
-@dataclass(frozen=True)
-class CameraMapping:
-    """For each view point, the camera alternatives tried in order (see the module docstring)."""
-
-    views: dict[str, tuple[Alternative, ...]] = field(default_factory=lambda: dict(DEFAULT_VIEWS))
-
-    @classmethod
-    def load(cls, source: str | Path | None) -> CameraMapping:
-        """The default mapping with ``source``'s entries replacing whole view points.
-
-        ``source`` is a path to a JSON file, or the JSON text itself (it starts with ``{``).
-        """
-        if source is None:
-            return cls()
-        data, where = load_mapping(source, "the camera mapping", CameraMappingError)
-        views = dict(DEFAULT_VIEWS)
-        for view_point, entry in data.items():
-            if view_point not in VIEW_POINTS:
-                raise CameraMappingError(
-                    f"{where}: unknown view point {view_point!r}; expected one of {', '.join(VIEW_POINTS)}"
-                )
-            views[view_point] = camera_alternatives(entry, f"{where}: {view_point}", CameraMappingError)
-        return cls(views)
-
-    def alternatives(self, view_point: str) -> tuple[Alternative, ...]:
-        return self.views.get(view_point, ())
-
-    def describe(self) -> dict[str, list[list[str]]]:
-        return {view: [list(alt) for alt in alts] for view, alts in self.views.items()}
-
-    def camera_keys(self) -> set[str]:
-        """Every camera key this mapping or a known convention names (used by some view point)."""
-        keys = {key for alts in self.views.values() for alt in alts for key in alt}
-        return keys | {key for convention in CONVENTIONS.values() for key in convention["cameras"]}
 
 
 @dataclass
@@ -317,15 +210,6 @@ def parse_openpi_observation(
             state_key, shown = keys[0], " + ".join(f"`{key}`" for key in keys)
         check_state(result.state, domain, None, state_key, shown)
     return result
-
-
-DROID_JOINTS, DROID_GRIPPER = CONVENTIONS["droid"]["state"]
-STATE_KEYS = (CONVENTIONS["libero"]["state"][0], CONVENTIONS["aloha"]["state"][0])
-JOINT_STATE_KEYS = (DROID_JOINTS, DROID_GRIPPER, *STATE_KEYS)
-# The midtrain action space's state, as NVIDIA's reference server reads it.
-EEF_POSITION, EEF_QUATERNION = "observation/eef_pos", "observation/eef_quat"
-POSE_STATE_KEYS = (EEF_POSITION, EEF_QUATERNION, DROID_GRIPPER)
-ALL_STATE_KEYS = (*JOINT_STATE_KEYS, EEF_POSITION, EEF_QUATERNION)
 
 
 def unread_state_keys(action_space: str) -> tuple[str, ...]:
@@ -544,31 +428,3 @@ def _frames(array: Any, key: str, video: bool, limits: FrameLimits) -> np.ndarra
             )
         return np.ascontiguousarray(np.round(array * 255.0).astype(np.uint8))
     raise ProtocolError(ErrorCode.INVALID_IMAGE, f"`{key}` must be uint8 (or float in [0, 1]), got {array.dtype}", key)
-
-
-# The request settings the server's --openpi-* flags set for every openpi session (openpi clients cannot send
-# settings themselves): what the policy is asked, never the sampler's settings (the domain's are used).
-OPENPI_SETTINGS = setting_names(ACTION_MODE, DOMAIN_NAME, ACTION_HORIZON, PROMPT, RESOLUTION_TIER, VIEW_POINT, SEED)
-
-
-@dataclass(frozen=True)
-class OpenpiSettings:
-    """What openpi clients cannot say for themselves."""
-
-    # The request settings of every openpi session, by name: those of OPENPI_SETTINGS (the --openpi-* flags).
-    # Unset ones take the model's default domain, `policy`, and the domain's defaults.
-    requested: Mapping[str, Any] = field(default_factory=dict)
-    cameras: CameraMapping = field(default_factory=CameraMapping)
-    # A state sent to a domain that does not condition on it: refused (True), or accepted and counted unused.
-    strict_state: bool = False
-    # Every reply also carries the video the model predicted, uint8 [T, H, W, 3] (cosmos-framework's
-    # --decode-video): a VAE decode per chunk and T×H×W×3 bytes per reply, so off unless the operator asks.
-    decode_video: bool = False
-
-    def __post_init__(self) -> None:
-        # Typed and normalized by the table here, so that a bad value fails where it was written.
-        object.__setattr__(self, "requested", checked_settings(self.requested, OPENPI_SETTINGS, "openpi"))
-
-    def session_config(self, description: ModelDescription) -> SessionConfig:
-        """Resolve against the loaded model; raises :class:`ProtocolError` naming a bad setting."""
-        return fixed_session_config({"action_mode": "policy", **self.requested}, description)

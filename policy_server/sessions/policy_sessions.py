@@ -8,43 +8,24 @@ actions, and its own recording episode. Observations without a name belong to th
 as before.
 
 :class:`PolicySessionTable` holds the rules, without sockets: how many names one connection may hold
-(:attr:`PolicySessionLimits.max_per_connection`), that a new name also needs a free session slot of the
-server (each name is charged like a connection against ``--max-sessions``: it costs a queue slot, a decode
-slot, a recording episode), and when a name unused for :attr:`PolicySessionLimits.idle_timeout_s` expires,
-freeing its slot and ending its episode. Past a bound a new name is refused with ``too_many_sessions``;
-the connection and its other names go on. The session base (:mod:`.base`) does the I/O.
+(``max_per_connection`` of :class:`~policy_server.server_settings.PolicySessionLimits`), that a new name
+also needs a free session slot of the server (each name is charged like a connection against
+``--max-sessions``: it costs a queue slot, a decode slot, a recording episode), and when a name unused for
+its ``idle_timeout_s`` expires, freeing its slot and ending its episode. Past a bound a new name is refused
+with ``too_many_sessions``; the connection and its other names go on. The session base (:mod:`.base`) does
+the I/O.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
 from typing import Generic, TypeVar
 
 from robot_clients.protocol import SESSION_ID, ErrorCode, ProtocolError
 
-# RoboLab runs a handful of environments per process; 16 covers a vectorised simulator's usual count
-# while one connection cannot take more than a quarter of the default --max-sessions (64).
-DEFAULT_MAX_SESSION_IDS = 16
-# An environment that has sent nothing for this long has finished its episode (a RoboLab episode names a
-# new id for every run): its slot and its recording episode are freed.
-DEFAULT_SESSION_ID_IDLE_S = 30.0
+from ..server_settings import PolicySessionLimits
 
 PolicySessionT = TypeVar("PolicySessionT")
-
-
-@dataclass(frozen=True)
-class PolicySessionLimits:
-    """Bounds on the named policy sessions of one connection (``--max-session-ids``,
-    ``--session-id-idle-timeout-s``). A timeout of 0 never expires a name."""
-
-    max_per_connection: int = DEFAULT_MAX_SESSION_IDS
-    idle_timeout_s: float = DEFAULT_SESSION_ID_IDLE_S
-
-    @property
-    def check_interval_s(self) -> float:
-        """How often a connection with names looks for idle ones."""
-        return max(0.05, min(1.0, self.idle_timeout_s / 4))
 
 
 class PolicySessionTable(Generic[PolicySessionT]):

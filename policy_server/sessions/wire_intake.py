@@ -2,7 +2,7 @@
 
 Every WebSocket session (native, openpi, vla-eval, SGLang's lock-step) decodes its client's msgpack
 frames here. Each frame is first counted from its type bytes (:func:`robot_clients.wire_codec.count_elements`,
-nothing built) against the server's :class:`FrameBudget`; past it the frame is answered
+nothing built) against the server's :class:`~policy_server.server_settings.FrameBudget`; past it the frame is answered
 ``payload_too_large`` and the session goes on. A frame that is large in bytes, or whose structure holds
 more than :data:`INLINE_VALUES` elements, is counted and decoded on the decode pool, not on the event
 loop every session shares: the reader of that one session waits for it (its next frame is not read
@@ -19,8 +19,6 @@ from typing import Any
 
 from robot_clients.protocol import ErrorCode, ProtocolError
 from robot_clients.wire_codec import (
-    FRAME_MAX_DEPTH,
-    FRAME_MAX_VALUES,
     WireFormatError,
     WireLimitError,
     count_elements,
@@ -28,21 +26,13 @@ from robot_clients.wire_codec import (
 )
 
 from ..camera_intake import decode_pool
+from ..server_settings import FrameBudget
 
 # A frame of this many bytes or more is decoded on a thread: building it copies its bytes.
 OFF_LOOP_BYTES = 256 * 1024
 # A smaller frame is counted on the event loop up to this many elements (well under a millisecond); one that
 # holds more is counted and decoded on a thread too. Observations hold a few dozen.
 INLINE_VALUES = 2048
-
-
-@dataclass(frozen=True)
-class FrameBudget:
-    """What one client frame may hold once decoded (``--max-frame-values``): elements (every value, a map's
-    keys included) and the depth containers nest to."""
-
-    max_values: int = FRAME_MAX_VALUES
-    max_depth: int = FRAME_MAX_DEPTH
 
 
 @dataclass

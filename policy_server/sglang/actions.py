@@ -40,7 +40,7 @@ from cosmos3_runtime.description import ModelDescription
 from cosmos3_runtime.requests import ActionResult
 from robot_clients.protocol import ErrorCode
 
-from ..http.errors import ApiError
+from ..api_errors import ApiError
 from ..json_text import JsonTextError, loads_bounded
 from ..metadata import public_model_name
 from .parameters import (
@@ -308,7 +308,7 @@ def parse_action_envelope(
     ``max_items`` bounds the engine requests one envelope may become (images × candidates).
     ``msgpack_reply``: the reply goes out as msgpack, where ``output_format`` defaults to ``numpy`` (as
     in SGLang); a JSON reply has lists whatever was asked, JSON having no other arrays. Raises
-    :class:`~policy_server.http.errors.ApiError` naming the client's field.
+    :class:`~policy_server.api_errors.ApiError` naming the client's field.
     """
     check_known_keys(body, ENVELOPE_KEYS, "")
     rid_value, rid_path = one_of(body, ("request_id", "id"), "")

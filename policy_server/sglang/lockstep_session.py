@@ -1,11 +1,12 @@
 """SGLang's lock-step clients on ``/v1/actions/realtime``: a dialect of the robots' path, one request
 envelope in, one reply envelope out.
 
-One path serves two protocols. :data:`SGLANG_DIALECT` is registered by the command line
-(``policy_server.cli``) as one of the path's dialects (:class:`policy_server.sessions.native.Dialect`). The path's
-native session sends the metadata frame, to which this dialect adds SGLang's keys (:func:`sglang_keys`,
-merged by :func:`policy_server.sglang.actions.merge_metadata`), because an SGLang client reads the
-metadata before it sends anything. The client's first frame then decides (:func:`connection_mode`): a map
+One path serves two protocols. A :class:`SglangDialect` is registered by the command line
+(``policy_server.cli``, handing it the sidecar's request building) as one of the path's dialects
+(:class:`policy_server.sessions.native.Dialect`). The path's native session sends the metadata frame, to
+which this dialect adds SGLang's keys (:func:`sglang_keys`, merged by
+:func:`policy_server.sglang.actions.merge_metadata`), because an SGLang client reads the metadata before it
+sends anything. The client's first frame then decides (:func:`connection_mode`): a map
 with ``type`` stays our native protocol v1, unchanged (a frame without ``type`` that is not SGLang's
 envelope still gets ``unknown_type`` there); a map without ``type`` that is SGLang's request envelope
 (``input``, ``parameters``, ...) is claimed: the connection is handed over to a
@@ -30,23 +31,22 @@ the engine's queue.
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from websockets.asyncio.server import ServerConnection
 
 from cosmos3_runtime.description import ModelDescription
-from cosmos3_runtime.requests import ActionResult
-from robot_clients.protocol import CodedError, DropReason, ErrorCode, ProtocolError
+from cosmos3_runtime.requests import ActionRequest, ActionResult
+from robot_clients.protocol import CodedError, DropReason, ErrorCode, FrameLimits, ProtocolError
 from robot_clients.wire_codec import WireFormatError, packb, unpackb
 
+from ..api_errors import ApiError, HttpErrorCode
 from ..context import ServerContext
 from ..engine.request_queue import EngineOutcome, PendingObservation, QueueClosed
-from ..http.errors import ApiError, HttpErrorCode
-from ..http.requests import item_requests
 from ..metadata import public_model_name
+from ..session_config import SessionConfig
 from ..sessions.base import Session
-from ..sessions.config import SessionConfig
 from ..sessions.native import FirstFrame
 from ..sessions.observation_rules import ChunkReply
 from .actions import ActionCall, build_reply, is_sglang_envelope, merge_metadata, parse_action_envelope, sglang_metadata
@@ -147,11 +147,21 @@ def sglang_keys(context: ServerContext[Any]) -> dict[str, Any]:
     )
 
 
+# One engine request per item of a checked envelope, by our own checks (the sidecar's
+# ``policy_server.http.requests.item_requests``); raises an ApiError naming the client's field.
+ItemRequests = Callable[[ActionCall, ModelDescription, FrameLimits], list[ActionRequest]]
+
+
 class SglangDialect:
     """SGLang's lock-step mode as a dialect of ``/v1/actions/realtime``: chosen by a first frame without
-    ``type`` that is SGLang's request envelope; its keys join the native metadata frame."""
+    ``type`` that is SGLang's request envelope; its keys join the native metadata frame. ``item_requests``
+    makes an envelope's engine requests: whoever attaches the dialect hands it over, so that this package
+    builds no request of its own and imports nothing of the sidecar."""
 
     name = SGLANG
+
+    def __init__(self, item_requests: ItemRequests) -> None:
+        self.item_requests = item_requests
 
     def hello(self, context: ServerContext[Session], metadata: dict[str, Any]) -> dict[str, Any]:
         return merge_metadata(metadata, sglang_keys(context))
@@ -167,10 +177,7 @@ class SglangDialect:
         first: FirstFrame,
         hello_sent_at: float,
     ) -> Session:
-        return SglangLockstepSession(connection, context, session_id, first.decoded, hello_sent_at)
-
-
-SGLANG_DIALECT = SglangDialect()
+        return SglangLockstepSession(connection, context, session_id, first.decoded, hello_sent_at, self.item_requests)
 
 
 class SglangLockstepSession(Session):
@@ -185,8 +192,10 @@ class SglangLockstepSession(Session):
         session_id: str,
         first_frame: dict[str, Any],
         hello_sent_at: float,
+        item_requests: ItemRequests,
     ) -> None:
         super().__init__(connection, context)
+        self.item_requests = item_requests
         self.id = session_id  # the id the metadata frame already told the client
         assert context.description is not None, "sessions open once the model is ready"
         self.lockstep = LockstepSession(
@@ -223,7 +232,7 @@ class SglangLockstepSession(Session):
                 ) from None
         try:
             call = self.lockstep.receive(message, received_at)
-            requests = item_requests(call, description, self.context.frame_limits)  # the one media check, first
+            requests = self.item_requests(call, description, self.context.frame_limits)  # the one media check, first
         except ApiError as exc:
             raise ProtocolError(exc.code, exc.message, exc.field) from None
         self.last_observation_at = received_at

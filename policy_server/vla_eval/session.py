@@ -26,7 +26,7 @@ The rules of the exchange, as vla-eval's client expects them:
 vla-eval frames, so it cannot share the robots' path as a first-frame dialect (the native session greets
 every connection there with its ``metadata`` frame): its sessions get ``/v1/vla-eval``
 (:class:`VlaEvalSession`). ``policy_server.cli.assemble_server`` hands these to the server
-(:class:`policy_server.websocket_routes.EdgeEndpoints`) unless ``--no-vla-eval``.
+(:class:`policy_server.sessions.endpoints.EdgeEndpoints`) unless ``--no-vla-eval``.
 
 The control plane: vla-eval's own model servers answer ``GET /health`` with ``200 {"status": "ok"}`` once
 they can serve (its tooling uses it as the readiness probe), and ``GET /config`` with their configuration
@@ -57,10 +57,10 @@ from ..context import ServerContext
 from ..engine.request_queue import EngineOutcome, PendingObservation
 from ..log_hygiene import printable
 from ..metadata import public_model_name
+from ..session_config import SessionConfig, observation_request
 from ..sessions.base import Session
-from ..sessions.config import SessionConfig, observation_request
+from ..sessions.endpoints import EdgeEndpoints, HttpEndpoint, SessionEndpoint
 from ..sessions.observation_rules import ChunkReply, Drop
-from ..websocket_routes import EdgeEndpoints, HttpEndpoint, SessionEndpoint
 from .translation import (
     IMAGES_KEY,
     PROTOCOL_VERSION,
@@ -396,7 +396,7 @@ class VlaEvalSession(Session):
         for listener in self.listeners:
             listener.chunk_made(reply.seq, reply.actions, reply.timing)
         for listener in self.listeners:
-            listener.chunk_sent(reply)
+            listener.chunk_sent(reply.seq, reply.actions, reply.timing, reply.seed)
 
     def on_result(self, item: PendingObservation, outcome: EngineOutcome) -> None:
         if not self.rules.engine_answered(item):

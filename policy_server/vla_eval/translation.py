@@ -95,7 +95,7 @@ from robot_clients.wire_codec import WireFormatError, packb, unpackb
 
 from ..camera_intake import Alternative, camera_alternatives, side_by_side
 from ..mapping_files import load_mapping
-from ..sessions.config import SessionConfig, check_state, fixed_session_config
+from ..session_config import SessionConfig, check_state, fixed_session_config
 
 # -- frames ----------------------------------------------------------------------------------------
 

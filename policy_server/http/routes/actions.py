@@ -23,14 +23,14 @@ from cosmos3_runtime.requests import ActionRequest, ActionResult
 from robot_clients.protocol import DropReason
 from robot_clients.wire_codec import packb
 
+from ...api_errors import ApiError, HttpErrorCode
 from ...engine.request_queue import EngineOutcome, PendingObservation, QueueClosed
-from ...sessions.config import chunk_report
+from ...session_config import chunk_report
 from ...sglang.actions import build_reply
 from .. import codecs as http_codecs
 from .. import requests as http_requests
 from .. import turns as http_turns
 from ..bodies import ERROR_RESPONSES, body_schema, read_fields
-from ..errors import ApiError, HttpErrorCode
 from ..parts import SidecarParts
 from ..requests import ACTION_UPLOADS, sglang_envelope, sglang_requests
 from ..schemas import (
@@ -68,7 +68,7 @@ def _timed(function: Callable[..., Any], *args: Any) -> tuple[Any, float]:
 
 def reported_fields(chunk: ActionResult, schema: type[BaseModel]) -> dict[str, Any]:
     """What the engine reports about the chunk it made (the settings it ran with, its horizon, domain id and
-    width: :func:`~policy_server.sessions.config.chunk_report`, and its accounting) that ``schema`` declares
+    width: :func:`~policy_server.session_config.chunk_report`, and its accounting) that ``schema`` declares
     too, by name: copied over without a second list of them."""
     report = {**chunk_report(chunk), "transformer_forwards": chunk.transformer_forwards, "batch_size": chunk.batch_size}
     return {name: value for name, value in report.items() if name in schema.model_fields}

@@ -37,9 +37,9 @@ from fastapi import APIRouter, Query, Request
 
 from robot_clients.protocol import ErrorCode
 
-from ...sessions.listener import encode_preview
-from ...sessions.observation_rules import TokenBucket
-from ..errors import ApiError, HttpErrorCode
+from ...api_errors import ApiError, HttpErrorCode
+from ...rate_limit import TokenBucket
+from ...sessions.telemetry import encode_preview
 from ..parts import SidecarParts
 from ..turns import client_identity
 

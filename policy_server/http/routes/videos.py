@@ -18,13 +18,13 @@ from cosmos3_runtime.description import ModelDescription
 from robot_clients.client_frames import SETTINGS_BY_NAME
 from robot_clients.protocol import ErrorCode, FrameLimits
 
+from ...api_errors import ApiError, HttpErrorCode
 from ...sglang.parameters import video_fields
 from ...videos.encoding import MP4_MEDIA_TYPE
 from ...videos.job_store import JobNotFound, StorageFull, VideoJob, VideoJobStatus, VideoJobStore
 from .. import codecs as http_codecs
 from .. import requests as http_requests
 from ..bodies import ERROR_RESPONSES, body_schema, read_fields
-from ..errors import ApiError, HttpErrorCode
 from ..parts import SidecarParts
 from ..schemas import (
     ErrorDetail,

@@ -1,6 +1,9 @@
-"""The HTTP sidecar's typed errors: one exception type, one JSON shape, stable codes.
+"""The HTTP API's typed errors: one exception type, one JSON shape, stable codes.
 
-Every error the sidecar answers has the same body, whatever went wrong::
+They are the sidecar's (``policy_server.http``) and those of SGLang's dialect (``policy_server.sglang``), on
+the sidecar's routes and in its lock-step mode on the WebSocket port; they live outside both packages so
+that SGLang's needs nothing of the sidecar. Every error the sidecar answers has the same body, whatever went
+wrong::
 
     {"error": {"code": "unknown_domain", "message": "unknown domain 'x'; ...", "field": "domain_name"}}
 

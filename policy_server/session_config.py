@@ -25,8 +25,8 @@ from cosmos3_runtime.requests import SETTING_NAMES, ActionRequest, ActionResult,
 from robot_clients.client_frames import REQUEST_SETTINGS, ObservationFrame
 from robot_clients.protocol import ErrorCode, ProtocolError
 
-from ..camera_intake import compose_named
-from ..engine.request_queue import engine_error_code
+from .camera_intake import compose_named
+from .engine.request_queue import engine_error_code
 
 # The fastest control loop a robot may declare (Hz): a 1 kHz torque loop fits with room to spare; beyond
 # it the figure is a mistake (1e308 would be shown to operators as the session's rate).

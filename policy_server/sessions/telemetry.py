@@ -1,30 +1,10 @@
-"""What a session tells whoever listens to it, and the listener built in: its telemetry.
+"""The listener every native session has built in: its telemetry (:class:`SessionTelemetry`), what an operator
+sees of it (the latest camera frame and chunk, latencies, drops), read by the dashboard's observers.
 
-A session notifies each of its :class:`SessionListener` objects of what happens to it, instead of calling
-the features that care inline. A listener overrides the events it wants; the others do nothing. The
-listeners today: the recording (``policy_server.recording.recorder.RecordingListener``, attached only when
-recording is on, so a server that records nothing never loads the recorder), and the one every native
-session has, its :class:`SessionTelemetry`: what an operator sees of it (the latest camera frame and chunk,
-latencies, drops), read by the dashboard's observers. Each telemetry event costs O(1) and copies nothing
-(the latest frame is kept by reference), because it runs on the event loop for every observation whether
-or not anybody watches; the JPEG an observer sees is made only when one asks (:meth:`SessionTelemetry.preview`),
-once per frame however many watch. Telemetry times are wall-clock (``time.time()``): they are shown to
-people and plotted in a browser, not used for scheduling.
-
-Events, in the order a session's life produces them:
-
-* :meth:`~SessionListener.configured`: the session's configuration is set or changed (``config`` resolved
-  against the model, ``model`` the engine's ``describe()``). A listener attached to a session that is
-  already configured hears it first, at once;
-* :meth:`~SessionListener.observation`: an observation was accepted (parsed, decoded, checked, in order);
-  its terminal reply follows as exactly one of ``chunk_made`` (then ``chunk_sent``), ``dropped`` or ``error``;
-* :meth:`~SessionListener.chunk_made` when the engine's chunk becomes a reply, :meth:`~SessionListener.chunk_sent`
-  when it leaves for the socket (with its ``observation_age_ms``);
-* :meth:`~SessionListener.dropped`, :meth:`~SessionListener.error` (errors about no observation too: ``seq`` None);
-* :meth:`~SessionListener.noted`: something worth a line in the session's log (an operator's control, a
-  replica move, recording stopped);
-* :meth:`~SessionListener.reset`: the client reset the session (what was in flight has been dropped);
-* :meth:`~SessionListener.closed`: the session ended, or this listener was detached from it (``reason``).
+Each telemetry event costs O(1) and copies nothing (the latest frame is kept by reference), because it runs
+on the event loop for every observation whether or not anybody watches; the JPEG an observer sees is made
+only when one asks (:meth:`SessionTelemetry.preview`), once per frame however many watch. Telemetry times are
+wall-clock (``time.time()``): they are shown to people and plotted in a browser, not used for scheduling.
 """
 
 from __future__ import annotations
@@ -35,68 +15,10 @@ import time
 from collections import deque
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
 
 import numpy as np
 
-from cosmos3_runtime.requests import ActionRequest
-from robot_clients.client_frames import ObservationFrame
-
-from .observation_rules import ChunkReply
-
-
-@dataclass(frozen=True)
-class AcceptedObservation:
-    """An observation a session accepted: its frame (cameras decoded), the request made of it, its arrival."""
-
-    frame: ObservationFrame
-    request: ActionRequest
-    received_at: float  # time.monotonic()
-
-    @property
-    def cameras(self) -> Mapping[str, np.ndarray]:
-        """Its cameras by name: its named images, its image, or a clip's first frame (``video``)."""
-        frame = self.frame
-        if frame.images is not None:
-            return {name: image for name, image in frame.images.items() if isinstance(image, np.ndarray)}
-        if isinstance(frame.image, np.ndarray):
-            return {"image": frame.image}
-        video = frame.video
-        return {"video": video[0]} if isinstance(video, np.ndarray) and len(video) else {}
-
-
-class SessionListener:
-    """Hears a session's events (see the module docstring); every event does nothing unless overridden."""
-
-    def configured(self, config: Mapping[str, Any], model: Mapping[str, Any]) -> None:
-        """The session's resolved configuration, set or changed."""
-
-    def observation(self, event: AcceptedObservation) -> None:
-        """An observation accepted; its one terminal reply follows."""
-
-    def chunk_made(self, seq: int, actions: np.ndarray, timing: Mapping[str, float | None]) -> None:
-        """The engine's chunk for ``seq`` became a reply (it may still be replaced before it leaves)."""
-
-    def chunk_sent(self, reply: ChunkReply) -> None:
-        """The chunk leaves for the socket (its timing now has ``observation_age_ms``)."""
-
-    def dropped(self, seq: int, reason: str, message: str) -> None:
-        """``seq`` was answered without actions."""
-
-    def error(self, seq: int | None, code: str, message: str, field: str | None) -> None:
-        """An error reply (about observation ``seq``, or about no observation)."""
-
-    def noted(self, kind: str, details: Mapping[str, Any]) -> None:
-        """A line for the session's log (``kind``: ``operator``, ``replica_moved``, ``recording``...)."""
-
-    def reset(self) -> None:
-        """The client reset the session."""
-
-    def closed(self, reason: str) -> None:
-        """The session ended, or this listener was detached from it."""
-
-
-# -- the built-in listener: what an operator sees ---------------------------------------------------
+from ..session_events import AcceptedObservation, SessionListener
 
 # How many recent chunks and drops a session remembers for the latency timeline.
 HISTORY = 200
