@@ -22,15 +22,22 @@ def main() -> None:
             continue
         env = GymEnvironment.make(mapping, seed=1000)
         report[name] = []
-        for _ in range(3):
+        # Three episodes with three different goal places. MetaWorld picks each episode's task from its 50 with
+        # a generator its reset does not seed, so two episodes may share one: such a repeat is skipped.
+        for _ in range(12):
             env.reset()
+            goal = np.asarray(env.env.unwrapped._target_pos, dtype=np.float64).tolist()
+            if any(episode["goal"] == goal for episode in report[name]):
+                continue
             report[name].append(
                 {
                     "sent": env.get_observation()["state"].tolist(),
                     "observation": np.asarray(env.raw_observation, dtype=np.float64).tolist(),
-                    "goal": np.asarray(env.env.unwrapped._target_pos, dtype=np.float64).tolist(),
+                    "goal": goal,
                 }
             )
+            if len(report[name]) == 3:
+                break
         env.env.close()
     print(json.dumps(report), flush=True)
 
