@@ -31,10 +31,10 @@ would otherwise blow up). Progress is a tqdm bar; runs are seeded and resume fro
 **The dataset** is read by :func:`~cosmos3_runtime.lerobot_dataset.read_dataset` (a LeRobot v3.0 dataset,
 checked against :class:`~cosmos3_runtime.lerobot_dataset.DatasetBounds` before it is read). ``--horizon``
 defaults to what the dataset supports: a recording's answered chunk, else 16. A recording's frames the
-server dropped or failed are no sample and no part of the statistics (their chunks are zeros), but they
-are still encoded: another sample's future frames may be among them. A dataset's failure is one
-line from ``cosmos3-train``, and the checkpoint is built in a folder beside ``--out``, renamed into it
-only when whole.
+server dropped, failed or never answered are no sample and no part of the statistics (their chunks are
+zeros), but they are still encoded: another sample's future frames may be among them. A dataset's
+failure is one line from ``cosmos3-train``, and the checkpoint is built in a folder beside ``--out``,
+renamed into it only when whole.
 """
 
 from __future__ import annotations
