@@ -24,7 +24,9 @@ A dataset is untrusted input, so :func:`read_dataset` checks before it reads:
 Every failure is a :class:`DatasetError` naming the file (relative to the dataset) and the field.
 
 ``action`` is either one row per frame (a demonstration dataset) or a chunk per frame (a recording of the
-server, whose rows are what it answered); :class:`DatasetEpisode` keeps what the file has.
+server); :class:`DatasetEpisode` keeps what the file has. A recording holds a row for every observation,
+answered or not, so its ``response.kind`` column is read too: only a row the server answered with a chunk
+holds one (the others hold zeros), and :attr:`DatasetEpisode.answered` says which.
 """
 
 from __future__ import annotations
@@ -62,6 +64,11 @@ MAX_FOOTER_BYTES = 16 * 2**20  # one Parquet file's metadata
 MAX_TASKS = 100_000
 MAX_ROW_VALUES = 65_536  # numbers in one frame's action or state (a chunk of 64 rows of 1,024 is far past any robot)
 ROWS_PER_BATCH = 16  # data rows held as Arrow values at a time, before they go into their episode's arrays
+# A recording's outcome of each observation, as policy_server.recording writes it (the runtime reads it here
+# without importing the server): a row of ANSWERED_KIND holds the chunk answered, any other kind a zero chunk.
+RESPONSE_KIND = "response.kind"
+RESPONSE_KINDS = ("chunk", "dropped", "error", "unanswered")
+ANSWERED_KIND = "chunk"
 
 
 class DatasetError(CheckpointError):
@@ -83,8 +90,14 @@ class DatasetEpisode:
     index: int
     images: np.ndarray  # (T, H, W, 3) uint8
     state: np.ndarray | None  # (T, D) float32
-    actions: np.ndarray  # (T, D) float32, or (T, H, D) for a recording's answered chunks
+    actions: np.ndarray  # (T, D) float32, or (T, H, D) for a recording's chunks
     task: str
+    answered: np.ndarray | None  # (T,) bool: a recording's frames answered with a chunk; None: every row is real
+
+    @property
+    def target_frames(self) -> np.ndarray:
+        """The frames whose action is a training target: a recording's answered ones, else every frame."""
+        return np.arange(len(self.actions)) if self.answered is None else np.flatnonzero(self.answered)
 
 
 @dataclass
@@ -428,7 +441,8 @@ class _Reader:
                 "(--max-frames-mib)",
                 camera,
             )
-        episodes = {e.index: _EpisodeArrays(e, (height, width), action_shape, state_shape) for e in chosen}
+        kinds = len(action_shape) == 2 and RESPONSE_KIND in features  # a recording: a chunk per frame, and its outcome
+        episodes = {e.index: _EpisodeArrays(e, (height, width), action_shape, state_shape, kinds) for e in chosen}
         tasks = self.tasks()
         self.read_data(data_template, camera if not video else None, episodes, (height, width))
         if video:
@@ -454,18 +468,28 @@ class _Reader:
             state_shape = None if held[0].state is None else held[0].state.shape[1:]
             columns += ["observation.state"] if state_shape is not None else []
             columns += [image_camera] if image_camera else []
+            kinds = held[0].answered is not None
+            columns += [RESPONSE_KIND] if kinds else []
             for batch in self.batches(rel, parquet, columns, "data_path"):
                 ids = _integers(rel, batch, "episode_index")
                 frame_ids = _integers(rel, batch, "frame_index")
                 task_ids = _integers(rel, batch, "task_index")
                 actions = _numbers(rel, batch, "action", held[0].actions.shape[1:])
                 states = None if state_shape is None else _numbers(rel, batch, "observation.state", state_shape)
+                answered = _answered(rel, batch) if kinds else None
                 images = batch.column(image_camera) if image_camera else None
                 for k, (episode, frame) in enumerate(zip(ids.tolist(), frame_ids.tolist())):
                     into = episodes.get(episode)
                     if into is None:
                         continue
-                    into.put(rel, frame, int(task_ids[k]), actions[k], None if states is None else states[k])
+                    into.put(
+                        rel,
+                        frame,
+                        int(task_ids[k]),
+                        actions[k],
+                        None if states is None else states[k],
+                        None if answered is None else bool(answered[k]),
+                    )
                     if images is not None:
                         into.put_image(frame, _image(rel, image_camera or "", images[k].as_py(), sides, self))
         for arrays in episodes.values():
@@ -576,17 +600,28 @@ class _EpisodeArrays:
         sides: tuple[int, int],
         action_shape: tuple[int, ...],
         state_shape: tuple[int, ...] | None,
+        kinds: bool,
     ) -> None:
+        """``kinds``: the rows carry a recording's ``response.kind``, kept as :attr:`answered`."""
         self.entry = entry
         self.start = entry.video_start or 0
         length = entry.length
         self.images = np.zeros((length, *sides, 3), np.uint8)
         self.actions = np.zeros((length, *action_shape), np.float32)
         self.state = np.zeros((length, *state_shape), np.float32) if state_shape else None
+        self.answered = np.zeros(length, bool) if kinds else None
         self.seen = np.zeros(length, bool)
         self.task_index = -1
 
-    def put(self, rel: PurePosixPath, frame: int, task: int, action: np.ndarray, state: np.ndarray | None) -> None:
+    def put(
+        self,
+        rel: PurePosixPath,
+        frame: int,
+        task: int,
+        action: np.ndarray,
+        state: np.ndarray | None,
+        answered: bool | None,
+    ) -> None:
         if not 0 <= frame < self.entry.length or self.seen[frame]:
             raise DatasetError(
                 f"{rel}: episode {self.entry.index} has frame_index {frame} "
@@ -597,6 +632,8 @@ class _EpisodeArrays:
         self.actions[frame] = action
         if self.state is not None and state is not None:
             self.state[frame] = state
+        if self.answered is not None and answered is not None:
+            self.answered[frame] = answered
         if frame == 0:
             self.task_index = task
 
@@ -613,7 +650,9 @@ class _EpisodeArrays:
             )
 
     def episode(self, tasks: Mapping[int, str]) -> DatasetEpisode:
-        return DatasetEpisode(self.entry.index, self.images, self.state, self.actions, tasks.get(self.task_index, ""))
+        return DatasetEpisode(
+            self.entry.index, self.images, self.state, self.actions, tasks.get(self.task_index, ""), self.answered
+        )
 
 
 def _integers(rel: PurePosixPath, batch: pa.RecordBatch, name: str) -> np.ndarray:
@@ -621,6 +660,22 @@ def _integers(rel: PurePosixPath, batch: pa.RecordBatch, name: str) -> np.ndarra
     if not pa.types.is_integer(column.type) or column.null_count:
         raise DatasetError(f"{rel}: column {name!r} is {column.type}, not whole numbers without gaps", name)
     return np.asarray(column.to_numpy(zero_copy_only=False), np.int64)
+
+
+def _answered(rel: PurePosixPath, batch: pa.RecordBatch) -> np.ndarray:
+    """A recording's ``response.kind`` column as whether each row was answered with a chunk."""
+    column = batch.column(RESPONSE_KIND)
+    if not (pa.types.is_string(column.type) or pa.types.is_large_string(column.type)) or column.null_count:
+        raise DatasetError(f"{rel}: column {RESPONSE_KIND!r} is {column.type}, not strings without gaps", RESPONSE_KIND)
+    kinds: list[str] = column.to_pylist()
+    for kind in kinds:
+        if kind not in RESPONSE_KINDS:
+            shown = kind if len(kind) <= 40 else kind[:40] + "..."
+            raise DatasetError(
+                f"{rel}: column {RESPONSE_KIND!r} holds {shown!r}, not one of {', '.join(RESPONSE_KINDS)}",
+                RESPONSE_KIND,
+            )
+    return np.array([kind == ANSWERED_KIND for kind in kinds], bool)
 
 
 def _numbers(rel: PurePosixPath, batch: pa.RecordBatch, name: str, shape: tuple[int, ...]) -> np.ndarray:

@@ -30,9 +30,11 @@ would otherwise blow up). Progress is a tqdm bar; runs are seeded and resume fro
 
 **The dataset** is read by :func:`~cosmos3_runtime.lerobot_dataset.read_dataset` (a LeRobot v3.0 dataset,
 checked against :class:`~cosmos3_runtime.lerobot_dataset.DatasetBounds` before it is read). ``--horizon``
-defaults to what the dataset supports: a recording's answered chunk, else 16. A dataset's failure is one
-line from ``cosmos3-train``, and the checkpoint is built in a folder beside ``--out``, renamed into it
-only when whole.
+defaults to what the dataset supports: a recording's answered chunk, else 16. A recording's frames the
+server dropped, failed or never answered are no sample and no part of the statistics (their chunks are
+zeros), but they are still encoded: another sample's future frames may be among them. A dataset's
+failure is one line from ``cosmos3-train``, and the checkpoint is built in a folder beside ``--out``,
+renamed into it only when whole.
 """
 
 from __future__ import annotations
@@ -53,7 +55,7 @@ import numpy as np
 import torch
 
 from .errors import CheckpointError
-from .lerobot_dataset import DatasetBounds, DatasetError, LeRobotDataset, read_dataset
+from .lerobot_dataset import ANSWERED_KIND, RESPONSE_KIND, DatasetBounds, DatasetError, LeRobotDataset, read_dataset
 from .requests import ActionRequest
 from .sampling import action_rows
 from .validation import DenoiseJob, job_for_actions
@@ -115,6 +117,12 @@ DEFAULT_HORIZON = 16  # a demonstration dataset's chunk when --horizon is not gi
 def fit_to_dataset(cfg: TrainConfig, data: LeRobotDataset) -> TrainConfig:
     """``cfg`` with its horizon (and longest prefix) what ``data`` supports; :class:`DatasetError` if the
     data cannot train it."""
+    if not any(len(e.target_frames) for e in data.episodes):
+        raise DatasetError(
+            f"data: the recording answered none of its {data.frames:,} observations with a chunk "
+            f"({RESPONSE_KIND} is never {ANSWERED_KIND!r}): nothing to train on",
+            RESPONSE_KIND,
+        )
     chunk = data.recorded_chunk
     horizon = cfg.horizon if cfg.horizon is not None else (chunk or DEFAULT_HORIZON)
     if horizon < 1:
@@ -147,8 +155,10 @@ class Samples:
 
 
 def write_profile(ckpt: Path, data: LeRobotDataset, cfg: TrainConfig, domain_id: int) -> dict[str, Any]:
-    """``policy_profiles.json`` for the trained domain, its statistics computed from the data."""
-    actions = np.concatenate([e.actions.reshape(-1, e.actions.shape[-1]) for e in data.episodes]).astype(np.float64)
+    """``policy_profiles.json`` for the trained domain, its statistics computed from the data's training
+    targets (a recording's answered chunks, not the zeros of the others)."""
+    targets = [e.actions[e.target_frames] for e in data.episodes]
+    actions = np.concatenate([a.reshape(-1, a.shape[-1]) for a in targets]).astype(np.float64)
     mean, std = actions.mean(0), np.maximum(actions.std(0), STD_FLOOR)
     first_state = data.episodes[0].state
     has_state = first_state is not None
@@ -222,8 +232,10 @@ def renormalise_latents(ckpt: Path, engine: Cosmos3Engine, latents: torch.Tensor
 def build_samples(
     data: LeRobotDataset, latents: torch.Tensor, horizon: int, future: int, temporal: int, prompt: str | None
 ) -> Samples:
-    """Every frame as a sample: its chunk (the episode's next ``horizon`` actions, the last one repeated
-    past the end, as LeRobot pads), its state, and the latent rows of its conditioning and future frames."""
+    """Every frame with a training target (:attr:`~cosmos3_runtime.lerobot_dataset.DatasetEpisode.target_frames`)
+    as a sample: its chunk (the episode's next ``horizon`` actions, the last one repeated past the end, as
+    LeRobot pads), its state, and the latent rows of its conditioning and future frames (any frames: a frame
+    the server did not answer still shows what the camera saw)."""
     frame_of: list[list[int]] = []
     states: list[np.ndarray] = []
     chunks: list[np.ndarray] = []
@@ -231,7 +243,7 @@ def build_samples(
     at = 0
     for episode in data.episodes:
         length = len(episode.images)
-        for s in range(length):
+        for s in episode.target_frames.tolist():
             frame_of.append([at + min(s + temporal * j, length - 1) for j in range(future + 1)])
             if episode.actions.ndim == 3:  # a recording: the chunk the server answered
                 chunk = episode.actions[s, :horizon]
@@ -564,7 +576,8 @@ def train(cfg: TrainConfig) -> dict[str, Any]:
     summary = {
         "checkpoint": str(cfg.out),
         "steps": step,
-        "frames": int(n),
+        "frames": int(len(samples.latents)),  # every frame read and encoded
+        "samples": int(n),  # those trained on: a recording's answered frames, else every frame
         "episodes": prep.episodes,
         "parameters": sum(p.numel() for p in transformer.parameters()),
         "action_loss_last50": float(np.mean(losses[-50:])) if losses else None,

@@ -4,8 +4,9 @@ Each hostile case runs the real ``cosmos3-train`` in a subprocess (under a small
 trainer's peak RSS), and checks: a non-zero exit, exactly one line on stderr naming the file and field, no
 traceback, nothing written beside or into ``--out``, and a peak RSS under 2 GiB. The datasets are the
 server's own recordings (the real recorder) and demonstration datasets (the writer of
-``cosmos3-reach-demos``), each broken in one way. A recording trains with the default flags, and a dataset
-whose files are symlinks (the Hub cache's layout) is read as the same dataset.
+``cosmos3-reach-demos``), each broken in one way. A recording trains with the default flags, and only on
+the observations the server answered with a chunk; a dataset whose files are symlinks (the Hub cache's
+layout) is read as the same dataset.
 """
 
 from __future__ import annotations
@@ -21,11 +22,19 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-from recording_fixtures import CONFIG, MODEL, REPO_ROOT, record_traffic
+from recording_fixtures import CONFIG, MODEL, REPO_ROOT, Traffic, chunk, record_traffic
 
-from cosmos3_runtime.lerobot_dataset import DatasetError, fill_template, read_dataset
+from cosmos3_runtime.lerobot_dataset import (
+    ANSWERED_KIND,
+    RESPONSE_KIND,
+    RESPONSE_KINDS,
+    DatasetError,
+    fill_template,
+    read_dataset,
+)
 from policy_server.recording import Recorder, RecorderSettings
 from policy_server.recording.demonstrations import Demonstration, write_dataset
+from policy_server.recording.lerobot_format import DATA_PATH, SCALAR_FEATURES
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -52,6 +61,21 @@ def recording(tmp_path_factory) -> Path:
     assert recorder.close(timeout=60)
     (episode,) = [p for p in root.iterdir() if p.is_dir() and not p.name.startswith(".")]
     return episode
+
+
+@pytest.fixture(scope="module")
+def mixed_recording(tmp_path_factory) -> tuple[Path, Traffic]:
+    """One recorded episode of 20 observations, 12 answered with a chunk: 5 dropped (every 4th), 2 errors,
+    1 never answered. Returns the episode's folder and what the session told the recorder."""
+    root = tmp_path_factory.mktemp("mixed")
+    recorder = Recorder(RecorderSettings(root=root))
+    recorder.start()
+    session = recorder.session("mixed")
+    session.start_episode(CONFIG, MODEL)
+    traffic = record_traffic(session, 20, with_state=False, drop_every=4, error_at=(5, 9), unanswered=(13,))
+    assert recorder.close(timeout=60)
+    (episode,) = [p for p in root.iterdir() if p.is_dir() and not p.name.startswith(".")]
+    return episode, traffic
 
 
 @pytest.fixture(scope="module")
@@ -287,8 +311,84 @@ def test_a_server_recording_trains_with_the_default_flags(recording, tmp_path):
     (entry,) = profile["domains"].values()
     assert entry["default_horizon"] == 4 and entry["raw_action_dim"] == 3
     summary = json.loads((runs / "ckpt/training_summary.json").read_text())
-    assert summary["steps"] == 2 and summary["frames"] == 20
+    assert summary["steps"] == 2 and summary["frames"] == 20 and summary["samples"] == 20
     assert rss < MAX_RSS_BYTES
+
+
+# -- a recording's unanswered observations -------------------------------------------------------
+
+
+def test_the_runtime_reads_the_kind_column_and_values_the_recorder_writes(mixed_recording):
+    episode, traffic = mixed_recording
+    assert RESPONSE_KIND in SCALAR_FEATURES and SCALAR_FEATURES[RESPONSE_KIND]["dtype"] == "string"
+    written = pq.read_table(episode / DATA_PATH, columns=[RESPONSE_KIND]).column(RESPONSE_KIND).to_pylist()
+    assert written == [s.kind for s in traffic.sent]
+    assert set(written) == set(RESPONSE_KINDS)  # the fixture plays every outcome; the runtime knows each one
+    # The rows of the answered kind are exactly those the session handed a chunk, and hold it.
+    assert [kind == ANSWERED_KIND for kind in written] == [s.actions is not None for s in traffic.sent]
+    (read,) = read_dataset(episode).episodes
+    assert read.answered is not None and read.answered.tolist() == [s.kind == "chunk" for s in traffic.sent]
+    for s in traffic.sent:
+        expected = s.actions if s.actions is not None else np.zeros_like(chunk(0))
+        np.testing.assert_array_equal(read.actions[s.seq], expected)
+
+
+def test_a_demonstration_dataset_has_every_row_as_a_target(demonstrations):
+    for episode in read_dataset(demonstrations).episodes:
+        assert episode.answered is None and episode.target_frames.tolist() == list(range(6))
+
+
+def test_a_recording_trains_only_on_its_answered_observations(mixed_recording, tmp_path):
+    from cosmos3_runtime.training import STD_FLOOR, TrainConfig, prepare_training
+
+    episode, traffic = mixed_recording
+    answered = [s for s in traffic.sent if s.kind == "chunk"]
+    assert len(answered) == 12
+    cfg = TrainConfig(dataset=episode, out=tmp_path / "ckpt", steps=1, batch_size=2, hidden_size=32, layers=1)
+    samples = prepare_training(cfg).trainer.samples
+    assert len(samples.latents) == 20  # every frame is encoded: unanswered ones still show the camera
+    assert len(samples.chunks) == len(answered)
+    np.testing.assert_array_equal(samples.chunks, np.stack([s.actions for s in answered]))
+    conditioning = samples.frame_of[:, 0].tolist()
+    assert conditioning == [s.seq for s in answered]
+    assert {5, 9} & set(samples.frame_of[:, 1:].ravel().tolist())  # an error frame is another sample's future
+    profile = json.loads((tmp_path / ".ckpt.training/policy_profiles.json").read_text())
+    (entry,) = profile["domains"].values()
+    rows = np.concatenate([s.actions for s in answered]).astype(np.float64)
+    np.testing.assert_allclose(entry["normalization"]["mean"], rows.mean(0), rtol=1e-6)
+    np.testing.assert_allclose(entry["normalization"]["std"], np.maximum(rows.std(0), STD_FLOOR), rtol=1e-6)
+
+
+def rewrite_kinds(dataset: Path, kinds: pa.Array) -> None:
+    path = dataset / DATA_PATH
+    table = pq.read_table(path)
+    table = table.set_column(table.schema.get_field_index(RESPONSE_KIND), RESPONSE_KIND, kinds)
+    pq.write_table(table, path)
+
+
+def test_a_recording_the_server_never_answered_is_refused(mixed_recording, tmp_path):
+    dataset = copy(mixed_recording[0], tmp_path)
+    rewrite_kinds(dataset, pa.array(["dropped"] * 10 + ["error"] * 10, pa.string()))
+    assert_refused(
+        dataset, tmp_path, "answered none of its 20 observations", "nothing to train on", "(field: response.kind)"
+    )
+
+
+@pytest.mark.parametrize(
+    ("kinds", "refused"),
+    [
+        (pa.array(["chunk"] * 19 + ["answered"], pa.string()), "holds 'answered', not one of chunk, dropped"),
+        (pa.array(["chunk"] * 19 + [None], pa.string()), "not strings without gaps"),
+        (pa.array(range(20), pa.int64()), "is int64, not strings"),
+    ],
+)
+def test_a_kind_the_recorder_never_writes_is_refused(mixed_recording, tmp_path, kinds, refused):
+    dataset = copy(mixed_recording[0], tmp_path)
+    rewrite_kinds(dataset, kinds)
+    with pytest.raises(DatasetError) as caught:
+        read_dataset(dataset)
+    assert caught.value.field == RESPONSE_KIND and refused in str(caught.value), str(caught.value)
+    assert str(caught.value).startswith(f"{DATA_PATH}: column 'response.kind'")
 
 
 def test_the_checkpoint_is_built_beside_out_and_renamed_into_it_when_whole(recording, tmp_path):
