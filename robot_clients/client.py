@@ -52,12 +52,13 @@ from urllib.parse import urlsplit, urlunsplit
 import numpy as np
 from websockets.asyncio.client import ClientConnection, connect
 from websockets.exceptions import ConnectionClosed, InvalidStatus, InvalidURI
+from websockets.frames import CloseCode
 
 from . import protocol
 from .camera_frames import ImageEncoding, canvas_bins, encode_frame, resize_frame, send_size
 from .client_frames import SETTINGS_BY_NAME
 from .protocol import REALTIME_PATH, CodedError, DropReason, SessionState
-from .wire_codec import packb, unpackb
+from .wire_codec import FRAME_MAX_DEPTH, FRAME_MAX_VALUES, WireFormatError, WireLimitError, packb, unpackb
 
 try:
     import fcntl
@@ -306,9 +307,21 @@ async def open_session(
         await asyncio.sleep(delay)
 
 
+def decode_server_frame(message: bytes) -> Any:
+    """One server frame, decoded within the element budget the server holds a robot's frames to (a chunk, a
+    session config or the metadata hold a few hundred elements): a broken or hostile server cannot make the
+    robot build millions of objects. Raises :class:`~robot_clients.wire_codec.WireFormatError`
+    (:class:`~robot_clients.wire_codec.WireLimitError` past the budget)."""
+    return unpackb(message, max_values=FRAME_MAX_VALUES, max_depth=FRAME_MAX_DEPTH)
+
+
 async def _handshake(url: str, options: Mapping[str, Any], settings: Mapping[str, Any]) -> OpenedSession:
     ws = await connect(url, **options)
-    frame = unpackb(await ws.recv(decode=False))
+    try:
+        frame = decode_server_frame(await ws.recv(decode=False))
+    except WireFormatError as exc:
+        await ws.close(_close_code(exc), "undecodable metadata frame")
+        raise ConnectionError(f"{url}: the server's first frame could not be decoded: {exc}") from None
     if frame.get("type") != protocol.METADATA:
         raise ConnectionError(f"expected a metadata frame first, got {frame.get('type')!r}")
     if frame.get("protocol_version") != SUPPORTED_PROTOCOL_VERSION:
@@ -320,12 +333,21 @@ async def _handshake(url: str, options: Mapping[str, Any], settings: Mapping[str
     session = None
     if settings:
         await ws.send(packb(protocol.configure_frame(settings)))
-        reply = unpackb(await ws.recv(decode=False))
+        try:
+            reply = decode_server_frame(await ws.recv(decode=False))
+        except WireFormatError as exc:
+            await ws.close(_close_code(exc), "undecodable session frame")
+            raise ConnectionError(f"{url}: the server's reply to configure could not be decoded: {exc}") from None
         if reply.get("type") == protocol.SESSION:
             session = reply.get("config", {})
         else:
             logger.warning("the server refused the configuration on reconnect: %s", reply.get("message"))
     return OpenedSession(ws, frame, session)
+
+
+def _close_code(error: WireFormatError) -> int:
+    """How the client closes a connection whose server sent a frame it does not decode."""
+    return CloseCode.MESSAGE_TOO_BIG if isinstance(error, WireLimitError) else CloseCode.INVALID_DATA
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -726,7 +748,14 @@ class AsyncPolicyClient:
         while True:
             try:
                 async for message in ws:
-                    self._dispatch(unpackb(message) if isinstance(message, bytes) else message)
+                    try:
+                        frame = decode_server_frame(message) if isinstance(message, bytes) else message
+                    except WireFormatError as exc:
+                        # The server broke the protocol: this connection's frames can no longer be trusted.
+                        logger.error("the server sent a frame this client does not decode (%s); closing", exc)
+                        await ws.close(_close_code(exc), "undecodable server frame")
+                        break
+                    self._dispatch(frame)
             except ConnectionClosed:
                 pass
             self._connected.clear()
