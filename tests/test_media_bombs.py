@@ -243,9 +243,15 @@ async def test_a_jpeg_clip_decoded_down_to_the_canvas_is_served_within_the_memor
     """The same 17 frames as JPEGs fit the budget once decoded at an eighth of their side (the 256 tier's
     canvas is 320 wide): served, not refused, and still within 200 MiB of idle."""
     await _native_clip_bomb(wide, _jpeg(64))  # served once first: idle includes what serving needs
+    # Serving a 17-frame clip takes memory of its own that is freed between requests, more while other tests
+    # load the machine (seen: 133 to 181 MiB alone, 216 in make test). The bomb is held to the bound, or to
+    # what the same clip of small JPEGs took just before plus 64 MiB: decoded at full size, the 17 frames
+    # would take 319 MiB more.
+    _, served = await _attack(wide, lambda: _native_clip_bomb(wide, _jpeg(64)))
     (refusal, after), peak = await _attack(wide, lambda: _native_clip_bomb(wide, JPEG_BOMB))
     assert refusal["type"] == "action_chunk", refusal
-    assert peak < PEAK_LIMIT, f"peak RSS grew {peak / MIB:.0f} MiB"
+    bound = max(PEAK_LIMIT, served + 64 * MIB)
+    assert peak < bound, f"peak RSS grew {peak / MIB:.0f} MiB (the small clip's: {served / MIB:.0f} MiB)"
     assert after["type"] == "action_chunk", after
 
 
