@@ -12,24 +12,19 @@ import os
 import subprocess
 from pathlib import Path
 
+import openpi_fixtures
 import pytest
-from server_fixtures import REPO_ROOT, tiny_engine_loader
+from openpi_fixtures import openpi_client_missing
+from server_fixtures import tiny_engine_loader
 from sidecar_fixtures import SidecarServer
 
 from policy_server.openpi_settings import OpenpiSettings
 
-OPENPI_PYTHON = Path(os.environ.get("OPENPI_CLIENT_PYTHON", REPO_ROOT / ".venv-openpi" / "bin" / "python"))
-SCRIPT = Path(__file__).with_name("openpi_client_script.py")
 HORIZON = 8
 DOMAIN = "droid_lerobot"
 
-if not OPENPI_PYTHON.exists():
-    # `make test` builds it; in CI a missing one is a broken set-up, not a reason to skip.
-    if os.environ.get("CI"):
-        raise RuntimeError(f"{OPENPI_PYTHON} is missing: `make test` should have built openpi-client's virtualenv")
-    pytest.skip(
-        f"openpi-client's virtualenv is missing ({OPENPI_PYTHON}); `make test` builds it", allow_module_level=True
-    )
+if (missing := openpi_client_missing()) is not None:
+    pytest.skip(missing, allow_module_level=True)
 
 
 @pytest.fixture(scope="module")
@@ -49,25 +44,7 @@ def droid_server():
 
 
 def run_openpi_client(uri: str, convention: str, *options: str, horizon: int = HORIZON) -> dict:
-    result = subprocess.run(
-        [
-            str(OPENPI_PYTHON),
-            str(SCRIPT),
-            "--uri",
-            uri,
-            "--convention",
-            convention,
-            "--horizon",
-            str(horizon),
-            *options,
-        ],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        env={**os.environ, "NO_PROXY": "*"},
-    )
-    assert result.returncode == 0, result.stderr[-3000:]
-    return json.loads(result.stdout)
+    return openpi_fixtures.run_openpi_client(uri, convention, *options, horizon=horizon)
 
 
 @pytest.mark.parametrize("convention,path", [("libero", "/openpi"), ("droid", ""), ("aloha", "/openpi")])

@@ -25,16 +25,16 @@ from pathlib import Path
 
 import msgpack
 import numpy as np
+import openpi_fixtures
 import pytest
-from server_fixtures import REPO_ROOT, ServerThread, tiny_engine_loader
+from openpi_fixtures import openpi_client_missing
+from server_fixtures import ServerThread, tiny_engine_loader
 from websockets.exceptions import InvalidStatus
 from websockets.sync.client import connect
 
 from policy_server.auth import TokenSet
 from policy_server.openpi_settings import OpenpiSettings
 
-OPENPI_PYTHON = Path(os.environ.get("OPENPI_CLIENT_PYTHON", REPO_ROOT / ".venv-openpi" / "bin" / "python"))
-SCRIPT = Path(__file__).with_name("openpi_client_script.py")
 KEY = "robolab-key_5d1e"
 DROID_CHUNK = [32, 8]
 
@@ -47,22 +47,12 @@ def droid_server():
 
 
 def run_openpi_client(uri: str, *options: str) -> dict:
-    result = subprocess.run(
-        [str(OPENPI_PYTHON), str(SCRIPT), "--uri", uri, "--convention", "droid", "--horizon", "32", *options],
-        capture_output=True,
-        text=True,
-        timeout=300,
-        env={**os.environ, "NO_PROXY": "*"},
-    )
-    assert result.returncode == 0, result.stderr[-3000:]
-    return json.loads(result.stdout)
+    return openpi_fixtures.run_openpi_client(uri, "droid", *options, horizon=32)
 
 
 def test_openpi_client_with_an_api_key_reads_action_from_a_tokened_droid_server(droid_server):
-    if not OPENPI_PYTHON.exists():
-        if os.environ.get("CI"):
-            raise RuntimeError(f"{OPENPI_PYTHON} is missing: `make test` should have built openpi-client's virtualenv")
-        pytest.skip(f"openpi-client's virtualenv is missing ({OPENPI_PYTHON}); `make test` builds it")
+    if (missing := openpi_client_missing()) is not None:
+        pytest.skip(missing)
     out = run_openpi_client(f"ws://127.0.0.1:{droid_server.port}", "--reference", "--api-key", KEY)
     assert out["numpy"].startswith("1.")  # openpi's own environment
     metadata = out["metadata"]
