@@ -259,6 +259,14 @@ def fuzz_server():
                 channel.ws.close()
 
 
+def vla_eval_reply_then_hello(ws, seq: int) -> tuple[dict, dict]:
+    """The vla-eval server's reply to what was sent, then its answer to a ``hello`` of ``seq``: the session
+    went on after the refusal."""
+    first = unpackb(ws.recv(timeout=60))
+    ws.send(packb({"type": "hello", "payload": {"protocol_version": 1}, "seq": seq, "timestamp": 0.0}))
+    return first, unpackb(ws.recv(timeout=60))
+
+
 def native_round(channel: Channel, payload: bytes | str) -> list[dict]:
     """Send ``payload``, then ``reset`` and a sentinel; return the replies before the sentinel's.
 
@@ -344,12 +352,7 @@ def test_openpi_protocol_refuses_every_structure_bomb_and_goes_on(fuzz_server, b
 def test_vla_eval_protocol_refuses_every_structure_bomb_and_goes_on(fuzz_server, bomb):
     frame = _in_map([("type", "observation"), ("seq", 3), ("timestamp", 0.0), ("payload", None)], bomb)
 
-    def two_replies(ws):
-        first = unpackb(ws.recv(timeout=60))
-        ws.send(packb({"type": "hello", "payload": {"protocol_version": 1}, "seq": 4, "timestamp": 0.0}))
-        return first, unpackb(ws.recv(timeout=60))
-
-    replies = fuzz_server.vla_eval.exchange(frame, two_replies)
+    replies = fuzz_server.vla_eval.exchange(frame, lambda ws: vla_eval_reply_then_hello(ws, seq=4))
     assert replies is not None, fuzz_server.vla_eval.closes
     refusal, hello = replies
     assert refusal["type"] == "error" and refusal["payload"]["code"] == ErrorCode.PAYLOAD_TOO_LARGE, refusal
@@ -593,12 +596,7 @@ def test_deep_json_text_is_refused_unparsed_on_every_session_path(fuzz_server):
     reply = fuzz_server.openpi.exchange(deep, lambda ws: ws.recv(timeout=60))
     assert isinstance(reply, str) and reply.startswith(f"{ErrorCode.BAD_FRAME}:"), reply
 
-    def two_replies(ws):
-        first = unpackb(ws.recv(timeout=60))
-        ws.send(packb({"type": "hello", "payload": {"protocol_version": 1}, "seq": 5, "timestamp": 0.0}))
-        return first, unpackb(ws.recv(timeout=60))
-
-    replies = fuzz_server.vla_eval.exchange(deep, two_replies)
+    replies = fuzz_server.vla_eval.exchange(deep, lambda ws: vla_eval_reply_then_hello(ws, seq=5))
     assert replies is not None, fuzz_server.vla_eval.closes
     assert replies[0]["payload"]["code"] == ErrorCode.BAD_FRAME and replies[1]["type"] == "hello", replies
 

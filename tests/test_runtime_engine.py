@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import time
 
 import numpy as np
@@ -219,6 +220,20 @@ def test_first_frame_encode_equals_the_full_clip_encode(tiny_engine, camera_imag
     torch.testing.assert_close(first[:, :, 0], full[:, :, 0], atol=1e-5, rtol=0)
 
 
+def diffusers_chunk(pipe, prompt: str, condition, steps: int, guidance: float, seed: int) -> np.ndarray:
+    """diffusers' own ``Cosmos3OmniPipeline.__call__`` for one action chunk: the reference a served chunk equals."""
+    output = pipe(
+        prompt=prompt,
+        action=condition,
+        num_inference_steps=steps,
+        guidance_scale=guidance,
+        generator=torch.Generator().manual_seed(seed),
+        output_type="latent",
+        enable_safety_check=False,
+    )
+    return output.action[0].numpy()
+
+
 @pytest.mark.parametrize("mode", ["policy", "inverse_dynamics"])
 def test_actions_equal_diffusers_own_pipeline(tiny_engine, tiny_checkpoint, mode):
     """Our step-by-step lowering (with the prefix cache) reproduces Cosmos3OmniPipeline.__call__ with diffusers'
@@ -243,19 +258,8 @@ def test_actions_equal_diffusers_own_pipeline(tiny_engine, tiny_checkpoint, mode
         )
     )
     theirs = {k: v.astype(np.float32) / 255.0 for k, v in ours.items()}
-    reference = (
-        stock(
-            prompt="pick the cube",
-            action=CosmosActionCondition(mode=mode, chunk_size=8, domain_name="fractal", resolution_tier=256, **theirs),
-            num_inference_steps=5,
-            guidance_scale=3.0,
-            generator=torch.Generator().manual_seed(7),
-            output_type="latent",
-            enable_safety_check=False,
-        )
-        .action[0]
-        .numpy()
-    )
+    condition = CosmosActionCondition(mode=mode, chunk_size=8, domain_name="fractal", resolution_tier=256, **theirs)
+    reference = diffusers_chunk(stock, "pick the cube", condition, steps=5, guidance=3.0, seed=7)
     np.testing.assert_allclose(chunk.actions, reference, atol=1e-4)
 
 
@@ -284,28 +288,13 @@ def test_a_profiles_sampler_settings_equal_diffusers_own_pipeline_with_that_sche
     stock = Cosmos3Engine.load(tiny_checkpoint("base"), prefix_cache_mb=0).pipe
     stock.transformer.set_attn_processor(Cosmos3AttnProcessor())
     stock.scheduler = UniPCMultistepScheduler.from_config(stock.scheduler.config, flow_shift=5.0)
-    reference = (
-        stock(
-            prompt="open the drawer",
-            action=CosmosActionCondition(
-                mode="policy",
-                chunk_size=8,
-                domain_name="fractal",
-                resolution_tier=256,
-                image=image.astype(np.float32) / 255.0,
-            ),
-            num_inference_steps=4,
-            guidance_scale=3.0,
-            generator=torch.Generator().manual_seed(3),
-            output_type="latent",
-            enable_safety_check=False,
-        )
-        .action[0]
-        .numpy()
+    condition = CosmosActionCondition(
+        mode="policy", chunk_size=8, domain_name="fractal", resolution_tier=256, image=image.astype(np.float32) / 255.0
     )
+    reference = diffusers_chunk(stock, "open the drawer", condition, steps=4, guidance=3.0, seed=3)
     np.testing.assert_allclose(chunk.actions, reference, atol=1e-4)
     # The shift is what makes them equal: the checkpoint's own (3.0) gives another chunk.
-    unshifted = engine.predict_actions(ActionRequest(**{**request.__dict__, "shift": 3.0}))
+    unshifted = engine.predict_actions(dataclasses.replace(request, shift=3.0))
     assert np.abs(unshifted.actions - reference).max() > 1e-3
 
 
