@@ -245,7 +245,7 @@ MODEL_IDENTITY_KEYS = (
     "action_dim",
     "num_embodiment_domains",
 )
-# Modes that answer with actions (the realtime endpoints, HTTP action generations); forward_dynamics
+# Modes that answer with actions (the WebSocket endpoints, HTTP action generations); forward_dynamics
 # answers with video (the HTTP video jobs).
 VIDEO_MODES = ("forward_dynamics",)
 
