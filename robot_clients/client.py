@@ -519,14 +519,18 @@ class LatestObservationSender:
         try:
             while True:
                 if self._sending is None:
-                    await self._ready.wait()
+                    if not self._waiting:
+                        self._ready.clear()
+                        await self._ready.wait()
                     ws = await self._connection()
                     while buffered_bytes(ws) > self.max_buffered_bytes:  # the link still carries older bytes
                         await asyncio.sleep(self.poll_s)
-                    self._ready.clear()
-                    if not self._waiting:
-                        continue
-                    self._sending = self._take()
+                    # A put() during the awaits above may have taken one already, when it found the link
+                    # free: taking another now would drop that one without a word.
+                    if self._sending is None:
+                        if not self._waiting:
+                            continue
+                        self._sending = self._take()
                 ws = await self._connection()
                 assert self._sending is not None
                 session, seq, payload = self._sending
