@@ -119,6 +119,33 @@ def test_an_episode_is_a_lerobot_v3_dataset_of_what_was_sent_and_answered(tmp_pa
     assert stats["frames_recorded"] == 21 and stats["episodes_published"] == 1 and stats["write_errors"] == 0
 
 
+def test_a_chunk_of_another_shape_is_recorded_as_an_error_not_as_a_chunk(tmp_path, recorders):
+    """A chunk whose shape is not the episode's cannot be stored in its action column; the row says so as an
+    error, so that training and the action statistics leave it out."""
+    recorder = recorders(tmp_path / "rec", segment_frames=8)
+    recording = recorder.session("5b1c")
+    recording.start_episode(CONFIG, MODEL)
+    traffic = record_traffic(recording, 4, drop_every=0)
+    images = {"front": frame(4, 48, 64), "wrist": frame(4, 32, 40)}
+    recording.observation(4, images, None, state=np.zeros(5, np.float32))
+    recording.chunk(4, np.ones((HORIZON + 2, 3), np.float32), TIMING, seed=4)
+    recording.end_episode("closed")
+    assert recorder.sync()
+    path = only_recording(tmp_path / "rec")
+    data = pq.read_table(path / "data/chunk-000/file-000.parquet").to_pydict()
+    assert data["response.kind"] == ["chunk"] * 4 + ["error"]
+    assert data["response.reason"][4] == "shape_mismatch"
+    assert not np.array(data["action"][4]).any()
+    stats = json.loads((path / "meta/stats.json").read_text())
+    assert stats["action"]["count"] == [4]
+    np.testing.assert_allclose(
+        stats["action"]["mean"], np.stack([s.actions for s in traffic.sent]).reshape(-1, 3).mean(axis=0), rtol=1e-6
+    )
+    session = json.loads((path / "meta/cosmos3/session.json").read_text())
+    assert session["frames"] == 5
+    assert session["counts"] == {"observations": 5, "chunks": 4, "dropped": 0, "errors": 1}
+
+
 def test_a_full_queue_drops_frames_and_counts_them_instead_of_waiting(tmp_path, recorders):
     # Two frames of room and 480x640 cameras: the writer (encoding) is far slower than this burst.
     recorder = recorders(tmp_path / "rec", queue_frames=2, queue_bytes=4 << 20, segment_frames=4)

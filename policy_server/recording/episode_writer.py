@@ -267,8 +267,10 @@ class EpisodeWriter:
             and self.layout is not None
             and tuple(outcome.actions.shape) != tuple(self.layout.action_shape)
         ):
+            # Not a chunk the episode can hold: recorded as an error, so that no reader trains on it or
+            # counts it in the action statistics.
             outcome = RowOutcome(
-                outcome.kind,
+                "error",
                 "shape_mismatch",
                 f"the chunk's shape {tuple(outcome.actions.shape)} is not the episode's "
                 f"{tuple(self.layout.action_shape)}",
