@@ -776,6 +776,8 @@ class AsyncPolicyClient:
                 ws = await self._open(deadline=None)
             except Exception as exc:  # noqa: BLE001 - give up only on errors retrying cannot fix
                 logger.error("reconnecting failed for good: %s", exc)
+                # Calls made while it reconnected wait for that connection: they end now, not at their timeout.
+                self._fail_waiters(ConnectionLost(f"reconnecting failed for good: {exc}"))
                 return
             self.stats.reconnects += 1
 
@@ -889,12 +891,20 @@ class AsyncPolicyClient:
 
     async def _wait_connected(self, timeout: float | None) -> ClientConnection:
         if not self._connected.is_set():
-            if self._closing or self._reader is None or self._reader.done():
+            reader = self._reader
+            if self._closing or reader is None or reader.done():
                 raise ConnectionLost("not connected (call connect() first)")
+            # The reader reconnects; when it gives up (or the client closes) it ends, and nothing would ever
+            # set the event: wait for either, so that a caller hears at once instead of at its timeout.
+            connected = asyncio.ensure_future(self._connected.wait())
             try:
-                await asyncio.wait_for(self._connected.wait(), timeout)
-            except asyncio.TimeoutError:
-                raise TimeoutError("not connected to the policy server (reconnecting)") from None
+                await asyncio.wait((connected, reader), timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
+            finally:
+                connected.cancel()
+            if not self._connected.is_set():
+                if reader.done() or self._closing:
+                    raise ConnectionLost("the connection was lost and the client stopped reconnecting")
+                raise TimeoutError("not connected to the policy server (reconnecting)")
         assert self._ws is not None
         return self._ws
 
