@@ -924,6 +924,10 @@ class AsyncPolicyClient:
                 return await asyncio.wait_for(reply, timeout)
             finally:
                 self._control_reply = None
+                if reply.done() and not reply.cancelled():
+                    # Failed (connection lost) while the frame was still being sent: the call raised that
+                    # already; read it here so the loop does not log it again as never retrieved.
+                    reply.exception()
 
     # -- requests --------------------------------------------------------------------------------------
 
