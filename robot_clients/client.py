@@ -539,6 +539,8 @@ class LatestObservationSender:
                 except Exception:  # noqa: BLE001 - the connection dropped: the reader reconnects
                     if session not in self._waiting:  # nothing newer: send this one on the next connection
                         self._waiting[session] = (seq, payload)
+                    else:  # a newer one was put while this one was written: this one will never be sent
+                        self._replaced(seq)
                     self._sending = None
                     self._ready.set()
                     await asyncio.sleep(self.poll_s)

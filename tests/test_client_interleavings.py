@@ -89,3 +89,39 @@ async def test_calls_waiting_for_a_reconnect_that_gives_up_fail_at_once():
         finally:
             refuse.set()
             await client.close()
+
+
+async def test_an_observation_whose_write_failed_while_a_newer_one_waited_is_reported_replaced():
+    """The link drops while an observation is being written (on a slow link, a large frame's write waits for
+    the socket to drain), and a newer one of the same session waits behind it. The write fails: the newer
+    one is sent on the next connection, and the one whose write failed must be reported replaced, not
+    vanish (it was neither sent nor counted)."""
+    received: list[bytes] = []
+
+    async def reading(ws: ServerConnection) -> None:
+        async for message in ws:
+            received.append(bytes(message))  # type: ignore[arg-type]
+
+    async with scripted_server(reading) as url:
+        async with connect(url) as lost, connect(url) as next_link:
+            await lost.close()  # the link is gone; the client has not noticed yet
+            link = lost
+
+            async def connection() -> Any:
+                return link
+
+            sent: list[int] = []
+            replaced: list[int] = []
+            sender = LatestObservationSender(
+                lambda: link, connection, replaced.append, lambda seq, nbytes: sent.append(seq), poll_s=0.001
+            )
+            sender.put(0, b"0")  # the link looks free: 0 is taken to be written
+            sender.put(1, b"1")  # 1 waits behind it
+            await until(lambda: sender.waiting == 1 and sender._sending is None, "the write of 0 failed")  # noqa: SLF001
+            link = next_link  # the client reconnected
+            await until(lambda: bool(sent), "1 sent on the new connection")
+            await sender.close()
+            assert sent == [1]
+            assert replaced == [0]  # every observation put is sent or reported replaced
+        await until(lambda: bool(received), "the server read 1")
+        assert received == [b"1"]
