@@ -505,6 +505,12 @@ class LatestObservationSender:
         if self._task is None or self._task.done():
             self._task = asyncio.get_running_loop().create_task(self._run(), name="policy-client-sender")
 
+    def withdraw(self, session: str | None) -> int | None:
+        """Take back the observation of ``session`` waiting to be sent, if any; return its seq. The one
+        being written is on its way already."""
+        withdrawn = self._waiting.pop(session, None)
+        return None if withdrawn is None else withdrawn[0]
+
     def _take(self) -> tuple[str | None, int, bytes]:
         """The oldest waiting observation, taken out, with its session (one must wait)."""
         session = next(iter(self._waiting))
@@ -675,8 +681,6 @@ class AsyncPolicyClient:
         self._control_reply: asyncio.Future[dict[str, Any]] | None = None
         self._stream: asyncio.Queue[ActionChunk | ServerError] = asyncio.Queue()
         self._next_seq = 0
-        # The policy session of each observation an infer() call waits for (what a reset of one ends).
-        self._sessions_of: dict[int, str | None] = {}
         self._frames = OutgoingFrames(images, resize)
         self._sender = (
             None
@@ -947,12 +951,21 @@ class AsyncPolicyClient:
 
     async def reset(self, timeout: float | None = 10.0, *, session_id: str | None = None) -> None:
         """Drop everything this session (or its policy session ``session_id``) has waiting or running, and
-        start its sequence over; the configuration is kept."""
+        start its sequence over; the configuration is kept.
+
+        The server answers each observation the reset drops with ``dropped`` (``cancelled``) before
+        ``reset_done``; one of this session still waiting on the robot to be sent is dropped here
+        (``unsent``). One submitted while the reset is on its way reaches the server after it and is
+        answered as usual.
+        """
+        if self._sender is not None:
+            # Held back by a slow link, it would reach the server after the reset and be answered.
+            withdrawn = self._sender.withdraw(session_id)
+            if withdrawn is not None:
+                self._replaced_unsent(withdrawn, "the session was reset before it was sent")
+        # Nothing is failed once the reset is done: every observation still awaited then was sent after the
+        # reset (the server answered all the others first), and its answer is on its way.
         await self._control(protocol.reset_frame(session_id), timeout)
-        for seq in [seq for seq, session in self._sessions_of.items() if session == session_id]:
-            waiter = self._waiters.pop(seq, None)
-            if waiter is not None and not waiter.done():
-                waiter.set_exception(ObservationDropped(seq, DropReason.CANCELLED, "reset"))
         self._latest_delivered.pop(session_id, None)
 
     async def cancel(self, seq: int | None = None, *, session_id: str | None = None) -> None:
@@ -1018,10 +1031,10 @@ class AsyncPolicyClient:
         self.stats.sent += 1
         self.stats.bytes_sent += nbytes
 
-    def _replaced_unsent(self, seq: int) -> None:
-        """A newer observation replaced ``seq`` before it was written: it never reaches the server."""
+    def _replaced_unsent(self, seq: int, message: str = "a newer observation replaced it before it was sent") -> None:
+        """A newer observation (or a reset) replaced ``seq`` before it was written: it never reaches the server."""
         self.stats.dropped[UNSENT] += 1
-        self._fail_waiter(seq, ObservationDropped(seq, UNSENT, "a newer observation replaced it before it was sent"))
+        self._fail_waiter(seq, ObservationDropped(seq, UNSENT, message))
 
     async def receive(self, timeout: float | None = None) -> ActionChunk:
         """The next streamed chunk newer than any already delivered. Raises :class:`ServerError` when the
@@ -1066,7 +1079,6 @@ class AsyncPolicyClient:
         future = asyncio.get_running_loop().create_future()
         seq = self._next_seq
         self._waiters[seq] = future
-        self._sessions_of[seq] = session_id
         try:
             await self.submit(obs, timeout, state=state, session_id=session_id, **settings)
             remaining = None if deadline is None else max(0.0, deadline - time.monotonic())
@@ -1080,7 +1092,6 @@ class AsyncPolicyClient:
             raise TimeoutError(f"no answer to observation {seq} within {timeout} s") from None
         finally:
             self._waiters.pop(seq, None)
-            self._sessions_of.pop(seq, None)
 
 
 # ---------------------------------------------------------------------------------------------------

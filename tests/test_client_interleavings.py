@@ -16,7 +16,7 @@ import pytest
 from websockets.asyncio.client import connect
 from websockets.asyncio.server import ServerConnection, serve
 
-from robot_clients import AsyncPolicyClient, ConnectionLost
+from robot_clients import AsyncPolicyClient, ConnectionLost, ObservationDropped
 from robot_clients.client import LatestObservationSender
 from robot_clients.protocol import PROTOCOL_VERSION, action_chunk_frame, reset_done_frame
 from robot_clients.wire_codec import packb, unpackb
@@ -125,3 +125,78 @@ async def test_an_observation_whose_write_failed_while_a_newer_one_waited_is_rep
             assert replaced == [0]  # every observation put is sent or reported replaced
         await until(lambda: bool(received), "the server read 1")
         assert received == [b"1"]
+
+
+async def test_an_infer_sent_after_a_reset_gets_its_chunk():
+    """A reset is on its way (the server has read it); meanwhile the robot's next ``infer`` sends its
+    observation, which the server reads after the reset and answers. The reset's ``reset_done`` comes first,
+    then the chunk: the infer must return that chunk, not be failed as dropped by the reset (the server
+    answered every observation the reset dropped with its own ``dropped`` frame), and the chunk must not turn
+    up in the stream instead."""
+    read: list[dict[str, Any]] = []
+    connections: list[ServerConnection] = []
+
+    async def handler(ws: ServerConnection) -> None:
+        connections.append(ws)
+        await ws.send(METADATA)
+        with contextlib.suppress(Exception):
+            async for message in ws:
+                read.append(unpackb(message))  # type: ignore[arg-type]
+
+    async with scripted_server(handler) as url:
+        async with AsyncPolicyClient(url, reconnect=False) as client:
+            resetting = asyncio.create_task(client.reset(timeout=5))
+            await until(lambda: [f["type"] for f in read] == ["reset"], "the server read the reset")
+            inferring = asyncio.create_task(client.infer(IMAGE, timeout=5))
+            await until(lambda: [f["type"] for f in read] == ["reset", "observation"], "the server read observation 0")
+            await connections[0].send(packb(reset_done_frame("s")))
+            await asyncio.wait_for(resetting, 5)
+            await connections[0].send(chunk_frame(read[1]["seq"]))
+            chunk = await asyncio.wait_for(inferring, 5)
+            assert chunk.seq == 0
+            assert client.stats.answered == 1 and not client.stats.dropped
+            with pytest.raises(TimeoutError):
+                await client.receive(timeout=0.05)
+
+
+async def test_a_reset_drops_the_observation_still_waiting_on_the_robot():
+    """On a link that does not drain, an ``infer``'s observation waits on the robot to be sent when the robot
+    resets its session. It must be dropped there (``unsent``): sent after the reset, the server would answer
+    it, and its pre-reset actions would reach the robot's stream after the reset."""
+    frame = np.random.default_rng(0).integers(0, 256, (480, 640, 3), dtype=np.uint8)
+    read: list[dict[str, Any]] = []
+    drain = asyncio.Event()
+
+    async def handler(ws: ServerConnection) -> None:
+        await ws.send(METADATA)
+        await drain.wait()  # a link that does not drain, until the test lets it
+        with contextlib.suppress(Exception):
+            async for message in ws:
+                read.append(unpackb(message))  # type: ignore[arg-type]
+                if read[-1]["type"] == "reset":
+                    await ws.send(packb(reset_done_frame("s")))
+                else:
+                    await ws.send(chunk_frame(read[-1]["seq"]))
+
+    async with serve(handler, "127.0.0.1", 0, max_size=None, close_timeout=1.0) as listener:
+        url = f"ws://127.0.0.1:{listener.sockets[0].getsockname()[1]}"
+        async with AsyncPolicyClient(url, reconnect=False) as client:
+            assert client._sender is not None  # noqa: SLF001
+            sender = client._sender  # noqa: SLF001
+            while sender.waiting is None:  # streamed observations fill the link until one has to wait
+                await client.submit({"image": frame})
+                await asyncio.sleep(0.01)
+            inferring = asyncio.create_task(client.infer({"image": frame}, timeout=30))
+            await until(lambda: sender.waiting == client._next_seq - 1, "the infer's observation waits")  # noqa: SLF001
+            seq = client._next_seq - 1  # noqa: SLF001
+            resetting = asyncio.create_task(client.reset(timeout=30))
+            await asyncio.sleep(0.05)
+            drain.set()
+            await asyncio.wait_for(resetting, 30)
+            with pytest.raises(ObservationDropped) as dropped:
+                await asyncio.wait_for(inferring, 30)
+            assert dropped.value.reason == "unsent"
+            await until(lambda: sender.waiting is None and sender._sending is None, "the link is idle")  # noqa: SLF001
+            await asyncio.sleep(0.1)
+            assert seq not in [f.get("seq") for f in read]  # never sent
+            assert "reset" in [f["type"] for f in read]
