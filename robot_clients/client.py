@@ -1042,12 +1042,16 @@ class AsyncPolicyClient:
         deadline = None if timeout is None else time.monotonic() + timeout
         while True:
             remaining = None if deadline is None else max(0.0, deadline - time.monotonic())
-            if self._stream.empty():
+            if not self._stream.empty():
+                # Taken at once: wait_for given no time left (a robot polling with timeout=0) cancels the get
+                # before it runs, and would report a chunk that already came as not arrived in time.
+                item = self._stream.get_nowait()
+            else:
                 self._check_running()  # nothing will come while paused: say so instead of timing out
-            try:
-                item = await asyncio.wait_for(self._stream.get(), remaining)
-            except asyncio.TimeoutError:
-                raise TimeoutError("no action chunk arrived in time") from None
+                try:
+                    item = await asyncio.wait_for(self._stream.get(), remaining)
+                except asyncio.TimeoutError:
+                    raise TimeoutError("no action chunk arrived in time") from None
             if isinstance(item, ServerError):
                 raise item
             if item.seq <= self._latest_delivered.get(item.session_id, -1):

@@ -200,3 +200,23 @@ async def test_a_reset_drops_the_observation_still_waiting_on_the_robot():
             await asyncio.sleep(0.1)
             assert seq not in [f.get("seq") for f in read]  # never sent
             assert "reset" in [f["type"] for f in read]
+
+
+async def test_receive_without_time_to_wait_returns_a_chunk_that_already_came():
+    """A robot that polls (``receive(timeout=0)``) between control steps: a chunk that arrived before the call
+    is returned, not reported as not arrived in time while it waits in the stream."""
+
+    async def handler(ws: ServerConnection) -> None:
+        await ws.send(METADATA)
+        with contextlib.suppress(Exception):
+            async for message in ws:
+                await ws.send(chunk_frame(unpackb(message)["seq"]))  # type: ignore[arg-type]
+
+    async with scripted_server(handler) as url:
+        async with AsyncPolicyClient(url, reconnect=False) as client:
+            seq = await client.submit(IMAGE)
+            await until(lambda: client.stats.answered == 1, "the chunk came")
+            assert (await client.receive(timeout=0)).seq == seq
+            with pytest.raises(TimeoutError):
+                await client.receive(timeout=0)  # and nothing else
+
