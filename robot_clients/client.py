@@ -713,6 +713,9 @@ class AsyncPolicyClient:
             deadline,
             lambda: self._closing,
         )
+        if self._closing:  # close() was called while this connection was being made: nobody will use it
+            await opened.ws.close()
+            raise ConnectionLost("the client was closed while it connected")
         self.metadata = opened.metadata
         if opened.session is not None:
             self.session = opened.session
@@ -781,7 +784,8 @@ class AsyncPolicyClient:
             try:
                 ws = await self._open(deadline=None)
             except Exception as exc:  # noqa: BLE001 - give up only on errors retrying cannot fix
-                logger.error("reconnecting failed for good: %s", exc)
+                if not self._closing:
+                    logger.error("reconnecting failed for good: %s", exc)
                 # Calls made while it reconnected wait for that connection: they end now, not at their timeout.
                 self._fail_waiters(ConnectionLost(f"reconnecting failed for good: {exc}"))
                 return

@@ -220,3 +220,40 @@ async def test_receive_without_time_to_wait_returns_a_chunk_that_already_came():
             with pytest.raises(TimeoutError):
                 await client.receive(timeout=0)  # and nothing else
 
+
+async def test_closing_while_a_reconnect_is_being_made_closes_the_new_connection():
+    """``close()`` is called while the reader's reconnect handshake is under way; the handshake then succeeds.
+    The new connection must be closed at once (it was left open, the client reading it, until close() gave
+    up on the reader after 5 s and cancelled it), and the client must not say it is connected."""
+    connections: list[ServerConnection] = []
+    handshaking = asyncio.Event()
+    answer = asyncio.Event()
+
+    async def process_request(connection: ServerConnection, request: Any) -> Any:
+        if connections:
+            handshaking.set()
+            await answer.wait()
+        return None
+
+    async def handler(ws: ServerConnection) -> None:
+        connections.append(ws)
+        await ws.send(METADATA)
+        with contextlib.suppress(Exception):
+            async for _ in ws:
+                pass
+
+    async with scripted_server(handler, process_request) as url:
+        client = AsyncPolicyClient(url, backoff_initial=0.01, backoff_max=0.01)
+        await client.connect()
+        await connections[0].close()
+        await asyncio.wait_for(handshaking.wait(), 5)  # the reader is reconnecting
+        loop = asyncio.get_running_loop()
+        started = loop.time()
+        closing = asyncio.create_task(client.close())
+        await asyncio.sleep(0.05)
+        answer.set()  # the reconnect's handshake completes after close() was called
+        await asyncio.wait_for(closing, 10)
+        assert loop.time() - started < 2.0
+        assert not client.connected
+        await until(lambda: len(connections) == 2, "the server saw the reconnect")
+        await asyncio.wait_for(connections[1].wait_closed(), 2)
