@@ -505,11 +505,14 @@ class LatestObservationSender:
         if self._task is None or self._task.done():
             self._task = asyncio.get_running_loop().create_task(self._run(), name="policy-client-sender")
 
-    def withdraw(self, session: str | None) -> int | None:
-        """Take back the observation of ``session`` waiting to be sent, if any; return its seq. The one
-        being written is on its way already."""
-        withdrawn = self._waiting.pop(session, None)
-        return None if withdrawn is None else withdrawn[0]
+    def withdraw(self, session: str | None, seq: int | None = None) -> int | None:
+        """Take back the observation of ``session`` waiting to be sent (only if it is ``seq``, when given);
+        return its seq, or None when none was taken. The one being written is on its way already."""
+        waiting = self._waiting.get(session)
+        if waiting is None or (seq is not None and waiting[0] != seq):
+            return None
+        del self._waiting[session]
+        return waiting[0]
 
     def _take(self) -> tuple[str | None, int, bytes]:
         """The oldest waiting observation, taken out, with its session (one must wait)."""
@@ -1100,6 +1103,11 @@ class AsyncPolicyClient:
             raise TimeoutError(f"no answer to observation {seq} within {timeout} s") from None
         finally:
             self._waiters.pop(seq, None)
+            # Ended without its chunk (timed out, connection lost, cancelled) while its observation still waits
+            # to be sent (for a new connection, say): sent now, it would be answered, and its chunk handed to the
+            # next receive(). Nobody waits for it: it is not sent.
+            if self._sender is not None and self._sender.withdraw(session_id, seq) is not None:
+                self._replaced_unsent(seq, "its infer call ended before it was sent")
 
 
 # ---------------------------------------------------------------------------------------------------

@@ -257,3 +257,40 @@ async def test_closing_while_a_reconnect_is_being_made_closes_the_new_connection
         assert not client.connected
         await until(lambda: len(connections) == 2, "the server saw the reconnect")
         await asyncio.wait_for(connections[1].wait_closed(), 2)
+
+
+async def test_an_infer_that_timed_out_while_reconnecting_leaves_nothing_to_be_sent():
+    """An ``infer`` made while the client reconnects times out with its observation still waiting for the new
+    connection. The call is over (TimeoutError cancels the observation): the observation must not be sent
+    once the client reconnects, where it would be answered and its chunk handed to the next ``receive``."""
+    connections: list[ServerConnection] = []
+    read: list[dict[str, Any]] = []
+    reconnecting = asyncio.Event()
+    answer = asyncio.Event()
+
+    async def process_request(connection: ServerConnection, request: Any) -> Any:
+        if connections:
+            reconnecting.set()
+            await answer.wait()
+        return None
+
+    async def handler(ws: ServerConnection) -> None:
+        connections.append(ws)
+        await ws.send(METADATA)
+        with contextlib.suppress(Exception):
+            async for message in ws:
+                read.append(unpackb(message))  # type: ignore[arg-type]
+                await ws.send(chunk_frame(read[-1]["seq"]))
+
+    async with scripted_server(handler, process_request) as url:
+        async with AsyncPolicyClient(url, backoff_initial=0.01, backoff_max=0.01) as client:
+            await connections[0].close()
+            await asyncio.wait_for(reconnecting.wait(), 5)
+            with pytest.raises(TimeoutError):
+                await client.infer(IMAGE, timeout=0.1)  # its observation waits for the new connection
+            answer.set()
+            await until(lambda: client.connected, "reconnected")
+            later = await client.submit(IMAGE)
+            assert (await client.receive(timeout=5)).seq == later  # the timed-out one's chunk never comes
+            assert [frame["seq"] for frame in read] == [later]
+            assert client.stats.dropped["unsent"] == 1
