@@ -865,12 +865,13 @@ class AsyncPolicyClient:
             return
         waiter = self._waiters.pop(seq, None)
         self.stats.answered += 1
-        if waiter is not None:
-            self._latest_delivered[chunk.session_id] = seq
-            if not waiter.done():
-                waiter.set_result(chunk)
-        else:
+        if waiter is None:
             self._stream.put_nowait(chunk)
+        elif not waiter.done():
+            self._latest_delivered[chunk.session_id] = seq
+            waiter.set_result(chunk)
+        # else its infer gave up (timed out) and is still sending its cancel: the chunk reaches nobody, so it
+        # is not delivered and must not make an older chunk the robot can still receive look stale.
 
     def _set_state(self, state: str, reason: str) -> None:
         self.session_state, self.state_reason = state, reason

@@ -294,3 +294,49 @@ async def test_an_infer_that_timed_out_while_reconnecting_leaves_nothing_to_be_s
             assert (await client.receive(timeout=5)).seq == later  # the timed-out one's chunk never comes
             assert [frame["seq"] for frame in read] == [later]
             assert client.stats.dropped["unsent"] == 1
+
+
+async def test_a_chunk_that_comes_after_its_infer_timed_out_does_not_make_older_chunks_stale():
+    """Observation 0 is streamed and its chunk waits in the stream; ``infer`` sends 1 and times out, and while
+    its cancel waits for a link that does not drain, chunk 1 comes. That chunk reaches nobody (the call
+    raised TimeoutError), so it is not delivered: chunk 0, the newest the robot can still have, must not be
+    discarded as older than a chunk the robot never got."""
+    big = np.random.default_rng(0).integers(0, 256, (480, 640, 3), dtype=np.uint8)
+    connections: list[ServerConnection] = []
+    drain = asyncio.Event()
+
+    async def handler(ws: ServerConnection) -> None:
+        connections.append(ws)
+        await ws.send(METADATA)
+        await drain.wait()  # reads nothing until then: the link from the robot does not drain
+        with contextlib.suppress(Exception):
+            async for _ in ws:
+                pass
+
+    async with serve(handler, "127.0.0.1", 0, max_size=None, close_timeout=1.0) as listener:
+        url = f"ws://127.0.0.1:{listener.sockets[0].getsockname()[1]}"
+        client = AsyncPolicyClient(url, reconnect=False, max_buffered_bytes=None)
+        await client.connect()
+        try:
+            streamed = await client.submit(IMAGE)
+            inferring = asyncio.create_task(client.infer(IMAGE, timeout=3.0))
+            await until(lambda: client.stats.sent == 2, "observation 1 sent")
+            await connections[0].send(chunk_frame(streamed))
+            await until(lambda: client.stats.answered == 1, "chunk 0 in the stream")
+            with pytest.raises(asyncio.TimeoutError):  # streamed frames fill the link until one cannot leave
+                while True:
+                    await asyncio.wait_for(client.submit({"image": big}), 0.5)
+            assert not inferring.done()
+            waiter = client._waiters[streamed + 1]  # noqa: SLF001
+            await until(waiter.done, "the infer timed out", timeout=10)  # its cancel now waits for the link
+            assert not inferring.done()
+            await connections[0].send(chunk_frame(streamed + 1))
+            await until(lambda: client.stats.answered == 2, "chunk 1 came")
+            drain.set()
+            with pytest.raises(TimeoutError):
+                await asyncio.wait_for(inferring, 10)
+            assert (await client.receive(timeout=1)).seq == streamed
+            assert client.stats.stale == 0
+        finally:
+            drain.set()
+            await client.close()
