@@ -557,8 +557,13 @@ class LatestObservationSender:
                 self._sending = None
                 self._sent(seq, len(payload))
         except Exception:  # noqa: BLE001 - no connection any more (the client is closing or gave up)
+            # None of these will be sent: each is told, as one replaced before it was sent, not forgotten.
+            abandoned = [] if self._sending is None else [self._sending[1]]
+            abandoned += [seq for seq, _ in self._waiting.values()]
             self._sending = None
             self._waiting.clear()
+            for seq in abandoned:
+                self._replaced(seq)
 
     async def close(self) -> None:
         if self._task is not None:

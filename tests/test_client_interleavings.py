@@ -82,10 +82,14 @@ async def test_calls_waiting_for_a_reconnect_that_gives_up_fail_at_once():
             inferring = asyncio.create_task(client.infer(IMAGE, timeout=None))
             configuring = asyncio.create_task(client.configure(timeout=None, domain_name="any"))
             await until(lambda: client._sender is not None and client._sender.waiting == 0, "observation 0 waits")  # noqa: SLF001
+            streamed = await client.submit(IMAGE, session_id="env-b")  # waits too, beside 0
             refuse.set()  # reconnecting now fails for good
             for call in (inferring, configuring):
                 with pytest.raises(ConnectionLost):
                     await asyncio.wait_for(call, 5)
+            # Neither observation was sent, and each is counted so (none forgotten).
+            await until(lambda: client.stats.dropped["unsent"] == 2, f"both counted unsent ({streamed} too)")
+            assert client.stats.sent == 0
         finally:
             refuse.set()
             await client.close()
