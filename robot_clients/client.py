@@ -795,7 +795,9 @@ class AsyncPolicyClient:
                 if not self._closing:
                     logger.error("reconnecting failed for good: %s", exc)
                 # Calls made while it reconnected wait for that connection: they end now, not at their timeout.
-                self._fail_waiters(ConnectionLost(f"reconnecting failed for good: {exc}"))
+                self._fail_waiters(
+                    ConnectionLost("the client was closed" if self._closing else f"reconnecting failed for good: {exc}")
+                )
                 return
             self.stats.reconnects += 1
 
@@ -1045,7 +1047,8 @@ class AsyncPolicyClient:
         self.stats.bytes_sent += nbytes
 
     def _replaced_unsent(self, seq: int, message: str = "a newer observation replaced it before it was sent") -> None:
-        """A newer observation (or a reset) replaced ``seq`` before it was written: it never reaches the server."""
+        """``seq`` will never be written (a newer observation replaced it, a reset or its own call ended first,
+        or no connection will come): it never reaches the server."""
         self.stats.dropped[UNSENT] += 1
         self._fail_waiter(seq, ObservationDropped(seq, UNSENT, message))
 
