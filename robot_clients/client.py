@@ -687,6 +687,9 @@ class AsyncPolicyClient:
         self._waiters: dict[int, asyncio.Future[ActionChunk]] = {}  # infer() calls waiting for their seq
         self._control_lock = asyncio.Lock()  # one configure/reset at a time: their replies carry no seq
         self._control_reply: asyncio.Future[dict[str, Any]] | None = None
+        # Replies still to come on this connection for control calls that stopped waiting (timed out): the
+        # server answers control frames in order, so the next ones to come are theirs, not a later call's.
+        self._control_replies_owed = 0
         self._stream: asyncio.Queue[ActionChunk | ServerError] = asyncio.Queue()
         self._next_seq = 0
         self._frames = OutgoingFrames(images, resize)
@@ -728,6 +731,7 @@ class AsyncPolicyClient:
         if opened.session is not None:
             self.session = opened.session
         self._ws = opened.ws
+        self._control_replies_owed = 0  # a new connection owes nothing of the last one's
         self._set_state(RUNNING, "")  # a new connection is a new session: it starts running
         self._connected.set()
         return opened.ws
@@ -839,15 +843,14 @@ class AsyncPolicyClient:
         elif kind == protocol.ERROR:
             self.stats.errors += 1
             error = ServerError(frame.get("code", ""), frame.get("message", ""), frame.get("field"), seq)
-            if seq is None and self._control_reply is not None and not self._control_reply.done():
-                self._control_reply.set_exception(error)
+            if seq is None and self._control_answered(error):
+                pass
             elif seq is not None and not self._fail_waiter(seq, error):
                 self._stream.put_nowait(error)  # a streamed observation's: receive() raises it
             elif seq is None:
                 logger.warning("server error: %s", error)
         elif kind in (protocol.SESSION, protocol.RESET_DONE):
-            if self._control_reply is not None and not self._control_reply.done():
-                self._control_reply.set_result(frame)
+            self._control_answered(frame)
         elif kind == protocol.SESSION_STATE:
             state, reason = frame.get("state", RUNNING), frame.get("reason") or ""
             logger.info("the session is now %s%s", state, f" ({reason})" if reason else "")
@@ -860,6 +863,22 @@ class AsyncPolicyClient:
             logger.info("an operator changed %s", ", ".join(frame.get("changed") or ()))
         else:
             logger.debug("ignoring a %r frame", kind)
+
+    def _control_answered(self, answer: dict[str, Any] | ServerError) -> bool:
+        """A reply to a control frame (a ``session`` or ``reset_done`` frame, or an error with no seq): it ends
+        the waiting call, or is the late one of a call that stopped waiting. Says whether it was taken."""
+        if self._control_replies_owed:
+            self._control_replies_owed -= 1
+            logger.debug("a reply came after its control call stopped waiting: %r", answer)
+            return True
+        reply = self._control_reply
+        if reply is None or reply.done():
+            return False
+        if isinstance(answer, ServerError):
+            reply.set_exception(answer)
+        else:
+            reply.set_result(answer)
+        return True
 
     def _on_chunk(self, frame: dict[str, Any]) -> None:
         sent_at = frame.get("timestamp")
@@ -940,11 +959,15 @@ class AsyncPolicyClient:
         async with self._control_lock:
             reply: asyncio.Future[dict[str, Any]] = asyncio.get_running_loop().create_future()
             self._control_reply = reply
+            ws: ClientConnection | None = None
             try:
                 await self._send(frame, timeout)
+                ws = self._ws
                 return await asyncio.wait_for(reply, timeout)
             finally:
                 self._control_reply = None
+                if ws is not None and ws is self._ws and not (reply.done() and not reply.cancelled()):
+                    self._control_replies_owed += 1  # it stopped waiting, but its reply is on its way
                 if reply.done() and not reply.cancelled():
                     # Failed (connection lost) while the frame was still being sent: the call raised that
                     # already; read it here so the loop does not log it again as never retrieved.

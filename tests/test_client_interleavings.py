@@ -18,7 +18,14 @@ from websockets.asyncio.server import ServerConnection, serve
 
 from robot_clients import AsyncPolicyClient, ConnectionLost, ObservationDropped
 from robot_clients.client import LatestObservationSender
-from robot_clients.protocol import PROTOCOL_VERSION, action_chunk_frame, reset_done_frame
+from robot_clients.protocol import (
+    PROTOCOL_VERSION,
+    SessionState,
+    action_chunk_frame,
+    reset_done_frame,
+    session_frame,
+    session_updated_frame,
+)
 from robot_clients.wire_codec import packb, unpackb
 
 IMAGE = np.zeros((16, 16, 3), np.uint8)
@@ -344,3 +351,38 @@ async def test_a_chunk_that_comes_after_its_infer_timed_out_does_not_make_older_
         finally:
             drain.set()
             await client.close()
+
+
+async def test_a_late_reply_to_a_configure_that_timed_out_does_not_answer_the_next_control_call():
+    """``configure`` times out (the server is slow to answer it), then the robot calls ``reset``. The
+    configure's ``session`` reply comes after all: control replies carry no seq, and it must not be taken
+    for the reset's answer (reset returned before the server had reset anything, and its own ``reset_done``
+    would then answer the control call after it)."""
+    read: list[dict[str, Any]] = []
+    connections: list[ServerConnection] = []
+
+    async def handler(ws: ServerConnection) -> None:
+        connections.append(ws)
+        await ws.send(METADATA)
+        with contextlib.suppress(Exception):
+            async for message in ws:
+                read.append(unpackb(message))  # type: ignore[arg-type]
+
+    async with scripted_server(handler) as url:
+        async with AsyncPolicyClient(url, reconnect=False) as client:
+            server = connections[0]
+            with pytest.raises(TimeoutError):
+                await client.configure(timeout=0.1, domain_name="slow")
+            resetting = asyncio.create_task(client.reset(timeout=5))
+            await until(lambda: [f["type"] for f in read] == ["configure", "reset"], "the server read the reset")
+            await server.send(packb(session_frame("s", {"domain_name": "slow"}, SessionState.RUNNING)))
+            # A frame after it, to know the client has read the late reply.
+            await server.send(packb(session_updated_frame("s", {"prompt": "marker"}, ["prompt"], "test")))
+            await until(lambda: client.session.get("prompt") == "marker", "the client read both frames")
+            assert not resetting.done()  # the late configure reply did not answer it
+            await server.send(packb(reset_done_frame("s")))
+            await asyncio.wait_for(resetting, 5)
+            configuring = asyncio.create_task(client.configure(timeout=5, action_horizon=8))
+            await until(lambda: len(read) == 3, "the server read the second configure")
+            await server.send(packb(session_frame("s", {"action_horizon": 8}, SessionState.RUNNING)))
+            assert await asyncio.wait_for(configuring, 5) == {"action_horizon": 8}
