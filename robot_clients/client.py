@@ -557,15 +557,19 @@ class LatestObservationSender:
                 self._sending = None
                 self._sent(seq, len(payload))
         except Exception:  # noqa: BLE001 - no connection any more (the client is closing or gave up)
-            # None of these will be sent: each is told, as one replaced before it was sent, not forgotten.
-            abandoned = [] if self._sending is None else [self._sending[1]]
-            abandoned += [seq for seq, _ in self._waiting.values()]
-            self._sending = None
-            self._waiting.clear()
-            for seq in abandoned:
-                self._replaced(seq)
+            self._abandon()
+
+    def _abandon(self) -> None:
+        """Nothing held will be sent: each is told, as one replaced before it was sent, not forgotten."""
+        abandoned = [] if self._sending is None else [self._sending[1]]
+        abandoned += [seq for seq, _ in self._waiting.values()]
+        self._sending = None
+        self._waiting.clear()
+        for seq in abandoned:
+            self._replaced(seq)
 
     async def close(self) -> None:
+        """Stop sending. What is still held is abandoned: kept, it would go out on a later connection."""
         if self._task is not None:
             self._task.cancel()
             try:
@@ -573,6 +577,7 @@ class LatestObservationSender:
             except (asyncio.CancelledError, Exception):  # noqa: BLE001
                 pass
         self._task = None
+        self._abandon()
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -740,6 +745,9 @@ class AsyncPolicyClient:
         """Close the connection and stop reconnecting."""
         self._closing = True
         self._connected.clear()
+        # Calls waiting now hear that the client closed (not that their observation was replaced unsent,
+        # which the sender says next of what it still holds).
+        self._fail_waiters(ConnectionLost("the client was closed"))
         if self._sender is not None:  # stop what is still held to be sent before the socket closes
             await self._sender.close()
         if self._ws is not None:

@@ -386,3 +386,42 @@ async def test_a_late_reply_to_a_configure_that_timed_out_does_not_answer_the_ne
             await until(lambda: len(read) == 3, "the server read the second configure")
             await server.send(packb(session_frame("s", {"action_horizon": 8}, SessionState.RUNNING)))
             assert await asyncio.wait_for(configuring, 5) == {"action_horizon": 8}
+
+
+async def test_an_observation_waiting_when_the_client_closes_is_not_sent_after_it_connects_again():
+    """An observation waits for a reconnect when the robot closes the client; later it connects the same
+    client again. The observation belongs to the closed connection's calls: it is counted unsent at the
+    close, and never sent on the new connection (it was, ahead of the robot's newer observations)."""
+    connections: list[ServerConnection] = []
+    read: list[dict[str, Any]] = []
+    accept = asyncio.Event()
+
+    async def process_request(connection: ServerConnection, request: Any) -> Any:
+        if connections and not accept.is_set():
+            return connection.respond(HTTPStatus.SERVICE_UNAVAILABLE, "restarting\n")  # retried
+        return None
+
+    async def handler(ws: ServerConnection) -> None:
+        connections.append(ws)
+        await ws.send(METADATA)
+        with contextlib.suppress(Exception):
+            async for message in ws:
+                read.append(unpackb(message))  # type: ignore[arg-type]
+
+    async with scripted_server(handler, process_request) as url:
+        client = AsyncPolicyClient(url, backoff_initial=0.01, backoff_max=0.01)
+        await client.connect()
+        try:
+            await connections[0].close()
+            await until(lambda: not client.connected, "the client saw the connection close")
+            before = await client.submit(IMAGE)  # waits for a connection that does not come
+            await client.close()
+            assert client.stats.dropped["unsent"] == 1
+            accept.set()
+            await client.connect()
+            after = await client.submit(IMAGE, session_id="env-b")
+            await until(lambda: len(read) >= 1, "the server read an observation")
+            await asyncio.sleep(0.05)
+            assert [frame["seq"] for frame in read] == [after], f"{before} was sent after the close"
+        finally:
+            await client.close()
