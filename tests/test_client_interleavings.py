@@ -111,7 +111,7 @@ async def test_an_observation_whose_write_failed_while_a_newer_one_waited_is_rep
 
     async def reading(ws: ServerConnection) -> None:
         async for message in ws:
-            received.append(bytes(message))  # type: ignore[arg-type]
+            received.append(bytes(message))
 
     async with scripted_server(reading) as url:
         async with connect(url) as lost, connect(url) as next_link:
@@ -152,7 +152,7 @@ async def test_an_infer_sent_after_a_reset_gets_its_chunk():
         await ws.send(METADATA)
         with contextlib.suppress(Exception):
             async for message in ws:
-                read.append(unpackb(message))  # type: ignore[arg-type]
+                read.append(unpackb(message))
 
     async with scripted_server(handler) as url:
         async with AsyncPolicyClient(url, reconnect=False) as client:
@@ -183,7 +183,7 @@ async def test_a_reset_drops_the_observation_still_waiting_on_the_robot():
         await drain.wait()  # a link that does not drain, until the test lets it
         with contextlib.suppress(Exception):
             async for message in ws:
-                read.append(unpackb(message))  # type: ignore[arg-type]
+                read.append(unpackb(message))
                 if read[-1]["type"] == "reset":
                     await ws.send(packb(reset_done_frame("s")))
                 else:
@@ -221,7 +221,7 @@ async def test_receive_without_time_to_wait_returns_a_chunk_that_already_came():
         await ws.send(METADATA)
         with contextlib.suppress(Exception):
             async for message in ws:
-                await ws.send(chunk_frame(unpackb(message)["seq"]))  # type: ignore[arg-type]
+                await ws.send(chunk_frame(unpackb(message)["seq"]))
 
     async with scripted_server(handler) as url:
         async with AsyncPolicyClient(url, reconnect=False) as client:
@@ -290,7 +290,7 @@ async def test_an_infer_that_timed_out_while_reconnecting_leaves_nothing_to_be_s
         await ws.send(METADATA)
         with contextlib.suppress(Exception):
             async for message in ws:
-                read.append(unpackb(message))  # type: ignore[arg-type]
+                read.append(unpackb(message))
                 await ws.send(chunk_frame(read[-1]["seq"]))
 
     async with scripted_server(handler, process_request) as url:
@@ -366,7 +366,7 @@ async def test_a_late_reply_to_a_configure_that_timed_out_does_not_answer_the_ne
         await ws.send(METADATA)
         with contextlib.suppress(Exception):
             async for message in ws:
-                read.append(unpackb(message))  # type: ignore[arg-type]
+                read.append(unpackb(message))
 
     async with scripted_server(handler) as url:
         async with AsyncPolicyClient(url, reconnect=False) as client:
@@ -406,7 +406,7 @@ async def test_an_observation_waiting_when_the_client_closes_is_not_sent_after_i
         await ws.send(METADATA)
         with contextlib.suppress(Exception):
             async for message in ws:
-                read.append(unpackb(message))  # type: ignore[arg-type]
+                read.append(unpackb(message))
 
     async with scripted_server(handler, process_request) as url:
         client = AsyncPolicyClient(url, backoff_initial=0.01, backoff_max=0.01)
