@@ -545,6 +545,12 @@ class LatestObservationSender:
                 session, seq, payload = self._sending
                 try:
                     await ws.send(payload)
+                except asyncio.CancelledError:
+                    # close() stopped it while the write waited for the link to drain: its bytes are in the
+                    # socket's buffers already and leave ahead of the close frame.
+                    self._sending = None
+                    self._sent(seq, len(payload))
+                    raise
                 except Exception:  # noqa: BLE001 - the connection dropped: the reader reconnects
                     if session not in self._waiting:  # nothing newer: send this one on the next connection
                         self._waiting[session] = (seq, payload)

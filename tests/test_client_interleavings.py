@@ -425,3 +425,41 @@ async def test_an_observation_waiting_when_the_client_closes_is_not_sent_after_i
             assert [frame["seq"] for frame in read] == [after], f"{before} was sent after the close"
         finally:
             await client.close()
+
+
+async def test_an_observation_being_written_when_the_client_closes_is_counted_sent():
+    """``close()`` stops the sender while a large observation is being written (its bytes handed to the socket,
+    the write waiting for the link to drain). Those bytes leave ahead of the close frame and the server reads
+    the observation: it is counted sent, not unsent (which says the server never got it)."""
+    big = np.random.default_rng(0).integers(0, 256, (2400, 2400, 3), dtype=np.uint8)  # more than the kernel holds
+    connections: list[ServerConnection] = []
+    read: list[dict[str, Any]] = []
+
+    async def handler(ws: ServerConnection) -> None:
+        connections.append(ws)
+        await ws.send(METADATA)
+        ws.transport.pause_reading()  # the link does not drain until the test resumes it
+        with contextlib.suppress(Exception):
+            async for message in ws:
+                read.append(unpackb(message))
+
+    async with serve(handler, "127.0.0.1", 0, max_size=None, close_timeout=5.0) as listener:
+        url = f"ws://127.0.0.1:{listener.sockets[0].getsockname()[1]}"
+        client = AsyncPolicyClient(url, reconnect=False, close_timeout=5.0)
+        await client.connect()
+        try:
+            await until(lambda: bool(connections), "the server has the connection")
+            seq = await client.submit({"image": big})
+            sender = client._sender  # noqa: SLF001
+            assert sender is not None
+            await asyncio.sleep(0.1)
+            assert sender._sending is not None and sender._sending[1] == seq  # noqa: SLF001 - still being written
+            closing = asyncio.create_task(client.close())
+            await asyncio.sleep(0.05)
+            connections[0].transport.resume_reading()
+            await asyncio.wait_for(closing, 10)
+            await until(lambda: bool(read), "the server read the observation")
+            assert [frame["seq"] for frame in read] == [seq]
+            assert client.stats.sent == 1 and client.stats.dropped["unsent"] == 0, client.stats
+        finally:
+            await client.close()
