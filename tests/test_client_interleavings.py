@@ -32,11 +32,8 @@ IMAGE = np.zeros((16, 16, 3), np.uint8)
 METADATA = packb({"type": "metadata", "protocol_version": PROTOCOL_VERSION, "defaults": {}})
 
 
-def chunk_frame(seq: int, session_id: str | None = None) -> bytes:
-    frame = action_chunk_frame(seq, np.zeros((2, 3), np.float32), {}, {})
-    if session_id is not None:
-        frame["session_id"] = session_id
-    return packb(frame)
+def chunk_frame(seq: int) -> bytes:
+    return packb(action_chunk_frame(seq, np.zeros((2, 3), np.float32), {}, {}))
 
 
 @contextlib.asynccontextmanager
