@@ -465,10 +465,12 @@ class LatestObservationSender:
     ``max_buffered_bytes``; an observation put while one waits replaces it.
 
     ``current()`` is the connection now (None while reconnecting), ``connection()`` waits for one;
-    ``replaced(seq)`` is told of an observation a newer one replaced before it was sent, ``sent(seq,
-    nbytes)`` of each one written. At any moment one observation is being written and one waits per
-    policy session (``session``: the observation's ``session_id``; a newer one replaces only its own
-    session's), the oldest sent first.
+    ``replaced(seq)`` is told of each observation that will never be sent (a newer one replaced it, its
+    write failed with a newer one waiting, or the sender closed or has no connection any more), ``sent(seq,
+    nbytes)`` of each one written: every observation put is told exactly once, unless taken back with
+    :meth:`withdraw`. At any moment one observation is being written and one waits per policy session
+    (``session``: the observation's ``session_id``; a newer one replaces only its own session's), the
+    oldest sent first.
     """
 
     def __init__(
