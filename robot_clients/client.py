@@ -465,10 +465,12 @@ class LatestObservationSender:
     ``max_buffered_bytes``; an observation put while one waits replaces it.
 
     ``current()`` is the connection now (None while reconnecting), ``connection()`` waits for one;
-    ``replaced(seq)`` is told of an observation a newer one replaced before it was sent, ``sent(seq,
-    nbytes)`` of each one written. At any moment one observation is being written and one waits per
-    policy session (``session``: the observation's ``session_id``; a newer one replaces only its own
-    session's), the oldest sent first.
+    ``replaced(seq)`` is told of each observation that will never be sent (a newer one replaced it, its
+    write failed with a newer one waiting, or the sender closed or has no connection any more), ``sent(seq,
+    nbytes)`` of each one written: every observation put is told exactly once, unless taken back with
+    :meth:`withdraw`. At any moment one observation is being written and one waits per policy session
+    (``session``: the observation's ``session_id``; a newer one replaces only its own session's), the
+    oldest sent first.
     """
 
     def __init__(
@@ -505,6 +507,15 @@ class LatestObservationSender:
         if self._task is None or self._task.done():
             self._task = asyncio.get_running_loop().create_task(self._run(), name="policy-client-sender")
 
+    def withdraw(self, session: str | None, seq: int | None = None) -> int | None:
+        """Take back the observation of ``session`` waiting to be sent (only if it is ``seq``, when given);
+        return its seq, or None when none was taken. The one being written is on its way already."""
+        waiting = self._waiting.get(session)
+        if waiting is None or (seq is not None and waiting[0] != seq):
+            return None
+        del self._waiting[session]
+        return waiting[0]
+
     def _take(self) -> tuple[str | None, int, bytes]:
         """The oldest waiting observation, taken out, with its session (one must wait)."""
         session = next(iter(self._waiting))
@@ -536,9 +547,17 @@ class LatestObservationSender:
                 session, seq, payload = self._sending
                 try:
                     await ws.send(payload)
+                except asyncio.CancelledError:
+                    # close() stopped it while the write waited for the link to drain: its bytes are in the
+                    # socket's buffers already and leave ahead of the close frame.
+                    self._sending = None
+                    self._sent(seq, len(payload))
+                    raise
                 except Exception:  # noqa: BLE001 - the connection dropped: the reader reconnects
                     if session not in self._waiting:  # nothing newer: send this one on the next connection
                         self._waiting[session] = (seq, payload)
+                    else:  # a newer one was put while this one was written: this one will never be sent
+                        self._replaced(seq)
                     self._sending = None
                     self._ready.set()
                     await asyncio.sleep(self.poll_s)
@@ -546,10 +565,19 @@ class LatestObservationSender:
                 self._sending = None
                 self._sent(seq, len(payload))
         except Exception:  # noqa: BLE001 - no connection any more (the client is closing or gave up)
-            self._sending = None
-            self._waiting.clear()
+            self._abandon()
+
+    def _abandon(self) -> None:
+        """Nothing held will be sent: each is told, as one replaced before it was sent, not forgotten."""
+        abandoned = [] if self._sending is None else [self._sending[1]]
+        abandoned += [seq for seq, _ in self._waiting.values()]
+        self._sending = None
+        self._waiting.clear()
+        for seq in abandoned:
+            self._replaced(seq)
 
     async def close(self) -> None:
+        """Stop sending. What is still held is abandoned: kept, it would go out on a later connection."""
         if self._task is not None:
             self._task.cancel()
             try:
@@ -557,6 +585,7 @@ class LatestObservationSender:
             except (asyncio.CancelledError, Exception):  # noqa: BLE001
                 pass
         self._task = None
+        self._abandon()
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -671,10 +700,11 @@ class AsyncPolicyClient:
         self._waiters: dict[int, asyncio.Future[ActionChunk]] = {}  # infer() calls waiting for their seq
         self._control_lock = asyncio.Lock()  # one configure/reset at a time: their replies carry no seq
         self._control_reply: asyncio.Future[dict[str, Any]] | None = None
+        # Replies still to come on this connection for control calls that stopped waiting (timed out): the
+        # server answers control frames in order, so the next ones to come are theirs, not a later call's.
+        self._control_replies_owed = 0
         self._stream: asyncio.Queue[ActionChunk | ServerError] = asyncio.Queue()
         self._next_seq = 0
-        # The policy session of each observation an infer() call waits for (what a reset of one ends).
-        self._sessions_of: dict[int, str | None] = {}
         self._frames = OutgoingFrames(images, resize)
         self._sender = (
             None
@@ -707,10 +737,14 @@ class AsyncPolicyClient:
             deadline,
             lambda: self._closing,
         )
+        if self._closing:  # close() was called while this connection was being made: nobody will use it
+            await opened.ws.close()
+            raise ConnectionLost("the client was closed while it connected")
         self.metadata = opened.metadata
         if opened.session is not None:
             self.session = opened.session
         self._ws = opened.ws
+        self._control_replies_owed = 0  # a new connection owes nothing of the last one's
         self._set_state(RUNNING, "")  # a new connection is a new session: it starts running
         self._connected.set()
         return opened.ws
@@ -719,6 +753,9 @@ class AsyncPolicyClient:
         """Close the connection and stop reconnecting."""
         self._closing = True
         self._connected.clear()
+        # Calls waiting now hear that the client closed (not that their observation was replaced unsent,
+        # which the sender says next of what it still holds).
+        self._fail_waiters(ConnectionLost("the client was closed"))
         if self._sender is not None:  # stop what is still held to be sent before the socket closes
             await self._sender.close()
         if self._ws is not None:
@@ -775,7 +812,12 @@ class AsyncPolicyClient:
             try:
                 ws = await self._open(deadline=None)
             except Exception as exc:  # noqa: BLE001 - give up only on errors retrying cannot fix
-                logger.error("reconnecting failed for good: %s", exc)
+                if not self._closing:
+                    logger.error("reconnecting failed for good: %s", exc)
+                # Calls made while it reconnected wait for that connection: they end now, not at their timeout.
+                self._fail_waiters(
+                    ConnectionLost("the client was closed" if self._closing else f"reconnecting failed for good: {exc}")
+                )
                 return
             self.stats.reconnects += 1
 
@@ -817,15 +859,14 @@ class AsyncPolicyClient:
         elif kind == protocol.ERROR:
             self.stats.errors += 1
             error = ServerError(frame.get("code", ""), frame.get("message", ""), frame.get("field"), seq)
-            if seq is None and self._control_reply is not None and not self._control_reply.done():
-                self._control_reply.set_exception(error)
+            if seq is None and self._control_answered(error):
+                pass
             elif seq is not None and not self._fail_waiter(seq, error):
                 self._stream.put_nowait(error)  # a streamed observation's: receive() raises it
             elif seq is None:
                 logger.warning("server error: %s", error)
         elif kind in (protocol.SESSION, protocol.RESET_DONE):
-            if self._control_reply is not None and not self._control_reply.done():
-                self._control_reply.set_result(frame)
+            self._control_answered(frame)
         elif kind == protocol.SESSION_STATE:
             state, reason = frame.get("state", RUNNING), frame.get("reason") or ""
             logger.info("the session is now %s%s", state, f" ({reason})" if reason else "")
@@ -839,6 +880,22 @@ class AsyncPolicyClient:
         else:
             logger.debug("ignoring a %r frame", kind)
 
+    def _control_answered(self, answer: dict[str, Any] | ServerError) -> bool:
+        """A reply to a control frame (a ``session`` or ``reset_done`` frame, or an error with no seq): it ends
+        the waiting call, or is the late one of a call that stopped waiting. Says whether it was taken."""
+        if self._control_replies_owed:
+            self._control_replies_owed -= 1
+            logger.debug("a reply came after its control call stopped waiting: %r", answer)
+            return True
+        reply = self._control_reply
+        if reply is None or reply.done():
+            return False
+        if isinstance(answer, ServerError):
+            reply.set_exception(answer)
+        else:
+            reply.set_result(answer)
+        return True
+
     def _on_chunk(self, frame: dict[str, Any]) -> None:
         sent_at = frame.get("timestamp")
         round_trip = (time.monotonic() - sent_at) * 1e3 if isinstance(sent_at, float) else None
@@ -850,12 +907,13 @@ class AsyncPolicyClient:
             return
         waiter = self._waiters.pop(seq, None)
         self.stats.answered += 1
-        if waiter is not None:
-            self._latest_delivered[chunk.session_id] = seq
-            if not waiter.done():
-                waiter.set_result(chunk)
-        else:
+        if waiter is None:
             self._stream.put_nowait(chunk)
+        elif not waiter.done():
+            self._latest_delivered[chunk.session_id] = seq
+            waiter.set_result(chunk)
+        # else its infer gave up (timed out) and is still sending its cancel: the chunk reaches nobody, so it
+        # is not delivered and must not make an older chunk the robot can still receive look stale.
 
     def _set_state(self, state: str, reason: str) -> None:
         self.session_state, self.state_reason = state, reason
@@ -889,12 +947,20 @@ class AsyncPolicyClient:
 
     async def _wait_connected(self, timeout: float | None) -> ClientConnection:
         if not self._connected.is_set():
-            if self._closing or self._reader is None or self._reader.done():
+            reader = self._reader
+            if self._closing or reader is None or reader.done():
                 raise ConnectionLost("not connected (call connect() first)")
+            # The reader reconnects; when it gives up (or the client closes) it ends, and nothing would ever
+            # set the event: wait for either, so that a caller hears at once instead of at its timeout.
+            connected = asyncio.ensure_future(self._connected.wait())
             try:
-                await asyncio.wait_for(self._connected.wait(), timeout)
-            except asyncio.TimeoutError:
-                raise TimeoutError("not connected to the policy server (reconnecting)") from None
+                await asyncio.wait((connected, reader), timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
+            finally:
+                connected.cancel()
+            if not self._connected.is_set():
+                if reader.done() or self._closing:
+                    raise ConnectionLost("the connection was lost and the client stopped reconnecting")
+                raise TimeoutError("not connected to the policy server (reconnecting)")
         assert self._ws is not None
         return self._ws
 
@@ -909,11 +975,19 @@ class AsyncPolicyClient:
         async with self._control_lock:
             reply: asyncio.Future[dict[str, Any]] = asyncio.get_running_loop().create_future()
             self._control_reply = reply
+            ws: ClientConnection | None = None
             try:
                 await self._send(frame, timeout)
+                ws = self._ws
                 return await asyncio.wait_for(reply, timeout)
             finally:
                 self._control_reply = None
+                if ws is not None and ws is self._ws and not (reply.done() and not reply.cancelled()):
+                    self._control_replies_owed += 1  # it stopped waiting, but its reply is on its way
+                if reply.done() and not reply.cancelled():
+                    # Failed (connection lost) while the frame was still being sent: the call raised that
+                    # already; read it here so the loop does not log it again as never retrieved.
+                    reply.exception()
 
     # -- requests --------------------------------------------------------------------------------------
 
@@ -931,12 +1005,21 @@ class AsyncPolicyClient:
 
     async def reset(self, timeout: float | None = 10.0, *, session_id: str | None = None) -> None:
         """Drop everything this session (or its policy session ``session_id``) has waiting or running, and
-        start its sequence over; the configuration is kept."""
+        start its sequence over; the configuration is kept.
+
+        The server answers each observation the reset drops with ``dropped`` (``cancelled``) before
+        ``reset_done``; one of this session still waiting on the robot to be sent is dropped here
+        (``unsent``). One submitted while the reset is on its way reaches the server after it and is
+        answered as usual.
+        """
+        if self._sender is not None:
+            # Held back by a slow link, it would reach the server after the reset and be answered.
+            withdrawn = self._sender.withdraw(session_id)
+            if withdrawn is not None:
+                self._replaced_unsent(withdrawn, "the session was reset before it was sent")
+        # Nothing is failed once the reset is done: every observation still awaited then was sent after the
+        # reset (the server answered all the others first), and its answer is on its way.
         await self._control(protocol.reset_frame(session_id), timeout)
-        for seq in [seq for seq, session in self._sessions_of.items() if session == session_id]:
-            waiter = self._waiters.pop(seq, None)
-            if waiter is not None and not waiter.done():
-                waiter.set_exception(ObservationDropped(seq, DropReason.CANCELLED, "reset"))
         self._latest_delivered.pop(session_id, None)
 
     async def cancel(self, seq: int | None = None, *, session_id: str | None = None) -> None:
@@ -1002,10 +1085,11 @@ class AsyncPolicyClient:
         self.stats.sent += 1
         self.stats.bytes_sent += nbytes
 
-    def _replaced_unsent(self, seq: int) -> None:
-        """A newer observation replaced ``seq`` before it was written: it never reaches the server."""
+    def _replaced_unsent(self, seq: int, message: str = "a newer observation replaced it before it was sent") -> None:
+        """``seq`` will never be written (a newer observation replaced it, a reset or its own call ended first,
+        or no connection will come): it never reaches the server."""
         self.stats.dropped[UNSENT] += 1
-        self._fail_waiter(seq, ObservationDropped(seq, UNSENT, "a newer observation replaced it before it was sent"))
+        self._fail_waiter(seq, ObservationDropped(seq, UNSENT, message))
 
     async def receive(self, timeout: float | None = None) -> ActionChunk:
         """The next streamed chunk newer than any already delivered. Raises :class:`ServerError` when the
@@ -1013,12 +1097,16 @@ class AsyncPolicyClient:
         deadline = None if timeout is None else time.monotonic() + timeout
         while True:
             remaining = None if deadline is None else max(0.0, deadline - time.monotonic())
-            if self._stream.empty():
+            if not self._stream.empty():
+                # Taken at once: wait_for given no time left (a robot polling with timeout=0) cancels the get
+                # before it runs, and would report a chunk that already came as not arrived in time.
+                item = self._stream.get_nowait()
+            else:
                 self._check_running()  # nothing will come while paused: say so instead of timing out
-            try:
-                item = await asyncio.wait_for(self._stream.get(), remaining)
-            except asyncio.TimeoutError:
-                raise TimeoutError("no action chunk arrived in time") from None
+                try:
+                    item = await asyncio.wait_for(self._stream.get(), remaining)
+                except asyncio.TimeoutError:
+                    raise TimeoutError("no action chunk arrived in time") from None
             if isinstance(item, ServerError):
                 raise item
             if item.seq <= self._latest_delivered.get(item.session_id, -1):
@@ -1050,7 +1138,6 @@ class AsyncPolicyClient:
         future = asyncio.get_running_loop().create_future()
         seq = self._next_seq
         self._waiters[seq] = future
-        self._sessions_of[seq] = session_id
         try:
             await self.submit(obs, timeout, state=state, session_id=session_id, **settings)
             remaining = None if deadline is None else max(0.0, deadline - time.monotonic())
@@ -1064,7 +1151,11 @@ class AsyncPolicyClient:
             raise TimeoutError(f"no answer to observation {seq} within {timeout} s") from None
         finally:
             self._waiters.pop(seq, None)
-            self._sessions_of.pop(seq, None)
+            # Ended without its chunk (timed out, connection lost, cancelled) while its observation still waits
+            # to be sent (for a new connection, say): sent now, it would be answered, and its chunk handed to the
+            # next receive(). Nobody waits for it: it is not sent.
+            if self._sender is not None and self._sender.withdraw(session_id, seq) is not None:
+                self._replaced_unsent(seq, "its infer call ended before it was sent")
 
 
 # ---------------------------------------------------------------------------------------------------
