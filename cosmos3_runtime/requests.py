@@ -152,7 +152,8 @@ class ResolvedSettings:
 
     def as_json(self) -> dict[str, object]:
         """The settings as JSON values (the interval as a list)."""
-        data = asdict(self)
+        # Not asdict: it deep-copies each value, and every chunk's echo is built here (the values are scalars).
+        data = {setting.name: getattr(self, setting.name) for setting in fields(self)}
         data["guidance_interval"] = list(self.guidance_interval) if self.guidance_interval is not None else None
         return data
 

@@ -83,6 +83,8 @@ class Session:
         self.connection = connection
         self.context = context
         self.config: SessionConfig | None = None
+        # ``config.resolved(description)``, kept from set_config: every observation's media step reads it.
+        self.resolved_config: Mapping[str, Any] = {}
         self.rules = ObservationRules()
         self.outbox: Outbox = context.settings.session_limits.outbox() if parent is None else parent.outbox
         self.rate: TokenBucket = context.settings.observation_rate.bucket() if parent is None else parent.rate
@@ -389,7 +391,7 @@ class Session:
         its policy sessions follow it."""
         self.config = config
         description = self.description
-        resolved = config.resolved(description)
+        resolved = self.resolved_config = config.resolved(description)
         for listener in self.listeners:
             listener.configured(resolved, description.identity())
         for policy_session in self.policy_sessions:

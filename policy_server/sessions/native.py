@@ -249,13 +249,12 @@ class NativeSession(Session):
     def _media_plan(self, frame: client_frames.ObservationFrame) -> dict[str, Any]:
         """How this observation's cameras will be used: composed side by side (``concat_view``), and the
         canvas side its JPEGs may decode down to (its tier's; every tier's before a ``configure``)."""
-        description = self.context.description
-        resolved = self.config.resolved(description) if self.config is not None and description is not None else {}
+        resolved = self.resolved_config  # empty before a configure
         tier = frame.overrides.get("resolution_tier", resolved.get("resolution_tier"))
         view_point = frame.overrides.get("view_point", resolved.get("view_point"))
         return {
             "side_by_side": view_point == "concat_view",
-            "fit_side": canvas_side(description, tier if isinstance(tier, int) else None),
+            "fit_side": canvas_side(self.context.description, tier if isinstance(tier, int) else None),
         }
 
     def _on_configure(self, frame: client_frames.ConfigureFrame) -> None:
@@ -265,7 +264,7 @@ class NativeSession(Session):
         self.set_config(config)
         if "prompt" in frame.settings:
             self.operator_prompt = False
-        self._send(protocol.session_frame(self.id, config.resolved(self.description), self.state, self.recorded))
+        self._send(protocol.session_frame(self.id, self.resolved_config, self.state, self.recorded))
 
     def _on_observation(self, obs: client_frames.ObservationFrame, received_at: float) -> None:
         if self.operator_prompt:
