@@ -36,12 +36,72 @@ def chunk_frame(seq: int) -> bytes:
     return packb(action_chunk_frame(seq, np.zeros((2, 3), np.float32), {}, {}))
 
 
-@contextlib.asynccontextmanager
-async def scripted_server(
-    handler: Callable[[ServerConnection], Awaitable[None]], process_request: Any = None
-) -> AsyncIterator[str]:
-    async with serve(handler, "127.0.0.1", 0, process_request=process_request, close_timeout=1.0) as listener:
-        yield f"ws://127.0.0.1:{listener.sockets[0].getsockname()[1]}"
+class ScriptedServer:
+    """A WebSocket server on 127.0.0.1 that speaks just enough of the protocol for one interleaving.
+
+    Each connection gets the metadata frame, is kept in ``connections``, and each frame it reads is kept in
+    ``read`` and answered with ``answer(frame)`` (nothing when that returns None). Reading starts once
+    ``drained`` is set (set from the start unless ``draining=False``: a link that does not drain).
+
+    Every handshake after the first (the client reconnecting) sets ``reconnecting``. With
+    ``hold_reconnects``, it then waits for ``release`` and is served, or refused with the status ``refuse``;
+    without, it is refused with ``refuse`` (when given) until ``release`` is set, and served after.
+    """
+
+    def __init__(
+        self,
+        answer: Callable[[dict[str, Any]], bytes | None] = lambda frame: None,
+        *,
+        draining: bool = True,
+        hold_reconnects: bool = False,
+        refuse: HTTPStatus | None = None,
+    ) -> None:
+        self.answer = answer
+        self.hold_reconnects = hold_reconnects
+        self.refuse = refuse
+        self.connections: list[ServerConnection] = []
+        self.read: list[dict[str, Any]] = []
+        self.drained = asyncio.Event()
+        if draining:
+            self.drained.set()
+        self.reconnecting = asyncio.Event()
+        self.release = asyncio.Event()
+
+    async def _handshake(self, connection: ServerConnection, request: Any) -> Any:
+        if not self.connections:
+            return None
+        self.reconnecting.set()
+        if self.hold_reconnects:
+            await self.release.wait()
+        elif self.release.is_set():
+            return None
+        return None if self.refuse is None else connection.respond(self.refuse, "not now\n")
+
+    async def _serve(self, ws: ServerConnection) -> None:
+        self.connections.append(ws)
+        await ws.send(METADATA)
+        await self.drained.wait()
+        with contextlib.suppress(Exception):
+            async for message in ws:
+                self.read.append(unpackb(message))
+                reply = self.answer(self.read[-1])
+                if reply is not None:
+                    await ws.send(reply)
+
+    @contextlib.asynccontextmanager
+    async def serving(self, close_timeout: float = 1.0) -> AsyncIterator[str]:
+        """Listen on an ephemeral port; yield the URL."""
+        async with serve(
+            self._serve, "127.0.0.1", 0, process_request=self._handshake, max_size=None, close_timeout=close_timeout
+        ) as listener:
+            yield f"ws://127.0.0.1:{listener.sockets[0].getsockname()[1]}"
+
+
+def answer_chunks(frame: dict[str, Any]) -> bytes | None:
+    """Answer each observation with a chunk, and a reset with ``reset_done``."""
+    if frame["type"] == "reset":
+        return packb(reset_done_frame("s"))
+    return chunk_frame(frame["seq"]) if frame["type"] == "observation" else None
 
 
 async def until(condition: Callable[[], bool], what: str, timeout: float = 5.0) -> None:
@@ -58,36 +118,19 @@ async def test_calls_waiting_for_a_reconnect_that_gives_up_fail_at_once():
     the new connection) and ``configure`` (it waits for the connection); then reconnecting fails for good
     (the server answers 403). Both must fail with ConnectionLost then, not wait out their timeout (here
     none: they hung forever)."""
-    connections: list[ServerConnection] = []
-    reconnecting = asyncio.Event()
-    refuse = asyncio.Event()
-
-    async def process_request(connection: ServerConnection, request: Any) -> Any:
-        if not connections:
-            return None  # the first handshake is served
-        reconnecting.set()
-        await refuse.wait()
-        return connection.respond(HTTPStatus.FORBIDDEN, "not any more\n")
-
-    async def handler(ws: ServerConnection) -> None:
-        connections.append(ws)
-        await ws.send(METADATA)
-        with contextlib.suppress(Exception):
-            async for _ in ws:
-                pass
-
-    async with scripted_server(handler, process_request) as url:
+    server = ScriptedServer(hold_reconnects=True, refuse=HTTPStatus.FORBIDDEN)
+    async with server.serving() as url:
         client = AsyncPolicyClient(url, backoff_initial=0.01, backoff_max=0.01)
         await client.connect()
         try:
-            await connections[0].close()  # the server goes away
-            await asyncio.wait_for(reconnecting.wait(), 5)  # the client's reader is reconnecting
+            await server.connections[0].close()  # the server goes away
+            await asyncio.wait_for(server.reconnecting.wait(), 5)  # the client's reader is reconnecting
             assert not client.connected
             inferring = asyncio.create_task(client.infer(IMAGE, timeout=None))
             configuring = asyncio.create_task(client.configure(timeout=None, domain_name="any"))
             await until(lambda: client._sender is not None and client._sender.waiting == 0, "observation 0 waits")  # noqa: SLF001
             streamed = await client.submit(IMAGE, session_id="env-b")  # waits too, beside 0
-            refuse.set()  # reconnecting now fails for good
+            server.release.set()  # reconnecting now fails for good
             for call in (inferring, configuring):
                 with pytest.raises(ConnectionLost):
                     await asyncio.wait_for(call, 5)
@@ -95,7 +138,7 @@ async def test_calls_waiting_for_a_reconnect_that_gives_up_fail_at_once():
             await until(lambda: client.stats.dropped["unsent"] == 2, f"both counted unsent ({streamed} too)")
             assert client.stats.sent == 0
         finally:
-            refuse.set()
+            server.release.set()
             await client.close()
 
 
@@ -104,13 +147,8 @@ async def test_an_observation_whose_write_failed_while_a_newer_one_waited_is_rep
     the socket to drain), and a newer one of the same session waits behind it. The write fails: the newer
     one is sent on the next connection, and the one whose write failed must be reported replaced, not
     vanish (it was neither sent nor counted)."""
-    received: list[bytes] = []
-
-    async def reading(ws: ServerConnection) -> None:
-        async for message in ws:
-            received.append(bytes(message))
-
-    async with scripted_server(reading) as url:
+    server = ScriptedServer()
+    async with server.serving() as url:
         async with connect(url) as lost, connect(url) as next_link:
             await lost.close()  # the link is gone; the client has not noticed yet
             link = lost
@@ -123,16 +161,16 @@ async def test_an_observation_whose_write_failed_while_a_newer_one_waited_is_rep
             sender = LatestObservationSender(
                 lambda: link, connection, replaced.append, lambda seq, nbytes: sent.append(seq), poll_s=0.001
             )
-            sender.put(0, b"0")  # the link looks free: 0 is taken to be written
-            sender.put(1, b"1")  # 1 waits behind it
+            sender.put(0, packb({"type": "observation", "seq": 0}))  # the link looks free: 0 is taken to be written
+            sender.put(1, packb({"type": "observation", "seq": 1}))  # 1 waits behind it
             await until(lambda: sender.waiting == 1 and sender._sending is None, "the write of 0 failed")  # noqa: SLF001
             link = next_link  # the client reconnected
             await until(lambda: bool(sent), "1 sent on the new connection")
             await sender.close()
             assert sent == [1]
             assert replaced == [0]  # every observation put is sent or reported replaced
-        await until(lambda: bool(received), "the server read 1")
-        assert received == [b"1"]
+        await until(lambda: bool(server.read), "the server read 1")
+        assert [frame["seq"] for frame in server.read] == [1]
 
 
 async def test_an_infer_sent_after_a_reset_gets_its_chunk():
@@ -141,25 +179,17 @@ async def test_an_infer_sent_after_a_reset_gets_its_chunk():
     then the chunk: the infer must return that chunk, not be failed as dropped by the reset (the server
     answered every observation the reset dropped with its own ``dropped`` frame), and the chunk must not turn
     up in the stream instead."""
-    read: list[dict[str, Any]] = []
-    connections: list[ServerConnection] = []
-
-    async def handler(ws: ServerConnection) -> None:
-        connections.append(ws)
-        await ws.send(METADATA)
-        with contextlib.suppress(Exception):
-            async for message in ws:
-                read.append(unpackb(message))
-
-    async with scripted_server(handler) as url:
+    server = ScriptedServer()
+    read = server.read
+    async with server.serving() as url:
         async with AsyncPolicyClient(url, reconnect=False) as client:
             resetting = asyncio.create_task(client.reset(timeout=5))
             await until(lambda: [f["type"] for f in read] == ["reset"], "the server read the reset")
             inferring = asyncio.create_task(client.infer(IMAGE, timeout=5))
             await until(lambda: [f["type"] for f in read] == ["reset", "observation"], "the server read observation 0")
-            await connections[0].send(packb(reset_done_frame("s")))
+            await server.connections[0].send(packb(reset_done_frame("s")))
             await asyncio.wait_for(resetting, 5)
-            await connections[0].send(chunk_frame(read[1]["seq"]))
+            await server.connections[0].send(chunk_frame(read[1]["seq"]))
             chunk = await asyncio.wait_for(inferring, 5)
             assert chunk.seq == 0
             assert client.stats.answered == 1 and not client.stats.dropped
@@ -172,22 +202,9 @@ async def test_a_reset_drops_the_observation_still_waiting_on_the_robot():
     resets its session. It must be dropped there (``unsent``): sent after the reset, the server would answer
     it, and its pre-reset actions would reach the robot's stream after the reset."""
     frame = np.random.default_rng(0).integers(0, 256, (480, 640, 3), dtype=np.uint8)
-    read: list[dict[str, Any]] = []
-    drain = asyncio.Event()
-
-    async def handler(ws: ServerConnection) -> None:
-        await ws.send(METADATA)
-        await drain.wait()  # a link that does not drain, until the test lets it
-        with contextlib.suppress(Exception):
-            async for message in ws:
-                read.append(unpackb(message))
-                if read[-1]["type"] == "reset":
-                    await ws.send(packb(reset_done_frame("s")))
-                else:
-                    await ws.send(chunk_frame(read[-1]["seq"]))
-
-    async with serve(handler, "127.0.0.1", 0, max_size=None, close_timeout=1.0) as listener:
-        url = f"ws://127.0.0.1:{listener.sockets[0].getsockname()[1]}"
+    server = ScriptedServer(answer_chunks, draining=False)  # a link that does not drain, until the test lets it
+    read = server.read
+    async with server.serving() as url:
         async with AsyncPolicyClient(url, reconnect=False) as client:
             assert client._sender is not None  # noqa: SLF001
             sender = client._sender  # noqa: SLF001
@@ -199,7 +216,7 @@ async def test_a_reset_drops_the_observation_still_waiting_on_the_robot():
             seq = client._next_seq - 1  # noqa: SLF001
             resetting = asyncio.create_task(client.reset(timeout=30))
             await asyncio.sleep(0.05)
-            drain.set()
+            server.drained.set()
             await asyncio.wait_for(resetting, 30)
             with pytest.raises(ObservationDropped) as dropped:
                 await asyncio.wait_for(inferring, 30)
@@ -213,14 +230,7 @@ async def test_a_reset_drops_the_observation_still_waiting_on_the_robot():
 async def test_receive_without_time_to_wait_returns_a_chunk_that_already_came():
     """A robot that polls (``receive(timeout=0)``) between control steps: a chunk that arrived before the call
     is returned, not reported as not arrived in time while it waits in the stream."""
-
-    async def handler(ws: ServerConnection) -> None:
-        await ws.send(METADATA)
-        with contextlib.suppress(Exception):
-            async for message in ws:
-                await ws.send(chunk_frame(unpackb(message)["seq"]))
-
-    async with scripted_server(handler) as url:
+    async with ScriptedServer(answer_chunks).serving() as url:
         async with AsyncPolicyClient(url, reconnect=False) as client:
             seq = await client.submit(IMAGE)
             await until(lambda: client.stats.answered == 1, "the chunk came")
@@ -233,33 +243,18 @@ async def test_closing_while_a_reconnect_is_being_made_closes_the_new_connection
     """``close()`` is called while the reader's reconnect handshake is under way; the handshake then succeeds.
     The new connection must be closed at once (it was left open, the client reading it, until close() gave
     up on the reader after 5 s and cancelled it), and the client must not say it is connected."""
-    connections: list[ServerConnection] = []
-    handshaking = asyncio.Event()
-    answer = asyncio.Event()
-
-    async def process_request(connection: ServerConnection, request: Any) -> Any:
-        if connections:
-            handshaking.set()
-            await answer.wait()
-        return None
-
-    async def handler(ws: ServerConnection) -> None:
-        connections.append(ws)
-        await ws.send(METADATA)
-        with contextlib.suppress(Exception):
-            async for _ in ws:
-                pass
-
-    async with scripted_server(handler, process_request) as url:
+    server = ScriptedServer(hold_reconnects=True)
+    connections = server.connections
+    async with server.serving() as url:
         client = AsyncPolicyClient(url, backoff_initial=0.01, backoff_max=0.01)
         await client.connect()
         await connections[0].close()
-        await asyncio.wait_for(handshaking.wait(), 5)  # the reader is reconnecting
+        await asyncio.wait_for(server.reconnecting.wait(), 5)  # the reader is reconnecting
         loop = asyncio.get_running_loop()
         started = loop.time()
         closing = asyncio.create_task(client.close())
         await asyncio.sleep(0.05)
-        answer.set()  # the reconnect's handshake completes after close() was called
+        server.release.set()  # the reconnect's handshake completes after close() was called
         await asyncio.wait_for(closing, 10)
         assert loop.time() - started < 2.0
         assert not client.connected
@@ -271,32 +266,15 @@ async def test_an_infer_that_timed_out_while_reconnecting_leaves_nothing_to_be_s
     """An ``infer`` made while the client reconnects times out with its observation still waiting for the new
     connection. The call is over (TimeoutError cancels the observation): the observation must not be sent
     once the client reconnects, where it would be answered and its chunk handed to the next ``receive``."""
-    connections: list[ServerConnection] = []
-    read: list[dict[str, Any]] = []
-    reconnecting = asyncio.Event()
-    answer = asyncio.Event()
-
-    async def process_request(connection: ServerConnection, request: Any) -> Any:
-        if connections:
-            reconnecting.set()
-            await answer.wait()
-        return None
-
-    async def handler(ws: ServerConnection) -> None:
-        connections.append(ws)
-        await ws.send(METADATA)
-        with contextlib.suppress(Exception):
-            async for message in ws:
-                read.append(unpackb(message))
-                await ws.send(chunk_frame(read[-1]["seq"]))
-
-    async with scripted_server(handler, process_request) as url:
+    server = ScriptedServer(answer_chunks, hold_reconnects=True)
+    read = server.read
+    async with server.serving() as url:
         async with AsyncPolicyClient(url, backoff_initial=0.01, backoff_max=0.01) as client:
-            await connections[0].close()
-            await asyncio.wait_for(reconnecting.wait(), 5)
+            await server.connections[0].close()
+            await asyncio.wait_for(server.reconnecting.wait(), 5)
             with pytest.raises(TimeoutError):
                 await client.infer(IMAGE, timeout=0.1)  # its observation waits for the new connection
-            answer.set()
+            server.release.set()
             await until(lambda: client.connected, "reconnected")
             later = await client.submit(IMAGE)
             assert (await client.receive(timeout=5)).seq == later  # the timed-out one's chunk never comes
@@ -310,19 +288,9 @@ async def test_a_chunk_that_comes_after_its_infer_timed_out_does_not_make_older_
     raised TimeoutError), so it is not delivered: chunk 0, the newest the robot can still have, must not be
     discarded as older than a chunk the robot never got."""
     big = np.random.default_rng(0).integers(0, 256, (480, 640, 3), dtype=np.uint8)
-    connections: list[ServerConnection] = []
-    drain = asyncio.Event()
-
-    async def handler(ws: ServerConnection) -> None:
-        connections.append(ws)
-        await ws.send(METADATA)
-        await drain.wait()  # reads nothing until then: the link from the robot does not drain
-        with contextlib.suppress(Exception):
-            async for _ in ws:
-                pass
-
-    async with serve(handler, "127.0.0.1", 0, max_size=None, close_timeout=1.0) as listener:
-        url = f"ws://127.0.0.1:{listener.sockets[0].getsockname()[1]}"
+    server = ScriptedServer(draining=False)  # reads nothing until drained: the link from the robot does not drain
+    connections = server.connections
+    async with server.serving() as url:
         client = AsyncPolicyClient(url, reconnect=False, max_buffered_bytes=None)
         await client.connect()
         try:
@@ -340,13 +308,13 @@ async def test_a_chunk_that_comes_after_its_infer_timed_out_does_not_make_older_
             assert not inferring.done()
             await connections[0].send(chunk_frame(streamed + 1))
             await until(lambda: client.stats.answered == 2, "chunk 1 came")
-            drain.set()
+            server.drained.set()
             with pytest.raises(TimeoutError):
                 await asyncio.wait_for(inferring, 10)
             assert (await client.receive(timeout=1)).seq == streamed
             assert client.stats.stale == 0
         finally:
-            drain.set()
+            server.drained.set()
             await client.close()
 
 
@@ -355,19 +323,11 @@ async def test_a_late_reply_to_a_configure_that_timed_out_does_not_answer_the_ne
     configure's ``session`` reply comes after all: control replies carry no seq, and it must not be taken
     for the reset's answer (reset returned before the server had reset anything, and its own ``reset_done``
     would then answer the control call after it)."""
-    read: list[dict[str, Any]] = []
-    connections: list[ServerConnection] = []
-
-    async def handler(ws: ServerConnection) -> None:
-        connections.append(ws)
-        await ws.send(METADATA)
-        with contextlib.suppress(Exception):
-            async for message in ws:
-                read.append(unpackb(message))
-
-    async with scripted_server(handler) as url:
+    scripted = ScriptedServer()
+    read = scripted.read
+    async with scripted.serving() as url:
         async with AsyncPolicyClient(url, reconnect=False) as client:
-            server = connections[0]
+            server = scripted.connections[0]
             with pytest.raises(TimeoutError):
                 await client.configure(timeout=0.1, domain_name="slow")
             resetting = asyncio.create_task(client.reset(timeout=5))
@@ -389,38 +349,25 @@ async def test_an_observation_waiting_when_the_client_closes_is_not_sent_after_i
     """An observation waits for a reconnect when the robot closes the client; later it connects the same
     client again. The observation belongs to the closed connection's calls: it is counted unsent at the
     close, and never sent on the new connection (it was, ahead of the robot's newer observations)."""
-    connections: list[ServerConnection] = []
-    read: list[dict[str, Any]] = []
-    accept = asyncio.Event()
-
-    async def process_request(connection: ServerConnection, request: Any) -> Any:
-        if connections and not accept.is_set():
-            return connection.respond(HTTPStatus.SERVICE_UNAVAILABLE, "restarting\n")  # retried
-        return None
-
-    async def handler(ws: ServerConnection) -> None:
-        connections.append(ws)
-        await ws.send(METADATA)
-        with contextlib.suppress(Exception):
-            async for message in ws:
-                read.append(unpackb(message))
-
-    async with scripted_server(handler, process_request) as url:
+    server = ScriptedServer(refuse=HTTPStatus.SERVICE_UNAVAILABLE)  # the client retries, until released
+    read = server.read
+    async with server.serving() as url:
         client = AsyncPolicyClient(url, backoff_initial=0.01, backoff_max=0.01)
         await client.connect()
         try:
-            await connections[0].close()
+            await server.connections[0].close()
             await until(lambda: not client.connected, "the client saw the connection close")
             before = await client.submit(IMAGE)  # waits for a connection that does not come
             await client.close()
             assert client.stats.dropped["unsent"] == 1
-            accept.set()
+            server.release.set()
             await client.connect()
             after = await client.submit(IMAGE, session_id="env-b")
             await until(lambda: len(read) >= 1, "the server read an observation")
             await asyncio.sleep(0.05)
             assert [frame["seq"] for frame in read] == [after], f"{before} was sent after the close"
         finally:
+            server.release.set()
             await client.close()
 
 
