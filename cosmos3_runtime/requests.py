@@ -153,7 +153,7 @@ class ResolvedSettings:
     def as_json(self) -> dict[str, object]:
         """The settings as JSON values (the interval as a list)."""
         # Not asdict: it deep-copies each value, and every chunk's echo is built here (the values are scalars).
-        data = {setting.name: getattr(self, setting.name) for setting in fields(self)}
+        data: dict[str, object] = dict(vars(self))
         data["guidance_interval"] = list(self.guidance_interval) if self.guidance_interval is not None else None
         return data
 

@@ -47,7 +47,7 @@ class SessionConfig(DomainRequest):
     def resolved(self, description: ModelDescription) -> dict[str, Any]:
         """The values the engine will use, defaults filled in: what the ``session`` reply shows."""
         # Not asdict, which deep-copies: the fields are scalars and a tuple, and every session reply is built here.
-        values: dict[str, Any] = {field.name: getattr(self, field.name) for field in dataclasses.fields(self)}
+        values: dict[str, Any] = dict(vars(self))
         domain = description.domain(self.domain_name)
         if domain is None:  # a session config names a known domain; anything else shows as set
             return {**values, "domain_id": None, "raw_action_dim": None, **dict.fromkeys(STATE_CONTRACT_FIELDS)}
