@@ -859,12 +859,11 @@ class AsyncPolicyClient:
         elif kind == protocol.ERROR:
             self.stats.errors += 1
             error = ServerError(frame.get("code", ""), frame.get("message", ""), frame.get("field"), seq)
-            if seq is None and self._control_answered(error):
-                pass
-            elif seq is not None and not self._fail_waiter(seq, error):
+            if seq is None:
+                if not self._control_answered(error):
+                    logger.warning("server error: %s", error)
+            elif not self._fail_waiter(seq, error):
                 self._stream.put_nowait(error)  # a streamed observation's: receive() raises it
-            elif seq is None:
-                logger.warning("server error: %s", error)
         elif kind in (protocol.SESSION, protocol.RESET_DONE):
             self._control_answered(frame)
         elif kind == protocol.SESSION_STATE:
@@ -982,12 +981,12 @@ class AsyncPolicyClient:
                 return await asyncio.wait_for(reply, timeout)
             finally:
                 self._control_reply = None
-                if ws is not None and ws is self._ws and not (reply.done() and not reply.cancelled()):
-                    self._control_replies_owed += 1  # it stopped waiting, but its reply is on its way
                 if reply.done() and not reply.cancelled():
-                    # Failed (connection lost) while the frame was still being sent: the call raised that
-                    # already; read it here so the loop does not log it again as never retrieved.
+                    # Answered, or failed (connection lost) while the frame was still being sent: then the call
+                    # raised that already; read it here so the loop does not log it again as never retrieved.
                     reply.exception()
+                elif ws is not None and ws is self._ws:
+                    self._control_replies_owed += 1  # it stopped waiting, but its reply is on its way
 
     # -- requests --------------------------------------------------------------------------------------
 
