@@ -39,6 +39,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from .errors import CheckpointError
+from .quantization import Quantization, torchao_config
 
 if TYPE_CHECKING:
     import torch
@@ -434,15 +435,29 @@ def step_sigmas(info: CheckpointInfo, num_steps: int, shift: float | None) -> li
     return [float(sigma) for sigma in scheduler.sigmas[: len(scheduler.timesteps)]]
 
 
-def load_pipeline(info: CheckpointInfo, device: torch.device, dtype: torch.dtype) -> Any:
-    """Load the transformer, VAE, tokenizer and scheduler of ``info`` and assemble the pipeline."""
+def load_pipeline(
+    info: CheckpointInfo, device: torch.device, dtype: torch.dtype, quantization: Quantization | None = None
+) -> Any:
+    """Load the transformer, VAE, tokenizer and scheduler of ``info`` and assemble the pipeline.
+
+    With ``quantization`` the transformer's linear layers are quantized by diffusers' torchao config as
+    each is read (:mod:`cosmos3_runtime.quantization`); on a GPU each tensor goes straight to it
+    (``device_map``), so the full-precision transformer is held whole on neither the host nor the GPU.
+    """
     from diffusers import AutoencoderKLWan, Cosmos3OmniPipeline, Cosmos3OmniTransformer
     from transformers import AutoTokenizer
 
     root = info.path
     _check_scheduler_fits_schedule(info)
+    quantized: dict[str, Any] = {}
+    if quantization is not None:
+        quantized["quantization_config"] = torchao_config(quantization)
+        if device.type != "cpu":
+            quantized["device_map"] = str(device)
     try:
-        transformer = Cosmos3OmniTransformer.from_pretrained(root, subfolder="transformer", torch_dtype=dtype)
+        transformer = Cosmos3OmniTransformer.from_pretrained(
+            root, subfolder="transformer", torch_dtype=dtype, **quantized
+        )
         # The Wan VAE was trained without autocast; on CUDA it runs in the serving dtype like the
         # reference pipeline, on CPU in fp32.
         vae = AutoencoderKLWan.from_pretrained(root, subfolder="vae", torch_dtype=dtype)
