@@ -39,9 +39,9 @@ if TYPE_CHECKING:
     from .checkpoints import CheckpointInfo
 
 GIB = 1 << 30
-# Activations of a policy chunk at the 256 tier and the runtime's own memory (torch, the tokenizer's
-# vocabulary): what serving needs beyond the weights. On a tiny checkpoint the server's resident memory
-# beyond its weights was about 0.6 GiB on this project's CPU machines.
+# Activations of a policy chunk at the 256 tier and the runtime's own memory (torch, diffusers, the
+# tokenizer): what serving needs beyond the weights. Edge at its published size, served on CPU at fp32, peaked
+# at 16.0 GiB for 15.2 GiB of weights (docs/benchmarks.md, benchmarks/real_size_cpu.py).
 WORKING_RESERVE_BYTES = 1 * GIB
 
 
