@@ -3,8 +3,9 @@
 
 The published shapes are written with ``cosmos3-tiny OUT --shape S --no-weights`` (config files and shard
 index only, as a Hub checkpoint fetched for inspection has them: Super's 128 GB would not fit this disk),
-then every cell is one ``cosmos3-inspect OUT --device cuda --dtype bfloat16 --quantization Q
---device-memory M --json``. Run: ``python benchmarks/memory_plan_table.py``.
+then each row is one ``cosmos3-inspect OUT --device cuda --dtype bfloat16 --quantization Q
+--device-memory 24GiB --json``: its ``need_bytes`` against each memory size is the comparison its ``fits``
+makes (``need_bytes <= device_memory_bytes``). Run: ``python benchmarks/memory_plan_table.py``.
 """
 
 from __future__ import annotations
@@ -38,12 +39,9 @@ def main() -> int:
                 [str(BIN / "cosmos3-tiny"), str(out), "--shape", shape, "--no-weights"], check=True, capture_output=True
             )
             for quantization in QUANTIZATIONS:
-                fits = []
-                first = None
-                for memory in MEMORY_GIB:
-                    cell = plan(out, quantization, memory)
-                    first = first or cell
-                    fits.append("fits" if cell["fits"] else "no")
+                first = plan(out, quantization, 24)
+                assert first["fits"] == (first["need_bytes"] <= 24 * GIB)
+                fits = ["fits" if first["need_bytes"] <= memory * GIB else "no" for memory in MEMORY_GIB]
                 components = first["components"]
                 rows.append(
                     f"| {shape} | {'bf16' if quantization == 'none' else quantization} | "
