@@ -26,6 +26,7 @@ import subprocess
 import sys
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -102,7 +103,7 @@ def source_commit() -> tuple[str | None, bool | None]:
     return commit or None, bool(status.strip())
 
 
-def provenance(seed: int, model: str | None, argv: list[str], served: dict | None) -> EvaluationRun:
+def provenance(seed: int, model: str | None, argv: list[str], served: dict[str, Any] | None) -> EvaluationRun:
     """The run's name; ``served``: the ``weights`` the server's hello stated (None: no server answered)."""
     commit, dirty = source_commit()
     sha256 = served.get("sha256") if served else None
