@@ -18,7 +18,7 @@ from websockets.asyncio.server import serve
 from websockets.frames import CloseCode
 
 from robot_clients import AsyncPolicyClient
-from robot_clients.client import ConnectionLost, decode_server_frame
+from robot_clients.client_state import ConnectionLost, decode_server_frame
 from robot_clients.protocol import PROTOCOL_VERSION
 from robot_clients.wire_codec import FRAME_MAX_VALUES, WireLimitError, packb
 
