@@ -452,15 +452,22 @@ class ObservationSender:
 
 
 def _observation_frame(
-    seq: int, obs: Mapping[str, Any], settings: Mapping[str, Any], state: RobotState | None, now: float
+    seq: int,
+    obs: Mapping[str, Any],
+    settings: Mapping[str, Any],
+    state: RobotState | None,
+    session_id: str | None,
+    now: float,
 ) -> dict[str, Any]:
     # ``settings`` are this observation's own (the server applies them to it alone).
-    frame = protocol.observation_frame(seq, obs, settings)
+    observation = protocol.observation_frame(seq, obs, settings)
     if state is not None:  # a list of joint readings travels as the float32 array the protocol names
-        frame["state"] = np.ascontiguousarray(state, dtype=np.float32)
+        observation["state"] = np.ascontiguousarray(state, dtype=np.float32)
+    if session_id is not None:
+        observation[protocol.SESSION_ID] = session_id
     # Opaque to the server, which echoes it in the chunk: this is how the client measures round trips.
-    frame.setdefault("timestamp", now)
-    return frame
+    observation.setdefault("timestamp", now)
+    return observation
 
 
 class AsyncPolicyClient:
@@ -848,10 +855,7 @@ class AsyncPolicyClient:
         fields = self._frames.prepare(
             {"image": obs} if isinstance(obs, np.ndarray) else obs, self.metadata, self.session, settings
         )
-        frame = _observation_frame(seq, fields, settings, robot_state, self._state.clock())
-        if session_id is not None:
-            frame[protocol.SESSION_ID] = session_id
-        payload = packb(frame)
+        payload = packb(_observation_frame(seq, fields, settings, robot_state, session_id, self._state.clock()))
         if self._sender is None:
             ws = await self._wait_connected(timeout)
             self._state.observation_writing(seq, session_id)
