@@ -160,9 +160,8 @@ def main() -> None:
     print(f"flood: {what}; the infer after it answered (seq {result['seq']}) in {result['took_s']:.2f} s")
     print(f"counted unsolicited: {result['unsolicited']}; names in stats.dropped: {result['dropped_names']}")
     print(f"resident memory: before {before:.0f} MiB, peak {max(peak):.0f} MiB, after {after[0]:.0f} MiB")
-    print(
-        f"kept after the flood: {kept:+.0f} MiB (bound {BOUND_MIB:.0f} MiB: {'within' if kept <= BOUND_MIB else 'OVER'})"
-    )
+    verdict = "within" if kept <= BOUND_MIB else "OVER"
+    print(f"kept after the flood: {kept:+.0f} MiB (bound {BOUND_MIB:.0f} MiB: {verdict})")
 
 
 if __name__ == "__main__":
