@@ -595,6 +595,10 @@ class AsyncPolicyClient:
         """Whether the client reconnects in the background when the connection drops."""
         return self._state.reconnect
 
+    @reconnect.setter
+    def reconnect(self, value: bool) -> None:
+        self._state.reconnect = value
+
     @property
     def connected(self) -> bool:
         return self._connected.is_set()

@@ -91,7 +91,7 @@ class ActionChunk:
     raw_action_dim: int
     num_steps: int | None = None
     seed: int | None = None
-    timing: dict[str, float] = field(default_factory=dict)
+    timing: dict[str, float | None] = field(default_factory=dict)  # None: a step that did not run
     round_trip_ms: float | None = None
     # The other settings the server used for this chunk (an observation's own, else the session's).
     prompt: str | None = None
@@ -120,7 +120,7 @@ class ActionChunk:
             domain_name=settings.get("domain_name", ""),
             domain_id=frame.domain_id,
             raw_action_dim=frame.raw_action_dim,
-            timing={name: value for name, value in frame.timing.items() if value is not None},
+            timing=dict(frame.timing),
             round_trip_ms=round_trip_ms,
             session_id=frame.session_id,
             **reported,
