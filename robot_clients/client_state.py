@@ -303,12 +303,19 @@ def _parse_chunk(f: _Fields) -> ActionChunkFrame:
     actions = f.get("actions", np.ndarray)
     if actions.ndim != 2 or actions.dtype.kind not in "fiu":
         raise f.fail(f"`actions` is a {actions.ndim}-D {actions.dtype} array, not a horizon × width of numbers")
-    settings = {name: f.get(name, types, None, nullable=True) for name, types in _CHUNK_SETTINGS.items()}
+    frame = f.frame
+    settings = {}
+    # Every chunk of a round trip comes through here: the usual case (each value of an exact type the table
+    # allows) is one lookup and one type test per setting; anything else goes through the checked read.
+    for name, types in _CHUNK_SETTINGS.items():
+        value = frame.get(name)
+        if value is not None:
+            settings[name] = value if type(value) in types else f.get(name, types, None, nullable=True)
     timing = f.mapping("timing", {})
     for name, value in timing.items():
-        if value is not None and (not isinstance(value, _NUMBER) or isinstance(value, bool)):
+        if value is not None and type(value) not in _NUMBER:
             raise f.fail(f"`timing.{name}` is {type(value).__name__}, not a number")
-    timestamp = f.frame.get("timestamp")
+    timestamp = frame.get("timestamp")
     return ActionChunkFrame(
         seq=seq,
         actions=actions,
