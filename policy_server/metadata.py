@@ -46,7 +46,7 @@ NATIVE_CAPABILITIES = {
 }
 
 
-def native_metadata(host: ServerContext[Any], session_id: str) -> dict[str, Any]:
+def native_metadata(host: ServerContext[Any], session_id: str) -> protocol.MetadataFrame:
     """The native protocol's hello: the model, its domains and every limit a session is held to."""
     d = host.description
     assert d is not None, "sessions open once the model is ready"
@@ -67,7 +67,7 @@ def native_metadata(host: ServerContext[Any], session_id: str) -> dict[str, Any]
     limits["idle_timeout_s"] = session_limits.idle_timeout_s or None
     limits["max_session_ids"] = settings.policy_sessions.max_per_connection  # `session_id`s per connection
     limits["session_id_idle_timeout_s"] = settings.policy_sessions.idle_timeout_s or None
-    return protocol.metadata_frame(
+    return protocol.MetadataFrame(
         session_id,
         {
             "server": SERVER_NAME,
