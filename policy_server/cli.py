@@ -869,7 +869,9 @@ async def serve_until_stopped(args: argparse.Namespace) -> int:
                 exc,
             )
             return 2
-        sidecar = sidecar_of(server)
+        # The dashboard is on the sidecar's port when it runs; asked of it only then, so that a WebSocket-only
+        # server never imports the sidecar (and with it FastAPI and pydantic).
+        sidecar = sidecar_of(server) if args.http else None
         dashboard_port = sidecar.port if sidecar is not None else server.port
         logger.info("teleop dashboard: http://%s:%d/dashboard/", args.host, dashboard_port)
         ready = asyncio.ensure_future(server.wait_ready())

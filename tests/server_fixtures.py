@@ -204,16 +204,19 @@ _HTTP_LISTENING = re.compile(r"HTTP sidecar listening on https?://[^ ]+:(\d+) ")
 
 
 class ServerProcess(LoopbackUrls):
-    """``python -m policy_server.cli`` in a subprocess, its stderr collected; the port parsed from it."""
+    """``python -m policy_server.cli`` in a subprocess, its stderr collected; the port parsed from it.
 
-    def __init__(self, *args: str, env: dict[str, str] | None = None) -> None:
+    ``command``: what runs instead of ``python -m policy_server.cli`` (the installed console script)."""
+
+    def __init__(self, *args: str, env: dict[str, str] | None = None, command: tuple[str, ...] | None = None) -> None:
         # The HTTP sidecar gets a free port and, unless the test names one, a data directory of its own,
         # so that test processes never share port 8001 or a job store.
         sidecar = [] if "--http-port" in args or "--no-http" in args else ["--http-port", "0"]
         if "--data-dir" not in args and "--no-http" not in args:
             self._data_dir = tempfile.TemporaryDirectory(prefix="policy-server-data-")
             sidecar += ["--data-dir", self._data_dir.name]
-        self.args = [sys.executable, "-m", "policy_server.cli", "--host", "127.0.0.1", "--port", "0", *sidecar, *args]
+        command = command or (sys.executable, "-m", "policy_server.cli")
+        self.args = [*command, "--host", "127.0.0.1", "--port", "0", *sidecar, *args]
         self.env = {**os.environ, **(env or {})}
         self.proc: subprocess.Popen | None = None
         self.lines: list[str] = []
