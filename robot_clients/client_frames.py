@@ -377,7 +377,13 @@ def parse_cameras(
     frame: Mapping[str, Any], limits: FrameLimits, seq: int
 ) -> tuple[Frame | None, Clip | None, dict[str, Frame] | None]:
     """An observation's cameras as ``(image, video, images)``: exactly one of an ``image``, a ``video`` or
-    named ``images`` (1 to :data:`MAX_NAMED_CAMERAS`), each checked; the others are ``None``."""
+    named ``images`` (1 to :data:`MAX_NAMED_CAMERAS`), each checked; the others are ``None``.
+
+    This is the frame's form, the same whatever model serves it, checked as the frame is parsed: before a
+    session's settings are known (a frame without cameras is malformed, not a request of some mode) and before
+    anything is decoded. It cannot be the model's rule, which lives in ``cosmos3_runtime`` (the robot side
+    imports none of it): what a request's media mean (the mode they ask for, the medium a mode needs, a clip's
+    horizon) is resolved by the server's model description, once per request, with the same codes."""
     image = video = images = None
     if frame.get("images") is not None:
         named = str_keys(frame["images"], "images", seq) if isinstance(frame["images"], dict) else None

@@ -358,18 +358,11 @@ def parse_action_envelope(
             value, path = _one_camera(value, path)
         images = image_batch(value, path, max_items=max_items)
     video = (video_clip(*media["video"]), media["video"][1]) if "video" in media else None
-    if images and video:
-        raise invalid(video[1], "send either an observation image or a video, not both")
-    if mode == "inverse_dynamics" and images:
-        raise invalid(
-            images[0][1],
-            "inverse_dynamics infers actions from a clip: send `input.observation.video` "
-            "(action_horizon + 1 frames), not an image",
-        )
-    if not images and video is None:
-        missing = "input.observation.video" if mode == "inverse_dynamics" else "input.observation.image"
-        raise ApiError(ErrorCode.MISSING_FIELD, f"`{missing}` is required for {mode}", missing)
-    observations = images or ([video] if video is not None else [])
+    # Which media a mode needs, and that there is one, is the model's rule (ModelDescription.resolve), asked
+    # once per item by our own checks (policy_server.http.requests.item_requests): each item carries the media
+    # as sent (none, for one item, when none was), and a refusal names the client's path.
+    common.paths.update(image="input.observation.image", video="input.observation.video")
+    observations: list[tuple[Any, str]] = images or ([video] if video is not None else [(None, "")])
 
     prompts = _prompts(prompt, prompt_path, len(observations))
 
@@ -407,7 +400,11 @@ def parse_action_envelope(
         for candidate in range(count):
             item = ActionItem(dict(common.fields), dict(common.paths), input_index=index, candidate_index=candidate)
             item.put("prompt", prompt_text, prompt_item_path)
-            item.put("image" if images else "video", value, path)
+            if images:
+                item.put("image", value, path)
+                item.paths["video"] = path  # a clip the mode needs is missing: the image was sent in its place
+            if video is not None:
+                item.put("video", *video)
             if seed is not None:  # candidates differ by their noise, so each gets its own seed
                 item.put("seed", seed + candidate, "parameters.seed")
             items.append(item)
