@@ -32,7 +32,7 @@ from websockets.asyncio.server import ServerConnection
 from websockets.exceptions import ConnectionClosed
 
 from cosmos3_runtime.description import ModelDescription
-from cosmos3_runtime.requests import ActionRequest
+from cosmos3_runtime.requests import ActionRequest, ResolvedSettings
 from robot_clients.client_frames import ObservationFrame
 from robot_clients.protocol import DropReason, ErrorCode, ProtocolError, SessionState
 
@@ -83,8 +83,9 @@ class Session:
         self.connection = connection
         self.context = context
         self.config: SessionConfig | None = None
-        # ``config.resolved(description)``, kept from set_config: every observation's media step reads it.
-        self.resolved_config: Mapping[str, Any] = {}
+        # What ``config`` resolves to (``config.settings(description)``), kept from set_config: every observation's
+        # media step reads it. None before a configure.
+        self.resolved_settings: ResolvedSettings | None = None
         self.rules = ObservationRules()
         self.outbox: Outbox = context.settings.session_limits.outbox() if parent is None else parent.outbox
         self.rate: TokenBucket = context.settings.observation_rate.bucket() if parent is None else parent.rate
@@ -391,9 +392,10 @@ class Session:
         its policy sessions follow it."""
         self.config = config
         description = self.description
-        resolved = self.resolved_config = config.resolved(description)
+        resolved = self.resolved_settings = config.settings(description)
+        shown = config.shown(resolved, description)
         for listener in self.listeners:
-            listener.configured(resolved, description.identity())
+            listener.configured(shown, description.identity())
         for policy_session in self.policy_sessions:
             policy_session.set_config(config)
 

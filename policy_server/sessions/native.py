@@ -249,9 +249,9 @@ class NativeSession(Session):
     def _media_plan(self, frame: client_frames.ObservationFrame) -> dict[str, Any]:
         """How this observation's cameras will be used: composed side by side (``concat_view``), and the
         canvas side its JPEGs may decode down to (its tier's; every tier's before a ``configure``)."""
-        resolved = self.resolved_config  # empty before a configure
-        tier = frame.overrides.get("resolution_tier", resolved.get("resolution_tier"))
-        view_point = frame.overrides.get("view_point", resolved.get("view_point"))
+        resolved = self.resolved_settings  # None before a configure
+        tier = frame.overrides.get("resolution_tier", resolved.resolution_tier if resolved is not None else None)
+        view_point = frame.overrides.get("view_point", resolved.view_point if resolved is not None else None)
         return {
             "side_by_side": view_point == "concat_view",
             "fit_side": canvas_side(self.context.description, tier if isinstance(tier, int) else None),
@@ -264,7 +264,9 @@ class NativeSession(Session):
         self.set_config(config)
         if "prompt" in frame.settings:
             self.operator_prompt = False
-        self._send(protocol.session_frame(self.id, self.resolved_config, self.state, self.recorded))
+        assert self.resolved_settings is not None, "set by set_config"
+        shown = config.shown(self.resolved_settings, self.description)
+        self._send(protocol.session_frame(self.id, shown, self.state, self.recorded))
 
     def _on_observation(self, obs: client_frames.ObservationFrame, received_at: float) -> None:
         if self.operator_prompt:

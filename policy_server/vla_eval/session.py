@@ -314,13 +314,14 @@ class VlaEvalSession(Session):
                 ErrorCode.NOT_CONFIGURED, "send `episode_start` before the observations of an episode", None, seq
             )
         description = self.description
-        resolved = episode.config.resolved(description)
-        domain = description.domains[episode.config.domain_name]
+        resolved = self.resolved_settings  # the episode's config, resolved when it was set (set_config)
+        assert resolved is not None and self.config is episode.config, "an episode sets the session's config"
+        domain = description.domains[resolved.domain_name]
         obs = parse_observation(
             parsed.payload,
             seq,
             self.settings.mapping,
-            resolved["view_point"],
+            resolved.view_point,
             domain,
             self.context.frame_limits,
             strict_state=self.settings.strict_state,

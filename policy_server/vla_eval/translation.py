@@ -575,5 +575,4 @@ class VlaEvalSettings:
                 if key != "chunk" and value is not None and (not isinstance(value, int) or isinstance(value, bool)):
                     raise ProtocolError(ErrorCode.INVALID_FIELD, f"`{key}` must be an integer", f"settings/{key}")
                 plan = replace(plan, **{key: value})
-        horizon = config.resolved(description)["action_horizon"]
-        return config, plan.checked(int(horizon))
+        return config, plan.checked(config.settings(description).action_horizon)
