@@ -239,6 +239,9 @@ def _merged(current: SessionConfig | None, settings: dict[str, Any], seq: int | 
 def fixed_session_config(requested: Mapping[str, Any], description: ModelDescription) -> SessionConfig:
     """The session config of a dialect whose clients cannot send settings (openpi, a vla-eval episode):
     the operator's ``requested`` settings by name, on the model's default domain unless they name one."""
+    if "domain_name" not in requested and description.defaults.domain_name is None:
+        # No domain to take (a checkpoint without an action head): refused as a first configure naming none.
+        return merge_session_config(None, dict(requested), description)
     return request_config(requested, description)[0]
 
 
