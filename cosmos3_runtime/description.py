@@ -53,8 +53,6 @@ BASE_DEFAULT_STEPS = 35
 BASE_DEFAULT_GUIDANCE = 6.0
 EDGE_DEFAULT_GUIDANCE = 5.0
 BASE_DEFAULT_TIER = 480
-# The settings that decide the sampler, which a profile may set as well as a request (:func:`check_sampler`).
-SAMPLER_SETTINGS = ("num_steps", "guidance_scale", "guidance_interval", "shift")
 
 
 @dataclass(frozen=True)
@@ -207,8 +205,8 @@ class EngineSpec:
 def check_sampler(
     settings: Mapping[str, object], distilled_sigmas: Sequence[float] | None, shiftable: bool, lim: EngineLimits
 ) -> None:
-    """Steps, guidance, its interval and the shift (:data:`SAMPLER_SETTINGS`, by name; ``None`` is unset), a
-    request's or a profile's: a distilled model's (``distilled_sigmas`` set) are fixed, a base model's bounded,
+    """Steps, guidance, its interval and the shift (by name; ``None`` is unset), a request's or a profile's
+    (:func:`profile_sampler`): a distilled model's (``distilled_sigmas`` set) are fixed, a base model's bounded,
     and a shift needs a scheduler that has one (``shiftable``). Raises :class:`InvalidRequestError`."""
     steps, guidance = settings.get("num_steps"), settings.get("guidance_scale")
     interval, shift = settings.get("guidance_interval"), settings.get("shift")
@@ -256,10 +254,12 @@ def profile_sampler(profile: PolicyProfile, distilled: bool) -> dict[str, object
     On a distilled checkpoint without its guidance interval: the interval is where the domain's guidance runs,
     and a distilled checkpoint runs none, so it does not apply there (:meth:`EngineSpec.defaults_for`), whereas
     a request asking for one asks for guidance it would not get."""
-    settings: dict[str, object] = {name: getattr(profile, name) for name in SAMPLER_SETTINGS}
-    if distilled:
-        del settings["guidance_interval"]
-    return settings
+    return dict(
+        num_steps=profile.num_steps,
+        guidance_scale=profile.guidance_scale,
+        guidance_interval=None if distilled else profile.guidance_interval,
+        shift=profile.shift,
+    )
 
 
 def check_horizon(value: object, spec: EngineSpec, field_name: str = "action_horizon") -> int:
