@@ -150,9 +150,13 @@ def request_config(
     return _merged(None, {**settings, "domain_name": resolved.domain_name}, None), resolved
 
 
+# The settings the model's rules take, as a set: every observation's settings are filtered by it.
+MODEL_SETTINGS = frozenset(SETTING_NAMES)
+
+
 def _model_settings(values: Mapping[str, Any]) -> dict[str, Any]:
     """Of ``values`` (settings by name), those the model's rules take: not the session's own (control_hz)."""
-    return {name: value for name, value in values.items() if name in SETTING_NAMES}
+    return {name: value for name, value in values.items() if name in MODEL_SETTINGS}
 
 
 def _mapped(rule: Callable[..., Any], *args: Any, seq: int | None) -> Any:
