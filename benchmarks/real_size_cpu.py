@@ -1,7 +1,7 @@
 """Cosmos3 Edge at its real size on this CPU: load, memory and one policy chunk through a real server.
 
 Builds (or reuses) a random-weight Edge checkpoint of the published shape (3.37 B parameters, bf16 on
-disk, ``cosmos3_runtime.random_checkpoints``), starts ``python -m policy_server.cli --model PATH`` as its
+disk, ``cosmos3_runtime.random_checkpoints``), starts ``python -m policy_server.assembly.cli --model PATH`` as its
 own process (fp32 on CPU, about 16 GB resident with the VAE), sends one distilled policy observation with
 the real client (``robot_clients.PolicyClient``) and records:
 

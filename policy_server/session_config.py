@@ -26,8 +26,8 @@ from cosmos3_runtime.requests import SETTING_NAMES, ActionRequest, ActionResult,
 from robot_clients.client_frames import REQUEST_SETTINGS, ObservationFrame
 from robot_clients.protocol import ErrorCode, ProtocolError
 
-from .camera_intake import compose_named
 from .engine.request_queue import engine_error_code
+from .foundation.camera_intake import compose_named
 
 # The fastest control loop a robot may declare (Hz): a 1 kHz torque loop fits with room to spare; beyond
 # it the figure is a mistake (1e308 would be shown to operators as the session's rate).
@@ -87,7 +87,7 @@ class SessionConfig(DomainRequest):
         decoded the media (the sidecar). What else the server can judge about the media against the settings
         (the clip's horizon, prefix actions, the state) is checked here by the model's rules, so that it is
         refused with the same codes as a bad ``configure``; the engine checks again. Named ``images`` are
-        composed into one frame per the view point: :mod:`policy_server.camera_intake`.
+        composed into one frame per the view point: :mod:`policy_server.foundation.camera_intake`.
         """
         # The session decoded its encoded frames before asking for its request: arrays only from here.
         image, video = obs.image, obs.video

@@ -300,7 +300,7 @@ def is_encoded_clip(value: Any) -> bool:
 def _check_encoded(value: Any, name: str, rank: int, limits: FrameLimits, seq: int) -> bytes | list[bytes]:
     """An encoded frame (rank 3) or clip (rank 4: a list of encoded frames), as bytes. Only what needs no
     image library is checked here (non-empty, the clip's frame count); the server reads each header and
-    checks its size against the limits before decoding a pixel (``policy_server.camera_intake``)."""
+    checks its size against the limits before decoding a pixel (``policy_server.foundation.camera_intake``)."""
     frames = [value] if rank == 3 else list(value)
     if rank == 4 and not 1 <= len(frames) <= limits.max_clip_frames:
         raise ProtocolError(

@@ -14,8 +14,8 @@ import pytest
 from sglang_fixtures import base, distilled  # noqa: F401 - fixtures
 from sidecar_fixtures import png_b64, rgb
 
-from policy_server.api_errors import ApiError, HttpErrorCode
-from policy_server.camera_intake import model_frame_limits
+from policy_server.foundation.api_errors import ApiError, HttpErrorCode
+from policy_server.foundation.camera_intake import model_frame_limits
 from policy_server.http.requests import VIDEO_SETTINGS, action_request, actions_payload, video_submission
 from robot_clients.protocol import ErrorCode, FrameLimits
 

@@ -33,10 +33,12 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 PACKAGES = ("cosmos3_runtime", "policy_server", "robot_clients")
 # The one module allowed to import PolicyServer: it builds the server from the command line.
-POLICY_SERVER_IMPORTERS = {"policy_server.cli"}
+POLICY_SERVER_IMPORTERS = {"policy_server.assembly.cli"}
 # The network side's top: the server, its routing table and the command line that assembles them. They hang
 # from every room; nothing below imports them.
-TOP_MODULES = frozenset({"policy_server.cli", "policy_server.server", "policy_server.websocket_routes"})
+TOP_MODULES = frozenset(
+    {"policy_server.assembly.cli", "policy_server.assembly.server", "policy_server.assembly.websocket_routes"}
+)
 
 
 def project_modules() -> dict[str, Path]:
@@ -217,7 +219,7 @@ def test_two_packages_that_import_each_other_are_named():
         "p.a <-> p.b: p.a.x -> p.b.y; p.b.z -> p.a.w"
     ]
     assert mutual_imports({"p.a.x": {"p.b.y"}, "p.b.y": set()}, lambda module: package_of(module, {"p.a", "p.b"})) == []
-    assert package_of("policy_server.server", set()) == "policy_server (top)"
+    assert package_of("policy_server.assembly.server", set()) == "policy_server (top)"
     assert package_of("policy_server.context", {"policy_server.sessions"}) == "policy_server (floor)"
 
 

@@ -1,10 +1,10 @@
 """The server's core serves robots with none of the optional features loaded.
 
-In a fresh interpreter, :class:`~policy_server.server.PolicyServer` is built directly (no command line, so
+In a fresh interpreter, :class:`~policy_server.assembly.server.PolicyServer` is built directly (no command line, so
 no dialect, no recording, no sidecar) on 127.0.0.1 with the tiny distilled checkpoint; a native session
 and an openpi session each get one observation answered with actions; then the interpreter's
 ``sys.modules`` must hold no module of SGLang's API, the recording, video jobs, Ray, the HTTP sidecar or
-vla-eval's protocol, and no pydantic: those are attached at the edge (``policy_server.cli.assemble_server``)
+vla-eval's protocol, and no pydantic: those are attached at the edge (``policy_server.assembly.cli.assemble_server``)
 or not at all.
 """
 
@@ -24,7 +24,7 @@ from pathlib import Path
 import pytest
 from server_fixtures import DOMAIN, REPO_ROOT, ServerProcess, http_get, rgb_image, tiny_checkpoint
 
-from policy_server.cli import build_parser, server_from_args
+from policy_server.assembly.cli import build_parser, server_from_args
 from robot_clients.client import PolicyClient
 
 FEATURE_PACKAGES = ("policy_server.sglang", "policy_server.recording", "policy_server.videos", "policy_server.ray")
@@ -37,7 +37,7 @@ SCRIPT = textwrap.dedent(
     import numpy as np
     from websockets.asyncio.client import connect
 
-    from policy_server.server import PolicyServer
+    from policy_server.assembly.server import PolicyServer
     from policy_server.server_settings import ServerSettings
     from policy_server.sessions.openpi import openpi_arrays
     from policy_server.openpi_settings import OpenpiSettings
@@ -112,7 +112,7 @@ def test_a_websocket_only_server_serves_native_and_openpi_without_loading_a_feat
 async def test_a_start_that_fails_stops_the_features_it_had_started(tmp_path):
     """A taken WebSocket port fails the start after the features started: they are stopped again (here
     the recorder, whose writer thread would otherwise outlive the failed server)."""
-    from policy_server.cli import assemble_server
+    from policy_server.assembly.cli import assemble_server
     from policy_server.recording import RecorderState
     from policy_server.recording.feature import RecordingFeature, RecordingOptions
     from policy_server.server_settings import ServerSettings
@@ -166,7 +166,9 @@ def test_the_installed_command_with_the_sidecar_off_loads_no_sidecar_no_sglang_a
     assert any("torch" in path for path in libraries)  # the maps are the serving process's: the model is in it
     assert [path for path in libraries if any(name in path for name in SIDECAR_LIBRARIES)] == []
     imported = [match.group(1) for line in proc.lines if (match := _IMPORTED.match(line))]
-    assert "policy_server.cli" in imported and "websockets" in imported  # the report covers the command's imports
+    assert (
+        "policy_server.assembly.cli" in imported and "websockets" in imported
+    )  # the report covers the command's imports
     unwanted = [name for name in imported if any(name == p or name.startswith(p + ".") for p in SIDECAR_PACKAGES)]
     assert unwanted == []
 

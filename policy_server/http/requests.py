@@ -27,8 +27,8 @@ from cosmos3_runtime.requests import ActionRequest, ResolvedSettings
 from robot_clients.client_frames import REQUEST_SETTINGS, ObservationFrame, parse_state
 from robot_clients.protocol import ErrorCode, FrameLimits, ProtocolError
 
-from ..api_errors import ApiError
-from ..camera_intake import DEFAULT_MAX_DECODED_BYTES, model_frame_limits
+from ..foundation.api_errors import ApiError
+from ..foundation.camera_intake import DEFAULT_MAX_DECODED_BYTES, model_frame_limits
 from ..metadata import public_model_name
 from ..session_config import request_config, resolve_settings
 from ..sglang.actions import (

@@ -41,7 +41,7 @@ from cosmos3_runtime.lerobot_layout import (
 )
 from cosmos3_runtime.mp4_header import probe_video_header
 
-from .. import durable_files
+from ..foundation import durable_files
 from ..videos.encoding import VideoEncodingError, check_mp4_structure
 from .lerobot_format import (
     NO_VALUE,

@@ -33,8 +33,8 @@ import pyarrow as pa
 from cosmos3_runtime.lerobot_layout import ANSWERED_KIND, DROPPED_KIND, ERROR_KIND, RESPONSE_KIND, UNANSWERED_KIND
 from robot_clients.client_frames import REQUEST_SETTINGS
 
-from .. import durable_files
-from ..camera_intake import side_by_side
+from ..foundation import durable_files
+from ..foundation.camera_intake import side_by_side
 from ..videos.encoding import encode_mp4
 from .assembly import MIN_SEGMENT_FRAMES
 from .events import EpisodeStart, ObservationRecord, RowOutcome

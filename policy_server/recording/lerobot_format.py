@@ -45,7 +45,7 @@ from cosmos3_runtime.lerobot_layout import (
     VIDEO_PATH_TEMPLATE,
 )
 
-from ..durable_files import replacing
+from ..foundation.durable_files import replacing
 
 # LeRobot's defaults for how many files a chunk folder holds and how big files grow before a new one.
 CHUNKS_SIZE = 1000

@@ -47,8 +47,8 @@ from cosmos3_runtime.lerobot_layout import (
 from cosmos3_runtime.requests import ActionRequest
 from robot_clients.client_frames import ACTION_MODE, FPS, REQUEST_SETTINGS
 
-from ..camera_intake import side_by_side
-from ..durable_files import read_lines
+from ..foundation.camera_intake import side_by_side
+from ..foundation.durable_files import read_lines
 from .assembly import column_values
 from .episode_writer import REQUEST_FIELDS
 from .lerobot_format import (

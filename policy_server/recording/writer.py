@@ -31,7 +31,7 @@ from typing import Any
 
 from cosmos3_runtime.lerobot_layout import ANSWERED_KIND, DROPPED_KIND, ERROR_KIND
 
-from ..durable_files import is_out_of_space
+from ..foundation.durable_files import is_out_of_space
 from ..videos.encoding import VideoEncodingError
 from .assembly import MIN_SEGMENT_FRAMES, assemble
 from .episode_writer import EpisodeWriter, UnrecordableObservation

@@ -36,11 +36,11 @@ from cosmos3_runtime.requests import ActionRequest, ResolvedSettings
 from robot_clients.client_frames import ObservationFrame
 from robot_clients.protocol import DropReason, ErrorCode, ProtocolError, SessionState
 
-from ..camera_intake import DecodeSlot
 from ..context import ServerContext
 from ..engine.request_queue import EngineOutcome, PendingObservation, QueueClosed
-from ..outbox import Outbox, OutboxFull, paced, payload_size
-from ..rate_limit import TokenBucket
+from ..foundation.camera_intake import DecodeSlot
+from ..foundation.outbox import Outbox, OutboxFull, paced, payload_size
+from ..foundation.rate_limit import TokenBucket
 from ..session_config import SessionConfig
 from ..session_events import AcceptedObservation, SessionListener
 from .controls import ControlError, ControlErrorCode, OperatorControl
@@ -258,7 +258,8 @@ class Session:
         """The one step every observation takes from its parsed frame to its admission (``admit``: rate,
         seq, queue). ``decode`` (its encoded camera frames to pixels, headers already checked) runs on the
         decode pool, never here; an observation with nothing to decode is admitted at once unless one is
-        still decoding ahead of it (:class:`~policy_server.camera_intake.DecodeSlot`: latest wins, order kept)."""
+        still decoding ahead of it (:class:`~policy_server.foundation.camera_intake.DecodeSlot`: latest wins,
+        order kept)."""
         if decode is None and not self.decoding.busy:
             admit(observation, received_at)
             return

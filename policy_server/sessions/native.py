@@ -11,7 +11,7 @@ Every observation ``seq`` gets exactly one terminal reply: ``action_chunk``, ``d
 That holds for a client that falls behind on its replies too: its outbox keeps only the newest unread
 ``action_chunk`` (latest wins); an older unread one becomes ``dropped`` (``superseded``) in its place. A
 client whose outbox fills up, or whose oldest reply waits past ``--reply-timeout-s``, is closed with
-1008 (:mod:`policy_server.connection_supervisor`); so is one that sends no observation for
+1008 (:mod:`policy_server.foundation.connection_supervisor`); so is one that sends no observation for
 ``--idle-timeout-s``.
 
 An observation naming a ``session_id`` belongs to that policy session of the connection
@@ -25,7 +25,7 @@ did is recorded in its :class:`~policy_server.sessions.telemetry.SessionTelemetr
 
 **Dialects** (:class:`Dialect`), chosen by a connection's first frame. Other clients than ours speak on
 the robots' path: SGLang's lock-step clients (a first frame without ``type``,
-``policy_server.sglang.lockstep_session``). Whoever assembles the server (``policy_server.cli``) hands
+``policy_server.sglang.lockstep_session``). Whoever assembles the server (``policy_server.assembly.cli``) hands
 it the dialects it serves; the core names none of them. A client that must not be greeted with the
 native ``metadata`` frame (one that speaks first and reads only its own frames) gets a path of its own
 instead (:class:`policy_server.sessions.endpoints.SessionEndpoint`).
@@ -70,10 +70,10 @@ from robot_clients.protocol import (
 )
 from robot_clients.wire_codec import WireFormatError, packb
 
-from ..camera_intake import canvas_side, native_decode
-from ..connection_supervisor import close_connection
 from ..context import ServerContext
 from ..engine.request_queue import EngineOutcome, PendingObservation
+from ..foundation.camera_intake import canvas_side, native_decode
+from ..foundation.connection_supervisor import close_connection
 from ..metadata import native_metadata
 from ..session_config import chunk_report, merge_session_config, observation_request
 from .base import Session

@@ -26,9 +26,9 @@ sequence, queue slot, turn and recording episode; the key is not passed on as an
 
 Observations go through the server's request queue like native ones (latest wins, fair turns, the one
 engine worker), so openpi robots and native robots share the model fairly. Replies go through the same
-bounded outbox as native ones (:mod:`policy_server.outbox`): an unread action reply replaced by a newer
+bounded outbox as native ones (:mod:`policy_server.foundation.outbox`): an unread action reply replaced by a newer
 one becomes the text ``dropped: ...`` in its place, and a client that stops reading is closed with 1008
-(:mod:`policy_server.connection_supervisor`), as is one that sends nothing for ``--idle-timeout-s``.
+(:mod:`policy_server.foundation.connection_supervisor`), as is one that sends nothing for ``--idle-timeout-s``.
 """
 
 from __future__ import annotations
@@ -46,10 +46,10 @@ from robot_clients.client_frames import ObservationFrame, parse_session_id
 from robot_clients.protocol import SESSION_ID, CodedError, DropReason, ErrorCode, ProtocolError
 from robot_clients.wire_codec import WireFormatError, packb
 
-from ..camera_intake import canvas_side
 from ..context import ServerContext
 from ..engine.request_queue import EngineOutcome, PendingObservation
-from ..log_hygiene import printable
+from ..foundation.camera_intake import canvas_side
+from ..foundation.log_hygiene import printable
 from ..metadata import openpi_metadata
 from ..openpi_settings import OpenpiSettings
 from ..session_config import SessionConfig, observation_request

@@ -40,8 +40,8 @@ from cosmos3_runtime.description import ModelDescription
 from cosmos3_runtime.requests import ActionResult
 from robot_clients.protocol import ErrorCode
 
-from ..api_errors import ApiError
-from ..json_text import JsonTextError, loads_bounded
+from ..foundation.api_errors import ApiError
+from ..foundation.json_text import JsonTextError, loads_bounded
 from ..metadata import public_model_name
 from .parameters import (
     SGLANG_NAMES,
@@ -308,7 +308,7 @@ def parse_action_envelope(
     ``max_items`` bounds the engine requests one envelope may become (images × candidates).
     ``msgpack_reply``: the reply goes out as msgpack, where ``output_format`` defaults to ``numpy`` (as
     in SGLang); a JSON reply has lists whatever was asked, JSON having no other arrays. Raises
-    :class:`~policy_server.api_errors.ApiError` naming the client's field.
+    :class:`~policy_server.foundation.api_errors.ApiError` naming the client's field.
     """
     check_known_keys(body, ENVELOPE_KEYS, "")
     rid_value, rid_path = one_of(body, ("request_id", "id"), "")
@@ -447,7 +447,8 @@ def is_sglang_form(names: Iterable[str], native_fields: Iterable[str]) -> bool:
 
 def _form_value(name: str, value: str) -> Any:
     """A form field's text as SGLang reads it: JSON when it parses (``30``, ``true``), else the text; JSON
-    nested past :data:`~policy_server.json_text.MAX_JSON_DEPTH` is refused unparsed (``payload_too_large``)."""
+    nested past :data:`~policy_server.foundation.json_text.MAX_JSON_DEPTH` is refused unparsed
+    (``payload_too_large``)."""
     if not value.strip():
         return None
     try:

@@ -25,7 +25,7 @@ The rules of the exchange, as vla-eval's client expects them:
 **What vla-eval adds to the port.** vla-eval's client speaks first on its connection and reads only
 vla-eval frames, so it cannot share the robots' path as a first-frame dialect (the native session greets
 every connection there with its ``metadata`` frame): its sessions get ``/v1/vla-eval``
-(:class:`VlaEvalSession`). ``policy_server.cli.assemble_server`` hands these to the server
+(:class:`VlaEvalSession`). ``policy_server.assembly.cli.assemble_server`` hands these to the server
 (:class:`policy_server.sessions.endpoints.EdgeEndpoints`) unless ``--no-vla-eval``.
 
 The control plane: vla-eval's own model servers answer ``GET /health`` with ``200 {"status": "ok"}`` once
@@ -52,10 +52,10 @@ from websockets.asyncio.server import ServerConnection
 from robot_clients.client_frames import ObservationFrame
 from robot_clients.protocol import DropReason, ErrorCode, ProtocolError
 
-from ..camera_intake import check_cameras, decoded_image
 from ..context import ServerContext
 from ..engine.request_queue import EngineOutcome, PendingObservation
-from ..log_hygiene import printable
+from ..foundation.camera_intake import check_cameras, decoded_image
+from ..foundation.log_hygiene import printable
 from ..metadata import public_model_name
 from ..session_config import SessionConfig, observation_request
 from ..sessions.base import Session

@@ -93,8 +93,8 @@ from robot_clients.client_frames import (
 from robot_clients.protocol import CodedError, ErrorCode, FrameLimits, ProtocolError
 from robot_clients.wire_codec import WireFormatError, packb, unpackb
 
-from ..camera_intake import Alternative, camera_alternatives, side_by_side
-from ..mapping_files import load_mapping
+from ..foundation.camera_intake import Alternative, camera_alternatives, side_by_side
+from ..foundation.mapping_files import load_mapping
 from ..session_config import SessionConfig, check_state, fixed_session_config
 
 # -- frames ----------------------------------------------------------------------------------------
