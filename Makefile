@@ -163,7 +163,7 @@ bench-gpu:
 		exit 2; }
 	$(GPU_PYTHON) -m pip install --quiet --no-deps --no-compile --upgrade --target $(GPU_SITE) $(GPU_PIP_SOURCE) \
 		-r benchmarks/gpu_requirements.txt
-	PYTHONPATH=$(GPU_SITE) $(GPU_PYTHON) -c 'import torch, diffusers, policy_server.cli, cosmos3_runtime.engine; \
+	PYTHONPATH=$(GPU_SITE) $(GPU_PYTHON) -c 'import torch, diffusers, policy_server.assembly.cli, cosmos3_runtime.engine; \
 		print("torch", torch.__version__, torch.cuda.get_device_name(), "diffusers", diffusers.__version__)'
 	PYTHONPATH=$(GPU_SITE) $(GPU_PYTHON) -m pytest -q -p no:cacheprovider tests/test_runtime_device.py
 	PYTHONPATH=$(GPU_SITE) PYTHONUNBUFFERED=1 $(GPU_PYTHON) benchmarks/gpu_suite.py --out $(BENCH_OUT)

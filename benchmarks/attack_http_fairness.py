@@ -1,6 +1,6 @@
 """A robot's round trip while one HTTP client keeps 16 action generations in flight (issue 18, item 8).
 
-Starts ``python -m policy_server.cli --tiny distilled`` as a subprocess on loopback (ephemeral ports),
+Starts ``python -m policy_server.assembly.cli --tiny distilled`` as a subprocess on loopback (ephemeral ports),
 then, in one run, side by side:
 
 1. **unloaded**: one robot in closed loop over the WebSocket (send an observation, wait for its chunk,
@@ -49,7 +49,7 @@ def start_server(repo: Path, data_dir: str, extra: list[str]) -> tuple[subproces
     cmd = [
         sys.executable,
         "-m",
-        "policy_server.cli",
+        "policy_server.assembly.cli",
         "--tiny",
         "distilled",
         "--host",

@@ -6,7 +6,7 @@ send it in each form:
 
 * ``raw``: the 480×640 uint8 frame as it is (the reference; ``raw, again`` checks the run is deterministic);
 * ``png``, ``jpeg q90``, ``jpeg q75``, ``webp q75``: encoded on the robot (``robot_clients.camera_frames``),
-  decoded by the server (``policy_server.camera_intake``);
+  decoded by the server (``policy_server.foundation.camera_intake``);
 * ``resized``: shrunk on the robot to the size the server conditions on
   (``robot_clients.camera_frames.send_size``: 240×320 at tier 256), raw; ``resized jpeg q90/q75``: then encoded.
 
@@ -40,7 +40,7 @@ import numpy as np  # noqa: E402
 REPO_ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO_ROOT))
 
-from policy_server.camera_intake import decode_image  # noqa: E402
+from policy_server.foundation.camera_intake import decode_image  # noqa: E402
 from robot_clients.camera_frames import ImageEncoding, canvas_bins, encode_frame, resize_frame, send_size  # noqa: E402  # noqa: E402
 from robot_clients.protocol import FrameLimits  # noqa: E402
 

@@ -12,7 +12,7 @@ that finishes in under 8 minutes on an H200 and writes its figures (JSON and a m
    - batch 1, 2, 4, 8 (distilled);
    - prefix cache on and off (distilled);
    - ``torch.compile`` (regional, the decoder layers) on and off (distilled), if the time budget allows;
-3. serving overhead through a real server: ``python -m policy_server.cli --model ...`` on this GPU and
+3. serving overhead through a real server: ``python -m policy_server.assembly.cli --model ...`` on this GPU and
    the real client, round trip minus the engine's own time;
 4. the worker's host-prep overlap on and off (``benchmarks/host_prep_overlap.py``): four robots in closed
    loop with 480x640 camera frames against the real engine worker, batch 2: the engine's median idle gap
@@ -216,7 +216,7 @@ def measure(
 def serving_overhead(
     checkpoint: Path, geometry: Geometry, requests: int, device: str, log, warmup: bool = True
 ) -> dict:
-    """Round trips through ``python -m policy_server.cli`` on this machine, minus the engine's own time."""
+    """Round trips through ``python -m policy_server.assembly.cli`` on this machine, minus the engine's own time."""
     from realtime_roundtrip import ServerProcess
 
     from robot_clients.client import PolicyClient

@@ -224,7 +224,7 @@ def main(argv: list[str] | None = None) -> int:
 class BaselineProcess(ServerProcess):
     """This script as a subprocess on an ephemeral port; ``ServerProcess`` reads its port and stops it.
 
-    Only the command differs from ``ServerProcess`` (which always starts ``policy_server.cli``).
+    Only the command differs from ``ServerProcess`` (which always starts ``policy_server.assembly.cli``).
     """
 
     def __init__(self, kind: str, args: list[str] | None = None) -> None:

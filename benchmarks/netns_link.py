@@ -6,7 +6,7 @@ A robot and its policy server rarely share a loopback: they talk over Wi-Fi or a
 and a random loss, both ways::
 
     with ShapedLink(LinkShape(rate_mbit=20, delay_ms=10, loss=0.005)) as link:
-        server = link.popen("server", [python, "-m", "policy_server.cli", "--host", link.server_ip, ...])
+        server = link.popen("server", [python, "-m", "policy_server.assembly.cli", "--host", link.server_ip, ...])
         link.run("robot", [python, "robot.py", f"ws://{link.server_ip}:8000"])
 
 Two ways to shape, chosen at start (``backend="auto"`` takes the first that works here):

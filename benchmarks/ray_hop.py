@@ -23,7 +23,7 @@ import numpy as np
 from websockets.asyncio.client import connect
 
 import policy_server  # noqa: F401  (first: OMP_WAIT_POLICY=PASSIVE before torch loads)
-from policy_server.server import PolicyServer
+from policy_server.assembly.server import PolicyServer
 from policy_server.server_settings import ServerSettings
 from robot_clients.protocol import REALTIME_PATH
 from robot_clients.wire_codec import packb, unpackb

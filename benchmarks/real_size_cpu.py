@@ -2,10 +2,10 @@
 
 Builds (or reuses) a random-weight checkpoint of a published shape (``--shape edge``: 3.37 B parameters;
 ``--shape nano``: 15.2 B; bf16 on disk, ``cosmos3_runtime.random_checkpoints``), starts
-``python -m policy_server.cli --model PATH [--quantization int8]`` as its own process (fp32 on CPU: Edge about
-16 GB resident with the VAE; Nano only with ``--quantization int8``), sends one policy observation with the
-real client (``robot_clients.PolicyClient``; ``--num-steps`` and ``--guidance-scale`` configure a base
-checkpoint's sampler, e.g. one step for Nano's figure) and records:
+``python -m policy_server.assembly.cli --model PATH [--quantization int8]`` as its own process (fp32 on CPU:
+Edge about 16 GB resident with the VAE; Nano only with ``--quantization int8``), sends one policy observation
+with the real client (``robot_clients.PolicyClient``; ``--num-steps`` and ``--guidance-scale`` configure a
+base checkpoint's sampler, e.g. one step for Nano's figure) and records:
 
 - load time (process start to ``/healthz`` ready, and the engine's own load time from its log);
 - the server's peak resident memory (``VmHWM``) and its memory once loaded;

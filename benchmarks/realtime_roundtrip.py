@@ -74,12 +74,22 @@ def summarize(name: str, values) -> str:
 
 
 class ServerProcess:
-    """``python -m policy_server.cli`` on an ephemeral port; stops it with SIGTERM on exit."""
+    """``python -m policy_server.assembly.cli`` on an ephemeral port; stops it with SIGTERM on exit."""
 
     def __init__(self, args: list[str], env: dict[str, str] | None = None) -> None:
         # No HTTP sidecar: these benchmarks need only the WebSocket port, and a fixed sidecar port (8001)
         # would collide with any other server on the machine.
-        command = [sys.executable, "-m", "policy_server.cli", "--host", "127.0.0.1", "--port", "0", "--no-http", *args]
+        command = [
+            sys.executable,
+            "-m",
+            "policy_server.assembly.cli",
+            "--host",
+            "127.0.0.1",
+            "--port",
+            "0",
+            "--no-http",
+            *args,
+        ]
         self.proc = subprocess.Popen(
             command,
             cwd=REPO_ROOT,

@@ -2,7 +2,7 @@
 
 Runs as root. Builds a shaped link between a ``server`` and a ``robot`` network namespace
 (:mod:`netns_link`: netem where the kernel has it, a packet relay otherwise), starts in the server
-namespace the policy server (``python -m policy_server.cli --tiny distilled``, its openpi endpoint composing
+namespace the policy server (``python -m policy_server.assembly.cli --tiny distilled``, its openpi endpoint composing
 LIBERO's two cameras side by side), and for each row runs a robot process (``shaped_link_robot.py``) in the
 robot namespace that captures one or two cameras at ``--hz`` for ``--seconds``:
 
@@ -127,7 +127,7 @@ def start_servers(link: ShapedLink, clients: set[str], logdir: Path) -> dict[str
         [
             sys.executable,
             "-m",
-            "policy_server.cli",
+            "policy_server.assembly.cli",
             "--tiny",
             "distilled",
             "--host",

@@ -134,7 +134,7 @@ class Soak:
         cmd = [
             sys.executable,
             "-m",
-            "policy_server.cli",
+            "policy_server.assembly.cli",
             "--tiny",
             a.variant,
             "--host",

@@ -17,16 +17,17 @@ its one JSON form, for every answer that passes it on to clients and for recordi
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field, fields, replace
 from typing import Any
 
 import numpy as np
 
-from .checkpoints import SHIFT_KEYS, CheckpointInfo, configured_shift, step_sigmas
+from .checkpoints import CheckpointInfo, configured_shift, step_sigmas
 from .errors import (
     CheckpointError,
     InvalidRequestError,
+    MissingMediumError,
     UnknownDomainError,
     UnsupportedModeError,
     UnsupportedTierError,
@@ -155,7 +156,11 @@ class EngineSpec:
         )
         for profile in profiles.domains.values():
             where = f"profile for domain {profile.domain_name!r}"
-            _check_profile_sampler(profile, info, where)
+            try:  # a profile's sampler settings pass the check a request's do
+                sampler = profile_sampler(profile, info.is_distilled)
+                check_sampler(sampler, info.distilled_sigmas, spec.default_shift is not None, spec.limits)
+            except InvalidRequestError as exc:
+                raise CheckpointError(f"{where}: {exc.message}") from None
             if profile.resolution_tier is not None:
                 try:
                     _tier(profile.resolution_tier, info.resolution_tiers, info.variant)
@@ -198,19 +203,64 @@ class EngineSpec:
         return replace(self.defaults_for(profile), domain_name=profile.domain_name)
 
 
-def _check_profile_sampler(profile: PolicyProfile, info: CheckpointInfo, where: str) -> None:
-    """A profile's sampler settings against the checkpoint: a distilled one runs its fixed list without
-    guidance, and a shift needs a flow-matching scheduler that has one."""
-    if info.distilled_sigmas is not None:
-        fixed = len(info.distilled_sigmas)
-        if profile.num_steps is not None and profile.num_steps != fixed:
-            raise CheckpointError(f"{where}: num_steps {profile.num_steps}: this distilled checkpoint runs {fixed}")
-        if profile.guidance_scale is not None and profile.guidance_scale != 1.0:
-            raise CheckpointError(f"{where}: guidance_scale: a distilled checkpoint runs without guidance (1.0)")
-        if profile.shift is not None:
-            raise CheckpointError(f"{where}: shift: a distilled checkpoint's sigma list is used unshifted")
-    elif profile.shift is not None and info.scheduler_class not in SHIFT_KEYS:
-        raise CheckpointError(f"{where}: shift: {info.scheduler_class} has no flow shift")
+def check_sampler(
+    settings: Mapping[str, object], distilled_sigmas: Sequence[float] | None, shiftable: bool, lim: EngineLimits
+) -> None:
+    """Steps, guidance, its interval and the shift (by name; ``None`` is unset), a request's or a profile's
+    (:func:`profile_sampler`): a distilled model's (``distilled_sigmas`` set) are fixed, a base model's bounded,
+    and a shift needs a scheduler that has one (``shiftable``). Raises :class:`InvalidRequestError`."""
+    steps, guidance = settings.get("num_steps"), settings.get("guidance_scale")
+    interval, shift = settings.get("guidance_interval"), settings.get("shift")
+    if distilled_sigmas is not None:
+        fixed = len(distilled_sigmas)
+        if steps is not None and steps != fixed:
+            raise InvalidRequestError(
+                f"this distilled checkpoint runs its fixed {fixed}-step schedule; num_steps must be {fixed} or unset",
+                "num_steps",
+            )
+        if guidance is not None and guidance != 1.0:
+            raise InvalidRequestError(
+                "guidance is distilled into this checkpoint's weights; guidance_scale must be 1.0 or unset",
+                "guidance_scale",
+            )
+        if interval is not None:
+            raise InvalidRequestError(
+                "a distilled checkpoint runs without guidance; guidance_interval must be unset", "guidance_interval"
+            )
+        if shift is not None:
+            raise InvalidRequestError(
+                "a distilled checkpoint runs its sigma list unshifted; shift must be unset", "shift"
+            )
+        return
+    if steps is not None and (
+        isinstance(steps, bool) or not isinstance(steps, (int, np.integer)) or not 1 <= steps <= lim.max_steps
+    ):
+        raise InvalidRequestError(f"num_steps must be an integer in [1, {lim.max_steps}]", "num_steps")
+    if guidance is not None and not _number_in(guidance, 0.0, lim.max_guidance_scale):
+        raise InvalidRequestError(
+            f"guidance_scale must be a number in [0, {lim.max_guidance_scale:g}]", "guidance_scale"
+        )
+    if interval is not None:
+        _interval(interval)
+    if shift is not None:
+        if not shiftable:
+            raise InvalidRequestError("this checkpoint's scheduler has no flow shift; leave shift unset", "shift")
+        if not _number_in(shift, lim.min_shift, lim.max_shift):
+            raise InvalidRequestError(f"shift must be a number in [{lim.min_shift:g}, {lim.max_shift:g}]", "shift")
+
+
+def profile_sampler(profile: PolicyProfile, distilled: bool) -> dict[str, object]:
+    """A profile's sampler settings (steps, guidance, its interval, the shift), by name, as a request names them.
+
+    On a distilled checkpoint without its guidance interval: the interval is where the domain's guidance runs,
+    and a distilled checkpoint runs none, so it does not apply there (:meth:`EngineSpec.defaults_for`), whereas
+    a request asking for one asks for guidance it would not get."""
+    return dict(
+        num_steps=profile.num_steps,
+        guidance_scale=profile.guidance_scale,
+        guidance_interval=None if distilled else profile.guidance_interval,
+        shift=profile.shift,
+    )
 
 
 def check_horizon(value: object, spec: EngineSpec, field_name: str = "action_horizon") -> int:
@@ -250,6 +300,23 @@ MODEL_IDENTITY_KEYS = (
 # Modes that answer with actions (the WebSocket endpoints, HTTP action generations); forward_dynamics
 # answers with video (the HTTP video jobs).
 VIDEO_MODES = ("forward_dynamics",)
+
+
+@dataclass(frozen=True)
+class Media:
+    """A request's camera input as the rules of its shape see it (:meth:`ModelDescription.resolve`): whether it
+    holds an image (one frame, or named cameras composed into one) and a video, and the video's frames once
+    known (a door that has not decoded it yet does not know them)."""
+
+    image: bool = False
+    video: bool = False
+    clip_frames: int | None = None
+
+    @classmethod
+    def of(cls, image: object, video: object) -> Media:
+        """The media of a request's ``image`` and ``video`` (None: absent); a video array's frames are known."""
+        frames = int(video.shape[0]) if isinstance(video, np.ndarray) and video.ndim > 0 else None
+        return cls(image=image is not None, video=video is not None, clip_frames=frames)
 
 
 @dataclass(frozen=True)
@@ -427,58 +494,26 @@ class ModelDescription:
         value = settings.get("fps")
         if value is not None and not _number_in(value, lim.min_fps, lim.max_fps):
             raise InvalidRequestError(f"fps must be a number in [{lim.min_fps:g}, {lim.max_fps:g}]", "fps")
-        self._check_sampler(settings)
+        check_sampler(settings, self.distilled_sigmas, self.shiftable, lim)
 
-    def _check_sampler(self, settings: Mapping[str, object]) -> None:
-        """Steps, guidance, its interval and the shift: a distilled model's are fixed; a base model's bounded."""
-        lim = self.limits
-        steps, guidance = settings.get("num_steps"), settings.get("guidance_scale")
-        interval, shift = settings.get("guidance_interval"), settings.get("shift")
-        if self.distilled_sigmas is not None:
-            fixed = len(self.distilled_sigmas)
-            if steps is not None and steps != fixed:
-                raise InvalidRequestError(
-                    f"this distilled checkpoint runs its fixed {fixed}-step schedule; num_steps must be {fixed} "
-                    "or unset",
-                    "num_steps",
-                )
-            if guidance is not None and guidance != 1.0:
-                raise InvalidRequestError(
-                    "guidance is distilled into this checkpoint's weights; guidance_scale must be 1.0 or unset",
-                    "guidance_scale",
-                )
-            if interval is not None:
-                raise InvalidRequestError(
-                    "a distilled checkpoint runs without guidance; guidance_interval must be unset", "guidance_interval"
-                )
-            if shift is not None:
-                raise InvalidRequestError(
-                    "a distilled checkpoint runs its sigma list unshifted; shift must be unset", "shift"
-                )
-            return
-        if steps is not None and (
-            isinstance(steps, bool) or not isinstance(steps, (int, np.integer)) or not 1 <= steps <= lim.max_steps
-        ):
-            raise InvalidRequestError(f"num_steps must be an integer in [1, {lim.max_steps}]", "num_steps")
-        if guidance is not None and not _number_in(guidance, 0.0, lim.max_guidance_scale):
-            raise InvalidRequestError(
-                f"guidance_scale must be a number in [0, {lim.max_guidance_scale:g}]", "guidance_scale"
-            )
-        if interval is not None:
-            _interval(interval)
-        if shift is not None:
-            if not self.shiftable:
-                raise InvalidRequestError("this checkpoint's scheduler has no flow shift; leave shift unset", "shift")
-            if not _number_in(shift, lim.min_shift, lim.max_shift):
-                raise InvalidRequestError(f"shift must be a number in [{lim.min_shift:g}, {lim.max_shift:g}]", "shift")
+    def resolve(
+        self, settings: Mapping[str, object], media: Media | None = None, *, output: str = "actions"
+    ) -> ResolvedSettings:
+        """The one answer to what a request runs with: ``settings`` (by name, unset ones ``None``) checked
+        (:meth:`check`) and completed, and the request's shape judged by its ``media``.
 
-    def resolve(self, domain_name: str | None, settings: Mapping[str, object]) -> ResolvedSettings:
-        """``settings`` checked (:meth:`check`) and completed: each unset one takes the domain's default
-        (its profile's where it sets one), else the variant's. ``domain_name`` None: the model's default
-        domain. The action mode defaults to ``policy``; an unset seed stays None (drawn per request)."""
-        self.check(settings, output="video" if settings.get("action_mode") in VIDEO_MODES else "actions")
-        name = domain_name if domain_name is not None else self.defaults.domain_name
-        if name is None or name not in self.domains:
+        Each unset setting takes its domain's default (its profile's where it sets one), else the variant's;
+        ``domain_name`` unset: the model's default domain. The mode, unset, follows the media: a video asks
+        for ``inverse_dynamics``, anything else for ``policy`` (``output`` ``"video"``: ``forward_dynamics``).
+        Given ``media``, a request with both an image and a video, or without the medium its mode needs, is
+        refused, and an ``inverse_dynamics`` horizon follows from its clip's frames when they are known
+        (:meth:`clip_horizon`). An unset seed stays None (drawn per request). ``media`` None: settings alone
+        (a session's, before any observation).
+        """
+        self.check(settings, output=output)
+        name = settings.get("domain_name")
+        name = name if name is not None else self.defaults.domain_name
+        if not isinstance(name, str) or name not in self.domains:
             known = ", ".join(sorted(self.domains)) or "none"
             raise UnknownDomainError(f"unknown domain_name {name!r}; this model knows: {known}", "domain_name")
         defaults = self.domain_defaults[name]
@@ -486,6 +521,15 @@ class ModelDescription:
         def given(key: str) -> Any:
             return settings.get(key)
 
+        if given("action_mode") is not None:
+            mode = _mode(given("action_mode"), self.modes, output)
+        elif output == "video":
+            mode = "forward_dynamics"
+        else:
+            mode = "inverse_dynamics" if media is not None and media.video else "policy"
+        horizon = given("action_horizon")
+        if media is not None:
+            horizon = self._shape(mode, media, horizon)
         if self.distilled_sigmas is not None:  # the fixed schedule, whatever was (validly) asked
             steps, guidance, interval, shift = len(self.distilled_sigmas), 1.0, None, None
         else:
@@ -496,8 +540,6 @@ class ModelDescription:
             interval = _interval(given("guidance_interval")) if given("guidance_interval") is not None else None
             interval = interval if interval is not None else defaults.guidance_interval
             shift = float(given("shift")) if given("shift") is not None else defaults.shift
-        mode = _mode(given("action_mode"), self.modes, "any") if given("action_mode") is not None else "policy"
-        horizon = given("action_horizon")
         return ResolvedSettings(
             domain_name=name,
             action_mode=mode,
@@ -512,6 +554,20 @@ class ModelDescription:
             shift=shift,
             seed=int(given("seed")) if given("seed") is not None else None,
         )
+
+    def _shape(self, mode: str, media: Media, horizon: Any) -> Any:
+        """The media against the mode: one medium, the one the mode needs; the horizon a clip decides."""
+        if media.image and media.video:
+            raise InvalidRequestError("give either an image or a video, not both", "video")
+        if mode == "inverse_dynamics":
+            if not media.video:
+                raise MissingMediumError(
+                    "inverse_dynamics needs a video clip (T x H x W x 3 uint8, action_horizon + 1 frames)", "video"
+                )
+            return self.clip_horizon(media.clip_frames, horizon) if media.clip_frames is not None else horizon
+        if not (media.image or media.video):
+            raise MissingMediumError(f"{mode} needs an image (H x W x 3 uint8)", "image")
+        return horizon
 
     def check_horizon(self, value: object, field_name: str = "action_horizon") -> int:
         """``value`` as an action horizon this model takes (a multiple of the VAE's temporal compression,

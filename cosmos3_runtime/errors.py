@@ -34,6 +34,13 @@ class MissingFieldError(InvalidRequestError):
     code = "missing_field"
 
 
+class MissingMediumError(InvalidRequestError):
+    """A request lacks the camera input its mode needs: an image (``policy``), a clip (``inverse_dynamics``).
+
+    Its runtime code is ``invalid_request``, as the engine has always answered it; the server's protocols name
+    it a missing field (``missing_field``), as they did when each door found it itself."""
+
+
 class InvalidFieldError(InvalidRequestError):
     """A field has the wrong type, shape or value for this domain (for example a ``state`` of the wrong width)."""
 

@@ -1,10 +1,10 @@
 """The training dataset reader: a LeRobot v3.0 dataset, possibly made by a stranger, read within bounds.
 
-The layout is the one LeRobot writes and ``policy_server.recording`` records (``meta/info.json`` with its
-``features`` and path templates, ``meta/tasks.parquet``, ``meta/episodes/chunk-*/file-*.parquet``, the data
-files named by ``data_path``, a camera either in the data file as LeRobot's ``image`` feature or in the MP4
-files named by ``video_path``). The runtime has no networking and no pandas: files are read with pyarrow,
-images with Pillow, videos with imageio's ffmpeg.
+The layout (:mod:`cosmos3_runtime.lerobot_layout`) is the one LeRobot writes and ``policy_server.recording``
+records (``meta/info.json`` with its ``features`` and path templates, ``meta/tasks.parquet``,
+``meta/episodes/chunk-*/file-*.parquet``, the data files named by ``data_path``, a camera either in the data
+file as LeRobot's ``image`` feature or in the MP4 files named by ``video_path``). The runtime has no networking
+and no pandas: files are read with pyarrow, images with Pillow, videos with imageio's ffmpeg.
 
 A dataset is untrusted input, so :func:`read_dataset` checks before it reads:
 
@@ -49,13 +49,18 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from .errors import CheckpointError
+from .lerobot_layout import (
+    ANSWERED_KIND,
+    CODEBASE_VERSION,
+    EPISODES_GLOB,
+    INFO_PATH,
+    RESPONSE_KIND,
+    RESPONSE_KINDS,
+    TASKS_PATH,
+    TEMPLATE_FIELDS,
+)
 from .mp4_header import probe_video_header
 
-INFO_PATH = "meta/info.json"
-TASKS_PATH = "meta/tasks.parquet"
-EPISODES_GLOB = "meta/episodes/chunk-*/file-*.parquet"
-# The fields LeRobot v3.0 fills each path template with, and no other.
-TEMPLATE_FIELDS = {"data_path": ("chunk_index", "file_index"), "video_path": ("video_key", "chunk_index", "file_index")}
 # An integer field's format: LeRobot's ``:03d``, or a plain ``{chunk_index}``.
 _INDEX_FORMAT = re.compile(r"(0?[1-9])?d?")
 MAX_TEMPLATE_CHARS = 512
@@ -64,11 +69,6 @@ MAX_FOOTER_BYTES = 16 * 2**20  # one Parquet file's metadata
 MAX_TASKS = 100_000
 MAX_ROW_VALUES = 65_536  # numbers in one frame's action or state (a chunk of 64 rows of 1,024 is far past any robot)
 ROWS_PER_BATCH = 16  # data rows held as Arrow values at a time, before they go into their episode's arrays
-# A recording's outcome of each observation, as policy_server.recording writes it (the runtime reads it here
-# without importing the server): a row of ANSWERED_KIND holds the chunk answered, any other kind a zero chunk.
-RESPONSE_KIND = "response.kind"
-RESPONSE_KINDS = ("chunk", "dropped", "error", "unanswered")
-ANSWERED_KIND = "chunk"
 
 
 class DatasetError(CheckpointError):
@@ -260,9 +260,10 @@ class _Reader:
             raise DatasetError(f"{rel}: not JSON this reader can read: {exc}", "info") from None
         if not isinstance(info, dict):
             raise DatasetError(f"{rel}: not a JSON object", "info")
-        if info.get("codebase_version") != "v3.0":
+        if info.get("codebase_version") != CODEBASE_VERSION:
             raise DatasetError(
-                f"{rel}: codebase_version {info.get('codebase_version')!r}, expected 'v3.0'", "codebase_version"
+                f"{rel}: codebase_version {info.get('codebase_version')!r}, expected {CODEBASE_VERSION!r}",
+                "codebase_version",
             )
         return info
 

@@ -55,7 +55,8 @@ import numpy as np
 import torch
 
 from .errors import CheckpointError
-from .lerobot_dataset import ANSWERED_KIND, RESPONSE_KIND, DatasetBounds, DatasetError, LeRobotDataset, read_dataset
+from .lerobot_dataset import DatasetBounds, DatasetError, LeRobotDataset, read_dataset
+from .lerobot_layout import ANSWERED_KIND, RESPONSE_KIND
 from .requests import ActionRequest
 from .sampling import action_rows
 from .validation import DenoiseJob, job_for_actions

@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 
 from . import poses
-from .description import ModelDescription
+from .description import Media, ModelDescription
 from .errors import InvalidFieldError, InvalidRequestError, UnsupportedModeError
 from .profiles import PolicyProfile
 from .requests import ActionRequest, ResolvedSettings, VideoRequest
@@ -79,27 +79,17 @@ class DenoiseJob:
 
 
 def job_for_actions(request: ActionRequest, description: ModelDescription) -> tuple[DenoiseJob, PolicyProfile]:
-    """Validate a ``policy`` / ``inverse_dynamics`` request and resolve its defaults."""
-    settings = request.named_settings()
-    description.check(settings, output="actions")
-    mode = description.resolve(request.domain_name, settings).action_mode
-    profile = description.domains[request.domain_name]
-    if request.image is not None and request.video is not None:
-        raise InvalidRequestError("give either image or video, not both", "video")
+    """Validate a ``policy`` / ``inverse_dynamics`` request and resolve its defaults: its settings and its
+    shape (its media against its mode) checked and resolved once, by the model's description, then its arrays."""
+    resolved = description.resolve(request.named_settings(), Media.of(request.image, request.video))
+    mode, horizon = resolved.action_mode, resolved.action_horizon
+    profile = description.domains[resolved.domain_name]
     if mode == "inverse_dynamics":
-        if request.video is None:
-            raise InvalidRequestError("inverse_dynamics needs a video clip (T x H x W x 3 uint8)", "video")
         frames = _clip(request.video, "video", description)
-        settings["action_horizon"] = description.clip_horizon(frames.shape[0], request.action_horizon)
-    else:
-        if request.image is not None:
-            frames = _image(request.image, "image", description)[None]
-        elif request.video is not None:
-            frames = _clip(request.video, "video", description)[:1]
-        else:
-            raise InvalidRequestError("policy needs an image (H x W x 3 uint8)", "image")
-    resolved = description.resolve(request.domain_name, settings)
-    horizon = resolved.action_horizon
+    elif request.image is not None:
+        frames = _image(request.image, "image", description)[None]
+    else:  # a policy request may send a clip: its first frame is the observation
+        frames = _clip(request.video, "video", description)[:1]
 
     state_rows = _state(request.state, profile, description)
     origin = _pose_origin(request.state, profile)
@@ -118,10 +108,11 @@ def job_for_actions(request: ActionRequest, description: ModelDescription) -> tu
 
 
 def job_for_video(request: VideoRequest, description: ModelDescription) -> tuple[DenoiseJob, PolicyProfile]:
-    """Validate a ``forward_dynamics`` rollout and resolve its defaults."""
+    """Validate a ``forward_dynamics`` rollout and resolve its defaults (once, by the model's description),
+    then its arrays: the rollout's horizon is its actions' rows."""
     settings = {**request.named_settings(), "action_mode": "forward_dynamics"}
-    description.check(settings, output="video")
-    profile = description.domains[request.domain_name]
+    resolved = description.resolve(settings, Media.of(request.image, None), output="video")
+    profile = description.domains[resolved.domain_name]
     if profile.action_space == "midtrain":
         raise UnsupportedModeError(
             f"domain {profile.domain_name!r} acts in end-effector poses (midtrain), whose relative steps need "
@@ -130,9 +121,8 @@ def job_for_video(request: VideoRequest, description: ModelDescription) -> tuple
         )
     frames = _image(request.image, "image", description)[None]
     actions = profile.check_actions(request.actions, "actions")
-    settings["action_horizon"] = description.check_horizon(actions.shape[0], "actions")
+    resolved = replace(resolved, action_horizon=description.check_horizon(actions.shape[0], "actions"))
     clean = _normalize(actions, profile, description, "actions")
-    resolved = description.resolve(request.domain_name, settings)
     return _job(resolved, description, profile, frames, clean, decode_video=True), profile
 
 

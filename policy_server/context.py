@@ -4,7 +4,7 @@ engine backends and the features attached at the edge.
 It holds what they share and nothing else: the settings, the request queue, the loaded model's typed
 description and frame limits, the engine backend, the connection supervisor, the Origin policy, whether
 the server is stopping, the registry of open sessions, the recordings a session may start, and what the
-features add to ``/healthz`` and ``/metrics``. :class:`~policy_server.server.PolicyServer` owns the
+features add to ``/healthz`` and ``/metrics``. :class:`~policy_server.assembly.server.PolicyServer` owns the
 lifecycle (listening, starting and stopping the engine, shutdown) and keeps this object up to date; only
 the command line imports the server itself, so the sessions, the sidecar and the backends depend on this
 module alone.
@@ -23,10 +23,10 @@ from typing import Any, Generic, Protocol, TypeVar
 from cosmos3_runtime.description import ModelDescription
 from robot_clients.protocol import FrameLimits
 
-from .auth import OriginPolicy
-from .connection_supervisor import ConnectionSupervisor, Supervised
 from .engine.backend import EngineBackend, QueueLike
 from .engine.worker import WorkerState
+from .foundation.auth import OriginPolicy
+from .foundation.connection_supervisor import ConnectionSupervisor, Supervised
 from .server_settings import ServerSettings
 from .session_events import SessionListener
 

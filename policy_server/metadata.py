@@ -25,8 +25,8 @@ from cosmos3_runtime.description import ModelDescription
 from cosmos3_runtime.profiles import STATE_CONTRACT_FIELDS
 from robot_clients import protocol
 
-from .camera_intake import ENCODED_FORMATS
 from .context import ServerContext
+from .foundation.camera_intake import ENCODED_FORMATS
 from .openpi_settings import ALL_STATE_KEYS, OPENPI_SETTINGS, CameraMapping
 from .session_config import SessionConfig
 

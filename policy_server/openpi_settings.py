@@ -32,8 +32,8 @@ from robot_clients.client_frames import (
     setting_names,
 )
 
-from .camera_intake import Alternative, camera_alternatives
-from .mapping_files import load_mapping
+from .foundation.camera_intake import Alternative, camera_alternatives
+from .foundation.mapping_files import load_mapping
 from .session_config import SessionConfig, fixed_session_config
 
 # The conventions in use, for detection (logs, metadata) and for the docs; the mapping does the work.

@@ -7,7 +7,7 @@ The settings types it holds live with their mechanism where that is on this floo
 ``sessions/wire_intake.py``), so that nothing on the floor imports ``sessions/``.
 
 The optional features have settings of their own (``SidecarSettings``, ``RecordingOptions``, each protocol
-served at the edge its own), handed to them by whoever attaches them (``policy_server.cli.assemble_server``),
+served at the edge its own), handed to them by whoever attaches them (``policy_server.assembly.cli.assemble_server``),
 not to the server."""
 
 from __future__ import annotations
@@ -17,18 +17,18 @@ from typing import Any
 
 from robot_clients.wire_codec import FRAME_MAX_DEPTH, FRAME_MAX_VALUES
 
-from .auth import TokenSet
-from .camera_intake import DEFAULT_MAX_DECODED_BYTES
-from .connection_limits import (
+from .engine.watchdog import DEFAULT_ENGINE_TIMEOUT_S
+from .engine.worker import DEFAULT_VIDEO_STEP_INTERVAL_S
+from .foundation.auth import TokenSet
+from .foundation.camera_intake import DEFAULT_MAX_DECODED_BYTES
+from .foundation.connection_limits import (
     DEFAULT_HANDSHAKE_TIMEOUT_S,
     DEFAULT_MAX_PENDING_HANDSHAKES,
     DEFAULT_MAX_PENDING_HANDSHAKES_PER_PEER,
 )
-from .connection_supervisor import SessionLimits
-from .engine.watchdog import DEFAULT_ENGINE_TIMEOUT_S
-from .engine.worker import DEFAULT_VIDEO_STEP_INTERVAL_S
+from .foundation.connection_supervisor import SessionLimits
+from .foundation.rate_limit import RateLimit
 from .openpi_settings import OpenpiSettings
-from .rate_limit import RateLimit
 
 # A 720p RGB frame is 2.8 MB; a 65-frame 256x256 clip 12.8 MB. The default fits the largest single image
 # the models accept (4096x4096x3 = 48 MiB, `limits.max_image_side`) plus the msgpack around it, so the
@@ -79,7 +79,7 @@ class ServerSettings:
     # What one msgpack frame may hold (elements, nesting), counted before anything is built (sessions.wire_intake).
     frame_budget: FrameBudget = field(default_factory=FrameBudget)
     # Pixels one observation may decode to, and the longest frame side accepted (None: twice the largest
-    # canvas side the model serves): the one media check (policy_server.camera_intake).
+    # canvas side the model serves): the one media check (policy_server.foundation.camera_intake).
     max_decoded_bytes: int | None = DEFAULT_MAX_DECODED_BYTES
     max_image_side: int | None = None
     torch_threads: int | None = None
@@ -99,8 +99,8 @@ class ServerSettings:
     shutdown_grace_s: float = 30.0
     # openpi's protocol on `/` and `/openpi` (domain, horizon, mode, cameras); None turns it off.
     openpi: OpenpiSettings | None = field(default_factory=OpenpiSettings)
-    # Bearer tokens that open every endpoint but /healthz and the dashboard's static files (policy_server.auth);
-    # None: no authentication (the server is as open as the network it listens on).
+    # Bearer tokens that open every endpoint but /healthz and the dashboard's static files
+    # (policy_server.foundation.auth); None: no authentication (the server is as open as the network it listens on).
     auth_tokens: TokenSet | None = None
     # Robot sessions (native + openpi) open at once; more are refused at the handshake with 503. Each policy
     # session a connection names (`session_id`) counts as one more.
@@ -108,7 +108,7 @@ class ServerSettings:
     # How many policy sessions (`session_id`s) one connection may name, and when an idle one expires.
     policy_sessions: PolicySessionLimits = field(default_factory=PolicySessionLimits)
     # A connection must complete its handshake within this many seconds (websockets' open_timeout), and
-    # at most this many (in all, and per peer address) may be waiting to (policy_server.connection_limits).
+    # at most this many (in all, and per peer address) may be waiting to (policy_server.foundation.connection_limits).
     handshake_timeout_s: float = DEFAULT_HANDSHAKE_TIMEOUT_S
     max_pending_handshakes: int = DEFAULT_MAX_PENDING_HANDSHAKES
     max_pending_handshakes_per_peer: int = DEFAULT_MAX_PENDING_HANDSHAKES_PER_PEER
@@ -119,11 +119,11 @@ class ServerSettings:
     engine_timeout_s: float = DEFAULT_ENGINE_TIMEOUT_S
     # While robots wait, a video rollout still gets one denoising step this often (BackgroundShare); 0: never.
     video_step_interval_s: float = DEFAULT_VIDEO_STEP_INTERVAL_S
-    # Outbox bounds, reply and idle timeouts of every connection (policy_server.connection_supervisor).
+    # Outbox bounds, reply and idle timeouts of every connection (policy_server.foundation.connection_supervisor).
     session_limits: SessionLimits = field(default_factory=SessionLimits)
     # Observer channels (/v1/observe) open at once; more are refused at the handshake with 503.
     max_observers: int = DEFAULT_MAX_OBSERVERS
     # Frames per second an observer may send (subscribe, control); beyond, they are answered `rate_limited`.
     observer_frame_rate: RateLimit = field(default_factory=lambda: OBSERVER_FRAME_RATE)
-    # Browser origins allowed besides the server's own (policy_server.auth.OriginPolicy; `*`: any).
+    # Browser origins allowed besides the server's own (policy_server.foundation.auth.OriginPolicy; `*`: any).
     allowed_origins: tuple[str, ...] = ()

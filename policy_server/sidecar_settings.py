@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .camera_intake import DEFAULT_MAX_DECODED_BYTES
+from .foundation.camera_intake import DEFAULT_MAX_DECODED_BYTES
 
 # A 65-frame 256x256 clip as JSON nested lists is ~40 MB; as msgpack or an MP4 upload far less. 64 MiB
 # bounds what one request can make the server buffer.

@@ -300,7 +300,7 @@ def is_encoded_clip(value: Any) -> bool:
 def _check_encoded(value: Any, name: str, rank: int, limits: FrameLimits, seq: int) -> bytes | list[bytes]:
     """An encoded frame (rank 3) or clip (rank 4: a list of encoded frames), as bytes. Only what needs no
     image library is checked here (non-empty, the clip's frame count); the server reads each header and
-    checks its size against the limits before decoding a pixel (``policy_server.camera_intake``)."""
+    checks its size against the limits before decoding a pixel (``policy_server.foundation.camera_intake``)."""
     frames = [value] if rank == 3 else list(value)
     if rank == 4 and not 1 <= len(frames) <= limits.max_clip_frames:
         raise ProtocolError(
@@ -377,7 +377,13 @@ def parse_cameras(
     frame: Mapping[str, Any], limits: FrameLimits, seq: int
 ) -> tuple[Frame | None, Clip | None, dict[str, Frame] | None]:
     """An observation's cameras as ``(image, video, images)``: exactly one of an ``image``, a ``video`` or
-    named ``images`` (1 to :data:`MAX_NAMED_CAMERAS`), each checked; the others are ``None``."""
+    named ``images`` (1 to :data:`MAX_NAMED_CAMERAS`), each checked; the others are ``None``.
+
+    This is the frame's form, the same whatever model serves it, checked as the frame is parsed: before a
+    session's settings are known (a frame without cameras is malformed, not a request of some mode) and before
+    anything is decoded. It cannot be the model's rule, which lives in ``cosmos3_runtime`` (the robot side
+    imports none of it): what a request's media mean (the mode they ask for, the medium a mode needs, a clip's
+    horizon) is resolved by the server's model description, once per request, with the same codes."""
     image = video = images = None
     if frame.get("images") is not None:
         named = str_keys(frame["images"], "images", seq) if isinstance(frame["images"], dict) else None

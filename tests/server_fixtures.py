@@ -1,6 +1,6 @@
 """Helpers for the server and client tests: a real tiny checkpoint, a real server, real sockets.
 
-Nothing here is a mock. ``ServerThread`` runs :class:`policy_server.server.PolicyServer` on its own
+Nothing here is a mock. ``ServerThread`` runs :class:`policy_server.assembly.server.PolicyServer` on its own
 event loop in a background thread (so tests can use blocking and asyncio clients alike) on
 127.0.0.1 with an ephemeral port; ``ServerProcess`` runs the ``cosmos3-serve`` command line in a
 subprocess (for signals and exit codes). ``DelayedEngine`` makes a real engine slower by a known amount
@@ -31,7 +31,7 @@ import numpy as np
 import psutil
 
 import policy_server  # noqa: F401  (first: sets OMP_WAIT_POLICY=PASSIVE before torch loads)
-from policy_server.cli import assemble_server, sidecar_of
+from policy_server.assembly.cli import assemble_server, sidecar_of
 from policy_server.server_settings import ServerSettings
 from policy_server.vla_eval import VlaEvalSettings
 from robot_clients.protocol import HEALTH_PATH, REALTIME_PATH
@@ -204,16 +204,19 @@ _HTTP_LISTENING = re.compile(r"HTTP sidecar listening on https?://[^ ]+:(\d+) ")
 
 
 class ServerProcess(LoopbackUrls):
-    """``python -m policy_server.cli`` in a subprocess, its stderr collected; the port parsed from it."""
+    """``python -m policy_server.assembly.cli`` in a subprocess, its stderr collected; the port parsed from it.
 
-    def __init__(self, *args: str, env: dict[str, str] | None = None) -> None:
+    ``command``: what runs instead of ``python -m policy_server.assembly.cli`` (the installed console script)."""
+
+    def __init__(self, *args: str, env: dict[str, str] | None = None, command: tuple[str, ...] | None = None) -> None:
         # The HTTP sidecar gets a free port and, unless the test names one, a data directory of its own,
         # so that test processes never share port 8001 or a job store.
         sidecar = [] if "--http-port" in args or "--no-http" in args else ["--http-port", "0"]
         if "--data-dir" not in args and "--no-http" not in args:
             self._data_dir = tempfile.TemporaryDirectory(prefix="policy-server-data-")
             sidecar += ["--data-dir", self._data_dir.name]
-        self.args = [sys.executable, "-m", "policy_server.cli", "--host", "127.0.0.1", "--port", "0", *sidecar, *args]
+        command = command or (sys.executable, "-m", "policy_server.assembly.cli")
+        self.args = [*command, "--host", "127.0.0.1", "--port", "0", *sidecar, *args]
         self.env = {**os.environ, **(env or {})}
         self.proc: subprocess.Popen | None = None
         self.lines: list[str] = []

@@ -9,7 +9,7 @@ from __future__ import annotations
 import pytest
 from sidecar_fixtures import png_b64, rgb
 
-from policy_server.api_errors import ApiError
+from policy_server.foundation.api_errors import ApiError
 from policy_server.http.requests import action_request
 from policy_server.sglang.actions import parse_action_envelope
 

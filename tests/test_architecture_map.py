@@ -4,7 +4,7 @@
   ``robot_clients/``) is named in the doc, and every module the doc names exists. The doc's convention,
   stated at its top: a module is named in backticks by its path inside its package (``sessions/native.py``
   is ``policy_server/sessions/native.py``), or from the repository root where two packages share that
-  path (``policy_server/cli.py``) or where the package is not obvious; a package's ``__init__.py`` by its
+  path (``cosmos3_runtime/cli.py``) or where the package is not obvious; a package's ``__init__.py`` by its
   folder (``sessions/``).
 - The doc's lists of the modules one observation passes through are what one really passes through. A
   real server runs in this process on the tiny checkpoint, the real client (ours for the native protocol,

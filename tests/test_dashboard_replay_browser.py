@@ -15,7 +15,7 @@ from server_fixtures import DOMAIN, ServerThread, tiny_engine_loader
 from test_dashboard_browser import CHROMIUM, eventually, page  # noqa: F401 - the browser fixture
 from websockets.asyncio.client import connect
 
-from policy_server.auth import TokenSet
+from policy_server.foundation.auth import TokenSet
 from policy_server.recording.feature import RecordingOptions
 from policy_server.sidecar_settings import SidecarSettings
 from robot_clients.wire_codec import packb, unpackb

@@ -1,5 +1,5 @@
 """Encoded camera frames: the robot's encoder (robot_clients.camera_frames) and the server's decoder
-(policy_server.camera_intake), including what the decoder refuses before it decodes anything."""
+(policy_server.foundation.camera_intake), including what the decoder refuses before it decodes anything."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from policy_server.camera_intake import (
+from policy_server.foundation.camera_intake import (
     MAX_JPEG_SCANS,
     ImageDecodePool,
     InvalidImage,

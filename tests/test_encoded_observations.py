@@ -17,7 +17,7 @@ from PIL import Image
 from server_fixtures import DOMAIN, ServerThread, rgb_image, tiny_engine_loader
 from websockets.asyncio.client import connect
 
-from policy_server.camera_intake import DecodeSlot
+from policy_server.foundation.camera_intake import DecodeSlot
 from policy_server.openpi_settings import OpenpiSettings
 from policy_server.sessions.openpi import openpi_arrays
 from robot_clients.protocol import DropReason, ProtocolError

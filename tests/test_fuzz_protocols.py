@@ -47,7 +47,7 @@ from settings_fuzz import check_honoured_or_refused, requests
 from websockets.exceptions import ConnectionClosed
 from websockets.sync.client import connect
 
-from policy_server.rate_limit import RateLimit
+from policy_server.foundation.rate_limit import RateLimit
 from policy_server.session_config import SessionConfig
 from robot_clients.protocol import ErrorCode
 from robot_clients.wire_codec import FRAME_MAX_DEPTH, FRAME_MAX_VALUES, packb, unpackb

@@ -29,7 +29,7 @@ from schemathesis.checks import not_a_server_error
 from server_fixtures import DOMAIN, ServerThread, tiny_engine_loader
 from sidecar_fixtures import png_b64, rgb
 
-from policy_server.auth import TokenSet
+from policy_server.foundation.auth import TokenSet
 from policy_server.sidecar_settings import RetentionPolicy, SidecarSettings
 
 TOKEN = "fuzz-token-7d1c"

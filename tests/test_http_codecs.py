@@ -14,7 +14,7 @@ import json
 import numpy as np
 import pytest
 
-from policy_server.api_errors import ApiError, HttpErrorCode
+from policy_server.foundation.api_errors import ApiError, HttpErrorCode
 from policy_server.http import codecs
 from policy_server.http.codecs import Upload, decode_image_bytes, encoded_image, to_image, to_video
 from robot_clients.protocol import ErrorCode, FrameLimits

@@ -14,8 +14,8 @@ import pytest
 from sglang_fixtures import base, distilled  # noqa: F401 - fixtures
 from sidecar_fixtures import png_b64, rgb
 
-from policy_server.api_errors import ApiError, HttpErrorCode
-from policy_server.camera_intake import model_frame_limits
+from policy_server.foundation.api_errors import ApiError, HttpErrorCode
+from policy_server.foundation.camera_intake import model_frame_limits
 from policy_server.http.requests import VIDEO_SETTINGS, action_request, actions_payload, video_submission
 from robot_clients.protocol import ErrorCode, FrameLimits
 
@@ -167,3 +167,31 @@ def test_frame_limits_of_the_model_bound_the_first_frame(distilled):
     tiny = FrameLimits(min_image_side=64, max_image_side=4096, max_clip_frames=65)
     error = refused(video_submission, _video_fields(), distilled, tiny)
     assert (error.code, error.field) == (ErrorCode.INVALID_IMAGE, "input_reference")
+
+
+def test_a_video_job_shows_the_sampler_settings_of_its_own_domain(tiny_checkpoint, tmp_path):
+    """A domain whose profile sets its own steps and guidance: the job object shows what the rollout runs
+    with, that domain's values (the engine resolves them so), not the default domain's."""
+    import json
+
+    from cosmos3_runtime.checkpoints import inspect_checkpoint
+    from cosmos3_runtime.description import EngineSpec, ModelDescription
+    from cosmos3_runtime.profiles import profiles_for_checkpoint
+    from cosmos3_runtime.requests import VideoRequest
+    from cosmos3_runtime.validation import job_for_video
+
+    checkpoint = tiny_checkpoint("base")
+    info = inspect_checkpoint(checkpoint)
+    profiles = tmp_path / "profiles.json"
+    other = "umi"  # 10 actions wide, as DOMAIN (the default domain) is
+    profiles.write_text(json.dumps({"domains": {other: {"num_steps": 7, "guidance_scale": 2.5}}}))
+    spec = EngineSpec.for_checkpoint(info, profiles_for_checkpoint(checkpoint, info, profiles))
+    description = ModelDescription.of_spec(spec, str(checkpoint))
+    assert description.defaults.domain_name == DOMAIN  # the default domain runs the variant's own sampler
+    assert (description.defaults.num_steps, description.defaults.guidance_scale) != (7, 2.5)
+    params = video_submission(_video_fields(seed=1, domain_name=other), description).params
+    shown = {**params, **params["resolved"]}  # what the job object reads
+    assert (shown["num_steps"], shown["guidance_scale"]) == (7, 2.5)
+    request = VideoRequest(domain_name=other, image=rgb(32), actions=np.zeros((8, 10), np.float32))
+    ran = job_for_video(request, description)[0].settings  # what the engine runs the rollout with
+    assert (ran.num_steps, ran.guidance_scale) == (7, 2.5)

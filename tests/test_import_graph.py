@@ -3,11 +3,10 @@
 - No import cycle among the modules of ``cosmos3_runtime``, ``policy_server`` and ``robot_clients``:
   every import counts, those under ``if TYPE_CHECKING:`` and those inside functions included, since a
   cycle hidden there is still two modules that cannot be understood (or moved) one without the other.
-- Packages import one way: no two packages import each other (:func:`mutual_imports`). A package here is
-  a subpackage (``policy_server.sessions``, ``policy_server.http``...), the top of the network side (the
-  modules the server is assembled and run by, :data:`TOP_MODULES`), or a package's own other modules, its
-  floor (``policy_server``'s ``context.py``, ``session_config.py``...). Between any two the imports run one
-  way, so each folder reads as one room.
+- Folders import one way: no two folders import each other (:func:`mutual_imports`). A folder here is a
+  subpackage (``policy_server.assembly``, ``policy_server.sessions``, ``policy_server.foundation``...) or a
+  package's own other modules, its floor (``policy_server``'s ``context.py``, ``session_config.py``...).
+  Between any two the imports run one way, so each folder reads as one floor, with no list of exceptions.
 - ``robot_clients`` imports neither ``policy_server`` nor ``cosmos3_runtime``: it is what a robot installs,
   and the dependency runs the other way (the server uses the client's codec and protocol).
 - Only the command line imports ``PolicyServer``: sessions, the sidecar and the backends see the server
@@ -33,10 +32,7 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 PACKAGES = ("cosmos3_runtime", "policy_server", "robot_clients")
 # The one module allowed to import PolicyServer: it builds the server from the command line.
-POLICY_SERVER_IMPORTERS = {"policy_server.cli"}
-# The network side's top: the server, its routing table and the command line that assembles them. They hang
-# from every room; nothing below imports them.
-TOP_MODULES = frozenset({"policy_server.cli", "policy_server.server", "policy_server.websocket_routes"})
+POLICY_SERVER_IMPORTERS = {"policy_server.assembly.cli"}
 
 
 def project_modules() -> dict[str, Path]:
@@ -157,10 +153,8 @@ def _cycle_through(start: str, group: set[str], graph: dict[str, set[str]]) -> l
 
 
 def package_of(module: str, subpackages: set[str]) -> str:
-    """The package ``module`` counts in for the one-way rule: its subpackage (the first two names, when they
-    are one), the top of the network side, or its package's floor (the package's own other modules)."""
-    if module in TOP_MODULES:
-        return "policy_server (top)"
+    """The folder ``module`` counts in for the one-way rule: its subpackage (the first two names, when they
+    are one), or its package's floor (the package's own other modules)."""
     subpackage = ".".join(module.split(".")[:2])
     return subpackage if subpackage in subpackages else module.split(".")[0] + " (floor)"
 
@@ -217,7 +211,7 @@ def test_two_packages_that_import_each_other_are_named():
         "p.a <-> p.b: p.a.x -> p.b.y; p.b.z -> p.a.w"
     ]
     assert mutual_imports({"p.a.x": {"p.b.y"}, "p.b.y": set()}, lambda module: package_of(module, {"p.a", "p.b"})) == []
-    assert package_of("policy_server.server", set()) == "policy_server (top)"
+    assert package_of("policy_server.assembly.server", {"policy_server.assembly"}) == "policy_server.assembly"
     assert package_of("policy_server.context", {"policy_server.sessions"}) == "policy_server (floor)"
 
 

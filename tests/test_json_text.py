@@ -1,4 +1,4 @@
-"""JSON text from a client is bounded before it is parsed (policy_server.json_text), sans I/O."""
+"""JSON text from a client is bounded before it is parsed (policy_server.foundation.json_text), sans I/O."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from policy_server.json_text import MAX_JSON_DEPTH, JsonTextError, json_depth, loads_bounded
+from policy_server.foundation.json_text import MAX_JSON_DEPTH, JsonTextError, json_depth, loads_bounded
 
 
 def test_depth_is_counted_outside_strings():

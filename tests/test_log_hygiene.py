@@ -5,7 +5,7 @@
 * a line repeated by a flood (each refused handshake, each ``accept()`` failing with EMFILE) is written
   ``burst`` times per interval, then summarised as "suppressed K similar lines".
 
-Unit tests drive :class:`policy_server.log_hygiene.LogHygieneFilter` directly (and asyncio's own EMFILE
+Unit tests drive :class:`policy_server.foundation.log_hygiene.LogHygieneFilter` directly (and asyncio's own EMFILE
 message through it); the end-to-end test floods a real ``cosmos3-serve`` process with refused handshakes
 and pauses a session with a reason that tries to forge a line.
 """
@@ -24,7 +24,7 @@ from server_fixtures import DOMAIN, ServerProcess
 from websockets.exceptions import InvalidStatus
 from websockets.sync.client import connect
 
-from policy_server.log_hygiene import LogHygieneFilter, printable
+from policy_server.foundation.log_hygiene import LogHygieneFilter, printable
 from policy_server.sessions.controls import parse_control
 from robot_clients.wire_codec import packb, unpackb
 
@@ -53,7 +53,7 @@ def test_printable_escapes_what_could_forge_a_line():
 def test_repeated_lines_pass_a_burst_then_are_summarised():
     log_filter = LogHygieneFilter(burst=3, interval_s=0.3)
     logger, stream, handler = capture("test.hygiene.repeat", log_filter)
-    summaries = logging.getLogger("policy_server.log_hygiene")
+    summaries = logging.getLogger("policy_server.foundation.log_hygiene")
     summaries.addHandler(handler)
     summaries.setLevel(logging.INFO)
     try:
@@ -137,12 +137,12 @@ def test_a_flood_of_refused_handshakes_writes_a_bounded_log(serving):
         with pytest.raises(InvalidStatus):
             connect(serving.url, proxy=None, open_timeout=10)
     serving.wait_for_log("suppressed 55 similar lines", timeout=20)
-    assert serving.log.count("policy_server.server: refused a handshake") == 5, serving.log[-3000:]
+    assert serving.log.count("policy_server.assembly.server: refused a handshake") == 5, serving.log[-3000:]
 
 
 def test_a_pause_reason_cannot_forge_a_log_line(serving):
     headers = {"Authorization": f"Bearer {TOKEN}"}
-    forged = "2026-01-01 00:00:00,000 ERROR policy_server.server: forged"
+    forged = "2026-01-01 00:00:00,000 ERROR policy_server.assembly.server: forged"
     with (
         connect(serving.url, additional_headers=headers, proxy=None, max_size=None) as robot,
         connect(f"ws://127.0.0.1:{serving.port}/v1/observe", additional_headers=headers, proxy=None) as obs,

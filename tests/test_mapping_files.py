@@ -7,7 +7,7 @@ import os
 
 import pytest
 
-from policy_server.mapping_files import MAX_MAPPING_BYTES
+from policy_server.foundation.mapping_files import MAX_MAPPING_BYTES
 from policy_server.openpi_settings import CameraMapping, CameraMappingError
 from policy_server.vla_eval.translation import MappingFileError, ObservationMapping
 

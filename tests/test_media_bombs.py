@@ -27,7 +27,7 @@ from server_fixtures import DOMAIN, ServerProcess, tiny_checkpoint
 from test_sidecar_memory_attacks import MIB, PEAK_LIMIT, PeakRss
 from websockets.asyncio.client import connect
 
-from policy_server.camera_intake import DecodedTooLarge, InvalidImage, check_media, decode_image
+from policy_server.foundation.camera_intake import DecodedTooLarge, InvalidImage, check_media, decode_image
 from policy_server.sessions.openpi import openpi_arrays
 from robot_clients.protocol import FrameLimits
 from robot_clients.wire_codec import packb, unpackb

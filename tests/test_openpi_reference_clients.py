@@ -32,7 +32,7 @@ from server_fixtures import ServerThread, tiny_engine_loader
 from websockets.exceptions import InvalidStatus
 from websockets.sync.client import connect
 
-from policy_server.auth import TokenSet
+from policy_server.foundation.auth import TokenSet
 from policy_server.openpi_settings import OpenpiSettings
 
 KEY = "robolab-key_5d1e"
@@ -167,7 +167,7 @@ def test_decode_video_answers_the_predicted_video_with_its_decode_time():
 
 def test_the_decode_video_flag_reaches_the_openpi_settings():
     """``cosmos3-serve --openpi-decode-video`` (the reference's ``--decode-video``) is off unless given."""
-    from policy_server.cli import _openpi_settings, build_parser
+    from policy_server.assembly.cli import _openpi_settings, build_parser
 
     on = _openpi_settings(build_parser().parse_args(["--tiny", "base", "--openpi-decode-video"]))
     off = _openpi_settings(build_parser().parse_args(["--tiny", "base"]))

@@ -408,7 +408,7 @@ def test_settings_used_are_the_resolved_settings_the_engine_ran_with(tiny_engine
 
 
 def test_the_openpi_mode_flag_is_trimmed_and_lower_cased(distilled):
-    from policy_server.cli import build_parser
+    from policy_server.assembly.cli import build_parser
     from policy_server.openpi_settings import OpenpiSettings
 
     args = build_parser().parse_args(["--tiny", "distilled", "--openpi-mode", " Inverse_Dynamics "])

@@ -18,7 +18,7 @@ pytest.importorskip("ray.serve", reason="the `ray` extra is not installed")
 from server_fixtures import DOMAIN, ServerThread, rgb_image, tiny_checkpoint, tiny_engine_loader  # noqa: E402
 from websockets.asyncio.client import connect  # noqa: E402
 
-from policy_server.cli import assemble_server  # noqa: E402
+from policy_server.assembly.cli import assemble_server  # noqa: E402
 from robot_clients.wire_codec import packb, unpackb  # noqa: E402
 
 SEED = 7

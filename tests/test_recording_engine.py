@@ -15,7 +15,7 @@ import pytest
 from recording_fixtures import DOMAIN, frame, only_recording, recorders  # noqa: F401 - fixture
 
 from cosmos3_runtime.requests import ActionRequest
-from policy_server.camera_intake import side_by_side
+from policy_server.foundation.camera_intake import side_by_side
 from policy_server.recording.replay import main as replay_main
 
 pytestmark = pytest.mark.timeout(300)

@@ -202,7 +202,7 @@ def _get(url: str, token: str | None = None) -> tuple[int, dict]:
 
 
 async def test_recordings_are_served_only_with_the_token_and_only_by_their_safe_names(tmp_path):
-    from policy_server.auth import TokenSet
+    from policy_server.foundation.auth import TokenSet
     from policy_server.sidecar_settings import SidecarSettings
 
     token = "recordings-token-0123456789"

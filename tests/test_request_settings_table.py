@@ -23,9 +23,9 @@ import numpy as np
 import pytest
 
 from cosmos3_runtime.requests import ActionRequest
-from policy_server import cli as cli_module
-from policy_server.api_errors import ApiError
-from policy_server.cli import build_parser
+from policy_server.assembly import cli as cli_module
+from policy_server.assembly.cli import build_parser
+from policy_server.foundation.api_errors import ApiError
 from policy_server.http.requests import ACTION_SETTINGS, VIDEO_SETTINGS, action_request, video_submission
 from policy_server.http.schemas import ActionGenerationParams, VideoCreateParams
 from policy_server.openpi_settings import OPENPI_SETTINGS, OpenpiSettings

@@ -34,8 +34,8 @@ from tls_fixtures import self_signed_certificate
 from websockets.asyncio.client import connect
 from websockets.exceptions import InvalidStatus
 
-from policy_server.auth import TokenConfigError, TokenSet
-from policy_server.cli import _ssl_context, build_parser
+from policy_server.assembly.cli import _ssl_context, build_parser
+from policy_server.foundation.auth import TokenConfigError, TokenSet
 from policy_server.sidecar_settings import SidecarSettings
 from robot_clients import AsyncPolicyClient
 from robot_clients.wire_codec import packb, unpackb

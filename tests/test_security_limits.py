@@ -17,7 +17,7 @@ from server_fixtures import DOMAIN, ServerThread, rgb_image, tiny_engine_loader
 from websockets.asyncio.client import connect
 from websockets.exceptions import ConnectionClosed, InvalidStatus
 
-from policy_server.rate_limit import RateLimit, TokenBucket
+from policy_server.foundation.rate_limit import RateLimit, TokenBucket
 from robot_clients.wire_codec import packb, unpackb
 
 MAX_SESSIONS = 2

@@ -25,7 +25,7 @@ from server_fixtures import DOMAIN, ServerThread, rgb_image, tiny_engine_loader
 from websockets.asyncio.client import connect
 from websockets.exceptions import ConnectionClosed, InvalidStatus
 
-from policy_server.connection_supervisor import SessionLimits
+from policy_server.foundation.connection_supervisor import SessionLimits
 from policy_server.sessions.observer import DETAIL_PROMPT_CHARS, LIST_PROMPT_CHARS
 from robot_clients.wire_codec import packb, unpackb
 

@@ -24,7 +24,7 @@ from server_fixtures import ServerThread, tiny_engine_loader
 from websockets.asyncio.client import connect
 from websockets.exceptions import InvalidStatus
 
-from policy_server.auth import OriginConfigError, OriginPolicy
+from policy_server.foundation.auth import OriginConfigError, OriginPolicy
 from policy_server.sidecar_settings import SidecarSettings
 from robot_clients.wire_codec import packb, unpackb
 

@@ -32,8 +32,8 @@ from websockets.asyncio.client import connect
 from websockets.exceptions import ConnectionClosed, InvalidStatus
 from websockets.protocol import State
 
-from policy_server.connection_supervisor import WRITE_LIMIT_BYTES, SessionLimits
-from policy_server.rate_limit import RateLimit
+from policy_server.foundation.connection_supervisor import WRITE_LIMIT_BYTES, SessionLimits
+from policy_server.foundation.rate_limit import RateLimit
 from policy_server.sessions.observation_rules import UNREAD_CHUNK_MESSAGE
 from robot_clients.wire_codec import packb, unpackb
 

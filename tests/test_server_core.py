@@ -1,10 +1,10 @@
 """The server's core serves robots with none of the optional features loaded.
 
-In a fresh interpreter, :class:`~policy_server.server.PolicyServer` is built directly (no command line, so
+In a fresh interpreter, :class:`~policy_server.assembly.server.PolicyServer` is built directly (no command line, so
 no dialect, no recording, no sidecar) on 127.0.0.1 with the tiny distilled checkpoint; a native session
 and an openpi session each get one observation answered with actions; then the interpreter's
 ``sys.modules`` must hold no module of SGLang's API, the recording, video jobs, Ray, the HTTP sidecar or
-vla-eval's protocol, and no pydantic: those are attached at the edge (``policy_server.cli.assemble_server``)
+vla-eval's protocol, and no pydantic: those are attached at the edge (``policy_server.assembly.cli.assemble_server``)
 or not at all.
 """
 
@@ -12,15 +12,20 @@ from __future__ import annotations
 
 import json
 import os
+import re
+import signal
 import socket
 import subprocess
 import sys
 import textwrap
+import time
+from pathlib import Path
 
 import pytest
-from server_fixtures import DOMAIN, REPO_ROOT, tiny_checkpoint
+from server_fixtures import DOMAIN, REPO_ROOT, ServerProcess, http_get, rgb_image, tiny_checkpoint
 
-from policy_server.cli import build_parser, server_from_args
+from policy_server.assembly.cli import build_parser, server_from_args
+from robot_clients.client import PolicyClient
 
 FEATURE_PACKAGES = ("policy_server.sglang", "policy_server.recording", "policy_server.videos", "policy_server.ray")
 FEATURE_PACKAGES += ("policy_server.http", "policy_server.vla_eval", "pydantic")
@@ -32,7 +37,7 @@ SCRIPT = textwrap.dedent(
     import numpy as np
     from websockets.asyncio.client import connect
 
-    from policy_server.server import PolicyServer
+    from policy_server.assembly.server import PolicyServer
     from policy_server.server_settings import ServerSettings
     from policy_server.sessions.openpi import openpi_arrays
     from policy_server.openpi_settings import OpenpiSettings
@@ -107,7 +112,7 @@ def test_a_websocket_only_server_serves_native_and_openpi_without_loading_a_feat
 async def test_a_start_that_fails_stops_the_features_it_had_started(tmp_path):
     """A taken WebSocket port fails the start after the features started: they are stopped again (here
     the recorder, whose writer thread would otherwise outlive the failed server)."""
-    from policy_server.cli import assemble_server
+    from policy_server.assembly.cli import assemble_server
     from policy_server.recording import RecorderState
     from policy_server.recording.feature import RecordingFeature, RecordingOptions
     from policy_server.server_settings import ServerSettings
@@ -124,47 +129,48 @@ async def test_a_start_that_fails_stops_the_features_it_had_started(tmp_path):
     assert feature.recorder.state is RecorderState.STOPPED
 
 
-COMMAND_SCRIPT = textwrap.dedent(
-    """
-    import asyncio, json, sys, tempfile
-    from pathlib import Path
-
-    import numpy as np
-    from websockets.asyncio.client import connect
-
-    from policy_server import cli
-    from robot_clients.wire_codec import packb, unpackb
-
-    checkpoint, domain, features = sys.argv[1], sys.argv[2], json.loads(sys.argv[3])
-    argv = ["--model", checkpoint, "--no-http", "--host", "127.0.0.1", "--port", "0", "--no-warmup"]
+# What the WebSocket-only command must never load: a module of one of these packages (imported, as the
+# interpreter reports every import: PYTHONPROFILEIMPORTTIME), or a shared library of one mapped into it.
+SIDECAR_PACKAGES = ("policy_server.http", "policy_server.videos", "policy_server.sglang", "pydantic", "fastapi")
+SIDECAR_LIBRARIES = ("pydantic_core", "fastapi", "uvicorn")
+_IMPORTED = re.compile(r"^import time:\s+\d+ \|\s+\d+ \| +(\S+)\s*$")
 
 
-    async def main():
-        server = cli.server_from_args(cli.build_parser().parse_args(argv), Path(tempfile.mkdtemp()))
-        image = np.random.default_rng(0).integers(0, 256, (64, 64, 3), dtype=np.uint8)
-        async with server:
-            async with connect(f"ws://127.0.0.1:{server.port}/v1/actions/realtime", compression=None) as ws:
-                hello = unpackb(await ws.recv())
-                await ws.send(packb({"type": "configure", "domain_name": domain, "action_horizon": 8, "seed": 0}))
-                await ws.recv()
-                await ws.send(packb({"type": "observation", "seq": 1, "image": image}))
-                chunk = unpackb(await asyncio.wait_for(ws.recv(), 120))
-        loaded = sorted(m for m in sys.modules if any(m == f or m.startswith(f + ".") for f in features))
-        print(json.dumps({"chunk": chunk["type"], "dialects": len(server.dialects), "loaded": loaded}))
-
-
-    asyncio.run(main())
-    """
-)
-
-
-def test_the_shipped_command_with_the_sidecar_off_loads_no_sidecar_no_sglang_and_no_pydantic():
-    """``cosmos3-serve --no-http`` as the command line assembles it (``cli.server_from_args``): it serves
-    a robot, and its interpreter never loaded the sidecar, video jobs, SGLang's dialect or pydantic."""
-    unwanted = ("policy_server.http", "policy_server.videos", "policy_server.sglang", "pydantic", "fastapi")
-    seen = _run_in_a_fresh_interpreter(COMMAND_SCRIPT, unwanted)
-    assert seen["chunk"] == "action_chunk" and seen["dialects"] == 0
-    assert seen["loaded"] == []
+def test_the_installed_command_with_the_sidecar_off_loads_no_sidecar_no_sglang_and_no_pydantic():
+    """The installed ``cosmos3-serve --tiny distilled --no-http`` (the console script, in a process of its own)
+    serves a robot a chunk; while it serves, no pydantic_core (or other sidecar library) is mapped into the
+    process (``/proc/<pid>/maps``), and by its graceful exit it never imported the sidecar, video jobs,
+    SGLang's dialect, pydantic or FastAPI (the interpreter's own report of every import)."""
+    command = Path(sys.executable).with_name("cosmos3-serve")
+    assert command.is_file(), f"{command}: the package is installed in this interpreter's environment"
+    env = {"PYTHONPROFILEIMPORTTIME": "1", "OMP_WAIT_POLICY": "PASSIVE"}
+    proc = ServerProcess("--tiny", "distilled", "--no-http", "--no-warmup", env=env, command=(str(command),)).start()
+    try:
+        deadline = time.monotonic() + 300
+        while http_get(proc.health_url)[1].get("status") != "ready":
+            assert time.monotonic() < deadline and proc.proc is not None and proc.proc.poll() is None, proc.log[-3000:]
+            time.sleep(0.2)
+        with PolicyClient(proc.url) as robot:
+            hello = robot.metadata
+            robot.configure(domain_name=DOMAIN, action_horizon=8, seed=0)
+            chunk = robot.infer({"image": rgb_image(64)}, timeout=120)
+            assert proc.proc is not None
+            mapped = Path(f"/proc/{proc.proc.pid}/maps").read_text()
+        proc.signal(signal.SIGTERM)
+        assert proc.wait(60) == 0, proc.log[-3000:]
+    finally:
+        proc.kill()
+    assert chunk.actions.shape[0] == 8
+    assert "policy_family" not in hello  # no dialect attached: the hello is the native protocol's alone
+    libraries = {line.split()[-1] for line in mapped.splitlines() if line.split()[-1].endswith(".so") or ".so." in line}
+    assert any("torch" in path for path in libraries)  # the maps are the serving process's: the model is in it
+    assert [path for path in libraries if any(name in path for name in SIDECAR_LIBRARIES)] == []
+    imported = [match.group(1) for line in proc.lines if (match := _IMPORTED.match(line))]
+    assert (
+        "policy_server.assembly.cli" in imported and "websockets" in imported
+    )  # the report covers the command's imports
+    unwanted = [name for name in imported if any(name == p or name.startswith(p + ".") for p in SIDECAR_PACKAGES)]
+    assert unwanted == []
 
 
 def test_sglangs_dialect_is_attached_by_its_flag_or_with_the_sidecar(tmp_path):

@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 
 from cosmos3_runtime.description import ModelDescription
+from policy_server.assembly.websocket_routes import Route, route
 from policy_server.session_config import SessionConfig, merge_session_config
 from policy_server.sessions.endpoints import EdgeEndpoints
-from policy_server.websocket_routes import Route, route
 from robot_clients.protocol import ErrorCode, ProtocolError
 
 
@@ -119,7 +119,7 @@ def test_a_features_paths_are_routed_only_when_it_is_served():
 def test_an_endpoint_cannot_take_a_path_the_server_or_another_endpoint_serves():
     from dataclasses import replace
 
-    from policy_server.server import PolicyServer
+    from policy_server.assembly.server import PolicyServer
     from policy_server.vla_eval import VlaEvalSettings
     from policy_server.vla_eval.session import vla_eval_endpoints
 

@@ -239,7 +239,7 @@ def test_the_chunker_holds_the_robot_while_paused(server):
 
 
 def test_the_authorize_hook_can_refuse_observers(server, monkeypatch):
-    import policy_server.server as server_module
+    import policy_server.assembly.server as server_module
 
     monkeypatch.setattr(server_module, "authorize", lambda request: (403, "observers need a token"))
     with pytest.raises(InvalidStatus) as refused:

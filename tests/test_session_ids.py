@@ -29,7 +29,7 @@ import websockets.sync.client
 from server_fixtures import REPO_ROOT, ServerThread, tiny_engine_loader
 from websockets.asyncio.client import connect
 
-from policy_server.auth import TokenSet
+from policy_server.foundation.auth import TokenSet
 from policy_server.openpi_settings import OpenpiSettings
 from policy_server.recording.feature import RecordingOptions
 from policy_server.recording.replay import RecordedEpisode

@@ -13,7 +13,7 @@ from sglang_envelopes import IMAGE, POLICY, envelope, parse, refused, requests_o
 from sglang_fixtures import base, case, distilled, droid, load_cases, materialize, sglang_packb  # noqa: F401
 from sidecar_fixtures import png_b64, png_bytes, rgb
 
-from policy_server.api_errors import ApiError
+from policy_server.foundation.api_errors import ApiError
 from policy_server.http.codecs import Upload
 from policy_server.sglang.actions import envelope_from_form, is_sglang_envelope
 from robot_clients.wire_codec import unpackb

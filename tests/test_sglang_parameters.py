@@ -17,7 +17,7 @@ from sglang_fixtures import base, distilled  # noqa: F401
 from sidecar_fixtures import png_b64, png_bytes
 
 from cosmos3_runtime.description import canvas_bins
-from policy_server.api_errors import ApiError
+from policy_server.foundation.api_errors import ApiError
 from policy_server.http.codecs import Upload
 from policy_server.sglang.actions import envelope_from_form, is_sglang_envelope, is_sglang_form
 

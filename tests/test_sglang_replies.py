@@ -12,7 +12,7 @@ from sglang_fixtures import chunk, distilled, load_cases, sglang_packb, sglang_u
 from sidecar_fixtures import png_b64, rgb
 
 from cosmos3_runtime.description import TierCanvas
-from policy_server.api_errors import ApiError
+from policy_server.foundation.api_errors import ApiError
 from policy_server.http.requests import action_request
 from policy_server.metadata import public_model_name
 from policy_server.sglang.actions import (

@@ -13,7 +13,7 @@ import pytest
 from sglang_fixtures import distilled, load_cases  # noqa: F401
 from sidecar_fixtures import actions, png_b64, png_bytes, rgb
 
-from policy_server.api_errors import ApiError
+from policy_server.foundation.api_errors import ApiError
 from policy_server.http.codecs import IMAGE_UPLOAD_TYPES, Upload, decode_multipart_fields
 from policy_server.http.requests import video_submission
 from policy_server.sglang.parameters import video_fields

@@ -4,7 +4,7 @@ Raw sockets against a real server: connections that send their headers a byte at
 stall mid-body, more connections than one address (or everyone) may hold, over-long headers, and
 handshakes on the WebSocket port that never send their request. Each is answered (408, 431, 503) and
 closed, or closed at once, by the deadlines and caps of ``policy_server.http.connections`` and
-``policy_server.connection_limits``. The last test exhausts a server process's file-descriptor limit
+``policy_server.foundation.connection_limits``. The last test exhausts a server process's file-descriptor limit
 through the sidecar and checks that robots can still connect.
 
 Source addresses 127.0.0.2, 127.0.0.3, ... stand for other hosts (Linux routes all of 127/8 to the

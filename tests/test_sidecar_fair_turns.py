@@ -21,8 +21,8 @@ import websockets.sync.client as ws_client
 from server_fixtures import DOMAIN
 from sidecar_fixtures import SidecarServer, engine_loader, png_b64, rgb, video_body, wait_for_job
 
-from policy_server.api_errors import ApiError
-from policy_server.auth import TokenSet
+from policy_server.foundation.api_errors import ApiError
+from policy_server.foundation.auth import TokenSet
 from policy_server.http.turns import InFlightLimit, client_identity
 from robot_clients.wire_codec import packb, unpackb
 

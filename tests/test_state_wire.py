@@ -19,7 +19,7 @@ from sidecar_fixtures import SidecarServer, error_of, png_b64, png_bytes
 from websockets.sync.client import connect
 
 from cosmos3_runtime.description import ModelDescription
-from policy_server.api_errors import ApiError
+from policy_server.foundation.api_errors import ApiError
 from policy_server.http.requests import action_request
 from policy_server.openpi_settings import CameraMapping, OpenpiSettings
 from policy_server.session_config import SessionConfig, observation_request

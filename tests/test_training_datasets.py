@@ -24,17 +24,11 @@ import pyarrow.parquet as pq
 import pytest
 from recording_fixtures import CONFIG, MODEL, REPO_ROOT, Traffic, chunk, record_traffic
 
-from cosmos3_runtime.lerobot_dataset import (
-    ANSWERED_KIND,
-    RESPONSE_KIND,
-    RESPONSE_KINDS,
-    DatasetError,
-    fill_template,
-    read_dataset,
-)
+from cosmos3_runtime.lerobot_dataset import DatasetError, fill_template, read_dataset
+from cosmos3_runtime.lerobot_layout import ANSWERED_KIND, DATA_PATH, RESPONSE_KIND, RESPONSE_KINDS
 from policy_server.recording import Recorder, RecorderSettings
 from policy_server.recording.demonstrations import Demonstration, write_dataset
-from policy_server.recording.lerobot_format import DATA_PATH, SCALAR_FEATURES
+from policy_server.recording.lerobot_format import SCALAR_FEATURES
 
 pytestmark = pytest.mark.timeout(300)
 

@@ -12,7 +12,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 NOT_OUR_FRAMES = {
-    "policy_server/auth.py": "ASGI messages (http.response.start, http.response.body)",
+    "policy_server/foundation/auth.py": "ASGI messages (http.response.start, http.response.body)",
     "policy_server/http/schemas.py": "JSON Schema of the OpenAPI document",
     "policy_server/http/bodies.py": "JSON Schema of the OpenAPI document",
     "policy_server/sglang/actions.py": "SGLang's action array (its `type: continuous`)",

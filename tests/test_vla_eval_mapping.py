@@ -11,8 +11,8 @@ import os
 
 import pytest
 
-from policy_server.cli import main
-from policy_server.mapping_files import MAX_MAPPING_BYTES
+from policy_server.assembly.cli import main
+from policy_server.foundation.mapping_files import MAX_MAPPING_BYTES
 from policy_server.vla_eval.translation import MappingFileError, ObservationMapping
 
 pytestmark = pytest.mark.timeout(60)

@@ -234,7 +234,7 @@ def test_vla_eval_episodes_are_recorded_like_other_sessions(tmp_path):
 def test_with_a_token_health_stays_open_and_the_rest_is_closed():
     from websockets.exceptions import InvalidStatus
 
-    from policy_server.auth import TokenSet
+    from policy_server.foundation.auth import TokenSet
 
     with ServerThread(tiny_engine_loader("distilled"), auth_tokens=TokenSet.load("s3cret", None)) as closed:
         assert http_get(f"http://127.0.0.1:{closed.port}/health")[:2] == (200, {"status": "ok"})
@@ -263,7 +263,7 @@ def test_without_vla_eval_its_paths_are_not_served():
 
 
 def test_the_rate_limit_counts_the_observations_that_reach_the_engine():
-    from policy_server.rate_limit import RateLimit
+    from policy_server.foundation.rate_limit import RateLimit
 
     settings = VlaEvalSettings(requested={"action_horizon": 8}, plan=ChunkPlan(ask_ahead=0))
     limited = RateLimit(rate_hz=1.0, burst=2)

@@ -69,7 +69,7 @@ from collections.abc import Callable, Hashable
 from dataclasses import dataclass, field
 from typing import Any, Protocol, TypeVar
 
-from cosmos3_runtime.errors import RuntimeErrorBase
+from cosmos3_runtime.errors import MissingMediumError, RuntimeErrorBase
 from cosmos3_runtime.requests import ActionRequest, ActionResult
 from robot_clients.protocol import CodedError, ErrorCode
 
@@ -102,18 +102,21 @@ class EngineLost(Exception):
     """
 
 
-def engine_error_code(runtime_code: str, field: str | None) -> str:
-    """The protocol code for an error the engine raised (``cosmos3_runtime.errors``).
+def engine_error_code(exc: RuntimeErrorBase) -> str:
+    """The protocol code for an error the engine's rules raised (``cosmos3_runtime.errors``).
 
     A value is wrong whoever finds it: the engine's ``invalid_request`` naming a field is the same
-    ``invalid_field`` the server answers when it finds the value wrong first. A checkpoint problem at
-    request time is the server's failure, not the client's.
+    ``invalid_field`` the server answers when it finds the value wrong first, and a request without the camera
+    input its mode needs (:class:`~cosmos3_runtime.errors.MissingMediumError`) lacks a field. A checkpoint
+    problem at request time is the server's failure, not the client's.
     """
-    if runtime_code == ErrorCode.INVALID_REQUEST and field is not None:
+    if isinstance(exc, MissingMediumError):
+        return ErrorCode.MISSING_FIELD
+    if exc.code == ErrorCode.INVALID_REQUEST and exc.field is not None:
         return ErrorCode.INVALID_FIELD
-    if runtime_code == "checkpoint_error":
+    if exc.code == "checkpoint_error":
         return ErrorCode.ENGINE_ERROR
-    return runtime_code
+    return exc.code
 
 
 def engine_failure(exc: BaseException, what: str, context: str) -> CodedError:
@@ -121,7 +124,7 @@ def engine_failure(exc: BaseException, what: str, context: str) -> CodedError:
     ``job``). The runtime's typed errors are the client's to see (a stable code, a message, a field); any
     other failure is ours: its traceback goes to the log (about ``context``), the client gets a reference."""
     if isinstance(exc, RuntimeErrorBase):
-        return CodedError(engine_error_code(exc.code, exc.field), exc.message, exc.field)
+        return CodedError(engine_error_code(exc), exc.message, exc.field)
     reference = uuid.uuid4().hex[:12]
     logger.error("the engine failed on %s (ref %s)", context, reference, exc_info=exc)
     return CodedError(

@@ -14,7 +14,7 @@ from typing import Any
 from fastapi import Request
 from pydantic import BaseModel
 
-from ..api_errors import ApiError, HttpErrorCode
+from ..foundation.api_errors import ApiError, HttpErrorCode
 from . import codecs as http_codecs
 from .codecs import Upload
 from .schemas import ErrorResponse

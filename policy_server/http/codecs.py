@@ -16,11 +16,11 @@ Action fields become T×D float32 (:func:`to_actions`). Image and clip fields be
 uint8 RGB (:func:`to_image`, :func:`to_video`), whatever form they came in: base64 text (or a ``data:``
 URL), encoded bytes, a multipart upload (:class:`Upload`), nested lists, or a uint8 array. Sizes are
 checked before anything big is built, because a few kilobytes can claim gigabytes: encoded images and
-clips pass the one media check every protocol uses (:mod:`policy_server.camera_intake`: headers,
+clips pass the one media check every protocol uses (:mod:`policy_server.foundation.camera_intake`: headers,
 frame count, decoded bytes), a video upload's frame count and sides come from its container or from
 ffmpeg's stream header, and the pixels they would decode to are checked against
 :attr:`FrameLimits.max_decoded_bytes` before the first pixel is decoded. Errors name the field
-(:class:`~policy_server.api_errors.ApiError`: ``invalid_image``, or ``payload_too_large`` for media over
+(:class:`~policy_server.foundation.api_errors.ApiError`: ``invalid_image``, or ``payload_too_large`` for media over
 the request's pixel budget).
 
 Nested-list JSON is bounded before it is parsed (:data:`DEFAULT_MAX_JSON_VALUES`: every element of a
@@ -47,8 +47,8 @@ import numpy as np
 from robot_clients.protocol import ErrorCode, FrameLimits
 from robot_clients.wire_codec import WireFormatError, WireLimitError, unpackb
 
-from ..api_errors import ApiError, HttpErrorCode
-from ..camera_intake import (
+from ..foundation.api_errors import ApiError, HttpErrorCode
+from ..foundation.camera_intake import (
     CameraSize,
     DecodedTooLarge,
     InvalidImage,
@@ -59,7 +59,7 @@ from ..camera_intake import (
     decode_clip,
     decode_image,
 )
-from ..json_text import JsonTextError, loads_bounded
+from ..foundation.json_text import JsonTextError, loads_bounded
 from ..sidecar_settings import DEFAULT_MAX_JSON_VALUES
 from ..videos.encoding import VideoEncodingError, read_video_bytes
 
@@ -313,7 +313,7 @@ def encoded_image(value: Any, field: str) -> bytes | None:
 
 def decode_image_bytes(data: bytes, field: str, limits: FrameLimits) -> np.ndarray:
     """An encoded PNG/JPEG/WebP image to H×W×3 uint8 RGB, its size checked before it is decoded (with
-    :mod:`policy_server.camera_intake`, the decoder the WebSocket sessions use)."""
+    :mod:`policy_server.foundation.camera_intake`, the decoder the WebSocket sessions use)."""
     with _as_api_error():
         check_media([(field, data)], limits)
         return decode_image(data, field, limits)

@@ -7,7 +7,7 @@ and then (a slowloris) held them for minutes, before any token was checked; a th
 process's file descriptors, so robots could not connect either. :func:`guarded_protocol` wraps the
 protocol class uvicorn would use, adding, before the application sees anything:
 
-* a cap on connections per sidecar and per peer address (:class:`~policy_server.connection_limits.
+* a cap on connections per sidecar and per peer address (:class:`~policy_server.foundation.connection_limits.
   PeerCounter`): one past it is answered ``503`` ``too_many_connections`` and closed at once;
 * a deadline for a request's headers (from the connection's start, or from the previous response on
   a kept-alive connection) and a byte bound on them: ``408`` / ``431`` and closed;
@@ -32,8 +32,8 @@ from collections.abc import Callable
 from http import HTTPStatus
 from typing import Any
 
-from ..api_errors import HttpErrorCode
-from ..connection_limits import PeerCounter, peer_address
+from ..foundation.api_errors import HttpErrorCode
+from ..foundation.connection_limits import PeerCounter, peer_address
 from ..sidecar_settings import SidecarConnectionLimits
 
 logger = logging.getLogger(__name__)

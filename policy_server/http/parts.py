@@ -9,9 +9,9 @@ from typing import Any
 from cosmos3_runtime.description import ModelDescription
 from robot_clients.protocol import FrameLimits
 
-from ..api_errors import ApiError, HttpErrorCode
-from ..camera_intake import model_frame_limits
 from ..context import ServerContext
+from ..foundation.api_errors import ApiError, HttpErrorCode
+from ..foundation.camera_intake import model_frame_limits
 from ..metrics import ServerMetrics
 from ..sidecar_settings import SidecarSettings
 from ..videos.job_store import VideoJobStore

@@ -5,8 +5,8 @@ that would fail minutes later: every check that depends on the model (domain, ac
 tier, view point, the distilled schedule) is made here against the engine's ``describe()``. The engine
 checks again when it runs a request (it is the authority); these are the early, cheap answers.
 
-Action generations reuse the native session's settings rules (:func:`merge_session_config`), so a
-request the WebSocket would refuse is refused here with the same code. SGLang's bodies on the same routes
+Action generations reuse the native session's settings rules (:func:`request_config`, the model's one resolve),
+so a request the WebSocket would refuse is refused here with the same code. SGLang's bodies on the same routes
 (``docs/sglang.md``, "Telling the dialects apart") are told apart here and turned into engine requests by
 the same checks, their errors naming the client's fields; the translation itself is
 :mod:`policy_server.sglang` (pure functions).
@@ -14,7 +14,6 @@ the same checks, their errors naming the client's fields; the translation itself
 
 from __future__ import annotations
 
-import dataclasses
 import secrets
 from dataclasses import dataclass
 from typing import Any, TypeVar
@@ -22,16 +21,16 @@ from typing import Any, TypeVar
 import numpy as np
 from pydantic import BaseModel, ValidationError
 
-from cosmos3_runtime.description import ModelDescription
+from cosmos3_runtime.description import Media, ModelDescription
 from cosmos3_runtime.errors import RuntimeErrorBase
-from cosmos3_runtime.requests import ActionRequest
+from cosmos3_runtime.requests import ActionRequest, ResolvedSettings
 from robot_clients.client_frames import REQUEST_SETTINGS, ObservationFrame, parse_state
 from robot_clients.protocol import ErrorCode, FrameLimits, ProtocolError
 
-from ..api_errors import ApiError
-from ..camera_intake import DEFAULT_MAX_DECODED_BYTES, model_frame_limits
+from ..foundation.api_errors import ApiError
+from ..foundation.camera_intake import DEFAULT_MAX_DECODED_BYTES, model_frame_limits
 from ..metadata import public_model_name
-from ..session_config import check_settings, merge_session_config
+from ..session_config import request_config, resolve_settings
 from ..sglang.actions import (
     FORM_UPLOADS,
     ActionCall,
@@ -84,15 +83,11 @@ def _check_model(name: str | None, description: ModelDescription) -> None:
         raise ApiError(ErrorCode.INVALID_FIELD, f"this server serves {served!r}, not {name!r}", "model")
 
 
-def _domain_name(name: str | None, description: ModelDescription) -> str:
-    """The embodiment a request names, else the model's default one (checked with the other settings)."""
-    return name or description.defaults.domain_name or ""
-
-
-def _check_settings(settings: dict[str, Any], description: ModelDescription, *, modes: bool) -> None:
-    """The server's one settings check (the sessions'), answered as a 400 naming the field."""
+def _resolved(settings: dict[str, Any], description: ModelDescription, media: Media, output: str) -> ResolvedSettings:
+    """The server's one resolve of a request's settings and shape (the sessions'), answered as a 400 naming the
+    field."""
     try:
-        check_settings(settings, description, modes=modes)
+        return resolve_settings(settings, description, media, output=output)
     except ProtocolError as exc:
         raise ApiError.of(exc) from None
 
@@ -126,11 +121,11 @@ def video_submission(
     _route_mode(fields, VIDEOS_PATH, description)
     params = _validate(VideoCreateParams, fields)
     _check_model(params.model, description)
-    domain_name = _domain_name(params.domain_name, description)
-    params.domain_name = domain_name
-    # The endpoint is the mode: check_settings leaves it alone.
-    _check_settings(params.model_dump(include=set(VIDEO_SETTINGS)), description, modes=False)
-    domain = description.domains[domain_name]
+    # The endpoint is the mode; the rollout's horizon is its action rows (checked below).
+    settings = {**params.model_dump(include=set(VIDEO_SETTINGS)), "action_mode": VIDEO_MODE}
+    resolved = _resolved(settings, description, Media(image=True), output="video")
+    params.domain_name = resolved.domain_name
+    domain = description.domains[resolved.domain_name]
 
     action = to_actions(params.action, "action")
     width = domain.raw_action_dim
@@ -157,12 +152,13 @@ def video_submission(
     if params.seed is None:  # drawn now and stored, so that a job re-run after a restart gives the same video
         params.seed = secrets.randbelow(SEED_LIMIT)
     settings = params.model_dump(include=set(VIDEO_SETTINGS))
-    defaults = dataclasses.asdict(description.defaults)
-    # What the engine's defaults make of the settings left unset, for the job object to show.
+    # What the settings left unset resolve to, for the job object to show: the job's domain's defaults, as the
+    # engine resolves them when it runs the job (cosmos3_runtime.validation.job_for_video).
+    used = resolved.as_json()
     shown = {
-        name: defaults[name]
+        name: used[name]
         for name, value in settings.items()
-        if value is None and name in defaults and name in VideoJobObject.model_fields
+        if value is None and name in used and name in VideoJobObject.model_fields
     }
     stored = {
         "model": public_model_name(description.model),
@@ -178,38 +174,31 @@ def action_request(
 ) -> ActionRequest:
     """Check a ``POST /v1/actions/generations`` body and build its engine request.
 
-    The settings go through the native session's rules (:func:`merge_session_config`), so every field
-    is checked with the engine's limits and refused with the same code as over the WebSocket; the mode,
-    when unset, follows the media (a ``video`` asks for ``inverse_dynamics``). ``media_limits``: as for
-    :func:`video_submission`.
+    The settings and the media as sent go through the native session's rules (:func:`request_config`: the
+    model's one resolve), so every field is checked with the engine's limits and refused with the same code as
+    over the WebSocket; the mode, when unset, follows the media (a ``video`` asks for ``inverse_dynamics``).
+    ``media_limits``: as for :func:`video_submission`.
     """
     _route_mode(fields, ACTION_GENERATIONS_PATH, description)
     params = _validate(ActionGenerationParams, fields)
     _check_model(params.model, description)
     settings = params.model_dump(include=set(ACTION_SETTINGS), exclude_none=True)
-    settings["domain_name"] = _domain_name(params.domain_name, description)
-    # An unknown domain is refused before any media is decoded; merge_session_config checks the rest.
-    _check_settings({"domain_name": settings["domain_name"]}, description, modes=True)
+    # Asked before any media is decoded, with the media as sent: an unknown domain, a missing medium or two of
+    # them are refused without decoding one.
+    try:
+        config, resolved = request_config(
+            settings, description, Media(image=params.image is not None, video=params.video is not None)
+        )
+    except ProtocolError as exc:
+        raise ApiError.of(exc) from None
     limits = media_limits or model_frame_limits(description.limits, DEFAULT_MAX_DECODED_BYTES)
-    image = video = prefix = None
-    if params.image is not None and params.video is not None:
-        raise ApiError(ErrorCode.INVALID_FIELD, "send either `image` or `video`, not both", "video")
-    if params.image is not None:
-        image = to_image(params.image, "image", limits)
-    elif params.video is not None:
-        video = to_video(params.video, "video", limits)
-    elif params.action_mode == "inverse_dynamics":
-        raise ApiError(ErrorCode.MISSING_FIELD, "inverse_dynamics needs a `video` (T×H×W×3)", "video")
-    else:
-        raise ApiError(ErrorCode.MISSING_FIELD, "policy needs an `image` (H×W×3) or a `video`", "image")
-    if params.prefix_actions is not None:
-        prefix = to_actions(params.prefix_actions, "prefix_actions")
+    image = to_image(params.image, "image", limits) if params.image is not None else None
+    video = to_video(params.video, "video", limits) if params.video is not None else None
+    prefix = to_actions(params.prefix_actions, "prefix_actions") if params.prefix_actions is not None else None
     try:
         state = None if params.state is None else parse_state(params.state)
-        config = merge_session_config(None, settings, description)
-        return config.action_request(
-            ObservationFrame(seq=0, image=image, video=video, prefix_actions=prefix, state=state), description
-        )
+        obs = ObservationFrame(seq=0, image=image, video=video, prefix_actions=prefix, state=state)
+        return config.action_request(obs, description, resolved)
     except ProtocolError as exc:
         raise ApiError.of(exc) from None
 

@@ -46,11 +46,11 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from robot_clients.protocol import ErrorCode
 
-from ..api_errors import ApiError, HttpErrorCode
-from ..auth import FORBIDDEN_ORIGIN_CODE, UNAUTHORIZED_CODE, BearerAuthMiddleware, OriginCheckMiddleware
-from ..connection_limits import ACCEPT_BURST, PeerCounter, capped_to_descriptors
 from ..context import ServerContext
 from ..dashboard_files import CONFIG_NAME, DASHBOARD_HEADERS, DASHBOARD_PATH, dashboard_asset, dashboard_config
+from ..foundation.api_errors import ApiError, HttpErrorCode
+from ..foundation.auth import FORBIDDEN_ORIGIN_CODE, UNAUTHORIZED_CODE, BearerAuthMiddleware, OriginCheckMiddleware
+from ..foundation.connection_limits import ACCEPT_BURST, PeerCounter, capped_to_descriptors
 from ..metrics import ServerMetrics, ServerStateReaders
 from ..sidecar_settings import SidecarConnectionLimits, SidecarSettings
 from ..videos.job_store import VideoJobStatus, VideoJobStore
@@ -269,7 +269,7 @@ class UvicornServing:
         self.socket = sock
         config = uvicorn.Config(
             # log_config=None: uvicorn's records go through the process's handlers (and their filters,
-            # policy_server.log_hygiene), not a handler of its own.
+            # policy_server.foundation.log_hygiene), not a handler of its own.
             app,
             lifespan="off",
             log_level="warning",

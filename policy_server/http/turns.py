@@ -14,7 +14,7 @@ answer), so if each request were a session of its own, one client with 16 reques
   body is read, so a refusal costs no decoding.
 
 **Who is a client.** With authentication on, the bearer token the request was admitted with (its id
-from :class:`~policy_server.auth.BearerAuthMiddleware`, never the token itself): tokens are what the
+from :class:`~policy_server.foundation.auth.BearerAuthMiddleware`, never the token itself): tokens are what the
 server trusts, and every holder of one token shares its turn and its bound. Without authentication, the
 peer's IP address: every client behind one proxy or NAT is then one client (turn authentication on in
 that setup; the server never trusts ``X-Forwarded-For``).
@@ -26,8 +26,8 @@ import contextlib
 from collections.abc import Iterator, Mapping
 from typing import Any
 
-from ..api_errors import ApiError, HttpErrorCode
-from ..auth import TOKEN_ID_SCOPE_KEY
+from ..foundation.api_errors import ApiError, HttpErrorCode
+from ..foundation.auth import TOKEN_ID_SCOPE_KEY
 from ..sidecar_settings import DEFAULT_MAX_IN_FLIGHT
 
 RETRY_AFTER_S = 1

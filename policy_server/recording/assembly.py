@@ -30,21 +30,25 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from cosmos3_runtime.mp4_header import probe_video_header
-
-from .. import durable_files
-from ..videos.encoding import VideoEncodingError, check_mp4_structure
-from .lerobot_format import (
+from cosmos3_runtime.lerobot_layout import (
+    ANSWERED_KIND,
     DATA_PATH,
     EPISODES_PATH,
     INFO_PATH,
+    RESPONSE_KIND,
+    STATS_PATH,
+    TASKS_PATH,
+)
+from cosmos3_runtime.mp4_header import probe_video_header
+
+from ..foundation import durable_files
+from ..videos.encoding import VideoEncodingError, check_mp4_structure
+from .lerobot_format import (
     NO_VALUE,
     SEGMENT_COMMIT,
     SEGMENT_ROWS,
     SEGMENTS_DIR,
     SESSION_JSON,
-    STATS_PATH,
-    TASKS_PATH,
     EpisodeLayout,
     column,
     data_schema,
@@ -252,7 +256,7 @@ def assemble(folder: Path) -> AssembledEpisode | None:
         target.parent.mkdir(parents=True, exist_ok=True)
         join_segments([(segment / f"{key}.mp4", n) for segment, n in zip(segments, frame_counts)], target)
 
-    answered = np.array(rows.column("response.kind").to_pylist()) == "chunk"
+    answered = np.array(rows.column(RESPONSE_KIND).to_pylist()) == ANSWERED_KIND
     client_times = column_values(rows.column("observation.client_timestamp"), (1,))
     kept = {
         "action": answered,

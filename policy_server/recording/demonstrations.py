@@ -29,6 +29,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from cosmos3_runtime.lerobot_layout import DATA_PATH, EPISODES_PATH, INFO_PATH, STATS_PATH, TASKS_PATH
 from robot_clients.sim.gym_bridge import load_demonstrations
 
 from . import lerobot_format as fmt
@@ -89,21 +90,21 @@ def write_dataset(
     schema = pa.schema([pa.field(CAMERA_KEY, _IMAGE_TYPE), *schema], metadata={"huggingface": json.dumps(hf)})
     columns = [pa.array([{"bytes": b, "path": None} for b in images], _IMAGE_TYPE)]
     columns += [fmt.column(values[name], features[name]) for name in features]
-    (out / "meta" / "episodes" / "chunk-000").mkdir(parents=True, exist_ok=False)
-    (out / "data" / "chunk-000").mkdir(parents=True)
-    pq.write_table(pa.Table.from_arrays(columns, schema=schema), out / fmt.DATA_PATH)
+    (out / EPISODES_PATH).parent.mkdir(parents=True, exist_ok=False)
+    (out / DATA_PATH).parent.mkdir(parents=True)
+    pq.write_table(pa.Table.from_arrays(columns, schema=schema), out / DATA_PATH)
 
     episodes = len(demonstrations)
     image_feature = {"dtype": "image", "shape": (height, width_px, 3), "names": ["height", "width", "channels"]}
     all_features = {CAMERA_KEY: image_feature, **features}
     info = fmt.info_json(all_features, fps, frames, 1, robot_type)
     info.update(total_episodes=episodes, splits={"train": f"0:{episodes}"})
-    (out / fmt.INFO_PATH).write_text(json.dumps(info, indent=4))
+    (out / INFO_PATH).write_text(json.dumps(info, indent=4))
     stats = {name: fmt.numeric_stats(values[name]) for name in ("observation.state", "action")}
-    (out / fmt.STATS_PATH).write_text(
+    (out / STATS_PATH).write_text(
         json.dumps({f: {k: np.asarray(v).tolist() for k, v in s.items()} for f, s in stats.items()}, indent=4)
     )
-    pq.write_table(fmt.tasks_table([task]), out / fmt.TASKS_PATH)
+    pq.write_table(fmt.tasks_table([task]), out / TASKS_PATH)
     starts = np.concatenate([[0], np.cumsum(lengths)])
     rows = [
         {
@@ -119,7 +120,7 @@ def write_dataset(
         }
         for k in range(episodes)
     ]
-    pq.write_table(pa.Table.from_pylist(rows), out / fmt.EPISODES_PATH)
+    pq.write_table(pa.Table.from_pylist(rows), out / EPISODES_PATH)
     successes = sum(d.success for d in demonstrations)
     return {"episodes": episodes, "frames": frames, "expert_success": successes / max(episodes, 1)}
 

@@ -30,10 +30,11 @@ from typing import Any, TextIO
 import numpy as np
 import pyarrow as pa
 
+from cosmos3_runtime.lerobot_layout import ANSWERED_KIND, DROPPED_KIND, ERROR_KIND, RESPONSE_KIND, UNANSWERED_KIND
 from robot_clients.client_frames import REQUEST_SETTINGS
 
-from .. import durable_files
-from ..camera_intake import side_by_side
+from ..foundation import durable_files
+from ..foundation.camera_intake import side_by_side
 from ..videos.encoding import encode_mp4
 from .assembly import MIN_SEGMENT_FRAMES
 from .events import EpisodeStart, ObservationRecord, RowOutcome
@@ -61,6 +62,10 @@ REQUEST_FIELDS = (
     *(setting.name for setting in REQUEST_SETTINGS if setting.recorded),
     "guidance_interval",  # the engine's, set by no client: recorded so that a replay sends the same request
 )
+
+
+# The count an episode's summary keeps of each answered kind of row.
+COUNTED_AS = {ANSWERED_KIND: "chunks", DROPPED_KIND: "dropped", ERROR_KIND: "errors"}
 
 
 class UnrecordableObservation(ValueError):
@@ -260,7 +265,7 @@ class EpisodeWriter:
         """Give row ``seq`` its outcome; ``False`` if no waiting row has that seq (already flushed, or
         never recorded: the caller logs the outcome instead)."""
         row = self.by_seq.get(seq)
-        if row is None or row.outcome.kind != "unanswered":
+        if row is None or row.outcome.kind != UNANSWERED_KIND:
             return False
         if (
             outcome.actions is not None
@@ -270,7 +275,7 @@ class EpisodeWriter:
             # Not a chunk the episode can hold: recorded as an error, so that no reader trains on it or
             # counts it in the action statistics.
             outcome = RowOutcome(
-                "error",
+                ERROR_KIND,
                 "shape_mismatch",
                 f"the chunk's shape {tuple(outcome.actions.shape)} is not the episode's "
                 f"{tuple(self.layout.action_shape)}",
@@ -301,7 +306,7 @@ class EpisodeWriter:
             return segment_frames
         answered = 0
         for row in self.rows[:segment_frames]:
-            if row.outcome.kind == "unanswered":
+            if row.outcome.kind == UNANSWERED_KIND:
                 break
             answered += 1
         if answered == segment_frames or flush_interval_s is None:
@@ -337,8 +342,10 @@ class EpisodeWriter:
         self.frames_flushed += len(rows)
         self._forget(rows)
         for row in rows:
-            if row.outcome.kind != "unanswered":
-                self.counts[{"chunk": "chunks", "dropped": "dropped", "error": "errors"}[row.outcome.kind]] += 1
+            if row.outcome.kind != UNANSWERED_KIND:
+                self.counts[
+                    {ANSWERED_KIND: "chunks", DROPPED_KIND: "dropped", ERROR_KIND: "errors"}[row.outcome.kind]
+                ] += 1
         return directory_bytes(folder)
 
     def discard_buffer(self) -> int:
@@ -381,7 +388,7 @@ class EpisodeWriter:
                 [NO_VALUE if r.client_timestamp is None else r.client_timestamp for r in rows], dtype=np.float64
             ),
             "observation.request": [request_json(r.request, r.cameras) for r in rows],
-            "response.kind": [o.kind for o in outcomes],
+            RESPONSE_KIND: [o.kind for o in outcomes],
             "response.reason": [o.reason for o in outcomes],
             "response.message": [o.message for o in outcomes],
             "response.seed": np.array([-1 if o.seed is None else o.seed for o in outcomes], dtype=np.int64),

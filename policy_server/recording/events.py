@@ -19,6 +19,7 @@ from typing import Any
 
 import numpy as np
 
+from cosmos3_runtime.lerobot_layout import UNANSWERED_KIND
 from cosmos3_runtime.requests import ActionRequest
 
 
@@ -131,7 +132,7 @@ EpisodeEvent = (
 class RowOutcome:
     """How an observation was answered, as the dataset row records it (filled on the writer thread)."""
 
-    kind: str = "unanswered"  # chunk | dropped | error | unanswered
+    kind: str = UNANSWERED_KIND  # one of RESPONSE_KINDS
     reason: str = ""
     message: str = ""
     actions: np.ndarray | None = None

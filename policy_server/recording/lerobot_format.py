@@ -3,14 +3,9 @@
 This mirrors LeRobot's own writer (``lerobot/datasets/lerobot_dataset.py`` and ``utils.py``, published
 standalone as ``lerobot-dataset`` 0.4.4, ``CODEBASE_VERSION = "v3.0"``) so that LeRobot's
 ``LeRobotDataset`` loads a recording as one of its own (``tests/test_recording_lerobot.py`` checks it with
-the real package):
+the real package). Its paths and the ``response.kind`` column's kinds are spelled once, in
+:mod:`cosmos3_runtime.lerobot_layout`, for the trainer that reads them too; the recorder adds its own files:
 
-    meta/info.json                                  codebase_version, fps, features, path templates
-    meta/stats.json                                 per-feature statistics
-    meta/tasks.parquet                              task strings (the pandas index) -> task_index
-    meta/episodes/chunk-000/file-000.parquet        one row per episode: lengths, file indices, stats
-    data/chunk-000/file-000.parquet                 one row per frame
-    videos/<video key>/chunk-000/file-000.mp4       one H.264 MP4 per camera
     meta/cosmos3/session.json                       the recorder's own: session, configuration, model,
                                                     layout, why and when the episode ended, frames lost
     meta/cosmos3/events.jsonl                       drops, errors, reconfigurations, notes; one a line
@@ -43,21 +38,20 @@ import numpy.typing as npt
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from ..durable_files import replacing
+from cosmos3_runtime.lerobot_layout import (
+    CODEBASE_VERSION,
+    DATA_PATH_TEMPLATE,
+    RESPONSE_KIND,
+    VIDEO_PATH_TEMPLATE,
+)
 
-CODEBASE_VERSION = "v3.0"
+from ..foundation.durable_files import replacing
+
 # LeRobot's defaults for how many files a chunk folder holds and how big files grow before a new one.
 CHUNKS_SIZE = 1000
 DATA_FILES_SIZE_IN_MB = 100
 VIDEO_FILES_SIZE_IN_MB = 200
 
-INFO_PATH = "meta/info.json"
-STATS_PATH = "meta/stats.json"
-TASKS_PATH = "meta/tasks.parquet"
-EPISODES_PATH = "meta/episodes/chunk-000/file-000.parquet"
-DATA_PATH_TEMPLATE = "data/chunk-{chunk_index:03d}/file-{file_index:03d}.parquet"
-VIDEO_PATH_TEMPLATE = "videos/{video_key}/chunk-{chunk_index:03d}/file-{file_index:03d}.mp4"
-DATA_PATH = DATA_PATH_TEMPLATE.format(chunk_index=0, file_index=0)
 
 VIDEO_KEY_PREFIX = "observation.images."
 
@@ -85,7 +79,7 @@ SCALAR_FEATURES: dict[str, dict[str, Any]] = {
     # The engine request made of this observation (settings, prefix actions, which camera fed the
     # model), as JSON: what cosmos3-replay sends again.
     "observation.request": {"dtype": "string", "shape": (1,), "names": None},
-    "response.kind": {"dtype": "string", "shape": (1,), "names": None},
+    RESPONSE_KIND: {"dtype": "string", "shape": (1,), "names": None},
     "response.reason": {"dtype": "string", "shape": (1,), "names": None},
     "response.message": {"dtype": "string", "shape": (1,), "names": None},
     "response.seed": {"dtype": "int64", "shape": (1,), "names": None},

@@ -36,19 +36,24 @@ from typing import Any
 import numpy as np
 import pyarrow.parquet as pq
 
+from cosmos3_runtime.lerobot_layout import (
+    ANSWERED_KIND,
+    CODEBASE_VERSION,
+    DATA_PATH,
+    INFO_PATH,
+    RESPONSE_KIND,
+    TASKS_PATH,
+)
 from cosmos3_runtime.requests import ActionRequest
 from robot_clients.client_frames import ACTION_MODE, FPS, REQUEST_SETTINGS
 
-from ..camera_intake import side_by_side
-from ..durable_files import read_lines
+from ..foundation.camera_intake import side_by_side
+from ..foundation.durable_files import read_lines
 from .assembly import column_values
 from .episode_writer import REQUEST_FIELDS
 from .lerobot_format import (
-    CODEBASE_VERSION,
-    DATA_PATH,
     EVENTS_JSONL,
     FORMAT_NAME,
-    INFO_PATH,
     NO_VALUE,
     SESSION_JSON,
     TIMING_NAMES,
@@ -69,10 +74,10 @@ class RecordedRow:
     seq: int
     received_at: float  # seconds since the episode started
     request: dict[str, Any] | None  # the engine request's settings (see episode_writer.request_json)
-    kind: str  # chunk | dropped | error | unanswered
+    kind: str  # one of RESPONSE_KINDS
     reason: str
     message: str
-    actions: np.ndarray | None  # (horizon, action_dim) float32 when kind == "chunk"
+    actions: np.ndarray | None  # (horizon, action_dim) float32 when kind is ANSWERED_KIND
     seed: int | None
     timing_ms: dict[str, float | None]
     task: str
@@ -115,7 +120,7 @@ class RecordedEpisode:
                 "observation.seq",
                 "observation.received_at",
                 "observation.request",
-                "response.kind",
+                RESPONSE_KIND,
                 "response.reason",
                 "response.message",
                 "response.seed",
@@ -124,7 +129,7 @@ class RecordedEpisode:
         }
         rows = []
         for i in range(data.num_rows):
-            kind = columns["response.kind"][i]
+            kind = columns[RESPONSE_KIND][i]
             seed = columns["response.seed"][i]
             rows.append(
                 RecordedRow(
@@ -135,7 +140,7 @@ class RecordedEpisode:
                     kind=kind,
                     reason=columns["response.reason"][i],
                     message=columns["response.message"][i],
-                    actions=actions[i] if kind == "chunk" else None,
+                    actions=actions[i] if kind == ANSWERED_KIND else None,
                     seed=None if seed < 0 else seed,
                     timing_ms={
                         name: None if value == NO_VALUE else float(value)
@@ -147,7 +152,7 @@ class RecordedEpisode:
         return rows
 
     def _tasks(self) -> dict[int, str]:
-        table = pq.read_table(self.path / "meta" / "tasks.parquet")
+        table = pq.read_table(self.path / TASKS_PATH)
         return dict(zip(table.column("task_index").to_pylist(), table.column("__index_level_0__").to_pylist()))
 
     def frames(self) -> Iterator[dict[str, np.ndarray]]:
@@ -199,7 +204,7 @@ class ChunkComparison:
 
     seq: int
     frame_index: int
-    recorded: str  # the recorded outcome: chunk | dropped | error | unanswered
+    recorded: str  # the recorded outcome, one of RESPONSE_KINDS
     status: str  # compared | replayed | error | skipped
     max_abs_diff: float | None = None
     mean_abs_diff: float | None = None
@@ -301,7 +306,7 @@ def replay(
     for row, frames in zip(episode.rows(), episode.frames()):
         if limit is not None and len(report.chunks) >= limit:
             break
-        if row.kind != "chunk" and not all_observations:
+        if row.kind != ANSWERED_KIND and not all_observations:
             continue
         entry = ChunkComparison(
             row.seq,

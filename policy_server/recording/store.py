@@ -32,8 +32,8 @@ from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
 
-from .. import durable_files
-from ..durable_files import TMP_SUFFIX, fsync_dir
+from ..foundation import durable_files
+from ..foundation.durable_files import TMP_SUFFIX, fsync_dir
 from .assembly import assemble
 from .lerobot_format import SEGMENTS_DIR, SESSION_JSON
 

@@ -29,7 +29,9 @@ from enum import Enum
 from pathlib import Path
 from typing import Any
 
-from ..durable_files import is_out_of_space
+from cosmos3_runtime.lerobot_layout import ANSWERED_KIND, DROPPED_KIND, ERROR_KIND
+
+from ..foundation.durable_files import is_out_of_space
 from ..videos.encoding import VideoEncodingError
 from .assembly import MIN_SEGMENT_FRAMES, assemble
 from .episode_writer import EpisodeWriter, UnrecordableObservation
@@ -276,18 +278,18 @@ class RecordingWriter:
             self._on_observation(key, item)
         elif isinstance(item, ChunkReturned):
             if episode is not None and not episode.resolve(
-                item.seq, RowOutcome("chunk", actions=item.actions, seed=item.seed, timing=item.timing)
+                item.seq, RowOutcome(ANSWERED_KIND, actions=item.actions, seed=item.seed, timing=item.timing)
             ):
                 episode.log("unmatched_chunk", item.at, seq=item.seq)
         elif isinstance(item, DropRecord):
             if episode is not None:
                 episode.log("dropped", item.at, seq=item.seq, reason=item.reason, message=item.message)
-                episode.resolve(item.seq, RowOutcome("dropped", item.reason, item.message))
+                episode.resolve(item.seq, RowOutcome(DROPPED_KIND, item.reason, item.message))
         elif isinstance(item, ErrorRecord):
             if episode is not None:
                 episode.log("error", item.at, seq=item.seq, code=item.code, message=item.message, field=item.field)
                 if item.seq is not None:
-                    episode.resolve(item.seq, RowOutcome("error", item.code, item.message))
+                    episode.resolve(item.seq, RowOutcome(ERROR_KIND, item.code, item.message))
         elif isinstance(item, NoteRecord):
             if episode is not None:
                 episode.log("note", item.at, note=item.kind, **item.details)

@@ -32,15 +32,15 @@ from websockets.asyncio.server import ServerConnection
 from websockets.exceptions import ConnectionClosed
 
 from cosmos3_runtime.description import ModelDescription
-from cosmos3_runtime.requests import ActionRequest
+from cosmos3_runtime.requests import ActionRequest, ResolvedSettings
 from robot_clients.client_frames import ObservationFrame
 from robot_clients.protocol import DropReason, ErrorCode, ProtocolError, SessionState
 
-from ..camera_intake import DecodeSlot
 from ..context import ServerContext
 from ..engine.request_queue import EngineOutcome, PendingObservation, QueueClosed
-from ..outbox import Outbox, OutboxFull, paced, payload_size
-from ..rate_limit import TokenBucket
+from ..foundation.camera_intake import DecodeSlot
+from ..foundation.outbox import Outbox, OutboxFull, paced, payload_size
+from ..foundation.rate_limit import TokenBucket
 from ..session_config import SessionConfig
 from ..session_events import AcceptedObservation, SessionListener
 from .controls import ControlError, ControlErrorCode, OperatorControl
@@ -83,8 +83,9 @@ class Session:
         self.connection = connection
         self.context = context
         self.config: SessionConfig | None = None
-        # ``config.resolved(description)``, kept from set_config: every observation's media step reads it.
-        self.resolved_config: Mapping[str, Any] = {}
+        # What ``config`` resolves to (``config.settings(description)``), kept from set_config: every observation's
+        # media step reads it. None before a configure.
+        self.resolved_settings: ResolvedSettings | None = None
         self.rules = ObservationRules()
         self.outbox: Outbox = context.settings.session_limits.outbox() if parent is None else parent.outbox
         self.rate: TokenBucket = context.settings.observation_rate.bucket() if parent is None else parent.rate
@@ -257,7 +258,8 @@ class Session:
         """The one step every observation takes from its parsed frame to its admission (``admit``: rate,
         seq, queue). ``decode`` (its encoded camera frames to pixels, headers already checked) runs on the
         decode pool, never here; an observation with nothing to decode is admitted at once unless one is
-        still decoding ahead of it (:class:`~policy_server.camera_intake.DecodeSlot`: latest wins, order kept)."""
+        still decoding ahead of it (:class:`~policy_server.foundation.camera_intake.DecodeSlot`: latest wins,
+        order kept)."""
         if decode is None and not self.decoding.busy:
             admit(observation, received_at)
             return
@@ -391,9 +393,10 @@ class Session:
         its policy sessions follow it."""
         self.config = config
         description = self.description
-        resolved = self.resolved_config = config.resolved(description)
+        resolved = self.resolved_settings = config.settings(description)
+        shown = config.shown(resolved, description)
         for listener in self.listeners:
-            listener.configured(resolved, description.identity())
+            listener.configured(shown, description.identity())
         for policy_session in self.policy_sessions:
             policy_session.set_config(config)
 

@@ -17,7 +17,7 @@ from typing import Any
 
 from robot_clients.protocol import CodedError
 
-from ..log_hygiene import printable
+from ..foundation.log_hygiene import printable
 
 # Prompts from an operator are held to the same bound the model states for any prompt.
 DEFAULT_MAX_PROMPT_CHARS = 2000

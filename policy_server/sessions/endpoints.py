@@ -6,8 +6,8 @@ Most protocols of other projects share the robots' path as first-frame dialects
 (vla-eval's harness: its client speaks first and reads only its own frames) needs a path of its own: a
 :class:`SessionEndpoint`. A feature may also answer plain-HTTP ``GET`` requests on the port (vla-eval's
 ``/health`` and ``/config``, where its tooling looks for them): an :class:`HttpEndpoint`. Whoever assembles
-the server hands these to it (``policy_server.cli.assemble_server``: vla-eval's), and the routing table
-(:mod:`policy_server.websocket_routes`) sends their paths here. The server keeps its own checks in front of
+the server hands these to it (``policy_server.assembly.cli.assemble_server``: vla-eval's), and the routing table
+(:mod:`policy_server.assembly.websocket_routes`) sends their paths here. The server keeps its own checks in front of
 them: an HTTP endpoint marked ``open`` is answered before any check, like ``/healthz``; every other one
 after the Origin check and the bearer token; a session endpoint is a robot session like the native one
 (``--max-sessions``, opened once the model is ready).

@@ -11,7 +11,7 @@ Every observation ``seq`` gets exactly one terminal reply: ``action_chunk``, ``d
 That holds for a client that falls behind on its replies too: its outbox keeps only the newest unread
 ``action_chunk`` (latest wins); an older unread one becomes ``dropped`` (``superseded``) in its place. A
 client whose outbox fills up, or whose oldest reply waits past ``--reply-timeout-s``, is closed with
-1008 (:mod:`policy_server.connection_supervisor`); so is one that sends no observation for
+1008 (:mod:`policy_server.foundation.connection_supervisor`); so is one that sends no observation for
 ``--idle-timeout-s``.
 
 An observation naming a ``session_id`` belongs to that policy session of the connection
@@ -25,7 +25,7 @@ did is recorded in its :class:`~policy_server.sessions.telemetry.SessionTelemetr
 
 **Dialects** (:class:`Dialect`), chosen by a connection's first frame. Other clients than ours speak on
 the robots' path: SGLang's lock-step clients (a first frame without ``type``,
-``policy_server.sglang.lockstep_session``). Whoever assembles the server (``policy_server.cli``) hands
+``policy_server.sglang.lockstep_session``). Whoever assembles the server (``policy_server.assembly.cli``) hands
 it the dialects it serves; the core names none of them. A client that must not be greeted with the
 native ``metadata`` frame (one that speaks first and reads only its own frames) gets a path of its own
 instead (:class:`policy_server.sessions.endpoints.SessionEndpoint`).
@@ -63,10 +63,10 @@ from robot_clients import client_frames, protocol
 from robot_clients.protocol import DropReason, ErrorCode, ProtocolError, ServerFrame, SessionState
 from robot_clients.wire_codec import WireFormatError, packb
 
-from ..camera_intake import canvas_side, native_decode
-from ..connection_supervisor import close_connection
 from ..context import ServerContext
 from ..engine.request_queue import EngineOutcome, PendingObservation
+from ..foundation.camera_intake import canvas_side, native_decode
+from ..foundation.connection_supervisor import close_connection
 from ..metadata import native_metadata
 from ..session_config import merge_session_config, observation_request, settings_used
 from .base import Session
@@ -236,9 +236,9 @@ class NativeSession(Session):
     def _media_plan(self, frame: client_frames.ObservationFrame) -> dict[str, Any]:
         """How this observation's cameras will be used: composed side by side (``concat_view``), and the
         canvas side its JPEGs may decode down to (its tier's; every tier's before a ``configure``)."""
-        resolved = self.resolved_config  # empty before a configure
-        tier = frame.overrides.get("resolution_tier", resolved.get("resolution_tier"))
-        view_point = frame.overrides.get("view_point", resolved.get("view_point"))
+        resolved = self.resolved_settings  # None before a configure
+        tier = frame.overrides.get("resolution_tier", resolved.resolution_tier if resolved is not None else None)
+        view_point = frame.overrides.get("view_point", resolved.view_point if resolved is not None else None)
         return {
             "side_by_side": view_point == "concat_view",
             "fit_side": canvas_side(self.context.description, tier if isinstance(tier, int) else None),
@@ -251,7 +251,9 @@ class NativeSession(Session):
         self.set_config(config)
         if "prompt" in frame.settings:
             self.operator_prompt = False
-        self._send(protocol.SessionFrame(self.id, self.resolved_config, self.state, self.recorded))
+        assert self.resolved_settings is not None, "set by set_config"
+        shown = config.shown(self.resolved_settings, self.description)
+        self._send(protocol.SessionFrame(self.id, shown, self.state, self.recorded))
 
     def _on_observation(self, obs: client_frames.ObservationFrame, received_at: float) -> None:
         if self.operator_prompt:

@@ -10,7 +10,7 @@ in the request queue). The rules:
   left, or the observation was already answered) is discarded, never answered twice;
 * **latest wins**: a newer observation replacing the waiting one in the queue makes that one a drop
   (``superseded``), and an unread chunk replaced in the outbox by a newer chunk becomes a drop in its place;
-* **a rate per session** (:mod:`policy_server.rate_limit`): an observation beyond it is answered
+* **a rate per session** (:mod:`policy_server.foundation.rate_limit`): an observation beyond it is answered
   ``rate_limited`` before it is decoded and is never queued, so it cannot replace the one that waits.
 
 What a reply is before a protocol encodes it lives here too: :class:`Drop` and :class:`ChunkReply`.

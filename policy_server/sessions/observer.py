@@ -23,7 +23,7 @@ to it (one ``sessions`` list per sessions interval and one ``session_detail`` pe
 the previous one waits unsent; both built once per interval for all observers by :class:`SnapshotCache`,
 so the work does not grow with the observers; prompts cut to :data:`LIST_PROMPT_CHARS` in the list and
 :data:`DETAIL_PROMPT_CHARS` in the detail; the camera JPEG encoded once per frame); and what waits for it
-(the bounded outbox and reply timeout of every connection, :mod:`policy_server.connection_supervisor`).
+(the bounded outbox and reply timeout of every connection, :mod:`policy_server.foundation.connection_supervisor`).
 
 Access is decided in one place, :func:`authorize`, called by the server for every handshake to this
 path before anything is sent.
@@ -49,11 +49,11 @@ from robot_clients import protocol
 from robot_clients.client_frames import REQUEST_SETTINGS
 from robot_clients.protocol import ProtocolError
 
-from ..connection_supervisor import close_connection
 from ..context import ServerContext
-from ..json_text import JsonTextError, loads_bounded
+from ..foundation.connection_supervisor import close_connection
+from ..foundation.json_text import JsonTextError, loads_bounded
+from ..foundation.outbox import OutboxFull, paced
 from ..metadata import public_model_name
-from ..outbox import OutboxFull, paced
 from .base import Session
 from .controls import RECORDING_ACTIONS, ControlAction, ControlError, ControlErrorCode, parse_control
 
@@ -85,7 +85,7 @@ def authorize(request: Request) -> tuple[HTTPStatus, str] | None:
 
     The observer channel's own hook (its static files carry no data; everything live comes through
     here). The bearer token (``cosmos3-serve --auth-token``) is checked before this, in the server's
-    handshake hook, by :mod:`policy_server.auth`, like for every closed endpoint; it accepts the
+    handshake hook, by :mod:`policy_server.foundation.auth`, like for every closed endpoint; it accepts the
     ``access_token`` query parameter the dashboard uses (``/dashboard/#token=...``; docs/dashboard.md).
     Checks specific to observers (e.g. a separate operator token) would go here.
     """

@@ -26,9 +26,9 @@ sequence, queue slot, turn and recording episode; the key is not passed on as an
 
 Observations go through the server's request queue like native ones (latest wins, fair turns, the one
 engine worker), so openpi robots and native robots share the model fairly. Replies go through the same
-bounded outbox as native ones (:mod:`policy_server.outbox`): an unread action reply replaced by a newer
+bounded outbox as native ones (:mod:`policy_server.foundation.outbox`): an unread action reply replaced by a newer
 one becomes the text ``dropped: ...`` in its place, and a client that stops reading is closed with 1008
-(:mod:`policy_server.connection_supervisor`), as is one that sends nothing for ``--idle-timeout-s``.
+(:mod:`policy_server.foundation.connection_supervisor`), as is one that sends nothing for ``--idle-timeout-s``.
 """
 
 from __future__ import annotations
@@ -41,14 +41,15 @@ from typing import Any
 import numpy as np
 from websockets.asyncio.server import ServerConnection
 
+from cosmos3_runtime.requests import ResolvedSettings
 from robot_clients.client_frames import ObservationFrame, parse_session_id
 from robot_clients.protocol import SESSION_ID, CodedError, DropReason, ErrorCode, ProtocolError
 from robot_clients.wire_codec import WireFormatError, packb
 
-from ..camera_intake import canvas_side
 from ..context import ServerContext
 from ..engine.request_queue import EngineOutcome, PendingObservation
-from ..log_hygiene import printable
+from ..foundation.camera_intake import canvas_side
+from ..foundation.log_hygiene import printable
 from ..metadata import openpi_metadata
 from ..openpi_settings import OpenpiSettings
 from ..session_config import SessionConfig, observation_request
@@ -130,10 +131,10 @@ class OpenpiSession(Session):
         wire and the newest, which replaces any unread one): a 33-frame video at the 480 tier is up to 40 MB,
         past the outbox's default budget, and a client that has two observations in flight would otherwise
         be closed for a full outbox while it reads the first."""
-        resolved = self._config().resolved(self.description)
-        canvases = self.description.canvases.get(resolved["resolution_tier"], ())
+        resolved = self._resolved()
+        canvases = self.description.canvases.get(resolved.resolution_tier, ())
         frame_bytes = max((canvas.height * canvas.width * 3 for canvas in canvases), default=0)
-        self.outbox.max_bytes += 2 * (resolved["action_horizon"] + 1) * frame_bytes
+        self.outbox.max_bytes += 2 * (resolved.action_horizon + 1) * frame_bytes
 
     def metadata(self) -> dict[str, Any]:
         error = self.config_error
@@ -200,8 +201,8 @@ class OpenpiSession(Session):
         self._next_seq += 1
         self.last_observation_at = received_at
         config = self._config()
-        resolved = config.resolved(self.description)
-        resolved_view = resolved["view_point"]
+        resolved = self._resolved()
+        resolved_view = resolved.view_point
         obs = parse_openpi_observation(
             decoded,
             self.settings.cameras,
@@ -222,13 +223,18 @@ class OpenpiSession(Session):
                 printable("+".join(obs.cameras))[:200],
             )
         # Encoded cameras: headers checked now, decoded and composed on the decode pool, then admitted.
-        fit_side = canvas_side(self.description, resolved["resolution_tier"])
+        fit_side = canvas_side(self.description, resolved.resolution_tier)
         decode = openpi_decode(obs, config.action_mode == "inverse_dynamics", self.context.frame_limits, seq, fit_side)
         self.observe(seq, received_at, self._admit, obs, decode)
 
     def _config(self) -> SessionConfig:
         assert self.config is not None, "configured from the server's settings when it opened"
         return self.config
+
+    def _resolved(self) -> ResolvedSettings:
+        """What the session's settings resolve to, kept when they were set (``set_config``)."""
+        assert self.resolved_settings is not None, "configured from the server's settings when it opened"
+        return self.resolved_settings
 
     def note_unused_state(self, keys: tuple[str, ...]) -> None:
         """State keys the domain does not read (it takes no state, or reads the other family's keys: joints

@@ -38,7 +38,7 @@ point, a list of alternatives tried in order; an alternative is one camera key, 
 side by side (left to right, each resized to the first one's height; RoboArena's three DROID cameras, as
 the alternative :data:`~policy_server.openpi_settings.ROBOARENA_CAMERAS`, are laid out as NVIDIA's
 cosmos-framework server lays them out instead: the wrist camera on top, the two exteriors at half size side
-by side below, :func:`~policy_server.camera_intake.wrist_over_exteriors`). The first alternative whose
+by side below, :func:`~policy_server.foundation.camera_intake.wrist_over_exteriors`). The first alternative whose
 cameras are all present wins, so one mapping serves every convention. The session's view point (the
 ``--openpi-view-point`` flag, else the domain's profile) picks the list. A key is looked up as written first
 (openpi's flat keys contain ``/``), then as a path into nested dicts.
@@ -69,7 +69,7 @@ from robot_clients.client_frames import (
 )
 from robot_clients.protocol import ErrorCode, FrameLimits, ProtocolError
 
-from ..camera_intake import (
+from ..foundation.camera_intake import (
     Alternative,
     check_cameras,
     decoded_image,

@@ -25,7 +25,7 @@ from robot_clients.wire_codec import (
     unpackb,
 )
 
-from ..camera_intake import decode_pool
+from ..foundation.camera_intake import decode_pool
 from ..server_settings import FrameBudget
 
 # A frame of this many bytes or more is decoded on a thread: building it copies its bytes.

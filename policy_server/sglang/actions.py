@@ -40,8 +40,8 @@ from cosmos3_runtime.description import ModelDescription
 from cosmos3_runtime.requests import ActionResult
 from robot_clients.protocol import ErrorCode
 
-from ..api_errors import ApiError
-from ..json_text import JsonTextError, loads_bounded
+from ..foundation.api_errors import ApiError
+from ..foundation.json_text import JsonTextError, loads_bounded
 from ..metadata import public_model_name, served_weights
 from .parameters import (
     SGLANG_NAMES,
@@ -308,7 +308,7 @@ def parse_action_envelope(
     ``max_items`` bounds the engine requests one envelope may become (images × candidates).
     ``msgpack_reply``: the reply goes out as msgpack, where ``output_format`` defaults to ``numpy`` (as
     in SGLang); a JSON reply has lists whatever was asked, JSON having no other arrays. Raises
-    :class:`~policy_server.api_errors.ApiError` naming the client's field.
+    :class:`~policy_server.foundation.api_errors.ApiError` naming the client's field.
     """
     check_known_keys(body, ENVELOPE_KEYS, "")
     rid_value, rid_path = one_of(body, ("request_id", "id"), "")
@@ -358,18 +358,11 @@ def parse_action_envelope(
             value, path = _one_camera(value, path)
         images = image_batch(value, path, max_items=max_items)
     video = (video_clip(*media["video"]), media["video"][1]) if "video" in media else None
-    if images and video:
-        raise invalid(video[1], "send either an observation image or a video, not both")
-    if mode == "inverse_dynamics" and images:
-        raise invalid(
-            images[0][1],
-            "inverse_dynamics infers actions from a clip: send `input.observation.video` "
-            "(action_horizon + 1 frames), not an image",
-        )
-    if not images and video is None:
-        missing = "input.observation.video" if mode == "inverse_dynamics" else "input.observation.image"
-        raise ApiError(ErrorCode.MISSING_FIELD, f"`{missing}` is required for {mode}", missing)
-    observations = images or ([video] if video is not None else [])
+    # Which media a mode needs, and that there is one, is the model's rule (ModelDescription.resolve), asked
+    # once per item by our own checks (policy_server.http.requests.item_requests): each item carries the media
+    # as sent (none, for one item, when none was), and a refusal names the client's path.
+    common.paths.update(image="input.observation.image", video="input.observation.video")
+    observations: list[tuple[Any, str]] = images or ([video] if video is not None else [(None, "")])
 
     prompts = _prompts(prompt, prompt_path, len(observations))
 
@@ -407,7 +400,11 @@ def parse_action_envelope(
         for candidate in range(count):
             item = ActionItem(dict(common.fields), dict(common.paths), input_index=index, candidate_index=candidate)
             item.put("prompt", prompt_text, prompt_item_path)
-            item.put("image" if images else "video", value, path)
+            if images:
+                item.put("image", value, path)
+                item.paths["video"] = path  # a clip the mode needs is missing: the image was sent in its place
+            if video is not None:
+                item.put("video", *video)
             if seed is not None:  # candidates differ by their noise, so each gets its own seed
                 item.put("seed", seed + candidate, "parameters.seed")
             items.append(item)
@@ -450,7 +447,8 @@ def is_sglang_form(names: Iterable[str], native_fields: Iterable[str]) -> bool:
 
 def _form_value(name: str, value: str) -> Any:
     """A form field's text as SGLang reads it: JSON when it parses (``30``, ``true``), else the text; JSON
-    nested past :data:`~policy_server.json_text.MAX_JSON_DEPTH` is refused unparsed (``payload_too_large``)."""
+    nested past :data:`~policy_server.foundation.json_text.MAX_JSON_DEPTH` is refused unparsed
+    (``payload_too_large``)."""
     if not value.strip():
         return None
     try:

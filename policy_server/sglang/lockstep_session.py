@@ -2,7 +2,7 @@
 envelope in, one reply envelope out.
 
 One path serves two protocols. A :class:`SglangDialect` is registered by the command line
-(``policy_server.cli``, handing it the sidecar's request building) as one of the path's dialects
+(``policy_server.assembly.cli``, handing it the sidecar's request building) as one of the path's dialects
 (:class:`policy_server.sessions.native.Dialect`). The path's native session sends the metadata frame, to
 which this dialect adds SGLang's keys (:func:`sglang_keys`, merged by
 :func:`policy_server.sglang.actions.merge_metadata`), because an SGLang client reads the metadata before it
@@ -42,9 +42,9 @@ from cosmos3_runtime.requests import ActionRequest, ActionResult
 from robot_clients.protocol import CodedError, DropReason, ErrorCode, FrameLimits, MetadataFrame, ProtocolError
 from robot_clients.wire_codec import WireFormatError, packb, unpackb
 
-from ..api_errors import ApiError, HttpErrorCode
 from ..context import ServerContext
 from ..engine.request_queue import EngineOutcome, PendingObservation, QueueClosed
+from ..foundation.api_errors import ApiError, HttpErrorCode
 from ..metadata import public_model_name
 from ..session_config import SessionConfig
 from ..sessions.base import Session

@@ -57,8 +57,8 @@ from cosmos3_runtime.requests import VideoRequest
 from robot_clients.client_frames import ACTION_MODE, REQUEST_SETTINGS
 from robot_clients.protocol import ErrorCode
 
-from ..api_errors import ApiError
-from ..json_text import JsonTextError, loads_bounded
+from ..foundation.api_errors import ApiError
+from ..foundation.json_text import JsonTextError, loads_bounded
 
 # SGLang's names of our request settings: each setting and the keys SGLang's bodies carry it under (one setting
 # may be told by several: a tier by height and width, or by `size`). SGLang has no flow shift; control_hz is
@@ -637,7 +637,7 @@ def video_fields(fields: Mapping[str, Any], description: ModelDescription, *, de
     """A ``POST /v1/videos`` body, with SGLang's names or ours, as our ``VideoCreateParams`` fields.
 
     ``default_fps`` is the rate a request without ``fps`` runs at (``VideoCreateParams.fps``'s default):
-    ``seconds`` is checked against it. Raises :class:`~policy_server.api_errors.ApiError` naming the
+    ``seconds`` is checked against it. Raises :class:`~policy_server.foundation.api_errors.ApiError` naming the
     client's field.
     """
     body = dict(fields)

@@ -58,7 +58,7 @@ from typing import Any
 
 import numpy as np
 
-from ..durable_files import write_folder
+from ..foundation.durable_files import write_folder
 from ..sidecar_settings import RetentionPolicy
 
 logger = logging.getLogger(__name__)

@@ -25,7 +25,7 @@ The rules of the exchange, as vla-eval's client expects them:
 **What vla-eval adds to the port.** vla-eval's client speaks first on its connection and reads only
 vla-eval frames, so it cannot share the robots' path as a first-frame dialect (the native session greets
 every connection there with its ``metadata`` frame): its sessions get ``/v1/vla-eval``
-(:class:`VlaEvalSession`). ``policy_server.cli.assemble_server`` hands these to the server
+(:class:`VlaEvalSession`). ``policy_server.assembly.cli.assemble_server`` hands these to the server
 (:class:`policy_server.sessions.endpoints.EdgeEndpoints`) unless ``--no-vla-eval``.
 
 The control plane: vla-eval's own model servers answer ``GET /health`` with ``200 {"status": "ok"}`` once
@@ -52,10 +52,10 @@ from websockets.asyncio.server import ServerConnection
 from robot_clients.client_frames import ObservationFrame
 from robot_clients.protocol import DropReason, ErrorCode, ProtocolError
 
-from ..camera_intake import check_cameras, decoded_image
 from ..context import ServerContext
 from ..engine.request_queue import EngineOutcome, PendingObservation
-from ..log_hygiene import printable
+from ..foundation.camera_intake import check_cameras, decoded_image
+from ..foundation.log_hygiene import printable
 from ..metadata import public_model_name, served_weights
 from ..session_config import SessionConfig, observation_request
 from ..sessions.base import Session
@@ -315,13 +315,14 @@ class VlaEvalSession(Session):
                 ErrorCode.NOT_CONFIGURED, "send `episode_start` before the observations of an episode", None, seq
             )
         description = self.description
-        resolved = episode.config.resolved(description)
-        domain = description.domains[episode.config.domain_name]
+        resolved = self.resolved_settings  # the episode's config, resolved when it was set (set_config)
+        assert resolved is not None and self.config is episode.config, "an episode sets the session's config"
+        domain = description.domains[resolved.domain_name]
         obs = parse_observation(
             parsed.payload,
             seq,
             self.settings.mapping,
-            resolved["view_point"],
+            resolved.view_point,
             domain,
             self.context.frame_limits,
             strict_state=self.settings.strict_state,

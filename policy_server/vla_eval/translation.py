@@ -93,8 +93,8 @@ from robot_clients.client_frames import (
 from robot_clients.protocol import CodedError, ErrorCode, FrameLimits, ProtocolError
 from robot_clients.wire_codec import WireFormatError, packb, unpackb
 
-from ..camera_intake import Alternative, camera_alternatives, side_by_side
-from ..mapping_files import load_mapping
+from ..foundation.camera_intake import Alternative, camera_alternatives, side_by_side
+from ..foundation.mapping_files import load_mapping
 from ..session_config import SessionConfig, check_state, fixed_session_config
 
 # -- frames ----------------------------------------------------------------------------------------
@@ -575,5 +575,4 @@ class VlaEvalSettings:
                 if key != "chunk" and value is not None and (not isinstance(value, int) or isinstance(value, bool)):
                     raise ProtocolError(ErrorCode.INVALID_FIELD, f"`{key}` must be an integer", f"settings/{key}")
                 plan = replace(plan, **{key: value})
-        horizon = config.resolved(description)["action_horizon"]
-        return config, plan.checked(int(horizon))
+        return config, plan.checked(config.settings(description).action_horizon)

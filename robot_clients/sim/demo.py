@@ -51,10 +51,10 @@ _LISTENING = re.compile(r"listening on ws://[^:]+:(\d+)/")
 
 
 class ServerSubprocess:
-    """``python -m policy_server.cli`` in a child process; its port read from its log."""
+    """``python -m policy_server.assembly.cli`` in a child process; its port read from its log."""
 
     def __init__(self, args: list[str]) -> None:
-        self.command = [sys.executable, "-m", "policy_server.cli", "--host", "127.0.0.1", "--port", "0", *args]
+        self.command = [sys.executable, "-m", "policy_server.assembly.cli", "--host", "127.0.0.1", "--port", "0", *args]
         self.lines: list[str] = []
         self.port: int | None = None
         self._listening = threading.Event()

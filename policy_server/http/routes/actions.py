@@ -23,8 +23,8 @@ from cosmos3_runtime.requests import ActionRequest, ActionResult
 from robot_clients.protocol import DropReason
 from robot_clients.wire_codec import packb
 
-from ...api_errors import ApiError, HttpErrorCode
 from ...engine.request_queue import EngineOutcome, PendingObservation, QueueClosed
+from ...foundation.api_errors import ApiError, HttpErrorCode
 from ...session_config import chunk_report
 from ...sglang.actions import build_reply
 from .. import codecs as http_codecs

@@ -37,8 +37,8 @@ from fastapi import APIRouter, Query, Request
 
 from robot_clients.protocol import ErrorCode
 
-from ...api_errors import ApiError, HttpErrorCode
-from ...rate_limit import TokenBucket
+from ...foundation.api_errors import ApiError, HttpErrorCode
+from ...foundation.rate_limit import TokenBucket
 from ...sessions.telemetry import encode_preview
 from ..parts import SidecarParts
 from ..turns import client_identity

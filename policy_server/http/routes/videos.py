@@ -18,7 +18,7 @@ from cosmos3_runtime.description import ModelDescription
 from robot_clients.client_frames import SETTINGS_BY_NAME
 from robot_clients.protocol import ErrorCode, FrameLimits
 
-from ...api_errors import ApiError, HttpErrorCode
+from ...foundation.api_errors import ApiError, HttpErrorCode
 from ...sglang.parameters import video_fields
 from ...videos.encoding import MP4_MEDIA_TYPE
 from ...videos.job_store import JobNotFound, StorageFull, VideoJob, VideoJobStatus, VideoJobStore

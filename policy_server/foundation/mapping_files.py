@@ -4,7 +4,7 @@ JSON text itself.
 
 One loader for both, bounded before anything is parsed: a path must be a regular file (a FIFO or a device
 such as ``/dev/zero`` would block or never end), read no further than :data:`MAX_MAPPING_BYTES`, and its
-JSON may nest no deeper than :data:`~policy_server.json_text.MAX_JSON_DEPTH` (a deep file raises no
+JSON may nest no deeper than :data:`~policy_server.foundation.json_text.MAX_JSON_DEPTH` (a deep file raises no
 ``RecursionError`` past the parser). Each mapping then checks its own parts.
 """
 

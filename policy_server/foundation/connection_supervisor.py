@@ -3,7 +3,7 @@
 Two kinds of client cost memory or a session slot while doing nothing useful:
 
 * **one that stops reading its replies.** Its replies pile up (bounded by its
-  :class:`~policy_server.outbox.Outbox`; latest wins, so it keeps only its newest chunk). Once the
+  :class:`~policy_server.foundation.outbox.Outbox`; latest wins, so it keeps only its newest chunk). Once the
   oldest reply has waited ``reply_timeout_s`` the client is closed with 1008. websockets' own keepalive
   does not catch this case: ``ping()`` writes its frame and then waits for the write buffer to drain,
   which never happens when the peer's receive window is full, so the ping timeout never starts (read in
@@ -58,7 +58,7 @@ WRITE_LIMIT_BYTES = 2**15
 # (Linux doubles it) keeps any link busy and brings the stall after a few thousand frames.
 SOCKET_SEND_BUFFER_BYTES = 64 * 1024
 # Frames websockets may read ahead of a connection's reader (its max_queue; default 16). A reader waits
-# while its outbox is half full (policy_server.outbox), and what the client sends meanwhile must stay in
+# while its outbox is half full (policy_server.foundation.outbox), and what the client sends meanwhile must stay in
 # TCP's buffers, not in ours: at most this many frames of up to --max-message-mib each.
 MAX_QUEUED_FRAMES = 2
 

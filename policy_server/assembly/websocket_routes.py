@@ -29,9 +29,9 @@ import enum
 
 from robot_clients.protocol import HEALTH_PATH, REALTIME_PATH
 
-from .dashboard_files import DASHBOARD_PATH, OBSERVE_PATH
-from .sessions.endpoints import NO_ENDPOINTS, EdgeEndpoints
-from .sessions.openpi import OPENPI_PATHS
+from ..dashboard_files import DASHBOARD_PATH, OBSERVE_PATH
+from ..sessions.endpoints import NO_ENDPOINTS, EdgeEndpoints
+from ..sessions.openpi import OPENPI_PATHS
 
 
 class Route(enum.Enum):

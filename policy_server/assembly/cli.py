@@ -35,28 +35,27 @@ from cosmos3_runtime.random_checkpoints import VARIANTS
 from robot_clients.client_frames import REQUEST_SETTINGS
 from robot_clients.wire_codec import FRAME_MAX_DEPTH, FRAME_MAX_VALUES
 
-from . import log_hygiene
-from .auth import OriginConfigError, OriginPolicy, TokenConfigError, TokenSet
-from .camera_intake import DEFAULT_MAX_DECODED_BYTES, MAX_SIDE_PER_CANVAS_SIDE
-from .connection_limits import (
+from ..engine.backend import BackendFactory
+from ..engine.watchdog import DEFAULT_ENGINE_TIMEOUT_S
+from ..engine.worker import DEFAULT_VIDEO_STEP_INTERVAL_S, ActionEngine
+from ..foundation import log_hygiene
+from ..foundation.auth import OriginConfigError, OriginPolicy, TokenConfigError, TokenSet
+from ..foundation.camera_intake import DEFAULT_MAX_DECODED_BYTES, MAX_SIDE_PER_CANVAS_SIDE
+from ..foundation.connection_limits import (
     DEFAULT_HANDSHAKE_TIMEOUT_S,
     DEFAULT_MAX_PENDING_HANDSHAKES,
     DEFAULT_MAX_PENDING_HANDSHAKES_PER_PEER,
 )
-from .connection_supervisor import (
+from ..foundation.connection_supervisor import (
     DEFAULT_IDLE_TIMEOUT_S,
     DEFAULT_MAX_OUTBOX_BYTES,
     DEFAULT_MAX_OUTBOX_FRAMES,
     DEFAULT_REPLY_TIMEOUT_S,
     SessionLimits,
 )
-from .engine.backend import BackendFactory
-from .engine.watchdog import DEFAULT_ENGINE_TIMEOUT_S
-from .engine.worker import DEFAULT_VIDEO_STEP_INTERVAL_S, ActionEngine
-from .openpi_settings import OPENPI_SETTINGS, CameraMapping, CameraMappingError, OpenpiSettings
-from .rate_limit import DEFAULT_BURST, DEFAULT_MAX_OBSERVATION_HZ, RateLimit
-from .server import PolicyServer
-from .server_settings import (
+from ..foundation.rate_limit import DEFAULT_BURST, DEFAULT_MAX_OBSERVATION_HZ, RateLimit
+from ..openpi_settings import OPENPI_SETTINGS, CameraMapping, CameraMappingError, OpenpiSettings
+from ..server_settings import (
     DEFAULT_MAX_MESSAGE_BYTES,
     DEFAULT_MAX_OBSERVERS,
     DEFAULT_MAX_SESSION_IDS,
@@ -65,8 +64,8 @@ from .server_settings import (
     PolicySessionLimits,
     ServerSettings,
 )
-from .sessions.endpoints import NO_ENDPOINTS
-from .sidecar_settings import (
+from ..sessions.endpoints import NO_ENDPOINTS
+from ..sidecar_settings import (
     DEFAULT_BODY_TIMEOUT_S,
     DEFAULT_HEADER_TIMEOUT_S,
     DEFAULT_MAX_BODY_BYTES,
@@ -79,13 +78,14 @@ from .sidecar_settings import (
     SidecarConnectionLimits,
     SidecarSettings,
 )
-from .vla_eval import ChunkPlan, MappingFileError, ObservationMapping, VlaEvalSettings
-from .vla_eval.translation import VLA_EVAL_SETTINGS
+from ..vla_eval import ChunkPlan, MappingFileError, ObservationMapping, VlaEvalSettings
+from ..vla_eval.translation import VLA_EVAL_SETTINGS
+from .server import PolicyServer
 
 if TYPE_CHECKING:
-    from .http.sidecar import HttpSidecar
-    from .recording.feature import RecordingOptions
-    from .sessions.native import Dialect
+    from ..http.sidecar import HttpSidecar
+    from ..recording.feature import RecordingOptions
+    from ..sessions.native import Dialect
 
 __all__ = ["assemble_server", "build_parser", "main", "serve_until_stopped", "server_from_args"]
 
@@ -706,22 +706,22 @@ def assemble_server(
     """
     dialects: tuple[Dialect, ...] = ()
     if sglang or http is not None:
-        from .http.requests import item_requests
-        from .sglang.lockstep_session import SglangDialect
+        from ..http.requests import item_requests
+        from ..sglang.lockstep_session import SglangDialect
 
         dialects = (SglangDialect(item_requests),)
     endpoints = NO_ENDPOINTS
     if vla_eval is not None:
-        from .vla_eval.session import vla_eval_endpoints
+        from ..vla_eval.session import vla_eval_endpoints
 
         endpoints = vla_eval_endpoints(vla_eval)
     server = PolicyServer(load_engine, settings, backend=backend, dialects=dialects, endpoints=endpoints)
     if recording is not None:  # first: a directory that cannot be made fails the start
-        from .recording.feature import RecordingFeature
+        from ..recording.feature import RecordingFeature
 
         server.attach(RecordingFeature(server.context, recording))
     if http is not None:
-        from .http.sidecar import HttpSidecar
+        from ..http.sidecar import HttpSidecar
 
         server.attach(HttpSidecar(server.context, http))
     return server
@@ -729,7 +729,7 @@ def assemble_server(
 
 def sidecar_of(server: PolicyServer) -> HttpSidecar | None:
     """The HTTP sidecar attached to ``server``, if any."""
-    from .http.sidecar import HttpSidecar
+    from ..http.sidecar import HttpSidecar
 
     return next((feature for feature in server.features if isinstance(feature, HttpSidecar)), None)
 
@@ -737,7 +737,7 @@ def sidecar_of(server: PolicyServer) -> HttpSidecar | None:
 def _recording_options(args: argparse.Namespace) -> RecordingOptions | None:
     if args.record_dir is None:
         return None
-    from .recording.feature import RecordingOptions  # only a server that records loads the recorder
+    from ..recording.feature import RecordingOptions  # only a server that records loads the recorder
 
     return RecordingOptions(
         root=args.record_dir,
@@ -776,8 +776,8 @@ def _engine_loader(args: argparse.Namespace, workdir: Path) -> Callable[[], Acti
 def _ray_backend(args: argparse.Namespace, workdir: Path) -> BackendFactory:
     """The Ray backend's factory (imports Ray, so only for --backend ray). A --tiny checkpoint is built
     here, once, and its path handed to the replicas: fine for a local instance, not for remote nodes."""
-    from .ray.backend import RayBackendFactory
-    from .ray.deployment import EngineLoader, RayBackendSettings
+    from ..ray.backend import RayBackendFactory
+    from ..ray.deployment import EngineLoader, RayBackendSettings
 
     source = args.model
     if args.tiny:
@@ -881,7 +881,9 @@ async def serve_until_stopped(args: argparse.Namespace) -> int:
                 exc,
             )
             return 2
-        sidecar = sidecar_of(server)
+        # The dashboard is on the sidecar's port when it runs; asked of it only then, so that a WebSocket-only
+        # server never imports the sidecar (and with it FastAPI and pydantic).
+        sidecar = sidecar_of(server) if args.http else None
         dashboard_port = sidecar.port if sidecar is not None else server.port
         logger.info("teleop dashboard: http://%s:%d/dashboard/", args.host, dashboard_port)
         ready = asyncio.ensure_future(server.wait_ready())

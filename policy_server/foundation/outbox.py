@@ -19,7 +19,7 @@ What the outbox does when a client falls behind:
   TCP instead of making replies faster than they leave (a burst of frames read in one go could
   otherwise fill the outbox before the sender task gets a turn).
 * **A full outbox refuses** with :class:`OutboxFull` instead of growing; the connection is then closed
-  (``policy_server.connection_supervisor``), never made to lose a reply in silence. Only replies the
+  (``policy_server.foundation.connection_supervisor``), never made to lose a reply in silence. Only replies the
   server makes on its own (a chunk, an operator's control) can still arrive while the reader waits, so
   this is a safety net. One frame larger than the byte budget is accepted when the outbox is empty, so a
   big-but-legal frame still leaves.

@@ -10,9 +10,10 @@ queue (waiting observations are answered ``dropped``/``shutdown``), let the runn
 and its chunk leave, then close every session with 1001 (going away), then stop the features.
 
 The server itself serves the native and openpi protocols and nothing optional. Whoever assembles it
-(``policy_server.cli``) hands it the dialects its robots' path also speaks (:class:`.sessions.native.Dialect`), the
-paths features add to its port (:class:`~.sessions.endpoints.EdgeEndpoints`: vla-eval's, for one), and attaches the
-features (:class:`ServerFeature`: the recording, the HTTP sidecar); they see the server through its
+(``policy_server.assembly.cli``) hands it the dialects its robots' path also speaks
+(:class:`policy_server.sessions.native.Dialect`), the paths features add to its port
+(:class:`~policy_server.sessions.endpoints.EdgeEndpoints`: vla-eval's, for one), and attaches the features
+(:class:`ServerFeature`: the recording, the HTTP sidecar); they see the server through its
 :class:`~policy_server.context.ServerContext`.
 """
 
@@ -35,24 +36,35 @@ from cosmos3_runtime.description import ModelDescription
 from robot_clients import protocol
 from robot_clients.protocol import REALTIME_PATH, DropReason
 
-from .auth import CHALLENGE, bearer_subprotocol, is_open_path
-from .camera_intake import served_frame_limits
-from .connection_limits import ACCEPT_BURST, PeerCounter, handshake_limited_connection
-from .connection_supervisor import MAX_QUEUED_FRAMES, SOCKET_SEND_BUFFER_BYTES, WRITE_LIMIT_BYTES, close_connection
-from .context import ServerContext
-from .dashboard_files import CONFIG_NAME, DASHBOARD_HEADERS, DASHBOARD_PATH, dashboard_asset, dashboard_config
-from .engine.backend import BackendFactory, EngineBackend
-from .engine.request_queue import PendingObservation, RequestQueue
-from .engine.watchdog import EngineWatchdog
-from .engine.worker import ActionEngine, BackgroundShare, BatchPolicy, EngineWorker
-from .log_hygiene import printable
-from .metadata import SERVER_NAME, health
-from .server_settings import ServerSettings
-from .sessions.base import Session
-from .sessions.endpoints import NO_ENDPOINTS, EdgeEndpoints
-from .sessions.native import Dialect, NativeSession
-from .sessions.observer import DEFAULT_INTERVAL_S, OBSERVER_MAX_MESSAGE_BYTES, ObserverSession, SnapshotCache, authorize
-from .sessions.openpi import OpenpiSession
+from ..context import ServerContext
+from ..dashboard_files import CONFIG_NAME, DASHBOARD_HEADERS, DASHBOARD_PATH, dashboard_asset, dashboard_config
+from ..engine.backend import BackendFactory, EngineBackend
+from ..engine.request_queue import PendingObservation, RequestQueue
+from ..engine.watchdog import EngineWatchdog
+from ..engine.worker import ActionEngine, BackgroundShare, BatchPolicy, EngineWorker
+from ..foundation.auth import CHALLENGE, bearer_subprotocol, is_open_path
+from ..foundation.camera_intake import served_frame_limits
+from ..foundation.connection_limits import ACCEPT_BURST, PeerCounter, handshake_limited_connection
+from ..foundation.connection_supervisor import (
+    MAX_QUEUED_FRAMES,
+    SOCKET_SEND_BUFFER_BYTES,
+    WRITE_LIMIT_BYTES,
+    close_connection,
+)
+from ..foundation.log_hygiene import printable
+from ..metadata import SERVER_NAME, health
+from ..server_settings import ServerSettings
+from ..sessions.base import Session
+from ..sessions.endpoints import NO_ENDPOINTS, EdgeEndpoints
+from ..sessions.native import Dialect, NativeSession
+from ..sessions.observer import (
+    DEFAULT_INTERVAL_S,
+    OBSERVER_MAX_MESSAGE_BYTES,
+    ObserverSession,
+    SnapshotCache,
+    authorize,
+)
+from ..sessions.openpi import OpenpiSession
 from .websocket_routes import Route, check_endpoints, path_of, route
 
 __all__ = ["PolicyServer", "ServerFeature"]
@@ -165,7 +177,8 @@ class PolicyServer:
                 # Compression costs 30-40 ms per camera frame and buys nothing on incompressible pixels.
                 compression=None,
                 # What the transport buffers before `send` waits; replies then wait in each connection's
-                # bounded outbox (policy_server.outbox), so a client that stops reading costs a bounded amount.
+                # bounded outbox (policy_server.foundation.outbox), so a client that stops reading costs a
+                # bounded amount.
                 write_limit=WRITE_LIMIT_BYTES,
                 max_queue=MAX_QUEUED_FRAMES,
                 ping_interval=self.settings.ping_interval,
@@ -352,7 +365,8 @@ class PolicyServer:
         return None
 
     def _edge_http_response(self, connection: ServerConnection, request: Request) -> Response:
-        """A feature's plain-HTTP endpoint (:class:`~.sessions.endpoints.HttpEndpoint`) answers the request."""
+        """A feature's plain-HTTP endpoint (:class:`~policy_server.sessions.endpoints.HttpEndpoint`) answers the
+        request."""
         path, _, query = request.path.partition("?")
         status, body = self.endpoints.http[path].answer(self.context, query)
         return _json_response(connection, HTTPStatus(status), body)
