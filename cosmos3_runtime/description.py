@@ -23,7 +23,7 @@ from typing import Any
 
 import numpy as np
 
-from .checkpoints import SHIFT_KEYS, CheckpointInfo, configured_shift, step_sigmas
+from .checkpoints import SHIFT_KEYS, CheckpointInfo, ScheduleRule, configured_shift, step_sigmas
 from .errors import (
     CheckpointError,
     InvalidRequestError,
@@ -321,6 +321,8 @@ class ModelDescription:
     device: str | None = None  # None: described from config files, nothing loaded
     dtype: str | None = None
     prefix_cache: PrefixCacheStats | None = field(default=None, compare=False)
+    # Whether the checkpoint's scheduler runs a (steps, shift) schedule; None: not known (no checkpoint).
+    schedules: ScheduleRule | None = field(default=None, compare=False, repr=False)
 
     @classmethod
     def of_spec(
@@ -360,6 +362,7 @@ class ModelDescription:
             device=device,
             dtype=dtype,
             prefix_cache=prefix_cache,
+            schedules=ScheduleRule(info) if not info.is_distilled else None,
         )
 
     @property
@@ -380,7 +383,7 @@ class ModelDescription:
 
     # -- the rules of every request setting: the one keeper, whoever asks -------------------------------
 
-    def check(self, settings: Mapping[str, object], *, output: str = "actions") -> None:
+    def check(self, settings: Mapping[str, object], *, output: str = "actions", domain_name: str | None = None) -> None:
         """Check each setting in ``settings`` (by name, :data:`~cosmos3_runtime.requests.SETTING_NAMES`;
         ``None`` is unset and not checked) against this model and its limits.
 
@@ -421,10 +424,12 @@ class ModelDescription:
         value = settings.get("fps")
         if value is not None and not _number_in(value, lim.min_fps, lim.max_fps):
             raise InvalidRequestError(f"fps must be a number in [{lim.min_fps:g}, {lim.max_fps:g}]", "fps")
-        self._check_sampler(settings)
+        self._check_sampler(settings, settings.get("domain_name") or domain_name)  # type: ignore[arg-type]
 
-    def _check_sampler(self, settings: Mapping[str, object]) -> None:
-        """Steps, guidance, its interval and the shift: a distilled model's are fixed; a base model's bounded."""
+    def _check_sampler(self, settings: Mapping[str, object], domain_name: str | None = None) -> None:
+        """Steps, guidance, its interval and the shift: a distilled model's are fixed; a base model's bounded,
+        and the steps and shift a schedule the checkpoint's scheduler runs (``domain_name``: whose defaults
+        fill the one of them left unset; None: the model's)."""
         lim = self.limits
         steps, guidance = settings.get("num_steps"), settings.get("guidance_scale")
         interval, shift = settings.get("guidance_interval"), settings.get("shift")
@@ -465,12 +470,23 @@ class ModelDescription:
                 raise InvalidRequestError("this checkpoint's scheduler has no flow shift; leave shift unset", "shift")
             if not _number_in(shift, lim.min_shift, lim.max_shift):
                 raise InvalidRequestError(f"shift must be a number in [{lim.min_shift:g}, {lim.max_shift:g}]", "shift")
+        if self.schedules is not None and (steps is not None or shift is not None):
+            defaults = self.domain_defaults.get(domain_name or "", self.defaults)
+            steps_run = int(steps) if steps is not None else defaults.num_steps
+            shift_run = float(shift) if shift is not None else defaults.shift  # type: ignore[arg-type]
+            fault = self.schedules.fault(steps_run, shift_run)
+            if fault is not None:
+                raise InvalidRequestError(fault, "num_steps" if steps is not None else "shift")
 
     def resolve(self, domain_name: str | None, settings: Mapping[str, object]) -> ResolvedSettings:
         """``settings`` checked (:meth:`check`) and completed: each unset one takes the domain's default
         (its profile's where it sets one), else the variant's. ``domain_name`` None: the model's default
         domain. The action mode defaults to ``policy``; an unset seed stays None (drawn per request)."""
-        self.check(settings, output="video" if settings.get("action_mode") in VIDEO_MODES else "actions")
+        self.check(
+            settings,
+            output="video" if settings.get("action_mode") in VIDEO_MODES else "actions",
+            domain_name=domain_name,
+        )
         name = domain_name if domain_name is not None else self.defaults.domain_name
         if name is None or name not in self.domains:
             known = ", ".join(sorted(self.domains)) or "none"
