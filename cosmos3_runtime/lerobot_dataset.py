@@ -10,9 +10,10 @@ A dataset is untrusted input, so :func:`read_dataset` checks before it reads:
 
 - **Paths.** ``data_path`` and ``video_path`` are filled with LeRobot's three fields only (``chunk_index``,
   ``file_index``, ``video_key``; an integer format such as ``:03d``), never with ``str.format`` (which would
-  walk attributes: ``{video_key.__class__}``). A filled path is relative, has no ``..``, and its folder
-  resolves inside the dataset; the file itself may be a symlink (the Hub's cache stores files as symlinks
-  into its blob store) but must be a regular file.
+  walk attributes: ``{video_key.__class__}``). A filled path is relative, has no ``..``, and every file read
+  resolves inside the dataset and is a regular file. A file may be a symlink to another inside; in the Hub's
+  cache (a dataset at ``<repo>/snapshots/<revision>``) its files are symlinks into ``<repo>/blobs``, which
+  counts as inside.
 - **Rows.** Every Parquet file's footer is bounded; the episodes index holds no more rows than the data files
   (their footers' counts), and the lengths it declares add up to the data's rows and to ``total_frames``.
 - **Pixels.** Before a frame is decoded, its sides come from the PNG's or the MP4's header (sides and sample
@@ -193,23 +194,31 @@ class _Reader:
             raise DatasetError(f"not a folder: {exc}") from exc
         if not self.real_root.is_dir():
             raise DatasetError("not a folder")
+        # Where the dataset's files may lie once every symlink is followed: the dataset, and, for a Hub cache
+        # snapshot, the blob store of the same repository (huggingface_hub links snapshot files into it).
+        self.real_homes = [self.real_root]
+        if self.real_root.parent.name == "snapshots" and (self.real_root.parent.parent / "blobs").is_dir():
+            self.real_homes.append(self.real_root.parent.parent / "blobs")
 
     # -- files ---------------------------------------------------------------------------------
 
     def file(self, rel: PurePosixPath, field: str, what: str) -> Path:
-        """The dataset's file ``rel``: its folder resolved inside the dataset, itself a regular file (or a
-        symlink to one)."""
+        """The dataset's file ``rel``: its folder and the file itself resolved inside the dataset (every
+        symlink followed), a regular file. Returns the resolved path, so what is checked is what is read."""
         path = self.root.joinpath(*rel.parts)
         folder = Path(os.path.realpath(path.parent))
         if not folder.is_relative_to(self.real_root):
             raise DatasetError(f"{rel}: its folder leads outside the dataset (to {folder})", field)
+        real = Path(os.path.realpath(path))
+        if not any(real.is_relative_to(home) for home in self.real_homes):
+            raise DatasetError(f"{rel}: the {what} is a link that leads outside the dataset (to {real})", field)
         try:
-            status = path.stat()
+            status = real.stat()
         except OSError:
             raise DatasetError(f"{rel}: the {what} is missing", field) from None
         if not stat.S_ISREG(status.st_mode):
             raise DatasetError(f"{rel}: the {what} is not a regular file", field)
-        return path
+        return real
 
     def parquet(self, rel: PurePosixPath, field: str, what: str) -> pq.ParquetFile:
         """A Parquet file whose footer is within bounds, opened (its metadata read, no row)."""

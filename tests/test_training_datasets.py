@@ -181,6 +181,45 @@ def test_a_data_folder_symlinked_outside_the_dataset_is_refused(demonstrations, 
         read_dataset(dataset)
 
 
+def test_a_data_file_symlinked_to_a_file_outside_the_dataset_is_refused(demonstrations, tmp_path):
+    """The data folder is inside; the parquet in it is a link to a copy outside, which would train."""
+    dataset = copy(demonstrations, tmp_path)
+    (data_file,) = sorted((dataset / "data").rglob("*.parquet"))
+    outside = tmp_path / "outside.parquet"
+    shutil.move(data_file, outside)
+    data_file.symlink_to(outside)
+    rel = data_file.relative_to(dataset)
+    assert_refused(dataset, tmp_path, f"{rel}: the data file is a link that leads outside", "(field: data_path)")
+
+
+def test_a_camera_video_symlinked_to_a_file_outside_the_dataset_is_refused(recording, tmp_path):
+    dataset = copy(recording, tmp_path)
+    outside = tmp_path / "outside.mp4"
+    shutil.move(dataset / VIDEO, outside)
+    (dataset / VIDEO).symlink_to(outside)
+    assert_refused(dataset, tmp_path, f"{VIDEO}: the video is a link that leads outside", "(field: video_path)")
+
+
+def test_a_file_symlinked_to_another_inside_the_dataset_reads(demonstrations, tmp_path):
+    dataset = copy(demonstrations, tmp_path)
+    (data_file,) = sorted((dataset / "data").rglob("*.parquet"))
+    kept = dataset / "kept" / "data.parquet"
+    kept.parent.mkdir()
+    shutil.move(data_file, kept)
+    data_file.symlink_to(os.path.relpath(kept, data_file.parent))
+    assert read_dataset(dataset).frames == read_dataset(demonstrations).frames
+
+
+def test_a_snapshot_outside_a_hub_cache_cannot_link_into_a_blobs_folder_of_another(recording, tmp_path):
+    """Only a snapshot's own repository's blob store counts as inside: a folder merely beside `blobs` does not."""
+    dataset = copy(recording, tmp_path)
+    (tmp_path / "blobs").mkdir()
+    shutil.move(dataset / VIDEO, tmp_path / "blobs" / "video")
+    (dataset / VIDEO).symlink_to(tmp_path / "blobs" / "video")
+    with pytest.raises(DatasetError, match="leads outside the dataset"):
+        read_dataset(dataset)
+
+
 @pytest.mark.parametrize(
     ("template", "refused"),
     [
