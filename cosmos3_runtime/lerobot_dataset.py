@@ -49,8 +49,10 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from .description import EngineLimits
 from .errors import CheckpointError
 from .mp4_header import probe_video_header
+from .parquet_pages import PageHeaderError, column_pages
 
 INFO_PATH = "meta/info.json"
 TASKS_PATH = "meta/tasks.parquet"
@@ -65,6 +67,14 @@ MAX_FOOTER_BYTES = 16 * 2**20  # one Parquet file's metadata
 MAX_TASKS = 100_000
 MAX_ROW_VALUES = 65_536  # numbers in one frame's action or state (a chunk of 64 rows of 1,024 is far past any robot)
 ROWS_PER_BATCH = 16  # data rows held as Arrow values at a time, before they go into their episode's arrays
+# A task is the prompt training runs with: the server's own prompt bound, in characters.
+MAX_TASK_CHARS = EngineLimits().max_prompt_chars
+# What one value of a column may take once its page is decompressed (a byte array's 4-byte length included),
+# and what its levels and encodings may add: 4 bytes a value, and a few kB a page.
+MAX_TEXT_VALUE_BYTES = 4 + 4 * MAX_TASK_CHARS  # UTF-8 takes at most 4 bytes a character
+LEVEL_BYTES = 4
+PAGE_SLACK_BYTES = 4096
+_PHYSICAL_BYTES = {"BOOLEAN": 1, "INT32": 4, "FLOAT": 4, "INT64": 8, "DOUBLE": 8, "INT96": 12}
 # A recording's outcome of each observation, as policy_server.recording writes it (the runtime reads it here
 # without importing the server): a row of ANSWERED_KIND holds the chunk answered, any other kind a zero chunk.
 RESPONSE_KIND = "response.kind"
@@ -129,6 +139,15 @@ def read_dataset(
     """Read ``root``'s episodes (their frames from ``camera``, default the first camera feature), within
     ``bounds``; raise :class:`DatasetError` on anything else."""
     return _Reader(Path(root), bounds or DatasetBounds()).read(camera, max_episodes)
+
+
+@dataclass(frozen=True)
+class ColumnBound:
+    """What one row of a column may hold: ``values`` leaf values (a list column's declared shape), each byte
+    array (string or binary) of at most ``value_bytes`` bytes."""
+
+    values: int = 1
+    value_bytes: int = MAX_TEXT_VALUE_BYTES
 
 
 @dataclass(frozen=True)
@@ -242,17 +261,87 @@ class _Reader:
             raise DatasetError(f"{rel}: the {what} is not a Parquet file pyarrow can read: {exc}", field) from exc
 
     def batches(
-        self, rel: PurePosixPath, parquet: pq.ParquetFile, columns: list[str], field: str
+        self,
+        rel: PurePosixPath,
+        parquet: pq.ParquetFile,
+        columns: list[str],
+        field: str,
+        bounds: Mapping[str, ColumnBound] | None = None,
     ) -> Iterator[pa.RecordBatch]:
-        """``columns`` of ``parquet``, :data:`ROWS_PER_BATCH` rows at a time."""
+        """``columns`` of ``parquet``, :data:`ROWS_PER_BATCH` rows at a time, each page of them sized from its
+        header first (:meth:`check_pages`; ``bounds``: per column, else one value a row, text-sized)."""
         names = set(parquet.schema_arrow.names)
         for name in columns:
             if name not in names:
                 raise DatasetError(f"{rel}: no column {name!r}", name)
+        self.check_pages(rel, parquet, columns, bounds or {}, field)
         try:
             yield from parquet.iter_batches(batch_size=ROWS_PER_BATCH, columns=columns, use_threads=False)
         except (OSError, pa.ArrowException) as exc:
             raise DatasetError(f"{rel}: the Parquet file is corrupt: {exc}", field) from exc
+
+    def check_pages(
+        self,
+        rel: PurePosixPath,
+        parquet: pq.ParquetFile,
+        columns: list[str],
+        bounds: Mapping[str, ColumnBound],
+        field: str,
+    ) -> None:
+        """Before any value of ``columns`` is decoded: every page of theirs, sized by its own header (what
+        pyarrow will decompress it to), holds no more than its values' bound, and each column chunk's pages
+        no more values than its rows may (``bounds``). A 33 kB task list with a 1 GiB task string in a
+        zstd-compressed dictionary page is refused here, from the header's 1 GiB."""
+        path = self.file(rel, field, "file")
+        meta = parquet.metadata
+        try:
+            with path.open("rb") as handle:
+                for group in range(meta.num_row_groups):
+                    rows = meta.row_group(group).num_rows
+                    for index in range(meta.num_columns):
+                        chunk = meta.row_group(group).column(index)
+                        name = _owner(chunk.path_in_schema, columns)
+                        if name is None:
+                            continue
+                        bound = bounds.get(name, ColumnBound())
+                        leaf = _PHYSICAL_BYTES.get(chunk.physical_type)
+                        if leaf is None:  # a byte array, or a fixed one (its length is in the schema)
+                            fixed = parquet.schema.column(index).length
+                            leaf = fixed if chunk.physical_type == "FIXED_LEN_BYTE_ARRAY" else bound.value_bytes
+                        start = chunk.data_page_offset
+                        if chunk.has_dictionary_page and chunk.dictionary_page_offset:
+                            start = min(start, chunk.dictionary_page_offset)
+                        self.check_chunk(rel, name, handle, start, chunk.total_compressed_size, rows, bound, leaf)
+        except PageHeaderError as exc:
+            raise DatasetError(f"{rel}: a page of columns {', '.join(columns)} is unreadable: {exc}", field) from None
+        except OSError as exc:
+            raise DatasetError(f"{rel}: the Parquet file cannot be read: {exc}", field) from None
+
+    @staticmethod
+    def check_chunk(
+        rel: PurePosixPath,
+        name: str,
+        handle: Any,
+        start: int,
+        length: int,
+        rows: int,
+        bound: ColumnBound,
+        leaf: int,
+    ) -> None:
+        most_values = rows * bound.values
+        values = {True: 0, False: 0}  # dictionary entries, data values
+        for page in column_pages(handle, start, length):
+            dictionary = page.kind == 2
+            values[dictionary] += page.values
+            most_bytes = page.values * (leaf + LEVEL_BYTES) + PAGE_SLACK_BYTES
+            if page.uncompressed_bytes > most_bytes or values[dictionary] > most_values:
+                what = "dictionary page" if dictionary else "page"
+                raise DatasetError(
+                    f"{rel}: a {what} of column {name!r} decompresses to {page.uncompressed_bytes:,} bytes for "
+                    f"{page.values:,} values (at most {most_bytes:,}; {rows:,} rows of {bound.values:,} values, "
+                    f"a value of at most {leaf:,} bytes)",
+                    name,
+                )
 
     # -- metadata ------------------------------------------------------------------------------
 
@@ -333,6 +422,12 @@ class _Reader:
         for batch in self.batches(rel, parquet, ["task_index", text], "tasks"):
             for index, name in zip(batch.column(0).to_pylist(), batch.column(1).to_pylist()):
                 if isinstance(index, int) and isinstance(name, str):
+                    if len(name) > MAX_TASK_CHARS:
+                        raise DatasetError(
+                            f"{rel}: task {index} has {len(name):,} characters, over the prompt bound "
+                            f"{MAX_TASK_CHARS:,}",
+                            "task",
+                        )
                     out[index] = name
         return out
 
@@ -479,7 +574,15 @@ class _Reader:
             columns += [image_camera] if image_camera else []
             kinds = held[0].answered is not None
             columns += [RESPONSE_KIND] if kinds else []
-            for batch in self.batches(rel, parquet, columns, "data_path"):
+            bounds = {
+                "action": ColumnBound(values=math.prod(held[0].actions.shape[1:])),
+                RESPONSE_KIND: ColumnBound(value_bytes=4 + max(map(len, RESPONSE_KINDS))),
+            }
+            if state_shape is not None:
+                bounds["observation.state"] = ColumnBound(values=math.prod(state_shape))
+            if image_camera:  # LeRobot's image: {bytes: a PNG, path}; a PNG holds its pixels at worst unpacked
+                bounds[image_camera] = ColumnBound(value_bytes=2 * sides[0] * (3 * sides[1] + 1) + 2**16)
+            for batch in self.batches(rel, parquet, columns, "data_path", bounds):
                 ids = _integers(rel, batch, "episode_index")
                 frame_ids = _integers(rel, batch, "frame_index")
                 task_ids = _integers(rel, batch, "task_index")
@@ -588,6 +691,12 @@ class _Reader:
                 )
         finally:
             reader.close()
+
+
+def _owner(path_in_schema: str, columns: list[str]) -> str | None:
+    """The column of ``columns`` a leaf (``action.list.element``, ``observation.images.front.bytes``) belongs to."""
+    owners = [c for c in columns if path_in_schema == c or path_in_schema.startswith(c + ".")]
+    return max(owners, key=len) if owners else None
 
 
 def fill_template_glob(template: object) -> PurePosixPath:
