@@ -417,6 +417,13 @@ def _add_runtime_arguments(parser: argparse.ArgumentParser) -> None:
         help="deepest nesting of one WebSocket msgpack frame (default %(default)d)",
     )
     parser.add_argument(
+        "--max-decode-share",
+        type=float,
+        default=FrameBudget.decode_share,
+        help="CPU seconds a second one connection's msgpack frames may take to count and decode, refused ones "
+        "included; a connection past it is not read until it is back within (default %(default)g; 0: off)",
+    )
+    parser.add_argument(
         "--max-batch",
         type=int,
         default=4,
@@ -820,7 +827,9 @@ def _server_settings(args: argparse.Namespace) -> ServerSettings:
         host=args.host,
         port=args.port,
         max_message_bytes=int(args.max_message_mib * 2**20),
-        frame_budget=FrameBudget(max(1, args.max_frame_values), max(1, args.max_frame_depth)),
+        frame_budget=FrameBudget(
+            max(1, args.max_frame_values), max(1, args.max_frame_depth), decode_share=max(0.0, args.max_decode_share)
+        ),
         max_decoded_bytes=int(args.max_decoded_mib * 2**20),
         max_image_side=args.max_image_side,
         torch_threads=args.torch_threads,
