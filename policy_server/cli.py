@@ -300,6 +300,21 @@ def _add_security_arguments(parser: argparse.ArgumentParser) -> None:
         "refused with `too_many_sessions` and the connection goes on (default %(default)d)",
     )
     security.add_argument(
+        "--session-id-turns",
+        type=int,
+        default=1,
+        help="turns in the engine queue one connection's `session_id`s share: each connection is one robot "
+        "for fairness, its names served together in its turn; more weights a trusted connection stepping "
+        "many environments (RoboLab) (default %(default)d)",
+    )
+    security.add_argument(
+        "--max-sessions-per-peer",
+        type=int,
+        default=None,
+        help="sessions one peer address may hold, connections and `session_id`s together, before its new "
+        "`session_id`s are refused with `too_many_sessions` (default: --max-sessions less a quarter of it, so 48 of 64: the others stay for other peers)",
+    )
+    security.add_argument(
         "--session-id-idle-timeout-s",
         type=float,
         default=DEFAULT_SESSION_ID_IDLE_S,
@@ -842,7 +857,12 @@ def _server_settings(args: argparse.Namespace) -> ServerSettings:
         ssl_context=_ssl_context(args),
         auth_tokens=TokenSet.load(args.auth_token, args.auth_token_file),
         max_sessions=max(1, args.max_sessions),
-        policy_sessions=PolicySessionLimits(max(0, args.max_session_ids), max(0.0, args.session_id_idle_timeout_s)),
+        policy_sessions=PolicySessionLimits(
+            max(0, args.max_session_ids),
+            max(0.0, args.session_id_idle_timeout_s),
+            turns_per_connection=max(1, args.session_id_turns),
+            max_per_peer=None if args.max_sessions_per_peer is None else max(1, args.max_sessions_per_peer),
+        ),
         observation_rate=RateLimit(max(0.0, args.max_observation_hz), max(1, args.observation_burst)),
         engine_timeout_s=max(0.0, args.engine_timeout_s),
         video_step_interval_s=max(0.0, args.video_step_interval_s),
