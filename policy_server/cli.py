@@ -312,7 +312,8 @@ def _add_security_arguments(parser: argparse.ArgumentParser) -> None:
         type=int,
         default=None,
         help="sessions one peer address may hold, connections and `session_id`s together, before its new "
-        "`session_id`s are refused with `too_many_sessions` (default: --max-sessions less a quarter of it, so 48 of 64: the others stay for other peers)",
+        "`session_id`s are refused with `too_many_sessions` (default: --max-sessions less a quarter of it, "
+        "48 of 64: the others stay for other peers)",
     )
     security.add_argument(
         "--session-id-idle-timeout-s",
@@ -435,8 +436,9 @@ def _add_runtime_arguments(parser: argparse.ArgumentParser) -> None:
         "--max-decode-share",
         type=float,
         default=FrameBudget.decode_share,
-        help="CPU seconds a second one connection's msgpack frames may take to count and decode, refused ones "
-        "included; a connection past it is not read until it is back within (default %(default)g; 0: off)",
+        help="CPU seconds a second one connection's refused msgpack frames (past the element budget, malformed, "
+        "or not parsing) may take to count and decode; a connection past it is not read until it is back "
+        "within (default %(default)g; 0: off)",
     )
     parser.add_argument(
         "--max-batch",

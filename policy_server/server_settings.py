@@ -76,17 +76,17 @@ class PolicySessionLimits:
 @dataclass(frozen=True)
 class FrameBudget:
     """What one client frame may hold once decoded (``--max-frame-values``): elements (every value, a map's
-    keys included) and the depth containers nest to; and what decoding a connection's frames may cost:
-    ``decode_share`` CPU seconds a second on average (``--max-decode-share``), ``decode_burst_s`` at once.
+    keys included) and the depth containers nest to; and what decoding a connection's refused frames may
+    cost: ``decode_share`` CPU seconds a second on average (``--max-decode-share``), ``decode_burst_s`` at once.
     A connection past it is not read until its budget refills (``sessions.wire_intake``)."""
 
     max_values: int = FRAME_MAX_VALUES
     max_depth: int = FRAME_MAX_DEPTH
-    # A robot's frames take well under a millisecond each to count and decode (its pixels are decoded and
-    # paid for apart, camera_intake): 5 % of a core is ample at 200 frames a second, and four connections
-    # sending frames just under the element budget back to back get a fifth of one core between them.
-    decode_share: float = 0.05
-    decode_burst_s: float = 0.25
+    # Only refused frames spend it (a frame that parses is paid for in its session's turn), and a robot's
+    # refused frame takes well under a millisecond: 1 % of a core leaves four connections sending frames just
+    # under the element budget back to back a twenty-fifth of one core between them.
+    decode_share: float = 0.01
+    decode_burst_s: float = 0.1
 
 
 @dataclass

@@ -154,7 +154,7 @@ def element_heavy_frame() -> bytes:
     return packb({"type": "observation", "seq": 1, "image": {str(i): {} for i in range(49_990)}})
 
 
-async def test_a_connection_whose_frames_cost_more_than_its_decode_share_is_not_read_until_it_is_within():
+async def test_a_connection_whose_refused_frames_cost_more_than_its_decode_share_is_not_read_until_within():
     from policy_server.server_settings import FrameBudget
     from policy_server.sessions.wire_intake import WireIntake
 
@@ -164,19 +164,24 @@ async def test_a_connection_whose_frames_cost_more_than_its_decode_share_is_not_
     for _ in range(3):
         await intake.prepare(frame)
         assert isinstance(intake.unpack(frame), dict)
-    spent = sum(charged)
-    assert spent > 0.001
-    # Each frame's cost past the burst is waited for at 1 % of a core before the next one is read.
-    assert intake.paused_s > 0.5 * (sum(charged[:2]) - 0.001) / 0.01, (charged, intake.paused_s)
-
-
-async def test_a_robots_frames_stay_within_the_default_decode_share():
-    from policy_server.server_settings import FrameBudget
-    from policy_server.sessions.wire_intake import WireIntake
-
-    intake = WireIntake(FrameBudget(), lambda cpu_s: None)
-    frame = packb({"type": "observation", "seq": 1, "image": rgb_image(224), "state": [0.0] * 64})
-    for _ in range(200):  # a second of a fast robot, at once
+    assert intake.paused_s == 0.0  # frames that parse are paid for in their session's turn
+    for _ in range(3):
         await intake.prepare(frame)
         intake.unpack(frame)
-    assert intake.paused_s == 0.0
+        intake.spend_refused()  # the protocol refused it: nothing else pays for its decoding
+    # Each refused frame's cost past the burst is waited for at 1 % of a core before the next one is read.
+    assert intake.paused_s > 0.5 * (sum(charged[3:5]) - 0.001) / 0.01, (charged, intake.paused_s)
+
+
+async def test_a_server_paces_a_connection_sending_refused_element_heavy_frames(limited):
+    await wait_sessions(limited, 0)
+    ws, hello = await open_ws(limited)
+    try:
+        for _ in range(8):  # each about 30 ms to count and decode, then refused: 0.24 s past a 0.1 s burst
+            await ws.send(element_heavy_frame())
+        replies = [unpackb(await asyncio.wait_for(ws.recv(), 60)) for _ in range(8)]
+        assert {r["type"] for r in replies} == {"error"}, replies
+        paused = limited.run(lambda: limited.server.context.sessions[hello["session_id"]].intake.paused_s)
+        assert paused > 0.0
+    finally:
+        await ws.close()

@@ -397,6 +397,8 @@ class Session:
         try:
             function(*args)
         except ProtocolError as exc:
+            if function == self.handle:  # a frame from the wire, refused: its decoding is the connection's
+                self.intake.spend_refused()
             self.send_error(exc.code, exc.message, exc.field, exc.seq if exc.seq is not None else self.frame_seq)
         except Exception:  # noqa: BLE001 - a bug of ours must not end the session, nor reach the client
             reference = uuid.uuid4().hex[:12]

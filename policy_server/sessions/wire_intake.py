@@ -9,12 +9,14 @@ loop every session shares: the reader of that one session waits for it (its next
 meanwhile), every other session goes on. The CPU time decoding takes is charged to the session like the
 decoding of its camera frames (``charge``: its next queued observation pays for it in its turn).
 
-Every frame pays before it costs: the CPU time of counting and decoding each frame, refused or not, is
-spent from the connection's decode budget (:class:`DecodeBudget`, ``FrameBudget.decode_share``). A
-connection in debt is not read until the budget has refilled, so a client sending costly frames back to
-back (frames just under the element budget, each refused once decoded) is paced to its share of the CPU
-and cannot take the decode pool, or the event loop its threads contend with, from the others. A frame that
-fails to parse spends its connection's rate too (``Session.handle``).
+Every frame pays before it costs. A frame that parses is an observation or a control, paid for in its
+session's turn (above) and bounded by the protocol's shapes. A frame that does not (past the element
+budget, malformed, or refused by the protocol once decoded, like an observation of 49,990 empty maps) pays
+nothing there, so the CPU time of counting and decoding it is spent from the connection's decode budget
+(:class:`DecodeBudget`, ``FrameBudget.decode_share``, :meth:`WireIntake.spend_refused`). A connection in debt is
+not read until the budget has refilled, so a client sending such frames back to back is paced to its share
+of a core and cannot take the decode pool, or the event loop its threads contend with, from the others. A
+frame that fails to parse spends its connection's rate too (``NativeSession.handle``).
 """
 
 from __future__ import annotations
@@ -110,6 +112,13 @@ class WireIntake:
         self.refused = 0  # frames refused for their element budget
         self.cpu = DecodeBudget(budget.decode_share, budget.decode_burst_s)
         self.paused_s = 0.0  # seconds this connection was not read, its decode budget in debt
+        self._last_cpu_s = 0.0  # what counting and decoding the last frame read took
+
+    def spend_refused(self) -> None:
+        """The last frame read was refused (it did not decode, or did not parse): its decoding is spent from
+        the connection's decode budget, as nothing else pays for it."""
+        self.cpu.spend(self._last_cpu_s)
+        self._last_cpu_s = 0.0
 
     async def prepare(self, message: bytes | str) -> None:
         """Wait while the connection's decode budget is in debt, then decode ``message`` ahead, on the decode
@@ -119,10 +128,11 @@ class WireIntake:
         if wait > 0:
             self.paused_s += wait
             await asyncio.sleep(wait)
+        self._last_cpu_s = 0.0
         if isinstance(message, bytes):
             started = time.thread_time()
             small = _small(message, self.budget)
-            self.cpu.spend(time.thread_time() - started)
+            self._last_cpu_s = time.thread_time() - started
             if not small:
                 self._ready = await decode_pool().run(_decode, message, self.budget)
 
@@ -136,7 +146,7 @@ class WireIntake:
         if decoded is None or decoded.message is not message:
             decoded = _decode(message, self.budget)
         self._charge(decoded.cpu_s)
-        self.cpu.spend(decoded.cpu_s)
+        self._last_cpu_s += decoded.cpu_s
         if isinstance(decoded.error, WireLimitError):
             self.refused += 1
             raise ProtocolError(ErrorCode.PAYLOAD_TOO_LARGE, decoded.error.message)
