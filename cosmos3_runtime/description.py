@@ -75,6 +75,10 @@ class EngineLimits:
     # Action inputs (prefix_actions, forward_dynamics actions) once normalized by the domain's statistics:
     # the training data lies within about ±1; far beyond, the networks' activations overflow.
     max_normalized_action: float = 1000.0
+    # The most one request may cost, in default chunks of its domain (:meth:`ModelDescription.chunk_cost`:
+    # transformer forwards x tokens); 0: unbounded. A server sets it (``cosmos3-serve --max-request-cost``) so
+    # that no robot's request holds the engine for many robots' chunks.
+    max_chunk_cost: float = 0.0
 
     @property
     def max_clip_frames(self) -> int:
@@ -245,6 +249,8 @@ MODEL_IDENTITY_KEYS = (
     "action_dim",
     "num_embodiment_domains",
 )
+# The settings a request's cost grows with (ModelDescription.chunk_cost), in the order a refusal names them.
+COST_SETTINGS = ("num_steps", "resolution_tier", "action_horizon", "guidance_scale", "guidance_interval", "shift")
 # Modes that answer with actions (the WebSocket endpoints, HTTP action generations); forward_dynamics
 # answers with video (the HTTP video jobs).
 VIDEO_MODES = ("forward_dynamics",)
@@ -425,6 +431,55 @@ class ModelDescription:
         if value is not None and not _number_in(value, lim.min_fps, lim.max_fps):
             raise InvalidRequestError(f"fps must be a number in [{lim.min_fps:g}, {lim.max_fps:g}]", "fps")
         self._check_sampler(settings, settings.get("domain_name") or domain_name)  # type: ignore[arg-type]
+        costly = [name for name in COST_SETTINGS if settings.get(name) is not None]
+        # A robot's request runs as one engine call; a video job runs step by step, giving way between steps.
+        if lim.max_chunk_cost > 0 and costly and self.domains and output == "actions":
+            cost = self.chunk_cost(settings, settings.get("domain_name") or domain_name)  # type: ignore[arg-type]
+            if cost > lim.max_chunk_cost:
+                raise InvalidRequestError(
+                    f"this request would cost {cost:.1f} default chunks of its domain (transformer forwards x "
+                    f"tokens), over the server's bound of {lim.max_chunk_cost:g} (--max-request-cost); ask for "
+                    "fewer steps, a lower tier or a shorter horizon",
+                    costly[0],
+                )
+
+    def chunk_cost(self, settings: Mapping[str, object], domain_name: str | None = None) -> float:
+        """What a request with ``settings`` (checked; unset ones take the domain's defaults) costs, in default
+        chunks of ``domain_name`` (None: the model's default domain): its transformer forwards (steps, and a
+        second pass on each step inside the guidance interval) times its tokens (latent frames x the
+        largest canvas of its tier, plus the action rows), over the same of the domain's defaults."""
+        name = domain_name if domain_name is not None else self.defaults.domain_name
+        defaults = self.domain_defaults.get(name or "", self.defaults)
+
+        def given(key: str, default: Any) -> Any:
+            value = settings.get(key)
+            return default if value is None else value
+
+        asked = replace(
+            defaults,
+            num_steps=int(given("num_steps", defaults.num_steps)),
+            guidance_scale=float(given("guidance_scale", defaults.guidance_scale)),
+            guidance_interval=_interval(given("guidance_interval", None))
+            if settings.get("guidance_interval") is not None
+            else defaults.guidance_interval,
+            shift=float(given("shift", defaults.shift)) if given("shift", defaults.shift) is not None else None,
+            resolution_tier=int(given("resolution_tier", defaults.resolution_tier)),
+            action_horizon=int(given("action_horizon", defaults.action_horizon or self.horizon_multiple)),
+        )
+        return self._forwards_x_tokens(asked) / self._forwards_x_tokens(defaults)
+
+    def _forwards_x_tokens(self, asked: RequestDefaults) -> float:
+        if self.distilled_sigmas is not None:
+            forwards = len(self.distilled_sigmas)
+        elif self.schedules is not None:
+            forwards = transformer_forwards(self.schedules.info, asked)
+        else:
+            forwards = asked.num_steps * (1 if asked.guidance_scale == 1.0 else 2)
+        horizon = asked.action_horizon or self.horizon_multiple
+        canvases = self.canvases.get(asked.resolution_tier) or ()
+        area = max((c.height * c.width for c in canvases), default=asked.resolution_tier**2)
+        tokens = (horizon // self.horizon_multiple + 1) * area / 256 + horizon
+        return float(forwards * tokens)
 
     def _check_sampler(self, settings: Mapping[str, object], domain_name: str | None = None) -> None:
         """Steps, guidance, its interval and the shift: a distilled model's are fixed; a base model's bounded,
