@@ -341,9 +341,14 @@ def test_a_connections_names_ride_in_its_turns_engine_call_together_and_an_http_
     queue = RequestQueue()
     for k in range(4):
         queue.put(named("robolab", f"env-{k}"))
+    batch = queue.take_batch(8)  # nobody else waits: the names use the engine together
+    assert [p.session_id for p in batch] == [f"robolab/env-{k}" for k in range(4)]
+    for k in range(4):
+        queue.put(named("robolab", f"env-{k}", 1))
     queue.put(item("robot", 0))
-    batch = queue.take_batch(8)
-    assert [p.session_id for p in batch] == [f"robolab/env-{k}" for k in range(4)] + ["robot"]
+    batch = queue.take_batch(8)  # a robot waits: the connection is one place in the batch, like the robot
+    assert [p.session_id for p in batch] == ["robolab/env-0", "robot"]
+    queue = RequestQueue()
     for k in range(3):  # one HTTP client's requests: one place in a batch, one per round
         one_shot = item(f"http-{k}", 0)
         one_shot.turn = "client"
@@ -356,8 +361,8 @@ def test_a_batch_of_names_stops_at_the_batch_size_and_the_rest_keep_their_turn()
     queue = RequestQueue()
     for k in range(5):
         queue.put(named("robolab", f"env-{k}"))
-    queue.put(item("robot", 0))
     assert [p.session_id for p in queue.take_batch(3)] == ["robolab/env-0", "robolab/env-1", "robolab/env-2"]
+    queue.put(item("robot", 0))  # arrived meanwhile: served before the connection's next turn
     assert [p.session_id for p in queue.take_batch(1)] == ["robot"]
     assert [p.session_id for p in queue.take_batch(3)] == ["robolab/env-3", "robolab/env-4"]
     assert queue.take(timeout=0.05) is None

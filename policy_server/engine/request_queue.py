@@ -15,6 +15,8 @@ Two rules make it a realtime queue rather than a FIFO:
   observation keeps the session's place, so a robot that sends faster gains nothing over one that sends
   slower: with N busy sessions each gets every N-th engine slot.
 * **A turn can be shared.** An observation names the turn it waits for (:attr:`PendingObservation.turn`;
+  a connection's policy sessions share the connection's: its names ride in one engine call together,
+  :attr:`PendingObservation.turn_shares_call`, but only while no other turn waits;
   by default its session's own). One-shot requests of the HTTP sidecar are sessions of one request each,
   and all the requests of one HTTP client share that client's turn: they wait behind each other, oldest
   first, and the client as a whole gets one engine slot per round of the ring, like one robot, however
@@ -494,7 +496,10 @@ class RequestQueue(ClosableQueue):
         turns_taken = {first.turn_key}
         hold_until = first.enqueued_at + max_wait
         with self._lock:
-            self._take_more_of(first.turn_key, batch, max_items, compatible)
+            # A turn's further observations ride along only when no other turn waits: then they use an engine
+            # nobody else wants; while others wait, the turn is one place in the batch like anyone's.
+            if not self._ring:
+                self._take_more_of(first.turn_key, batch, max_items, compatible)
             while len(batch) < max_items and not self._closed:
                 for turn in list(self._ring):
                     if len(batch) == max_items:
@@ -506,7 +511,6 @@ class RequestQueue(ClosableQueue):
                     self._ring.remove(turn)
                     batch.append(self._pop_turn(turn))
                     turns_taken.add(turn)
-                    self._take_more_of(turn, batch, max_items, compatible)
                 remaining = hold_until - time.monotonic()
                 if len(batch) == max_items or remaining <= 0:
                     break
