@@ -249,8 +249,6 @@ MODEL_IDENTITY_KEYS = (
     "action_dim",
     "num_embodiment_domains",
 )
-# The settings a request's cost grows with (ModelDescription.chunk_cost), in the order a refusal names them.
-COST_SETTINGS = ("num_steps", "resolution_tier", "action_horizon", "guidance_scale", "guidance_interval", "shift")
 # Modes that answer with actions (the WebSocket endpoints, HTTP action generations); forward_dynamics
 # answers with video (the HTTP video jobs).
 VIDEO_MODES = ("forward_dynamics",)
@@ -431,7 +429,9 @@ class ModelDescription:
         if value is not None and not _number_in(value, lim.min_fps, lim.max_fps):
             raise InvalidRequestError(f"fps must be a number in [{lim.min_fps:g}, {lim.max_fps:g}]", "fps")
         self._check_sampler(settings, settings.get("domain_name") or domain_name)  # type: ignore[arg-type]
-        costly = [name for name in COST_SETTINGS if settings.get(name) is not None]
+        # The settings the cost is priced from (RequestDefaults' fields, the sampler's first): a refusal names
+        # the first of them set.
+        costly = [f.name for f in fields(RequestDefaults) if settings.get(f.name) is not None]
         # A robot's request runs as one engine call; a video job runs step by step, giving way between steps.
         if lim.max_chunk_cost > 0 and costly and self.domains and output == "actions":
             cost = self.chunk_cost(settings, settings.get("domain_name") or domain_name)  # type: ignore[arg-type]

@@ -75,20 +75,20 @@ class PolicySessionTable(Generic[PolicySessionT]):
                     SESSION_ID,
                     seq,
                 )
+            if server_room <= 0:
+                self.refused += 1
+                raise ProtocolError(
+                    ErrorCode.TOO_MANY_SESSIONS,
+                    "the server holds as many sessions as --max-sessions allows; retry once one ends",
+                    SESSION_ID,
+                    seq,
+                )
             if peer_room is not None and peer_room <= 0:
                 self.refused += 1
                 raise ProtocolError(
                     ErrorCode.TOO_MANY_SESSIONS,
                     "this connection's address holds as many sessions as --max-sessions-per-peer allows "
                     "(connections and `session_id`s together); retry once one ends",
-                    SESSION_ID,
-                    seq,
-                )
-            if server_room <= 0:
-                self.refused += 1
-                raise ProtocolError(
-                    ErrorCode.TOO_MANY_SESSIONS,
-                    "the server holds as many sessions as --max-sessions allows; retry once one ends",
                     SESSION_ID,
                     seq,
                 )
