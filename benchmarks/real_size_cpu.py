@@ -1,9 +1,11 @@
-"""Cosmos3 Edge at its real size on this CPU: load, memory and one policy chunk through a real server.
+"""Cosmos3 at a published size on this CPU: load, memory and one policy chunk through a real server.
 
-Builds (or reuses) a random-weight Edge checkpoint of the published shape (3.37 B parameters, bf16 on
-disk, ``cosmos3_runtime.random_checkpoints``), starts ``python -m policy_server.cli --model PATH`` as its
-own process (fp32 on CPU, about 16 GB resident with the VAE), sends one distilled policy observation with
-the real client (``robot_clients.PolicyClient``) and records:
+Builds (or reuses) a random-weight checkpoint of a published shape (``--shape edge``: 3.37 B parameters;
+``--shape nano``: 15.2 B; bf16 on disk, ``cosmos3_runtime.random_checkpoints``), starts
+``python -m policy_server.cli --model PATH [--quantization int8]`` as its own process (fp32 on CPU: Edge about
+16 GB resident with the VAE; Nano only with ``--quantization int8``), sends one policy observation with the
+real client (``robot_clients.PolicyClient``; ``--num-steps`` and ``--guidance-scale`` configure a base
+checkpoint's sampler, e.g. one step for Nano's figure) and records:
 
 - load time (process start to ``/healthz`` ready, and the engine's own load time from its log);
 - the server's peak resident memory (``VmHWM``) and its memory once loaded;
@@ -57,7 +59,14 @@ def process_memory_gib(pid: int) -> dict[str, float]:
 
 
 def run(
-    checkpoint: Path, *, size: int = 224, timeout_s: float = 1800.0, min_available_gib: float = 17.0, log=print
+    checkpoint: Path,
+    *,
+    size: int = 224,
+    timeout_s: float = 1800.0,
+    min_available_gib: float = 17.0,
+    quantization: str = "none",
+    sampler: dict | None = None,
+    log=print,
 ) -> dict:
     """Serve one chunk of ``checkpoint`` through a real server; returns the figures (see the module doc)."""
     from robot_clients.client import PolicyClient
@@ -74,11 +83,15 @@ def run(
         "parameters": info.parameters,
         "bytes_on_disk": info.parameter_bytes,
         "available_gib_before": round(free, 1),
+        "quantization": quantization,
         "load_average_before": os.getloadavg()[0],
     }
     started = time.perf_counter()
     server = ServerProcess(
-        ["--model", str(checkpoint), "--no-warmup", "--engine-timeout-s", "0", "--max-batch", "1", "--no-openpi"]
+        [
+            *("--model", str(checkpoint), "--no-warmup", "--engine-timeout-s", "0", "--max-batch", "1", "--no-openpi"),
+            *("--quantization", quantization),
+        ]
     )
     try:
         health = server.wait_ready(timeout=timeout_s)
@@ -95,7 +108,7 @@ def run(
         image = np.random.default_rng(0).integers(0, 256, (size, size, 3), dtype=np.uint8)
         with PolicyClient(f"ws://127.0.0.1:{server.port}") as client:
             domain = client.metadata["defaults"]["domain_name"]
-            client.configure(domain_name=domain, resolution_tier=256)
+            client.configure(domain_name=domain, resolution_tier=256, **(sampler or {}))
             sent = time.perf_counter()
             chunk = client.infer({"image": image}, timeout=timeout_s)
             figures["round_trip_s"] = time.perf_counter() - sent
@@ -106,7 +119,8 @@ def run(
             actions_finite=bool(np.isfinite(chunk.actions).all()),
             timing_ms={k: v for k, v in chunk.timing.items() if v is not None},
         )
-        figures["memory_after_chunk_gib"] = process_memory_gib(server.proc.pid)
+        figures["memory_after_chunk_gib"] = process_memory_gib(server.proc.pid)  # VmHWM: the peak since start
+        figures["weights"] = client.metadata.get("weights")
         log(
             f"chunk: {chunk.actions.shape} in {figures['round_trip_s']:.1f} s, {chunk.num_steps} steps, "
             f"timing {figures['timing_ms']}"
@@ -146,26 +160,44 @@ def time_vae_encode(checkpoint: Path, size: int, repeats: int = 3) -> dict:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--shape", choices=("edge", "nano"), default="edge", help="the published shape to build")
+    parser.add_argument("--variant", default=None, help="the variant to build (default: the shape's distilled one)")
     parser.add_argument(
         "--checkpoint",
         type=Path,
-        default=Path("/tmp/cosmos3-edge-distilled"),
-        help="an Edge checkpoint folder; built there (random weights) if missing",
+        default=None,
+        help="a checkpoint folder of --shape; built there (random weights) if missing "
+        "(default /tmp/cosmos3-SHAPE-VARIANT)",
     )
+    parser.add_argument("--quantization", default="none", help="cosmos3-serve --quantization: none, int8")
+    parser.add_argument("--num-steps", type=int, default=None, help="configure num_steps (a base checkpoint)")
+    parser.add_argument("--guidance-scale", type=float, default=None, help="configure guidance_scale")
     parser.add_argument("--size", type=int, default=224, help="camera frame side (square), default 224")
     parser.add_argument("--min-available-gib", type=float, default=17.0)
     parser.add_argument("--delete", action="store_true", help="delete the checkpoint afterwards (8 GB)")
     parser.add_argument("--json", type=Path, default=None)
     args = parser.parse_args()
+    from cosmos3_runtime.random_checkpoints import PUBLISHED_SHAPES, build_shaped_checkpoint, resolve_variant
 
+    variant = resolve_variant(PUBLISHED_SHAPES[args.shape], args.variant)
+    args.checkpoint = args.checkpoint or Path(f"/tmp/cosmos3-{args.shape}-{variant}")
     if not (args.checkpoint / "model_index.json").is_file():
-        from cosmos3_runtime.random_checkpoints import build_shaped_checkpoint
-
         started = time.perf_counter()
-        build_shaped_checkpoint(args.checkpoint, "edge")
-        print(f"built the Edge checkpoint in {time.perf_counter() - started:.0f} s")
+        build_shaped_checkpoint(args.checkpoint, args.shape, variant)
+        print(f"built the {args.shape} checkpoint in {time.perf_counter() - started:.0f} s")
+    sampler = {
+        key: value
+        for key, value in (("num_steps", args.num_steps), ("guidance_scale", args.guidance_scale))
+        if value is not None
+    }
     try:
-        figures = run(args.checkpoint, size=args.size, min_available_gib=args.min_available_gib)
+        figures = run(
+            args.checkpoint,
+            size=args.size,
+            min_available_gib=args.min_available_gib,
+            quantization=args.quantization,
+            sampler=sampler,
+        )
     finally:
         if args.delete:
             shutil.rmtree(args.checkpoint, ignore_errors=True)

@@ -9,7 +9,11 @@ of:
 * ``model``: the engine's own model time (VAE encode + denoising), from the chunk's ``timing``;
 * ``engine``: the whole ``predict_actions`` call (model + its pre/post-processing);
 * ``overhead``: round trip minus model time, per request: the cost of serving (codec, socket, queue,
-  thread hand-offs, request building), which is what this server is responsible for.
+  thread hand-offs, request building), which is what this server is responsible for;
+* ``echo``: a raw WebSocket echo of the same observation bytes (a ``websockets`` client against an echo
+  server in a process of its own, on the same machine, measured in blocks before and after the round trips),
+  and the overhead's p50 as a multiple of the echo's p50: what serving costs beyond moving the bytes, in a
+  unit that follows the machine's load.
 
 Run it::
 
@@ -37,6 +41,25 @@ REPO_ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO_ROOT))
 
 from robot_clients import PolicyClient  # noqa: E402
+from robot_clients.protocol import observation_frame  # noqa: E402
+from robot_clients.wire_codec import packb  # noqa: E402
+
+# An echo server in a process of its own: it prints its port, then sends every binary frame back.
+ECHO_SERVER = """
+import asyncio
+from websockets.asyncio.server import serve
+
+async def echo(ws):
+    async for message in ws:
+        await ws.send(message)
+
+async def main():
+    async with serve(echo, "127.0.0.1", 0, max_size=None, compression=None) as listener:
+        print(listener.sockets[0].getsockname()[1], flush=True)
+        await asyncio.Future()
+
+asyncio.run(main())
+"""
 
 
 def percentile(values, q: float) -> float:
@@ -107,10 +130,35 @@ def get_health(url: str) -> dict:
         return {}
 
 
+def echo_round_trips(payloads: list[bytes], count: int) -> list[float]:
+    """Round trips (ms) of a raw WebSocket echo of ``payloads`` (in turn), ``count`` of them after a warmup."""
+    from websockets.sync.client import connect
+
+    server = subprocess.Popen([sys.executable, "-c", ECHO_SERVER], stdout=subprocess.PIPE, text=True)
+    try:
+        assert server.stdout is not None
+        port = int(server.stdout.readline())
+        with connect(f"ws://127.0.0.1:{port}", max_size=None, compression=None) as ws:
+            times = []
+            for i in range(count + 10):
+                started = time.perf_counter()
+                ws.send(payloads[i % len(payloads)])
+                ws.recv()
+                if i >= 10:
+                    times.append((time.perf_counter() - started) * 1e3)
+            return times
+    finally:
+        server.terminate()
+        server.wait()
+
+
 def run_round_trips(url: str, domain: str | None, size: int, requests: int, warmup: int) -> dict:
     """Closed loop: one observation, wait for its chunk, repeat. Returns per-request measurements."""
     rng = np.random.default_rng(0)
     images = [rng.integers(0, 256, (size, size, 3), dtype=np.uint8) for _ in range(8)]
+    # The same bytes as the robot's observation frames (the seq and timestamp differ, not the size).
+    payloads = [packb({**observation_frame(0, {"image": image}, {}), "timestamp": 0.0}) for image in images]
+    echo = echo_round_trips(payloads, requests // 2)
     with PolicyClient(url) as client:
         domain = domain or client.metadata["defaults"].get("domain_name") or sorted(client.metadata["domains"])[0]
         client.configure(domain_name=domain)
@@ -124,16 +172,18 @@ def run_round_trips(url: str, domain: str | None, size: int, requests: int, warm
             model.append(chunk.timing["model_ms"])
             engine.append(chunk.timing["engine_ms"])
             server_total.append(chunk.timing["observation_age_ms"])
-        return {
-            "domain": domain,
-            "metadata": client.metadata,
-            "round_trip_ms": round_trip,
-            "model_ms": model,
-            "engine_ms": engine,
-            "server_ms": server_total,
-            "overhead_ms": [r - m for r, m in zip(round_trip, model)],
-            "outside_engine_ms": [r - e for r, e in zip(round_trip, engine)],
-        }
+    echo += echo_round_trips(payloads, requests - requests // 2)
+    return {
+        "domain": domain,
+        "metadata": client.metadata,
+        "round_trip_ms": round_trip,
+        "model_ms": model,
+        "engine_ms": engine,
+        "server_ms": server_total,
+        "overhead_ms": [r - m for r, m in zip(round_trip, model)],
+        "outside_engine_ms": [r - e for r, e in zip(round_trip, engine)],
+        "echo_ms": echo,
+    }
 
 
 def report(result: dict, size: int) -> None:
@@ -148,10 +198,16 @@ def report(result: dict, size: int) -> None:
     print(summarize("obs age at send", result["server_ms"]))
     print(summarize("overhead = rt - model", result["overhead_ms"]))
     print(summarize("rt - engine call", result["outside_engine_ms"]))
+    print(summarize("raw WebSocket echo", result["echo_ms"]))
     p50_rt, p50_model = percentile(result["round_trip_ms"], 50), percentile(result["model_ms"], 50)
     print(
         f"serving overhead at p50: {p50_rt - p50_model:.2f} ms "
         f"({(p50_rt / p50_model - 1) * 100:.1f}% on top of the model)"
+    )
+    p50_overhead, p50_echo = percentile(result["overhead_ms"], 50), percentile(result["echo_ms"], 50)
+    print(
+        f"overhead p50 / echo p50: {p50_overhead:.2f} / {p50_echo:.2f} ms = {p50_overhead / p50_echo:.2f}x "
+        "(a raw WebSocket echo of the same bytes)"
     )
 
 

@@ -10,6 +10,8 @@ Heavy imports (torch, diffusers) happen when the engine module is first used, so
 request types stays cheap.
 """
 
+import logging as _logging
+
 from .description import EngineLimits, ModelDescription, RequestDefaults
 from .errors import (
     CheckpointError,
@@ -23,6 +25,13 @@ from .errors import (
     UnsupportedTierError,
 )
 from .requests import ActionRequest, ActionResult, Timing, VideoRequest, VideoResult
+
+# diffusers imports torchao (for --quantization) whenever it is installed, and on a CPU-only torch that import
+# warns: torchao's CUDA kernels (.so files) cannot load, torch's pytree notes torchao's enums, and diffusers
+# finds no classes for checkpoints saved already quantized. None concerns a load through TorchAoConfig, and
+# each would stand before a refusal's one line and in every server's log.
+for _name in ("torchao", "torch.utils._pytree", "diffusers.quantizers.torchao.torchao_quantizer"):
+    _logging.getLogger(_name).setLevel(_logging.ERROR)
 
 __all__ = [
     "ActionRequest",

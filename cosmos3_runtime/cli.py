@@ -12,8 +12,11 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from .errors import CheckpointError
+from .memory_plan import GIB, MemoryPlan, available_memory, dtype_name, parse_size, plan_memory
+from .quantization import Quantization, parse_quantization
 
 if TYPE_CHECKING:
+    from .checkpoints import CheckpointInfo
     from .description import RequestDefaults
     from .profiles import PolicyProfile
 
@@ -37,6 +40,12 @@ def tiny_main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--device", default=None, help="where published-shape weights are drawn: cpu (default) or cuda")
     parser.add_argument(
+        "--no-weights",
+        action="store_true",
+        help="a published shape's config files and shard index only, as a Hub checkpoint fetched for inspection: "
+        "enough for cosmos3-inspect's memory plan",
+    )
+    parser.add_argument(
         "--legacy-class-name", action="store_true", help="write the older Cosmos3OmniDiffusersPipeline _class_name"
     )
     parser.add_argument("--no-action-head", action="store_true", help="a video-only transformer")
@@ -55,8 +64,8 @@ def tiny_main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     started = time.perf_counter()
     if args.shape == "tiny":
-        if args.device is not None:
-            parser.error("--device applies to the published shapes (edge, nano, super) only")
+        if args.device is not None or args.no_weights:
+            parser.error("--device and --no-weights apply to the published shapes (edge, nano, super) only")
         variant = args.variant or "distilled"
         path = build_tiny_checkpoint(
             args.out,
@@ -78,7 +87,9 @@ def tiny_main(argv: list[str] | None = None) -> int:
             variant = resolve_variant(PUBLISHED_SHAPES[args.shape], args.variant)
         except ValueError as exc:
             parser.error(str(exc))
-        path = build_shaped_checkpoint(args.out, args.shape, variant, seed=args.seed, device=args.device or "cpu")
+        path = build_shaped_checkpoint(
+            args.out, args.shape, variant, seed=args.seed, device=args.device or "cpu", weights=not args.no_weights
+        )
     size = sum(f.stat().st_size for f in path.rglob("*") if f.is_file())
     print(
         f"built {args.shape} {variant} checkpoint at {path} in {time.perf_counter() - started:.2f} s, "
@@ -98,11 +109,36 @@ def inspect_main(argv: list[str] | None = None) -> int:
     parser.add_argument("--revision", default=None)
     parser.add_argument("--profiles", default=None, help="an operator profile file to merge")
     parser.add_argument("--json", action="store_true", help="machine-readable output")
+    parser.add_argument(
+        "--quantization",
+        default="none",
+        metavar="{none,int8,fp8}",
+        help="plan the memory with the transformer's linear layers quantized (as cosmos3-serve --quantization)",
+    )
+    parser.add_argument(
+        "--device",
+        choices=("cpu", "cuda"),
+        default=None,
+        help="plan for a load onto this kind of device (default: this machine's best)",
+    )
+    parser.add_argument("--dtype", default=None, help="the serving dtype to plan at (default: the device's best)")
+    parser.add_argument(
+        "--device-memory",
+        default=None,
+        metavar="SIZE",
+        help="the device memory to plan against, e.g. 24GiB or 80GB (default: what this machine's device has free)",
+    )
     args = parser.parse_args(argv)
+    try:
+        quantization = parse_quantization(args.quantization)
+        device_memory = parse_size(args.device_memory) if args.device_memory is not None else None
+    except (CheckpointError, ValueError) as exc:
+        parser.exit(2, f"cosmos3-inspect: error: {exc}\n")
     try:
         local = CheckpointSource.parse(args.checkpoint, revision=args.revision).resolve(config_only=True)
         info = inspect_checkpoint(local)
         spec = EngineSpec.for_checkpoint(info, profiles_for_checkpoint(local, info, args.profiles, args.checkpoint))
+        plan, where = _memory_plan(info, args.device, args.dtype, quantization, device_memory)
     except CheckpointError as exc:
         print(f"cosmos3-inspect: {exc}", file=sys.stderr)
         return 2
@@ -112,6 +148,7 @@ def inspect_main(argv: list[str] | None = None) -> int:
         summary = info.summary()
         summary["defaults"] = described["defaults"]
         summary["domains"] = described["domains"]
+        summary["memory_plan"] = plan.as_json()
         print(json.dumps(summary, indent=2))
         return 0
     print(f"checkpoint        {args.checkpoint}")
@@ -141,6 +178,7 @@ def inspect_main(argv: list[str] | None = None) -> int:
     for name, w in info.weights.items():
         print(f"{name:<17} {w.parameters:,} parameters, {w.bytes / 1e6:,.2f} MB in {w.files} file(s)")
     print(f"total             {info.parameters:,} parameters, {info.parameter_bytes / 1e6:,.2f} MB")
+    _print_memory_plan(plan, where)
     if spec.profiles:
         print(f"domains ({len(spec.profiles)}), each with the defaults it resolves to:")
         for name, profile in description.domains.items():
@@ -150,6 +188,50 @@ def inspect_main(argv: list[str] | None = None) -> int:
                 "  " + " " * 30 + " " + description.domain_defaults[name].sampler_text(description.chunk_forwards[name])
             )
     return 0
+
+
+def _memory_plan(
+    info: CheckpointInfo,
+    device_type: str | None,
+    dtype: str | None,
+    quantization: Quantization | None,
+    device_memory: int | None,
+) -> tuple[MemoryPlan, str]:
+    """The plan ``cosmos3-inspect`` prints, and what its device memory is (given, or this machine's)."""
+    import torch
+
+    from .checkpoints import resolve_device_and_dtype
+
+    if device_type == "cuda" and device_memory is None and not torch.cuda.is_available():
+        raise CheckpointError("--device cuda on a machine without a CUDA GPU needs --device-memory")
+    device, torch_dtype = resolve_device_and_dtype(device_type, dtype)
+    plan = plan_memory(info, dtype=dtype_name(torch_dtype), quantization=quantization, device_type=device.type)
+    if device_memory is not None:
+        return dataclasses.replace(plan, device_memory_bytes=device_memory), "--device-memory"
+    room, where = available_memory(device)
+    return dataclasses.replace(plan, device_memory_bytes=room), f"{where}, free now"
+
+
+def _print_memory_plan(plan: MemoryPlan, where: str) -> None:
+    def size(value: int) -> str:  # GiB, or MiB for the tiny checkpoints
+        return f"{value / GIB:>9,.2f} GiB" if value >= GIB // 10 else f"{value / 2**20:>9,.2f} MiB"
+
+    print(f"memory plan       {plan.precision} on {plan.device_type} (docs/runtime.md, 'Memory plan')")
+    for component in plan.components:
+        quantized = (
+            f" (quantized linear weights {size(component.quantized_bytes).strip()})"
+            if component.quantized_bytes
+            else ""
+        )
+        print(f"  {component.name:<15} {size(component.bytes)}{quantized}")
+    print(f"  {'weights':<15} {size(plan.weight_bytes)}")
+    print(
+        f"  {'needs':<15} {size(plan.need_bytes)} to load and serve "
+        f"(with {size(plan.reserve_bytes).strip()} for activations and the runtime)"
+    )
+    assert plan.device_memory_bytes is not None, "inspect plans against a known amount"
+    verdict = "fits" if plan.fits else "does not fit"
+    print(f"  {'device memory':<15} {size(plan.device_memory_bytes)} ({where}): {verdict}")
 
 
 def _domain_line(name: str, p: PolicyProfile, r: RequestDefaults) -> str:

@@ -42,6 +42,7 @@ from .profiles import (
     ProfileTable,
 )
 from .requests import ACTION_MODES, SETTING_NAMES, ResolvedSettings
+from .served_weights import ServedWeights
 
 # -- what the checkpoint can do ---------------------------------------------------------------------
 
@@ -248,6 +249,7 @@ MODEL_IDENTITY_KEYS = (
     "parameters",
     "action_dim",
     "num_embodiment_domains",
+    "weights",
 )
 # Modes that answer with actions (the WebSocket endpoints, HTTP action generations); forward_dynamics
 # answers with video (the HTTP video jobs).
@@ -324,6 +326,8 @@ class ModelDescription:
     shiftable: bool = False  # whether a request may set the scheduler's flow shift
     device: str | None = None  # None: described from config files, nothing loaded
     dtype: str | None = None
+    # Which weights answer (quantization, SHA-256, Hub commit); None: described from config files, nothing loaded.
+    weights: ServedWeights | None = None
     prefix_cache: PrefixCacheStats | None = field(default=None, compare=False)
     # Whether the checkpoint's scheduler runs a (steps, shift) schedule; None: not known (no checkpoint).
     schedules: ScheduleRule | None = field(default=None, compare=False, repr=False)
@@ -336,6 +340,7 @@ class ModelDescription:
         *,
         device: str | None = None,
         dtype: str | None = None,
+        weights: ServedWeights | None = None,
         prefix_cache: PrefixCacheStats | None = None,
     ) -> ModelDescription:
         """The description of a checkpoint from its spec (``device`` and ``dtype``: where it is loaded)."""
@@ -365,6 +370,7 @@ class ModelDescription:
             num_embodiment_domains=info.num_embodiment_domains,
             device=device,
             dtype=dtype,
+            weights=weights,
             prefix_cache=prefix_cache,
             schedules=ScheduleRule(info) if not info.is_distilled else None,
         )
@@ -601,8 +607,11 @@ class ModelDescription:
         return horizon
 
     def identity(self) -> dict[str, Any]:
-        """What identifies the model (checkpoint, variant, dtype, device, size): what a recording keeps."""
-        return {key: getattr(self, key) for key in MODEL_IDENTITY_KEYS}
+        """What identifies the model (checkpoint, variant, dtype, device, size, the weights served): what a
+        recording keeps, as JSON values."""
+        identity = {key: getattr(self, key) for key in MODEL_IDENTITY_KEYS}
+        identity["weights"] = self.weights.as_json() if self.weights is not None else None
+        return identity
 
     def as_json(self) -> dict[str, Any]:
         """The description as JSON values: what the metadata answers, ``/healthz`` and recordings pass on."""
@@ -624,6 +633,7 @@ class ModelDescription:
             "limits": limits_json(self.limits),
             "device": self.device,
             "dtype": self.dtype,
+            "weights": self.weights.as_json() if self.weights is not None else None,
             "parameters": self.parameters,
             "parameter_bytes": self.parameter_bytes,
             "action_dim": self.action_dim,

@@ -8,6 +8,7 @@ is re-read per request.
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -20,11 +21,14 @@ import numpy as np
 from . import poses
 from .checkpoints import CheckpointInfo, CheckpointSource, inspect_checkpoint, load_pipeline, resolve_device_and_dtype
 from .description import EngineLimits, EngineSpec, ModelDescription
-from .errors import EngineError, RuntimeErrorBase
+from .errors import CheckpointError, EngineError, RuntimeErrorBase
 from .frame_preprocessing import ConditioningFrames, PreparedActions
+from .memory_plan import check_fits, dtype_name
 from .profiles import PolicyProfile, profiles_for_checkpoint
+from .quantization import Quantization, check_device
 from .requests import ActionMode, ActionRequest, ActionResult, Timing, VideoRequest, VideoResult
 from .sampling import Cosmos3Sampler, DenoiseOutput
+from .served_weights import ServedWeights, checkpoint_sha256, hub_revision
 from .validation import DenoiseJob, job_for_actions, job_for_video
 
 if TYPE_CHECKING:
@@ -93,6 +97,7 @@ class Cosmos3Engine:
         dtype: torch.dtype,
         spec: EngineSpec,
         prefix_cache_mb: float = 0,
+        weights: ServedWeights | None = None,
     ) -> None:
         self.source = source
         self.pipe = pipe
@@ -101,7 +106,7 @@ class Cosmos3Engine:
         self.spec = spec
         # The description keeps every request rule and default: validation asks it (built once, here).
         self.description = ModelDescription.of_spec(
-            spec, source, device=str(device), dtype=str(dtype).replace("torch.", "")
+            spec, source, device=str(device), dtype=dtype_name(dtype), weights=weights
         )
         self.sampler = Cosmos3Sampler(pipe, spec.info, device, prefix_cache_bytes=int(prefix_cache_mb * 2**20))
         self.warmed_up = False
@@ -123,31 +128,53 @@ class Cosmos3Engine:
         limits: EngineLimits | None = None,
         prefix_cache_mb: float = DEFAULT_PREFIX_CACHE_MB,
         compile: bool = False,
+        quantization: Quantization | None = None,
+        memory_check: bool = True,
     ) -> Cosmos3Engine:
         """Resolve ``source`` (folder or Hub id), inspect it once, and load it onto ``device``.
 
         ``prefix_cache_mb`` bounds the text prefix cache (0 turns it off). ``compile`` compiles the
         transformer's repeated decoder layers with ``torch.compile`` (regional compilation, dynamic
         shapes); follow it with :meth:`warmup` on the shapes you will serve so no robot waits for it.
+        ``quantization`` quantizes the transformer's linear layers while they load
+        (:mod:`cosmos3_runtime.quantization`).
+
+        Before any weight is read, the memory plan (:func:`~cosmos3_runtime.memory_plan.plan_memory`) is
+        held against the memory the device has, and a checkpoint that would not fit raises
+        :class:`~cosmos3_runtime.memory_plan.InsufficientMemoryError` (``memory_check=False`` skips it).
+        The checkpoint's SHA-256 is computed beside the load, on a thread of its own.
         """
         local = CheckpointSource.parse(source, revision=revision).resolve()
         info = inspect_checkpoint(local)
         torch_device, torch_dtype = resolve_device_and_dtype(device, dtype)
+        check_device(quantization, torch_device)
+        if memory_check:
+            check_fits(info, torch_device, torch_dtype, quantization)
         started = time.perf_counter()
-        pipe = load_pipeline(info, torch_device, torch_dtype)
+        digest: list[str] = []
+        hashing = threading.Thread(target=lambda: digest.append(checkpoint_sha256(local)), name="checkpoint-sha256")
+        hashing.start()
+        try:
+            pipe = load_pipeline(info, torch_device, torch_dtype, quantization)
+        finally:
+            hashing.join()
+        if not digest:
+            raise CheckpointError(f"could not compute the SHA-256 of checkpoint {source}")
+        weights = ServedWeights(quantization, digest[0], hub_revision(local))
         if compile:
             pipe.transformer.compile_repeated_blocks(dynamic=True)
         profiles = profiles_for_checkpoint(local, info, profiles_path, source=str(source))
         spec = EngineSpec.for_checkpoint(info, profiles, limits or EngineLimits())
         logger.info(
-            "loaded %s (%s) on %s/%s in %.2f s",
+            "loaded %s (%s) on %s/%s%s in %.2f s",
             source,
             info.variant,
             torch_device,
             torch_dtype,
+            f" with {quantization} weights" if quantization else "",
             time.perf_counter() - started,
         )
-        return cls(str(source), pipe, torch_device, torch_dtype, spec, prefix_cache_mb=prefix_cache_mb)
+        return cls(str(source), pipe, torch_device, torch_dtype, spec, prefix_cache_mb=prefix_cache_mb, weights=weights)
 
     # ------------------------------------------------------------------ requests
 

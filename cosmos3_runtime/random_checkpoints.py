@@ -601,12 +601,15 @@ def build_shaped_checkpoint(
     device: str = "cpu",
     max_shard_bytes: int = DEFAULT_MAX_SHARD_BYTES,
     overwrite: bool = True,
+    weights: bool = True,
 ) -> Path:
     """Write a random-weight checkpoint of a published ``shape`` (edge, nano, super, or a
     :class:`CheckpointShape`) to ``out_dir``.
 
     Weights are bf16, drawn on ``device`` (``cuda`` draws an Edge checkpoint in seconds) and written in
     shards of at most ``max_shard_bytes``. Peak memory is one shard, whatever the model's size.
+    ``weights=False`` writes the config files and the shard index only, as a Hub checkpoint fetched for
+    inspection has them: enough for ``cosmos3-inspect``'s memory plan of a size this disk cannot hold.
     """
     if isinstance(shape, CheckpointShape):
         spec = shape
@@ -627,18 +630,30 @@ def build_shaped_checkpoint(
             config.update({k: v for k, v in spec.transformer_config.items() if k not in config})
             config_path.write_text(json.dumps(config, indent=2, sort_keys=True))
         write_random_weights(
-            model, folder, seed=seed + (component == "vae"), device=device, max_shard_bytes=max_shard_bytes
+            model,
+            folder,
+            seed=seed + (component == "vae"),
+            device=device,
+            max_shard_bytes=max_shard_bytes,
+            index_only=not weights,
         )
         del model
     return out
 
 
 def write_random_weights(
-    model: Any, folder: Path, *, seed: int = 0, device: str = "cpu", max_shard_bytes: int = DEFAULT_MAX_SHARD_BYTES
+    model: Any,
+    folder: Path,
+    *,
+    seed: int = 0,
+    device: str = "cpu",
+    max_shard_bytes: int = DEFAULT_MAX_SHARD_BYTES,
+    index_only: bool = False,
 ) -> int:
     """Draw every tensor of ``model`` (on the meta device) and write it as bf16 diffusers shards in ``folder``.
 
-    Returns the bytes written. Norm weights are ones and biases zeros, as a fresh model has them; other
+    Returns the bytes written (``index_only``: the bytes the shards would take; only the index is written).
+    Norm weights are ones and biases zeros, as a fresh model has them; other
     weights are drawn N(0, 1/fan_in) (token embeddings N(0, 0.02²)), so activations stay in range
     through every layer of a random model. Each shard is written and freed before the next is drawn.
     """
@@ -664,6 +679,12 @@ def write_random_weights(
         if count == 1
         else [f"diffusion_pytorch_model-{i + 1:05d}-of-{count:05d}.safetensors" for i in range(count)]
     )
+    if index_only:
+        weight_map = {name: file_name for file_name, shard in zip(names, shards) for name, _, _ in shard}
+        total = sum(math.prod(shape) * 2 for shard in shards for _, shape, _ in shard)
+        index = {"metadata": {"total_size": total}, "weight_map": weight_map}
+        (folder / "diffusion_pytorch_model.safetensors.index.json").write_text(json.dumps(index, indent=2))
+        return total
     generator = torch.Generator(device=device).manual_seed(seed)
     weight_map, total = {}, 0
     for file_name, shard in zip(names, shards):

@@ -29,6 +29,8 @@ from typing import TYPE_CHECKING, Any
 
 # policy_server's package import sets OMP_WAIT_POLICY=PASSIVE; it must happen before torch loads.
 import policy_server  # noqa: F401  (imported for that side effect, first)
+from cosmos3_runtime.errors import CheckpointError
+from cosmos3_runtime.quantization import parse_quantization
 from cosmos3_runtime.random_checkpoints import VARIANTS
 from robot_clients.client_frames import REQUEST_SETTINGS
 from robot_clients.wire_codec import FRAME_MAX_DEPTH, FRAME_MAX_VALUES
@@ -416,6 +418,14 @@ def _add_runtime_arguments(parser: argparse.ArgumentParser) -> None:
     (``ServerSettings``, the engine loader)."""
     parser.add_argument("--device", default=None, help="torch device, e.g. cpu, cuda, cuda:1 (default: best available)")
     parser.add_argument("--dtype", default=None, help="float32, bfloat16 or float16 (default: the device's best)")
+    parser.add_argument(
+        "--quantization",
+        default="none",
+        metavar="{none,int8,fp8}",
+        help="quantize the transformer's linear layers while they load, with diffusers' torchao config: int8 "
+        "(weight-only, CPU and GPU) or fp8 (a GPU of compute capability 8.9 or newer); default none "
+        "(docs/runtime.md, 'Quantized weights')",
+    )
     parser.add_argument("--profiles", default=None, help="a policy profile file overriding the checkpoint's")
     parser.add_argument("--no-warmup", dest="warmup", action="store_false", help="skip the warm-up requests")
     parser.add_argument(
@@ -795,6 +805,7 @@ def _engine_loader(args: argparse.Namespace, workdir: Path) -> Callable[[], Acti
             profiles_path=args.profiles,
             prefix_cache_mb=args.prefix_cache_mb,
             compile=args.compile,
+            quantization=parse_quantization(args.quantization),
             limits=EngineLimits(max_chunk_cost=max(0.0, args.max_request_cost)),
         )
 
@@ -819,6 +830,7 @@ def _ray_backend(args: argparse.Namespace, workdir: Path) -> BackendFactory:
         profiles_path=args.profiles,
         prefix_cache_mb=args.prefix_cache_mb,
         compile=args.compile,
+        quantization=parse_quantization(args.quantization),
         torch_threads=args.torch_threads,
         warmup=args.warmup,
     )
@@ -939,6 +951,24 @@ async def serve_until_stopped(args: argparse.Namespace) -> int:
         return exit_code
 
 
+def _check_model_fits(args: argparse.Namespace) -> None:
+    """The quantization against the device, and a ``--model`` against the memory it would need (the runtime's
+    memory plan, from its config files alone); raises the runtime's ``CheckpointError``. A Ray backend's
+    replicas load elsewhere and check there."""
+    from cosmos3_runtime.checkpoints import CheckpointSource, inspect_checkpoint, resolve_device_and_dtype
+    from cosmos3_runtime.memory_plan import check_fits
+    from cosmos3_runtime.quantization import check_device
+
+    quantization = parse_quantization(args.quantization)
+    if args.backend == "ray":
+        return
+    device, dtype = resolve_device_and_dtype(args.device, args.dtype)
+    check_device(quantization, device)
+    if args.model is not None:
+        info = inspect_checkpoint(CheckpointSource.parse(args.model).resolve(config_only=True))
+        check_fits(info, device, dtype, quantization)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
@@ -964,6 +994,10 @@ def main(argv: list[str] | None = None) -> int:
         OriginPolicy(args.allowed_origin)
     except OriginConfigError as exc:
         parser.error(str(exc))
+    try:  # refused in one line before a port is bound or a weight read: never left to the OOM killer
+        _check_model_fits(args)
+    except CheckpointError as exc:
+        parser.exit(2, f"{parser.prog}: error: {' '.join(str(exc).split())}\n")
     logging.basicConfig(
         level=args.log_level.upper(),
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",

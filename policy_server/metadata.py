@@ -46,7 +46,7 @@ NATIVE_CAPABILITIES = {
 }
 
 
-def native_metadata(host: ServerContext[Any], session_id: str) -> dict[str, Any]:
+def native_metadata(host: ServerContext[Any], session_id: str) -> protocol.MetadataFrame:
     """The native protocol's hello: the model, its domains and every limit a session is held to."""
     d = host.description
     assert d is not None, "sessions open once the model is ready"
@@ -67,7 +67,7 @@ def native_metadata(host: ServerContext[Any], session_id: str) -> dict[str, Any]
     limits["idle_timeout_s"] = session_limits.idle_timeout_s or None
     limits["max_session_ids"] = settings.policy_sessions.max_per_connection  # `session_id`s per connection
     limits["session_id_idle_timeout_s"] = settings.policy_sessions.idle_timeout_s or None
-    return protocol.metadata_frame(
+    return protocol.MetadataFrame(
         session_id,
         {
             "server": SERVER_NAME,
@@ -95,6 +95,7 @@ def native_metadata(host: ServerContext[Any], session_id: str) -> dict[str, Any]
             "limits": limits,
             "device": d.device,
             "dtype": d.dtype,
+            "weights": served_weights(d),
         },
     )
 
@@ -130,6 +131,7 @@ def openpi_metadata(
         "cameras": cameras.describe().get(view_point, []) if view_point is not None else [],
         "canvases": d.as_json()["canvases"],
         "encoded_images": sorted(ENCODED_FORMATS.values()),
+        "weights": served_weights(d),
         "error": error,
     }
 
@@ -180,8 +182,15 @@ def http_action_metadata(
         capabilities=capabilities,
         device=d.device,
         dtype=d.dtype,
+        weights=served_weights(d),
         topology=host.worker.topology() if host.worker is not None else {},
     )
+
+
+def served_weights(d: ModelDescription | None) -> dict[str, Any] | None:
+    """Which weights answer (quantization, checkpoint SHA-256, Hub commit), as every door states them; None
+    before the model is loaded."""
+    return d.weights.as_json() if d is not None and d.weights is not None else None
 
 
 def engine_state(host: ServerContext[Any]) -> str:
@@ -216,6 +225,7 @@ def health(host: ServerContext[Any], liveness: bool = False, authorized: bool = 
         "engine": engine,
         "model": model if authorized else public_model_name(model),
         "variant": d.variant if d is not None else None,
+        "weights": served_weights(d),
         "protocol_version": protocol.PROTOCOL_VERSION,
         "sessions": len(host.sessions),
         "queue_depth": len(host.queue),

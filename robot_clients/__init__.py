@@ -8,7 +8,7 @@
 
 The clients are imported when first named (``robot_clients.PolicyClient``), not when the package is: a
 module that needs only the codec or the protocol (the server, a chunker running a local policy) never
-loads websockets.
+loads websockets. :mod:`robot_clients.client_state` is the clients' protocol state without I/O.
 """
 
 from __future__ import annotations
@@ -16,12 +16,15 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
-# The public names, all defined in robot_clients.client.
+# The public names, and the module each is defined in: the clients (I/O) in robot_clients.client, what their
+# calls return and raise in robot_clients.client_state (the protocol state without I/O).
+_CLIENTS = ("AsyncPolicyClient", "PolicyClient")
 __all__ = [
     "ActionChunk",
     "AsyncPolicyClient",
     "ClientStats",
     "ConnectionLost",
+    "MalformedServerFrame",
     "ObservationDropped",
     "PolicyClient",
     "PolicyClientError",
@@ -31,13 +34,13 @@ __all__ = [
 ]
 
 if TYPE_CHECKING:
-    from .client import (
+    from .client import AsyncPolicyClient, PolicyClient
+    from .client_state import (
         ActionChunk,
-        AsyncPolicyClient,
         ClientStats,
         ConnectionLost,
+        MalformedServerFrame,
         ObservationDropped,
-        PolicyClient,
         PolicyClientError,
         ServerError,
         SessionPaused,
@@ -48,6 +51,7 @@ if TYPE_CHECKING:
 def __getattr__(name: str) -> Any:
     if name not in __all__:
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    value = getattr(importlib.import_module(".client", __name__), name)
+    module = ".client" if name in _CLIENTS else ".client_state"  # what a call returns or raises
+    value = getattr(importlib.import_module(module, __name__), name)
     globals()[name] = value
     return value

@@ -1,5 +1,5 @@
 """The robot's clients of the native realtime protocol (version 1): ``AsyncPolicyClient`` (asyncio) and
-``PolicyClient`` (blocking, on top of it), with the chunks they return and the errors they raise.
+``PolicyClient`` (blocking, on top of it).
 
 One round trip::
 
@@ -28,9 +28,14 @@ Guarantees:
   client's own, also after a reconnect.
 * On a slow link at most one observation waits to be sent and a newer one replaces it, so the newest
   frame overtakes instead of queueing behind stale ones (``max_buffered_bytes``).
+* A broken or hostile server cannot take the robot down: a malformed answer ends only its call
+  (:class:`MalformedServerFrame`), frames about nothing the robot sent are counted and dropped, and what
+  the client keeps is bounded; ``connect()`` gives up within ``connect_timeout``.
 
-Imports only numpy, msgpack (through the wire codec) and websockets (Pillow to encode frames): it runs on
-the robot.
+This module is the I/O: sockets, tasks, futures and the clock. Every rule of the protocol (what a frame
+answers, what is counted, sent or never sent) is :class:`~robot_clients.client_state.ClientState`'s, which
+does no I/O; the chunks, errors and counters a call returns are declared there too. Imports only numpy,
+msgpack (through the wire codec) and websockets (Pillow to encode frames): it runs on the robot.
 """
 
 from __future__ import annotations
@@ -42,9 +47,8 @@ import struct
 import sys
 import threading
 import time
-from collections import Counter
 from collections.abc import Awaitable, Callable, Coroutine, Mapping, Sequence
-from dataclasses import dataclass, field, fields, replace
+from dataclasses import dataclass, replace
 from ssl import SSLContext
 from typing import Any, TypeVar
 from urllib.parse import urlsplit, urlunsplit
@@ -52,13 +56,34 @@ from urllib.parse import urlsplit, urlunsplit
 import numpy as np
 from websockets.asyncio.client import ClientConnection, connect
 from websockets.exceptions import ConnectionClosed, InvalidStatus, InvalidURI
-from websockets.frames import CloseCode
 
 from . import protocol
 from .camera_frames import ImageEncoding, canvas_bins, encode_frame, resize_frame, send_size
-from .client_frames import SETTINGS_BY_NAME
-from .protocol import REALTIME_PATH, CodedError, DropReason, SessionState
-from .wire_codec import FRAME_MAX_DEPTH, FRAME_MAX_VALUES, WireFormatError, WireLimitError, packb, unpackb
+from .client_state import (
+    PAUSED,
+    RUNNING,
+    STOPPED,
+    ActionChunk,
+    ClientState,
+    ClientStats,
+    CloseConnection,
+    ConnectionLost,
+    ControlAnswered,
+    ControlFailed,
+    FrameParseError,
+    InferAnswered,
+    InferFailed,
+    MalformedServerFrame,
+    ServerError,
+    StateChanged,
+    Streamed,
+    UnknownFrame,
+    close_code,
+    decode_server_frame,
+    parse_server_frame,
+)
+from .protocol import REALTIME_PATH, ErrorFrame, MetadataFrame, ResetDoneFrame, SessionFrame
+from .wire_codec import WireFormatError, packb
 
 try:
     import fcntl
@@ -69,135 +94,10 @@ logger = logging.getLogger(__name__)
 
 SUPPORTED_PROTOCOL_VERSION = protocol.PROTOCOL_VERSION
 
-# Session states an operator can set (server frame `session_state`).
-RUNNING, PAUSED, STOPPED = SessionState.RUNNING.value, SessionState.PAUSED.value, SessionState.STOPPED.value
-# The drop reason of an observation replaced on the robot, before it was sent (the in-flight bound).
-UNSENT = "unsent"
-
 T = TypeVar("T")
 # The robot's proprio state as a caller hands it over: [state_dim] or [history_length, state_dim] numbers,
 # sent as float32.
 RobotState = np.ndarray | Sequence[float] | Sequence[Sequence[float]]
-
-
-# ---------------------------------------------------------------------------------------------------
-# What a call returns or raises
-# ---------------------------------------------------------------------------------------------------
-
-
-@dataclass
-class ActionChunk:
-    """A chunk of actions answering observation ``seq``: ``actions`` is float32, horizon × action width.
-
-    ``timing`` is the server's breakdown in milliseconds (``queue_ms``, ``preprocess_ms``, ``model_ms``,
-    ``postprocess_ms``, ``total_ms``, ``observation_age_ms``, ...); ``round_trip_ms`` is what this client
-    measured from sending the observation to decoding the chunk.
-    """
-
-    seq: int
-    actions: np.ndarray
-    action_mode: str
-    domain_name: str
-    domain_id: int
-    raw_action_dim: int
-    num_steps: int | None = None
-    seed: int | None = None
-    timing: dict[str, float] = field(default_factory=dict)
-    round_trip_ms: float | None = None
-    # The other settings the server used for this chunk (an observation's own, else the session's).
-    prompt: str | None = None
-    resolution_tier: int | None = None
-    view_point: str | None = None
-    guidance_scale: float | None = None
-    shift: float | None = None
-    fps: float | None = None
-    # The policy session it answers, as the observation named it (None: the connection's own session).
-    session_id: str | None = None
-
-    @property
-    def action_horizon(self) -> int:
-        return int(self.actions.shape[0])
-
-    @classmethod
-    def from_frame(cls, frame: dict[str, Any], round_trip_ms: float | None) -> ActionChunk:
-        # The settings a chunk may report (its optional fields the table names): None when the frame has none.
-        reported = {f.name: frame.get(f.name) for f in fields(cls) if f.name in SETTINGS_BY_NAME and f.default is None}
-        return cls(
-            seq=frame["seq"],
-            # The wire codec gives a read-only view on the received bytes; a robot may want to edit it.
-            actions=np.array(frame["actions"], dtype=np.float32, copy=True),
-            action_mode=frame.get("action_mode", ""),
-            domain_name=frame.get("domain_name", ""),
-            domain_id=frame.get("domain_id", -1),
-            raw_action_dim=frame.get("raw_action_dim", -1),
-            timing=dict(frame.get("timing") or {}),
-            round_trip_ms=round_trip_ms,
-            session_id=frame.get(protocol.SESSION_ID),
-            **reported,
-        )
-
-
-class PolicyClientError(Exception):
-    """Base of the errors a policy client raises."""
-
-
-class ServerError(PolicyClientError, CodedError):
-    """The server answered with an ``error`` frame: ``code`` is stable, ``field`` names the culprit."""
-
-    def __init__(self, code: str, message: str, field: str | None = None, seq: int | None = None) -> None:
-        CodedError.__init__(self, code, message, field)
-        self.args = (self.text(),)
-        self.seq = seq
-
-
-class ObservationDropped(PolicyClientError):
-    """The server will not answer this observation (``reason``: superseded, deadline, cancelled,
-    shutdown), or the client discarded its answer because a newer one was already delivered (stale)."""
-
-    def __init__(self, seq: int, reason: str, message: str = "") -> None:
-        super().__init__(f"observation {seq} dropped: {reason}" + (f" ({message})" if message else ""))
-        self.seq: int | None = seq  # None only for a SessionPaused refused before it was sent
-        self.reason = reason
-
-
-class ConnectionLost(PolicyClientError):
-    """The connection closed before the answer came. The client reconnects in the background."""
-
-
-class SessionPaused(ObservationDropped):
-    """An operator paused the session: observations are not answered until it is resumed. Hold the robot.
-
-    Raised for observations the server dropped because of the pause, and at once, without sending, for
-    observations submitted while the client knows the session is paused.
-    """
-
-    def __init__(self, seq: int | None, message: str = "") -> None:
-        PolicyClientError.__init__(
-            self, "the session is paused by an operator" + (f" ({message})" if message else "") + "; hold"
-        )
-        self.seq = seq  # None: refused before it was sent
-        self.reason = "paused"
-
-
-class SessionStopped(PolicyClientError):
-    """An operator stopped the session. The server closed the connection; the client does not reconnect."""
-
-    reason = "stopped"
-
-
-@dataclass
-class ClientStats:
-    """Counters of what happened to this client's observations (across reconnects)."""
-
-    sent: int = 0
-    answered: int = 0
-    errors: int = 0
-    stale: int = 0  # chunks discarded because a newer seq had already been delivered
-    reconnects: int = 0
-    dropped: Counter[str] = field(default_factory=Counter)  # by reason ("unsent": replaced on the robot, never sent)
-    bytes_sent: int = 0  # observation frames written to the socket
-    buffered_bytes: int = 0  # written and not yet acknowledged by the server, at the last submit
-    buffered_bytes_max: int = 0
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -252,8 +152,8 @@ class OpenedSession:
     """A connection that has read its metadata and (when there was one) re-sent the configuration."""
 
     ws: ClientConnection
-    metadata: dict[str, Any]
-    session: dict[str, Any] | None  # the server's resolved configuration; None when nothing was re-sent
+    metadata: MetadataFrame
+    session: SessionFrame | None  # the server's resolved configuration; None when nothing was re-sent
 
 
 @dataclass(frozen=True)
@@ -283,9 +183,13 @@ async def open_session(
     the client is being closed.
     """
     attempt = 0
+    # One attempt's connection and hello: a server that accepts the socket and never says hello must not hold
+    # the robot past its deadline (websockets bounds the HTTP handshake only).
+    attempt_limit = float(options.get("open_timeout") or 10.0)
     while True:
+        limit = attempt_limit if deadline is None else max(0.0, min(attempt_limit, deadline - time.monotonic()))
         try:
-            return await _handshake(url, options, settings)
+            return await asyncio.wait_for(_handshake(url, options, settings), limit)
         except InvalidStatus as exc:
             status = exc.response.status_code
             if status == 401:  # retrying cannot help: the token is missing or wrong
@@ -307,47 +211,49 @@ async def open_session(
         await asyncio.sleep(delay)
 
 
-def decode_server_frame(message: bytes) -> Any:
-    """One server frame, decoded within the element budget the server holds a robot's frames to (a chunk, a
-    session config or the metadata hold a few hundred elements): a broken or hostile server cannot make the
-    robot build millions of objects. Raises :class:`~robot_clients.wire_codec.WireFormatError`
-    (:class:`~robot_clients.wire_codec.WireLimitError` past the budget)."""
-    return unpackb(message, max_values=FRAME_MAX_VALUES, max_depth=FRAME_MAX_DEPTH)
-
-
 async def _handshake(url: str, options: Mapping[str, Any], settings: Mapping[str, Any]) -> OpenedSession:
     ws = await connect(url, **options)
     try:
-        frame = decode_server_frame(await ws.recv(decode=False))
+        return await _hello(ws, url, settings)
+    except BaseException:
+        # Timed out waiting for the hello, or refused it: this connection will not be used.
+        ws.transport.abort()
+        raise
+
+
+async def _read_typed(ws: ClientConnection, url: str, what: str) -> protocol.ServerFrame:
+    """The next server frame, parsed; a ``ConnectionError`` when it does not decode or parse."""
+    try:
+        return parse_server_frame(decode_server_frame(await ws.recv(decode=False)))
     except WireFormatError as exc:
-        await ws.close(_close_code(exc), "undecodable metadata frame")
-        raise ConnectionError(f"{url}: the server's first frame could not be decoded: {exc}") from None
-    if frame.get("type") != protocol.METADATA:
-        raise ConnectionError(f"expected a metadata frame first, got {frame.get('type')!r}")
-    if frame.get("protocol_version") != SUPPORTED_PROTOCOL_VERSION:
+        await ws.close(close_code(exc), f"undecodable {what} frame")
+        raise ConnectionError(f"{url}: the server's {what} could not be decoded: {exc}") from None
+    except (FrameParseError, UnknownFrame) as exc:
+        await ws.close(1002, f"malformed {what} frame")
+        raise ConnectionError(f"{url}: the server's {what} is malformed: {exc}") from None
+
+
+async def _hello(ws: ClientConnection, url: str, settings: Mapping[str, Any]) -> OpenedSession:
+    frame = await _read_typed(ws, url, "first frame")
+    if not isinstance(frame, MetadataFrame):
+        raise ConnectionError(f"expected a metadata frame first, got {type(frame).__name__}")
+    if frame.protocol_version != SUPPORTED_PROTOCOL_VERSION:
         await ws.close()
         raise ServerError(
             "protocol_version",
-            f"server speaks protocol {frame.get('protocol_version')}, this client {SUPPORTED_PROTOCOL_VERSION}",
+            f"server speaks protocol {frame.protocol_version}, this client {SUPPORTED_PROTOCOL_VERSION}",
         )
     session = None
     if settings:
         await ws.send(packb(protocol.configure_frame(settings)))
-        try:
-            reply = decode_server_frame(await ws.recv(decode=False))
-        except WireFormatError as exc:
-            await ws.close(_close_code(exc), "undecodable session frame")
-            raise ConnectionError(f"{url}: the server's reply to configure could not be decoded: {exc}") from None
-        if reply.get("type") == protocol.SESSION:
-            session = reply.get("config", {})
+        reply = await _read_typed(ws, url, "reply to configure")
+        if isinstance(reply, SessionFrame):
+            session = reply
+        elif isinstance(reply, ErrorFrame):
+            logger.warning("the server refused the configuration on reconnect: %s", reply.message)
         else:
-            logger.warning("the server refused the configuration on reconnect: %s", reply.get("message"))
+            logger.warning("the server answered the configuration on reconnect with %s", type(reply).__name__)
     return OpenedSession(ws, frame, session)
-
-
-def _close_code(error: WireFormatError) -> int:
-    """How the client closes a connection whose server sent a frame it does not decode."""
-    return CloseCode.MESSAGE_TOO_BIG if isinstance(error, WireLimitError) else CloseCode.INVALID_DATA
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -455,129 +361,82 @@ def buffered_bytes(ws: ClientConnection) -> int:
     return total
 
 
-class LatestObservationSender:
-    """Sends observations one at a time, latest wins.
+class ObservationSender:
+    """Writes observations one at a time, latest wins: the I/O of the state's outbox.
 
     On a slow link, a robot that writes every frame to its socket builds a queue there (the kernel's send
     buffer, the transport's write buffer): the newest frame waits behind all the older ones, and the
-    server's "latest wins" cannot help because it never sees the newest. This sender holds at most one
-    observation that is not on the wire yet and sends it only once what the socket still holds is below
-    ``max_buffered_bytes``; an observation put while one waits replaces it.
+    server's "latest wins" cannot help because it never sees the newest. The state
+    (:meth:`~robot_clients.client_state.ClientState.observation_ready`) holds at most one observation per
+    policy session that is not on the wire yet, a newer one replacing it; this task writes what
+    :meth:`~robot_clients.client_state.ClientState.next_write` gives once what the socket still holds is below
+    ``max_buffered_bytes``, and tells the state how each write went.
 
-    ``current()`` is the connection now (None while reconnecting), ``connection()`` waits for one;
-    ``replaced(seq)`` is told of each observation that will never be sent (a newer one replaced it, its
-    write failed with a newer one waiting, or the sender closed or has no connection any more), ``sent(seq,
-    nbytes)`` of each one written: every observation put is told exactly once, unless taken back with
-    :meth:`withdraw`. At any moment one observation is being written and one waits per policy session
-    (``session``: the observation's ``session_id``; a newer one replaces only its own session's), the
-    oldest sent first.
+    ``current()`` is the connection now (None while reconnecting), ``connection()`` waits for one (and raises
+    when none will come); ``settle()`` acts on the state's events after each change.
     """
 
     def __init__(
         self,
+        state: ClientState,
         current: Callable[[], ClientConnection | None],
         connection: Callable[[], Awaitable[ClientConnection]],
-        replaced: Callable[[int], None],
-        sent: Callable[[int, int], None],
+        settle: Callable[[], object],
         max_buffered_bytes: int = 32 * 1024,
         poll_s: float = 0.002,
     ) -> None:
+        self._state = state
         self._current = current
         self._connection = connection
-        self._replaced = replaced
-        self._sent = sent
+        self._settle = settle
         self.max_buffered_bytes = max_buffered_bytes
         self.poll_s = poll_s
-        self._sending: tuple[str | None, int, bytes] | None = None
-        self._waiting: dict[str | None, tuple[int, bytes]] = {}  # by policy session, oldest first
         self._ready = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
 
     def put(self, seq: int, payload: bytes, session: str | None = None) -> None:
-        """Queue ``payload`` to be sent (at once if the link is free); one of ``session`` still waiting is
-        replaced."""
-        replaced = self._waiting.pop(session, None)
-        if replaced is not None:
-            self._replaced(replaced[0])
-        self._waiting[session] = (seq, payload)
+        """Queue ``payload`` to be sent (taken to be written at once if the link is free); one of ``session``
+        still waiting is replaced."""
         ws = self._current()
-        if self._sending is None and ws is not None and buffered_bytes(ws) <= self.max_buffered_bytes:
-            self._sending = self._take()  # taken now: a next put cannot replace it
+        link_free = ws is not None and buffered_bytes(ws) <= self.max_buffered_bytes
+        self._state.observation_ready(seq, payload, session, link_free)
+        self._settle()
         self._ready.set()
         if self._task is None or self._task.done():
             self._task = asyncio.get_running_loop().create_task(self._run(), name="policy-client-sender")
 
-    def withdraw(self, session: str | None, seq: int | None = None) -> int | None:
-        """Take back the observation of ``session`` waiting to be sent (only if it is ``seq``, when given);
-        return its seq, or None when none was taken. The one being written is on its way already."""
-        waiting = self._waiting.get(session)
-        if waiting is None or (seq is not None and waiting[0] != seq):
-            return None
-        del self._waiting[session]
-        return waiting[0]
-
-    def _take(self) -> tuple[str | None, int, bytes]:
-        """The oldest waiting observation, taken out, with its session (one must wait)."""
-        session = next(iter(self._waiting))
-        return (session, *self._waiting.pop(session))
-
-    @property
-    def waiting(self) -> int | None:
-        """The seq of the oldest observation waiting to be sent, if any."""
-        return next(iter(self._waiting.values()), (None,))[0]
-
     async def _run(self) -> None:
+        state = self._state
         try:
             while True:
-                if self._sending is None:
-                    if not self._waiting:
-                        self._ready.clear()
-                        await self._ready.wait()
-                    ws = await self._connection()
-                    while buffered_bytes(ws) > self.max_buffered_bytes:  # the link still carries older bytes
-                        await asyncio.sleep(self.poll_s)
-                    # A put() during the awaits above may have taken one already, when it found the link
-                    # free: taking another now would drop that one without a word.
-                    if self._sending is None:
-                        if not self._waiting:
-                            continue
-                        self._sending = self._take()
+                if state.sending is None and not state.waiting:
+                    self._ready.clear()
+                    await self._ready.wait()
+                    continue
                 ws = await self._connection()
-                assert self._sending is not None
-                session, seq, payload = self._sending
+                while buffered_bytes(ws) > self.max_buffered_bytes:  # the link still carries older bytes
+                    await asyncio.sleep(self.poll_s)
+                ws = await self._connection()
+                item = state.next_write()
+                if item is None:
+                    continue
                 try:
-                    await ws.send(payload)
+                    await ws.send(item.payload)
                 except asyncio.CancelledError:
                     # close() stopped it while the write waited for the link to drain: its bytes are in the
-                    # socket's buffers already and leave ahead of the close frame.
-                    self._sending = None
-                    self._sent(seq, len(payload))
+                    # socket's buffers already and leave ahead of the close frame (the state counted it).
                     raise
                 except Exception:  # noqa: BLE001 - the connection dropped: the reader reconnects
-                    if session not in self._waiting:  # nothing newer: send this one on the next connection
-                        self._waiting[session] = (seq, payload)
-                    else:  # a newer one was put while this one was written: this one will never be sent
-                        self._replaced(seq)
-                    self._sending = None
-                    self._ready.set()
+                    state.write_failed(item.seq)
+                    self._settle()
                     await asyncio.sleep(self.poll_s)
                     continue
-                self._sending = None
-                self._sent(seq, len(payload))
-        except Exception:  # noqa: BLE001 - no connection any more (the client is closing or gave up)
-            self._abandon()
-
-    def _abandon(self) -> None:
-        """Nothing held will be sent: each is told, as one replaced before it was sent, not forgotten."""
-        abandoned = [] if self._sending is None else [self._sending[1]]
-        abandoned += [seq for seq, _ in self._waiting.values()]
-        self._sending = None
-        self._waiting.clear()
-        for seq in abandoned:
-            self._replaced(seq)
+                state.written(item.seq, len(item.payload))
+        except ConnectionLost:
+            pass  # no connection any more (the client is closing or gave up): the state abandoned what it held
 
     async def close(self) -> None:
-        """Stop sending. What is still held is abandoned: kept, it would go out on a later connection."""
+        """Stop writing (what is still held, the state abandons)."""
         if self._task is not None:
             self._task.cancel()
             try:
@@ -585,7 +444,6 @@ class LatestObservationSender:
             except (asyncio.CancelledError, Exception):  # noqa: BLE001
                 pass
         self._task = None
-        self._abandon()
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -594,21 +452,22 @@ class LatestObservationSender:
 
 
 def _observation_frame(
-    seq: int, obs: Mapping[str, Any], settings: Mapping[str, Any], state: RobotState | None = None
+    seq: int,
+    obs: Mapping[str, Any],
+    settings: Mapping[str, Any],
+    state: RobotState | None,
+    session_id: str | None,
+    now: float,
 ) -> dict[str, Any]:
     # ``settings`` are this observation's own (the server applies them to it alone).
-    frame = protocol.observation_frame(seq, obs, settings)
+    observation = protocol.observation_frame(seq, obs, settings)
     if state is not None:  # a list of joint readings travels as the float32 array the protocol names
-        frame["state"] = np.ascontiguousarray(state, dtype=np.float32)
+        observation["state"] = np.ascontiguousarray(state, dtype=np.float32)
+    if session_id is not None:
+        observation[protocol.SESSION_ID] = session_id
     # Opaque to the server, which echoes it in the chunk: this is how the client measures round trips.
-    frame.setdefault("timestamp", time.monotonic())
-    return frame
-
-
-def _frame_seq(frame: Mapping[str, Any]) -> int | None:
-    """The ``seq`` a server frame is about (None: the session's, or a frame without one)."""
-    seq = frame.get("seq")
-    return seq if isinstance(seq, int) and not isinstance(seq, bool) else None
+    observation.setdefault("timestamp", now)
+    return observation
 
 
 class AsyncPolicyClient:
@@ -679,50 +538,113 @@ class AsyncPolicyClient:
         )
         self.connect_timeout = connect_timeout
         self.close_timeout = close_timeout
-        self.reconnect = reconnect
         self.backoff_initial = backoff_initial
         self.backoff_max = backoff_max
 
-        self.metadata: dict[str, Any] = {}
-        self.session: dict[str, Any] = {}  # the server's resolved configuration (`session` frame)
-        self.session_state = RUNNING  # set by the server's `session_state` frames (an operator's controls)
-        self.state_reason = ""
+        # Every piece of protocol state; what follows is I/O: the connection, the tasks, the calls' futures.
+        self._state = ClientState(time.monotonic, reconnect=reconnect)
         self._running = asyncio.Event()
         self._running.set()
-        self.stats = ClientStats()
-        self._settings: dict[str, Any] = {}  # everything sent in `configure`, re-sent after a reconnect
         self._ws: ClientConnection | None = None
         self._connected = asyncio.Event()
         self._reader: asyncio.Task[None] | None = None
-        self._closing = False
-        # The newest seq handed to the robot, per policy session (None: the connection's own).
-        self._latest_delivered: dict[str | None, int] = {}
-        self._waiters: dict[int, asyncio.Future[ActionChunk]] = {}  # infer() calls waiting for their seq
+        self._infers: dict[int, asyncio.Future[ActionChunk]] = {}  # infer() calls waiting for their seq
         self._control_lock = asyncio.Lock()  # one configure/reset at a time: their replies carry no seq
-        self._control_reply: asyncio.Future[dict[str, Any]] | None = None
-        # Replies still to come on this connection for control calls that stopped waiting (timed out): the
-        # server answers control frames in order, so the next ones to come are theirs, not a later call's.
-        self._control_replies_owed = 0
-        self._stream: asyncio.Queue[ActionChunk | ServerError] = asyncio.Queue()
-        self._next_seq = 0
+        self._control_reply: asyncio.Future[SessionFrame | ResetDoneFrame] | None = None
+        self._streamed = asyncio.Event()  # set when a chunk (or error) for receive() came
         self._frames = OutgoingFrames(images, resize)
         self._sender = (
             None
             if max_buffered_bytes is None
-            else LatestObservationSender(
+            else ObservationSender(
+                self._state,
                 lambda: self._ws if self._connected.is_set() else None,
                 lambda: self._wait_connected(None),
-                self._replaced_unsent,
-                self._observation_sent,
+                self._settle,
                 max_buffered_bytes,
             )
         )
 
+    # -- the protocol state, as callers read it ---------------------------------------------------------
+
+    @property
+    def metadata(self) -> dict[str, Any]:
+        """The server's ``metadata`` frame (the latest connection's)."""
+        return self._state.metadata
+
+    @property
+    def session(self) -> dict[str, Any]:
+        """The server's resolved configuration (its ``session`` frame, or an operator's update)."""
+        return self._state.session
+
+    @property
+    def session_state(self) -> str:
+        """``running``, ``paused`` or ``stopped``: what an operator last set (``session_state`` frames)."""
+        return self._state.session_state
+
+    @property
+    def state_reason(self) -> str:
+        return self._state.state_reason
+
+    @property
+    def stats(self) -> ClientStats:
+        return self._state.stats
+
+    @property
+    def reconnect(self) -> bool:
+        """Whether the client reconnects in the background when the connection drops."""
+        return self._state.reconnect
+
+    @reconnect.setter
+    def reconnect(self, value: bool) -> None:
+        self._state.reconnect = value
+
+    @property
+    def connected(self) -> bool:
+        return self._connected.is_set()
+
+    @property
+    def paused(self) -> bool:
+        """True while an operator has this session paused: hold the robot, send nothing."""
+        return self._state.session_state == PAUSED
+
+    def _settle(self) -> CloseConnection | None:
+        """Act on the state's events: end the calls they end, wake ``receive``, follow the session's state.
+        Returns a request to close the connection, if the state made one."""
+        close = None
+        for event in self._state.events():
+            if isinstance(event, InferAnswered):
+                future = self._infers.pop(event.seq, None)
+                if future is not None and not future.done():
+                    future.set_result(event.chunk)
+            elif isinstance(event, InferFailed):
+                future = self._infers.pop(event.seq, None)
+                if future is not None and not future.done():
+                    future.set_exception(event.error)
+            elif isinstance(event, (ControlAnswered, ControlFailed)):
+                reply = self._control_reply
+                if reply is not None and not reply.done():
+                    if isinstance(event, ControlAnswered):
+                        reply.set_result(event.reply)
+                    else:
+                        reply.set_exception(event.error)
+            elif isinstance(event, Streamed):
+                self._streamed.set()
+            elif isinstance(event, StateChanged):
+                if event.state == RUNNING:
+                    self._running.set()
+                else:
+                    self._running.clear()
+            elif isinstance(event, CloseConnection):
+                close = event
+        return close
+
     # -- connection ------------------------------------------------------------------------------------
 
     async def connect(self) -> dict[str, Any]:
-        """Open the connection (retrying while the server is loading) and return its metadata."""
-        self._closing = False
+        """Open the connection (retrying while the server is loading) and return its metadata. Gives up after
+        ``connect_timeout``, also against a server that accepts the connection and never says hello."""
+        self._state.opening()
         await self._open(deadline=time.monotonic() + self.connect_timeout)
         self._reader = asyncio.create_task(self._read_loop(), name="policy-client-reader")
         return self.metadata
@@ -732,31 +654,25 @@ class AsyncPolicyClient:
         opened = await open_session(
             self.url,
             self._connect_kwargs,
-            self._settings,
+            self._state.settings,
             Backoff(self.backoff_initial, self.backoff_max),
             deadline,
-            lambda: self._closing,
+            lambda: self._state.closing,
         )
-        if self._closing:  # close() was called while this connection was being made: nobody will use it
-            await opened.ws.close()
+        if not self._state.connection_opened(opened.metadata, opened.session):
+            await opened.ws.close()  # close() was called while this connection was being made: nobody will use it
             raise ConnectionLost("the client was closed while it connected")
-        self.metadata = opened.metadata
-        if opened.session is not None:
-            self.session = opened.session
         self._ws = opened.ws
-        self._control_replies_owed = 0  # a new connection owes nothing of the last one's
-        self._set_state(RUNNING, "")  # a new connection is a new session: it starts running
         self._connected.set()
+        self._settle()
         return opened.ws
 
     async def close(self) -> None:
         """Close the connection and stop reconnecting."""
-        self._closing = True
         self._connected.clear()
-        # Calls waiting now hear that the client closed (not that their observation was replaced unsent,
-        # which the sender says next of what it still holds).
-        self._fail_waiters(ConnectionLost("the client was closed"))
-        if self._sender is not None:  # stop what is still held to be sent before the socket closes
+        self._state.close()  # calls end, what waits to be sent is dropped (unsent)
+        self._settle()
+        if self._sender is not None:  # stop writing before the socket closes
             await self._sender.close()
         if self._ws is not None:
             try:
@@ -770,7 +686,8 @@ class AsyncPolicyClient:
                 await asyncio.wait_for(self._reader, timeout=5.0)
             except (asyncio.TimeoutError, asyncio.CancelledError):
                 self._reader.cancel()
-        self._fail_waiters(ConnectionLost("the client was closed"))
+        self._state.close()  # calls made while it closed
+        self._settle()
 
     async def __aenter__(self) -> AsyncPolicyClient:
         await self.connect()
@@ -779,158 +696,36 @@ class AsyncPolicyClient:
     async def __aexit__(self, *exc_info: object) -> None:
         await self.close()
 
-    @property
-    def connected(self) -> bool:
-        return self._connected.is_set()
-
     async def _read_loop(self) -> None:
         ws = self._ws
         assert ws is not None  # connect() opened it before starting this loop
+        state = self._state
         while True:
             try:
                 async for message in ws:
-                    try:
-                        frame = decode_server_frame(message) if isinstance(message, bytes) else message
-                    except WireFormatError as exc:
-                        # The server broke the protocol: this connection's frames can no longer be trusted.
-                        logger.error("the server sent a frame this client does not decode (%s); closing", exc)
-                        await ws.close(_close_code(exc), "undecodable server frame")
+                    state.receive_frame(message)
+                    close = self._settle()
+                    if close is not None:
+                        await ws.close(close.code, close.reason)
                         break
-                    self._dispatch(frame)
             except ConnectionClosed:
                 pass
             self._connected.clear()
-            if self.session_state == STOPPED:  # an operator ended the session: reconnecting would undo that
-                self._fail_waiters(SessionStopped(f"the session was stopped by an operator ({self.state_reason})"))
-                return
-            self._fail_waiters(
-                ConnectionLost(f"connection closed (code {ws.close_code}: {ws.close_reason or 'no reason'})")
-            )
-            if self._closing or not self.reconnect:
+            reconnect = state.connection_lost(ws.close_code, ws.close_reason)
+            self._settle()
+            if not reconnect:
                 return
             logger.info("connection lost (code %s); reconnecting", ws.close_code)
             try:
                 ws = await self._open(deadline=None)
             except Exception as exc:  # noqa: BLE001 - give up only on errors retrying cannot fix
-                if not self._closing:
+                if not state.closing:
                     logger.error("reconnecting failed for good: %s", exc)
                 # Calls made while it reconnected wait for that connection: they end now, not at their timeout.
-                self._fail_waiters(
-                    ConnectionLost("the client was closed" if self._closing else f"reconnecting failed for good: {exc}")
-                )
+                state.reconnect_failed(str(exc))
+                self._settle()
                 return
-            self.stats.reconnects += 1
-
-    def _fail_waiter(self, seq: int | None, exc: Exception) -> bool:
-        """End the ``infer`` call waiting for ``seq`` (if any) with ``exc``; say whether there was one."""
-        waiter = self._waiters.pop(seq, None) if seq is not None else None
-        if waiter is not None and not waiter.done():
-            waiter.set_exception(exc)
-        return waiter is not None
-
-    def _fail_waiters(self, exc: Exception) -> None:
-        for future in list(self._waiters.values()):
-            if not future.done():
-                future.set_exception(exc)
-        self._waiters.clear()
-        if self._control_reply is not None and not self._control_reply.done():
-            self._control_reply.set_exception(exc)
-
-    # -- frames from the server ------------------------------------------------------------------------
-
-    def _dispatch(self, frame: Any) -> None:
-        if not isinstance(frame, dict):
-            logger.debug("ignoring a server frame that is not a map: %r", type(frame).__name__)
-            return
-        kind = frame.get("type")
-        seq = _frame_seq(frame)
-        if kind == protocol.ACTION_CHUNK:
-            self._on_chunk(frame)
-        elif kind == protocol.DROPPED:
-            reason = str(frame.get("reason", ""))
-            message = str(frame.get("message", ""))
-            self.stats.dropped[reason] += 1
-            if reason == DropReason.PAUSED:
-                self._fail_waiter(seq, SessionPaused(seq, self.state_reason))
-            elif reason == DropReason.STOPPED:
-                self._fail_waiter(seq, SessionStopped(message))
-            elif seq is not None:
-                self._fail_waiter(seq, ObservationDropped(seq, reason, message))
-        elif kind == protocol.ERROR:
-            self.stats.errors += 1
-            error = ServerError(frame.get("code", ""), frame.get("message", ""), frame.get("field"), seq)
-            if seq is None:
-                if not self._control_answered(error):
-                    logger.warning("server error: %s", error)
-            elif not self._fail_waiter(seq, error):
-                self._stream.put_nowait(error)  # a streamed observation's: receive() raises it
-        elif kind in (protocol.SESSION, protocol.RESET_DONE):
-            self._control_answered(frame)
-        elif kind == protocol.SESSION_STATE:
-            state, reason = frame.get("state", RUNNING), frame.get("reason") or ""
-            logger.info("the session is now %s%s", state, f" ({reason})" if reason else "")
-            self._set_state(state, reason)
-        elif kind == protocol.SESSION_UPDATED:
-            self.session = dict(frame.get("config") or {})
-            if "prompt" in (frame.get("changed") or ()):
-                # The operator's prompt is the session's now: keep it across reconnects too.
-                self._settings["prompt"] = self.session.get("prompt", "")
-            logger.info("an operator changed %s", ", ".join(frame.get("changed") or ()))
-        else:
-            logger.debug("ignoring a %r frame", kind)
-
-    def _control_answered(self, answer: dict[str, Any] | ServerError) -> bool:
-        """A reply to a control frame (a ``session`` or ``reset_done`` frame, or an error with no seq): it ends
-        the waiting call, or is the late one of a call that stopped waiting. Says whether it was taken."""
-        if self._control_replies_owed:
-            self._control_replies_owed -= 1
-            logger.debug("a reply came after its control call stopped waiting: %r", answer)
-            return True
-        reply = self._control_reply
-        if reply is None or reply.done():
-            return False
-        if isinstance(answer, ServerError):
-            reply.set_exception(answer)
-        else:
-            reply.set_result(answer)
-        return True
-
-    def _on_chunk(self, frame: dict[str, Any]) -> None:
-        sent_at = frame.get("timestamp")
-        round_trip = (time.monotonic() - sent_at) * 1e3 if isinstance(sent_at, float) else None
-        chunk = ActionChunk.from_frame(frame, round_trip)
-        seq = chunk.seq
-        if seq <= self._latest_delivered.get(chunk.session_id, -1):
-            self.stats.stale += 1  # a newer chunk already reached the robot: this one is wrong now
-            self._fail_waiter(seq, ObservationDropped(seq, "stale", "a newer chunk was already delivered"))
-            return
-        waiter = self._waiters.pop(seq, None)
-        self.stats.answered += 1
-        if waiter is None:
-            self._stream.put_nowait(chunk)
-        elif not waiter.done():
-            self._latest_delivered[chunk.session_id] = seq
-            waiter.set_result(chunk)
-        # else its infer gave up (timed out) and is still sending its cancel: the chunk reaches nobody, so it
-        # is not delivered and must not make an older chunk the robot can still receive look stale.
-
-    def _set_state(self, state: str, reason: str) -> None:
-        self.session_state, self.state_reason = state, reason
-        if state == RUNNING:
-            self._running.set()
-        else:
-            self._running.clear()
-
-    @property
-    def paused(self) -> bool:
-        """True while an operator has this session paused: hold the robot, send nothing."""
-        return self.session_state == PAUSED
-
-    def _check_running(self) -> None:
-        if self.session_state == PAUSED:
-            raise SessionPaused(None, self.state_reason)
-        if self.session_state == STOPPED:
-            raise SessionStopped(f"the session was stopped by an operator ({self.state_reason})")
+            state.reconnected()
 
     async def wait_until_running(self, timeout: float | None = None) -> None:
         """Return once the session is running (at once if it is). Raises :class:`SessionStopped` if an
@@ -938,16 +733,16 @@ class AsyncPolicyClient:
         try:
             await asyncio.wait_for(self._running.wait(), timeout)
         except asyncio.TimeoutError:
-            if self.session_state == STOPPED:
-                self._check_running()
-            raise TimeoutError(f"the session is still {self.session_state} after {timeout} s") from None
+            if self._state.session_state == STOPPED:
+                self._state.check_running()
+            raise TimeoutError(f"the session is still {self._state.session_state} after {timeout} s") from None
 
     # -- sending ---------------------------------------------------------------------------------------
 
     async def _wait_connected(self, timeout: float | None) -> ClientConnection:
         if not self._connected.is_set():
             reader = self._reader
-            if self._closing or reader is None or reader.done():
+            if self._state.closing or reader is None or reader.done():
                 raise ConnectionLost("not connected (call connect() first)")
             # The reader reconnects; when it gives up (or the client closes) it ends, and nothing would ever
             # set the event: wait for either, so that a caller hears at once instead of at its timeout.
@@ -957,36 +752,39 @@ class AsyncPolicyClient:
             finally:
                 connected.cancel()
             if not self._connected.is_set():
-                if reader.done() or self._closing:
+                if reader.done() or self._state.closing:
                     raise ConnectionLost("the connection was lost and the client stopped reconnecting")
                 raise TimeoutError("not connected to the policy server (reconnecting)")
         assert self._ws is not None
         return self._ws
 
-    async def _send(self, frame: dict[str, Any], timeout: float | None = None) -> None:
-        ws = await self._wait_connected(timeout)
+    @staticmethod
+    async def _write(ws: ClientConnection, payload: bytes) -> None:
         try:
-            await ws.send(packb(frame))
+            await ws.send(payload)
         except ConnectionClosed:
             raise ConnectionLost("the connection closed while sending") from None
 
-    async def _control(self, frame: dict[str, Any], timeout: float | None) -> dict[str, Any]:
+    async def _send(self, frame: dict[str, Any], timeout: float | None = None) -> None:
+        await self._write(await self._wait_connected(timeout), packb(frame))
+
+    async def _control(self, frame: dict[str, Any], timeout: float | None) -> SessionFrame | ResetDoneFrame:
         async with self._control_lock:
-            reply: asyncio.Future[dict[str, Any]] = asyncio.get_running_loop().create_future()
+            reply: asyncio.Future[SessionFrame | ResetDoneFrame] = asyncio.get_running_loop().create_future()
             self._control_reply = reply
-            ws: ClientConnection | None = None
+            self._state.control_begun()
             try:
-                await self._send(frame, timeout)
-                ws = self._ws
+                ws = await self._wait_connected(timeout)
+                self._state.control_sent()
+                await self._write(ws, packb(frame))
                 return await asyncio.wait_for(reply, timeout)
             finally:
                 self._control_reply = None
+                self._state.control_ended()
                 if reply.done() and not reply.cancelled():
                     # Answered, or failed (connection lost) while the frame was still being sent: then the call
                     # raised that already; read it here so the loop does not log it again as never retrieved.
                     reply.exception()
-                elif ws is not None and ws is self._ws:
-                    self._control_replies_owed += 1  # it stopped waiting, but its reply is on its way
 
     # -- requests --------------------------------------------------------------------------------------
 
@@ -998,9 +796,9 @@ class AsyncPolicyClient:
         configuration; raises :class:`ServerError` if the server refuses it (nothing is kept then).
         """
         reply = await self._control(protocol.configure_frame(settings), timeout)
-        self._settings.update(settings)
-        self.session = reply.get("config", {})
-        return self.session
+        if not isinstance(reply, SessionFrame):
+            raise MalformedServerFrame(protocol.RESET_DONE, "it answered a configure")
+        return self._state.configured(settings, reply)
 
     async def reset(self, timeout: float | None = 10.0, *, session_id: str | None = None) -> None:
         """Drop everything this session (or its policy session ``session_id``) has waiting or running, and
@@ -1011,15 +809,10 @@ class AsyncPolicyClient:
         (``unsent``). One submitted while the reset is on its way reaches the server after it and is
         answered as usual.
         """
-        if self._sender is not None:
-            # Held back by a slow link, it would reach the server after the reset and be answered.
-            withdrawn = self._sender.withdraw(session_id)
-            if withdrawn is not None:
-                self._replaced_unsent(withdrawn, "the session was reset before it was sent")
-        # Nothing is failed once the reset is done: every observation still awaited then was sent after the
-        # reset (the server answered all the others first), and its answer is on its way.
+        self._state.reset_begun(session_id)  # held back by a slow link, it would reach the server after the reset
+        self._settle()
         await self._control(protocol.reset_frame(session_id), timeout)
-        self._latest_delivered.pop(session_id, None)
+        self._state.reset_done(session_id)
 
     async def cancel(self, seq: int | None = None, *, session_id: str | None = None) -> None:
         """Ask the server not to answer ``seq`` (or any outstanding observation when ``None``) of this
@@ -1049,30 +842,39 @@ class AsyncPolicyClient:
         configuration; the chunk reports what was used.
         Raises :class:`SessionPaused` (nothing is sent) while an operator has the session paused.
         """
-        self._check_running()
-        seq = self._next_seq
-        self._next_seq += 1
+        self._state.check_running()
+        seq = self._state.new_seq()
+        await self._submit(seq, obs, timeout, state, session_id, settings)
+        return seq
+
+    async def _submit(
+        self,
+        seq: int,
+        obs: Mapping[str, Any] | np.ndarray,
+        timeout: float | None,
+        robot_state: RobotState | None,
+        session_id: str | None,
+        settings: Mapping[str, Any],
+    ) -> None:
         fields = self._frames.prepare(
             {"image": obs} if isinstance(obs, np.ndarray) else obs, self.metadata, self.session, settings
         )
-        frame = _observation_frame(seq, fields, settings, state)
-        if session_id is not None:
-            frame[protocol.SESSION_ID] = session_id
+        payload = packb(_observation_frame(seq, fields, settings, robot_state, session_id, self._state.clock()))
         if self._sender is None:
-            await self._send(frame, timeout)
-            self._observation_sent(seq, 0)
+            ws = await self._wait_connected(timeout)
+            self._state.observation_writing(seq, session_id)
+            await self._write(ws, payload)
+            self._state.written_directly(len(payload))
         else:
-            if not self._connected.is_set() and (self._closing or self._reader is None or self._reader.done()):
+            if not self._connected.is_set() and (self._state.closing or self._reader is None or self._reader.done()):
                 raise ConnectionLost("not connected (call connect() first)")
-            self._sender.put(
-                seq, packb(frame), session_id
-            )  # while reconnecting, the newest waits for the new connection
+            self._sender.put(seq, payload, session_id)  # while reconnecting, the newest waits for the new connection
             # Let the sender write it now: a robot loop that is behind its schedule may never await otherwise,
             # and then nothing would leave (and the keepalive would go unanswered) until it caught up.
             await asyncio.sleep(0)
-        self.stats.buffered_bytes = self.buffered_bytes
-        self.stats.buffered_bytes_max = max(self.stats.buffered_bytes_max, self.stats.buffered_bytes)
-        return seq
+        stats = self._state.stats
+        stats.buffered_bytes = self.buffered_bytes
+        stats.buffered_bytes_max = max(stats.buffered_bytes_max, stats.buffered_bytes)
 
     @property
     def buffered_bytes(self) -> int:
@@ -1080,39 +882,24 @@ class AsyncPolicyClient:
         and the transport's buffer): what a slow link holds of this client's frames right now."""
         return buffered_bytes(self._ws) if self._ws is not None else 0
 
-    def _observation_sent(self, seq: int, nbytes: int) -> None:
-        self.stats.sent += 1
-        self.stats.bytes_sent += nbytes
-
-    def _replaced_unsent(self, seq: int, message: str = "a newer observation replaced it before it was sent") -> None:
-        """``seq`` will never be written (a newer observation replaced it, a reset or its own call ended first,
-        or no connection will come): it never reaches the server."""
-        self.stats.dropped[UNSENT] += 1
-        self._fail_waiter(seq, ObservationDropped(seq, UNSENT, message))
-
     async def receive(self, timeout: float | None = None) -> ActionChunk:
         """The next streamed chunk newer than any already delivered. Raises :class:`ServerError` when the
-        server refused a streamed observation, :class:`TimeoutError` when nothing came in time."""
-        deadline = None if timeout is None else time.monotonic() + timeout
+        server refused a streamed observation (:class:`MalformedServerFrame` when it answered one with a frame
+        that breaks the protocol), :class:`TimeoutError` when nothing came in time."""
+        deadline = None if timeout is None else self._state.clock() + timeout
         while True:
-            remaining = None if deadline is None else max(0.0, deadline - time.monotonic())
-            if not self._stream.empty():
-                # Taken at once: wait_for given no time left (a robot polling with timeout=0) cancels the get
-                # before it runs, and would report a chunk that already came as not arrived in time.
-                item = self._stream.get_nowait()
-            else:
-                self._check_running()  # nothing will come while paused: say so instead of timing out
-                try:
-                    item = await asyncio.wait_for(self._stream.get(), remaining)
-                except asyncio.TimeoutError:
-                    raise TimeoutError("no action chunk arrived in time") from None
-            if isinstance(item, ServerError):
-                raise item
-            if item.seq <= self._latest_delivered.get(item.session_id, -1):
-                self.stats.stale += 1
-                continue
-            self._latest_delivered[item.session_id] = item.seq
-            return item
+            step = self._state.receive_step(deadline)
+            if isinstance(step.item, ActionChunk):
+                return step.item
+            if step.item is not None:
+                raise step.item
+            if step.wait is None:
+                raise TimeoutError("no action chunk arrived in time")
+            self._streamed.clear()
+            try:
+                await asyncio.wait_for(self._streamed.wait(), None if step.wait == float("inf") else step.wait)
+            except asyncio.TimeoutError:
+                pass  # the next step says whether something came at the last moment
 
     async def infer(
         self,
@@ -1131,17 +918,21 @@ class AsyncPolicyClient:
         for this observation only (``infer(frame, domain_name="droid_lerobot", action_horizon=8)``: no
         ``configure`` is needed when ``domain_name`` is among them). Raises :class:`TimeoutError` (and cancels the
         observation), :class:`ObservationDropped` (:class:`SessionPaused` while an operator has the session
-        paused), :class:`SessionStopped`, :class:`ServerError` or :class:`ConnectionLost`.
+        paused), :class:`SessionStopped`, :class:`ServerError`, :class:`MalformedServerFrame` (the server answered
+        with a frame that breaks the protocol) or :class:`ConnectionLost`.
         """
         deadline = None if timeout is None else time.monotonic() + timeout
-        future = asyncio.get_running_loop().create_future()
-        seq = self._next_seq
-        self._waiters[seq] = future
+        self._state.check_running()
+        seq = self._state.new_seq()
+        future: asyncio.Future[ActionChunk] = asyncio.get_running_loop().create_future()
+        self._infers[seq] = future
+        self._state.infer_begun(seq, session_id)
         try:
-            await self.submit(obs, timeout, state=state, session_id=session_id, **settings)
+            await self._submit(seq, obs, timeout, state, session_id, settings)
             remaining = None if deadline is None else max(0.0, deadline - time.monotonic())
             return await asyncio.wait_for(future, remaining)
         except asyncio.TimeoutError:
+            self._state.infer_timed_out(seq)
             if self._connected.is_set():
                 try:
                     await self.cancel(seq, session_id=session_id)
@@ -1149,12 +940,9 @@ class AsyncPolicyClient:
                     pass
             raise TimeoutError(f"no answer to observation {seq} within {timeout} s") from None
         finally:
-            self._waiters.pop(seq, None)
-            # Ended without its chunk (timed out, connection lost, cancelled) while its observation still waits
-            # to be sent (for a new connection, say): sent now, it would be answered, and its chunk handed to the
-            # next receive(). Nobody waits for it: it is not sent.
-            if self._sender is not None and self._sender.withdraw(session_id, seq) is not None:
-                self._replaced_unsent(seq, "its infer call ended before it was sent")
+            self._infers.pop(seq, None)
+            self._state.infer_ended(seq, session_id)
+            self._settle()
 
 
 # ---------------------------------------------------------------------------------------------------

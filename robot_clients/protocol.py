@@ -1,11 +1,13 @@
 """Native realtime protocol, version 1: its names, codes, errors and frames, shared by both ends.
 
 This is the protocol's sans-I/O core, as in the ``websockets`` library: the robot's clients and the
-server import the same frame names, paths, error codes and frame builders from here, so neither end
-re-types the other's strings. It imports nothing but the standard library: a robot gets it with the wire
-codec and nothing else. What a client frame may contain, and the typed frames the server parses it into,
-are in :mod:`robot_clients.client_frames` (numpy only). ``docs/protocol.md`` is the user-facing
-description of everything here; keep the two in step.
+server import the same frame names, paths, error codes, client frame builders and server frames (one frozen
+dataclass per ``type``, which the server sends and the client parses) from here, so neither end re-types the
+other's strings. It imports nothing but the standard library: a robot gets it with the wire codec and nothing
+else. What a client frame may contain, and the typed frames the server parses it into, are in
+:mod:`robot_clients.client_frames` (numpy only); the client's parser of server frames is in
+:mod:`robot_clients.client_state`. ``docs/protocol.md`` is the user-facing description of everything here;
+keep the two in step.
 """
 
 from __future__ import annotations
@@ -13,7 +15,7 @@ from __future__ import annotations
 import enum
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeAlias
 
 PROTOCOL_VERSION = 1
 
@@ -166,70 +168,190 @@ def reset_frame(session_id: str | None = None) -> dict[str, Any]:
 
 
 # ---------------------------------------------------------------------------------------------------
-# Server frames
+# Server frames: one frozen dataclass per `type`. The server sends only these (``wire()`` is the map it
+# packs); the client parses each frame it reads into one of them once (robot_clients.client_state).
 # ---------------------------------------------------------------------------------------------------
 
 
-def error_frame(code: str, message: str, field: str | None = None, seq: int | None = None) -> dict[str, Any]:
-    return {"type": ERROR, "seq": seq, "code": code, "message": message, "field": field}
-
-
-def dropped_frame(seq: int, reason: str, message: str) -> dict[str, Any]:
-    return {"type": DROPPED, "seq": seq, "reason": reason, "message": message}
-
-
-def metadata_frame(session_id: str, fields: Mapping[str, Any]) -> dict[str, Any]:
+@dataclass(frozen=True)
+class MetadataFrame:
     """The first frame of a connection: the protocol version, then what the model and server offer
-    (``fields``: model, modes, defaults, domains, limits, ...; ``docs/protocol.md``)."""
-    return {"type": METADATA, "protocol_version": PROTOCOL_VERSION, "session_id": session_id, **fields}
+    (``info``: model, modes, defaults, domains, limits, ...; ``docs/protocol.md``)."""
+
+    session_id: str
+    info: Mapping[str, Any]
+    protocol_version: int = PROTOCOL_VERSION
+
+    def wire(self) -> dict[str, Any]:
+        return {"type": METADATA, "protocol_version": self.protocol_version, "session_id": self.session_id, **self.info}
 
 
-def session_frame(
-    session_id: str, config: Mapping[str, Any], state: SessionState, recording: bool | None = None
-) -> dict[str, Any]:
+@dataclass(frozen=True)
+class SessionFrame:
     """The reply to ``configure``: the session's settings with the model's defaults resolved, its state and,
-    on a server that records, whether it is recorded."""
-    frame: dict[str, Any] = {"type": SESSION, "session_id": session_id, "config": dict(config), "state": state.value}
-    if recording is not None:
-        frame["recording"] = recording
-    return frame
+    on a server that records, whether it is recorded (None: the server does not record)."""
+
+    session_id: str
+    config: Mapping[str, Any]
+    state: SessionState
+    recording: bool | None = None
+
+    def wire(self) -> dict[str, Any]:
+        frame: dict[str, Any] = {
+            "type": SESSION,
+            "session_id": self.session_id,
+            "config": dict(self.config),
+            "state": self.state.value,
+        }
+        if self.recording is not None:
+            frame["recording"] = self.recording
+        return frame
 
 
-def action_chunk_frame(
-    seq: int, actions: Any, report: Mapping[str, Any], timing: dict[str, float | None]
-) -> dict[str, Any]:
-    """The answer to observation ``seq``: ``actions`` (H×D float32), how they were made (``report``: the
-    settings used, the horizon, the domain id and width) and where the time went. ``timing`` is held, not
-    copied: the sender fills in its last entry (the observation's age) as the frame leaves."""
-    return {"type": ACTION_CHUNK, "seq": seq, "actions": actions, **report, "timing": timing}
+@dataclass(frozen=True)
+class ActionChunkFrame:
+    """The answer to observation ``seq``: ``actions`` (H×D float32), how they were made (``settings``: the
+    request settings a chunk reports, as used; ``action_horizon``, the ``domain_id`` that selected the action
+    head and the width ``raw_action_dim``) and where the time went (``timing``, in milliseconds).
+    ``timestamp`` echoes the observation's, ``session_id`` names its policy session (None: the connection's)."""
+
+    seq: int
+    actions: Any  # an H×D float32 numpy array (this module imports no numpy)
+    settings: Mapping[str, Any]
+    action_horizon: int
+    domain_id: int
+    raw_action_dim: int
+    timing: dict[str, float | None]
+    timestamp: Any = None
+    session_id: str | None = None
+
+    def wire(self) -> dict[str, Any]:
+        """The map packed. ``timing`` is held, not copied: the server's sender fills in its last entry (the
+        observation's age) as the frame leaves."""
+        frame = {
+            "type": ACTION_CHUNK,
+            "seq": self.seq,
+            "actions": self.actions,
+            **self.settings,
+            "action_horizon": self.action_horizon,
+            "domain_id": self.domain_id,
+            "raw_action_dim": self.raw_action_dim,
+            "timing": self.timing,
+        }
+        if self.timestamp is not None:
+            frame["timestamp"] = self.timestamp
+        if self.session_id is not None:
+            frame[SESSION_ID] = self.session_id
+        return frame
 
 
-def reset_done_frame(session_id: str) -> dict[str, Any]:
-    return {"type": RESET_DONE, "session_id": session_id}
+@dataclass(frozen=True)
+class DroppedFrame:
+    """Observation ``seq`` will not be answered with actions (``reason``: a :class:`DropReason`)."""
+
+    seq: int
+    reason: str
+    message: str
+    session_id: str | None = None
+
+    def wire(self) -> dict[str, Any]:
+        frame = {"type": DROPPED, "seq": self.seq, "reason": self.reason, "message": self.message}
+        if self.session_id is not None:
+            frame[SESSION_ID] = self.session_id
+        return frame
 
 
-def session_state_frame(session_id: str, state: SessionState, reason: str, source: str = "operator") -> dict[str, Any]:
+@dataclass(frozen=True)
+class ErrorFrame:
+    """A refused frame: ``code`` is an :class:`ErrorCode`, ``field`` the culprit, ``seq`` the observation's
+    (None: a control frame's, or unknown)."""
+
+    code: str
+    message: str
+    field: str | None = None
+    seq: int | None = None
+    session_id: str | None = None
+
+    def wire(self) -> dict[str, Any]:
+        frame = {"type": ERROR, "seq": self.seq, "code": self.code, "message": self.message, "field": self.field}
+        if self.session_id is not None:
+            frame[SESSION_ID] = self.session_id
+        return frame
+
+
+@dataclass(frozen=True)
+class ResetDoneFrame:
+    """The reply to ``reset``: everything the reset dropped was answered ``dropped`` before it."""
+
+    session_id: str
+
+    def wire(self) -> dict[str, Any]:
+        return {"type": RESET_DONE, "session_id": self.session_id}
+
+
+@dataclass(frozen=True)
+class SessionStateFrame:
     """The session is now ``state`` (``reason`` is for people, may be empty)."""
-    return {"type": SESSION_STATE, "session_id": session_id, "state": state.value, "reason": reason, "source": source}
+
+    session_id: str
+    state: SessionState
+    reason: str
+    source: str = "operator"
+
+    def wire(self) -> dict[str, Any]:
+        return {
+            "type": SESSION_STATE,
+            "session_id": self.session_id,
+            "state": self.state.value,
+            "reason": self.reason,
+            "source": self.source,
+        }
 
 
-def session_updated_frame(
-    session_id: str, config: Mapping[str, Any], changed: list[str], reason: str, source: str = "operator"
-) -> dict[str, Any]:
+@dataclass(frozen=True)
+class SessionUpdatedFrame:
     """Someone other than the robot changed settings ``changed``; ``config`` is the result."""
-    return {
-        "type": SESSION_UPDATED,
-        "session_id": session_id,
-        "config": dict(config),
-        "changed": changed,
-        "reason": reason,
-        "source": source,
-    }
+
+    session_id: str
+    config: Mapping[str, Any]
+    changed: tuple[str, ...]
+    reason: str
+    source: str = "operator"
+
+    def wire(self) -> dict[str, Any]:
+        return {
+            "type": SESSION_UPDATED,
+            "session_id": self.session_id,
+            "config": dict(self.config),
+            "changed": list(self.changed),
+            "reason": self.reason,
+            "source": self.source,
+        }
 
 
-def session_event_frame(session_id: str, event: str, details: Mapping[str, Any]) -> dict[str, Any]:
-    """Something happened to the session on the server's side (e.g. ``replica_moved``)."""
-    return {"type": SESSION_EVENT, "session_id": session_id, "event": event, **details}
+@dataclass(frozen=True)
+class SessionEventFrame:
+    """Something happened to the session on the server's side (``event``, e.g. ``replica_moved``)."""
+
+    session_id: str
+    event: str
+    details: Mapping[str, Any]
+
+    def wire(self) -> dict[str, Any]:
+        return {"type": SESSION_EVENT, "session_id": self.session_id, "event": self.event, **self.details}
+
+
+ServerFrame: TypeAlias = (
+    MetadataFrame
+    | SessionFrame
+    | ActionChunkFrame
+    | DroppedFrame
+    | ErrorFrame
+    | ResetDoneFrame
+    | SessionStateFrame
+    | SessionUpdatedFrame
+    | SessionEventFrame
+)
 
 
 # ---------------------------------------------------------------------------------------------------

@@ -17,14 +17,16 @@ from websockets.asyncio.client import connect
 from websockets.asyncio.server import ServerConnection, serve
 
 from robot_clients import AsyncPolicyClient, ConnectionLost, ObservationDropped
-from robot_clients.client import LatestObservationSender
+from robot_clients.client import ObservationSender
+from robot_clients.client_state import ClientState
 from robot_clients.protocol import (
     PROTOCOL_VERSION,
+    ActionChunkFrame,
+    MetadataFrame,
+    ResetDoneFrame,
+    SessionFrame,
     SessionState,
-    action_chunk_frame,
-    reset_done_frame,
-    session_frame,
-    session_updated_frame,
+    SessionUpdatedFrame,
 )
 from robot_clients.wire_codec import packb, unpackb
 
@@ -33,7 +35,7 @@ METADATA = packb({"type": "metadata", "protocol_version": PROTOCOL_VERSION, "def
 
 
 def chunk_frame(seq: int) -> bytes:
-    return packb(action_chunk_frame(seq, np.zeros((2, 3), np.float32), {}, {}))
+    return packb(ActionChunkFrame(seq, np.zeros((2, 3), np.float32), {}, 2, 0, 3, {}).wire())
 
 
 class ScriptedServer:
@@ -100,7 +102,7 @@ class ScriptedServer:
 def answer_chunks(frame: dict[str, Any]) -> bytes | None:
     """Answer each observation with a chunk, and a reset with ``reset_done``."""
     if frame["type"] == "reset":
-        return packb(reset_done_frame("s"))
+        return packb(ResetDoneFrame("s").wire())
     return chunk_frame(frame["seq"]) if frame["type"] == "observation" else None
 
 
@@ -128,7 +130,7 @@ async def test_calls_waiting_for_a_reconnect_that_gives_up_fail_at_once():
             assert not client.connected
             inferring = asyncio.create_task(client.infer(IMAGE, timeout=None))
             configuring = asyncio.create_task(client.configure(timeout=None, domain_name="any"))
-            await until(lambda: client._sender is not None and client._sender.waiting == 0, "observation 0 waits")  # noqa: SLF001
+            await until(lambda: client._state.waiting_seq == 0, "observation 0 waits")  # noqa: SLF001
             streamed = await client.submit(IMAGE, session_id="env-b")  # waits too, beside 0
             server.release.set()  # reconnecting now fails for good
             for call in (inferring, configuring):
@@ -156,19 +158,17 @@ async def test_an_observation_whose_write_failed_while_a_newer_one_waited_is_rep
             async def connection() -> Any:
                 return link
 
-            sent: list[int] = []
-            replaced: list[int] = []
-            sender = LatestObservationSender(
-                lambda: link, connection, replaced.append, lambda seq, nbytes: sent.append(seq), poll_s=0.001
-            )
+            state = ClientState(lambda: 0.0)
+            state.connection_opened(MetadataFrame("s", {}), None)
+            sender = ObservationSender(state, lambda: link, connection, state.events, poll_s=0.001)
             sender.put(0, packb({"type": "observation", "seq": 0}))  # the link looks free: 0 is taken to be written
             sender.put(1, packb({"type": "observation", "seq": 1}))  # 1 waits behind it
-            await until(lambda: sender.waiting == 1 and sender._sending is None, "the write of 0 failed")  # noqa: SLF001
+            await until(lambda: state.waiting_seq == 1 and state.sending is None, "the write of 0 failed")
             link = next_link  # the client reconnected
-            await until(lambda: bool(sent), "1 sent on the new connection")
+            await until(lambda: state.stats.sent == 1, "1 sent on the new connection")
             await sender.close()
-            assert sent == [1]
-            assert replaced == [0]  # every observation put is sent or reported replaced
+            assert state.stats.sent == 1
+            assert state.stats.dropped["unsent"] == 1  # 0: every observation put is sent or reported replaced
         await until(lambda: bool(server.read), "the server read 1")
         assert [frame["seq"] for frame in server.read] == [1]
 
@@ -187,7 +187,7 @@ async def test_an_infer_sent_after_a_reset_gets_its_chunk():
             await until(lambda: [f["type"] for f in read] == ["reset"], "the server read the reset")
             inferring = asyncio.create_task(client.infer(IMAGE, timeout=5))
             await until(lambda: [f["type"] for f in read] == ["reset", "observation"], "the server read observation 0")
-            await server.connections[0].send(packb(reset_done_frame("s")))
+            await server.connections[0].send(packb(ResetDoneFrame("s").wire()))
             await asyncio.wait_for(resetting, 5)
             await server.connections[0].send(chunk_frame(read[1]["seq"]))
             chunk = await asyncio.wait_for(inferring, 5)
@@ -206,14 +206,13 @@ async def test_a_reset_drops_the_observation_still_waiting_on_the_robot():
     read = server.read
     async with server.serving() as url:
         async with AsyncPolicyClient(url, reconnect=False) as client:
-            assert client._sender is not None  # noqa: SLF001
-            sender = client._sender  # noqa: SLF001
-            while sender.waiting is None:  # streamed observations fill the link until one has to wait
+            state = client._state  # noqa: SLF001
+            while state.waiting_seq is None:  # streamed observations fill the link until one has to wait
                 await client.submit({"image": frame})
                 await asyncio.sleep(0.01)
             inferring = asyncio.create_task(client.infer({"image": frame}, timeout=30))
-            await until(lambda: sender.waiting == client._next_seq - 1, "the infer's observation waits")  # noqa: SLF001
-            seq = client._next_seq - 1  # noqa: SLF001
+            await until(lambda: state.waiting_seq == state.next_seq - 1, "the infer's observation waits")
+            seq = state.next_seq - 1
             resetting = asyncio.create_task(client.reset(timeout=30))
             await asyncio.sleep(0.05)
             server.drained.set()
@@ -221,7 +220,7 @@ async def test_a_reset_drops_the_observation_still_waiting_on_the_robot():
             with pytest.raises(ObservationDropped) as dropped:
                 await asyncio.wait_for(inferring, 30)
             assert dropped.value.reason == "unsent"
-            await until(lambda: sender.waiting is None and sender._sending is None, "the link is idle")  # noqa: SLF001
+            await until(lambda: state.waiting_seq is None and state.sending is None, "the link is idle")
             await asyncio.sleep(0.1)
             assert seq not in [f.get("seq") for f in read]  # never sent
             assert "reset" in [f["type"] for f in read]
@@ -303,7 +302,7 @@ async def test_a_chunk_that_comes_after_its_infer_timed_out_does_not_make_older_
                 while True:
                     await asyncio.wait_for(client.submit({"image": big}), 0.5)
             assert not inferring.done()
-            waiter = client._waiters[streamed + 1]  # noqa: SLF001
+            waiter = client._infers[streamed + 1]  # noqa: SLF001
             await until(waiter.done, "the infer timed out", timeout=10)  # its cancel now waits for the link
             assert not inferring.done()
             await connections[0].send(chunk_frame(streamed + 1))
@@ -332,16 +331,16 @@ async def test_a_late_reply_to_a_configure_that_timed_out_does_not_answer_the_ne
                 await client.configure(timeout=0.1, domain_name="slow")
             resetting = asyncio.create_task(client.reset(timeout=5))
             await until(lambda: [f["type"] for f in read] == ["configure", "reset"], "the server read the reset")
-            await server.send(packb(session_frame("s", {"domain_name": "slow"}, SessionState.RUNNING)))
+            await server.send(packb(SessionFrame("s", {"domain_name": "slow"}, SessionState.RUNNING).wire()))
             # A frame after it, to know the client has read the late reply.
-            await server.send(packb(session_updated_frame("s", {"prompt": "marker"}, ["prompt"], "test")))
+            await server.send(packb(SessionUpdatedFrame("s", {"prompt": "marker"}, ("prompt",), "test").wire()))
             await until(lambda: client.session.get("prompt") == "marker", "the client read both frames")
             assert not resetting.done()  # the late configure reply did not answer it
-            await server.send(packb(reset_done_frame("s")))
+            await server.send(packb(ResetDoneFrame("s").wire()))
             await asyncio.wait_for(resetting, 5)
             configuring = asyncio.create_task(client.configure(timeout=5, action_horizon=8))
             await until(lambda: len(read) == 3, "the server read the second configure")
-            await server.send(packb(session_frame("s", {"action_horizon": 8}, SessionState.RUNNING)))
+            await server.send(packb(SessionFrame("s", {"action_horizon": 8}, SessionState.RUNNING).wire()))
             assert await asyncio.wait_for(configuring, 5) == {"action_horizon": 8}
 
 
@@ -394,10 +393,9 @@ async def test_an_observation_being_written_when_the_client_closes_is_counted_se
         try:
             await until(lambda: bool(connections), "the server has the connection")
             seq = await client.submit({"image": big})
-            sender = client._sender  # noqa: SLF001
-            assert sender is not None
+            state = client._state  # noqa: SLF001
             await asyncio.sleep(0.1)
-            assert sender._sending is not None and sender._sending[1] == seq  # noqa: SLF001 - still being written
+            assert state.sending is not None and state.sending.seq == seq and state.sending.writing  # being written
             closing = asyncio.create_task(client.close())
             await asyncio.sleep(0.05)
             connections[0].transport.resume_reading()

@@ -14,8 +14,9 @@ from websockets.asyncio.server import serve
 
 from robot_clients import AsyncPolicyClient, ObservationDropped, PolicyClient
 from robot_clients.camera_frames import ImageEncoding
-from robot_clients.client import LatestObservationSender
-from robot_clients.protocol import PROTOCOL_VERSION
+from robot_clients.client import ObservationSender
+from robot_clients.client_state import ClientState
+from robot_clients.protocol import PROTOCOL_VERSION, MetadataFrame
 from robot_clients.wire_codec import packb
 
 
@@ -99,11 +100,11 @@ async def test_a_link_that_does_not_drain_holds_one_frame_and_the_newest_replace
                 await asyncio.sleep(0.01)
             stats = client.stats
             # Every observation is sent, replaced, waiting (the newest) or being written: none is lost.
-            being_written = client._sender._sending is not None  # noqa: SLF001
+            being_written = client._state.sending is not None  # noqa: SLF001
             assert stats.sent + stats.dropped["unsent"] + 1 + being_written == len(waiting), stats
             assert stats.sent <= 30, stats  # the socket's buffers took a handful of frames, not all 60
             assert stats.dropped["unsent"] >= 25, stats
-            assert client._sender.waiting == waiting[-1]  # noqa: SLF001 - the newest is the one waiting
+            assert client._state.waiting_seq == waiting[-1]  # noqa: SLF001 - the newest is the one waiting
             assert stats.buffered_bytes > 0 and client.buffered_bytes >= stats.buffered_bytes // 2
             # An infer whose observation is replaced before it is sent hears why.
             task = asyncio.create_task(client.infer({"image": frame}, timeout=5))
@@ -180,11 +181,9 @@ async def test_an_observation_the_sender_took_while_it_waited_for_the_link_is_st
                 await link_back.wait()
                 return ws
 
-            sent: list[int] = []
-            replaced: list[int] = []
-            sender = LatestObservationSender(
-                lambda: current, connection, replaced.append, lambda seq, nbytes: sent.append(seq)
-            )
+            state = ClientState(lambda: 0.0)
+            state.connection_opened(MetadataFrame("s", {}), None)
+            sender = ObservationSender(state, lambda: current, connection, state.events)
             sender.put(0, b"0")  # no link: it waits, and the task waits for the connection
             await asyncio.sleep(0.01)
             current = ws  # the link is back before the task wakes
@@ -192,12 +191,12 @@ async def test_an_observation_the_sender_took_while_it_waited_for_the_link_is_st
             sender.put(2, b"2")  # waits behind 1
             link_back.set()
             for _ in range(200):
-                if len(sent) + len(replaced) == 3:
+                if state.stats.sent + state.stats.dropped["unsent"] == 3:
                     break
                 await asyncio.sleep(0.01)
             await sender.close()
-            assert replaced == [0]
-            assert sent == [1, 2]  # oldest first, and neither lost
+            assert state.stats.dropped["unsent"] == 1  # 0
+            assert state.stats.sent == 2  # 1 and 2: neither lost (the order: what the server received, below)
         for _ in range(100):
             if len(received) == 2:
                 break

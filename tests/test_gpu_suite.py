@@ -49,9 +49,17 @@ def test_smoke_run_writes_json_and_markdown(tmp_path):
         overlap["on"]["inline_preps"] + overlap["on"]["overlapped_preps"] == 4
         and overlap["off"]["overlapped_preps"] == 0
     )
+    # Quantized weights: full precision, fp8 (refused on this CPU, in its note) and int8, against full precision.
+    quantized = {row["quantization"]: row for row in report["quantized"]}
+    assert list(quantized) == ["fp32", "fp8", "int8"]
+    assert quantized["fp32"]["relative_error"] == 0.0 and quantized["fp32"]["weights"]["quantization"] == "none"
+    assert "CUDA" in quantized["fp8"]["note"] and quantized["fp8"].get("chunk_p50_ms") is None
+    assert 0.0 < quantized["int8"]["relative_error"] < 0.05 and quantized["int8"]["weights"]["quantization"] == "int8"
     table = (out / "gpu_suite.md").read_text()
     assert "SMOKE" in table and "Serving through" in table and "Host-prep overlap" in table
-    assert table.count("\n| ") == len(report["cells"]) + 2 + 4  # + the overlap table's header and two modes
+    assert "Quantized weights" in table
+    # + the overlap table's header and two modes, + the quantized table's header and rows
+    assert table.count("\n| ") == len(report["cells"]) + 2 + 4 + 2 + len(report["quantized"])
 
 
 @pytest.mark.skipif(__import__("torch").cuda.is_available(), reason="this machine has CUDA")

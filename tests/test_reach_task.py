@@ -52,38 +52,34 @@ def test_the_wilson_interval():
     assert wilson(0, 20)[0] == 0.0 and wilson(20, 20)[1] == 1.0
 
 
-def test_cosmos3_evals_results_name_their_seed_checkpoint_commit_and_command(tiny_checkpoint, tmp_path):
-    import hashlib
+def test_cosmos3_evals_results_name_their_seed_checkpoint_commit_and_command(tmp_path):
     import json
     import shutil
     import subprocess
 
-    from robot_clients.sim.reach_eval import checkpoint_sha256, main
+    from cosmos3_runtime.served_weights import checkpoint_sha256
+    from robot_clients.sim.reach_eval import main
 
-    checkpoint = shutil.copytree(tiny_checkpoint("distilled"), tmp_path / "ckpt")
-    argv = ["--model", str(checkpoint), "--ablations", "expert", "--episodes", "2", "--seed", "77"]
+    checkpoint = shutil.copytree(Path(__file__).parent.parent / "assets" / "reach_policy", tmp_path / "ckpt")
+    argv = ["--model", str(checkpoint), "--modes", "wait", "--episodes", "1", "--seed", "77", "--quantization", "int8"]
     assert main([*argv, "--out", str(tmp_path / "out")]) == 0
     document = json.loads((tmp_path / "out" / "results.json").read_text())
     run = document["provenance"]
-    assert run["seed"] == 77 and document["cells"][0]["episodes"] == 2
+    assert run["seed"] == 77 and document["cells"][0]["episodes"] == 1
     assert run["command"] == ["cosmos3-eval", *argv, "--out", str(tmp_path / "out")]
     assert run["checkpoint"] == str(checkpoint)
 
-    # The hash: every file's path and bytes, so that a changed byte, a renamed file or a new one changes it.
-    files = sorted(p for p in checkpoint.rglob("*") if p.is_file())
-    digest = hashlib.sha256()
-    for path in files:
-        name = path.relative_to(checkpoint).as_posix().encode()
-        digest.update(len(name).to_bytes(8, "little") + name + path.stat().st_size.to_bytes(8, "little"))
-        digest.update(path.read_bytes())
-    assert run["checkpoint_sha256"] == digest.hexdigest() == checkpoint_sha256(checkpoint)
-    weights = next(p for p in files if p.suffix == ".safetensors")
+    # The weights as the server stated them: the quantization it was started with and the checkpoint's
+    # SHA-256, the same digest every door of the server states (cosmos3_runtime.served_weights).
+    assert run["quantization"] == "int8"
+    assert run["checkpoint_sha256"] == checkpoint_sha256(checkpoint)
+    weights = next(p for p in checkpoint.rglob("*.safetensors"))
     data = bytearray(weights.read_bytes())
     data[-1] ^= 1
     weights.write_bytes(bytes(data))
     assert checkpoint_sha256(checkpoint) != run["checkpoint_sha256"]
-    weights.rename(weights.with_name("renamed.safetensors"))
     data[-1] ^= 1
+    weights.unlink()
     weights.with_name("renamed.safetensors").write_bytes(bytes(data))
     assert checkpoint_sha256(checkpoint) != run["checkpoint_sha256"]
 

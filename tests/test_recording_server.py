@@ -13,9 +13,10 @@ import json
 import numpy as np
 import pytest
 from recording_fixtures import frame, wait_until_published
-from server_fixtures import DOMAIN, ServerThread, http_get, tiny_engine_loader
+from server_fixtures import DOMAIN, ServerThread, http_get, tiny_checkpoint, tiny_engine_loader
 from websockets.asyncio.client import connect
 
+from cosmos3_runtime.served_weights import checkpoint_sha256
 from policy_server.recording import RecordingStore
 from policy_server.recording.feature import RecordingOptions
 from policy_server.recording.replay import RecordedEpisode
@@ -89,6 +90,9 @@ async def test_a_sessions_chunks_drops_and_errors_are_recorded_with_the_actions_
     assert episode.session["session_id"] == robot.session_id
     assert episode.session["config"]["prompt"] == "pick up the cube"
     assert episode.session["model"]["variant"] == "distilled"
+    # Which weights answered: the quantization, the checkpoint's SHA-256 and its Hub commit (a local folder: None).
+    weights = episode.session["model"]["weights"]
+    assert weights == {"quantization": "none", "sha256": checkpoint_sha256(tiny_checkpoint()), "revision": None}
     rows = episode.rows()
     assert [row.seq for row in rows] == [0, 1, 2, 3]
     for seq, actions in received.items():

@@ -36,7 +36,7 @@ from policy_server.sglang import actions as sglang_actions
 from policy_server.sglang import parameters as sglang_videos
 from policy_server.sglang.parameters import SGLANG_NAMES
 from policy_server.vla_eval.translation import VLA_EVAL_SETTINGS, VlaEvalSettings
-from robot_clients.client import ActionChunk
+from robot_clients import ActionChunk
 from robot_clients.client_frames import (
     OBSERVATION_SETTINGS,
     REQUEST_SETTINGS,

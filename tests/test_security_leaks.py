@@ -20,6 +20,7 @@ import pytest
 from server_fixtures import DOMAIN, ServerProcess, tiny_checkpoint
 from websockets.sync.client import connect
 
+from cosmos3_runtime.served_weights import checkpoint_sha256
 from robot_clients.wire_codec import packb, unpackb
 
 pytestmark = pytest.mark.timeout(300)
@@ -50,7 +51,8 @@ def answers(tmp_path_factory):
     secret = tmp_path_factory.mktemp("secret-layout")
     model = secret / MODEL_FOLDER
     shutil.copytree(tiny_checkpoint("distilled"), model)
-    process = ServerProcess("--model", str(model), "--no-warmup").start()
+    # int8 weights: the doors must state them (test_every_door_states_the_weights_served).
+    process = ServerProcess("--model", str(model), "--no-warmup", "--quantization", "int8").start()
     try:
         ws_base, http_base = f"127.0.0.1:{process.port}", None
         deadline = time.monotonic() + 120
@@ -73,7 +75,7 @@ def answers(tmp_path_factory):
         observer = _ws(f"ws://{ws_base}/v1/observe", [json.dumps({"type": "subscribe", "session_id": None})], 2, 1)
         for index, frame in enumerate(observer):
             got[f"observer frame {index}"] = frame
-        yield secret, got
+        yield secret, got, model
     finally:
         process.stop()
 
@@ -89,10 +91,33 @@ def _text(answer: bytes | str) -> str:
 
 
 def test_no_answer_shows_where_the_model_lies(answers):
-    secret, got = answers
+    secret, got, _ = answers
     leaks = {name: _text(answer) for name, answer in got.items() if str(secret) in _text(answer)}
     assert not leaks, leaks
     named = [name for name, answer in got.items() if MODEL_FOLDER in _text(answer)]
     # The model is still named, by its folder: in every hello and metadata answer that names it.
     for name in ("native metadata", "openpi metadata", "vla-eval hello", "ws-port /healthz", "sidecar /readyz"):
         assert name in named, (name, _text(got[name])[:400])
+
+
+def test_every_door_states_the_weights_served(answers):
+    """Every hello, metadata and readiness answer carries the quantization, the checkpoint's SHA-256 and the
+    Hub commit (None: a local folder): the same three values everywhere."""
+    _, got, model = answers
+    expected = {"quantization": "int8", "sha256": checkpoint_sha256(model), "revision": None}
+
+    def weights(name: str, *path: str) -> object:
+        answer = got[name]
+        # WebSocket frames are msgpack; HTTP answers JSON.
+        data = unpackb(answer) if name.startswith(("native", "openpi", "vla-eval")) else json.loads(answer)
+        for key in path:
+            data = data[key]
+        return data["weights"]
+
+    assert weights("native metadata") == expected
+    assert weights("openpi metadata") == expected
+    assert weights("vla-eval hello", "payload", "cosmos3") == expected
+    assert weights("sidecar /readyz") == expected
+    assert weights("sidecar /v1/actions/metadata") == expected  # with SGLang's keys merged in
+    assert weights("sidecar /healthz") == expected
+    assert weights("ws-port /healthz") == expected

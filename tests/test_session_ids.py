@@ -37,7 +37,7 @@ from policy_server.recording.store import RecordingStore
 from policy_server.server_settings import PolicySessionLimits
 from policy_server.sessions.controls import ControlAction, OperatorControl
 from policy_server.sessions.policy_sessions import PolicySessionTable
-from robot_clients.client import AsyncPolicyClient, ServerError
+from robot_clients import AsyncPolicyClient, ServerError
 from robot_clients.protocol import ErrorCode, ProtocolError
 from robot_clients.wire_codec import packb, unpackb
 

@@ -66,7 +66,10 @@ def test_health_and_readiness_while_loading_and_after():
             # The model by its folder's name, never the server's path (policy_server.metadata).
             "model": public_model_name(loading.server.context.description.model),
             "variant": "distilled",
+            # Which weights answer: full precision, the checkpoint folder's SHA-256, no Hub commit.
+            "weights": loading.server.context.description.weights.as_json(),
         }
+        assert client.get("/readyz").json()["weights"]["quantization"] == "none"
 
 
 def test_metrics_move_when_requests_are_made(server):

@@ -24,9 +24,8 @@ from policy_server.http.requests import action_request
 from policy_server.openpi_settings import CameraMapping, OpenpiSettings
 from policy_server.session_config import SessionConfig, observation_request
 from policy_server.sessions.openpi_observation import parse_openpi_observation
-from robot_clients import PolicyClient
+from robot_clients import PolicyClient, ServerError
 from robot_clients.chunker import ActionChunker, ChunkerConfig, ChunkRecord, RemoteChunkPolicy
-from robot_clients.client import ServerError
 from robot_clients.client_frames import ObservationFrame, parse_client_frame
 from robot_clients.protocol import ErrorCode, FrameLimits, ProtocolError
 from robot_clients.wire_codec import packb, unpackb

@@ -270,11 +270,20 @@ class Health(BaseModel):
     uptime_s: float
 
 
+class ServedWeightsInfo(BaseModel):
+    """Which weights answer: the runtime's ``ServedWeights``."""
+
+    quantization: str = Field(description="none, int8 or fp8 (the transformer's linear layers)")
+    sha256: str = Field(description="the checkpoint folder's SHA-256 (docs/runtime.md, 'What is served')")
+    revision: str | None = Field(default=None, description="the Hub commit the checkpoint resolved to")
+
+
 class Readiness(BaseModel):
     ready: bool
     status: str = Field(description="ready, or why not: starting, loading, warming_up, failed, stopping")
     model: str | None = None
     variant: str | None = None
+    weights: ServedWeightsInfo | None = None
 
 
 class DomainInfo(BaseModel):
@@ -311,6 +320,7 @@ class ActionMetadata(BaseModel):
     capabilities: dict[str, Any]
     device: str | None = None
     dtype: str | None = None
+    weights: ServedWeightsInfo | None = None
     topology: dict[str, Any] = Field(
         default_factory=dict, description="where the engine runs: backend (local, ray) and its replicas"
     )

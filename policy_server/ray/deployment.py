@@ -41,6 +41,7 @@ from ray import serve
 from ray.exceptions import ActorUnavailableError, RayActorError, RayTaskError
 
 from cosmos3_runtime.description import ModelDescription
+from cosmos3_runtime.quantization import Quantization
 
 from ..engine.request_queue import EngineLost
 
@@ -70,6 +71,7 @@ class EngineLoader:
     profiles_path: str | None = None
     prefix_cache_mb: float = 256.0
     compile: bool = False
+    quantization: Quantization | None = None
     torch_threads: int | None = None
     warmup: bool = True
 
@@ -83,6 +85,7 @@ class EngineLoader:
             profiles_path=self.profiles_path,
             prefix_cache_mb=self.prefix_cache_mb,
             compile=self.compile,
+            quantization=self.quantization,
         )
 
 

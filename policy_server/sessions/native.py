@@ -60,14 +60,7 @@ import numpy as np
 from websockets.asyncio.server import ServerConnection
 
 from robot_clients import client_frames, protocol
-from robot_clients.protocol import (
-    DropReason,
-    ErrorCode,
-    ProtocolError,
-    SessionState,
-    session_state_frame,
-    session_updated_frame,
-)
+from robot_clients.protocol import DropReason, ErrorCode, ProtocolError, ServerFrame, SessionState
 from robot_clients.wire_codec import WireFormatError, packb
 
 from ..camera_intake import canvas_side, native_decode
@@ -75,7 +68,7 @@ from ..connection_supervisor import close_connection
 from ..context import ServerContext
 from ..engine.request_queue import EngineOutcome, PendingObservation
 from ..metadata import native_metadata
-from ..session_config import chunk_report, merge_session_config, observation_request
+from ..session_config import merge_session_config, observation_request, settings_used
 from .base import Session
 from .controls import ControlAction, ControlError, ControlErrorCode, OperatorControl
 from .observation_rules import ChunkReply
@@ -100,7 +93,7 @@ class Dialect(Protocol):
 
     name: str  # for the logs: "sglang", "vla-eval"
 
-    def hello(self, context: ServerContext[Session], metadata: dict[str, Any]) -> dict[str, Any]:
+    def hello(self, context: ServerContext[Session], metadata: protocol.MetadataFrame) -> protocol.MetadataFrame:
         """The native ``metadata`` frame with this dialect's keys added (or unchanged)."""
         ...
 
@@ -151,27 +144,21 @@ class NativeSession(Session):
         hello = native_metadata(self.context, self.id)
         for dialect in self.dialects:
             hello = dialect.hello(self.context, hello)
-        self.put(packb(hello))
+        self._send(hello)
 
     # -- replies ---------------------------------------------------------------------------------------
 
     def spawn(self, name: str) -> NativeSession:
         return NativeSession(self.connection, self.context, parent=self, name=name)
 
-    def _named(self, frame: dict[str, Any]) -> dict[str, Any]:
-        """``frame`` with this policy session's ``session_id``, when it has one."""
-        if self.name is not None:
-            frame[protocol.SESSION_ID] = self.name
-        return frame
-
     def encode_error(self, code: str, message: str, field: str | None, seq: int | None) -> bytes:
-        return packb(self._named(protocol.error_frame(code, message, field, seq)))
+        return packb(protocol.ErrorFrame(code, message, field, seq, self.name).wire())
 
     def encode_drop(self, seq: int, reason: str, message: str) -> bytes:
-        return packb(self._named(protocol.dropped_frame(seq, reason, message)))
+        return packb(protocol.DroppedFrame(seq, reason, message, self.name).wire())
 
-    def _send(self, frame: dict[str, Any]) -> None:
-        self.put(packb(frame))
+    def _send(self, frame: ServerFrame) -> None:
+        self.put(packb(frame.wire()))
 
     def pack_chunk(self, reply: ChunkReply) -> bytes:
         return packb(reply.body)  # its timing is reply.timing, observation_age_ms now filled in
@@ -179,7 +166,7 @@ class NativeSession(Session):
     def notify(self, event: str, details: Mapping[str, Any]) -> None:
         """Tell the robot something happened to its session on the server's side (e.g. ``replica_moved``)."""
         super().notify(event, details)
-        self._send(protocol.session_event_frame(self.id, event, details))
+        self._send(protocol.SessionEventFrame(self.id, event, details))
 
     # -- frames from the client ----------------------------------------------------------------------
 
@@ -233,7 +220,7 @@ class NativeSession(Session):
                 named.reset()
                 named.rules.restart()
             reset_id = self.id if frame.session_id is None else frame.session_id
-            self._send(protocol.reset_done_frame(reset_id))
+            self._send(protocol.ResetDoneFrame(reset_id))
 
     def _named_session(self, name: str | None) -> Session | None:
         """The session a ``cancel`` or ``reset`` names: this one, a policy session, or None (no such name:
@@ -272,7 +259,7 @@ class NativeSession(Session):
         self.set_config(config)
         if "prompt" in frame.settings:
             self.operator_prompt = False
-        self._send(protocol.session_frame(self.id, self.resolved_config, self.state, self.recorded))
+        self._send(protocol.SessionFrame(self.id, self.resolved_config, self.state, self.recorded))
 
     def _on_observation(self, obs: client_frames.ObservationFrame, received_at: float) -> None:
         if self.operator_prompt:
@@ -332,7 +319,7 @@ class NativeSession(Session):
         if state is self.state:
             return  # idempotent: a second "pause" changes nothing and tells the robot nothing
         self.state, self.state_reason = state, reason
-        self._send(session_state_frame(self.id, state, reason))
+        self._send(protocol.SessionStateFrame(self.id, state, reason))
 
     def _set_operator_prompt(self, control: OperatorControl) -> None:
         if self.config is None:
@@ -344,7 +331,9 @@ class NativeSession(Session):
         config = dataclasses.replace(self.config, prompt=control.prompt or "")
         self.set_config(config)
         self.operator_prompt = True
-        self._send(session_updated_frame(self.id, config.resolved(self.description), ["prompt"], control.reason))
+        self._send(
+            protocol.SessionUpdatedFrame(self.id, config.resolved(self.description), ("prompt",), control.reason)
+        )
 
     async def _close_when_sent(self) -> None:
         """Close with 1000 once the ``session_state: stopped`` frame (and the drops before it) left."""
@@ -373,8 +362,15 @@ class NativeSession(Session):
             "total_ms": (time.monotonic() - item.received_at) * 1e3,
             "observation_age_ms": None,  # filled in by the sender, just before the frame leaves
         }
-        frame = protocol.action_chunk_frame(item.seq, actions, chunk_report(chunk), timing)
-        if item.client_timestamp is not None:
-            frame["timestamp"] = item.client_timestamp
-        self._named(frame)
+        frame = protocol.ActionChunkFrame(
+            item.seq,
+            actions,
+            settings_used(chunk),
+            chunk.action_horizon,
+            chunk.domain_id,
+            chunk.raw_action_dim,
+            timing,
+            item.client_timestamp,
+            self.name,
+        ).wire()
         return ChunkReply(item.seq, actions, chunk.seed, timing, item.received_at, frame, len(packb(frame)))

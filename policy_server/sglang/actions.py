@@ -42,7 +42,7 @@ from robot_clients.protocol import ErrorCode
 
 from ..api_errors import ApiError
 from ..json_text import JsonTextError, loads_bounded
-from ..metadata import public_model_name
+from ..metadata import public_model_name, served_weights
 from .parameters import (
     SGLANG_NAMES,
     TENSOR_VALUE_KEYS,
@@ -645,6 +645,7 @@ def sglang_metadata(
     return {
         "object": "action.metadata",
         "model": public_model_name(description.model),
+        "weights": served_weights(description),
         "policy_family": POLICY_FAMILY,
         "input": {
             "modalities": modalities,

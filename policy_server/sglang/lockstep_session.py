@@ -30,6 +30,7 @@ the engine's queue.
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -38,7 +39,7 @@ from websockets.asyncio.server import ServerConnection
 
 from cosmos3_runtime.description import ModelDescription
 from cosmos3_runtime.requests import ActionRequest, ActionResult
-from robot_clients.protocol import CodedError, DropReason, ErrorCode, FrameLimits, ProtocolError
+from robot_clients.protocol import CodedError, DropReason, ErrorCode, FrameLimits, MetadataFrame, ProtocolError
 from robot_clients.wire_codec import WireFormatError, packb, unpackb
 
 from ..api_errors import ApiError, HttpErrorCode
@@ -163,8 +164,8 @@ class SglangDialect:
     def __init__(self, item_requests: ItemRequests) -> None:
         self.item_requests = item_requests
 
-    def hello(self, context: ServerContext[Session], metadata: dict[str, Any]) -> dict[str, Any]:
-        return merge_metadata(metadata, sglang_keys(context))
+    def hello(self, context: ServerContext[Session], metadata: MetadataFrame) -> MetadataFrame:
+        return dataclasses.replace(metadata, info=merge_metadata(metadata.info, sglang_keys(context)))
 
     def claims(self, first: FirstFrame) -> bool:
         return connection_mode(first.decoded) == SGLANG

@@ -56,7 +56,7 @@ from ..camera_intake import check_cameras, decoded_image
 from ..context import ServerContext
 from ..engine.request_queue import EngineOutcome, PendingObservation
 from ..log_hygiene import printable
-from ..metadata import public_model_name
+from ..metadata import public_model_name, served_weights
 from ..session_config import SessionConfig, observation_request
 from ..sessions.base import Session
 from ..sessions.endpoints import EdgeEndpoints, HttpEndpoint, SessionEndpoint
@@ -219,6 +219,7 @@ class VlaEvalSession(Session):
         served: dict[str, Any] = {
             "model": public_model_name(description.model),
             "variant": description.variant,
+            "weights": served_weights(description),
             "session_id": self.id,
         }
         try:

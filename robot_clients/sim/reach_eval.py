@@ -12,20 +12,21 @@ at 20 Hz on :class:`~robot_clients.sim.reach_task.ReachTaskEnv`. A cell of the t
 Ablations (``--ablation``): ``black`` sends an all-black image, ``shuffled_state`` sends the state's
 entries in a random order each tick; ``blind_expert`` runs the camera-blind scripted baseline locally.
 
-``--out``'s ``results.json`` names its run (:class:`EvaluationRun`): the seed, the checkpoint's SHA-256, the
+``--out``'s ``results.json`` names its run (:class:`EvaluationRun`): the seed, the weights the server stated
+(the checkpoint's SHA-256 and the quantization, ``--quantization`` passed to the server it starts), the
 source's git commit and the command line.
 """
 
 from __future__ import annotations
 
 import argparse
-import hashlib
 import json
 import math
 import subprocess
 import sys
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -74,23 +75,12 @@ class EvaluationRun:
 
     seed: int  # of the cube places
     checkpoint: str | None  # the --model folder (None: a running --server's model, or no server)
-    checkpoint_sha256: str | None  # see checkpoint_sha256
+    # What the server stated in its hello (cosmos3_runtime.served_weights): None where no server answered.
+    checkpoint_sha256: str | None
+    quantization: str | None
     git_commit: str | None  # of the source that ran (None outside a git checkout)
     git_dirty: bool | None  # the checkout had changes not committed
     command: list[str]  # the command line, program name first
-
-
-def checkpoint_sha256(folder: Path) -> str:
-    """SHA-256 over a checkpoint folder: every file's path relative to it and its bytes, in path order,
-    read in 1 MiB blocks (a real checkpoint's weights are many GB)."""
-    digest = hashlib.sha256()
-    for path in sorted(p for p in folder.rglob("*") if p.is_file()):
-        name = path.relative_to(folder).as_posix().encode()
-        digest.update(len(name).to_bytes(8, "little") + name + path.stat().st_size.to_bytes(8, "little"))
-        with path.open("rb") as file:
-            while block := file.read(1 << 20):
-                digest.update(block)
-    return digest.hexdigest()
 
 
 def source_commit() -> tuple[str | None, bool | None]:
@@ -113,11 +103,12 @@ def source_commit() -> tuple[str | None, bool | None]:
     return commit or None, bool(status.strip())
 
 
-def provenance(seed: int, model: str | None, argv: list[str]) -> EvaluationRun:
-    folder = Path(model) if model else None
-    digest = checkpoint_sha256(folder) if folder is not None and folder.is_dir() else None
+def provenance(seed: int, model: str | None, argv: list[str], served: dict[str, Any] | None) -> EvaluationRun:
+    """The run's name; ``served``: the ``weights`` the server's hello stated (None: no server answered)."""
     commit, dirty = source_commit()
-    return EvaluationRun(seed, model, digest, commit, dirty, ["cosmos3-eval", *argv])
+    sha256 = served.get("sha256") if served else None
+    quantization = served.get("quantization") if served else None
+    return EvaluationRun(seed, model, sha256, quantization, commit, dirty, ["cosmos3-eval", *argv])
 
 
 def chunker_config(mode: str, control_hz: float, execute_horizon: int) -> ChunkerConfig:
@@ -252,6 +243,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--ablations", default="none", help=f"comma-separated, of {', '.join(ABLATIONS)}")
     parser.add_argument("--execute-horizon", type=int, default=8)
     parser.add_argument(
+        "--quantization",
+        default=None,
+        metavar="{none,int8,fp8}",
+        help="cosmos3-serve --quantization for the server this command starts (default: the server's)",
+    )
+    parser.add_argument(
         "--out",
         default=None,
         help="write results.json (the cells and the run's provenance), results.md and success_vs_delay.png here",
@@ -269,8 +266,10 @@ def main(argv: list[str] | None = None) -> int:
         if ablation not in ABLATIONS:
             parser.error(f"unknown ablation {ablation!r}")
 
-    # Named before the run: the checkpoint and the checkout as they were when it started.
-    run = provenance(args.seed, None if args.server else args.model, argv) if args.out else None
+    if args.quantization is not None and args.server is not None:
+        parser.error("--quantization applies to the server cosmos3-eval starts, not to a running --server")
+    # Named before the episodes: the checkout as it was when it started, the weights as the server stated them.
+    run = None
     needs_server = any(a not in ("blind_expert", "expert") for a in ablations)
     server, client, results = None, None, []
     try:
@@ -278,12 +277,15 @@ def main(argv: list[str] | None = None) -> int:
         if needs_server and url is None:
             if not args.model:
                 parser.error("--model or --server is needed")
-            server = ServerSubprocess(["--model", args.model, "--log-level", "info"])
+            quantization = ["--quantization", args.quantization] if args.quantization else []
+            server = ServerSubprocess(["--model", args.model, "--log-level", "info", *quantization])
             url = server.start(timeout=300.0)
         if needs_server:
             client = PolicyClient(url, connect_timeout=300.0)
             client.connect()
             client.configure(domain_name=DOMAIN, action_horizon=16, prompt=TASK, seed=0)
+        served = client.metadata.get("weights") if client is not None else None
+        run = provenance(args.seed, None if args.server else args.model, argv, served) if args.out else None
         for ablation in ablations:
             cells = [(m, d) for m in modes for d in delays] if ablation in ("none",) else [(modes[0], delays[0])]
             for mode, delay in cells:

@@ -13,7 +13,7 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
 
 from ...context import ServerContext
-from ...metadata import engine_state, health, http_action_metadata, public_model_name
+from ...metadata import engine_state, health, http_action_metadata, public_model_name, served_weights
 from ...metrics import PROMETHEUS_CONTENT_TYPE
 from ...sglang.actions import merge_metadata
 from ...sglang.lockstep_session import sglang_keys
@@ -21,7 +21,7 @@ from ...sidecar_settings import SidecarSettings
 from ...videos.encoding import MP4_MEDIA_TYPE
 from .. import codecs as http_codecs
 from ..parts import SidecarParts
-from ..schemas import ActionMetadata, ErrorResponse, Health, Readiness
+from ..schemas import ActionMetadata, ErrorResponse, Health, Readiness, ServedWeightsInfo
 
 
 def http_metadata(host: ServerContext[Any], settings: SidecarSettings, max_buffered_body_bytes: int) -> ActionMetadata:
@@ -100,11 +100,13 @@ def router(parts: SidecarParts) -> APIRouter:
         if status == "ready" and not ready:
             status = "warming_up"
         described = host.description
+        weights = served_weights(described)
         body = Readiness(
             ready=ready,
             status=status,
             model=public_model_name(described.model) if described is not None else None,
             variant=described.variant if described is not None else None,
+            weights=ServedWeightsInfo(**weights) if weights is not None else None,
         )
         return JSONResponse(body.model_dump(), status_code=200 if ready else 503)
 
