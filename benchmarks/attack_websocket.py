@@ -19,6 +19,12 @@ Attacks (one subcommand each; issue 18):
   replies: each costs the server decoding and resizing that its turn in the queue does not count.
   ``--robots`` (3) robots are measured, all at once.
 
+* ``element-bursts`` (issue 45.1): ``--clients`` (4) connections sending, back to back and reading their
+  replies, observation frames just under the 100,000-element budget: a map of 49,990 empty maps
+  (``--attack-frame empty-maps``, 99,985 elements in 400 kB) or a list of 99,990 nils (``nils``). Each one is
+  counted and decoded in full and then refused (``invalid_field``): what it costs is its decoding.
+  ``--robots`` (4) robots are measured, all at once.
+
 Run it::
 
     .venv/bin/python benchmarks/attack_websocket.py observers
@@ -28,6 +34,7 @@ Run it::
     .venv/bin/python benchmarks/attack_websocket.py costly-frames --attack-side 2560 --attack-frame raw
     .venv/bin/python benchmarks/attack_websocket.py costly-frames --attack-side 2048 --attack-frame noise-jpeg \
         --attack-hz 69 --robots 3
+    .venv/bin/python benchmarks/attack_websocket.py element-bursts --attack-frame empty-maps
 
 The issue's target: the attacked p99 within 2x of the unattacked p99 (``costly-frames``: the robots'
 p50 within 1.5x of unattacked).
@@ -208,11 +215,43 @@ async def attack_costly_frames(port: int, count: int, frame: np.ndarray | bytes,
     await asyncio.gather(*(one() for _ in range(count)))
 
 
+def element_burst_frame(kind: str) -> bytes:
+    """An observation just under the element budget: 49,990 empty maps (``empty-maps``) or 99,990 nils."""
+    body: object = {str(i): {} for i in range(49_990)} if kind == "empty-maps" else [None] * 99_990
+    return packb({"type": "observation", "seq": 1, "image": body})
+
+
+async def attack_element_bursts(port: int, count: int, frame: bytes, stats: dict) -> None:
+    async def one() -> None:
+        while True:
+            try:
+                async with connect(f"ws://127.0.0.1:{port}{REALTIME_PATH}", proxy=None, max_size=None) as ws:
+                    metadata = unpackb(await ws.recv())
+                    domain = metadata["defaults"].get("domain_name") or sorted(metadata["domains"])[0]
+                    await ws.send(packb({"type": "configure", "domain_name": domain}))
+                    stats["accepted"] += 1
+
+                    async def read() -> None:
+                        async for message in ws:
+                            reply = unpackb(message)
+                            kind = str(reply.get("code") or reply.get("type"))
+                            stats[kind] = stats.get(kind, 0) + 1
+
+                    reader = asyncio.ensure_future(read())
+                    while not reader.done():
+                        await ws.send(frame)  # back to back: only the socket's backpressure paces it
+                        stats["frames"] += 1
+            except (InvalidStatus, ConnectionClosed, OSError) as exc:
+                count_outcome(stats, exc)
+            await asyncio.sleep(1.0)
+
+    await asyncio.gather(*(one() for _ in range(count)))
+
+
 def attacker_main(argv: list[str]) -> int:
     kind, port, count, session_id, retry_s = argv[0], int(argv[1]), int(argv[2]), argv[3], float(argv[4])
     stats = {"accepted": 0, "frames": 0}
-    if kind == "costly-frames":
-        side, frame_kind, hz = int(argv[5]), argv[6], float(argv[7])
+    side, frame_kind, hz = int(argv[5]), argv[6], float(argv[7])
 
     async def run() -> None:
         loop = asyncio.get_running_loop()
@@ -222,6 +261,8 @@ def attacker_main(argv: list[str]) -> int:
             attack = attack_observers(port, count, session_id, retry_s, stats)
         elif kind == "costly-frames":
             attack = attack_costly_frames(port, count, costly_frame(side, frame_kind), hz, stats)
+        elif kind == "element-bursts":
+            attack = attack_element_bursts(port, count, element_burst_frame(frame_kind), stats)
         else:
             attack = attack_non_reading(port, count, retry_s, stats)
         asyncio.ensure_future(attack)
@@ -350,6 +391,8 @@ async def measure(args: argparse.Namespace, server: ServerProcess) -> None:
         + (
             f"; {args.attack_side}x{args.attack_side} {args.attack_frame} frames at {args.attack_hz:g} Hz"
             if args.attack == "costly-frames"
+            else f"; {args.attack_frame} frames back to back"
+            if args.attack == "element-bursts"
             else ""
         )
         + f"), {args.robots} robot(s), "
@@ -375,13 +418,16 @@ def main(argv: list[str] | None = None) -> int:
     if argv and argv[0] == "_attacker":
         return attacker_main(argv[1:])
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("attack", choices=("observers", "non-reading", "costly-frames"))
+    parser.add_argument("attack", choices=("observers", "non-reading", "costly-frames", "element-bursts"))
     parser.add_argument("--observers", type=int, default=1000, help="observers the attacker keeps trying to hold")
     parser.add_argument("--clients", type=int, default=None, help="attacking connections (non-reading 4, costly 1)")
     parser.add_argument("--robots", type=int, default=1, help="robots measured at once (default 1)")
     parser.add_argument("--attack-side", type=int, default=4096, help="costly-frames: the frames' side")
     parser.add_argument(
-        "--attack-frame", choices=("jpeg", "raw", "noise-jpeg"), default="jpeg", help="costly-frames: their form"
+        "--attack-frame",
+        choices=("jpeg", "raw", "noise-jpeg", "empty-maps", "nils"),
+        default=None,
+        help="costly-frames: their form (jpeg); element-bursts: empty-maps or nils (empty-maps)",
     )
     parser.add_argument("--attack-hz", type=float, default=30.0, help="costly-frames: frames per second sent")
     parser.add_argument(
@@ -399,6 +445,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.clients is None:
         args.clients = 1 if args.attack == "costly-frames" else 4
+    if args.attack_frame is None:
+        args.attack_frame = "empty-maps" if args.attack == "element-bursts" else "jpeg"
     server = ServerProcess(["--tiny", "distilled", *shlex.split(args.server_args)])
     try:
         health = server.wait_ready()

@@ -430,6 +430,50 @@ def set_schedule(scheduler: Any, info: CheckpointInfo, num_steps: int, device: A
         scheduler.set_timesteps(num_steps, device=device)
 
 
+def schedule_fault(info: CheckpointInfo, num_steps: int, shift: float | None) -> str | None:
+    """Why the checkpoint's scheduler, built and set as the engine builds and sets it, cannot run ``num_steps``
+    steps at ``shift``; None when it can.
+
+    diffusers' schedulers find their first step by its timestep and, where that timestep occurs twice, start
+    at the second occurrence (``index_for_timestep``), so they run past the end of the schedule: UniPC fails
+    its ``this_order > 0`` assertion. Timesteps are whole numbers in UniPC, so a large shift, which crowds the
+    first sigmas against 1, repeats the first timestep once the steps are many. A schedule of another length
+    than asked is refused too (a scheduler that drops steps would not run what was asked).
+    """
+    scheduler = build_scheduler(info, shift)
+    set_schedule(scheduler, info, num_steps)
+    timesteps = [float(t) for t in scheduler.timesteps]
+    if len(timesteps) != num_steps:
+        return f"{info.scheduler_class} sets {len(timesteps)} timesteps for {num_steps} steps"
+    if timesteps.count(timesteps[0]) > 1:
+        return (
+            f"{info.scheduler_class} gives {num_steps} steps at shift {shift:g} the same first timestep "
+            f"{timesteps[0]:g} twice, and cannot run them; use fewer steps or a smaller shift"
+            if shift is not None
+            else f"{info.scheduler_class} gives {num_steps} steps the same first timestep twice, and cannot run them"
+        )
+    return None
+
+
+class ScheduleRule:
+    """:func:`schedule_fault` of one checkpoint, remembered per (steps, shift): the rule keeper asks it at every
+    ``configure`` and a schedule is built in about 2 ms. Plain attributes, so a description holding it pickles."""
+
+    MAX_REMEMBERED = 4096
+
+    def __init__(self, info: CheckpointInfo) -> None:
+        self.info = info
+        self._faults: dict[tuple[int, float | None], str | None] = {}
+
+    def fault(self, num_steps: int, shift: float | None) -> str | None:
+        key = (num_steps, shift)
+        if key not in self._faults:
+            if len(self._faults) >= self.MAX_REMEMBERED:
+                self._faults.clear()
+            self._faults[key] = schedule_fault(self.info, num_steps, shift)
+        return self._faults[key]
+
+
 def step_sigmas(info: CheckpointInfo, num_steps: int, shift: float | None) -> list[float]:
     """The sigma of each denoising step a request with these settings runs (what a guidance interval is
     compared with), from a scheduler built as the engine builds it."""

@@ -23,7 +23,7 @@ from typing import Any
 
 import numpy as np
 
-from .checkpoints import CheckpointInfo, configured_shift, step_sigmas
+from .checkpoints import CheckpointInfo, ScheduleRule, configured_shift, step_sigmas
 from .errors import (
     CheckpointError,
     InvalidRequestError,
@@ -77,6 +77,10 @@ class EngineLimits:
     # Action inputs (prefix_actions, forward_dynamics actions) once normalized by the domain's statistics:
     # the training data lies within about ±1; far beyond, the networks' activations overflow.
     max_normalized_action: float = 1000.0
+    # The most one request may cost, in default chunks of its domain (:meth:`ModelDescription.chunk_cost`:
+    # transformer forwards x tokens); 0: unbounded. A server sets it (``cosmos3-serve --max-request-cost``) so
+    # that no robot's request holds the engine for many robots' chunks.
+    max_chunk_cost: float = 0.0
 
     @property
     def max_clip_frames(self) -> int:
@@ -392,6 +396,8 @@ class ModelDescription:
     # Which weights answer (quantization, SHA-256, Hub commit); None: described from config files, nothing loaded.
     weights: ServedWeights | None = None
     prefix_cache: PrefixCacheStats | None = field(default=None, compare=False)
+    # Whether the checkpoint's scheduler runs a (steps, shift) schedule; None: not known (no checkpoint).
+    schedules: ScheduleRule | None = field(default=None, compare=False, repr=False)
 
     @classmethod
     def of_spec(
@@ -433,6 +439,7 @@ class ModelDescription:
             dtype=dtype,
             weights=weights,
             prefix_cache=prefix_cache,
+            schedules=ScheduleRule(info) if not info.is_distilled else None,
         )
 
     @property
@@ -453,7 +460,7 @@ class ModelDescription:
 
     # -- the rules of every request setting: the one keeper, whoever asks -------------------------------
 
-    def check(self, settings: Mapping[str, object], *, output: str = "actions") -> None:
+    def check(self, settings: Mapping[str, object], *, output: str = "actions", domain_name: str | None = None) -> None:
         """Check each setting in ``settings`` (by name, :data:`~cosmos3_runtime.requests.SETTING_NAMES`;
         ``None`` is unset and not checked) against this model and its limits.
 
@@ -495,6 +502,72 @@ class ModelDescription:
         if value is not None and not _number_in(value, lim.min_fps, lim.max_fps):
             raise InvalidRequestError(f"fps must be a number in [{lim.min_fps:g}, {lim.max_fps:g}]", "fps")
         check_sampler(settings, self.distilled_sigmas, self.shiftable, lim)
+        domain = settings.get("domain_name") or domain_name
+        self._check_schedule(settings, domain)  # type: ignore[arg-type]
+        # The settings the cost is priced from (RequestDefaults' fields, the sampler's first): a refusal names
+        # the first of them set.
+        costly = [f.name for f in fields(RequestDefaults) if settings.get(f.name) is not None]
+        # A robot's request runs as one engine call; a video job runs step by step, giving way between steps.
+        if lim.max_chunk_cost > 0 and costly and self.domains and output == "actions":
+            cost = self.chunk_cost(settings, domain)  # type: ignore[arg-type]
+            if cost > lim.max_chunk_cost:
+                raise InvalidRequestError(
+                    f"this request would cost {cost:.1f} default chunks of its domain (transformer forwards x "
+                    f"tokens), over the server's bound of {lim.max_chunk_cost:g} (--max-request-cost); ask for "
+                    "fewer steps, a lower tier or a shorter horizon",
+                    costly[0],
+                )
+
+    def _check_schedule(self, settings: Mapping[str, object], domain_name: str | None) -> None:
+        """The steps and shift a schedule the checkpoint's scheduler runs (``domain_name``: whose defaults fill
+        the one of them left unset; None: the model's). Called once :func:`check_sampler` passed."""
+        steps, shift = settings.get("num_steps"), settings.get("shift")
+        if self.schedules is None or (steps is None and shift is None):
+            return
+        defaults = self.domain_defaults.get(domain_name or "", self.defaults)
+        steps_run = int(steps) if steps is not None else defaults.num_steps  # type: ignore[call-overload]
+        shift_run = float(shift) if shift is not None else defaults.shift  # type: ignore[arg-type]
+        fault = self.schedules.fault(steps_run, shift_run)
+        if fault is not None:
+            raise InvalidRequestError(fault, "num_steps" if steps is not None else "shift")
+
+    def chunk_cost(self, settings: Mapping[str, object], domain_name: str | None = None) -> float:
+        """What a request with ``settings`` (checked; unset ones take the domain's defaults) costs, in default
+        chunks of ``domain_name`` (None: the model's default domain): its transformer forwards (steps, and a
+        second pass on each step inside the guidance interval) times its tokens (latent frames x the
+        largest canvas of its tier, plus the action rows), over the same of the domain's defaults."""
+        name = domain_name if domain_name is not None else self.defaults.domain_name
+        defaults = self.domain_defaults.get(name or "", self.defaults)
+
+        def given(key: str, default: Any) -> Any:
+            value = settings.get(key)
+            return default if value is None else value
+
+        asked = replace(
+            defaults,
+            num_steps=int(given("num_steps", defaults.num_steps)),
+            guidance_scale=float(given("guidance_scale", defaults.guidance_scale)),
+            guidance_interval=_interval(given("guidance_interval", None))
+            if settings.get("guidance_interval") is not None
+            else defaults.guidance_interval,
+            shift=float(given("shift", defaults.shift)) if given("shift", defaults.shift) is not None else None,
+            resolution_tier=int(given("resolution_tier", defaults.resolution_tier)),
+            action_horizon=int(given("action_horizon", defaults.action_horizon or self.horizon_multiple)),
+        )
+        return self._forwards_x_tokens(asked) / self._forwards_x_tokens(defaults)
+
+    def _forwards_x_tokens(self, asked: RequestDefaults) -> float:
+        if self.distilled_sigmas is not None:
+            forwards = len(self.distilled_sigmas)
+        elif self.schedules is not None:
+            forwards = transformer_forwards(self.schedules.info, asked)
+        else:
+            forwards = asked.num_steps * (1 if asked.guidance_scale == 1.0 else 2)
+        horizon = asked.action_horizon or self.horizon_multiple
+        canvases = self.canvases.get(asked.resolution_tier) or ()
+        area = max((c.height * c.width for c in canvases), default=asked.resolution_tier**2)
+        tokens = (horizon // self.horizon_multiple + 1) * area / 256 + horizon
+        return float(forwards * tokens)
 
     def resolve(
         self, settings: Mapping[str, object], media: Media | None = None, *, output: str = "actions"

@@ -10,9 +10,10 @@ A dataset is untrusted input, so :func:`read_dataset` checks before it reads:
 
 - **Paths.** ``data_path`` and ``video_path`` are filled with LeRobot's three fields only (``chunk_index``,
   ``file_index``, ``video_key``; an integer format such as ``:03d``), never with ``str.format`` (which would
-  walk attributes: ``{video_key.__class__}``). A filled path is relative, has no ``..``, and its folder
-  resolves inside the dataset; the file itself may be a symlink (the Hub's cache stores files as symlinks
-  into its blob store) but must be a regular file.
+  walk attributes: ``{video_key.__class__}``). A filled path is relative, has no ``..``, and every file read
+  resolves inside the dataset and is a regular file. A file may be a symlink to another inside; in the Hub's
+  cache (a dataset at ``<repo>/snapshots/<revision>``) its files are symlinks into ``<repo>/blobs``, which
+  counts as inside.
 - **Rows.** Every Parquet file's footer is bounded; the episodes index holds no more rows than the data files
   (their footers' counts), and the lengths it declares add up to the data's rows and to ``total_frames``.
 - **Pixels.** Before a frame is decoded, its sides come from the PNG's or the MP4's header (sides and sample
@@ -48,6 +49,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from .description import EngineLimits
 from .errors import CheckpointError
 from .lerobot_layout import (
     ANSWERED_KIND,
@@ -60,6 +62,7 @@ from .lerobot_layout import (
     TEMPLATE_FIELDS,
 )
 from .mp4_header import probe_video_header
+from .parquet_pages import PageHeaderError, column_pages
 
 # An integer field's format: LeRobot's ``:03d``, or a plain ``{chunk_index}``.
 _INDEX_FORMAT = re.compile(r"(0?[1-9])?d?")
@@ -69,6 +72,14 @@ MAX_FOOTER_BYTES = 16 * 2**20  # one Parquet file's metadata
 MAX_TASKS = 100_000
 MAX_ROW_VALUES = 65_536  # numbers in one frame's action or state (a chunk of 64 rows of 1,024 is far past any robot)
 ROWS_PER_BATCH = 16  # data rows held as Arrow values at a time, before they go into their episode's arrays
+# A task is the prompt training runs with: the server's own prompt bound, in characters.
+MAX_TASK_CHARS = EngineLimits().max_prompt_chars
+# What one value of a column may take once its page is decompressed (a byte array's 4-byte length included),
+# and what its levels and encodings may add: 4 bytes a value, and a few kB a page.
+MAX_TEXT_VALUE_BYTES = 4 + 4 * MAX_TASK_CHARS  # UTF-8 takes at most 4 bytes a character
+LEVEL_BYTES = 4
+PAGE_SLACK_BYTES = 4096
+_PHYSICAL_BYTES = {"BOOLEAN": 1, "INT32": 4, "FLOAT": 4, "INT64": 8, "DOUBLE": 8, "INT96": 12}
 
 
 class DatasetError(CheckpointError):
@@ -128,6 +139,15 @@ def read_dataset(
     """Read ``root``'s episodes (their frames from ``camera``, default the first camera feature), within
     ``bounds``; raise :class:`DatasetError` on anything else."""
     return _Reader(Path(root), bounds or DatasetBounds()).read(camera, max_episodes)
+
+
+@dataclass(frozen=True)
+class ColumnBound:
+    """What one row of a column may hold: ``values`` leaf values (a list column's declared shape), each byte
+    array (string or binary) of at most ``value_bytes`` bytes."""
+
+    values: int = 1
+    value_bytes: int = MAX_TEXT_VALUE_BYTES
 
 
 @dataclass(frozen=True)
@@ -193,23 +213,31 @@ class _Reader:
             raise DatasetError(f"not a folder: {exc}") from exc
         if not self.real_root.is_dir():
             raise DatasetError("not a folder")
+        # Where the dataset's files may lie once every symlink is followed: the dataset, and, for a Hub cache
+        # snapshot, the blob store of the same repository (huggingface_hub links snapshot files into it).
+        self.real_homes = [self.real_root]
+        if self.real_root.parent.name == "snapshots" and (self.real_root.parent.parent / "blobs").is_dir():
+            self.real_homes.append(self.real_root.parent.parent / "blobs")
 
     # -- files ---------------------------------------------------------------------------------
 
     def file(self, rel: PurePosixPath, field: str, what: str) -> Path:
-        """The dataset's file ``rel``: its folder resolved inside the dataset, itself a regular file (or a
-        symlink to one)."""
+        """The dataset's file ``rel``: its folder and the file itself resolved inside the dataset (every
+        symlink followed), a regular file. Returns the resolved path, so what is checked is what is read."""
         path = self.root.joinpath(*rel.parts)
         folder = Path(os.path.realpath(path.parent))
         if not folder.is_relative_to(self.real_root):
             raise DatasetError(f"{rel}: its folder leads outside the dataset (to {folder})", field)
+        real = Path(os.path.realpath(path))
+        if not any(real.is_relative_to(home) for home in self.real_homes):
+            raise DatasetError(f"{rel}: the {what} is a link that leads outside the dataset (to {real})", field)
         try:
-            status = path.stat()
+            status = real.stat()
         except OSError:
             raise DatasetError(f"{rel}: the {what} is missing", field) from None
         if not stat.S_ISREG(status.st_mode):
             raise DatasetError(f"{rel}: the {what} is not a regular file", field)
-        return path
+        return real
 
     def parquet(self, rel: PurePosixPath, field: str, what: str) -> pq.ParquetFile:
         """A Parquet file whose footer is within bounds, opened (its metadata read, no row)."""
@@ -233,17 +261,87 @@ class _Reader:
             raise DatasetError(f"{rel}: the {what} is not a Parquet file pyarrow can read: {exc}", field) from exc
 
     def batches(
-        self, rel: PurePosixPath, parquet: pq.ParquetFile, columns: list[str], field: str
+        self,
+        rel: PurePosixPath,
+        parquet: pq.ParquetFile,
+        columns: list[str],
+        field: str,
+        bounds: Mapping[str, ColumnBound] | None = None,
     ) -> Iterator[pa.RecordBatch]:
-        """``columns`` of ``parquet``, :data:`ROWS_PER_BATCH` rows at a time."""
+        """``columns`` of ``parquet``, :data:`ROWS_PER_BATCH` rows at a time, each page of them sized from its
+        header first (:meth:`check_pages`; ``bounds``: per column, else one value a row, text-sized)."""
         names = set(parquet.schema_arrow.names)
         for name in columns:
             if name not in names:
                 raise DatasetError(f"{rel}: no column {name!r}", name)
+        self.check_pages(rel, parquet, columns, bounds or {}, field)
         try:
             yield from parquet.iter_batches(batch_size=ROWS_PER_BATCH, columns=columns, use_threads=False)
         except (OSError, pa.ArrowException) as exc:
             raise DatasetError(f"{rel}: the Parquet file is corrupt: {exc}", field) from exc
+
+    def check_pages(
+        self,
+        rel: PurePosixPath,
+        parquet: pq.ParquetFile,
+        columns: list[str],
+        bounds: Mapping[str, ColumnBound],
+        field: str,
+    ) -> None:
+        """Before any value of ``columns`` is decoded: every page of theirs, sized by its own header (what
+        pyarrow will decompress it to), holds no more than its values' bound, and each column chunk's pages
+        no more values than its rows may (``bounds``). A 33 kB task list with a 1 GiB task string in a
+        zstd-compressed dictionary page is refused here, from the header's 1 GiB."""
+        path = self.file(rel, field, "file")
+        meta = parquet.metadata
+        try:
+            with path.open("rb") as handle:
+                for group in range(meta.num_row_groups):
+                    rows = meta.row_group(group).num_rows
+                    for index in range(meta.num_columns):
+                        chunk = meta.row_group(group).column(index)
+                        name = _owner(chunk.path_in_schema, columns)
+                        if name is None:
+                            continue
+                        bound = bounds.get(name, ColumnBound())
+                        leaf = _PHYSICAL_BYTES.get(chunk.physical_type)
+                        if leaf is None:  # a byte array, or a fixed one (its length is in the schema)
+                            fixed = parquet.schema.column(index).length
+                            leaf = fixed if chunk.physical_type == "FIXED_LEN_BYTE_ARRAY" else bound.value_bytes
+                        start = chunk.data_page_offset
+                        if chunk.has_dictionary_page and chunk.dictionary_page_offset:
+                            start = min(start, chunk.dictionary_page_offset)
+                        self.check_chunk(rel, name, handle, start, chunk.total_compressed_size, rows, bound, leaf)
+        except PageHeaderError as exc:
+            raise DatasetError(f"{rel}: a page of columns {', '.join(columns)} is unreadable: {exc}", field) from None
+        except OSError as exc:
+            raise DatasetError(f"{rel}: the Parquet file cannot be read: {exc}", field) from None
+
+    @staticmethod
+    def check_chunk(
+        rel: PurePosixPath,
+        name: str,
+        handle: Any,
+        start: int,
+        length: int,
+        rows: int,
+        bound: ColumnBound,
+        leaf: int,
+    ) -> None:
+        most_values = rows * bound.values
+        values = {True: 0, False: 0}  # dictionary entries, data values
+        for page in column_pages(handle, start, length):
+            dictionary = page.kind == 2
+            values[dictionary] += page.values
+            most_bytes = page.values * (leaf + LEVEL_BYTES) + PAGE_SLACK_BYTES
+            if page.uncompressed_bytes > most_bytes or values[dictionary] > most_values:
+                what = "dictionary page" if dictionary else "page"
+                raise DatasetError(
+                    f"{rel}: a {what} of column {name!r} decompresses to {page.uncompressed_bytes:,} bytes for "
+                    f"{page.values:,} values (at most {most_bytes:,}; {rows:,} rows of {bound.values:,} values, "
+                    f"a value of at most {leaf:,} bytes)",
+                    name,
+                )
 
     # -- metadata ------------------------------------------------------------------------------
 
@@ -325,6 +423,12 @@ class _Reader:
         for batch in self.batches(rel, parquet, ["task_index", text], "tasks"):
             for index, name in zip(batch.column(0).to_pylist(), batch.column(1).to_pylist()):
                 if isinstance(index, int) and isinstance(name, str):
+                    if len(name) > MAX_TASK_CHARS:
+                        raise DatasetError(
+                            f"{rel}: task {index} has {len(name):,} characters, over the prompt bound "
+                            f"{MAX_TASK_CHARS:,}",
+                            "task",
+                        )
                     out[index] = name
         return out
 
@@ -471,7 +575,15 @@ class _Reader:
             columns += [image_camera] if image_camera else []
             kinds = held[0].answered is not None
             columns += [RESPONSE_KIND] if kinds else []
-            for batch in self.batches(rel, parquet, columns, "data_path"):
+            bounds = {
+                "action": ColumnBound(values=math.prod(held[0].actions.shape[1:])),
+                RESPONSE_KIND: ColumnBound(value_bytes=4 + max(map(len, RESPONSE_KINDS))),
+            }
+            if state_shape is not None:
+                bounds["observation.state"] = ColumnBound(values=math.prod(state_shape))
+            if image_camera:  # LeRobot's image: {bytes: a PNG, path}; a PNG holds its pixels at worst unpacked
+                bounds[image_camera] = ColumnBound(value_bytes=2 * sides[0] * (3 * sides[1] + 1) + 2**16)
+            for batch in self.batches(rel, parquet, columns, "data_path", bounds):
                 ids = _integers(rel, batch, "episode_index")
                 frame_ids = _integers(rel, batch, "frame_index")
                 task_ids = _integers(rel, batch, "task_index")
@@ -580,6 +692,12 @@ class _Reader:
                 )
         finally:
             reader.close()
+
+
+def _owner(path_in_schema: str, columns: list[str]) -> str | None:
+    """The column of ``columns`` a leaf (``action.list.element``, ``observation.images.front.bytes``) belongs to."""
+    owners = [c for c in columns if path_in_schema == c or path_in_schema.startswith(c + ".")]
+    return max(owners, key=len) if owners else None
 
 
 def fill_template_glob(template: object) -> PurePosixPath:

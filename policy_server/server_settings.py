@@ -51,10 +51,21 @@ DEFAULT_SESSION_ID_IDLE_S = 30.0
 @dataclass(frozen=True)
 class PolicySessionLimits:
     """Bounds on the named policy sessions of one connection (``--max-session-ids``,
-    ``--session-id-idle-timeout-s``). A timeout of 0 never expires a name."""
+    ``--session-id-idle-timeout-s``; a timeout of 0 never expires a name), what its names share, and how
+    many sessions one peer address may hold once it names some.
+
+    The fairness unit is the connection: its names share its rate limit, its outbox and its turn in the
+    engine queue (their observations ride in that turn's engine call together, up to the batch size).
+    ``turns_per_connection`` (``--session-id-turns``) gives a connection's names that many turns instead
+    of one: an operator's weight for a trusted connection stepping many environments (RoboLab).
+    ``max_per_peer`` (``--max-sessions-per-peer``; None: ``--max-sessions`` less a quarter of it): a new name is refused
+    once its peer address holds that many sessions, connections and names together, so one peer cannot
+    fill every slot."""
 
     max_per_connection: int = DEFAULT_MAX_SESSION_IDS
     idle_timeout_s: float = DEFAULT_SESSION_ID_IDLE_S
+    turns_per_connection: int = 1
+    max_per_peer: int | None = None
 
     @property
     def check_interval_s(self) -> float:
@@ -65,10 +76,17 @@ class PolicySessionLimits:
 @dataclass(frozen=True)
 class FrameBudget:
     """What one client frame may hold once decoded (``--max-frame-values``): elements (every value, a map's
-    keys included) and the depth containers nest to."""
+    keys included) and the depth containers nest to; and what decoding a connection's refused frames may
+    cost: ``decode_share`` CPU seconds a second on average (``--max-decode-share``), ``decode_burst_s`` at once.
+    A connection past it is not read until its budget refills (``sessions.wire_intake``)."""
 
     max_values: int = FRAME_MAX_VALUES
     max_depth: int = FRAME_MAX_DEPTH
+    # Only refused frames spend it (a frame that parses is paid for in its session's turn), and a robot's
+    # refused frame takes well under a millisecond: 1 % of a core leaves four connections sending frames just
+    # under the element budget back to back a twenty-fifth of one core between them.
+    decode_share: float = 0.01
+    decode_burst_s: float = 0.1
 
 
 @dataclass

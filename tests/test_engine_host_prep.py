@@ -2,8 +2,8 @@
 
 The real worker, queue and tiny model; robots in closed loop are owners that queue their next
 observation when their chunk arrives. What is checked: with the overlap on, waiting observations are
-prepared during the running call (counted), the idle gap between consecutive engine calls is smaller than
-the preprocessing it no longer waits for, and the realtime rules still hold for prepared observations: a
+prepared during the running call (counted; the idle gap it shrinks between consecutive engine calls is
+measured by ``benchmarks/host_prep_overlap.py``), and the realtime rules still hold for prepared observations: a
 superseded one is never served (its newer observation runs with its own inputs), an expired one is
 dropped, a cancelled one is not served.
 """
@@ -101,9 +101,7 @@ async def test_waiting_observations_are_prepared_during_the_forward_and_the_gap_
     assert on.counters.inline_preps + on.counters.overlapped_preps == total
     assert on.counters.overlapped_preps >= total // 2, on.counters
     assert on.counters.idle_gaps == off.counters.idle_gaps == total - 1  # a gap before every call but the first
-    # What the engine no longer waits for: the host preprocessing of an observation (validation included).
-    prep_s = statistics.median(o.chunk.timing.preprocess_ms for o in on_outcomes) / 1e3
-    assert statistics.median(on.idle_gaps.samples) < prep_s, (list(on.idle_gaps.samples), prep_s)
+    # The gap it shrinks is a wall time: benchmarks/host_prep_overlap.py measures it, both ways side by side.
     assert on.host_prep is None and off.host_prep is None  # stopped with the worker
 
 

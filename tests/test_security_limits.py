@@ -129,3 +129,59 @@ def test_token_bucket_refills_at_its_rate():
     assert not bucket.take(now + 0.05) and bucket.take(now + 0.16)
     assert bucket.refused == 2
     assert TokenBucket(rate_hz=0, burst=1).take()  # 0: no limit
+
+
+async def test_frames_that_fail_to_parse_spend_the_rate_as_observations_do(limited):
+    """Before, only a frame that parsed as an observation spent a token: bad frames were free to send."""
+    await wait_sessions(limited, 0)
+    ws, _ = await open_ws(limited)
+    try:
+        await ws.send(packb({"type": "configure", "domain_name": DOMAIN, "action_horizon": 8}))
+        assert unpackb(await ws.recv())["type"] == "session"
+        await asyncio.sleep(1.0)  # a full bucket
+        for seq in range(BURST + 1):  # observations that do not parse: no image
+            await ws.send(packb({"type": "observation", "seq": seq}))
+        await ws.send(packb({"type": "observation", "seq": 99, "image": rgb_image(32)}))
+        replies = [unpackb(await asyncio.wait_for(ws.recv(), 60)) for _ in range(BURST + 2)]
+        assert [r["type"] for r in replies[:-1]] == ["error"] * (BURST + 1)
+        assert replies[-1]["seq"] == 99 and replies[-1].get("code") == "rate_limited", replies[-1]
+    finally:
+        await ws.close()
+
+
+def element_heavy_frame() -> bytes:
+    """An observation of 49,990 empty maps: just under the 100,000-element budget, refused once decoded."""
+    return packb({"type": "observation", "seq": 1, "image": {str(i): {} for i in range(49_990)}})
+
+
+async def test_a_connection_whose_refused_frames_cost_more_than_its_decode_share_is_not_read_until_within():
+    from policy_server.server_settings import FrameBudget
+    from policy_server.sessions.wire_intake import WireIntake
+
+    charged: list[float] = []
+    intake = WireIntake(FrameBudget(decode_share=0.01, decode_burst_s=0.001), charged.append)
+    frame = element_heavy_frame()
+    for _ in range(3):
+        await intake.prepare(frame)
+        assert isinstance(intake.unpack(frame), dict)
+    assert intake.paused_s == 0.0  # frames that parse are paid for in their session's turn
+    for _ in range(3):
+        await intake.prepare(frame)
+        intake.unpack(frame)
+        intake.spend_refused()  # the protocol refused it: nothing else pays for its decoding
+    # Each refused frame's cost past the burst is waited for at 1 % of a core before the next one is read.
+    assert intake.paused_s > 0.5 * (sum(charged[3:5]) - 0.001) / 0.01, (charged, intake.paused_s)
+
+
+async def test_a_server_paces_a_connection_sending_refused_element_heavy_frames(limited):
+    await wait_sessions(limited, 0)
+    ws, hello = await open_ws(limited)
+    try:
+        for _ in range(8):  # each about 30 ms to count and decode, then refused: 0.24 s past a 0.1 s burst
+            await ws.send(element_heavy_frame())
+        replies = [unpackb(await asyncio.wait_for(ws.recv(), 60)) for _ in range(8)]
+        assert {r["type"] for r in replies} == {"error"}, replies
+        paused = limited.run(lambda: limited.server.context.sessions[hello["session_id"]].intake.paused_s)
+        assert paused > 0.0
+    finally:
+        await ws.close()

@@ -308,3 +308,61 @@ def test_decoding_is_held_while_the_observation_waits_or_the_session_owes_active
     assert not queue.holds_back_decoding("robot")
     time.sleep(0.25)  # the robot idle for two turn lengths (0.1 s each with no turns measured yet)
     assert not queue.holds_back_decoding("costly")
+
+
+def named(connection: str, name: str, seq: int = 0) -> PendingObservation:
+    """An observation of policy session ``name`` of ``connection``: on the connection's turn, as sessions put it."""
+    pending = item(f"{connection}/{name}", seq)
+    pending.turn, pending.turn_shares_call = (connection, 0), True
+    return pending
+
+
+def test_a_connections_names_share_its_turn_beside_robots_on_their_own():
+    """16 names of one connection and 4 robots, all waiting: each round serves every robot once and the
+    connection once (its oldest name), so the names take a fifth of the takes, not 16 of 20."""
+    queue = RequestQueue()
+    for k in range(16):
+        queue.put(named("robolab", f"env-{k}"))
+    for r in range(4):
+        queue.put(item(f"robot-{r}", 0))
+    taken = []
+    for _ in range(10):
+        got = queue.take(timeout=1)
+        assert got is not None
+        taken.append(got.session_id)
+        if got.session_id.startswith("robot"):
+            queue.put(item(got.session_id, 1))  # robots in closed loop send again at once
+    first_rounds = taken[:10]
+    assert sum(s.startswith("robolab/") for s in first_rounds) == 2, first_rounds
+    assert [s for s in first_rounds if s.startswith("robolab/")] == ["robolab/env-0", "robolab/env-1"]
+
+
+def test_a_connections_names_ride_in_its_turns_engine_call_together_and_an_http_clients_do_not():
+    queue = RequestQueue()
+    for k in range(4):
+        queue.put(named("robolab", f"env-{k}"))
+    batch = queue.take_batch(8)  # nobody else waits: the names use the engine together
+    assert [p.session_id for p in batch] == [f"robolab/env-{k}" for k in range(4)]
+    for k in range(4):
+        queue.put(named("robolab", f"env-{k}", 1))
+    queue.put(item("robot", 0))
+    batch = queue.take_batch(8)  # a robot waits: the connection is one place in the batch, like the robot
+    assert [p.session_id for p in batch] == ["robolab/env-0", "robot"]
+    queue = RequestQueue()
+    for k in range(3):  # one HTTP client's requests: one place in a batch, one per round
+        one_shot = item(f"http-{k}", 0)
+        one_shot.turn = "client"
+        queue.put(one_shot)
+    assert [p.session_id for p in queue.take_batch(8)] == ["http-0"]
+    assert [p.session_id for p in queue.take_batch(8)] == ["http-1"]
+
+
+def test_a_batch_of_names_stops_at_the_batch_size_and_the_rest_keep_their_turn():
+    queue = RequestQueue()
+    for k in range(5):
+        queue.put(named("robolab", f"env-{k}"))
+    assert [p.session_id for p in queue.take_batch(3)] == ["robolab/env-0", "robolab/env-1", "robolab/env-2"]
+    queue.put(item("robot", 0))  # arrived meanwhile: served before the connection's next turn
+    assert [p.session_id for p in queue.take_batch(1)] == ["robot"]
+    assert [p.session_id for p in queue.take_batch(3)] == ["robolab/env-3", "robolab/env-4"]
+    assert queue.take(timeout=0.05) is None

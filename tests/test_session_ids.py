@@ -429,3 +429,124 @@ async def test_an_operator_pausing_the_connection_holds_every_name_it_drives(bou
 
 async def _call(function: Any, *args: Any) -> Any:
     return function(*args)
+
+
+# -- the connection is the unit of fairness (issue 45.4) ----------------------------------------------
+
+OBSERVATION = {
+    "type": "observation",
+    "image": np.full((64, 64, 3), 100, np.uint8),
+    "state": np.zeros(8, np.float32),
+    "domain_name": "droid_lerobot",
+}
+
+
+async def test_a_connections_names_wait_on_its_turn_in_the_queue(bounded_server):
+    async with connect(bounded_server.url, compression=None, proxy=None, max_size=None) as ws:
+        hello = unpackb(await ws.recv())
+        for name in ("env-a", "env-b"):
+            await ws.send(packb({**OBSERVATION, "seq": 0, "session_id": name}))
+        replies = [unpackb(await asyncio.wait_for(ws.recv(), 120)) for _ in range(2)]
+        assert {r["type"] for r in replies} == {"action_chunk"}, replies
+        turns = bounded_server.run(
+            lambda: {s.name: s.turn for s in bounded_server.server.context.sessions.values() if s.name}
+        )
+    assert turns == {"env-a": (hello["session_id"], 0), "env-b": (hello["session_id"], 0)}
+
+
+def test_a_weighted_connections_names_take_its_turns_in_rotation():
+    with ServerThread(
+        tiny_engine_loader("distilled", droid=True),
+        policy_sessions=PolicySessionLimits(max_per_connection=4, idle_timeout_s=0, turns_per_connection=2),
+    ) as server:
+
+        async def run() -> dict[str, Any]:
+            async with connect(server.url, compression=None, proxy=None, max_size=None) as ws:
+                hello = unpackb(await ws.recv())
+                for name in ("e0", "e1", "e2"):
+                    await ws.send(packb({**OBSERVATION, "seq": 0, "session_id": name}))
+                    assert unpackb(await asyncio.wait_for(ws.recv(), 120))["type"] == "action_chunk"
+                turns = server.run(lambda: {s.name: s.turn for s in server.server.context.sessions.values() if s.name})
+                return {"id": hello["session_id"], "turns": turns}
+
+        got = asyncio.run(run())
+    connection = got["id"]
+    assert got["turns"] == {"e0": (connection, 0), "e1": (connection, 1), "e2": (connection, 0)}
+
+
+async def test_a_connections_names_share_its_rate_limit():
+    from policy_server.foundation.rate_limit import RateLimit
+
+    with small_server(idle_timeout_s=0, observation_rate=RateLimit(5.0, 3)) as server:
+        async with connect(server.url, compression=None, proxy=None, max_size=None) as ws:
+            unpackb(await ws.recv())
+            # 8 observations at once over two names: each name alone would be within a burst of 3 only for
+            # 3 of its 4; sharing the connection's bucket, at most 3 (and what refills meanwhile) pass.
+            for seq in range(4):
+                for name in ("env-a", "env-b"):
+                    await ws.send(packb({**OBSERVATION, "seq": seq, "session_id": name}))
+            replies = [unpackb(await asyncio.wait_for(ws.recv(), 120)) for _ in range(8)]
+    limited = [r for r in replies if r.get("code") == "rate_limited"]
+    assert len(limited) >= 8 - 3 - 1, replies
+
+
+async def test_a_connections_names_share_its_outbox_when_the_client_stops_reading():
+    """A client that never reads, naming two sessions: every reply of its names waits in the one outbox
+    of the connection, so what the server holds for it stays within that outbox's bound."""
+    from policy_server.foundation.connection_supervisor import SessionLimits
+
+    limits = SessionLimits(max_outbox_frames=16, max_outbox_bytes=64 * 1024, reply_timeout_s=0)
+    with small_server(idle_timeout_s=0, session_limits=limits) as server:
+
+        async def held() -> tuple[int, int, int]:
+            def count() -> tuple[int, int, int]:
+                sessions = list(server.server.context.sessions.values())
+                outboxes = {id(s.outbox): s.outbox for s in sessions}
+                return len(sessions), len(outboxes), sum(o.nbytes for o in outboxes.values())
+
+            return server.run(count)
+
+        async with connect(server.url, compression=None, proxy=None, max_size=None, max_queue=1) as ws:
+            for k in range(400):
+                try:
+                    for name in ("env-a", "env-b"):  # a chunk, a drop or an error each, never read
+                        await asyncio.wait_for(ws.send(packb({**OBSERVATION, "seq": k, "session_id": name})), 0.5)
+                except asyncio.TimeoutError:
+                    break  # pushed back: the server stopped reading us
+            sessions, outboxes, queued = await held()
+    assert sessions == 3 and outboxes == 1, (sessions, outboxes)
+    assert queued <= limits.max_outbox_bytes
+
+
+def test_a_name_with_its_chunk_in_flight_is_not_expired_on_the_server():
+    """Idle timeout 0.5 s, engine calls of 3 s: the name's chunk is still wanted past its idle timeout."""
+    with small_server(idle_timeout_s=0.5, delay_s=3.0) as server:
+
+        async def run() -> dict[str, Any]:
+            async with connect(server.url, compression=None, proxy=None, max_size=None) as ws:
+                unpackb(await ws.recv())
+                await ws.send(packb({**OBSERVATION, "seq": 0, "session_id": "slow"}))
+                await asyncio.sleep(2.0)  # four idle timeouts, the chunk in flight
+                assert "slow" in named_sessions(server)
+                return unpackb(await asyncio.wait_for(ws.recv(), 120))
+
+        reply = asyncio.run(run())
+    assert reply["type"] == "action_chunk" and reply["session_id"] == "slow", reply
+
+
+def test_a_peers_names_are_bounded_by_its_share_of_the_sessions():
+    with ServerThread(
+        tiny_engine_loader("distilled", droid=True),
+        max_sessions=8,
+        policy_sessions=PolicySessionLimits(max_per_connection=16, idle_timeout_s=0, max_per_peer=3),
+    ) as server:
+        client = RobolabStyleClient(f"ws://127.0.0.1:{server.port}/", None)
+        try:
+            client.infer(0, 0)
+            client.infer(1, 0)  # the connection and two names: the peer's three
+            with pytest.raises(RuntimeError, match="too_many_sessions: .*--max-sessions-per-peer"):
+                client.infer(2, 0)
+            other = RobolabStyleTransport(f"ws://127.0.0.1:{server.port}/", None)  # a connection is not a name
+            other.close()
+        finally:
+            client.transport.close()

@@ -175,6 +175,45 @@ def test_a_data_folder_symlinked_outside_the_dataset_is_refused(demonstrations, 
         read_dataset(dataset)
 
 
+def test_a_data_file_symlinked_to_a_file_outside_the_dataset_is_refused(demonstrations, tmp_path):
+    """The data folder is inside; the parquet in it is a link to a copy outside, which would train."""
+    dataset = copy(demonstrations, tmp_path)
+    (data_file,) = sorted((dataset / "data").rglob("*.parquet"))
+    outside = tmp_path / "outside.parquet"
+    shutil.move(data_file, outside)
+    data_file.symlink_to(outside)
+    rel = data_file.relative_to(dataset)
+    assert_refused(dataset, tmp_path, f"{rel}: the data file is a link that leads outside", "(field: data_path)")
+
+
+def test_a_camera_video_symlinked_to_a_file_outside_the_dataset_is_refused(recording, tmp_path):
+    dataset = copy(recording, tmp_path)
+    outside = tmp_path / "outside.mp4"
+    shutil.move(dataset / VIDEO, outside)
+    (dataset / VIDEO).symlink_to(outside)
+    assert_refused(dataset, tmp_path, f"{VIDEO}: the video is a link that leads outside", "(field: video_path)")
+
+
+def test_a_file_symlinked_to_another_inside_the_dataset_reads(demonstrations, tmp_path):
+    dataset = copy(demonstrations, tmp_path)
+    (data_file,) = sorted((dataset / "data").rglob("*.parquet"))
+    kept = dataset / "kept" / "data.parquet"
+    kept.parent.mkdir()
+    shutil.move(data_file, kept)
+    data_file.symlink_to(os.path.relpath(kept, data_file.parent))
+    assert read_dataset(dataset).frames == read_dataset(demonstrations).frames
+
+
+def test_a_snapshot_outside_a_hub_cache_cannot_link_into_a_blobs_folder_of_another(recording, tmp_path):
+    """Only a snapshot's own repository's blob store counts as inside: a folder merely beside `blobs` does not."""
+    dataset = copy(recording, tmp_path)
+    (tmp_path / "blobs").mkdir()
+    shutil.move(dataset / VIDEO, tmp_path / "blobs" / "video")
+    (dataset / VIDEO).symlink_to(tmp_path / "blobs" / "video")
+    with pytest.raises(DatasetError, match="leads outside the dataset"):
+        read_dataset(dataset)
+
+
 @pytest.mark.parametrize(
     ("template", "refused"),
     [
@@ -268,6 +307,52 @@ def test_a_tiny_mp4_of_300_frames_at_2048_square_is_refused_from_its_header(reco
     shutil.rmtree(tmp_path / "runs")
     flags = ("--max-image-side", "4096", "--max-frames-mib", "200")
     assert_refused(dataset, tmp_path, "20 frames of 2048x2048", "over 200 MiB", flags=flags)
+
+
+def write_task_bomb(path: Path, chars: int) -> None:
+    """LeRobot's task list holding one task of ``chars`` characters, dictionary-encoded and zstd-compressed:
+    the string is built from one buffer, without a Python copy."""
+    data = pa.py_buffer(b"a" * chars)
+    offsets = pa.py_buffer(np.array([0, chars], np.int32).tobytes())
+    task = pa.StringArray.from_buffers(1, offsets, data)
+    table = pa.table({"task_index": pa.array([0], pa.int64()), "__index_level_0__": task})
+    pq.write_table(table, path, compression="zstd", use_dictionary=True)
+
+
+def test_a_task_string_bomb_is_refused_from_its_page_header_before_it_is_decompressed(recording, tmp_path):
+    """Issue 45's 33 kB task list with a 1 GiB task took 6.6 GiB; a 256 MiB one shows the same here, and the
+    full one is benchmarks/attack_dataset_tasks.py. Refused from the dictionary page's header: no value of it
+    is decompressed, and the trainer peaks where importing torch leaves it."""
+    dataset = copy(recording, tmp_path)
+    write_task_bomb(dataset / "meta/tasks.parquet", 256 * 2**20)
+    assert (dataset / "meta/tasks.parquet").stat().st_size < 100_000
+    line = assert_refused(
+        dataset, tmp_path, "meta/tasks.parquet: a dictionary page of column '__index_level_0__'", "decompresses to"
+    )
+    assert "decompresses to 268,435,4" in line, line
+
+
+def test_a_task_longer_than_the_prompt_bound_is_refused(recording, tmp_path):
+    dataset = copy(recording, tmp_path)
+    write_task_bomb(dataset / "meta/tasks.parquet", 2001)
+    assert_refused(dataset, tmp_path, "meta/tasks.parquet: task 0 has 2,001 characters, over the prompt bound 2,000")
+
+
+def test_an_action_list_column_holding_more_values_than_its_shape_is_refused_before_it_is_decoded(
+    demonstrations, tmp_path
+):
+    """Each row's action holds 2**20 zeros where the feature says 4: a few kB compressed, 48 MiB decoded.
+    The page header says so before pyarrow decompresses it."""
+    dataset = copy(demonstrations, tmp_path)
+    (data_file,) = sorted((dataset / "data").rglob("*.parquet"))
+    table = pq.read_table(data_file)
+    column = table.schema.get_field_index("action")
+    values = pa.array(np.zeros(table.num_rows * 2**20, np.float32))
+    offsets = pa.array(np.arange(table.num_rows + 1, dtype=np.int32) * 2**20)
+    bomb = table.set_column(column, "action", pa.ListArray.from_arrays(offsets, values))
+    pq.write_table(bomb, data_file, compression="zstd")
+    assert data_file.stat().st_size < 2**20
+    assert_refused(dataset, tmp_path, "page of column 'action' decompresses to", "(field: action)")
 
 
 def test_a_dataset_without_features_is_refused(recording, tmp_path):

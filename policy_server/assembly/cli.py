@@ -89,6 +89,10 @@ if TYPE_CHECKING:
 
 __all__ = ["assemble_server", "build_parser", "main", "serve_until_stopped", "server_from_args"]
 
+# The most one robot request may cost by default, in default chunks of its domain: the next tier up on a
+# distilled checkpoint (5x) passes; 200 steps with guidance at tier 720 on a base one (12.8x) does not.
+DEFAULT_MAX_REQUEST_COST = 8.0
+
 logger = logging.getLogger("policy_server")
 
 
@@ -302,6 +306,30 @@ def _add_security_arguments(parser: argparse.ArgumentParser) -> None:
         "refused with `too_many_sessions` and the connection goes on (default %(default)d)",
     )
     security.add_argument(
+        "--max-request-cost",
+        type=float,
+        default=DEFAULT_MAX_REQUEST_COST,
+        help="the most one robot request may cost, in default chunks of its domain (transformer forwards x "
+        "tokens, from steps, guidance, tier and horizon); a costlier one is refused at `configure` or at the "
+        "observation, naming this bound (default %(default)g; 0: unbounded)",
+    )
+    security.add_argument(
+        "--session-id-turns",
+        type=int,
+        default=1,
+        help="turns in the engine queue one connection's `session_id`s share: each connection is one robot "
+        "for fairness, its names served together in its turn; more weights a trusted connection stepping "
+        "many environments (RoboLab) (default %(default)d)",
+    )
+    security.add_argument(
+        "--max-sessions-per-peer",
+        type=int,
+        default=None,
+        help="sessions one peer address may hold, connections and `session_id`s together, before its new "
+        "`session_id`s are refused with `too_many_sessions` (default: --max-sessions less a quarter of it, "
+        "48 of 64: the others stay for other peers)",
+    )
+    security.add_argument(
         "--session-id-idle-timeout-s",
         type=float,
         default=DEFAULT_SESSION_ID_IDLE_S,
@@ -425,6 +453,14 @@ def _add_runtime_arguments(parser: argparse.ArgumentParser) -> None:
         type=int,
         default=FRAME_MAX_DEPTH,
         help="deepest nesting of one WebSocket msgpack frame (default %(default)d)",
+    )
+    parser.add_argument(
+        "--max-decode-share",
+        type=float,
+        default=FrameBudget.decode_share,
+        help="CPU seconds a second one connection's refused msgpack frames (past the element budget, malformed, "
+        "or not parsing) may take to count and decode; a connection past it is not read until it is back "
+        "within (default %(default)g; 0: off)",
     )
     parser.add_argument(
         "--max-batch",
@@ -760,6 +796,8 @@ def _engine_loader(args: argparse.Namespace, workdir: Path) -> Callable[[], Acti
 
             source = build_tiny_checkpoint(workdir / f"tiny-{args.tiny}", variant=args.tiny)
             logger.info("built a tiny %s checkpoint at %s", args.tiny, source)
+        from cosmos3_runtime.description import EngineLimits
+
         return Cosmos3Engine.load(
             source,
             device=args.device,
@@ -768,6 +806,7 @@ def _engine_loader(args: argparse.Namespace, workdir: Path) -> Callable[[], Acti
             prefix_cache_mb=args.prefix_cache_mb,
             compile=args.compile,
             quantization=parse_quantization(args.quantization),
+            limits=EngineLimits(max_chunk_cost=max(0.0, args.max_request_cost)),
         )
 
     return load
@@ -832,7 +871,9 @@ def _server_settings(args: argparse.Namespace) -> ServerSettings:
         host=args.host,
         port=args.port,
         max_message_bytes=int(args.max_message_mib * 2**20),
-        frame_budget=FrameBudget(max(1, args.max_frame_values), max(1, args.max_frame_depth)),
+        frame_budget=FrameBudget(
+            max(1, args.max_frame_values), max(1, args.max_frame_depth), decode_share=max(0.0, args.max_decode_share)
+        ),
         max_decoded_bytes=int(args.max_decoded_mib * 2**20),
         max_image_side=args.max_image_side,
         torch_threads=args.torch_threads,
@@ -845,7 +886,12 @@ def _server_settings(args: argparse.Namespace) -> ServerSettings:
         ssl_context=_ssl_context(args),
         auth_tokens=TokenSet.load(args.auth_token, args.auth_token_file),
         max_sessions=max(1, args.max_sessions),
-        policy_sessions=PolicySessionLimits(max(0, args.max_session_ids), max(0.0, args.session_id_idle_timeout_s)),
+        policy_sessions=PolicySessionLimits(
+            max(0, args.max_session_ids),
+            max(0.0, args.session_id_idle_timeout_s),
+            turns_per_connection=max(1, args.session_id_turns),
+            max_per_peer=None if args.max_sessions_per_peer is None else max(1, args.max_sessions_per_peer),
+        ),
         observation_rate=RateLimit(max(0.0, args.max_observation_hz), max(1, args.observation_burst)),
         engine_timeout_s=max(0.0, args.engine_timeout_s),
         video_step_interval_s=max(0.0, args.video_step_interval_s),

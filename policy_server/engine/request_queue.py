@@ -15,6 +15,8 @@ Two rules make it a realtime queue rather than a FIFO:
   observation keeps the session's place, so a robot that sends faster gains nothing over one that sends
   slower: with N busy sessions each gets every N-th engine slot.
 * **A turn can be shared.** An observation names the turn it waits for (:attr:`PendingObservation.turn`;
+  a connection's policy sessions share the connection's: its names ride in one engine call together,
+  :attr:`PendingObservation.turn_shares_call`, but only while no other turn waits;
   by default its session's own). One-shot requests of the HTTP sidecar are sessions of one request each,
   and all the requests of one HTTP client share that client's turn: they wait behind each other, oldest
   first, and the client as a whole gets one engine slot per round of the ring, like one robot, however
@@ -179,6 +181,10 @@ class PendingObservation:
     # different sessions with the same turn are served one per round, oldest first (one HTTP client's
     # requests). A session keeps the same turn for its whole life.
     turn: Hashable | None = None
+    # The observations waiting for this turn may ride in one engine call together, up to the batch size
+    # (a connection's policy sessions: RoboLab's environments); without it a turn fills one place in a
+    # batch (one HTTP client's requests wait behind each other).
+    turn_shares_call: bool = False
 
     @property
     def turn_key(self) -> Hashable:
@@ -318,8 +324,9 @@ class RequestQueue(ClosableQueue):
         with self._lock:
             self._charge(item.turn_key, seconds)
 
-    def holds_back_decoding(self, session_id: Hashable) -> bool:
-        """Whether ``session_id`` (a session on its own turn) should decode no further frames for now.
+    def holds_back_decoding(self, session_id: Hashable, turn: Hashable | None = None) -> bool:
+        """Whether ``session_id`` (on its own turn, or on ``turn`` shared with others: a connection's policy
+        sessions) should decode no further frames for now.
 
         While its last observation still waits here: a frame decoded now could only replace that one,
         unserved, so it waits undecoded (a newer one replaces it, never decoded) until this one is taken.
@@ -329,10 +336,11 @@ class RequestQueue(ClosableQueue):
         with self._lock:
             if session_id in self._slots:
                 return True
-            if not self._owes(session_id):
+            key = session_id if turn is None else ("turn", turn)
+            if not self._owes(key):
                 return False
             recent = time.monotonic() - 2 * self._quantum()
-            return any(at >= recent for other, at in self._charged_at.items() if other != session_id)
+            return any(at >= recent for other, at in self._charged_at.items() if other != key)
 
     def host_lead_s(self, turn: Hashable) -> float:
         """Host seconds ``turn`` is charged beyond the least-charged recent turn (0: none, or unknown)."""
@@ -491,6 +499,10 @@ class RequestQueue(ClosableQueue):
         turns_taken = {first.turn_key}
         hold_until = first.enqueued_at + max_wait
         with self._lock:
+            # A turn's further observations ride along only when no other turn waits: then they use an engine
+            # nobody else wants; while others wait, the turn is one place in the batch like anyone's.
+            if not self._ring:
+                self._take_more_of(first.turn_key, batch, max_items, compatible)
             while len(batch) < max_items and not self._closed:
                 for turn in list(self._ring):
                     if len(batch) == max_items:
@@ -507,6 +519,30 @@ class RequestQueue(ClosableQueue):
                     break
                 self._ready.wait(remaining)
         return batch
+
+    def _take_more_of(
+        self,
+        turn: Hashable,
+        batch: list[PendingObservation],
+        max_items: int,
+        compatible: Callable[[PendingObservation, PendingObservation], bool],
+    ) -> None:
+        """Add to ``batch`` further observations waiting for ``turn`` (just taken), oldest first, while they
+        may share its call (:attr:`PendingObservation.turn_shares_call`) and ``compatible`` with the batch's
+        first. A turn drained so stays out of the ring until it has more. Lock held."""
+        waiting = self._turns.get(turn)
+        now = time.monotonic()
+        while waiting and len(batch) < max_items:
+            item = self._slots[waiting[0]]
+            if not item.turn_shares_call or not compatible(batch[0], item):
+                break
+            del self._slots[waiting.popleft()]
+            item.taken_at = now
+            batch.append(item)
+        if waiting is not None and not waiting:
+            del self._turns[turn]
+            if turn in self._rejoining:
+                self._rejoining.remove(turn)
 
     def cancel(self, session_id: Hashable, seq: int | None = None) -> PendingObservation | None:
         """Remove the session's waiting observation (only if it is ``seq``, when given) and return it."""

@@ -82,7 +82,12 @@ class BatchPolicy:
         (CPUs), that would make the robot pay for the client's work on top of waiting for its turn.
         """
         ra, rb = a.request, b.request
-        return ra.schedule == rb.schedule and (a.turn is None) == (b.turn is None)
+        return ra.schedule == rb.schedule and _robot(a) == _robot(b)
+
+
+def _robot(item: PendingObservation) -> bool:
+    """A robot's observation: on its session's own turn, or on its connection's (a policy session)."""
+    return item.turn is None or item.turn_shares_call
 
 
 # Under continuous robot load, a video rollout still gets one denoising step at least this often.

@@ -171,11 +171,11 @@ class ReplicaRouter(ClosableQueue):
                 return item
             return replaced
 
-    def holds_back_decoding(self, session_id: Hashable) -> bool:
+    def holds_back_decoding(self, session_id: Hashable, turn: Hashable | None = None) -> bool:
         """Its replica's queue says (``RequestQueue.holds_back_decoding``); False before it has one."""
         with self._lock:
             replica = self._assignment.get(session_id)
-            return replica is not None and self.queues[replica].holds_back_decoding(session_id)
+            return replica is not None and self.queues[replica].holds_back_decoding(session_id, turn)
 
     def put_background(self, task: EngineTask[Any]) -> None:
         """Queue a background task on the live replica with the least background work waiting."""

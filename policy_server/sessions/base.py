@@ -91,6 +91,10 @@ class Session:
         self.rate: TokenBucket = context.settings.observation_rate.bucket() if parent is None else parent.rate
         # The connection's named policy sessions (:mod:`.policy_sessions`); a policy session has none.
         self.policy_sessions: PolicySessionTable[Session] = PolicySessionTable(context.settings.policy_sessions)
+        # The turn its observations wait for in the request queue: None, its own; a policy session's is one
+        # of its connection's (PolicySessionLimits: the connection is the unit of fairness).
+        self.turn: tuple[str, int] | None = None
+        self._names_opened = 0
         self._expiry: asyncio.TimerHandle | None = None
         self.last_observation_at = time.monotonic()
         self.telemetry: SessionTelemetry | None = None  # what observers see; a kind with none says so
@@ -109,7 +113,9 @@ class Session:
         # the server hands the connection to that dialect's session.
         self.handed_over = False
         # Observations whose encoded camera frames are being decoded off the event loop (one at a time).
-        self.decoding = DecodeSlot(self._guard, self.drop, lambda: self.context.queue.holds_back_decoding(self.id))
+        self.decoding = DecodeSlot(
+            self._guard, self.drop, lambda: self.context.queue.holds_back_decoding(self.id, self.turn)
+        )
         # Its msgpack frames, decoded within the server's element budget (large ones on a thread, paid for here).
         self.intake = WireIntake(context.settings.frame_budget, self.decoding.charge)
 
@@ -191,11 +197,27 @@ class Session:
         (about ``seq``) past the connection's or the server's bound."""
         if name is None:
             return self
-        room = self.context.settings.max_sessions - len(self.context.sessions)
-        return self.policy_sessions.open(name, now, lambda: self._open_policy_session(name), room, seq)
+        settings = self.context.settings
+        room = settings.max_sessions - len(self.context.sessions)
+        per_peer = settings.policy_sessions.max_per_peer
+        per_peer = settings.max_sessions - settings.max_sessions // 4 if per_peer is None else per_peer
+        peer = self.peer
+        held = sum(1 for session in list(self.context.sessions.values()) if session.peer == peer)
+        return self.policy_sessions.open(
+            name, now, lambda: self._open_policy_session(name), room, seq, peer_room=per_peer - held
+        )
+
+    @property
+    def peer(self) -> str | None:
+        """The client's address, without its port (what per-peer bounds count)."""
+        remote = self.connection.remote_address
+        return str(remote[0]) if remote else None
 
     def _open_policy_session(self, name: str) -> Session:
         session = self.spawn(name)
+        turns = self.policy_sessions.limits.turns_per_connection
+        session.turn = (self.id, self._names_opened % max(1, turns))
+        self._names_opened += 1
         self.context.register(session)
         if self.recorded and not session.recorded:  # the connection opted in (`record: true`): its names too
             session.set_recording(True, "connection")
@@ -377,6 +399,8 @@ class Session:
         try:
             function(*args)
         except ProtocolError as exc:
+            if function == self.handle:  # a frame from the wire, refused: its decoding is the connection's
+                self.intake.spend_refused()
             self.send_error(exc.code, exc.message, exc.field, exc.seq if exc.seq is not None else self.frame_seq)
         except Exception:  # noqa: BLE001 - a bug of ours must not end the session, nor reach the client
             reference = uuid.uuid4().hex[:12]
@@ -455,6 +479,8 @@ class Session:
             decode_cpu_s=self.decoding.take_cpu_s(),  # its turn pays for it in the queue
             deadline_at=deadline_at,
             client_timestamp=frame.client_timestamp,
+            turn=self.turn,
+            turn_shares_call=self.turn is not None,
         )
         try:
             replaced = self.context.queue.put(item)

@@ -183,13 +183,21 @@ class NativeSession(Session):
                 decoded = self.intake.unpack(message)
             except WireFormatError as exc:
                 refusal = ProtocolError(ErrorCode.BAD_FRAME, exc.message, exc.field)
+            except ProtocolError:  # past the element budget
+                self.rate.take(received_at)
+                raise
         if first and self.dialects and self._handed_over(FirstFrame(message, decoded, received_at)):
             return
         if refusal is not None:
+            self.rate.take(received_at)  # a frame that fails to parse spends the rate an observation would
             raise refusal
         if isinstance(decoded, dict) and isinstance(decoded.get("seq"), int):
             self.frame_seq = decoded["seq"]  # so that even an early error names the observation it is about
-        frame = client_frames.parse_client_frame(decoded, self.context.frame_limits)
+        try:
+            frame = client_frames.parse_client_frame(decoded, self.context.frame_limits)
+        except ProtocolError:
+            self.rate.take(received_at)
+            raise
         if isinstance(frame, client_frames.ObservationFrame):
             # Its rate token is spent on arrival, before any decoding (as openpi's): a flood of encoded
             # frames that keep replacing the one waiting to be decoded is refused like any other flood.

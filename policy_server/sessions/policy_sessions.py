@@ -2,10 +2,12 @@
 
 A simulator that steps N environments in parallel drives N policies over one socket: NVIDIA's RoboLab puts
 a ``session_id`` (``robolab-episode-{i}-env-{j}``) in every observation it sends. Each name is one
-*policy session* of the connection: its own sequence, its own latest-wins slot and fair turn in the request
-queue (the unit of fairness is the pair (connection, name), not the socket), its own seeds and prefix
-actions, and its own recording episode. Observations without a name belong to the connection's own session,
-as before.
+*policy session* of the connection: its own sequence, its own latest-wins slot in the request queue, its
+own seeds and prefix actions, and its own recording episode. Observations without a name belong
+to the connection's own session, as before. The unit of fairness is the connection: its names share its
+rate limit, its outbox, and its turn in the request queue (served together in one engine call when they
+can be), so 16 names weigh what one robot weighs when others wait (``--session-id-turns`` weights a trusted
+connection more), and a peer address holds at most ``--max-sessions-per-peer`` sessions once it names some.
 
 :class:`PolicySessionTable` holds the rules, without sockets: how many names one connection may hold
 (``max_per_connection`` of :class:`~policy_server.server_settings.PolicySessionLimits`), that a new name
@@ -55,10 +57,12 @@ class PolicySessionTable(Generic[PolicySessionT]):
         make: Callable[[], PolicySessionT],
         server_room: int,
         seq: int | None = None,
+        peer_room: int | None = None,
     ) -> PolicySessionT:
         """The policy session ``name``, made by ``make()`` when the connection has none of that name yet;
         either way it was used ``now``. ``server_room``: session slots the server has free (a new name
-        takes one). Raises :class:`ProtocolError` ``too_many_sessions`` (about ``seq``) past either bound."""
+        takes one); ``peer_room``: those the connection's peer address has left (None: unbounded). Raises
+        :class:`ProtocolError` ``too_many_sessions`` (about ``seq``) past any bound."""
         session = self._sessions.get(name)
         if session is None:
             limit = self.limits.max_per_connection
@@ -76,6 +80,15 @@ class PolicySessionTable(Generic[PolicySessionT]):
                 raise ProtocolError(
                     ErrorCode.TOO_MANY_SESSIONS,
                     "the server holds as many sessions as --max-sessions allows; retry once one ends",
+                    SESSION_ID,
+                    seq,
+                )
+            if peer_room is not None and peer_room <= 0:
+                self.refused += 1
+                raise ProtocolError(
+                    ErrorCode.TOO_MANY_SESSIONS,
+                    "this connection's address holds as many sessions as --max-sessions-per-peer allows "
+                    "(connections and `session_id`s together); retry once one ends",
                     SESSION_ID,
                     seq,
                 )
