@@ -66,6 +66,7 @@ def run(
     min_available_gib: float = 17.0,
     quantization: str = "none",
     sampler: dict | None = None,
+    dtype: str | None = None,
     log=print,
 ) -> dict:
     """Serve one chunk of ``checkpoint`` through a real server; returns the figures (see the module doc)."""
@@ -91,6 +92,7 @@ def run(
         [
             *("--model", str(checkpoint), "--no-warmup", "--engine-timeout-s", "0", "--max-batch", "1", "--no-openpi"),
             *("--quantization", quantization),
+            *(("--dtype", dtype) if dtype else ()),
         ]
     )
     try:
@@ -171,6 +173,7 @@ def main() -> None:
     )
     parser.add_argument("--quantization", default="none", help="cosmos3-serve --quantization: none, int8")
     parser.add_argument("--num-steps", type=int, default=None, help="configure num_steps (a base checkpoint)")
+    parser.add_argument("--dtype", default=None, help="cosmos3-serve --dtype (default: the device's, fp32 on CPU)")
     parser.add_argument("--guidance-scale", type=float, default=None, help="configure guidance_scale")
     parser.add_argument("--size", type=int, default=224, help="camera frame side (square), default 224")
     parser.add_argument("--min-available-gib", type=float, default=17.0)
@@ -197,6 +200,7 @@ def main() -> None:
             min_available_gib=args.min_available_gib,
             quantization=args.quantization,
             sampler=sampler,
+            dtype=args.dtype,
         )
     finally:
         if args.delete:

@@ -17,8 +17,10 @@ Loading needs more than the loaded model for a moment, and the plan's ``need`` i
 phases on the device the weights go to:
 
 1. the transformer loading: all of it, plus, on CPU, one shard as read from disk, plus the largest tensor
-   twice at the serving dtype when quantized (diffusers casts it, torchao computes its scales beside it),
-   once otherwise (the cast). Measured on Edge's shape, int8 on CPU: 7.1 GiB at peak where this says 7.3;
+   three times at the serving dtype when quantized (diffusers casts it, torchao's quantization makes
+   temporaries of its size), once otherwise (the cast). Measured on CPU, int8: Edge's shape peaked at 7.1
+   GiB where this says 7.9; Nano's at fp32 was killed for memory at 21.7 GiB with its last shards (its 2.3 GiB
+   lm_head among them) still loading, where twice the largest tensor said 21.6 and three times says 24.0;
 2. the VAE loading after it: both, plus, on CPU, the VAE's largest shard;
 3. serving: the three components plus :data:`WORKING_RESERVE_BYTES` for activations and the runtime.
 """
@@ -91,7 +93,7 @@ class MemoryPlan:
         phases = [
             transformer.bytes
             + (transformer.largest_shard_bytes if on_cpu else 0)
-            + transformer.largest_tensor_bytes * (2 if self.quantization else 1),
+            + transformer.largest_tensor_bytes * (3 if self.quantization else 1),
             transformer.bytes + vae.bytes + (vae.largest_shard_bytes if on_cpu else 0),
             self.weight_bytes + self.reserve_bytes,
         ]
