@@ -19,7 +19,7 @@ phases on the device the weights go to:
 1. the transformer loading: all of it, plus, on CPU, one shard as read from disk, plus the largest tensor
    three times at the serving dtype when quantized (diffusers casts it, torchao's quantization makes
    temporaries of its size), once otherwise (the cast). Measured on CPU, int8: Edge's shape peaked at 7.1
-   GiB where this says 7.9; Nano's at fp32 was killed for memory at 21.7 GiB with its last shards (its 2.3 GiB
+   GiB where this says 7.9; Nano's at fp32 was killed for memory at 22.2 GiB with its last shards (its 2.3 GiB
    lm_head among them) still loading, where twice the largest tensor said 21.6 and three times says 24.0;
 2. the VAE loading after it: both, plus, on CPU, the VAE's largest shard;
 3. serving: the three components plus :data:`WORKING_RESERVE_BYTES` for activations and the runtime.
