@@ -277,7 +277,8 @@ class MovingCubeExpert:
 
     def act(self) -> np.ndarray:
         """This tick's action: the first of the chunk for the environment's current state."""
-        return self.plan(self.env.expert_view(), horizon=1)[0]
+        action: np.ndarray = self.plan(self.env.expert_view(), horizon=1)[0]
+        return action
 
 
 class BlindMovingExpert(MovingCubeExpert):

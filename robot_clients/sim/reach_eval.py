@@ -379,18 +379,24 @@ def main(argv: list[str] | None = None) -> int:
         if needs_server and url is None:
             # The openpi route's settings: what the lock-step client (an openpi client) cannot send itself.
             openpi = ["--openpi-domain", task.domain, "--openpi-horizon", "16", "--openpi-prompt", task.prompt]
-            server = ServerSubprocess(["--model", model, "--log-level", "info", *openpi, "--openpi-seed", "0"])
+            # The HTTP sidecar on a free port: the evaluation does not use it, and 8001 may be another server's.
+            server = ServerSubprocess(
+                ["--model", model, "--log-level", "info", "--http-port", "0", *openpi, "--openpi-seed", "0"]
+            )
             url = server.start(timeout=300.0)
         if needs_server:
             client = PolicyClient(url, connect_timeout=300.0)
             client.connect()
             client.configure(domain_name=task.domain, action_horizon=16, prompt=task.prompt, seed=0)
-            if "lockstep" in modes:
-                lockstep = OpenpiLockstepClient(url)
         for ablation in ablations:
             full_grid = ablation == "none" or (ablation == "expert" and task.name == "moving")
             cells = [(m, d) for m in modes for d in delays] if full_grid else [(modes[0], delays[0])]
             for mode, delay in cells:
+                if mode == "lockstep" and needs_server and ablation != "expert":
+                    # A connection of its own per cell: one left open through the other cells would be closed
+                    # by the server's idle limit.
+                    assert url is not None
+                    lockstep = OpenpiLockstepClient(url)
                 result = run_cell(
                     client,
                     mode,
@@ -402,6 +408,9 @@ def main(argv: list[str] | None = None) -> int:
                     task=task,
                     lockstep=lockstep,
                 )
+                if lockstep is not None:
+                    lockstep.close()
+                    lockstep = None
                 results.append(result)
                 print(json.dumps(asdict(result)), flush=True)
     finally:
