@@ -149,6 +149,11 @@ class PolicyProfile:
     use_state: bool = False
     history_length: int = 0
     state_dim: int | None = None
+    # The longest real-time-chunking prefix the policy was trained to continue (cosmos3-train's --max-prefix).
+    # A longer prefix is clamped to it: only its first max_prefix rows condition the chunk, never an error (a
+    # robot's delay grows past what training saw); the reply still starts with every row sent (the robot
+    # executes them regardless). None: no bound known, every row conditions.
+    max_prefix: int | None = None
 
     @property
     def model_action_dim(self) -> int:
@@ -234,6 +239,13 @@ class PolicyProfile:
                 "prefix_actions",
             )
         return rows
+
+    def trained_prefix(self, rows: np.ndarray) -> np.ndarray | None:
+        """The rows of a checked prefix that condition the chunk: at most :attr:`max_prefix` (clamped, never
+        refused), or None when the policy was trained with none."""
+        if self.max_prefix is None:
+            return rows
+        return rows[: self.max_prefix] if self.max_prefix > 0 else None
 
     def to_model(self, raw: np.ndarray) -> np.ndarray:
         """Raw rows of the model's width (actions, or state rows) -> the model's action space.
@@ -552,6 +564,7 @@ def _profile_from_fields(name: str, entry: dict[str, Any], num_train_timesteps: 
         use_state=use_state,
         history_length=history,
         state_dim=state_dim,
+        max_prefix=_integer(entry, "max_prefix", where, low=0) if entry.get("max_prefix") is not None else None,
     )
 
 

@@ -19,6 +19,11 @@ turns its raw state and prefix into the job's normalised rows; the sampler lays 
 (:meth:`~cosmos3_runtime.sampling.Cosmos3Sampler.sequence_pass`) and runs the transformer
 (:meth:`~cosmos3_runtime.sampling.Cosmos3Sampler.forward_passes`), the same calls a served chunk makes.
 
+**Padding**: a demonstration's chunk that runs past its episode's end is padded with the last action, as
+LeRobot pads. With ``--mask-padding`` those rows are left out of the loss (LeRobot's ``action_is_pad``):
+a task whose world goes on after the recording stops (a moving cube) would otherwise teach the model to
+halt near the end of every episode.
+
 **Latents** come from the checkpoint's own VAE, one frame at a time (the conditioning frame's latent is the
 encoding of that frame alone; a future latent frame's target is the encoding of the frame it ends on). When
 the VAE was drawn here (``--tiny``), the latents' per-channel mean and std are written into
@@ -103,6 +108,7 @@ class TrainConfig:
     max_prefix: int = 8
     prefix_noise: float = 0.0  # std of a prefix's offset from its chunk, in units of each action dimension's std
     ema_decay: float = 0.0  # the served weights are this exponential moving average of the trained ones (0: off)
+    mask_padding: bool = False  # leave a chunk's rows past its episode's end out of the loss
     seed: int = 0
     save_every: int = 500
     resume: bool = False
@@ -152,6 +158,7 @@ class Samples:
     frame_of: np.ndarray  # (N, 1 + future) latent row of the conditioning frame and each future latent frame
     state: np.ndarray | None  # (N, D) raw
     chunks: np.ndarray  # (N, H, D) raw
+    padded: np.ndarray  # (N, H) bool: the row repeats the episode's last action, past its end
     prompts: list[str]
 
 
@@ -174,6 +181,8 @@ def write_profile(ckpt: Path, data: LeRobotDataset, cfg: TrainConfig, domain_id:
         "view_point": cfg.view_point,
         "use_state": has_state,
         "normalization": {"mean": mean.tolist(), "std": std.tolist()},
+        # The longest prefix trained: a served request's longer one is clamped to it (PolicyProfile.max_prefix).
+        "max_prefix": cfg.max_prefix if cfg.prefix_prob > 0 else 0,
     }
     if has_state:
         entry["history_length"] = 1
@@ -240,6 +249,7 @@ def build_samples(
     frame_of: list[list[int]] = []
     states: list[np.ndarray] = []
     chunks: list[np.ndarray] = []
+    padded: list[np.ndarray] = []
     prompts: list[str] = []
     at = 0
     for episode in data.episodes:
@@ -248,8 +258,10 @@ def build_samples(
             frame_of.append([at + min(s + temporal * j, length - 1) for j in range(future + 1)])
             if episode.actions.ndim == 3:  # a recording: the chunk the server answered
                 chunk = episode.actions[s, :horizon]
+                padded.append(np.zeros(horizon, bool))
             else:
                 chunk = episode.actions[np.minimum(np.arange(s, s + horizon), length - 1)]
+                padded.append(np.arange(s, s + horizon) >= length)
             chunks.append(chunk)
             if episode.state is not None:
                 states.append(episode.state[s])
@@ -260,6 +272,7 @@ def build_samples(
         np.asarray(frame_of),
         np.asarray(states, np.float32) if states else None,
         np.asarray(chunks, np.float32),
+        np.asarray(padded, bool).reshape(len(chunks), horizon),
         prompts,
     )
 
@@ -278,6 +291,7 @@ class TrainingInputs:
     vision_mask: torch.Tensor  # 1 on clean latent frames
     action_target: torch.Tensor
     action_mask: torch.Tensor  # 1 on clean rows
+    action_weight: torch.Tensor  # (rows, 1): 0 on rows left out of the loss (padding, with --mask-padding)
 
 
 class FlowMatchingTrainer:
@@ -347,6 +361,10 @@ class FlowMatchingTrainer:
         eps_a[:, job.raw_action_dim :] = 0
         latents = vision_mask * x0_vision + (1 - vision_mask) * (t * eps_v + (1 - t) * x0_vision)
         action_latents = action_mask * x0_action + (1 - action_mask) * (t * eps_a + (1 - t) * x0_action)
+        action_weight = torch.ones((x0_action.shape[0], 1), device=device)
+        if self.cfg.mask_padding:
+            padded = torch.from_numpy(self.samples.padded[index]).to(device)
+            action_weight[job.leading_rows :] = (~padded).float()[:, None]
         key = (job.settings.prompt, job.leading_rows, prefix)
         if key not in self._passes:
             cond_ids, _ = self.sampler.tokenize(job, *self.canvas)
@@ -362,6 +380,7 @@ class FlowMatchingTrainer:
             vision_mask,
             eps_a - x0_action,
             action_mask,
+            action_weight,
         )
 
     def predict(self, inputs: list[TrainingInputs]) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
@@ -394,9 +413,10 @@ class FlowMatchingTrainer:
         target_v, width = x.vision_target, x.job.raw_action_dim
         noisy_v = (1 - x.vision_mask).expand(target_v.shape[2:])
         err_v = (pred_vision.float().reshape(target_v.shape) - target_v) ** 2
-        noisy_a = 1 - x.action_mask
+        noisy_a = (1 - x.action_mask) * x.action_weight
         err_a = (pred_action.float()[:, :width] - x.action_target[:, :width]) ** 2
-        action = (err_a * noisy_a).sum() / (noisy_a.sum() * width)
+        # clamp: with padding masked, a last frame's chunk may have no noisy row left to learn from
+        action = (err_a * noisy_a).sum() / (noisy_a.sum().clamp_min(1.0) * width)
         vision = (err_v * noisy_v).sum() / (noisy_v.sum() * target_v.shape[1])
         return action, vision
 
@@ -632,6 +652,11 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--max-prefix", type=int, default=8, help="longest clean prefix (0: no RTC training)")
     parser.add_argument(
         "--ema-decay", type=float, default=0.0, help="serve a moving average of the weights (e.g. 0.998; 0: off)"
+    )
+    parser.add_argument(
+        "--mask-padding",
+        action="store_true",
+        help="leave a chunk's rows past its episode's end (padding) out of the loss",
     )
     parser.add_argument(
         "--prefix-noise", type=float, default=0.0, help="std of a prefix's offset, in action stds (0: exact prefixes)"

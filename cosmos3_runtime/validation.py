@@ -95,10 +95,12 @@ def job_for_actions(request: ActionRequest, description: ModelDescription) -> tu
     origin = _pose_origin(request.state, profile)
     clean = None
     if request.prefix_actions is not None:
-        prefix = profile.check_prefix(request.prefix_actions, mode, horizon)
-        if origin is not None:
+        # Checked whole, then clamped to what the policy was trained to continue (its profile's max_prefix).
+        prefix = profile.trained_prefix(profile.check_prefix(request.prefix_actions, mode, horizon))
+        if prefix is not None and origin is not None:
             prefix = _relative_poses(prefix, origin)
-        clean = _normalize(prefix, profile, description, "prefix_actions")
+        if prefix is not None:
+            clean = _normalize(prefix, profile, description, "prefix_actions")
 
     if not isinstance(request.decode_video, bool):
         raise InvalidRequestError("decode_video must be true or false", "decode_video")

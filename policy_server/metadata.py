@@ -88,6 +88,7 @@ def native_metadata(host: ServerContext[Any], session_id: str) -> protocol.Metad
                     "raw_action_dim": domain.raw_action_dim,
                     "default_horizon": domain.default_horizon,
                     "view_point": domain.view_point,
+                    "max_prefix": domain.max_prefix,
                     **domain.state_contract,
                 }
                 for name, domain in d.domains.items()

@@ -387,6 +387,7 @@ def test_describe_reports_what_the_checkpoint_offers(tiny_engine):
         "state_dim": None,
         "use_state": False,
         "history_length": 0,
+        "max_prefix": None,
         "defaults": {
             "action_horizon": 16,
             "resolution_tier": 256,

@@ -12,7 +12,7 @@ import pytest
 from cosmos3_runtime.checkpoints import inspect_checkpoint
 from cosmos3_runtime.description import EngineSpec, ModelDescription
 from cosmos3_runtime.engine import Cosmos3Engine
-from cosmos3_runtime.errors import CheckpointError
+from cosmos3_runtime.errors import CheckpointError, InvalidRequestError
 from cosmos3_runtime.profiles import load_profiles, profiles_for_checkpoint
 from cosmos3_runtime.requests import ActionRequest
 from cosmos3_runtime.sampling import action_caption
@@ -373,3 +373,38 @@ def test_another_checkpoint_gets_no_droid_contract_and_an_operator_file_override
     table = profiles_for_checkpoint(nvidia, info, override)
     assert (table.domains["droid_lerobot"].num_steps, table.domains["droid_lerobot"].guidance_scale) == (8, 2.0)
     assert table.domains["droid_lerobot"].shift == 5.0  # the rest of NVIDIA's contract stays
+
+
+def test_a_prefix_longer_than_the_trained_one_is_clamped_not_refused(tiny_checkpoint, tmp_path, camera_image):
+    """A policy trained with prefixes of at most ``max_prefix`` rows, asked to continue a longer one (the robot's
+    delay grew), is conditioned on the first ``max_prefix`` rows only: no error, the rows after the prefix are
+    those of a request that sent only the trained rows, and the reply still starts with every row sent (the
+    robot executes them whatever the model does). ``max_prefix`` 0 (trained without prefixes) generates as
+    without a prefix."""
+    clamped = Cosmos3Engine.load(
+        tiny_checkpoint("distilled"), profiles_path=_profile_file(tmp_path, {"fractal": {"max_prefix": 4}})
+    )
+    assert clamped.spec.profiles["fractal"].max_prefix == 4
+    request = dict(domain_name="fractal", image=camera_image, seed=4)
+    prefix = np.linspace(-0.04, 0.04, 120, dtype=np.float32).reshape(12, 10)
+    long = clamped.predict_actions(ActionRequest(**request, prefix_actions=prefix)).actions
+    short = clamped.predict_actions(ActionRequest(**request, prefix_actions=prefix[:4])).actions
+    assert long.shape == (16, 10)
+    np.testing.assert_array_equal(long[:12], prefix)
+    np.testing.assert_array_equal(long[12:], short[12:])
+    unclamped = Cosmos3Engine.load(tiny_checkpoint("distilled"), profiles_path=_profile_file(tmp_path, {"fractal": {}}))
+    whole = unclamped.predict_actions(ActionRequest(**request, prefix_actions=prefix)).actions
+    assert np.abs(whole[12:] - long[12:]).max() > 1e-3  # without the bound, all 12 rows condition the rest
+    (tmp_path / "none").mkdir()
+    untrained = Cosmos3Engine.load(
+        tiny_checkpoint("distilled"),
+        profiles_path=_profile_file(tmp_path / "none", {"fractal": {"max_prefix": 0}}),
+    )
+    ignored = untrained.predict_actions(ActionRequest(**request, prefix_actions=prefix)).actions
+    plain = untrained.predict_actions(ActionRequest(**request)).actions
+    np.testing.assert_array_equal(ignored[:12], prefix)
+    np.testing.assert_array_equal(ignored[12:], plain[12:])
+    # Still checked whole before the clamp: a prefix as long as the chunk is refused, as without a bound.
+    with pytest.raises(InvalidRequestError) as err:
+        clamped.predict_actions(ActionRequest(**request, prefix_actions=np.zeros((16, 10), np.float32)))
+    assert err.value.field == "prefix_actions"

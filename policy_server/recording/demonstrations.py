@@ -1,7 +1,9 @@
 """Scripted demonstrations written as a LeRobot v3.0 dataset: ``cosmos3-reach-demos`` and ``cosmos3-gym-demos``.
 
 - ``cosmos3-reach-demos``: :func:`~robot_clients.sim.reach_task.run_expert` on fresh cube places of the
-  reach task (the MuJoCo arm, this project's own).
+  reach task (the MuJoCo arm, this project's own); with ``--task moving``,
+  :func:`~robot_clients.sim.moving_task.run_moving_expert` on fresh paths of the moving-cube task, whose
+  camera frame is its two-frame clip.
 - ``cosmos3-gym-demos``: a gymnasium preset's own scripted expert (MetaWorld's policies), run in the
   simulator's virtualenv by :mod:`robot_clients.sim.gym_bridge` and handed over as an ``.npz``.
 
@@ -150,6 +152,33 @@ def collect(out: Path, episodes: int, seed: int, image_size: int = 128, episode_
     return write_dataset(out, demonstrations, TASK, REACH_FPS, "cosmos3_mujoco_arm")
 
 
+def collect_moving(
+    out: Path, episodes: int, seed: int, image_size: int = 128, episode_steps: int = 40
+) -> dict[str, Any]:
+    """Record ``episodes`` moving-cube expert episodes (paths from ``seed``) into a new dataset at ``out``."""
+    from robot_clients.sim.moving_task import TASK, MovingCubeExpert, MovingCubeTaskEnv, run_moving_expert
+    from robot_clients.sim.mujoco_arm import ArmEnvConfig
+
+    config = ArmEnvConfig(
+        image_height=image_size, image_width=image_size, wrist_camera=False, seed=seed, episode_steps=episode_steps
+    )
+    env = MovingCubeTaskEnv(config)
+    expert = MovingCubeExpert(env)
+    demonstrations = []
+    with env:
+        for _ in range(episodes):
+            steps, outcome = run_moving_expert(env, expert)
+            demonstrations.append(
+                Demonstration(
+                    np.asarray([s["image"] for s in steps]),
+                    np.asarray([s["state"] for s in steps], np.float32),
+                    np.asarray([s["action"] for s in steps], np.float32),
+                    outcome.success,
+                )
+            )
+    return write_dataset(out, demonstrations, TASK, REACH_FPS, "cosmos3_mujoco_arm")
+
+
 def collect_gym(out: Path, preset: str, python: str, episodes: int, seed: int, fps: int) -> dict[str, Any]:
     """Record ``episodes`` of a gym preset's scripted expert, run by ``python`` (the simulator's virtualenv),
     into a new dataset at ``out``."""
@@ -170,18 +199,30 @@ def _finish(summary: dict[str, Any], started: float) -> int:
 
 
 def reach_main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="cosmos3-reach-demos", description="the reach task's scripted expert")
+    parser = argparse.ArgumentParser(
+        prog="cosmos3-reach-demos", description="the MuJoCo arm tasks' scripted experts (reach, moving cube)"
+    )
     parser.add_argument("out", help="folder of the new dataset (must not exist)")
+    parser.add_argument("--task", default="reach", choices=("reach", "moving"), help="the task (default: reach)")
     parser.add_argument("--episodes", type=int, default=300)
     parser.add_argument("--seed", type=int, default=0, help="seed of the cube places")
     parser.add_argument("--image-size", type=int, default=128)
-    parser.add_argument("--episode-steps", type=int, default=30, help="actions per episode (the reach takes ~12)")
+    parser.add_argument(
+        "--episode-steps",
+        type=int,
+        default=None,
+        help="actions per episode (default: 30 reach, the reach takes ~12; 40 moving)",
+    )
     args = parser.parse_args(argv)
     out = Path(args.out)
     if out.exists():
         parser.error(f"{out} already exists")
     started = time.monotonic()
-    return _finish(collect(out, args.episodes, args.seed, args.image_size, args.episode_steps), started)
+    if args.task == "moving":
+        summary = collect_moving(out, args.episodes, args.seed, args.image_size, args.episode_steps or 40)
+    else:
+        summary = collect(out, args.episodes, args.seed, args.image_size, args.episode_steps or 30)
+    return _finish(summary, started)
 
 
 def gym_main(argv: list[str] | None = None) -> int:

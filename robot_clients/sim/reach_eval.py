@@ -1,4 +1,4 @@
-"""``cosmos3-eval``: task success of a served policy on the reach task, per chunk execution mode and delay.
+"""``cosmos3-eval``: task success of a served policy on the reach or moving-cube task, per execution mode and delay.
 
 Every episode runs the whole robot side against a real ``cosmos3-serve --model CKPT`` in its own process:
 :class:`~robot_clients.client.PolicyClient` over the WebSocket, the
@@ -9,8 +9,17 @@ at 20 Hz on :class:`~robot_clients.sim.reach_task.ReachTaskEnv`. A cell of the t
 (each chunk handed to the chunker that much later than the server answered). Episodes use cube places of
 ``--seed`` (keep it off the training data's seeds). Success rates come with a 95 % Wilson interval.
 
+``--task moving`` runs the moving-cube task (:mod:`robot_clients.sim.moving_task`) and serves its policy
+(``assets/moving_policy``) unless ``--model`` or ``--server`` says otherwise; ``--task reach`` (the default)
+serves ``assets/reach_policy``. Besides the chunker's modes, ``lockstep`` is the baseline of a client that
+waits for each chunk and executes it from its first action while the world goes on
+(:mod:`robot_clients.sim.lockstep`, over the server's openpi route).
+
 Ablations (``--ablation``): ``black`` sends an all-black image, ``shuffled_state`` sends the state's
-entries in a random order each tick; ``blind_expert`` runs the camera-blind scripted baseline locally.
+entries in a random order each tick; ``blind_expert`` runs the camera-blind scripted baseline locally;
+``expert`` runs the scripted expert: on the reach task locally every tick, on the moving task as a chunk
+policy through the same modes and injected delays as the server's (what delay costs an agent that knows the
+cube's path).
 
 ``--out``'s ``results.json`` names its run (:class:`EvaluationRun`): the seed, the weights the server stated
 (the checkpoint's SHA-256 and the quantization, ``--quantization`` passed to the server it starts), the
@@ -24,22 +33,54 @@ import json
 import math
 import subprocess
 import sys
+from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from ..chunker import ActionChunker, ChunkerConfig
+from ..chunker import ActionChunker, ChunkerConfig, ChunkPolicy
 from ..client import PolicyClient
 from ..control_loop import ChunkingAgent, ControlLoop
-from .demo import ServerSubprocess
+from . import moving_task, reach_task
+from .demo import REACH_POLICY, ServerSubprocess
+from .lockstep import OpenpiLockstepClient, run_lockstep_episode
 from .mujoco_arm import ArmEnvConfig
-from .reach_task import DOMAIN, TASK, BlindReachExpert, ReachChunkPolicy, ReachExpert, ReachTaskEnv, run_expert
+from .reach_task import BlindReachExpert, ReachChunkPolicy, ReachExpert, ReachOutcome, ReachTaskEnv, run_expert
 
-MODES = ("wait", "replace", "blend", "rtc")
+MODES = ("wait", "replace", "blend", "rtc", "lockstep")
+CHUNKER_MODES = MODES[:4]  # lockstep is not the chunker's: robot_clients.sim.lockstep
 ABLATIONS = ("none", "black", "shuffled_state", "blind_expert", "expert")
 DELAYS_MS = (0, 100, 200, 300)
+MOVING_POLICY = REACH_POLICY.parent / "moving_policy"
+
+
+@dataclass(frozen=True)
+class EvalTask:
+    """What differs between the tasks ``cosmos3-eval`` runs."""
+
+    name: str
+    domain: str
+    prompt: str
+    model: Path  # the checkpoint served by default
+    env: Callable[[ArmEnvConfig], ReachTaskEnv]
+    episode_steps: int
+
+
+TASKS = {
+    "reach": EvalTask(
+        "reach", reach_task.DOMAIN, reach_task.TASK, REACH_POLICY, ReachTaskEnv, reach_task.EPISODE_STEPS
+    ),
+    "moving": EvalTask(
+        "moving",
+        moving_task.DOMAIN,
+        moving_task.TASK,
+        MOVING_POLICY,
+        moving_task.MovingCubeTaskEnv,
+        moving_task.EPISODE_STEPS,
+    ),
+}
 
 
 def wilson(successes: int, n: int, z: float = 1.96) -> tuple[float, float]:
@@ -128,26 +169,47 @@ def run_cell(
     seed: int,
     control_hz: float = 20.0,
     execute_horizon: int = 8,
-    episode_steps: int = 40,
+    episode_steps: int | None = None,
+    task: EvalTask = TASKS["reach"],
+    lockstep: OpenpiLockstepClient | None = None,
 ) -> CellResult:
-    env = ReachTaskEnv(
-        ArmEnvConfig(image_height=128, image_width=128, wrist_camera=False, seed=seed, episode_steps=episode_steps)
+    """``episodes`` episodes of one cell. ``client`` answers the chunker's modes, ``lockstep`` the lockstep
+    mode; the expert ablations need neither."""
+    env = task.env(
+        ArmEnvConfig(
+            image_height=128,
+            image_width=128,
+            wrist_camera=False,
+            seed=seed,
+            episode_steps=episode_steps or task.episode_steps,
+        )
     )
     successes, distances, latencies, rates, stalls = 0, [], [], [], 0
     with env:
         for episode in range(episodes):
-            if ablation in ("blind_expert", "expert"):
-                expert = BlindReachExpert(env) if ablation == "blind_expert" else ReachExpert(env)
-                _, outcome = run_expert(env, expert)
+            if ablation == "blind_expert" or (ablation == "expert" and task.name == "reach"):
+                _, outcome = run_local_expert(env, task, blind=ablation == "blind_expert")
+            elif mode == "lockstep":
+                infer = lockstep_policy(env, task, ablation, lockstep)
+                report = run_lockstep_episode(
+                    env, infer, execute_horizon=execute_horizon, control_hz=control_hz, delay_s=delay_ms / 1e3
+                )
+                outcome = env.outcome()
+                latencies.append(float(np.median(report.latencies_s)) * 1e3)
             else:
-                assert client is not None
-                policy = ReachChunkPolicy(client, delay_s=delay_ms / 1e3, ablation=ablation, seed=seed + episode)
+                policy: ChunkPolicy
+                if ablation == "expert":
+                    assert isinstance(env, moving_task.MovingCubeTaskEnv)
+                    policy = moving_task.ExpertChunkPolicy(moving_task.MovingCubeExpert(env), delay_s=delay_ms / 1e3)
+                else:
+                    assert client is not None
+                    policy = ReachChunkPolicy(client, delay_s=delay_ms / 1e3, ablation=ablation, seed=seed + episode)
                 config = chunker_config(mode, control_hz, execute_horizon)
                 with ActionChunker(policy, config) as chunker:
                     loop = ControlLoop(env, ChunkingAgent(chunker), control_hz=control_hz)
-                    report = loop.run_episode()
+                    loop_report = loop.run_episode()
                 outcome = env.outcome()
-                summary = report.summary()
+                summary = loop_report.summary()
                 if summary.get("chunk_latency_p50_ms") is not None:
                     latencies.append(summary["chunk_latency_p50_ms"])
                 rates.append(summary["achieved_hz"])
@@ -170,6 +232,32 @@ def run_cell(
         stalls,
         [round(d * 100, 2) for d in distances],
     )
+
+
+def run_local_expert(env: ReachTaskEnv, task: EvalTask, blind: bool) -> tuple[object, ReachOutcome]:
+    """One episode of the task's scripted expert (or its camera-blind baseline) acting every tick, locally."""
+    if task.name == "moving":
+        assert isinstance(env, moving_task.MovingCubeTaskEnv)
+        moving = moving_task.BlindMovingExpert(env) if blind else moving_task.MovingCubeExpert(env)
+        return moving_task.run_moving_expert(env, moving)
+    expert = BlindReachExpert(env) if blind else ReachExpert(env)
+    return run_expert(env, expert)
+
+
+def lockstep_policy(
+    env: ReachTaskEnv, task: EvalTask, ablation: str, client: OpenpiLockstepClient | None
+) -> Callable[[Mapping[str, Any]], np.ndarray]:
+    """What the lock-step client asks: the server over openpi (the image blacked for ``black``), or the expert."""
+    if ablation == "expert":
+        assert isinstance(env, moving_task.MovingCubeTaskEnv)
+        expert = moving_task.MovingCubeExpert(env)
+        return lambda observation: expert.plan(observation["expert_view"])
+    assert client is not None
+    if ablation == "black":
+        return lambda observation: client.infer({**observation, "image": np.zeros_like(observation["image"])})
+    if ablation != "none":
+        raise ValueError(f"the lockstep baseline runs no {ablation!r} ablation")
+    return client.infer
 
 
 def plot(results: list[CellResult], path: Path, title: str) -> None:
@@ -196,13 +284,19 @@ def plot(results: list[CellResult], path: Path, title: str) -> None:
         draw.text((x - 12, top + plot_h + 8), f"{delay} ms", fill="black")
     draw.text((left + plot_w / 2 - 80, height - 28), "injected inference delay", fill="black")
     draw.text((left, 12), title, fill="black")
-    colours = {"wait": (120, 120, 120), "replace": (200, 60, 40), "blend": (40, 120, 200), "rtc": (30, 150, 60)}
+    colours = {
+        "wait": (120, 120, 120),
+        "replace": (200, 60, 40),
+        "blend": (40, 120, 200),
+        "rtc": (30, 150, 60),
+        "lockstep": (150, 60, 170),
+    }
     for i, mode in enumerate(MODES):
         cells = sorted((r for r in results if r.mode == mode and r.ablation == "none"), key=lambda r: r.delay_ms)
         if not cells:
             continue
         colour = colours[mode]
-        offset = (i - 1.5) * 4
+        offset = (i - 2) * 4
         points = [xy(r.delay_ms, r.rate) for r in cells]
         points = [(x + offset, y) for x, y in points]
         if len(points) > 1:
@@ -234,7 +328,10 @@ def table(results: list[CellResult]) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="cosmos3-eval", description=__doc__.split("\n\n")[0])
-    parser.add_argument("--model", help="checkpoint folder the started server serves")
+    parser.add_argument("--task", default="reach", choices=sorted(TASKS), help="the task (default: reach)")
+    parser.add_argument(
+        "--model", help="checkpoint folder the started server serves (default: the task's shipped policy in assets/)"
+    )
     parser.add_argument("--server", default=None, help="ws://HOST:PORT of a running server instead")
     parser.add_argument("--episodes", type=int, default=20)
     parser.add_argument("--seed", type=int, default=100_000, help="seed of the cube places (held out)")
@@ -253,9 +350,12 @@ def main(argv: list[str] | None = None) -> int:
         default=None,
         help="write results.json (the cells and the run's provenance), results.md and success_vs_delay.png here",
     )
-    parser.add_argument("--title", default="reach task: success vs injected delay")
+    parser.add_argument("--title", default=None, help="the plot's title (default: the task's)")
     argv = sys.argv[1:] if argv is None else list(argv)
     args = parser.parse_args(argv)
+    task = TASKS[args.task]
+    model = args.model or str(task.model)
+    title = args.title or f"{task.name} task: success vs injected delay"
     modes = [m for m in args.modes.split(",") if m]
     delays = [int(d) for d in args.delays.split(",") if d]
     ablations = [a for a in args.ablations.split(",") if a]
@@ -271,30 +371,53 @@ def main(argv: list[str] | None = None) -> int:
     # Named before the episodes: the checkout as it was when it started, the weights as the server stated them.
     run = None
     needs_server = any(a not in ("blind_expert", "expert") for a in ablations)
-    server, client, results = None, None, []
+    server, client, lockstep, results = None, None, None, []
     try:
         url = args.server
         if needs_server and url is None:
-            if not args.model:
-                parser.error("--model or --server is needed")
+            # The openpi route's settings: what the lock-step client (an openpi client) cannot send itself.
+            openpi = ["--openpi-domain", task.domain, "--openpi-horizon", "16", "--openpi-prompt", task.prompt]
             quantization = ["--quantization", args.quantization] if args.quantization else []
-            server = ServerSubprocess(["--model", args.model, "--log-level", "info", *quantization])
+            # The HTTP sidecar on a free port: the evaluation does not use it, and 8001 may be another server's.
+            server = ServerSubprocess(
+                ["--model", model, "--log-level", "info", "--http-port", "0", *openpi, "--openpi-seed", "0"]
+                + quantization
+            )
             url = server.start(timeout=300.0)
         if needs_server:
             client = PolicyClient(url, connect_timeout=300.0)
             client.connect()
-            client.configure(domain_name=DOMAIN, action_horizon=16, prompt=TASK, seed=0)
+            client.configure(domain_name=task.domain, action_horizon=16, prompt=task.prompt, seed=0)
         served = client.metadata.get("weights") if client is not None else None
-        run = provenance(args.seed, None if args.server else args.model, argv, served) if args.out else None
+        run = provenance(args.seed, None if args.server else model, argv, served) if args.out else None
         for ablation in ablations:
-            cells = [(m, d) for m in modes for d in delays] if ablation in ("none",) else [(modes[0], delays[0])]
+            full_grid = ablation == "none" or (ablation == "expert" and task.name == "moving")
+            cells = [(m, d) for m in modes for d in delays] if full_grid else [(modes[0], delays[0])]
             for mode, delay in cells:
+                if mode == "lockstep" and needs_server and ablation != "expert":
+                    # A connection of its own per cell: one left open through the other cells would be closed
+                    # by the server's idle limit.
+                    assert url is not None
+                    lockstep = OpenpiLockstepClient(url)
                 result = run_cell(
-                    client, mode, delay, ablation, args.episodes, args.seed, execute_horizon=args.execute_horizon
+                    client,
+                    mode,
+                    delay,
+                    ablation,
+                    args.episodes,
+                    args.seed,
+                    execute_horizon=args.execute_horizon,
+                    task=task,
+                    lockstep=lockstep,
                 )
+                if lockstep is not None:
+                    lockstep.close()
+                    lockstep = None
                 results.append(result)
                 print(json.dumps(asdict(result)), flush=True)
     finally:
+        if lockstep is not None:
+            lockstep.close()
         if client is not None:
             client.close()
         if server is not None:
@@ -307,7 +430,7 @@ def main(argv: list[str] | None = None) -> int:
         (out / "results.json").write_text(json.dumps(document, indent=2))
         (out / "results.md").write_text(table(results) + "\n")
         if any(r.ablation == "none" for r in results):
-            plot(results, out / "success_vs_delay.png", args.title)
+            plot(results, out / "success_vs_delay.png", title)
     return 0
 
 
