@@ -16,11 +16,12 @@ inspected before download) is planned the same way. Each parameter counts at the
 Loading needs more than the loaded model for a moment, and the plan's ``need`` is the largest of three
 phases on the device the weights go to:
 
-1. the transformer loading: all of it, plus, on CPU, one shard as read from disk, plus the largest tensor
+1. the transformer loading: all of it, plus, on CPU, one shard as read from disk (twice when quantized: its
+   bytes, read whole rather than mapped, and the tensors made of them), plus the largest tensor
    three times at the serving dtype when quantized (diffusers casts it, torchao's quantization makes
    temporaries of its size), once otherwise (the cast). Measured on CPU, int8: Edge's shape peaked at 7.1
-   GiB where this says 7.9; Nano's at fp32 was killed for memory at 22.2 GiB with its last shards (its 2.3 GiB
-   lm_head among them) still loading, where twice the largest tensor said 21.6 and three times says 24.0;
+   GiB where this says 8.9; Nano's at fp32 was killed for memory at 22.2 GiB with its last shards (its 2.3 GiB
+   lm_head among them) still loading, where this said 21.6 before it counted three and two times, and says 25.3;
 2. the VAE loading after it: both, plus, on CPU, the VAE's largest shard;
 3. serving: the three components plus :data:`WORKING_RESERVE_BYTES` for activations and the runtime.
 """
@@ -92,7 +93,7 @@ class MemoryPlan:
         on_cpu = self.device_type == "cpu"
         phases = [
             transformer.bytes
-            + (transformer.largest_shard_bytes if on_cpu else 0)
+            + (transformer.largest_shard_bytes * (2 if self.quantization else 1) if on_cpu else 0)
             + transformer.largest_tensor_bytes * (3 if self.quantization else 1),
             transformer.bytes + vae.bytes + (vae.largest_shard_bytes if on_cpu else 0),
             self.weight_bytes + self.reserve_bytes,

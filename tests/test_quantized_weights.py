@@ -210,13 +210,14 @@ def test_a_model_too_big_for_this_machine_is_refused_before_anything_loads(nano_
 
 def test_inspect_prints_the_memory_plan_the_server_uses(nano_configs):
     inspect = str(BIN / "cosmos3-inspect")
-    result = _run(inspect, str(nano_configs), "--quantization", "int8", "--device-memory", "24GiB", "--json")
+    result = _run(inspect, str(nano_configs), "--quantization", "int8", "--device-memory", "32GiB", "--json")
     assert result.returncode == 0, result.stderr[-2000:]
     plan = json.loads(result.stdout)["memory_plan"]
     expected = plan_memory(
         inspect_checkpoint(nano_configs), dtype="float32", quantization="int8", device_type="cpu"
     ).as_json()
-    assert plan == {**expected, "device_memory_bytes": 24 * GIB, "fits": True}
+    assert plan == {**expected, "device_memory_bytes": 32 * GIB, "fits": True}
+    assert 24 * GIB < plan["need_bytes"] < 32 * GIB  # loading Nano int8 at fp32 on CPU: 25.3 GiB
     result = _run(inspect, str(nano_configs), "--dtype", "bfloat16", "--device", "cuda", "--device-memory", "24GiB")
     assert result.returncode == 0, result.stderr[-2000:]
     assert "memory plan       bfloat16 on cuda" in result.stdout and "does not fit" in result.stdout

@@ -7,6 +7,7 @@ on a tiny distilled checkpoint built once for the test session.
 from __future__ import annotations
 
 import asyncio
+import shutil
 import signal
 import time
 
@@ -93,9 +94,32 @@ def test_signal_finishes_the_running_inference_closes_sessions_with_1001_and_exi
 
 
 def test_a_model_that_cannot_load_exits_nonzero(tmp_path):
-    proc = ServerProcess("--model", str(tmp_path / "no-such-checkpoint")).start()
+    # Its config files and safetensors headers are whole (it passes inspection and the memory plan), its
+    # weights are cut short: the load itself fails, after the server started.
+    model = shutil.copytree(tiny_checkpoint(), tmp_path / "truncated")
+    weights = next((model / "transformer").glob("*.safetensors"))
+    data = weights.read_bytes()
+    weights.write_bytes(data[: len(data) - 4096])
+    proc = ServerProcess("--model", str(model)).start()
     try:
         assert proc.wait(60) == 1
         assert "could not load the model" in proc.log
     finally:
         proc.kill()
+
+
+def test_a_missing_checkpoint_is_refused_before_the_server_starts(tmp_path):
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    serve = Path(sys.executable).parent / "cosmos3-serve"
+    done = subprocess.run(
+        [str(serve), "--model", str(tmp_path / "no-such-checkpoint"), "--no-http"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 2 and "Traceback" not in done.stderr
+    lines = [line for line in done.stderr.splitlines() if line.startswith("cosmos3-serve: error:")]
+    assert len(lines) == 1 and "does not exist" in lines[0], done.stderr
