@@ -526,7 +526,8 @@ def load_pipeline(
     if quantization is not None:
         quantized["quantization_config"] = torchao_config(quantization)
         # Every shard is read whole to be quantized: mapped, its pages stayed counted in the process's resident
-        # memory after its tensors were gone (Nano at int8: 22.3 GiB at peak, 17.1 GiB of it anonymous).
+        # memory after its tensors were gone (Nano at int8: 22.3 GiB at peak, 17.1 GiB of it anonymous; read
+        # whole, 20.4 GiB).
         quantized["disable_mmap"] = True
         if device.type != "cpu":
             quantized["device_map"] = str(device)
