@@ -137,18 +137,8 @@ def collect(out: Path, episodes: int, seed: int, image_size: int = 128, episode_
     )
     env = ReachTaskEnv(config)
     expert = ReachExpert(env)
-    demonstrations = []
     with env:
-        for _ in range(episodes):
-            steps, outcome = run_expert(env, expert)
-            demonstrations.append(
-                Demonstration(
-                    np.asarray([s["image"] for s in steps]),
-                    np.asarray([s["state"] for s in steps], np.float32),
-                    np.asarray([s["action"] for s in steps], np.float32),
-                    outcome.success,
-                )
-            )
+        demonstrations = [_demonstration(*run_expert(env, expert)) for _ in range(episodes)]
     return write_dataset(out, demonstrations, TASK, REACH_FPS, "cosmos3_mujoco_arm")
 
 
@@ -164,19 +154,19 @@ def collect_moving(
     )
     env = MovingCubeTaskEnv(config)
     expert = MovingCubeExpert(env)
-    demonstrations = []
     with env:
-        for _ in range(episodes):
-            steps, outcome = run_moving_expert(env, expert)
-            demonstrations.append(
-                Demonstration(
-                    np.asarray([s["image"] for s in steps]),
-                    np.asarray([s["state"] for s in steps], np.float32),
-                    np.asarray([s["action"] for s in steps], np.float32),
-                    outcome.success,
-                )
-            )
+        demonstrations = [_demonstration(*run_moving_expert(env, expert)) for _ in range(episodes)]
     return write_dataset(out, demonstrations, TASK, REACH_FPS, "cosmos3_mujoco_arm")
+
+
+def _demonstration(steps: list[dict[str, Any]], outcome: Any) -> Demonstration:
+    """One expert episode of the arm (its ticks' image, state and action) as a recorded demonstration."""
+    return Demonstration(
+        np.asarray([s["image"] for s in steps]),
+        np.asarray([s["state"] for s in steps], np.float32),
+        np.asarray([s["action"] for s in steps], np.float32),
+        outcome.success,
+    )
 
 
 def collect_gym(out: Path, preset: str, python: str, episodes: int, seed: int, fps: int) -> dict[str, Any]:
