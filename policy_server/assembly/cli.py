@@ -807,6 +807,9 @@ def _engine_loader(args: argparse.Namespace, workdir: Path) -> Callable[[], Acti
             compile=args.compile,
             quantization=parse_quantization(args.quantization),
             limits=EngineLimits(max_chunk_cost=max(0.0, args.max_request_cost)),
+            # main() held a --model to its memory plan before the server started (_check_model_fits): building
+            # Nano's transformer on the meta device again costs seconds of start-up. A --tiny one is checked here.
+            memory_check=args.model is None,
         )
 
     return load
