@@ -152,12 +152,13 @@ class Cosmos3Engine:
             check_fits(info, torch_device, torch_dtype, quantization)
         started = time.perf_counter()
         digest: list[str] = []
-        hashing = threading.Thread(target=lambda: digest.append(checkpoint_sha256(local)), name="checkpoint-sha256")
+        # A daemon: a load that fails does not wait for the hash of files it could not load.
+        hashing = threading.Thread(
+            target=lambda: digest.append(checkpoint_sha256(local)), name="checkpoint-sha256", daemon=True
+        )
         hashing.start()
-        try:
-            pipe = load_pipeline(info, torch_device, torch_dtype, quantization)
-        finally:
-            hashing.join()
+        pipe = load_pipeline(info, torch_device, torch_dtype, quantization)
+        hashing.join()
         if not digest:
             raise CheckpointError(f"could not compute the SHA-256 of checkpoint {source}")
         weights = ServedWeights(quantization, digest[0], hub_revision(local))
