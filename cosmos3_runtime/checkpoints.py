@@ -484,12 +484,18 @@ def step_sigmas(info: CheckpointInfo, num_steps: int, shift: float | None) -> li
 
 # glibc's mallopt parameter for the size above which an allocation is its own mapping (freed straight back).
 _M_MMAP_THRESHOLD = -3
+_M_TRIM_THRESHOLD = -1
 
 
 @contextmanager
 def _freed_memory_returned() -> Iterator[None]:
     """While the transformer loads, every allocation of 64 KiB or more is a mapping of its own, returned to
-    the system when freed; afterwards the threshold is glibc's largest default (32 MiB).
+    the system when freed; afterwards the threshold is glibc's largest default (32 MiB), and the heap is
+    trimmed only past 64 MiB free at its top (twice that, as glibc's own adjustment sets it).
+
+    Setting the threshold stops glibc adjusting either of the two, which leaves the trim threshold at its
+    128 KiB: a served request's temporaries were then handed back to the system when freed and faulted in
+    again by the next request, about 2,000 page faults a request of the tiny checkpoint.
 
     Loading casts each tensor to the serving dtype and, quantized, torchao makes temporaries of its size:
     glibc kept those freed blocks in its heap. An int8 load of Edge's shape held 6.5 GiB once loaded for
@@ -506,6 +512,7 @@ def _freed_memory_returned() -> Iterator[None]:
     finally:
         libc.malloc_trim(0)
         libc.mallopt(_M_MMAP_THRESHOLD, 32 * 2**20)
+        libc.mallopt(_M_TRIM_THRESHOLD, 64 * 2**20)
 
 
 def load_pipeline(
