@@ -398,6 +398,12 @@ class ModelDescription:
     prefix_cache: PrefixCacheStats | None = field(default=None, compare=False)
     # Whether the checkpoint's scheduler runs a (steps, shift) schedule; None: not known (no checkpoint).
     schedules: ScheduleRule | None = field(default=None, compare=False, repr=False)
+    # What :meth:`resolve` answered, by its arguments' typed values: a robot sends the same settings with every
+    # observation, and both the session and the engine ask. Bounded (:data:`RESOLVED_MEMO_SIZE`); a copy of the
+    # description (``replace``) starts empty.
+    _resolved: dict[tuple[Any, ...], ResolvedSettings] = field(
+        default_factory=dict, init=False, compare=False, repr=False
+    )
 
     @classmethod
     def of_spec(
@@ -583,6 +589,19 @@ class ModelDescription:
         (:meth:`clip_horizon`). An unset seed stays None (drawn per request). ``media`` None: settings alone
         (a session's, before any observation).
         """
+        key = _memo_key(settings, media, output)
+        if key is not None:
+            known = self._resolved.get(key)
+            if known is not None:
+                return known
+        resolved = self._resolve(settings, media, output)
+        if key is not None:
+            if len(self._resolved) >= RESOLVED_MEMO_SIZE:
+                self._resolved.clear()  # not LRU: a client that varies a setting every time gains nothing anyway
+            self._resolved[key] = resolved
+        return resolved
+
+    def _resolve(self, settings: Mapping[str, object], media: Media | None, output: str) -> ResolvedSettings:
         self.check(settings, output=output)
         name = settings.get("domain_name")
         name = name if name is not None else self.defaults.domain_name
@@ -713,6 +732,32 @@ class ModelDescription:
         data["defaults"] = defaults_json(self.domain_defaults[name], with_domain=False)
         data["transformer_forwards"] = self.chunk_forwards.get(name)
         return data
+
+
+# How many answers of ModelDescription.resolve are remembered: sessions x the media kinds they send, with room.
+RESOLVED_MEMO_SIZE = 1024
+
+# The types of setting value a memo key holds as they are: immutable scalars, by exact type (a subclass, or a
+# list interval, is not memoised).
+_SCALAR_TYPES = frozenset({str, int, bool, type(None), np.int64, np.int32, np.bool_})
+_FLOAT_TYPES = frozenset({float, np.float64, np.float32})
+
+
+def _memo_key(settings: Mapping[str, object], media: Media | None, output: str) -> tuple[Any, ...] | None:
+    """``resolve``'s arguments as a key that equals another only where the answer must be the same: each value
+    with its type (``True`` is refused as a seed where ``1`` is not, though they are equal) and a float by its
+    ``repr`` (``-0.0``, ``nan``); None where a value is not such a scalar. Settings in another order make
+    another key: a miss, never a wrong answer."""
+    items: list[object] = [media, output]
+    for name, value in settings.items():
+        kind = type(value)
+        if kind in _SCALAR_TYPES:
+            items += (name, kind, value)
+        elif kind in _FLOAT_TYPES:
+            items += (name, kind, repr(value))
+        else:
+            return None
+    return tuple(items)
 
 
 def _mode(value: object, modes: tuple[str, ...], output: str) -> str:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 
 from cosmos3_runtime.description import ModelDescription
@@ -129,3 +130,27 @@ def test_an_endpoint_cannot_take_a_path_the_server_or_another_endpoint_serves():
             PolicyServer(None, endpoints=EdgeEndpoints.of(replace(health, path=path)))
     with pytest.raises(ValueError, match="more than one endpoint at /health"):
         EdgeEndpoints.of(health, health)
+
+
+def test_the_keeper_remembers_an_answer_only_for_the_same_typed_settings(described, domain):
+    """Every observation asks ``resolve`` twice (session, engine): it answers from its memo, and only where the
+    arguments are the same values of the same types."""
+    from cosmos3_runtime.description import RESOLVED_MEMO_SIZE, Media
+    from cosmos3_runtime.errors import InvalidRequestError
+
+    settings = {"domain_name": domain, "seed": 1, "fps": 10.0}
+    first = described.resolve(settings, Media(image=True))
+    assert described.resolve(dict(settings), Media(image=True)) is first  # remembered
+    assert first == described._resolve(settings, Media(image=True), "actions")  # the same answer as asked anew
+    assert described.resolve(settings, Media(video=True, clip_frames=5)).action_mode == "inverse_dynamics"
+    # Equal but not the same: True == 1, yet a boolean seed is refused.
+    with pytest.raises(InvalidRequestError):
+        described.resolve({**settings, "seed": True}, Media(image=True))
+    # A value of a type the key does not hold is answered, not remembered.
+    size = len(described._resolved)
+    assert described.resolve({**settings, "fps": np.float16(12.0)}, Media(image=True)).fps == 12.0
+    assert len(described._resolved) == size
+    # Bounded, whatever a client varies.
+    for seed in range(RESOLVED_MEMO_SIZE + 10):
+        described.resolve({**settings, "seed": seed}, Media(image=True))
+    assert 0 < len(described._resolved) <= RESOLVED_MEMO_SIZE
