@@ -20,6 +20,12 @@ Run it::
     .venv/bin/python benchmarks/realtime_roundtrip.py                  # tiny distilled, 200 requests
     .venv/bin/python benchmarks/realtime_roundtrip.py --requests 500 --size 224
     .venv/bin/python benchmarks/realtime_roundtrip.py --url ws://host:8000 --domain droid_lerobot
+    .venv/bin/python benchmarks/realtime_roundtrip.py --against 468070b --rounds 5   # side by side
+
+``--against REV`` checks ``REV`` out in a temporary git worktree and runs its own copy of this benchmark
+and this tree's, alternating, ``--rounds`` times, each in a process of its own on the same virtualenv (so
+client and server are each tree's own), then prints each tree's serving overhead per round and the ratio
+of their medians: a change's cost measured side by side, in one run, under the same load.
 """
 
 from __future__ import annotations
@@ -232,7 +238,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--warmup", type=int, default=10)
     parser.add_argument("--torch-threads", type=int, default=None)
     parser.add_argument("--json", help="also write the raw measurements to this file")
+    parser.add_argument("--against", metavar="REV", help="also run REV's own copy, side by side (see above)")
+    parser.add_argument("--rounds", type=int, default=3, help="alternations with --against (default 3)")
     args = parser.parse_args(argv)
+    if args.against:
+        passed = ["--requests", str(args.requests), "--size", str(args.size), "--warmup", str(args.warmup)]
+        passed += ["--tiny", args.tiny] + (["--model", args.model] if args.model else [])
+        passed += ["--torch-threads", str(args.torch_threads)] if args.torch_threads else []
+        return side_by_side(args.against, args.rounds, passed)
 
     server = None
     url = args.url
@@ -252,6 +265,63 @@ def main(argv: list[str] | None = None) -> int:
     report(result, args.size)
     if args.json:
         Path(args.json).write_text(json.dumps({k: v for k, v in result.items() if k != "metadata"}))
+    return 0
+
+
+def side_by_side(rev: str, rounds: int, passed: list[str]) -> int:
+    """This tree's and ``rev``'s own benchmark, alternating ``rounds`` times (see the module docstring)."""
+    import tempfile
+
+    with tempfile.TemporaryDirectory(prefix="roundtrip-") as scratch:
+        other = Path(scratch) / "tree"
+        subprocess.run(
+            ["git", "worktree", "add", "--detach", str(other), rev],
+            cwd=REPO_ROOT,
+            check=True,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        trees = {"this tree": REPO_ROOT, rev: other}
+        rows: dict[str, list[dict]] = {name: [] for name in trees}
+        try:
+            for round_ in range(1, rounds + 1):
+                for name, root in trees.items():
+                    out = Path(scratch) / f"{round_}.json"
+                    script = root / "benchmarks" / "realtime_roundtrip.py"
+                    done = subprocess.run(
+                        [sys.executable, str(script), "--json", str(out), *passed],
+                        cwd=root,
+                        stdout=subprocess.DEVNULL,
+                        stderr=subprocess.PIPE,
+                        text=True,
+                    )
+                    if done.returncode != 0:
+                        raise RuntimeError(f"{name}'s benchmark failed:\n{done.stderr}")
+                    result = json.loads(out.read_text())
+                    row = {
+                        "overhead": percentile(result["overhead_ms"], 50),
+                        "round_trip": percentile(result["round_trip_ms"], 50),
+                        "model": percentile(result["model_ms"], 50),
+                    }
+                    rows[name].append(row)
+                    print(
+                        f"round {round_} {name:<12} overhead p50 {row['overhead']:6.2f} ms   round trip p50 "
+                        f"{row['round_trip']:7.2f} ms   model p50 {row['model']:7.2f} ms",
+                        flush=True,
+                    )
+        finally:
+            subprocess.run(
+                ["git", "worktree", "remove", "--force", str(other)],
+                cwd=REPO_ROOT,
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL,
+            )
+    medians = {name: float(np.median([row["overhead"] for row in found])) for name, found in rows.items()}
+    mine, theirs = medians["this tree"], medians[rev]
+    print(
+        f"serving overhead, median of the rounds' p50: this tree {mine:.2f} ms, {rev} {theirs:.2f} ms: "
+        f"{mine / theirs:.2f}x"
+    )
     return 0
 
 
