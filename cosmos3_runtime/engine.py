@@ -316,7 +316,7 @@ class Cosmos3Engine:
         default = self.default_domain()
         assert default is not None, "a checkpoint with an action head has a default domain"
         if shapes is None:
-            horizon = self.spec.profiles[default].default_horizon
+            horizon = self.description.resolve({}).action_horizon  # the default domain's, as every request's
             shapes = [WarmupShape("policy", horizon), WarmupShape("inverse_dynamics", horizon)]
         for shape in shapes:
             domain = shape.domain_name or default
