@@ -366,37 +366,106 @@ OBSERVER_SUBSCRIBED = "subscribed"
 OBSERVER_CONTROL_RESULT = "control_result"
 
 
-def observer_hello_frame(observer_id: str, fields: Mapping[str, Any]) -> dict[str, Any]:
+@dataclass(frozen=True)
+class ObserverHelloFrame:
     """The first frame an observer gets: its id, the observer protocol's version and what it may watch and
-    do (``fields``: the model, the intervals, the controls, whether the server records)."""
-    return {
-        "type": OBSERVER_HELLO,
-        "observer_protocol_version": OBSERVER_PROTOCOL_VERSION,
-        "observer_id": observer_id,
-        **fields,
-    }
+    do (``info``: the model, the intervals, the controls, whether the server records)."""
+
+    observer_id: str
+    info: Mapping[str, Any]
+    observer_protocol_version: int = OBSERVER_PROTOCOL_VERSION
+
+    def wire(self) -> dict[str, Any]:
+        return {
+            "type": OBSERVER_HELLO,
+            "observer_protocol_version": self.observer_protocol_version,
+            "observer_id": self.observer_id,
+            **self.info,
+        }
 
 
-def observer_sessions_frame(t: float, sessions: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+@dataclass(frozen=True)
+class ObserverSessionsFrame:
     """Every live session's summary at time ``t`` (Unix seconds)."""
-    return {"type": OBSERVER_SESSIONS, "t": t, "sessions": list(sessions)}
+
+    t: float
+    sessions: Sequence[Mapping[str, Any]]
+
+    def wire(self) -> dict[str, Any]:
+        return {"type": OBSERVER_SESSIONS, "t": self.t, "sessions": list(self.sessions)}
 
 
-def observer_session_detail_frame(session_id: str, t: float, fields: Mapping[str, Any]) -> dict[str, Any]:
-    """One subscribed session's detail at ``t``: summary, latest chunk, latencies, drops, camera frame."""
-    return {"type": OBSERVER_SESSION_DETAIL, "session_id": session_id, "t": t, **fields}
+@dataclass(frozen=True)
+class ObserverSessionDetailFrame:
+    """One subscribed session's detail at ``t``: its summary, latest chunk, latencies, drops and (None: not
+    sent to this observer, or none yet) its latest camera frame."""
+
+    session_id: str
+    t: float
+    summary: Mapping[str, Any]
+    chunk: Mapping[str, Any] | None = None
+    latency: Sequence[Mapping[str, Any]] = ()
+    dropped: Sequence[Mapping[str, Any]] = ()
+    frame: Mapping[str, Any] | None = None
+
+    def wire(self) -> dict[str, Any]:
+        return {
+            "type": OBSERVER_SESSION_DETAIL,
+            "session_id": self.session_id,
+            "t": self.t,
+            "summary": self.summary,
+            "chunk": self.chunk,
+            "latency": list(self.latency),
+            "dropped": list(self.dropped),
+            "frame": self.frame,
+        }
 
 
-def observer_error_frame(code: str, message: str, field: str | None = None) -> dict[str, Any]:
+@dataclass(frozen=True)
+class ObserverErrorFrame:
     """A refused observer frame or control (the channel goes on)."""
-    return {"type": ERROR, "code": code, "message": message, "field": field}
+
+    code: str
+    message: str
+    field: str | None = None
+
+    def wire(self) -> dict[str, Any]:
+        return {"type": ERROR, "code": self.code, "message": self.message, "field": self.field}
 
 
-def observer_subscribed_frame(session_id: str | None) -> dict[str, Any]:
+@dataclass(frozen=True)
+class ObserverSubscribedFrame:
     """The session whose detail now follows (None: none)."""
-    return {"type": OBSERVER_SUBSCRIBED, "session_id": session_id}
+
+    session_id: str | None
+
+    def wire(self) -> dict[str, Any]:
+        return {"type": OBSERVER_SUBSCRIBED, "session_id": self.session_id}
 
 
-def observer_control_result_frame(session_id: str, action: str, state: SessionState) -> dict[str, Any]:
+@dataclass(frozen=True)
+class ObserverControlResultFrame:
     """An operator control was applied: the session's state after it."""
-    return {"type": OBSERVER_CONTROL_RESULT, "session_id": session_id, "action": action, "state": state.value}
+
+    session_id: str
+    action: str
+    state: SessionState
+
+    def wire(self) -> dict[str, Any]:
+        return {
+            "type": OBSERVER_CONTROL_RESULT,
+            "session_id": self.session_id,
+            "action": self.action,
+            "state": self.state.value,
+        }
+
+
+# Every frame the observer channel sends.
+ObserverFrame: TypeAlias = (
+    ObserverHelloFrame
+    | ObserverSessionsFrame
+    | ObserverSessionDetailFrame
+    | ObserverErrorFrame
+    | ObserverSubscribedFrame
+    | ObserverControlResultFrame
+)

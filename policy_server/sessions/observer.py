@@ -36,7 +36,7 @@ import json
 import logging
 import time
 import uuid
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from http import HTTPStatus
 from typing import Any
 
@@ -121,8 +121,8 @@ class SnapshotCache:
     def sessions(self, server: ServerContext[Session], now: float) -> bytes:
         if self._sessions is None or now - self._sessions[0] >= self.max_age_s:
             sessions = [session_summary(server, s, LIST_PROMPT_CHARS) for s in list(server.sessions.values())]
-            frame = protocol.observer_sessions_frame(time.time(), sessions)
-            self._sessions = (now, json.dumps(frame, allow_nan=False).encode())
+            frame = protocol.ObserverSessionsFrame(time.time(), sessions)
+            self._sessions = (now, json.dumps(frame.wire(), allow_nan=False).encode())
             live = set(server.sessions)  # forget the details of sessions that have gone
             for session_id in [k for k in self._details if k not in live]:
                 del self._details[session_id]
@@ -140,28 +140,21 @@ def session_detail(server: ServerContext[Session], session: Session) -> Detail:
     """``session``'s detail: summary (prompt up to DETAIL_PROMPT_CHARS), latest chunk, latencies, drops, and
     its latest camera frame as a JPEG."""
     telemetry = session.telemetry
-    detail: dict[str, Any] = protocol.observer_session_detail_frame(
-        session.id,
-        time.time(),
-        {
-            "summary": session_summary(server, session, DETAIL_PROMPT_CHARS),
-            "chunk": None,
-            "latency": [],
-            "dropped": [],
-            "frame": None,
-        },
+    detail = protocol.ObserverSessionDetailFrame(
+        session.id, time.time(), session_summary(server, session, DETAIL_PROMPT_CHARS)
     )
     frame = telemetry.latest_frame if telemetry is not None else None
     if telemetry is not None:
+        chunk = None
         if telemetry.latest_actions is not None:
             actions = np.asarray(telemetry.latest_actions, dtype=np.float64)
-            detail["chunk"] = {
+            chunk = {
                 "seq": telemetry.latest_actions_seq,
                 "horizon": int(actions.shape[0]),
                 "dim": int(actions.shape[1]),
                 "actions": np.nan_to_num(actions).round(5).tolist(),
             }
-        detail["latency"] = [
+        latency = [
             {
                 "t": round(c.t, 3),
                 "seq": c.seq,
@@ -171,13 +164,15 @@ def session_detail(server: ServerContext[Session], session: Session) -> Detail:
             }
             for c in telemetry.chunks
         ]
-        detail["dropped"] = [{"t": round(d.t, 3), "seq": d.seq, "reason": d.reason} for d in telemetry.drops]
-    without_frame = json.dumps(detail, allow_nan=False).encode()
+        dropped = [{"t": round(d.t, 3), "seq": d.seq, "reason": d.reason} for d in telemetry.drops]
+        detail = replace(detail, chunk=chunk, latency=latency, dropped=dropped)
+    without_frame = json.dumps(detail.wire(), allow_nan=False).encode()
     if frame is None or telemetry is None:
         return Detail(None, without_frame, without_frame)
     jpeg, width, height = telemetry.preview(frame)
-    detail["frame"] = {"seq": frame.seq, "t": round(frame.t, 3), "width": width, "height": height, "jpeg_base64": jpeg}
-    return Detail((session.id, frame.seq), json.dumps(detail, allow_nan=False).encode(), without_frame)
+    picture = {"seq": frame.seq, "t": round(frame.t, 3), "width": width, "height": height, "jpeg_base64": jpeg}
+    with_frame = json.dumps(replace(detail, frame=picture).wire(), allow_nan=False).encode()
+    return Detail((session.id, frame.seq), with_frame, without_frame)
 
 
 def _cut(text: str | None, limit: int) -> tuple[str | None, bool]:
@@ -263,9 +258,9 @@ class ObserverSession:
             sender.cancel()
             await asyncio.gather(ticker, sender, return_exceptions=True)
 
-    def _send(self, frame: dict[str, Any] | bytes, latest: str | None = None) -> None:
-        """Queue a frame (a dict, or JSON already encoded to UTF-8, sent as a text frame as-is)."""
-        data = frame if isinstance(frame, bytes) else json.dumps(frame, allow_nan=False).encode()
+    def _send(self, frame: protocol.ObserverFrame | bytes, latest: str | None = None) -> None:
+        """Queue a frame (or its JSON already encoded to UTF-8, sent as a text frame as-is)."""
+        data = frame if isinstance(frame, bytes) else json.dumps(frame.wire(), allow_nan=False).encode()
         try:
             self.outbox.put(data, len(data), latest=latest)
         except OutboxFull as full:
@@ -280,9 +275,9 @@ class ObserverSession:
     async def _send_text(self, data: bytes) -> None:
         await self.connection.send(data, text=True)  # UTF-8 JSON shared between observers: no re-encoding
 
-    def _hello(self) -> dict[str, Any]:
+    def _hello(self) -> protocol.ObserverHelloFrame:
         d = self.server.description
-        return protocol.observer_hello_frame(
+        return protocol.ObserverHelloFrame(
             self.id,
             {
                 "model": public_model_name(d.model) if d is not None else None,
@@ -333,14 +328,14 @@ class ObserverSession:
                     "type",
                 )
         except ControlError as exc:
-            self._send(protocol.observer_error_frame(exc.code, exc.message, exc.field))
+            self._send(protocol.ObserverErrorFrame(exc.code, exc.message, exc.field))
 
     def _on_subscribe(self, frame: dict[str, Any]) -> None:
         session_id = frame.get("session_id")
         if session_id is not None and not isinstance(session_id, str):
             raise ControlError(ControlErrorCode.BAD_CONTROL, "`session_id` must be a string or null", "session_id")
         self.subscribed, self._frame_sent = session_id, None
-        self._send(protocol.observer_subscribed_frame(session_id))
+        self._send(protocol.ObserverSubscribedFrame(session_id))
         self._wake.set()  # the detail comes at the next allowed moment, not one per subscribe
 
     def _on_control(self, frame: dict[str, Any]) -> None:
@@ -366,7 +361,7 @@ class ObserverSession:
             control.session_id,
             control.reason or "no reason given",
         )
-        self._send(protocol.observer_control_result_frame(control.session_id, control.action.value, state))
+        self._send(protocol.ObserverControlResultFrame(control.session_id, control.action.value, state))
 
     # -- snapshots to the observer ---------------------------------------------------------------
 
