@@ -108,6 +108,8 @@ def _type_table() -> tuple[tuple[int, int], ...]:
 
 
 _TYPES = _type_table()
+# Each type byte's whole size when it is a scalar, else 0: the common case of the count in one lookup.
+_SCALAR_SIZES = bytes(arg if kind == _SCALAR else 0 for kind, arg in _TYPES)
 
 
 def count_elements(
@@ -123,43 +125,44 @@ def count_elements(
     """
     view = data if isinstance(data, (bytes, bytearray)) else memoryview(data).cast("B")
     end = len(view)
-    types = _TYPES
+    types, sizes = _TYPES, _SCALAR_SIZES
     pos = 0
     total = 1  # elements declared so far: the top-level object, then every container's entries
-    pending = [1]  # per open container, the entries still to read
+    pending = [1]  # the entries still to read of each open container, the innermost last
     while pending:
-        if pending[-1] == 0:
-            pending.pop()
-            continue
-        pending[-1] -= 1
-        if pos >= end:
-            raise WireFormatError("frame is not valid msgpack (truncated)")
-        kind, arg = types[view[pos]]
-        if kind == _SCALAR:
-            pos += arg
-            continue
-        if kind == _SIZED:
-            length = int.from_bytes(view[pos + 1 : pos + 1 + arg], "big")
-            pos += 1 + arg + length
-            continue
-        if kind == _REFUSED:
-            raise WireFormatError(f"msgpack type byte 0x{view[pos]:02x} is not part of the protocol (extension types)")
-        if kind == _FIXMAP or kind == _FIXARRAY:
-            entries = arg
-            pos += 1
-        else:
-            entries = int.from_bytes(view[pos + 1 : pos + 1 + arg], "big")
-            pos += 1 + arg
-        if kind == _FIXMAP or kind == _MAP:
-            entries *= 2
-        total += entries
-        if total > max_values:
-            raise WireLimitError(f"frame holds more than {max_values} elements (values, map keys and entries)")
-        if entries > end - pos:  # every entry takes a byte at least: a header claiming more lies
-            raise WireFormatError(f"frame is not valid msgpack (a container declares {entries} entries)")
-        pending.append(entries)
-        if len(pending) > max_depth + 1:
-            raise WireLimitError(f"frame nests containers more than {max_depth} deep")
+        left = pending.pop()
+        while left:  # the entries of one container, until it ends or a nested one begins
+            left -= 1
+            if pos >= end:
+                raise WireFormatError("frame is not valid msgpack (truncated)")
+            byte = view[pos]
+            size = sizes[byte]
+            if size:  # a scalar (most entries): one lookup
+                pos += size
+                continue
+            kind, arg = types[byte]
+            if kind == _SIZED:
+                pos += 1 + arg + int.from_bytes(view[pos + 1 : pos + 1 + arg], "big")
+                continue
+            if kind == _REFUSED:
+                raise WireFormatError(f"msgpack type byte 0x{byte:02x} is not part of the protocol (extension types)")
+            if kind == _FIXMAP or kind == _FIXARRAY:
+                entries = arg
+                pos += 1
+            else:
+                entries = int.from_bytes(view[pos + 1 : pos + 1 + arg], "big")
+                pos += 1 + arg
+            if kind == _FIXMAP or kind == _MAP:
+                entries *= 2
+            total += entries
+            if total > max_values:
+                raise WireLimitError(f"frame holds more than {max_values} elements (values, map keys and entries)")
+            if entries > end - pos:  # every entry takes a byte at least: a header claiming more lies
+                raise WireFormatError(f"frame is not valid msgpack (a container declares {entries} entries)")
+            pending.append(left)  # the outer container's rest, read once this one ends
+            if len(pending) > max_depth:
+                raise WireLimitError(f"frame nests containers more than {max_depth} deep")
+            left = entries
     if pos > end:
         raise WireFormatError("frame is not valid msgpack (truncated)")
     if pos < end:
