@@ -53,18 +53,23 @@ class _Decoded:
     cpu_s: float
 
 
-def _decode(message: bytes, budget: FrameBudget) -> _Decoded:
-    """Count, then build, ``message`` (on whatever thread calls it); the CPU seconds it took."""
+def _decode(message: bytes, budget: FrameBudget, counted: bool = False) -> _Decoded:
+    """Count (unless ``counted`` within the budget already), then build, ``message`` (on whatever thread calls
+    it); the CPU seconds it took."""
     started = time.thread_time()
     try:
-        value, error = unpackb(message, max_values=budget.max_values, max_depth=budget.max_depth), None
+        if counted:
+            value, error = unpackb(message), None
+        else:
+            value, error = unpackb(message, max_values=budget.max_values, max_depth=budget.max_depth), None
     except WireFormatError as exc:
         value, error = None, exc
     return _Decoded(message, value, error, time.thread_time() - started)
 
 
-def _small(message: bytes, budget: FrameBudget) -> bool:
-    """Whether ``message`` is cheap enough to decode on the event loop (a malformed one is: it is refused)."""
+def _small(message: bytes, budget: FrameBudget) -> bool | None:
+    """Whether ``message`` is cheap enough to decode on the event loop: True when it was counted within the
+    budget here, None when it is malformed (cheap too: it is refused), False when it is not."""
     if len(message) >= OFF_LOOP_BYTES:
         return False
     try:
@@ -72,7 +77,7 @@ def _small(message: bytes, budget: FrameBudget) -> bool:
     except WireLimitError:
         return False
     except WireFormatError:
-        return True
+        return None
     return True
 
 
@@ -113,6 +118,7 @@ class WireIntake:
         self.cpu = DecodeBudget(budget.decode_share, budget.decode_burst_s)
         self.paused_s = 0.0  # seconds this connection was not read, its decode budget in debt
         self._last_cpu_s = 0.0  # what counting and decoding the last frame read took
+        self._counted: bytes | None = None  # the frame prepare counted within the budget
 
     def spend_refused(self) -> None:
         """The last frame read was refused (it did not decode, or did not parse): its decoding is spent from
@@ -129,11 +135,14 @@ class WireIntake:
             self.paused_s += wait
             await asyncio.sleep(wait)
         self._last_cpu_s = 0.0
+        self._counted = None
         if isinstance(message, bytes):
             started = time.thread_time()
             small = _small(message, self.budget)
             self._last_cpu_s = time.thread_time() - started
-            if not small:
+            if small:
+                self._counted = message  # within the budget: unpack need not count it again
+            elif small is False:
                 self._ready = await decode_pool().run(_decode, message, self.budget)
 
     def unpack(self, message: bytes) -> Any:
@@ -143,8 +152,9 @@ class WireIntake:
         frame that is not well-formed (each protocol words that its own way).
         """
         decoded, self._ready = self._ready, None
+        counted, self._counted = self._counted is message, None
         if decoded is None or decoded.message is not message:
-            decoded = _decode(message, self.budget)
+            decoded = _decode(message, self.budget, counted)
         self._charge(decoded.cpu_s)
         self._last_cpu_s += decoded.cpu_s
         if isinstance(decoded.error, WireLimitError):
