@@ -111,7 +111,7 @@ class ActionChunk:
     def from_frame(cls, frame: ActionChunkFrame, round_trip_ms: float | None) -> ActionChunk:
         settings = frame.settings
         # The settings a chunk may report (its optional fields the table names): None when the frame has none.
-        reported = {f.name: settings.get(f.name) for f in _REPORTED_FIELDS}
+        reported = {name: settings.get(name) for name in _REPORTED_FIELDS}
         return cls(
             seq=frame.seq,
             # The wire codec gives a read-only view on the received bytes; a robot may want to edit it.
@@ -127,7 +127,7 @@ class ActionChunk:
         )
 
 
-_REPORTED_FIELDS = tuple(f for f in fields(ActionChunk) if f.name in SETTINGS_BY_NAME and f.default is None)
+_REPORTED_FIELDS = tuple(f.name for f in fields(ActionChunk) if f.name in SETTINGS_BY_NAME and f.default is None)
 
 
 class PolicyClientError(Exception):
@@ -298,35 +298,52 @@ def _state(fields_: _Fields) -> SessionState:
 
 
 def _parse_chunk(f: _Fields) -> ActionChunkFrame:
-    seq = f.seq_field()
+    frame = f.frame
+    # Every chunk of a round trip comes through here: the usual case (each field of an exact type the protocol
+    # allows) is one lookup and one type test a field; anything else goes through the checked read, which
+    # names what is wrong.
+    seq = frame.get("seq")
+    if type(seq) is not int or seq < 0:
+        seq = f.seq_field()
+    f.seq = seq
     assert seq is not None
-    actions = f.get("actions", np.ndarray)
+    actions = frame.get("actions")
+    if type(actions) is not np.ndarray:
+        actions = f.get("actions", np.ndarray)
     if actions.ndim != 2 or actions.dtype.kind not in "fiu":
         raise f.fail(f"`actions` is a {actions.ndim}-D {actions.dtype} array, not a horizon × width of numbers")
-    frame = f.frame
     settings = {}
-    # Every chunk of a round trip comes through here: the usual case (each value of an exact type the table
-    # allows) is one lookup and one type test per setting; anything else goes through the checked read.
     for name, types in _CHUNK_SETTINGS.items():
         value = frame.get(name)
         if value is not None:
-            settings[name] = value if type(value) in types else f.get(name, types, None, nullable=True)
-    timing = f.mapping("timing", {})
+            value = value if type(value) in types else f.get(name, types, None, nullable=True)
+            if value is not None:
+                settings[name] = value
+    timing = frame.get("timing", {})
+    if type(timing) is not dict:
+        timing = f.mapping("timing")
     for name, value in timing.items():
+        if type(name) is not str:
+            raise f.fail("`timing` has keys that are not strings")
         if value is not None and type(value) not in _NUMBER:
             raise f.fail(f"`timing.{name}` is {type(value).__name__}, not a number")
     timestamp = frame.get("timestamp")
     return ActionChunkFrame(
         seq=seq,
         actions=actions,
-        settings={name: value for name, value in settings.items() if value is not None},
-        action_horizon=f.get("action_horizon", int, int(actions.shape[0])),
-        domain_id=f.get("domain_id", int, -1),
-        raw_action_dim=f.get("raw_action_dim", int, -1),
-        timing=timing,
+        settings=settings,
+        action_horizon=_int_field(f, "action_horizon", int(actions.shape[0])),
+        domain_id=_int_field(f, "domain_id", -1),
+        raw_action_dim=_int_field(f, "raw_action_dim", -1),
+        timing=dict(timing),
         timestamp=timestamp if isinstance(timestamp, (int, float, str, bytes)) else None,
-        session_id=f.get(protocol.SESSION_ID, str, None, nullable=True),
+        session_id=f.get(protocol.SESSION_ID, str, None, nullable=True) if protocol.SESSION_ID in frame else None,
     )
+
+
+def _int_field(f: _Fields, name: str, default: int) -> int:
+    value = f.frame.get(name, default)
+    return value if type(value) is int else f.get(name, int, default)
 
 
 def _parse(f: _Fields) -> ServerFrame:
