@@ -435,6 +435,11 @@ class RayBackend(CounterReadouts):
     def busy(self) -> bool:
         return any(r.dispatcher is not None and r.dispatcher.busy for r in self._replicas)
 
+    @property
+    def orphaned(self) -> bool:
+        """A replica finishes a call nobody waits for, and no replica runs wanted work."""
+        return not self.busy and any(r.dispatcher is not None and r.dispatcher.orphaned for r in self._replicas)
+
     def topology(self) -> dict[str, Any]:
         sessions = self.router.sessions_per_replica()
         replicas = []
