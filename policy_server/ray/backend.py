@@ -60,6 +60,7 @@ from cosmos3_runtime.description import ModelDescription
 from robot_clients.protocol import DropReason
 
 from ..engine.backend import BackendHost
+from ..engine.loading import EngineLoader
 from ..engine.request_queue import (
     ClosableQueue,
     EngineOutcome,
@@ -69,7 +70,7 @@ from ..engine.request_queue import (
     RequestQueue,
 )
 from ..engine.worker import BackgroundShare, BatchPolicy, CounterReadouts, EngineCounters, EngineWorker, WorkerState
-from .deployment import EngineLoader, RayBackendSettings, RemoteEngine, ReplicaDeployments, ReplicaIdentity
+from .deployment import RayBackendSettings, RemoteEngine, ReplicaDeployments, ReplicaIdentity
 
 
 class NoReplicaAvailable(QueueClosed):
