@@ -26,6 +26,7 @@ from cosmos3_runtime.profiles import STATE_CONTRACT_FIELDS
 from robot_clients import protocol
 
 from .context import ServerContext
+from .engine.backend import EngineBackend
 from .foundation.camera_intake import ENCODED_FORMATS
 from .openpi_settings import ALL_STATE_KEYS, OPENPI_SETTINGS, CameraMapping
 from .session_config import SessionConfig
@@ -202,6 +203,17 @@ def engine_state(host: ServerContext[Any]) -> str:
     return host.worker.state.value if host.worker is not None else "starting"
 
 
+def engine_call(worker: EngineBackend | None) -> str:
+    """What the engine runs now, for ``/healthz``: ``serving`` (work someone waits for: ``busy``), ``orphaned``
+    (finishing a call whose every session closed or cancelled: it cannot be interrupted mid-forward, its
+    result is discarded, and the engine is free once it returns), or ``idle``."""
+    if worker is None:
+        return "idle"
+    if worker.busy:
+        return "serving"
+    return "orphaned" if worker.orphaned else "idle"
+
+
 def public_model_name(model: str | None) -> str | None:
     """``model`` as anyone may see it: a Hub id as it is, a folder on the server by its last part only
     (its absolute path says how the server's disk is laid out)."""
@@ -231,6 +243,7 @@ def health(host: ServerContext[Any], liveness: bool = False, authorized: bool = 
         "sessions": len(host.sessions),
         "queue_depth": len(host.queue),
         "busy": bool(worker and worker.busy),
+        "engine_call": engine_call(worker),
         "completed": worker.completed if worker else 0,
         "uptime_s": round(time.monotonic() - host.started_at, 3),
         "worker": worker.thread_settings if worker else {},

@@ -15,7 +15,7 @@ import pytest
 
 pytest.importorskip("ray.serve", reason="the `ray` extra is not installed")
 
-from server_fixtures import DOMAIN, ServerThread, rgb_image, tiny_checkpoint, tiny_engine_loader  # noqa: E402
+from server_fixtures import DOMAIN, REPO_ROOT, ServerThread, rgb_image, tiny_checkpoint, tiny_engine_loader  # noqa: E402
 from websockets.asyncio.client import connect  # noqa: E402
 
 from policy_server.assembly.cli import assemble_server  # noqa: E402
@@ -36,19 +36,30 @@ def ray_instance():
     ray.shutdown()
 
 
-class RayServerThread(ServerThread):
-    """A test server whose engine runs on Ray Serve replicas instead of the local worker thread."""
+# The engine as cosmos3-serve loads it for both backends (its default --max-request-cost included); num_cpus 0:
+# two replicas plus Serve's controller fit a 2-core Ray instance.
+def cli_args(*flags: str):
+    from policy_server.assembly.cli import build_parser
 
-    def __init__(self, replicas: int, **settings) -> None:
-        from policy_server.ray.backend import RayBackendFactory
-        from policy_server.ray.deployment import EngineLoader, RayBackendSettings
+    source = str(tiny_checkpoint("distilled"))
+    engine = ["--device", "cpu", "--dtype", "float32", "--torch-threads", "1", "--no-warmup"]
+    return build_parser().parse_args(["--model", source, *engine, *flags])
+
+
+RAY_FLAGS = ("--backend", "ray", "--replicas", "2", "--replica-cpus", "0")
+# Tier 720 costs 11.1 default chunks of the tiny distilled model's domain, over the default bound of 8.
+COSTLY_CONFIGURE = {"type": "configure", "domain_name": DOMAIN, "resolution_tier": 720}
+
+
+class RayServerThread(ServerThread):
+    """A test server whose engine runs on Ray Serve replicas instead of the local worker thread, made by
+    cosmos3-serve's own backend factory from its flags."""
+
+    def __init__(self, workdir, **settings) -> None:
+        from policy_server.assembly.cli import _ray_backend
 
         super().__init__(None, **settings)
-        loader = EngineLoader(
-            source=str(tiny_checkpoint("distilled")), device="cpu", dtype="float32", torch_threads=1, warmup=False
-        )
-        # num_cpus 0: two replicas plus Serve's controller fit a 2-core Ray instance.
-        factory = RayBackendFactory(RayBackendSettings(replicas=replicas, num_cpus=0), loader)
+        factory = _ray_backend(cli_args(*RAY_FLAGS), workdir)
         self.server = assemble_server(None, self.settings, backend=factory, http=self.http)
 
 
@@ -57,7 +68,7 @@ def ray_server(ray_instance, tmp_path_factory):
     from policy_server.sidecar_settings import SidecarSettings
 
     http = SidecarSettings(data_dir=tmp_path_factory.mktemp("ray-jobs"), port=0)
-    with RayServerThread(replicas=2, http=http) as running:
+    with RayServerThread(tmp_path_factory.mktemp("ray-workdir"), http=http) as running:
         yield running
 
 
@@ -108,6 +119,31 @@ async def test_sessions_spread_over_replicas_and_match_the_local_backend(ray_ser
         assert len({r["actor_name"] for r in topology["replicas"]}) == 2
         assert all(r["completed"] >= 1 for r in topology["replicas"])
     assert metadata["model"]
+
+
+async def configure_reply(url: str, configure: dict) -> dict:
+    async with connect(url, compression=None, proxy=None, max_size=None) as ws:
+        unpackb(await ws.recv())
+        await ws.send(packb(configure))
+        return unpackb(await asyncio.wait_for(ws.recv(), 60))
+
+
+async def test_a_request_costlier_than_the_bound_is_refused_as_the_local_backend_refuses_it(ray_server):
+    """--max-request-cost reaches the replicas through the loader every backend uses: the costly configure is
+    refused with the local backend's typed error, naming the bound, before any engine call."""
+    via_ray = await configure_reply(ray_server.url, COSTLY_CONFIGURE)
+    from policy_server.assembly.cli import _engine_loader
+
+    local = await asyncio.to_thread(ServerThread(_engine_loader(cli_args(), REPO_ROOT)).start)
+    try:
+        via_local = await configure_reply(local.url, COSTLY_CONFIGURE)
+    finally:
+        await asyncio.to_thread(local.stop)
+    assert via_ray["type"] == "error", f"the Ray backend accepted a request over the bound: {via_ray}"
+    assert (via_ray["type"], via_ray["code"], via_ray["field"]) == ("error", "invalid_field", "resolution_tier")
+    assert "--max-request-cost" in via_ray["message"] and "bound of 8" in via_ray["message"], via_ray
+    fields = ("code", "field", "message")
+    assert [via_ray[k] for k in fields] == [via_local[k] for k in fields]
 
 
 async def test_killed_replica_moves_its_session_which_carries_on(ray_server, ray_instance):

@@ -19,6 +19,7 @@ import json
 import os
 import subprocess
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -244,15 +245,27 @@ def test_robolab_style_client_drives_two_environments_over_one_socket_and_record
     assert sorted(frames[:2]) == [CHUNKS, CHUNKS + 1] and frames[2] == 2 * CHUNKS + 1
 
 
-def small_server(idle_timeout_s: float, delay_s: float = 0.0, **settings: Any) -> ServerThread:
-    """Two names per connection; idle names expire after ``idle_timeout_s`` (0: never); every engine call
-    takes ``delay_s`` longer."""
+def small_server(
+    idle_timeout_s: float, delay_s: float = 0.0, clock: Callable[[], float] = time.monotonic, **settings: Any
+) -> ServerThread:
+    """Two names per connection; idle names expire after ``idle_timeout_s`` (0: never) on ``clock``; every engine
+    call takes ``delay_s`` longer."""
     return ServerThread(
         tiny_engine_loader("distilled", droid=True, delay_s=delay_s),
         openpi=OpenpiSettings(requested={"seed": 0}),
-        policy_sessions=PolicySessionLimits(max_per_connection=2, idle_timeout_s=idle_timeout_s),
+        policy_sessions=PolicySessionLimits(max_per_connection=2, idle_timeout_s=idle_timeout_s, clock=clock),
         **{"max_sessions": 8, **settings},
     )
+
+
+class HandTurnedClock:
+    """The server's idle clock, moved only by the test: no name expires while the test looks elsewhere."""
+
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
 
 
 @pytest.fixture(scope="module")
@@ -289,29 +302,33 @@ def test_a_name_past_the_bound_is_refused_with_a_typed_error_and_the_others_keep
 
 
 def test_an_idle_name_expires_freeing_its_slot_and_ending_its_episode(tmp_path):
+    """The idle clock is turned by hand (a 10 s timeout on it): env-0 expires once it has been idle 12 s of that
+    clock while env-1 was used 6 s before, and nothing else expires however long a round trip takes here."""
     root = tmp_path / "recordings"
-    with small_server(idle_timeout_s=1.0, recording=RecordingOptions(root=root)) as server:
+    clock = HandTurnedClock()
+    with small_server(idle_timeout_s=10.0, clock=clock, recording=RecordingOptions(root=root)) as server:
         client = RobolabStyleClient(f"ws://127.0.0.1:{server.port}/", None, episode=8)
         try:
             client.infer(0, 0)
-            client.infer(1, 0)
-            # env-1 keeps stepping; env-0 falls silent past the idle timeout and expires.
-            deadline = time.monotonic() + 60
+            client.infer(1, 0)  # both used at 0
+            clock.now = 6.0
+            client.infer(1, 1)  # env-1 used at 6
+            clock.now = 12.0  # env-0 idle for 12 s, env-1 for 6 s: only env-0 is past the timeout
+            deadline = time.monotonic() + 60  # the server looks every second of real time
             while "robolab-episode-8-env-0" in named_sessions(server):
                 assert time.monotonic() < deadline, "env-0 never expired"
-                client.infer(1, 1)
+                time.sleep(0.05)
+            assert named_sessions(server) == {"robolab-episode-8-env-1"}
             # Its episode ended with it and is published while the connection is still open.
-            while not any(
-                e.session["session_id"].endswith("/robolab-episode-8-env-0") for e in recorded_episodes(root)
-            ):
+            while not recorded_episodes(root):
                 assert time.monotonic() < deadline, "env-0's episode was not published"
                 time.sleep(0.1)
             [expired] = recorded_episodes(root)
+            assert expired.session["session_id"].endswith("/robolab-episode-8-env-0"), expired.session
             assert expired.session["end_reason"] == "expired", expired.session
-            # Its slot went to a new environment (env-1 may have expired too meanwhile: chunks are slow here).
+            # Its slot went to a new environment: env-1 holds the other of the connection's two.
             assert client.infer(2, 0).shape == (HORIZON, ACTION_DIM)
-            assert "robolab-episode-8-env-2" in named_sessions(server)
-            assert "robolab-episode-8-env-0" not in named_sessions(server)
+            assert named_sessions(server) == {"robolab-episode-8-env-1", "robolab-episode-8-env-2"}
         finally:
             client.transport.close()
         deadline = time.monotonic() + 10
@@ -519,16 +536,26 @@ async def test_a_connections_names_share_its_outbox_when_the_client_stops_readin
 
 
 def test_a_name_with_its_chunk_in_flight_is_not_expired_on_the_server():
-    """Idle timeout 0.5 s, engine calls of 3 s: the name's chunk is still wanted past its idle timeout."""
-    with small_server(idle_timeout_s=0.5, delay_s=3.0) as server:
+    """Engine calls of 3 s; once the name is open the test turns the idle clock 10 s past its 0.5 s timeout, so
+    every look the server takes while the chunk is in flight finds it idle on the clock. Its chunk still comes
+    back (an expired name's chunk is discarded), and the name expires only once that chunk is out."""
+    clock = HandTurnedClock()
+    with small_server(idle_timeout_s=0.5, delay_s=3.0, clock=clock) as server:
 
         async def run() -> dict[str, Any]:
             async with connect(server.url, compression=None, proxy=None, max_size=None) as ws:
                 unpackb(await ws.recv())
                 await ws.send(packb({**OBSERVATION, "seq": 0, "session_id": "slow"}))
-                await asyncio.sleep(2.0)  # four idle timeouts, the chunk in flight
-                assert "slow" in named_sessions(server)
-                return unpackb(await asyncio.wait_for(ws.recv(), 120))
+                deadline = time.monotonic() + 60
+                while "slow" not in named_sessions(server):
+                    assert time.monotonic() < deadline, "the name was never opened"
+                    await asyncio.sleep(0.01)
+                clock.now += 10.0
+                reply = unpackb(await asyncio.wait_for(ws.recv(), 60))
+                while "slow" in named_sessions(server):  # idle now, with nothing in flight: it goes
+                    assert time.monotonic() < deadline, "the idle name never expired once its chunk was out"
+                    await asyncio.sleep(0.05)
+                return reply
 
         reply = asyncio.run(run())
     assert reply["type"] == "action_chunk" and reply["session_id"] == "slow", reply

@@ -24,11 +24,13 @@ import ssl
 import sys
 import tempfile
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 # policy_server's package import sets OMP_WAIT_POLICY=PASSIVE; it must happen before torch loads.
 import policy_server  # noqa: F401  (imported for that side effect, first)
+from cosmos3_runtime.description import EngineLimits
 from cosmos3_runtime.errors import CheckpointError
 from cosmos3_runtime.quantization import parse_quantization
 from cosmos3_runtime.random_checkpoints import VARIANTS
@@ -36,6 +38,7 @@ from robot_clients.client_frames import REQUEST_SETTINGS
 from robot_clients.wire_codec import FRAME_MAX_DEPTH, FRAME_MAX_VALUES
 
 from ..engine.backend import BackendFactory
+from ..engine.loading import EngineLoader
 from ..engine.watchdog import DEFAULT_ENGINE_TIMEOUT_S
 from ..engine.worker import DEFAULT_VIDEO_STEP_INTERVAL_S, ActionEngine
 from ..foundation import log_hygiene
@@ -784,49 +787,10 @@ def _recording_options(args: argparse.Namespace) -> RecordingOptions | None:
     )
 
 
-def _engine_loader(args: argparse.Namespace, workdir: Path) -> Callable[[], ActionEngine]:
-    """The function the engine worker calls, on its own thread, to build the engine."""
-
-    def load() -> ActionEngine:
-        from cosmos3_runtime.engine import Cosmos3Engine
-
-        source = args.model
-        if args.tiny:
-            from cosmos3_runtime.random_checkpoints import build_tiny_checkpoint
-
-            source = build_tiny_checkpoint(workdir / f"tiny-{args.tiny}", variant=args.tiny)
-            logger.info("built a tiny %s checkpoint at %s", args.tiny, source)
-        from cosmos3_runtime.description import EngineLimits
-
-        return Cosmos3Engine.load(
-            source,
-            device=args.device,
-            dtype=args.dtype,
-            profiles_path=args.profiles,
-            prefix_cache_mb=args.prefix_cache_mb,
-            compile=args.compile,
-            quantization=parse_quantization(args.quantization),
-            limits=EngineLimits(max_chunk_cost=max(0.0, args.max_request_cost)),
-            # main() held a --model to its memory plan before the server started (_check_model_fits): building
-            # Nano's transformer on the meta device again costs seconds of start-up. A --tiny one is checked here.
-            memory_check=args.model is None,
-        )
-
-    return load
-
-
-def _ray_backend(args: argparse.Namespace, workdir: Path) -> BackendFactory:
-    """The Ray backend's factory (imports Ray, so only for --backend ray). A --tiny checkpoint is built
-    here, once, and its path handed to the replicas: fine for a local instance, not for remote nodes."""
-    from ..ray.backend import RayBackendFactory
-    from ..ray.deployment import EngineLoader, RayBackendSettings
-
-    source = args.model
-    if args.tiny:
-        from cosmos3_runtime.random_checkpoints import build_tiny_checkpoint
-
-        source = str(build_tiny_checkpoint(workdir / f"tiny-{args.tiny}", variant=args.tiny))
-    loader = EngineLoader(
+def engine_loader(args: argparse.Namespace, source: str) -> EngineLoader:
+    """How every backend loads the engine ``source`` from ``args``: the local worker on its thread, each Ray
+    replica in its actor. One place, so a flag that shapes the engine (``--max-request-cost``) reaches both."""
+    return EngineLoader(
         source=source,
         device=args.device,
         dtype=args.dtype,
@@ -836,12 +800,45 @@ def _ray_backend(args: argparse.Namespace, workdir: Path) -> BackendFactory:
         quantization=parse_quantization(args.quantization),
         torch_threads=args.torch_threads,
         warmup=args.warmup,
+        limits=EngineLimits(max_chunk_cost=max(0.0, args.max_request_cost)),
     )
+
+
+def _tiny_source(args: argparse.Namespace, workdir: Path) -> str:
+    """``--model``, or the ``--tiny`` checkpoint built in ``workdir`` (a few seconds)."""
+    if not args.tiny:
+        return str(args.model)
+    from cosmos3_runtime.random_checkpoints import build_tiny_checkpoint
+
+    source = build_tiny_checkpoint(workdir / f"tiny-{args.tiny}", variant=args.tiny)
+    logger.info("built a tiny %s checkpoint at %s", args.tiny, source)
+    return str(source)
+
+
+def _engine_loader(args: argparse.Namespace, workdir: Path) -> Callable[[], ActionEngine]:
+    """The function the engine worker calls, on its own thread, to build the engine."""
+
+    def load() -> ActionEngine:
+        # main() held a --model to its memory plan before the server started (_check_model_fits): building
+        # Nano's transformer on the meta device again costs seconds of start-up. A --tiny one is checked here.
+        loader = replace(engine_loader(args, _tiny_source(args, workdir)), memory_check=args.model is None)
+        engine: ActionEngine = loader.load()
+        return engine
+
+    return load
+
+
+def _ray_backend(args: argparse.Namespace, workdir: Path) -> BackendFactory:
+    """The Ray backend's factory (imports Ray, so only for --backend ray). A --tiny checkpoint is built
+    here, once, and its path handed to the replicas: fine for a local instance, not for remote nodes."""
+    from ..ray.backend import RayBackendFactory
+    from ..ray.deployment import RayBackendSettings
+
     settings = RayBackendSettings(
         replicas=max(1, args.replicas), address=args.ray_address, num_gpus=args.replica_gpus, num_cpus=args.replica_cpus
     )
     # Its make_backend takes the queue its own make_queue made (a ReplicaRouter), narrower than the protocol's.
-    return RayBackendFactory(settings, loader)  # type: ignore[return-value]
+    return RayBackendFactory(settings, engine_loader(args, _tiny_source(args, workdir)))  # type: ignore[return-value]
 
 
 def _ssl_context(args: argparse.Namespace) -> ssl.SSLContext | None:

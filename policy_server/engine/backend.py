@@ -49,7 +49,14 @@ class EngineBackend(Protocol):
     def stop(self, timeout: float | None = None) -> bool: ...
 
     @property
-    def busy(self) -> bool: ...
+    def busy(self) -> bool:
+        """Whether an engine runs work someone waits for (an observation still wanted, a video job)."""
+        ...
+
+    @property
+    def orphaned(self) -> bool:
+        """Whether an engine is finishing a call nobody waits for any more, and none runs wanted work."""
+        ...
 
     def topology(self) -> dict[str, Any]:
         """Where the engine runs: ``{"backend": ..., "replicas": [{"replica": ..., "state": ...}, ...]}``."""

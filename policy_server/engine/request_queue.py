@@ -175,7 +175,8 @@ class PendingObservation:
     client_timestamp: float | None = None
     enqueued_at: float = field(default_factory=time.monotonic)
     taken_at: float | None = None
-    # Set on the event loop when the client cancels while the engine runs it: the result is discarded.
+    # Set on the event loop once nobody waits for its outcome (the client cancelled it, its session closed, an
+    # HTTP request timed out): the worker skips it if its call has not started, and discards a late result.
     cancelled: bool = False
     # The place in the ring this observation waits for; None: its session's own. Observations of
     # different sessions with the same turn are served one per round, oldest first (one HTTP client's

@@ -1,10 +1,11 @@
 """The one thread that owns the engine: it loads the model, warms it up, and runs requests batch by batch.
 
 It takes observations in the queue's fair order, several at once when their requests can share
-transformer calls (:class:`BatchPolicy`), drops those whose deadline has
-passed, runs the rest and posts every outcome to its owner on the event loop
-(``loop.call_soon_threadsafe``). Background tasks run when no observation waits, and otherwise get a
-bounded share (:class:`BackgroundShare`), so a video finishes under any
+transformer calls (:class:`BatchPolicy`), drops those whose deadline has passed, skips those nobody waits
+for any more (their session closed while they were held for batch company: orphans; a call already running
+whose every observation is orphaned is reported by :attr:`EngineWorker.orphaned`), runs the rest and posts
+every outcome to its owner on the event loop (``loop.call_soon_threadsafe``). Background tasks run when no
+observation waits, and otherwise get a bounded share (:class:`BackgroundShare`), so a video finishes under any
 robot load while a robot waits at most one extra step per interval.
 
 While an engine call runs, :class:`HostPrep` (a small thread) prepares the observations waiting next, so
@@ -162,6 +163,8 @@ class EngineCounters:
     completed: int = 0
     failed: int = 0
     dropped_deadline: int = 0
+    # Observations taken from the queue whose owner stopped waiting before their engine call started.
+    orphans_skipped: int = 0
     batches: int = 0
     batched_items: int = 0
     # Seconds spent running the engine (observations and background tasks), for the busy fraction.
@@ -414,7 +417,17 @@ class EngineWorker(CounterReadouts):
 
     @property
     def busy(self) -> bool:
-        return bool(self.current) or self.current_task is not None
+        """Whether the engine runs work someone waits for: an observation its owner still wants, or a
+        background task (a video job, polled by its client)."""
+        return self.current_task is not None or any(not item.cancelled for item in list(self.current))
+
+    @property
+    def orphaned(self) -> bool:
+        """Whether the engine is finishing a call nobody waits for any more (every observation in it was
+        cancelled or its session closed after the call started): a forward cannot be interrupted, its result
+        will be discarded, and the engine is free once it returns."""
+        current = list(self.current)
+        return bool(current) and self.current_task is None and all(item.cancelled for item in current)
 
     def topology(self) -> dict[str, Any]:
         """One engine, in this process (the Ray backend reports its replicas the same way)."""
@@ -585,12 +598,16 @@ class EngineWorker(CounterReadouts):
         self, taken: list[PendingObservation]
     ) -> list[tuple[PendingObservation, PreparedActions | None]]:
         """The observations of ``taken`` still worth running, each with its inputs prepared ahead (None
-        if not): those past their deadline are dropped here."""
+        if not): those past their deadline are dropped here, and those nobody waits for any more (taken, then
+        cancelled while held for batch company or prepared) are skipped without a word: their owner has
+        already let them go (``ObservationOwner``)."""
         ahead = self.host_prep.claim(taken) if self.host_prep is not None else [None] * len(taken)
         now = time.monotonic()
         batch = []
         for item, prepared in zip(taken, ahead):
-            if item.expired(now):
+            if item.cancelled:
+                self.counters.orphans_skipped += 1
+            elif item.expired(now):
                 self.counters.dropped_deadline += 1
                 self._post(item.owner.on_dropped, item, DropReason.DEADLINE)
             else:

@@ -60,6 +60,7 @@ from cosmos3_runtime.description import ModelDescription
 from robot_clients.protocol import DropReason
 
 from ..engine.backend import BackendHost
+from ..engine.loading import EngineLoader
 from ..engine.request_queue import (
     ClosableQueue,
     EngineOutcome,
@@ -69,7 +70,7 @@ from ..engine.request_queue import (
     RequestQueue,
 )
 from ..engine.worker import BackgroundShare, BatchPolicy, CounterReadouts, EngineCounters, EngineWorker, WorkerState
-from .deployment import EngineLoader, RayBackendSettings, RemoteEngine, ReplicaDeployments, ReplicaIdentity
+from .deployment import RayBackendSettings, RemoteEngine, ReplicaDeployments, ReplicaIdentity
 
 
 class NoReplicaAvailable(QueueClosed):
@@ -434,6 +435,11 @@ class RayBackend(CounterReadouts):
     @property
     def busy(self) -> bool:
         return any(r.dispatcher is not None and r.dispatcher.busy for r in self._replicas)
+
+    @property
+    def orphaned(self) -> bool:
+        """A replica finishes a call nobody waits for, and no replica runs wanted work."""
+        return not self.busy and any(r.dispatcher is not None and r.dispatcher.orphaned for r in self._replicas)
 
     def topology(self) -> dict[str, Any]:
         sessions = self.router.sessions_per_replica()

@@ -41,8 +41,8 @@ from ray import serve
 from ray.exceptions import ActorUnavailableError, RayActorError, RayTaskError
 
 from cosmos3_runtime.description import ModelDescription
-from cosmos3_runtime.quantization import Quantization
 
+from ..engine.loading import EngineLoader
 from ..engine.request_queue import EngineLost
 
 logger = logging.getLogger(__name__)
@@ -59,34 +59,6 @@ class ReplicaIdentity:
     actor_id: str | None
     node_id: str
     threads: dict[str, object]  # the engine thread's torch settings (thread_policy.configure_worker_threads)
-
-
-@dataclass(frozen=True)
-class EngineLoader:
-    """How a replica loads its engine (pickled to the replica: paths must exist on its node)."""
-
-    source: str
-    device: str | None = None
-    dtype: str | None = None
-    profiles_path: str | None = None
-    prefix_cache_mb: float = 256.0
-    compile: bool = False
-    quantization: Quantization | None = None
-    torch_threads: int | None = None
-    warmup: bool = True
-
-    def load(self) -> Any:
-        from cosmos3_runtime.engine import Cosmos3Engine
-
-        return Cosmos3Engine.load(
-            self.source,
-            device=self.device,
-            dtype=self.dtype,
-            profiles_path=self.profiles_path,
-            prefix_cache_mb=self.prefix_cache_mb,
-            compile=self.compile,
-            quantization=self.quantization,
-        )
 
 
 @serve.deployment(

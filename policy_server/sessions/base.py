@@ -191,10 +191,11 @@ class Session:
         :attr:`parent` set (see the module docstring). Its configuration is set by the caller."""
         raise NotImplementedError
 
-    def policy_session(self, name: str | None, now: float, seq: int | None = None) -> Session:
+    def policy_session(self, name: str | None, seq: int | None = None) -> Session:
         """The session an observation naming ``session_id`` ``name`` belongs to: this one for None, else the
-        policy session of that name, opened now if new. Raises :class:`ProtocolError` ``too_many_sessions``
-        (about ``seq``) past the connection's or the server's bound."""
+        policy session of that name, opened now if new, and used now by the idle clock
+        (:attr:`~policy_server.server_settings.PolicySessionLimits.clock`). Raises :class:`ProtocolError`
+        ``too_many_sessions`` (about ``seq``) past the connection's or the server's bound."""
         if name is None:
             return self
         settings = self.context.settings
@@ -203,6 +204,7 @@ class Session:
         per_peer = settings.max_sessions - settings.max_sessions // 4 if per_peer is None else per_peer
         peer = self.peer
         held = sum(1 for session in list(self.context.sessions.values()) if session.peer == peer)
+        now = self.policy_sessions.limits.clock()
         return self.policy_sessions.open(
             name, now, lambda: self._open_policy_session(name), room, seq, peer_room=per_peer - held
         )
@@ -237,7 +239,7 @@ class Session:
         if self.rules.closed:
             return
         for session in self.policy_sessions.expire(
-            time.monotonic(), lambda s: bool(s.rules.in_flight or s.decoding.busy)
+            self.policy_sessions.limits.clock(), lambda s: bool(s.rules.in_flight or s.decoding.busy)
         ):
             session.close_reason = "expired"
             session.end()

@@ -202,7 +202,7 @@ class NativeSession(Session):
             # Its rate token is spent on arrival, before any decoding (as openpi's): a flood of encoded
             # frames that keep replacing the one waiting to be decoded is refused like any other flood.
             self.take_rate(received_at, frame.seq)
-            target = self.policy_session(frame.session_id, received_at, frame.seq)
+            target = self.policy_session(frame.session_id, frame.seq)
             if target is self:
                 self.observe_native(frame, received_at)
             else:

@@ -144,6 +144,10 @@ class ObservationRules:
         return items
 
     def close(self) -> None:
-        """The session ended: nothing in flight is expected any more."""
+        """The session ended: nothing in flight is expected any more. Each observation in flight is marked
+        cancelled, so the engine worker skips one it has taken but not started (an orphan) and ``/healthz``
+        does not count one already running as work a session waits for."""
         self.closed = True
+        for item in self.in_flight.values():
+            item.cancelled = True
         self.in_flight.clear()

@@ -188,7 +188,7 @@ class OpenpiSession(Session):
         if isinstance(decoded, dict):  # a map: parse_openpi_observation refuses anything else
             for key in (SESSION_ID, SESSION_ID.encode()):
                 name = decoded.pop(key, name)
-        target = self.policy_session(None if name is None else parse_session_id(name), received_at)
+        target = self.policy_session(None if name is None else parse_session_id(name))
         if target is self:
             self.observe_openpi(decoded, received_at)
         else:
