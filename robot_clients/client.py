@@ -83,7 +83,7 @@ from .client_state import (
     parse_server_frame,
 )
 from .protocol import REALTIME_PATH, ErrorFrame, MetadataFrame, ResetDoneFrame, SessionFrame
-from .wire_codec import WireFormatError, packb
+from .wire_codec import WireFormatError
 
 try:
     import fcntl
@@ -245,7 +245,7 @@ async def _hello(ws: ClientConnection, url: str, settings: Mapping[str, Any]) ->
         )
     session = None
     if settings:
-        await ws.send(packb(protocol.configure_frame(settings)))
+        await ws.send(ClientState.configure_frame(settings))
         reply = await _read_typed(ws, url, "reply to configure")
         if isinstance(reply, SessionFrame):
             session = reply
@@ -449,25 +449,6 @@ class ObservationSender:
 # ---------------------------------------------------------------------------------------------------
 # The asyncio client
 # ---------------------------------------------------------------------------------------------------
-
-
-def _observation_frame(
-    seq: int,
-    obs: Mapping[str, Any],
-    settings: Mapping[str, Any],
-    state: RobotState | None,
-    session_id: str | None,
-    now: float,
-) -> dict[str, Any]:
-    # ``settings`` are this observation's own (the server applies them to it alone).
-    observation = protocol.observation_frame(seq, obs, settings)
-    if state is not None:  # a list of joint readings travels as the float32 array the protocol names
-        observation["state"] = np.ascontiguousarray(state, dtype=np.float32)
-    if session_id is not None:
-        observation[protocol.SESSION_ID] = session_id
-    # Opaque to the server, which echoes it in the chunk: this is how the client measures round trips.
-    observation.setdefault("timestamp", now)
-    return observation
 
 
 class AsyncPolicyClient:
@@ -765,10 +746,10 @@ class AsyncPolicyClient:
         except ConnectionClosed:
             raise ConnectionLost("the connection closed while sending") from None
 
-    async def _send(self, frame: dict[str, Any], timeout: float | None = None) -> None:
-        await self._write(await self._wait_connected(timeout), packb(frame))
+    async def _send(self, payload: bytes, timeout: float | None = None) -> None:
+        await self._write(await self._wait_connected(timeout), payload)
 
-    async def _control(self, frame: dict[str, Any], timeout: float | None) -> SessionFrame | ResetDoneFrame:
+    async def _control(self, payload: bytes, timeout: float | None) -> SessionFrame | ResetDoneFrame:
         async with self._control_lock:
             reply: asyncio.Future[SessionFrame | ResetDoneFrame] = asyncio.get_running_loop().create_future()
             self._control_reply = reply
@@ -776,7 +757,7 @@ class AsyncPolicyClient:
             try:
                 ws = await self._wait_connected(timeout)
                 self._state.control_sent()
-                await self._write(ws, packb(frame))
+                await self._write(ws, payload)
                 return await asyncio.wait_for(reply, timeout)
             finally:
                 self._control_reply = None
@@ -795,7 +776,7 @@ class AsyncPolicyClient:
         Settings accumulate across calls and are re-sent after a reconnect. Returns the server's resolved
         configuration; raises :class:`ServerError` if the server refuses it (nothing is kept then).
         """
-        reply = await self._control(protocol.configure_frame(settings), timeout)
+        reply = await self._control(ClientState.configure_frame(settings), timeout)
         if not isinstance(reply, SessionFrame):
             raise MalformedServerFrame(protocol.RESET_DONE, "it answered a configure")
         return self._state.configured(settings, reply)
@@ -811,13 +792,13 @@ class AsyncPolicyClient:
         """
         self._state.reset_begun(session_id)  # held back by a slow link, it would reach the server after the reset
         self._settle()
-        await self._control(protocol.reset_frame(session_id), timeout)
+        await self._control(ClientState.reset_frame(session_id), timeout)
         self._state.reset_done(session_id)
 
     async def cancel(self, seq: int | None = None, *, session_id: str | None = None) -> None:
         """Ask the server not to answer ``seq`` (or any outstanding observation when ``None``) of this
         session, or of its policy session ``session_id``."""
-        await self._send(protocol.cancel_frame(seq, session_id))
+        await self._send(ClientState.cancel_frame(seq, session_id))
 
     async def submit(
         self,
@@ -859,7 +840,7 @@ class AsyncPolicyClient:
         fields = self._frames.prepare(
             {"image": obs} if isinstance(obs, np.ndarray) else obs, self.metadata, self.session, settings
         )
-        payload = packb(_observation_frame(seq, fields, settings, robot_state, session_id, self._state.clock()))
+        payload = self._state.observation_frame(seq, fields, settings, robot_state, session_id)
         if self._sender is None:
             ws = await self._wait_connected(timeout)
             self._state.observation_writing(seq, session_id)

@@ -42,7 +42,7 @@ from .protocol import (
     SessionStateFrame,
     SessionUpdatedFrame,
 )
-from .wire_codec import FRAME_MAX_DEPTH, FRAME_MAX_VALUES, WireFormatError, WireLimitError, unpackb
+from .wire_codec import FRAME_MAX_DEPTH, FRAME_MAX_VALUES, WireFormatError, WireLimitError, packb, unpackb
 
 logger = logging.getLogger("robot_clients.client")
 
@@ -702,6 +702,41 @@ class ClientState:
 
     def reset_done(self, session_id: str | None) -> None:
         self.latest_delivered.pop(session_id, None)
+
+    # -- frames out --------------------------------------------------------------------------------------
+    # Every frame the client sends is built here; the shell only writes the bytes.
+
+    def observation_frame(
+        self,
+        seq: int,
+        fields: Mapping[str, Any],
+        settings: Mapping[str, Any],
+        robot_state: Any | None,
+        session_id: str | None,
+    ) -> bytes:
+        """Observation ``seq`` as sent: its ``fields`` (image, video, ...), its own ``settings`` (the server
+        applies them to it alone), the robot's ``robot_state`` (joint readings, sent as the float32 array the
+        protocol names), its policy session, and this client's clock as its ``timestamp`` unless it has one
+        (opaque to the server, which echoes it in the chunk: how the client measures round trips)."""
+        observation = protocol.observation_frame(seq, fields, settings)
+        if robot_state is not None:
+            observation["state"] = np.ascontiguousarray(robot_state, dtype=np.float32)
+        if session_id is not None:
+            observation[protocol.SESSION_ID] = session_id
+        observation.setdefault("timestamp", self.clock())
+        return packb(observation)
+
+    @staticmethod
+    def configure_frame(settings: Mapping[str, Any]) -> bytes:
+        return packb(protocol.configure_frame(settings))
+
+    @staticmethod
+    def reset_frame(session_id: str | None) -> bytes:
+        return packb(protocol.reset_frame(session_id))
+
+    @staticmethod
+    def cancel_frame(seq: int | None, session_id: str | None) -> bytes:
+        return packb(protocol.cancel_frame(seq, session_id))
 
     # -- observations out ----------------------------------------------------------------------------
 

@@ -38,7 +38,7 @@ from robot_clients.protocol import (
     SessionState,
     SessionUpdatedFrame,
 )
-from robot_clients.wire_codec import packb
+from robot_clients.wire_codec import packb, unpackb
 
 ACTIONS = np.zeros((2, 3), np.float32)
 
@@ -485,3 +485,21 @@ def test_the_state_module_does_no_io():
         node.module.split(".")[0] for node in ast.walk(tree) if isinstance(node, ast.ImportFrom) and node.module
     }
     assert not imported & {"asyncio", "websockets", "socket", "threading", "time", "selectors", "ssl"}, imported
+
+
+def test_every_frame_the_client_sends_comes_out_of_the_state_as_bytes():
+    """The state builds the frames, its clock stamping an observation; the I/O shell only writes them."""
+    state = ClientState(lambda: 12.5)
+    sent = unpackb(state.observation_frame(3, {"image": np.zeros((2, 2, 3), np.uint8)}, {"seed": 4}, [0.5], "arm"))
+    assert sent["type"] == "observation" and sent["seq"] == 3 and sent["seed"] == 4
+    assert sent["timestamp"] == 12.5 and sent["session_id"] == "arm"
+    assert sent["state"].dtype == np.float32 and sent["state"].tolist() == [0.5]
+    assert (
+        unpackb(state.observation_frame(4, {"image": np.zeros((2, 2, 3), np.uint8), "timestamp": 1.0}, {}, None, None))[
+            "timestamp"
+        ]
+        == 1.0
+    )  # the robot's own stamp wins
+    assert unpackb(ClientState.configure_frame({"domain_name": "d"})) == {"type": "configure", "domain_name": "d"}
+    assert unpackb(ClientState.reset_frame("arm"))["type"] == "reset"
+    assert unpackb(ClientState.cancel_frame(7, None))["seq"] == 7
