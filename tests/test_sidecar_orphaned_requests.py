@@ -3,7 +3,7 @@ job that no session waits for).
 
 A ``POST /v1/actions/generations`` whose client disconnects is cancelled at once, as a closed WebSocket
 session's observation is: taken out of the queue if it still waits there, skipped by the worker if it was
-taken (held for batch company) but its engine call has not started. Before, nothing
+taken (held for batch company, or being prepared) but its engine call has not started. Before, nothing
 listened for the disconnect: the request waited out ``action_timeout_s`` (120 s) and was run meanwhile.
 
 Real server and sidecar on 127.0.0.1, the tiny distilled checkpoint, engine calls (or their host inputs)
@@ -15,12 +15,13 @@ from __future__ import annotations
 
 import asyncio
 import json
+import threading
 import time
 from collections.abc import Callable
 from typing import Any
 
 import pytest
-from server_fixtures import DOMAIN, tiny_engine_loader
+from server_fixtures import DOMAIN, tiny_checkpoint, tiny_engine_loader
 from sidecar_fixtures import SidecarServer, png_b64, rgb
 
 pytestmark = pytest.mark.timeout(240)
@@ -32,6 +33,7 @@ CLIENT = "peer:127.0.0.1"  # every request here comes from one client (one turn)
 ENGINE_CALL_S = 6.0
 # How long the worker holds a taken request for batch company: the window in which its client leaves.
 BATCH_HOLD_MS = 5000.0
+PREPARE_S = 4.0
 
 
 async def until(condition: Callable[[], Any], what: str, timeout: float = 30.0) -> Any:
@@ -117,3 +119,51 @@ async def test_a_request_taken_but_not_started_is_not_run_once_its_client_left()
         assert server.run(lambda: worker.completed) - completed == 1, "the request whose client left was run"
         assert server.run(lambda: worker.counters.orphans_skipped) == 1
         assert seen_within_hold, "the disconnect was seen after the hold: too slow"
+
+
+class SlowPreparingEngine:
+    """The real tiny engine, whose host inputs (``prepare_actions``) take PREPARE_S longer: the worker
+    prepares an observation inline, on its own thread, when the engine was idle as it arrived."""
+
+    def __init__(self, engine: Any) -> None:
+        self.engine = engine
+        self.preparing = threading.Event()
+        self.predicted = 0
+
+    def prepare_actions(self, request: Any) -> Any:
+        self.preparing.set()
+        time.sleep(PREPARE_S)
+        return self.engine.prepare_actions(request)
+
+    def predict_prepared(self, prepared: Any) -> Any:
+        self.predicted += 1
+        return self.engine.predict_prepared(prepared)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.engine, name)
+
+
+async def test_a_request_whose_client_left_while_it_was_prepared_inline_is_not_run():
+    engines: list[SlowPreparingEngine] = []
+    path = tiny_checkpoint("distilled")
+
+    def load() -> SlowPreparingEngine:
+        from cosmos3_runtime.engine import Cosmos3Engine
+
+        engines.append(SlowPreparingEngine(Cosmos3Engine.load(path, device="cpu", dtype="float32")))
+        return engines[0]
+
+    with SidecarServer(load) as server:
+        worker = server.server.context.worker
+        engine = engines[0]
+        leaving = await send_and_leave_open(server)
+        await until(engine.preparing.is_set, "the worker prepares the request")
+        await leave(leaving)
+        await until(lambda: in_flight(server) == 0, "the server let the request whose client left go", 60)
+        seen_while_preparing = server.run(lambda: bool(worker.current)) and engine.predicted == 0
+
+        await until(lambda: server.run(lambda: not worker.current), "the worker is done with it", 60)
+        assert engine.predicted == 0, "the request whose client left reached the engine"
+        assert server.run(lambda: worker.counters.orphans_skipped) == 1
+        assert server.run(lambda: worker.counters.inline_preps) == 1, "not the inline path"
+        assert seen_while_preparing, "the preparation ended before the disconnect was seen: too slow"
