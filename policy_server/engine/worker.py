@@ -625,7 +625,7 @@ class EngineWorker(CounterReadouts):
         if started:
             self.busy_since = time.monotonic()
         try:
-            outcomes = self._predict(engine, taken)
+            batch, outcomes = self._predict(engine, taken)
         except EngineLost as exc:
             if self._is_current():
                 self._engine_lost(batch, [], exc)
@@ -635,8 +635,8 @@ class EngineWorker(CounterReadouts):
                 self.current = []
                 if started:
                     self._stop_busy_clock()
-        if not self._is_current():
-            return  # abandoned while it ran: the watchdog has answered these requests
+        if not self._is_current() or not batch:
+            return  # abandoned while it ran (the watchdog has answered these requests), or nobody waited
         for item, outcome in zip(batch, outcomes):
             # The turn pays for its share of the engine call too, so turns are fair in engine time as well
             # as in host time: a session served more often than the others (one always waiting while
@@ -691,16 +691,27 @@ class EngineWorker(CounterReadouts):
 
     def _predict(
         self, engine: ActionEngine, taken: list[tuple[PendingObservation, PreparedActions | None]]
-    ) -> list[EngineOutcome]:
-        """One engine call for ``taken``, on the watchdog's clock. Raises EngineLost, and nothing else."""
+    ) -> tuple[list[PendingObservation], list[EngineOutcome]]:
+        """One engine call for ``taken``, on the watchdog's clock: the observations it ran, each with its
+        outcome. Raises EngineLost, and nothing else."""
         outer_call = self.call_started_at  # set inside a video step: the step's clock resumes afterwards
         self.call_started_at = time.monotonic()
         batch = [item for item, _ in taken]
         try:
             prepared = host_inputs(engine, taken, self.counters, self._queue.charge)
+            # Preparing inline takes a while (a video clip's decoding): an owner may have left meanwhile.
+            wanted = [index for index, item in enumerate(batch) if not item.cancelled]
+            if len(wanted) < len(batch):
+                self.counters.orphans_skipped += len(batch) - len(wanted)
+                batch = [batch[index] for index in wanted]
+                if self._is_current():
+                    self.current = batch
+                prepared = None if prepared is None else [prepared[index] for index in wanted]
+                if not batch:
+                    return [], []
             self.idle_gaps.call_starting(batch)
             with self._overlapping():
-                return predict_batch(engine, batch, self.counters, prepared)
+                return batch, predict_batch(engine, batch, self.counters, prepared)
         finally:
             if self._is_current():
                 self.idle_gaps.call_ended()

@@ -2,7 +2,9 @@
 
 The request's observation enters the server's one request queue like a robot's (each client's requests
 share one turn, with a bounded number in flight: :mod:`policy_server.http.turns`); the handler waits for
-its outcome and answers it in JSON, or in msgpack when ``Accept`` asks for it.
+its outcome and answers it in JSON, or in msgpack when ``Accept`` asks for it. Once the body is read, the
+handler also listens for the client's disconnect: a request whose client went away leaves the queue (or is
+marked cancelled, so the worker skips it if it has taken it), as a closed WebSocket session's do.
 """
 
 from __future__ import annotations
@@ -11,12 +13,14 @@ import asyncio
 import contextlib
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
 from pydantic import BaseModel
+from starlette.requests import ClientDisconnect
+from starlette.types import Receive
 
 from cosmos3_runtime.description import ModelDescription
 from cosmos3_runtime.requests import ActionRequest, ActionResult
@@ -60,6 +64,28 @@ class OneShotActionWaiter:
             self.future.set_result(reason)
 
 
+async def client_disconnected(receive: Receive) -> None:
+    """Return once the client of a request whose body has been read disconnects.
+
+    Each ``receive()`` blocks until the server has something to say (uvicorn's cycle waits on an event
+    that only the connection's loss sets once the body is complete), so this waits without polling."""
+    while (await receive())["type"] != "http.disconnect":
+        pass  # the body was read before this started: nothing else arrives
+
+
+@contextlib.asynccontextmanager
+async def disconnect_watch(request: Request) -> AsyncIterator[asyncio.Future[None]]:
+    """A future done once ``request``'s client disconnects, watched for the ``async with`` block (start it
+    only after the body has been read: it takes the messages ``receive()`` gives)."""
+    watch = asyncio.ensure_future(client_disconnected(request.receive))
+    try:
+        yield watch
+    finally:
+        watch.cancel()
+        if watch.done() and not watch.cancelled():
+            watch.exception()  # a receive that failed counts as a disconnect; nothing to log
+
+
 def _timed(function: Callable[..., Any], *args: Any) -> tuple[Any, float]:
     """``function(*args)`` and the CPU seconds it took on this thread: what decoding a body cost the host."""
     started = time.thread_time()
@@ -101,12 +127,13 @@ def router(parts: SidecarParts) -> APIRouter:
         fields, kind = await read_fields(request, ACTION_UPLOADS, settings.max_json_values, parts.body_budget)
         as_msgpack = http_codecs.wants_msgpack(request.headers.get("accept"), kind)
         envelope = sglang_envelope(fields, kind)
-        if envelope is not None:
-            return await _generate_for_sglang(envelope, description, client, received, as_msgpack)
-        action_request, cpu_s = await asyncio.to_thread(
-            _timed, http_requests.action_request, fields, description, parts.media_limits(description)
-        )
-        item, outcome, chunk = await _run(action_request, client, received, decode_cpu_s=cpu_s)
+        async with disconnect_watch(request) as gone:
+            if envelope is not None:
+                return await _generate_for_sglang(envelope, description, client, received, as_msgpack, gone)
+            action_request, cpu_s = await asyncio.to_thread(
+                _timed, http_requests.action_request, fields, description, parts.media_limits(description)
+            )
+            item, outcome, chunk = await _run(action_request, client, received, gone, decode_cpu_s=cpu_s)
         generation = ActionGeneration(
             id=f"actgen_{uuid.uuid4().hex}",
             created=int(time.time()),
@@ -135,7 +162,12 @@ def router(parts: SidecarParts) -> APIRouter:
         return generation
 
     async def _generate_for_sglang(
-        envelope: dict[str, Any], description: ModelDescription, client: str, received: float, as_msgpack: bool
+        envelope: dict[str, Any],
+        description: ModelDescription,
+        client: str,
+        received: float,
+        as_msgpack: bool,
+        gone: asyncio.Future[None],
     ) -> Any:
         """SGLang's envelope: one engine request per batch item and candidate, answered in its reply.
 
@@ -151,7 +183,7 @@ def router(parts: SidecarParts) -> APIRouter:
                 places.enter_context(parts.turns.admit(client))
             runs = [
                 asyncio.ensure_future(
-                    _run(action_request, client, received, item.relabel, decode_cpu_s=cpu_s / len(requests))
+                    _run(action_request, client, received, gone, item.relabel, decode_cpu_s=cpu_s / len(requests))
                 )
                 for action_request, item in zip(requests, call.items)
             ]
@@ -174,11 +206,16 @@ def router(parts: SidecarParts) -> APIRouter:
         action_request: ActionRequest,
         client: str,
         received: float,
+        gone: asyncio.Future[None],
         relabel: Callable[[ApiError], ApiError] = lambda error: error,
         decode_cpu_s: float = 0.0,
     ) -> tuple[PendingObservation, EngineOutcome, ActionResult]:
         """Put one request in the queue in ``client``'s turn and wait for its chunk (or raise its error);
-        ``decode_cpu_s``, the CPU its body's decoding took, is charged to that turn."""
+        ``decode_cpu_s``, the CPU its body's decoding took, is charged to that turn. If ``gone`` (the
+        client's disconnect) comes first, the request is cancelled like a closed session's observation
+        (never run unless its engine call already started) and :class:`ClientDisconnect` is raised."""
+        if gone.done():  # the client left while its body was decoded: nothing to queue
+            raise ClientDisconnect()
         waiter = OneShotActionWaiter(asyncio.get_running_loop())
         item = PendingObservation(
             session_id=f"http-{uuid.uuid4().hex[:12]}",
@@ -196,15 +233,23 @@ def router(parts: SidecarParts) -> APIRouter:
         except QueueClosed:
             raise ApiError(HttpErrorCode.SHUTTING_DOWN, "the server is shutting down") from None
         try:
-            outcome = await asyncio.wait_for(asyncio.shield(waiter.future), settings.action_timeout_s)
-        except (asyncio.TimeoutError, asyncio.CancelledError) as exc:
+            # Neither future is cancelled by the wait: the outcome may still arrive, to be discarded.
+            await asyncio.wait(
+                (waiter.future, gone), timeout=settings.action_timeout_s, return_when=asyncio.FIRST_COMPLETED
+            )
+        except asyncio.CancelledError:  # another item of its batch failed: nobody waits
             queue.cancel(item.session_id)
             item.cancelled = True
-            if isinstance(exc, asyncio.CancelledError):  # another item of its batch failed: nobody waits
-                raise
+            raise
+        if not waiter.future.done():  # nobody waits for it any more: out of the queue, or skipped once taken
+            queue.cancel(item.session_id)
+            item.cancelled = True
+            if gone.done():
+                raise ClientDisconnect()
             raise ApiError(
                 HttpErrorCode.TIMEOUT, f"no engine slot within {settings.action_timeout_s:.0f} s; retry later"
-            ) from None
+            )
+        outcome = waiter.future.result()
         if isinstance(outcome, str):  # dropped
             code = HttpErrorCode.SHUTTING_DOWN if outcome == DropReason.SHUTDOWN else HttpErrorCode.TIMEOUT
             raise ApiError(code, f"the request was dropped ({outcome})")
