@@ -485,17 +485,21 @@ def step_sigmas(info: CheckpointInfo, num_steps: int, shift: float | None) -> li
 # glibc's mallopt parameter for the size above which an allocation is its own mapping (freed straight back).
 _M_MMAP_THRESHOLD = -3
 _M_TRIM_THRESHOLD = -1
+_M_TOP_PAD = -2
 
 
 @contextmanager
 def _freed_memory_returned() -> Iterator[None]:
     """While the transformer loads, every allocation of 64 KiB or more is a mapping of its own, returned to
-    the system when freed; afterwards the threshold is glibc's largest default (32 MiB), and the heap is
-    trimmed only past 64 MiB free at its top (twice that, as glibc's own adjustment sets it).
+    the system when freed; afterwards the threshold is glibc's largest default (32 MiB), a heap is trimmed
+    only past 64 MiB free at its top (twice that, as glibc's own adjustment sets it), and 64 MiB is kept
+    padded, which also keeps a thread's arena from deleting a heap that a request left wholly free.
 
-    Setting the threshold stops glibc adjusting either of the two, which leaves the trim threshold at its
+    Setting the threshold stops glibc adjusting either of the first two, which left the trim threshold at its
     128 KiB: a served request's temporaries were then handed back to the system when freed and faulted in
-    again by the next request, about 2,000 page faults a request of the tiny checkpoint.
+    again by the next request, about 2,000 page faults a request of the tiny checkpoint. And the engine
+    worker's arena unmapped its second heap after each request and mapped a new one for the next (about
+    8,000 faults a request, in one start of the server of two) until the pad kept it.
 
     Loading casts each tensor to the serving dtype and, quantized, torchao makes temporaries of its size:
     glibc kept those freed blocks in its heap. An int8 load of Edge's shape held 6.5 GiB once loaded for
@@ -513,6 +517,7 @@ def _freed_memory_returned() -> Iterator[None]:
         libc.malloc_trim(0)
         libc.mallopt(_M_MMAP_THRESHOLD, 32 * 2**20)
         libc.mallopt(_M_TRIM_THRESHOLD, 64 * 2**20)
+        libc.mallopt(_M_TOP_PAD, 64 * 2**20)
 
 
 def load_pipeline(
