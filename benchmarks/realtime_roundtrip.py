@@ -168,8 +168,19 @@ def echo_round_trips(payloads: list[bytes], count: int) -> list[float]:
         server.wait()
 
 
-def run_round_trips(url: str, domain: str | None, size: int, requests: int, warmup: int) -> dict:
-    """Closed loop: one observation, wait for its chunk, repeat. Returns per-request measurements."""
+def minor_faults(pid: int | None) -> int | None:
+    """The minor page faults of process ``pid`` so far (None: not on this machine, or no pid)."""
+    try:
+        return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[7]) if pid else None
+    except OSError:
+        return None
+
+
+def run_round_trips(
+    url: str, domain: str | None, size: int, requests: int, warmup: int, server_pid: int | None = None
+) -> dict:
+    """Closed loop: one observation, wait for its chunk, repeat. Returns per-request measurements (and the
+    started server's page faults a request: memory it gives back and takes again each time)."""
     rng = np.random.default_rng(0)
     images = [rng.integers(0, 256, (size, size, 3), dtype=np.uint8) for _ in range(8)]
     # The same bytes as the robot's observation frames (the seq and timestamp differ, not the size).
@@ -181,6 +192,7 @@ def run_round_trips(url: str, domain: str | None, size: int, requests: int, warm
         for i in range(warmup):
             client.infer({"image": images[i % len(images)]}, timeout=60)
         round_trip, model, engine, server_total = [], [], [], []
+        faults_before = minor_faults(server_pid)
         for i in range(requests):
             started = time.perf_counter()
             chunk = client.infer({"image": images[i % len(images)]}, timeout=60)
@@ -188,7 +200,11 @@ def run_round_trips(url: str, domain: str | None, size: int, requests: int, warm
             model.append(chunk.timing["model_ms"])
             engine.append(chunk.timing["engine_ms"])
             server_total.append(chunk.timing["observation_age_ms"])
+        faults_after = minor_faults(server_pid)
     echo += echo_round_trips(payloads, requests - requests // 2)
+    faults = (
+        (faults_after - faults_before) / requests if faults_before is not None and faults_after is not None else None
+    )
     return {
         "domain": domain,
         "metadata": client.metadata,
@@ -199,6 +215,7 @@ def run_round_trips(url: str, domain: str | None, size: int, requests: int, warm
         "overhead_ms": [r - m for r, m in zip(round_trip, model)],
         "outside_engine_ms": [r - e for r, e in zip(round_trip, engine)],
         "echo_ms": echo,
+        "server_page_faults_per_request": faults,
     }
 
 
@@ -220,6 +237,8 @@ def report(result: dict, size: int) -> None:
         f"serving overhead at p50: {p50_rt - p50_model:.2f} ms "
         f"({(p50_rt / p50_model - 1) * 100:.1f}% on top of the model)"
     )
+    if result.get("server_page_faults_per_request") is not None:
+        print(f"server page faults a request: {result['server_page_faults_per_request']:.1f} (its heap kept: ~0)")
     p50_overhead, p50_echo = percentile(result["overhead_ms"], 50), percentile(result["echo_ms"], 50)
     print(
         f"overhead p50 / echo p50: {p50_overhead:.2f} / {p50_echo:.2f} ms = {p50_overhead / p50_echo:.2f}x "
@@ -258,7 +277,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"server ready: worker {health.get('worker')}")
         url = f"ws://127.0.0.1:{server.port}"
     try:
-        result = run_round_trips(url, args.domain, args.size, args.requests, args.warmup)
+        pid = server.proc.pid if server is not None else None
+        result = run_round_trips(url, args.domain, args.size, args.requests, args.warmup, pid)
     finally:
         if server is not None:
             server.stop()
@@ -298,7 +318,9 @@ def side_by_side(rev: str, rounds: int, passed: list[str]) -> int:
                     if done.returncode != 0:
                         raise RuntimeError(f"{name}'s benchmark failed:\n{done.stderr}")
                     result = json.loads(out.read_text())
+                    faults = result.get("server_page_faults_per_request")
                     row = {
+                        "faults": faults,
                         "overhead": percentile(result["overhead_ms"], 50),
                         "round_trip": percentile(result["round_trip_ms"], 50),
                         "model": percentile(result["model_ms"], 50),
@@ -306,7 +328,8 @@ def side_by_side(rev: str, rounds: int, passed: list[str]) -> int:
                     rows[name].append(row)
                     print(
                         f"round {round_} {name:<12} overhead p50 {row['overhead']:6.2f} ms   round trip p50 "
-                        f"{row['round_trip']:7.2f} ms   model p50 {row['model']:7.2f} ms",
+                        f"{row['round_trip']:7.2f} ms   model p50 {row['model']:7.2f} ms"
+                        + (f"   server page faults a request {faults:.1f}" if faults is not None else ""),
                         flush=True,
                     )
         finally:
