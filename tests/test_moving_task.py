@@ -122,6 +122,37 @@ pytestmark_shipped = pytest.mark.skipif(
 )
 
 
+def test_dagger_demonstrations_label_a_students_states_with_the_experts_chunks(tmp_path):
+    from cosmos3_runtime.lerobot_dataset import read_dataset
+    from policy_server.recording.demonstrations import collect_moving
+    from robot_clients.sim.moving_task import StudentErrors, run_labelled_episode
+
+    with _env(seed=5) as env:
+        expert = MovingCubeExpert(env)
+        steps, outcome = run_labelled_episode(env, expert)
+        # Unperturbed, the expert acts: every label starts with the action taken, and it follows the cube.
+        assert outcome.success
+        for step in steps:
+            assert step["chunk"].shape == (16, 4)
+            np.testing.assert_array_equal(step["chunk"][0], step["action"])
+        late = StudentErrors(lag_ticks=12, replan_every=8, speed_factor=0.4, action_noise=0.0)
+        while env.path.speed < 0.08:  # a fast cube, where a late and slow plan cannot keep up
+            steps, outcome = run_labelled_episode(env, expert, late)
+        assert not outcome.success
+        # The student's actions trail; each label is the expert's chunk from the state the student reached,
+        # so it starts further toward the cube than the student went.
+        gaps = [float(np.abs(s["chunk"][0] - s["action"]).max()) for s in steps[CLIP_STRIDE:]]
+        assert np.median(gaps) > 0.02, gaps
+
+    summary = collect_moving(tmp_path / "demos", 4, seed=1000, chunk_labels=True, perturbed=0.5)
+    assert summary["perturbed_episodes"] == 2 and summary["frames"] == 160
+    data = read_dataset(tmp_path / "demos")
+    for episode in data.episodes:  # read back as a recording: a chunk per frame, every one answered
+        assert episode.actions.shape == (40, 16, 4) and episode.answered is not None and episode.answered.all()
+    with pytest.raises(ValueError, match="chunk labels"):
+        collect_moving(tmp_path / "bad", 2, seed=1000, perturbed=0.5)
+
+
 @pytestmark_shipped
 def test_the_shipped_moving_policy_follows_the_cube_at_20_hz_through_the_server_and_not_blind():
     from robot_clients.chunker import ActionChunker
