@@ -42,7 +42,8 @@ def main() -> None:
     config = ArmEnvConfig(image_height=128, image_width=128, wrist_camera=False, seed=args.seed, episode_steps=40)
     shift = np.array([args.shift] * 3 + [0.0], np.float32)
     spreads, moves, first_rows = [], [], []
-    with MovingCubeTaskEnv(config) as env:
+    env = MovingCubeTaskEnv(config)
+    with env:
         expert = MovingCubeExpert(env)
         for _ in range(args.episodes):
             env.reset()
