@@ -116,20 +116,30 @@ reach-policy: $(STAMP) system-deps
 	cp -r build/reach-policy assets/reach_policy
 	rm -f assets/reach_policy/training_state.pt assets/reach_policy/training_latents.pt
 
-# The moving-cube policy from nothing: the moving task's scripted expert (40-tick episodes, the camera a
-# two-frame clip), then cosmos3-train with prefixes up to 12 rows (rtc at 500 ms of delay asks about 14: the
-# profile's max_prefix clamps them) and the rows past an episode's end left out of the loss (the cube does
-# not stop when the recording does); the checkpoint is copied to assets/moving_policy without its optimizer
-# state. docs/training.md ("The moving-cube task") has the figures.
+# The moving-cube policy from nothing, in two stages. First the moving task's scripted expert (40-tick
+# episodes, the camera a two-frame clip), then cosmos3-train with prefixes up to 12 rows (rtc at 500 ms of
+# delay asks about 14: the profile's max_prefix clamps them) and the rows past an episode's end left out of
+# the loss (the cube does not stop when the recording does): the first moving policy. Then DAgger: half the
+# episodes driven by a student that plans late, misjudges the cube's speed and jitters, every frame labelled
+# with the expert's chunk for the state it is in (--chunk-labels --perturbed 0.5), and the first policy
+# fine-tuned on them. The checkpoint is copied to assets/moving_policy without its optimizer state.
+# docs/training.md ("The moving-cube task") has the figures.
 MOVING_TRAIN_STEPS ?= 6000
+MOVING_DAGGER_STEPS ?= 1800
 moving-policy: $(STAMP) system-deps
-	rm -rf build/moving-demos build/moving-policy
+	rm -rf build/moving-demos build/moving-policy build/moving-dagger-demos build/moving-dagger-policy
 	$(VENV)/bin/cosmos3-reach-demos build/moving-demos --task moving --episodes 250 --seed 1000
 	$(VENV)/bin/cosmos3-train build/moving-demos --out build/moving-policy --domain cosmos3_mujoco_arm_moving \
 		--hidden-size 128 --steps $(MOVING_TRAIN_STEPS) --ema-decay 0.998 --prefix-noise 0.2 --max-prefix 12 \
 		--mask-padding --threads 2
+	rm -f build/moving-policy/training_state.pt build/moving-policy/training_latents.pt
+	$(VENV)/bin/cosmos3-reach-demos build/moving-dagger-demos --task moving --episodes 300 --seed 1000 \
+		--chunk-labels --perturbed 0.5
+	$(VENV)/bin/cosmos3-train build/moving-dagger-demos --out build/moving-dagger-policy --base build/moving-policy \
+		--domain cosmos3_mujoco_arm_moving --steps $(MOVING_DAGGER_STEPS) --lr 1e-3 --ema-decay 0.998 \
+		--prefix-noise 0.3 --max-prefix 12 --threads 2
 	rm -rf assets/moving_policy
-	cp -r build/moving-policy assets/moving_policy
+	cp -r build/moving-dagger-policy assets/moving_policy
 	rm -f assets/moving_policy/training_state.pt assets/moving_policy/training_latents.pt
 
 # A MetaWorld policy from nothing: MetaWorld's own scripted drawer-close policy, run through the gym bridge

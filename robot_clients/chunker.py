@@ -31,6 +31,15 @@ current one is the strategy:
     training-free inpainting, no blending and no jump. If a chunk arrives later than its prefix covered,
     the switch may jump; it is counted in ``stats.prefix_overruns``.
 
+**Acting before being asked** (``roll_state_forward``, VLASH's idea): whatever the strategy, the model is
+asked on the robot's state *now*, but its chunk takes over several ticks later, after the actions still
+planned have moved the arm. With ``roll_state_forward`` the request's ``state`` is instead the action the
+robot will last have commanded when the new chunk takes over: the plan's action at the tick the chunk is
+expected to start (for ``rtc``, the prefix's last action; otherwise the tick the latency estimate says it
+arrives), the plan's last action if the plan ends sooner (the robot holds it), or the last action executed
+if no plan is left. It needs a state in the action's units (absolute joint targets, as the MuJoCo arm's),
+and is counted in ``stats.rolled_states``.
+
 When no planned action is left for a tick (inference slower than the executed horizon, or a failed
 request), the chunker repeats the last action, which holds a position-controlled robot in place, and
 counts a stall. Observations the server drops or refuses are counted and asked again at the next tick.
@@ -108,6 +117,9 @@ class ChunkerConfig:
         latency_window: how many recent chunk latencies the estimate looks at.
         latency_quantile: which quantile of them it takes (0.9: plan for a slow chunk, not the median).
         startup_timeout_s: how long the first call waits for the first chunk.
+        roll_state_forward: send, as the observation's ``state``, the action the robot will last have
+            commanded when the requested chunk takes over, instead of the state measured now (see the module
+            docstring). The state must be in the action's units and width; a mismatch raises ``ValueError``.
     """
 
     strategy: ChunkStrategy | str = ChunkStrategy.REAL_TIME_CHUNKING
@@ -119,6 +131,7 @@ class ChunkerConfig:
     latency_window: int = 16
     latency_quantile: float = 0.9
     startup_timeout_s: float = 60.0
+    roll_state_forward: bool = False
 
     def __post_init__(self) -> None:
         try:
@@ -175,6 +188,7 @@ class ChunkerSummary(TypedDict):
     prefix_overruns: int
     held_steps: int
     holds: int
+    rolled_states: int
     startup_s: float | None
 
 
@@ -193,6 +207,7 @@ class ChunkerStats:
     prefix_overruns: int = 0  # rtc: chunks that arrived after their prefix had been executed
     held_steps: int = 0  # ticks that held the last action because an operator paused (or stopped) the session
     holds: int = 0  # pauses: runs of consecutive held steps
+    rolled_states: int = 0  # roll_state_forward: requests whose state was a planned action, not the measured one
     startup_s: float | None = None
     latencies_s: list[float] = field(default_factory=list)
 
@@ -217,6 +232,7 @@ class ChunkerStats:
             "prefix_overruns": self.prefix_overruns,
             "held_steps": self.held_steps,
             "holds": self.holds,
+            "rolled_states": self.rolled_states,
             "startup_s": self.startup_s,
         }
 
@@ -559,10 +575,41 @@ class ActionChunker:
             if length > 0:
                 start = t - self._origin
                 prefix = np.ascontiguousarray(self._plan[start : start + length], dtype=np.float32)
+        if self.config.roll_state_forward:
+            observation = self._rolled_forward(observation, t, prefix)
         request = ChunkRequest(self._generation, t, observation, prefix)
         self._worker.submit(request)
         self._in_flight = request
         self.stats.requests += 1
+
+    def rolled_state(self, t: int, prefix: np.ndarray | None = None) -> np.ndarray | None:
+        """The action the robot will last have commanded when a chunk requested at tick ``t`` takes over:
+        ``prefix``'s last row when there is one (rtc: the chunk starts after it); else the plan's action at
+        tick ``t + latency_steps - 1`` (the tick before the chunk is expected), or the plan's last action if
+        it ends sooner, or the last action executed if no plan covers tick ``t``; ``None`` before any
+        action (the measured state is all there is)."""
+        if prefix is not None and len(prefix):
+            return np.array(prefix[-1], dtype=np.float32)
+        if self._plan is not None and t < self._plan_end:
+            ahead = min(t + max(self.latency_steps, 1) - 1, self._plan_end - 1)
+            return np.array(self._plan[ahead - self._origin], dtype=np.float32)
+        if self._last_action is not None:
+            return np.array(self._last_action, dtype=np.float32)
+        return None
+
+    def _rolled_forward(self, observation: Mapping[str, Any], t: int, prefix: np.ndarray | None) -> Mapping[str, Any]:
+        """``observation`` with its ``state`` replaced by :meth:`rolled_state` (unchanged without one)."""
+        rolled = self.rolled_state(t, prefix)
+        measured = observation.get("state")
+        if rolled is None or measured is None:
+            return observation
+        if np.shape(measured) != rolled.shape:
+            raise ValueError(
+                f"roll_state_forward needs the state in the action's units: the state has shape "
+                f"{list(np.shape(measured))}, an action {list(rolled.shape)}"
+            )
+        self.stats.rolled_states += 1
+        return {**observation, "state": rolled}
 
     def _collect(self, t: int) -> None:
         outcome = self._worker.poll()

@@ -172,3 +172,93 @@ def test_reset_discards_the_chunk_in_flight():
         executed = run_ticks(chunker, 20)
         assert chunker.stats.steps == 20
     np.testing.assert_array_equal(executed[:, 0], np.arange(20, dtype=np.float32))
+
+
+class StateRecordingPolicy(SimulatedLatencyPolicy):
+    """Records the ``state`` each request carried, with the step it was sent at and its prefix."""
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.sent: list[tuple[int, np.ndarray, np.ndarray | None]] = []
+
+    def infer_chunk(self, observation, prefix_actions):
+        with self.lock:
+            prefix = None if prefix_actions is None else np.array(prefix_actions)
+            self.sent.append((observation["step"], np.array(observation["state"]), prefix))
+        return super().infer_chunk(observation, prefix_actions)
+
+
+def run_ticks_with_state(chunker: ActionChunker, steps: int, hz: float = HZ) -> np.ndarray:
+    """:func:`run_ticks` with a measured state in every observation: the step number, in every dimension."""
+    period = 1.0 / hz
+    executed = []
+    next_tick = time.monotonic()
+    for step in range(steps):
+        if step:
+            next_tick += period
+            time.sleep(max(0.0, next_tick - time.monotonic()))
+        executed.append(chunker.next_action({"step": step, "state": np.full(3, -step, np.float32)}))
+    return np.stack(executed)
+
+
+def test_rolled_state_is_the_rtc_prefix_end_the_robot_goes_on_to_command():
+    policy = StateRecordingPolicy(latency_s=0.06, horizon=16)
+    config = ChunkerConfig(strategy="rtc", control_hz=HZ, execute_horizon=8, roll_state_forward=True)
+    with ActionChunker(policy, config) as chunker:
+        executed = run_ticks_with_state(chunker, 70)
+        stats = chunker.stats
+    (first_step, first_state, _), *later = policy.sent
+    # Nothing planned yet: the first request carries the measured state (here minus the step).
+    np.testing.assert_array_equal(first_state, np.full(3, -first_step, np.float32))
+    assert len(later) >= 4 and stats.rolled_states == len(later)
+    for step, state, prefix in later:
+        assert prefix is not None and len(prefix) >= 4  # 60 ms at 50 Hz: 3 steps, +2 of margin
+        # The state is the last action the robot commands before the new chunk's own actions start...
+        np.testing.assert_array_equal(state, prefix[-1])
+        if step + len(prefix) <= len(executed):
+            np.testing.assert_array_equal(state, executed[step + len(prefix) - 1])
+        # ...which is ahead of the measured state by the prefix, not the measured state itself.
+        assert state[0] == step + len(prefix) - 1
+
+
+def test_rolled_state_without_a_prefix_is_the_plan_at_the_expected_arrival():
+    policy = StateRecordingPolicy(latency_s=0.1, horizon=16)  # 5 steps of latency at 50 Hz
+    config = ChunkerConfig(strategy="replace", control_hz=HZ, execute_horizon=8, roll_state_forward=True)
+    with ActionChunker(policy, config) as chunker:
+        executed = run_ticks_with_state(chunker, 70)
+    assert len(policy.sent) >= 4
+    for step, state, prefix in policy.sent[1:]:
+        assert prefix is None
+        # An action of the plan (the action for step u is u), at least the latency's 5 steps minus one ahead
+        # of the tick it was asked at, at most the plan's last (the chunk covers 16 steps from its origin).
+        assert np.all(state == state[0]) and 4 <= state[0] - step < 16
+        assert state[0] in executed[:, 0] or state[0] >= len(executed)
+
+
+def test_rolled_state_while_waiting_is_the_held_action():
+    # `wait`: asked only when the plan is used up, the robot holds its last action while the model thinks.
+    policy = StateRecordingPolicy(latency_s=0.06, horizon=8)
+    config = ChunkerConfig(strategy="open_loop", control_hz=HZ, request_threshold=0, roll_state_forward=True)
+    with ActionChunker(policy, config) as chunker:
+        executed = run_ticks_with_state(chunker, 50)
+    assert len(policy.sent) >= 3
+    for step, state, _ in policy.sent[1:]:
+        np.testing.assert_array_equal(state, executed[step - 1])
+
+
+def test_measured_state_is_sent_unless_rolled_forward_and_a_mismatch_is_named():
+    policy = StateRecordingPolicy(latency_s=0.06, horizon=16)
+    with ActionChunker(policy, ChunkerConfig(strategy="rtc", control_hz=HZ)) as chunker:
+        run_ticks_with_state(chunker, 40)
+        assert chunker.stats.rolled_states == 0
+    for step, state, _ in policy.sent:
+        np.testing.assert_array_equal(state, np.full(3, -step, np.float32))
+
+    # A state that is not in the action's units (here the wrong width) cannot be replaced by an action.
+    policy = StateRecordingPolicy(latency_s=0.0, horizon=4)
+    config = ChunkerConfig(strategy="replace", control_hz=HZ, roll_state_forward=True, request_threshold=3)
+    with ActionChunker(policy, config) as chunker:
+        chunker.next_action({"step": 0, "state": np.zeros(5, np.float32)})
+        with pytest.raises(ValueError, match="action's units"):
+            for step in range(1, 8):
+                chunker.next_action({"step": step, "state": np.zeros(5, np.float32)})

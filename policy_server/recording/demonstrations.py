@@ -31,7 +31,15 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from cosmos3_runtime.lerobot_layout import DATA_PATH, EPISODES_PATH, INFO_PATH, STATS_PATH, TASKS_PATH
+from cosmos3_runtime.lerobot_layout import (
+    ANSWERED_KIND,
+    DATA_PATH,
+    EPISODES_PATH,
+    INFO_PATH,
+    RESPONSE_KIND,
+    STATS_PATH,
+    TASKS_PATH,
+)
 from robot_clients.sim.gym_bridge import load_demonstrations
 
 from . import lerobot_format as fmt
@@ -44,12 +52,15 @@ _IMAGE_TYPE = pa.struct([pa.field("bytes", pa.binary()), pa.field("path", pa.str
 
 @dataclass(frozen=True)
 class Demonstration:
-    """One expert episode: ``images`` (T, H, W, 3) uint8, ``state`` (T, D) and ``actions`` (T, D)."""
+    """One expert episode: ``images`` (T, H, W, 3) uint8, ``state`` (T, D) and ``actions`` (T, D); with
+    ``chunks`` (T, H, D), every frame's label is the expert's whole chunk for it (DAgger's labels), written
+    as a recording's answered chunks, and ``actions`` (what the arm executed) is not stored."""
 
     images: np.ndarray
     state: np.ndarray
     actions: np.ndarray
     success: bool
+    chunks: np.ndarray | None = None
 
 
 def _png(frame: np.ndarray) -> bytes:
@@ -63,17 +74,26 @@ def _png(frame: np.ndarray) -> bytes:
 def write_dataset(
     out: Path, demonstrations: list[Demonstration], task: str, fps: int, robot_type: str
 ) -> dict[str, Any]:
-    """Write ``demonstrations`` as a new LeRobot v3.0 dataset at ``out`` (one task, one camera)."""
+    """Write ``demonstrations`` as a new LeRobot v3.0 dataset at ``out`` (one task, one camera).
+
+    Demonstrations with ``chunks`` (all or none) are written as a recording is: ``action`` is each frame's
+    chunk (H x D) and ``response.kind`` says it was answered, so ``cosmos3-train`` trains on the chunk as
+    labelled instead of on the actions that followed the frame."""
+    chunked = demonstrations[0].chunks is not None
+    if any((d.chunks is not None) != chunked for d in demonstrations):
+        raise ValueError("either every demonstration has chunk labels or none has")
     images = [_png(frame) for d in demonstrations for frame in d.images]
     states_np = np.concatenate([d.state for d in demonstrations]).astype(np.float32)
-    actions_np = np.concatenate([d.actions for d in demonstrations]).astype(np.float32)
+    labels = [d.chunks if d.chunks is not None else d.actions for d in demonstrations]
+    actions_np = np.concatenate(labels).astype(np.float32)
     lengths = [len(d.actions) for d in demonstrations]
     episode_index = np.concatenate([np.full(n, k, np.int64) for k, n in enumerate(lengths)])
     frame_index = np.concatenate([np.arange(n, dtype=np.int64) for n in lengths])
     height, width_px = demonstrations[0].images.shape[1:3]
     features: dict[str, dict[str, Any]] = {
         "observation.state": {"dtype": "float32", "shape": (states_np.shape[1],), "names": None},
-        "action": {"dtype": "float32", "shape": (actions_np.shape[1],), "names": None},
+        "action": {"dtype": "float32", "shape": tuple(actions_np.shape[1:]), "names": None},
+        **({RESPONSE_KIND: fmt.SCALAR_FEATURES[RESPONSE_KIND]} if chunked else {}),
         **fmt.DEFAULT_FEATURES,
     }
     frames = len(images)
@@ -85,6 +105,7 @@ def write_dataset(
         "episode_index": episode_index,
         "index": np.arange(frames, dtype=np.int64),
         "task_index": np.zeros(frames, np.int64),
+        **({RESPONSE_KIND: np.full(frames, ANSWERED_KIND, dtype=object)} if chunked else {}),
     }
     schema = fmt.data_schema(features)
     hf = json.loads(schema.metadata[b"huggingface"])
@@ -143,20 +164,56 @@ def collect(out: Path, episodes: int, seed: int, image_size: int = 128, episode_
 
 
 def collect_moving(
-    out: Path, episodes: int, seed: int, image_size: int = 128, episode_steps: int = 40
+    out: Path,
+    episodes: int,
+    seed: int,
+    image_size: int = 128,
+    episode_steps: int = 40,
+    chunk_labels: bool = False,
+    perturbed: float = 0.0,
 ) -> dict[str, Any]:
-    """Record ``episodes`` moving-cube expert episodes (paths from ``seed``) into a new dataset at ``out``."""
-    from robot_clients.sim.moving_task import TASK, MovingCubeExpert, MovingCubeTaskEnv, run_moving_expert
+    """Record ``episodes`` moving-cube expert episodes (paths from ``seed``) into a new dataset at ``out``.
+
+    ``chunk_labels``: every frame is labelled with the expert's chunk for it
+    (:func:`~robot_clients.sim.moving_task.run_labelled_episode`); then a share ``perturbed`` of the
+    episodes (every ``round(1 / perturbed)``-th) is driven by a student that errs
+    (:func:`~robot_clients.sim.moving_task.draw_student`), the expert labelling the states it visits."""
+    from robot_clients.sim.moving_task import (
+        TASK,
+        MovingCubeExpert,
+        MovingCubeTaskEnv,
+        draw_student,
+        run_labelled_episode,
+        run_moving_expert,
+    )
     from robot_clients.sim.mujoco_arm import ArmEnvConfig
 
+    if perturbed and not chunk_labels:
+        raise ValueError("a perturbed episode needs chunk labels: its executed actions are the student's")
     config = ArmEnvConfig(
         image_height=image_size, image_width=image_size, wrist_camera=False, seed=seed, episode_steps=episode_steps
     )
     env = MovingCubeTaskEnv(config)
     expert = MovingCubeExpert(env)
+    rng = np.random.default_rng(seed + 1)
+    demonstrations = []
+    students = 0
     with env:
-        demonstrations = [_demonstration(*run_moving_expert(env, expert)) for _ in range(episodes)]
-    return write_dataset(out, demonstrations, TASK, REACH_FPS, "cosmos3_mujoco_arm")
+        for k in range(episodes):
+            if not chunk_labels:
+                demonstrations.append(_demonstration(*run_moving_expert(env, expert)))
+                continue
+            errors = draw_student(rng) if perturbed and _is_perturbed(k, perturbed) else None
+            students += errors is not None
+            demonstrations.append(_demonstration(*run_labelled_episode(env, expert, errors, rng)))
+    summary = write_dataset(out, demonstrations, TASK, REACH_FPS, "cosmos3_mujoco_arm")
+    summary["perturbed_episodes"] = students
+    return summary
+
+
+def _is_perturbed(k: int, share: float) -> bool:
+    """Whether episode ``k`` is a student's when a share ``share`` of them is: evenly spread, not random."""
+    return int((k + 1) * share) > int(k * share)
 
 
 def _demonstration(steps: list[dict[str, Any]], outcome: Any) -> Demonstration:
@@ -166,6 +223,7 @@ def _demonstration(steps: list[dict[str, Any]], outcome: Any) -> Demonstration:
         np.asarray([s["state"] for s in steps], np.float32),
         np.asarray([s["action"] for s in steps], np.float32),
         outcome.success,
+        np.asarray([s["chunk"] for s in steps], np.float32) if "chunk" in steps[0] else None,
     )
 
 
@@ -203,13 +261,32 @@ def reach_main(argv: list[str] | None = None) -> int:
         default=None,
         help="actions per episode (default: 30 reach, the reach takes ~12; 40 moving)",
     )
+    parser.add_argument(
+        "--chunk-labels",
+        action="store_true",
+        help="moving: label every frame with the expert's chunk for it (a recording's answered chunks)",
+    )
+    parser.add_argument(
+        "--perturbed",
+        type=float,
+        default=0.0,
+        help="moving, with --chunk-labels: the share of episodes driven by an erring student (DAgger)",
+    )
     args = parser.parse_args(argv)
     out = Path(args.out)
     if out.exists():
         parser.error(f"{out} already exists")
+    if not 0.0 <= args.perturbed <= 1.0:
+        parser.error(f"--perturbed must be in [0, 1], got {args.perturbed}")
+    if (args.chunk_labels or args.perturbed) and args.task != "moving":
+        parser.error("--chunk-labels and --perturbed are the moving task's")
+    if args.perturbed and not args.chunk_labels:
+        parser.error("--perturbed needs --chunk-labels (a student's actions are not the labels)")
     started = time.monotonic()
     if args.task == "moving":
-        summary = collect_moving(out, args.episodes, args.seed, args.image_size, args.episode_steps or 40)
+        summary = collect_moving(
+            out, args.episodes, args.seed, args.image_size, args.episode_steps or 40, args.chunk_labels, args.perturbed
+        )
     else:
         summary = collect(out, args.episodes, args.seed, args.image_size, args.episode_steps or 30)
     return _finish(summary, started)

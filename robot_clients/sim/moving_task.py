@@ -305,6 +305,72 @@ class ExpertChunkPolicy:
         return chunk
 
 
+@dataclass(frozen=True)
+class StudentErrors:
+    """How a perturbed demonstration's arm is driven: as a learned policy errs, not as the expert acts.
+
+    The student executes the expert's chunk planned ``lag_ticks`` too early (a plan for where the cube was),
+    with the cube's speed misjudged by ``speed_factor``, replanned every ``replan_every`` ticks and executed
+    from its first action, with Gaussian noise of std ``action_noise`` (action units) on the arm's joints.
+    """
+
+    lag_ticks: int
+    replan_every: int
+    speed_factor: float
+    action_noise: float
+
+
+def draw_student(rng: np.random.Generator) -> StudentErrors:
+    """Errors of the size the first trained policy showed: up to 0.6 s late, up to 60 % slow, jittery."""
+    return StudentErrors(
+        lag_ticks=int(rng.integers(0, 13)),
+        replan_every=int(rng.integers(1, 9)),
+        speed_factor=float(rng.uniform(0.4, 1.1)),
+        action_noise=float(rng.uniform(0.0, 0.1)),
+    )
+
+
+def _student_view(view: ExpertView, errors: StudentErrors, period: float) -> ExpertView:
+    """The view a student with ``errors`` plans on: the path's speed scaled about now, the clock late."""
+    now = view.path.at(view.seconds)
+    velocity = view.path.velocity * errors.speed_factor
+    path = CubePath(now - velocity * view.seconds, velocity)
+    return ExpertView(view.joints, path, view.seconds - errors.lag_ticks * period)
+
+
+def run_labelled_episode(
+    env: MovingCubeTaskEnv,
+    expert: MovingCubeExpert,
+    errors: StudentErrors | None = None,
+    rng: np.random.Generator | None = None,
+) -> tuple[list[dict[str, np.ndarray]], ReachOutcome]:
+    """One episode from a fresh reset, every tick labelled with the expert's whole chunk for that tick's
+    state (``chunk``, H x D): DAgger's labels. With ``errors`` the arm is driven by a student that errs as
+    :class:`StudentErrors` says (``rng`` draws its noise), so the labels show how to recover from states the
+    expert alone never visits (the arm behind a fast cube, off to one side); without, the expert acts every
+    tick and ``chunk`` starts with the action it takes."""
+    env.reset()
+    rng = rng or np.random.default_rng(0)
+    steps = []
+    student_chunk: np.ndarray | None = None
+    since_plan = 0
+    while not env.is_episode_complete():
+        observation = env.get_observation()
+        view = observation["expert_view"]
+        chunk = expert.plan(view)
+        if errors is None:
+            action = chunk[0]
+        else:
+            if student_chunk is None or since_plan >= min(errors.replan_every, len(student_chunk)):
+                student_chunk, since_plan = expert.plan(_student_view(view, errors, env.period)), 0
+            action = student_chunk[since_plan].copy()
+            action[:3] += rng.normal(0.0, errors.action_noise, 3).astype(np.float32)
+            since_plan += 1
+        steps.append({"image": observation["image"], "state": observation["state"], "action": action, "chunk": chunk})
+        env.apply_action({"actions": action})
+    return steps, env.outcome()
+
+
 def run_moving_expert(
     env: MovingCubeTaskEnv, expert: MovingCubeExpert
 ) -> tuple[list[dict[str, np.ndarray]], ReachOutcome]:

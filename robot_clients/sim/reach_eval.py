@@ -13,7 +13,9 @@ at 20 Hz on :class:`~robot_clients.sim.reach_task.ReachTaskEnv`. A cell of the t
 (``assets/moving_policy``) unless ``--model`` or ``--server`` says otherwise; ``--task reach`` (the default)
 serves ``assets/reach_policy``. Besides the chunker's modes, ``lockstep`` is the baseline of a client that
 waits for each chunk and executes it from its first action while the world goes on
-(:mod:`robot_clients.sim.lockstep`, over the server's openpi route).
+(:mod:`robot_clients.sim.lockstep`, over the server's openpi route). A chunker mode with ``+forward``
+(``rtc+forward``, ``replace+forward``, ...) also rolls the state sent forward to the chunk's start
+(:class:`~robot_clients.chunker.ChunkerConfig`'s ``roll_state_forward``, VLASH's idea).
 
 Ablations (``--ablation``): ``black`` sends an all-black image, ``shuffled_state`` sends the state's
 entries in a random order each tick; ``blind_expert`` runs the camera-blind scripted baseline locally;
@@ -51,6 +53,8 @@ from .reach_task import BlindReachExpert, ReachChunkPolicy, ReachExpert, ReachOu
 
 MODES = ("wait", "replace", "blend", "rtc", "lockstep")
 CHUNKER_MODES = MODES[:4]  # lockstep is not the chunker's: robot_clients.sim.lockstep
+FORWARD = "+forward"  # a chunker mode's suffix: the state sent is rolled forward to the chunk's start
+ALL_MODES = (*MODES, *(m + FORWARD for m in CHUNKER_MODES))
 ABLATIONS = ("none", "black", "shuffled_state", "blind_expert", "expert")
 DELAYS_MS = (0, 100, 200, 300)
 MOVING_POLICY = REACH_POLICY.parent / "moving_policy"
@@ -153,11 +157,20 @@ def provenance(seed: int, model: str | None, argv: list[str], served: dict[str, 
 
 
 def chunker_config(mode: str, control_hz: float, execute_horizon: int) -> ChunkerConfig:
+    """The chunker's configuration of a chunker mode of :data:`ALL_MODES`."""
+    forward = mode.endswith(FORWARD)
+    mode = mode.removesuffix(FORWARD)
     if mode == "wait":  # ask only when the chunk is used up: the robot holds while the model thinks
         return ChunkerConfig(
-            strategy="open_loop", control_hz=control_hz, execute_horizon=execute_horizon, request_threshold=0
+            strategy="open_loop",
+            control_hz=control_hz,
+            execute_horizon=execute_horizon,
+            request_threshold=0,
+            roll_state_forward=forward,
         )
-    return ChunkerConfig(strategy=mode, control_hz=control_hz, execute_horizon=execute_horizon)
+    return ChunkerConfig(
+        strategy=mode, control_hz=control_hz, execute_horizon=execute_horizon, roll_state_forward=forward
+    )
 
 
 def run_cell(
@@ -290,8 +303,12 @@ def plot(results: list[CellResult], path: Path, title: str) -> None:
         "blend": (40, 120, 200),
         "rtc": (30, 150, 60),
         "lockstep": (150, 60, 170),
+        "wait+forward": (60, 60, 60),
+        "replace+forward": (240, 150, 40),
+        "blend+forward": (40, 200, 220),
+        "rtc+forward": (200, 40, 150),
     }
-    for i, mode in enumerate(MODES):
+    for i, mode in enumerate(m for m in ALL_MODES if any(r.mode == m for r in results)):
         cells = sorted((r for r in results if r.mode == mode and r.ablation == "none"), key=lambda r: r.delay_ms)
         if not cells:
             continue
@@ -335,7 +352,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--server", default=None, help="ws://HOST:PORT of a running server instead")
     parser.add_argument("--episodes", type=int, default=20)
     parser.add_argument("--seed", type=int, default=100_000, help="seed of the cube places (held out)")
-    parser.add_argument("--modes", default="rtc", help=f"comma-separated, of {', '.join(MODES)}")
+    parser.add_argument(
+        "--modes", default="rtc", help=f"comma-separated, of {', '.join(MODES)}, or a chunker mode with {FORWARD}"
+    )
     parser.add_argument("--delays", default="0", help="comma-separated injected delays in ms")
     parser.add_argument("--ablations", default="none", help=f"comma-separated, of {', '.join(ABLATIONS)}")
     parser.add_argument("--execute-horizon", type=int, default=8)
@@ -360,7 +379,7 @@ def main(argv: list[str] | None = None) -> int:
     delays = [int(d) for d in args.delays.split(",") if d]
     ablations = [a for a in args.ablations.split(",") if a]
     for mode in modes:
-        if mode not in MODES:
+        if mode not in ALL_MODES:
             parser.error(f"unknown mode {mode!r}")
     for ablation in ablations:
         if ablation not in ABLATIONS:
