@@ -349,3 +349,12 @@ class PeakRss:
             self._thread.join()
         if self._hwm_reset:
             self.peak = max(self.peak, self._hwm())
+
+
+async def until(condition: Callable[[], Any], what: str, timeout: float = 30.0) -> Any:
+    """``condition()``'s first true value, polled every 20 ms; fails the test after ``timeout`` seconds."""
+    deadline = time.monotonic() + timeout
+    while not (value := condition()):
+        assert time.monotonic() < deadline, f"timed out waiting until {what}"
+        await asyncio.sleep(0.02)
+    return value

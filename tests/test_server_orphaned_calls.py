@@ -16,7 +16,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from server_fixtures import DOMAIN, ServerThread, http_get, rgb_image, tiny_engine_loader
+from server_fixtures import DOMAIN, ServerThread, http_get, rgb_image, tiny_engine_loader, until
 from websockets.asyncio.client import ClientConnection, connect
 
 from robot_clients.wire_codec import packb, unpackb
@@ -34,14 +34,6 @@ async def open_session(server: ServerThread) -> ClientConnection:
     await ws.send(packb({"type": "configure", "domain_name": DOMAIN}))
     assert unpackb(await ws.recv())["type"] == "session"
     return ws
-
-
-async def until(condition: Callable[[], Any], what: str, timeout: float = 30.0) -> Any:
-    deadline = time.monotonic() + timeout
-    while not (value := condition()):
-        assert time.monotonic() < deadline, f"timed out waiting until {what}"
-        await asyncio.sleep(0.02)
-    return value
 
 
 async def test_healthz_says_orphaned_not_busy_while_a_call_nobody_waits_for_finishes():

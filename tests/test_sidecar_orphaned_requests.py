@@ -21,7 +21,7 @@ from collections.abc import Callable
 from typing import Any
 
 import pytest
-from server_fixtures import DOMAIN, tiny_checkpoint, tiny_engine_loader
+from server_fixtures import DOMAIN, tiny_checkpoint, tiny_engine_loader, until
 from sidecar_fixtures import SidecarServer, png_b64, rgb
 
 pytestmark = pytest.mark.timeout(240)
@@ -34,14 +34,6 @@ ENGINE_CALL_S = 6.0
 # How long the worker holds a taken request for batch company: the window in which its client leaves.
 BATCH_HOLD_MS = 5000.0
 PREPARE_S = 4.0
-
-
-async def until(condition: Callable[[], Any], what: str, timeout: float = 30.0) -> Any:
-    deadline = time.monotonic() + timeout
-    while not (value := condition()):
-        assert time.monotonic() < deadline, f"timed out waiting until {what}"
-        await asyncio.sleep(0.02)
-    return value
 
 
 async def send_and_leave_open(server: SidecarServer) -> asyncio.StreamWriter:
