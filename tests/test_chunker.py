@@ -210,7 +210,9 @@ def test_rolled_state_is_the_rtc_prefix_end_the_robot_goes_on_to_command():
     (first_step, first_state, _), *later = policy.sent
     # Nothing planned yet: the first request carries the measured state (here minus the step).
     np.testing.assert_array_equal(first_state, np.full(3, -first_step, np.float32))
-    assert len(later) >= 4 and stats.rolled_states == len(later)
+    # Every later request was rolled; the last one may have been rolled and not yet reached the policy when the
+    # chunker closed.
+    assert len(later) >= 4 and len(later) <= stats.rolled_states <= len(later) + 1
     for step, state, prefix in later:
         assert prefix is not None and len(prefix) >= 4  # 60 ms at 50 Hz: 3 steps, +2 of margin
         # The state is the last action the robot commands before the new chunk's own actions start...

@@ -304,4 +304,6 @@ def test_a_loaded_engine_keeps_its_heap_between_requests(tiny_engine, camera_ima
     for _ in range(5):
         engine.predict_actions(request)
     per_request = (resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before) / 5
-    assert per_request < 200, f"{per_request:.0f} page faults a request"
+    # Given back each time: 1,722 (the trim threshold alone) to 7,231 a request. The process's other threads (the
+    # servers of other test modules) add up to a few hundred in the whole suite (350 seen once).
+    assert per_request < 1000, f"{per_request:.0f} page faults a request"
