@@ -61,6 +61,10 @@ from .sequence_packing import SequencePass, TextPrefixCache, install_packed_atte
 from .validation import DenoiseJob
 
 _TOKEN_CACHE_SIZE = 64
+# The step-invariant sequences kept (their index and position tensors), by size: about 10 KB for a tiny
+# model's 256-pixel job, a few MB for a large model's largest; a session's shape recurs every control tick.
+_PACK_CACHE_BYTES = 32 * 2**20
+_SCHEDULE_CACHE_SIZE = 16  # schedules set once per (shift, steps), copied per job
 
 # Returns seconds: the engine passes time.perf_counter.
 Clock = Callable[[], float]
@@ -118,9 +122,15 @@ class Cosmos3Sampler:
         self.loaded_shift = configured_shift(info)
         self.device = device
         self.transformer = pipe.transformer
+        # diffusers' ``ModelMixin.dtype`` walks every submodule on each read (0.1 ms for a tiny transformer,
+        # more for a real one); the loaded weights keep their dtype, so it is read once.
+        self.compute_dtype: torch.dtype = self.transformer.dtype
         self.prefix_cache = TextPrefixCache(prefix_cache_bytes) if prefix_cache_bytes > 0 else None
         self._attention = install_packed_attention(self.transformer)
         self._token_cache: OrderedDict[tuple[Any, ...], tuple[list[int], list[int]]] = OrderedDict()
+        self._packs: OrderedDict[tuple[Any, ...], tuple[dict[str, Any], int]] = OrderedDict()
+        self._pack_bytes = 0
+        self._schedules: OrderedDict[tuple[float | None, int], Any] = OrderedDict()
         self._step_takes_generator = "generator" in inspect.signature(pipe.scheduler.step).parameters
         # Frames prepared ahead of their batch are copied and resized on their own stream, so that work
         # runs beside the forwards on the default stream instead of queueing behind them.
@@ -344,12 +354,7 @@ class Cosmos3Sampler:
                 uncond_ids, latents, action_latents, vision_condition_frames, clean_frames, job
             )
 
-        # The pipeline's scheduler as loaded, or one built with the job's shift where it differs.
-        if job.settings.shift is None or job.settings.shift == self.loaded_shift:
-            scheduler = copy.deepcopy(pipe.scheduler)
-        else:
-            scheduler = build_scheduler(self.info, job.settings.shift)
-        set_schedule(scheduler, self.info, job.settings.num_steps, device)
+        scheduler = self.scheduler_for(job)
         return _Item(
             job=job,
             x0_vision=x0_vision,
@@ -361,12 +366,29 @@ class Cosmos3Sampler:
             domain_id=torch.tensor([job.domain_id], dtype=torch.long, device=device),
             generator=generator,
             scheduler=scheduler,
-            action_scheduler=copy.deepcopy(scheduler),
+            action_scheduler=self.scheduler_for(job),
             passes=passes,
             has_noisy_action=len(clean_frames) < rows,
             preprocess_s=preprocess_s,
             encode_s=encode_s,
         )
+
+    def scheduler_for(self, job: DenoiseJob) -> Any:
+        """A scheduler of its own for ``job``, its timesteps set: the pipeline's as loaded, or one built with the
+        job's shift where it differs. Each (shift, steps) is set once and copied per job (a copy costs a third
+        of setting it again), since a scheduler keeps its step index and, for multistep ones, past outputs."""
+        shift = None if job.settings.shift is None or job.settings.shift == self.loaded_shift else job.settings.shift
+        key = (shift, job.settings.num_steps)
+        scheduled = self._schedules.get(key)
+        if scheduled is None:
+            scheduled = copy.deepcopy(self.pipe.scheduler) if shift is None else build_scheduler(self.info, shift)
+            set_schedule(scheduled, self.info, job.settings.num_steps, self.device)
+            self._schedules[key] = scheduled
+            if len(self._schedules) > _SCHEDULE_CACHE_SIZE:
+                self._schedules.popitem(last=False)
+        else:
+            self._schedules.move_to_end(key)
+        return copy.deepcopy(scheduled)
 
     def sequence_pass(
         self,
@@ -377,11 +399,36 @@ class Cosmos3Sampler:
         clean_action_frames: list[int],
         job: DenoiseJob,
     ) -> SequencePass:
-        """One pass of ``job`` (its packed sequence and cached text prefix); training builds its batches here too."""
-        full = pack_sequence(
-            self.pipe, self.device, input_ids, latents, action_latents, vision_frames, clean_action_frames, job
-        )
+        """One pass of ``job`` (its packed sequence and cached text prefix); training builds its batches here too.
+
+        The packed sequence holds indexes and positions only, which depend on the token ids, the latents'
+        shapes, the clean frames, the fps and the state rows, never on the latents' values: it is built once
+        per such shape and shared (read only) by every job of that shape.
+        """
         key = tuple(input_ids)
+        shape = (
+            key,
+            tuple(latents.shape),
+            tuple(action_latents.shape),
+            tuple(vision_frames),
+            tuple(clean_action_frames),
+            job.settings.fps,
+            job.leading_rows,
+        )
+        cached = self._packs.get(shape)
+        if cached is None:
+            full = pack_sequence(
+                self.pipe, self.device, input_ids, latents, action_latents, vision_frames, clean_action_frames, job
+            )
+            size = sum(v.nbytes for v in full.values() if isinstance(v, torch.Tensor))
+            self._packs[shape] = (full, size)
+            self._pack_bytes += size
+            while self._pack_bytes > _PACK_CACHE_BYTES and len(self._packs) > 1:
+                _, (_, evicted) = self._packs.popitem(last=False)
+                self._pack_bytes -= evicted
+        else:
+            full = cached[0]
+            self._packs.move_to_end(shape)
         entry = self.prefix_cache.get(key) if self.prefix_cache is not None else None
         return SequencePass(key, full, entry)
 
@@ -430,7 +477,7 @@ class Cosmos3Sampler:
             domain_ids,
             record=self.prefix_cache is not None,
             timestep=timestep,
-            dtype=self.transformer.dtype,
+            dtype=self.compute_dtype,
             device=self.device,
         )
         name, step, sigma, num_steps = cache

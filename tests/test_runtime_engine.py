@@ -298,6 +298,69 @@ def test_a_profiles_sampler_settings_equal_diffusers_own_pipeline_with_that_sche
     assert np.abs(unshifted.actions - reference).max() > 1e-3
 
 
+def _same_pack(a: dict, b: dict) -> bool:
+    if a.keys() != b.keys():
+        return False
+    for key, x in a.items():
+        y = b[key]
+        if isinstance(x, torch.Tensor):
+            if not (x.shape == y.shape and torch.equal(x, y)):
+                return False
+        elif isinstance(x, list):
+            if len(x) != len(y) or not all(
+                torch.equal(u, v) if isinstance(u, torch.Tensor) else u == v for u, v in zip(x, y)
+            ):
+                return False
+        elif x != y:
+            return False
+    return True
+
+
+def test_a_packed_sequence_is_built_once_per_shape_and_never_shared_across_shapes(tiny_engine, camera_image):
+    """The sampler keeps each job shape's packed sequence (indexes and positions only): a job of the same shape
+    gets the same one, and a job that differs in any input the packing reads (token ids, latent shapes, clean
+    frames, fps, state rows) gets its own, equal to the pipeline's segment helpers' own build."""
+    from cosmos3_runtime.sequence_packing import pack_sequence
+
+    engine = tiny_engine("distilled")
+    sampler = engine.sampler
+    job, _ = job_for_actions(
+        ActionRequest(domain_name="bridge_orig_lerobot", image=camera_image, action_horizon=8, seed=1),
+        engine.description,
+    )
+    frames = sampler.condition_frames(job, time.perf_counter)
+    ids, _ = sampler.tokenize(job, frames.canvas_h, frames.canvas_w)
+    item = sampler._prepare(job, time.perf_counter, frames)
+    latents, actions = item.latents, item.action_latents
+    stateful = dataclasses.replace(job, state_rows=np.zeros((1, actions.shape[1]), np.float32))
+    variants = {
+        "as served": (ids, latents, actions, [0], [], job),
+        "other ids": ([*ids[:-1], ids[-1] + 1], latents, actions, [0], [], job),
+        "other latents": (ids, latents[:, :, :, :-2], actions, [0], [], job),
+        "other action rows": (ids, latents, actions[:-1], [0], [], job),
+        "all frames clean": (ids, latents, actions, list(range(latents.shape[2])), [], job),
+        "a prefix": (ids, latents, actions, [0], [0, 1], job),
+        "other fps": (
+            ids,
+            latents,
+            actions,
+            [0],
+            [],
+            dataclasses.replace(job, settings=dataclasses.replace(job.settings, fps=job.settings.fps * 2)),
+        ),
+        "a state row": (ids, latents, actions, [0], [0], stateful),
+        "a prefix row": (ids, latents, actions, [0], [0], job),
+    }
+    first = {name: sampler.sequence_pass(*args).full for name, args in variants.items()}
+    for name, args in variants.items():
+        again = sampler.sequence_pass(*args).full
+        assert again is first[name], name  # built once
+        fresh = pack_sequence(sampler.pipe, sampler.device, *args)
+        assert _same_pack(again, fresh), name
+    # Each differs from the one served, so a memo that confused them would have failed above.
+    assert [name for name in variants if _same_pack(first["as served"], first[name])] == ["as served"]
+
+
 def test_normalization_stats_denormalize_the_chunk(tiny_engine, camera_image):
     engine = tiny_engine("distilled")
     stats = engine.spec.profiles["bridge_orig_lerobot"].normalization
