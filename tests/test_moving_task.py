@@ -119,6 +119,23 @@ def test_a_lock_step_client_answered_late_loses_a_fast_cube_the_world_goes_on_wh
     assert not late.success and late.distance > SUCCESS_RADIUS, late
 
 
+def test_at_600_ms_the_experts_16_row_chunks_leave_the_arm_holding_and_32_row_chunks_do_not():
+    """cosmos3-eval --horizon: the expert's own chunks through rtc, 600 ms late (about what 500 ms of injected
+    delay is with a served chunk's own latency). A chunk of 16 rows taken over at its row 12 or so runs out
+    long before the next one comes, and the arm holds its last row while a fast cube slides on; 32 rows
+    last until the next chunk arrives."""
+    from robot_clients.sim.reach_eval import TASKS, run_cell
+
+    cells = {
+        horizon: run_cell(None, "rtc", 600, "expert", 1, seed=10, task=TASKS["moving"], horizon=horizon)
+        for horizon in (16, 32)
+    }
+    with _env(seed=10) as env:  # the cells' path: seed 10's first, 9.9 cm/s
+        assert env.path.speed > 0.09
+    assert cells[16].stalls >= 2 and cells[16].successes == 0, cells[16]
+    assert cells[32].stalls == 0 and cells[32].successes == 1, cells[32]
+
+
 pytestmark_shipped = pytest.mark.skipif(
     not (MOVING_POLICY / "model_index.json").is_file(), reason="no shipped moving-cube checkpoint"
 )
