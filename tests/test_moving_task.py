@@ -130,8 +130,9 @@ def test_at_600_ms_the_experts_16_row_chunks_leave_the_arm_holding_and_32_row_ch
         horizon: run_cell(None, "rtc", 600, "expert", 1, seed=10, task=TASKS["moving"], horizon=horizon)
         for horizon in (16, 32)
     }
-    with _env(seed=10) as env:  # the cells' path: seed 10's first, 9.9 cm/s
-        assert env.path.speed > 0.09
+    with _env(seed=10) as env:  # the cell's episode resets once more: seed 10's second path, 8.3 cm/s
+        env.reset()
+        assert env.path.speed > 0.08
     assert cells[16].stalls >= 2 and cells[16].successes == 0, cells[16]
     assert cells[32].stalls == 0 and cells[32].successes == 1, cells[32]
 
