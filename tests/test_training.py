@@ -3,6 +3,8 @@
 - **Skew**: the trainer's forward on a noised sample equals the sampler's forward on the same noisy
   inputs (same job, action rows, masks, positions, domain and timestep convention).
 - **Overfit**: a few frames are fitted, and ``predict_actions`` (the engine, not the trainer) reproduces them.
+- **Given prefixes**: a frame whose label continues a given prefix (``action.prefix_rows``) is conditioned on
+  exactly it, without the ``--prefix-noise`` offset; a longer one than ``--max-prefix`` is refused.
 - **VAE**: the checkpoint the trainer writes encodes frames to the latents it trained on.
 - **Tiny builder**: its VAE does not depend on the transformer's size, and its statistics are its own.
 """
