@@ -27,7 +27,9 @@ Every failure is a :class:`DatasetError` naming the file (relative to the datase
 ``action`` is either one row per frame (a demonstration dataset) or a chunk per frame (a recording of the
 server); :class:`DatasetEpisode` keeps what the file has. A recording holds a row for every observation,
 answered or not, so its ``response.kind`` column is read too: only a row the server answered with a chunk
-holds one (the others hold zeros), and :attr:`DatasetEpisode.answered` says which.
+holds one (the others hold zeros), and :attr:`DatasetEpisode.answered` says which. A chunk-labelled dataset
+may also have ``action.prefix_rows`` (:data:`~cosmos3_runtime.lerobot_layout.PREFIX_ROWS`): how many leading
+rows of each frame's chunk are a given prefix, kept as :attr:`DatasetEpisode.prefix_rows`.
 """
 
 from __future__ import annotations
@@ -56,6 +58,7 @@ from .lerobot_layout import (
     CODEBASE_VERSION,
     EPISODES_GLOB,
     INFO_PATH,
+    PREFIX_ROWS,
     RESPONSE_KIND,
     RESPONSE_KINDS,
     TASKS_PATH,
@@ -104,6 +107,9 @@ class DatasetEpisode:
     actions: np.ndarray  # (T, D) float32, or (T, H, D) for a recording's chunks
     task: str
     answered: np.ndarray | None  # (T,) bool: a recording's frames answered with a chunk; None: every row is real
+    # (T,) int: how many leading rows of each frame's chunk are a given prefix, not a label (0: none); None:
+    # the dataset has no such column
+    prefix_rows: np.ndarray | None = None
 
     @property
     def target_frames(self) -> np.ndarray:
@@ -547,7 +553,16 @@ class _Reader:
                 camera,
             )
         kinds = len(action_shape) == 2 and RESPONSE_KIND in features  # a recording: a chunk per frame, and its outcome
-        episodes = {e.index: _EpisodeArrays(e, (height, width), action_shape, state_shape, kinds) for e in chosen}
+        prefixed = PREFIX_ROWS in features
+        if prefixed and not kinds:
+            raise DatasetError(
+                f"{INFO_PATH}: features[{PREFIX_ROWS!r}] needs a chunk per frame (an action of 2 sides and "
+                f"{RESPONSE_KIND!r})",
+                PREFIX_ROWS,
+            )
+        episodes = {
+            e.index: _EpisodeArrays(e, (height, width), action_shape, state_shape, kinds, prefixed) for e in chosen
+        }
         tasks = self.tasks()
         self.read_data(data_template, camera if not video else None, episodes, (height, width))
         if video:
@@ -575,9 +590,12 @@ class _Reader:
             columns += [image_camera] if image_camera else []
             kinds = held[0].answered is not None
             columns += [RESPONSE_KIND] if kinds else []
+            prefixed = held[0].prefix_rows is not None
+            columns += [PREFIX_ROWS] if prefixed else []
             bounds = {
                 "action": ColumnBound(values=math.prod(held[0].actions.shape[1:])),
                 RESPONSE_KIND: ColumnBound(value_bytes=4 + max(map(len, RESPONSE_KINDS))),
+                PREFIX_ROWS: ColumnBound(),
             }
             if state_shape is not None:
                 bounds["observation.state"] = ColumnBound(values=math.prod(state_shape))
@@ -590,6 +608,7 @@ class _Reader:
                 actions = _numbers(rel, batch, "action", held[0].actions.shape[1:])
                 states = None if state_shape is None else _numbers(rel, batch, "observation.state", state_shape)
                 answered = _answered(rel, batch) if kinds else None
+                prefix_rows = _prefix_rows(rel, batch, held[0].actions.shape[1]) if prefixed else None
                 images = batch.column(image_camera) if image_camera else None
                 for k, (episode, frame) in enumerate(zip(ids.tolist(), frame_ids.tolist())):
                     into = episodes.get(episode)
@@ -602,6 +621,7 @@ class _Reader:
                         actions[k],
                         None if states is None else states[k],
                         None if answered is None else bool(answered[k]),
+                        None if prefix_rows is None else int(prefix_rows[k]),
                     )
                     if images is not None:
                         into.put_image(frame, _image(rel, image_camera or "", images[k].as_py(), sides, self))
@@ -720,8 +740,10 @@ class _EpisodeArrays:
         action_shape: tuple[int, ...],
         state_shape: tuple[int, ...] | None,
         kinds: bool,
+        prefixed: bool = False,
     ) -> None:
-        """``kinds``: the rows carry a recording's ``response.kind``, kept as :attr:`answered`."""
+        """``kinds``: the rows carry a recording's ``response.kind``, kept as :attr:`answered`; ``prefixed``:
+        they carry ``action.prefix_rows``, kept as :attr:`prefix_rows`."""
         self.entry = entry
         self.start = entry.video_start or 0
         length = entry.length
@@ -729,6 +751,7 @@ class _EpisodeArrays:
         self.actions = np.zeros((length, *action_shape), np.float32)
         self.state = np.zeros((length, *state_shape), np.float32) if state_shape else None
         self.answered = np.zeros(length, bool) if kinds else None
+        self.prefix_rows = np.zeros(length, np.int64) if prefixed else None
         self.seen = np.zeros(length, bool)
         self.task_index = -1
 
@@ -740,6 +763,7 @@ class _EpisodeArrays:
         action: np.ndarray,
         state: np.ndarray | None,
         answered: bool | None,
+        prefix_rows: int | None = None,
     ) -> None:
         if not 0 <= frame < self.entry.length or self.seen[frame]:
             raise DatasetError(
@@ -753,6 +777,8 @@ class _EpisodeArrays:
             self.state[frame] = state
         if self.answered is not None and answered is not None:
             self.answered[frame] = answered
+        if self.prefix_rows is not None and prefix_rows is not None:
+            self.prefix_rows[frame] = prefix_rows
         if frame == 0:
             self.task_index = task
 
@@ -770,7 +796,13 @@ class _EpisodeArrays:
 
     def episode(self, tasks: Mapping[int, str]) -> DatasetEpisode:
         return DatasetEpisode(
-            self.entry.index, self.images, self.state, self.actions, tasks.get(self.task_index, ""), self.answered
+            self.entry.index,
+            self.images,
+            self.state,
+            self.actions,
+            tasks.get(self.task_index, ""),
+            self.answered,
+            self.prefix_rows,
         )
 
 
@@ -795,6 +827,20 @@ def _answered(rel: PurePosixPath, batch: pa.RecordBatch) -> np.ndarray:
                 RESPONSE_KIND,
             )
     return np.array([kind == ANSWERED_KIND for kind in kinds], bool)
+
+
+def _prefix_rows(rel: PurePosixPath, batch: pa.RecordBatch, chunk_rows: int) -> np.ndarray:
+    """``action.prefix_rows``: whole numbers from 0 to one less than a chunk's rows (a prefix leaves at least
+    one row to learn)."""
+    rows = _integers(rel, batch, PREFIX_ROWS)
+    bad = (rows < 0) | (rows >= chunk_rows)
+    if bad.any():
+        raise DatasetError(
+            f"{rel}: column {PREFIX_ROWS!r} holds {int(rows[bad][0])}, not 0 to {chunk_rows - 1} "
+            f"(a chunk has {chunk_rows} rows)",
+            PREFIX_ROWS,
+        )
+    return rows
 
 
 def _numbers(rel: PurePosixPath, batch: pa.RecordBatch, name: str, shape: tuple[int, ...]) -> np.ndarray:

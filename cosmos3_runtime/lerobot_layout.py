@@ -42,3 +42,9 @@ DROPPED_KIND = "dropped"
 ERROR_KIND = "error"
 UNANSWERED_KIND = "unanswered"  # no answer came before the episode was written
 RESPONSE_KINDS = (ANSWERED_KIND, DROPPED_KIND, ERROR_KIND, UNANSWERED_KIND)
+
+# A chunk-labelled demonstration's frame whose label continues a given prefix (``cosmos3-reach-demos
+# --student-prefixes``): how many leading rows of the frame's action chunk are that prefix, which training
+# conditions on as a request's ``prefix_actions`` instead of learning it; 0 where there is none. One int64 a
+# frame, only beside a chunk per frame.
+PREFIX_ROWS = "action.prefix_rows"

@@ -19,6 +19,14 @@ turns its raw state and prefix into the job's normalised rows; the sampler lays 
 (:meth:`~cosmos3_runtime.sampling.Cosmos3Sampler.sequence_pass`) and runs the transformer
 (:meth:`~cosmos3_runtime.sampling.Cosmos3Sampler.forward_passes`), the same calls a served chunk makes.
 
+**Given prefixes** (``action.prefix_rows``, written by ``cosmos3-reach-demos --student-prefixes``): a frame
+whose chunk label continues a prefix that is not the label's own (the rows an erring student was about to
+execute, the label the expert's continuation from where they leave the arm) is always trained with exactly
+that prefix, clean and without ``--prefix-noise``, the loss on the rows after it. The other frames keep the
+random prefixes above. A prefix cut from the label itself shows the cube's true velocity in its slope, so a
+model can learn to continue it without reading the camera; a given prefix's slope is the student's, wrong,
+and only the camera tells how to correct it: what ``rtc`` asks of a policy whose previous chunk was off.
+
 **Padding**: a demonstration's chunk that runs past its episode's end is padded with the last action, as
 LeRobot pads. With ``--mask-padding`` those rows are left out of the loss (LeRobot's ``action_is_pad``):
 a task whose world goes on after the recording stops (a moving cube) would otherwise teach the model to
@@ -140,6 +148,16 @@ def fit_to_dataset(cfg: TrainConfig, data: LeRobotDataset) -> TrainConfig:
             f"features['action'].shape); train with --horizon {chunk} or less, or leave it out",
             "horizon",
         )
+    longest_given = max(
+        (int(e.prefix_rows.max(initial=0)) for e in data.episodes if e.prefix_rows is not None), default=0
+    )
+    max_prefix = min(cfg.max_prefix, horizon - 1)
+    if longest_given > max_prefix:
+        raise DatasetError(
+            f"action.prefix_rows: a frame's chunk continues a given prefix of {longest_given} rows, longer than "
+            f"the longest prefix trained ({max_prefix}); train with --max-prefix {longest_given} or more",
+            "action.prefix_rows",
+        )
     state = data.episodes[0].state
     if state is not None and state.shape[-1] != data.action_dim:
         raise DatasetError(
@@ -147,7 +165,7 @@ def fit_to_dataset(cfg: TrainConfig, data: LeRobotDataset) -> TrainConfig:
             "are conditioned as action rows, so the state must be in action units",
             "observation.state",
         )
-    return dataclasses.replace(cfg, horizon=horizon, max_prefix=min(cfg.max_prefix, horizon - 1))
+    return dataclasses.replace(cfg, horizon=horizon, max_prefix=max_prefix)
 
 
 @dataclass
@@ -160,6 +178,7 @@ class Samples:
     chunks: np.ndarray  # (N, H, D) raw
     padded: np.ndarray  # (N, H) bool: the row repeats the episode's last action, past its end
     prompts: list[str]
+    given_prefix: np.ndarray  # (N,) int: rows of each chunk that are a given prefix (action.prefix_rows), else 0
 
 
 def write_profile(ckpt: Path, data: LeRobotDataset, cfg: TrainConfig, domain_id: int) -> dict[str, Any]:
@@ -182,13 +201,17 @@ def write_profile(ckpt: Path, data: LeRobotDataset, cfg: TrainConfig, domain_id:
         "use_state": has_state,
         "normalization": {"mean": mean.tolist(), "std": std.tolist()},
         # The longest prefix trained: a served request's longer one is clamped to it (PolicyProfile.max_prefix).
-        "max_prefix": cfg.max_prefix if cfg.prefix_prob > 0 else 0,
+        "max_prefix": cfg.max_prefix if cfg.prefix_prob > 0 or _has_given_prefixes(data) else 0,
     }
     if has_state:
         entry["history_length"] = 1
     profiles = {"default_domain": cfg.domain, "domains": {cfg.domain: entry}}
     (ckpt / "policy_profiles.json").write_text(json.dumps(profiles, indent=2))
     return entry
+
+
+def _has_given_prefixes(data: LeRobotDataset) -> bool:
+    return any(e.prefix_rows is not None and bool(e.prefix_rows.any()) for e in data.episodes)
 
 
 def free_domain_id(num_domains: int) -> int:
@@ -251,6 +274,7 @@ def build_samples(
     chunks: list[np.ndarray] = []
     padded: list[np.ndarray] = []
     prompts: list[str] = []
+    given: list[int] = []
     at = 0
     for episode in data.episodes:
         length = len(episode.images)
@@ -266,6 +290,7 @@ def build_samples(
             if episode.state is not None:
                 states.append(episode.state[s])
             prompts.append(prompt or episode.task)
+            given.append(0 if episode.prefix_rows is None else int(episode.prefix_rows[s]))
         at += length
     return Samples(
         latents,
@@ -274,6 +299,7 @@ def build_samples(
         np.asarray(chunks, np.float32),
         np.asarray(padded, bool).reshape(len(chunks), horizon),
         prompts,
+        np.asarray(given, np.int64),
     )
 
 
@@ -333,6 +359,17 @@ class FlowMatchingTrainer:
         )
         return job_for_actions(request, self.engine.description)
 
+    def draw_prefixes(self, indexes: list[int], rng: np.random.Generator) -> list[int]:
+        """Each sample's clean prefix rows: its given prefix where its frame has one (``action.prefix_rows``),
+        else with probability ``prefix_prob`` a length uniform in 1..``max_prefix`` cut from its own chunk,
+        else none."""
+        cfg, given = self.cfg, self.samples.given_prefix
+        prefixes = []
+        for i in indexes:
+            drawn = int(rng.integers(1, cfg.max_prefix + 1)) if cfg.max_prefix and rng.random() < cfg.prefix_prob else 0
+            prefixes.append(int(given[i]) if given[i] else drawn)
+        return prefixes
+
     def draw_t(self, generator: torch.Generator, n: int) -> torch.Tensor:
         t = torch.sigmoid(torch.randn(n, generator=generator))
         return self.shift * t / (1.0 + (self.shift - 1.0) * t)
@@ -342,7 +379,10 @@ class FlowMatchingTrainer:
         lays out a served request's job."""
         device = self.sampler.device
         offset = None
-        if prefix and self.cfg.prefix_noise > 0:
+        given = int(self.samples.given_prefix[index])
+        if given and prefix != given:
+            raise ValueError(f"sample {index} continues a given prefix of {given} rows, not {prefix}")
+        if prefix and not given and self.cfg.prefix_noise > 0:
             # A served prefix is the policy's own previous chunk, off the demonstration by its error: trained on
             # the expert's exact actions, the model would learn to continue the prefix instead of reading the
             # camera. Offset it, and the loss still asks for the demonstration's rows after it.
@@ -570,10 +610,7 @@ def train(cfg: TrainConfig) -> dict[str, Any]:
         for group in optimizer.param_groups:
             group["lr"] = lr_at(step)
         indexes = rng.integers(0, n, cfg.batch_size).tolist()
-        prefixes = [
-            int(rng.integers(1, cfg.max_prefix + 1)) if cfg.max_prefix and rng.random() < cfg.prefix_prob else 0
-            for _ in indexes
-        ]
+        prefixes = trainer.draw_prefixes(indexes, rng)
         t = trainer.draw_t(generator, cfg.batch_size)
         loss, action_loss, vision_loss = trainer.batch_loss(indexes, prefixes, t, generator)
         optimizer.zero_grad(set_to_none=True)

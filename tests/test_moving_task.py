@@ -14,7 +14,8 @@ MuJoCo's bodies over the episode's last ticks, delay costs an agent that waits, 
   over the last ticks (the episode's ``outcome().distance``): median at most 6 cm with the camera (2.6 cm over
   40 episodes), at least 8 cm with a black image (12.4 cm; the blind expert's 10.8 cm), and at most 1 of 10
   black episodes a success.
-- **DAgger demonstrations**: labelled with the expert's chunk for each state, a student's states among them.
+- **DAgger demonstrations**: labelled with the expert's chunk for each state, a student's states among them;
+  with student prefixes, a label starts with the rows the student was about to execute and corrects from there.
 """
 
 from __future__ import annotations
@@ -118,6 +119,24 @@ def test_a_lock_step_client_answered_late_loses_a_fast_cube_the_world_goes_on_wh
     assert not late.success and late.distance > SUCCESS_RADIUS, late
 
 
+def test_at_600_ms_the_experts_16_row_chunks_leave_the_arm_holding_and_32_row_chunks_do_not():
+    """cosmos3-eval --horizon: the expert's own chunks through rtc, 600 ms late (about what 500 ms of injected
+    delay is with a served chunk's own latency). A chunk of 16 rows taken over at its row 12 or so runs out
+    long before the next one comes, and the arm holds its last row while a fast cube slides on; 32 rows
+    last until the next chunk arrives."""
+    from robot_clients.sim.reach_eval import TASKS, run_cell
+
+    cells = {
+        horizon: run_cell(None, "rtc", 600, "expert", 1, seed=10, task=TASKS["moving"], horizon=horizon)
+        for horizon in (16, 32)
+    }
+    with _env(seed=10) as env:  # the cell's episode resets once more: seed 10's second path, 8.3 cm/s
+        env.reset()
+        assert env.path.speed > 0.08
+    assert cells[16].stalls >= 2 and cells[16].successes == 0, cells[16]
+    assert cells[32].stalls == 0 and cells[32].successes == 1, cells[32]
+
+
 pytestmark_shipped = pytest.mark.skipif(
     not (MOVING_POLICY / "model_index.json").is_file(), reason="no shipped moving-cube checkpoint"
 )
@@ -152,6 +171,62 @@ def test_dagger_demonstrations_label_a_students_states_with_the_experts_chunks(t
         assert episode.actions.shape == (40, 16, 4) and episode.answered is not None and episode.answered.all()
     with pytest.raises(ValueError, match="chunk labels"):
         collect_moving(tmp_path / "bad", 2, seed=1000, perturbed=0.5)
+
+
+def test_student_prefix_labels_start_with_the_rows_the_student_then_executes_and_correct_from_there(tmp_path):
+    """--student-prefixes: a prefixed label's first rows are the rows the student was about to execute (the
+    arm then executes exactly them), and the rest is the expert's plan from where they leave the arm, toward
+    the cube: not the student's own continuation."""
+    from cosmos3_runtime.lerobot_dataset import DatasetError, read_dataset
+    from policy_server.recording.demonstrations import Demonstration, collect_moving, write_dataset
+    from robot_clients.sim.moving_task import StudentErrors, run_labelled_episode
+    from robot_clients.sim.reach_task import MAX_JOINT_STEP
+
+    # Replanned only when its chunk is used up, without noise: the arm executes the student's rows one by one.
+    slow = StudentErrors(lag_ticks=6, replan_every=16, speed_factor=0.4, action_noise=0.0)
+    with _env(seed=5) as env:
+        expert = MovingCubeExpert(env)
+        rng = np.random.default_rng(3)
+        steps, _ = run_labelled_episode(env, expert, slow, rng, student_prefixes=1.0)
+        while env.path.speed < 0.08:  # a fast cube: a slow student's rows go astray
+            steps, _ = run_labelled_episode(env, expert, slow, rng, student_prefixes=1.0)
+        prefixed = [k for k, step in enumerate(steps) if step["prefix_rows"] > 0]
+        assert len(prefixed) == len(steps)  # a share of 1: every student tick
+        lengths = {int(steps[k]["prefix_rows"]) for k in prefixed}
+        assert max(lengths) <= 12 and len(lengths) > 4, lengths
+        corrections = []
+        for k in prefixed:
+            d, chunk = int(steps[k]["prefix_rows"]), steps[k]["chunk"]
+            executed = np.array([s["action"] for s in steps[k : k + d]])
+            np.testing.assert_array_equal(chunk[: len(executed)], executed)
+            # The rows after it move on from the prefix's last row, at most a joint step a tick.
+            joints = np.array([expert.to_joints(row) for row in chunk[d - 1 :]])
+            assert np.abs(np.diff(joints, axis=0)).max() <= MAX_JOINT_STEP + 1e-5
+            if k + d < len(steps) and d < 12:
+                # What the student did next (its own plan, slow and late) is not what the label asks.
+                corrections.append(float(np.abs(chunk[d] - steps[k + d]["action"]).max()))
+        assert np.median(corrections) > 0.01, corrections
+        # No share, no prefix: the labels are the expert's chunks for the student's states, as before.
+        steps, _ = run_labelled_episode(env, expert, slow, np.random.default_rng(3))
+        assert all(step["prefix_rows"] == 0 for step in steps)
+
+    summary = collect_moving(tmp_path / "demos", 4, seed=1000, chunk_labels=True, perturbed=0.5, student_prefixes=0.5)
+    assert 0 < summary["prefixed_frames"] < 80, summary  # about half of the two students' 80 frames
+    data = read_dataset(tmp_path / "demos")
+    given = [e.prefix_rows for e in data.episodes]
+    assert all(g is not None and g.shape == (40,) for g in given)
+    assert sum(int((g > 0).sum()) for g in given if g is not None) == summary["prefixed_frames"]
+    assert given[0] is not None and not given[0].any()  # episode 0 is the expert's (every second is a student's)
+    with pytest.raises(ValueError, match="perturbed"):
+        collect_moving(tmp_path / "bad", 2, seed=1000, chunk_labels=True, student_prefixes=0.5)
+    # A prefix that leaves the chunk no row to learn is refused by the reader.
+    episode = data.episodes[1]
+    bad = Demonstration(
+        episode.images, episode.state, episode.actions[:, 0], True, episode.actions, np.full(40, 16, np.int64)
+    )
+    write_dataset(tmp_path / "too-long", [bad], TASK, 20, "cosmos3_mujoco_arm")
+    with pytest.raises(DatasetError, match="prefix_rows"):
+        read_dataset(tmp_path / "too-long")
 
 
 @pytestmark_shipped

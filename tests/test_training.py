@@ -3,6 +3,8 @@
 - **Skew**: the trainer's forward on a noised sample equals the sampler's forward on the same noisy
   inputs (same job, action rows, masks, positions, domain and timestep convention).
 - **Overfit**: a few frames are fitted, and ``predict_actions`` (the engine, not the trainer) reproduces them.
+- **Given prefixes**: a frame whose label continues a given prefix (``action.prefix_rows``) is conditioned on
+  exactly it, without the ``--prefix-noise`` offset; a longer one than ``--max-prefix`` is refused.
 - **VAE**: the checkpoint the trainer writes encodes frames to the latents it trained on.
 - **Tiny builder**: its VAE does not depend on the transformer's size, and its statistics are its own.
 """
@@ -166,6 +168,62 @@ def test_offset_prefixes_move_every_prefix_row_by_one_offset_and_leave_the_chunk
     x0_a = (a.action_latents - 0.7 * a.action_target)[chunk, :width]
     x0_b = (b.action_latents - 0.7 * b.action_target)[chunk, :width]
     assert torch.allclose(x0_a, x0_b, atol=1e-5)
+
+
+@pytest.fixture(scope="module")
+def prefixed_dataset(tmp_path_factory) -> Path:
+    """The moving task's DAgger labels, 2 episodes of 12 ticks: the expert's (no given prefix), then a
+    student's, every frame's label continuing the rows it was about to execute (action.prefix_rows)."""
+    from policy_server.recording.demonstrations import collect_moving
+
+    out = tmp_path_factory.mktemp("moving") / "data"
+    collect_moving(
+        out, 2, seed=7, image_size=64, episode_steps=12, chunk_labels=True, perturbed=0.5, student_prefixes=1.0
+    )
+    return out
+
+
+def test_a_given_prefix_is_conditioned_as_recorded_without_offset_and_the_others_drawn(prefixed_dataset, tmp_path):
+    """A frame whose label continues a given prefix is trained with exactly that prefix, clean (no
+    --prefix-noise offset), the loss on the rows after it; the other frames draw theirs as before."""
+    from cosmos3_runtime.lerobot_dataset import DatasetError, read_dataset
+
+    episodes = read_dataset(prefixed_dataset).episodes
+    given = np.concatenate([e.prefix_rows for e in episodes if e.prefix_rows is not None])
+    assert given.shape == (24,) and not given[:12].any() and given[12:].all()
+    with pytest.raises(DatasetError, match="--max-prefix"):  # a given prefix longer than any trained
+        prepare_training(_config(prefixed_dataset, tmp_path / "short", max_prefix=int(given.max()) - 1))
+
+    exact = prepare_training(_config(prefixed_dataset, tmp_path / "exact", max_prefix=12)).trainer
+    noisy = prepare_training(_config(prefixed_dataset, tmp_path / "noisy", max_prefix=12, prefix_noise=1.0))
+    offset = noisy.trainer
+    np.testing.assert_array_equal(offset.samples.given_prefix, given)
+    assert (
+        json.loads((noisy.ckpt / "policy_profiles.json").read_text())["domains"]["cosmos3_mujoco_arm"]["max_prefix"]
+        == 12
+    )
+    drawn = offset.draw_prefixes(list(range(24)) * 20, np.random.default_rng(0))
+    assert drawn[12:24] == given[12:].tolist()  # always the given one
+    expert_frames = [p for k, p in enumerate(drawn) if k % 24 < 12]
+    assert 0 in expert_frames and len(set(expert_frames)) > 5  # drawn: none, or 1 to 12 rows of its own chunk
+
+    def clean_rows(trainer, index: int, prefix: int) -> torch.Tensor:
+        x = trainer.sample_inputs(index, prefix, 0.7, torch.Generator().manual_seed(2))
+        lead = x.job.leading_rows
+        assert x.action_mask[lead : lead + prefix].all() and not x.action_mask[lead + prefix :].any()
+        return x.action_latents[lead : lead + prefix, : x.job.raw_action_dim]
+
+    k = 12 + int(np.argmax(given[12:] > 1))
+    d = int(given[k])
+    # The given prefix is the label's first rows, as recorded (the student's), not moved by --prefix-noise...
+    rows = clean_rows(offset, k, d)
+    assert torch.equal(rows, clean_rows(exact, k, d))
+    profile = exact.job(k, d, seed=0)[1]
+    np.testing.assert_allclose(rows.numpy(), profile.to_model(exact.samples.chunks[k, :d]), atol=1e-6)
+    # ...while a prefix drawn from an expert frame's own chunk is.
+    assert not torch.equal(clean_rows(offset, 3, d), clean_rows(exact, 3, d))
+    with pytest.raises(ValueError, match="given prefix"):
+        offset.sample_inputs(k, d - 1, 0.7, torch.Generator().manual_seed(2))
 
 
 def test_a_moving_average_is_served_and_a_resumed_run_continues_from_the_trained_weights(small_dataset, tmp_path):

@@ -36,6 +36,7 @@ from cosmos3_runtime.lerobot_layout import (
     DATA_PATH,
     EPISODES_PATH,
     INFO_PATH,
+    PREFIX_ROWS,
     RESPONSE_KIND,
     STATS_PATH,
     TASKS_PATH,
@@ -54,13 +55,15 @@ _IMAGE_TYPE = pa.struct([pa.field("bytes", pa.binary()), pa.field("path", pa.str
 class Demonstration:
     """One expert episode: ``images`` (T, H, W, 3) uint8, ``state`` (T, D) and ``actions`` (T, D); with
     ``chunks`` (T, H, D), every frame's label is the expert's whole chunk for it (DAgger's labels), written
-    as a recording's answered chunks, and ``actions`` (what the arm executed) is not stored."""
+    as a recording's answered chunks, and ``actions`` (what the arm executed) is not stored; ``prefix_rows``
+    (T,) says how many leading rows of each frame's chunk are a given prefix (``action.prefix_rows``)."""
 
     images: np.ndarray
     state: np.ndarray
     actions: np.ndarray
     success: bool
     chunks: np.ndarray | None = None
+    prefix_rows: np.ndarray | None = None
 
 
 def _png(frame: np.ndarray) -> bytes:
@@ -78,10 +81,16 @@ def write_dataset(
 
     Demonstrations with ``chunks`` (all or none) are written as a recording is: ``action`` is each frame's
     chunk (H x D) and ``response.kind`` says it was answered, so ``cosmos3-train`` trains on the chunk as
-    labelled instead of on the actions that followed the frame."""
+    labelled instead of on the actions that followed the frame. With ``prefix_rows`` (all or none, chunks
+    only) the frames also say how many leading rows of their chunk are a given prefix (``action.prefix_rows``)."""
     chunked = demonstrations[0].chunks is not None
     if any((d.chunks is not None) != chunked for d in demonstrations):
         raise ValueError("either every demonstration has chunk labels or none has")
+    prefixed = demonstrations[0].prefix_rows is not None
+    if any((d.prefix_rows is not None) != prefixed for d in demonstrations):
+        raise ValueError("either every demonstration has prefix rows or none has")
+    if prefixed and not chunked:
+        raise ValueError("a given prefix is a chunk label's leading rows: prefix rows need chunk labels")
     images = [_png(frame) for d in demonstrations for frame in d.images]
     states_np = np.concatenate([d.state for d in demonstrations]).astype(np.float32)
     labels = [d.chunks if d.chunks is not None else d.actions for d in demonstrations]
@@ -94,6 +103,7 @@ def write_dataset(
         "observation.state": {"dtype": "float32", "shape": (states_np.shape[1],), "names": None},
         "action": {"dtype": "float32", "shape": tuple(actions_np.shape[1:]), "names": None},
         **({RESPONSE_KIND: fmt.SCALAR_FEATURES[RESPONSE_KIND]} if chunked else {}),
+        **({PREFIX_ROWS: {"dtype": "int64", "shape": (1,), "names": None}} if prefixed else {}),
         **fmt.DEFAULT_FEATURES,
     }
     frames = len(images)
@@ -106,6 +116,7 @@ def write_dataset(
         "index": np.arange(frames, dtype=np.int64),
         "task_index": np.zeros(frames, np.int64),
         **({RESPONSE_KIND: np.full(frames, ANSWERED_KIND, dtype=object)} if chunked else {}),
+        **({PREFIX_ROWS: np.concatenate([d.prefix_rows for d in demonstrations]).astype(np.int64)} if prefixed else {}),
     }
     schema = fmt.data_schema(features)
     hf = json.loads(schema.metadata[b"huggingface"])
@@ -171,13 +182,17 @@ def collect_moving(
     episode_steps: int = 40,
     chunk_labels: bool = False,
     perturbed: float = 0.0,
+    student_prefixes: float = 0.0,
+    max_prefix: int = 12,
 ) -> dict[str, Any]:
     """Record ``episodes`` moving-cube expert episodes (paths from ``seed``) into a new dataset at ``out``.
 
     ``chunk_labels``: every frame is labelled with the expert's chunk for it
     (:func:`~robot_clients.sim.moving_task.run_labelled_episode`); then a share ``perturbed`` of the
     episodes (every ``round(1 / perturbed)``-th) is driven by a student that errs
-    (:func:`~robot_clients.sim.moving_task.draw_student`), the expert labelling the states it visits."""
+    (:func:`~robot_clients.sim.moving_task.draw_student`), the expert labelling the states it visits; and a
+    share ``student_prefixes`` of a student's frames is labelled with the expert's chunk continuing the next
+    rows (1 to ``max_prefix``) the student is about to execute, written as ``action.prefix_rows``."""
     from robot_clients.sim.moving_task import (
         TASK,
         MovingCubeExpert,
@@ -190,6 +205,8 @@ def collect_moving(
 
     if perturbed and not chunk_labels:
         raise ValueError("a perturbed episode needs chunk labels: its executed actions are the student's")
+    if student_prefixes and not perturbed:
+        raise ValueError("a student's prefixes need perturbed episodes: the expert's own chunks are its labels")
     config = ArmEnvConfig(
         image_height=image_size, image_width=image_size, wrist_camera=False, seed=seed, episode_steps=episode_steps
     )
@@ -205,9 +222,14 @@ def collect_moving(
                 continue
             errors = draw_student(rng) if perturbed and _is_perturbed(k, perturbed) else None
             students += errors is not None
-            demonstrations.append(_demonstration(*run_labelled_episode(env, expert, errors, rng)))
+            steps, outcome = run_labelled_episode(env, expert, errors, rng, student_prefixes, max_prefix)
+            demonstrations.append(_demonstration(steps, outcome, with_prefixes=bool(student_prefixes)))
     summary = write_dataset(out, demonstrations, TASK, REACH_FPS, "cosmos3_mujoco_arm")
     summary["perturbed_episodes"] = students
+    if student_prefixes:
+        summary["prefixed_frames"] = int(
+            sum(int((d.prefix_rows > 0).sum()) for d in demonstrations if d.prefix_rows is not None)
+        )
     return summary
 
 
@@ -216,14 +238,16 @@ def _is_perturbed(k: int, share: float) -> bool:
     return int((k + 1) * share) > int(k * share)
 
 
-def _demonstration(steps: list[dict[str, Any]], outcome: Any) -> Demonstration:
-    """One expert episode of the arm (its ticks' image, state and action) as a recorded demonstration."""
+def _demonstration(steps: list[dict[str, Any]], outcome: Any, with_prefixes: bool = False) -> Demonstration:
+    """One expert episode of the arm (its ticks' image, state and action) as a recorded demonstration;
+    ``with_prefixes``: with each tick's ``prefix_rows``."""
     return Demonstration(
         np.asarray([s["image"] for s in steps]),
         np.asarray([s["state"] for s in steps], np.float32),
         np.asarray([s["action"] for s in steps], np.float32),
         outcome.success,
         np.asarray([s["chunk"] for s in steps], np.float32) if "chunk" in steps[0] else None,
+        np.asarray([s["prefix_rows"] for s in steps], np.int64) if with_prefixes else None,
     )
 
 
@@ -272,10 +296,26 @@ def reach_main(argv: list[str] | None = None) -> int:
         default=0.0,
         help="moving, with --chunk-labels: the share of episodes driven by an erring student (DAgger)",
     )
+    parser.add_argument(
+        "--student-prefixes",
+        type=float,
+        default=0.0,
+        help="moving, with --perturbed: the share of a student's frames labelled as rtc asks, the expert's chunk "
+        "continuing the rows the student is about to execute (action.prefix_rows)",
+    )
+    parser.add_argument(
+        "--max-prefix", type=int, default=12, help="with --student-prefixes: the longest prefix (cosmos3-train's)"
+    )
     args = parser.parse_args(argv)
     out = Path(args.out)
     if out.exists():
         parser.error(f"{out} already exists")
+    if not 0.0 <= args.student_prefixes <= 1.0:
+        parser.error(f"--student-prefixes must be in [0, 1], got {args.student_prefixes}")
+    if args.student_prefixes and not args.perturbed:
+        parser.error("--student-prefixes needs --perturbed (the prefixes are a student's)")
+    if args.max_prefix < 1:
+        parser.error(f"--max-prefix must be at least 1, got {args.max_prefix}")
     if not 0.0 <= args.perturbed <= 1.0:
         parser.error(f"--perturbed must be in [0, 1], got {args.perturbed}")
     if (args.chunk_labels or args.perturbed) and args.task != "moving":
@@ -285,7 +325,15 @@ def reach_main(argv: list[str] | None = None) -> int:
     started = time.monotonic()
     if args.task == "moving":
         summary = collect_moving(
-            out, args.episodes, args.seed, args.image_size, args.episode_steps or 40, args.chunk_labels, args.perturbed
+            out,
+            args.episodes,
+            args.seed,
+            args.image_size,
+            args.episode_steps or 40,
+            args.chunk_labels,
+            args.perturbed,
+            args.student_prefixes,
+            args.max_prefix,
         )
     else:
         summary = collect(out, args.episodes, args.seed, args.image_size, args.episode_steps or 30)

@@ -343,12 +343,20 @@ def run_labelled_episode(
     expert: MovingCubeExpert,
     errors: StudentErrors | None = None,
     rng: np.random.Generator | None = None,
-) -> tuple[list[dict[str, np.ndarray]], ReachOutcome]:
+    student_prefixes: float = 0.0,
+    max_prefix: int = 12,
+) -> tuple[list[dict[str, Any]], ReachOutcome]:
     """One episode from a fresh reset, every tick labelled with the expert's whole chunk for that tick's
     state (``chunk``, H x D): DAgger's labels. With ``errors`` the arm is driven by a student that errs as
     :class:`StudentErrors` says (``rng`` draws its noise), so the labels show how to recover from states the
     expert alone never visits (the arm behind a fast cube, off to one side); without, the expert acts every
-    tick and ``chunk`` starts with the action it takes."""
+    tick and ``chunk`` starts with the action it takes.
+
+    ``student_prefixes``: the share of a student's ticks labelled as ``rtc`` asks, with a prefix: the next
+    ``d`` rows the student is about to execute (``d`` uniform in 1..``max_prefix``, within its chunk), and the
+    expert's chunk that continues them (:meth:`MovingCubeExpert.plan` with that prefix: the prefix, then the
+    expert's plan from where it leaves the arm). Every step's ``prefix_rows`` says how many leading rows of its
+    ``chunk`` are such a prefix (0: none)."""
     env.reset()
     rng = rng or np.random.default_rng(0)
     steps = []
@@ -358,15 +366,29 @@ def run_labelled_episode(
         observation = env.get_observation()
         view = observation["expert_view"]
         chunk = expert.plan(view)
+        prefix_rows = 0
         if errors is None:
             action = chunk[0]
         else:
             if student_chunk is None or since_plan >= min(errors.replan_every, len(student_chunk)):
                 student_chunk, since_plan = expert.plan(_student_view(view, errors, env.period)), 0
+            # The rows an rtc chunker would send now: from this tick's action on, leaving the label a row to plan.
+            ahead = min(max_prefix, len(student_chunk) - since_plan, expert.horizon - 1)
+            if student_prefixes and ahead > 0 and rng.random() < student_prefixes:
+                prefix_rows = int(rng.integers(1, ahead + 1))
+                chunk = expert.plan(view, student_chunk[since_plan : since_plan + prefix_rows])
             action = student_chunk[since_plan].copy()
             action[:3] += rng.normal(0.0, errors.action_noise, 3).astype(np.float32)
             since_plan += 1
-        steps.append({"image": observation["image"], "state": observation["state"], "action": action, "chunk": chunk})
+        steps.append(
+            {
+                "image": observation["image"],
+                "state": observation["state"],
+                "action": action,
+                "chunk": chunk,
+                "prefix_rows": prefix_rows,
+            }
+        )
         env.apply_action({"actions": action})
     return steps, env.outcome()
 

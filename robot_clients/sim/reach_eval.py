@@ -15,7 +15,8 @@ serves ``assets/reach_policy``. Besides the chunker's modes, ``lockstep`` is the
 waits for each chunk and executes it from its first action while the world goes on
 (:mod:`robot_clients.sim.lockstep`, over the server's openpi route). A chunker mode with ``+forward``
 (``rtc+forward``, ``replace+forward``, ...) also rolls the state sent forward to the chunk's start
-(:class:`~robot_clients.chunker.ChunkerConfig`'s ``roll_state_forward``, VLASH's idea).
+(:class:`~robot_clients.chunker.ChunkerConfig`'s ``roll_state_forward``, VLASH's idea). ``--horizon`` (16) is
+the chunk asked for: the served policy's ``action_horizon`` and the moving task's expert chunk rows.
 
 Ablations (``--ablation``): ``black`` sends an all-black image, ``shuffled_state`` sends the state's
 entries in a random order each tick; ``blind_expert`` runs the camera-blind scripted baseline locally;
@@ -185,9 +186,11 @@ def run_cell(
     episode_steps: int | None = None,
     task: EvalTask = TASKS["reach"],
     lockstep: OpenpiLockstepClient | None = None,
+    horizon: int = moving_task.CHUNK,
 ) -> CellResult:
     """``episodes`` episodes of one cell. ``client`` answers the chunker's modes, ``lockstep`` the lockstep
-    mode; the expert ablations need neither."""
+    mode; the expert ablations need neither. ``horizon``: the rows of the moving task's expert chunks (a
+    served chunk's are the client's configured ``action_horizon``)."""
     env = task.env(
         ArmEnvConfig(
             image_height=128,
@@ -203,7 +206,7 @@ def run_cell(
             if ablation == "blind_expert" or (ablation == "expert" and task.name == "reach"):
                 _, outcome = run_local_expert(env, task, blind=ablation == "blind_expert")
             elif mode == "lockstep":
-                infer = lockstep_policy(env, task, ablation, lockstep)
+                infer = lockstep_policy(env, task, ablation, lockstep, horizon)
                 report = run_lockstep_episode(
                     env, infer, execute_horizon=execute_horizon, control_hz=control_hz, delay_s=delay_ms / 1e3
                 )
@@ -213,7 +216,8 @@ def run_cell(
                 policy: ChunkPolicy
                 if ablation == "expert":
                     assert isinstance(env, moving_task.MovingCubeTaskEnv)
-                    policy = moving_task.ExpertChunkPolicy(moving_task.MovingCubeExpert(env), delay_s=delay_ms / 1e3)
+                    expert = moving_task.MovingCubeExpert(env, horizon)
+                    policy = moving_task.ExpertChunkPolicy(expert, delay_s=delay_ms / 1e3)
                 else:
                     assert client is not None
                     policy = ReachChunkPolicy(client, delay_s=delay_ms / 1e3, ablation=ablation, seed=seed + episode)
@@ -258,12 +262,16 @@ def run_local_expert(env: ReachTaskEnv, task: EvalTask, blind: bool) -> tuple[ob
 
 
 def lockstep_policy(
-    env: ReachTaskEnv, task: EvalTask, ablation: str, client: OpenpiLockstepClient | None
+    env: ReachTaskEnv,
+    task: EvalTask,
+    ablation: str,
+    client: OpenpiLockstepClient | None,
+    horizon: int = moving_task.CHUNK,
 ) -> Callable[[Mapping[str, Any]], np.ndarray]:
     """What the lock-step client asks: the server over openpi (the image blacked for ``black``), or the expert."""
     if ablation == "expert":
         assert isinstance(env, moving_task.MovingCubeTaskEnv)
-        expert = moving_task.MovingCubeExpert(env)
+        expert = moving_task.MovingCubeExpert(env, horizon)
         return lambda observation: expert.plan(observation["expert_view"])
     assert client is not None
     if ablation == "black":
@@ -359,6 +367,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--ablations", default="none", help=f"comma-separated, of {', '.join(ABLATIONS)}")
     parser.add_argument("--execute-horizon", type=int, default=8)
     parser.add_argument(
+        "--horizon",
+        type=int,
+        default=16,
+        help="the chunk asked for: the server's action_horizon (and its openpi route's), the expert's chunk rows",
+    )
+    parser.add_argument(
         "--quantization",
         default=None,
         metavar="{none,int8,fp8}",
@@ -395,7 +409,14 @@ def main(argv: list[str] | None = None) -> int:
         url = args.server
         if needs_server and url is None:
             # The openpi route's settings: what the lock-step client (an openpi client) cannot send itself.
-            openpi = ["--openpi-domain", task.domain, "--openpi-horizon", "16", "--openpi-prompt", task.prompt]
+            openpi = [
+                "--openpi-domain",
+                task.domain,
+                "--openpi-horizon",
+                str(args.horizon),
+                "--openpi-prompt",
+                task.prompt,
+            ]
             quantization = ["--quantization", args.quantization] if args.quantization else []
             # The HTTP sidecar on a free port: the evaluation does not use it, and 8001 may be another server's.
             server = ServerSubprocess(
@@ -406,7 +427,7 @@ def main(argv: list[str] | None = None) -> int:
         if needs_server:
             client = PolicyClient(url, connect_timeout=300.0)
             client.connect()
-            client.configure(domain_name=task.domain, action_horizon=16, prompt=task.prompt, seed=0)
+            client.configure(domain_name=task.domain, action_horizon=args.horizon, prompt=task.prompt, seed=0)
         served = client.metadata.get("weights") if client is not None else None
         run = provenance(args.seed, None if args.server else model, argv, served) if args.out else None
         for ablation in ablations:
@@ -428,6 +449,7 @@ def main(argv: list[str] | None = None) -> int:
                     execute_horizon=args.execute_horizon,
                     task=task,
                     lockstep=lockstep,
+                    horizon=args.horizon,
                 )
                 if lockstep is not None:
                     lockstep.close()
