@@ -17,6 +17,7 @@
 
 from __future__ import annotations
 
+import gc
 import os
 
 import numpy as np
@@ -66,6 +67,12 @@ def test_the_shipped_policy_reaches_the_cube_through_the_server_and_not_blind():
 
     server = ServerSubprocess(["--model", str(SHIPPED), "--log-level", "info"])
     url = server.start(timeout=300.0)
+    # The loop's ticks are timed in this pytest process, which holds the heap of every test before it. A full
+    # collection of that heap holds the GIL for hundreds of milliseconds (3.4 million objects: 0.55 s here), and a
+    # tick then starts that late, however fast the robot's steps (295 ms late with every step under 12 ms, once
+    # in a clean-clone run). A robot's process has no such heap: the objects made before the episodes are kept
+    # out of the collector, and the robot's own garbage is collected as usual.
+    gc.freeze()
     try:
         with PolicyClient(url, connect_timeout=300.0) as client:
             client.configure(domain_name=DOMAIN, action_horizon=16, prompt=TASK, seed=0)
@@ -102,6 +109,12 @@ def test_the_shipped_policy_reaches_the_cube_at_20_hz_through_the_server_and_not
 
     server = ServerSubprocess(["--model", str(SHIPPED), "--log-level", "info"])
     url = server.start(timeout=300.0)
+    # The loop's ticks are timed in this pytest process, which holds the heap of every test before it. A full
+    # collection of that heap holds the GIL for hundreds of milliseconds (3.4 million objects: 0.55 s here), and a
+    # tick then starts that late, however fast the robot's steps (295 ms late with every step under 12 ms, once
+    # in a clean-clone run). A robot's process has no such heap: the objects made before the episodes are kept
+    # out of the collector, and the robot's own garbage is collected as usual.
+    gc.freeze()
     try:
         with PolicyClient(url, connect_timeout=300.0) as client:
             client.configure(domain_name=DOMAIN, action_horizon=16, prompt=TASK, seed=0)
@@ -112,6 +125,7 @@ def test_the_shipped_policy_reaches_the_cube_at_20_hz_through_the_server_and_not
             seen = episodes(client, "none", seed=GATE_SEED, count=10)
             black = episodes(client, "black", seed=GATE_SEED, count=10)
     finally:
+        gc.unfreeze()
         server.stop()
     overran = []
     for ablation, results in (("camera", seen), ("black image", black)):
