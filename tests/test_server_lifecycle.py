@@ -69,9 +69,12 @@ def test_signal_finishes_the_running_inference_closes_sessions_with_1001_and_exi
             unpackb(await ws.recv())
             await ws.send(packb({"type": "configure", "domain_name": DOMAIN}))
             unpackb(await ws.recv())
-            await ws.send(packb({"type": "observation", "seq": 0, "image": rgb_image(64)}))
+            # Seq 0 must still be running when the signal comes, 50 ms after seq 1: an unwarmed first call at the
+            # 480 tier (its VAE encode alone is several times the 256 tier's) outlasts that on a busy machine, where
+            # a small first call once finished first and seq 1 ran instead of waiting.
+            await ws.send(packb({"type": "observation", "seq": 0, "image": rgb_image(480), "resolution_tier": 480}))
             while not (await asyncio.to_thread(http_get, proc.health_url))[1]["busy"]:
-                await asyncio.sleep(0.01)  # until seq 0 is in the engine (unwarmed: the first call is slow)
+                await asyncio.sleep(0.01)  # until seq 0 is in the engine
             await ws.send(packb({"type": "observation", "seq": 1, "image": rgb_image(64)}))
             await asyncio.sleep(0.05)
             proc.signal(sig)
