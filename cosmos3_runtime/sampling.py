@@ -46,9 +46,9 @@ import copy
 import inspect
 import json
 from collections import OrderedDict
-from collections.abc import Callable, Generator
+from collections.abc import Callable, Generator, Hashable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Generic, TypeVar
 
 import numpy as np
 import torch
@@ -65,6 +65,39 @@ _TOKEN_CACHE_SIZE = 64
 # model's 256-pixel job, a few MB for a large model's largest; a session's shape recurs every control tick.
 _PACK_CACHE_BYTES = 32 * 2**20
 _SCHEDULE_CACHE_SIZE = 16  # schedules set once per (shift, steps), copied per job
+
+K = TypeVar("K", bound=Hashable)
+V = TypeVar("V")
+
+
+class _Memo(Generic[K, V]):
+    """What the sampler builds once per key and reuses: least recently used first out once the entries' costs
+    (``cost(value)``: 1 each by default, or bytes) pass ``limit``; the newest entry is always kept."""
+
+    def __init__(self, limit: int, cost: Callable[[V], int] = lambda value: 1) -> None:
+        self._entries: OrderedDict[K, tuple[V, int]] = OrderedDict()
+        self._limit = limit
+        self._cost = cost
+        self._total = 0
+
+    def get(self, key: K, build: Callable[[], V]) -> V:
+        entry = self._entries.get(key)
+        if entry is not None:
+            self._entries.move_to_end(key)
+            return entry[0]
+        value = build()
+        cost = self._cost(value)
+        self._entries[key] = (value, cost)
+        self._total += cost
+        while self._total > self._limit and len(self._entries) > 1:
+            _, (_, evicted) = self._entries.popitem(last=False)
+            self._total -= evicted
+        return value
+
+
+def _tensor_bytes(pack: dict[str, Any]) -> int:
+    return sum(v.nbytes for v in pack.values() if isinstance(v, torch.Tensor))
+
 
 # Returns seconds: the engine passes time.perf_counter.
 Clock = Callable[[], float]
@@ -127,10 +160,9 @@ class Cosmos3Sampler:
         self.compute_dtype: torch.dtype = self.transformer.dtype
         self.prefix_cache = TextPrefixCache(prefix_cache_bytes) if prefix_cache_bytes > 0 else None
         self._attention = install_packed_attention(self.transformer)
-        self._token_cache: OrderedDict[tuple[Any, ...], tuple[list[int], list[int]]] = OrderedDict()
-        self._packs: OrderedDict[tuple[Any, ...], tuple[dict[str, Any], int]] = OrderedDict()
-        self._pack_bytes = 0
-        self._schedules: OrderedDict[tuple[float | None, int], Any] = OrderedDict()
+        self._token_ids: _Memo[tuple[Any, ...], tuple[list[int], list[int]]] = _Memo(_TOKEN_CACHE_SIZE)
+        self._packs: _Memo[tuple[Any, ...], dict[str, Any]] = _Memo(_PACK_CACHE_BYTES, _tensor_bytes)
+        self._schedules: _Memo[tuple[float | None, int], Any] = _Memo(_SCHEDULE_CACHE_SIZE)
         self._step_takes_generator = "generator" in inspect.signature(pipe.scheduler.step).parameters
         # Frames prepared ahead of their batch are copied and resized on their own stream, so that work
         # runs beside the forwards on the default stream instead of queueing behind them.
@@ -181,26 +213,22 @@ class Cosmos3Sampler:
             job.settings.view_point,
             job.view_description,
         )
-        ids = self._token_cache.get(key)
-        if ids is None:
-            num_frames = job.horizon + 1
+
+        def build() -> tuple[list[int], list[int]]:
             caption = action_caption(self.pipe, job, canvas_h, canvas_w)
-            ids = self.pipe.tokenize_prompt(
+            ids: tuple[list[int], list[int]] = self.pipe.tokenize_prompt(
                 caption,
                 None,
-                num_frames=num_frames,
+                num_frames=job.horizon + 1,
                 height=canvas_h,
                 width=canvas_w,
                 fps=job.settings.fps,
                 add_resolution_template=False,
                 add_duration_template=False,
             )
-            self._token_cache[key] = ids
-            if len(self._token_cache) > _TOKEN_CACHE_SIZE:
-                self._token_cache.popitem(last=False)
-        else:
-            self._token_cache.move_to_end(key)
-        return ids
+            return ids
+
+        return self._token_ids.get(key, build)
 
     # ------------------------------------------------------------------ the loop
 
@@ -378,16 +406,13 @@ class Cosmos3Sampler:
         job's shift where it differs. Each (shift, steps) is set once and copied per job (a copy costs a third
         of setting it again), since a scheduler keeps its step index and, for multistep ones, past outputs."""
         shift = None if job.settings.shift is None or job.settings.shift == self.loaded_shift else job.settings.shift
-        key = (shift, job.settings.num_steps)
-        scheduled = self._schedules.get(key)
-        if scheduled is None:
+
+        def build() -> Any:
             scheduled = copy.deepcopy(self.pipe.scheduler) if shift is None else build_scheduler(self.info, shift)
             set_schedule(scheduled, self.info, job.settings.num_steps, self.device)
-            self._schedules[key] = scheduled
-            if len(self._schedules) > _SCHEDULE_CACHE_SIZE:
-                self._schedules.popitem(last=False)
-        else:
-            self._schedules.move_to_end(key)
+            return scheduled
+
+        scheduled = self._schedules.get((shift, job.settings.num_steps), build)
         return copy.deepcopy(scheduled)
 
     def sequence_pass(
@@ -415,20 +440,12 @@ class Cosmos3Sampler:
             job.settings.fps,
             job.leading_rows,
         )
-        cached = self._packs.get(shape)
-        if cached is None:
-            full = pack_sequence(
+        full = self._packs.get(
+            shape,
+            lambda: pack_sequence(
                 self.pipe, self.device, input_ids, latents, action_latents, vision_frames, clean_action_frames, job
-            )
-            size = sum(v.nbytes for v in full.values() if isinstance(v, torch.Tensor))
-            self._packs[shape] = (full, size)
-            self._pack_bytes += size
-            while self._pack_bytes > _PACK_CACHE_BYTES and len(self._packs) > 1:
-                _, (_, evicted) = self._packs.popitem(last=False)
-                self._pack_bytes -= evicted
-        else:
-            full = cached[0]
-            self._packs.move_to_end(shape)
+            ),
+        )
         entry = self.prefix_cache.get(key) if self.prefix_cache is not None else None
         return SequencePass(key, full, entry)
 
