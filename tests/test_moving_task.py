@@ -171,6 +171,13 @@ def test_dagger_demonstrations_label_a_students_states_with_the_experts_chunks(t
         assert episode.actions.shape == (40, 16, 4) and episode.answered is not None and episode.answered.all()
     with pytest.raises(ValueError, match="chunk labels"):
         collect_moving(tmp_path / "bad", 2, seed=1000, perturbed=0.5)
+    # --horizon: labels of that many rows, the same plan for the rows both lengths share.
+    collect_moving(tmp_path / "long", 2, seed=1000, chunk_labels=True, horizon=32)
+    long = read_dataset(tmp_path / "long").episodes[0]
+    assert long.actions.shape == (40, 32, 4)
+    np.testing.assert_allclose(long.actions[:, :16], data.episodes[0].actions, atol=1e-6)
+    with pytest.raises(ValueError, match="chunk labels"):
+        collect_moving(tmp_path / "bad", 2, seed=1000, horizon=32)
 
 
 def test_student_prefix_labels_start_with_the_rows_the_student_then_executes_and_correct_from_there(tmp_path):
@@ -257,7 +264,9 @@ def test_the_shipped_moving_policy_follows_the_cube_at_20_hz_through_the_server_
     url = server.start(timeout=300.0)
     try:
         with PolicyClient(url, connect_timeout=300.0) as client:
-            client.configure(domain_name=DOMAIN, action_horizon=16, prompt=TASK, seed=0)
+            # The chunk the shipped policy was trained for, as the server states it (cosmos3-eval asks the same).
+            horizon = client.metadata["domains"][DOMAIN]["default_horizon"]
+            client.configure(domain_name=DOMAIN, action_horizon=horizon, prompt=TASK, seed=0)
             episodes(client, "none", seed=GATE_SEED + 1, count=2)  # one-off first-call costs, not scored
             seen = episodes(client, "none", seed=GATE_SEED, count=10)
             black = episodes(client, "black", seed=GATE_SEED, count=10)

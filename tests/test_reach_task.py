@@ -61,13 +61,17 @@ def test_cosmos3_evals_results_name_their_seed_checkpoint_commit_and_command(tmp
     from robot_clients.sim.reach_eval import main
 
     checkpoint = shutil.copytree(Path(__file__).parent.parent / "assets" / "reach_policy", tmp_path / "ckpt")
+    # A profile whose default chunk is not the 16 a session would otherwise be given: asked for no --horizon,
+    # the evaluation takes the served domain's.
+    profiles = checkpoint / "policy_profiles.json"
+    profiles.write_text(profiles.read_text().replace('"default_horizon": 16', '"default_horizon": 8'))
     argv = ["--model", str(checkpoint), "--modes", "wait", "--episodes", "1", "--seed", "77", "--quantization", "int8"]
     assert main([*argv, "--out", str(tmp_path / "out")]) == 0
     document = json.loads((tmp_path / "out" / "results.json").read_text())
     run = document["provenance"]
     assert run["seed"] == 77 and document["cells"][0]["episodes"] == 1
     assert run["command"] == ["cosmos3-eval", *argv, "--out", str(tmp_path / "out")]
-    assert run["checkpoint"] == str(checkpoint)
+    assert run["checkpoint"] == str(checkpoint) and run["horizon"] == 8
 
     # The weights as the server stated them: the quantization it was started with and the checkpoint's
     # SHA-256, the same digest every door of the server states (cosmos3_runtime.served_weights).

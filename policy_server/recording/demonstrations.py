@@ -184,16 +184,19 @@ def collect_moving(
     perturbed: float = 0.0,
     student_prefixes: float = 0.0,
     max_prefix: int = 12,
+    horizon: int | None = None,
 ) -> dict[str, Any]:
     """Record ``episodes`` moving-cube expert episodes (paths from ``seed``) into a new dataset at ``out``.
 
-    ``chunk_labels``: every frame is labelled with the expert's chunk for it
+    ``chunk_labels``: every frame is labelled with the expert's chunk for it, of ``horizon`` rows (default
+    :data:`~robot_clients.sim.moving_task.CHUNK`; the policy trained on them answers chunks that long)
     (:func:`~robot_clients.sim.moving_task.run_labelled_episode`); then a share ``perturbed`` of the
     episodes (every ``round(1 / perturbed)``-th) is driven by a student that errs
     (:func:`~robot_clients.sim.moving_task.draw_student`), the expert labelling the states it visits; and a
     share ``student_prefixes`` of a student's frames is labelled with the expert's chunk continuing the next
     rows (1 to ``max_prefix``) the student is about to execute, written as ``action.prefix_rows``."""
     from robot_clients.sim.moving_task import (
+        CHUNK,
         TASK,
         MovingCubeExpert,
         MovingCubeTaskEnv,
@@ -207,11 +210,15 @@ def collect_moving(
         raise ValueError("a perturbed episode needs chunk labels: its executed actions are the student's")
     if student_prefixes and not perturbed:
         raise ValueError("a student's prefixes need perturbed episodes: the expert's own chunks are its labels")
+    if horizon is not None and not chunk_labels:
+        raise ValueError("a label's rows need chunk labels: without them a frame's label is the actions that follow")
+    if horizon is not None and horizon < 2:
+        raise ValueError(f"a chunk label needs at least 2 rows, got {horizon}")
     config = ArmEnvConfig(
         image_height=image_size, image_width=image_size, wrist_camera=False, seed=seed, episode_steps=episode_steps
     )
     env = MovingCubeTaskEnv(config)
-    expert = MovingCubeExpert(env)
+    expert = MovingCubeExpert(env, horizon or CHUNK)
     rng = np.random.default_rng(seed + 1)
     demonstrations = []
     students = 0
@@ -306,10 +313,18 @@ def reach_main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--max-prefix", type=int, default=12, help="with --student-prefixes: the longest prefix (cosmos3-train's)"
     )
+    parser.add_argument(
+        "--horizon",
+        type=int,
+        default=None,
+        help="with --chunk-labels: the rows of each frame's label, the chunk the policy will answer (default 16)",
+    )
     args = parser.parse_args(argv)
     out = Path(args.out)
     if out.exists():
         parser.error(f"{out} already exists")
+    if args.horizon is not None and (not args.chunk_labels or args.horizon < 2):
+        parser.error(f"--horizon needs --chunk-labels and at least 2 rows, got {args.horizon}")
     if not 0.0 <= args.student_prefixes <= 1.0:
         parser.error(f"--student-prefixes must be in [0, 1], got {args.student_prefixes}")
     if args.student_prefixes and not args.perturbed:
@@ -334,6 +349,7 @@ def reach_main(argv: list[str] | None = None) -> int:
             args.perturbed,
             args.student_prefixes,
             args.max_prefix,
+            args.horizon,
         )
     else:
         summary = collect(out, args.episodes, args.seed, args.image_size, args.episode_steps or 30)

@@ -15,8 +15,10 @@ serves ``assets/reach_policy``. Besides the chunker's modes, ``lockstep`` is the
 waits for each chunk and executes it from its first action while the world goes on
 (:mod:`robot_clients.sim.lockstep`, over the server's openpi route). A chunker mode with ``+forward``
 (``rtc+forward``, ``replace+forward``, ...) also rolls the state sent forward to the chunk's start
-(:class:`~robot_clients.chunker.ChunkerConfig`'s ``roll_state_forward``, VLASH's idea). ``--horizon`` (16) is
-the chunk asked for: the served policy's ``action_horizon`` and the moving task's expert chunk rows.
+(:class:`~robot_clients.chunker.ChunkerConfig`'s ``roll_state_forward``, VLASH's idea). ``--horizon`` is
+the chunk asked for (the session's ``action_horizon``) and the moving task's expert chunk rows; unset, the
+served domain's ``default_horizon`` from the server's metadata (the horizon its policy was trained for), or
+the expert's :data:`~robot_clients.sim.moving_task.CHUNK` when no server runs.
 
 Ablations (``--ablation``): ``black`` sends an all-black image, ``shuffled_state`` sends the state's
 entries in a random order each tick; ``blind_expert`` runs the camera-blind scripted baseline locally;
@@ -127,6 +129,7 @@ class EvaluationRun:
     git_commit: str | None  # of the source that ran (None outside a git checkout)
     git_dirty: bool | None  # the checkout had changes not committed
     command: list[str]  # the command line, program name first
+    horizon: int  # the chunk asked for (--horizon, else the served domain's default_horizon)
 
 
 def source_commit() -> tuple[str | None, bool | None]:
@@ -149,12 +152,14 @@ def source_commit() -> tuple[str | None, bool | None]:
     return commit or None, bool(status.strip())
 
 
-def provenance(seed: int, model: str | None, argv: list[str], served: dict[str, Any] | None) -> EvaluationRun:
+def provenance(
+    seed: int, model: str | None, argv: list[str], served: dict[str, Any] | None, horizon: int
+) -> EvaluationRun:
     """The run's name; ``served``: the ``weights`` the server's hello stated (None: no server answered)."""
     commit, dirty = source_commit()
     sha256 = served.get("sha256") if served else None
     quantization = served.get("quantization") if served else None
-    return EvaluationRun(seed, model, sha256, quantization, commit, dirty, ["cosmos3-eval", *argv])
+    return EvaluationRun(seed, model, sha256, quantization, commit, dirty, ["cosmos3-eval", *argv], horizon)
 
 
 def chunker_config(mode: str, control_hz: float, execute_horizon: int) -> ChunkerConfig:
@@ -351,6 +356,15 @@ def table(results: list[CellResult]) -> str:
     return "\n".join(lines)
 
 
+def served_horizon(client: PolicyClient | None, task: EvalTask) -> int:
+    """The chunk a session of ``task``'s domain gets when it asks for none: the served domain's
+    ``default_horizon`` (the server's metadata), or the moving expert's chunk when no server runs."""
+    if client is None:
+        return moving_task.CHUNK
+    domain = client.metadata.get("domains", {}).get(task.domain, {})
+    return int(domain.get("default_horizon") or moving_task.CHUNK)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="cosmos3-eval", description=__doc__.split("\n\n")[0])
     parser.add_argument("--task", default="reach", choices=sorted(TASKS), help="the task (default: reach)")
@@ -369,8 +383,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--horizon",
         type=int,
-        default=16,
-        help="the chunk asked for: the server's action_horizon (and its openpi route's), the expert's chunk rows",
+        default=None,
+        help="the chunk asked for: the session's action_horizon (and the openpi route's), the expert's chunk rows "
+        "(default: the served domain's default_horizon; 16 without a server)",
     )
     parser.add_argument(
         "--quantization",
@@ -409,14 +424,9 @@ def main(argv: list[str] | None = None) -> int:
         url = args.server
         if needs_server and url is None:
             # The openpi route's settings: what the lock-step client (an openpi client) cannot send itself.
-            openpi = [
-                "--openpi-domain",
-                task.domain,
-                "--openpi-horizon",
-                str(args.horizon),
-                "--openpi-prompt",
-                task.prompt,
-            ]
+            openpi = ["--openpi-domain", task.domain, "--openpi-prompt", task.prompt]
+            if args.horizon is not None:  # unset, the openpi route answers the domain's default horizon
+                openpi += ["--openpi-horizon", str(args.horizon)]
             quantization = ["--quantization", args.quantization] if args.quantization else []
             # The HTTP sidecar on a free port: the evaluation does not use it, and 8001 may be another server's.
             server = ServerSubprocess(
@@ -427,9 +437,11 @@ def main(argv: list[str] | None = None) -> int:
         if needs_server:
             client = PolicyClient(url, connect_timeout=300.0)
             client.connect()
-            client.configure(domain_name=task.domain, action_horizon=args.horizon, prompt=task.prompt, seed=0)
+            asked = {} if args.horizon is None else {"action_horizon": args.horizon}
+            client.configure(domain_name=task.domain, prompt=task.prompt, seed=0, **asked)
+        horizon = args.horizon or served_horizon(client, task)
         served = client.metadata.get("weights") if client is not None else None
-        run = provenance(args.seed, None if args.server else model, argv, served) if args.out else None
+        run = provenance(args.seed, None if args.server else model, argv, served, horizon) if args.out else None
         for ablation in ablations:
             full_grid = ablation == "none" or (ablation == "expert" and task.name == "moving")
             cells = [(m, d) for m in modes for d in delays] if full_grid else [(modes[0], delays[0])]
@@ -449,7 +461,7 @@ def main(argv: list[str] | None = None) -> int:
                     execute_horizon=args.execute_horizon,
                     task=task,
                     lockstep=lockstep,
-                    horizon=args.horizon,
+                    horizon=horizon,
                 )
                 if lockstep is not None:
                     lockstep.close()

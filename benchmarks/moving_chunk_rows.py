@@ -1,0 +1,78 @@
+"""Where in its chunk a moving-cube policy errs: each row's error against the expert's plan, through the server.
+
+Starts ``cosmos3-serve --model CKPT``, runs the moving task's expert on held-out paths (the expert acts, so
+the states are the same whatever the policy answers), and every ``--every`` ticks asks the server for a chunk
+of the served domain's ``default_horizon`` on that tick's observation, without a prefix. Each row is compared
+with the expert's plan for the same tick: the mean absolute difference over the arm's joints, in action
+units. Prints one line of per-row errors, their signed mean (a lag shows as a sign), and how far each side's
+first row lies from the measured state (the expert's: one joint step).
+
+Which rows matter depends on the delay: at 0 ms a chunk is executed from about its row 2 to its row 9; at
+500 ms from its row 12 on (docs/training.md, "32-row chunks").
+
+    python benchmarks/moving_chunk_rows.py --model assets/moving_policy
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+
+import numpy as np
+
+os.environ.setdefault("MUJOCO_GL", "egl")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--model", default="assets/moving_policy")
+    parser.add_argument("--episodes", type=int, default=6)
+    parser.add_argument("--seed", type=int, default=200_000, help="paths (held out: demonstrations use 1000-6000)")
+    parser.add_argument("--every", type=int, default=4, help="ask every this many ticks")
+    args = parser.parse_args()
+
+    from robot_clients.client import PolicyClient
+    from robot_clients.sim.demo import ServerSubprocess
+    from robot_clients.sim.moving_task import DOMAIN, TASK, MovingCubeExpert, MovingCubeTaskEnv
+    from robot_clients.sim.mujoco_arm import ArmEnvConfig
+    from robot_clients.sim.reach_task import ReachChunkPolicy
+
+    errors, signed, first_rows = [], [], []
+    server = ServerSubprocess(["--model", args.model, "--log-level", "info", "--http-port", "0"])
+    url = server.start(timeout=300.0)
+    try:
+        with PolicyClient(url, connect_timeout=300.0) as client:
+            horizon = int(client.metadata["domains"][DOMAIN]["default_horizon"])
+            client.configure(domain_name=DOMAIN, action_horizon=horizon, prompt=TASK, seed=0)
+            policy = ReachChunkPolicy(client, delay_s=0.0, ablation="none", seed=0)
+            config = ArmEnvConfig(
+                image_height=128, image_width=128, wrist_camera=False, seed=args.seed, episode_steps=40
+            )
+            with MovingCubeTaskEnv(config) as env:
+                expert = MovingCubeExpert(env, horizon)
+                for _ in range(args.episodes):
+                    env.reset()
+                    tick = 0
+                    while not env.is_episode_complete():
+                        observation = env.get_observation()
+                        plan = expert.plan(observation["expert_view"])
+                        if tick % args.every == 0:
+                            chunk = policy.infer_chunk(observation, None)
+                            difference = chunk[:, :3] - plan[:, :3]
+                            errors.append(np.abs(difference).mean(axis=1))
+                            signed.append(difference.mean(axis=1))
+                            state = np.asarray(observation["state"][:3])
+                            first_rows.append((np.abs(chunk[0, :3] - state).mean(), np.abs(plan[0, :3] - state).mean()))
+                        env.apply_action({"actions": plan[0]})
+                        tick += 1
+    finally:
+        server.stop()
+    print(f"{args.model}: {len(errors)} chunks of {horizon} rows, {args.episodes} episodes of seed {args.seed}")
+    print("error per row:", " ".join(f"{x:.3f}" for x in np.mean(errors, axis=0)))
+    print("signed mean per row:", " ".join(f"{x:+.3f}" for x in np.mean(signed, axis=0)))
+    policy_first, expert_first = np.mean(first_rows, axis=0)
+    print(f"first row from the measured state: policy {policy_first:.3f}, expert {expert_first:.3f}")
+
+
+if __name__ == "__main__":
+    main()
