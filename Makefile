@@ -122,12 +122,20 @@ reach-policy: $(STAMP) system-deps
 # the loss (the cube does not stop when the recording does): the first moving policy. Then DAgger: half the
 # episodes driven by a student that plans late, misjudges the cube's speed and jitters, every frame labelled
 # with the expert's chunk for the state it is in (--chunk-labels --perturbed 0.5), and the first policy
-# fine-tuned on them. The checkpoint is copied to assets/moving_policy without its optimizer state.
-# docs/training.md ("The moving-cube task") has the figures.
+# fine-tuned on them. Last, 32-row chunks, so that a chunk outlasts 500 ms of delay (a 16-row one taken over
+# at its row 12 runs out before the next comes): DAgger labels of 32 rows with students' prefixes up to 16
+# rows, two rounds on fresh paths, fine-tuned from the 16-row policy; the runs were stopped and resumed with
+# more steps and new loss settings as the per-row errors were read (benchmarks/moving_chunk_rows.py), and
+# the resumed commands below repeat that. The checkpoint is copied to assets/moving_policy without its
+# optimizer state. docs/training.md ("The moving-cube task") has the figures.
 MOVING_TRAIN_STEPS ?= 6000
 MOVING_DAGGER_STEPS ?= 1800
+MOVING_32 = --domain cosmos3_mujoco_arm_moving --horizon 32 --lr 1e-3 --ema-decay 0.998 --prefix-noise 0.3 \
+	--max-prefix 16 --threads 2
+MOVING_32_DEMOS = --task moving --chunk-labels --perturbed 0.5 --student-prefixes 0.5 --max-prefix 16 --horizon 32
 moving-policy: $(STAMP) system-deps
 	rm -rf build/moving-demos build/moving-policy build/moving-dagger-demos build/moving-dagger-policy
+	rm -rf build/moving-32-demos build/moving-32-policy build/moving-32-demos-2 build/moving-32-policy-2
 	$(VENV)/bin/cosmos3-reach-demos build/moving-demos --task moving --episodes 250 --seed 1000
 	$(VENV)/bin/cosmos3-train build/moving-demos --out build/moving-policy --domain cosmos3_mujoco_arm_moving \
 		--hidden-size 128 --steps $(MOVING_TRAIN_STEPS) --ema-decay 0.998 --prefix-noise 0.2 --max-prefix 12 \
@@ -138,8 +146,21 @@ moving-policy: $(STAMP) system-deps
 	$(VENV)/bin/cosmos3-train build/moving-dagger-demos --out build/moving-dagger-policy --base build/moving-policy \
 		--domain cosmos3_mujoco_arm_moving --steps $(MOVING_DAGGER_STEPS) --lr 1e-3 --ema-decay 0.998 \
 		--prefix-noise 0.3 --max-prefix 12 --threads 2
+	$(VENV)/bin/cosmos3-reach-demos build/moving-32-demos --episodes 300 --seed 5000 $(MOVING_32_DEMOS)
+	$(VENV)/bin/cosmos3-train build/moving-32-demos --out build/moving-32-policy --base build/moving-dagger-policy \
+		$(MOVING_32) --steps 3000
+	$(VENV)/bin/cosmos3-train build/moving-32-demos --out build/moving-32-policy --base build/moving-dagger-policy \
+		$(MOVING_32) --steps 7000 --action-weight 2 --resume
+	rm -f build/moving-32-policy/training_latents.pt
+	$(VENV)/bin/cosmos3-reach-demos build/moving-32-demos-2 --episodes 400 --seed 6000 $(MOVING_32_DEMOS)
+	$(VENV)/bin/cosmos3-train build/moving-32-demos-2 --out build/moving-32-policy-2 --base build/moving-32-policy \
+		$(MOVING_32) --steps 4000 --action-weight 2
+	$(VENV)/bin/cosmos3-train build/moving-32-demos-2 --out build/moving-32-policy-2 --base build/moving-32-policy \
+		$(MOVING_32) --steps 7000 --action-weight 2 --prefix-prob 0.2 --resume
+	$(VENV)/bin/cosmos3-train build/moving-32-demos-2 --out build/moving-32-policy-2 --base build/moving-32-policy \
+		$(MOVING_32) --steps 10000 --action-weight 2 --prefix-prob 0.2 --resume
 	rm -rf assets/moving_policy
-	cp -r build/moving-dagger-policy assets/moving_policy
+	cp -r build/moving-32-policy-2 assets/moving_policy
 	rm -f assets/moving_policy/training_state.pt assets/moving_policy/training_latents.pt
 
 # A MetaWorld policy from nothing: MetaWorld's own scripted drawer-close policy, run through the gym bridge
