@@ -35,6 +35,7 @@ def main() -> None:
     from robot_clients.sim.demo import ServerSubprocess
     from robot_clients.sim.moving_task import DOMAIN, TASK, MovingCubeExpert, MovingCubeTaskEnv
     from robot_clients.sim.mujoco_arm import ArmEnvConfig
+    from robot_clients.sim.reach_eval import TASKS, served_horizon
     from robot_clients.sim.reach_task import ReachChunkPolicy
 
     errors, signed, first_rows = [], [], []
@@ -42,7 +43,7 @@ def main() -> None:
     url = server.start(timeout=300.0)
     try:
         with PolicyClient(url, connect_timeout=300.0) as client:
-            horizon = int(client.metadata["domains"][DOMAIN]["default_horizon"])
+            horizon = served_horizon(client, TASKS["moving"])
             client.configure(domain_name=DOMAIN, action_horizon=horizon, prompt=TASK, seed=0)
             policy = ReachChunkPolicy(client, delay_s=0.0, ablation="none", seed=0)
             config = ArmEnvConfig(

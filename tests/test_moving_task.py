@@ -243,7 +243,7 @@ def test_the_shipped_moving_policy_follows_the_cube_at_20_hz_through_the_server_
     from robot_clients.client import PolicyClient
     from robot_clients.control_loop import ChunkingAgent, ControlLoop, EpisodeReport
     from robot_clients.sim.demo import ServerSubprocess
-    from robot_clients.sim.reach_eval import chunker_config
+    from robot_clients.sim.reach_eval import TASKS, chunker_config, served_horizon
     from robot_clients.sim.reach_task import ReachChunkPolicy, ReachOutcome
 
     def episodes(
@@ -266,7 +266,7 @@ def test_the_shipped_moving_policy_follows_the_cube_at_20_hz_through_the_server_
     try:
         with PolicyClient(url, connect_timeout=300.0) as client:
             # The chunk the shipped policy was trained for, as the server states it (cosmos3-eval asks the same).
-            horizon = client.metadata["domains"][DOMAIN]["default_horizon"]
+            horizon = served_horizon(client, TASKS["moving"])
             client.configure(domain_name=DOMAIN, action_horizon=horizon, prompt=TASK, seed=0)
             episodes(client, "none", seed=GATE_SEED + 1, count=2)  # one-off first-call costs, not scored
             seen = episodes(client, "none", seed=GATE_SEED, count=10)
