@@ -41,6 +41,7 @@ from typing import Any
 
 import numpy as np
 
+from ..chunker import ChunkPolicy
 from .mujoco_arm import ArmEnvConfig
 from .reach_task import GOAL_HEIGHT, MAX_JOINT_STEP, SUCCESS_RADIUS, ReachOutcome, ReachTaskEnv
 
@@ -390,6 +391,68 @@ def run_labelled_episode(
             }
         )
         env.apply_action({"actions": action})
+    return steps, env.outcome()
+
+
+def run_policy_labelled_episode(
+    env: MovingCubeTaskEnv,
+    expert: MovingCubeExpert,
+    policy: ChunkPolicy,
+    delay_ticks: int,
+    rng: np.random.Generator,
+    student_prefixes: float = 0.0,
+    max_prefix: int = 12,
+    execute_horizon: int = 8,
+) -> tuple[list[dict[str, Any]], ReachOutcome]:
+    """One episode from a fresh reset driven by a learned ``policy``'s chunks as ``rtc`` executes them at
+    ``delay_ticks`` of latency, every tick labelled by the expert: DAgger on the states, and the prefixes,
+    the policy itself produces.
+
+    Time is the simulator's, not the wall clock's: a chunk asked at tick ``t`` takes over at tick
+    ``t + d`` (``d`` = ``delay_ticks``, within ``max_prefix`` and the chunk's rows), executed from its row
+    ``d``; until then the arm runs the ``d`` rows of the current chunk that were sent as the request's
+    prefix, as the chunker does. The next request goes out when the new chunk has run
+    ``execute_horizon - d - 2`` rows (at once for long delays), the chunker's threshold of latency plus two
+    ticks. A request tick's label is the expert's chunk continuing exactly the prefix the policy was sent
+    (``prefix_rows`` = ``d``); any other tick's is, for a share ``student_prefixes`` of them, the expert's
+    chunk continuing the next 1 to ``max_prefix`` rows the arm is about to run, else the expert's chunk
+    from the tick's state."""
+    env.reset()
+    steps = []
+    observation = env.get_observation()
+    chunk = np.asarray(policy.infer_chunk(observation, None), np.float32)  # the robot waits for its first chunk
+    row, pending, next_request = 0, None, 0
+    while not env.is_episode_complete():
+        tick = env.steps
+        observation = env.get_observation()
+        if pending is not None and pending[0] == tick:  # the chunk asked d ticks ago takes over at its row d
+            _, chunk, row = pending
+            pending, next_request = None, tick + max(0, execute_horizon - row - 2)
+        label_prefix = None
+        if pending is None and tick >= next_request:
+            d = max(0, min(delay_ticks, max_prefix, len(chunk) - row, expert.horizon - 1))
+            label_prefix = chunk[row : row + d] if d else None
+            answer = np.asarray(policy.infer_chunk(observation, label_prefix), np.float32)
+            if d:
+                pending = (tick + d, answer, d)
+            else:  # no latency: it takes over now
+                chunk, row, next_request = answer, 0, tick + max(0, execute_horizon - 2)
+        ahead = min(max_prefix, len(chunk) - row, expert.horizon - 1)
+        if label_prefix is None and student_prefixes and ahead > 0 and rng.random() < student_prefixes:
+            label_prefix = chunk[row : row + int(rng.integers(1, ahead + 1))]
+        label = expert.plan(observation["expert_view"], label_prefix)
+        action = chunk[min(row, len(chunk) - 1)].copy()  # a chunk run out is held, as the chunker stalls
+        steps.append(
+            {
+                "image": observation["image"],
+                "state": observation["state"],
+                "action": action,
+                "chunk": label,
+                "prefix_rows": 0 if label_prefix is None else len(label_prefix),
+            }
+        )
+        env.apply_action({"actions": action})
+        row += 1
     return steps, env.outcome()
 
 
