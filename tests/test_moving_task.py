@@ -237,6 +237,87 @@ def test_student_prefix_labels_start_with_the_rows_the_student_then_executes_and
         read_dataset(tmp_path / "too-long")
 
 
+class _LatePlanner:
+    """A chunk policy that errs as a learned one does: the expert's plan for a moment ``lag_s`` before the
+    observation's (the cube where it was), continuing the prefix it is sent. ``asked`` keeps each request's
+    step and prefix."""
+
+    def __init__(self, expert: MovingCubeExpert, lag_s: float) -> None:
+        self.expert, self.lag_s = expert, lag_s
+        self.asked: list[tuple[int, int]] = []
+
+    def infer_chunk(self, observation, prefix_actions):
+        from robot_clients.sim.moving_task import ExpertView
+
+        view = observation["expert_view"]
+        self.asked.append((int(observation["step"]), 0 if prefix_actions is None else len(prefix_actions)))
+        return self.expert.plan(ExpertView(view.joints, view.path, view.seconds - self.lag_s), prefix_actions)
+
+
+def test_policy_rollout_labels_run_its_chunks_as_rtc_does_and_label_its_own_prefixes(tmp_path):
+    """--rollout-model: a learned policy drives the arm, its chunk asked at tick t taking over at tick t + d
+    from its row d while the arm runs the d rows sent as the prefix; each request's label continues exactly
+    that prefix, and corrects from there toward the cube."""
+    from robot_clients.sim.moving_task import run_policy_labelled_episode
+
+    with _env(seed=10) as env:  # seed 10's second path: 8.3 cm/s
+        expert = MovingCubeExpert(env, horizon=32)
+        # On time, a plan answered 12 ticks late and run from its row 12 keeps the hand on a fast cube (rtc's
+        # point); had the arm run the chunk from its first row it would trail by 12 ticks of cube.
+        on_time = _LatePlanner(expert, 0.0)
+        steps, outcome = run_policy_labelled_episode(env, expert, on_time, 12, np.random.default_rng(0))
+        assert env.path.speed > 0.08 and outcome.success, outcome
+        assert on_time.asked == [(0, 0), (0, 12), (12, 12), (24, 12), (36, 12)]
+        assert [k for k, s in enumerate(steps) if s["prefix_rows"]] == [0, 12, 24, 36]
+
+    with _env(seed=10) as env:
+        expert = MovingCubeExpert(env, horizon=32)
+        late = _LatePlanner(expert, 0.5)
+        steps, outcome = run_policy_labelled_episode(env, expert, late, 5, np.random.default_rng(0))
+        assert not outcome.success  # planned for a cube 4 cm back
+        requests = [k for k, s in enumerate(steps) if s["prefix_rows"]]
+        assert requests == [0, 6, 12, 18, 24, 30, 36] and all(steps[k]["prefix_rows"] == 5 for k in requests)
+        corrections = []
+        for k in requests:
+            chunk = steps[k]["chunk"]
+            executed = np.array([s["action"] for s in steps[k : k + 5]])
+            np.testing.assert_array_equal(chunk[: len(executed)], executed)  # the prefix sent, then run
+            if k + 5 < len(steps):  # the label moves on toward the cube; the late policy's chunk did not
+                corrections.append(float(np.abs(chunk[5] - steps[k + 5]["action"]).max()))
+        assert min(corrections) > 0.01, corrections
+        # With a share of student prefixes the other ticks' labels continue the rows about to run, too.
+        steps, _ = run_policy_labelled_episode(env, expert, late, 5, np.random.default_rng(0), student_prefixes=1.0)
+        assert all(s["prefix_rows"] > 0 for s in steps[:-1])
+
+
+@pytestmark_shipped
+def test_rollout_demonstrations_are_driven_by_a_served_model_and_carry_its_prefixes(tmp_path):
+    """collect_moving(rollout_model=...) (cosmos3-reach-demos --rollout-model): a real cosmos3-serve answers
+    the model's chunks for its share of the episodes; the dataset reads back with each request's prefix."""
+    from cosmos3_runtime.lerobot_dataset import read_dataset
+    from policy_server.recording.demonstrations import collect_moving
+
+    summary = collect_moving(
+        tmp_path / "demos",
+        2,
+        seed=1000,
+        chunk_labels=True,
+        horizon=32,
+        rollout_model=str(MOVING_POLICY),
+        rollout_share=0.5,
+    )
+    assert summary["rollout_episodes"] == 1 and summary["perturbed_episodes"] == 0, summary
+    episodes = read_dataset(tmp_path / "demos").episodes
+    rollout = episodes[1]  # every second episode is the model's
+    assert rollout.actions.shape == (40, 32, 4) and rollout.prefix_rows is not None
+    assert (rollout.prefix_rows > 0).sum() >= 3  # a request every few ticks, each with the rows then run
+    assert episodes[0].prefix_rows is not None and not episodes[0].prefix_rows.any()  # the expert's own
+    with pytest.raises(ValueError, match="go together"):
+        collect_moving(tmp_path / "bad", 2, seed=1000, chunk_labels=True, rollout_model=str(MOVING_POLICY))
+    with pytest.raises(ValueError, match="chunk labels"):
+        collect_moving(tmp_path / "bad", 2, seed=1000, rollout_model=str(MOVING_POLICY), rollout_share=0.5)
+
+
 @pytestmark_shipped
 def test_the_shipped_moving_policy_follows_the_cube_at_20_hz_through_the_server_and_not_blind():
     from robot_clients.chunker import ActionChunker

@@ -17,12 +17,14 @@ camera. It lives beside the recorder because it writes the recorder's format.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import io
 import json
 import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -41,6 +43,7 @@ from cosmos3_runtime.lerobot_layout import (
     STATS_PATH,
     TASKS_PATH,
 )
+from robot_clients.chunker import RemoteChunkPolicy
 from robot_clients.sim.gym_bridge import load_demonstrations
 
 from . import lerobot_format as fmt
@@ -185,6 +188,8 @@ def collect_moving(
     student_prefixes: float = 0.0,
     max_prefix: int = 12,
     horizon: int | None = None,
+    rollout_model: str | None = None,
+    rollout_share: float = 0.0,
 ) -> dict[str, Any]:
     """Record ``episodes`` moving-cube expert episodes (paths from ``seed``) into a new dataset at ``out``.
 
@@ -194,7 +199,13 @@ def collect_moving(
     episodes (every ``round(1 / perturbed)``-th) is driven by a student that errs
     (:func:`~robot_clients.sim.moving_task.draw_student`), the expert labelling the states it visits; and a
     share ``student_prefixes`` of a student's frames is labelled with the expert's chunk continuing the next
-    rows (1 to ``max_prefix``) the student is about to execute, written as ``action.prefix_rows``."""
+    rows (1 to ``max_prefix``) the student is about to execute, written as ``action.prefix_rows``.
+
+    ``rollout_model``: a checkpoint served by a ``cosmos3-serve`` started here drives a share
+    ``rollout_share`` of the episodes (every ``round(1 / rollout_share)``-th, before the students' share is
+    counted among the rest), its chunks executed as ``rtc`` does at a latency drawn per episode, 1 to
+    ``max_prefix`` ticks (:func:`~robot_clients.sim.moving_task.run_policy_labelled_episode`): DAgger on
+    the policy's own states and its own chunks as prefixes."""
     from robot_clients.sim.moving_task import (
         CHUNK,
         TASK,
@@ -203,6 +214,7 @@ def collect_moving(
         draw_student,
         run_labelled_episode,
         run_moving_expert,
+        run_policy_labelled_episode,
     )
     from robot_clients.sim.mujoco_arm import ArmEnvConfig
 
@@ -214,6 +226,10 @@ def collect_moving(
         raise ValueError("a label's rows need chunk labels: without them a frame's label is the actions that follow")
     if horizon is not None and horizon < 2:
         raise ValueError(f"a chunk label needs at least 2 rows, got {horizon}")
+    if (rollout_model is None) != (not rollout_share):
+        raise ValueError("a rollout model and a share of episodes it drives go together")
+    if rollout_model is not None and not chunk_labels:
+        raise ValueError("a model's rollouts need chunk labels: its executed actions are not the expert's")
     config = ArmEnvConfig(
         image_height=image_size, image_width=image_size, wrist_camera=False, seed=seed, episode_steps=episode_steps
     )
@@ -221,23 +237,58 @@ def collect_moving(
     expert = MovingCubeExpert(env, horizon or CHUNK)
     rng = np.random.default_rng(seed + 1)
     demonstrations = []
-    students = 0
-    with env:
+    students = rollouts = rollout_successes = 0
+    with env, _served_policy(rollout_model, horizon or CHUNK) as policy:
         for k in range(episodes):
             if not chunk_labels:
                 demonstrations.append(_demonstration(*run_moving_expert(env, expert)))
                 continue
-            errors = draw_student(rng) if perturbed and _is_perturbed(k, perturbed) else None
+            if policy is not None and _is_perturbed(k, rollout_share):
+                delay = int(rng.integers(1, max_prefix + 1))
+                steps, outcome = run_policy_labelled_episode(
+                    env, expert, policy, delay, rng, student_prefixes, max_prefix
+                )
+                rollouts += 1
+                rollout_successes += outcome.success
+                demonstrations.append(_demonstration(steps, outcome, with_prefixes=True))
+                continue
+            errors = draw_student(rng) if perturbed and _is_perturbed(k - rollouts, perturbed) else None
             students += errors is not None
             steps, outcome = run_labelled_episode(env, expert, errors, rng, student_prefixes, max_prefix)
-            demonstrations.append(_demonstration(steps, outcome, with_prefixes=bool(student_prefixes)))
+            demonstrations.append(_demonstration(steps, outcome, with_prefixes=bool(student_prefixes or policy)))
     summary = write_dataset(out, demonstrations, TASK, REACH_FPS, "cosmos3_mujoco_arm")
     summary["perturbed_episodes"] = students
-    if student_prefixes:
+    if policy is not None:
+        summary["rollout_episodes"] = rollouts
+        summary["rollout_success"] = rollout_successes / max(rollouts, 1)
+    if student_prefixes or rollout_model is not None:
         summary["prefixed_frames"] = int(
             sum(int((d.prefix_rows > 0).sum()) for d in demonstrations if d.prefix_rows is not None)
         )
     return summary
+
+
+@contextlib.contextmanager
+def _served_policy(model: str | None, horizon: int) -> Iterator[RemoteChunkPolicy | None]:
+    """``model`` served by a ``cosmos3-serve`` of its own on a free port, as the moving task's chunk policy of
+    ``horizon`` rows (None: no model, nothing started)."""
+    if model is None:
+        yield None
+        return
+    from robot_clients.client import PolicyClient
+    from robot_clients.sim.demo import ServerSubprocess
+    from robot_clients.sim.moving_task import DOMAIN, TASK
+
+    server = ServerSubprocess(["--model", model, "--log-level", "info", "--http-port", "0"])
+    url = server.start(timeout=300.0)
+    client = PolicyClient(url, connect_timeout=300.0)
+    try:
+        client.connect()
+        client.configure(domain_name=DOMAIN, prompt=TASK, seed=0, action_horizon=horizon)
+        yield RemoteChunkPolicy(client, timeout=60.0)
+    finally:
+        client.close()
+        server.stop()
 
 
 def _is_perturbed(k: int, share: float) -> bool:
@@ -319,6 +370,18 @@ def reach_main(argv: list[str] | None = None) -> int:
         default=None,
         help="with --chunk-labels: the rows of each frame's label, the chunk the policy will answer (default 16)",
     )
+    parser.add_argument(
+        "--rollout-model",
+        default=None,
+        help="moving, with --chunk-labels: a checkpoint, served here, that drives a share of the episodes as rtc "
+        "executes its chunks, the expert labelling its states and its own prefixes (DAgger on the policy)",
+    )
+    parser.add_argument(
+        "--rollout-share",
+        type=float,
+        default=0.5,
+        help="with --rollout-model: the share of episodes the model drives (default 0.5)",
+    )
     args = parser.parse_args(argv)
     out = Path(args.out)
     if out.exists():
@@ -337,6 +400,10 @@ def reach_main(argv: list[str] | None = None) -> int:
         parser.error("--chunk-labels and --perturbed are the moving task's")
     if args.perturbed and not args.chunk_labels:
         parser.error("--perturbed needs --chunk-labels (a student's actions are not the labels)")
+    if args.rollout_model is not None and not args.chunk_labels:
+        parser.error("--rollout-model needs --chunk-labels (the model's actions are not the labels)")
+    if not 0.0 < args.rollout_share <= 1.0:
+        parser.error(f"--rollout-share must be in (0, 1], got {args.rollout_share}")
     started = time.monotonic()
     if args.task == "moving":
         summary = collect_moving(
@@ -350,6 +417,8 @@ def reach_main(argv: list[str] | None = None) -> int:
             args.student_prefixes,
             args.max_prefix,
             args.horizon,
+            args.rollout_model,
+            args.rollout_share if args.rollout_model is not None else 0.0,
         )
     else:
         summary = collect(out, args.episodes, args.seed, args.image_size, args.episode_steps or 30)
@@ -368,6 +437,18 @@ def gym_main(argv: list[str] | None = None) -> int:
     parser.add_argument("--episodes", type=int, default=100)
     parser.add_argument("--seed", type=int, default=0, help="seed of the environment's task variations")
     parser.add_argument("--fps", type=int, default=10, help="the control rate the policy will run at")
+    parser.add_argument(
+        "--rollout-model",
+        default=None,
+        help="moving, with --chunk-labels: a checkpoint, served here, that drives a share of the episodes as rtc "
+        "executes its chunks, the expert labelling its states and its own prefixes (DAgger on the policy)",
+    )
+    parser.add_argument(
+        "--rollout-share",
+        type=float,
+        default=0.5,
+        help="with --rollout-model: the share of episodes the model drives (default 0.5)",
+    )
     args = parser.parse_args(argv)
     out = Path(args.out)
     if out.exists():
