@@ -116,18 +116,21 @@ reach-policy: $(STAMP) system-deps
 	cp -r build/reach-policy assets/reach_policy
 	rm -f assets/reach_policy/training_state.pt assets/reach_policy/training_latents.pt
 
-# The moving-cube policy from nothing, in two stages. First the moving task's scripted expert (40-tick
+# The moving-cube policy from nothing, in four stages. First the moving task's scripted expert (40-tick
 # episodes, the camera a two-frame clip), then cosmos3-train with prefixes up to 12 rows (rtc at 500 ms of
 # delay asks about 14: the profile's max_prefix clamps them) and the rows past an episode's end left out of
 # the loss (the cube does not stop when the recording does): the first moving policy. Then DAgger: half the
 # episodes driven by a student that plans late, misjudges the cube's speed and jitters, every frame labelled
 # with the expert's chunk for the state it is in (--chunk-labels --perturbed 0.5), and the first policy
-# fine-tuned on them. Last, 32-row chunks, so that a chunk outlasts 500 ms of delay (a 16-row one taken over
+# fine-tuned on them. Then 32-row chunks, so that a chunk outlasts 500 ms of delay (a 16-row one taken over
 # at its row 12 runs out before the next comes): DAgger labels of 32 rows with students' prefixes up to 16
 # rows, two rounds on fresh paths, fine-tuned from the 16-row policy; the runs were stopped and resumed with
 # more steps and new loss settings as the per-row errors were read (benchmarks/moving_chunk_rows.py), and
-# the resumed commands below repeat that. The checkpoint is copied to assets/moving_policy without its
-# optimizer state. docs/training.md ("The moving-cube task") has the figures.
+# the resumed commands below repeat that. Last, DAgger on the policy's own rollouts: two rounds in which
+# the latest policy, served here, drives a share of the episodes as rtc runs its chunks at a latency drawn
+# per episode, and the expert labels its states and the very prefixes it was sent (--rollout-model).
+# The checkpoint is copied to assets/moving_policy without its optimizer state. docs/training.md ("The
+# moving-cube task") has the figures.
 MOVING_TRAIN_STEPS ?= 6000
 MOVING_DAGGER_STEPS ?= 1800
 MOVING_32 = --domain cosmos3_mujoco_arm_moving --horizon 32 --lr 1e-3 --ema-decay 0.998 --prefix-noise 0.3 \
@@ -136,6 +139,7 @@ MOVING_32_DEMOS = --task moving --chunk-labels --perturbed 0.5 --student-prefixe
 moving-policy: $(STAMP) system-deps
 	rm -rf build/moving-demos build/moving-policy build/moving-dagger-demos build/moving-dagger-policy
 	rm -rf build/moving-32-demos build/moving-32-policy build/moving-32-demos-2 build/moving-32-policy-2
+	rm -rf build/moving-rollout-demos build/moving-rollout-policy build/moving-rollout-demos-2 build/moving-rollout-policy-2
 	$(VENV)/bin/cosmos3-reach-demos build/moving-demos --task moving --episodes 250 --seed 1000
 	$(VENV)/bin/cosmos3-train build/moving-demos --out build/moving-policy --domain cosmos3_mujoco_arm_moving \
 		--hidden-size 128 --steps $(MOVING_TRAIN_STEPS) --ema-decay 0.998 --prefix-noise 0.2 --max-prefix 12 \
@@ -159,8 +163,18 @@ moving-policy: $(STAMP) system-deps
 		$(MOVING_32) --steps 7000 --action-weight 2 --prefix-prob 0.2 --resume
 	$(VENV)/bin/cosmos3-train build/moving-32-demos-2 --out build/moving-32-policy-2 --base build/moving-32-policy \
 		$(MOVING_32) --steps 10000 --action-weight 2 --prefix-prob 0.2 --resume
+	rm -f build/moving-32-policy-2/training_latents.pt
+	$(VENV)/bin/cosmos3-reach-demos build/moving-rollout-demos --episodes 400 --seed 7000 $(MOVING_32_DEMOS) \
+		--rollout-model build/moving-32-policy-2 --rollout-share 0.5
+	$(VENV)/bin/cosmos3-train build/moving-rollout-demos --out build/moving-rollout-policy \
+		--base build/moving-32-policy-2 $(MOVING_32) --steps 4000 --action-weight 2 --prefix-prob 0.2
+	rm -f build/moving-rollout-policy/training_latents.pt
+	$(VENV)/bin/cosmos3-reach-demos build/moving-rollout-demos-2 --episodes 400 --seed 8000 $(MOVING_32_DEMOS) \
+		--rollout-model build/moving-rollout-policy --rollout-share 0.75
+	$(VENV)/bin/cosmos3-train build/moving-rollout-demos-2 --out build/moving-rollout-policy-2 \
+		--base build/moving-rollout-policy $(MOVING_32) --steps 4000 --action-weight 2 --prefix-prob 0.2
 	rm -rf assets/moving_policy
-	cp -r build/moving-32-policy-2 assets/moving_policy
+	cp -r build/moving-rollout-policy-2 assets/moving_policy
 	rm -f assets/moving_policy/training_state.pt assets/moving_policy/training_latents.pt
 
 # A MetaWorld policy from nothing: MetaWorld's own scripted drawer-close policy, run through the gym bridge
