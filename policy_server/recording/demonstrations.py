@@ -437,18 +437,6 @@ def gym_main(argv: list[str] | None = None) -> int:
     parser.add_argument("--episodes", type=int, default=100)
     parser.add_argument("--seed", type=int, default=0, help="seed of the environment's task variations")
     parser.add_argument("--fps", type=int, default=10, help="the control rate the policy will run at")
-    parser.add_argument(
-        "--rollout-model",
-        default=None,
-        help="moving, with --chunk-labels: a checkpoint, served here, that drives a share of the episodes as rtc "
-        "executes its chunks, the expert labelling its states and its own prefixes (DAgger on the policy)",
-    )
-    parser.add_argument(
-        "--rollout-share",
-        type=float,
-        default=0.5,
-        help="with --rollout-model: the share of episodes the model drives (default 0.5)",
-    )
     args = parser.parse_args(argv)
     out = Path(args.out)
     if out.exists():
