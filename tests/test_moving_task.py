@@ -293,30 +293,35 @@ def test_policy_rollout_labels_run_its_chunks_as_rtc_does_and_label_its_own_pref
 
 @pytestmark_shipped
 def test_rollout_demonstrations_are_driven_by_a_served_model_and_carry_its_prefixes(tmp_path):
-    """collect_moving(rollout_model=...) (cosmos3-reach-demos --rollout-model): a real cosmos3-serve answers
-    the model's chunks for its share of the episodes; the dataset reads back with each request's prefix."""
+    """The installed ``cosmos3-reach-demos --rollout-model``: a real cosmos3-serve answers the model's chunks
+    for its share of the episodes; the dataset reads back with each request's prefix."""
+    import json
+    import subprocess
+    import sys
+    from pathlib import Path
+
     from cosmos3_runtime.lerobot_dataset import read_dataset
     from policy_server.recording.demonstrations import collect_moving
 
-    summary = collect_moving(
-        tmp_path / "demos",
-        2,
-        seed=1000,
-        chunk_labels=True,
-        horizon=32,
-        rollout_model=str(MOVING_POLICY),
-        rollout_share=0.5,
+    command = [str(Path(sys.executable).parent / "cosmos3-reach-demos"), "--task", "moving", "--episodes", "2"]
+    common = ["--seed", "1000", "--chunk-labels", "--horizon", "32", "--rollout-model", str(MOVING_POLICY)]
+    done = subprocess.run(
+        [*command, str(tmp_path / "demos"), *common, "--rollout-share", "0.5"], capture_output=True, text=True
     )
+    assert done.returncode == 0, done.stderr[-2000:]
+    summary = json.loads(done.stdout.strip().splitlines()[-1])
     assert summary["rollout_episodes"] == 1 and summary["perturbed_episodes"] == 0, summary
     episodes = read_dataset(tmp_path / "demos").episodes
     rollout = episodes[1]  # every second episode is the model's
     assert rollout.actions.shape == (40, 32, 4) and rollout.prefix_rows is not None
     assert (rollout.prefix_rows > 0).sum() >= 3  # a request every few ticks, each with the rows then run
     assert episodes[0].prefix_rows is not None and not episodes[0].prefix_rows.any()  # the expert's own
+    refused = subprocess.run(
+        [*command, str(tmp_path / "bad"), "--rollout-model", str(MOVING_POLICY)], capture_output=True, text=True
+    )
+    assert refused.returncode == 2 and "--chunk-labels" in refused.stderr, refused.stderr
     with pytest.raises(ValueError, match="go together"):
         collect_moving(tmp_path / "bad", 2, seed=1000, chunk_labels=True, rollout_model=str(MOVING_POLICY))
-    with pytest.raises(ValueError, match="chunk labels"):
-        collect_moving(tmp_path / "bad", 2, seed=1000, rollout_model=str(MOVING_POLICY), rollout_share=0.5)
 
 
 @pytestmark_shipped
