@@ -320,6 +320,10 @@ def test_rollout_demonstrations_are_driven_by_a_served_model_and_carry_its_prefi
         [*command, str(tmp_path / "bad"), "--rollout-model", str(MOVING_POLICY)], capture_output=True, text=True
     )
     assert refused.returncode == 2 and "--chunk-labels" in refused.stderr, refused.stderr
+    refused = subprocess.run(
+        [*command, str(tmp_path / "bad"), "--rollout-share", "0.5"], capture_output=True, text=True
+    )
+    assert refused.returncode == 2 and "--rollout-model" in refused.stderr, refused.stderr
     with pytest.raises(ValueError, match="go together"):
         collect_moving(tmp_path / "bad", 2, seed=1000, chunk_labels=True, rollout_model=str(MOVING_POLICY))
 

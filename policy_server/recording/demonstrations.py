@@ -379,7 +379,7 @@ def reach_main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--rollout-share",
         type=float,
-        default=0.5,
+        default=None,
         help="with --rollout-model: the share of episodes the model drives (default 0.5)",
     )
     args = parser.parse_args(argv)
@@ -402,8 +402,11 @@ def reach_main(argv: list[str] | None = None) -> int:
         parser.error("--perturbed needs --chunk-labels (a student's actions are not the labels)")
     if args.rollout_model is not None and not args.chunk_labels:
         parser.error("--rollout-model needs --chunk-labels (the model's actions are not the labels)")
-    if not 0.0 < args.rollout_share <= 1.0:
-        parser.error(f"--rollout-share must be in (0, 1], got {args.rollout_share}")
+    if args.rollout_share is not None and args.rollout_model is None:
+        parser.error("--rollout-share needs --rollout-model (the share of episodes that model drives)")
+    rollout_share = 0.5 if args.rollout_share is None else args.rollout_share
+    if not 0.0 < rollout_share <= 1.0:
+        parser.error(f"--rollout-share must be in (0, 1], got {rollout_share}")
     started = time.monotonic()
     if args.task == "moving":
         summary = collect_moving(
@@ -418,7 +421,7 @@ def reach_main(argv: list[str] | None = None) -> int:
             args.max_prefix,
             args.horizon,
             args.rollout_model,
-            args.rollout_share if args.rollout_model is not None else 0.0,
+            rollout_share if args.rollout_model is not None else 0.0,
         )
     else:
         summary = collect(out, args.episodes, args.seed, args.image_size, args.episode_steps or 30)
