@@ -29,6 +29,7 @@ def main() -> None:
     parser.add_argument("--episodes", type=int, default=6)
     parser.add_argument("--seed", type=int, default=200_000, help="paths (held out: demonstrations use 1000-6000)")
     parser.add_argument("--every", type=int, default=4, help="ask every this many ticks")
+    parser.add_argument("--samples", type=int, default=1, help="chunks asked per observation, each its own seed")
     args = parser.parse_args()
 
     from robot_clients.client import PolicyClient
@@ -38,7 +39,7 @@ def main() -> None:
     from robot_clients.sim.reach_eval import TASKS, served_horizon
     from robot_clients.sim.reach_task import ReachChunkPolicy
 
-    errors, signed, first_rows = [], [], []
+    errors, signed, first_rows, mean_errors = [], [], [], []
     server = ServerSubprocess(["--model", args.model, "--log-level", "info", "--http-port", "0"])
     url = server.start(timeout=300.0)
     try:
@@ -58,10 +59,17 @@ def main() -> None:
                         observation = env.get_observation()
                         plan = expert.plan(observation["expert_view"])
                         if tick % args.every == 0:
-                            chunk = policy.infer_chunk(observation, None)
-                            difference = chunk[:, :3] - plan[:, :3]
-                            errors.append(np.abs(difference).mean(axis=1))
-                            signed.append(difference.mean(axis=1))
+                            chunks = [
+                                policy.infer_chunk({**observation, "seed": sample}, None)
+                                for sample in range(args.samples)
+                            ]
+                            for chunk in chunks:
+                                difference = chunk[:, :3] - plan[:, :3]
+                                errors.append(np.abs(difference).mean(axis=1))
+                                signed.append(difference.mean(axis=1))
+                            mean_chunk = np.mean(chunks, axis=0)
+                            mean_errors.append(np.abs(mean_chunk[:, :3] - plan[:, :3]).mean(axis=1))
+                            chunk = chunks[0]
                             state = np.asarray(observation["state"][:3])
                             first_rows.append((np.abs(chunk[0, :3] - state).mean(), np.abs(plan[0, :3] - state).mean()))
                         env.apply_action({"actions": plan[0]})
@@ -70,6 +78,13 @@ def main() -> None:
         server.stop()
     print(f"{args.model}: {len(errors)} chunks of {horizon} rows, {args.episodes} episodes of seed {args.seed}")
     print("error per row:", " ".join(f"{x:.3f}" for x in np.mean(errors, axis=0)))
+    single, averaged = np.mean(errors, axis=0), np.mean(mean_errors, axis=0)
+    if args.samples > 1:
+        print(f"error per row of the mean of {args.samples}:", " ".join(f"{x:.3f}" for x in averaged))
+    print(f"rows 2-9 (run at 0 ms): {single[2:10].mean():.4f}; rows 12-23 (at 500 ms): {single[12:24].mean():.4f}")
+    if args.samples > 1:
+        near, far = averaged[2:10].mean(), averaged[12:24].mean()
+        print(f"  the mean of {args.samples}: rows 2-9 {near:.4f}; rows 12-23 {far:.4f}")
     print("signed mean per row:", " ".join(f"{x:+.3f}" for x in np.mean(signed, axis=0)))
     policy_first, expert_first = np.mean(first_rows, axis=0)
     print(f"first row from the measured state: policy {policy_first:.3f}, expert {expert_first:.3f}")

@@ -57,7 +57,7 @@ def test_the_cube_body_follows_its_path_and_the_clip_shows_the_frame_stride_tick
         expert = MovingCubeExpert(env)
         start = env.data.body("cube").xpos.copy()
         frames = [env.get_observation()["camera"]]
-        for tick in range(1, 13):
+        for tick in range(1, CLIP_STRIDE + 5):
             env.apply_action({"actions": expert.act()})
             observation = env.get_observation()
             frames.append(observation["camera"])
@@ -71,6 +71,48 @@ def test_the_cube_body_follows_its_path_and_the_clip_shows_the_frame_stride_tick
         assert env.path.speed > 0.02 and not np.array_equal(frames[0], frames[-1])
         # Nothing but the camera carries the cube: the state is the arm's four joints.
         assert observation["state"].shape == (4,)
+
+
+def test_the_clip_stride_is_the_environments_and_the_installed_commands_honour_it_or_refuse_it(tmp_path):
+    """A policy reads the clip it was trained on: ``--clip-stride`` makes a dataset's clips and an evaluation's
+    that many ticks apart, and is refused where the camera shows one frame."""
+    import json
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from cosmos3_runtime.lerobot_dataset import read_dataset
+
+    bin_dir = Path(sys.executable).parent
+    done = subprocess.run(
+        [str(bin_dir / "cosmos3-reach-demos"), str(tmp_path / "demos"), "--task", "moving", "--episodes", "1"]
+        + ["--seed", "11", "--clip-stride", "4"],
+        capture_output=True,
+        text=True,
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert json.loads(done.stdout.strip().splitlines()[-1])["clip_stride"] == 4
+    clips = read_dataset(tmp_path / "demos").episodes[0].images  # PNG frames: exact
+    for t in range(4, 12):  # each clip's older half is the current half of the clip 4 ticks before
+        np.testing.assert_array_equal(clips[t][:, :128], clips[t - 4][:, 128:])
+    assert not np.array_equal(clips[11][:, :128], clips[11][:, 128:])  # the cube slides at 7.2 cm/s
+
+    evaluated = subprocess.run(
+        [str(bin_dir / "cosmos3-eval"), "--task", "moving", "--ablations", "blind_expert", "--episodes", "1"]
+        + ["--clip-stride", "4", "--out", str(tmp_path / "eval")],
+        capture_output=True,
+        text=True,
+    )
+    assert evaluated.returncode == 0, evaluated.stderr[-2000:]
+    assert json.loads((tmp_path / "eval" / "results.json").read_text())["provenance"]["clip_stride"] == 4
+    for command in ("cosmos3-reach-demos", "cosmos3-eval"):
+        out = [str(tmp_path / "bad")] if command == "cosmos3-reach-demos" else []
+        refused = subprocess.run(
+            [str(bin_dir / command), *out, "--task", "reach", "--clip-stride", "8"], capture_output=True, text=True
+        )
+        assert refused.returncode == 2 and "moving task" in refused.stderr, refused.stderr
+    with pytest.raises(ValueError, match="1 tick apart"):
+        MovingCubeTaskEnv(ArmEnvConfig(image_height=64, image_width=64, wrist_camera=False), clip_stride=0)
 
 
 def test_the_first_clip_shows_the_cube_already_sliding():

@@ -190,8 +190,12 @@ def collect_moving(
     horizon: int | None = None,
     rollout_model: str | None = None,
     rollout_share: float = 0.0,
+    clip_stride: int | None = None,
 ) -> dict[str, Any]:
     """Record ``episodes`` moving-cube expert episodes (paths from ``seed``) into a new dataset at ``out``.
+
+    ``clip_stride``: ticks between the camera clip's two frames (default
+    :data:`~robot_clients.sim.moving_task.CLIP_STRIDE`), the clip the policy trained on them will read.
 
     ``chunk_labels``: every frame is labelled with the expert's chunk for it, of ``horizon`` rows (default
     :data:`~robot_clients.sim.moving_task.CHUNK`; the policy trained on them answers chunks that long)
@@ -208,6 +212,7 @@ def collect_moving(
     the policy's own states and its own chunks as prefixes."""
     from robot_clients.sim.moving_task import (
         CHUNK,
+        CLIP_STRIDE,
         TASK,
         MovingCubeExpert,
         MovingCubeTaskEnv,
@@ -233,7 +238,7 @@ def collect_moving(
     config = ArmEnvConfig(
         image_height=image_size, image_width=image_size, wrist_camera=False, seed=seed, episode_steps=episode_steps
     )
-    env = MovingCubeTaskEnv(config)
+    env = MovingCubeTaskEnv(config, CLIP_STRIDE if clip_stride is None else clip_stride)
     expert = MovingCubeExpert(env, horizon or CHUNK)
     rng = np.random.default_rng(seed + 1)
     demonstrations = []
@@ -258,6 +263,7 @@ def collect_moving(
             demonstrations.append(_demonstration(steps, outcome, with_prefixes=bool(student_prefixes or policy)))
     summary = write_dataset(out, demonstrations, TASK, REACH_FPS, "cosmos3_mujoco_arm")
     summary["perturbed_episodes"] = students
+    summary["clip_stride"] = env.clip_stride
     if policy is not None:
         summary["rollout_episodes"] = rollouts
         summary["rollout_success"] = rollout_successes / max(rollouts, 1)
@@ -382,6 +388,13 @@ def reach_main(argv: list[str] | None = None) -> int:
         default=None,
         help="with --rollout-model: the share of episodes the model drives (default 0.5)",
     )
+    parser.add_argument(
+        "--clip-stride",
+        type=int,
+        default=None,
+        help="moving: ticks between the camera clip's two frames (default: robot_clients.sim.moving_task's "
+        "CLIP_STRIDE); the policy trained on the dataset reads that clip, and is evaluated with it",
+    )
     args = parser.parse_args(argv)
     out = Path(args.out)
     if out.exists():
@@ -404,6 +417,10 @@ def reach_main(argv: list[str] | None = None) -> int:
         parser.error("--rollout-model needs --chunk-labels (the model's actions are not the labels)")
     if args.rollout_share is not None and args.rollout_model is None:
         parser.error("--rollout-share needs --rollout-model (the share of episodes that model drives)")
+    if args.clip_stride is not None and args.task != "moving":
+        parser.error("--clip-stride is the moving task's (the reach task's camera shows one frame)")
+    if args.clip_stride is not None and args.clip_stride < 1:
+        parser.error(f"--clip-stride must be at least 1, got {args.clip_stride}")
     rollout_share = 0.5 if args.rollout_share is None else args.rollout_share
     if not 0.0 < rollout_share <= 1.0:
         parser.error(f"--rollout-share must be in (0, 1], got {rollout_share}")
@@ -422,6 +439,7 @@ def reach_main(argv: list[str] | None = None) -> int:
             args.horizon,
             args.rollout_model,
             rollout_share if args.rollout_model is not None else 0.0,
+            args.clip_stride,
         )
     else:
         summary = collect(out, args.episodes, args.seed, args.image_size, args.episode_steps or 30)

@@ -14,8 +14,10 @@ cube's centre) are the reach task's (:mod:`robot_clients.sim.reach_task`). What 
   chunks against the episode's end).
 - **The camera shows a short clip.** One frame shows where the cube is, not where it is going. The
   observation's ``image`` is two frames of the front camera side by side: the frame :data:`CLIP_STRIDE`
-  ticks ago on the left, the current one on the right (``H x 2W``). The cube was already sliding before the
-  episode began, so the first observation's clip is real too. Nothing else tells the policy where the cube
+  ticks ago on the left, the current one on the right (``H x 2W``). The stride is part of what a policy was
+  trained on: a policy trained on another one is evaluated and rolled out with that stride (the
+  environment's ``clip_stride``). The cube was already sliding before the episode began, so the first
+  observation's clip is real too. Nothing else tells the policy where the cube
   is or how fast it goes: the state is the arm's joints, as in the reach task.
 - **Expert** (:class:`MovingCubeExpert`): knows the cube's path (privileged) and plans a chunk as a
   time-indexed trajectory: action ``i`` moves each joint at most :data:`~.reach_task.MAX_JOINT_STEP` toward
@@ -90,16 +92,19 @@ class MovingCubeTaskEnv(ReachTaskEnv):
     """:class:`~.reach_task.ReachTaskEnv` with a sliding cube and a two-frame camera clip.
 
     ``seed`` (the config's) seeds the paths; episode ``k`` after construction uses the ``k``-th draw. The
-    observation's ``image`` is the clip (``H x 2W x 3``); ``camera`` is the current frame alone (for videos);
-    ``state`` is in action units.
+    observation's ``image`` is the clip (``H x 2W x 3``): the frame ``clip_stride`` ticks ago beside the
+    current one; ``camera`` is the current frame alone (for videos); ``state`` is in action units.
     """
 
-    def __init__(self, config: ArmEnvConfig | None = None) -> None:
+    def __init__(self, config: ArmEnvConfig | None = None, clip_stride: int = CLIP_STRIDE) -> None:
+        if clip_stride < 1:
+            raise ValueError(f"the clip's frames must be at least 1 tick apart, got {clip_stride}")
         config = config or ArmEnvConfig(image_height=128, image_width=128, wrist_camera=False)
         config = replace(config, episode_steps=config.episode_steps or EPISODE_STEPS)
+        self.clip_stride = clip_stride
         self._path_rng = np.random.default_rng(config.seed)
         self.path = CubePath(np.zeros(2), np.zeros(2))
-        self._frames: deque[np.ndarray] = deque(maxlen=CLIP_STRIDE + 1)
+        self._frames: deque[np.ndarray] = deque(maxlen=clip_stride + 1)
         self._started = False
         super().__init__(config)
         mujoco = self._mujoco
@@ -121,7 +126,7 @@ class MovingCubeTaskEnv(ReachTaskEnv):
         self._frames.clear()
         self.distances: list[float] = []  # the hand's distance from the goal after each tick
         # The cube slid before the episode began: the clip's older frames are real frames of that.
-        for tick in range(-CLIP_STRIDE, 1):
+        for tick in range(-self.clip_stride, 1):
             self._place_cube(tick * self.period)
             self._frames.append(self.render("front"))
         self.steps = 0
@@ -147,7 +152,7 @@ class MovingCubeTaskEnv(ReachTaskEnv):
             self._hold_cube_on_path(t0 + (k + 1) * dt)
         mujoco.mj_forward(self.model, self.data)
         self.steps += 1
-        # Every tick's frame, whether or not anyone observes it: the clip's older frame is CLIP_STRIDE ticks
+        # Every tick's frame, whether or not anyone observes it: the clip's older frame is clip_stride ticks
         # back even for a client that observes once a chunk (the lock-step baseline).
         self._frames.append(self.render("front"))
         self.distances.append(float(np.linalg.norm(self.hand - self.goal)))

@@ -18,7 +18,9 @@ waits for each chunk and executes it from its first action while the world goes 
 (:class:`~robot_clients.chunker.ChunkerConfig`'s ``roll_state_forward``, VLASH's idea). ``--horizon`` is
 the chunk asked for (the session's ``action_horizon``) and the moving task's expert chunk rows; unset, the
 served domain's ``default_horizon`` from the server's metadata (the horizon its policy was trained for), or
-the expert's :data:`~robot_clients.sim.moving_task.CHUNK` when no server runs.
+the expert's :data:`~robot_clients.sim.moving_task.CHUNK` when no server runs. ``--clip-stride`` is the
+moving task's ticks between the camera clip's two frames, which must be the ones the policy was trained on
+(default :data:`~robot_clients.sim.moving_task.CLIP_STRIDE`, the shipped policy's).
 
 Ablations (``--ablation``): ``black`` sends an all-black image, ``shuffled_state`` sends the state's
 entries in a random order each tick; ``blind_expert`` runs the camera-blind scripted baseline locally;
@@ -28,7 +30,7 @@ cube's path).
 
 ``--out``'s ``results.json`` names its run (:class:`EvaluationRun`): the seed, the weights the server stated
 (the checkpoint's SHA-256 and the quantization, ``--quantization`` passed to the server it starts), the
-source's git commit and the command line.
+source's git commit, the command line, the horizon and the moving task's clip stride.
 """
 
 from __future__ import annotations
@@ -39,7 +41,8 @@ import math
 import subprocess
 import sys
 from collections.abc import Callable, Mapping
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -130,6 +133,7 @@ class EvaluationRun:
     git_dirty: bool | None  # the checkout had changes not committed
     command: list[str]  # the command line, program name first
     horizon: int  # the chunk asked for (--horizon, else the served domain's default_horizon)
+    clip_stride: int | None = None  # the moving task's ticks between the clip's two frames (None: reach)
 
 
 def source_commit() -> tuple[str | None, bool | None]:
@@ -153,13 +157,19 @@ def source_commit() -> tuple[str | None, bool | None]:
 
 
 def provenance(
-    seed: int, model: str | None, argv: list[str], served: dict[str, Any] | None, horizon: int
+    seed: int,
+    model: str | None,
+    argv: list[str],
+    served: dict[str, Any] | None,
+    horizon: int,
+    clip_stride: int | None = None,
 ) -> EvaluationRun:
     """The run's name; ``served``: the ``weights`` the server's hello stated (None: no server answered)."""
     commit, dirty = source_commit()
     sha256 = served.get("sha256") if served else None
     quantization = served.get("quantization") if served else None
-    return EvaluationRun(seed, model, sha256, quantization, commit, dirty, ["cosmos3-eval", *argv], horizon)
+    argv = ["cosmos3-eval", *argv]
+    return EvaluationRun(seed, model, sha256, quantization, commit, dirty, argv, horizon, clip_stride)
 
 
 def chunker_config(mode: str, control_hz: float, execute_horizon: int) -> ChunkerConfig:
@@ -398,10 +408,25 @@ def main(argv: list[str] | None = None) -> int:
         default=None,
         help="write results.json (the cells and the run's provenance), results.md and success_vs_delay.png here",
     )
+    parser.add_argument(
+        "--clip-stride",
+        type=int,
+        default=None,
+        help="moving: ticks between the camera clip's two frames, as the policy was trained (default "
+        f"{moving_task.CLIP_STRIDE}, the shipped policy's; the policies before its stage 5: 8)",
+    )
     parser.add_argument("--title", default=None, help="the plot's title (default: the task's)")
     argv = sys.argv[1:] if argv is None else list(argv)
     args = parser.parse_args(argv)
     task = TASKS[args.task]
+    clip_stride = None
+    if args.clip_stride is not None and task.name != "moving":
+        parser.error("--clip-stride is the moving task's (the reach task's camera shows one frame)")
+    if task.name == "moving":
+        clip_stride = moving_task.CLIP_STRIDE if args.clip_stride is None else args.clip_stride
+        if clip_stride < 1:
+            parser.error(f"--clip-stride must be at least 1, got {clip_stride}")
+        task = replace(task, env=partial(moving_task.MovingCubeTaskEnv, clip_stride=clip_stride))
     model = args.model or str(task.model)
     title = args.title or f"{task.name} task: success vs injected delay"
     modes = [m for m in args.modes.split(",") if m]
@@ -441,7 +466,8 @@ def main(argv: list[str] | None = None) -> int:
             client.configure(domain_name=task.domain, prompt=task.prompt, seed=0, **asked)
         horizon = args.horizon or served_horizon(client, task)
         served = client.metadata.get("weights") if client is not None else None
-        run = provenance(args.seed, None if args.server else model, argv, served, horizon) if args.out else None
+        if args.out:
+            run = provenance(args.seed, None if args.server else model, argv, served, horizon, clip_stride)
         for ablation in ablations:
             full_grid = ablation == "none" or (ablation == "expert" and task.name == "moving")
             cells = [(m, d) for m in modes for d in delays] if full_grid else [(modes[0], delays[0])]
