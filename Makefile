@@ -129,6 +129,9 @@ reach-policy: $(STAMP) system-deps
 # the resumed commands below repeat that. Last, DAgger on the policy's own rollouts: two rounds in which
 # the latest policy, served here, drives a share of the episodes as rtc runs its chunks at a latency drawn
 # per episode, and the expert labels its states and the very prefixes it was sent (--rollout-model).
+# Those four stages read a camera clip whose frames are 8 ticks apart (--clip-stride 8). Stage 5 moves to
+# the task's clip of 16 ticks, from which the cube's speed reads twice as sharply: a fine-tune on expert and
+# student episodes, then one round of rollouts of that policy.
 # The checkpoint is copied to assets/moving_policy without its optimizer state. docs/training.md ("The
 # moving-cube task") has the figures.
 MOVING_TRAIN_STEPS ?= 6000
@@ -136,27 +139,29 @@ MOVING_DAGGER_STEPS ?= 1800
 MOVING_32 = --domain cosmos3_mujoco_arm_moving --horizon 32 --lr 1e-3 --ema-decay 0.998 --prefix-noise 0.3 \
 	--max-prefix 16 --threads 2
 MOVING_32_DEMOS = --task moving --chunk-labels --perturbed 0.5 --student-prefixes 0.5 --max-prefix 16 --horizon 32
+MOVING_STRIDE_8 = --clip-stride 8
 moving-policy: $(STAMP) system-deps
 	rm -rf build/moving-demos build/moving-policy build/moving-dagger-demos build/moving-dagger-policy
 	rm -rf build/moving-32-demos build/moving-32-policy build/moving-32-demos-2 build/moving-32-policy-2
 	rm -rf build/moving-rollout-demos build/moving-rollout-policy build/moving-rollout-demos-2 build/moving-rollout-policy-2
-	$(VENV)/bin/cosmos3-reach-demos build/moving-demos --task moving --episodes 250 --seed 1000
+	rm -rf build/moving-stride16-demos build/moving-stride16-policy build/moving-stride16-demos-2 build/moving-stride16-policy-2
+	$(VENV)/bin/cosmos3-reach-demos build/moving-demos --task moving --episodes 250 --seed 1000 $(MOVING_STRIDE_8)
 	$(VENV)/bin/cosmos3-train build/moving-demos --out build/moving-policy --domain cosmos3_mujoco_arm_moving \
 		--hidden-size 128 --steps $(MOVING_TRAIN_STEPS) --ema-decay 0.998 --prefix-noise 0.2 --max-prefix 12 \
 		--mask-padding --threads 2
 	rm -f build/moving-policy/training_state.pt build/moving-policy/training_latents.pt
 	$(VENV)/bin/cosmos3-reach-demos build/moving-dagger-demos --task moving --episodes 300 --seed 1000 \
-		--chunk-labels --perturbed 0.5
+		--chunk-labels --perturbed 0.5 $(MOVING_STRIDE_8)
 	$(VENV)/bin/cosmos3-train build/moving-dagger-demos --out build/moving-dagger-policy --base build/moving-policy \
 		--domain cosmos3_mujoco_arm_moving --steps $(MOVING_DAGGER_STEPS) --lr 1e-3 --ema-decay 0.998 \
 		--prefix-noise 0.3 --max-prefix 12 --threads 2
-	$(VENV)/bin/cosmos3-reach-demos build/moving-32-demos --episodes 300 --seed 5000 $(MOVING_32_DEMOS)
+	$(VENV)/bin/cosmos3-reach-demos build/moving-32-demos --episodes 300 --seed 5000 $(MOVING_32_DEMOS) $(MOVING_STRIDE_8)
 	$(VENV)/bin/cosmos3-train build/moving-32-demos --out build/moving-32-policy --base build/moving-dagger-policy \
 		$(MOVING_32) --steps 3000
 	$(VENV)/bin/cosmos3-train build/moving-32-demos --out build/moving-32-policy --base build/moving-dagger-policy \
 		$(MOVING_32) --steps 7000 --action-weight 2 --resume
 	rm -f build/moving-32-policy/training_latents.pt
-	$(VENV)/bin/cosmos3-reach-demos build/moving-32-demos-2 --episodes 400 --seed 6000 $(MOVING_32_DEMOS)
+	$(VENV)/bin/cosmos3-reach-demos build/moving-32-demos-2 --episodes 400 --seed 6000 $(MOVING_32_DEMOS) $(MOVING_STRIDE_8)
 	$(VENV)/bin/cosmos3-train build/moving-32-demos-2 --out build/moving-32-policy-2 --base build/moving-32-policy \
 		$(MOVING_32) --steps 4000 --action-weight 2
 	$(VENV)/bin/cosmos3-train build/moving-32-demos-2 --out build/moving-32-policy-2 --base build/moving-32-policy \
@@ -164,17 +169,26 @@ moving-policy: $(STAMP) system-deps
 	$(VENV)/bin/cosmos3-train build/moving-32-demos-2 --out build/moving-32-policy-2 --base build/moving-32-policy \
 		$(MOVING_32) --steps 10000 --action-weight 2 --prefix-prob 0.2 --resume
 	rm -f build/moving-32-policy-2/training_latents.pt
-	$(VENV)/bin/cosmos3-reach-demos build/moving-rollout-demos --episodes 400 --seed 7000 $(MOVING_32_DEMOS) \
+	$(VENV)/bin/cosmos3-reach-demos build/moving-rollout-demos --episodes 400 --seed 7000 $(MOVING_32_DEMOS) $(MOVING_STRIDE_8) \
 		--rollout-model build/moving-32-policy-2 --rollout-share 0.5
 	$(VENV)/bin/cosmos3-train build/moving-rollout-demos --out build/moving-rollout-policy \
 		--base build/moving-32-policy-2 $(MOVING_32) --steps 4000 --action-weight 2 --prefix-prob 0.2
 	rm -f build/moving-rollout-policy/training_latents.pt
-	$(VENV)/bin/cosmos3-reach-demos build/moving-rollout-demos-2 --episodes 400 --seed 8000 $(MOVING_32_DEMOS) \
+	$(VENV)/bin/cosmos3-reach-demos build/moving-rollout-demos-2 --episodes 400 --seed 8000 $(MOVING_32_DEMOS) $(MOVING_STRIDE_8) \
 		--rollout-model build/moving-rollout-policy --rollout-share 0.75
 	$(VENV)/bin/cosmos3-train build/moving-rollout-demos-2 --out build/moving-rollout-policy-2 \
 		--base build/moving-rollout-policy $(MOVING_32) --steps 4000 --action-weight 2 --prefix-prob 0.2
+	rm -f build/moving-rollout-policy-2/training_latents.pt
+	$(VENV)/bin/cosmos3-reach-demos build/moving-stride16-demos --episodes 400 --seed 10000 $(MOVING_32_DEMOS)
+	$(VENV)/bin/cosmos3-train build/moving-stride16-demos --out build/moving-stride16-policy \
+		--base build/moving-rollout-policy-2 $(MOVING_32) --steps 4000 --action-weight 2 --prefix-prob 0.2
+	rm -f build/moving-stride16-policy/training_latents.pt
+	$(VENV)/bin/cosmos3-reach-demos build/moving-stride16-demos-2 --episodes 400 --seed 11000 $(MOVING_32_DEMOS) \
+		--rollout-model build/moving-stride16-policy --rollout-share 0.75
+	$(VENV)/bin/cosmos3-train build/moving-stride16-demos-2 --out build/moving-stride16-policy-2 \
+		--base build/moving-stride16-policy $(MOVING_32) --steps 4000 --action-weight 2 --prefix-prob 0.2
 	rm -rf assets/moving_policy
-	cp -r build/moving-rollout-policy-2 assets/moving_policy
+	cp -r build/moving-stride16-policy-2 assets/moving_policy
 	rm -f assets/moving_policy/training_state.pt assets/moving_policy/training_latents.pt
 
 # A MetaWorld policy from nothing: MetaWorld's own scripted drawer-close policy, run through the gym bridge

@@ -52,7 +52,10 @@ DOMAIN = "cosmos3_mujoco_arm_moving"  # the domain the moving-cube policy is tra
 SPEED_RANGE = (0.0, 0.12)  # metres per second, drawn uniformly per episode
 MID_RADIUS = (0.38, 0.48)  # where the cube is mid-episode: distance from the arm's base axis
 MID_BEARING = (-0.35, 0.35)  # and bearing (radians, 0 = +x)
-CLIP_STRIDE = 8  # ticks between the clip's two frames (0.4 s at 20 Hz)
+# Ticks between the clip's two frames: 0.8 s at 20 Hz. The policy reads the cube's speed from the clip, and at
+# 500 ms of delay it acts on that reading 0.6 to 1.2 s later; the stages before the shipped policy's last were
+# trained on 8 ticks (0.4 s), half the displacement to read the same speed from (docs/training.md, stage 5).
+CLIP_STRIDE = 16
 EPISODE_STEPS = 40  # 2 s at 20 Hz
 HOLD_TICKS = 10  # the hand must be on the cube at each of the episode's last 10 ticks (0.5 s)
 CHUNK = 16  # actions per expert chunk (the served policy's horizon)
