@@ -32,50 +32,39 @@ def main() -> None:
     parser.add_argument("--samples", type=int, default=1, help="chunks asked per observation, each its own seed")
     args = parser.parse_args()
 
-    from robot_clients.client import PolicyClient
-    from robot_clients.sim.demo import ServerSubprocess
-    from robot_clients.sim.moving_task import DOMAIN, TASK, MovingCubeExpert, MovingCubeTaskEnv
+    from robot_clients.sim.moving_task import MovingCubeExpert, MovingCubeTaskEnv
     from robot_clients.sim.mujoco_arm import ArmEnvConfig
-    from robot_clients.sim.reach_eval import TASKS, served_horizon
+    from robot_clients.sim.reach_eval import TASKS, served_client
     from robot_clients.sim.reach_task import ReachChunkPolicy
 
     errors, signed, first_rows, mean_errors = [], [], [], []
-    server = ServerSubprocess(["--model", args.model, "--log-level", "info", "--http-port", "0"])
-    url = server.start(timeout=300.0)
-    try:
-        with PolicyClient(url, connect_timeout=300.0) as client:
-            horizon = served_horizon(client, TASKS["moving"])
-            client.configure(domain_name=DOMAIN, action_horizon=horizon, prompt=TASK, seed=0)
-            policy = ReachChunkPolicy(client, delay_s=0.0, ablation="none", seed=0)
-            config = ArmEnvConfig(
-                image_height=128, image_width=128, wrist_camera=False, seed=args.seed, episode_steps=40
-            )
-            with MovingCubeTaskEnv(config) as env:
-                expert = MovingCubeExpert(env, horizon)
-                for _ in range(args.episodes):
-                    env.reset()
-                    tick = 0
-                    while not env.is_episode_complete():
-                        observation = env.get_observation()
-                        plan = expert.plan(observation["expert_view"])
-                        if tick % args.every == 0:
-                            chunks = [
-                                policy.infer_chunk({**observation, "seed": sample}, None)
-                                for sample in range(args.samples)
-                            ]
-                            for chunk in chunks:
-                                difference = chunk[:, :3] - plan[:, :3]
-                                errors.append(np.abs(difference).mean(axis=1))
-                                signed.append(difference.mean(axis=1))
-                            mean_chunk = np.mean(chunks, axis=0)
-                            mean_errors.append(np.abs(mean_chunk[:, :3] - plan[:, :3]).mean(axis=1))
-                            chunk = chunks[0]
-                            state = np.asarray(observation["state"][:3])
-                            first_rows.append((np.abs(chunk[0, :3] - state).mean(), np.abs(plan[0, :3] - state).mean()))
-                        env.apply_action({"actions": plan[0]})
-                        tick += 1
-    finally:
-        server.stop()
+    with served_client(args.model, TASKS["moving"]) as (client, horizon):
+        policy = ReachChunkPolicy(client, delay_s=0.0, ablation="none", seed=0)
+        config = ArmEnvConfig(image_height=128, image_width=128, wrist_camera=False, seed=args.seed, episode_steps=40)
+        env = MovingCubeTaskEnv(config)
+        with env:
+            expert = MovingCubeExpert(env, horizon)
+            for _ in range(args.episodes):
+                env.reset()
+                tick = 0
+                while not env.is_episode_complete():
+                    observation = env.get_observation()
+                    plan = expert.plan(observation["expert_view"])
+                    if tick % args.every == 0:
+                        chunks = [
+                            policy.infer_chunk({**observation, "seed": sample}, None) for sample in range(args.samples)
+                        ]
+                        for chunk in chunks:
+                            difference = chunk[:, :3] - plan[:, :3]
+                            errors.append(np.abs(difference).mean(axis=1))
+                            signed.append(difference.mean(axis=1))
+                        mean_chunk = np.mean(chunks, axis=0)
+                        mean_errors.append(np.abs(mean_chunk[:, :3] - plan[:, :3]).mean(axis=1))
+                        chunk = chunks[0]
+                        state = np.asarray(observation["state"][:3])
+                        first_rows.append((np.abs(chunk[0, :3] - state).mean(), np.abs(plan[0, :3] - state).mean()))
+                    env.apply_action({"actions": plan[0]})
+                    tick += 1
     print(f"{args.model}: {len(errors)} chunks of {horizon} rows, {args.episodes} episodes of seed {args.seed}")
     print("error per row:", " ".join(f"{x:.3f}" for x in np.mean(errors, axis=0)))
     single, averaged = np.mean(errors, axis=0), np.mean(mean_errors, axis=0)

@@ -32,12 +32,10 @@ def main() -> None:
     args = parser.parse_args()
 
     from robot_clients.chunker import ActionChunker
-    from robot_clients.client import PolicyClient
     from robot_clients.control_loop import ChunkingAgent, ControlLoop
-    from robot_clients.sim.demo import ServerSubprocess
-    from robot_clients.sim.moving_task import CLIP_STRIDE, DOMAIN, HOLD_TICKS, TASK, MovingCubeTaskEnv
+    from robot_clients.sim.moving_task import CLIP_STRIDE, HOLD_TICKS, MovingCubeTaskEnv
     from robot_clients.sim.mujoco_arm import ArmEnvConfig
-    from robot_clients.sim.reach_eval import TASKS, chunker_config, served_horizon
+    from robot_clients.sim.reach_eval import TASKS, chunker_config, served_client
     from robot_clients.sim.reach_task import ReachChunkPolicy
 
     class OffsetRecordingEnv(MovingCubeTaskEnv):
@@ -55,31 +53,20 @@ def main() -> None:
 
     stride = CLIP_STRIDE if args.clip_stride is None else args.clip_stride
     rows = []  # (speed, along, across, height, success) per episode
-    server = ServerSubprocess(["--model", args.model, "--log-level", "info", "--http-port", "0"])
-    url = server.start(timeout=300.0)
-    try:
-        with PolicyClient(url, connect_timeout=300.0) as client:
-            horizon = served_horizon(client, TASKS["moving"])
-            client.configure(domain_name=DOMAIN, action_horizon=horizon, prompt=TASK, seed=0)
-            config = ArmEnvConfig(
-                image_height=128, image_width=128, wrist_camera=False, seed=args.seed, episode_steps=40
-            )
-            env = OffsetRecordingEnv(config, clip_stride=stride)
-            with env:
-                for episode in range(args.episodes):
-                    policy = ReachChunkPolicy(client, delay_s=args.delay / 1e3, ablation="none", seed=episode)
-                    with ActionChunker(policy, chunker_config("rtc", 20.0, 8)) as chunker:
-                        ControlLoop(env, ChunkingAgent(chunker), control_hz=20.0).run_episode()  # resets env
-                    velocity = env.path.velocity
-                    heading = velocity / max(float(np.linalg.norm(velocity)), 1e-9)
-                    judged = np.array(env.offsets[-HOLD_TICKS:])
-                    along = judged[:, :2] @ heading
-                    across = np.linalg.norm(judged[:, :2] - along[:, None] * heading, axis=1)
-                    rows.append(
-                        (env.path.speed, along.mean(), across.mean(), judged[:, 2].mean(), env.outcome().success)
-                    )
-    finally:
-        server.stop()
+    with served_client(args.model, TASKS["moving"]) as (client, horizon):
+        config = ArmEnvConfig(image_height=128, image_width=128, wrist_camera=False, seed=args.seed, episode_steps=40)
+        env = OffsetRecordingEnv(config, clip_stride=stride)
+        with env:
+            for episode in range(args.episodes):
+                policy = ReachChunkPolicy(client, delay_s=args.delay / 1e3, ablation="none", seed=episode)
+                with ActionChunker(policy, chunker_config("rtc", 20.0, 8)) as chunker:
+                    ControlLoop(env, ChunkingAgent(chunker), control_hz=20.0).run_episode()  # resets env
+                velocity = env.path.velocity
+                heading = velocity / max(float(np.linalg.norm(velocity)), 1e-9)
+                judged = np.array(env.offsets[-HOLD_TICKS:])
+                along = judged[:, :2] @ heading
+                across = np.linalg.norm(judged[:, :2] - along[:, None] * heading, axis=1)
+                rows.append((env.path.speed, along.mean(), across.mean(), judged[:, 2].mean(), env.outcome().success))
     table = np.array(rows, dtype=float)
     missed = table[table[:, 4] == 0]
     print(f"{args.model}: rtc at {args.delay} ms, clip stride {stride}, {args.episodes} episodes of seed {args.seed}")

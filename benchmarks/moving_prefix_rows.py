@@ -40,59 +40,47 @@ def main() -> None:
     parser.add_argument("--rows", type=int, default=12, help="rows compared after the prefix (those that run)")
     args = parser.parse_args()
 
-    from robot_clients.client import PolicyClient
-    from robot_clients.sim.demo import ServerSubprocess
     from robot_clients.sim.moving_task import (
-        DOMAIN,
-        TASK,
         MovingCubeExpert,
         MovingCubeTaskEnv,
         run_policy_labelled_episode,
     )
     from robot_clients.sim.mujoco_arm import ArmEnvConfig
-    from robot_clients.sim.reach_eval import TASKS, served_horizon
+    from robot_clients.sim.reach_eval import TASKS, served_client
     from robot_clients.sim.reach_task import ReachChunkPolicy
 
     with_prefix, without, prefix_error, successes = [], [], [], 0
-    server = ServerSubprocess(["--model", args.model, "--log-level", "info", "--http-port", "0"])
-    url = server.start(timeout=300.0)
-    try:
-        with PolicyClient(url, connect_timeout=300.0) as client:
-            horizon = served_horizon(client, TASKS["moving"])
-            client.configure(domain_name=DOMAIN, action_horizon=horizon, prompt=TASK, seed=0)
-            served = ReachChunkPolicy(client, delay_s=0.0, ablation="none", seed=0)
-            config = ArmEnvConfig(
-                image_height=128, image_width=128, wrist_camera=False, seed=args.seed, episode_steps=40
-            )
-            with MovingCubeTaskEnv(config) as env:
-                expert = MovingCubeExpert(env, horizon)
-                asked: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []
+    with served_client(args.model, TASKS["moving"]) as (client, horizon):
+        served = ReachChunkPolicy(client, delay_s=0.0, ablation="none", seed=0)
+        config = ArmEnvConfig(image_height=128, image_width=128, wrist_camera=False, seed=args.seed, episode_steps=40)
+        env = MovingCubeTaskEnv(config)
+        with env:
+            expert = MovingCubeExpert(env, horizon)
+            asked: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []
 
-                class Recorded:
-                    """The served policy, each prefixed request asked again without its prefix."""
+            class Recorded:
+                """The served policy, each prefixed request asked again without its prefix."""
 
-                    def infer_chunk(self, observation: Mapping[str, Any], prefix: np.ndarray | None) -> np.ndarray:
-                        answer: np.ndarray = served.infer_chunk(observation, prefix)
-                        if prefix is not None:
-                            free = served.infer_chunk(observation, None)
-                            asked.append((answer, free, expert.plan(observation["expert_view"])))
-                        return answer
+                def infer_chunk(self, observation: Mapping[str, Any], prefix: np.ndarray | None) -> np.ndarray:
+                    answer: np.ndarray = served.infer_chunk(observation, prefix)
+                    if prefix is not None:
+                        free = served.infer_chunk(observation, None)
+                        asked.append((answer, free, expert.plan(observation["expert_view"])))
+                    return answer
 
-                for _ in range(args.episodes):
-                    asked.clear()
-                    steps, outcome = run_policy_labelled_episode(
-                        env, expert, Recorded(), args.delay, np.random.default_rng(0), max_prefix=args.delay
-                    )
-                    successes += outcome.success
-                    labelled = [step for step in steps if step["prefix_rows"]]
-                    for step, (answer, free, plan) in zip(labelled, asked, strict=True):
-                        d = int(step["prefix_rows"])
-                        run = slice(d, d + args.rows)
-                        with_prefix.append(np.abs(answer[run, :3] - step["chunk"][run, :3]).mean())
-                        without.append(np.abs(free[run, :3] - plan[run, :3]).mean())
-                        prefix_error.append(np.abs(answer[:d, :3] - plan[:d, :3]).mean())
-    finally:
-        server.stop()
+            for _ in range(args.episodes):
+                asked.clear()
+                steps, outcome = run_policy_labelled_episode(
+                    env, expert, Recorded(), args.delay, np.random.default_rng(0), max_prefix=args.delay
+                )
+                successes += outcome.success
+                labelled = [step for step in steps if step["prefix_rows"]]
+                for step, (answer, free, plan) in zip(labelled, asked, strict=True):
+                    d = int(step["prefix_rows"])
+                    run = slice(d, d + args.rows)
+                    with_prefix.append(np.abs(answer[run, :3] - step["chunk"][run, :3]).mean())
+                    without.append(np.abs(free[run, :3] - plan[run, :3]).mean())
+                    prefix_error.append(np.abs(answer[:d, :3] - plan[:d, :3]).mean())
     with_prefix_a, without_a, prefix_a = np.array(with_prefix), np.array(without), np.array(prefix_error)
     print(
         f"{args.model}: {len(with_prefix_a)} prefixed requests, {args.episodes} episodes of seed {args.seed}, "

@@ -281,20 +281,10 @@ def _served_policy(model: str | None, horizon: int) -> Iterator[RemoteChunkPolic
     if model is None:
         yield None
         return
-    from robot_clients.client import PolicyClient
-    from robot_clients.sim.demo import ServerSubprocess
-    from robot_clients.sim.moving_task import DOMAIN, TASK
+    from robot_clients.sim.reach_eval import TASKS, served_client
 
-    server = ServerSubprocess(["--model", model, "--log-level", "info", "--http-port", "0"])
-    url = server.start(timeout=300.0)
-    client = PolicyClient(url, connect_timeout=300.0)
-    try:
-        client.connect()
-        client.configure(domain_name=DOMAIN, prompt=TASK, seed=0, action_horizon=horizon)
+    with served_client(model, TASKS["moving"], horizon) as (client, _):
         yield RemoteChunkPolicy(client, timeout=60.0)
-    finally:
-        client.close()
-        server.stop()
 
 
 def _is_perturbed(k: int, share: float) -> bool:

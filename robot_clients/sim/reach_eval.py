@@ -40,7 +40,8 @@ import json
 import math
 import subprocess
 import sys
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass, replace
 from functools import partial
 from pathlib import Path
@@ -364,6 +365,22 @@ def table(results: list[CellResult]) -> str:
             f"{r.low:.0%}-{r.high:.0%} | {r.median_distance_cm:.1f} cm | {latency} | {rate} |"
         )
     return "\n".join(lines)
+
+
+@contextmanager
+def served_client(model: str, task: EvalTask, horizon: int | None = None) -> Iterator[tuple[PolicyClient, int]]:
+    """``model`` served by a ``cosmos3-serve`` of its own (free ports), and a client configured for ``task``'s
+    domain and prompt at seed 0, asking ``horizon`` rows (None: the served domain's ``default_horizon``).
+    Yields the client and the rows it asks; the server is stopped on the way out."""
+    server = ServerSubprocess(["--model", model, "--log-level", "info", "--http-port", "0"])
+    url = server.start(timeout=300.0)
+    try:
+        with PolicyClient(url, connect_timeout=300.0) as client:
+            rows = horizon or served_horizon(client, task)
+            client.configure(domain_name=task.domain, action_horizon=rows, prompt=task.prompt, seed=0)
+            yield client, rows
+    finally:
+        server.stop()
 
 
 def served_horizon(client: PolicyClient | None, task: EvalTask) -> int:
